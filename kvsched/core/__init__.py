@@ -1,0 +1,1 @@
+"""The scheduler core: block pool, KV cache manager, queues, scheduler."""

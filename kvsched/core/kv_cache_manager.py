@@ -1,0 +1,233 @@
+"""Per-request KV block tables on top of the block pool, with prefix caching.
+
+Semantics follow vLLM 0.33's KVCacheManager for one full-attention group:
+a prefix hit covers whole cached blocks and never the last token of the
+sequence (its logits are needed); a block is cached as soon as it is allocated
+full, so identical prompts admitted in one step share blocks; cached blocks
+are evicted only when a new block is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvsched.config import CacheConfig
+from kvsched.core.block_pool import BlockPool
+from kvsched.request import Request
+
+# Seed of the hash chain: the "parent" of a request's first block.
+_ROOT_HASH = hash("kvsched-prefix-root")
+_NO_BLOCKS: list[int] = []
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Token counts at admission, split as vLLM splits them: first admissions
+    versus re-admissions after a preemption."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+
+class KVCacheManager:
+    __slots__ = ("block_size", "max_model_len", "enable_caching", "block_pool",
+                 "req_to_blocks", "num_cached_block", "prefix_cache_stats")
+
+    def __init__(self, cache_config: CacheConfig, max_model_len: int) -> None:
+        self.block_size = cache_config.block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = cache_config.enable_prefix_caching
+        self.block_pool = BlockPool(cache_config.num_gpu_blocks, self.enable_caching)
+        self.req_to_blocks: dict[str, list[int]] = {}
+        # Number of leading blocks of a request already registered in the
+        # prefix cache (only tracked while prefix caching is on).
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    # -- hashing --------------------------------------------------------------
+    def block_hashes(self, request: Request, num_blocks: int) -> list[int]:
+        """The request's chained block hashes, extended to ``num_blocks`` full
+        blocks. Hashes are computed lazily: tokens only ever get appended, so a
+        hash once computed stays valid."""
+        hashes = request.block_hashes
+        start = len(hashes)
+        if start < num_blocks:
+            bs = self.block_size
+            tokens = request.all_token_ids
+            parent = hashes[-1] if start else _ROOT_HASH
+            for i in range(start * bs, num_blocks * bs, bs):
+                parent = hash((parent, tuple(tokens[i:i + bs])))
+                hashes.append(parent)
+        return hashes
+
+    # -- admission --------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Longest run of cached full blocks from the start of the sequence,
+        leaving at least the last token to compute. Touches nothing."""
+        if not self.enable_caching:
+            return _NO_BLOCKS, 0
+        max_blocks = (len(request.all_token_ids) - 1) // self.block_size
+        if max_blocks == 0:
+            return _NO_BLOCKS, 0
+        cached = self.block_pool.cached
+        hits: list[int] = []
+        for h in self.block_hashes(request, max_blocks)[:max_blocks]:
+            block = cached.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        if not self.enable_caching:
+            return
+        stats = self.prefix_cache_stats
+        if request.num_preemptions > 0:
+            stats.preempted_requests += 1
+            stats.preempted_queries += len(request.all_token_ids)
+            stats.preempted_hits += num_hits
+        else:
+            stats.requests += 1
+            stats.queries += len(request.all_token_ids)
+            stats.hits += num_hits
+
+    def num_blocks_needed(self, request: Request, num_new_tokens: int,
+                          new_computed_blocks: list[int] = _NO_BLOCKS,
+                          full_sequence: bool = False) -> int:
+        """Free blocks ``allocate_slots`` would need (for explanations)."""
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        if full_sequence:
+            num_tokens = min(len(request.all_token_ids), self.max_model_len)
+        else:
+            num_tokens = min(num_computed + num_new_tokens, self.max_model_len)
+        return self._num_blocks_to_allocate(request, num_tokens, new_computed_blocks)
+
+    def _num_blocks_to_allocate(self, request: Request, num_tokens: int,
+                                new_computed_blocks: list[int]) -> int:
+        blocks = self.req_to_blocks.get(request.request_id, _NO_BLOCKS)
+        have = len(blocks) + len(new_computed_blocks)
+        need = -(-num_tokens // self.block_size) - have
+        if need < 0:
+            need = 0
+        if new_computed_blocks:
+            # Hit blocks sitting in the free queue leave it when touched.
+            ref_cnt = self.block_pool.ref_cnt
+            need += sum(1 for b in new_computed_blocks if ref_cnt[b] == 0)
+        return need
+
+    # -- allocation -----------------------------------------------------------
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: list[int] = _NO_BLOCKS,
+                       full_sequence_must_fit: bool = False) -> list[int] | None:
+        """Give ``request`` KV slots for ``num_new_tokens`` more tokens, after
+        adopting ``new_computed_blocks`` (a prefix hit). Returns the newly
+        allocated block ids, or None (changing nothing) if the pool is short.
+
+        ``full_sequence_must_fit`` (vLLM's scheduler_reserve_full_isl) also
+        requires room for the whole current sequence, not just this chunk.
+        """
+        bs = self.block_size
+        max_model_len = self.max_model_len
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid)
+        num_blocks = len(blocks) if blocks is not None else 0
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        if num_computed > max_model_len:
+            num_computed = max_model_len
+        pool = self.block_pool
+        num_free = len(pool.free_queue)
+
+        if new_computed_blocks:
+            have = num_blocks + len(new_computed_blocks)
+            ref_cnt = pool.ref_cnt
+            num_evictable = sum(1 for b in new_computed_blocks if ref_cnt[b] == 0)
+        else:
+            have = num_blocks
+            num_evictable = 0
+
+        if full_sequence_must_fit:
+            full = len(request.all_token_ids)
+            if full > max_model_len:
+                full = max_model_len
+            need = -(-full // bs) - have
+            if (need if need > 0 else 0) + num_evictable > num_free:
+                return None
+
+        num_tokens = num_computed + num_new_tokens
+        if num_tokens > max_model_len:
+            num_tokens = max_model_len
+        need = -(-num_tokens // bs) - have
+        if need < 0:
+            need = 0
+        if need + num_evictable > num_free:
+            return None
+
+        if blocks is None:
+            blocks = self.req_to_blocks[rid] = []
+        if new_computed_blocks:
+            pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+            self.num_cached_block[rid] = len(blocks)
+        new_blocks = pool.get_new_blocks(need) if need else _NO_BLOCKS
+        if new_blocks:
+            blocks.extend(new_blocks)
+
+        if self.enable_caching:
+            num_full = num_computed + num_new_tokens
+            total = len(request.all_token_ids)
+            if num_full > total:
+                num_full = total
+            num_full //= bs
+            num_cached = self.num_cached_block.get(rid, 0)
+            if num_full > num_cached:
+                self._cache_full_blocks(request, blocks, num_cached, num_full)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, blocks: list[int],
+                           num_cached: int, num_full: int) -> None:
+        hashes = self.block_hashes(request, num_full)
+        cache_block = self.block_pool.cache_block
+        for i in range(num_cached, num_full):
+            cache_block(blocks[i], hashes[i])
+        self.num_cached_block[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release a request's blocks, tail first, so its prefix is evicted last."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.pop(rid, None)
+        self.num_cached_block.pop(rid, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return list(self.req_to_blocks.get(request_id, _NO_BLOCKS))
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def check_invariants(self, live_request_ids: set[str] | None = None) -> None:
+        pool = self.block_pool
+        pool.check_invariants()
+        owners = [0] * pool.num_gpu_blocks
+        for rid, blocks in self.req_to_blocks.items():
+            assert len(set(blocks)) == len(blocks), f"{rid} holds a block twice"
+            for b in blocks:
+                owners[b] += 1
+            if live_request_ids is not None:
+                assert rid in live_request_ids, f"blocks held by unknown request {rid}"
+        for b in range(1, pool.num_gpu_blocks):
+            assert owners[b] == pool.ref_cnt[b], (
+                f"block {b}: ref_cnt {pool.ref_cnt[b]} but {owners[b]} tables hold it")
+        for rid, n in self.num_cached_block.items():
+            assert n <= len(self.req_to_blocks.get(rid, ())), f"{rid} caches more blocks than it holds"
+        in_use = sum(1 for b in range(1, pool.num_gpu_blocks) if pool.ref_cnt[b] > 0)
+        assert in_use + pool.get_num_free_blocks() == pool.num_gpu_blocks - 1, "blocks lost"

@@ -1,0 +1,92 @@
+"""Waiting queues: first-come-first-served, or by (priority, arrival_time).
+
+A preempted request goes back to the head of an FCFS queue; a priority queue
+simply re-inserts it by its key, exactly as vLLM does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from kvsched.request import Request
+
+
+class FCFSRequestQueue:
+    __slots__ = ("_queue",)
+
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+
+    def add_request(self, request: Request) -> None:
+        self._queue.append(request)
+
+    def prepend_request(self, request: Request) -> None:
+        self._queue.appendleft(request)
+
+    def peek_request(self) -> Request:
+        return self._queue[0]
+
+    def pop_request(self) -> Request:
+        return self._queue.popleft()
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        drop = set(map(id, requests))
+        kept = [r for r in self._queue if id(r) not in drop]
+        self._queue = deque(kept)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._queue)
+
+
+class PriorityRequestQueue:
+    """Lower priority value first, then earlier arrival, then request id (the
+    total order vLLM's Request.__lt__ defines, so pops match vLLM's heap)."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, str, Request]] = []
+
+    def add_request(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.priority, request.arrival_time,
+                                    request.request_id, request))
+
+    prepend_request = add_request
+
+    def peek_request(self) -> Request:
+        return self._heap[0][3]
+
+    def pop_request(self) -> Request:
+        return heapq.heappop(self._heap)[3]
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        drop = set(map(id, requests))
+        self._heap = [e for e in self._heap if id(e[3]) not in drop]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        """Requests in the order they would be popped."""
+        return (entry[3] for entry in sorted(self._heap))
+
+
+RequestQueue = FCFSRequestQueue | PriorityRequestQueue
+
+
+def create_request_queue(policy: str) -> RequestQueue:
+    if policy == "priority":
+        return PriorityRequestQueue()
+    return FCFSRequestQueue()

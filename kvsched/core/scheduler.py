@@ -1,0 +1,459 @@
+"""The scheduler: each step, which requests get how many tokens.
+
+Decisions match vLLM 0.33.0's synchronous v1 scheduler. A step is four phases:
+
+1. ``_schedule_running``: running requests in order, each capped by
+   ``long_prefill_token_threshold``, the remaining token budget and
+   ``max_model_len``; when KV blocks run out, preempt (FCFS: the last running
+   request; priority: the max of (priority, arrival_time)) and retry.
+2. ``_schedule_waiting``: unless phase 1 preempted, admit waiting requests in
+   queue order (prefix-cache hit first) until the budget, ``max_num_seqs``,
+   the KV cache, chunked prefill being off, or the admission policy stops it.
+3. ``_make_output``: the ``SchedulerOutput`` for the runner.
+4. ``_update_after_schedule``: advance ``num_computed_tokens``.
+
+``update_from_output`` then appends sampled tokens and applies the stop checks
+in vLLM's order (EOS unless ignore_eos, stop token ids, max_tokens or
+max_model_len).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.core import explain
+from kvsched.core.kv_cache_manager import KVCacheManager
+from kvsched.core.output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    RequestOutput,
+    SchedulerOutput,
+)
+from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.request_queue import create_request_queue
+from kvsched.request import FINISH_REASONS, Request, RequestStatus
+
+RUNNING = RequestStatus.RUNNING
+PREEMPTED = RequestStatus.PREEMPTED
+WAITING = RequestStatus.WAITING
+STOPPED = RequestStatus.FINISHED_STOPPED
+LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running_reqs: int
+    num_waiting_reqs: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+
+
+@dataclass(slots=True)
+class _Step:
+    """Working state of one schedule() call."""
+
+    token_budget: int
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    running_reqs: list[Request] = field(default_factory=list)
+    new_reqs: list[Request] = field(default_factory=list)
+    resumed_reqs: list[Request] = field(default_factory=list)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    preempted: list[Request] = field(default_factory=list)
+    # Why admission stopped: (reason, request it stopped at or None, detail).
+    stop_reason: str | None = None
+    stop_at: str | None = None
+    stop_detail: str = ""
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 admission_policy: AdmissionPolicy | None = None,
+                 explain: bool = False) -> None:
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.max_num_running_reqs = scheduler_config.max_num_seqs
+        self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
+        self.max_model_len = scheduler_config.max_model_len
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(cache_config, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(scheduler_config.policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+        self.admission_policy = admission_policy
+        self.explain = explain
+        self._priority = scheduler_config.policy == "priority"
+
+    # -- requests in and out --------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a new request; a bad one raises ValueError and changes nothing."""
+        self.check_request(request)
+        self.waiting.add_request(request)
+        self.requests[request.request_id] = request
+
+    def check_request(self, request: Request) -> None:
+        """Raise ValueError if ``add_request`` would refuse ``request``."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id={request.request_id!r} is already in the scheduler; "
+                             "request ids must be unique")
+        request.validate(self.max_model_len)
+        if request.status != WAITING or request.num_computed_tokens or request.output_token_ids:
+            raise ValueError(f"request {request.request_id}: already used (status "
+                             f"{request.status.name}); create a fresh Request")
+        # The most KV a request can ever hold: everything but its last token.
+        max_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len) - 1
+        need = -(-max_len // self.block_size)
+        usable = self.cache_config.num_gpu_blocks - 1
+        if need > usable:
+            raise ValueError(
+                f"request {request.request_id}: prompt {request.num_prompt_tokens} + "
+                f"max_tokens {request.max_tokens} needs up to {need} KV blocks but the cache "
+                f"has {usable}; it could never run (vLLM would hang on it). Lower max_tokens, "
+                "shorten the prompt, or give the cache more blocks")
+
+    def finish_requests(self, request_ids: str | Iterable[str],
+                        finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED,
+                        ) -> list[Request]:
+        """Finish requests from outside (abort), whatever state they are in.
+        Unknown or already finished ids are ignored; returns those finished."""
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"finished_status={finished_status!r} is not a finished status; "
+                             "use e.g. RequestStatus.FINISHED_ABORTED")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        done: list[Request] = []
+        seen: set[str] = set()
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is not None and rid not in seen:
+                seen.add(rid)
+                done.append(request)
+        running = [r for r in done if r.status == RUNNING]
+        if running:
+            drop = set(map(id, running))
+            self.running = [r for r in self.running if id(r) not in drop]
+        waiting = [r for r in done if r.status != RUNNING]
+        if waiting:
+            self.waiting.remove_requests(waiting)
+        for request in done:
+            request.status = finished_status
+            self._free_request(request)
+        return done
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats:
+        pc = self.kv_cache_manager.prefix_cache_stats
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_queries=pc.queries + pc.preempted_queries,
+            prefix_cache_hits=pc.hits + pc.preempted_hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    # -- the step -------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        step = _Step(self.max_num_scheduled_tokens)
+        # The threshold keeps one long prefill from starving the others; with
+        # a single request there is nobody to starve (vLLM 0.33 drops it then).
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        if len(self.running) + len(self.waiting) <= 1:
+            threshold = 0
+        self._schedule_running(step, threshold)
+        if step.preempted:
+            step.stop_reason = explain.REASON_PREEMPTION
+            step.stop_detail = "a running request was preempted this step; no admissions"
+        else:
+            self._schedule_waiting(step, threshold)
+        output = self._make_output(step)
+        self._update_after_schedule(step)
+        return output
+
+    def _schedule_running(self, step: _Step, threshold: int) -> None:
+        running = self.running
+        kv = self.kv_cache_manager
+        allocate_slots = kv.allocate_slots
+        max_model_len_1 = self.max_model_len - 1
+        budget = step.token_budget
+        num_scheduled = step.num_scheduled_tokens
+        scheduled = step.running_reqs
+        new_block_ids = step.new_block_ids
+        req_index = 0
+        while req_index < len(running) and budget > 0:
+            request = running[req_index]
+            computed = request.num_computed_tokens
+            num_new = len(request.all_token_ids) - computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if num_new > max_model_len_1 - computed:
+                num_new = max_model_len_1 - computed
+            if num_new <= 0:
+                req_index += 1
+                continue
+            while True:
+                new_blocks = allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self._pick_victim()
+                if self._priority:
+                    victim_index = running.index(victim)
+                    del running[victim_index]
+                    if victim_index < req_index:
+                        req_index -= 1
+                    vid = victim.request_id
+                    if vid in num_scheduled:
+                        scheduled.remove(victim)
+                        budget += num_scheduled.pop(vid)
+                        new_block_ids.pop(vid, None)
+                else:
+                    running.pop()
+                self._preempt_request(victim)
+                step.preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                if self._priority and request.status == PREEMPTED:
+                    # It was the lowest-priority request and preempted itself;
+                    # those after it may still fit. req_index already points there.
+                    continue
+                break
+            scheduled.append(request)
+            rid = request.request_id
+            num_scheduled[rid] = num_new
+            if new_blocks:
+                new_block_ids[rid] = new_blocks
+            budget -= num_new
+            req_index += 1
+        step.token_budget = budget
+
+    def _pick_victim(self) -> Request:
+        if self._priority:
+            # max() keeps the first of equal keys, as vLLM's does.
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt_request(self, request: Request) -> None:
+        """Recompute-style preemption: drop the KV, requeue at the head."""
+        self.kv_cache_manager.free(request)
+        request.status = PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    def _schedule_waiting(self, step: _Step, threshold: int) -> None:
+        waiting = self.waiting
+        running = self.running
+        kv = self.kv_cache_manager
+        policy = self.admission_policy
+        chunked = self.scheduler_config.enable_chunked_prefill
+        reserve_full = self.scheduler_config.scheduler_reserve_full_isl
+        max_running = self.max_num_running_reqs
+        budget = step.token_budget
+        while waiting:
+            if budget <= 0:
+                step.stop_reason = explain.REASON_TOKEN_BUDGET
+                step.stop_detail = f"token budget of {self.max_num_scheduled_tokens} used up"
+                break
+            if len(running) >= max_running:
+                step.stop_reason = explain.REASON_MAX_NUM_SEQS
+                step.stop_detail = f"{len(running)} requests running, max_num_seqs={max_running}"
+                break
+            request = waiting.peek_request()
+            if policy is not None:
+                hold = policy.hold_reason(self, request)
+                if hold is not None:
+                    self._stop_at(step, explain.REASON_ADMISSION_POLICY, request, hold)
+                    break
+            hit_blocks, num_computed = kv.get_computed_blocks(request)
+            num_new = len(request.all_token_ids) - num_computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                if not chunked:
+                    self._stop_at(step, explain.REASON_CHUNKED_PREFILL_OFF, request,
+                                  f"needs {num_new} tokens at once, {budget} left in the budget "
+                                  "and chunked prefill is off")
+                    break
+                num_new = budget
+            if kv.allocate_slots(request, num_new, num_computed, hit_blocks,
+                                 full_sequence_must_fit=reserve_full) is None:
+                if self.explain:
+                    need = kv.num_blocks_needed(request, num_new, hit_blocks, reserve_full)
+                    what = "its whole sequence" if reserve_full else f"{num_new} tokens"
+                    self._stop_at(step, explain.REASON_KV_BLOCKS, request,
+                                  f"needs {need} free KV blocks for {what}, "
+                                  f"{kv.block_pool.get_num_free_blocks()} free")
+                else:
+                    self._stop_at(step, explain.REASON_KV_BLOCKS, request, "")
+                break
+            kv.record_prefix_cache_stats(request, num_computed)
+            waiting.pop_request()
+            running.append(request)
+            if request.status == WAITING:
+                step.new_reqs.append(request)
+            else:
+                step.resumed_reqs.append(request)
+            rid = request.request_id
+            step.num_scheduled_tokens[rid] = num_new
+            budget -= num_new
+            request.status = RUNNING
+            request.num_computed_tokens = num_computed
+        step.token_budget = budget
+
+    @staticmethod
+    def _stop_at(step: _Step, reason: str, request: Request, detail: str) -> None:
+        step.stop_reason = reason
+        step.stop_at = request.request_id
+        step.stop_detail = detail
+
+    def _make_output(self, step: _Step) -> SchedulerOutput:
+        get_block_ids = self.kv_cache_manager.get_block_ids
+        new_reqs = [
+            NewRequestData(r.request_id, r.prompt_token_ids, get_block_ids(r.request_id),
+                           r.num_computed_tokens)
+            for r in step.new_reqs
+        ]
+        cached = CachedRequestData()
+        new_block_ids = step.new_block_ids
+        running = step.running_reqs
+        cached.req_ids = [r.request_id for r in running]
+        cached.new_block_ids = [new_block_ids.get(rid) for rid in cached.req_ids]
+        cached.num_computed_tokens = [r.num_computed_tokens for r in running]
+        for r in step.resumed_reqs:
+            rid = r.request_id
+            cached.req_ids.append(rid)
+            cached.resumed_req_ids.add(rid)
+            cached.new_block_ids.append(get_block_ids(rid))
+            cached.num_computed_tokens.append(r.num_computed_tokens)
+            cached.resumed_token_ids[rid] = list(r.all_token_ids)
+        num_scheduled = step.num_scheduled_tokens
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            preempted_req_ids={r.request_id for r in step.preempted},
+            finished_req_ids=self.finished_req_ids,
+        )
+        if self.explain:
+            head = step.stop_at if step.stop_reason in (
+                explain.REASON_KV_BLOCKS, explain.REASON_CHUNKED_PREFILL_OFF,
+                explain.REASON_ADMISSION_POLICY) else None
+            output.not_admitted = explain.explain_waiting(
+                self.waiting, step.stop_reason, step.stop_detail, head)
+        self.finished_req_ids = set()
+        return output
+
+    @staticmethod
+    def _update_after_schedule(step: _Step) -> None:
+        num_scheduled = step.num_scheduled_tokens
+        for group in (step.running_reqs, step.new_reqs, step.resumed_reqs):
+            for request in group:
+                computed = request.num_computed_tokens + num_scheduled[request.request_id]
+                request.num_computed_tokens = computed
+                request.is_prefill_chunk = computed < len(request.all_token_ids)
+
+    # -- after the model ran --------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list[RequestOutput]:
+        """Append sampled tokens, apply stop checks, free finished requests.
+        Returns an output for every request that got tokens or finished."""
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        req_ids = model_runner_output.req_ids
+        sampled = model_runner_output.sampled_token_ids
+        if len(req_ids) != len(num_scheduled) or len(sampled) != len(req_ids) or (
+                list(num_scheduled) != req_ids and set(num_scheduled) != set(req_ids)):
+            raise ValueError(
+                "model_runner_output: req_ids/sampled_token_ids must cover exactly the "
+                f"{len(num_scheduled)} scheduled requests (got {len(req_ids)} ids, "
+                f"{len(sampled)} token lists); pass one entry per scheduled request")
+        requests = self.requests
+        max_model_len = self.max_model_len
+        outputs: list[RequestOutput] = []
+        stopped: list[Request] = []
+        for rid, new_token_ids in zip(req_ids, sampled):
+            if not new_token_ids:
+                continue
+            request = requests.get(rid)
+            if request is None or request.status != RUNNING:
+                # Aborted between schedule() and now.
+                continue
+            out_ids = request.output_token_ids
+            all_ids = request.all_token_ids
+            status = RUNNING
+            for num_appended, token in enumerate(new_token_ids, 1):
+                out_ids.append(token)
+                all_ids.append(token)
+                if token == request.eos_token_id:
+                    status = STOPPED
+                elif token in request.stop_token_ids:
+                    status = STOPPED
+                    request.stop_reason = token
+                elif len(all_ids) >= max_model_len or len(out_ids) >= request.max_tokens:
+                    status = LENGTH_CAPPED
+                else:
+                    continue
+                # Stopped: drop tokens sampled past the stop (speculative runners).
+                extra = len(new_token_ids) - num_appended
+                if extra:
+                    request.num_computed_tokens -= extra
+                    new_token_ids = new_token_ids[:num_appended]
+                break
+            if status == RUNNING:
+                outputs.append(RequestOutput(rid, new_token_ids))
+            else:
+                request.status = status
+                stopped.append(request)
+                outputs.append(RequestOutput(rid, new_token_ids, FINISH_REASONS[status],
+                                             request.stop_reason))
+        if stopped:
+            if len(stopped) == 1:
+                self.running.remove(stopped[0])
+            else:
+                drop = set(map(id, stopped))
+                self.running = [r for r in self.running if id(r) not in drop]
+            for request in stopped:
+                self._free_request(request)
+        return outputs
+
+    # -- checking -------------------------------------------------------------
+    def check_invariants(self) -> None:
+        running_ids = [r.request_id for r in self.running]
+        waiting_ids = [r.request_id for r in self.waiting]
+        assert len(set(running_ids)) == len(running_ids), "a request runs twice"
+        assert len(set(waiting_ids)) == len(waiting_ids), "a request waits twice"
+        assert not set(running_ids) & set(waiting_ids), "a request both runs and waits"
+        assert set(running_ids) | set(waiting_ids) == set(self.requests), "a request was lost"
+        assert len(self.running) <= self.max_num_running_reqs, "max_num_seqs exceeded"
+        for r in self.running:
+            assert r.status == RUNNING, f"{r.request_id} in running with status {r.status.name}"
+            assert r.num_computed_tokens <= len(r.all_token_ids)
+        for r in self.waiting:
+            assert r.status in (WAITING, PREEMPTED), f"{r.request_id} waits as {r.status.name}"
+            assert r.num_computed_tokens == 0
+            assert r.request_id not in self.kv_cache_manager.req_to_blocks, (
+                f"waiting {r.request_id} holds KV blocks")
+        self.kv_cache_manager.check_invariants(set(self.requests))

@@ -1,0 +1,58 @@
+"""One trace record per step, in the format of the vLLM reference oracle
+(../shared/reference/SCENARIO_FORMAT.md), so traces diff field by field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvsched.core.output import SchedulerOutput
+from kvsched.core.scheduler import Scheduler
+
+TRACE_FIELDS = ("scheduled", "new", "resumed", "preempted", "computed_at_admission",
+                "finished", "num_free_blocks", "num_running", "num_waiting")
+
+
+def step_record(step: int, output: SchedulerOutput, finished: list[list[str]],
+                scheduler: Scheduler) -> dict[str, Any]:
+    """``finished`` lists [request_id, reason] for requests that ended this step
+    (aborts before schedule() and stops in update_from_output)."""
+    admitted = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
+    cached = output.scheduled_cached_reqs
+    if cached.resumed_req_ids:
+        for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
+            if rid in cached.resumed_req_ids:
+                admitted[rid] = computed
+    return {
+        "step": step,
+        "scheduled": [[rid, n] for rid, n in output.num_scheduled_tokens.items()],
+        "new": [n.req_id for n in output.scheduled_new_reqs],
+        "resumed": sorted(cached.resumed_req_ids),
+        "preempted": sorted(output.preempted_req_ids),
+        "computed_at_admission": admitted,
+        "finished": finished,
+        "num_free_blocks": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+        "num_running": len(scheduler.running),
+        "num_waiting": len(scheduler.waiting),
+    }
+
+
+def first_difference(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> str | None:
+    """The first step and field where two traces differ, or None if identical.
+    ``finished``, ``resumed`` and ``preempted`` compare as sets."""
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        for name in TRACE_FIELDS:
+            ev, av = _normalise(name, e.get(name)), _normalise(name, a.get(name))
+            if ev != av:
+                return (f"step {e.get('step', i)}: {name} differs\n"
+                        f"  expected: {ev}\n  actual:   {av}")
+    if len(expected) != len(actual):
+        return f"step count differs: expected {len(expected)}, actual {len(actual)}"
+    return None
+
+
+def _normalise(name: str, value: Any) -> Any:
+    if name == "finished":
+        return sorted(map(tuple, value or ()))
+    if name in ("resumed", "preempted"):
+        return sorted(value or ())
+    return value
