@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import Any
 
@@ -32,8 +33,13 @@ def _explain_step(step: int, output: SchedulerOutput, record: dict[str, Any],
     if record["finished"]:
         parts.append("  finished: " + _format_ids([f"{r}({why})" for r, why in record["finished"]]))
     print("".join(parts))
+    # One line per distinct reason: the request admission stopped at, then
+    # those queued behind it (or everyone, for a step-wide reason).
+    groups: dict[tuple[str, str], list[str]] = {}
     for item in output.not_admitted or ():
-        print(f"      not admitted {item.request_id}: {item.reason} - {item.detail}")
+        groups.setdefault((item.reason, item.detail), []).append(item.request_id)
+    for (reason, detail), ids in groups.items():
+        print(f"      not admitted {_format_ids(ids, 8)}: {reason} - {detail}")
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -64,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):
+        # `kvsched ... | head` should stop quietly, not print a traceback.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -219,12 +219,11 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
                            else [next_token(specs[rid], len(req.output_token_ids))])
         runner_output = ModelRunnerOutput(req_ids, sampled)
         t2 = perf()
-        results = sched.update_from_output(output, runner_output)
+        results = sched.update_from_output(output, runner_output).finished
         t3 = perf()
         seconds += (t1 - t0) + (t3 - t2)
 
-        finished.extend([o.request_id, o.finish_reason] for o in results
-                        if o.finish_reason is not None)
+        finished.extend([o.request_id, o.finish_reason or ""] for o in results)
         record = step_record(step, output, finished, sched)
         if trace_out is not None:
             trace_out.write(json.dumps(record, separators=(",", ":")) + "\n")

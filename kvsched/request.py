@@ -69,6 +69,11 @@ class Request:
     max_tokens: int = field(init=False)
     eos_token_id: int | None = field(init=False)
     stop_token_ids: frozenset[int] = field(init=False)
+    # EOS (unless ignored) and stop ids together: one membership test per token.
+    all_stop_ids: frozenset[int] = field(init=False)
+    # Sequence length at which the request is length-capped: prompt + max_tokens,
+    # or max_model_len (set by the scheduler, which knows it).
+    stop_len: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -79,6 +84,9 @@ class Request:
         # vLLM drops the EOS id when ignore_eos is set; stop ids still apply.
         self.eos_token_id = None if sp.ignore_eos else sp.eos_token_id
         self.stop_token_ids = frozenset(sp.stop_token_ids)
+        eos = () if self.eos_token_id is None else (self.eos_token_id,)
+        self.all_stop_ids = self.stop_token_ids.union(eos)
+        self.stop_len = self.num_prompt_tokens + sp.max_tokens
 
     @property
     def num_tokens(self) -> int:

@@ -19,16 +19,16 @@ class NewRequestData:
 class CachedRequestData:
     """Requests the runner already holds: running ones, then resumed ones.
 
-    Lists are aligned with ``req_ids``. ``new_block_ids[i]`` is None when the
-    request got no new block this step; for a resumed request it is its whole
-    block table, and ``resumed_token_ids`` carries the tokens it must recompute.
-    ``num_computed_tokens`` is the count before this step's tokens.
+    ``new_block_ids`` lists only requests that got blocks this step (for a
+    resumed request: its whole block table). A resumed request recomputes its
+    tokens from ``num_computed_tokens`` (its prefix-cache hit) on; the tokens
+    are in ``resumed_token_ids``.
     """
 
     req_ids: list[str] = field(default_factory=list)
     resumed_req_ids: set[str] = field(default_factory=set)
-    new_block_ids: list[list[int] | None] = field(default_factory=list)
-    num_computed_tokens: list[int] = field(default_factory=list)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    num_computed_tokens: dict[str, int] = field(default_factory=dict)
     resumed_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
@@ -72,3 +72,32 @@ class RequestOutput:
     new_token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | None = None
+
+
+@dataclass(slots=True)
+class EngineCoreOutputs:
+    """What ``update_from_output`` returns.
+
+    Requests that keep running got exactly the runner's sampled tokens, so
+    only finished requests are spelled out (building an object per running
+    request every step would dominate the scheduler's cost); ``outputs()``
+    builds the full per-request list when a caller wants it.
+    """
+
+    model_runner_output: ModelRunnerOutput
+    finished: list[RequestOutput]
+    # Scheduled requests whose tokens were ignored: aborted before the update.
+    dropped: list[str]
+
+    def outputs(self) -> list[RequestOutput]:
+        done = {o.request_id: o for o in self.finished}
+        dropped = set(self.dropped)
+        mro = self.model_runner_output
+        out = []
+        for rid, tokens in zip(mro.req_ids, mro.sampled_token_ids):
+            if rid in done:
+                out.append(done.pop(rid))
+            elif tokens and rid not in dropped:
+                out.append(RequestOutput(rid, list(tokens)))
+        out.extend(done.values())
+        return out

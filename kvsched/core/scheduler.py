@@ -1,6 +1,6 @@
 """The scheduler: each step, which requests get how many tokens.
 
-Decisions match vLLM 0.33.0's synchronous v1 scheduler. A step is four phases:
+Decisions match vLLM 0.33.0's synchronous v1 scheduler. A step is three phases:
 
 1. ``_schedule_running``: running requests in order, each capped by
    ``long_prefill_token_threshold``, the remaining token budget and
@@ -10,7 +10,6 @@ Decisions match vLLM 0.33.0's synchronous v1 scheduler. A step is four phases:
    queue order (prefix-cache hit first) until the budget, ``max_num_seqs``,
    the KV cache, chunked prefill being off, or the admission policy stops it.
 3. ``_make_output``: the ``SchedulerOutput`` for the runner.
-4. ``_update_after_schedule``: advance ``num_computed_tokens``.
 
 ``update_from_output`` then appends sampled tokens and applies the stop checks
 in vLLM's order (EOS unless ignore_eos, stop token ids, max_tokens or
@@ -27,6 +26,7 @@ from kvsched.core import explain
 from kvsched.core.kv_cache_manager import KVCacheManager
 from kvsched.core.output import (
     CachedRequestData,
+    EngineCoreOutputs,
     ModelRunnerOutput,
     NewRequestData,
     RequestOutput,
@@ -64,6 +64,7 @@ class _Step:
     resumed_reqs: list[Request] = field(default_factory=list)
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
+    computed_at_admission: dict[str, int] = field(default_factory=dict)
     # Why admission stopped: (reason, request it stopped at or None, detail).
     stop_reason: str | None = None
     stop_at: str | None = None
@@ -94,6 +95,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a new request; a bad one raises ValueError and changes nothing."""
         self.check_request(request)
+        request.stop_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
 
@@ -185,14 +187,18 @@ class Scheduler:
             step.stop_detail = "a running request was preempted this step; no admissions"
         else:
             self._schedule_waiting(step, threshold)
-        output = self._make_output(step)
-        self._update_after_schedule(step)
-        return output
+        return self._make_output(step)
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
+        """Phase 1. Scheduling a request advances its num_computed_tokens at
+        once (vLLM does it after the phases; nothing in between reads it)."""
         running = self.running
         kv = self.kv_cache_manager
         allocate_slots = kv.allocate_slots
+        req_to_blocks = kv.req_to_blocks
+        num_cached_block = kv.num_cached_block
+        caching = kv.enable_caching
+        bs = self.block_size
         max_model_len_1 = self.max_model_len - 1
         budget = step.token_budget
         num_scheduled = step.num_scheduled_tokens
@@ -202,7 +208,8 @@ class Scheduler:
         while req_index < len(running) and budget > 0:
             request = running[req_index]
             computed = request.num_computed_tokens
-            num_new = len(request.all_token_ids) - computed
+            num_tokens = len(request.all_token_ids)
+            num_new = num_tokens - computed
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > budget:
@@ -212,39 +219,47 @@ class Scheduler:
             if num_new <= 0:
                 req_index += 1
                 continue
-            while True:
-                new_blocks = allocate_slots(request, num_new)
-                if new_blocks is not None:
-                    break
-                victim = self._pick_victim()
-                if self._priority:
-                    victim_index = running.index(victim)
-                    del running[victim_index]
-                    if victim_index < req_index:
-                        req_index -= 1
-                    vid = victim.request_id
-                    if vid in num_scheduled:
-                        scheduled.remove(victim)
-                        budget += num_scheduled.pop(vid)
-                        new_block_ids.pop(vid, None)
-                else:
-                    running.pop()
-                self._preempt_request(victim)
-                step.preempted.append(victim)
-                if victim is request:
-                    break
-            if new_blocks is None:
-                if self._priority and request.status == PREEMPTED:
-                    # It was the lowest-priority request and preempted itself;
-                    # those after it may still fit. req_index already points there.
-                    continue
-                break
-            scheduled.append(request)
             rid = request.request_id
+            end = computed + num_new
+            # Fast path: the new tokens fit the request's blocks and fill no
+            # block that still has to enter the prefix cache.
+            if end > len(req_to_blocks[rid]) * bs or (
+                    caching and end // bs > num_cached_block.get(rid, 0)):
+                while True:
+                    new_blocks = allocate_slots(request, num_new)
+                    if new_blocks is not None:
+                        break
+                    victim = self._pick_victim()
+                    if self._priority:
+                        victim_index = running.index(victim)
+                        del running[victim_index]
+                        if victim_index < req_index:
+                            req_index -= 1
+                        vid = victim.request_id
+                        if vid in num_scheduled:
+                            scheduled.remove(victim)
+                            budget += num_scheduled.pop(vid)
+                            new_block_ids.pop(vid, None)
+                    else:
+                        running.pop()
+                    self._preempt_request(victim)
+                    step.preempted.append(victim)
+                    if victim is request:
+                        break
+                if new_blocks is None:
+                    if self._priority and request.status == PREEMPTED:
+                        # It was the lowest-priority request and preempted
+                        # itself; those after it may still fit, and req_index
+                        # already points at the next one.
+                        continue
+                    break
+                if new_blocks:
+                    new_block_ids[rid] = new_blocks
+            scheduled.append(request)
             num_scheduled[rid] = num_new
-            if new_blocks:
-                new_block_ids[rid] = new_blocks
             budget -= num_new
+            request.num_computed_tokens = end
+            request.is_prefill_chunk = end < num_tokens
             req_index += 1
         step.token_budget = budget
 
@@ -264,6 +279,7 @@ class Scheduler:
         self.waiting.prepend_request(request)
 
     def _schedule_waiting(self, step: _Step, threshold: int) -> None:
+        """Phase 2: admit from the waiting queue, in order, until something stops it."""
         waiting = self.waiting
         running = self.running
         kv = self.kv_cache_manager
@@ -288,7 +304,8 @@ class Scheduler:
                     self._stop_at(step, explain.REASON_ADMISSION_POLICY, request, hold)
                     break
             hit_blocks, num_computed = kv.get_computed_blocks(request)
-            num_new = len(request.all_token_ids) - num_computed
+            num_tokens = len(request.all_token_ids)
+            num_new = num_tokens - num_computed
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > budget:
@@ -300,14 +317,13 @@ class Scheduler:
                 num_new = budget
             if kv.allocate_slots(request, num_new, num_computed, hit_blocks,
                                  full_sequence_must_fit=reserve_full) is None:
+                detail = ""
                 if self.explain:
                     need = kv.num_blocks_needed(request, num_new, hit_blocks, reserve_full)
                     what = "its whole sequence" if reserve_full else f"{num_new} tokens"
-                    self._stop_at(step, explain.REASON_KV_BLOCKS, request,
-                                  f"needs {need} free KV blocks for {what}, "
-                                  f"{kv.block_pool.get_num_free_blocks()} free")
-                else:
-                    self._stop_at(step, explain.REASON_KV_BLOCKS, request, "")
+                    detail = (f"needs {need} free KV blocks for {what}, "
+                              f"{kv.block_pool.get_num_free_blocks()} free")
+                self._stop_at(step, explain.REASON_KV_BLOCKS, request, detail)
                 break
             kv.record_prefix_cache_stats(request, num_computed)
             waiting.pop_request()
@@ -318,9 +334,12 @@ class Scheduler:
                 step.resumed_reqs.append(request)
             rid = request.request_id
             step.num_scheduled_tokens[rid] = num_new
+            step.computed_at_admission[rid] = num_computed
             budget -= num_new
             request.status = RUNNING
-            request.num_computed_tokens = num_computed
+            end = num_computed + num_new
+            request.num_computed_tokens = end
+            request.is_prefill_chunk = end < num_tokens
         step.token_budget = budget
 
     @staticmethod
@@ -330,31 +349,31 @@ class Scheduler:
         step.stop_detail = detail
 
     def _make_output(self, step: _Step) -> SchedulerOutput:
+        """Phase 3: the SchedulerOutput for the runner."""
         get_block_ids = self.kv_cache_manager.get_block_ids
+        admitted = step.computed_at_admission
         new_reqs = [
             NewRequestData(r.request_id, r.prompt_token_ids, get_block_ids(r.request_id),
-                           r.num_computed_tokens)
+                           admitted[r.request_id])
             for r in step.new_reqs
         ]
-        cached = CachedRequestData()
-        new_block_ids = step.new_block_ids
-        running = step.running_reqs
-        cached.req_ids = [r.request_id for r in running]
-        cached.new_block_ids = [new_block_ids.get(rid) for rid in cached.req_ids]
-        cached.num_computed_tokens = [r.num_computed_tokens for r in running]
+        cached = CachedRequestData(
+            req_ids=[r.request_id for r in step.running_reqs],
+            new_block_ids=step.new_block_ids,
+        )
         for r in step.resumed_reqs:
             rid = r.request_id
             cached.req_ids.append(rid)
             cached.resumed_req_ids.add(rid)
-            cached.new_block_ids.append(get_block_ids(rid))
-            cached.num_computed_tokens.append(r.num_computed_tokens)
+            cached.new_block_ids[rid] = get_block_ids(rid)
+            cached.num_computed_tokens[rid] = admitted[rid]
             cached.resumed_token_ids[rid] = list(r.all_token_ids)
-        num_scheduled = step.num_scheduled_tokens
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
-            num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            num_scheduled_tokens=step.num_scheduled_tokens,
+            # Exact: every change to the budget is mirrored in the dict (seed 000).
+            total_num_scheduled_tokens=self.max_num_scheduled_tokens - step.token_budget,
             preempted_req_ids={r.request_id for r in step.preempted},
             finished_req_ids=self.finished_req_ids,
         )
@@ -367,20 +386,10 @@ class Scheduler:
         self.finished_req_ids = set()
         return output
 
-    @staticmethod
-    def _update_after_schedule(step: _Step) -> None:
-        num_scheduled = step.num_scheduled_tokens
-        for group in (step.running_reqs, step.new_reqs, step.resumed_reqs):
-            for request in group:
-                computed = request.num_computed_tokens + num_scheduled[request.request_id]
-                request.num_computed_tokens = computed
-                request.is_prefill_chunk = computed < len(request.all_token_ids)
-
     # -- after the model ran --------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput,
-                           model_runner_output: ModelRunnerOutput) -> list[RequestOutput]:
-        """Append sampled tokens, apply stop checks, free finished requests.
-        Returns an output for every request that got tokens or finished."""
+                           model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """Append sampled tokens, apply stop checks, free finished requests."""
         num_scheduled = scheduler_output.num_scheduled_tokens
         req_ids = model_runner_output.req_ids
         sampled = model_runner_output.sampled_token_ids
@@ -390,54 +399,63 @@ class Scheduler:
                 "model_runner_output: req_ids/sampled_token_ids must cover exactly the "
                 f"{len(num_scheduled)} scheduled requests (got {len(req_ids)} ids, "
                 f"{len(sampled)} token lists); pass one entry per scheduled request")
-        requests = self.requests
-        max_model_len = self.max_model_len
-        outputs: list[RequestOutput] = []
-        stopped: list[Request] = []
+        get_request = self.requests.get
+        stopped: list[tuple[Request, int]] = []  # and the tokens it kept this step
+        dropped: list[str] = []
         for rid, new_token_ids in zip(req_ids, sampled):
             if not new_token_ids:
+                continue  # mid-way through a chunked prefill
+            request = get_request(rid)
+            if request is None:
+                dropped.append(rid)  # aborted between schedule() and now
                 continue
-            request = requests.get(rid)
-            if request is None or request.status != RUNNING:
-                # Aborted between schedule() and now.
-                continue
-            out_ids = request.output_token_ids
-            all_ids = request.all_token_ids
-            status = RUNNING
-            for num_appended, token in enumerate(new_token_ids, 1):
-                out_ids.append(token)
+            if len(new_token_ids) == 1:
+                token = new_token_ids[0]
+                all_ids = request.all_token_ids
+                request.output_token_ids.append(token)
                 all_ids.append(token)
-                if token == request.eos_token_id:
-                    status = STOPPED
-                elif token in request.stop_token_ids:
-                    status = STOPPED
-                    request.stop_reason = token
-                elif len(all_ids) >= max_model_len or len(out_ids) >= request.max_tokens:
-                    status = LENGTH_CAPPED
-                else:
+                if token not in request.all_stop_ids and len(all_ids) < request.stop_len:
                     continue
-                # Stopped: drop tokens sampled past the stop (speculative runners).
-                extra = len(new_token_ids) - num_appended
-                if extra:
-                    request.num_computed_tokens -= extra
-                    new_token_ids = new_token_ids[:num_appended]
-                break
-            if status == RUNNING:
-                outputs.append(RequestOutput(rid, new_token_ids))
-            else:
-                request.status = status
-                stopped.append(request)
-                outputs.append(RequestOutput(rid, new_token_ids, FINISH_REASONS[status],
-                                             request.stop_reason))
+            kept = self._append_and_check_stop(request, new_token_ids)
+            if kept:
+                stopped.append((request, kept))
+        finished: list[RequestOutput] = []
         if stopped:
             if len(stopped) == 1:
-                self.running.remove(stopped[0])
+                self.running.remove(stopped[0][0])
             else:
-                drop = set(map(id, stopped))
+                drop = {id(r) for r, _ in stopped}
                 self.running = [r for r in self.running if id(r) not in drop]
-            for request in stopped:
+            for request, kept in stopped:
+                finished.append(RequestOutput(
+                    request.request_id, request.output_token_ids[-kept:],
+                    FINISH_REASONS[request.status], request.stop_reason))
                 self._free_request(request)
-        return outputs
+        return EngineCoreOutputs(model_runner_output, finished, dropped)
+
+    @staticmethod
+    def _append_and_check_stop(request: Request, new_token_ids: list[int]) -> int:
+        """The stop checks in vLLM's order, token by token (a single token was
+        appended already by the caller). Tokens sampled past a stop are
+        dropped. If the request stopped, sets its status and returns how many
+        of the tokens it kept; else returns 0."""
+        single = len(new_token_ids) == 1
+        for num_appended, token in enumerate(new_token_ids, 1):
+            if not single:
+                request.output_token_ids.append(token)
+                request.all_token_ids.append(token)
+            if token == request.eos_token_id:
+                request.status = STOPPED
+            elif token in request.stop_token_ids:
+                request.status = STOPPED
+                request.stop_reason = token
+            elif len(request.all_token_ids) >= request.stop_len:
+                request.status = LENGTH_CAPPED
+            else:
+                continue
+            request.num_computed_tokens -= len(new_token_ids) - num_appended
+            return num_appended
+        return 0
 
     # -- checking -------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -18,10 +18,7 @@ def step_record(step: int, output: SchedulerOutput, finished: list[list[str]],
     (aborts before schedule() and stops in update_from_output)."""
     admitted = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
     cached = output.scheduled_cached_reqs
-    if cached.resumed_req_ids:
-        for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
-            if rid in cached.resumed_req_ids:
-                admitted[rid] = computed
+    admitted.update(cached.num_computed_tokens)
     return {
         "step": step,
         "scheduled": [[rid, n] for rid, n in output.num_scheduled_tokens.items()],

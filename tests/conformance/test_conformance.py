@@ -1,0 +1,42 @@
+"""kvsched's step traces against vLLM 0.33.0's, recorded by the reference oracle.
+
+Every scenario under scenarios/ (hand-written) and random/ (generated) has a
+golden trace NAME.vllm.jsonl from ../shared/reference/vllm_replay.py; every
+field of every step must be identical.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsched.core.trace import first_difference
+from kvsched.replay import load_scenario, replay
+
+HERE = Path(__file__).parent
+SCENARIOS = sorted((HERE / "scenarios").glob("*.json")) + sorted((HERE / "random").glob("*.json"))
+
+
+def _golden(path: Path) -> Path:
+    return path.with_name(path.stem + ".vllm.jsonl")
+
+
+def test_corpus_is_complete() -> None:
+    hand_written = list((HERE / "scenarios").glob("*.json"))
+    assert len(hand_written) >= 40, "the acceptance bar is at least 40 hand-written scenarios"
+    missing = [p.name for p in SCENARIOS if not _golden(p).exists()]
+    assert not missing, f"scenarios without a golden trace: {missing}"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_trace_matches_vllm(path: Path) -> None:
+    expected = [json.loads(line) for line in _golden(path).read_text().splitlines() if line.strip()]
+    out = io.StringIO()
+    replay(load_scenario(str(path)), out)
+    actual = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert expected, "empty golden trace"
+    diff = first_difference(expected, actual)
+    assert diff is None, diff
