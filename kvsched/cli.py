@@ -43,9 +43,10 @@ def _explain_step(step: int, output: SchedulerOutput, record: dict[str, Any],
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from kvsched.replay import load_scenario, replay
+    from kvsched.replay import check_requests, load_scenario, replay
 
     scenario = load_scenario(args.scenario)
+    check_requests(scenario)  # before the trace file is created
     hook = _explain_step if args.explain else None
     if args.trace:
         with open(args.trace, "w") as out:
@@ -70,9 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if hasattr(signal, "SIGPIPE"):
-        # `kvsched ... | head` should stop quietly, not print a traceback.
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -82,5 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def console_main() -> int:
+    """The ``kvsched`` console script: ``main`` plus process-wide settings."""
+    if hasattr(signal, "SIGPIPE"):
+        # `kvsched ... | head` should stop quietly, not print a traceback.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -119,6 +119,7 @@ def parse_scenario(obj: Any) -> Scenario:
             _int(r, key, where, 0)
         if _int(r, "arrival_step", where, 0) < 0:
             raise ValueError(f"{where}.arrival_step: must be >= 0")
+        _bool(r, "ignore_eos", where, False)
         eos = r.get("eos_token_id")
         if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int)):
             raise ValueError(f"{where}.eos_token_id={eos!r}: must be an integer or null")
@@ -132,6 +133,9 @@ def parse_scenario(obj: Any) -> Scenario:
     for i, a in enumerate(raw_aborts):
         if not isinstance(a, dict) or not isinstance(a.get("request_ids"), list):
             raise ValueError(f"aborts[{i}]: must be an object with step and request_ids")
+        bad = [x for x in a["request_ids"] if not isinstance(x, str)]
+        if bad:
+            raise ValueError(f"aborts[{i}].request_ids: {bad[0]!r} is not a string request id")
         aborts.setdefault(_int(a, "step", f"aborts[{i}]"), []).extend(a["request_ids"])
     max_steps = _int(obj, "max_steps", "scenario", 1_000_000)
     return Scenario(scheduler_config, cache_config, requests, aborts, max_steps)
@@ -177,16 +181,22 @@ def next_token(spec: dict[str, Any], num_output_tokens: int) -> int:
     return token
 
 
+def check_requests(scenario: Scenario) -> None:
+    """Raise ValueError for the first request ``add_request`` would refuse, so a
+    bad scenario fails before its first step rather than at an arrival."""
+    sched = Scheduler(scenario.scheduler_config, scenario.cache_config)
+    for spec in scenario.requests:
+        sched.check_request(make_request(spec))
+
+
 StepHook = Callable[[int, SchedulerOutput, dict[str, Any], Scheduler], None]
 
 
 def replay(scenario: Scenario, trace_out: TextIO | None = None,
            on_step: StepHook | None = None, explain: bool = False) -> ReplayResult:
     """Run the scenario's step loop; write one JSON line per step to ``trace_out``."""
+    check_requests(scenario)
     sched = Scheduler(scenario.scheduler_config, scenario.cache_config, explain=explain)
-    # Refuse bad requests up front rather than at their arrival step.
-    for spec in scenario.requests:
-        sched.check_request(make_request(spec))
     specs = {r["request_id"]: r for r in scenario.requests}
     arrivals: dict[int, list[dict[str, Any]]] = {}
     for r in scenario.requests:

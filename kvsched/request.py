@@ -115,6 +115,10 @@ class Request:
                 f"request {rid}: prompt length {self.num_prompt_tokens} must be below "
                 f"max_model_len ({max_model_len}) to leave room for one output token; "
                 "shorten the prompt or raise max_model_len")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ValueError(f"request {rid}: priority={self.priority!r} must be an integer")
+        if isinstance(self.arrival_time, bool) or not isinstance(self.arrival_time, (int, float)):
+            raise ValueError(f"request {rid}: arrival_time={self.arrival_time!r} must be a number")
         sp = self.sampling_params
         if isinstance(sp.max_tokens, bool) or not isinstance(sp.max_tokens, int) or sp.max_tokens < 1:
             raise ValueError(f"request {rid}: max_tokens={sp.max_tokens!r} must be an integer >= 1")

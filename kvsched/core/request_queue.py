@@ -45,6 +45,10 @@ class FCFSRequestQueue:
     def __iter__(self) -> Iterator[Request]:
         return iter(self._queue)
 
+    def check_invariants(self) -> None:
+        ids = [id(r) for r in self._queue]
+        assert len(set(ids)) == len(ids), "a request is queued twice"
+
 
 class PriorityRequestQueue:
     """Lower priority value first, then earlier arrival, then request id (the
@@ -81,6 +85,15 @@ class PriorityRequestQueue:
     def __iter__(self) -> Iterator[Request]:
         """Requests in the order they would be popped."""
         return (entry[3] for entry in sorted(self._heap))
+
+    def check_invariants(self) -> None:
+        heap = self._heap
+        for i in range(1, len(heap)):
+            assert heap[(i - 1) // 2][:3] <= heap[i][:3], "heap order broken"
+        for key in heap:
+            r = key[3]
+            assert key[:3] == (r.priority, r.arrival_time, r.request_id), "stale heap key"
+        assert len({id(k[3]) for k in heap}) == len(heap), "a request is queued twice"
 
 
 RequestQueue = FCFSRequestQueue | PriorityRequestQueue

@@ -449,8 +449,10 @@ class Scheduler:
             if not new_token_ids:
                 continue  # mid-way through a chunked prefill
             request = get_request(rid)
-            if request is None:
-                dropped.append(rid)  # aborted between schedule() and now
+            if request is None or request.status is not RUNNING:
+                # Aborted between schedule() and now (its id may even have
+                # been reused by a new, still waiting request).
+                dropped.append(rid)
                 continue
             if len(new_token_ids) == 1:
                 token = new_token_ids[0]
@@ -517,4 +519,5 @@ class Scheduler:
             assert r.num_computed_tokens == 0
             assert r.request_id not in self.kv_cache_manager.req_to_blocks, (
                 f"waiting {r.request_id} holds KV blocks")
+        self.waiting.check_invariants()
         self.kv_cache_manager.check_invariants(set(self.requests))

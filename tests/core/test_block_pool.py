@@ -1,0 +1,215 @@
+"""BlockPool: the null block, the free queue's order, prefix-cache hashes.
+
+Expected orders are derived from the rules: the queue starts in id order;
+get_new_blocks pops from the front; freed blocks without a hash (or with
+caching off) go to the front, the first given being reused first; freed
+hashed blocks go to the back, in the given order.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsched.core.block_pool import NULL_BLOCK, BlockPool
+
+H1, H2, H3 = 111, 222, 333
+
+
+def _pool(num_gpu_blocks: int, caching: bool = True) -> BlockPool:
+    pool = BlockPool(num_gpu_blocks, caching)
+    pool.check_invariants()
+    return pool
+
+
+def _queue(pool: BlockPool) -> list[int]:
+    return list(pool.free_queue)
+
+
+def test_null_block_is_never_free() -> None:
+    pool = _pool(6)
+    assert NULL_BLOCK == 0
+    assert pool.get_num_free_blocks() == 5
+    assert NULL_BLOCK not in _queue(pool)
+    taken = pool.get_new_blocks(5)
+    pool.check_invariants()
+    assert NULL_BLOCK not in taken
+    assert pool.get_num_free_blocks() == 0
+    # Freeing the null block (padding in a block table) is a no-op.
+    pool.free_blocks([NULL_BLOCK])
+    pool.check_invariants()
+    assert pool.get_num_free_blocks() == 0
+    pool.free_blocks(taken)
+    pool.check_invariants()
+    assert pool.get_num_free_blocks() == 5
+    assert NULL_BLOCK not in _queue(pool)
+
+
+def test_get_new_blocks_takes_from_the_front_in_id_order() -> None:
+    pool = _pool(8)
+    assert pool.get_new_blocks(3) == [1, 2, 3]
+    pool.check_invariants()
+    assert pool.get_new_blocks(2) == [4, 5]
+    pool.check_invariants()
+    assert [pool.ref_cnt[b] for b in range(1, 8)] == [1, 1, 1, 1, 1, 0, 0]
+    assert _queue(pool) == [6, 7]
+
+
+def test_get_new_blocks_refuses_more_than_free_and_changes_nothing() -> None:
+    pool = _pool(4)
+    pool.get_new_blocks(1)
+    with pytest.raises(ValueError):
+        pool.get_new_blocks(3)
+    pool.check_invariants()
+    assert _queue(pool) == [2, 3]
+
+
+def test_unhashed_blocks_are_freed_to_the_front_first_given_first_reused() -> None:
+    pool = _pool(8)
+    pool.get_new_blocks(5)  # 1..5 in use, queue [6, 7]
+    pool.free_blocks([3, 1])
+    pool.check_invariants()
+    assert _queue(pool) == [3, 1, 6, 7]
+    pool.free_blocks([5])
+    pool.check_invariants()
+    assert _queue(pool) == [5, 3, 1, 6, 7]
+    assert pool.get_new_blocks(3) == [5, 3, 1]
+    pool.check_invariants()
+
+
+def test_hashed_blocks_are_freed_to_the_back_with_caching_on() -> None:
+    pool = _pool(8)
+    pool.get_new_blocks(5)  # 1..5 in use, queue [6, 7]
+    pool.cache_block(2, H2)
+    pool.cache_block(4, H1)
+    pool.check_invariants()
+    # Given order 4, 3, 2: unhashed 3 to the front; hashed 4 then 2 to the back.
+    pool.free_blocks([4, 3, 2])
+    pool.check_invariants()
+    assert _queue(pool) == [3, 6, 7, 4, 2]
+    # Still cached while free: a later request could hit them.
+    assert pool.get_cached_block(H1) == 4
+    assert pool.get_cached_block(H2) == 2
+    assert pool.get_new_blocks(5) == [3, 6, 7, 4, 2]
+    pool.check_invariants()
+
+
+def test_with_caching_off_freed_blocks_all_go_to_the_front() -> None:
+    pool = _pool(8, caching=False)
+    pool.get_new_blocks(7)
+    pool.free_blocks([6])
+    pool.check_invariants()
+    pool.free_blocks([2, 7, 4])
+    pool.check_invariants()
+    assert _queue(pool) == [2, 7, 4, 6]
+    pool.free_blocks([1])
+    pool.check_invariants()
+    assert _queue(pool) == [1, 2, 7, 4, 6]
+
+
+def test_touch_pulls_a_free_block_out_of_the_middle_and_takes_a_reference() -> None:
+    pool = _pool(6)  # queue [1, 2, 3, 4, 5]
+    pool.touch([3])
+    pool.check_invariants()
+    assert pool.ref_cnt[3] == 1
+    assert _queue(pool) == [1, 2, 4, 5]
+    # Touching a block in use only bumps its count.
+    pool.touch([3])
+    pool.check_invariants()
+    assert pool.ref_cnt[3] == 2
+    assert _queue(pool) == [1, 2, 4, 5]
+    assert pool.get_new_blocks(4) == [1, 2, 4, 5]
+    pool.check_invariants()
+    pool.free_blocks([3])
+    pool.check_invariants()
+    assert pool.ref_cnt[3] == 1
+    assert pool.get_num_free_blocks() == 0
+    pool.free_blocks([3])
+    pool.check_invariants()
+    assert pool.ref_cnt[3] == 0
+    assert _queue(pool) == [3]
+
+
+def test_touching_a_free_cached_block_keeps_its_hash() -> None:
+    pool = _pool(6)
+    pool.get_new_blocks(2)
+    pool.cache_block(1, H1)
+    pool.free_blocks([2, 1])  # queue [2, 3, 4, 5, 1]
+    pool.check_invariants()
+    assert _queue(pool) == [2, 3, 4, 5, 1]
+    pool.touch([pool.get_cached_block(H1)])  # type: ignore[list-item]
+    pool.check_invariants()
+    assert _queue(pool) == [2, 3, 4, 5]
+    assert pool.ref_cnt[1] == 1
+    assert pool.get_cached_block(H1) == 1
+
+
+def test_reusing_a_cached_block_evicts_its_hash() -> None:
+    pool = _pool(4)
+    pool.get_new_blocks(3)
+    pool.cache_block(1, H1)
+    pool.cache_block(2, H2)
+    pool.free_blocks([3, 2, 1])  # 3 to the front; 2 then 1 to the back
+    pool.check_invariants()
+    assert _queue(pool) == [3, 2, 1]
+    assert pool.get_new_blocks(2) == [3, 2]
+    pool.check_invariants()
+    assert pool.get_cached_block(H2) is None
+    assert pool.block_hash[2] is None
+    assert pool.get_cached_block(H1) == 1  # not reused yet: still cached
+
+
+def test_duplicate_hashes_return_the_earliest_live_block() -> None:
+    pool = _pool(5)
+    pool.get_new_blocks(4)
+    for block in (2, 1, 3):  # inserted in this order under one hash
+        pool.cache_block(block, H3)
+        pool.check_invariants()
+    assert pool.get_cached_block(H3) == 2
+    # Evict 2 (the primary): the next inserted, 1, takes over.
+    pool.free_blocks([4])
+    pool.free_blocks([2])
+    pool.check_invariants()
+    assert _queue(pool) == [4, 2]
+    assert pool.get_new_blocks(2) == [4, 2]
+    pool.check_invariants()
+    assert pool.get_cached_block(H3) == 1
+    # Evict 3 (a duplicate): 1 stays the answer.
+    pool.free_blocks([3])
+    assert pool.get_new_blocks(1) == [3]
+    pool.check_invariants()
+    assert pool.get_cached_block(H3) == 1
+    # Evict 1: nothing left under the hash.
+    pool.free_blocks([1])
+    assert pool.get_new_blocks(1) == [1]
+    pool.check_invariants()
+    assert pool.get_cached_block(H3) is None
+
+
+def test_reset_prefix_cache_needs_every_block_free() -> None:
+    pool = _pool(5)
+    pool.get_new_blocks(3)
+    pool.cache_block(1, H1)
+    pool.cache_block(2, H2)
+    pool.free_blocks([2, 1])  # block 3 still in use
+    pool.check_invariants()
+    assert pool.reset_prefix_cache() is False
+    pool.check_invariants()
+    assert pool.get_cached_block(H1) == 1
+    assert pool.get_cached_block(H2) == 2
+    pool.free_blocks([3])
+    assert pool.reset_prefix_cache() is True
+    pool.check_invariants()
+    assert pool.get_cached_block(H1) is None
+    assert pool.get_cached_block(H2) is None
+    assert all(h is None for h in pool.block_hash)
+    assert pool.get_num_free_blocks() == 4
+
+
+def test_usage_counts_blocks_in_use_out_of_the_usable_ones() -> None:
+    pool = _pool(5)
+    assert pool.get_usage() == 0.0
+    pool.get_new_blocks(1)
+    assert pool.get_usage() == pytest.approx(0.25)
+    pool.get_new_blocks(3)
+    assert pool.get_usage() == pytest.approx(1.0)
+    pool.check_invariants()
