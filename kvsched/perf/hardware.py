@@ -1,0 +1,474 @@
+"""Accelerator catalog: peak rates, visible memory, and achieved-efficiency factors.
+
+Every number comes from ``/work/shared/facts/hardware.md``; the source keys in
+each entry's ``source`` (``[DS-H100]``, ``[SMI]``, ``[AIC]`` ...) are that
+file's. Peaks are dense (no 2:4 sparsity). The efficiency factors are
+fractions of those peaks that a real kernel reaches: measured medians from
+aiconfigurator's silicon database where hardware.md gives them (the vLLM
+columns, not the TRT-LLM brackets), otherwise documented defaults named in
+the entry's ``notes``. ``docs/catalogs.md`` has the tables and the reasoning.
+
+Units are SI throughout: bytes, bytes/s, FLOP/s, seconds (GB = 1e9 B).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+_GB = 1e9
+_MIB = 2**20
+_TB_S = 1e12
+_TFLOPS = 1e12
+
+# Defaults for devices without measurements (and for hardware files that omit
+# efficiency fields). The GEMM/attention ones are the medians over the seven
+# devices measured in hardware.md's aiconfigurator table; the bandwidth ones
+# are aiconfigurator's own `mem_bw_empirical_scaling_factor` (0.8, every NVIDIA
+# system), which sits just below the measured medians (0.82).
+DEFAULT_GEMM_MFU = 0.77           # median of 0.79 0.77 0.91 0.69 0.51 0.61 0.80
+DEFAULT_FP8_GEMM_MFU = 0.52       # median of 0.53 0.60 0.47 0.46 0.50 0.72 (0.515)
+DEFAULT_WEIGHT_BW_FRAC = 0.80     # aiconfigurator mem_bw_empirical_scaling_factor
+DEFAULT_ATTN_BW_FRAC = 0.80       # same constant; measured medians 0.74-0.87
+DEFAULT_PREFILL_ATTN_MFU = 0.53   # median of 0.56 0.56 0.54 0.49 0.46 0.45 0.53
+# Collectives: no measurement in the facts. Chosen below the 0.8 memory factor
+# because all-reduce/all-to-all add synchronisation and protocol overhead on
+# top of a plain copy (NCCL's low-latency protocols spend part of each line on
+# flags). Applies to bus bandwidth (the per-GPU bytes each link must carry).
+DEFAULT_COMM_BW_FRAC = 0.70
+# Per-collective fixed cost: an assumption of a few µs (kernel launch plus a
+# handshake across the fabric); same order as aiconfigurator's 3 µs constant
+# memory latency. PCIe-only devices route peer traffic through the host
+# bridge, so they get twice that.
+DEFAULT_COMM_LATENCY_S = 5e-6
+PCIE_COMM_LATENCY_S = 10e-6
+# The Ascend fork of aiconfigurator ships 0.85 as its bandwidth factor.
+ASCEND_BW_FRAC = 0.85
+
+EFFICIENCY_FIELDS: tuple[str, ...] = (
+    "gemm_mfu", "fp8_gemm_mfu", "weight_bw_frac", "attn_bw_frac",
+    "prefill_attn_mfu", "comm_bw_frac", "comm_latency_s",
+)
+_FRACTION_FIELDS = EFFICIENCY_FIELDS[:-1]
+_REQUIRED_FIELDS: tuple[str, ...] = (
+    "id", "name", "memory_bytes", "mem_bw", "bf16_flops", "fp8_flops", "scaleup_bw", "scaleup_kind",
+)
+_ID_RE = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
+def _fail(hw_id: object, field: str, value: object, rule: str, fix: str) -> ValueError:
+    return ValueError(f"hardware {hw_id!r}: {field}={value!r}: {rule}; {fix}")
+
+
+def _real(value: object) -> float | None:
+    """``value`` as a finite float, or None if it is not a real number."""
+    # bool is an int subclass; a YAML `true` must not pass as 1.0.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """One accelerator (per GPU / NPU package), as the performance model sees it.
+
+    ``memory_bytes`` is what the driver reports (visible), not the marketed
+    size. ``scaleup_bw`` is per device, per direction, on the fabric used for
+    tensor/expert-parallel collectives (NVLink, Infinity Fabric, HCCS, UB; PCIe
+    when there is none). On a switchless full mesh (MI300X, Ascend 910B) a
+    device reaches ``scaleup_bw`` only when talking to all peers at once;
+    ``scaleup_link_bw`` is then the per-peer link rate, see
+    :meth:`scaleup_bw_for_group`.
+    """
+
+    id: str
+    name: str
+    memory_bytes: int
+    mem_bw: float
+    bf16_flops: float
+    fp8_flops: float | None
+    scaleup_bw: float
+    scaleup_kind: str
+    gemm_mfu: float = DEFAULT_GEMM_MFU
+    fp8_gemm_mfu: float = DEFAULT_FP8_GEMM_MFU  # unused when fp8_flops is None
+    weight_bw_frac: float = DEFAULT_WEIGHT_BW_FRAC
+    attn_bw_frac: float = DEFAULT_ATTN_BW_FRAC
+    prefill_attn_mfu: float = DEFAULT_PREFILL_ATTN_MFU
+    comm_bw_frac: float = DEFAULT_COMM_BW_FRAC
+    comm_latency_s: float = DEFAULT_COMM_LATENCY_S
+    scaleup_link_bw: float | None = None
+    source: str = ""
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        hid = self.id
+        if not isinstance(hid, str) or _ID_RE.fullmatch(hid) is None:
+            raise _fail(hid, "id", hid, "must be lower-case letters/digits joined by hyphens",
+                        "use an id like 'h100-sxm'")
+        for name in ("name", "scaleup_kind"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise _fail(hid, name, value, "must be a non-empty string", f"set {name}")
+        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) \
+                or self.memory_bytes <= 0:
+            raise _fail(hid, "memory_bytes", self.memory_bytes, "must be a positive integer",
+                        "give the visible memory in bytes (GB x 1e9)")
+        for name in ("mem_bw", "bf16_flops", "scaleup_bw"):
+            _require_positive(hid, name, getattr(self, name))
+        for name in ("fp8_flops", "scaleup_link_bw"):
+            if getattr(self, name) is not None:
+                _require_positive(hid, name, getattr(self, name))
+        for name in _FRACTION_FIELDS:
+            value = getattr(self, name)
+            frac = _real(value)
+            if frac is None or not 0.0 < frac <= 1.0:
+                raise _fail(hid, name, value, "must be a fraction of peak in (0, 1]",
+                            f"set {name} to e.g. 0.8")
+        latency = _real(self.comm_latency_s)
+        if latency is None or latency < 0:
+            raise _fail(hid, "comm_latency_s", self.comm_latency_s,
+                        "must be a non-negative number of seconds", "use e.g. 5e-6")
+        if self.scaleup_link_bw is not None and self.scaleup_link_bw > self.scaleup_bw:
+            raise _fail(hid, "scaleup_link_bw", self.scaleup_link_bw,
+                        f"cannot exceed scaleup_bw ({self.scaleup_bw!r})",
+                        "scaleup_link_bw is one peer link; scaleup_bw is the device total")
+        for name in ("source", "notes"):
+            if not isinstance(getattr(self, name), str):
+                raise _fail(hid, name, getattr(self, name), "must be a string", f"quote {name}")
+
+    @property
+    def has_fp8(self) -> bool:
+        return self.fp8_flops is not None
+
+    def scaleup_bw_for_group(self, group_size: int) -> float:
+        """Per-direction scale-up bandwidth one device can use in a collective of ``group_size``.
+
+        On a switched fabric that is ``scaleup_bw``. On a full mesh each peer is
+        one link, so a group of n reaches only (n - 1) links' worth.
+        """
+        if group_size < 2:
+            return 0.0
+        if self.scaleup_link_bw is None:
+            return self.scaleup_bw
+        return min(self.scaleup_bw, (group_size - 1) * self.scaleup_link_bw)
+
+
+_ALL_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Hardware))
+
+
+def _require_positive(hid: str, name: str, value: object) -> None:
+    number = _real(value)
+    if number is None or number <= 0:
+        raise _fail(hid, name, value, "must be a positive number", f"give {name} in SI units")
+
+
+_MEASURED_NOTE = "efficiencies: aiconfigurator silicon-DB medians, vLLM {ver} [AIC]"
+
+_CATALOG: tuple[Hardware, ...] = (
+    Hardware(id="h100-sxm", name="NVIDIA H100 SXM5 80GB",
+        memory_bytes=81559 * _MIB, mem_bw=3.35 * _TB_S,
+        bf16_flops=989.4 * _TFLOPS, fp8_flops=1978.9 * _TFLOPS,
+        scaleup_bw=450 * _GB, scaleup_kind="nvlink4",
+        gemm_mfu=0.79, fp8_gemm_mfu=0.53, weight_bw_frac=0.87, attn_bw_frac=0.87,
+        prefill_attn_mfu=0.56,
+        source="[SMI] [DS-H100] [GK-H100] [AIC]",
+        notes=_MEASURED_NOTE.format(ver="0.24.0")),
+    Hardware(id="h100-pcie", name="NVIDIA H100 PCIe 80GB",
+        memory_bytes=81559 * _MIB, mem_bw=2.0 * _TB_S,
+        bf16_flops=756 * _TFLOPS, fp8_flops=1513 * _TFLOPS,
+        scaleup_bw=64 * _GB, scaleup_kind="pcie5",
+        gemm_mfu=0.79, fp8_gemm_mfu=0.53, weight_bw_frac=0.87, attn_bw_frac=0.87,
+        prefill_attn_mfu=0.56, comm_latency_s=PCIE_COMM_LATENCY_S,
+        source="[PB-H100P] [AIC]",
+        notes="visible memory approx.: assumed same 81559 MiB as SXM (not checked); "
+              "scale-up is PCIe5 x16 because the optional NVLink bridge (300 GB/s/dir) "
+              "joins only 2 cards; efficiencies copied from h100-sxm (same Hopper "
+              "silicon, no measurement for PCIe)"),
+    Hardware(id="h200", name="NVIDIA H200 SXM 141GB",
+        memory_bytes=143771 * _MIB, mem_bw=4.8 * _TB_S,
+        bf16_flops=989.4 * _TFLOPS, fp8_flops=1978.9 * _TFLOPS,
+        scaleup_bw=450 * _GB, scaleup_kind="nvlink4",
+        gemm_mfu=0.77, fp8_gemm_mfu=0.60, weight_bw_frac=0.82, attn_bw_frac=0.82,
+        prefill_attn_mfu=0.56,
+        source="[SMI] [DS-H200] [AIC]",
+        notes=_MEASURED_NOTE.format(ver="0.24.0")),
+    Hardware(id="a100-80gb", name="NVIDIA A100 SXM 80GB",
+        memory_bytes=81920 * _MIB, mem_bw=2.039 * _TB_S,
+        bf16_flops=312 * _TFLOPS, fp8_flops=None,
+        scaleup_bw=300 * _GB, scaleup_kind="nvlink3",
+        gemm_mfu=0.91, weight_bw_frac=0.73, attn_bw_frac=0.74, prefill_attn_mfu=0.54,
+        source="[SMI] [DS-A100] [AIC]",
+        notes=_MEASURED_NOTE.format(ver="0.14.0") + "; no FP8 path"),
+    Hardware(id="a100-40gb", name="NVIDIA A100 SXM4 40GB",
+        memory_bytes=40960 * _MIB, mem_bw=1.555 * _TB_S,
+        bf16_flops=312 * _TFLOPS, fp8_flops=None,
+        scaleup_bw=300 * _GB, scaleup_kind="nvlink3",
+        gemm_mfu=0.91, weight_bw_frac=0.73, attn_bw_frac=0.74, prefill_attn_mfu=0.54,
+        source="[SMI] [GK-A100]",
+        notes="SXM4 variant (the PCIe card has PCIe4 x16 32 GB/s/dir scale-up: define a "
+              "hardware file for it); efficiencies copied from a100-80gb (same GA100 chip, "
+              "no measurement for 40GB); no FP8 path"),
+    Hardware(id="b200", name="NVIDIA B200 (HGX, per GPU)",
+        memory_bytes=183359 * _MIB, mem_bw=7.7 * _TB_S,
+        bf16_flops=2250 * _TFLOPS, fp8_flops=4500 * _TFLOPS,
+        scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
+        gemm_mfu=0.69, fp8_gemm_mfu=0.47, weight_bw_frac=0.80, attn_bw_frac=0.84,
+        prefill_attn_mfu=0.49,
+        source="[SMI] [DS-BW] [AIC]",
+        notes=_MEASURED_NOTE.format(ver="0.24.0")),
+    Hardware(id="gb200", name="NVIDIA GB200 (NVL72, per GPU)",
+        memory_bytes=189471 * _MIB, mem_bw=8.0 * _TB_S,
+        bf16_flops=2500 * _TFLOPS, fp8_flops=5000 * _TFLOPS,
+        scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
+        gemm_mfu=0.51, fp8_gemm_mfu=0.46, weight_bw_frac=0.79, attn_bw_frac=0.83,
+        prefill_attn_mfu=0.46,
+        source="[AIC-gb200] [DS-BW] [AIC]",
+        notes=_MEASURED_NOTE.format(ver="0.24.0")
+              + "; NVLink5 bandwidth holds within the 72-GPU domain"),
+    Hardware(id="l40s", name="NVIDIA L40S",
+        memory_bytes=46068 * _MIB, mem_bw=0.864 * _TB_S,
+        bf16_flops=362.05 * _TFLOPS, fp8_flops=733 * _TFLOPS,
+        scaleup_bw=32 * _GB, scaleup_kind="pcie4",
+        gemm_mfu=0.61, fp8_gemm_mfu=0.50, weight_bw_frac=0.83, attn_bw_frac=0.81,
+        prefill_attn_mfu=0.45, comm_latency_s=PCIE_COMM_LATENCY_S,
+        source="[AIC-l40s] [DS-L40S] [AIC]",
+        notes=_MEASURED_NOTE.format(ver="0.24.0")
+              + "; visible memory approx. (ECC-on likely); FP8 is the dense 733, "
+                "not inference-sim's sparse 1466"),
+    Hardware(id="rtx-4090", name="NVIDIA GeForce RTX 4090",
+        memory_bytes=24564 * _MIB, mem_bw=1.008 * _TB_S,
+        bf16_flops=165.2 * _TFLOPS, fp8_flops=330.3 * _TFLOPS,
+        scaleup_bw=32 * _GB, scaleup_kind="pcie4",
+        gemm_mfu=0.61, fp8_gemm_mfu=0.50, weight_bw_frac=0.83, attn_bw_frac=0.81,
+        prefill_attn_mfu=0.45, comm_latency_s=PCIE_COMM_LATENCY_S,
+        source="[SMI] [WP-ADA] [WDB]",
+        notes="peaks are the FP32-accumulate rates (GeForce runs them at half the "
+              "FP16-accumulate rate; serving stacks accumulate in FP32); efficiencies "
+              "copied from l40s (same AD102 die, no measurement)"),
+    Hardware(id="rtx-pro-6000", name="NVIDIA RTX PRO 6000 Blackwell (96 GB)",
+        memory_bytes=97887 * _MIB, mem_bw=1.792 * _TB_S,
+        bf16_flops=503.8 * _TFLOPS, fp8_flops=1007.6 * _TFLOPS,
+        scaleup_bw=64 * _GB, scaleup_kind="pcie5",
+        gemm_mfu=0.80, fp8_gemm_mfu=0.72, weight_bw_frac=0.83, attn_bw_frac=0.82,
+        prefill_attn_mfu=0.53, comm_latency_s=PCIE_COMM_LATENCY_S,
+        source="[AIC-rtxpro] [DS-RTXPRO] [HMC] [AIC]",
+        notes=_MEASURED_NOTE.format(ver="0.24.0")
+              + " (Server edition, relative to 503.8); peaks approx. from a 3rd-party "
+                "listing at 2617 MHz boost (aiconfigurator uses 467.8/935.6 at 2430 MHz)"),
+    Hardware(id="rtx-6000-ada", name="NVIDIA RTX 6000 Ada",
+        memory_bytes=49140 * _MIB, mem_bw=0.960 * _TB_S,
+        bf16_flops=364.2 * _TFLOPS, fp8_flops=728.5 * _TFLOPS,
+        scaleup_bw=32 * _GB, scaleup_kind="pcie4",
+        gemm_mfu=0.61, fp8_gemm_mfu=0.50, weight_bw_frac=0.83, attn_bw_frac=0.81,
+        prefill_attn_mfu=0.45, comm_latency_s=PCIE_COMM_LATENCY_S,
+        source="[SMI] [DS-6000A]",
+        notes="peaks approx. (datasheet 1457 FP8-sparse /2 and /4; FP32-accumulate at "
+              "full rate); visible memory approx. (ECC-off likely); efficiencies copied "
+              "from l40s (same AD102 die, no measurement)"),
+    Hardware(id="mi300x", name="AMD Instinct MI300X",
+        memory_bytes=205_822_885_888, mem_bw=5.3 * _TB_S,
+        bf16_flops=1307.4 * _TFLOPS, fp8_flops=2614.9 * _TFLOPS,
+        scaleup_bw=448 * _GB, scaleup_kind="infinity-fabric", scaleup_link_bw=64 * _GB,
+        source="[ROCM] [DS-MI300X] [MLP]",
+        notes="scale-up approx.: 7 Infinity Fabric links, 896 GB/s aggregate bidir -> "
+              "448/dir total, 64/dir per peer (switchless mesh); no measured efficiencies "
+              "in the facts: defaults (NVIDIA medians, aiconfigurator 0.8 bandwidth factor), "
+              "unvalidated on AMD"),
+    Hardware(id="ascend-910b", name="Huawei Ascend 910B (Atlas 800T A2)",
+        memory_bytes=65536 * _MIB, mem_bw=1.6 * _TB_S,
+        bf16_flops=353.9 * _TFLOPS, fp8_flops=None,
+        scaleup_bw=392 * _GB, scaleup_kind="hccs", scaleup_link_bw=56 * _GB,
+        weight_bw_frac=ASCEND_BW_FRAC, attn_bw_frac=ASCEND_BW_FRAC,
+        source="[AC-910B] [AC-DS] [SIM]",
+        notes="approx. values: mem BW 1.6 TB/s per [SIM] ([AIC-NPU] uses 2.0); BF16 353.9 "
+              "= 24 AI cores at 1.8 GHz (B1/B2 bins; '376' nominal, B3 bin 294.9); HCCS "
+              "full mesh 7 peers x 56 GB/s = 392 (direction convention unclear); no FP8 "
+              "(INT8 path); bandwidth fractions = Ascend aiconfigurator fork's 0.85, other "
+              "efficiencies are defaults"),
+    Hardware(id="ascend-910c", name="Huawei Ascend 910C (Atlas A3 / CloudMatrix384, per 2-die package)",
+        memory_bytes=2 * 65536 * _MIB, mem_bw=3.2 * _TB_S,
+        bf16_flops=752 * _TFLOPS, fp8_flops=None,
+        scaleup_bw=392 * _GB, scaleup_kind="ub",
+        weight_bw_frac=ASCEND_BW_FRAC, attn_bw_frac=ASCEND_BW_FRAC,
+        source="[CM] [TPU] [SUB] [SIM]",
+        notes="approx. values, per 2-die package: memory = 2 x the 910B's 65536 MB "
+              "(marketed ~128 GB, no visible figure found); BF16 752 [CM] ([TPU] says 780); "
+              "UB ~196 GB/s per die per dir -> 392 per package (a roadmap quotes 784); no "
+              "FP8 (INT8 path); bandwidth fractions = Ascend fork's 0.85, others defaults"),
+)
+
+HARDWARE: Mapping[str, Hardware] = MappingProxyType({hw.id: hw for hw in _CATALOG})
+
+# Obvious short names. Keys are already normalised (see _normalise).
+_ALIASES: Mapping[str, str] = MappingProxyType({
+    "h100": "h100-sxm", "h100-sxm5": "h100-sxm", "h100sxm": "h100-sxm",
+    "h100pcie": "h100-pcie",
+    "h200-sxm": "h200",
+    "a100": "a100-80gb", "a100-80g": "a100-80gb", "a100-sxm": "a100-80gb", "a100-40g": "a100-40gb",
+    "b200-sxm": "b200", "gb200-nvl72": "gb200",
+    "4090": "rtx-4090", "rtx4090": "rtx-4090",
+    "rtx-pro-6000-blackwell": "rtx-pro-6000", "rtx-pro-6000-server": "rtx-pro-6000",
+    "rtx6000-ada": "rtx-6000-ada",
+    "mi300": "mi300x",
+    "910b": "ascend-910b", "910c": "ascend-910c",
+})
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def resolve_hardware_id(name: str) -> str | None:
+    """The catalog id ``name`` refers to (id or alias, any case, ``_`` for ``-``), or None."""
+    key = _normalise(name)
+    key = _ALIASES.get(key, key)
+    return key if key in HARDWARE else None
+
+
+def get_hardware(name: str) -> Hardware:
+    """A catalog device by id/alias, or a device defined in a YAML/JSON file.
+
+    A name ending in ``.yaml``/``.yml``/``.json`` or containing a path
+    separator is read as a file (see :func:`load_hardware_file`).
+    """
+    hw_id = resolve_hardware_id(name)
+    if hw_id is not None:
+        return HARDWARE[hw_id]
+    if _looks_like_path(name):
+        return load_hardware_file(name)
+    raise ValueError(
+        f"unknown hardware {name!r}; known ids: {', '.join(HARDWARE)}; "
+        "or pass a path to a .yaml/.json hardware file (see docs/catalogs.md)")
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.lower().endswith((".yaml", ".yml", ".json")) or "/" in name or "\\" in name
+
+
+def with_overrides(hw: Hardware, **fields: Any) -> Hardware:
+    """A copy of ``hw`` with ``fields`` replaced (validated like any Hardware)."""
+    for name in fields:
+        if name not in _ALL_FIELDS:
+            raise ValueError(f"hardware {hw.id!r}: unknown field {name!r}; "
+                             f"fields are: {', '.join(_ALL_FIELDS)}")
+    return dataclasses.replace(hw, **fields)
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    """Parse a YAML or JSON file whose top level must be a mapping with string keys."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        if path.suffix.lower() == ".json":
+            data: object = json.loads(text)
+        else:
+            # Imported here so that importing kvsched.perf stays stdlib-only.
+            yaml = importlib.import_module("yaml")
+            data = yaml.safe_load(text)
+    except Exception as err:  # json.JSONDecodeError / yaml.YAMLError, both messages are useful
+        raise ValueError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: "
+                         f"{err}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ValueError(f"{path}: top level must be a mapping of field names to values")
+    return data
+
+
+def _coerce_number(path: Path, field: str, value: object) -> object:
+    # PyYAML (YAML 1.1) reads `3.35e12` (no dot, no sign) as a string; accept it.
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{path}: {field}={value!r}: must be a number") from None
+    return value
+
+
+def load_hardware_file(path: str | Path) -> Hardware:
+    """Read a Hardware from YAML/JSON: a flat mapping of the Hardware field names.
+
+    Required: id, name, memory_bytes, mem_bw, bf16_flops, fp8_flops (``null``
+    when there is no FP8 path), scaleup_bw, scaleup_kind. Efficiency fields,
+    scaleup_link_bw, source and notes are optional. Unknown keys are errors.
+    """
+    p = Path(path)
+    data = _read_mapping(p)
+    for key in data:
+        if key not in _ALL_FIELDS:
+            raise ValueError(f"{p}: unknown field {key!r}; allowed fields: {', '.join(_ALL_FIELDS)}")
+    for key in _REQUIRED_FIELDS:
+        if key not in data:
+            raise ValueError(f"{p}: missing required field {key!r} "
+                             f"(required: {', '.join(_REQUIRED_FIELDS)})")
+    fields = dict(data)
+    for key, value in data.items():
+        if key in ("id", "name", "scaleup_kind", "source", "notes") or value is None:
+            continue
+        fields[key] = _coerce_number(p, key, value)
+    mem = fields["memory_bytes"]
+    # Accept 85.5e9 (a float) for memory_bytes, but not 85.5 (a GB figure by mistake).
+    mem_value = _real(mem)
+    if mem_value is not None and mem_value.is_integer():
+        fields["memory_bytes"] = int(mem_value)
+    fields.setdefault("source", f"file {p}")
+    try:
+        return Hardware(**fields)
+    except ValueError as err:
+        raise ValueError(f"{p}: {err}") from None
+
+
+def load_efficiency_overrides(path: str | Path, hw: Hardware) -> Hardware:
+    """``hw`` with efficiency factors overridden from a YAML/JSON file.
+
+    The file maps efficiency fields to values; those apply to any device. A
+    key naming a hardware id (catalog id/alias, or ``hw.id``) maps to a nested
+    mapping applied only to that device, after the global ones::
+
+        comm_bw_frac: 0.6
+        h100-sxm:
+          gemm_mfu: 0.72
+
+    Only efficiency fields can be overridden this way; peak numbers belong in
+    a hardware file (:func:`load_hardware_file`).
+    """
+    p = Path(path)
+    data = _read_mapping(p)
+    common: dict[str, object] = {}
+    own: dict[str, object] = {}
+    for key, value in data.items():
+        if key in EFFICIENCY_FIELDS:
+            common[key] = _coerce_number(p, key, value)
+            continue
+        if key in _ALL_FIELDS:
+            raise ValueError(f"{p}: {key}: not an efficiency field; overridable fields are "
+                             f"{', '.join(EFFICIENCY_FIELDS)} (define a hardware file to change peaks)")
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"{p}: unknown key {key!r}: expected an efficiency field "
+                f"({', '.join(EFFICIENCY_FIELDS)}) or a hardware id mapping to such fields")
+        target = resolve_hardware_id(key) or _normalise(key)
+        if target != hw.id and target not in HARDWARE:
+            raise ValueError(f"{p}: unknown hardware id {key!r}; known ids: {', '.join(HARDWARE)}"
+                             f" (and {hw.id!r}, the device being configured)")
+        for field, fvalue in value.items():
+            if field not in EFFICIENCY_FIELDS:
+                raise ValueError(
+                    f"{p}: {key}.{field}: not an efficiency field; overridable fields are "
+                    f"{', '.join(EFFICIENCY_FIELDS)} (define a hardware file to change peaks)")
+            if target == hw.id:
+                own[field] = _coerce_number(p, f"{key}.{field}", fvalue)
+    try:
+        return with_overrides(hw, **{**common, **own})
+    except ValueError as err:
+        raise ValueError(f"{p}: {err}") from None

@@ -1,0 +1,668 @@
+"""Model architecture catalog and Hugging Face ``config.json`` reader.
+
+A :class:`ModelSpec` holds architecture only (no dtype: that is chosen at run
+time) and derives what the performance model needs: parameter counts (total,
+active per token, and per-layer building blocks) and KV-cache bytes per token.
+All derived numbers are for the FULL model, unsharded.
+
+Catalog values come from ``/work/shared/facts/models.md`` (source keys
+``[AIC]`` aiconfigurator model configs, ``[THB]``, ``[BLIS]``, ``[TF]``,
+``[DSV3]``, ``[OSS]``); the counts reproduce that file's §4 derived sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+MLP_KINDS = ("swiglu", "gelu")
+NORM_KINDS = ("rmsnorm", "layernorm")
+
+
+def _fail(model: str, field: str, value: object, rule: str) -> ValueError:
+    return ValueError(f"model {model!r}: {field}={value!r}: {rule}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A decoder-only transformer's architecture, as far as cost is concerned.
+
+    Beyond the fields the brief names, a few flags exist only so parameter
+    counts come out exact: which projections carry biases, LayerNorm (weight
+    + bias) vs RMSNorm (weight), Qwen3's per-head q/k norm, gpt-oss's attention
+    sinks, BLOOM's embedding LayerNorm, and a router bias vector (gpt-oss's
+    linear bias; DeepSeek-V3's ``e_score_correction_bias``).
+
+    MoE: ``first_k_dense_layers`` counts the layers with a dense MLP instead of
+    experts (DeepSeek's leading ``first_k_dense_replace``). Configs that place
+    dense layers elsewhere are folded into this count: position does not change
+    cost. ``intermediate_size`` is 0 when no layer has a dense MLP (Mixtral,
+    Qwen3-MoE, gpt-oss ship an unused or expert-sized value there).
+
+    MLA (DeepSeek): ``head_dim`` is the q/k head dim (nope + rope); the cache
+    holds ``kv_lora_rank + qk_rope_head_dim`` values per token per layer.
+
+    Sliding window: ``num_sliding_layers`` of the layers keep only the last
+    ``sliding_window`` tokens; see :meth:`kv_bytes_per_token` and
+    :meth:`sliding_kv_bytes_per_seq`.
+    """
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    mlp_kind: str = "swiglu"
+    attention_bias: bool = False      # q/k/v projections carry a bias
+    attention_out_bias: bool = False  # o projection carries a bias
+    mlp_bias: bool = False            # dense MLP and expert projections carry biases
+    norm_kind: str = "rmsnorm"
+    qk_norm: bool = False
+    attention_sinks: bool = False
+    embedding_norm: bool = False
+    # MoE
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0
+    first_k_dense_layers: int = 0
+    router_bias: bool = False
+    # MLA
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # sliding-window attention
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
+
+    def __post_init__(self) -> None:
+        name = self.name
+        if not isinstance(name, str) or not name:
+            raise _fail(str(name), "name", name, "must be a non-empty string")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise _fail(name, f.name, value, "must be a non-negative integer")
+            if f.type == "bool" and not isinstance(value, bool):
+                raise _fail(name, f.name, value, "must be true or false")
+        for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                      "vocab_size", "max_position_embeddings"):
+            if getattr(self, field) < 1:
+                raise _fail(name, field, getattr(self, field), "must be positive")
+        if self.mlp_kind not in MLP_KINDS:
+            raise _fail(name, "mlp_kind", self.mlp_kind, f"must be one of {', '.join(MLP_KINDS)}")
+        if self.norm_kind not in NORM_KINDS:
+            raise _fail(name, "norm_kind", self.norm_kind, f"must be one of {', '.join(NORM_KINDS)}")
+        if self.num_heads % self.num_kv_heads:
+            raise _fail(name, "num_kv_heads", self.num_kv_heads,
+                        f"must divide num_heads ({self.num_heads})")
+        self._check_moe()
+        if self.kv_lora_rank:
+            for field in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, field) < 1:
+                    raise _fail(name, field, getattr(self, field), "must be positive for MLA")
+            if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+                raise _fail(name, "head_dim", self.head_dim,
+                            "must equal qk_nope_head_dim + qk_rope_head_dim for MLA")
+        elif self.q_lora_rank or self.qk_nope_head_dim or self.qk_rope_head_dim or self.v_head_dim:
+            raise _fail(name, "kv_lora_rank", 0, "MLA fields are set but kv_lora_rank is 0")
+        if self.num_sliding_layers > self.num_layers:
+            raise _fail(name, "num_sliding_layers", self.num_sliding_layers,
+                        f"cannot exceed num_layers ({self.num_layers})")
+        if (self.sliding_window > 0) != (self.num_sliding_layers > 0):
+            raise _fail(name, "sliding_window", self.sliding_window,
+                        f"sliding_window and num_sliding_layers ({self.num_sliding_layers}) "
+                        "must both be 0 or both be positive")
+
+    def _check_moe(self) -> None:
+        name = self.name
+        if not self.num_experts:
+            for field in ("experts_per_token", "moe_intermediate_size", "num_shared_experts",
+                          "first_k_dense_layers"):
+                if getattr(self, field):
+                    raise _fail(name, field, getattr(self, field), "set on a dense model (num_experts=0)")
+        else:
+            if not 1 <= self.experts_per_token <= self.num_experts:
+                raise _fail(name, "experts_per_token", self.experts_per_token,
+                            f"must be between 1 and num_experts ({self.num_experts})")
+            if self.moe_intermediate_size < 1:
+                raise _fail(name, "moe_intermediate_size", self.moe_intermediate_size,
+                            "must be positive for an MoE model")
+            if self.first_k_dense_layers > self.num_layers:
+                raise _fail(name, "first_k_dense_layers", self.first_k_dense_layers,
+                            f"cannot exceed num_layers ({self.num_layers})")
+        if (self.num_shared_experts > 0) != (self.shared_expert_intermediate_size > 0):
+            raise _fail(name, "shared_expert_intermediate_size", self.shared_expert_intermediate_size,
+                        f"and num_shared_experts ({self.num_shared_experts}) must both be 0 or positive")
+        if self.num_dense_layers and self.intermediate_size < 1:
+            raise _fail(name, "intermediate_size", self.intermediate_size,
+                        f"must be positive: {self.num_dense_layers} layer(s) have a dense MLP")
+        if not self.num_dense_layers and self.intermediate_size:
+            raise _fail(name, "intermediate_size", self.intermediate_size,
+                        "must be 0 when every layer is MoE (the value would be unused)")
+
+    # -- structure ------------------------------------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense_layers if self.is_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Layers whose MLP is dense (all of them for a dense model)."""
+        return self.first_k_dense_layers if self.is_moe else self.num_layers
+
+    @property
+    def num_full_attention_layers(self) -> int:
+        return self.num_layers - self.num_sliding_layers
+
+    # -- per-layer building blocks (params = weights + biases) ----------------
+
+    def attn_linear_params_per_layer(self) -> int:
+        """q, k, v, o projections (MLA: q down/up, kv down/up, o), with their biases."""
+        h, bias = self.hidden_size, self.attention_bias
+        if self.is_mla:
+            qk_dim = self.num_heads * self.head_dim
+            if self.q_lora_rank:
+                q = h * self.q_lora_rank + self.q_lora_rank * qk_dim + (self.q_lora_rank if bias else 0)
+            else:
+                q = h * qk_dim + (qk_dim if bias else 0)
+            kv_down = self.kv_lora_rank + self.qk_rope_head_dim  # latent + shared rope key
+            kv = h * kv_down + (kv_down if bias else 0)
+            kv += self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+            o_in = self.num_heads * self.v_head_dim
+        else:
+            q_dim = self.num_heads * self.head_dim
+            kv_dim = self.num_kv_heads * self.head_dim
+            q = h * q_dim + (q_dim if bias else 0)
+            kv = 2 * (h * kv_dim + (kv_dim if bias else 0))
+            o_in = q_dim
+        o = o_in * h + (h if self.attention_out_bias else 0)
+        return q + kv + o
+
+    def _mlp_params(self, intermediate: int) -> int:
+        h = self.hidden_size
+        if self.mlp_kind == "swiglu":  # gate, up, down
+            return 3 * h * intermediate + ((2 * intermediate + h) if self.mlp_bias else 0)
+        return 2 * h * intermediate + ((intermediate + h) if self.mlp_bias else 0)
+
+    def dense_mlp_params_per_layer(self) -> int:
+        """One dense-MLP layer's MLP (0 when the model has none)."""
+        return self._mlp_params(self.intermediate_size) if self.intermediate_size else 0
+
+    def expert_params(self) -> int:
+        """One routed expert (0 for a dense model)."""
+        return self._mlp_params(self.moe_intermediate_size) if self.is_moe else 0
+
+    def shared_expert_params(self) -> int:
+        """All shared experts of one MoE layer together (they always run; DeepSeek fuses them)."""
+        if not self.num_shared_experts:
+            return 0
+        return self.num_shared_experts * self._mlp_params(self.shared_expert_intermediate_size)
+
+    def router_params_per_layer(self) -> int:
+        if not self.is_moe:
+            return 0
+        return self.num_experts * self.hidden_size + (self.num_experts if self.router_bias else 0)
+
+    def _norm(self, width: int) -> int:
+        return 2 * width if self.norm_kind == "layernorm" else width
+
+    def misc_params_per_layer(self) -> int:
+        """Vectors that cost no matmul: the two norms, q/k norms, MLA latent norms, sinks."""
+        n = 2 * self._norm(self.hidden_size)
+        if self.qk_norm:
+            n += 2 * self._norm(self.head_dim)
+        if self.is_mla:
+            n += self._norm(self.kv_lora_rank) + (self._norm(self.q_lora_rank) if self.q_lora_rank else 0)
+        if self.attention_sinks:
+            n += self.num_heads
+        return n
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def lm_head_params(self) -> int:
+        """Extra parameters of the output projection: 0 when tied to the embedding."""
+        return 0 if self.tie_word_embeddings else self.lm_head_matmul_params()
+
+    def lm_head_matmul_params(self) -> int:
+        """Weights the LM-head matmul reads per token, tied or not."""
+        return self.vocab_size * self.hidden_size
+
+    def _outside_layers_params(self) -> int:
+        n = self.embedding_params() + self.lm_head_params() + self._norm(self.hidden_size)  # final norm
+        if self.embedding_norm:
+            n += self._norm(self.hidden_size)
+        return n
+
+    # -- whole-model totals ---------------------------------------------------
+
+    def _params(self, experts_counted: int) -> int:
+        per_layer = self.attn_linear_params_per_layer() + self.misc_params_per_layer()
+        moe_layer = (experts_counted * self.expert_params() + self.shared_expert_params()
+                     + self.router_params_per_layer())
+        return (self._outside_layers_params() + self.num_layers * per_layer
+                + self.num_dense_layers * self.dense_mlp_params_per_layer()
+                + self.num_moe_layers * moe_layer)
+
+    def num_params(self) -> int:
+        """All parameters: embeddings, LM head unless tied, norms, biases, routers, sinks."""
+        return self._params(self.num_experts)
+
+    def active_params_per_token(self) -> int:
+        """Parameters one token touches: only ``experts_per_token`` routed experts per MoE layer.
+
+        Includes the input embedding (as models.md §4 does; OpenAI's published
+        "active" for gpt-oss excludes it).
+        """
+        return self._params(self.experts_per_token)
+
+    # -- KV cache ---------------------------------------------------------------
+
+    def kv_bytes_per_layer_per_token(self, kv_dtype_bytes: float = 2) -> float:
+        if self.is_mla:
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype_bytes
+        return 2 * self.num_kv_heads * self.head_dim * kv_dtype_bytes
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: float = 2) -> float:
+        """KV bytes each token adds, over full-attention layers only.
+
+        Sliding-window layers stop growing after ``sliding_window`` tokens; their
+        bounded share is :meth:`sliding_kv_bytes_per_seq`.
+        """
+        return self.num_full_attention_layers * self.kv_bytes_per_layer_per_token(kv_dtype_bytes)
+
+    def sliding_kv_bytes_per_seq(self, kv_dtype_bytes: float = 2) -> float:
+        """Most KV bytes the sliding-window layers hold for one sequence (0 if none)."""
+        return (self.num_sliding_layers * self.sliding_window
+                * self.kv_bytes_per_layer_per_token(kv_dtype_bytes))
+
+    def kv_bytes_for_tokens(self, num_tokens: int, kv_dtype_bytes: float = 2) -> float:
+        """KV bytes one sequence of ``num_tokens`` tokens holds (before block rounding)."""
+        per_layer = self.kv_bytes_per_layer_per_token(kv_dtype_bytes)
+        return (self.num_full_attention_layers * num_tokens
+                + self.num_sliding_layers * min(num_tokens, self.sliding_window)) * per_layer
+
+
+# -- catalog (models.md; "d" values there are what the counts above reproduce) --
+
+_DEEPSEEK_V3 = ModelSpec(  # [AIC] deepseek-ai--DeepSeek-V3; MTP layer not modelled
+    name="deepseek-ai/DeepSeek-V3", hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads=128,
+    head_dim=192, intermediate_size=18432, vocab_size=129280, tie_word_embeddings=False,
+    max_position_embeddings=163840,
+    num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
+    num_shared_experts=1, shared_expert_intermediate_size=2048, first_k_dense_layers=3,
+    router_bias=True,  # e_score_correction_bias (noaux_tc routing)
+    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+
+_GPT_OSS: dict[str, Any] = {  # [AIC] openai--gpt-oss-*; biases, router bias, sinks per [TF] gpt_oss
+    "hidden_size": 2880, "num_heads": 64, "num_kv_heads": 8, "head_dim": 64, "intermediate_size": 0,
+    "vocab_size": 201088, "tie_word_embeddings": False, "max_position_embeddings": 131072,
+    "attention_bias": True, "attention_out_bias": True, "mlp_bias": True, "router_bias": True,
+    "attention_sinks": True, "experts_per_token": 4, "moe_intermediate_size": 2880, "sliding_window": 128,
+}
+
+_CATALOG: tuple[ModelSpec, ...] = (
+    # models.md "Added for the Splitwise measurements" (public HF configs)
+    ModelSpec(name="meta-llama/Llama-2-70b-hf", hidden_size=8192, num_layers=80, num_heads=64,
+              num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=32000,
+              tie_word_embeddings=False, max_position_embeddings=4096),
+    ModelSpec(name="meta-llama/Llama-3.1-8B", hidden_size=4096, num_layers=32, num_heads=32,  # [AIC]
+              num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
+              tie_word_embeddings=False, max_position_embeddings=131072),
+    ModelSpec(name="meta-llama/Llama-3.1-70B", hidden_size=8192, num_layers=80, num_heads=64,  # [AIC]
+              num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
+              tie_word_embeddings=False, max_position_embeddings=131072),
+    ModelSpec(name="meta-llama/Llama-3.1-405B", hidden_size=16384, num_layers=126, num_heads=128,  # [AIC]
+              num_kv_heads=8, head_dim=128, intermediate_size=53248, vocab_size=128256,
+              tie_word_embeddings=False, max_position_embeddings=131072),
+    ModelSpec(name="meta-llama/Llama-3.2-1B", hidden_size=2048, num_layers=16, num_heads=32,  # [THB]
+              num_kv_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256,
+              tie_word_embeddings=True, max_position_embeddings=131072),
+    # [BLIS] (Instruct config; identical dims). max_pos: base model's 131072 (approx. in models.md;
+    # the Instruct config says 32768). q/k/v carry a bias, o does not.
+    ModelSpec(name="Qwen/Qwen2.5-7B", hidden_size=3584, num_layers=28, num_heads=28,
+              num_kv_heads=4, head_dim=128, intermediate_size=18944, vocab_size=152064,
+              tie_word_embeddings=False, max_position_embeddings=131072, attention_bias=True),
+    ModelSpec(name="Qwen/Qwen3-0.6B", hidden_size=1024, num_layers=28, num_heads=16,  # [AIC]
+              num_kv_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
+              tie_word_embeddings=True, max_position_embeddings=40960, qk_norm=True),
+    ModelSpec(name="Qwen/Qwen3-8B", hidden_size=4096, num_layers=36, num_heads=32,  # [AIC]
+              num_kv_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936,
+              tie_word_embeddings=False, max_position_embeddings=40960, qk_norm=True),
+    ModelSpec(name="Qwen/Qwen3-32B", hidden_size=5120, num_layers=64, num_heads=64,  # [AIC]
+              num_kv_heads=8, head_dim=128, intermediate_size=25600, vocab_size=151936,
+              tie_word_embeddings=False, max_position_embeddings=40960, qk_norm=True),
+    ModelSpec(name="Qwen/Qwen3-30B-A3B", hidden_size=2048, num_layers=48, num_heads=32,  # [AIC]
+              num_kv_heads=4, head_dim=128, intermediate_size=0, vocab_size=151936,
+              tie_word_embeddings=False, max_position_embeddings=40960, qk_norm=True,
+              num_experts=128, experts_per_token=8, moe_intermediate_size=768),
+    ModelSpec(name="Qwen/Qwen3-235B-A22B", hidden_size=4096, num_layers=94, num_heads=64,  # [AIC]
+              num_kv_heads=4, head_dim=128, intermediate_size=0, vocab_size=151936,
+              tie_word_embeddings=False, max_position_embeddings=40960, qk_norm=True,
+              num_experts=128, experts_per_token=8, moe_intermediate_size=1536),
+    ModelSpec(name="mistralai/Mixtral-8x7B-v0.1", hidden_size=4096, num_layers=32, num_heads=32,  # [AIC]
+              num_kv_heads=8, head_dim=128, intermediate_size=0, vocab_size=32000,
+              tie_word_embeddings=False, max_position_embeddings=32768,
+              num_experts=8, experts_per_token=2, moe_intermediate_size=14336),
+    _DEEPSEEK_V3,
+    # Same architecture fields per models.md §3 (V3.1 read from the NVFP4 repack's config).
+    dataclasses.replace(_DEEPSEEK_V3, name="deepseek-ai/DeepSeek-V3.1"),
+    dataclasses.replace(_DEEPSEEK_V3, name="deepseek-ai/DeepSeek-R1"),
+    # layer_types alternate sliding/full starting with sliding: 12 + 12 and 18 + 18.
+    ModelSpec(name="openai/gpt-oss-20b", num_layers=24, num_experts=32, num_sliding_layers=12, **_GPT_OSS),
+    ModelSpec(name="openai/gpt-oss-120b", num_layers=36, num_experts=128, num_sliding_layers=18,
+              **_GPT_OSS),
+    # BLOOM-176B: ALiBi (no position table), fused qkv with bias, GELU 4x MLP with biases,
+    # LayerNorms incl. one after the embedding; tied embeddings (≈176B only adds up tied).
+    ModelSpec(name="bigscience/bloom", hidden_size=14336, num_layers=70, num_heads=112,
+              num_kv_heads=112, head_dim=128, intermediate_size=57344, vocab_size=250880,
+              tie_word_embeddings=True, max_position_embeddings=2048, mlp_kind="gelu",
+              attention_bias=True, attention_out_bias=True, mlp_bias=True, norm_kind="layernorm",
+              embedding_norm=True),
+)
+
+MODELS: Mapping[str, ModelSpec] = MappingProxyType({m.name: m for m in _CATALOG})
+
+_ALIASES = {
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "bloom-176b": "bigscience/bloom",
+    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
+    "meta-llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "meta-llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+    "meta-llama-3.1-405b": "meta-llama/Llama-3.1-405B",
+}
+
+
+def _build_lookup() -> Mapping[str, str]:
+    table: dict[str, str] = {}
+    for full in MODELS:
+        for key in (full, full.split("/", 1)[1]):
+            table[key.lower()] = full
+    for alias, full in _ALIASES.items():
+        table[alias] = full
+        table[f"{full.split('/', 1)[0].lower()}/{alias}"] = full
+    return MappingProxyType(table)
+
+
+_LOOKUP = _build_lookup()
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by HF id (with or without the org, any case), or a model read from disk.
+
+    A path may be a Hugging Face model directory (holding ``config.json``) or a
+    ``config.json`` file; see :func:`load_model_config`.
+    """
+    full = _LOOKUP.get(name_or_path.strip().lower())
+    if full is not None:
+        return MODELS[full]
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return load_model_config(path)
+    raise ValueError(
+        f"unknown model {name_or_path!r}: not in the catalog ({', '.join(MODELS)}) "
+        "and no such file or directory; pass a catalog name or a path to a Hugging Face "
+        "model directory / config.json")
+
+
+# -- config.json reader ---------------------------------------------------------
+
+SUPPORTED_MODEL_TYPES = ("bloom", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama", "mistral",
+                         "mixtral", "qwen2", "qwen3", "qwen3_moe")
+_MISSING = object()
+
+
+class _Config:
+    """Typed access to a config.json mapping; every error names the file and field."""
+
+    def __init__(self, path: Path, data: Mapping[str, Any]) -> None:
+        self.path = path
+        self.data = data
+
+    def _raw(self, keys: tuple[str, ...], default: object) -> tuple[str, object]:
+        for key in keys:
+            if key in self.data and self.data[key] is not None:
+                return key, self.data[key]
+        if default is _MISSING:
+            alt = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
+            raise ValueError(f"{self.path}: missing required field {keys[0]!r}{alt} "
+                             f"for model_type {self.data.get('model_type')!r}")
+        return keys[0], default
+
+    def get_int(self, *keys: str, default: object = _MISSING) -> int:
+        key, value = self._raw(keys, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{self.path}: {key}={value!r}: must be an integer")
+        return value
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        _, value = self._raw((key,), default)
+        if not isinstance(value, bool):
+            raise ValueError(f"{self.path}: {key}={value!r}: must be true or false")
+        return value
+
+    def get_str(self, key: str, default: str) -> str:
+        _, value = self._raw((key,), default)
+        if not isinstance(value, str):
+            raise ValueError(f"{self.path}: {key}={value!r}: must be a string")
+        return value
+
+    def int_list(self, key: str) -> list[int]:
+        _, value = self._raw((key,), [])
+        if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+            raise ValueError(f"{self.path}: {key}={value!r}: must be a list of integers")
+        return value
+
+    def layer_types(self, num_layers: int) -> list[str] | None:
+        if "layer_types" not in self.data or self.data["layer_types"] is None:
+            return None
+        value = self.data["layer_types"]
+        if not isinstance(value, list) or len(value) != num_layers \
+                or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{self.path}: layer_types: must be a list of {num_layers} strings "
+                             "(one per layer)")
+        return value
+
+
+def _count_sliding(cfg: _Config, window: int, num_layers: int, default: int) -> int:
+    """Sliding layers: from ``layer_types`` when the config lists them, else ``default``."""
+    if not window:
+        return 0
+    types = cfg.layer_types(num_layers)
+    if types is None:
+        return default
+    return sum(1 for t in types if t == "sliding_attention")
+
+
+def _attention_dims(cfg: _Config) -> dict[str, Any]:
+    hidden = cfg.get_int("hidden_size")
+    heads = cfg.get_int("num_attention_heads")
+    return {
+        "hidden_size": hidden, "num_layers": cfg.get_int("num_hidden_layers"), "num_heads": heads,
+        "num_kv_heads": cfg.get_int("num_key_value_heads", default=heads),
+        "head_dim": cfg.get_int("head_dim", default=hidden // heads),
+        "vocab_size": cfg.get_int("vocab_size"),
+        "max_position_embeddings": cfg.get_int("max_position_embeddings"),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+    }
+
+
+def _parse_llama_family(cfg: _Config, model_type: str) -> dict[str, Any]:
+    """llama, mistral, qwen2, qwen3, mixtral, qwen3_moe: one attention layout, different MLPs."""
+    spec = _attention_dims(cfg)
+    layers = spec["num_layers"]
+    if model_type == "qwen2":
+        spec["attention_bias"] = True  # hard-wired on q/k/v in Qwen2, never on o
+    elif model_type != "mistral" and model_type != "mixtral":
+        bias = cfg.get_bool("attention_bias", False)  # llama/qwen3 apply it to q, k, v and o
+        spec["attention_bias"] = spec["attention_out_bias"] = bias
+    if model_type == "llama":
+        spec["mlp_bias"] = cfg.get_bool("mlp_bias", False)
+    if model_type in ("qwen3", "qwen3_moe"):
+        spec["qk_norm"] = True
+    if model_type in ("qwen2", "qwen3", "qwen3_moe"):
+        # Qwen: window only when use_sliding_window; then layers >= max_window_layers slide.
+        window = cfg.get_int("sliding_window", default=0) if cfg.get_bool("use_sliding_window", False) else 0
+        first = cfg.get_int("max_window_layers", default=layers)
+        sliding = _count_sliding(cfg, window, layers, max(0, layers - first))
+    elif model_type in ("mistral", "mixtral"):
+        window = cfg.get_int("sliding_window", default=0)
+        sliding = _count_sliding(cfg, window, layers, layers)
+    else:
+        window = sliding = 0
+    spec["sliding_window"] = window if sliding else 0
+    spec["num_sliding_layers"] = sliding
+
+    if model_type == "mixtral":
+        spec.update(num_experts=cfg.get_int("num_local_experts"),
+                    experts_per_token=cfg.get_int("num_experts_per_tok"),
+                    moe_intermediate_size=cfg.get_int("intermediate_size"), intermediate_size=0)
+    elif model_type == "qwen3_moe":
+        experts = cfg.get_int("num_experts")
+        step = cfg.get_int("decoder_sparse_step", default=1)
+        dense_only = set(cfg.int_list("mlp_only_layers"))
+        moe_layers = sum(1 for i in range(layers)
+                         if i not in dense_only and experts > 0 and step > 0 and (i + 1) % step == 0)
+        dense = layers - moe_layers
+        spec.update(num_experts=experts, experts_per_token=cfg.get_int("num_experts_per_tok"),
+                    moe_intermediate_size=cfg.get_int("moe_intermediate_size"), first_k_dense_layers=dense,
+                    intermediate_size=cfg.get_int("intermediate_size") if dense else 0)
+    else:
+        spec["intermediate_size"] = cfg.get_int("intermediate_size")
+    return spec
+
+
+def _parse_deepseek(cfg: _Config, model_type: str) -> dict[str, Any]:
+    spec = _attention_dims(cfg)
+    layers = spec["num_layers"]
+    nope, rope = cfg.get_int("qk_nope_head_dim"), cfg.get_int("qk_rope_head_dim")
+    # transformers stores head_dim = qk_rope_head_dim for rotary setup; MLA's q/k head is nope + rope.
+    spec["head_dim"] = nope + rope
+    bias = cfg.get_bool("attention_bias", False)
+    spec.update(attention_bias=bias, attention_out_bias=bias,
+                q_lora_rank=cfg.get_int("q_lora_rank", default=0),
+                kv_lora_rank=cfg.get_int("kv_lora_rank"), qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+                v_head_dim=cfg.get_int("v_head_dim"))
+    experts = cfg.get_int("n_routed_experts", default=0)
+    first_k = cfg.get_int("first_k_dense_replace", default=0)
+    freq = cfg.get_int("moe_layer_freq", default=1)
+    moe_layers = sum(1 for i in range(layers) if experts and i >= first_k and freq > 0 and i % freq == 0)
+    dense = layers - moe_layers
+    spec["intermediate_size"] = cfg.get_int("intermediate_size") if dense else 0
+    if moe_layers:
+        moe_size = cfg.get_int("moe_intermediate_size")
+        shared = cfg.get_int("n_shared_experts", default=0)
+        spec.update(num_experts=experts, experts_per_token=cfg.get_int("num_experts_per_tok"),
+                    moe_intermediate_size=moe_size, num_shared_experts=shared,
+                    shared_expert_intermediate_size=moe_size if shared else 0, first_k_dense_layers=dense,
+                    # V3's noaux_tc routing adds a per-expert score-correction bias.
+                    router_bias=cfg.get_str("topk_method", "greedy") == "noaux_tc")
+    return spec
+
+
+def _parse_gpt_oss(cfg: _Config, model_type: str) -> dict[str, Any]:
+    spec = _attention_dims(cfg)
+    layers = spec["num_layers"]
+    bias = cfg.get_bool("attention_bias", True)
+    window = cfg.get_int("sliding_window", default=0)
+    # Default layout (transformers): alternate, starting with a sliding layer.
+    sliding = _count_sliding(cfg, window, layers, (layers + 1) // 2)
+    spec.update(intermediate_size=0, attention_bias=bias, attention_out_bias=bias, mlp_bias=True,
+                router_bias=True, attention_sinks=True, num_experts=cfg.get_int("num_local_experts"),
+                experts_per_token=cfg.get_int("num_experts_per_tok", "experts_per_token"),
+                moe_intermediate_size=cfg.get_int("intermediate_size"),
+                sliding_window=window if sliding else 0, num_sliding_layers=sliding)
+    return spec
+
+
+def _parse_bloom(cfg: _Config, model_type: str) -> dict[str, Any]:
+    hidden = cfg.get_int("hidden_size", "n_embed")
+    heads = cfg.get_int("num_attention_heads", "n_head")
+    return {
+        "hidden_size": hidden, "num_layers": cfg.get_int("num_hidden_layers", "n_layer"), "num_heads": heads,
+        "num_kv_heads": heads, "head_dim": hidden // heads, "intermediate_size": 4 * hidden,
+        "vocab_size": cfg.get_int("vocab_size"),
+        # ALiBi has no position table; 2048 is the training length, used when the config is silent.
+        "max_position_embeddings": cfg.get_int("seq_length", "max_position_embeddings", default=2048),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", True),
+        "mlp_kind": "gelu", "attention_bias": True, "attention_out_bias": True, "mlp_bias": True,
+        "norm_kind": "layernorm", "embedding_norm": True,
+    }
+
+
+_PARSERS = {
+    "llama": _parse_llama_family, "mistral": _parse_llama_family, "qwen2": _parse_llama_family,
+    "qwen3": _parse_llama_family, "qwen3_moe": _parse_llama_family, "mixtral": _parse_llama_family,
+    "deepseek_v2": _parse_deepseek, "deepseek_v3": _parse_deepseek,
+    "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
+}
+assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
+
+_HF_CACHE_DIR = re.compile(r"models--([^/]+?)--(.+)")
+
+
+def _name_from_path(config_path: Path) -> str:
+    """``org/name`` from an HF cache layout (models--org--name/snapshots/<rev>), else the dir name."""
+    # absolute(), not resolve(): HF cache snapshot files are symlinks into blobs/.
+    for part in reversed(config_path.absolute().parent.parts):
+        match = _HF_CACHE_DIR.fullmatch(part)
+        if match:
+            return f"{match.group(1)}/{match.group(2)}"
+    return config_path.absolute().parent.name or str(config_path)
+
+
+def load_model_config(path: str | Path) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face ``config.json`` (or the directory holding one).
+
+    The spec's name is ``org/name`` when the path is inside a Hugging Face cache
+    (``models--org--name``), else the model directory's name.
+    """
+    p = Path(path).expanduser()
+    config_path = p / "config.json" if p.is_dir() else p
+    try:
+        data = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{config_path}: no such file (expected a Hugging Face config.json)") from None
+    except OSError as err:
+        raise ValueError(f"{config_path}: cannot read: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_path}: not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config_path}: top level must be a JSON object")
+    model_type = data.get("model_type")
+    if model_type is None:
+        raise ValueError(f"{config_path}: missing required field 'model_type'")
+    parser = _PARSERS.get(model_type) if isinstance(model_type, str) else None
+    if parser is None:
+        raise ValueError(f"{config_path}: model_type={model_type!r} is not supported; "
+                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    cfg = _Config(config_path, data)
+    fields = parser(cfg, model_type)
+    try:
+        return ModelSpec(name=_name_from_path(config_path), **fields)
+    except ValueError as err:
+        raise ValueError(f"{config_path}: {err}") from None

@@ -1,0 +1,323 @@
+"""Hardware catalog: numbers match /work/shared/facts/hardware.md; ids, aliases,
+hardware files and efficiency-override files, with errors that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvsched.perf import (
+    EFFICIENCY_FIELDS,
+    HARDWARE,
+    Hardware,
+    get_hardware,
+    load_efficiency_overrides,
+    load_hardware_file,
+    with_overrides,
+)
+from kvsched.perf.hardware import (
+    DEFAULT_ATTN_BW_FRAC,
+    DEFAULT_COMM_BW_FRAC,
+    DEFAULT_GEMM_MFU,
+    DEFAULT_WEIGHT_BW_FRAC,
+)
+
+IDS = ("h100-sxm", "h100-pcie", "h200", "a100-80gb", "a100-40gb", "b200", "gb200", "l40s", "rtx-4090",
+       "rtx-pro-6000", "rtx-6000-ada", "mi300x", "ascend-910b", "ascend-910c")
+
+# hardware.md main table: visible GB, mem BW TB/s, BF16 TFLOP/s, FP8 TFLOP/s (None), scale-up GB/s/dir.
+TABLE: dict[str, tuple[float, float, float, float | None, float]] = {
+    "h100-sxm": (85.5, 3.35, 989.4, 1978.9, 450),
+    "h100-pcie": (85.5, 2.0, 756, 1513, 64),          # PCIe5 x16 (bridge pairs only)
+    "h200": (150.8, 4.8, 989.4, 1978.9, 450),
+    "a100-80gb": (85.9, 2.039, 312, None, 300),
+    "a100-40gb": (42.9, 1.555, 312, None, 300),
+    "b200": (192.3, 7.7, 2250, 4500, 900),
+    "gb200": (198.7, 8.0, 2500, 5000, 900),
+    "l40s": (48.3, 0.864, 362.05, 733, 32),
+    "rtx-4090": (25.8, 1.008, 165.2, 330.3, 32),       # FP32-accumulate column
+    "rtx-pro-6000": (102.6, 1.792, 503.8, 1007.6, 64),
+    "rtx-6000-ada": (51.5, 0.960, 364.2, 728.5, 32),
+    "mi300x": (205.8, 5.3, 1307.4, 2614.9, 448),
+    "ascend-910b": (68.7, 1.6, 353.9, None, 392),
+    "ascend-910c": (137.4, 3.2, 752, None, 392),
+}
+
+# hardware.md aiconfigurator table, vLLM medians: gemm, fp8 gemm, weight BW, attn BW, prefill attn.
+MEASURED: dict[str, tuple[float, float | None, float, float, float]] = {
+    "h100-sxm": (0.79, 0.53, 0.87, 0.87, 0.56),
+    "h200": (0.77, 0.60, 0.82, 0.82, 0.56),
+    "a100-80gb": (0.91, None, 0.73, 0.74, 0.54),
+    "b200": (0.69, 0.47, 0.80, 0.84, 0.49),
+    "gb200": (0.51, 0.46, 0.79, 0.83, 0.46),
+    "l40s": (0.61, 0.50, 0.83, 0.81, 0.45),
+    "rtx-pro-6000": (0.80, 0.72, 0.83, 0.82, 0.53),
+}
+
+
+def _minimal(**extra: object) -> dict[str, object]:
+    fields: dict[str, object] = {
+        "id": "my-gpu", "name": "My GPU", "memory_bytes": 80_000_000_000, "mem_bw": 2.0e12,
+        "bf16_flops": 5.0e14, "fp8_flops": None, "scaleup_bw": 3.0e11, "scaleup_kind": "nvlink3",
+    }
+    fields.update(extra)
+    return fields
+
+
+def _write_json(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def _raises_naming(fn: object, *needles: str) -> str:
+    assert callable(fn)
+    with pytest.raises(ValueError) as info:
+        fn()
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+# -- catalog ------------------------------------------------------------------
+
+def test_catalog_has_exactly_the_listed_ids() -> None:
+    assert tuple(HARDWARE) == IDS
+    for hw_id, hw in HARDWARE.items():
+        assert hw.id == hw_id
+        assert get_hardware(hw_id) is hw
+        assert hw.source and hw.notes, hw_id
+
+
+@pytest.mark.parametrize("hw_id", IDS)
+def test_peaks_match_hardware_md(hw_id: str) -> None:
+    hw = HARDWARE[hw_id]
+    gb, bw, bf16, fp8, scaleup = TABLE[hw_id]
+    assert round(hw.memory_bytes / 1e9, 1) == gb
+    assert hw.mem_bw == pytest.approx(bw * 1e12)
+    assert hw.bf16_flops == pytest.approx(bf16 * 1e12)
+    if fp8 is None:
+        assert hw.fp8_flops is None and not hw.has_fp8
+    else:
+        assert hw.fp8_flops == pytest.approx(fp8 * 1e12)
+    assert hw.scaleup_bw == pytest.approx(scaleup * 1e9)
+
+
+def test_h100_sxm_field_by_field() -> None:
+    hw = get_hardware("h100-sxm")
+    assert hw.memory_bytes == 81559 * 2**20           # nvidia-smi MiB [SMI]
+    assert hw.mem_bw == 3.35e12
+    assert hw.bf16_flops == pytest.approx(989.4e12)
+    assert hw.fp8_flops == pytest.approx(1978.9e12)
+    assert hw.scaleup_bw == 450e9 and hw.scaleup_kind == "nvlink4"
+    assert (hw.gemm_mfu, hw.fp8_gemm_mfu, hw.weight_bw_frac, hw.attn_bw_frac, hw.prefill_attn_mfu) == \
+        (0.79, 0.53, 0.87, 0.87, 0.56)
+    assert hw.comm_bw_frac == DEFAULT_COMM_BW_FRAC == 0.7
+    assert hw.comm_latency_s == 5e-6
+    assert hw.scaleup_link_bw is None
+
+
+def test_other_devices_field_by_field() -> None:
+    mi = get_hardware("mi300x")
+    assert mi.memory_bytes == 205_822_885_888         # rocm-smi bytes [ROCM]
+    assert mi.scaleup_kind == "infinity-fabric" and mi.scaleup_link_bw == 64e9
+    assert "approx" in mi.notes and "defaults" in mi.notes
+    assert mi.gemm_mfu == DEFAULT_GEMM_MFU and mi.weight_bw_frac == DEFAULT_WEIGHT_BW_FRAC
+
+    a100 = get_hardware("a100-80gb")
+    assert a100.memory_bytes == 81920 * 2**20 and a100.fp8_flops is None
+    assert a100.scaleup_kind == "nvlink3" and a100.gemm_mfu == 0.91
+
+    l40s = get_hardware("l40s")
+    assert l40s.fp8_flops == pytest.approx(733e12)    # dense, not inference-sim's sparse 1466
+    assert l40s.scaleup_kind == "pcie4" and l40s.comm_latency_s == 10e-6
+
+    rtx = get_hardware("rtx-4090")
+    assert rtx.bf16_flops == pytest.approx(165.2e12)  # FP32-accumulate, half the FP16-acc 330.3
+    assert rtx.fp8_flops == pytest.approx(330.3e12)
+    assert "FP32-accumulate" in rtx.notes
+
+    ascend = get_hardware("ascend-910b")
+    assert ascend.memory_bytes == 65536 * 2**20 and ascend.fp8_flops is None
+    assert ascend.weight_bw_frac == ascend.attn_bw_frac == 0.85   # Ascend aiconfigurator fork
+    assert ascend.scaleup_kind == "hccs" and ascend.scaleup_link_bw == 56e9
+
+    gb200 = get_hardware("gb200")
+    assert gb200.memory_bytes == 189471 * 2**20 and gb200.scaleup_kind == "nvlink5"
+
+
+@pytest.mark.parametrize("hw_id", sorted(MEASURED))
+def test_measured_efficiencies_are_the_vllm_medians(hw_id: str) -> None:
+    hw = HARDWARE[hw_id]
+    gemm, fp8, weight, attn, prefill = MEASURED[hw_id]
+    assert (hw.gemm_mfu, hw.weight_bw_frac, hw.attn_bw_frac, hw.prefill_attn_mfu) == \
+        (gemm, weight, attn, prefill)
+    if fp8 is not None:
+        assert hw.fp8_gemm_mfu == fp8
+
+
+def test_unmeasured_devices_borrow_from_the_closest_and_say_so() -> None:
+    for copy, origin in (("h100-pcie", "h100-sxm"), ("a100-40gb", "a100-80gb"),
+                         ("rtx-4090", "l40s"), ("rtx-6000-ada", "l40s")):
+        a, b = HARDWARE[copy], HARDWARE[origin]
+        assert (a.gemm_mfu, a.weight_bw_frac, a.attn_bw_frac, a.prefill_attn_mfu) == \
+            (b.gemm_mfu, b.weight_bw_frac, b.attn_bw_frac, b.prefill_attn_mfu)
+        assert f"copied from {origin}" in a.notes
+
+
+def test_mesh_fabrics_scale_with_group_size() -> None:
+    mi = get_hardware("mi300x")
+    assert mi.scaleup_bw_for_group(1) == 0.0
+    assert mi.scaleup_bw_for_group(2) == 64e9
+    assert mi.scaleup_bw_for_group(8) == 448e9
+    h100 = get_hardware("h100-sxm")
+    assert h100.scaleup_bw_for_group(2) == h100.scaleup_bw_for_group(8) == 450e9
+
+
+def test_hardware_is_frozen_and_slotted() -> None:
+    hw = get_hardware("h100")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hw.gemm_mfu = 0.5  # type: ignore[misc]
+    assert not hasattr(hw, "__dict__")
+
+
+def test_import_is_stdlib_only() -> None:
+    code = "import sys, kvsched.perf; print('yaml' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- names --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "hw_id"), [
+    ("H100", "h100-sxm"), ("h100", "h100-sxm"), ("H100_SXM", "h100-sxm"), (" h100-pcie ", "h100-pcie"),
+    ("a100", "a100-80gb"), ("A100_40GB", "a100-40gb"), ("RTX_4090", "rtx-4090"), ("MI300X", "mi300x"),
+    ("Ascend_910B", "ascend-910b"), ("910c", "ascend-910c"), ("GB200", "gb200"),
+])
+def test_aliases_and_case(name: str, hw_id: str) -> None:
+    assert get_hardware(name).id == hw_id
+
+
+def test_unknown_id_lists_known_ids() -> None:
+    message = _raises_naming(lambda: get_hardware("h300"), "'h300'", "h100-sxm", "ascend-910c")
+    assert ".yaml" in message
+
+
+# -- hardware files -------------------------------------------------------------
+
+def test_yaml_hardware_file(tmp_path: Path) -> None:
+    path = tmp_path / "dev.yaml"
+    # 3.35e12 without a dot is a *string* to PyYAML; the loader must still accept it.
+    path.write_text(
+        "id: my-gpu\nname: My GPU\nmemory_bytes: 80e9\nmem_bw: 2e12\nbf16_flops: 5.0e+14\n"
+        "fp8_flops: null\nscaleup_bw: 300e9\nscaleup_kind: nvlink3\ngemm_mfu: 0.6\n", encoding="utf-8")
+    hw = get_hardware(str(path))
+    assert hw.memory_bytes == 80_000_000_000 and isinstance(hw.memory_bytes, int)
+    assert hw.mem_bw == 2e12 and hw.bf16_flops == 5e14 and hw.fp8_flops is None
+    assert hw.gemm_mfu == 0.6
+    assert hw.attn_bw_frac == DEFAULT_ATTN_BW_FRAC            # omitted -> default
+    assert hw.source == f"file {path}"
+
+
+def test_json_hardware_file(tmp_path: Path) -> None:
+    path = _write_json(tmp_path / "dev.json", _minimal(fp8_flops=1e15, comm_bw_frac=0.5,
+                                                        scaleup_link_bw=5e10, notes="mine"))
+    hw = load_hardware_file(path)
+    assert hw == Hardware(**_minimal(fp8_flops=1e15, comm_bw_frac=0.5, scaleup_link_bw=5e10,  # type: ignore[arg-type]
+                                     notes="mine", source=f"file {path}"))
+    assert get_hardware(str(path)) == hw
+
+
+@pytest.mark.parametrize(("data", "needles"), [
+    (_minimal(tflops=1), ("unknown field 'tflops'", "allowed fields")),
+    ({k: v for k, v in _minimal().items() if k != "mem_bw"}, ("missing required field 'mem_bw'",)),
+    ({k: v for k, v in _minimal().items() if k != "fp8_flops"}, ("missing required field 'fp8_flops'",)),
+    (_minimal(mem_bw=-1), ("mem_bw=-1", "positive")),
+    (_minimal(memory_bytes=85.5), ("memory_bytes=85.5", "bytes")),
+    (_minimal(gemm_mfu=1.3), ("gemm_mfu=1.3", "(0, 1]")),
+    (_minimal(comm_latency_s=-1e-6), ("comm_latency_s",)),
+    (_minimal(bf16_flops=True), ("bf16_flops=True",)),
+    (_minimal(bf16_flops="lots"), ("bf16_flops='lots'", "number")),
+    (_minimal(id="My GPU"), ("id=", "lower-case")),
+    (_minimal(scaleup_link_bw=1e12), ("scaleup_link_bw", "cannot exceed scaleup_bw")),
+    ([1, 2], ("top level must be a mapping",)),
+])
+def test_bad_hardware_files_name_the_file_and_field(tmp_path: Path, data: object,
+                                                    needles: tuple[str, ...]) -> None:
+    path = _write_json(tmp_path / "bad.json", data)
+    _raises_naming(lambda: load_hardware_file(path), str(path), *needles)
+
+
+def test_unreadable_hardware_files(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    _raises_naming(lambda: get_hardware(str(missing)), str(missing), "no such file")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("id: [unclosed\n", encoding="utf-8")
+    _raises_naming(lambda: load_hardware_file(broken), str(broken), "not valid YAML")
+    broken_json = tmp_path / "broken.json"
+    broken_json.write_text("{", encoding="utf-8")
+    _raises_naming(lambda: load_hardware_file(broken_json), "not valid JSON")
+
+
+# -- overrides ------------------------------------------------------------------
+
+def test_with_overrides() -> None:
+    hw = get_hardware("h100-sxm")
+    tuned = with_overrides(hw, gemm_mfu=0.7, comm_latency_s=8e-6)
+    assert (tuned.gemm_mfu, tuned.comm_latency_s) == (0.7, 8e-6)
+    assert tuned.mem_bw == hw.mem_bw and hw.gemm_mfu == 0.79      # original untouched
+    _raises_naming(lambda: with_overrides(hw, gemm_mfuu=0.7), "unknown field 'gemm_mfuu'", "gemm_mfu")
+    _raises_naming(lambda: with_overrides(hw, weight_bw_frac=0.0), "weight_bw_frac=0.0")
+
+
+def test_override_file_global_then_per_device(tmp_path: Path) -> None:
+    path = tmp_path / "eff.yaml"
+    path.write_text(
+        "comm_bw_frac: 0.6\ngemm_mfu: 0.7\n"
+        "H100_SXM:\n  gemm_mfu: 0.72\n"          # alias/case of the device -> applies, after globals
+        "b200:\n  gemm_mfu: 0.5\n", encoding="utf-8")
+    h100 = load_efficiency_overrides(path, get_hardware("h100-sxm"))
+    assert (h100.comm_bw_frac, h100.gemm_mfu) == (0.6, 0.72)
+    assert h100.weight_bw_frac == 0.87                            # untouched
+    a100 = load_efficiency_overrides(path, get_hardware("a100"))
+    assert (a100.comm_bw_frac, a100.gemm_mfu) == (0.6, 0.7)      # b200/h100 sections ignored
+
+
+def test_override_file_for_a_custom_device(tmp_path: Path) -> None:
+    custom = Hardware(**_minimal())  # type: ignore[arg-type]
+    path = _write_json(tmp_path / "eff.json", {"my-gpu": {"attn_bw_frac": 0.5}})
+    assert load_efficiency_overrides(path, custom).attn_bw_frac == 0.5
+
+
+@pytest.mark.parametrize(("data", "needles"), [
+    ({"gemm_mfuu": 0.5}, ("'gemm_mfuu'", "efficiency field")),
+    ({"h300": {"gemm_mfu": 0.5}}, ("unknown hardware id 'h300'", "h100-sxm")),
+    ({"h100-sxm": {"mem_bw": 1e12}}, ("h100-sxm.mem_bw", "not an efficiency field", "hardware file")),
+    ({"gemm_mfu": 2}, ("gemm_mfu=2",)),
+    ({"mem_bw": 1e12}, ("mem_bw: not an efficiency field", "hardware file")),
+])
+def test_bad_override_files(tmp_path: Path, data: object, needles: tuple[str, ...]) -> None:
+    path = _write_json(tmp_path / "eff.json", data)
+    _raises_naming(lambda: load_efficiency_overrides(path, get_hardware("h100-sxm")), str(path), *needles)
+
+
+def test_efficiency_fields_are_hardware_fields() -> None:
+    names = {f.name for f in dataclasses.fields(Hardware)}
+    assert set(EFFICIENCY_FIELDS) <= names
+
+
+def test_docs_examples_load(tmp_path: Path) -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "catalogs.md").read_text(encoding="utf-8")
+    device_yaml, override_yaml = (block.split("```")[0] for block in doc.split("```yaml\n")[1:3])
+    (tmp_path / "dev.yaml").write_text(device_yaml, encoding="utf-8")
+    (tmp_path / "eff.yaml").write_text(override_yaml, encoding="utf-8")
+    hw = get_hardware(str(tmp_path / "dev.yaml"))
+    assert (hw.id, hw.memory_bytes, hw.fp8_flops) == ("a100-40gb-pcie", 40960 * 2**20, None)
+    assert hw.gemm_mfu == 0.91
+    tuned = load_efficiency_overrides(tmp_path / "eff.yaml", get_hardware("h100-sxm"))
+    assert (tuned.comm_bw_frac, tuned.gemm_mfu) == (0.6, 0.72)
