@@ -1,0 +1,443 @@
+"""The metrics of ``vllm bench serve``, from simulated request timings.
+
+Definitions follow vLLM 0.33.0's ``calculate_metrics`` (vllm/benchmarks/serve.py):
+
+* TTFT = first token time - send time; E2EL = finish time - send time.
+* TPOT = (E2EL - TTFT) / (output tokens - 1), only for requests with more
+  than one output token; for goodput a one-token request counts TPOT 0.
+* ITL: every inter-token gap of every request, pooled into one list.
+* Goodput: requests meeting every given SLO (``slo >= value``) per second.
+* mean / median / std / percentiles are numpy's (``np.percentile``'s default
+  linear interpolation); an empty list reports 0, as vLLM's ``values or 0`` does.
+* Times in the result are milliseconds; throughputs divide by ``duration``.
+
+ITLs come in bulk (a one-hour run makes millions of tokens), so they are
+collected in a :class:`SampleAccumulator` as ``(gap, count)`` pairs - one
+decode step where B requests each get a token adds ``(step gap, B)`` - whose
+median and percentiles equal numpy's on the flattened list exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+MILLISECONDS_PER_SECOND = 1000.0
+SLO_METRICS = ("ttft", "tpot", "e2el")
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el", "client_queue_time", "e2el_including_client_queue")
+DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One completed request, as the benchmark client saw it (seconds).
+
+    ``send_time`` is when the client sent it: its arrival, or later if
+    ``max_concurrency`` held it back; ``arrival_time`` (optional, default:
+    ``send_time``) is when it was due, for the client-queue metrics."""
+
+    request_id: str
+    send_time: float
+    first_token_time: float
+    finish_time: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    arrival_time: float | None = None
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token_time - self.send_time
+
+    @property
+    def e2el(self) -> float:
+        return self.finish_time - self.send_time
+
+    @property
+    def tpot(self) -> float | None:
+        """None for a one-token output (vLLM leaves it out of the TPOT list)."""
+        if self.num_output_tokens <= 1:
+            return None
+        return (self.e2el - self.ttft) / (self.num_output_tokens - 1)
+
+    @property
+    def client_queue_time(self) -> float:
+        return 0.0 if self.arrival_time is None else self.send_time - self.arrival_time
+
+
+class SampleAccumulator:
+    """A multiset of float samples added as ``(value, count)`` pairs.
+
+    Built for ITLs (``add(gap, count)``: ``count`` tokens that each came
+    ``gap`` seconds after their request's previous one) and for token emission
+    times (``add(time, tokens)``). Adding is two list appends; pairs are moved
+    into numpy arrays every ``FLUSH_AT`` pairs, so memory is 16 bytes a pair
+    however many samples they stand for. :meth:`percentile` and :meth:`median`
+    equal ``np.percentile`` / ``np.median`` of :meth:`to_array` exactly;
+    :meth:`mean` and :meth:`std` equal numpy's up to summation rounding.
+    """
+
+    FLUSH_AT = 1 << 16
+    __slots__ = ("_values", "_counts", "_chunks", "_n", "_sorted")
+
+    def __init__(self) -> None:
+        self._values: list[float] = []
+        self._counts: list[int] = []
+        self._chunks: list[tuple[FloatArray, IntArray]] = []
+        self._n = 0
+        # (ascending values, cumulative counts), cached until the next add.
+        self._sorted: tuple[FloatArray, IntArray] | None = None
+
+    def add(self, value: float, count: int = 1) -> None:
+        """Add ``count`` samples equal to ``value`` (a count of 0 adds nothing)."""
+        if not 0.0 <= value < math.inf:
+            raise ValueError(f"sample value={value!r} must be a finite number >= 0")
+        if count <= 0:
+            if count == 0:
+                return
+            raise ValueError(f"sample count={count!r} must be >= 0")
+        self._values.append(value)
+        self._counts.append(count)
+        self._n += count
+        self._sorted = None
+        if len(self._values) >= self.FLUSH_AT:
+            self._flush()
+
+    def add_array(self, values: npt.ArrayLike, counts: npt.ArrayLike | None = None) -> None:
+        """Add many samples at once: ``values[i]`` ``counts[i]`` times (once each
+        without ``counts``), e.g. one request's ITL array."""
+        v = np.array(values, dtype=np.float64).reshape(-1)
+        c = np.ones(len(v), dtype=np.int64) if counts is None else np.array(counts).reshape(-1)
+        if len(c) != len(v):
+            raise ValueError(f"add_array: {len(v)} values but {len(c)} counts")
+        if c.dtype.kind not in "iu":
+            raise ValueError(f"add_array: counts must be integers, got dtype {c.dtype}")
+        if not np.all((v >= 0.0) & np.isfinite(v)):
+            bad = v[~((v >= 0.0) & np.isfinite(v))][0]
+            raise ValueError(f"add_array: sample value={bad!r} must be a finite number >= 0")
+        if np.any(c < 0):
+            raise ValueError(f"add_array: sample count={c[c < 0][0]!r} must be >= 0")
+        if len(v):
+            self._flush()
+            self._chunks.append((v, c.astype(np.int64)))
+            self._n += int(c.sum())
+            self._sorted = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _flush(self) -> None:
+        if self._values:
+            self._chunks.append((np.array(self._values, dtype=np.float64),
+                                 np.array(self._counts, dtype=np.int64)))
+            self._values.clear()
+            self._counts.clear()
+
+    def _pairs(self) -> tuple[FloatArray, IntArray]:
+        self._flush()
+        if not self._chunks:
+            return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.int64)
+        if len(self._chunks) > 1:
+            # Merge so later calls do not concatenate again.
+            self._chunks = [(np.concatenate([v for v, _ in self._chunks]),
+                             np.concatenate([c for _, c in self._chunks]))]
+        return self._chunks[0]
+
+    def to_array(self) -> FloatArray:
+        """Every sample, each value repeated ``count`` times, in the order added."""
+        values, counts = self._pairs()
+        return np.repeat(values, counts)
+
+    def _order_stats(self) -> tuple[FloatArray, IntArray]:
+        if self._sorted is None:
+            values, counts = self._pairs()
+            order = np.argsort(values, kind="stable")
+            self._sorted = (values[order], np.cumsum(counts[order]))
+        return self._sorted
+
+    def _kth(self, k: int) -> float:
+        """The k-th smallest sample (0-based), as ``np.sort(to_array())[k]``."""
+        values, cumulative = self._order_stats()
+        return float(values[int(np.searchsorted(cumulative, k, side="right"))])
+
+    def _require_samples(self, what: str) -> None:
+        if self._n == 0:
+            raise ValueError(f"{what} of no samples; add samples first")
+
+    def percentile(self, q: float) -> float:
+        """``np.percentile(self.to_array(), q)`` (linear), bit for bit."""
+        self._require_samples("percentile")
+        if not 0 <= q <= 100:
+            raise ValueError(f"percentile q={q!r} must be in [0, 100]")
+        n = self._n
+        # numpy: virtual index (n-1)*(q/100), neighbours floor and floor+1,
+        # and _lerp, which interpolates from the nearer neighbour.
+        index = (n - 1) * (q / 100)
+        if index >= n - 1:
+            return self._kth(n - 1)
+        below = math.floor(index)
+        gamma = index - below
+        a, b = self._kth(below), self._kth(below + 1)
+        diff = b - a
+        return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+    def median(self) -> float:
+        """``np.median(self.to_array())``, bit for bit (the mean of the two
+        middle samples when there is an even number)."""
+        self._require_samples("median")
+        half = self._n // 2
+        if self._n % 2:
+            return self._kth(half)
+        return (self._kth(half - 1) + self._kth(half)) / 2
+
+    def mean(self) -> float:
+        self._require_samples("mean")
+        values, counts = self._pairs()
+        return float(np.dot(values, counts.astype(np.float64)) / self._n)
+
+    def std(self) -> float:
+        """Population standard deviation (numpy's default ``ddof=0``)."""
+        self._require_samples("std")
+        values, counts = self._pairs()
+        deviation = values - self.mean()
+        return math.sqrt(float(np.dot(deviation * deviation, counts.astype(np.float64))) / self._n)
+
+
+def parse_goodput(args: Sequence[str] | str) -> dict[str, float]:
+    """Parse SLOs as ``vllm bench serve --goodput ttft:500 tpot:50 e2el:2000``
+    (milliseconds) into ``{"ttft": 500.0, ...}``. A single string is split on
+    whitespace."""
+    items = args.split() if isinstance(args, str) else list(args)
+    slos: dict[str, float] = {}
+    for item in items:
+        parts = item.split(":") if isinstance(item, str) else []
+        if len(parts) != 2:
+            raise ValueError(f"goodput {item!r}: expected KEY:VALUE with KEY one of "
+                             f"{', '.join(SLO_METRICS)} and VALUE in milliseconds, e.g. ttft:500")
+        name, text = parts[0].strip(), parts[1].strip()
+        if name not in SLO_METRICS:
+            raise ValueError(f"goodput {item!r}: unknown metric {name!r}; "
+                             f"choose from {', '.join(SLO_METRICS)}")
+        if name in slos:
+            raise ValueError(f"goodput {item!r}: {name} is given twice")
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"goodput {item!r}: value {text!r} is not a number of milliseconds") from None
+        if not value >= 0:
+            raise ValueError(f"goodput {item!r}: value {value} must be >= 0 milliseconds")
+        slos[name] = value
+    return slos
+
+
+def _check_slos(goodput_slos: Mapping[str, float]) -> None:
+    for name, value in goodput_slos.items():
+        if name not in SLO_METRICS:
+            raise ValueError(f"goodput_slos: unknown metric {name!r}; choose from {', '.join(SLO_METRICS)}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ValueError(f"goodput_slos: {name}={value!r} must be a number >= 0 (milliseconds)")
+
+
+def _percentile_word(p: float) -> str:
+    # vLLM's key: p99 for 99.0, p99.9 for 99.9.
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def _check_percentiles(percentiles: Sequence[float]) -> list[float]:
+    out = []
+    for p in percentiles:
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 100:
+            raise ValueError(f"percentiles: {p!r} must be a number in [0, 100]")
+        out.append(float(p))
+    return out
+
+
+class _Timings:
+    """The per-request columns of the records, checked once."""
+
+    __slots__ = ("send", "first", "finish", "arrival", "prompt", "output")
+
+    def __init__(self, records: Sequence[RequestRecord]) -> None:
+        self.send = np.array([r.send_time for r in records], dtype=np.float64)
+        self.first = np.array([r.first_token_time for r in records], dtype=np.float64)
+        self.finish = np.array([r.finish_time for r in records], dtype=np.float64)
+        self.arrival = np.array([r.send_time if r.arrival_time is None else r.arrival_time for r in records],
+                                dtype=np.float64)
+        self.prompt = np.array([r.num_prompt_tokens for r in records], dtype=np.int64)
+        self.output = np.array([r.num_output_tokens for r in records], dtype=np.int64)
+        self._check(records)
+
+    def _check(self, records: Sequence[RequestRecord]) -> None:
+        checks = (
+            (np.isfinite(self.send) & np.isfinite(self.first) & np.isfinite(self.finish)
+             & np.isfinite(self.arrival), "times must be finite numbers"),
+            (self.arrival <= self.send, "arrival_time must not be after send_time"),
+            (self.first >= self.send, "first_token_time must not be before send_time"),
+            (self.finish >= self.first, "finish_time must not be before first_token_time"),
+            (self.prompt >= 1, "num_prompt_tokens must be >= 1"),
+            (self.output >= 1, "num_output_tokens must be >= 1"),
+        )
+        for ok, message in checks:
+            if not np.all(ok):
+                r = records[int(np.flatnonzero(~ok)[0])]
+                raise ValueError(f"RequestRecord {r.request_id}: {message} ({r})")
+
+
+def _array_stats(values: FloatArray, percentiles: Sequence[float]) -> tuple[float, float, float, list[float]]:
+    # vLLM passes `values or 0`: an empty list reports zeros.
+    data = values if len(values) else np.zeros(1)
+    return (float(np.mean(data)), float(np.median(data)), float(np.std(data)),
+            [float(np.percentile(data, p)) for p in percentiles])
+
+
+def _accumulator_stats(acc: SampleAccumulator, percentiles: Sequence[float]
+                       ) -> tuple[float, float, float, list[float]]:
+    if len(acc) == 0:
+        return 0.0, 0.0, 0.0, [0.0 for _ in percentiles]
+    return acc.mean(), acc.median(), acc.std(), [acc.percentile(p) for p in percentiles]
+
+
+def benchmark_duration(records: Sequence[RequestRecord], start_time: float = 0.0) -> float:
+    """vLLM's benchmark duration: from the start of the run (``start_time``, the
+    origin of the arrival schedule - vLLM starts its clock before it sleeps
+    until the first arrival) to the last completion."""
+    if not records:
+        raise ValueError("benchmark_duration: no records")
+    return max(r.finish_time for r in records) - start_time
+
+
+def _peaks(t: _Timings, token_times: SampleAccumulator | None) -> dict[str, float | int]:
+    """vLLM's max_output_tokens_per_s and max_concurrent_requests: per whole
+    second since the first send, tokens emitted and requests in flight."""
+    out: dict[str, float | int] = {}
+    if len(t.send) == 0:
+        if token_times is not None:
+            out["max_output_tokens_per_s"] = 0.0
+        out["max_concurrent_requests"] = 0
+        return out
+    start = float(t.send.min())
+    seconds = int(np.ceil(float(t.finish.max()) - start)) + 1
+    if token_times is not None:
+        times, counts = token_times._pairs()
+        bucket = np.trunc(times - start)  # vLLM's int(): truncation toward zero
+        inside = (bucket >= 0) & (bucket < seconds)
+        per_second = np.bincount(bucket[inside].astype(np.int64), weights=counts[inside].astype(np.float64),
+                                 minlength=seconds)
+        out["max_output_tokens_per_s"] = float(per_second.max())
+    # A request counts in every second from its send's to its finish's, inclusive.
+    first_second = np.trunc(t.send - start).astype(np.int64)
+    last_second = np.trunc(t.finish - start).astype(np.int64)
+    change = np.zeros(seconds + 1, dtype=np.int64)
+    np.add.at(change, first_second, 1)
+    np.add.at(change, last_second + 1, -1)
+    out["max_concurrent_requests"] = int(np.cumsum(change)[:seconds].max())
+    return out
+
+
+def _goodput_count(ttft: FloatArray, tpot_or_zero: FloatArray, e2el: FloatArray,
+                   goodput_slos: Mapping[str, float]) -> int:
+    values = {"ttft": ttft, "tpot": tpot_or_zero, "e2el": e2el}
+    good = np.ones(len(ttft), dtype=bool)
+    for name in SLO_METRICS:
+        if name in goodput_slos:
+            good &= (goodput_slos[name] / MILLISECONDS_PER_SECOND) >= values[name]
+    return int(good.sum())
+
+
+def compute_metrics(
+    records: Sequence[RequestRecord],
+    itls: SampleAccumulator | npt.ArrayLike,
+    duration: float,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    goodput_slos: Mapping[str, float] | None = None,
+    *,
+    failed: int = 0,
+    token_times: SampleAccumulator | None = None,
+    percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
+) -> dict[str, float | int]:
+    """vllm bench serve's result keys for completed ``records``.
+
+    ``itls``: every inter-token latency in seconds, as a :class:`SampleAccumulator`
+    or a flat array. ``duration``: the benchmark duration in seconds (see
+    :func:`benchmark_duration`). ``goodput_slos``: milliseconds per metric, as
+    :func:`parse_goodput` returns; ``request_goodput`` is present only with
+    SLOs (vLLM writes null otherwise). ``failed``: requests that did not
+    complete (reported only). ``token_times``: emission time of every output
+    token, first tokens included (``add(time, tokens)`` per step); when given,
+    ``max_output_tokens_per_s`` is reported. ``percentile_metrics``: which of
+    ttft, tpot, itl, e2el, client_queue_time, e2el_including_client_queue get
+    mean/median/std/p{N} keys (the last two need ``arrival_time``).
+    """
+    if isinstance(duration, bool) or not isinstance(duration, int | float) or not 0 < duration < math.inf:
+        raise ValueError(f"duration={duration!r} must be a finite number of seconds > 0")
+    if isinstance(failed, bool) or not isinstance(failed, int) or failed < 0:
+        raise ValueError(f"failed={failed!r} must be an integer >= 0")
+    ps = _check_percentiles(percentiles)
+    unknown = [m for m in percentile_metrics if m not in PERCENTILE_METRICS]
+    if unknown:
+        raise ValueError(f"percentile_metrics: unknown {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(PERCENTILE_METRICS)}")
+    if goodput_slos:
+        _check_slos(goodput_slos)
+    t = _Timings(records)
+    ttft = t.first - t.send
+    e2el = t.finish - t.send
+    multi = t.output > 1
+    tpot = (e2el[multi] - ttft[multi]) / (t.output[multi] - 1)
+    tpot_or_zero = np.zeros(len(records))
+    tpot_or_zero[multi] = tpot
+
+    total_input = int(t.prompt.sum())
+    total_output = int(t.output.sum())
+    result: dict[str, float | int] = {
+        "duration": float(duration),
+        "completed": len(records),
+        "failed": failed,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": len(records) / duration,
+    }
+    if goodput_slos:
+        result["request_goodput"] = _goodput_count(ttft, tpot_or_zero, e2el, goodput_slos) / duration
+    result["output_throughput"] = total_output / duration
+    result["total_token_throughput"] = (total_input + total_output) / duration
+    result.update(_peaks(t, token_times))
+
+    queue = t.send - t.arrival
+    columns: dict[str, FloatArray] = {"ttft": ttft, "tpot": tpot, "e2el": e2el, "client_queue_time": queue,
+                                      "e2el_including_client_queue": e2el + queue}
+    for metric in PERCENTILE_METRICS:
+        if metric not in percentile_metrics:
+            continue
+        if metric == "itl":
+            stats = (_accumulator_stats(itls, ps) if isinstance(itls, SampleAccumulator)
+                     else _array_stats(_itl_array(itls), ps))
+        else:
+            stats = _array_stats(columns[metric], ps)
+        _put_stats(result, metric, stats, ps)
+    return result
+
+
+def _itl_array(itls: npt.ArrayLike) -> FloatArray:
+    data = np.asarray(itls, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(data)):
+        raise ValueError("itls: every inter-token latency must be a finite number")
+    return data
+
+
+def _put_stats(result: dict[str, float | int], metric: str, stats: tuple[float, float, float, list[float]],
+               percentiles: Sequence[float]) -> None:
+    mean, median, std, values = stats
+    ms = MILLISECONDS_PER_SECOND
+    result[f"mean_{metric}_ms"] = mean * ms
+    result[f"median_{metric}_ms"] = median * ms
+    result[f"std_{metric}_ms"] = std * ms
+    for p, value in zip(percentiles, values):
+        result[f"p{_percentile_word(p)}_{metric}_ms"] = value * ms
