@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--explain", action="store_true",
                     help="print a per-step table with why waiting requests were not admitted")
     rp.set_defaults(func=_cmd_replay)
+    from kvsched.sim.command import add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 

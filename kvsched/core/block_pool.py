@@ -57,9 +57,15 @@ class BlockPool:
         blocks = [popitem(last=False)[0] for _ in range(num_blocks)]
         ref_cnt = self.ref_cnt
         block_hash = self.block_hash
+        cached = self.cached
         for b in blocks:
-            if block_hash[b] is not None:
-                self._evict(b)
+            h = block_hash[b]
+            if h is not None:
+                if self.dup_cached:
+                    self._evict(b)
+                else:  # no duplicate hashes anywhere: the map entry is this block
+                    block_hash[b] = None
+                    del cached[h]
             ref_cnt[b] = 1
         return blocks
 
@@ -80,15 +86,18 @@ class BlockPool:
         caching = self.enable_caching
         evict_first: list[int] = []
         evict_last: list[int] = []
-        for b in ordered_blocks:
-            if b == NULL_BLOCK:
-                continue
-            n = ref_cnt[b] - 1
-            ref_cnt[b] = n
-            if n == 0:
-                if caching and block_hash[b] is not None:
-                    evict_last.append(b)
-                else:
+        # Request tables never hold the null block (one full-attention group).
+        if caching:
+            for b in ordered_blocks:
+                n = ref_cnt[b] - 1
+                ref_cnt[b] = n
+                if n == 0:
+                    (evict_first if block_hash[b] is None else evict_last).append(b)
+        else:
+            for b in ordered_blocks:
+                n = ref_cnt[b] - 1
+                ref_cnt[b] = n
+                if n == 0:
                     evict_first.append(b)
         free_queue = self.free_queue
         if evict_first:
@@ -96,8 +105,8 @@ class BlockPool:
             for b in reversed(evict_first):
                 free_queue[b] = None
                 move(b, last=False)
-        for b in evict_last:
-            free_queue[b] = None
+        if evict_last:
+            free_queue.update(dict.fromkeys(evict_last))
 
     # -- prefix cache ---------------------------------------------------------
     def get_cached_block(self, block_hash: int) -> int | None:

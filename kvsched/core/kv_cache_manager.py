@@ -63,9 +63,8 @@ class KVCacheManager:
             bs = self.block_size
             tokens = request.all_token_ids
             parent = hashes[-1] if start else _ROOT_HASH
-            for i in range(start * bs, num_blocks * bs, bs):
-                parent = hash((parent, tuple(tokens[i:i + bs])))
-                hashes.append(parent)
+            hashes.extend([parent := hash((parent, tuple(tokens[i:i + bs])))
+                           for i in range(start * bs, num_blocks * bs, bs)])
         return hashes
 
     # -- admission --------------------------------------------------------------
@@ -189,15 +188,24 @@ class KVCacheManager:
             num_full //= bs
             num_cached = self.num_cached_block.get(rid, 0)
             if num_full > num_cached:
-                self._cache_full_blocks(request, blocks, num_cached, num_full)
+                self.cache_full_blocks(request, blocks, num_cached, num_full)
         return new_blocks
 
-    def _cache_full_blocks(self, request: Request, blocks: list[int],
-                           num_cached: int, num_full: int) -> None:
+    def cache_full_blocks(self, request: Request, blocks: list[int],
+                          num_cached: int, num_full: int) -> None:
+        """Register blocks ``num_cached .. num_full - 1`` of ``request`` in the prefix cache."""
         hashes = self.block_hashes(request, num_full)
-        cache_block = self.block_pool.cache_block
+        pool = self.block_pool
+        block_hash = pool.block_hash
+        cached = pool.cached
         for i in range(num_cached, num_full):
-            cache_block(blocks[i], hashes[i])
+            b = blocks[i]
+            h = hashes[i]
+            block_hash[b] = h  # inlined BlockPool.cache_block
+            if h in cached:
+                pool.dup_cached.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
         self.num_cached_block[request.request_id] = num_full
 
     def free(self, request: Request) -> None:

@@ -51,6 +51,9 @@ class SchedulerOutput:
     preempted_req_ids: set[str]
     # Requests that finished since the previous schedule() (runner frees them).
     finished_req_ids: set[str]
+    # Why admission stopped this step (a REASON_* of kvsched.core.explain),
+    # or None if every waiting request was admitted.
+    admission_stop: str | None = None
     # Filled only when the scheduler was built with explain=True.
     not_admitted: list[NotAdmitted] | None = None
 

@@ -110,6 +110,24 @@ class SampleAccumulator:
         if len(self._values) >= self.FLUSH_AT:
             self._flush()
 
+    def add_repeated(self, values: Sequence[float], count: int) -> None:
+        """Add each of ``values`` ``count`` times: one step-time gap per step of
+        a decode stretch, each for ``count`` requests. Plain list work, no
+        numpy, so it stays cheap for the short stretches a simulation makes."""
+        if not values:
+            return
+        if count < 1:
+            raise ValueError(f"sample count={count!r} must be >= 1")
+        low, high = min(values), max(values)
+        if low < 0.0 or high >= math.inf:
+            raise ValueError(f"sample value={low if low < 0 else high!r} must be a finite number >= 0")
+        self._values.extend(values)
+        self._counts.extend([count] * len(values))
+        self._n += count * len(values)
+        self._sorted = None
+        if len(self._values) >= self.FLUSH_AT:
+            self._flush()
+
     def add_array(self, values: npt.ArrayLike, counts: npt.ArrayLike | None = None) -> None:
         """Add many samples at once: ``values[i]`` ``counts[i]`` times (once each
         without ``counts``), e.g. one request's ITL array."""
@@ -198,16 +216,27 @@ class SampleAccumulator:
         return (self._kth(half - 1) + self._kth(half)) / 2
 
     def mean(self) -> float:
+        """Exactly rounded (math.fsum), so it depends only on the samples, not
+        on the order or grouping of the adds."""
         self._require_samples("mean")
-        values, counts = self._pairs()
-        return float(np.dot(values, counts.astype(np.float64)) / self._n)
+        values, counts = self._order_stats_pairs()
+        return math.fsum((values * counts).tolist()) / self._n
 
     def std(self) -> float:
-        """Population standard deviation (numpy's default ``ddof=0``)."""
+        """Population standard deviation (numpy's default ``ddof=0``), summed
+        exactly like :meth:`mean`."""
         self._require_samples("std")
-        values, counts = self._pairs()
+        values, counts = self._order_stats_pairs()
         deviation = values - self.mean()
-        return math.sqrt(float(np.dot(deviation * deviation, counts.astype(np.float64))) / self._n)
+        return math.sqrt(math.fsum((deviation * deviation * counts).tolist()) / self._n)
+
+    def _order_stats_pairs(self) -> tuple[FloatArray, FloatArray]:
+        """Distinct sample values with their total counts (as floats)."""
+        values, counts = self._pairs()
+        distinct, inverse = np.unique(values, return_inverse=True)
+        weights = counts.astype(np.float64)
+        totals = np.bincount(inverse, weights=weights, minlength=len(distinct)).astype(np.float64)
+        return distinct, totals
 
 
 def parse_goodput(args: Sequence[str] | str) -> dict[str, float]:

@@ -1,0 +1,98 @@
+"""KV-cache capacity per GPU, the way vLLM sizes it at start-up.
+
+vLLM profiles one forward pass of ``max_num_batched_tokens`` tokens and gives
+the KV cache what is left of ``gpu_memory_utilization × memory`` after the
+weights, that activation peak and non-torch memory (CUDA context, NCCL
+buffers). We estimate the same three terms from the architecture:
+
+- weights per device: matmul weights at ``dtype`` (embedding and LM head stay
+  16-bit, as vLLM's FP8 quantisation leaves them), sharded over TP; routed
+  experts over the expert-parallel group when expert parallelism is on;
+- activation peak: per token the residual stream, the normed input, the fused
+  QKV output and the MLP's gate/up output in 16 bits, plus float32 logits for
+  ``max_num_seqs`` sampled rows (the sampler's dummy run);
+- non-torch memory: a fixed ``NON_TORCH_BYTES`` (an estimate; vLLM measures it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvsched.perf.hardware import Hardware
+from kvsched.perf.models import ModelSpec
+from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes
+
+GIB = 2**30
+NON_TORCH_BYTES = 1.0 * GIB
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """Bytes per device and the resulting KV blocks (vLLM's ``num_gpu_blocks``,
+    null block included)."""
+
+    budget_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    non_torch_bytes: float
+    sliding_window_bytes: float
+    kv_cache_bytes: float
+    bytes_per_block: float
+    num_gpu_blocks: int
+
+    def describe(self) -> str:
+        return (f"{self.num_gpu_blocks} KV blocks: {self.budget_bytes / GIB:.1f} GiB budget - "
+                f"{self.weight_bytes / GIB:.1f} weights - {self.activation_bytes / GIB:.2f} "
+                f"activations - {self.non_torch_bytes / GIB:.1f} other = "
+                f"{self.kv_cache_bytes / GIB:.1f} GiB for KV")
+
+
+def weight_bytes_per_device(model: ModelSpec, parallel: ParallelConfig, dtype: str) -> float:
+    wb = dtype_bytes("dtype", dtype)
+    tp, ep = parallel.tensor_parallel_size, parallel.expert_parallel_size
+    embed = (model.embedding_params() + model.lm_head_params()) * 2
+    experts = model.num_moe_layers * model.num_experts * model.expert_params()
+    rest = model.num_params() - model.embedding_params() - model.lm_head_params() - experts
+    expert_shards = ep if ep > 1 else tp
+    return embed / tp + rest * wb / tp + experts * wb / expert_shards
+
+
+def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
+                          max_num_batched_tokens: int, max_num_seqs: int) -> float:
+    tp = parallel.tensor_parallel_size
+    m = model
+    qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp
+    mlp = 2 * max(m.intermediate_size, m.moe_intermediate_size * m.experts_per_token) / tp
+    per_token = (2 * m.hidden_size + max(qkv, mlp)) * 2
+    logits = max_num_seqs * m.vocab_size * 4
+    return max_num_batched_tokens * per_token + logits
+
+
+def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
+                runtime: RuntimeConfig, block_size: int, gpu_memory_utilization: float,
+                max_num_batched_tokens: int, max_num_seqs: int) -> MemoryPlan:
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization!r}: must be in (0, 1]")
+    kvb = runtime.kv_bytes
+    tp = parallel.tensor_parallel_size
+    budget = gpu_memory_utilization * hardware.memory_bytes
+    weights = weight_bytes_per_device(model, parallel, runtime.dtype)
+    activations = activation_peak_bytes(model, parallel, max_num_batched_tokens, max_num_seqs)
+    if model.is_mla:
+        per_layer = float(model.kv_bytes_per_layer_per_token(kvb))
+    else:
+        per_layer = 2 * max(1.0, model.num_kv_heads / tp) * model.head_dim * kvb
+    bytes_per_block = block_size * model.num_full_attention_layers * per_layer
+    # Sliding-window layers hold at most a window per sequence; we reserve that
+    # for max_num_seqs sequences (vLLM's hybrid allocator pages them instead).
+    sliding = max_num_seqs * model.num_sliding_layers * model.sliding_window * per_layer
+    kv = budget - weights - activations - NON_TORCH_BYTES - sliding
+    blocks = int(kv // bytes_per_block) if kv > 0 else 0
+    plan = MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
+                      bytes_per_block, blocks)
+    if blocks < 2:
+        raise ValueError(
+            f"{model.name} does not fit on {hardware.name} with tensor_parallel_size={tp}: "
+            f"{plan.describe()}. Raise --tensor-parallel-size or --gpu-memory-utilization, "
+            "use --dtype fp8, or lower --max-num-batched-tokens")
+    return plan

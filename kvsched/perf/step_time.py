@@ -1,0 +1,310 @@
+"""How long one engine step takes, from the composition of its batch.
+
+A roofline per component, per device: each part of the forward pass takes the
+longer of its FLOPs at the achieved FLOP rate and its bytes at the achieved
+bandwidth (the efficiency factors of :class:`~kvsched.perf.hardware.Hardware`).
+
+- Linear layers (attention projections, dense MLPs, shared experts): weights
+  read once per step, 2 FLOPs per weight per token; decode-only batches are
+  padded to the CUDA-graph capture size, as vLLM runs them.
+- Routed experts: only the experts the step's tokens touch are read (expected
+  distinct experts under uniform routing); FLOPs for ``experts_per_token``
+  experts per token.
+- Attention: prefill FLOPs over each new token's context (causal); decode reads
+  the whole KV of each sequence. MLA (DeepSeek) decode runs absorbed over the
+  576-value latent, its prefill un-absorbed plus the latent up-projection.
+  Sliding-window layers cap the context at the window (see ``BatchShape``).
+- LM head: only for the positions that sample.
+- Tensor-parallel all-reduce (two per layer) and expert-parallel all-to-all
+  (dispatch and combine per MoE layer) on the scale-up fabric.
+- A fixed latency per kernel and a CPU cost per step and per request; with
+  async scheduling the CPU work overlaps the forward pass.
+
+Inputs are integer aggregates (``BatchShape``), so the same batch always gives
+the same float: the simulator's fast-forward relies on that.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from kvsched.perf.hardware import Hardware
+from kvsched.perf.models import ModelSpec
+
+DTYPE_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp8": 1,
+               "fp8_e4m3": 1, "fp8_e5m2": 1}
+KERNELS_PER_LAYER = 8          # norm, qkv, attention, o, norm, up/gate, act, down
+KERNEL_LATENCY_S = 3e-6        # aiconfigurator's mem_empirical_constant_latency
+CPU_STEP_S = 0.5e-3            # scheduling + input preparation + output processing, per step
+CPU_PER_REQUEST_S = 4e-6       # per scheduled request (vLLM's scheduler alone is a few µs)
+
+
+def dtype_bytes(field: str, value: str) -> int:
+    try:
+        return DTYPE_BYTES[value.lower()]
+    except KeyError:
+        raise ValueError(f"{field}={value!r}: unknown dtype; use one of "
+                         f"{', '.join(sorted(DTYPE_BYTES))}") from None
+
+
+def cudagraph_capture_sizes(max_size: int) -> list[int]:
+    """vLLM's default decode capture sizes: 1, 2, 4, then every 8 up to 256,
+    every 16 beyond, up to ``max_size``."""
+    sizes = [1, 2, 4, *range(8, 257, 8), *range(272, max(max_size, 272) + 1, 16)]
+    return [s for s in sizes if s <= max_size] or [1]
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be a positive integer")
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """vLLM shards experts over TP × DP ranks when expert parallelism is on."""
+        if self.enable_expert_parallel:
+            return self.tensor_parallel_size * self.data_parallel_size
+        return 1
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    dtype: str = "bf16"
+    kv_cache_dtype: str = "auto"
+    async_scheduling: bool = True
+    cudagraph_max_size: int = 512
+    cpu_step_s: float = CPU_STEP_S
+    cpu_per_request_s: float = CPU_PER_REQUEST_S
+
+    def __post_init__(self) -> None:
+        dtype_bytes("dtype", self.dtype)
+        dtype_bytes("kv_cache_dtype", self.kv_cache_dtype)
+
+    @property
+    def kv_bytes(self) -> int:
+        """KV-cache element size: "auto" is the 16-bit activation dtype (FP8
+        weights do not make an FP8 cache; only --kv-cache-dtype fp8 does)."""
+        if self.kv_cache_dtype == "auto":
+            return 2
+        return dtype_bytes("kv_cache_dtype", self.kv_cache_dtype)
+
+
+@dataclass(slots=True)
+class BatchShape:
+    """One step's batch as integer aggregates over its scheduled requests.
+
+    A request with ``n`` new tokens and ``c`` already computed is a *decode*
+    when ``n == 1`` and a *prefill chunk* otherwise.
+    """
+
+    num_tokens: int            # Σ n
+    num_reqs: int
+    num_sampled: int           # requests that sample a token this step
+    num_decodes: int           # requests with n == 1
+    decode_kv_tokens: int      # Σ (c + 1) over decodes: KV each decode reads
+    prefill_tokens: int        # Σ n over prefill chunks
+    prefill_kv_tokens: int     # Σ (c + n) over prefill chunks
+    prefill_attn_pairs: int    # Σ (n·c + n(n+1)/2): query-key pairs, causal
+
+    @classmethod
+    def decode(cls, num_reqs: int, decode_kv_tokens: int) -> BatchShape:
+        return cls(num_reqs, num_reqs, num_reqs, num_reqs, decode_kv_tokens, 0, 0, 0)
+
+
+def _roof(flops: float, flop_rate: float, nbytes: float, bandwidth: float) -> float:
+    a = flops / flop_rate
+    b = nbytes / bandwidth
+    return a if a > b else b
+
+
+class StepTimeModel:
+    """Seconds per step for one engine (a TP group; one DP rank)."""
+
+    def __init__(self, model: ModelSpec, hardware: Hardware,
+                 parallel: ParallelConfig | None = None,
+                 runtime: RuntimeConfig | None = None) -> None:
+        parallel = parallel or ParallelConfig()
+        runtime = runtime or RuntimeConfig()
+        self.model = model
+        self.hardware = hardware
+        self.parallel = parallel
+        self.runtime = runtime
+        tp = parallel.tensor_parallel_size
+        ep = parallel.expert_parallel_size
+        hw = hardware
+        wb = dtype_bytes("dtype", runtime.dtype)
+        kvb = runtime.kv_bytes
+        if wb == 1 and not hw.has_fp8:
+            raise ValueError(f"dtype={runtime.dtype!r}: {hw.name} has no FP8 path; use bf16")
+        self.weight_bytes = wb
+        self.kv_bytes = kvb
+        self.lin_flops = (hw.fp8_flops or 0.0) * hw.fp8_gemm_mfu if wb == 1 else hw.bf16_flops * hw.gemm_mfu
+        self.head_flops = hw.bf16_flops * hw.gemm_mfu  # vLLM keeps the LM head in 16 bits
+        self.weight_bw = hw.mem_bw * hw.weight_bw_frac
+        self.attn_bw = hw.mem_bw * hw.attn_bw_frac
+        self.attn_flops = hw.bf16_flops * hw.prefill_attn_mfu
+        m = model
+        L = m.num_layers
+        self.dense_params = (L * m.attn_linear_params_per_layer()
+                             + m.num_dense_layers * m.dense_mlp_params_per_layer()
+                             + m.num_moe_layers * (m.shared_expert_params() + m.router_params_per_layer())
+                             ) / tp
+        self.lm_head_params = m.lm_head_matmul_params() / tp
+        self.moe_layers = m.num_moe_layers
+        self.expert_params = m.expert_params()
+        self.num_experts = m.num_experts
+        self.topk = m.experts_per_token
+        self.tp = tp
+        self.ep = ep
+        # Attention per device: heads split over TP; KV heads too, but never
+        # below one (vLLM replicates them); MLA's latent is replicated.
+        heads = m.num_heads / tp
+        if m.is_mla:
+            kv_per_layer = float(m.kv_bytes_per_layer_per_token(kvb))
+            latent = m.kv_lora_rank + m.qk_rope_head_dim
+            self.decode_flops_per_key = 2 * heads * (latent + m.kv_lora_rank)
+            self.prefill_flops_per_pair = 2 * heads * (m.head_dim + m.v_head_dim)
+            # Un-absorbed prefill first expands the latent into per-head K and V.
+            self.prefill_flops_per_kv = 2 * m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        else:
+            kv_heads = max(1.0, m.num_kv_heads / tp)
+            kv_per_layer = 2 * kv_heads * m.head_dim * kvb
+            self.decode_flops_per_key = 4 * heads * m.head_dim
+            self.prefill_flops_per_pair = 4 * heads * m.head_dim
+            self.prefill_flops_per_kv = 0.0
+        self.kv_bytes_per_layer = kv_per_layer
+        self.full_layers = m.num_full_attention_layers
+        self.sliding_layers = m.num_sliding_layers
+        self.window = m.sliding_window
+        self.hidden = m.hidden_size
+        self.num_layers = L
+        self.ar_bw = hw.scaleup_bw_for_group(tp) * hw.comm_bw_frac if tp > 1 else 0.0
+        self.a2a_bw = hw.scaleup_bw_for_group(ep) * hw.comm_bw_frac if ep > 1 else 0.0
+        self.comm_latency = hw.comm_latency_s
+        self.fixed_gpu_s = L * KERNELS_PER_LAYER * KERNEL_LATENCY_S
+        self.capture_sizes = cudagraph_capture_sizes(runtime.cudagraph_max_size)
+        self.async_scheduling = runtime.async_scheduling
+        self._decode_parts: dict[tuple[int, int, int], tuple[float, ...]] = {}
+
+    def padded_tokens(self, num_tokens: int) -> int:
+        sizes = self.capture_sizes
+        i = bisect.bisect_left(sizes, num_tokens)
+        return sizes[i] if i < len(sizes) else num_tokens
+
+    def gpu_time(self, shape: BatchShape, global_tokens: int | None = None) -> float:
+        """Forward-pass seconds. ``global_tokens`` is the tokens of all DP ranks
+        that share the experts (expert parallelism); default: this batch."""
+        T = shape.num_tokens
+        if T == 0:
+            return 0.0
+        if shape.prefill_tokens == 0:
+            # Decode-only: pad to the CUDA-graph size; the parts that depend
+            # only on the batch size repeat step after step, so memoise them.
+            T = self.padded_tokens(T)
+            key = (T, global_tokens or T, shape.num_sampled)
+            parts = self._decode_parts.get(key)
+            if parts is None:
+                parts = self._decode_parts[key] = self._batch_parts(T, global_tokens or T,
+                                                                     shape.num_sampled)
+        else:
+            parts = self._batch_parts(T, global_tokens or T, shape.num_sampled)
+        return parts[0] + self._attention_time(shape) + parts[1]
+
+    def _batch_parts(self, T: int, global_tokens: int, num_sampled: int) -> tuple[float, float]:
+        """(linear layers and experts, LM head + collectives + fixed latency)."""
+        wb = self.weight_bytes
+        t = _roof(2.0 * T * self.dense_params, self.lin_flops, self.dense_params * wb, self.weight_bw)
+        if self.moe_layers:
+            t += self.moe_layers * self._routed_expert_time(T, global_tokens)
+        rest = self.fixed_gpu_s
+        if num_sampled:
+            rest += _roof(2.0 * num_sampled * self.lm_head_params, self.head_flops,
+                          2.0 * self.lm_head_params, self.weight_bw)
+        if self.tp > 1:
+            msg = T * self.hidden * 2.0
+            rest += 2 * self.num_layers * (self.comm_latency
+                                           + 2.0 * (self.tp - 1) / self.tp * msg / self.ar_bw)
+        if self.ep > 1 and self.moe_layers:
+            sent = T * self.topk * self.hidden * 2.0 * (self.ep - 1) / self.ep
+            rest += self.moe_layers * 2 * (self.comm_latency + sent / self.a2a_bw)
+        return t, rest
+
+    def _routed_expert_time(self, tokens: int, global_tokens: int) -> float:
+        E, k, p = self.num_experts, self.topk, self.expert_params
+        # Expected distinct experts hit by global_tokens × k uniform picks.
+        touched = E * (1.0 - (1.0 - k / E) ** global_tokens)
+        if self.ep > 1:
+            flops = 2.0 * global_tokens * k * p / self.ep
+            nbytes = touched / self.ep * p * self.weight_bytes
+        else:
+            flops = 2.0 * tokens * k * p / self.tp
+            nbytes = touched * p * self.weight_bytes / self.tp
+        return _roof(flops, self.lin_flops, nbytes, self.weight_bw)
+
+    def _attention_time(self, s: BatchShape) -> float:
+        t = self._attention_layer(s.decode_kv_tokens, s.prefill_kv_tokens,
+                                  s.prefill_attn_pairs) * self.full_layers
+        if self.sliding_layers:
+            # Upper bounds of the window-capped sums (Σ min(c, w) + n ...): exact
+            # once every context reaches the window, the common case (w = 128).
+            w = self.window
+            num_prefills = s.num_reqs - s.num_decodes
+            t += self._attention_layer(min(s.decode_kv_tokens, w * s.num_decodes),
+                                       min(s.prefill_kv_tokens, w * num_prefills + s.prefill_tokens),
+                                       min(s.prefill_attn_pairs, w * s.prefill_tokens)
+                                       ) * self.sliding_layers
+        return t
+
+    def _attention_layer(self, decode_kv: int, prefill_kv: int, pairs: int) -> float:
+        t = 0.0
+        if decode_kv:
+            t += _roof(self.decode_flops_per_key * decode_kv, self.attn_flops,
+                       decode_kv * self.kv_bytes_per_layer, self.attn_bw)
+        if pairs:
+            flops = self.prefill_flops_per_pair * pairs + self.prefill_flops_per_kv * prefill_kv
+            t += _roof(flops, self.attn_flops, prefill_kv * self.kv_bytes_per_layer, self.attn_bw)
+        return t
+
+    def cpu_time(self, shape: BatchShape) -> float:
+        return self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * shape.num_reqs
+
+    def step_time(self, shape: BatchShape, global_tokens: int | None = None) -> float:
+        """Wall seconds of the step: with async scheduling the CPU work of
+        scheduling the next step overlaps this forward pass."""
+        if (global_tokens is None and shape.prefill_tokens == 0
+                and shape.num_decodes == shape.num_reqs == shape.num_sampled):
+            return self.decode_step_time(shape.num_reqs, shape.decode_kv_tokens)
+        gpu = self.gpu_time(shape, global_tokens)
+        cpu = self.cpu_time(shape)
+        if self.async_scheduling:
+            return gpu if gpu > cpu else cpu
+        return gpu + cpu
+
+    def decode_step_time(self, num_reqs: int, decode_kv_tokens: int) -> float:
+        """``step_time`` of ``num_reqs`` one-token decodes reading
+        ``decode_kv_tokens`` KV in all, without building a BatchShape: the
+        simulator's fast-forward calls this once per skipped step. Every
+        pure-decode step goes through here, so both paths give the same float."""
+        parts = self._decode_parts.get((num_reqs, -1, num_reqs))
+        if parts is None:
+            T = self.padded_tokens(num_reqs)
+            lin, rest = self._batch_parts(T, T, num_reqs)
+            cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
+            parts = self._decode_parts[(num_reqs, -1, num_reqs)] = (lin, rest, cpu)
+        lin, rest, cpu = parts
+        attn = self._attention_layer(decode_kv_tokens, 0, 0) * self.full_layers
+        if self.sliding_layers:
+            attn += self._attention_layer(min(decode_kv_tokens, self.window * num_reqs), 0, 0
+                                          ) * self.sliding_layers
+        gpu = lin + attn + rest
+        if self.async_scheduling:
+            return gpu if gpu > cpu else cpu
+        return gpu + cpu

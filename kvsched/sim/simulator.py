@@ -1,0 +1,465 @@
+"""The serving simulator: kvsched's exact scheduler in virtual time.
+
+Each engine step is ``schedule()`` -> step time from the performance model ->
+``update_from_output()`` with the workload's output lengths (as ``ignore_eos``
+does), or EOS at a position drawn per request when ``eos_probability`` > 0.
+
+**Fast-forward.** Between events nothing changes but decoding: every running
+request takes one token per step, nobody finishes, nothing arrives, admission
+stays blocked. Such stretches are advanced in one jump
+(``Scheduler.fast_forward_decode``), with the same block allocations, step
+times, token times and metrics as stepping one by one. A stretch starts only
+after a step that was itself pure decode (all running requests scheduled for
+one token, no admission, preemption or finish) with no arrival since, so the
+admission outcome is known to repeat: a waiting request held by
+``max_num_seqs``, the token budget or chunked prefill stays held (those do not
+change), one held by KV blocks stays held (free blocks only shrink while
+decoding; blocks filled during the stretch hold output tokens unique to their
+request, so they cannot become a prefix hit for a waiting prompt). A stretch
+ends before the first step in which a request would finish, a request would
+arrive, or the free pool could not give a needed block (a preemption).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.core import explain
+from kvsched.core.output import ModelRunnerOutput
+from kvsched.core.scheduler import Scheduler
+from kvsched.core.trace import step_record
+from kvsched.perf.step_time import BatchShape, StepTimeModel
+from kvsched.request import Request, SamplingParams
+from kvsched.sim.metrics import RequestRecord, SampleAccumulator, benchmark_duration, compute_metrics
+from kvsched.sim.workload import Workload, WorkloadRequest
+
+EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)
+# Admission stop reasons that cannot lift during a pure-decode stretch.
+_STABLE_STOPS = {None, explain.REASON_MAX_NUM_SEQS, explain.REASON_KV_BLOCKS,
+                 explain.REASON_TOKEN_BUDGET, explain.REASON_CHUNKED_PREFILL_OFF}
+MIN_STRETCH = 2
+
+
+@dataclass(slots=True)
+class SimConfig:
+    scheduler_config: SchedulerConfig
+    cache_config: CacheConfig
+    step_model: StepTimeModel
+    eos_probability: float = 0.0
+    seed: int = 0
+    fast_forward: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eos_probability < 1.0:
+            raise ValueError(f"eos_probability={self.eos_probability!r}: must be in [0, 1)")
+
+
+@dataclass(slots=True)
+class StepLog:
+    """Per-step timeline, columnar (a one-hour run has ~10^5-10^6 steps)."""
+
+    start: array[float] = field(default_factory=lambda: array("d"))
+    duration: array[float] = field(default_factory=lambda: array("d"))
+    num_reqs: array[int] = field(default_factory=lambda: array("l"))
+    num_tokens: array[int] = field(default_factory=lambda: array("l"))
+    prefill_tokens: array[int] = field(default_factory=lambda: array("l"))
+    free_blocks: array[int] = field(default_factory=lambda: array("l"))
+    num_running: array[int] = field(default_factory=lambda: array("l"))
+    num_waiting: array[int] = field(default_factory=lambda: array("l"))
+
+    def append(self, start: float, duration: float, num_reqs: int, num_tokens: int,
+               prefill_tokens: int, free_blocks: int, num_running: int, num_waiting: int) -> None:
+        self.start.append(start)
+        self.duration.append(duration)
+        self.num_reqs.append(num_reqs)
+        self.num_tokens.append(num_tokens)
+        self.prefill_tokens.append(prefill_tokens)
+        self.free_blocks.append(free_blocks)
+        self.num_running.append(num_running)
+        self.num_waiting.append(num_waiting)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+@dataclass(slots=True)
+class SimResult:
+    workload: str
+    records: list[RequestRecord]
+    failed: list[tuple[str, str]]  # (request id, why it was refused)
+    itls: SampleAccumulator
+    token_times: SampleAccumulator
+    steps: StepLog
+    num_gpu_blocks: int
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_fast_forwarded_steps: int
+    wall_seconds: float
+
+    @property
+    def duration(self) -> float:
+        return benchmark_duration(self.records) if self.records else 0.0
+
+    def metrics(self, percentiles: tuple[float, ...] = (50.0, 90.0, 99.0),
+                goodput_slos: dict[str, float] | None = None) -> dict[str, Any]:
+        """vllm bench serve's keys, plus the engine-side figures."""
+        out: dict[str, Any] = {}
+        if self.records:
+            out.update(compute_metrics(self.records, self.itls, self.duration, percentiles,
+                                       goodput_slos, failed=len(self.failed),
+                                       token_times=self.token_times))
+        else:
+            out["completed"] = 0
+            out["failed"] = len(self.failed)
+        out.update(self.engine_stats())
+        return out
+
+    def engine_stats(self) -> dict[str, Any]:
+        s = self.steps
+        n = len(s)
+        busy = sum(s.duration)
+        tokens = sum(s.num_tokens)
+        prefill = sum(s.prefill_tokens)
+        usable = self.num_gpu_blocks - 1
+        usage = [1.0 - f / usable for f in s.free_blocks] if n else [0.0]
+        return {
+            "num_steps": n,
+            "busy_seconds": busy,
+            "mean_batch_size": sum(s.num_reqs) / n if n else 0.0,
+            "mean_tokens_per_step": tokens / n if n else 0.0,
+            "prefill_token_share": prefill / tokens if tokens else 0.0,
+            "decode_token_share": 1.0 - prefill / tokens if tokens else 0.0,
+            "mean_kv_cache_usage": sum(u * d for u, d in zip(usage, s.duration)) / busy if busy else 0.0,
+            "max_kv_cache_usage": max(usage),
+            "num_preemptions": self.num_preemptions,
+            "prefix_cache_hit_rate": (self.prefix_cache_hits / self.prefix_cache_queries
+                                      if self.prefix_cache_queries else 0.0),
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "fast_forwarded_steps": self.num_fast_forwarded_steps,
+            "simulation_wall_seconds": self.wall_seconds,
+        }
+
+
+@dataclass(slots=True)
+class _Live:
+    """Client-side view of one request in flight."""
+
+    spec: WorkloadRequest
+    send_time: float
+    token: int            # the token this request samples (unique to it)
+    eos_index: int        # output position of its EOS, or -1
+    first_token_time: float = -1.0
+    last_token_time: float = -1.0
+    num_tokens: int = 0
+
+
+Progress = Callable[[int, int, float], None]
+
+
+class Simulator:
+    def __init__(self, config: SimConfig, workload: Workload,
+                 trace_steps: TextIO | None = None, progress: Progress | None = None) -> None:
+        self.config = config
+        self.workload = workload
+        self.trace_steps = trace_steps
+        self.progress = progress
+        self.sched = Scheduler(config.scheduler_config, config.cache_config)
+        self.step_model = config.step_model
+        self.rng = random.Random(config.seed)
+        self.live: dict[str, _Live] = {}
+        self.records: list[RequestRecord] = []
+        self.failed: list[tuple[str, str]] = []
+        self.itls = SampleAccumulator()
+        self.token_times = SampleAccumulator()
+        self.steps = StepLog()
+        self.num_ff_steps = 0
+        self.now = 0.0
+        self._next_token = 1  # output tokens are negative: never in a prompt
+
+    # -- clients ---------------------------------------------------------------
+    def _send(self, spec: WorkloadRequest, send_time: float) -> bool:
+        params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
+        eos_index = -1
+        p = self.config.eos_probability
+        if p > 0.0:
+            # Geometric draw of the EOS position, truncated by max_tokens.
+            u = self.rng.random()
+            pos = int(math.log1p(-u) / math.log1p(-p))
+            if pos < spec.output_len - 1:
+                eos_index = pos
+                params = SamplingParams(max_tokens=spec.output_len, eos_token_id=EOS_TOKEN)
+        request = Request(spec.request_id, spec.prompt_token_ids(), params, arrival_time=send_time)
+        try:
+            self.sched.add_request(request)
+        except ValueError as e:
+            self.failed.append((spec.request_id, str(e)))
+            return False
+        self.live[spec.request_id] = _Live(spec, send_time, -self._next_token, eos_index)
+        self._next_token += 1
+        return True
+
+    # -- the loop --------------------------------------------------------------
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        sched = self.sched
+        reqs = self.workload.requests
+        n = len(reqs)
+        max_conc = self.workload.max_concurrency
+        queue: deque[WorkloadRequest] = deque()
+        inflight = 0
+        slot_free_since = 0.0
+        i = 0
+        can_ff = False  # the last step was pure decode, and nothing arrived since
+        ff_enabled = self.config.fast_forward and self.trace_steps is None
+        last_report = wall0
+        while True:
+            now = self.now
+            arrived = False
+            while i < n and reqs[i].arrival_time <= now:
+                queue.append(reqs[i])
+                i += 1
+                arrived = True
+            while queue and (max_conc is None or inflight < max_conc):
+                spec = queue.popleft()
+                if self._send(spec, max(spec.arrival_time, slot_free_since)):
+                    inflight += 1
+            if arrived:
+                can_ff = False
+            if not sched.has_unfinished_requests():
+                if i >= n and not queue:
+                    break
+                self.now = max(now, reqs[i].arrival_time)  # idle until the next arrival
+                continue
+            if self.progress is not None and time.perf_counter() - last_report > 0.5:
+                last_report = time.perf_counter()
+                self.progress(len(self.records) + len(self.failed), n, now)
+            if can_ff and ff_enabled:
+                next_arrival = reqs[i].arrival_time if i < n else math.inf
+                # Cheap test first: a stretch needs room for MIN_STRETCH steps.
+                if (next_arrival - now > MIN_STRETCH * self.steps.duration[-1]
+                        and self._fast_forward(next_arrival)):
+                    continue
+            finished, pure_decode = self._step()
+            if finished:
+                inflight -= len(finished)
+                slot_free_since = self.now
+            can_ff = pure_decode and not finished
+        if self.progress is not None:
+            self.progress(len(self.records) + len(self.failed), n, self.now)
+        stats = sched.kv_cache_manager.prefix_cache_stats
+        return SimResult(
+            workload=self.workload.name, records=self.records, failed=self.failed, itls=self.itls,
+            token_times=self.token_times, steps=self.steps,
+            num_gpu_blocks=self.config.cache_config.num_gpu_blocks,
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queries=stats.queries + stats.preempted_queries,
+            prefix_cache_hits=stats.hits + stats.preempted_hits,
+            num_fast_forwarded_steps=self.num_ff_steps,
+            wall_seconds=time.perf_counter() - wall0)
+
+    def _step(self) -> tuple[list[str], bool]:
+        """One engine step. Returns the finished ids and whether the step was
+        pure decode with admission held by a reason that cannot lift."""
+        sched = self.sched
+        out = sched.schedule()
+        num_sched = out.num_scheduled_tokens
+        start = self.now
+        if not num_sched:
+            raise RuntimeError(f"no request could be scheduled at t={start:.3f}s with "
+                               f"{len(sched.waiting)} waiting; nothing would ever progress")
+        requests = sched.requests
+        live = self.live
+        decodes = decode_kv = prefill = prefill_kv = pairs = sampled = 0
+        sampled_ids: list[list[int]] = []
+        for rid, n_new in num_sched.items():
+            r = requests[rid]
+            c = r.num_computed_tokens - n_new
+            if n_new == 1:
+                decodes += 1
+                decode_kv += c + 1
+            else:
+                prefill += n_new
+                prefill_kv += c + n_new
+                pairs += n_new * c + n_new * (n_new + 1) // 2
+            if r.is_prefill_chunk:
+                sampled_ids.append([])
+            else:
+                sampled += 1
+                lv = live[rid]
+                sampled_ids.append([EOS_TOKEN if len(r.output_token_ids) == lv.eos_index else lv.token])
+        shape = BatchShape(out.total_num_scheduled_tokens, len(num_sched), sampled, decodes,
+                           decode_kv, prefill, prefill_kv, pairs)
+        dt = self.step_model.step_time(shape)
+        now = start + dt
+        self.now = now
+        runner_output = ModelRunnerOutput(list(num_sched), sampled_ids)
+        result = sched.update_from_output(out, runner_output)
+        same_gap = 0
+        itls = self.itls
+        for rid, toks in zip(runner_output.req_ids, sampled_ids):
+            if not toks:
+                continue
+            lv = live[rid]
+            lv.num_tokens += 1
+            if lv.first_token_time < 0.0:
+                lv.first_token_time = now
+            elif lv.last_token_time == start:
+                same_gap += 1
+            else:
+                itls.add(now - lv.last_token_time)
+            lv.last_token_time = now
+        if same_gap:
+            itls.add(dt, same_gap)
+        if sampled:
+            self.token_times.add(now, sampled)
+        finished = []
+        for o in result.finished:
+            finished.append(o.request_id)
+            self._finish(o.request_id, now)
+        free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        self.steps.append(start, dt, len(num_sched), shape.num_tokens, prefill, free,
+                          len(sched.running), len(sched.waiting))
+        if self.trace_steps is not None:
+            record = step_record(len(self.steps) - 1, out,
+                                 [[o.request_id, o.finish_reason or ""] for o in result.finished], sched)
+            record["start"] = start
+            record["duration"] = dt
+            self.trace_steps.write(_json_line(record))
+        pure_decode = (prefill == 0 and decodes == len(sched.running)
+                       and not out.scheduled_new_reqs and not out.preempted_req_ids
+                       and not out.scheduled_cached_reqs.resumed_req_ids
+                       and out.admission_stop in _STABLE_STOPS)
+        return finished, pure_decode
+
+    def _finish(self, rid: str, now: float) -> None:
+        lv = self.live.pop(rid)
+        spec = lv.spec
+        self.records.append(RequestRecord(
+            request_id=rid, send_time=lv.send_time, first_token_time=lv.first_token_time,
+            finish_time=now, num_prompt_tokens=spec.num_prompt_tokens,
+            num_output_tokens=lv.num_tokens, arrival_time=spec.arrival_time))
+
+    def _fast_forward(self, next_arrival: float) -> bool:
+        """Jump over a pure-decode stretch; False if none of useful length."""
+        sched = self.sched
+        running = sched.running
+        live = self.live
+        B = len(running)
+        limit = math.inf
+        kv_tokens = 0
+        for r in running:
+            length = len(r.all_token_ids)
+            kv_tokens += length
+            # Steps until it stops (inclusive), by length cap or by EOS.
+            steps = r.stop_len - length
+            eos = live[r.request_id].eos_index
+            if eos >= 0:
+                steps = min(steps, eos - len(r.output_token_ids) + 1)
+            if steps - 1 < limit:
+                limit = steps - 1
+        if limit < MIN_STRETCH:
+            return False
+        limit = min(int(limit), self._blocks_limit(int(limit)))
+        if limit < MIN_STRETCH:
+            return False
+        step_time = self.step_model.decode_step_time
+        durations: list[float] = []
+        t = self.now
+        for j in range(limit):
+            if j and t >= next_arrival:
+                break
+            dt = step_time(B, kv_tokens + j * B)
+            durations.append(dt)
+            t += dt
+        k = len(durations)
+        if k < MIN_STRETCH:
+            return False
+        free_after = sched.fast_forward_decode(k, [live[r.request_id].token for r in running])
+        self.num_ff_steps += k
+        start = self.now
+        num_waiting = len(sched.waiting)
+        itls = self.itls
+        token_times = self.token_times
+        log = self.steps
+        # Step 0: each request's gap from its own previous token.
+        end = start + durations[0]
+        same_gap = 0
+        for r in running:
+            last = live[r.request_id].last_token_time
+            if last == start:
+                same_gap += 1
+            else:
+                itls.add(end - last)
+        if same_gap:
+            itls.add(durations[0], same_gap)
+        # Steps 1..k-1: every request's gap is the step time. Added per stretch
+        # (the accumulators' statistics do not depend on how adds are grouped).
+        starts = [start]
+        ends = [end]
+        for j in range(1, k):
+            start = end
+            end = start + durations[j]
+            starts.append(start)
+            ends.append(end)
+        itls.add_repeated(durations[1:], B)
+        token_times.add_repeated(ends, B)
+        log.start.extend(starts)
+        log.duration.extend(durations)
+        for column, value in ((log.num_reqs, B), (log.num_tokens, B), (log.prefill_tokens, 0),
+                              (log.num_running, B), (log.num_waiting, num_waiting)):
+            column.extend([value] * k)
+        log.free_blocks.extend(free_after)
+        for r in running:
+            lv = live[r.request_id]
+            lv.last_token_time = end
+            lv.num_tokens += k
+        self.now = end
+        return True
+
+    def _blocks_limit(self, limit: int) -> int:
+        """Most steps whose new blocks all fit the free pool (no preemption)."""
+        sched = self.sched
+        kv = sched.kv_cache_manager
+        bs = sched.block_size
+        free = kv.block_pool.get_num_free_blocks()
+        firsts = [len(kv.req_to_blocks[r.request_id]) * bs - r.num_computed_tokens for r in sched.running]
+
+        def allocs(k: int) -> int:
+            return sum(-(-(k - j) // bs) for j in firsts if j < k)
+
+        if allocs(limit) <= free:
+            return limit
+        lo, hi = 0, limit  # allocs(lo) <= free < allocs(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if allocs(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def stderr_progress(done: int, total: int, sim_time: float) -> None:
+    width = 30
+    filled = int(width * done / total) if total else width
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} requests"
+                     f"  t={sim_time:,.1f}s simulated")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
