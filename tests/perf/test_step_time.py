@@ -1,0 +1,130 @@
+"""The step-time roofline and the KV-capacity plan, against hand-computed physics."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsched.perf import get_hardware, get_model
+from kvsched.perf.memory import plan_memory, weight_bytes_per_device
+from kvsched.perf.step_time import (
+    KERNEL_LATENCY_S,
+    KERNELS_PER_LAYER,
+    BatchShape,
+    ParallelConfig,
+    RuntimeConfig,
+    StepTimeModel,
+    cudagraph_capture_sizes,
+)
+
+H100 = get_hardware("h100-sxm")
+LLAMA8 = get_model("Llama-3.1-8B")
+NO_CPU = RuntimeConfig(async_scheduling=False, cpu_step_s=0.0, cpu_per_request_s=0.0)
+
+
+def prefill(n: int, context: int = 0) -> BatchShape:
+    return BatchShape(n, 1, 1, 0, 0, n, context + n, n * context + n * (n + 1) // 2)
+
+
+def test_decode_batch_of_one_is_weight_bandwidth_bound() -> None:
+    model = StepTimeModel(LLAMA8, H100, runtime=NO_CPU)
+    # Every matmul weight read once (the LM head at 16 bits, as the rest).
+    weights = (LLAMA8.num_params() - LLAMA8.embedding_params()) * 2
+    kv = 1000 * LLAMA8.kv_bytes_per_token()
+    fixed = LLAMA8.num_layers * KERNELS_PER_LAYER * KERNEL_LATENCY_S
+    expected = (weights / (H100.mem_bw * H100.weight_bw_frac)
+                + kv / (H100.mem_bw * H100.attn_bw_frac) + fixed)
+    # Norm weights are counted in num_params but read by no matmul: within 0.1%.
+    assert model.gpu_time(BatchShape.decode(1, 1000)) == pytest.approx(expected, rel=1e-3)
+
+
+def test_long_prefill_is_compute_bound() -> None:
+    model = StepTimeModel(LLAMA8, H100, runtime=NO_CPU)
+    n = 8192
+    linear_flops = 2 * n * (LLAMA8.num_params() - 2 * LLAMA8.embedding_params())
+    t = model.gpu_time(prefill(n))
+    assert t > linear_flops / (H100.bf16_flops * H100.gemm_mfu)
+    assert t < 1.6 * linear_flops / (H100.bf16_flops * H100.gemm_mfu)
+
+
+def test_decode_time_grows_with_context_and_batch() -> None:
+    model = StepTimeModel(LLAMA8, H100, runtime=NO_CPU)
+    short = model.gpu_time(BatchShape.decode(64, 64 * 100))
+    long = model.gpu_time(BatchShape.decode(64, 64 * 8000))
+    assert long > short
+    # KV read for 64 × 7900 more tokens at the attention bandwidth.
+    extra = 64 * 7900 * LLAMA8.kv_bytes_per_token() / (H100.mem_bw * H100.attn_bw_frac)
+    assert long - short == pytest.approx(extra, rel=1e-6)
+
+
+def test_tensor_parallel_speeds_up_a_70b_decode_but_adds_all_reduce() -> None:
+    llama70 = get_model("Llama-3.1-70B")
+    tp1 = StepTimeModel(llama70, H100, ParallelConfig(1), NO_CPU).gpu_time(BatchShape.decode(8, 8000))
+    tp2 = StepTimeModel(llama70, H100, ParallelConfig(2), NO_CPU).gpu_time(BatchShape.decode(8, 8000))
+    assert tp2 < tp1
+    assert tp2 > tp1 / 2  # communication and fixed latency do not shrink
+
+
+def test_moe_decode_reads_only_touched_experts() -> None:
+    moe = get_model("Qwen3-30B-A3B")
+    model = StepTimeModel(moe, H100, runtime=NO_CPU)
+    one = model.gpu_time(BatchShape.decode(1, 500))
+    many = model.gpu_time(BatchShape.decode(256, 256 * 500))
+    all_experts = moe.num_moe_layers * moe.num_experts * moe.expert_params() * 2
+    # A single token touches 8 of 128 experts per layer: far below reading them all.
+    assert one < 0.5 * all_experts / (H100.mem_bw * H100.weight_bw_frac)
+    assert many > one
+
+
+def test_decode_batches_are_padded_to_cuda_graph_sizes() -> None:
+    assert cudagraph_capture_sizes(512)[:5] == [1, 2, 4, 8, 16]
+    assert cudagraph_capture_sizes(300)[-1] == 288
+    model = StepTimeModel(LLAMA8, H100, runtime=NO_CPU)
+    assert model.padded_tokens(5) == 8 and model.padded_tokens(1000) == 1000
+
+
+def test_async_scheduling_overlaps_cpu_with_the_forward_pass() -> None:
+    shape = BatchShape.decode(32, 32 * 1000)
+    sync = StepTimeModel(LLAMA8, H100, runtime=RuntimeConfig(async_scheduling=False))
+    overlap = StepTimeModel(LLAMA8, H100, runtime=RuntimeConfig(async_scheduling=True))
+    gpu, cpu = sync.gpu_time(shape), sync.cpu_time(shape)
+    assert sync.step_time(shape) == pytest.approx(gpu + cpu)
+    assert overlap.step_time(shape) == pytest.approx(max(gpu, cpu))
+
+
+def test_decode_fast_path_equals_the_general_formula() -> None:
+    model = StepTimeModel(get_model("gpt-oss-20b"), H100)
+    for b, kv in ((1, 10), (7, 7000), (300, 90000)):
+        general = model.gpu_time(BatchShape.decode(b, kv))
+        assert model.decode_step_time(b, kv) == max(general, model.cpu_time(BatchShape.decode(b, kv)))
+
+
+def test_fp8_needs_hardware_with_fp8() -> None:
+    with pytest.raises(ValueError, match="no FP8"):
+        StepTimeModel(LLAMA8, get_hardware("a100-80gb"), runtime=RuntimeConfig(dtype="fp8"))
+    with pytest.raises(ValueError, match="dtype"):
+        RuntimeConfig(dtype="int3")
+
+
+def test_memory_plan_subtracts_weights_activations_and_overhead() -> None:
+    plan = plan_memory(LLAMA8, H100, ParallelConfig(), RuntimeConfig(), 16, 0.9, 8192, 256)
+    assert plan.weight_bytes == pytest.approx(LLAMA8.num_params() * 2, rel=1e-9)
+    kv = 0.9 * H100.memory_bytes - plan.weight_bytes - plan.activation_bytes - plan.non_torch_bytes
+    assert plan.num_gpu_blocks == int(kv // (16 * LLAMA8.kv_bytes_per_token()))
+
+
+def test_memory_plan_shards_weights_and_kv_heads_over_tp() -> None:
+    llama70 = get_model("Llama-3.1-70B")
+    assert weight_bytes_per_device(llama70, ParallelConfig(4), "bf16") == pytest.approx(
+        llama70.num_params() * 2 / 4, rel=1e-9)
+    with pytest.raises(ValueError, match="does not fit"):
+        plan_memory(llama70, H100, ParallelConfig(1), RuntimeConfig(), 16, 0.9, 8192, 256)
+    tp4 = plan_memory(llama70, H100, ParallelConfig(4), RuntimeConfig(), 16, 0.9, 8192, 256)
+    assert tp4.bytes_per_block == 16 * llama70.kv_bytes_per_token() / 4
+
+
+def test_fp8_kv_cache_doubles_capacity_per_byte() -> None:
+    bf16 = plan_memory(LLAMA8, H100, ParallelConfig(), RuntimeConfig(), 16, 0.9, 8192, 256)
+    fp8 = plan_memory(LLAMA8, H100, ParallelConfig(), RuntimeConfig(kv_cache_dtype="fp8"), 16, 0.9,
+                      8192, 256)
+    assert fp8.bytes_per_block == bf16.bytes_per_block / 2
+    assert fp8.num_gpu_blocks in (2 * bf16.num_gpu_blocks, 2 * bf16.num_gpu_blocks + 1)
