@@ -20,14 +20,16 @@ NULL_BLOCK = 0
 
 
 class BlockPool:
-    __slots__ = ("num_gpu_blocks", "enable_caching", "ref_cnt", "block_hash",
+    __slots__ = ("num_gpu_blocks", "enable_caching", "ref_cnt", "hash_of_block",
                  "free_queue", "cached", "dup_cached")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.ref_cnt: list[int] = [0] * num_gpu_blocks
-        self.block_hash: list[int | None] = [None] * num_gpu_blocks
+        # block -> its hash, for cached blocks only: a dict so whole prompts
+        # are registered and looked up with C-level bulk operations.
+        self.hash_of_block: dict[int, int] = {}
         # OrderedDict as an LRU list: O(1) pop from the front, append, prepend
         # (move_to_end(last=False)) and removal from the middle (touch).
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
@@ -56,17 +58,21 @@ class BlockPool:
         popitem = free_queue.popitem
         blocks = [popitem(last=False)[0] for _ in range(num_blocks)]
         ref_cnt = self.ref_cnt
-        block_hash = self.block_hash
-        cached = self.cached
-        for b in blocks:
-            h = block_hash[b]
-            if h is not None:
-                if self.dup_cached:
-                    self._evict(b)
-                else:  # no duplicate hashes anywhere: the map entry is this block
-                    block_hash[b] = None
-                    del cached[h]
-            ref_cnt[b] = 1
+        hash_of_block = self.hash_of_block
+        if hash_of_block:
+            cached = self.cached
+            pop_hash = hash_of_block.pop
+            for b in blocks:
+                h = pop_hash(b, None)
+                if h is not None:
+                    if self.dup_cached:
+                        self._evict(b, h)
+                    else:  # no duplicate hashes anywhere: the map entry is this block
+                        del cached[h]
+                ref_cnt[b] = 1
+        else:
+            for b in blocks:
+                ref_cnt[b] = 1
         return blocks
 
     def touch(self, blocks: Sequence[int]) -> None:
@@ -82,7 +88,7 @@ class BlockPool:
         """Drop one reference from each block, in eviction order (first evicted
         first). Blocks reaching zero go back to the free queue."""
         ref_cnt = self.ref_cnt
-        block_hash = self.block_hash
+        hashed = self.hash_of_block
         caching = self.enable_caching
         evict_first: list[int] = []
         evict_last: list[int] = []
@@ -92,7 +98,7 @@ class BlockPool:
                 n = ref_cnt[b] - 1
                 ref_cnt[b] = n
                 if n == 0:
-                    (evict_first if block_hash[b] is None else evict_last).append(b)
+                    (evict_last if b in hashed else evict_first).append(b)
         else:
             for b in ordered_blocks:
                 n = ref_cnt[b] - 1
@@ -105,25 +111,48 @@ class BlockPool:
             for b in reversed(evict_first):
                 free_queue[b] = None
                 move(b, last=False)
-        if evict_last:
-            free_queue.update(dict.fromkeys(evict_last))
+        for b in evict_last:  # (OrderedDict.update is a slow Python-level loop)
+            free_queue[b] = None
 
     # -- prefix cache ---------------------------------------------------------
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 
-    def cache_block(self, block: int, block_hash: int) -> None:
-        """Register a full block under its chained hash."""
-        self.block_hash[block] = block_hash
-        if block_hash in self.cached:
-            self.dup_cached.setdefault(block_hash, []).append(block)
-        else:
-            self.cached[block_hash] = block
+    @property
+    def block_hash(self) -> list[int | None]:
+        """Each block's hash (None if not cached), indexed by block id."""
+        return [self.hash_of_block.get(b) for b in range(self.num_gpu_blocks)]
 
-    def _evict(self, block: int) -> None:
-        h = self.block_hash[block]
-        assert h is not None
-        self.block_hash[block] = None
+    def cache_block(self, block: int, block_hash: int) -> None:
+        """Register one full block under its chained hash."""
+        self.cache_blocks([block], [block_hash])
+
+    def cache_blocks(self, blocks: list[int], hashes: list[int]) -> None:
+        """Register full blocks under their chained hashes, in order."""
+        cached = self.cached
+        if len(blocks) == 1:  # a decode filling its block: the usual single insert
+            b, h = blocks[0], hashes[0]
+            self.hash_of_block[b] = h
+            if h in cached:
+                self.dup_cached.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
+            return
+        if cached.keys().isdisjoint(hashes):
+            # The common case, in bulk: no hash is cached yet (and a request's
+            # chained hashes differ from each other).
+            cached.update(zip(hashes, blocks))
+            self.hash_of_block.update(zip(blocks, hashes))
+            return
+        for b, h in zip(blocks, hashes):
+            self.hash_of_block[b] = h
+            if h in cached:
+                self.dup_cached.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
+
+    def _evict(self, block: int, h: int) -> None:
+        """Drop ``block`` (whose hash ``h`` was just popped) from the map."""
         dups = self.dup_cached.get(h)
         if self.cached.get(h) == block:
             if dups:
@@ -143,7 +172,7 @@ class BlockPool:
             return False
         self.cached.clear()
         self.dup_cached.clear()
-        self.block_hash = [None] * self.num_gpu_blocks
+        self.hash_of_block.clear()
         return True
 
     # -- checking -------------------------------------------------------------
@@ -157,14 +186,16 @@ class BlockPool:
             assert rc >= 0, f"block {b} has ref_cnt {rc}"
             assert (rc == 0) == (b in free), f"block {b}: ref_cnt {rc} but free={b in free}"
         seen = 0
+        hash_of_block = self.hash_of_block
         for h, b in self.cached.items():
-            assert self.block_hash[b] == h, f"cached block {b} lost its hash"
+            assert hash_of_block.get(b) == h, f"cached block {b} lost its hash"
             seen += 1
             for d in self.dup_cached.get(h, ()):
-                assert self.block_hash[d] == h, f"duplicate block {d} lost its hash"
+                assert hash_of_block.get(d) == h, f"duplicate block {d} lost its hash"
                 seen += 1
         assert set(self.dup_cached) <= set(self.cached), "duplicates without a primary"
-        hashed = sum(h is not None for h in self.block_hash)
+        assert NULL_BLOCK not in hash_of_block, "the null block is never cached"
+        hashed = len(hash_of_block)
         assert hashed == seen, f"{hashed} blocks carry a hash but {seen} are in the map"
         if not self.enable_caching:
             assert seen == 0, "blocks cached with prefix caching off"

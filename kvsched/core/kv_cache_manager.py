@@ -195,17 +195,7 @@ class KVCacheManager:
                           num_cached: int, num_full: int) -> None:
         """Register blocks ``num_cached .. num_full - 1`` of ``request`` in the prefix cache."""
         hashes = self.block_hashes(request, num_full)
-        pool = self.block_pool
-        block_hash = pool.block_hash
-        cached = pool.cached
-        for i in range(num_cached, num_full):
-            b = blocks[i]
-            h = hashes[i]
-            block_hash[b] = h  # inlined BlockPool.cache_block
-            if h in cached:
-                pool.dup_cached.setdefault(h, []).append(b)
-            else:
-                cached[h] = b
+        self.block_pool.cache_blocks(blocks[num_cached:num_full], hashes[num_cached:num_full])
         self.num_cached_block[request.request_id] = num_full
 
     def free(self, request: Request) -> None:

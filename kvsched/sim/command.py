@@ -182,7 +182,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         from kvsched.sim.report import write_report
 
         write_report(args.report, [("kvsched", result)], "kvsched simulate",
-                     [deployment.describe(), describe_workload(args, workload)])
+                     [deployment.describe(), describe_workload(args, workload)], metrics=[metrics])
         print(f"report: {args.report}")
     return 0
 

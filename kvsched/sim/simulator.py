@@ -8,9 +8,10 @@ does), or EOS at a position drawn per request when ``eos_probability`` > 0.
 request takes one token per step, nobody finishes, nothing arrives, admission
 stays blocked. Such stretches are advanced in one jump
 (``Scheduler.fast_forward_decode``), with the same block allocations, step
-times, token times and metrics as stepping one by one. A stretch starts only
-after a step that was itself pure decode (all running requests scheduled for
-one token, no admission, preemption or finish) with no arrival since, so the
+times, token times and metrics as stepping one by one. A stretch starts when
+every running request is decoding, nothing arrived since the last step, and
+either nothing waits or the last step was itself pure decode (all running
+requests scheduled for one token, no admission, preemption or finish), so the
 admission outcome is known to repeat: a waiting request held by
 ``max_num_seqs``, the token budget or chunked prefill stays held (those do not
 change), one held by KV blocks stays held (free blocks only shrink while
@@ -31,6 +32,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+import numpy as np
 
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core import explain
@@ -69,12 +72,12 @@ class StepLog:
 
     start: array[float] = field(default_factory=lambda: array("d"))
     duration: array[float] = field(default_factory=lambda: array("d"))
-    num_reqs: array[int] = field(default_factory=lambda: array("l"))
-    num_tokens: array[int] = field(default_factory=lambda: array("l"))
-    prefill_tokens: array[int] = field(default_factory=lambda: array("l"))
-    free_blocks: array[int] = field(default_factory=lambda: array("l"))
-    num_running: array[int] = field(default_factory=lambda: array("l"))
-    num_waiting: array[int] = field(default_factory=lambda: array("l"))
+    num_reqs: array[int] = field(default_factory=lambda: array("q"))
+    num_tokens: array[int] = field(default_factory=lambda: array("q"))
+    prefill_tokens: array[int] = field(default_factory=lambda: array("q"))
+    free_blocks: array[int] = field(default_factory=lambda: array("q"))
+    num_running: array[int] = field(default_factory=lambda: array("q"))
+    num_waiting: array[int] = field(default_factory=lambda: array("q"))
 
     def append(self, start: float, duration: float, num_reqs: int, num_tokens: int,
                prefill_tokens: int, free_blocks: int, num_running: int, num_waiting: int) -> None:
@@ -127,11 +130,13 @@ class SimResult:
     def engine_stats(self) -> dict[str, Any]:
         s = self.steps
         n = len(s)
-        busy = sum(s.duration)
+        duration = np.frombuffer(s.duration, dtype=np.float64) if n else np.zeros(1)
+        busy = float(duration.sum())
         tokens = sum(s.num_tokens)
         prefill = sum(s.prefill_tokens)
         usable = self.num_gpu_blocks - 1
-        usage = [1.0 - f / usable for f in s.free_blocks] if n else [0.0]
+        free = np.frombuffer(s.free_blocks, dtype=np.int64) if n else np.full(1, usable)
+        usage = 1.0 - free / usable
         return {
             "num_steps": n,
             "busy_seconds": busy,
@@ -139,8 +144,8 @@ class SimResult:
             "mean_tokens_per_step": tokens / n if n else 0.0,
             "prefill_token_share": prefill / tokens if tokens else 0.0,
             "decode_token_share": 1.0 - prefill / tokens if tokens else 0.0,
-            "mean_kv_cache_usage": sum(u * d for u, d in zip(usage, s.duration)) / busy if busy else 0.0,
-            "max_kv_cache_usage": max(usage),
+            "mean_kv_cache_usage": float(usage @ duration) / busy if busy else 0.0,
+            "max_kv_cache_usage": float(usage.max()),
             "num_preemptions": self.num_preemptions,
             "prefix_cache_hit_rate": (self.prefix_cache_hits / self.prefix_cache_queries
                                       if self.prefix_cache_queries else 0.0),
@@ -233,6 +238,7 @@ class Simulator:
                 spec = queue.popleft()
                 if self._send(spec, max(spec.arrival_time, slot_free_since)):
                     inflight += 1
+                    arrived = True
             if arrived:
                 can_ff = False
             if not sched.has_unfinished_requests():
@@ -253,7 +259,9 @@ class Simulator:
             if finished:
                 inflight -= len(finished)
                 slot_free_since = self.now
-            can_ff = pure_decode and not finished
+            # With nothing waiting, admission cannot change anything; else the
+            # step must have shown admission held for good (see module doc).
+            can_ff = not sched.waiting or (pure_decode and not finished)
         if self.progress is not None:
             self.progress(len(self.records) + len(self.failed), n, self.now)
         stats = sched.kv_cache_manager.prefix_cache_stats
@@ -357,8 +365,12 @@ class Simulator:
         B = len(running)
         limit = math.inf
         kv_tokens = 0
+        if sched.max_num_scheduled_tokens < B:
+            return False
         for r in running:
             length = len(r.all_token_ids)
+            if r.num_computed_tokens != length - 1:
+                return False  # still prefilling
             kv_tokens += length
             # Steps until it stops (inclusive), by length cap or by EOS.
             steps = r.stop_len - length
@@ -417,7 +429,7 @@ class Simulator:
         log.duration.extend(durations)
         for column, value in ((log.num_reqs, B), (log.num_tokens, B), (log.prefill_tokens, 0),
                               (log.num_running, B), (log.num_waiting, num_waiting)):
-            column.extend([value] * k)
+            column.extend(array("q", (value,)) * k)
         log.free_blocks.extend(free_after)
         for r in running:
             lv = live[r.request_id]

@@ -1,0 +1,164 @@
+"""Sanity checks of the performance model, and of benchmarks/validate_perf.py.
+
+These are physics and plumbing checks, not accuracy targets: the measured
+errors live in docs/validation.md and are not asserted here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kvsched.perf import get_hardware, get_model
+from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "validate_perf.py"
+DOC = REPO / "docs" / "validation.md"
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("validate_perf", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["validate_perf"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def vp() -> ModuleType:
+    module = _load_script()
+    if not (module.FACTS / "splitwise_perf_model.csv").exists():
+        pytest.skip(f"facts not found at {module.FACTS}")
+    return module
+
+
+@pytest.fixture(scope="module")
+def sections(vp: ModuleType) -> dict[str, str]:
+    result: dict[str, str] = vp.build_sections()
+    return result
+
+
+# -- the validation script -------------------------------------------------------
+
+
+def test_script_prints_every_section(vp: ModuleType) -> None:
+    lines: list[str] = []
+    assert vp.main([], out=lines.append) == 0
+    text = "\n".join(lines)
+    for title in vp.TITLES.values():
+        assert f"## {title}" in text
+
+
+def test_splitwise_predictions_and_errors_are_finite(vp: ModuleType) -> None:
+    results = vp.splitwise_results()
+    assert len(results) == 228  # every (model, hardware, TP, prompt, batch, tokens) group of the CSV
+    for r in results:
+        for metric in ("prompt", "token", "e2e"):
+            predicted, measured = r.metric(metric)
+            assert predicted > 0 and math.isfinite(predicted)
+            assert math.isfinite(vp.rel_err(predicted, measured))
+
+
+def test_serving_comparisons_have_finite_errors(vp: ModuleType) -> None:
+    rows = vp.serving_comparisons() + vp.kernel_comparisons()
+    scored = [c for c in rows if c.status in ("compared", "closest")]
+    assert scored
+    for c in scored:
+        assert c.error is not None and math.isfinite(c.error), c.name
+    for c in rows:
+        if c.status == "not comparable":
+            assert c.predicted is None and c.note, c.name
+    assert all(c.status == "pending" and "DP" in c.note for c in vp.pending_comparisons())
+
+
+def test_power_capped_rows_are_copies_with_scaled_prefill(vp: ModuleType) -> None:
+    n, lo, hi, same = vp.check_pcap_rows(vp.FACTS / "splitwise_perf_model.csv")
+    assert n == 420 and same
+    assert lo == pytest.approx(1.3) and hi == pytest.approx(1.3)
+
+
+def test_doc_blocks_name_generated_sections(vp: ModuleType, sections: dict[str, str]) -> None:
+    text = DOC.read_text(encoding="utf-8")
+    names = re.findall(r"<!-- BEGIN validate_perf:([a-z-]+) -->", text)
+    assert names and set(names) <= set(sections)
+    vp.render_doc(text, sections)  # every block closes and is known
+
+
+# -- physics of the step model ------------------------------------------------------
+
+
+def _model(name: str, hw: str, tp: int = 1, dtype: str = "bf16", dp: int = 1,
+           ep: bool = False) -> StepTimeModel:
+    return StepTimeModel(get_model(name), get_hardware(hw), ParallelConfig(tp, dp, ep),
+                         RuntimeConfig(dtype=dtype))
+
+
+def test_llama8b_decode_on_h100_is_weight_bandwidth_bound() -> None:
+    m = get_model("meta-llama/Llama-3.1-8B")
+    hw = get_hardware("h100-sxm")
+    sm = _model("meta-llama/Llama-3.1-8B", "h100-sxm")
+    t = sm.gpu_time(BatchShape.decode(1, 512))
+    weights = 2.0 * m.num_params()
+    assert t > weights / hw.mem_bw * 0.8          # cannot beat the peak by much (embedding is not read)
+    achieved = weights / (hw.mem_bw * hw.weight_bw_frac)
+    assert 0.75 * achieved <= t <= 1.25 * achieved
+
+
+def test_long_prefill_is_compute_bound() -> None:
+    name = "meta-llama/Llama-3.1-8B"
+    m = get_model(name)
+    hw = get_hardware("h100-sxm")
+    sm = _model(name, "h100-sxm")
+
+    def prefill(tokens: int) -> float:
+        return sm.gpu_time(BatchShape(tokens, 1, 1, 0, 0, tokens, tokens, tokens * (tokens + 1) // 2))
+
+    t = prefill(8192)
+    linear_flops = 2.0 * 8192 * (m.num_params() - m.embedding_params() - m.lm_head_params())
+    assert t >= linear_flops / hw.bf16_flops                       # never above peak FLOP rate
+    assert t >= 10 * 2.0 * m.num_params() / hw.mem_bw             # far beyond one read of the weights
+    assert prefill(8192) / prefill(4096) >= 1.95                    # time grows with tokens, not bytes
+
+
+def test_tp2_decode_of_70b_is_faster_than_tp1() -> None:
+    name = "meta-llama/Llama-3.1-70B"  # FP8 so that TP1 fits one H100
+    shape = BatchShape.decode(16, 16 * 2048)
+    tp1 = _model(name, "h100-sxm", 1, "fp8").step_time(shape)
+    tp2 = _model(name, "h100-sxm", 2, "fp8").step_time(shape)
+    assert tp2 < tp1
+    assert tp2 > tp1 / 2  # all-reduce and fixed costs: no better than perfect scaling
+
+
+def test_moe_decode_reads_only_touched_experts() -> None:
+    name = "Qwen/Qwen3-30B-A3B"
+    m = get_model(name)
+    hw = get_hardware("h100-sxm")
+    sm = _model(name, "h100-sxm")
+    bw = hw.mem_bw * hw.weight_bw_frac
+    one = sm.gpu_time(BatchShape.decode(1, 1024))
+    total = 2.0 * m.num_params() / bw
+    active = 2.0 * (m.active_params_per_token() - m.embedding_params()) / bw
+    assert active <= one < 0.25 * total  # 8 of 128 experts per layer, not all of them
+    expert_bytes = 2.0 * m.num_moe_layers * m.num_experts * m.expert_params()
+    many = sm.gpu_time(BatchShape.decode(512, 512 * 1024))
+    assert many >= 0.95 * expert_bytes / bw  # 512 tokens x 8 picks touch nearly every expert
+
+
+def test_expert_parallel_decode_reads_the_rank_share_of_experts() -> None:
+    name = "deepseek-ai/DeepSeek-V3"
+    m = get_model(name)
+    hw = get_hardware("h200")
+    dp = 8
+    sm = _model(name, "h200", 1, "fp8", dp=dp, ep=True)
+    shape = BatchShape.decode(64, 64 * 2048)
+    t = sm.gpu_time(shape, global_tokens=64 * dp)
+    rank_experts = m.num_moe_layers * m.num_experts * m.expert_params() / dp  # FP8: one byte each
+    assert t >= rank_experts / (hw.mem_bw * hw.weight_bw_frac)
