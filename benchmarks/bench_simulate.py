@@ -21,7 +21,9 @@ from kvsched.sim.deployment import EngineOptions, build_deployment
 from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import load_azure
 
-TRACE = Path(os.environ.get("KVSCHED_TRACES", Path(__file__).resolve().parents[2] / "shared" / "traces"))
+TRACE = Path(os.environ.get("KVSCHED_TRACES") or next(
+    (p for p in (Path(__file__).resolve().parents[2] / "shared" / "traces", Path("/work/shared/traces"))
+     if p.is_dir()), Path("../shared/traces")))
 
 
 def run(fast_forward: bool) -> dict[str, Any]:

@@ -47,7 +47,9 @@ from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import random_workload
 
 REPO = Path(__file__).resolve().parent.parent
-FACTS = Path(os.environ.get("KVSCHED_FACTS_DIR", REPO.parent / "shared" / "facts"))
+FACTS = Path(os.environ.get("KVSCHED_FACTS_DIR") or next(
+    (p for p in (REPO.parent / "shared" / "facts", Path("/work/shared/facts")) if p.is_dir()),
+    REPO.parent / "shared" / "facts"))
 
 # --------------------------------------------------------------------------
 # Splitwise static batches

@@ -28,7 +28,9 @@ from kvsched.sim.workload import (
     random_workload,
 )
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+TRACES = next((p for p in (Path(__file__).resolve().parents[2].parent / "shared" / "traces",
+                         Path("/work/shared/traces")) if p.is_dir()),
+              Path(__file__).resolve().parents[2].parent / "shared" / "traces")
 CONV = TRACES / "azure_llm_2023_conv.csv"
 CODE = TRACES / "azure_llm_2023_code.csv"
 MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
