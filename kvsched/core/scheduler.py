@@ -507,73 +507,11 @@ class Scheduler:
     def fast_forward_decode(self, num_steps: int, tokens: Sequence[int]) -> list[int]:
         """Advance every running request by ``num_steps`` decode steps at once,
         leaving exactly the state that many ``schedule()`` /
-        ``update_from_output()`` rounds would, in which each running request
-        decodes one token per step and samples ``tokens[i]`` (running order)
-        every time: the same tokens, block tables, free-queue order and
-        prefix-cache entries. Returns the free block count after each step.
+        ``update_from_output()`` rounds would (see kvsched.core.fast_forward).
+        Returns the free block count after each step."""
+        from kvsched.core.fast_forward import fast_forward_decode
 
-        Checked (ValueError, nothing changed): every running request is
-        decoding and fits the token budget, none stops within the stretch (no
-        stop token, no length cap), and the new blocks fit the free pool (so
-        nothing is preempted). The caller guarantees the rest: no arrival or
-        abort, and admission of waiting requests stays blocked (or nothing
-        waits) - see kvsched.sim.simulator for when that holds.
-        """
-        running = self.running
-        k = num_steps
-        if k < 1 or not running or len(tokens) != len(running):
-            raise ValueError(f"fast_forward_decode: need num_steps >= 1 and one token per running "
-                             f"request (num_steps={k}, {len(tokens)} tokens, {len(running)} running)")
-        if len(running) > self.max_num_scheduled_tokens:
-            raise ValueError("fast_forward_decode: the running requests exceed the token budget")
-        kv = self.kv_cache_manager
-        bs = self.block_size
-        caching = kv.enable_caching
-        events: list[tuple[int, int, int]] = []  # (step, running index, 0 = allocate / 1 = cache)
-        num_allocs = 0
-        for idx, (request, token) in enumerate(zip(running, tokens)):
-            length = len(request.all_token_ids)
-            if request.num_computed_tokens != length - 1:
-                raise ValueError(f"fast_forward_decode: {request.request_id} is not decoding")
-            if length + k >= request.stop_len or token in request.all_stop_ids:
-                raise ValueError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
-            c = request.num_computed_tokens
-            # Step j computes position c + j: a new block when it starts one.
-            for step in range(len(kv.req_to_blocks[request.request_id]) * bs - c, k, bs):
-                events.append((step, idx, 0))
-                num_allocs += 1
-            if caching:
-                # Step j fills block (c + j + 1) // bs - 1 when (c + j + 1) % bs == 0.
-                first = (-(c + 1)) % bs
-                if first and (c + 1) // bs > kv.num_cached_block.get(request.request_id, 0):
-                    events.append((0, idx, 1))  # blocks left uncached before the stretch
-                for step in range(first, k, bs):
-                    events.append((step, idx, 1))
-        if num_allocs > kv.block_pool.get_num_free_blocks():
-            raise ValueError("fast_forward_decode: the stretch needs more blocks than are free")
-        for request, token in zip(running, tokens):
-            run = [token] * k
-            request.output_token_ids.extend(run)
-            request.all_token_ids.extend(run)
-            request.num_computed_tokens += k
-            request.is_prefill_chunk = False
-        events.sort()
-        pool = kv.block_pool
-        free_after: list[int] = []
-        for step, idx, kind in events:
-            while len(free_after) < step:
-                free_after.append(pool.get_num_free_blocks())
-            request = running[idx]
-            blocks = kv.req_to_blocks[request.request_id]
-            if kind == 0:
-                blocks.extend(pool.get_new_blocks(1))
-            else:
-                num_full = (request.num_computed_tokens - k + step + 1) // bs
-                num_cached = kv.num_cached_block.get(request.request_id, 0)
-                if num_full > num_cached:
-                    kv.cache_full_blocks(request, blocks, num_cached, num_full)
-        while len(free_after) < k:
-            free_after.append(pool.get_num_free_blocks())
+        free_after = fast_forward_decode(self, num_steps, tokens)
         # The first stretch step would have handed these to its output.
         self.finished_req_ids = set()
         return free_after

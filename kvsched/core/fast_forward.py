@@ -1,0 +1,139 @@
+"""Advance a pure-decode stretch in one jump, exactly.
+
+In a stretch every running request decodes one token per step and nothing
+else happens. Stepping one by one, step j then visits the requests in running
+order: a request that starts a new block takes one from the front of the free
+queue (evicting whatever hash it carried), and a request that fills a block
+registers it in the prefix cache. ``fast_forward_decode`` reproduces those
+effects without the steps:
+
+- checked first (ValueError, nothing changed): every running request is
+  decoding and fits the token budget, none stops in the stretch (no stop
+  token, no length cap), and the new blocks fit the free pool, so nothing is
+  preempted;
+- the caller guarantees the rest: no arrival or abort, and admission of
+  waiting requests stays blocked (or nothing waits);
+- blocks are taken from the free queue in (step, running index) order, which
+  is the order stepping takes them;
+- when none of the hashes the stretch registers is cached yet (the usual
+  case), the blocks are taken in one pop and registered per request in one
+  bulk insert: evictions (hashes already cached) and insertions (new hashes)
+  then touch disjoint entries, so their interleaving cannot matter. Otherwise
+  the events are replayed one by one in stepping order, so duplicate-hash
+  bookkeeping comes out the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvsched.core.scheduler import Scheduler
+    from kvsched.request import Request
+
+
+def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int]) -> list[int]:
+    running = sched.running
+    if k < 1 or not running or len(tokens) != len(running):
+        raise ValueError(f"fast_forward_decode: need num_steps >= 1 and one token per running "
+                         f"request (num_steps={k}, {len(tokens)} tokens, {len(running)} running)")
+    if len(running) > sched.max_num_scheduled_tokens:
+        raise ValueError("fast_forward_decode: the running requests exceed the token budget")
+    kv = sched.kv_cache_manager
+    bs = sched.block_size
+    # (step, running index) of every new block, in the order stepping takes them.
+    allocs: list[tuple[int, int]] = []
+    for idx, (request, token) in enumerate(zip(running, tokens)):
+        length = len(request.all_token_ids)
+        if request.num_computed_tokens != length - 1:
+            raise ValueError(f"fast_forward_decode: {request.request_id} is not decoding")
+        if length + k >= request.stop_len or token in request.all_stop_ids:
+            raise ValueError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
+        # Step j computes position c + j, which starts a block when it is the
+        # first position past the request's blocks (then every bs steps).
+        first = len(kv.req_to_blocks[request.request_id]) * bs - request.num_computed_tokens
+        allocs.extend((step, idx) for step in range(first, k, bs))
+    pool = kv.block_pool
+    free = pool.get_num_free_blocks()
+    if len(allocs) > free:
+        raise ValueError("fast_forward_decode: the stretch needs more blocks than are free")
+    for request, token in zip(running, tokens):
+        run = [token] * k
+        request.output_token_ids.extend(run)
+        request.all_token_ids.extend(run)
+        request.num_computed_tokens += k
+        request.is_prefill_chunk = False
+    allocs.sort()
+    if not kv.enable_caching or not _cache_in_bulk(sched, allocs):
+        _replay_events(sched, k, allocs)
+    # Free blocks after each step: only allocations change the count.
+    per_step = [0] * k
+    for step, _ in allocs:
+        per_step[step] += 1
+    free_after = []
+    for taken in per_step:
+        free -= taken
+        free_after.append(free)
+    return free_after
+
+
+def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]]) -> bool:
+    """The usual case, in bulk. Returns False (nothing done) if a hash the
+    stretch registers is already cached, or registered twice."""
+    kv = sched.kv_cache_manager
+    bs = sched.block_size
+    running = sched.running
+    pending: list[tuple[Request, list[int], int, int]] = []
+    new_hashes: list[int] = []
+    for request in running:
+        num_cached = kv.num_cached_block.get(request.request_id, 0)
+        num_full = request.num_computed_tokens // bs
+        if num_full > num_cached:
+            hashes = kv.block_hashes(request, num_full)[num_cached:num_full]
+            new_hashes.extend(hashes)
+            pending.append((request, hashes, num_cached, num_full))
+    pool = kv.block_pool
+    if not pool.cached.keys().isdisjoint(new_hashes) or len(set(new_hashes)) != len(new_hashes):
+        return False
+    if allocs:
+        req_to_blocks = kv.req_to_blocks
+        for (_, idx), block in zip(allocs, pool.get_new_blocks(len(allocs))):
+            req_to_blocks[running[idx].request_id].append(block)
+    for request, hashes, num_cached, num_full in pending:
+        blocks = kv.req_to_blocks[request.request_id]
+        pool.cache_blocks(blocks[num_cached:num_full], hashes)
+        kv.num_cached_block[request.request_id] = num_full
+    return True
+
+
+def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]]) -> None:
+    """Allocations and cache registrations one by one, in stepping order."""
+    kv = sched.kv_cache_manager
+    bs = sched.block_size
+    running = sched.running
+    caching = kv.enable_caching
+    # (step, running index, 0 = allocate / 1 = cache): at one step a request
+    # allocates before it caches, as allocate_slots does.
+    events = [(step, idx, 0) for step, idx in allocs]
+    if caching:
+        for idx, request in enumerate(running):
+            c = request.num_computed_tokens - k  # before the stretch
+            # Step j fills a block when (c + j + 1) % bs == 0; blocks left
+            # uncached before the stretch are registered at its first step.
+            first = (-(c + 1)) % bs
+            if first and (c + 1) // bs > kv.num_cached_block.get(request.request_id, 0):
+                events.append((0, idx, 1))
+            events.extend((step, idx, 1) for step in range(first, k, bs))
+    events.sort()
+    pool = kv.block_pool
+    for step, idx, kind in events:
+        request = running[idx]
+        blocks = kv.req_to_blocks[request.request_id]
+        if kind == 0:
+            blocks.extend(pool.get_new_blocks(1))
+            continue
+        num_full = (request.num_computed_tokens - k + step + 1) // bs
+        num_cached = kv.num_cached_block.get(request.request_id, 0)
+        if num_full > num_cached:
+            kv.cache_full_blocks(request, blocks, num_cached, num_full)
