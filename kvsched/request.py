@@ -76,8 +76,11 @@ class Request:
     stop_len: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.prompt_token_ids = list(self.prompt_token_ids)
-        self.all_token_ids = list(self.prompt_token_ids)
+        # Like vLLM: the prompt list is kept as given (not copied); the
+        # growing sequence is a copy of it.
+        if not isinstance(self.prompt_token_ids, list):
+            self.prompt_token_ids = list(self.prompt_token_ids)
+        self.all_token_ids = self.prompt_token_ids.copy()
         self.num_prompt_tokens = len(self.prompt_token_ids)
         sp = self.sampling_params
         self.max_tokens = sp.max_tokens

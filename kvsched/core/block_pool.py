@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 NULL_BLOCK = 0
 
@@ -55,8 +56,9 @@ class BlockPool:
         free_queue = self.free_queue
         if num_blocks > len(free_queue):
             raise ValueError(f"cannot take {num_blocks} blocks: only {len(free_queue)} are free")
-        popitem = free_queue.popitem
-        blocks = [popitem(last=False)[0] for _ in range(num_blocks)]
+        blocks = list(islice(free_queue, num_blocks))
+        for b in blocks:
+            del free_queue[b]
         ref_cnt = self.ref_cnt
         hash_of_block = self.hash_of_block
         if hash_of_block:
@@ -86,33 +88,28 @@ class BlockPool:
 
     def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
         """Drop one reference from each block, in eviction order (first evicted
-        first). Blocks reaching zero go back to the free queue."""
+        first). Blocks reaching zero go back to the free queue: cached ones to
+        the back (in the given order), the others to the front (the first
+        given ends up first)."""
         ref_cnt = self.ref_cnt
         hashed = self.hash_of_block
-        caching = self.enable_caching
-        evict_first: list[int] = []
-        evict_last: list[int] = []
-        # Request tables never hold the null block (one full-attention group).
-        if caching:
-            for b in ordered_blocks:
-                n = ref_cnt[b] - 1
-                ref_cnt[b] = n
-                if n == 0:
-                    (evict_last if b in hashed else evict_first).append(b)
-        else:
-            for b in ordered_blocks:
-                n = ref_cnt[b] - 1
-                ref_cnt[b] = n
-                if n == 0:
-                    evict_first.append(b)
         free_queue = self.free_queue
+        evict_first: list[int] = []
+        # Request tables never hold the null block (one full-attention group).
+        # With caching off no block carries a hash, so all go to the front.
+        for b in ordered_blocks:
+            n = ref_cnt[b] - 1
+            ref_cnt[b] = n
+            if n == 0:
+                if b in hashed:
+                    free_queue[b] = None
+                else:
+                    evict_first.append(b)
         if evict_first:
             move = free_queue.move_to_end
             for b in reversed(evict_first):
                 free_queue[b] = None
                 move(b, last=False)
-        for b in evict_last:  # (OrderedDict.update is a slow Python-level loop)
-            free_queue[b] = None
 
     # -- prefix cache ---------------------------------------------------------
     def get_cached_block(self, block_hash: int) -> int | None:

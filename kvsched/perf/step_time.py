@@ -300,7 +300,11 @@ class StepTimeModel:
             cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
             parts = self._decode_parts[(num_reqs, -1, num_reqs)] = (lin, rest, cpu)
         lin, rest, cpu = parts
-        attn = self._attention_layer(decode_kv_tokens, 0, 0) * self.full_layers
+        # _attention_layer(decode_kv_tokens, 0, 0), inlined: this runs once per
+        # fast-forwarded step. Same operations, so the same float.
+        flops = self.decode_flops_per_key * decode_kv_tokens / self.attn_flops
+        nbytes = decode_kv_tokens * self.kv_bytes_per_layer / self.attn_bw
+        attn = (flops if flops > nbytes else nbytes) * self.full_layers if decode_kv_tokens else 0.0
         if self.sliding_layers:
             attn += self._attention_layer(min(decode_kv_tokens, self.window * num_reqs), 0, 0
                                           ) * self.sliding_layers

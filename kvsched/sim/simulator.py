@@ -361,22 +361,21 @@ class Simulator:
         """Jump over a pure-decode stretch; False if none of useful length."""
         sched = self.sched
         running = sched.running
-        live = self.live
         B = len(running)
-        limit = math.inf
-        kv_tokens = 0
         if sched.max_num_scheduled_tokens < B:
             return False
-        for r in running:
+        lives = [self.live[r.request_id] for r in running]
+        limit = math.inf
+        kv_tokens = 0
+        for r, lv in zip(running, lives):
             length = len(r.all_token_ids)
             if r.num_computed_tokens != length - 1:
                 return False  # still prefilling
             kv_tokens += length
             # Steps until it stops (inclusive), by length cap or by EOS.
             steps = r.stop_len - length
-            eos = live[r.request_id].eos_index
-            if eos >= 0:
-                steps = min(steps, eos - len(r.output_token_ids) + 1)
+            if lv.eos_index >= 0:
+                steps = min(steps, lv.eos_index - len(r.output_token_ids) + 1)
             if steps - 1 < limit:
                 limit = steps - 1
         if limit < MIN_STRETCH:
@@ -384,55 +383,49 @@ class Simulator:
         limit = min(int(limit), self._blocks_limit(int(limit)))
         if limit < MIN_STRETCH:
             return False
+        # Step times, and the end of each step: the same additions as stepping.
         step_time = self.step_model.decode_step_time
+        start = self.now
         durations: list[float] = []
-        t = self.now
+        ends: list[float] = []
+        t = start
         for j in range(limit):
             if j and t >= next_arrival:
                 break
             dt = step_time(B, kv_tokens + j * B)
             durations.append(dt)
             t += dt
+            ends.append(t)
         k = len(durations)
         if k < MIN_STRETCH:
             return False
-        free_after = sched.fast_forward_decode(k, [live[r.request_id].token for r in running])
+        free_after = sched.fast_forward_decode(k, [lv.token for lv in lives])
         self.num_ff_steps += k
-        start = self.now
-        num_waiting = len(sched.waiting)
         itls = self.itls
-        token_times = self.token_times
-        log = self.steps
         # Step 0: each request's gap from its own previous token.
-        end = start + durations[0]
+        end0 = ends[0]
         same_gap = 0
-        for r in running:
-            last = live[r.request_id].last_token_time
-            if last == start:
+        for lv in lives:
+            if lv.last_token_time == start:
                 same_gap += 1
             else:
-                itls.add(end - last)
+                itls.add(end0 - lv.last_token_time)
         if same_gap:
             itls.add(durations[0], same_gap)
         # Steps 1..k-1: every request's gap is the step time. Added per stretch
         # (the accumulators' statistics do not depend on how adds are grouped).
-        starts = [start]
-        ends = [end]
-        for j in range(1, k):
-            start = end
-            end = start + durations[j]
-            starts.append(start)
-            ends.append(end)
         itls.add_repeated(durations[1:], B)
-        token_times.add_repeated(ends, B)
-        log.start.extend(starts)
+        self.token_times.add_repeated(ends, B)
+        log = self.steps
+        log.start.append(start)
+        log.start.extend(ends[:-1])
         log.duration.extend(durations)
         for column, value in ((log.num_reqs, B), (log.num_tokens, B), (log.prefill_tokens, 0),
-                              (log.num_running, B), (log.num_waiting, num_waiting)):
+                              (log.num_running, B), (log.num_waiting, len(sched.waiting))):
             column.extend(array("q", (value,)) * k)
         log.free_blocks.extend(free_after)
-        for r in running:
-            lv = live[r.request_id]
+        end = ends[-1]
+        for lv in lives:
             lv.last_token_time = end
             lv.num_tokens += k
         self.now = end
