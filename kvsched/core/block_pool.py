@@ -138,8 +138,7 @@ class BlockPool:
         if cached.keys().isdisjoint(hashes):
             # The common case, in bulk: no hash is cached yet (and a request's
             # chained hashes differ from each other).
-            cached.update(zip(hashes, blocks))
-            self.hash_of_block.update(zip(blocks, hashes))
+            self.cache_new_blocks(blocks, hashes)
             return
         for b, h in zip(blocks, hashes):
             self.hash_of_block[b] = h
@@ -147,6 +146,12 @@ class BlockPool:
                 self.dup_cached.setdefault(h, []).append(b)
             else:
                 cached[h] = b
+
+    def cache_new_blocks(self, blocks: list[int], hashes: list[int]) -> None:
+        """``cache_blocks`` for hashes known to be new and distinct (the caller
+        checked): two C-level bulk inserts."""
+        self.cached.update(zip(hashes, blocks))
+        self.hash_of_block.update(zip(blocks, hashes))
 
     def _evict(self, block: int, h: int) -> None:
         """Drop ``block`` (whose hash ``h`` was just popped) from the map."""

@@ -84,26 +84,27 @@ def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]]) -> bool:
     kv = sched.kv_cache_manager
     bs = sched.block_size
     running = sched.running
-    pending: list[tuple[Request, list[int], int, int]] = []
+    num_cached_block = kv.num_cached_block
+    pending: list[tuple[Request, int, int]] = []
     new_hashes: list[int] = []
     for request in running:
-        num_cached = kv.num_cached_block.get(request.request_id, 0)
+        num_cached = num_cached_block.get(request.request_id, 0)
         num_full = request.num_computed_tokens // bs
         if num_full > num_cached:
-            hashes = kv.block_hashes(request, num_full)[num_cached:num_full]
-            new_hashes.extend(hashes)
-            pending.append((request, hashes, num_cached, num_full))
+            new_hashes.extend(kv.block_hashes(request, num_full)[num_cached:num_full])
+            pending.append((request, num_cached, num_full))
     pool = kv.block_pool
     if not pool.cached.keys().isdisjoint(new_hashes) or len(set(new_hashes)) != len(new_hashes):
         return False
+    req_to_blocks = kv.req_to_blocks
     if allocs:
-        req_to_blocks = kv.req_to_blocks
         for (_, idx), block in zip(allocs, pool.get_new_blocks(len(allocs))):
             req_to_blocks[running[idx].request_id].append(block)
-    for request, hashes, num_cached, num_full in pending:
-        blocks = kv.req_to_blocks[request.request_id]
-        pool.cache_blocks(blocks[num_cached:num_full], hashes)
-        kv.num_cached_block[request.request_id] = num_full
+    new_blocks: list[int] = []
+    for request, num_cached, num_full in pending:
+        new_blocks.extend(req_to_blocks[request.request_id][num_cached:num_full])
+        num_cached_block[request.request_id] = num_full
+    pool.cache_new_blocks(new_blocks, new_hashes)
     return True
 
 

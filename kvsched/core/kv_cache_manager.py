@@ -10,6 +10,7 @@ are evicted only when a new block is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 from kvsched.config import CacheConfig
 from kvsched.core.block_pool import BlockPool
@@ -63,8 +64,18 @@ class KVCacheManager:
             bs = self.block_size
             tokens = request.all_token_ids
             parent = hashes[-1] if start else _ROOT_HASH
-            hashes.extend([parent := hash((parent, tuple(tokens[i:i + bs])))
-                           for i in range(start * bs, num_blocks * bs, bs)])
+            # Chain over each block's content hash. Runs of identical blocks
+            # (a long run of one token) reuse the content hash of the last.
+            last_block: list[int] | None = None
+            content = 0
+            append = hashes.append
+            for i in range(start * bs, num_blocks * bs, bs):
+                block = tokens[i:i + bs]
+                if block != last_block:
+                    last_block = block
+                    content = hash(tuple(block))
+                parent = hash((parent, content))
+                append(parent)
         return hashes
 
     # -- admission --------------------------------------------------------------
@@ -78,7 +89,7 @@ class KVCacheManager:
             return _NO_BLOCKS, 0
         cached = self.block_pool.cached
         hits: list[int] = []
-        for h in self.block_hashes(request, max_blocks)[:max_blocks]:
+        for h in islice(self.block_hashes(request, max_blocks), max_blocks):
             block = cached.get(h)
             if block is None:
                 break
