@@ -14,6 +14,8 @@ from typing import Any, TextIO
 
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
+from kvsched.core.policies import PrefillCadence
+from kvsched.core.policy import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.request import Request, SamplingParams
@@ -34,6 +36,8 @@ class Scenario:
     requests: list[dict[str, Any]]
     aborts: dict[int, list[str]] = field(default_factory=dict)
     max_steps: int = 1_000_000
+    # vLLM's prefill_schedule_interval; > 1 installs a PrefillCadence policy.
+    prefill_schedule_interval: int = 1
 
 
 @dataclass(slots=True)
@@ -138,7 +142,12 @@ def parse_scenario(obj: Any) -> Scenario:
             raise ValueError(f"aborts[{i}].request_ids: {bad[0]!r} is not a string request id")
         aborts.setdefault(_int(a, "step", f"aborts[{i}]"), []).extend(a["request_ids"])
     max_steps = _int(obj, "max_steps", "scenario", 1_000_000)
-    return Scenario(scheduler_config, cache_config, requests, aborts, max_steps)
+    # Top level (the cadence corpus) or among the scheduler keys.
+    where, holder = ("scenario", obj) if "prefill_schedule_interval" in obj else ("scheduler", sc)
+    interval = _int(holder, "prefill_schedule_interval", where, 1)
+    if interval < 1:
+        raise ValueError(f"{where}.prefill_schedule_interval={interval}: must be >= 1")
+    return Scenario(scheduler_config, cache_config, requests, aborts, max_steps, interval)
 
 
 def load_scenario(path: str) -> Scenario:
@@ -193,10 +202,16 @@ StepHook = Callable[[int, SchedulerOutput, dict[str, Any], Scheduler], None]
 
 
 def replay(scenario: Scenario, trace_out: TextIO | None = None,
-           on_step: StepHook | None = None, explain: bool = False) -> ReplayResult:
-    """Run the scenario's step loop; write one JSON line per step to ``trace_out``."""
+           on_step: StepHook | None = None, explain: bool = False,
+           admission_policy: AdmissionPolicy | None = None) -> ReplayResult:
+    """Run the scenario's step loop; write one JSON line per step to ``trace_out``.
+    ``admission_policy`` replaces the scenario's (a PrefillCadence when it sets
+    ``prefill_schedule_interval`` > 1)."""
     check_requests(scenario)
-    sched = Scheduler(scenario.scheduler_config, scenario.cache_config, explain=explain)
+    policy = admission_policy
+    if policy is None and scenario.prefill_schedule_interval > 1:
+        policy = PrefillCadence(scenario.prefill_schedule_interval)
+    sched = Scheduler(scenario.scheduler_config, scenario.cache_config, policy, explain=explain)
     specs = {r["request_id"]: r for r in scenario.requests}
     arrivals: dict[int, list[dict[str, Any]]] = {}
     for r in scenario.requests:

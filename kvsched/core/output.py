@@ -56,6 +56,9 @@ class SchedulerOutput:
     admission_stop: str | None = None
     # Filled only when the scheduler was built with explain=True.
     not_admitted: list[NotAdmitted] | None = None
+    # Running requests scheduled and then preempted later in the same step
+    # (their tokens went back to the budget); None when there were none.
+    unscheduled_req_ids: list[str] | None = None
 
 
 @dataclass(slots=True)

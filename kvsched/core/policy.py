@@ -13,6 +13,18 @@ Running requests are never affected. A new policy is a few lines::
             if len(scheduler.running) >= self.limit:
                 return f"{len(scheduler.running)} running, limit {self.limit}"
             return None
+
+A policy may also implement any of these optional methods; the scheduler
+looks them up once, at construction, and calls only those present:
+
+- ``begin_step(scheduler) -> None`` at the start of every ``schedule()``;
+- ``defer_prefill_chunks(scheduler) -> bool``: True makes this step's
+  running phase skip running requests whose last scheduling left them
+  mid-prefill (vLLM's ``defer_prefills``); decodes still run;
+- ``end_step(scheduler, output) -> None`` once the ``SchedulerOutput`` is
+  built (before the model runs), to update the policy's own state.
+
+Ready-made policies are in ``kvsched.core.policies``.
 """
 
 from __future__ import annotations

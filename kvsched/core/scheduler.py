@@ -69,6 +69,8 @@ class _Step:
     stop_reason: str | None = None
     stop_at: str | None = None
     stop_detail: str = ""
+    # Running requests scheduled, then preempted later in the step (rare).
+    unscheduled: list[str] | None = None
 
 
 class Scheduler:
@@ -88,6 +90,10 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.admission_policy = admission_policy
+        # Optional policy methods (kvsched.core.policy), looked up once.
+        self._begin_step = getattr(admission_policy, "begin_step", None)
+        self._defer_prefill_chunks = getattr(admission_policy, "defer_prefill_chunks", None)
+        self._end_step = getattr(admission_policy, "end_step", None)
         self.explain = explain
         self._priority = scheduler_config.policy == "priority"
 
@@ -176,18 +182,27 @@ class Scheduler:
     # -- the step -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         step = _Step(self.max_num_scheduled_tokens)
+        if self._begin_step is not None:
+            self._begin_step(self)
         # The threshold keeps one long prefill from starving the others; with
         # a single request there is nobody to starve (vLLM 0.33 drops it then).
         threshold = self.scheduler_config.long_prefill_token_threshold
         if len(self.running) + len(self.waiting) <= 1:
             threshold = 0
-        self._schedule_running(step, threshold)
+        if self._defer_prefill_chunks is not None and self._defer_prefill_chunks(self):
+            # Running requests mid-prefill sit this step out (the general path).
+            self._schedule_running_preempting(step, threshold, 0, skip_prefill_chunks=True)
+        else:
+            self._schedule_running(step, threshold)
         if step.preempted:
             step.stop_reason = explain.REASON_PREEMPTION
             step.stop_detail = "a running request was preempted this step; no admissions"
         else:
             self._schedule_waiting(step, threshold)
-        return self._make_output(step)
+        output = self._make_output(step)
+        if self._end_step is not None:
+            self._end_step(self, output)
+        return output
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
         """Phase 1, fast path: while every running request fits, a plain pass.
@@ -248,11 +263,13 @@ class Scheduler:
             num_new = threshold
         return min(num_new, budget, self.max_model_len - 1 - computed)
 
-    def _schedule_running_preempting(self, step: _Step, threshold: int, req_index: int) -> None:
+    def _schedule_running_preempting(self, step: _Step, threshold: int, req_index: int,
+                                     skip_prefill_chunks: bool = False) -> None:
         """Phase 1 from ``running[req_index]`` on, preempting when blocks run
         out: FCFS takes the last running request, priority the max of
         (priority, arrival_time); retry until the request fits or is itself
-        the victim."""
+        the victim. ``skip_prefill_chunks`` skips requests whose last
+        scheduling left them mid-prefill (vLLM's defer_prefills)."""
         running = self.running
         allocate_slots = self.kv_cache_manager.allocate_slots
         num_scheduled = step.num_scheduled_tokens
@@ -261,6 +278,9 @@ class Scheduler:
         budget = step.token_budget
         while req_index < len(running) and budget > 0:
             request = running[req_index]
+            if skip_prefill_chunks and request.is_prefill_chunk:
+                req_index += 1
+                continue
             num_new = self._num_running_tokens(request, budget, threshold)
             if num_new <= 0:
                 req_index += 1
@@ -281,6 +301,9 @@ class Scheduler:
                         scheduled.remove(vid)
                         budget += num_scheduled.pop(vid)
                         new_block_ids.pop(vid, None)
+                        if step.unscheduled is None:
+                            step.unscheduled = []
+                        step.unscheduled.append(vid)
                 else:
                     running.pop()
                 self._preempt_request(victim)
@@ -421,6 +444,8 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             admission_stop=step.stop_reason,
         )
+        if step.unscheduled is not None:
+            output.unscheduled_req_ids = step.unscheduled
         if self.explain:
             head = step.stop_at if step.stop_reason in (
                 explain.REASON_KV_BLOCKS, explain.REASON_CHUNKED_PREFILL_OFF,
