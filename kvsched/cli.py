@@ -68,8 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print a per-step table with why waiting requests were not admitted")
     rp.set_defaults(func=_cmd_replay)
     from kvsched.sim.command import add_simulate_parser
+    from kvsched.sim.compare import add_compare_parser
 
     add_simulate_parser(sub)
+    add_compare_parser(sub)
     return parser
 
 

@@ -42,6 +42,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=d.dtype, help="bf16 (default), fp16 or fp8 weights")
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, help="auto (16 bits) or fp8")
     g.add_argument("--num-gpu-blocks-override", type=int)
+    g.add_argument("--prefill-schedule-interval", type=int, default=d.prefill_schedule_interval,
+                   help="admit prefill only every K engine steps (vLLM's prefill cadence)")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    default=d.async_scheduling,
                    help="overlap the scheduler's CPU work with the forward pass (vLLM's GPU default)")
@@ -110,7 +112,8 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         scheduling_policy=args.scheduling_policy, dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype, num_gpu_blocks_override=args.num_gpu_blocks_override,
-        async_scheduling=args.async_scheduling)
+        async_scheduling=args.async_scheduling,
+        prefill_schedule_interval=args.prefill_schedule_interval)
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
@@ -161,9 +164,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     workload = build_workload(args)
     print(f"Simulating {deployment.describe()}; serving {describe_workload(args, workload)}.",
           flush=True)
-    config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
-                       eos_probability=args.eos_probability, seed=args.seed,
-                       fast_forward=not args.no_fast_forward)
+    config = sim_config(deployment, args)
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
     if args.trace_steps:
         with open(args.trace_steps, "w") as trace:
@@ -185,6 +186,13 @@ def run_simulate(args: argparse.Namespace) -> int:
                      [deployment.describe(), describe_workload(args, workload)], metrics=[metrics])
         print(f"report: {args.report}")
     return 0
+
+
+def sim_config(deployment: Deployment, args: argparse.Namespace) -> SimConfig:
+    return SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
+                     eos_probability=args.eos_probability, seed=args.seed,
+                     fast_forward=not args.no_fast_forward,
+                     prefill_schedule_interval=deployment.options.prefill_schedule_interval)
 
 
 def save_result(path: str, deployment: Deployment, args: argparse.Namespace,

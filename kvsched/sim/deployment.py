@@ -47,6 +47,7 @@ class EngineOptions:
     kv_cache_dtype: str = "auto"
     num_gpu_blocks_override: int | None = None
     async_scheduling: bool = True
+    prefill_schedule_interval: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,9 @@ class Deployment:
                 f"max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens {sc.max_num_batched_tokens}, "
                 f"max_model_len {sc.max_model_len}, {cc.num_gpu_blocks} KV blocks of {cc.block_size}"
                 f"{', prefix caching' if cc.enable_prefix_caching else ''}"
-                f"{', async scheduling' if self.runtime.async_scheduling else ''}")
+                f"{', async scheduling' if self.runtime.async_scheduling else ''}"
+                + (f", prefill every {k} steps" if (k := self.options.prefill_schedule_interval) > 1
+                   else ""))
 
 
 def build_deployment(opts: EngineOptions) -> Deployment:
@@ -109,6 +112,10 @@ def build_deployment(opts: EngineOptions) -> Deployment:
             "raise --gpu-memory-utilization or --tensor-parallel-size")
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=opts.block_size,
                                enable_prefix_caching=opts.enable_prefix_caching)
+    if isinstance(opts.prefill_schedule_interval, bool) or not isinstance(
+            opts.prefill_schedule_interval, int) or opts.prefill_schedule_interval < 1:
+        raise ValueError(f"prefill_schedule_interval={opts.prefill_schedule_interval!r}: "
+                         "must be an integer >= 1 (1 admits prefill every step)")
     step_model = StepTimeModel(model, hardware, parallel, runtime)
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,
                       memory, step_model)

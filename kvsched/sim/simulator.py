@@ -38,6 +38,7 @@ import numpy as np
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core import explain
 from kvsched.core.output import ModelRunnerOutput
+from kvsched.core.policies import PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape, StepTimeModel
@@ -60,6 +61,8 @@ class SimConfig:
     eos_probability: float = 0.0
     seed: int = 0
     fast_forward: bool = True
+    # vLLM's --prefill-schedule-interval (1 = off), as a core admission policy.
+    prefill_schedule_interval: int = 1
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eos_probability < 1.0:
@@ -178,7 +181,9 @@ class Simulator:
         self.workload = workload
         self.trace_steps = trace_steps
         self.progress = progress
-        self.sched = Scheduler(config.scheduler_config, config.cache_config)
+        policy = (PrefillCadence(config.prefill_schedule_interval)
+                  if config.prefill_schedule_interval > 1 else None)
+        self.sched = Scheduler(config.scheduler_config, config.cache_config, admission_policy=policy)
         self.step_model = config.step_model
         self.rng = random.Random(config.seed)
         self.live: dict[str, _Live] = {}
@@ -225,7 +230,9 @@ class Simulator:
         slot_free_since = 0.0
         i = 0
         can_ff = False  # the last step was pure decode, and nothing arrived since
-        ff_enabled = self.config.fast_forward and self.trace_steps is None
+        # Fast-forward's argument that admission stays held assumes no policy.
+        ff_enabled = (self.config.fast_forward and self.trace_steps is None
+                      and sched.admission_policy is None)
         last_report = wall0
         while True:
             now = self.now

@@ -1,0 +1,158 @@
+"""``kvsched compare``: several variants of a deployment on the same workload,
+side by side (the columns of seed 001's table, plus p99s).
+
+    kvsched compare --model Qwen3-8B --num-prompts 500 --request-rate 8 \\
+        --variant "baseline:" --variant "cadence 2: --prefill-schedule-interval 2" \\
+        --variant "seqs 64: --max-num-seqs 64"
+
+A variant is ``NAME: FLAGS``; its flags are ``kvsched simulate``'s and override
+the common ones given outside ``--variant``. ``--variants FILE`` reads them
+from YAML/JSON: a mapping ``{name: "flags"}`` (or ``{name: [flags...]}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvsched.sim.command import (
+    add_engine_arguments,
+    add_output_arguments,
+    add_workload_arguments,
+    build_workload,
+    describe_workload,
+    engine_options,
+    sim_config,
+)
+from kvsched.sim.deployment import build_deployment
+from kvsched.sim.metrics import parse_goodput
+from kvsched.sim.simulator import SimResult, Simulator, stderr_progress
+
+# (label, metrics key, scale, format): seed 001's columns, then tails.
+COLUMNS = (
+    ("Mean TTFT ms", "mean_ttft_ms", 1.0, "{:.1f}"),
+    ("Mean TPOT ms", "mean_tpot_ms", 1.0, "{:.2f}"),
+    ("E2E s", "duration", 1.0, "{:.1f}"),
+    ("Input tok/s", "input_throughput", 1.0, "{:.1f}"),
+    ("Output tok/s", "output_throughput", 1.0, "{:.1f}"),
+    ("Req/s", "request_throughput", 1.0, "{:.3f}"),
+    ("P99 TTFT ms", "p99_ttft_ms", 1.0, "{:.1f}"),
+    ("P99 TPOT ms", "p99_tpot_ms", 1.0, "{:.2f}"),
+    ("P99 E2EL ms", "p99_e2el_ms", 1.0, "{:.1f}"),
+    ("Preempt", "num_preemptions", 1.0, "{:.0f}"),
+)
+
+
+def _variant_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="variant", add_help=False, exit_on_error=False)
+    add_engine_arguments(p)
+    add_workload_arguments(p)
+    return p
+
+
+def add_compare_parser(sub: Any) -> None:
+    p = sub.add_parser("compare", help="simulate several variants on the same workload, side by side",
+                       description=__doc__.splitlines()[0] if __doc__ else None)
+    add_engine_arguments(p)
+    add_workload_arguments(p)
+    add_output_arguments(p)
+    p.add_argument("--variant", action="append", default=[], metavar='"NAME: FLAGS"',
+                   help="a variant: its name, a colon, then simulate flags (repeatable)")
+    p.add_argument("--variants", metavar="FILE", help="YAML/JSON mapping of variant name -> flags")
+    p.set_defaults(func=run_compare)
+
+
+def parse_variants(specs: list[str], path: str | None) -> list[tuple[str, list[str]]]:
+    variants: list[tuple[str, list[str]]] = []
+    for spec in specs:
+        name, sep, flags = spec.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--variant {spec!r}: write it as 'NAME: FLAGS' (flags may be empty)")
+        variants.append((name.strip(), shlex.split(flags)))
+    if path:
+        text = Path(path).read_text()
+        if path.endswith((".yaml", ".yml")):
+            data = importlib.import_module("yaml").safe_load(text)
+        else:
+            data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: must map variant names to flags")
+        for name, flags in data.items():
+            if isinstance(flags, str):
+                variants.append((str(name), shlex.split(flags)))
+            elif isinstance(flags, list) and all(isinstance(f, str | int | float) for f in flags):
+                variants.append((str(name), [str(f) for f in flags]))
+            elif flags is None:
+                variants.append((str(name), []))
+            else:
+                raise ValueError(f"{path}: variant {name!r}: flags must be a string or a list")
+    if not variants:
+        raise ValueError("no variants: give --variant 'NAME: FLAGS' (repeatable) or --variants FILE")
+    names = [n for n, _ in variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"variant names must be unique: {names}")
+    return variants
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    variants = parse_variants(args.variant, args.variants)
+    slos = parse_goodput(args.goodput) if args.goodput else None
+    parser = _variant_parser()
+    results: list[tuple[str, SimResult, dict[str, Any], argparse.Namespace]] = []
+    for name, flags in variants:
+        ns = copy.copy(args)
+        try:
+            # Only flags the variant names change: argparse keeps the rest.
+            _, unknown = parser.parse_known_args(flags, namespace=ns)
+        except argparse.ArgumentError as e:
+            raise ValueError(f"variant {name!r}: bad flags {' '.join(flags)!r} ({e})") from None
+        if unknown:
+            raise ValueError(f"variant {name!r}: unknown flags {' '.join(unknown)!r}; "
+                             "use kvsched simulate's engine and workload flags")
+        deployment = build_deployment(engine_options(ns))
+        workload = build_workload(ns)
+        print(f"[{name}] {deployment.describe()}; {describe_workload(ns, workload)}", flush=True)
+        progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
+        result = Simulator(sim_config(deployment, ns), workload, progress=progress).run()
+        metrics = result.metrics((50.0, 90.0, 99.0), slos)
+        metrics["input_throughput"] = (metrics.get("total_input_tokens", 0) / metrics["duration"]
+                                       if metrics.get("duration") else 0.0)
+        results.append((name, result, metrics, ns))
+    print(format_comparison([(n, m) for n, _, m, _ in results]))
+    if args.save_result:
+        out = [{"name": n, "flags": f, **m} for (n, _, m, _), (_, f) in zip(results, variants)]
+        Path(args.save_result).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    if args.report:
+        from kvsched.sim.report import write_report
+
+        write_report(args.report, [(n, r) for n, r, _, _ in results], "kvsched compare",
+                     [f"{n}: {' '.join(f) or '(common flags)'}" for n, f in variants],
+                     metrics=[m for _, _, m, _ in results])
+        print(f"report: {args.report}")
+    return 0
+
+
+def format_comparison(rows: list[tuple[str, dict[str, Any]]]) -> str:
+    width = max(12, *(len(n) for n, _ in rows)) + 2
+    head = f"{'variant':<{width}}" + "".join(f"{label:>14}" for label, *_ in COLUMNS)
+    lines = [head, "-" * len(head)]
+    base = rows[0][1]
+    for name, m in rows:
+        cells = []
+        for _, key, scale, fmt in COLUMNS:
+            value = m.get(key)
+            cells.append(f"{'-':>14}" if value is None else f"{fmt.format(value * scale):>14}")
+        lines.append(f"{name:<{width}}" + "".join(cells))
+        if m is not base:
+            rel = []
+            for _, key, _, _ in COLUMNS:
+                a, b = base.get(key), m.get(key)
+                rel.append(f"{(b - a) / a:>+14.1%}" if a and b is not None else f"{'':>14}")
+            lines.append(f"{'  vs ' + rows[0][0]:<{width}}" + "".join(rel))
+    return "\n".join(lines)
