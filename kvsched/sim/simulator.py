@@ -37,7 +37,7 @@ import numpy as np
 
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core import explain
-from kvsched.core.output import ModelRunnerOutput
+from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
 from kvsched.core.policies import PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
@@ -156,6 +156,15 @@ class SimResult:
             "fast_forwarded_steps": self.num_fast_forwarded_steps,
             "simulation_wall_seconds": self.wall_seconds,
         }
+
+
+@dataclass(slots=True)
+class PlannedStep:
+    """A scheduled step waiting for its duration (see Simulator.plan_step)."""
+
+    output: SchedulerOutput
+    shape: BatchShape
+    sampled_ids: list[list[int]]
 
 
 @dataclass(slots=True)
@@ -285,13 +294,21 @@ class Simulator:
     def _step(self) -> tuple[list[str], bool]:
         """One engine step. Returns the finished ids and whether the step was
         pure decode with admission held by a reason that cannot lift."""
+        plan = self.plan_step()
+        if plan is None:
+            raise RuntimeError(f"no request could be scheduled at t={self.now:.3f}s with "
+                               f"{len(self.sched.waiting)} waiting; nothing would ever progress")
+        return self.complete_step(plan, self.step_model.step_time(plan.shape))
+
+    def plan_step(self) -> PlannedStep | None:
+        """``schedule()`` and the batch it makes (None if nothing runs). A
+        data-parallel driver plans every rank, then completes each with the
+        step time they share."""
         sched = self.sched
         out = sched.schedule()
         num_sched = out.num_scheduled_tokens
-        start = self.now
         if not num_sched:
-            raise RuntimeError(f"no request could be scheduled at t={start:.3f}s with "
-                               f"{len(sched.waiting)} waiting; nothing would ever progress")
+            return None
         requests = sched.requests
         live = self.live
         decodes = decode_kv = prefill = prefill_kv = pairs = sampled = 0
@@ -314,7 +331,16 @@ class Simulator:
                 sampled_ids.append([EOS_TOKEN if len(r.output_token_ids) == lv.eos_index else lv.token])
         shape = BatchShape(out.total_num_scheduled_tokens, len(num_sched), sampled, decodes,
                            decode_kv, prefill, prefill_kv, pairs)
-        dt = self.step_model.step_time(shape)
+        return PlannedStep(out, shape, sampled_ids)
+
+    def complete_step(self, plan: PlannedStep, dt: float) -> tuple[list[str], bool]:
+        """``update_from_output()`` after a step of ``dt`` seconds, and the
+        client-side bookkeeping (token times, finishes, the step log)."""
+        sched = self.sched
+        out, shape, sampled_ids = plan.output, plan.shape, plan.sampled_ids
+        num_sched = out.num_scheduled_tokens
+        live = self.live
+        start = self.now
         now = start + dt
         self.now = now
         runner_output = ModelRunnerOutput(list(num_sched), sampled_ids)
@@ -335,14 +361,14 @@ class Simulator:
             lv.last_token_time = now
         if same_gap:
             itls.add(dt, same_gap)
-        if sampled:
-            self.token_times.add(now, sampled)
+        if shape.num_sampled:
+            self.token_times.add(now, shape.num_sampled)
         finished = []
         for o in result.finished:
             finished.append(o.request_id)
             self._finish(o.request_id, now)
         free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-        self.steps.append(start, dt, len(num_sched), shape.num_tokens, prefill, free,
+        self.steps.append(start, dt, len(num_sched), shape.num_tokens, shape.prefill_tokens, free,
                           len(sched.running), len(sched.waiting))
         if self.trace_steps is not None:
             record = step_record(len(self.steps) - 1, out,
@@ -350,7 +376,7 @@ class Simulator:
             record["start"] = start
             record["duration"] = dt
             self.trace_steps.write(_json_line(record))
-        pure_decode = (prefill == 0 and decodes == len(sched.running)
+        pure_decode = (shape.prefill_tokens == 0 and shape.num_decodes == len(sched.running)
                        and not out.scheduled_new_reqs and not out.preempted_req_ids
                        and not out.scheduled_cached_reqs.resumed_req_ids
                        and out.admission_stop in _STABLE_STOPS)
