@@ -128,6 +128,12 @@ class SampleAccumulator:
         if len(self._values) >= self.FLUSH_AT:
             self._flush()
 
+    def merge(self, other: SampleAccumulator) -> None:
+        """Add every sample of ``other`` (e.g. another data-parallel rank's)."""
+        values, counts = other._pairs()
+        if len(values):
+            self.add_array(values, counts)
+
     def add_array(self, values: npt.ArrayLike, counts: npt.ArrayLike | None = None) -> None:
         """Add many samples at once: ``values[i]`` ``counts[i]`` times (once each
         without ``counts``), e.g. one request's ITL array."""

@@ -39,6 +39,7 @@ from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core import explain
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
 from kvsched.core.policies import PrefillCadence
+from kvsched.core.policy import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape, StepTimeModel
@@ -185,13 +186,14 @@ Progress = Callable[[int, int, float], None]
 
 class Simulator:
     def __init__(self, config: SimConfig, workload: Workload,
-                 trace_steps: TextIO | None = None, progress: Progress | None = None) -> None:
+                 trace_steps: TextIO | None = None, progress: Progress | None = None,
+                 admission_policy: AdmissionPolicy | None = None) -> None:
         self.config = config
         self.workload = workload
         self.trace_steps = trace_steps
         self.progress = progress
-        policy = (PrefillCadence(config.prefill_schedule_interval)
-                  if config.prefill_schedule_interval > 1 else None)
+        policy = admission_policy or (PrefillCadence(config.prefill_schedule_interval)
+                                      if config.prefill_schedule_interval > 1 else None)
         self.sched = Scheduler(config.scheduler_config, config.cache_config, admission_policy=policy)
         self.step_model = config.step_model
         self.rng = random.Random(config.seed)
@@ -280,6 +282,10 @@ class Simulator:
             can_ff = not sched.waiting or (pure_decode and not finished)
         if self.progress is not None:
             self.progress(len(self.records) + len(self.failed), n, self.now)
+        return self.result(time.perf_counter() - wall0)
+
+    def result(self, wall_seconds: float) -> SimResult:
+        sched = self.sched
         stats = sched.kv_cache_manager.prefix_cache_stats
         return SimResult(
             workload=self.workload.name, records=self.records, failed=self.failed, itls=self.itls,
@@ -289,7 +295,7 @@ class Simulator:
             prefix_cache_queries=stats.queries + stats.preempted_queries,
             prefix_cache_hits=stats.hits + stats.preempted_hits,
             num_fast_forwarded_steps=self.num_ff_steps,
-            wall_seconds=time.perf_counter() - wall0)
+            wall_seconds=wall_seconds)
 
     def _step(self) -> tuple[list[str], bool]:
         """One engine step. Returns the finished ids and whether the step was
