@@ -26,7 +26,20 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "ascend-910b, ...) or a YAML/JSON hardware file (default: %(default)s)")
     g.add_argument("--efficiency-file", help="YAML/JSON file overriding efficiency factors")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
-    g.add_argument("--enable-expert-parallel", action="store_true")
+    g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="engine cores, each with its own scheduler and KV cache")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="shard experts over TP x DP ranks (MoE ranks then step in lockstep)")
+    g.add_argument("--dp-routing", choices=["vllm", "round-robin", "least-loaded"], default="vllm",
+                   help="how arrivals pick a DP rank (vllm: lowest 4*waiting+running, stale stats)")
+    g.add_argument("--dp-stats-interval", type=float, default=0.1,
+                   help="seconds between the load stats the vllm router sees (default 0.1)")
+    g.add_argument("--admission-policy", choices=["none", "balance", "adp-balance", "prefill-cadence"],
+                   default="none", help="admission policy on every rank (see docs/simulator.md)")
+    g.add_argument("--balance-threshold", choices=["full", "full-minus-one"], default="full",
+                   help="balance: hold while any rank runs max_num_seqs (full) or one less")
+    g.add_argument("--adp-timeout-iters", type=int, default=50)
+    g.add_argument("--adp-batching-wait-iters", type=int, default=0)
     g.add_argument("--max-num-seqs", type=int, help="default: vLLM serve's for the hardware")
     g.add_argument("--max-num-batched-tokens", type=int,
                    help="default: vLLM serve's for the hardware")
@@ -104,6 +117,7 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(
         model=args.model, hardware=args.hardware, efficiency_file=args.efficiency_file,
         tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_chunked_prefill=args.enable_chunked_prefill,
@@ -113,7 +127,9 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
         scheduling_policy=args.scheduling_policy, dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype, num_gpu_blocks_override=args.num_gpu_blocks_override,
         async_scheduling=args.async_scheduling,
-        prefill_schedule_interval=args.prefill_schedule_interval)
+        prefill_schedule_interval=(args.prefill_schedule_interval
+                                   if args.admission_policy != "prefill-cadence"
+                                   else max(args.prefill_schedule_interval, 2)))
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
@@ -166,11 +182,7 @@ def run_simulate(args: argparse.Namespace) -> int:
           flush=True)
     config = sim_config(deployment, args)
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
-    if args.trace_steps:
-        with open(args.trace_steps, "w") as trace:
-            result = Simulator(config, workload, trace_steps=trace, progress=progress).run()
-    else:
-        result = Simulator(config, workload, progress=progress).run()
+    result = run_deployment(deployment, config, workload, args, progress)
     metrics = result.metrics(percentiles, slos)
     print(format_table(metrics, percentiles))
     for rid, why in result.failed[:5]:
@@ -186,6 +198,34 @@ def run_simulate(args: argparse.Namespace) -> int:
                      [deployment.describe(), describe_workload(args, workload)], metrics=[metrics])
         print(f"report: {args.report}")
     return 0
+
+
+def run_deployment(deployment: Deployment, config: SimConfig, workload: Workload,
+                   args: argparse.Namespace, progress: Any = None) -> SimResult:
+    """One engine, or data-parallel ranks with the chosen admission policy."""
+    dp = deployment.parallel.data_parallel_size
+    if dp == 1 and args.admission_policy in ("none", "prefill-cadence"):
+        if args.trace_steps:
+            with open(args.trace_steps, "w") as trace:
+                return Simulator(config, workload, trace_steps=trace, progress=progress).run()
+        return Simulator(config, workload, progress=progress).run()
+    if args.trace_steps:
+        raise ValueError("--trace-steps: not supported with data parallelism or DP policies yet")
+    from kvsched.core.policies import AdpBalance, BalanceGate, DPRankStates
+    from kvsched.sim.dp import DPOptions, DPSimulator
+
+    shared = DPRankStates(dp)
+    policies: list[Any] = [None] * dp
+    if args.admission_policy == "balance":
+        policies = [BalanceGate(shared, r, args.balance_threshold) for r in range(dp)]
+    elif args.admission_policy == "adp-balance":
+        policies = [AdpBalance(shared, r, args.adp_timeout_iters, args.adp_batching_wait_iters)
+                    for r in range(dp)]
+    options = DPOptions(dp, lockstep=deployment.lockstep, router=args.dp_routing,
+                        stats_interval=args.dp_stats_interval)
+    sim = DPSimulator(config, workload, options, policies)
+    sim.after_step.append(lambda d: shared.publish_all([r.sched for r in d.ranks]))
+    return sim.run().combined()
 
 
 def sim_config(deployment: Deployment, args: argparse.Namespace) -> SimConfig:

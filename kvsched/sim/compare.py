@@ -28,11 +28,12 @@ from kvsched.sim.command import (
     build_workload,
     describe_workload,
     engine_options,
+    run_deployment,
     sim_config,
 )
 from kvsched.sim.deployment import build_deployment
 from kvsched.sim.metrics import parse_goodput
-from kvsched.sim.simulator import SimResult, Simulator, stderr_progress
+from kvsched.sim.simulator import SimResult, stderr_progress
 
 # (label, metrics key, scale, format): seed 001's columns, then tails.
 COLUMNS = (
@@ -119,7 +120,7 @@ def run_compare(args: argparse.Namespace) -> int:
         workload = build_workload(ns)
         print(f"[{name}] {deployment.describe()}; {describe_workload(ns, workload)}", flush=True)
         progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
-        result = Simulator(sim_config(deployment, ns), workload, progress=progress).run()
+        result = run_deployment(deployment, sim_config(deployment, ns), workload, ns, progress)
         metrics = result.metrics((50.0, 90.0, 99.0), slos)
         metrics["input_throughput"] = (metrics.get("total_input_tokens", 0) / metrics["duration"]
                                        if metrics.get("duration") else 0.0)

@@ -33,6 +33,7 @@ class EngineOptions:
     hardware: str = "h100-sxm"
     efficiency_file: str | None = None
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
     enable_expert_parallel: bool = False
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -62,11 +63,19 @@ class Deployment:
     memory: MemoryPlan
     step_model: StepTimeModel
 
+    @property
+    def lockstep(self) -> bool:
+        """Data-parallel ranks step together when they share experts."""
+        return self.model.is_moe and self.parallel.expert_parallel_size > 1
+
     def describe(self) -> str:
         sc, cc = self.scheduler_config, self.cache_config
         tp = self.parallel.tensor_parallel_size
-        ep = " EP" if self.parallel.expert_parallel_size > 1 else ""
-        return (f"{self.model.name} ({self.runtime.dtype}) on {tp}x {self.hardware.name} (TP{tp}{ep}), "
+        dp = self.parallel.data_parallel_size
+        ep = f" EP{self.parallel.expert_parallel_size}" if self.parallel.expert_parallel_size > 1 else ""
+        dps = f" DP{dp}" if dp > 1 else ""
+        return (f"{self.model.name} ({self.runtime.dtype}) on {tp * dp}x {self.hardware.name} "
+                f"(TP{tp}{dps}{ep}), "
                 f"max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens {sc.max_num_batched_tokens}, "
                 f"max_model_len {sc.max_model_len}, {cc.num_gpu_blocks} KV blocks of {cc.block_size}"
                 f"{', prefix caching' if cc.enable_prefix_caching else ''}"
@@ -80,7 +89,8 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     hardware = get_hardware(opts.hardware)
     if opts.efficiency_file:
         hardware = load_efficiency_overrides(opts.efficiency_file, hardware)
-    parallel = ParallelConfig(opts.tensor_parallel_size, 1, opts.enable_expert_parallel)
+    parallel = ParallelConfig(opts.tensor_parallel_size, opts.data_parallel_size,
+                              opts.enable_expert_parallel)
     if model.num_heads % opts.tensor_parallel_size:
         raise ValueError(f"tensor_parallel_size={opts.tensor_parallel_size}: must divide the "
                          f"{model.num_heads} attention heads of {model.name}")

@@ -99,3 +99,16 @@ def test_bad_options() -> None:
         DPOptions(0)
     with pytest.raises(ValueError, match="router"):
         DPOptions(2, router="random")
+
+
+def test_simulate_cli_runs_data_parallel_with_each_policy(
+    capsys: pytest.CaptureFixture[str]) -> None:
+    from kvsched.cli import main
+
+    base = ["simulate", "--model", "Qwen3-30B-A3B", "--data-parallel-size", "2",
+            "--enable-expert-parallel", "--max-num-seqs", "8", "--num-prompts", "24",
+            "--random-input-len", "300", "--random-output-len", "20", "--no-progress"]
+    for policy in ("none", "balance", "adp-balance", "prefill-cadence"):
+        assert main([*base, "--admission-policy", policy]) == 0, policy
+        out = capsys.readouterr().out
+        assert "DP2 EP2" in out and "Successful requests:                            24" in out
