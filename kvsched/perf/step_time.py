@@ -279,26 +279,27 @@ class StepTimeModel:
     def step_time(self, shape: BatchShape, global_tokens: int | None = None) -> float:
         """Wall seconds of the step: with async scheduling the CPU work of
         scheduling the next step overlaps this forward pass."""
-        if (global_tokens is None and shape.prefill_tokens == 0
-                and shape.num_decodes == shape.num_reqs == shape.num_sampled):
-            return self.decode_step_time(shape.num_reqs, shape.decode_kv_tokens)
+        if shape.prefill_tokens == 0 and shape.num_decodes == shape.num_reqs == shape.num_sampled:
+            return self.decode_step_time(shape.num_reqs, shape.decode_kv_tokens, global_tokens)
         gpu = self.gpu_time(shape, global_tokens)
         cpu = self.cpu_time(shape)
         if self.async_scheduling:
             return gpu if gpu > cpu else cpu
         return gpu + cpu
 
-    def decode_step_time(self, num_reqs: int, decode_kv_tokens: int) -> float:
+    def decode_step_time(self, num_reqs: int, decode_kv_tokens: int,
+                         global_tokens: int | None = None) -> float:
         """``step_time`` of ``num_reqs`` one-token decodes reading
         ``decode_kv_tokens`` KV in all, without building a BatchShape: the
         simulator's fast-forward calls this once per skipped step. Every
         pure-decode step goes through here, so both paths give the same float."""
-        parts = self._decode_parts.get((num_reqs, -1, num_reqs))
+        key = (num_reqs, -1 if global_tokens is None else -1 - global_tokens, num_reqs)
+        parts = self._decode_parts.get(key)
         if parts is None:
             T = self.padded_tokens(num_reqs)
-            lin, rest = self._batch_parts(T, T, num_reqs)
+            lin, rest = self._batch_parts(T, global_tokens or T, num_reqs)
             cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
-            parts = self._decode_parts[(num_reqs, -1, num_reqs)] = (lin, rest, cpu)
+            parts = self._decode_parts[key] = (lin, rest, cpu)
         lin, rest, cpu = parts
         # _attention_layer(decode_kv_tokens, 0, 0), inlined: this runs once per
         # fast-forwarded step. Same operations, so the same float.

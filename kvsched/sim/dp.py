@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from kvsched.core.policy import AdmissionPolicy
 from kvsched.perf.step_time import BatchShape
-from kvsched.sim.simulator import SimConfig, SimResult, Simulator
+from kvsched.sim.simulator import MIN_STRETCH, SimConfig, SimResult, Simulator
 from kvsched.sim.workload import Workload, WorkloadRequest
 
 ROUTERS = ("vllm", "round-robin", "least-loaded")
@@ -110,10 +110,14 @@ class DPSimulator:
             raise ValueError(f"{len(policies)} admission policies for {options.size} ranks")
         self.options = options
         self.workload = workload
-        # Fast-forward reasons about one engine; data-parallel runs step.
+        # Ranks are driven from here; lockstep ranks fast-forward together
+        # (below), independent replicas step one by one.
         rank_config = SimConfig(config.scheduler_config, config.cache_config, config.step_model,
                                 config.eos_probability, config.seed, fast_forward=False,
                                 prefill_schedule_interval=config.prefill_schedule_interval)
+        self.fast_forward = (config.fast_forward and options.lockstep
+                             and not any(policies or ())
+                             and config.prefill_schedule_interval <= 1)
         # Each rank is a Simulator driven from here (its own run() is unused).
         self.ranks = [Simulator(rank_config, workload,
                                 admission_policy=policies[i] if policies else None)
@@ -154,12 +158,15 @@ class DPSimulator:
         slot_free_since = 0.0
         now = 0.0
         dummy = BatchShape.decode(1, 1)
+        can_ff = False
         while True:
             while i < n and reqs[i].arrival_time <= now:
                 queue.append(reqs[i])
                 i += 1
+                can_ff = False
             while queue and (max_conc is None or inflight < max_conc):
                 spec = queue.popleft()
+                can_ff = False
                 if self._send(spec, max(spec.arrival_time, slot_free_since), now):
                     inflight += 1
             if not any(r.sched.has_unfinished_requests() for r in self.ranks):
@@ -169,21 +176,63 @@ class DPSimulator:
                 for r in self.ranks:
                     r.now = now
                 continue
+            if can_ff and self.fast_forward:
+                end = self._fast_forward(reqs[i].arrival_time if i < n else math.inf)
+                if end is not None:
+                    now = end
+                    continue
             plans = [r.plan_step() for r in self.ranks]
             global_tokens = sum(p.shape.num_tokens for p in plans if p is not None)
             dt = max(r.step_model.step_time(p.shape if p is not None else dummy, global_tokens)
                      for r, p in zip(self.ranks, plans))
+            can_ff = True
             for r, p in zip(self.ranks, plans):
                 if p is None:
                     r.now += dt
+                    can_ff = can_ff and not r.sched.waiting
                 else:
-                    finished, _ = r.complete_step(p, dt)
+                    finished, pure_decode = r.complete_step(p, dt)
                     if finished:
                         inflight -= len(finished)
                         slot_free_since = r.now
+                    # As on one engine: nothing waits, or admission stays held.
+                    can_ff = can_ff and (not r.sched.waiting or (pure_decode and not finished))
             now += dt
             for hook in self.after_step:
                 hook(self)
+
+    def _fast_forward(self, next_arrival: float) -> float | None:
+        """Advance all lockstep ranks over a pure-decode stretch; the new time,
+        or None if there is none of useful length. Each step lasts as long as
+        the slowest rank (idle ranks run the dummy batch), as when stepping."""
+        busy = [r for r in self.ranks if r.sched.running]
+        limits = [r.stretch_limit() for r in busy]
+        limit = min(lim for lim, _ in limits)
+        if limit < MIN_STRETCH:
+            return None
+        sizes = [len(r.sched.running) for r in busy]
+        global_tokens = sum(sizes)
+        idle = [r for r in self.ranks if not r.sched.running]
+        dummy = [r.step_model.decode_step_time(1, 1, global_tokens) for r in idle]
+        start = self.ranks[0].now
+        durations: list[float] = []
+        ends: list[float] = []
+        t = start
+        for j in range(limit):
+            if j and t >= next_arrival:
+                break
+            dt = max([r.step_model.decode_step_time(b, kv + j * b, global_tokens)
+                      for r, b, (_, kv) in zip(busy, sizes, limits)] + dummy)
+            durations.append(dt)
+            t += dt
+            ends.append(t)
+        if len(durations) < MIN_STRETCH:
+            return None
+        for r in busy:
+            r.apply_stretch(durations, ends)
+        for r in idle:
+            r.now = ends[-1]
+        return ends[-1]
 
     def _run_independent(self) -> None:
         reqs = self.workload.requests

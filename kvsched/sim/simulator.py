@@ -398,36 +398,15 @@ class Simulator:
 
     def _fast_forward(self, next_arrival: float) -> bool:
         """Jump over a pure-decode stretch; False if none of useful length."""
-        sched = self.sched
-        running = sched.running
-        B = len(running)
-        if sched.max_num_scheduled_tokens < B:
-            return False
-        lives = [self.live[r.request_id] for r in running]
-        limit = math.inf
-        kv_tokens = 0
-        for r, lv in zip(running, lives):
-            length = len(r.all_token_ids)
-            if r.num_computed_tokens != length - 1:
-                return False  # still prefilling
-            kv_tokens += length
-            # Steps until it stops (inclusive), by length cap or by EOS.
-            steps = r.stop_len - length
-            if lv.eos_index >= 0:
-                steps = min(steps, lv.eos_index - len(r.output_token_ids) + 1)
-            if steps - 1 < limit:
-                limit = steps - 1
-        if limit < MIN_STRETCH:
-            return False
-        limit = min(int(limit), self._blocks_limit(int(limit)))
+        limit, kv_tokens = self.stretch_limit()
         if limit < MIN_STRETCH:
             return False
         # Step times, and the end of each step: the same additions as stepping.
+        B = len(self.sched.running)
         step_time = self.step_model.decode_step_time
-        start = self.now
         durations: list[float] = []
         ends: list[float] = []
-        t = start
+        t = self.now
         for j in range(limit):
             if j and t >= next_arrival:
                 break
@@ -435,9 +414,48 @@ class Simulator:
             durations.append(dt)
             t += dt
             ends.append(t)
-        k = len(durations)
-        if k < MIN_STRETCH:
+        if len(durations) < MIN_STRETCH:
             return False
+        self.apply_stretch(durations, ends)
+        return True
+
+    def stretch_limit(self) -> tuple[int, int]:
+        """(most decode steps the running requests can take with nobody
+        finishing and no preemption, their total KV tokens); 0 steps unless
+        every running request is decoding within the token budget."""
+        sched = self.sched
+        running = sched.running
+        if not running or sched.max_num_scheduled_tokens < len(running):
+            return 0, 0
+        live = self.live
+        limit = math.inf
+        kv_tokens = 0
+        for r in running:
+            length = len(r.all_token_ids)
+            if r.num_computed_tokens != length - 1:
+                return 0, 0  # still prefilling
+            kv_tokens += length
+            # Steps until it stops (inclusive), by length cap or by EOS.
+            steps = r.stop_len - length
+            eos = live[r.request_id].eos_index
+            if eos >= 0:
+                steps = min(steps, eos - len(r.output_token_ids) + 1)
+            if steps - 1 < limit:
+                limit = steps - 1
+        if limit < MIN_STRETCH:
+            return 0, 0
+        return min(int(limit), self._blocks_limit(int(limit))), kv_tokens
+
+    def apply_stretch(self, durations: list[float], ends: list[float]) -> None:
+        """Advance every running request ``len(durations)`` decode steps of
+        the given durations (ending at ``ends``), with all the bookkeeping
+        stepping would do."""
+        sched = self.sched
+        running = sched.running
+        B = len(running)
+        k = len(durations)
+        start = self.now
+        lives = [self.live[r.request_id] for r in running]
         free_after = sched.fast_forward_decode(k, [lv.token for lv in lives])
         self.num_ff_steps += k
         itls = self.itls
@@ -468,7 +486,6 @@ class Simulator:
             lv.last_token_time = end
             lv.num_tokens += k
         self.now = end
-        return True
 
     def _blocks_limit(self, limit: int) -> int:
         """Most steps whose new blocks all fit the free pool (no preemption)."""

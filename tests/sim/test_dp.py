@@ -112,3 +112,25 @@ def test_simulate_cli_runs_data_parallel_with_each_policy(
         assert main([*base, "--admission-policy", policy]) == 0, policy
         out = capsys.readouterr().out
         assert "DP2 EP2" in out and "Successful requests:                            24" in out
+
+
+@pytest.mark.parametrize("wl_kw", [{"request_rate": 30.0}, {"max_concurrency": 6}])
+def test_lockstep_fast_forward_is_exact(wl_kw: dict[str, float]) -> None:
+    wl = random_workload(num_prompts=50, input_len=400, output_len=120, range_ratio=0.5, seed=4,
+                         **wl_kw)  # type: ignore[arg-type]
+    cc = CacheConfig(num_gpu_blocks=300, block_size=16)
+
+    def run(ff: bool) -> tuple[dict[str, object], list[list[float]], int]:
+        sim = DPSimulator(SimConfig(SC, cc, MOE, fast_forward=ff), wl,
+                          DPOptions(3, lockstep=True, router="least-loaded"))
+        res = sim.run()
+        metrics = res.combined().metrics()
+        ffd = metrics.pop("fast_forwarded_steps")
+        metrics.pop("simulation_wall_seconds")
+        logs = [list(r.steps.start) + list(r.steps.free_blocks) for r in res.ranks]
+        return metrics, logs, int(ffd)  # type: ignore[arg-type]
+
+    stepped, jumped = run(False), run(True)
+    assert stepped[2] == 0 and jumped[2] > 0
+    assert jumped[0] == stepped[0]
+    assert jumped[1] == stepped[1]
