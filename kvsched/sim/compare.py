@@ -57,6 +57,33 @@ def _variant_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Seed 001's experiment: DeepSeek-V3.1, 3,500 in / 1,500 out, 512 requests at
+# concurrency 128, on a deployment chosen in docs/balance.md.
+PRESETS: dict[str, tuple[list[str], list[tuple[str, list[str]]]]] = {
+    "balance-seed": (
+        ["--model", "DeepSeek-V3.1", "--hardware", "ascend-910c", "--tensor-parallel-size", "4",
+         "--data-parallel-size", "4", "--enable-expert-parallel", "--max-num-seqs", "32",
+         "--max-model-len", "8192", "--num-prompts", "512", "--random-input-len", "3500",
+         "--random-output-len", "1500", "--max-concurrency", "128"],
+        [("baseline", []),
+         ("balance full", ["--admission-policy", "balance", "--balance-threshold", "full"]),
+         ("balance full-1", ["--admission-policy", "balance", "--balance-threshold", "full-minus-one"]),
+         ("prefill-cadence 2", ["--admission-policy", "prefill-cadence",
+                                "--prefill-schedule-interval", "2"]),
+         ("adp-balance", ["--admission-policy", "adp-balance"])],
+    ),
+}
+# The seed's own table (vllm-ascend, hardware not stated): baseline and balance.
+SEED_001 = [
+    ("seed baseline", {"mean_ttft_ms": 6600.0, "mean_tpot_ms": 86.85, "duration": 591.9,
+                       "input_throughput": 3030.5, "output_throughput": 1297.3,
+                       "request_throughput": 0.86}),
+    ("seed balance", {"mean_ttft_ms": 7012.0, "mean_tpot_ms": 70.63, "duration": 501.7,
+                      "input_throughput": 3575.7, "output_throughput": 1530.7,
+                      "request_throughput": 1.02}),
+]
+
+
 def add_compare_parser(sub: Any) -> None:
     p = sub.add_parser("compare", help="simulate several variants on the same workload, side by side",
                        description=__doc__.splitlines()[0] if __doc__ else None)
@@ -66,6 +93,8 @@ def add_compare_parser(sub: Any) -> None:
     p.add_argument("--variant", action="append", default=[], metavar='"NAME: FLAGS"',
                    help="a variant: its name, a colon, then simulate flags (repeatable)")
     p.add_argument("--variants", metavar="FILE", help="YAML/JSON mapping of variant name -> flags")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="a built-in experiment (balance-seed: seed 001's table, see docs/balance.md)")
     p.set_defaults(func=run_compare)
 
 
@@ -102,7 +131,18 @@ def parse_variants(specs: list[str], path: str | None) -> list[tuple[str, list[s
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    variants = parse_variants(args.variant, args.variants)
+    if args.preset:
+        base, preset_variants = PRESETS[args.preset]
+        # The preset sets what the command line left at its default.
+        parser = _variant_parser()
+        defaults = vars(parser.parse_args([]))
+        for key, value in vars(parser.parse_args(base)).items():
+            if value != defaults[key] and getattr(args, key) == defaults[key]:
+                setattr(args, key, value)
+        variants = preset_variants + (parse_variants(args.variant, args.variants)
+                                      if args.variant or args.variants else [])
+    else:
+        variants = parse_variants(args.variant, args.variants)
     slos = parse_goodput(args.goodput) if args.goodput else None
     parser = _variant_parser()
     results: list[tuple[str, SimResult, dict[str, Any], argparse.Namespace]] = []
@@ -126,6 +166,9 @@ def run_compare(args: argparse.Namespace) -> int:
                                        if metrics.get("duration") else 0.0)
         results.append((name, result, metrics, ns))
     print(format_comparison([(n, m) for n, _, m, _ in results]))
+    if args.preset == "balance-seed":
+        print("\nSeed 001's measurement (vllm-ascend; hardware not stated), for reference:")
+        print(format_comparison(SEED_001))
     if args.save_result:
         out = [{"name": n, "flags": f, **m} for (n, _, m, _), (_, f) in zip(results, variants)]
         Path(args.save_result).write_text(json.dumps(out, indent=2, default=str) + "\n")

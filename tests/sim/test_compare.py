@@ -71,3 +71,15 @@ def test_prefill_cadence_holds_prefills_and_raises_ttft(tmp_path: Path) -> None:
     assert cadence["mean_ttft_ms"] > off["mean_ttft_ms"]
     assert cadence["total_output_tokens"] == off["total_output_tokens"]
     assert cadence["fast_forwarded_steps"] == 0  # fast-forward assumes no admission policy
+
+
+def test_balance_seed_preset_runs_every_policy_and_prints_the_seed_table(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The full preset takes ~30 s here; the same variants on fewer requests.
+    assert main(["compare", "--preset", "balance-seed", "--num-prompts", "40",
+                 "--random-output-len", "60", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "DeepSeek-V3.1" in out and "TP4 DP4 EP16" in out and "40 random prompts" in out
+    for name in ("baseline", "balance full", "balance full-1", "prefill-cadence 2", "adp-balance",
+                 "seed baseline", "seed balance"):
+        assert f"\n{name} " in out, name
