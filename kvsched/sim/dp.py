@@ -144,7 +144,7 @@ class DPSimulator:
         sim = self.ranks[rank]
         if not sim.sched.has_unfinished_requests() and sim.now < now:
             sim.now = now  # an idle rank wakes up when work arrives
-        if sim._send(spec, send_time):
+        if sim.send(spec, send_time):
             self.routed[rank] += 1
             return True
         return False

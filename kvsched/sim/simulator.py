@@ -23,6 +23,7 @@ arrive, or the free pool could not give a needed block (a preemption).
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
@@ -208,7 +209,9 @@ class Simulator:
         self._next_token = 1  # output tokens are negative: never in a prompt
 
     # -- clients ---------------------------------------------------------------
-    def _send(self, spec: WorkloadRequest, send_time: float) -> bool:
+    def send(self, spec: WorkloadRequest, send_time: float) -> bool:
+        """A client sends ``spec`` at ``send_time``; False if the engine refuses it
+        (recorded in ``failed``)."""
         params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
         eos_index = -1
         p = self.config.eos_probability
@@ -254,7 +257,7 @@ class Simulator:
                 arrived = True
             while queue and (max_conc is None or inflight < max_conc):
                 spec = queue.popleft()
-                if self._send(spec, max(spec.arrival_time, slot_free_since)):
+                if self.send(spec, max(spec.arrival_time, slot_free_since)):
                     inflight += 1
                     arrived = True
             if arrived:
@@ -511,8 +514,6 @@ class Simulator:
 
 
 def _json_line(record: dict[str, Any]) -> str:
-    import json
-
     return json.dumps(record, separators=(",", ":")) + "\n"
 
 
