@@ -163,7 +163,7 @@ def describe_workload(args: argparse.Namespace, workload: Workload) -> str:
     return f"{n} requests of {args.dataset_path} over {workload.last_arrival_time:,.0f} s{conc}"
 
 
-def _percentiles(text: str) -> tuple[float, ...]:
+def parse_percentiles(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -174,7 +174,7 @@ def _percentiles(text: str) -> tuple[float, ...]:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    percentiles = _percentiles(args.metric_percentiles)
+    percentiles = parse_percentiles(args.metric_percentiles)
     slos = parse_goodput(args.goodput) if args.goodput else None
     deployment = build_deployment(engine_options(args))
     workload = build_workload(args)

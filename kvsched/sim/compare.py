@@ -28,6 +28,7 @@ from kvsched.sim.command import (
     build_workload,
     describe_workload,
     engine_options,
+    parse_percentiles,
     run_deployment,
     sim_config,
 )
@@ -143,6 +144,10 @@ def run_compare(args: argparse.Namespace) -> int:
                                       if args.variant or args.variants else [])
     else:
         variants = parse_variants(args.variant, args.variants)
+    if args.trace_steps:
+        raise ValueError("--trace-steps: one trace per run; use kvsched simulate with the "
+                         "variant's flags")
+    percentiles = parse_percentiles(args.metric_percentiles)
     slos = parse_goodput(args.goodput) if args.goodput else None
     parser = _variant_parser()
     results: list[tuple[str, SimResult, dict[str, Any], argparse.Namespace]] = []
@@ -161,7 +166,7 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"[{name}] {deployment.describe()}; {describe_workload(ns, workload)}", flush=True)
         progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
         result = run_deployment(deployment, sim_config(deployment, ns), workload, ns, progress)
-        metrics = result.metrics((50.0, 90.0, 99.0), slos)
+        metrics = result.metrics(percentiles, slos)
         metrics["input_throughput"] = (metrics.get("total_input_tokens", 0) / metrics["duration"]
                                        if metrics.get("duration") else 0.0)
         results.append((name, result, metrics, ns))

@@ -83,3 +83,14 @@ def test_balance_seed_preset_runs_every_policy_and_prints_the_seed_table(
     for name in ("baseline", "balance full", "balance full-1", "prefill-cadence 2", "adp-balance",
                  "seed baseline", "seed balance"):
         assert f"\n{name} " in out, name
+
+
+def test_trace_steps_is_refused_and_percentiles_are_honoured(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", *BASE, "--variant", "a:", "--trace-steps", str(tmp_path / "t")]) != 0
+    assert "trace-steps" in capsys.readouterr().err
+    out = tmp_path / "p.json"
+    assert main(["compare", *BASE, "--variant", "a:", "--metric-percentiles", "75",
+                 "--save-result", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert "p75_ttft_ms" in row and "p99_ttft_ms" not in row
