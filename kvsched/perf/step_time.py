@@ -192,7 +192,10 @@ class StepTimeModel:
         self.fixed_gpu_s = L * KERNELS_PER_LAYER * KERNEL_LATENCY_S
         self.capture_sizes = cudagraph_capture_sizes(runtime.cudagraph_max_size)
         self.async_scheduling = runtime.async_scheduling
-        self._decode_parts: dict[tuple[int, int, int], tuple[float, ...]] = {}
+        # Memos of the batch-size-only parts of decode steps (see gpu_time and
+        # decode_step_time).
+        self._decode_parts: dict[tuple[int, int, int], tuple[float, float]] = {}
+        self._decode_step_parts: dict[tuple[int, int | None], tuple[float, float, float]] = {}
 
     def padded_tokens(self, num_tokens: int) -> int:
         sizes = self.capture_sizes
@@ -293,13 +296,13 @@ class StepTimeModel:
         ``decode_kv_tokens`` KV in all, without building a BatchShape: the
         simulator's fast-forward calls this once per skipped step. Every
         pure-decode step goes through here, so both paths give the same float."""
-        key = (num_reqs, -1 if global_tokens is None else -1 - global_tokens, num_reqs)
-        parts = self._decode_parts.get(key)
+        key = (num_reqs, global_tokens)
+        parts = self._decode_step_parts.get(key)
         if parts is None:
             T = self.padded_tokens(num_reqs)
             lin, rest = self._batch_parts(T, global_tokens or T, num_reqs)
             cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
-            parts = self._decode_parts[key] = (lin, rest, cpu)
+            parts = self._decode_step_parts[key] = (lin, rest, cpu)
         lin, rest, cpu = parts
         # _attention_layer(decode_kv_tokens, 0, 0), inlined: this runs once per
         # fast-forwarded step. Same operations, so the same float.

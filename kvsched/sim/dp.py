@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from kvsched.core.policy import AdmissionPolicy
 from kvsched.perf.step_time import BatchShape
-from kvsched.sim.simulator import MIN_STRETCH, SimConfig, SimResult, Simulator
+from kvsched.sim.simulator import MIN_STRETCH, SimConfig, SimResult, Simulator, stretch_times
 from kvsched.sim.workload import Workload, WorkloadRequest
 
 ROUTERS = ("vllm", "round-robin", "least-loaded")
@@ -214,18 +214,11 @@ class DPSimulator:
         global_tokens = sum(sizes)
         idle = [r for r in self.ranks if not r.sched.running]
         dummy = [r.step_model.decode_step_time(1, 1, global_tokens) for r in idle]
-        start = self.ranks[0].now
-        durations: list[float] = []
-        ends: list[float] = []
-        t = start
-        for j in range(limit):
-            if j and t >= next_arrival:
-                break
-            dt = max([r.step_model.decode_step_time(b, kv + j * b, global_tokens)
-                      for r, b, (_, kv) in zip(busy, sizes, limits)] + dummy)
-            durations.append(dt)
-            t += dt
-            ends.append(t)
+        def step_time(j: int) -> float:
+            return max([r.step_model.decode_step_time(b, kv + j * b, global_tokens)
+                        for r, b, (_, kv) in zip(busy, sizes, limits)] + dummy)
+
+        durations, ends = stretch_times(self.ranks[0].now, limit, next_arrival, step_time)
         if len(durations) < MIN_STRETCH:
             return None
         for r in busy:

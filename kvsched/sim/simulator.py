@@ -404,19 +404,10 @@ class Simulator:
         limit, kv_tokens = self.stretch_limit()
         if limit < MIN_STRETCH:
             return False
-        # Step times, and the end of each step: the same additions as stepping.
         B = len(self.sched.running)
         step_time = self.step_model.decode_step_time
-        durations: list[float] = []
-        ends: list[float] = []
-        t = self.now
-        for j in range(limit):
-            if j and t >= next_arrival:
-                break
-            dt = step_time(B, kv_tokens + j * B)
-            durations.append(dt)
-            t += dt
-            ends.append(t)
+        durations, ends = stretch_times(self.now, limit, next_arrival,
+                                        lambda j: step_time(B, kv_tokens + j * B))
         if len(durations) < MIN_STRETCH:
             return False
         self.apply_stretch(durations, ends)
@@ -511,6 +502,25 @@ class Simulator:
             else:
                 hi = mid
         return lo
+
+
+def stretch_times(start: float, limit: int, next_arrival: float,
+                  step_time: Callable[[int], float]) -> tuple[list[float], list[float]]:
+    """Durations and end times of the steps of a decode stretch starting at
+    ``start`` (``step_time(j)`` is step j's), at most ``limit`` of them, none
+    starting at or after ``next_arrival`` but the first. The ends are summed
+    as stepping sums them, so the floats are the same."""
+    durations: list[float] = []
+    ends: list[float] = []
+    t = start
+    for j in range(limit):
+        if j and t >= next_arrival:
+            break
+        dt = step_time(j)
+        durations.append(dt)
+        t += dt
+        ends.append(t)
+    return durations, ends
 
 
 def _json_line(record: dict[str, Any]) -> str:
