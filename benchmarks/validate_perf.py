@@ -232,7 +232,7 @@ class Comparison:
     metric: str
     predicted: float | None
     measured: float | None
-    status: str          # compared | closest | not comparable | pending
+    status: str          # compared | closest | not comparable | in balance.md
     note: str
 
     @property
@@ -410,19 +410,21 @@ def serving_diagnostics() -> str:
 
 
 def pending_comparisons() -> list[Comparison]:
-    note = "pending: needs DP (issue 4)"
+    """The DP measurements: compared as relative policy effects in docs/balance.md."""
+    note = "relative effect of the policy compared in docs/balance.md (benchmarks/validate_dp.py)"
     return [
         Comparison("vllm-ascend balance scheduling, DeepSeek-V3.1, 3500/1500, batch 128",
-                   "TPOT ms baseline -> balance", None, None, "pending",
+                   "TPOT ms baseline -> balance", None, None, "in balance.md",
                    f"{note}; measured 86.85 -> 70.63 ms, output 1,297.3 -> 1,530.7 tok/s; "
                    "hardware not stated"),
         Comparison("TensorRT-LLM ADP Balance, DeepSeek-V3 8xGB200, ADP8 + EP8",
-                   "output tok/s", None, None, "pending",
+                   "output tok/s", None, None, "in balance.md",
                    f"{note}; measured 25,664 -> 33,499 (timeout_iters=50) -> 34,140 (+batching_wait_iters)"),
         Comparison("vLLM PR 44558 prefill schedule interval, DeepSeek-R1 DP8 + EP", "P50 ITL ms",
-                   None, None, "pending", f"{note}; measured 275 -> 32 ms at interval 2, mean TTFT -38 %"),
-        Comparison("vLLM wide-EP DeepSeek decode, per H200", "output tok/s", None, 2200.0, "pending",
-                   f"{note} and multi-node EP; per-rank batch and context not in the facts"),
+                   None, None, "not comparable", "lengths and rate not stated (docs/balance.md); "
+                   "measured 275 -> 32 ms at interval 2, mean TTFT -38 %"),
+        Comparison("vLLM wide-EP DeepSeek decode, per H200", "output tok/s", None, 2200.0, "not comparable",
+                   "multi-node EP; per-rank batch and context not in the facts"),
     ]
 
 
@@ -667,8 +669,9 @@ def headline(results: list[SplitwiseResult], serving: list[Comparison], kernel: 
         rows.append([key, str(len(errs)), f"{statistics.median([abs(e) for e in errs]) * 100:.1f} %",
                      " / ".join(pct(e) for e in errs), direction])
     skipped = sum(1 for c in serving if c.status == "not comparable")
-    rows.append([f"not comparable: {skipped}; pending DP: {len(pending)}; KV capacity: no measurement in the "
-                 "facts", "-", "-", "-", "-"])
+    dp = sum(1 for c in pending if c.status == "in balance.md")
+    rows.append([f"not comparable: {skipped + len(pending) - dp}; DP policy effects: {dp} (docs/balance.md); "
+                 "KV capacity: no measurement in the facts", "-", "-", "-", "-"])
     return table(["comparison", "n", "median abs err", "signed errors", "model is"], rows)
 
 
@@ -707,7 +710,7 @@ TITLES = {
     "serving": "Published serving numbers",
     "serving-diagnostics": "DeepSeek decode: where the time goes",
     "kernel": "Published kernel figures",
-    "pending": "Pending comparisons",
+    "pending": "Data-parallel measurements",
     "kv-capacity": "KV capacity",
     "splitwise-full": "Splitwise: every configuration",
 }

@@ -60,19 +60,23 @@ def _variant_parser() -> argparse.ArgumentParser:
 
 # Seed 001's experiment: DeepSeek-V3.1, 3,500 in / 1,500 out, 512 requests at
 # concurrency 128, on a deployment chosen in docs/balance.md.
+_SEED_FLAGS = ["--model", "DeepSeek-V3.1", "--hardware", "ascend-910c", "--tensor-parallel-size", "4",
+               "--data-parallel-size", "4", "--enable-expert-parallel", "--max-num-seqs", "32",
+               "--max-model-len", "8192", "--num-prompts", "512", "--random-input-len", "3500",
+               "--random-output-len", "1500", "--max-concurrency", "128"]
+_SEED_VARIANTS = [
+    ("baseline", []),
+    ("balance full", ["--admission-policy", "balance", "--balance-threshold", "full"]),
+    ("balance full-1", ["--admission-policy", "balance", "--balance-threshold", "full-minus-one"]),
+    ("prefill-cadence 2", ["--admission-policy", "prefill-cadence", "--prefill-schedule-interval", "2"]),
+    ("adp-balance", ["--admission-policy", "adp-balance"]),
+]
 PRESETS: dict[str, tuple[list[str], list[tuple[str, list[str]]]]] = {
-    "balance-seed": (
-        ["--model", "DeepSeek-V3.1", "--hardware", "ascend-910c", "--tensor-parallel-size", "4",
-         "--data-parallel-size", "4", "--enable-expert-parallel", "--max-num-seqs", "32",
-         "--max-model-len", "8192", "--num-prompts", "512", "--random-input-len", "3500",
-         "--random-output-len", "1500", "--max-concurrency", "128"],
-        [("baseline", []),
-         ("balance full", ["--admission-policy", "balance", "--balance-threshold", "full"]),
-         ("balance full-1", ["--admission-policy", "balance", "--balance-threshold", "full-minus-one"]),
-         ("prefill-cadence 2", ["--admission-policy", "prefill-cadence",
-                                "--prefill-schedule-interval", "2"]),
-         ("adp-balance", ["--admission-policy", "adp-balance"])],
-    ),
+    "balance-seed": (_SEED_FLAGS, _SEED_VARIANTS),
+    # Request lengths spread ±10 %: the ranks' prefills fall out of step as on
+    # real hardware, which exact fixed lengths in a deterministic simulation
+    # never do (docs/balance.md).
+    "balance-seed-jitter": ([*_SEED_FLAGS, "--random-range-ratio", "0.1"], _SEED_VARIANTS),
 }
 # The seed's own table (vllm-ascend, hardware not stated): baseline and balance.
 SEED_001 = [
@@ -95,7 +99,8 @@ def add_compare_parser(sub: Any) -> None:
                    help="a variant: its name, a colon, then simulate flags (repeatable)")
     p.add_argument("--variants", metavar="FILE", help="YAML/JSON mapping of variant name -> flags")
     p.add_argument("--preset", choices=sorted(PRESETS),
-                   help="a built-in experiment (balance-seed: seed 001's table, see docs/balance.md)")
+                   help="a built-in experiment: balance-seed (seed 001's table) or balance-seed-jitter "
+                        "(the same with lengths spread ±10 %%); see docs/balance.md")
     p.set_defaults(func=run_compare)
 
 
@@ -171,7 +176,7 @@ def run_compare(args: argparse.Namespace) -> int:
                                        if metrics.get("duration") else 0.0)
         results.append((name, result, metrics, ns))
     print(format_comparison([(n, m) for n, _, m, _ in results]))
-    if args.preset == "balance-seed":
+    if args.preset and args.preset.startswith("balance-seed"):
         print("\nSeed 001's measurement (vllm-ascend; hardware not stated), for reference:")
         print(format_comparison(SEED_001))
     if args.save_result:

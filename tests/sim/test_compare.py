@@ -94,3 +94,12 @@ def test_trace_steps_is_refused_and_percentiles_are_honoured(tmp_path: Path,
                  "--save-result", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     assert "p75_ttft_ms" in row and "p99_ttft_ms" not in row
+
+
+def test_jitter_preset_spreads_request_lengths(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--preset", "balance-seed-jitter", "--num-prompts", "20",
+                 "--random-output-len", "40", "--variant", "extra: --max-num-seqs 8",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "range ratio 0.1" in out and "TP4 DP4 EP16" in out
+    assert "\nextra " in out and "\nseed balance " in out
