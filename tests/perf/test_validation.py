@@ -76,7 +76,10 @@ def test_serving_comparisons_have_finite_errors(vp: ModuleType) -> None:
     for c in rows:
         if c.status == "not comparable":
             assert c.predicted is None and c.note, c.name
-    assert all(c.status == "pending" and "DP" in c.note for c in vp.pending_comparisons())
+    dp_rows = vp.pending_comparisons()
+    assert all(c.predicted is None and c.note for c in dp_rows)
+    # The DP-policy rows point at the page that compares them.
+    assert sum(c.status == "in balance.md" and "docs/balance.md" in c.note for c in dp_rows) == 2
 
 
 def test_power_capped_rows_are_copies_with_scaled_prefill(vp: ModuleType) -> None:
