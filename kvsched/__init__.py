@@ -9,7 +9,16 @@ from kvsched.request import Request, RequestStatus, SamplingParams
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # The engine needs torch; load it only when asked, so the core stays light.
+    if name == "LLM":
+        from kvsched.engine.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'kvsched' has no attribute {name!r}")
+
 __all__ = [
-    "CacheConfig", "ModelRunnerOutput", "Request", "RequestOutput", "RequestStatus",
+    "LLM", "CacheConfig", "ModelRunnerOutput", "Request", "RequestOutput", "RequestStatus",
     "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerOutput", "__version__",
 ]

@@ -29,15 +29,117 @@ FINISH_REASONS = {
 }
 
 
+# Below this temperature a request samples greedily (vLLM's _SAMPLING_EPS).
+SAMPLING_EPS = 1e-5
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
-    """The sampling limits the scheduler enforces (vLLM's names and defaults)."""
+    """Sampling settings with vLLM's names and defaults. The scheduler enforces
+    the limits (max_tokens .. stop_token_ids); the sampler and detokenizer use
+    the rest. Out-of-range values raise ValueError at construction."""
 
     max_tokens: int = 16
     min_tokens: int = 0
     ignore_eos: bool = False
     eos_token_id: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None  # None: off; k: the sampled token plus the top k
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # Users pass lists (and a bare str for one stop string), as in vLLM;
+        # tuples keep the frozen params hashable.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        # One cheap test for the common case (the simulator builds a
+        # SamplingParams per request); validate() says what is wrong.
+        numbers = _NUMBER_TYPES
+        if not (type(self.temperature) in numbers and self.temperature >= 0
+                and type(self.top_p) in numbers and 0 < self.top_p <= 1
+                and type(self.top_k) is int and self.top_k >= -1
+                and type(self.min_p) in numbers and 0 <= self.min_p <= 1
+                and type(self.repetition_penalty) in numbers and self.repetition_penalty > 0
+                and type(self.presence_penalty) in numbers and -2 <= self.presence_penalty <= 2
+                and type(self.frequency_penalty) in numbers and -2 <= self.frequency_penalty <= 2
+                and (self.seed is None or type(self.seed) is int)
+                and (self.logprobs is None or (type(self.logprobs) is int and self.logprobs >= 0))
+                and (self.eos_token_id is None or (type(self.eos_token_id) is int
+                                                   and self.eos_token_id >= 0))
+                and not self.stop and not self.stop_token_ids):
+            self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
+    def validate(self) -> None:
+        """Raise ValueError for a sampling setting vLLM would reject. (max_tokens
+        and min_tokens are checked when the request is added, by Request.validate.)"""
+        t = _number("temperature", self.temperature)
+        _require("temperature", t, t >= 0, "must be >= 0; use 0 for greedy sampling")
+        p = _number("top_p", self.top_p)
+        _require("top_p", p, 0 < p <= 1, "must be in (0, 1]; use 1 to turn top-p off")
+        k = _integer("top_k", self.top_k)
+        _require("top_k", k, k >= -1, "must be >= -1; use 0 or -1 to turn top-k off")
+        m = _number("min_p", self.min_p)
+        _require("min_p", m, 0 <= m <= 1, "must be in [0, 1]; use 0 to turn min-p off")
+        r = _number("repetition_penalty", self.repetition_penalty)
+        _require("repetition_penalty", r, r > 0, "must be > 0; use 1 for no penalty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = _number(name, getattr(self, name))
+            _require(name, v, -2 <= v <= 2, "must be in [-2, 2]; use 0 for no penalty")
+        if self.seed is not None:
+            _integer("seed", self.seed)
+        if self.logprobs is not None:
+            n = _integer("logprobs", self.logprobs)
+            _require("logprobs", n, n >= 0, "must be >= 0 (top tokens reported besides the sampled "
+                     "one); use None to turn logprobs off")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop={self.stop!r}: every stop string must be a non-empty str; "
+                                 "remove the empty or non-string entries")
+        for i in self.stop_token_ids:
+            _require("stop_token_ids", i, _integer("stop_token_ids", i) >= 0,
+                     "token ids must be >= 0; remove the negative id")
+        if self.eos_token_id is not None:
+            e = _integer("eos_token_id", self.eos_token_id)
+            _require("eos_token_id", e, e >= 0, "must be >= 0; give the tokenizer's EOS id, or None")
+
+
+_NUMBER_TYPES = (int, float)
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}={value!r}: must be a number; pass an int or a float")
+    return value
+
+
+def _integer(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r}: must be an integer; pass an int")
+    return value
+
+
+def _require(name: str, value: object, ok: bool, rule: str) -> None:
+    # NaN fails every comparison, so it is rejected here too.
+    if not ok:
+        raise ValueError(f"{name}={value!r}: {rule}")
 
 
 @dataclass(slots=True, eq=False)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from kvsched.request import SamplingParams
 
 
 @dataclass(slots=True)
@@ -13,6 +16,8 @@ class NewRequestData:
     prompt_token_ids: list[int]
     block_ids: list[int]
     num_computed_tokens: int
+    # What the runner samples with (None: the defaults).
+    sampling_params: SamplingParams | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +73,10 @@ class ModelRunnerOutput:
 
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
+    # Per request, aligned with req_ids: {token id: Logprob} of the sampled
+    # token and the top ones, or None; the whole list is None when no request
+    # asked for logprobs. (Typed loosely: Logprob lives with the torch sampler.)
+    logprobs: list[Any] | None = None
 
 
 @dataclass(slots=True)

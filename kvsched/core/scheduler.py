@@ -420,7 +420,7 @@ class Scheduler:
         admitted = step.computed_at_admission
         new_reqs = [
             NewRequestData(r.request_id, r.prompt_token_ids, get_block_ids(r.request_id),
-                           admitted[r.request_id])
+                           admitted[r.request_id], r.sampling_params)
             for r in step.new_reqs
         ]
         cached = CachedRequestData(

@@ -1,0 +1,1 @@
+"""The real engine: kvsched's scheduler driving a PyTorch model (``kvsched.LLM``)."""

@@ -1,0 +1,123 @@
+"""The engine core: kvsched's scheduler driving a PyTorch model on a paged KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.core.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from kvsched.core.scheduler import Scheduler
+from kvsched.engine.args import (
+    CPU_MAX_NUM_BATCHED_TOKENS,
+    CPU_MAX_NUM_SEQS,
+    DEFAULT_KV_CACHE_MEMORY,
+    EngineArgs,
+)
+from kvsched.executor.model_runner import ModelRunner
+from kvsched.executor.sampler import Sampler
+from kvsched.model.config import ModelConfig
+from kvsched.model.loader import load_model, resolve_dtype
+from kvsched.request import Request, RequestStatus
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}: torch sees no CUDA device here; use device='cpu'")
+    return device
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """K and V of every layer for ``block_size`` tokens."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * itemsize
+
+
+def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                  max_useful_tokens: int) -> int:
+    """``num_gpu_blocks_override`` wins; else the CPU budget ``kv_cache_memory``,
+    or on CUDA ``gpu_memory_utilization`` of the device minus what is in use.
+    The CPU default (4 GiB) is capped at what ``max_useful_tokens`` can fill:
+    the cache is zeroed, so an oversized one costs RAM and start-up time."""
+    if args.num_gpu_blocks_override is not None:
+        return args.num_gpu_blocks_override
+    per_block = kv_bytes_per_block(config, args.block_size, dtype)
+    if args.kv_cache_memory is not None:
+        budget = int(args.kv_cache_memory)
+    elif device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        # Like vLLM: a fraction of the whole device, minus weights and the
+        # activation peak measured by the caller's profile run.
+        budget = int(total * args.gpu_memory_utilization) - used
+        if budget <= 0:
+            raise ValueError(
+                f"gpu_memory_utilization={args.gpu_memory_utilization}: {used / 2**30:.1f} GiB of "
+                f"{total / 2**30:.1f} GiB are already in use, leaving nothing for the KV cache; "
+                "raise it or pass kv_cache_memory")
+    else:
+        useful = (-(-max_useful_tokens // args.block_size) + 1) * per_block
+        budget = min(DEFAULT_KV_CACHE_MEMORY, useful)
+    blocks = budget // per_block
+    if blocks < 2:
+        raise ValueError(f"kv_cache_memory={budget}: one KV block needs {per_block} bytes and two are the "
+                         "minimum (one is the null block); give more memory")
+    return int(blocks)
+
+
+@dataclass(slots=True)
+class StepResult:
+    scheduler_output: SchedulerOutput
+    runner_output: ModelRunnerOutput
+    core_outputs: EngineCoreOutputs
+
+
+class EngineCore:
+    """One scheduler, one model runner; ``step()`` is vLLM's engine step."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        self.device = resolve_device(args.device)
+        from kvsched.model.config import load_model_config
+
+        config = load_model_config(args.model)
+        self.dtype = resolve_dtype(args.dtype, config, self.device)
+        self.model_config, self.model = load_model(args.model, self.dtype, self.device)
+        max_model_len = args.max_model_len or config.max_position_embeddings
+        if max_model_len > config.max_position_embeddings:
+            raise ValueError(f"max_model_len={max_model_len}: the model was trained for "
+                             f"{config.max_position_embeddings} positions; lower it")
+        max_num_seqs = args.max_num_seqs or CPU_MAX_NUM_SEQS
+        batched = args.max_num_batched_tokens or max(CPU_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
+        if not args.enable_chunked_prefill and args.max_num_batched_tokens is None:
+            batched = max(batched, max_model_len)
+        self.scheduler_config = SchedulerConfig(
+            max_num_batched_tokens=batched, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            enable_chunked_prefill=args.enable_chunked_prefill,
+            long_prefill_token_threshold=args.long_prefill_token_threshold,
+            policy=args.scheduling_policy)
+        num_blocks = num_kv_blocks(args, self.model_config, self.dtype, self.device,
+                                   max_num_seqs * max_model_len)
+        self.cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=args.block_size,
+                                        enable_prefix_caching=args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
+        self.runner = ModelRunner(self.model, self.model_config, num_blocks, args.block_size,
+                                  self.device, self.dtype, Sampler(args.seed, self.device))
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> StepResult:
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.runner.execute_model(scheduler_output)
+        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        return StepResult(scheduler_output, runner_output, core_outputs)

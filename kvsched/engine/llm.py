@@ -1,0 +1,171 @@
+"""The offline API, shaped like vLLM's ``LLM``: load a checkpoint, generate."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from kvsched.engine.args import EngineArgs
+from kvsched.engine.core import EngineCore
+from kvsched.engine.output_processor import OutputProcessor
+from kvsched.engine.outputs import RequestOutput
+from kvsched.request import Request, SamplingParams
+
+PromptType = str | dict[str, Any]
+
+
+class LLM:
+    """``LLM(model=PATH, **engine_args)`` with vLLM's engine-argument names.
+
+    ``generate`` runs every prompt to completion and returns the outputs in
+    prompt order; ``add_request`` / ``step`` / ``abort`` drive the engine one
+    step at a time, as vLLM's ``LLMEngine`` does.
+    """
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.args = EngineArgs.from_kwargs(model, **kwargs)
+        from kvsched.engine.detokenizer import load_tokenizer
+        from kvsched.model.config import load_model_config
+
+        # Cheap checks first: a bad config or a missing tokenizer.json fails
+        # before any weights load.
+        load_model_config(self.args.model)
+        self.tokenizer = load_tokenizer(Path(self.args.tokenizer or self.args.model))
+        self.engine = EngineCore(self.args)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        config = self.engine.model_config
+        self._eos_token_id = config.eos_token_ids[0] if config.eos_token_ids else None
+        self._extra_eos = tuple(config.eos_token_ids[1:])
+        self._counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    # -- one request at a time ----------------------------------------------------
+    def _make_request(self, prompt: PromptType, params: SamplingParams, priority: int,
+                      request_id: str | None, arrival_time: float) -> tuple[Request, str | None]:
+        if isinstance(prompt, str):
+            text: str | None = prompt
+            token_ids = self.tokenizer.encode(prompt).ids
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text = prompt.get("prompt")
+            token_ids = list(prompt["prompt_token_ids"])
+        else:
+            raise ValueError(f"prompt={prompt!r:.60}: give a string or {{'prompt_token_ids': [...]}}")
+        vocab = self.engine.model_config.vocab_size
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab}); "
+                             "use the model's tokenizer")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params={params!r:.60}: must be a kvsched SamplingParams")
+        # The model's EOS ids, as vLLM takes them from the checkpoint.
+        params = replace(params, eos_token_id=self._eos_token_id,
+                         stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + self._extra_eos)))
+        rid = request_id if request_id is not None else str(next(self._counter))
+        request = Request(rid, token_ids, params, priority=priority, arrival_time=arrival_time)
+        request.validate(self.engine.scheduler_config.max_model_len)
+        return request, text
+
+    def add_request(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None, priority: int = 0) -> str:
+        request, text = self._make_request(prompt, sampling_params or SamplingParams(), priority,
+                                           request_id, time.time())
+        self._add(request, text)
+        return request.request_id
+
+    def _add(self, request: Request, text: str | None) -> None:
+        if request.request_id in self.output_processor.states:
+            raise ValueError(f"request_id={request.request_id!r}: already running; give a unique id")
+        self.engine.add_request(request)
+        self.output_processor.add_request(request, text, request.arrival_time)
+
+    def abort(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self.engine.abort_requests(ids)
+        return self.output_processor.abort(ids, time.time())
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step: outputs of the requests that got a token or finished."""
+        result = self.engine.step()
+        outputs, stopped = self.output_processor.process(result, time.time())
+        if stopped:
+            from kvsched.request import RequestStatus
+
+            self.engine.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return outputs
+
+    # -- the whole batch ----------------------------------------------------------
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        n = len(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = ([sampling_params] * n if isinstance(sampling_params, SamplingParams)
+                  else list(sampling_params))
+        if len(params) != n:
+            raise ValueError(f"sampling_params: {len(params)} given for {n} prompts; give one, or one each")
+        prios = list(priority) if priority is not None else [0] * n
+        if len(prios) != n:
+            raise ValueError(f"priority: {len(prios)} given for {n} prompts; give one per prompt")
+        now = time.time()
+        # Every prompt is checked before any is queued: bad input changes nothing.
+        made = [self._make_request(p, sp, pr, None, now) for p, sp, pr in zip(prompts, params, prios)]
+        order = {req.request_id: i for i, (req, _) in enumerate(made)}
+        for req, text in made:
+            self._add(req, text)
+        results: list[RequestOutput | None] = [None] * n
+        bar = _Progress(n, enabled=use_tqdm)
+        try:
+            while self.has_unfinished_requests():
+                for out in self.step():
+                    if out.finished and out.request_id in order:
+                        results[order[out.request_id]] = out
+                        bar.update(out)
+        except BaseException:
+            self.abort(list(order))  # leave the engine clean for the next call
+            raise
+        finally:
+            bar.close()
+        missing = [made[i][0].request_id for i, r in enumerate(results) if r is None]
+        if missing:
+            raise RuntimeError(f"requests {missing[:5]} ended without an output")
+        return [r for r in results if r is not None]
+
+
+class _Progress:
+    """A one-line progress bar on stderr (only when it is a terminal)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = total
+        self.done = 0
+        self.tokens = 0
+        self.t0 = time.perf_counter()
+        self.enabled = enabled and sys.stderr.isatty()
+
+    def update(self, out: RequestOutput) -> None:
+        self.done += 1
+        self.tokens += len(out.outputs[0].token_ids)
+        if self.enabled:
+            elapsed = max(time.perf_counter() - self.t0, 1e-9)
+            width = 30
+            fill = int(width * self.done / max(self.total, 1))
+            sys.stderr.write(f"\rProcessed prompts [{'#' * fill}{'.' * (width - fill)}] "
+                             f"{self.done}/{self.total}, {self.tokens / elapsed:.1f} output tok/s")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")

@@ -1,0 +1,126 @@
+"""Turns engine steps into per-request outputs: text, stop strings, logprobs, timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsched.engine.core import StepResult
+from kvsched.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvsched.request import Request
+
+
+@dataclass(slots=True)
+class RequestState:
+    request: Request
+    prompt: str | None
+    metrics: RequestMetrics
+    detokenizer: Any  # IncrementalDetokenizer, or None without a tokenizer
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Any]] | None = None
+    cumulative_logprob: float | None = None
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def output(self) -> RequestOutput:
+        text = self.detokenizer.output_text if self.detokenizer is not None else ""
+        completion = CompletionOutput(0, text, list(self.token_ids), self.cumulative_logprob,
+                                      self.logprobs, self.finish_reason, self.stop_reason)
+        r = self.request
+        return RequestOutput(r.request_id, self.prompt, r.prompt_token_ids, [completion],
+                             self.finish_reason is not None, self.metrics, self.num_cached_tokens)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
+
+    def add_request(self, request: Request, prompt: str | None, arrival_time: float) -> None:
+        detok = None
+        if self.tokenizer is not None:
+            from kvsched.engine.detokenizer import IncrementalDetokenizer
+
+            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                           request.sampling_params)
+        state = RequestState(request, prompt, RequestMetrics(arrival_time), detok)
+        if request.sampling_params.logprobs is not None:
+            state.logprobs = []
+            state.cumulative_logprob = 0.0
+        self.states[request.request_id] = state
+
+    def abort(self, request_ids: list[str], now: float) -> list[RequestOutput]:
+        out = []
+        for rid in request_ids:
+            state = self.states.pop(rid, None)
+            if state is not None:
+                state.finish_reason = "abort"
+                state.metrics.finished_time = now
+                out.append(state.output())
+        return out
+
+    def process(self, step: StepResult, now: float) -> tuple[list[RequestOutput], list[str]]:
+        """Outputs of requests that got tokens or finished, and the ids of
+        requests a stop string ended (the caller finishes them in the core)."""
+        so, mro, core = step.scheduler_output, step.runner_output, step.core_outputs
+        states = self.states
+        for new in so.scheduled_new_reqs:
+            state = states.get(new.req_id)
+            if state is not None and state.metrics.first_scheduled_time is None:
+                state.metrics.first_scheduled_time = now
+                state.num_cached_tokens = new.num_computed_tokens
+        for rid in so.preempted_req_ids:
+            if rid in states:
+                states[rid].metrics.num_preemptions += 1
+        finished = {o.request_id: o for o in core.finished}
+        dropped = set(core.dropped)
+        stopped: list[str] = []
+        touched: list[RequestState] = []
+        logprobs = mro.logprobs
+        for i, (rid, tokens) in enumerate(zip(mro.req_ids, mro.sampled_token_ids)):
+            state = states.get(rid)
+            if not tokens or state is None or rid in dropped:
+                continue
+            touched.append(state)
+            state.token_ids.extend(tokens)
+            m = state.metrics
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.last_token_time = now
+            if state.logprobs is not None and logprobs is not None and logprobs[i] is not None:
+                entry = logprobs[i]
+                state.logprobs.append(entry)
+                assert state.cumulative_logprob is not None
+                state.cumulative_logprob += entry[tokens[-1]].logprob
+            done = finished.get(rid)
+            if done is not None:
+                state.finish_reason = done.finish_reason
+                state.stop_reason = done.stop_reason
+            if state.detokenizer is not None:
+                stop_token = done is not None and done.stop_reason is not None
+                params = state.request.sampling_params
+                # Like vLLM: a stop token's own text is left out of the output.
+                text_ids = tokens[:-1] if stop_token and not params.include_stop_str_in_output else tokens
+                hit = state.detokenizer.update(text_ids)
+                if hit is not None:
+                    # A stop string wins over a length cap reached in the same step.
+                    state.finish_reason = "stop"
+                    state.stop_reason = hit
+                    if done is None:
+                        stopped.append(rid)
+        outputs = []
+        for state in touched:
+            if state.finish_reason is not None:
+                state.metrics.finished_time = now
+                del states[state.request.request_id]
+            outputs.append(state.output())
+        # Requests that finished without a new token this step (e.g. aborted in the core).
+        for rid, done in finished.items():
+            state = states.pop(rid, None)
+            if state is not None:
+                state.finish_reason = done.finish_reason
+                state.stop_reason = done.stop_reason
+                state.metrics.finished_time = now
+                outputs.append(state.output())
+        return outputs, stopped

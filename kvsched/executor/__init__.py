@@ -1,0 +1,1 @@
+"""The real engine's executor: paged attention, the model runner and the sampler."""

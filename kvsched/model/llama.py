@@ -1,0 +1,196 @@
+"""The Llama family in plain PyTorch: Llama 2/3 (3.1's rope scaling), Mistral,
+Qwen2/2.5 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm).
+
+The model sees no batch and no padding: T tokens of many requests flattened,
+each with its absolute position in its own sequence; an ``Attention`` object
+knows which token belongs to which request and where its KV cache lives.
+q/k/v and gate/up projections are fused (one matmul each); the loader packs
+transformers' separate tensors into them (``PACKED_MODULES``)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvsched.model.attention import Attention
+from kvsched.model.config import ModelConfig
+
+# Our fused module -> transformers' modules stacked in it along the output dim.
+PACKED_MODULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("gate_up_proj", ("gate_proj", "up_proj")),
+)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] in float32 on CPU, with rope scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta
+                      ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim))
+    scaling = config.rope_scaling_dict()
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    # llama3: keep high frequencies, divide low ones by factor, blend in between.
+    old_len = float(scaling["original_max_position_embeddings"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, blended, scaled)
+
+
+class RotaryEmbedding:
+    """cos/sin of position * inv_freq, computed and applied in float32 (as
+    transformers computes them) then cast back to the activations' dtype."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.inv_freq = rope_inv_freq(config)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        # [T, 1, D/2]: broadcast over heads.
+        return freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate [T, heads, D] by the neox (rotate-half) convention."""
+        xf = x.float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32, cast back, then scale: transformers' order.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=config.attention_bias, dtype=dtype, device=device)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias,
+                                dtype=dtype, device=device)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention: Attention) -> torch.Tensor:
+        t = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = RotaryEmbedding.apply(q, cos, sin)
+        k = RotaryEmbedding.apply(k, cos, sin)
+        out = attention(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(t, self.q_size))  # type: ignore[no-any-return]
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False,
+                                      dtype=dtype, device=device)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False,
+                                   dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)  # type: ignore[no-any-return]
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype,
+                                       device=device)
+        self.self_attn = LlamaAttention(config, layer_idx, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps,
+                                                dtype=dtype, device=device)
+        self.mlp = LlamaMLP(config, dtype=dtype, device=device)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention: Attention) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))  # type: ignore[no-any-return]
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype,
+                                         device=device)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, dtype=dtype, device=device)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        self.rotary_emb = RotaryEmbedding(config)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attention: Attention) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb.cos_sin(positions)  # shared by all layers
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, attention)
+        return self.norm(hidden)  # type: ignore[no-any-return]
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama, Mistral, Qwen2 and Qwen3 decoders (``config.architecture``).
+
+    ``dtype``/``device`` set where the parameters are created (the loader uses
+    device "meta" and then assigns the checkpoint's tensors)."""
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, dtype=dtype, device=device)
+        # Tied embeddings: no lm_head module, the logits reuse embed_tokens.weight.
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype,
+                                     device=device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attention: Attention) -> torch.Tensor:
+        """input_ids, positions: [T] int64 -> final-normed hidden states [T, hidden_size]."""
+        return self.model(input_ids, positions, attention)  # type: ignore[no-any-return]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden_size] -> [N, vocab_size] float32 (matmul in the model's dtype)."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

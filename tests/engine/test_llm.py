@@ -1,0 +1,156 @@
+"""kvsched.LLM beyond greedy parity: seeded sampling, stop strings, logprobs,
+abort, bad input and the ``generate`` / ``make-tiny-model`` commands."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvsched.cli import main  # noqa: E402
+from kvsched.engine.llm import LLM  # noqa: E402
+from kvsched.request import SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny: Callable[..., Path]) -> Path:
+    return tiny(arch="llama")
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt: Path) -> LLM:
+    return LLM(str(ckpt), max_num_seqs=16, max_num_batched_tokens=256, kv_cache_memory="16MiB")
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(4, 512) for _ in range(n)]
+
+
+SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=50, min_p=0.01, repetition_penalty=1.1,
+               max_tokens=24, ignore_eos=True)
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(ckpt: Path, llm: LLM) -> None:
+    target = {"prompt_token_ids": _ids(0, 30)}
+    params = SamplingParams(seed=1234, **SAMPLED)  # type: ignore[arg-type]
+    alone = llm.generate([target], params, use_tqdm=False)[0].outputs[0].token_ids
+    # Same request amid others (unseeded and differently seeded), at another position.
+    others = [{"prompt_token_ids": _ids(i, 10 + 7 * i)} for i in range(1, 8)]
+    mixed_params = [SamplingParams(**SAMPLED) for _ in others]  # type: ignore[arg-type]
+    mixed_params[2] = SamplingParams(seed=99, **SAMPLED)  # type: ignore[arg-type]
+    outs = llm.generate([*others[:3], target, *others[3:]], [*mixed_params[:3], params, *mixed_params[3:]],
+                        use_tqdm=False)
+    assert outs[3].outputs[0].token_ids == alone
+    # A fresh engine (another process's worth of state) gives the same tokens.
+    again = LLM(str(ckpt), max_num_seqs=2, max_num_batched_tokens=64, kv_cache_memory="16MiB", seed=7)
+    assert again.generate([target], params, use_tqdm=False)[0].outputs[0].token_ids == alone
+    # And the seed matters: another one gives another sequence.
+    other = llm.generate([target], SamplingParams(seed=4321, **SAMPLED),  # type: ignore[arg-type]
+                         use_tqdm=False)[0].outputs[0].token_ids
+    assert other != alone
+
+
+def test_stop_strings_truncate_the_text(llm: LLM) -> None:
+    prompt = "The quick brown fox jumps over"
+    greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    full = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0]
+    assert len(full.text) > 12
+    stop = full.text[6:10]
+    cut = llm.generate(prompt, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True,
+                                              stop=[stop]), use_tqdm=False)[0].outputs[0]
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop
+    assert cut.text == full.text[:full.text.index(stop)]
+    assert cut.token_ids == full.token_ids[:len(cut.token_ids)] and len(cut.token_ids) < 30
+    kept = llm.generate(prompt, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop=[stop],
+                                               include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    assert kept.text == full.text[:full.text.index(stop) + len(stop)]
+
+
+def test_logprobs_are_those_of_the_model(llm: LLM) -> None:
+    out = llm.generate({"prompt_token_ids": _ids(5, 12)},
+                       SamplingParams(max_tokens=5, temperature=0.0, logprobs=2, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.logprobs is not None and len(out.logprobs) == 5
+    total = 0.0
+    for token, entry in zip(out.token_ids, out.logprobs):
+        assert token in entry and entry[token].rank == 1  # greedy takes the top token
+        assert len(entry) == 2 or len(entry) == 3
+        assert all(lp.logprob <= 0.0 for lp in entry.values())
+        total += entry[token].logprob
+    assert out.cumulative_logprob is not None and math.isclose(out.cumulative_logprob, total)
+
+
+def test_max_tokens_min_tokens_and_eos(llm: LLM) -> None:
+    out = llm.generate({"prompt_token_ids": _ids(6, 9)},
+                       SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 7 and out.outputs[0].finish_reason == "length"
+    eos = llm.engine.model_config.eos_token_ids[0]
+    # With the EOS token stopping and min_tokens forcing 5 tokens first.
+    out = llm.generate({"prompt_token_ids": _ids(6, 9)},
+                       SamplingParams(max_tokens=7, min_tokens=5, temperature=0.0, stop_token_ids=[
+                           *range(4, 512)]), use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 6 and out.finish_reason == "stop" and out.stop_reason == out.token_ids[-1]
+    assert eos not in out.token_ids[:5]
+
+
+def test_abort_and_step_api(llm: LLM) -> None:
+    rid = llm.add_request({"prompt_token_ids": _ids(7, 20)},
+                          SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
+    produced = []
+    for _ in range(3):
+        produced += llm.step()
+    assert any(o.request_id == rid for o in produced)
+    (aborted,) = llm.abort(rid)
+    assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
+    assert 0 < len(aborted.outputs[0].token_ids) < 50
+    assert not llm.has_unfinished_requests()
+    llm.step()  # frees the aborted request's runner state
+    llm.engine.runner.check_invariants()
+
+
+def test_bad_input_is_a_clear_error_and_changes_nothing(tmp_path: Path, ckpt: Path, llm: LLM) -> None:
+    with pytest.raises(ValueError, match=r"config\.json"):
+        LLM(str(tmp_path))
+    with pytest.raises(ValueError, match="unknown engine argument"):
+        LLM(str(ckpt), max_num_seq=4)
+    bad_arch = tmp_path / "bad"
+    bad_arch.mkdir()
+    for f in ckpt.iterdir():
+        (bad_arch / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((bad_arch / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (bad_arch / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        LLM(str(bad_arch))
+    too_long = {"prompt_token_ids": [5] * 5000}
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate([{"prompt_token_ids": [5, 6]}, too_long], SamplingParams(max_tokens=2), use_tqdm=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        llm.generate({"prompt_token_ids": [5, 100000]}, use_tqdm=False)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1.0)
+    assert not llm.has_unfinished_requests()  # the good prompt was not queued either
+
+
+def test_generate_and_make_tiny_model_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "m"
+    assert main(["make-tiny-model", str(model), "--arch", "qwen3"]) == 0
+    out = tmp_path / "out.json"
+    assert main(["generate", "--model", str(model), "--prompt", "Hello there", "--prompt", "Once upon",
+                 "--max-tokens", "6", "--temperature", "0", "--ignore-eos", "--no-progress",
+                 "--kv-cache-memory", "8MiB", "--output-json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["prompt"] for r in rows] == ["Hello there", "Once upon"]
+    assert all(len(r["token_ids"]) == 6 and r["finish_reason"] == "length" for r in rows)
+    assert "Output:" in capsys.readouterr().out
+    assert main(["generate", "--model", str(tmp_path / "missing"), "--prompt", "x"]) == 2
+    assert "missing" in capsys.readouterr().err
+    assert main(["generate", "--model", str(model), "--prompt", "x", "--kv-cache-memory", "lots"]) == 2
+    assert "kv_cache_memory" in capsys.readouterr().err
