@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except ModuleNotFoundError as e:
+        print(f"kvsched: error: {args.command} needs the {e.name} package; install the engine's "
+              "extras with: pip install torch==2.13.0 && pip install 'kvsched[torch]'", file=sys.stderr)
+        return 2
     except (ValueError, OSError, RuntimeError) as e:
         print(f"kvsched: error: {e}", file=sys.stderr)
         return 2

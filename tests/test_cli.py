@@ -150,3 +150,12 @@ def test_non_string_abort_id_is_one_error_line(tmp_path: Path,
     assert code != 0
     assert captured.err.startswith("kvsched: error:")
     assert len(captured.err.splitlines()) == 1
+
+
+def test_engine_commands_without_torch_say_what_to_install(tmp_path: Path) -> None:
+    # A process where importing torch fails, as on a machine without it.
+    code = ("import sys; sys.modules['torch'] = None; from kvsched.cli import main; "
+            f"sys.exit(main(['generate', '--model', {str(tmp_path)!r}, '--prompt', 'x']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "needs the torch package" in r.stderr and "Traceback" not in r.stderr

@@ -154,3 +154,18 @@ def test_generate_and_make_tiny_model_commands(tmp_path: Path, capsys: pytest.Ca
     assert "missing" in capsys.readouterr().err
     assert main(["generate", "--model", str(model), "--prompt", "x", "--kv-cache-memory", "lots"]) == 2
     assert "kv_cache_memory" in capsys.readouterr().err
+
+
+def test_generate_reads_prompt_files(tmp_path: Path, ckpt: Path) -> None:
+    text = tmp_path / "prompts.txt"
+    text.write_text("first prompt\n\nsecond prompt\n")
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text('{"prompt": "hello"}\n{"prompt_token_ids": [5, 6, 7]}\n')
+    out = tmp_path / "o.json"
+    for path, expected in ((text, ["first prompt", "second prompt"]), (lines, ["hello", None])):
+        assert main(["generate", "--model", str(ckpt), "--prompts-file", str(path), "--max-tokens", "3",
+                     "--no-progress", "--kv-cache-memory", "8MiB", "--output-json", str(out)]) == 0
+        assert [r["prompt"] for r in json.loads(out.read_text())] == expected
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt key"}\n')
+    assert main(["generate", "--model", str(ckpt), "--prompts-file", str(bad)]) == 2
