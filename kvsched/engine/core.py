@@ -17,7 +17,9 @@ from kvsched.engine.args import (
 )
 from kvsched.executor.model_runner import ModelRunner
 from kvsched.executor.sampler import Sampler
+from kvsched.model.attention import CausalAttention
 from kvsched.model.config import ModelConfig
+from kvsched.model.llama import LlamaForCausalLM
 from kvsched.model.loader import load_model, resolve_dtype
 from kvsched.request import Request, RequestStatus
 
@@ -37,12 +39,42 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype)
     return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * itemsize
 
 
+def cuda_kv_budget(total: int, free: int, activation_peak: int, utilization: float) -> int:
+    """vLLM's rule: ``utilization`` of the whole device, minus what is in use
+    (weights, other processes) and the activation peak of a profile run."""
+    used = total - free
+    budget = int(total * utilization) - used - activation_peak
+    if budget <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization={utilization}: {used / 2**30:.2f} GiB of {total / 2**30:.2f} GiB "
+            f"are in use and the activations need {activation_peak / 2**30:.2f} GiB, leaving nothing "
+            "for the KV cache; raise it, lower max_num_batched_tokens, or pass kv_cache_memory")
+    return budget
+
+
+def profile_activation_peak(model: LlamaForCausalLM, num_tokens: int, num_logits: int,
+                            device: torch.device) -> int:
+    """Peak CUDA memory of one forward over ``num_tokens`` prompt tokens (the
+    largest step the scheduler can build) beyond what is allocated now."""
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    with torch.inference_mode():
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+        hidden = model.forward(ids, torch.arange(num_tokens, device=device), CausalAttention())
+        model.compute_logits(hidden[-num_logits:])
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    torch.cuda.empty_cache()
+    return int(peak)
+
+
 def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                  max_useful_tokens: int) -> int:
+                  max_useful_tokens: int, activation_peak: int = 0) -> int:
     """``num_gpu_blocks_override`` wins; else the CPU budget ``kv_cache_memory``,
-    or on CUDA ``gpu_memory_utilization`` of the device minus what is in use.
-    The CPU default (4 GiB) is capped at what ``max_useful_tokens`` can fill:
-    the cache is zeroed, so an oversized one costs RAM and start-up time."""
+    or on CUDA ``gpu_memory_utilization`` as vLLM computes it (see
+    ``cuda_kv_budget``). The CPU default (4 GiB) is capped at what
+    ``max_useful_tokens`` can fill: the cache is zeroed, so an oversized one
+    costs RAM and start-up time."""
     if args.num_gpu_blocks_override is not None:
         return args.num_gpu_blocks_override
     per_block = kv_bytes_per_block(config, args.block_size, dtype)
@@ -50,15 +82,7 @@ def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, dev
         budget = int(args.kv_cache_memory)
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        used = total - free
-        # Like vLLM: a fraction of the whole device, minus weights and the
-        # activation peak measured by the caller's profile run.
-        budget = int(total * args.gpu_memory_utilization) - used
-        if budget <= 0:
-            raise ValueError(
-                f"gpu_memory_utilization={args.gpu_memory_utilization}: {used / 2**30:.1f} GiB of "
-                f"{total / 2**30:.1f} GiB are already in use, leaving nothing for the KV cache; "
-                "raise it or pass kv_cache_memory")
+        budget = cuda_kv_budget(total, free, activation_peak, args.gpu_memory_utilization)
     else:
         useful = (-(-max_useful_tokens // args.block_size) + 1) * per_block
         budget = min(DEFAULT_KV_CACHE_MEMORY, useful)
@@ -99,8 +123,13 @@ class EngineCore:
             enable_chunked_prefill=args.enable_chunked_prefill,
             long_prefill_token_threshold=args.long_prefill_token_threshold,
             policy=args.scheduling_policy)
+        peak = 0
+        if (self.device.type == "cuda" and args.kv_cache_memory is None
+                and args.num_gpu_blocks_override is None):
+            peak = profile_activation_peak(self.model, min(batched, max_model_len), max_num_seqs,
+                                           self.device)
         num_blocks = num_kv_blocks(args, self.model_config, self.dtype, self.device,
-                                   max_num_seqs * max_model_len)
+                                   max_num_seqs * max_model_len, peak)
         self.cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=args.block_size,
                                         enable_prefix_caching=args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
