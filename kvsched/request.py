@@ -56,6 +56,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    n: int = 1  # sequences per request: kvsched generates one
 
     def __post_init__(self) -> None:
         # Users pass lists (and a bare str for one stop string), as in vLLM;
@@ -80,7 +81,7 @@ class SamplingParams:
                 and (self.logprobs is None or (type(self.logprobs) is int and self.logprobs >= 0))
                 and (self.eos_token_id is None or (type(self.eos_token_id) is int
                                                    and self.eos_token_id >= 0))
-                and not self.stop and not self.stop_token_ids):
+                and self.n == 1 and not self.stop and not self.stop_token_ids):
             self.validate()
 
     @property
@@ -116,6 +117,9 @@ class SamplingParams:
         for i in self.stop_token_ids:
             _require("stop_token_ids", i, _integer("stop_token_ids", i) >= 0,
                      "token ids must be >= 0; remove the negative id")
+        if self.n != 1:
+            raise ValueError(f"n={self.n!r}: kvsched generates one sequence per request; use n=1 "
+                             "and repeat the prompt for more samples (with different seeds)")
         if self.eos_token_id is not None:
             e = _integer("eos_token_id", self.eos_token_id)
             _require("eos_token_id", e, e >= 0, "must be >= 0; give the tokenizer's EOS id, or None")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ class LLM:
         self._eos_token_id = config.eos_token_ids[0] if config.eos_token_ids else None
         self._extra_eos = tuple(config.eos_token_ids[1:])
         self._counter = itertools.count()
+        self.default_sampling_params = default_sampling_params(Path(self.args.model))
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -74,8 +76,8 @@ class LLM:
 
     def add_request(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
                     request_id: str | None = None, priority: int = 0) -> str:
-        request, text = self._make_request(prompt, sampling_params or SamplingParams(), priority,
-                                           request_id, time.time())
+        params = sampling_params or self.default_sampling_params
+        request, text = self._make_request(prompt, params, priority, request_id, time.time())
         self._add(request, text)
         return request.request_id
 
@@ -112,7 +114,7 @@ class LLM:
         prompts = list(prompts)
         n = len(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.default_sampling_params
         params = ([sampling_params] * n if isinstance(sampling_params, SamplingParams)
                   else list(sampling_params))
         if len(params) != n:
@@ -143,6 +145,27 @@ class LLM:
         if missing:
             raise RuntimeError(f"requests {missing[:5]} ended without an output")
         return [r for r in results if r is not None]
+
+
+# generation_config.json keys vLLM takes as the default sampling settings.
+_GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def default_sampling_params(model: Path) -> SamplingParams:
+    """vLLM's defaults for ``generate(prompts)`` without SamplingParams: the
+    checkpoint's generation_config.json sampling settings, if it has any."""
+    path = model / "generation_config.json"
+    if not path.is_file():
+        return SamplingParams()
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); fix or remove the file") from None
+    found = {k: config[k] for k in _GENERATION_DEFAULTS if isinstance(config, dict) and k in config}
+    try:
+        return SamplingParams(**found)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 class _Progress:

@@ -169,3 +169,25 @@ def test_generate_reads_prompt_files(tmp_path: Path, ckpt: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt key"}\n')
     assert main(["generate", "--model", str(ckpt), "--prompts-file", str(bad)]) == 2
+
+
+def test_generation_config_gives_the_default_sampling_params(tmp_path: Path, ckpt: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    for f in ckpt.iterdir():
+        (model / f.name).write_bytes(f.read_bytes())
+    gen = json.loads((model / "generation_config.json").read_text())
+    gen.update(temperature=0.0, top_p=0.5)
+    (model / "generation_config.json").write_text(json.dumps(gen))
+    llm = LLM(str(model), kv_cache_memory="8MiB")
+    assert llm.default_sampling_params.temperature == 0.0 and llm.default_sampling_params.top_p == 0.5
+    prompt = {"prompt_token_ids": _ids(11, 10)}
+    default = llm.generate(prompt, use_tqdm=False)[0].outputs[0].token_ids
+    greedy = llm.generate(prompt, SamplingParams(temperature=0.0), use_tqdm=False)[0].outputs[0].token_ids
+    assert default == greedy and len(default) == 16  # vLLM's max_tokens default
+    gen["top_p"] = 7
+    (model / "generation_config.json").write_text(json.dumps(gen))
+    with pytest.raises(ValueError, match=r"generation_config\.json.*top_p"):
+        LLM(str(model))
+    with pytest.raises(ValueError, match="n=2"):
+        SamplingParams(n=2)
