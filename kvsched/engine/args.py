@@ -81,6 +81,8 @@ class EngineArgs:
                                      or override < 2):
             raise ValueError(f"num_gpu_blocks_override={override!r}: must be an integer >= 2 "
                              "(one block is the reserved null block)")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size!r}: must be a positive integer (vLLM uses 16)")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

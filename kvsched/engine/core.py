@@ -18,7 +18,7 @@ from kvsched.engine.args import (
 from kvsched.executor.model_runner import ModelRunner
 from kvsched.executor.sampler import Sampler
 from kvsched.model.attention import CausalAttention
-from kvsched.model.config import ModelConfig
+from kvsched.model.config import ModelConfig, load_model_config
 from kvsched.model.llama import LlamaForCausalLM
 from kvsched.model.loader import load_model, resolve_dtype
 from kvsched.request import Request, RequestStatus
@@ -105,11 +105,9 @@ class EngineCore:
 
     def __init__(self, args: EngineArgs) -> None:
         self.device = resolve_device(args.device)
-        from kvsched.model.config import load_model_config
-
         config = load_model_config(args.model)
         self.dtype = resolve_dtype(args.dtype, config, self.device)
-        self.model_config, self.model = load_model(args.model, self.dtype, self.device)
+        # Every setting is checked before the weights load (a bad flag fails fast).
         max_model_len = args.max_model_len or config.max_position_embeddings
         if max_model_len > config.max_position_embeddings:
             raise ValueError(f"max_model_len={max_model_len}: the model was trained for "
@@ -123,6 +121,7 @@ class EngineCore:
             enable_chunked_prefill=args.enable_chunked_prefill,
             long_prefill_token_threshold=args.long_prefill_token_threshold,
             policy=args.scheduling_policy)
+        self.model_config, self.model = load_model(args.model, self.dtype, self.device)
         peak = 0
         if (self.device.type == "cuda" and args.kv_cache_memory is None
                 and args.num_gpu_blocks_override is None):
@@ -134,7 +133,8 @@ class EngineCore:
                                         enable_prefix_caching=args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
         self.runner = ModelRunner(self.model, self.model_config, num_blocks, args.block_size,
-                                  self.device, self.dtype, Sampler(args.seed, self.device))
+                                  self.device, self.dtype,
+                                  Sampler(args.seed, self.device, self.model_config.eos_token_ids))
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

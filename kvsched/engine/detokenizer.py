@@ -154,9 +154,9 @@ class IncrementalDetokenizer:
             if start == -1:
                 continue
             # The stop string completed first wins (what a character-by-
-            # character stream would see); on a tie, the one starting first.
+            # character stream would see); on a tie, the first in the list (vLLM).
             end = start + len(stop)
-            if best is None or (end, start) < best[:2]:
+            if best is None or end < best[0]:
                 best = (end, start, stop)
         if best is None:
             return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -13,9 +12,11 @@ from typing import Any
 
 from kvsched.engine.args import EngineArgs
 from kvsched.engine.core import EngineCore
+from kvsched.engine.detokenizer import load_tokenizer
 from kvsched.engine.output_processor import OutputProcessor
 from kvsched.engine.outputs import RequestOutput
-from kvsched.request import Request, SamplingParams
+from kvsched.model.config import load_model_config, read_json
+from kvsched.request import Request, RequestStatus, SamplingParams
 
 PromptType = str | dict[str, Any]
 
@@ -30,9 +31,6 @@ class LLM:
 
     def __init__(self, model: str, **kwargs: Any) -> None:
         self.args = EngineArgs.from_kwargs(model, **kwargs)
-        from kvsched.engine.detokenizer import load_tokenizer
-        from kvsched.model.config import load_model_config
-
         # Cheap checks first: a bad config or a missing tokenizer.json fails
         # before any weights load.
         load_model_config(self.args.model)
@@ -66,9 +64,11 @@ class LLM:
                              "use the model's tokenizer")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params={params!r:.60}: must be a kvsched SamplingParams")
-        # The model's EOS ids, as vLLM takes them from the checkpoint.
+        # The model's EOS ids, as vLLM takes them from the checkpoint: the
+        # extra ones stop a request like stop ids, unless it ignores EOS.
+        extra_eos = () if params.ignore_eos else self._extra_eos
         params = replace(params, eos_token_id=self._eos_token_id,
-                         stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + self._extra_eos)))
+                         stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + extra_eos)))
         rid = request_id if request_id is not None else str(next(self._counter))
         request = Request(rid, token_ids, params, priority=priority, arrival_time=arrival_time)
         request.validate(self.engine.scheduler_config.max_model_len)
@@ -100,8 +100,6 @@ class LLM:
         result = self.engine.step()
         outputs, stopped = self.output_processor.process(result, time.time())
         if stopped:
-            from kvsched.request import RequestStatus
-
             self.engine.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         return outputs
 
@@ -147,21 +145,26 @@ class LLM:
         return [r for r in results if r is not None]
 
 
-# generation_config.json keys vLLM takes as the default sampling settings.
-_GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# generation_config.json keys vLLM takes as the default sampling settings
+# (ModelConfig.get_diff_sampling_param), with their SamplingParams names.
+_GENERATION_DEFAULTS = {
+    "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "temperature": "temperature", "top_k": "top_k",
+    "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens",
+    "skip_special_tokens": "skip_special_tokens",
+}
 
 
 def default_sampling_params(model: Path) -> SamplingParams:
     """vLLM's defaults for ``generate(prompts)`` without SamplingParams: the
-    checkpoint's generation_config.json sampling settings, if it has any."""
+    checkpoint's generation_config.json sampling settings (null ones skipped),
+    if it has any."""
     path = model / "generation_config.json"
     if not path.is_file():
         return SamplingParams()
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); fix or remove the file") from None
-    found = {k: config[k] for k in _GENERATION_DEFAULTS if isinstance(config, dict) and k in config}
+    config = read_json(path)
+    found = {name: config[key] for key, name in _GENERATION_DEFAULTS.items()
+             if config.get(key) is not None}
     try:
         return SamplingParams(**found)
     except ValueError as err:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.engine.core import StepResult
+from kvsched.engine.detokenizer import IncrementalDetokenizer
 from kvsched.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from kvsched.request import Request
 
@@ -15,7 +16,7 @@ class RequestState:
     request: Request
     prompt: str | None
     metrics: RequestMetrics
-    detokenizer: Any  # IncrementalDetokenizer, or None without a tokenizer
+    detokenizer: IncrementalDetokenizer | None  # None without a tokenizer
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Any]] | None = None
     cumulative_logprob: float | None = None
@@ -40,8 +41,6 @@ class OutputProcessor:
     def add_request(self, request: Request, prompt: str | None, arrival_time: float) -> None:
         detok = None
         if self.tokenizer is not None:
-            from kvsched.engine.detokenizer import IncrementalDetokenizer
-
             detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
                                            request.sampling_params)
         state = RequestState(request, prompt, RequestMetrics(arrival_time), detok)
@@ -98,29 +97,21 @@ class OutputProcessor:
                 state.finish_reason = done.finish_reason
                 state.stop_reason = done.stop_reason
             if state.detokenizer is not None:
-                stop_token = done is not None and done.stop_reason is not None
-                params = state.request.sampling_params
-                # Like vLLM: a stop token's own text is left out of the output.
-                text_ids = tokens[:-1] if stop_token and not params.include_stop_str_in_output else tokens
-                hit = state.detokenizer.update(text_ids)
+                # Like vLLM: the text of the EOS or stop token that ended the
+                # request is left out (unless include_stop_str_in_output).
+                hit = state.detokenizer.update(tokens, done is not None and done.finish_reason == "stop")
                 if hit is not None:
                     # A stop string wins over a length cap reached in the same step.
                     state.finish_reason = "stop"
                     state.stop_reason = hit
                     if done is None:
                         stopped.append(rid)
+        # The core finishes a request only in a step that gave it a token, so
+        # every finished request is among the touched ones.
         outputs = []
         for state in touched:
             if state.finish_reason is not None:
                 state.metrics.finished_time = now
                 del states[state.request.request_id]
             outputs.append(state.output())
-        # Requests that finished without a new token this step (e.g. aborted in the core).
-        for rid, done in finished.items():
-            state = states.pop(rid, None)
-            if state is not None:
-                state.finish_reason = done.finish_reason
-                state.stop_reason = done.stop_reason
-                state.metrics.finished_time = now
-                outputs.append(state.output())
         return outputs, stopped

@@ -47,11 +47,15 @@ class SamplerOutput:
 class Sampler:
     """Samples one token per row of a [N, V] float32 logits tensor."""
 
-    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu",
+                 eos_token_ids: tuple[int, ...] = ()) -> None:
         self.device = torch.device(device)
         # Draws for unseeded random rows; seeded rows use their own generator.
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
+        # The model's EOS ids (config.json and generation_config.json), which
+        # min_tokens masks for every request, as vLLM's all_stop_token_ids.
+        self.eos_token_ids = eos_token_ids
 
     def make_generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.seed is None:
@@ -85,7 +89,7 @@ class Sampler:
         if min_tokens_rows or penalty_rows:
             processed = logits.clone()  # the raw logits stay intact for logprobs
             if min_tokens_rows:
-                mask_stop_tokens(processed, states, min_tokens_rows)
+                mask_stop_tokens(processed, states, min_tokens_rows, self.eos_token_ids)
             if penalty_rows:
                 apply_penalties(processed, states, penalty_rows)
         if not random_rows:
@@ -171,9 +175,11 @@ class Sampler:
         return q.clamp_min_(torch.finfo(q.dtype).tiny)
 
 
-def mask_stop_tokens(logits: Tensor, states: list[SamplingState], rows: list[int]) -> None:
+def mask_stop_tokens(logits: Tensor, states: list[SamplingState], rows: list[int],
+                     eos_token_ids: tuple[int, ...] = ()) -> None:
     """In place, for the given rows: below min_tokens a request may not sample
-    EOS (unless it ignores EOS: then EOS is no stop token) nor its stop ids."""
+    its stop ids, its EOS nor the model's ``eos_token_ids`` -- even with
+    ignore_eos, as vLLM masks all_stop_token_ids."""
     vocab_size = logits.shape[1]
     mask_rows: list[int] = []
     mask_cols: list[int] = []
@@ -181,8 +187,8 @@ def mask_stop_tokens(logits: Tensor, states: list[SamplingState], rows: list[int
         p = states[i].params
         if len(states[i].output_token_ids) >= p.min_tokens:
             continue
-        ids = set(p.stop_token_ids)
-        if p.eos_token_id is not None and not p.ignore_eos:
+        ids = set(p.stop_token_ids).union(eos_token_ids)
+        if p.eos_token_id is not None:
             ids.add(p.eos_token_id)
         for t in ids:
             if t < vocab_size:  # an id the model cannot produce needs no mask
@@ -202,13 +208,14 @@ def apply_penalties(logits: Tensor, states: list[SamplingState], rows: list[int]
     index = _tensor(rows, np.int64, device)
     x = logits[index]
     output_counts = _token_counts([states[i].output_token_ids for i in rows], vocab_size, device)
+    output_mask = output_counts > 0
     if any(p.repetition_penalty != 1.0 for p in params):
         penalty = _tensor([p.repetition_penalty for p in params], np.float32, device).unsqueeze(1)
-        seen = _prompt_masks([states[i] for i in rows], vocab_size, device) | (output_counts > 0)
+        seen = _prompt_masks([states[i] for i in rows], vocab_size, device) | output_mask
         x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
     frequency = _tensor([p.frequency_penalty for p in params], np.float32, device).unsqueeze(1)
     presence = _tensor([p.presence_penalty for p in params], np.float32, device).unsqueeze(1)
-    x = x - frequency * output_counts - presence * (output_counts > 0)
+    x = x - frequency * output_counts - presence * output_mask
     logits[index] = x
 
 

@@ -91,7 +91,7 @@ class ModelConfig:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -210,8 +210,8 @@ def load_model_config(path: str | os.PathLike[str]) -> ModelConfig:
         raise ValueError(f"model={str(path)!r}: no config.json in the directory; pass a Hugging Face "
                          "checkpoint directory that contains config.json")
     gen_file = root / "generation_config.json"
-    generation = _read_json(gen_file) if gen_file.is_file() else None
-    return parse_model_config(_read_json(config_file), generation, str(config_file))
+    generation = read_json(gen_file) if gen_file.is_file() else None
+    return parse_model_config(read_json(config_file), generation, str(config_file))
 
 
 def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | None = None,

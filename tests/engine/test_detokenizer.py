@@ -138,6 +138,17 @@ def test_the_earliest_completed_stop_string_wins(tok: tokenizers.Tokenizer, chun
     assert (hit, d.output_text) == ("lo w", "Hel")
 
 
+@pytest.mark.parametrize("chunk", [1, 100])
+def test_stop_strings_completed_together_go_by_list_order(tok: tokenizers.Tokenizer, chunk: int) -> None:
+    # "lo world" and "world" complete at the same character: like vLLM, the
+    # one listed first wins, whichever starts first.
+    ids = tok.encode("Hello world, hello again").ids
+    d, _, hit = _stream(tok, ids, SamplingParams(stop=("world", "lo world")), chunk=chunk)
+    assert (hit, d.output_text) == ("world", "Hello ")
+    d, _, hit = _stream(tok, ids, SamplingParams(stop=("lo world", "world")), chunk=chunk)
+    assert (hit, d.output_text) == ("lo world", "Hel")
+
+
 def test_no_stop_string_keeps_everything(tok: tokenizers.Tokenizer) -> None:
     text = "The quick brown fox jumps"
     d, _, hit = _stream(tok, tok.encode(text).ids, SamplingParams(stop=["lazy", "dog"]))

@@ -65,10 +65,19 @@ def test_cpu_kv_blocks(tiny: Callable[..., Path]) -> None:
     ({"max_num_seqs": 0}, "max_num_seqs"),
     ({"scheduling_policy": "lifo"}, "policy"),
     ({"max_model_len": 10**6}, "max_model_len"),
+    ({"block_size": 0}, "block_size"),
+    ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
 ])
-def test_bad_engine_arguments(tiny: Callable[..., Path], kwargs: dict[str, object], match: str) -> None:
+def test_bad_engine_arguments_fail_before_the_weights_load(
+        tiny: Callable[..., Path], tmp_path: Path, kwargs: dict[str, object], match: str) -> None:
+    # A checkpoint without weights: loading them first would fail with another error.
+    for f in tiny(arch="llama").iterdir():
+        if not f.name.endswith(".safetensors"):
+            (tmp_path / f.name).write_bytes(f.read_bytes())
     with pytest.raises(ValueError, match=match):
-        LLM(str(tiny(arch="llama")), **kwargs)
+        LLM(str(tmp_path), **kwargs)
+    with pytest.raises(ValueError, match="safetensors"):
+        LLM(str(tmp_path))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -8,13 +8,14 @@ import math
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from kvsched.cli import main  # noqa: E402
-from kvsched.engine.llm import LLM  # noqa: E402
+from kvsched.engine.llm import LLM, default_sampling_params  # noqa: E402
 from kvsched.request import SamplingParams  # noqa: E402
 
 
@@ -31,6 +32,19 @@ def llm(ckpt: Path) -> LLM:
 def _ids(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(4, 512) for _ in range(n)]
+
+
+def _copy_checkpoint(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def _edit_json(path: Path, **changes: object) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
 
 
 SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=50, min_p=0.01, repetition_penalty=1.1,
@@ -100,6 +114,45 @@ def test_max_tokens_min_tokens_and_eos(llm: LLM) -> None:
     assert eos not in out.token_ids[:5]
 
 
+def test_eos_and_extra_eos_ids_as_vllm(tmp_path: Path, ckpt: Path, llm: LLM) -> None:
+    prompt = {"prompt_token_ids": _ids(12, 10)}
+
+    def run(engine: LLM, max_tokens: int = 8, **kwargs: object) -> Any:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, skip_special_tokens=False,
+                                **kwargs)  # type: ignore[arg-type]
+        return engine.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+
+    full = run(llm, ignore_eos=True).token_ids
+    texts = [run(llm, n, ignore_eos=True).text if n else "" for n in range(9)]  # of the first n tokens
+    # A token the greedy run first samples at position k >= 1, adding text, becomes an EOS id.
+    k = next(i for i in range(1, 8) if full[i] not in full[:i] and texts[i + 1] != texts[i])
+    x = full[k]
+    text_before, text_through = texts[k], texts[k + 1]
+    model = _copy_checkpoint(ckpt, tmp_path / "m")
+
+    # x as the model's EOS: the request stops there, x stays in token_ids, its
+    # text is left out unless include_stop_str_in_output (vLLM's stop_terminated).
+    _edit_json(model / "config.json", eos_token_id=x)
+    _edit_json(model / "generation_config.json", eos_token_id=x)
+    eos_llm = LLM(str(model), kv_cache_memory="8MiB")
+    out = run(eos_llm)
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == (full[:k + 1], "stop", None)
+    assert out.text == text_before
+    assert run(eos_llm, include_stop_str_in_output=True).text == text_through
+
+    # x as an extra EOS id of generation_config.json: a stop id, except for
+    # requests that ignore EOS; min_tokens masks it either way.
+    _edit_json(model / "config.json", eos_token_id=2)
+    _edit_json(model / "generation_config.json", eos_token_id=[2, x])
+    extra_llm = LLM(str(model), kv_cache_memory="8MiB")
+    out = run(extra_llm)
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == (full[:k + 1], "stop", x)
+    out = run(extra_llm, ignore_eos=True)
+    assert (out.token_ids, out.finish_reason) == (full, "length")
+    out = run(extra_llm, ignore_eos=True, min_tokens=k + 1)
+    assert out.token_ids[:k] == full[:k] and out.token_ids[k] != x
+
+
 def test_abort_and_step_api(llm: LLM) -> None:
     rid = llm.add_request({"prompt_token_ids": _ids(7, 20)},
                           SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
@@ -120,13 +173,8 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(tmp_path: Path, ckpt: Pa
         LLM(str(tmp_path))
     with pytest.raises(ValueError, match="unknown engine argument"):
         LLM(str(ckpt), max_num_seq=4)
-    bad_arch = tmp_path / "bad"
-    bad_arch.mkdir()
-    for f in ckpt.iterdir():
-        (bad_arch / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((bad_arch / "config.json").read_text())
-    cfg["architectures"] = ["GPT2LMHeadModel"]
-    (bad_arch / "config.json").write_text(json.dumps(cfg))
+    bad_arch = _copy_checkpoint(ckpt, tmp_path / "bad")
+    _edit_json(bad_arch / "config.json", architectures=["GPT2LMHeadModel"])
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
         LLM(str(bad_arch))
     too_long = {"prompt_token_ids": [5] * 5000}
@@ -172,10 +220,7 @@ def test_generate_reads_prompt_files(tmp_path: Path, ckpt: Path) -> None:
 
 
 def test_generation_config_gives_the_default_sampling_params(tmp_path: Path, ckpt: Path) -> None:
-    model = tmp_path / "m"
-    model.mkdir()
-    for f in ckpt.iterdir():
-        (model / f.name).write_bytes(f.read_bytes())
+    model = _copy_checkpoint(ckpt, tmp_path / "m")
     gen = json.loads((model / "generation_config.json").read_text())
     gen.update(temperature=0.0, top_p=0.5)
     (model / "generation_config.json").write_text(json.dumps(gen))
@@ -191,3 +236,15 @@ def test_generation_config_gives_the_default_sampling_params(tmp_path: Path, ckp
         LLM(str(model))
     with pytest.raises(ValueError, match="n=2"):
         SamplingParams(n=2)
+
+
+def test_generation_config_defaults_take_vllms_keys_and_skip_nulls(tmp_path: Path) -> None:
+    (tmp_path / "generation_config.json").write_text(json.dumps({
+        "eos_token_id": 2, "temperature": None, "top_k": None, "top_p": 0.9, "max_new_tokens": 5,
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "skip_special_tokens": False,
+        "do_sample": True}))
+    assert default_sampling_params(tmp_path) == SamplingParams(
+        top_p=0.9, max_tokens=5, presence_penalty=0.5, frequency_penalty=-0.5, skip_special_tokens=False)
+    (tmp_path / "generation_config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"generation_config\.json: must hold a JSON object"):
+        default_sampling_params(tmp_path)

@@ -206,12 +206,14 @@ def test_penalties_change_the_greedy_choice() -> None:
 EOS, STOP = 5, 3
 
 
-def _min_tokens_pick(output_len: int, ignore_eos: bool = False) -> int:
+def _min_tokens_pick(output_len: int, ignore_eos: bool = False,
+                     model_eos: tuple[int, ...] = ()) -> int:
     # EOS has the largest logit, the stop id the second, token 1 the third.
     logits = torch.tensor([[0.0, 1.0, -1.0, 2.0, 0.5, 3.0]])
     params = SamplingParams(temperature=0, min_tokens=3, eos_token_id=EOS, stop_token_ids=(STOP,),
                             ignore_eos=ignore_eos)
-    return Sampler().sample(logits, [_state(params, output=[4] * output_len)]).token_ids[0]
+    sampler = Sampler(eos_token_ids=model_eos)
+    return sampler.sample(logits, [_state(params, output=[4] * output_len)]).token_ids[0]
 
 
 def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
@@ -223,12 +225,25 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
     assert logits.tolist() == [[0, -inf, 0, -inf, 0, -inf], [0] * 6, [0] * 6]
 
 
-def test_ignore_eos_leaves_eos_unmasked_but_stop_ids_masked() -> None:
-    assert _min_tokens_pick(0, ignore_eos=True) == EOS
+def test_min_tokens_masks_eos_even_with_ignore_eos() -> None:
+    # vLLM masks all_stop_token_ids below min_tokens, which hold EOS whether
+    # or not the request ignores it.
+    assert [_min_tokens_pick(n, ignore_eos=True) for n in (0, 2, 3)] == [1, 1, EOS]
     logits = torch.tensor([[0.0, 1.0, -1.0, 2.0, 0.5, 3.0]])
     params = SamplingParams(min_tokens=2, eos_token_id=EOS, stop_token_ids=(STOP,), ignore_eos=True)
     mask_stop_tokens(logits, [_state(params)], [0])
-    assert logits.tolist() == [[0.0, 1.0, -1.0, -math.inf, 0.5, 3.0]]
+    assert logits.tolist() == [[0.0, 1.0, -1.0, -math.inf, 0.5, -math.inf]]
+
+
+def test_min_tokens_masks_the_models_other_eos_ids() -> None:
+    # Token 1 is one of the model's EOS ids (generation_config.json): masked
+    # too, with or without ignore_eos; token 4 comes next.
+    assert _min_tokens_pick(0, model_eos=(EOS, 1)) == 4
+    assert _min_tokens_pick(0, ignore_eos=True, model_eos=(1,)) == 4
+    assert _min_tokens_pick(3, model_eos=(EOS, 1)) == EOS
+    logits = torch.zeros(1, 6)
+    mask_stop_tokens(logits, [_state(SamplingParams(min_tokens=1))], [0], eos_token_ids=(0, 2, 99))
+    assert logits.tolist() == [[-math.inf, 0, -math.inf, 0, 0, 0]]
 
 
 def test_min_tokens_masking_applies_to_random_rows() -> None:
