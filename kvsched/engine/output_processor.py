@@ -89,6 +89,10 @@ class OutputProcessor:
             m.last_token_time = now
             if state.logprobs is not None and logprobs is not None and logprobs[i] is not None:
                 entry = logprobs[i]
+                if self.tokenizer is not None:
+                    # Each token's own text, decoded alone, as vLLM reports it.
+                    for tid, lp in entry.items():
+                        lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
                 state.logprobs.append(entry)
                 assert state.cumulative_logprob is not None
                 state.cumulative_logprob += entry[tokens[-1]].logprob

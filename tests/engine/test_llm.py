@@ -95,6 +95,8 @@ def test_logprobs_are_those_of_the_model(llm: LLM) -> None:
     total = 0.0
     for token, entry in zip(out.token_ids, out.logprobs):
         assert token in entry and entry[token].rank == 1  # greedy takes the top token
+        assert all(lp.decoded_token == llm.tokenizer.decode([t], skip_special_tokens=False)
+                   for t, lp in entry.items())
         assert len(entry) == 2 or len(entry) == 3
         assert all(lp.logprob <= 0.0 for lp in entry.values())
         total += entry[token].logprob
