@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from kvsched.config import CacheConfig, SchedulerConfig
-from kvsched.core.output import ModelRunnerOutput, RequestOutput, SchedulerOutput
+from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
 from kvsched.core.scheduler import Scheduler
+
+# What LLM.generate returns, as vLLM's top-level RequestOutput (the scheduler's
+# per-step output of the same name lives in kvsched.core.output).
+from kvsched.engine.outputs import CompletionOutput, RequestOutput
 from kvsched.request import Request, RequestStatus, SamplingParams
 
 __version__ = "0.1.0"
@@ -19,6 +23,6 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'kvsched' has no attribute {name!r}")
 
 __all__ = [
-    "LLM", "CacheConfig", "ModelRunnerOutput", "Request", "RequestOutput", "RequestStatus",
-    "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerOutput", "__version__",
+    "LLM", "CacheConfig", "CompletionOutput", "ModelRunnerOutput", "Request", "RequestOutput",
+    "RequestStatus", "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerOutput", "__version__",
 ]
