@@ -48,7 +48,8 @@ def add_generate_parser(sub: Any) -> None:
     e.add_argument("--block-size", type=int, default=16)
     e.add_argument("--num-gpu-blocks-override", type=int)
     e.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory",
-                   help="KV cache size on CPU, e.g. 4GiB (default 4 GiB, as vLLM's CPU backend)")
+                   help="KV cache size on CPU, e.g. 512MiB (default: 4 GiB as vLLM's CPU backend, "
+                        "capped at what max_num_seqs x max_model_len tokens can fill)")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     o = p.add_argument_group("output")
     o.add_argument("--output-json", help="write every output (text, token ids, timings) here")
