@@ -3,6 +3,8 @@
 - ``PrefillCadence``: vLLM 0.33.0's ``--prefill-schedule-interval K`` for an
   engine without DP coordination, exactly (checked against vLLM's scheduler
   by tests/conformance/test_cadence.py).
+- ``DPPrefillCadence``: the same interval on lockstep (MoE) DP ranks, where
+  vLLM's DP engine core throttles from a step counter all ranks share.
 - ``BalanceGate``: seed 001's balance scheduling for data-parallel ranks.
 - ``AdpBalance``: TensorRT-LLM's attention-DP balance, as read from its docs.
 
@@ -73,10 +75,12 @@ class PrefillCadence:
             return None
         _, num_computed = scheduler.kv_cache_manager.get_computed_blocks(request)
         if num_computed < len(request.all_token_ids) - 1:
-            since = self.num_executed_steps + 1 - self.last_prefill_step
-            return (f"prefill cadence: step {since} of {self.interval} since the last prefill; "
-                    "decodes run alone")
+            return self._why()
         return None
+
+    def _why(self) -> str:
+        since = self.num_executed_steps + 1 - self.last_prefill_step
+        return f"prefill cadence: step {since} of {self.interval} since the last prefill; decodes run alone"
 
     def end_step(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
         if not self.deferring and not output.preempted_req_ids:
@@ -108,16 +112,49 @@ class PrefillCadence:
         return False
 
 
+class DPPrefillCadence(PrefillCadence):
+    """vLLM 0.33.0's prefill cadence on a lockstep (MoE) DP rank.
+
+    vLLM's DP engine core throttles prefills on every step whose shared step
+    counter is not a multiple of the interval (the counter counts lockstep
+    steps, dummy batches included, and restarts at 0 with each wave of work),
+    so all ranks prefill on the same steps. The scheduler then defers exactly
+    as the local cadence does (in-progress and new prefills wait while some
+    running request decodes), with the same capacity-bound escape; the local
+    since-last-prefill rule is off on DP ranks.
+    """
+
+    def __init__(self, shared: DPRankStates, interval: int) -> None:
+        super().__init__(interval)
+        self.shared = shared
+
+    def begin_step(self, scheduler: Scheduler) -> None:
+        running = scheduler.running
+        self.deferring = (
+            self.interval > 1
+            and self.shared.step_counter % self.interval != 0
+            and not self.capacity_bound
+            and any(not r.is_prefill_chunk for r in running))
+        self._mid_prefill = [] if self.deferring else [r for r in running if r.is_prefill_chunk]
+
+    def _why(self) -> str:
+        return (f"prefill cadence: DP step {self.shared.step_counter} is not a multiple of "
+                f"{self.interval}; decodes run alone")
+
+
 class DPRankStates:
     """What data-parallel ranks share with each other: per rank, the number
-    of running and of waiting requests. The DP driver calls ``publish`` (the
-    all-gather); policies only read ``running`` and ``waiting``."""
+    of running and of waiting requests (the DP driver calls ``publish``, the
+    all-gather), and the lockstep step counter of vLLM's DP engine core (the
+    driver advances it after every lockstep step and zeroes it when a wave of
+    work ends). Policies only read them."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
             raise ValueError(f"data parallel size {size}: must be >= 1")
         self.running = [0] * size
         self.waiting = [0] * size
+        self.step_counter = 0
 
     @property
     def size(self) -> int:

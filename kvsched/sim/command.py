@@ -223,7 +223,7 @@ def run_deployment(deployment: Deployment, config: SimConfig, workload: Workload
                     for r in range(dp)]
     options = DPOptions(dp, lockstep=deployment.lockstep, router=args.dp_routing,
                         stats_interval=args.dp_stats_interval)
-    sim = DPSimulator(config, workload, options, policies)
+    sim = DPSimulator(config, workload, options, policies, shared)
     sim.after_step.append(lambda d: shared.publish_all([r.sched for r in d.ranks]))
     return sim.run().combined()
 

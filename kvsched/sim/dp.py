@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvsched.core.policies import DPPrefillCadence, DPRankStates
 from kvsched.core.policy import AdmissionPolicy
 from kvsched.perf.step_time import BatchShape
 from kvsched.sim.simulator import MIN_STRETCH, SimConfig, SimResult, Simulator, stretch_times
@@ -105,16 +106,26 @@ class DPResult:
 
 class DPSimulator:
     def __init__(self, config: SimConfig, workload: Workload, options: DPOptions,
-                 policies: list[AdmissionPolicy | None] | None = None) -> None:
+                 policies: list[AdmissionPolicy | None] | None = None,
+                 shared: DPRankStates | None = None) -> None:
         if policies is not None and len(policies) != options.size:
             raise ValueError(f"{len(policies)} admission policies for {options.size} ranks")
         self.options = options
         self.workload = workload
+        # What the ranks share; the lockstep loop advances its step counter.
+        self.shared = shared if shared is not None else DPRankStates(options.size)
+        interval = config.prefill_schedule_interval
+        if options.lockstep and interval > 1 and not any(policies or ()):
+            # vLLM's DP engine core drives the cadence from the shared counter;
+            # the ranks' local cadence is off.
+            policies = [DPPrefillCadence(self.shared, interval) for _ in range(options.size)]
+            interval = 1
         # Ranks are driven from here; lockstep ranks fast-forward together
-        # (below), independent replicas step one by one.
+        # (below), independent replicas step one by one (each with its own
+        # local cadence, as vLLM's dense DP ranks).
         rank_config = SimConfig(config.scheduler_config, config.cache_config, config.step_model,
                                 config.eos_probability, config.seed, fast_forward=False,
-                                prefill_schedule_interval=config.prefill_schedule_interval)
+                                prefill_schedule_interval=interval)
         self.fast_forward = (config.fast_forward and options.lockstep
                              and not any(policies or ())
                              and config.prefill_schedule_interval <= 1)
@@ -170,6 +181,7 @@ class DPSimulator:
                 if self._send(spec, max(spec.arrival_time, slot_free_since), now):
                     inflight += 1
             if not any(r.sched.has_unfinished_requests() for r in self.ranks):
+                self.shared.step_counter = 0  # the wave of work ended
                 if i >= n and not queue:
                     return
                 now = max(now, reqs[i].arrival_time)
@@ -198,6 +210,7 @@ class DPSimulator:
                     # As on one engine: nothing waits, or admission stays held.
                     can_ff = can_ff and (not r.sched.waiting or (pure_decode and not finished))
             now += dt
+            self.shared.step_counter += 1
             for hook in self.after_step:
                 hook(self)
 
@@ -221,6 +234,7 @@ class DPSimulator:
         durations, ends = stretch_times(self.ranks[0].now, limit, next_arrival, step_time)
         if len(durations) < MIN_STRETCH:
             return None
+        self.shared.step_counter += len(durations)
         for r in busy:
             r.apply_stretch(durations, ends)
         for r in idle:

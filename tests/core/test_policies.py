@@ -15,7 +15,7 @@ from sched_helpers import make_request, make_scheduler, run_step
 
 from kvsched.core import explain
 from kvsched.core.output import ModelRunnerOutput
-from kvsched.core.policies import AdpBalance, BalanceGate, DPRankStates, PrefillCadence
+from kvsched.core.policies import AdpBalance, BalanceGate, DPPrefillCadence, DPRankStates, PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.replay import make_request as scenario_request
 from kvsched.replay import next_token, parse_scenario, replay
@@ -125,6 +125,31 @@ def test_cadence_skips_running_prefill_chunks() -> None:
     assert "long" not in output.num_scheduled_tokens and "d" in output.num_scheduled_tokens
     output, _ = run_step(sched)
     assert output.num_scheduled_tokens["long"] == 15
+
+
+def test_dp_cadence_follows_the_shared_step_counter() -> None:
+    shared = DPRankStates(2)
+    cadence = DPPrefillCadence(shared, 2)
+    sched = make_scheduler(admission_policy=cadence, explain=True)
+    _decoding(sched)
+    sched.add_request(make_request("p", 8))
+    held = []
+    for counter in (1, 3, 4):  # whatever the local history, only the shared counter counts
+        shared.step_counter = counter
+        output, _ = run_step(sched)
+        held.append("p" not in output.num_scheduled_tokens)
+        if held[-1]:
+            assert any("DP step" in n.detail for n in output.not_admitted or ())
+    assert held == [True, True, False]
+
+
+def test_dp_cadence_never_defers_without_decode_work() -> None:
+    shared = DPRankStates(1)
+    shared.step_counter = 1
+    sched = make_scheduler(admission_policy=DPPrefillCadence(shared, 4))
+    sched.add_request(make_request("p", 8))
+    output, _ = run_step(sched)  # nothing decodes: holding would only idle the rank
+    assert "p" in output.num_scheduled_tokens
 
 
 def test_cadence_capacity_bound_escape() -> None:

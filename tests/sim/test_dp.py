@@ -134,3 +134,30 @@ def test_lockstep_fast_forward_is_exact(wl_kw: dict[str, float]) -> None:
     assert stepped[2] == 0 and jumped[2] > 0
     assert jumped[0] == stepped[0]
     assert jumped[1] == stepped[1]
+
+
+def test_lockstep_prefill_cadence_follows_the_shared_step_counter() -> None:
+    # vLLM's DP engine core: a rank with decode work prefills only on steps whose
+    # shared counter is a multiple of the interval (no capacity pressure here;
+    # a rank with nothing to decode prefills at once).
+    wl = random_workload(num_prompts=24, input_len=300, output_len=30, request_rate=40.0, seed=3)
+    config = SimConfig(SC, CC, MOE, prefill_schedule_interval=3)
+    sim = DPSimulator(config, wl, DPOptions(2, lockstep=True, router="round-robin"))
+    seen = [0, 0]
+    prefill_counters: list[int] = []
+
+    def record(d: DPSimulator) -> None:
+        for i, r in enumerate(d.ranks):
+            if len(r.steps) > seen[i]:
+                seen[i] = len(r.steps)
+                steps = r.steps
+                if 0 < steps.prefill_tokens[-1] < steps.num_tokens[-1]:  # prefill beside decodes
+                    prefill_counters.append(d.shared.step_counter - 1)  # the step just run
+
+    sim.after_step.append(record)
+    result = sim.run().combined()
+    assert len(result.records) == 24
+    assert prefill_counters and all(c % 3 == 0 for c in prefill_counters)
+    plain = DPSimulator(SimConfig(SC, CC, MOE), wl, DPOptions(2, lockstep=True, router="round-robin"))
+    base = plain.run().combined()
+    assert sum(r.ttft for r in result.records) > sum(r.ttft for r in base.records)
