@@ -69,6 +69,34 @@ class RotaryEmbedding:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+class Linear(nn.Module):
+    """``y = x W^T + b`` with uninitialised parameters: the loader assigns the
+    checkpoint's tensors, so nn.Linear's random init (slow on the meta device,
+    seconds at first use) would be wasted work."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, *,
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
+        self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
+                     if bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """A lookup table with uninitialised parameters (see ``Linear``)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim, dtype=dtype, device=device))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
@@ -92,10 +120,10 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=config.attention_bias, dtype=dtype, device=device)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias,
-                                dtype=dtype, device=device)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                               bias=config.attention_bias, dtype=dtype, device=device)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias,
+                             dtype=dtype, device=device)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:
@@ -121,10 +149,10 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False,
-                                      dtype=dtype, device=device)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False,
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False,
                                    dtype=dtype, device=device)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False,
+                                dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -152,8 +180,8 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype,
-                                         device=device)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype,
+                                      device=device)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, dtype=dtype, device=device)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
@@ -180,10 +208,10 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config, dtype=dtype, device=device)
         # Tied embeddings: no lm_head module, the logits reuse embed_tokens.weight.
-        self.lm_head: nn.Linear | None = None
+        self.lm_head: Linear | None = None
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype,
-                                     device=device)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype,
+                                  device=device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: Attention) -> torch.Tensor:
