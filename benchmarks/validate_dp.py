@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.sim.command import build_deployment, build_workload, engine_options, run_deployment, sim_config
-from kvsched.sim.compare import PRESETS, _variant_parser
+from kvsched.sim.compare import PRESETS, variant_parser
 
 SEED_FIXED = PRESETS["balance-seed"][0]
 SEED_JITTER = PRESETS["balance-seed-jitter"][0]
@@ -52,7 +52,7 @@ class Effect:
 
 
 def run(flags: list[str]) -> dict[str, Any]:
-    args = _variant_parser().parse_args(flags)
+    args = variant_parser().parse_args(flags)
     args.no_fast_forward = False
     args.trace_steps = None
     deployment = build_deployment(engine_options(args))

@@ -16,6 +16,7 @@ from kvsched.engine.detokenizer import load_tokenizer
 from kvsched.engine.output_processor import OutputProcessor
 from kvsched.engine.outputs import RequestOutput
 from kvsched.model.config import load_model_config, read_json
+from kvsched.progress import draw_progress
 from kvsched.request import Request, RequestStatus, SamplingParams
 
 PromptType = str | dict[str, Any]
@@ -172,7 +173,7 @@ def default_sampling_params(model: Path) -> SamplingParams:
 
 
 class _Progress:
-    """A one-line progress bar on stderr (only when it is a terminal)."""
+    """The progress bar while ``generate`` runs (only when stderr is a terminal)."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.total = total
@@ -186,12 +187,8 @@ class _Progress:
         self.tokens += len(out.outputs[0].token_ids)
         if self.enabled:
             elapsed = max(time.perf_counter() - self.t0, 1e-9)
-            width = 30
-            fill = int(width * self.done / max(self.total, 1))
-            sys.stderr.write(f"\rProcessed prompts [{'#' * fill}{'.' * (width - fill)}] "
-                             f"{self.done}/{self.total}, {self.tokens / elapsed:.1f} output tok/s")
-            sys.stderr.flush()
+            draw_progress(self.done, self.total, f"{self.tokens / elapsed:.1f} output tok/s")
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.done < self.total:  # interrupted: end the line
             sys.stderr.write("\n")

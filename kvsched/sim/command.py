@@ -7,12 +7,15 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsched.sim.deployment import Deployment, EngineOptions, build_deployment
 from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator, stderr_progress
 from kvsched.sim.workload import DATASET_NAMES, Workload, load_workload
+
+if TYPE_CHECKING:
+    from kvsched.sim.dp import DPSimulator
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -211,9 +214,18 @@ def run_deployment(deployment: Deployment, config: SimConfig, workload: Workload
         return Simulator(config, workload, progress=progress).run()
     if args.trace_steps:
         raise ValueError("--trace-steps: not supported with data parallelism or DP policies yet")
+    sim = build_dp_simulator(deployment, config, workload, args)
+    return sim.run().combined()
+
+
+def build_dp_simulator(deployment: Deployment, config: SimConfig, workload: Workload,
+                       args: argparse.Namespace) -> DPSimulator:
+    """Data-parallel ranks with the chosen admission policy, publishing their
+    load to each other after every step (the policies' all-gather)."""
     from kvsched.core.policies import AdpBalance, BalanceGate, DPRankStates
     from kvsched.sim.dp import DPOptions, DPSimulator
 
+    dp = deployment.parallel.data_parallel_size
     shared = DPRankStates(dp)
     policies: list[Any] = [None] * dp
     if args.admission_policy == "balance":
@@ -225,7 +237,7 @@ def run_deployment(deployment: Deployment, config: SimConfig, workload: Workload
                         stats_interval=args.dp_stats_interval)
     sim = DPSimulator(config, workload, options, policies, shared)
     sim.after_step.append(lambda d: shared.publish_all([r.sched for r in d.ranks]))
-    return sim.run().combined()
+    return sim
 
 
 def sim_config(deployment: Deployment, args: argparse.Namespace) -> SimConfig:

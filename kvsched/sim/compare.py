@@ -51,7 +51,7 @@ COLUMNS = (
 )
 
 
-def _variant_parser() -> argparse.ArgumentParser:
+def variant_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="variant", add_help=False, exit_on_error=False)
     add_engine_arguments(p)
     add_workload_arguments(p)
@@ -140,7 +140,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.preset:
         base, preset_variants = PRESETS[args.preset]
         # The preset sets what the command line left at its default.
-        parser = _variant_parser()
+        parser = variant_parser()
         defaults = vars(parser.parse_args([]))
         for key, value in vars(parser.parse_args(base)).items():
             if value != defaults[key] and getattr(args, key) == defaults[key]:
@@ -154,7 +154,7 @@ def run_compare(args: argparse.Namespace) -> int:
                          "variant's flags")
     percentiles = parse_percentiles(args.metric_percentiles)
     slos = parse_goodput(args.goodput) if args.goodput else None
-    parser = _variant_parser()
+    parser = variant_parser()
     results: list[tuple[str, SimResult, dict[str, Any], argparse.Namespace]] = []
     for name, flags in variants:
         ns = copy.copy(args)

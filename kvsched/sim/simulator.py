@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 import time
 from array import array
 from collections import deque
@@ -44,6 +43,7 @@ from kvsched.core.policy import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape, StepTimeModel
+from kvsched.progress import draw_progress
 from kvsched.request import Request, SamplingParams
 from kvsched.sim.metrics import RequestRecord, SampleAccumulator, benchmark_duration, compute_metrics
 from kvsched.sim.workload import Workload, WorkloadRequest
@@ -528,10 +528,4 @@ def _json_line(record: dict[str, Any]) -> str:
 
 
 def stderr_progress(done: int, total: int, sim_time: float) -> None:
-    width = 30
-    filled = int(width * done / total) if total else width
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} requests"
-                     f"  t={sim_time:,.1f}s simulated")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+    draw_progress(done, total, f"t={sim_time:,.1f}s simulated")
