@@ -1,18 +1,36 @@
 """Advance a pure-decode stretch in one jump, exactly.
 
-In a stretch every running request decodes one token per step and nothing
-else happens. Stepping one by one, step j then visits the requests in running
-order: a request that starts a new block takes one from the front of the free
-queue (evicting whatever hash it carried), and a request that fills a block
-registers it in the prefix cache. ``fast_forward_decode`` reproduces those
-effects without the steps:
+This module owns every rule of fast-forward: :func:`decode_stretch_limit`
+decides how many steps a scheduler can advance with nothing changing but
+decoding, and :func:`fast_forward_decode` takes them. Drivers (one engine, a
+data-parallel group) only add their own limits: the next arrival and their
+clients.
 
-- checked first (ValueError, nothing changed): every running request is
-  decoding and fits the token budget, none stops in the stretch (no stop
-  token, no length cap), and the new blocks fit the free pool, so nothing is
-  preempted;
-- the caller guarantees the rest: no arrival or abort, and admission of
-  waiting requests stays blocked (or nothing waits);
+A stretch of ``k`` steps is allowed when all of these hold:
+
+- no admission policy is installed (a policy may change its mind any step);
+- the scheduler's admission outcome is settled (``Scheduler.decode_stable``):
+  nothing waits, or the last ``schedule()`` was pure decode and admission
+  stopped for a reason that cannot lift while requests only decode
+  (``max_num_seqs``, the token budget, chunked prefill off, KV blocks: free
+  blocks only shrink while decoding, and blocks filled in the stretch hold
+  output tokens unique to their request, so they cannot become a prefix hit),
+  and nothing was added, aborted or finished since;
+- every running request is decoding (all but its last token computed) and
+  has produced its first token: a chunked prefill that leaves exactly one
+  prompt token looks like a decode to the scheduler, but the client still
+  waits for its first token;
+- all running requests fit the token budget;
+- none stops within the stretch (length cap, or a stop the caller's model
+  will produce), and the blocks the stretch needs fit the free pool, so
+  nothing is preempted.
+
+Stepping one by one, step j visits the running requests in order: a request
+that starts a new block takes one from the front of the free queue (evicting
+whatever hash it carried), and a request that fills a block registers it in
+the prefix cache. ``fast_forward_decode`` reproduces those effects without
+the steps:
+
 - blocks are taken from the free queue in (step, running index) order, which
   is the order stepping takes them;
 - when none of the hashes the stretch registers is cached yet (the usual
@@ -25,12 +43,74 @@ effects without the steps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvsched.core.scheduler import Scheduler
     from kvsched.request import Request
+
+
+def first_new_block_steps(sched: Scheduler) -> list[int]:
+    """Per running request, the first decode step (0-based) that needs a new
+    block: step j computes position c + j, which starts a block when it is the
+    first position past the request's blocks (then every block_size steps).
+    The one place that arithmetic lives."""
+    req_to_blocks = sched.kv_cache_manager.req_to_blocks
+    bs = sched.block_size
+    return [len(req_to_blocks[r.request_id]) * bs - r.num_computed_tokens for r in sched.running]
+
+
+def _blocks_needed(firsts: Sequence[int], k: int, bs: int) -> int:
+    """New blocks ``k`` decode steps take, given each request's first step."""
+    return sum(-(-(k - f) // bs) for f in firsts if f < k)
+
+
+def decode_stretch_limit(sched: Scheduler,
+                         steps_to_stop: Callable[[Request], int] | None = None) -> tuple[int, int]:
+    """How many decode steps the scheduler can advance with nothing changing,
+    and the running requests' total KV tokens (the sequence lengths) before
+    the stretch. 0 steps when any precondition of the module doc fails.
+
+    ``steps_to_stop(request)``, if given, is the number of further steps
+    after which the caller's model makes ``request`` stop (the step that
+    samples its stop token counts), or a huge number if it never does.
+    """
+    running = sched.running
+    if (sched.admission_policy is not None or not sched.decode_stable or not running
+            or len(running) > sched.max_num_scheduled_tokens):
+        return 0, 0
+    limit: float = math.inf
+    kv_tokens = 0
+    for r in running:
+        length = len(r.all_token_ids)
+        if r.num_computed_tokens != length - 1 or not r.output_token_ids:
+            return 0, 0  # still prefilling, or its first token is still to come
+        kv_tokens += length
+        # Steps it can take without stopping: the step that reaches stop_len
+        # (or samples the model's stop token) must stay outside the stretch.
+        steps = r.stop_len - length - 1
+        if steps_to_stop is not None:
+            steps = min(steps, steps_to_stop(r) - 1)
+        if steps < limit:
+            limit = steps
+    if limit < 1:
+        return 0, 0
+    k = int(limit)
+    firsts = first_new_block_steps(sched)
+    bs = sched.block_size
+    free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    if _blocks_needed(firsts, k, bs) > free:
+        lo, hi = 0, k  # needed(lo) <= free < needed(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if _blocks_needed(firsts, mid, bs) <= free:
+                lo = mid
+            else:
+                hi = mid
+        k = lo
+    return k, kv_tokens
 
 
 def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int]) -> list[int]:
@@ -40,20 +120,22 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int]) -> list
                          f"request (num_steps={k}, {len(tokens)} tokens, {len(running)} running)")
     if len(running) > sched.max_num_scheduled_tokens:
         raise ValueError("fast_forward_decode: the running requests exceed the token budget")
+    if sched.admission_policy is not None or not sched.decode_stable:
+        raise ValueError("fast_forward_decode: admission is not settled (an admission policy is "
+                         "installed, or something was added, finished or admitted since the last "
+                         "pure-decode step); step once first")
     kv = sched.kv_cache_manager
     bs = sched.block_size
     # (step, running index) of every new block, in the order stepping takes them.
     allocs: list[tuple[int, int]] = []
+    firsts = first_new_block_steps(sched)
     for idx, (request, token) in enumerate(zip(running, tokens)):
         length = len(request.all_token_ids)
-        if request.num_computed_tokens != length - 1:
+        if request.num_computed_tokens != length - 1 or not request.output_token_ids:
             raise ValueError(f"fast_forward_decode: {request.request_id} is not decoding")
         if length + k >= request.stop_len or token in request.all_stop_ids:
             raise ValueError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
-        # Step j computes position c + j, which starts a block when it is the
-        # first position past the request's blocks (then every bs steps).
-        first = len(kv.req_to_blocks[request.request_id]) * bs - request.num_computed_tokens
-        allocs.extend((step, idx) for step in range(first, k, bs))
+        allocs.extend((step, idx) for step in range(firsts[idx], k, bs))
     pool = kv.block_pool
     free = pool.get_num_free_blocks()
     if len(allocs) > free:

@@ -41,6 +41,10 @@ PREEMPTED = RequestStatus.PREEMPTED
 WAITING = RequestStatus.WAITING
 STOPPED = RequestStatus.FINISHED_STOPPED
 LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
+# Admission stops that cannot lift while the running requests only decode
+# (see kvsched.core.fast_forward).
+_STABLE_STOPS = frozenset({None, explain.REASON_MAX_NUM_SEQS, explain.REASON_KV_BLOCKS,
+                           explain.REASON_TOKEN_BUDGET, explain.REASON_CHUNKED_PREFILL_OFF})
 
 
 @dataclass(slots=True)
@@ -96,6 +100,10 @@ class Scheduler:
         self._end_step = getattr(admission_policy, "end_step", None)
         self.explain = explain
         self._priority = scheduler_config.policy == "priority"
+        # True while the admission outcome is known to repeat as long as the
+        # running requests only decode: set by schedule(), cleared by anything
+        # that changes the queues (fast-forward's precondition).
+        self.decode_stable = False
 
     # -- requests in and out --------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -104,6 +112,7 @@ class Scheduler:
         request.stop_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
+        self.decode_stable = False
 
     def check_request(self, request: Request) -> None:
         """Raise ValueError if ``add_request`` would refuse ``request``."""
@@ -152,6 +161,8 @@ class Scheduler:
         for request in done:
             request.status = finished_status
             self._free_request(request)
+        if done:
+            self.decode_stable = False
         return done
 
     def _free_request(self, request: Request) -> None:
@@ -200,6 +211,14 @@ class Scheduler:
         else:
             self._schedule_waiting(step, threshold)
         output = self._make_output(step)
+        # Pure decode (every running request scheduled for exactly one token,
+        # nobody admitted, resumed or preempted) with admission held for a
+        # stable reason, or nothing waiting: the next steps admit nothing.
+        n = len(self.running)
+        self.decode_stable = not self.waiting or (
+            output.total_num_scheduled_tokens == n and len(output.num_scheduled_tokens) == n
+            and not step.new_reqs and not step.resumed_reqs and not step.preempted
+            and step.stop_reason in _STABLE_STOPS)
         if self._end_step is not None:
             self._end_step(self, output)
         return output
@@ -492,6 +511,7 @@ class Scheduler:
                 stopped.append((request, kept))
         finished: list[RequestOutput] = []
         if stopped:
+            self.decode_stable = False
             if len(stopped) == 1:
                 self.running.remove(stopped[0][0])
             else:

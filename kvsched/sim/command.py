@@ -229,6 +229,9 @@ def build_dp_simulator(deployment: Deployment, config: SimConfig, workload: Work
     shared = DPRankStates(dp)
     policies: list[Any] = [None] * dp
     if args.admission_policy == "balance":
+        if args.balance_threshold == "full-minus-one" and deployment.scheduler_config.max_num_seqs < 2:
+            raise ValueError("--balance-threshold full-minus-one needs --max-num-seqs >= 2 (with 1 it "
+                             "would hold every admission forever); use --balance-threshold full")
         policies = [BalanceGate(shared, r, args.balance_threshold) for r in range(dp)]
     elif args.admission_policy == "adp-balance":
         policies = [AdpBalance(shared, r, args.adp_timeout_iters, args.adp_batching_wait_iters)

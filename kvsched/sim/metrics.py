@@ -19,6 +19,7 @@ median and percentiles equal numpy's on the flattened list exactly.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,17 @@ class RequestRecord:
     num_prompt_tokens: int
     num_output_tokens: int
     arrival_time: float | None = None
+    # Every output token's time, first included; kept only when the
+    # simulator is asked for per-request detail (``--save-detailed``).
+    token_times: list[float] | None = None
+
+    @property
+    def itls(self) -> list[float] | None:
+        """Gaps between consecutive tokens (None unless token_times are kept)."""
+        times = self.token_times
+        if times is None:
+            return None
+        return [b - a for a, b in itertools.pairwise(times)]
 
     @property
     def ttft(self) -> float:

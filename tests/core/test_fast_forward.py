@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
+from kvsched.core.fast_forward import decode_stretch_limit
 
 
 def _state(s: Scheduler) -> dict[str, Any]:
@@ -100,3 +101,78 @@ def test_refuses_a_stretch_that_would_stop_or_preempt() -> None:
     with pytest.raises(ValueError, match="stop"):
         s.fast_forward_decode(5, [5, 6])
     assert _state(s) == before
+
+
+# -- decode_stretch_limit: the one owner of fast-forward's preconditions -------
+
+def test_limit_counts_steps_before_the_length_cap_and_the_callers_stop() -> None:
+    s = _build([[1, 2, 3], [4, 5, 6, 7]], False, 200, max_tokens=10)
+    _step(s, {"r0": 5, "r1": 6})
+    _step(s, {"r0": 5, "r1": 6})
+    # Both have 2 outputs; the 10th output ends each, so steps 0..6 are safe.
+    assert decode_stretch_limit(s) == (7, 3 + 2 + 4 + 2)
+    # The caller's model stops r1 at the step that samples its 4th further token.
+    assert decode_stretch_limit(s, lambda r: 4 if r.request_id == "r1" else 1 << 40)[0] == 3
+
+
+def test_limit_is_zero_until_every_request_has_its_first_token() -> None:
+    # A chunked prefill that leaves exactly one prompt token looks like a
+    # decode to the scheduler, but its first token is still to come (issue 9).
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=512,
+                                  long_prefill_token_threshold=8),
+                  CacheConfig(num_gpu_blocks=100, block_size=4, enable_prefix_caching=False))
+    s.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True)))
+    _step(s, {"a": 7})
+    s.add_request(Request("b", list(range(10, 27)), SamplingParams(max_tokens=50, ignore_eos=True)))
+    _step(s, {"a": 7, "b": 8})  # b: 8 of 17
+    _step(s, {"a": 7, "b": 8})  # b: 16 of 17, nothing waits
+    b = s.requests["b"]
+    assert b.num_computed_tokens == len(b.all_token_ids) - 1 and not b.output_token_ids
+    assert s.decode_stable
+    assert decode_stretch_limit(s) == (0, 0)
+    with pytest.raises(ValueError, match="not decoding"):
+        s.fast_forward_decode(3, [7, 8])
+    _step(s, {"a": 7, "b": 8})  # b samples its first token
+    assert decode_stretch_limit(s)[0] > 0
+
+
+def test_limit_is_zero_while_admission_is_unsettled() -> None:
+    s = _build([[1, 2, 3]], False, 200)
+    _step(s, {"r0": 5})
+    assert decode_stretch_limit(s)[0] > 0
+    s.add_request(Request("late", [9, 9], SamplingParams(max_tokens=5, ignore_eos=True)))
+    assert not s.decode_stable and decode_stretch_limit(s) == (0, 0)
+    with pytest.raises(ValueError, match="not settled"):
+        s.fast_forward_decode(2, [5])
+    _step(s, {"r0": 5, "late": 6})  # admits it: not pure decode
+    assert decode_stretch_limit(s) == (0, 0) or not s.waiting
+    s.finish_requests("late")
+    assert not s.decode_stable
+
+
+def test_limit_is_zero_with_an_admission_policy() -> None:
+    from kvsched.core.policies import PrefillCadence
+
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=512),
+                  CacheConfig(num_gpu_blocks=100, block_size=4), admission_policy=PrefillCadence(2))
+    s.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True)))
+    _step(s, {"a": 7})
+    _step(s, {"a": 7})
+    assert s.decode_stable and decode_stretch_limit(s) == (0, 0)
+
+
+def test_limit_stops_before_the_pool_runs_dry() -> None:
+    # block_size 4, 8 usable blocks, 3 requests of 1 prompt token: after the
+    # first step each holds one block and 5 are free. Decode step j computes
+    # position 1 + j, which needs a new block at j = 3 (3 blocks, 2 left) and
+    # j = 7 (3 more, only 2): 7 steps fit, the 8th preempts.
+    s = _build([[1], [2], [3]], False, 9, max_tokens=20)
+    tokens = {"r0": 5, "r1": 6, "r2": 7}
+    _step(s, tokens)
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 5
+    assert decode_stretch_limit(s)[0] == 7
+    for _ in range(7):
+        _step(s, tokens)
+    assert s.num_preemptions == 0
+    _step(s, tokens)
+    assert s.num_preemptions == 1

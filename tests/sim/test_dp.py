@@ -10,6 +10,7 @@ from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.step_time import BatchShape, ParallelConfig, StepTimeModel
 from kvsched.sim.dp import DPOptions, DPSimulator, Router
+from kvsched.sim.router import load_score
 from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import Workload, WorkloadRequest, random_workload
 
@@ -31,7 +32,8 @@ def test_lockstep_step_lasts_as_long_as_the_slowest_rank_and_idle_ranks_wait() -
     result = sim.run()
     busy, idle = sim.ranks
     assert result.routed == [1, 0]
-    assert idle.now == busy.now  # one clock
+    (group,) = sim.instances  # one instance, one clock for both ranks
+    assert group.ranks == [busy, idle]
     steps = busy.steps
     prefill = BatchShape(1000, 1, 1, 0, 0, 1000, 1000, 1000 * 1001 // 2)
     expected = max(MOE.step_time(prefill, 1000), MOE.step_time(BatchShape.decode(1, 1), 1000))
@@ -50,9 +52,9 @@ def test_independent_replicas_keep_their_own_clocks() -> None:
     wl = Workload("two", (_req("long", 0.0, 2000, 40, 5), _req("short", 0.0, 100, 2, 6)))
     sim = DPSimulator(SimConfig(SC, CC, DENSE), wl, DPOptions(2, router="round-robin"))
     result = sim.run()
-    a, b = sim.ranks
     assert result.routed == [1, 1]
-    assert b.now < a.now  # the short request's replica finished early, unblocked by the other
+    clock_a, clock_b = (inst.now for inst in sim.instances)
+    assert clock_b < clock_a  # the short request's replica finished early, unblocked by the other
     single = Simulator(SimConfig(SC, CC, DENSE, fast_forward=False),
                        Workload("short", (wl.requests[1],))).run()
     (alone,) = single.records
@@ -73,6 +75,9 @@ class _FakeRank:
 
     def __init__(self, waiting: int, running: int) -> None:
         self.sched = type("S", (), {"waiting": [0] * waiting, "running": [0] * running})()
+
+    def load(self) -> int:
+        return load_score(self.sched)
 
 
 def test_round_robin_and_least_loaded_routing() -> None:
@@ -161,3 +166,22 @@ def test_lockstep_prefill_cadence_follows_the_shared_step_counter() -> None:
     plain = DPSimulator(SimConfig(SC, CC, MOE), wl, DPOptions(2, lockstep=True, router="round-robin"))
     base = plain.run().combined()
     assert sum(r.ttft for r in result.records) > sum(r.ttft for r in base.records)
+
+
+def test_dense_replicas_send_at_the_event_time_not_a_later_finish() -> None:
+    # Issue 9's reproducer (kvsched simulate -dp 2 --num-prompts 3000
+    # --request-rate 20 --random-range-ratio 0.9) crashed: a request was
+    # stamped with another replica's later finish time as its send time, so
+    # its first token came "before" it was sent.
+    wl = random_workload(num_prompts=3000, input_len=1024, output_len=128, range_ratio=0.9,
+                         request_rate=20.0, seed=0)
+    cc = CacheConfig(num_gpu_blocks=28000, block_size=16)
+    sc = SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=1024, max_model_len=8192)
+    result = DPSimulator(SimConfig(sc, cc, DENSE), wl, DPOptions(2)).run()
+    records = result.combined().records
+    assert len(records) == 3000
+    by_id = {r.request_id: r for r in wl.requests}
+    for r in records:
+        assert r.send_time == by_id[r.request_id].arrival_time  # open loop: sent on arrival
+        assert r.send_time < r.first_token_time <= r.finish_time
+    assert sum(result.routed) == 3000 and min(result.routed) > 1000

@@ -1,0 +1,142 @@
+"""The event loop: a client, a router and engine instances on one clock.
+
+One heap holds the time each busy instance starts its next step; the client
+says when it next sends. The loop takes the earliest event, sends first at
+equal times (a request that arrives as a step starts is in that step's
+queue, as vLLM's engine core drains its input queue before scheduling), then
+instances by index. An instance advances one step, or a stretch of decode
+steps that must stop before the next time anything from outside could reach
+it: the client's next send, and, while the client holds requests back for
+``--max-concurrency``, any other instance's next step (its finishes free the
+slots). Every instance's state at a send is therefore that of all its steps
+that started before it, with or without fast-forward.
+
+========================  ==========================================  ============================
+component                 owns                                        clock
+========================  ==========================================  ============================
+:class:`Client`           arrivals, the concurrency limit             none (asked for its next send)
+:class:`Router`           which rank gets a request                   none (reads the ranks' queues)
+:class:`EngineInstance`   one :class:`Rank` and a step-time model     its own ``now``
+:class:`LockstepGroup`    DP ranks that step together                 one ``now`` for all its ranks
+:class:`Cluster`          the heap of instance clocks                 none (reads the others')
+========================  ==========================================  ============================
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from kvsched.sim.client import Client
+from kvsched.sim.instance import EngineInstance, LockstepGroup
+from kvsched.sim.rank import Rank, SimResult
+from kvsched.sim.router import Router
+
+Instance = EngineInstance | LockstepGroup
+# (requests done, requests in the workload, simulated seconds)
+Progress = Callable[[int, int, float], None]
+
+
+class Cluster:
+    def __init__(self, instances: Sequence[Instance], client: Client, router: Router | None = None,
+                 *, progress: Progress | None = None) -> None:
+        if not instances:
+            raise ValueError("a cluster needs at least one engine instance")
+        self.instances = list(instances)
+        self.client = client
+        self.ranks: list[Rank] = [r for inst in self.instances for r in inst.ranks]
+        self._instance_of = [i for i, inst in enumerate(self.instances) for _ in inst.ranks]
+        if router is None:
+            router = Router("round-robin", len(self.ranks))
+        if router.size != len(self.ranks):
+            raise ValueError(f"router for {router.size} ranks, cluster has {len(self.ranks)}")
+        self.router = router
+        self.routed = [0] * len(self.ranks)
+        self.progress = progress
+        # Called after every step or stretch of any instance (e.g. to publish
+        # the ranks' load to DP admission policies).
+        self.after_step: list[Callable[[Cluster], None]] = []
+        self.wall_seconds = 0.0
+
+    @property
+    def now(self) -> float:
+        """The latest instance clock (the end of the simulation, once run)."""
+        return max(inst.now for inst in self.instances)
+
+    def run(self) -> list[SimResult]:
+        """Serve the whole workload; every rank's result."""
+        wall0 = time.perf_counter()
+        client = self.client
+        instances = self.instances
+        heap: list[tuple[float, int]] = []   # (next step start, instance) of busy instances
+        queued = [False] * len(instances)
+        hooks = self.after_step
+        last_report = wall0
+        iterations = 0
+        while True:
+            t_send = client.next_send_time()
+            t_step = heap[0][0] if heap else math.inf
+            if t_send <= t_step and t_send < math.inf:
+                for i in self._send(t_send):
+                    if not queued[i] and instances[i].busy():
+                        queued[i] = True
+                        heapq.heappush(heap, (instances[i].now, i))
+                continue
+            if not heap:
+                if client.done:
+                    break
+                raise RuntimeError("the client waits for responses but no engine has work; "
+                                   "nothing would ever progress")
+            _, i = heapq.heappop(heap)
+            inst = instances[i]
+            bound = t_send
+            if heap and client.waits_on_responses():
+                # Another instance's finish could free a slot and send a request
+                # here: no jump past its next step.
+                bound = min(bound, heap[0][0])
+            finished = inst.advance(bound)
+            if finished:
+                client.release(finished, inst.now)
+            for hook in hooks:
+                hook(self)
+            if inst.busy():
+                heapq.heappush(heap, (inst.now, i))
+            else:
+                queued[i] = False
+            iterations += 1
+            if self.progress is not None and not iterations & 255:
+                wall = time.perf_counter()
+                if wall - last_report > 0.5:
+                    last_report = wall
+                    self.progress(self._num_done(), client.num_requests, inst.now)
+        if self.progress is not None:
+            self.progress(self._num_done(), client.num_requests, self.now)
+        self.wall_seconds = time.perf_counter() - wall0
+        return [r.result(self.wall_seconds) for r in self.ranks]
+
+    def _num_done(self) -> int:
+        return sum(len(r.records) + len(r.failed) for r in self.ranks)
+
+    def _send(self, t: float) -> list[int]:
+        """Send what the client has due at ``t``; the instances that got work."""
+        client = self.client
+        touched: list[int] = []
+        while True:
+            due = client.due(t)
+            if not due:
+                return touched
+            refused = 0
+            for spec in due:
+                index = self.router.choose(self.ranks, t)
+                owner = self._instance_of[index]
+                self.instances[owner].wake(t)
+                if self.ranks[index].receive(spec, t):
+                    self.routed[index] += 1
+                    touched.append(owner)
+                else:
+                    refused += 1
+            if not refused:
+                return touched
+            client.refused(refused)  # their slots go to the next in the queue

@@ -1,0 +1,178 @@
+"""Engine instances: what the event loop steps.
+
+An instance owns its clock (``now``: when its next step can start), a
+step-time model and one or more :class:`~kvsched.sim.rank.Rank`:
+
+- :class:`EngineInstance` - one engine core (a single engine, or one replica
+  of a dense data-parallel deployment);
+- :class:`LockstepGroup` - the data-parallel ranks of an MoE model with
+  expert parallelism. They share their experts, so every rank runs every
+  step: a step lasts as long as the slowest rank, the experts see the tokens
+  of all ranks, and a rank with nothing to do runs a one-token dummy batch
+  that still pays the collectives. The group keeps vLLM's DP step counter
+  (``DPRankStates.step_counter``), which restarts when a wave of work ends.
+
+``advance(bound)`` runs one step, or a stretch of pure-decode steps in one
+jump when the core allows it (:func:`kvsched.core.fast_forward.decode_stretch_limit`)
+and no step of the stretch but the first starts at or after ``bound`` (the
+next event from outside: an arrival, or another instance's possible finish).
+Nothing outside an instance writes its clock; the loop only wakes an idle
+instance when work arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvsched.core.policies import DPRankStates
+from kvsched.perf.step_time import BatchShape, StepTimeModel
+from kvsched.sim.rank import Rank
+
+# A jump shorter than this is not worth its set-up; step instead.
+MIN_STRETCH = 2
+
+
+def stretch_times(start: float, limit: int, bound: float,
+                  step_time: Callable[[int], float]) -> tuple[list[float], list[float]]:
+    """Durations and end times of the steps of a decode stretch starting at
+    ``start`` (``step_time(j)`` is step j's), at most ``limit`` of them, none
+    starting at or after ``bound`` but the first. The ends are summed as
+    stepping sums them, so the floats are the same."""
+    durations: list[float] = []
+    ends: list[float] = []
+    t = start
+    for j in range(limit):
+        if j and t >= bound:
+            break
+        dt = step_time(j)
+        durations.append(dt)
+        t += dt
+        ends.append(t)
+    return durations, ends
+
+
+class EngineInstance:
+    """One engine core on its own clock."""
+
+    def __init__(self, rank: Rank, step_model: StepTimeModel, fast_forward: bool = True) -> None:
+        self.ranks = [rank]
+        self.rank = rank
+        self.step_model = step_model
+        self.fast_forward = fast_forward and rank.trace_steps is None
+        self.now = 0.0
+
+    def busy(self) -> bool:
+        return self.rank.busy()
+
+    def wake(self, t: float) -> None:
+        """Work arrives at ``t``: an idle engine starts its next step then."""
+        if self.now < t and not self.rank.busy():
+            self.now = t
+
+    def advance(self, bound: float) -> int:
+        """One step, or a stretch; returns how many requests finished (at
+        ``self.now`` afterwards)."""
+        rank = self.rank
+        if self.fast_forward and self._stretch(bound):
+            return 0
+        plan = rank.plan()
+        if plan is None:
+            raise RuntimeError(f"no request could be scheduled at t={self.now:.3f}s with "
+                               f"{len(rank.sched.waiting)} waiting; nothing would ever progress")
+        dt = self.step_model.step_time(plan.shape)
+        start = self.now
+        finished = rank.complete(plan, start, dt)
+        self.now = start + dt
+        return finished
+
+    def _stretch(self, bound: float) -> bool:
+        rank = self.rank
+        limit, kv_tokens = rank.stretch_limit()
+        if limit < MIN_STRETCH:
+            return False
+        B = len(rank.sched.running)
+        step_time = self.step_model.decode_step_time
+        durations, ends = stretch_times(self.now, limit, bound,
+                                        lambda j: step_time(B, kv_tokens + j * B))
+        if len(durations) < MIN_STRETCH:
+            return False
+        rank.apply_stretch(self.now, durations, ends)
+        self.now = ends[-1]
+        return True
+
+
+class LockstepGroup:
+    """Data-parallel ranks that step together on one clock."""
+
+    def __init__(self, ranks: list[Rank], step_model: StepTimeModel, shared: DPRankStates,
+                 fast_forward: bool = True) -> None:
+        self.ranks = ranks
+        self.step_model = step_model
+        self.shared = shared
+        # Policies decide per step from shared state: no jumps with them.
+        self.fast_forward = fast_forward and all(r.sched.admission_policy is None for r in ranks)
+        self.now = 0.0
+        self._dummy = BatchShape.decode(1, 1)
+
+    def busy(self) -> bool:
+        return any(r.busy() for r in self.ranks)
+
+    def wake(self, t: float) -> None:
+        if self.now < t and not self.busy():
+            self.now = t
+
+    def advance(self, bound: float) -> int:
+        if self.fast_forward and self._stretch(bound):
+            finished = 0
+        else:
+            finished = self._step()
+        if not self.busy():
+            self.shared.step_counter = 0  # the wave of work ended
+        return finished
+
+    def _step(self) -> int:
+        plans = [r.plan() for r in self.ranks]
+        global_tokens = sum(p.shape.num_tokens for p in plans if p is not None)
+        if not global_tokens:
+            raise RuntimeError(f"no request could be scheduled on any DP rank at t={self.now:.3f}s; "
+                               "nothing would ever progress")
+        model = self.step_model
+        dt = max(model.step_time(p.shape if p is not None else self._dummy, global_tokens)
+                 for p in plans)
+        start = self.now
+        finished = 0
+        for r, p in zip(self.ranks, plans):
+            if p is not None:
+                finished += r.complete(p, start, dt)
+        self.now = start + dt
+        self.shared.step_counter += 1
+        return finished
+
+    def _stretch(self, bound: float) -> bool:
+        """All ranks over a pure-decode stretch, each step as long as the
+        slowest rank (idle ranks run the dummy batch), as when stepping."""
+        busy = [r for r in self.ranks if r.sched.running]
+        if not busy or any(r.sched.waiting for r in self.ranks if not r.sched.running):
+            return False
+        limits = [r.stretch_limit() for r in busy]
+        limit = min(lim for lim, _ in limits)
+        if limit < MIN_STRETCH:
+            return False
+        sizes = [len(r.sched.running) for r in busy]
+        global_tokens = sum(sizes)
+        model = self.step_model
+        idle = len(busy) < len(self.ranks)
+        dummy = [model.decode_step_time(1, 1, global_tokens)] if idle else []
+
+        def step_time(j: int) -> float:
+            return max([model.decode_step_time(b, kv + j * b, global_tokens)
+                        for b, (_, kv) in zip(sizes, limits)] + dummy)
+
+        durations, ends = stretch_times(self.now, limit, bound, step_time)
+        if len(durations) < MIN_STRETCH:
+            return False
+        for r in busy:
+            r.apply_stretch(self.now, durations, ends)
+        self.shared.step_counter += len(durations)
+        self.now = ends[-1]
+        return True

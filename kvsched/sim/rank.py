@@ -1,0 +1,378 @@
+"""One engine core's scheduler and what its clients see of it.
+
+A :class:`Rank` owns a :class:`~kvsched.core.scheduler.Scheduler`, the
+simulated model's outputs (each request samples a token unique to it, or EOS
+at a position drawn when it arrives), and the client-side record of every
+request it serves: send, first token, every token time, finish. It has no
+clock: the instance that drives it (:mod:`kvsched.sim.instance`) passes the
+start and length of every step, so one clock can drive several ranks in
+lockstep.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+
+from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.core.fast_forward import decode_stretch_limit
+from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
+from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.scheduler import Scheduler
+from kvsched.core.trace import step_record
+from kvsched.perf.step_time import BatchShape
+from kvsched.request import Request, SamplingParams
+from kvsched.sim.metrics import RequestRecord, SampleAccumulator, benchmark_duration, compute_metrics
+from kvsched.sim.router import load_score
+from kvsched.sim.workload import WorkloadRequest
+
+EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)
+
+
+@dataclass(slots=True)
+class StepLog:
+    """Per-step timeline, columnar (a one-hour run has ~10^5-10^6 steps)."""
+
+    start: array[float] = field(default_factory=lambda: array("d"))
+    duration: array[float] = field(default_factory=lambda: array("d"))
+    num_reqs: array[int] = field(default_factory=lambda: array("q"))
+    num_tokens: array[int] = field(default_factory=lambda: array("q"))
+    prefill_tokens: array[int] = field(default_factory=lambda: array("q"))
+    free_blocks: array[int] = field(default_factory=lambda: array("q"))
+    num_running: array[int] = field(default_factory=lambda: array("q"))
+    num_waiting: array[int] = field(default_factory=lambda: array("q"))
+
+    def append(self, start: float, duration: float, num_reqs: int, num_tokens: int,
+               prefill_tokens: int, free_blocks: int, num_running: int, num_waiting: int) -> None:
+        self.start.append(start)
+        self.duration.append(duration)
+        self.num_reqs.append(num_reqs)
+        self.num_tokens.append(num_tokens)
+        self.prefill_tokens.append(prefill_tokens)
+        self.free_blocks.append(free_blocks)
+        self.num_running.append(num_running)
+        self.num_waiting.append(num_waiting)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+@dataclass(slots=True)
+class SimResult:
+    workload: str
+    records: list[RequestRecord]
+    failed: list[tuple[str, str]]  # (request id, why it was refused)
+    itls: SampleAccumulator
+    token_times: SampleAccumulator
+    steps: StepLog
+    num_gpu_blocks: int
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_fast_forwarded_steps: int
+    wall_seconds: float
+    # Every rank's own result when this one combines data-parallel ranks
+    # (their step logs and KV figures are per rank; ``steps`` is rank 0's).
+    ranks: list[SimResult] = field(default_factory=list)
+
+    @property
+    def duration(self) -> float:
+        return benchmark_duration(self.records) if self.records else 0.0
+
+    def metrics(self, percentiles: tuple[float, ...] = (50.0, 90.0, 99.0),
+                goodput_slos: dict[str, float] | None = None) -> dict[str, Any]:
+        """vllm bench serve's keys, plus the engine-side figures."""
+        out: dict[str, Any] = {}
+        if self.records:
+            out.update(compute_metrics(self.records, self.itls, self.duration, percentiles,
+                                       goodput_slos, failed=len(self.failed),
+                                       token_times=self.token_times))
+        else:
+            out["completed"] = 0
+            out["failed"] = len(self.failed)
+        out.update(self.engine_stats())
+        return out
+
+    def engine_stats(self) -> dict[str, Any]:
+        s = self.steps
+        n = len(s)
+        duration = np.frombuffer(s.duration, dtype=np.float64) if n else np.zeros(1)
+        busy = float(duration.sum())
+        tokens = sum(s.num_tokens)
+        prefill = sum(s.prefill_tokens)
+        usable = self.num_gpu_blocks - 1
+        free = np.frombuffer(s.free_blocks, dtype=np.int64) if n else np.full(1, usable)
+        usage = 1.0 - free / usable
+        return {
+            "num_steps": n,
+            "busy_seconds": busy,
+            "mean_batch_size": sum(s.num_reqs) / n if n else 0.0,
+            "mean_tokens_per_step": tokens / n if n else 0.0,
+            "prefill_token_share": prefill / tokens if tokens else 0.0,
+            "decode_token_share": 1.0 - prefill / tokens if tokens else 0.0,
+            "mean_kv_cache_usage": float(usage @ duration) / busy if busy else 0.0,
+            "max_kv_cache_usage": float(usage.max()),
+            "num_preemptions": self.num_preemptions,
+            "prefix_cache_hit_rate": (self.prefix_cache_hits / self.prefix_cache_queries
+                                      if self.prefix_cache_queries else 0.0),
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "fast_forwarded_steps": self.num_fast_forwarded_steps,
+            "simulation_wall_seconds": self.wall_seconds,
+        }
+
+
+def combine_results(ranks: list[SimResult]) -> SimResult:
+    """All ranks' requests and samples together; the step log and KV figures
+    are rank 0's (every rank's own result stays in ``ranks``)."""
+    if len(ranks) == 1:
+        return ranks[0]
+    first = ranks[0]
+    out = SimResult(
+        workload=first.workload, records=[r for res in ranks for r in res.records],
+        failed=[f for res in ranks for f in res.failed], itls=SampleAccumulator(),
+        token_times=SampleAccumulator(), steps=first.steps, num_gpu_blocks=first.num_gpu_blocks,
+        num_preemptions=sum(r.num_preemptions for r in ranks),
+        prefix_cache_queries=sum(r.prefix_cache_queries for r in ranks),
+        prefix_cache_hits=sum(r.prefix_cache_hits for r in ranks),
+        num_fast_forwarded_steps=sum(r.num_fast_forwarded_steps for r in ranks),
+        wall_seconds=max(r.wall_seconds for r in ranks), ranks=list(ranks))
+    for res in ranks:
+        out.itls.merge(res.itls)
+        out.token_times.merge(res.token_times)
+    return out
+
+
+@dataclass(slots=True)
+class PlannedStep:
+    """A scheduled step waiting for its duration (see Rank.plan)."""
+
+    output: SchedulerOutput
+    shape: BatchShape
+    sampled_ids: list[list[int]]
+
+
+@dataclass(slots=True)
+class _Live:
+    """Client-side view of one request in flight."""
+
+    spec: WorkloadRequest
+    send_time: float
+    token: int            # the token this request samples (unique to it)
+    eos_index: int        # output position of its EOS, or -1
+    first_token_time: float = -1.0
+    last_token_time: float = -1.0
+    num_tokens: int = 0
+    token_times: list[float] | None = None  # only when detail is kept
+
+
+class Rank:
+    """A scheduler, its simulated model outputs and its clients' records."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, *,
+                 workload_name: str, eos_probability: float = 0.0, seed: int = 0,
+                 admission_policy: AdmissionPolicy | None = None,
+                 trace_steps: TextIO | None = None, keep_token_times: bool = False) -> None:
+        self.sched = Scheduler(scheduler_config, cache_config, admission_policy=admission_policy)
+        self.num_gpu_blocks = cache_config.num_gpu_blocks
+        self.workload_name = workload_name
+        self.eos_probability = eos_probability
+        self.rng = random.Random(seed)
+        self.trace_steps = trace_steps
+        # Per-request token times cost memory per token: only on request.
+        self.keep_token_times = keep_token_times
+        self.live: dict[str, _Live] = {}
+        self.records: list[RequestRecord] = []
+        self.failed: list[tuple[str, str]] = []
+        self.itls = SampleAccumulator()
+        self.token_times = SampleAccumulator()
+        self.steps = StepLog()
+        self.num_ff_steps = 0
+        self.num_received = 0
+        self._next_token = 1  # output tokens are negative: never in a prompt
+
+    # -- requests in -----------------------------------------------------------
+    def receive(self, spec: WorkloadRequest, send_time: float) -> bool:
+        """A request sent at ``send_time``; False if the engine refuses it
+        (recorded in ``failed``)."""
+        params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
+        eos_index = -1
+        p = self.eos_probability
+        if p > 0.0:
+            # Geometric draw of the EOS position, truncated by max_tokens.
+            u = self.rng.random()
+            pos = int(math.log1p(-u) / math.log1p(-p))
+            if pos < spec.output_len - 1:
+                eos_index = pos
+                params = SamplingParams(max_tokens=spec.output_len, eos_token_id=EOS_TOKEN)
+        request = Request(spec.request_id, spec.prompt_token_ids(), params, arrival_time=send_time)
+        try:
+            self.sched.add_request(request)
+        except ValueError as e:
+            self.failed.append((spec.request_id, str(e)))
+            return False
+        self.live[spec.request_id] = _Live(spec, send_time, -self._next_token, eos_index,
+                                           token_times=[] if self.keep_token_times else None)
+        self._next_token += 1
+        self.num_received += 1
+        return True
+
+    def busy(self) -> bool:
+        return self.sched.has_unfinished_requests()
+
+    def load(self) -> int:
+        """The score vLLM's DP load balancer ranks engines by."""
+        return load_score(self.sched)
+
+    # -- one step ----------------------------------------------------------------
+    def plan(self) -> PlannedStep | None:
+        """``schedule()`` and the batch it makes (None if nothing runs)."""
+        sched = self.sched
+        out = sched.schedule()
+        num_sched = out.num_scheduled_tokens
+        if not num_sched:
+            return None
+        requests = sched.requests
+        live = self.live
+        decodes = decode_kv = prefill = prefill_kv = pairs = sampled = 0
+        sampled_ids: list[list[int]] = []
+        for rid, n_new in num_sched.items():
+            r = requests[rid]
+            c = r.num_computed_tokens - n_new
+            if n_new == 1:
+                decodes += 1
+                decode_kv += c + 1
+            else:
+                prefill += n_new
+                prefill_kv += c + n_new
+                pairs += n_new * c + n_new * (n_new + 1) // 2
+            if r.is_prefill_chunk:
+                sampled_ids.append([])
+            else:
+                sampled += 1
+                lv = live[rid]
+                sampled_ids.append([EOS_TOKEN if len(r.output_token_ids) == lv.eos_index else lv.token])
+        shape = BatchShape(out.total_num_scheduled_tokens, len(num_sched), sampled, decodes,
+                           decode_kv, prefill, prefill_kv, pairs)
+        return PlannedStep(out, shape, sampled_ids)
+
+    def complete(self, plan: PlannedStep, start: float, dt: float) -> int:
+        """``update_from_output()`` for a step of ``dt`` seconds from ``start``,
+        and the client-side bookkeeping. Returns how many requests finished."""
+        sched = self.sched
+        out, shape, sampled_ids = plan.output, plan.shape, plan.sampled_ids
+        num_sched = out.num_scheduled_tokens
+        live = self.live
+        now = start + dt
+        runner_output = ModelRunnerOutput(list(num_sched), sampled_ids)
+        result = sched.update_from_output(out, runner_output)
+        same_gap = 0
+        itls = self.itls
+        for rid, toks in zip(runner_output.req_ids, sampled_ids):
+            if not toks:
+                continue
+            lv = live[rid]
+            lv.num_tokens += 1
+            if lv.first_token_time < 0.0:
+                lv.first_token_time = now
+            elif lv.last_token_time == start:
+                same_gap += 1
+            else:
+                itls.add(now - lv.last_token_time)
+            lv.last_token_time = now
+            if lv.token_times is not None:
+                lv.token_times.append(now)
+        if same_gap:
+            itls.add(dt, same_gap)
+        if shape.num_sampled:
+            self.token_times.add(now, shape.num_sampled)
+        for o in result.finished:
+            self._finish(o.request_id, now)
+        free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        self.steps.append(start, dt, len(num_sched), shape.num_tokens, shape.prefill_tokens, free,
+                          len(sched.running), len(sched.waiting))
+        if self.trace_steps is not None:
+            record = step_record(len(self.steps) - 1, out,
+                                 [[o.request_id, o.finish_reason or ""] for o in result.finished], sched)
+            record["start"] = start
+            record["duration"] = dt
+            self.trace_steps.write(json.dumps(record, separators=(",", ":")) + "\n")
+        return len(result.finished)
+
+    def _finish(self, rid: str, now: float) -> None:
+        lv = self.live.pop(rid)
+        spec = lv.spec
+        self.records.append(RequestRecord(
+            request_id=rid, send_time=lv.send_time, first_token_time=lv.first_token_time,
+            finish_time=now, num_prompt_tokens=spec.num_prompt_tokens,
+            num_output_tokens=lv.num_tokens, arrival_time=spec.arrival_time,
+            token_times=lv.token_times))
+
+    # -- a stretch of decode steps ------------------------------------------------
+    def stretch_limit(self) -> tuple[int, int]:
+        """(most decode steps the scheduler can take with nothing changing,
+        the running requests' KV tokens): the core's rule, plus where this
+        rank's simulated model samples EOS."""
+        live = self.live
+
+        def steps_to_eos(r: Request) -> int:
+            eos = live[r.request_id].eos_index
+            return eos - len(r.output_token_ids) + 1 if eos >= 0 else 1 << 62
+
+        return decode_stretch_limit(self.sched, steps_to_eos if self.eos_probability > 0 else None)
+
+    def apply_stretch(self, start: float, durations: list[float], ends: list[float]) -> None:
+        """Advance every running request ``len(durations)`` decode steps of the
+        given durations (ending at ``ends``), with all the bookkeeping stepping
+        would do."""
+        sched = self.sched
+        running = sched.running
+        B = len(running)
+        k = len(durations)
+        lives = [self.live[r.request_id] for r in running]
+        free_after = sched.fast_forward_decode(k, [lv.token for lv in lives])
+        self.num_ff_steps += k
+        itls = self.itls
+        # Step 0: each request's gap from its own previous token.
+        end0 = ends[0]
+        same_gap = 0
+        for lv in lives:
+            if lv.last_token_time == start:
+                same_gap += 1
+            else:
+                itls.add(end0 - lv.last_token_time)
+        if same_gap:
+            itls.add(durations[0], same_gap)
+        # Steps 1..k-1: every request's gap is the step time. Added per stretch
+        # (the accumulators' statistics do not depend on how adds are grouped).
+        itls.add_repeated(durations[1:], B)
+        self.token_times.add_repeated(ends, B)
+        log = self.steps
+        log.start.append(start)
+        log.start.extend(ends[:-1])
+        log.duration.extend(durations)
+        for column, value in ((log.num_reqs, B), (log.num_tokens, B), (log.prefill_tokens, 0),
+                              (log.num_running, B), (log.num_waiting, len(sched.waiting))):
+            column.extend(array("q", (value,)) * k)
+        log.free_blocks.extend(free_after)
+        end = ends[-1]
+        for lv in lives:
+            lv.last_token_time = end
+            lv.num_tokens += k
+            if lv.token_times is not None:
+                lv.token_times.extend(ends)
+
+    def result(self, wall_seconds: float) -> SimResult:
+        stats = self.sched.kv_cache_manager.prefix_cache_stats
+        return SimResult(
+            workload=self.workload_name, records=self.records, failed=self.failed, itls=self.itls,
+            token_times=self.token_times, steps=self.steps, num_gpu_blocks=self.num_gpu_blocks,
+            num_preemptions=self.sched.num_preemptions,
+            prefix_cache_queries=stats.queries + stats.preempted_queries,
+            prefix_cache_hits=stats.hits + stats.preempted_hits,
+            num_fast_forwarded_steps=self.num_ff_steps, wall_seconds=wall_seconds)
