@@ -34,6 +34,7 @@ from kvsched.sim.charts import (
     text_width,
 )
 from kvsched.sim.charts import esc as _esc
+from kvsched.sim.refusals import failure_reasons
 from kvsched.sim.simulator import SimResult
 
 # Re-exported: the report's size limits and colours are the charts'.
@@ -84,6 +85,8 @@ METRIC_ROWS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
         ("request_goodput", "req/s", "requests meeting every SLO per second"),
         ("output_throughput", "tok/s", "output tokens per second"),
         ("total_token_throughput", "tok/s", "prompt + output tokens per second"),
+        ("output_throughput_per_gpu", "tok/s", "output tokens per second per GPU (TP x DP GPUs)"),
+        ("total_token_throughput_per_gpu", "tok/s", "prompt + output tokens per second per GPU"),
         ("max_output_tokens_per_s", "tok/s", "most output tokens in one second"),
         ("max_concurrent_requests", "", "most requests in flight in one second"),
     )),
@@ -146,6 +149,9 @@ svg.chart .grid line { stroke: #e9ecf1; stroke-width: 1; }
 svg.chart .frame { fill: none; stroke: #c9ced6; stroke-width: 1; }
 svg.chart .empty { font-size: 14px; }
 details { margin-top: 8px; }
+td.changed { background: #fff4e0; font-weight: 600; }
+table.deployment td.num { white-space: normal; }
+ul.notes { color: var(--muted); font-size: 12.5px; margin: 10px 0 0; padding-left: 18px; }
 footer { color: var(--muted); font-size: 12px; margin-top: 18px; }
 @media (max-width: 800px) { .grid2, .tables.two { grid-template-columns: 1fr; } ul.config { columns: 1; } }
 """
@@ -219,17 +225,73 @@ def _runs_table(labels: Sequence[str], results: Sequence[SimResult]) -> str:
             items = "".join(f"<li><code>{_esc(rid)}</code>: {_esc(why)}</li>" for rid, why in shown)
             rest = len(r.failed) - len(shown)
             more = f"<li>... and {rest:,} more</li>" if rest else ""
+            reasons = "".join(f"<li>{count:,} &times; {_esc(reason)}</li>"
+                              for reason, count in failure_reasons(r.failed).items())
             failures.append(f"<details><summary>{_esc(label)}: {len(r.failed):,} requests refused"
-                            f"</summary><ul>{items}{more}</ul></details>")
+                            f'</summary><p class="note">by reason:</p><ul class="reasons">{reasons}</ul>'
+                            f'<p class="note">the first {len(shown):,}:</p><ul>{items}{more}</ul></details>')
     return ('<table class="runs"><thead><tr><th>run</th><th>workload</th><th class="num">completed</th>'
             '<th class="num">failed</th><th class="num">simulated time (s)</th><th class="num">steps</th>'
             '<th class="num">fast-forwarded steps</th><th class="num">simulation wall time (s)</th>'
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table>{"".join(failures)}')
 
 
+def _setting(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _deployment_table(labels: Sequence[str], descriptions: Sequence[Mapping[str, Mapping[str, Any]]]
+                      ) -> str:
+    """Every setting of each run's deployment and workload (see
+    :func:`kvsched.sim.results.describe_run`): one row per setting, one column
+    per run; a value differing from the first run's is marked. The notes on
+    which numbers are per rank follow the table."""
+    ncols = 1 + len(labels)
+    body: list[str] = []
+    notes: dict[str, str] = {}
+    for part in ("deployment", "workload"):
+        groups: dict[str, list[str]] = {}  # section -> setting keys, first-seen order
+        for d in descriptions:
+            entry = d.get(part, {})
+            if part == "workload":
+                entry = {"workload": entry}
+            for section, settings in entry.items():
+                if section == "per_rank":
+                    notes.update(settings)
+                    continue
+                keys = groups.setdefault(section, [])
+                keys.extend(k for k in settings if k not in keys)
+        for section, keys in groups.items():
+            body.append(f'<tr class="section"><td colspan="{ncols}">{_esc(section)}</td></tr>')
+            for key in keys:
+                values = [_setting(_nested(d, part, section, key)) for d in descriptions]
+                cells = "".join(
+                    f'<td class="num{" changed" if i and v != values[0] else ""}" '
+                    f'data-setting="{_esc(section)}.{_esc(key)}" data-result="{i}">{_esc(v)}</td>'
+                    for i, v in enumerate(values))
+                body.append(f'<tr><td class="key">{_esc(key)}</td>{cells}</tr>')
+    head = "".join(f'<th class="num"><span class="swatch" style="background:{color(i)}"></span>'
+                   f"{_esc(label)}</th>" for i, label in enumerate(labels))
+    note_items = "".join(f"<li><b>{_esc(k)}</b>: {_esc(v)}</li>" for k, v in notes.items())
+    return (f'<table class="metrics deployment"><thead><tr><th>setting</th>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>'
+            + (f'<ul class="notes">{note_items}</ul>' if note_items else ""))
+
+
+def _nested(description: Mapping[str, Mapping[str, Any]], part: str, section: str, key: str) -> object:
+    entry = description.get(part, {})
+    settings = entry if part == "workload" else entry.get(section, {})
+    return settings.get(key) if isinstance(settings, Mapping) else None
+
+
 def render_report(results: Sequence[tuple[str, SimResult]], title: str, config_lines: Sequence[str] = (),
                   *, metrics: Sequence[Mapping[str, Any]] | None = None,
-                  goodput_slos: dict[str, float] | None = None) -> str:
+                  goodput_slos: dict[str, float] | None = None,
+                  descriptions: Sequence[Mapping[str, Mapping[str, Any]]] | None = None) -> str:
     """The report page as one HTML string (see :func:`write_report`)."""
     if not results:
         raise ValueError("render_report: no results; give at least one (label, SimResult)")
@@ -242,6 +304,8 @@ def render_report(results: Sequence[tuple[str, SimResult]], title: str, config_l
         metrics = [r.metrics(goodput_slos=goodput_slos) for r in runs]
     elif len(metrics) != len(runs):
         raise ValueError(f"render_report: {len(metrics)} metrics dicts for {len(runs)} results")
+    if descriptions is not None and len(descriptions) != len(results):
+        raise ValueError(f"render_report: {len(descriptions)} run descriptions for {len(results)} results")
 
     cdf_html = [f'<figure><h3>{_esc(long)} <span class="note">({_esc(short)})</span></h3>{svg}</figure>'
                 for long, short, svg in latency_charts(labels, runs)]
@@ -252,6 +316,10 @@ def render_report(results: Sequence[tuple[str, SimResult]], title: str, config_l
     if config_lines:
         items = "".join(f"<li>{_esc(line)}</li>" for line in config_lines)
         config = f'<section class="card"><h2>Configuration</h2><ul class="config">{items}</ul></section>'
+    if descriptions:
+        config += (f'<section class="card"><h2>Deployment and workload</h2><p class="note">As simulated, '
+                   "vLLM's defaults resolved; values that differ from the first run's are marked.</p>"
+                   f"{_deployment_table(labels, descriptions)}</section>")
     what = "one run" if len(runs) == 1 else f"{len(runs)} runs compared; deltas are against the first"
     return "\n".join([
         "<!DOCTYPE html>",
@@ -278,7 +346,8 @@ def render_report(results: Sequence[tuple[str, SimResult]], title: str, config_l
 
 def write_report(path: str | Path, results: Sequence[tuple[str, SimResult]], title: str,
                  config_lines: Sequence[str] = (), *, metrics: Sequence[Mapping[str, Any]] | None = None,
-                 goodput_slos: dict[str, float] | None = None) -> None:
+                 goodput_slos: dict[str, float] | None = None,
+                 descriptions: Sequence[Mapping[str, Mapping[str, Any]]] | None = None) -> None:
     """Write the HTML report of ``results`` (``(label, result)`` pairs, drawn
     over each other in that order) to ``path``.
 
@@ -286,6 +355,8 @@ def write_report(path: str | Path, results: Sequence[tuple[str, SimResult]], tit
     parallelism, scheduler settings, workload ...). ``metrics``: each
     result's ``result.metrics()`` if the caller has them already (they cost
     about a second for a one-hour run); otherwise they are computed here, with
-    ``goodput_slos`` if given."""
-    page = render_report(results, title, config_lines, metrics=metrics, goodput_slos=goodput_slos)
+    ``goodput_slos`` if given. ``descriptions``: each result's deployment and
+    workload (:func:`kvsched.sim.results.describe_run`), shown as a table."""
+    page = render_report(results, title, config_lines, metrics=metrics, goodput_slos=goodput_slos,
+                         descriptions=descriptions)
     Path(path).write_text(page, encoding="utf-8")

@@ -78,7 +78,7 @@ def test_fast_forward_flag_does_not_change_results(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv, words", [
     (["--model", "No-Such-Model"], "No-Such-Model"),
     (["--hardware", "tpu-v9"], "tpu-v9"),
-    (["--dataset-name", "azure"], "dataset_path"),
+    (["--dataset-name", "azure"], "needs --dataset-path"),
     (["--goodput", "latency:5"], "latency"),
     (["--metric-percentiles", "50,abc"], "metric-percentiles"),
 ])
