@@ -289,19 +289,21 @@ def run_compare(args: argparse.Namespace) -> int:
 def format_comparison(rows: list[tuple[str, dict[str, Any]]],
                       columns: tuple[tuple[str, str, float, str], ...] = COLUMNS) -> str:
     width = max(12, *(len(n) for n, _ in rows)) + 2
-    head = f"{'variant':<{width}}" + "".join(f"{label:>14}" for label, *_ in columns)
+    # At least two spaces between column labels.
+    widths = [max(14, len(label) + 2) for label, *_ in columns]
+    head = f"{'variant':<{width}}" + "".join(f"{label:>{w}}" for (label, *_), w in zip(columns, widths))
     lines = [head, "-" * len(head)]
     base = rows[0][1]
     for name, m in rows:
         cells = []
-        for _, key, scale, fmt in columns:
+        for (_, key, scale, fmt), w in zip(columns, widths):
             value = m.get(key)
-            cells.append(f"{'-':>14}" if value is None else f"{fmt.format(value * scale):>14}")
+            cells.append(f"{'-':>{w}}" if value is None else f"{fmt.format(value * scale):>{w}}")
         lines.append(f"{name:<{width}}" + "".join(cells))
         if m is not base:
             rel = []
-            for _, key, _, _ in columns:
+            for (_, key, _, _), w in zip(columns, widths):
                 a, b = base.get(key), m.get(key)
-                rel.append(f"{(b - a) / a:>+14.1%}" if a and b is not None else f"{'':>14}")
+                rel.append(f"{(b - a) / a:>+{w}.1%}" if a and b is not None else f"{'':>{w}}")
             lines.append(f"{'  vs ' + rows[0][0]:<{width}}" + "".join(rel))
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from kvsched.cli import main
 from kvsched.perf import get_hardware
 from kvsched.sim.deployment import EngineOptions, build_deployment, serve_defaults
 from kvsched.sim.metrics import RequestRecord
+from kvsched.sim.refusals import failure_reasons, format_failures
 from kvsched.sim.results import detailed_lists
 from kvsched.sim.workload import WorkloadRequest
 
@@ -353,3 +354,27 @@ def test_save_detailed_writes_vllm_bench_per_request_lists(
     by_id = {r["request_id"]: r for r in saved["requests"]}
     assert saved["ttfts"][0] == by_id["jsonl-0"]["ttft"]  # seconds, like the records
     assert [f["request_id"] for f in saved["failed_requests"]] == ["jsonl-1"]
+
+
+def test_failure_reasons_group_engine_and_server_refusals() -> None:
+    failed = [
+        ("a", "refused by the server: prompt + output > max_model_len=100 "
+              "(prompt 90 + output 20 = 110 tokens)"),
+        ("b", "request b: prompt 50 + max_tokens 9 needs up to 4 KV blocks but the cache has 3; it could "
+              "never run (vLLM would hang on it). Lower max_tokens"),
+        ("c", "refused by the server: prompt + output > max_model_len=100 "
+              "(prompt 99 + output 2 = 101 tokens)"),
+        ("d", "request d: something else"),
+    ]
+    assert failure_reasons(failed) == {
+        "refused by the server: prompt + output > max_model_len=100": 2,
+        "refused by the engine: needs more KV blocks than the cache's 3 (it could never run)": 1,
+        "something else": 1,
+    }
+    assert format_failures(failed, 10) == [
+        "Failed requests: 4 of 10, by reason:",
+        "       2  refused by the server: prompt + output > max_model_len=100 (first: a)",
+        "       1  refused by the engine: needs more KV blocks than the cache's 3 (it could never run) "
+        "(first: b)",
+        "       1  something else (first: d)",
+    ]
