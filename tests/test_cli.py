@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import subprocess
@@ -167,3 +168,15 @@ def test_core_simulator_and_cli_import_without_torch() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "RequestOutput"
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_every_flag_has_help(command: str) -> None:
+    from kvsched.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    actions = [a for a in sub.choices[command]._actions if not isinstance(a, argparse._HelpAction)]
+    assert len(actions) > 30  # the walk sees the engine, workload and output groups
+    missing = [a.option_strings[0] for a in actions if not (a.help or "").strip()]
+    assert missing == [], f"kvsched {command}: flags without help: {missing}"

@@ -4,15 +4,34 @@
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import math
+import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvsched.sim.deployment import Deployment, EngineOptions, build_deployment
 from kvsched.sim.metrics import parse_goodput
+from kvsched.sim.refusals import failure_reasons, format_failures, split_refused
+from kvsched.sim.results import (
+    describe_run,
+    detailed_lists,
+    json_safe,
+    num_gpus,
+    per_gpu_metrics,
+)
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator, stderr_progress
-from kvsched.sim.workload import DATASET_NAMES, Workload, load_workload
+from kvsched.sim.workload import (
+    DATASET_NAMES,
+    DEFAULT_INPUT_LEN,
+    DEFAULT_NUM_PROMPTS,
+    DEFAULT_OUTPUT_LEN,
+    Workload,
+    load_workload,
+)
 
 if TYPE_CHECKING:
     from kvsched.sim.dp import DPSimulator
@@ -28,11 +47,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, "
                         "ascend-910b, ...) or a YAML/JSON hardware file (default: %(default)s)")
     g.add_argument("--efficiency-file", help="YAML/JSON file overriding efficiency factors")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
+                   help="GPUs per engine core, sharding each layer (default: %(default)s)")
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
-                   help="engine cores, each with its own scheduler and KV cache")
+                   help="engine cores, each with its own scheduler and KV cache (default: 1)")
     g.add_argument("--enable-expert-parallel", action="store_true",
-                   help="shard experts over TP x DP ranks (MoE ranks then step in lockstep)")
+                   help="shard experts over TP x DP ranks (MoE ranks then step in lockstep); "
+                        "no effect on a dense model")
     g.add_argument("--dp-routing", choices=["vllm", "round-robin", "least-loaded"], default="vllm",
                    help="how arrivals pick a DP rank (vllm: lowest 4*waiting+running, stale stats)")
     g.add_argument("--dp-stats-interval", type=float, default=0.1,
@@ -41,23 +62,41 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    default="none", help="admission policy on every rank (see docs/simulator.md)")
     g.add_argument("--balance-threshold", choices=["full", "full-minus-one"], default="full",
                    help="balance: hold while any rank runs max_num_seqs (full) or one less")
-    g.add_argument("--adp-timeout-iters", type=int, default=50)
-    g.add_argument("--adp-batching-wait-iters", type=int, default=0)
-    g.add_argument("--max-num-seqs", type=int, help="default: vLLM serve's for the hardware")
+    g.add_argument("--adp-timeout-iters", type=int, default=50,
+                   help="adp-balance: steps a rank waits for the others before it admits anyway "
+                        "(default: %(default)s)")
+    g.add_argument("--adp-batching-wait-iters", type=int, default=0,
+                   help="adp-balance: extra steps to wait so admissions batch up "
+                        "(default: %(default)s)")
+    g.add_argument("--max-num-seqs", type=int,
+                   help="most requests running at once per engine core "
+                        "(default: vLLM serve's for the hardware)")
     g.add_argument("--max-num-batched-tokens", type=int,
-                   help="default: vLLM serve's for the hardware")
-    g.add_argument("--max-model-len", type=int, help="default: the model's context length")
+                   help="token budget of one engine step per engine core "
+                        "(default: vLLM serve's for the hardware)")
+    g.add_argument("--max-model-len", type=int,
+                   help="longest prompt + output a request may have; the server refuses longer "
+                        "ones (default: the model's context length)")
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                   default=d.enable_chunked_prefill)
+                   default=d.enable_chunked_prefill,
+                   help="split long prompts over several steps (default: on, as vLLM's v1)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=d.enable_prefix_caching)
-    g.add_argument("--block-size", type=int, default=d.block_size)
-    g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
-    g.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold)
-    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=d.scheduling_policy)
+                   default=d.enable_prefix_caching,
+                   help="reuse KV blocks of shared prompt prefixes (default: on, as vLLM's v1)")
+    g.add_argument("--block-size", type=int, default=d.block_size,
+                   help="tokens per KV cache block (default: %(default)s)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                   help="share of GPU memory vLLM may use; the KV cache gets what the weights "
+                        "and activations leave (default: %(default)s)")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold,
+                   help="cap on a long prompt's tokens per step when chunking (0: off; "
+                        "default: %(default)s)")
+    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=d.scheduling_policy,
+                   help="order of the waiting queue (default: %(default)s)")
     g.add_argument("--dtype", default=d.dtype, help="bf16 (default), fp16 or fp8 weights")
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, help="auto (16 bits) or fp8")
-    g.add_argument("--num-gpu-blocks-override", type=int)
+    g.add_argument("--num-gpu-blocks-override", type=int,
+                   help="KV cache blocks per engine core, instead of what memory leaves")
     g.add_argument("--prefill-schedule-interval", type=int, default=d.prefill_schedule_interval,
                    help="admit prefill only every K engine steps (vLLM's prefill cadence)")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
@@ -65,24 +104,47 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="overlap the scheduler's CPU work with the forward pass (vLLM's GPU default)")
 
 
+# Flags of the random dataset only. argparse leaves them None so that a flag
+# the user gave can be told from one left at its default (a trace dataset
+# refuses the former); resolve_workload_args fills the defaults, in one place.
+RANDOM_DEFAULTS: dict[str, Any] = {
+    "random_input_len": DEFAULT_INPUT_LEN,
+    "random_output_len": DEFAULT_OUTPUT_LEN,
+    "random_range_ratio": 0.0,
+    "random_prefix_len": 0,
+    "request_rate": math.inf,
+    "burstiness": 1.0,
+}
+
+
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload (vllm bench serve's arguments)")
-    g.add_argument("--dataset-name", choices=DATASET_NAMES, default="random")
+    g.add_argument("--dataset-name", choices=DATASET_NAMES, default="random",
+                   help="random (synthetic) or a trace: azure, mooncake, jsonl (default: random)")
     g.add_argument("--dataset-path", help="trace file for azure, mooncake or jsonl")
     g.add_argument("--num-prompts", type=int,
-                   help="prompts to send (random: default 1000; traces: default all)")
-    g.add_argument("--random-input-len", type=int, default=1024)
-    g.add_argument("--random-output-len", type=int, default=128)
-    g.add_argument("--random-range-ratio", type=float, default=0.0)
-    g.add_argument("--random-prefix-len", type=int, default=0)
-    g.add_argument("--request-rate", type=float, default=math.inf,
-                   help="requests/s for the random dataset (default inf: all at once)")
-    g.add_argument("--burstiness", type=float, default=1.0)
-    g.add_argument("--max-concurrency", type=int)
-    g.add_argument("--seed", type=int, default=0)
+                   help=f"prompts to send (random: default {DEFAULT_NUM_PROMPTS}; traces: default all)")
+    g.add_argument("--random-input-len", type=int,
+                   help=f"random: prompt tokens per request (default {DEFAULT_INPUT_LEN})")
+    g.add_argument("--random-output-len", type=int,
+                   help=f"random: output tokens per request (default {DEFAULT_OUTPUT_LEN})")
+    g.add_argument("--random-range-ratio", type=float,
+                   help="random: lengths drawn uniformly within +-ratio of the above (default 0)")
+    g.add_argument("--random-prefix-len", type=int,
+                   help="random: tokens of a prefix shared by every prompt (default 0)")
+    g.add_argument("--request-rate", type=float,
+                   help="random: requests/s (default inf: all at once); a trace keeps its own "
+                        "arrival times, rescale them with --time-scale")
+    g.add_argument("--burstiness", type=float,
+                   help="random: gamma shape of the arrival gaps, 1 = Poisson (default 1)")
+    g.add_argument("--max-concurrency", type=int,
+                   help="most requests in flight; later ones wait at the client (default: no limit)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of the random dataset and of EOS draws (default: %(default)s)")
     g.add_argument("--time-scale", type=float, default=1.0,
-                   help="multiply arrival times (0.5 = twice the request rate)")
-    g.add_argument("--duration", type=float, help="keep only requests arriving before this (s)")
+                   help="multiply arrival times (0.5 = twice the request rate; default 1)")
+    g.add_argument("--duration", type=float,
+                   help="keep only requests arriving before this many seconds")
     g.add_argument("--eos-probability", type=float, default=0.0,
                    help="per-token EOS probability; 0 (default) generates each request's output "
                         "length, as ignore_eos does")
@@ -90,18 +152,20 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_output_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
-    g.add_argument("--save-result", metavar="FILE.json", help="results with vllm bench's keys")
+    g.add_argument("--save-result", metavar="FILE.json",
+                   help="results with vllm bench's keys, plus the deployment and workload")
     g.add_argument("--save-detailed", action="store_true",
-                   help="with --save-result: also per-request records")
+                   help="with --save-result: also vllm bench's per-request lists and records")
     g.add_argument("--report", metavar="FILE.html", help="a self-contained page with plots")
     g.add_argument("--trace-steps", metavar="FILE.jsonl",
                    help="the scheduler's step trace plus each step's start and duration "
                         "(steps every step: no fast-forward)")
     g.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
-    g.add_argument("--metric-percentiles", default="50,90,99")
+    g.add_argument("--metric-percentiles", default="50,90,99",
+                   help="percentiles to report, comma-separated (default: %(default)s)")
     g.add_argument("--no-fast-forward", action="store_true",
                    help="step through pure-decode stretches one by one (same results, slower)")
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def add_simulate_parser(sub: Any) -> None:
@@ -135,10 +199,68 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
                                    else max(args.prefill_schedule_interval, 2)))
 
 
+def make_deployment(args: argparse.Namespace, who: str = "") -> Deployment:
+    """The deployment ``args`` describe. Expert parallelism on a dense model
+    is dropped with a note on stderr, as vLLM has no experts to shard there."""
+    options = engine_options(args)
+    deployment = build_deployment(options)
+    if options.enable_expert_parallel and not deployment.model.is_moe:
+        print(f"kvsched: note: {who}--enable-expert-parallel has no effect: {deployment.model.name} "
+              "is a dense model (no experts), and vLLM ignores expert parallelism for it",
+              file=sys.stderr, flush=True)
+        deployment = build_deployment(dataclasses.replace(options, enable_expert_parallel=False))
+    return deployment
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def resolve_workload_args(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of ``args`` with the workload flags checked against the dataset
+    and the random dataset's defaults filled in (trace datasets keep None)."""
+    n = args.num_prompts
+    if n is not None and n < 1:
+        raise ValueError(f"--num-prompts={n}: must be at least 1; leave it out to send "
+                         f"{DEFAULT_NUM_PROMPTS} random prompts or a whole trace")
+    if args.duration is not None and not args.duration > 0:
+        raise ValueError(f"--duration={args.duration}: must be > 0 seconds; leave it out to keep "
+                         "every request")
+    out = copy.copy(args)
+    if args.dataset_name == "random":
+        if args.dataset_path is not None:
+            raise ValueError(f"--dataset-path={args.dataset_path}: --dataset-name is random (the "
+                             "default), which reads no file; add --dataset-name azure, mooncake or "
+                             "jsonl to replay the trace")
+        for dest, default in RANDOM_DEFAULTS.items():
+            if getattr(out, dest) is None:
+                setattr(out, dest, default)
+        if out.num_prompts is None:
+            out.num_prompts = DEFAULT_NUM_PROMPTS
+        return out
+    if not args.dataset_path:
+        raise ValueError(f"--dataset-name {args.dataset_name}: needs --dataset-path, the trace file "
+                         "to replay")
+    for dest in ("request_rate", "burstiness"):
+        value = getattr(args, dest)
+        if value is not None:
+            raise ValueError(f"{_flag(dest)}={value:g}: the {args.dataset_name} dataset replays the "
+                             "trace's own arrival times; rescale them with --time-scale "
+                             "(0.5 = twice the rate) instead")
+    for dest in RANDOM_DEFAULTS:
+        value = getattr(args, dest)
+        if value is not None:
+            raise ValueError(f"{_flag(dest)}={value:g}: only for --dataset-name random; the "
+                             f"{args.dataset_name} dataset takes each request's lengths from the "
+                             "trace, drop the flag")
+    return out
+
+
 def build_workload(args: argparse.Namespace) -> Workload:
+    """The workload of ``args`` after :func:`resolve_workload_args`."""
     if args.dataset_name == "random":
         workload = load_workload(
-            "random", None, num_prompts=args.num_prompts or 1000, input_len=args.random_input_len,
+            "random", None, num_prompts=args.num_prompts, input_len=args.random_input_len,
             output_len=args.random_output_len, range_ratio=args.random_range_ratio,
             prefix_len=args.random_prefix_len, request_rate=args.request_rate,
             burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed)
@@ -147,9 +269,9 @@ def build_workload(args: argparse.Namespace) -> Workload:
                                  max_concurrency=args.max_concurrency)
     if args.time_scale != 1.0:
         workload = workload.scaled(args.time_scale)
-    if args.dataset_name != "random" and (args.num_prompts or args.duration):
-        workload = workload.truncated(num_requests=args.num_prompts, duration=args.duration)
-    elif args.duration:
+    if args.dataset_name != "random" and args.num_prompts is not None:
+        workload = workload.truncated(num_requests=args.num_prompts)
+    if args.duration is not None:
         workload = workload.truncated(duration=args.duration)
     return workload
 
@@ -157,13 +279,15 @@ def build_workload(args: argparse.Namespace) -> Workload:
 def describe_workload(args: argparse.Namespace, workload: Workload) -> str:
     n = len(workload.requests)
     conc = f", max concurrency {workload.max_concurrency}" if workload.max_concurrency else ""
+    scale = f", arrival times x{args.time_scale:g} (--time-scale)" if args.time_scale != 1.0 else ""
     if args.dataset_name == "random":
         rate = "all at t=0" if math.isinf(args.request_rate) else f"{args.request_rate:g} req/s"
         return (f"{n} random prompts ({args.random_input_len} in / {args.random_output_len} out"
                 f"{f', range ratio {args.random_range_ratio:g}' if args.random_range_ratio else ''}"
                 f"{f', shared prefix {args.random_prefix_len}' if args.random_prefix_len else ''}"
-                f", {rate}{conc})")
-    return f"{n} requests of {args.dataset_path} over {workload.last_arrival_time:,.0f} s{conc}"
+                f", {rate}{scale}{conc})")
+    return (f"{n} requests of {args.dataset_path} over {workload.last_arrival_time:,.0f} s"
+            f"{scale}{conc}")
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
@@ -176,29 +300,85 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
     return values
 
 
+OUTPUT_FLAGS = (("--save-result", "save_result"), ("--report", "report"),
+                ("--trace-steps", "trace_steps"))
+
+
+def check_output_path(flag: str, path: str) -> None:
+    """Raise ValueError, before any simulating, if ``path`` cannot be written."""
+    p = Path(path)
+    if path == "" or p.is_dir():
+        raise ValueError(f"{flag}={path!r}: is a folder; give a file name in it")
+    folder = p.parent
+    if not folder.exists():
+        raise ValueError(f"{flag}={path}: folder {folder} does not exist; create it or choose "
+                         "another path")
+    if not folder.is_dir():
+        raise ValueError(f"{flag}={path}: {folder} is not a folder; choose another path")
+    writable = os.access(p, os.W_OK) if p.exists() else os.access(folder, os.W_OK | os.X_OK)
+    if not writable:
+        raise ValueError(f"{flag}={path}: not writable (permission denied); choose another path")
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    for flag, dest in OUTPUT_FLAGS:
+        path = getattr(args, dest, None)
+        if path is not None:
+            check_output_path(flag, path)
+    if args.save_detailed and not args.save_result:
+        raise ValueError("--save-detailed: adds per-request lists to --save-result's file; "
+                         "give --save-result FILE.json too")
+
+
+def serve(deployment: Deployment, args: argparse.Namespace, accepted: Workload,
+          refused: list[tuple[str, str]], progress: Any = None) -> SimResult:
+    """Simulate the requests the server accepts; the refused ones are added to
+    the result's failures, as vllm bench serve records them."""
+    result = run_deployment(deployment, sim_config(deployment, args), accepted, args, progress)
+    result.failed.extend(refused)
+    return result
+
+
+def accept(deployment: Deployment, workload: Workload) -> tuple[Workload, list[tuple[str, str]]]:
+    """(requests the server accepts, refused ones); an error if it accepts none."""
+    max_model_len = deployment.scheduler_config.max_model_len
+    accepted, refused = split_refused(workload, max_model_len)
+    if accepted is None:
+        raise ValueError(
+            f"all {len(refused)} requests have prompt + output > max_model_len={max_model_len}, "
+            "so the server would refuse every one; raise --max-model-len (up to the model's "
+            f"{deployment.model.max_position_embeddings}) or shorten the requests")
+    return accepted, refused
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     percentiles = parse_percentiles(args.metric_percentiles)
     slos = parse_goodput(args.goodput) if args.goodput else None
-    deployment = build_deployment(engine_options(args))
+    args = resolve_workload_args(args)
+    check_output_paths(args)
+    deployment = make_deployment(args)
     workload = build_workload(args)
+    accepted, refused = accept(deployment, workload)
     print(f"Simulating {deployment.describe()}; serving {describe_workload(args, workload)}.",
           flush=True)
-    config = sim_config(deployment, args)
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
-    result = run_deployment(deployment, config, workload, args, progress)
+    result = serve(deployment, args, accepted, refused, progress)
     metrics = result.metrics(percentiles, slos)
-    print(format_table(metrics, percentiles))
-    for rid, why in result.failed[:5]:
-        print(f"failed {rid}: {why}")
-    if len(result.failed) > 5:
-        print(f"... and {len(result.failed) - 5} more failed requests")
+    metrics.update(per_gpu_metrics(metrics, deployment))
+    print(format_table(metrics, percentiles, num_gpus(deployment)))
+    for line in format_failures(result.failed, len(workload.requests)):
+        print(line)
+    run = describe_run(deployment, args, workload)
     if args.save_result:
-        save_result(args.save_result, deployment, args, metrics, result)
+        note = save_result(args.save_result, deployment, args, metrics, result, workload)
+        if note:
+            print(f"kvsched: note: --save-detailed: {note}", file=sys.stderr)
     if args.report:
         from kvsched.sim.report import write_report
 
         write_report(args.report, [("kvsched", result)], "kvsched simulate",
-                     [deployment.describe(), describe_workload(args, workload)], metrics=[metrics])
+                     [deployment.describe(), describe_workload(args, workload)], metrics=[metrics],
+                     descriptions=[run])
         print(f"report: {args.report}")
     return 0
 
@@ -250,13 +430,20 @@ def sim_config(deployment: Deployment, args: argparse.Namespace) -> SimConfig:
                      prefill_schedule_interval=deployment.options.prefill_schedule_interval)
 
 
-def save_result(path: str, deployment: Deployment, args: argparse.Namespace,
-                metrics: dict[str, Any], result: SimResult) -> None:
+def result_dict(deployment: Deployment, args: argparse.Namespace, metrics: dict[str, Any],
+                result: SimResult, workload: Workload) -> tuple[dict[str, Any], str | None]:
+    """The saved JSON: vllm bench serve's flat keys, then ``deployment`` and
+    ``workload`` in full, and with ``--save-detailed`` the per-request lists;
+    plus a note when a per-request list cannot be written."""
+    run = describe_run(deployment, args, workload)
+    lists, note = detailed_lists(workload.requests, result.records, result.failed)
     out: dict[str, Any] = {
         "backend": "kvsched-simulate",
         "model_id": deployment.model.name,
         "hardware": deployment.hardware.id,
         "tensor_parallel_size": deployment.parallel.tensor_parallel_size,
+        "data_parallel_size": deployment.parallel.data_parallel_size,
+        "num_gpus": num_gpus(deployment),
         "dataset_name": args.dataset_name,
         "num_prompts": len(result.records) + len(result.failed),
         "request_rate": args.request_rate if args.dataset_name == "random" else None,
@@ -266,20 +453,33 @@ def save_result(path: str, deployment: Deployment, args: argparse.Namespace,
         "max_num_batched_tokens": deployment.scheduler_config.max_num_batched_tokens,
         "num_gpu_blocks": deployment.cache_config.num_gpu_blocks,
         **metrics,
+        "failed_reasons": failure_reasons(result.failed),
+        **run,
+        # One string per request, "" for success, as vllm bench serve's list:
+        # kept without --save-detailed too, so no refusal goes unrecorded.
+        "errors": lists["errors"],
     }
     if args.save_detailed:
+        out.update(lists)
         out["requests"] = [
             {"request_id": r.request_id, "send_time": r.send_time, "ttft": r.ttft,
              "e2el": r.e2el, "input_len": r.num_prompt_tokens, "output_len": r.num_output_tokens}
             for r in result.records]
         out["failed_requests"] = [{"request_id": rid, "error": why} for rid, why in result.failed]
+    return out, note if args.save_detailed else None
+
+
+def save_result(path: str, deployment: Deployment, args: argparse.Namespace,
+                metrics: dict[str, Any], result: SimResult, workload: Workload) -> str | None:
+    """Write :func:`result_dict` to ``path``; returns its note, if any."""
+    out, note = result_dict(deployment, args, metrics, result, workload)
     with open(path, "w") as f:
-        json.dump(out, f, indent=2, default=lambda v: None if isinstance(v, float) and
-                  math.isinf(v) else v)
+        json.dump(json_safe(out), f, indent=2, allow_nan=False)
         f.write("\n")
+    return note
 
 
-def format_table(m: dict[str, Any], percentiles: tuple[float, ...]) -> str:
+def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 1) -> str:
     """A summary in the shape of vllm bench serve's."""
     rows: list[tuple[str, str]] = []
 
@@ -296,6 +496,9 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...]) -> str:
     add("Request goodput (req/s):", "request_goodput")
     add("Output token throughput (tok/s):", "output_throughput")
     add("Total token throughput (tok/s):", "total_token_throughput")
+    if gpus > 1:
+        add(f"Output tok/s per GPU ({gpus} GPUs):", "output_throughput_per_gpu")
+        add(f"Total tok/s per GPU ({gpus} GPUs):", "total_token_throughput_per_gpu")
     for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
                         ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
         rows.append((f"-- {title} --", ""))
@@ -304,16 +507,16 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...]) -> str:
         for p in percentiles:
             label = f"{p:g}"
             add(f"P{label} {name.upper()} (ms):", f"p{label}_{name}_ms")
-    rows.append(("-- Engine --", ""))
+    rows.append(("-- Engine (rank 0) --" if gpus > 1 else "-- Engine --", ""))
     add("Steps:", "num_steps", "{}")
     add("Mean batch size (requests):", "mean_batch_size")
     add("Mean tokens per step:", "mean_tokens_per_step")
     add("Prefill token share:", "prefill_token_share", "{:.1%}")
     add("Mean KV cache usage:", "mean_kv_cache_usage", "{:.1%}")
     add("Max KV cache usage:", "max_kv_cache_usage", "{:.1%}")
-    add("Preemptions:", "num_preemptions", "{}")
+    add("Preemptions (all ranks):" if gpus > 1 else "Preemptions:", "num_preemptions", "{}")
     add("Prefix cache hit rate:", "prefix_cache_hit_rate", "{:.1%}")
-    add("KV blocks:", "num_gpu_blocks", "{}")
+    add("KV blocks (per rank):" if gpus > 1 else "KV blocks:", "num_gpu_blocks", "{}")
     add("Simulation wall time (s):", "simulation_wall_seconds")
     width = 50
     lines = ["{s:{c}^{n}}".format(s=" Simulated Serving Benchmark Result ", n=width, c="=")]

@@ -18,29 +18,36 @@ import importlib
 import json
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvsched.sim.command import (
+    accept,
     add_engine_arguments,
     add_output_arguments,
     add_workload_arguments,
     build_workload,
+    check_output_paths,
     describe_workload,
-    engine_options,
+    make_deployment,
     parse_percentiles,
-    run_deployment,
-    sim_config,
+    resolve_workload_args,
+    serve,
 )
-from kvsched.sim.deployment import build_deployment
+from kvsched.sim.deployment import Deployment
 from kvsched.sim.metrics import parse_goodput
+from kvsched.sim.refusals import format_failures
+from kvsched.sim.results import describe_run, json_safe, per_gpu_metrics
 from kvsched.sim.simulator import SimResult, stderr_progress
+from kvsched.sim.workload import Workload
 
 # (label, metrics key, scale, format): seed 001's columns, then tails.
 COLUMNS = (
     ("Mean TTFT ms", "mean_ttft_ms", 1.0, "{:.1f}"),
     ("Mean TPOT ms", "mean_tpot_ms", 1.0, "{:.2f}"),
-    ("E2E s", "duration", 1.0, "{:.1f}"),
+    ("Duration s", "duration", 1.0, "{:.1f}"),
+    ("Mean E2EL ms", "mean_e2el_ms", 1.0, "{:.1f}"),
     ("Input tok/s", "input_throughput", 1.0, "{:.1f}"),
     ("Output tok/s", "output_throughput", 1.0, "{:.1f}"),
     ("Req/s", "request_throughput", 1.0, "{:.3f}"),
@@ -49,6 +56,8 @@ COLUMNS = (
     ("P99 E2EL ms", "p99_e2el_ms", 1.0, "{:.1f}"),
     ("Preempt", "num_preemptions", 1.0, "{:.0f}"),
 )
+# Shown when --goodput gives SLOs.
+GOODPUT_COLUMN = ("Goodput req/s", "request_goodput", 1.0, "{:.3f}")
 
 
 def variant_parser() -> argparse.ArgumentParser:
@@ -104,24 +113,58 @@ def add_compare_parser(sub: Any) -> None:
     p.set_defaults(func=run_compare)
 
 
+def _split_flags(name: str, flags: str, where: str) -> list[str]:
+    try:
+        return shlex.split(flags)
+    except ValueError as e:  # an unclosed quote
+        raise ValueError(f"{where}variant {name!r}: cannot split its flags {flags!r} ({e}); "
+                         "check the quotes") from None
+
+
+def read_variants_file(path: str) -> object:
+    """The YAML/JSON document in ``path``; any problem is one ValueError line
+    naming the file (and the line, for a syntax error)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"--variants={path}: cannot read it ({e.strerror or e}); "
+                         "give a YAML or JSON file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--variants={path}: not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}); "
+                         "give a YAML or JSON file") from None
+    if path.endswith((".yaml", ".yml")):
+        yaml = importlib.import_module("yaml")
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"--variants={path}: not valid YAML{where}: {problem}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--variants={path}: not valid JSON at line {e.lineno}, column {e.colno}: "
+                         f"{e.msg} (a .yaml or .yml file is read as YAML)") from None
+
+
 def parse_variants(specs: list[str], path: str | None) -> list[tuple[str, list[str]]]:
     variants: list[tuple[str, list[str]]] = []
     for spec in specs:
         name, sep, flags = spec.partition(":")
         if not sep or not name.strip():
             raise ValueError(f"--variant {spec!r}: write it as 'NAME: FLAGS' (flags may be empty)")
-        variants.append((name.strip(), shlex.split(flags)))
+        variants.append((name.strip(), _split_flags(name.strip(), flags, "--variant: ")))
     if path:
-        text = Path(path).read_text()
-        if path.endswith((".yaml", ".yml")):
-            data = importlib.import_module("yaml").safe_load(text)
-        else:
-            data = json.loads(text)
+        data = read_variants_file(path)
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: must map variant names to flags")
+            raise ValueError(f"--variants={path}: must map variant names to flags, "
+                             f"e.g. 'small: --max-num-seqs 8'; it holds a {type(data).__name__}")
         for name, flags in data.items():
             if isinstance(flags, str):
-                variants.append((str(name), shlex.split(flags)))
+                variants.append((str(name), _split_flags(str(name), flags, f"{path}: ")))
             elif isinstance(flags, list) and all(isinstance(f, str | int | float) for f in flags):
                 variants.append((str(name), [str(f) for f in flags]))
             elif flags is None:
@@ -134,6 +177,42 @@ def parse_variants(specs: list[str], path: str | None) -> list[tuple[str, list[s
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique: {names}")
     return variants
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A variant checked and built, ready to run."""
+
+    name: str
+    flags: list[str]
+    args: argparse.Namespace
+    deployment: Deployment
+    workload: Workload
+    accepted: Workload
+    refused: list[tuple[str, str]]
+
+
+def prepare(name: str, flags: list[str], args: argparse.Namespace,
+            parser: argparse.ArgumentParser) -> Prepared:
+    """Parse a variant's flags over the common ones, then build its deployment
+    and workload: every error a variant can have before it runs."""
+    ns = copy.copy(args)
+    try:
+        # Only flags the variant names change: argparse keeps the rest.
+        _, unknown = parser.parse_known_args(flags, namespace=ns)
+    except argparse.ArgumentError as e:
+        raise ValueError(f"variant {name!r}: bad flags {' '.join(flags)!r} ({e})") from None
+    if unknown:
+        raise ValueError(f"variant {name!r}: unknown flags {' '.join(unknown)!r}; "
+                         "use kvsched simulate's engine and workload flags")
+    try:
+        ns = resolve_workload_args(ns)
+        deployment = make_deployment(ns, who=f"variant {name!r}: ")
+        workload = build_workload(ns)
+        accepted, refused = accept(deployment, workload)
+    except ValueError as e:
+        raise ValueError(f"variant {name!r}: {e}") from None
+    return Prepared(name, flags, ns, deployment, workload, accepted, refused)
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -154,59 +233,77 @@ def run_compare(args: argparse.Namespace) -> int:
                          "variant's flags")
     percentiles = parse_percentiles(args.metric_percentiles)
     slos = parse_goodput(args.goodput) if args.goodput else None
+    check_output_paths(args)
     parser = variant_parser()
-    results: list[tuple[str, SimResult, dict[str, Any], argparse.Namespace]] = []
-    for name, flags in variants:
-        ns = copy.copy(args)
+    # Every variant is checked before any runs: a typo in the last one should
+    # not cost the time of the others.
+    prepared = [prepare(name, flags, args, parser) for name, flags in variants]
+    done: list[tuple[Prepared, SimResult, dict[str, Any]]] = []
+    failed: list[str] = []
+    progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
+    for v in prepared:
+        print(f"[{v.name}] {v.deployment.describe()}; {describe_workload(v.args, v.workload)}",
+              flush=True)
         try:
-            # Only flags the variant names change: argparse keeps the rest.
-            _, unknown = parser.parse_known_args(flags, namespace=ns)
-        except argparse.ArgumentError as e:
-            raise ValueError(f"variant {name!r}: bad flags {' '.join(flags)!r} ({e})") from None
-        if unknown:
-            raise ValueError(f"variant {name!r}: unknown flags {' '.join(unknown)!r}; "
-                             "use kvsched simulate's engine and workload flags")
-        deployment = build_deployment(engine_options(ns))
-        workload = build_workload(ns)
-        print(f"[{name}] {deployment.describe()}; {describe_workload(ns, workload)}", flush=True)
-        progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
-        result = run_deployment(deployment, sim_config(deployment, ns), workload, ns, progress)
+            result = serve(v.deployment, v.args, v.accepted, v.refused, progress)
+        except Exception as e:  # any failure: keep the other variants' results
+            # The exit status tells; a bug names its exception type.
+            what = str(e) if isinstance(e, ValueError | OSError) else f"{type(e).__name__}: {e}"
+            print(f"kvsched: error: variant {v.name!r}: {what}", file=sys.stderr, flush=True)
+            failed.append(v.name)
+            continue
         metrics = result.metrics(percentiles, slos)
         metrics["input_throughput"] = (metrics.get("total_input_tokens", 0) / metrics["duration"]
                                        if metrics.get("duration") else 0.0)
-        results.append((name, result, metrics, ns))
-    print(format_comparison([(n, m) for n, _, m, _ in results]))
+        metrics.update(per_gpu_metrics(metrics, v.deployment))
+        for line in format_failures(result.failed, len(v.workload.requests)):
+            print(f"[{v.name}] {line}")
+        done.append((v, result, metrics))
+    columns = (*COLUMNS, GOODPUT_COLUMN) if slos else COLUMNS
+    if done:
+        print(format_comparison([(v.name, m) for v, _, m in done], columns))
     if args.preset and args.preset.startswith("balance-seed"):
         print("\nSeed 001's measurement (vllm-ascend; hardware not stated), for reference:")
         print(format_comparison(SEED_001))
-    if args.save_result:
-        out = [{"name": n, "flags": f, **m} for (n, _, m, _), (_, f) in zip(results, variants)]
-        Path(args.save_result).write_text(json.dumps(out, indent=2, default=str) + "\n")
-    if args.report:
+    runs = [describe_run(v.deployment, v.args, v.workload) for v, _, _ in done]
+    if args.save_result and done:
+        out = [{"name": v.name, "flags": v.flags, **m, **run}
+               for (v, _, m), run in zip(done, runs)]
+        Path(args.save_result).write_text(
+            json.dumps(json_safe(out), indent=2, allow_nan=False, default=str) + "\n")
+    if args.report and done:
         from kvsched.sim.report import write_report
 
-        write_report(args.report, [(n, r) for n, r, _, _ in results], "kvsched compare",
-                     [f"{n}: {' '.join(f) or '(common flags)'}" for n, f in variants],
-                     metrics=[m for _, _, m, _ in results])
+        write_report(args.report, [(v.name, r) for v, r, _ in done], "kvsched compare",
+                     [f"{v.name}: {' '.join(v.flags) or '(common flags)'} -> {v.deployment.describe()}; "
+                      f"{describe_workload(v.args, v.workload)}" for v, _, _ in done],
+                     metrics=[m for _, _, m in done], descriptions=runs)
         print(f"report: {args.report}")
+    if failed:
+        print(f"kvsched: error: {len(failed)} of {len(prepared)} variants failed: "
+              f"{', '.join(map(repr, failed))}", file=sys.stderr)
+        return 1
     return 0
 
 
-def format_comparison(rows: list[tuple[str, dict[str, Any]]]) -> str:
+def format_comparison(rows: list[tuple[str, dict[str, Any]]],
+                      columns: tuple[tuple[str, str, float, str], ...] = COLUMNS) -> str:
     width = max(12, *(len(n) for n, _ in rows)) + 2
-    head = f"{'variant':<{width}}" + "".join(f"{label:>14}" for label, *_ in COLUMNS)
+    # At least two spaces between column labels.
+    widths = [max(14, len(label) + 2) for label, *_ in columns]
+    head = f"{'variant':<{width}}" + "".join(f"{label:>{w}}" for (label, *_), w in zip(columns, widths))
     lines = [head, "-" * len(head)]
     base = rows[0][1]
     for name, m in rows:
         cells = []
-        for _, key, scale, fmt in COLUMNS:
+        for (_, key, scale, fmt), w in zip(columns, widths):
             value = m.get(key)
-            cells.append(f"{'-':>14}" if value is None else f"{fmt.format(value * scale):>14}")
+            cells.append(f"{'-':>{w}}" if value is None else f"{fmt.format(value * scale):>{w}}")
         lines.append(f"{name:<{width}}" + "".join(cells))
         if m is not base:
             rel = []
-            for _, key, _, _ in COLUMNS:
+            for (_, key, _, _), w in zip(columns, widths):
                 a, b = base.get(key), m.get(key)
-                rel.append(f"{(b - a) / a:>+14.1%}" if a and b is not None else f"{'':>14}")
+                rel.append(f"{(b - a) / a:>+{w}.1%}" if a and b is not None else f"{'':>{w}}")
             lines.append(f"{'  vs ' + rows[0][0]:<{width}}" + "".join(rel))
     return "\n".join(lines)

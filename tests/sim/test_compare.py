@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvsched.cli import main
+from kvsched.sim import compare
 from kvsched.sim.compare import parse_variants
 
 BASE = ["--num-prompts", "60", "--random-input-len", "512", "--random-output-len", "64",
@@ -103,3 +106,109 @@ def test_jitter_preset_spreads_request_lengths(capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     assert "range ratio 0.1" in out and "TP4 DP4 EP16" in out
     assert "\nextra " in out and "\nseed balance " in out
+
+
+def error_lines(capsys: pytest.CaptureFixture[str]) -> tuple[list[str], str]:
+    captured = capsys.readouterr()
+    return captured.err.strip().splitlines(), captured.out
+
+
+def test_every_variant_is_checked_before_any_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", *BASE, "--variant", "good:", "--variant", "bad: --num-prompts 0"]) != 0
+    err, out = error_lines(capsys)
+    assert len(err) == 1 and err[0].startswith("kvsched: error: variant 'bad':")
+    assert "--num-prompts=0" in err[0]
+    assert "[good]" not in out  # nothing ran
+
+
+def test_a_variant_failing_while_running_keeps_the_others(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    real_serve = compare.serve
+
+    def serve(deployment: Any, args: Any, *rest: Any) -> Any:
+        if args.max_num_seqs == 7:
+            raise RuntimeError("the simulated engine broke")
+        return real_serve(deployment, args, *rest)
+
+    monkeypatch.setattr(compare, "serve", serve)
+    out = tmp_path / "r.json"
+    assert main(["compare", *BASE, "--save-result", str(out), "--variant", "a:",
+                 "--variant", "broken: --max-num-seqs 7", "--variant", "c: --max-num-seqs 16"]) == 1
+    err, text = error_lines(capsys)
+    assert err == ["kvsched: error: variant 'broken': RuntimeError: the simulated engine broke",
+                   "kvsched: error: 1 of 3 variants failed: 'broken'"]
+    assert "\na " in text and "\nc " in text and "\nbroken " not in text
+    assert [row["name"] for row in json.loads(out.read_text())] == ["a", "c"]
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("v.yaml", "a: [--max-num-seqs, 8\nb: ''\n", ["not valid YAML at line", "v.yaml"]),
+    ("v.json", '{"a": "--max-num-seqs 8",}', ["not valid JSON at line 1", "v.json"]),
+    ("v.yaml", b"\xff\xfe\x00a: b", ["not UTF-8", "v.yaml"]),
+    ("v.yaml", "- a\n- b\n", ["must map variant names to flags", "list"]),
+    ("v.yaml", "a: --model 'unclosed\n", ["variant 'a'", "quotes"]),
+])
+def test_a_malformed_variants_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               name: str, content: str | bytes, words: list[str]) -> None:
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    assert main(["compare", *BASE, "--variants", str(path)]) != 0
+    err, _ = error_lines(capsys)
+    assert len(err) == 1 and err[0].startswith("kvsched: error:"), err
+    assert all(w in err[0] for w in words), err[0]
+
+
+def test_a_missing_variants_file_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", *BASE, "--variants", str(tmp_path / "nope.yaml")]) != 0
+    err, _ = error_lines(capsys)
+    assert len(err) == 1 and f"--variants={tmp_path / 'nope.yaml'}" in err[0]
+
+
+def test_table_columns_name_duration_and_mean_e2el_and_goodput(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    assert main(["compare", *BASE, "--save-result", str(out), "--variant", "a:"]) == 0
+    head = capsys.readouterr().out.splitlines()[-3]
+    assert "Duration s" in head and "Mean E2EL ms" in head and "E2E s" not in head
+    assert "Goodput" not in head
+    assert main(["compare", *BASE, "--save-result", str(out), "--variant", "a:",
+                 "--goodput", "ttft:100000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head, row = lines[-3], lines[-1]
+    labels = re.split(r"\s{2,}", head.strip())
+    assert labels[-1] == "Goodput req/s"
+    (saved,) = json.loads(out.read_text())
+    cells = row.split()
+    # Every request meets a 100 s TTFT SLO: goodput is the request throughput.
+    assert float(cells[-1]) == pytest.approx(saved["request_goodput"], abs=5e-4)
+    assert saved["request_goodput"] == pytest.approx(saved["request_throughput"])
+    assert float(cells[labels.index("Mean E2EL ms")]) == pytest.approx(saved["mean_e2el_ms"], abs=0.05)
+    assert float(cells[labels.index("Duration s")]) == pytest.approx(saved["duration"], abs=0.05)
+
+
+def test_compare_json_and_report_name_each_deployment(tmp_path: Path) -> None:
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    assert main(["compare", *BASE, "--save-result", str(out), "--report", str(page),
+                 "--variant", "h100:", "--variant", "a100: --hardware a100-80gb --max-num-seqs 64"]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["deployment"]["hardware"]["id"] for r in rows] == ["h100-sxm", "a100-80gb"]
+    assert [r["deployment"]["scheduler"]["max_num_seqs"] for r in rows] == [1024, 64]
+    assert all(r["deployment"]["model"]["name"] == "meta-llama/Llama-3.1-8B" for r in rows)
+    assert all(r["workload"]["num_prompts"] == 60 and r["workload"]["request_rate"] == 20.0 for r in rows)
+    html = page.read_text()
+    assert 'data-setting="model.name" data-result="0">meta-llama/Llama-3.1-8B</td>' in html
+    assert 'data-setting="hardware.id" data-result="0">h100-sxm</td>' in html
+    # The second variant's differing settings are marked.
+    assert 'class="num changed" data-setting="hardware.id" data-result="1">a100-80gb</td>' in html
+    assert 'class="num changed" data-setting="scheduler.max_num_seqs" data-result="1">64</td>' in html
+    assert 'class="num" data-setting="model.name" data-result="1">' in html
+
+
+def test_compare_checks_output_paths_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "missing" / "r.html"
+    assert main(["compare", *BASE, "--variant", "a:", "--report", str(target)]) != 0
+    err, out = error_lines(capsys)
+    assert len(err) == 1 and f"--report={target}" in err[0] and out == ""

@@ -244,6 +244,8 @@ def test_bad_arguments(small: SimResult) -> None:
         render_report([("a", small), ("a", small)], "x")
     with pytest.raises(ValueError, match="metrics dicts"):
         render_report([("a", small)], "x", metrics=[])
+    with pytest.raises(ValueError, match="2 run descriptions for 1 results"):
+        render_report([("a", small)], "x", descriptions=[{}, {}])
 
 
 def test_precomputed_metrics_are_used(small: SimResult) -> None:
@@ -429,3 +431,14 @@ def test_renders_in_headless_chromium(tmp_path: Path, small: SimResult, roomy: S
     for colour in PALETTE[:2]:
         painted = int(counts[colours == int(colour[1:], 16)].sum())
         assert painted > 500, f"{colour}: {painted} pixels"
+
+
+def test_charts_draw_without_the_page() -> None:
+    # charts.py draws; report.py assembles the page around what it draws.
+    from kvsched.sim import charts, report
+
+    svg = charts.svg_chart("demo", [charts.Series("s", np.array([0.0, 1.0, 2.0]), np.array([1.0, 3.0, 2.0]),
+                                                  charts.PALETTE[0])],
+                           charts.Axis("x"), charts.Axis("y"))
+    assert svg.startswith('<svg class="chart" data-chart="demo"') and "<polyline" in svg
+    assert not hasattr(report, "svg_chart") and not hasattr(report, "Series")

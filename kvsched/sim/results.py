@@ -1,0 +1,194 @@
+"""What ``simulate`` and ``compare`` save: the whole deployment and workload
+described once (:func:`describe_run`, used by the JSON and the HTML report),
+per-GPU throughput, and ``vllm bench serve --save-detailed``'s per-request
+lists."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from kvsched.sim.deployment import Deployment
+from kvsched.sim.workload import Workload, WorkloadRequest
+
+GIB = 2**30
+
+# Which figures cover one data-parallel rank: each rank (engine core) has its
+# own scheduler and KV cache, and the combined result keeps rank 0's step log.
+PER_RANK_NOTES = {
+    "scheduler": "every scheduler setting applies to each DP rank (engine core) on its own: "
+                 "max_num_seqs and max_num_batched_tokens are per rank",
+    "num_gpu_blocks": "per DP rank: each engine core has its own KV cache, sharded over its "
+                      "tensor_parallel_size GPUs",
+    "rank_0_metrics": "num_steps, busy_seconds, mean_batch_size, mean_tokens_per_step, "
+                      "prefill_token_share, decode_token_share, mean_kv_cache_usage and "
+                      "max_kv_cache_usage are rank 0's; request counts, throughputs, latencies, "
+                      "num_preemptions and prefix_cache_hit_rate cover all ranks",
+    "per_gpu": "output_throughput_per_gpu and total_token_throughput_per_gpu divide by num_gpus "
+               "(tensor_parallel_size x data_parallel_size)",
+}
+
+
+def num_gpus(deployment: Deployment) -> int:
+    p = deployment.parallel
+    return p.tensor_parallel_size * p.data_parallel_size
+
+
+def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[str, Any]:
+    """Model, hardware, parallelism, scheduler and KV cache settings, as
+    vLLM's engine arguments name them (values as simulated, defaults resolved)."""
+    d = deployment
+    sc, cc, p = d.scheduler_config, d.cache_config, d.parallel
+    scheduler: dict[str, Any] = {
+        "max_num_seqs": sc.max_num_seqs,
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "max_model_len": sc.max_model_len,
+        "enable_chunked_prefill": sc.enable_chunked_prefill,
+        "scheduling_policy": sc.policy,
+        "long_prefill_token_threshold": sc.long_prefill_token_threshold,
+        "async_scheduling": d.runtime.async_scheduling,
+        "prefill_schedule_interval": d.options.prefill_schedule_interval,
+        "admission_policy": args.admission_policy,
+    }
+    if args.admission_policy == "balance":
+        scheduler["balance_threshold"] = args.balance_threshold
+    elif args.admission_policy == "adp-balance":
+        scheduler["adp_timeout_iters"] = args.adp_timeout_iters
+        scheduler["adp_batching_wait_iters"] = args.adp_batching_wait_iters
+    parallel: dict[str, Any] = {
+        "tensor_parallel_size": p.tensor_parallel_size,
+        "data_parallel_size": p.data_parallel_size,
+        "enable_expert_parallel": p.enable_expert_parallel,
+        # vLLM shards experts only where there are experts.
+        "expert_parallel_size": p.expert_parallel_size if d.model.is_moe else 1,
+        "num_gpus": num_gpus(d),
+    }
+    if p.data_parallel_size > 1:
+        parallel["dp_routing"] = args.dp_routing
+        parallel["dp_stats_interval"] = args.dp_stats_interval
+    return {
+        "model": {"name": d.model.name, "dtype": d.runtime.dtype,
+                  "kv_cache_dtype": d.runtime.kv_cache_dtype, "moe": d.model.is_moe},
+        "hardware": {"id": d.hardware.id, "name": d.hardware.name,
+                     "memory_gib": round(d.hardware.memory_bytes / GIB, 2),
+                     "efficiency_file": d.options.efficiency_file},
+        "parallel": parallel,
+        "scheduler": scheduler,
+        "cache": {"block_size": cc.block_size, "enable_prefix_caching": cc.enable_prefix_caching,
+                  "num_gpu_blocks": cc.num_gpu_blocks,
+                  "num_gpu_blocks_override": d.options.num_gpu_blocks_override,
+                  "gpu_memory_utilization": d.options.gpu_memory_utilization},
+        "per_rank": dict(PER_RANK_NOTES),
+    }
+
+
+def workload_dict(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:
+    """``vllm bench serve``'s workload arguments, as simulated (``args`` after
+    :func:`kvsched.sim.command.resolve_workload_args`)."""
+    out: dict[str, Any] = {
+        "dataset_name": args.dataset_name,
+        "dataset_path": args.dataset_path,
+        "num_prompts": len(workload.requests),
+    }
+    if args.dataset_name == "random":
+        out.update({"random_input_len": args.random_input_len,
+                    "random_output_len": args.random_output_len,
+                    "random_range_ratio": args.random_range_ratio,
+                    "random_prefix_len": args.random_prefix_len,
+                    "request_rate": args.request_rate, "burstiness": args.burstiness})
+    out.update({"max_concurrency": args.max_concurrency, "time_scale": args.time_scale,
+                "duration": args.duration, "seed": args.seed,
+                "eos_probability": args.eos_probability})
+    return out
+
+
+def describe_run(deployment: Deployment, args: argparse.Namespace,
+                 workload: Workload) -> dict[str, dict[str, Any]]:
+    """The saved JSON's ``deployment`` and ``workload``; the report shows the same."""
+    return {"deployment": deployment_dict(deployment, args),
+            "workload": workload_dict(args, workload)}
+
+
+def per_gpu_metrics(metrics: Mapping[str, Any], deployment: Deployment) -> dict[str, float]:
+    """Throughputs per GPU (GPUs = TP x DP)."""
+    gpus = num_gpus(deployment)
+    return {f"{key}_per_gpu": metrics[key] / gpus
+            for key in ("output_throughput", "total_token_throughput") if key in metrics}
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with infinities written as vLLM writes an unlimited request
+    rate ("inf") and NaN as null, so the file is standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+class CompletedRequest(Protocol):
+    """What the per-request lists read from a completed request's record."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def ttft(self) -> float: ...
+
+
+# The attribute the per-request ITL lists need on a completed request's record
+# (its gaps between consecutive output tokens, seconds); the simulator does not
+# keep it yet.
+ITLS_FIELD = "itls"
+ITLS_MISSING = ("itls not written: the simulator keeps no per-request token times yet "
+                "(RequestRecord.itls); the pooled ITL percentiles are in the summary keys")
+
+
+def detailed_lists(requests: Sequence[WorkloadRequest], records: Sequence[CompletedRequest],
+                   failed: Sequence[tuple[str, str]]) -> tuple[dict[str, list[Any]], str | None]:
+    """``vllm bench serve --save-detailed``'s per-request lists, one entry per
+    request in workload order: ``input_lens``, ``output_lens`` (0 for a failed
+    request), ``ttfts`` (seconds; 0 when failed), ``itls`` (a list of seconds
+    per request; [] when failed), ``generated_texts`` ("" : the simulator
+    makes no text), ``errors`` ("" for success).
+
+    Returns (lists, note): ``itls`` is left out, and the note says why, when
+    a completed record has no per-request ITLs."""
+    done = {r.request_id: r for r in records}
+    errors = dict(failed)
+    known = {spec.request_id for spec in requests}
+    stray = [rid for rid in [*done, *errors] if rid not in known]
+    if stray:
+        raise RuntimeError(f"requests {stray[:3]} are in the result but not in the workload")
+    have_itls = all(getattr(r, ITLS_FIELD, None) is not None for r in records)
+    out: dict[str, list[Any]] = {"input_lens": [], "output_lens": [], "ttfts": [], "itls": [],
+                                 "generated_texts": [], "errors": []}
+    for spec in requests:
+        rid = spec.request_id
+        record = done.get(rid)
+        if record is not None:
+            out["input_lens"].append(record.num_prompt_tokens)
+            out["output_lens"].append(record.num_output_tokens)
+            out["ttfts"].append(record.ttft)
+            out["itls"].append(list(getattr(record, ITLS_FIELD)) if have_itls else None)
+            out["errors"].append("")
+        elif rid in errors:
+            out["input_lens"].append(spec.num_prompt_tokens)
+            out["output_lens"].append(0)
+            out["ttfts"].append(0.0)
+            out["itls"].append([])
+            out["errors"].append(errors[rid])
+        else:
+            raise RuntimeError(f"request {rid}: neither completed nor failed in the result")
+        out["generated_texts"].append("")
+    if not have_itls:
+        del out["itls"]
+        return out, ITLS_MISSING
+    return out, None
