@@ -427,7 +427,8 @@ def sim_config(deployment: Deployment, args: argparse.Namespace) -> SimConfig:
     return SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
                      eos_probability=args.eos_probability, seed=args.seed,
                      fast_forward=not args.no_fast_forward,
-                     prefill_schedule_interval=deployment.options.prefill_schedule_interval)
+                     prefill_schedule_interval=deployment.options.prefill_schedule_interval,
+                     keep_token_times=bool(getattr(args, "save_detailed", False)))
 
 
 def result_dict(deployment: Deployment, args: argparse.Namespace, metrics: dict[str, Any],
@@ -459,6 +460,10 @@ def result_dict(deployment: Deployment, args: argparse.Namespace, metrics: dict[
         # kept without --save-detailed too, so no refusal goes unrecorded.
         "errors": lists["errors"],
     }
+    if result.ranks:
+        # Each DP rank's own engine figures (the flat ones above are rank 0's).
+        out["ranks"] = [{"rank": i, "completed": len(r.records), "failed": len(r.failed),
+                         **r.engine_stats()} for i, r in enumerate(result.ranks)]
     if args.save_detailed:
         out.update(lists)
         out["requests"] = [

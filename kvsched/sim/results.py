@@ -25,7 +25,8 @@ PER_RANK_NOTES = {
     "rank_0_metrics": "num_steps, busy_seconds, mean_batch_size, mean_tokens_per_step, "
                       "prefill_token_share, decode_token_share, mean_kv_cache_usage and "
                       "max_kv_cache_usage are rank 0's; request counts, throughputs, latencies, "
-                      "num_preemptions and prefix_cache_hit_rate cover all ranks",
+                      "num_preemptions and prefix_cache_hit_rate cover all ranks; the list under "
+                      "'ranks' gives every rank's own engine figures",
     "per_gpu": "output_throughput_per_gpu and total_token_throughput_per_gpu divide by num_gpus "
                "(tensor_parallel_size x data_parallel_size)",
 }

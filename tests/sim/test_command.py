@@ -343,8 +343,11 @@ def test_save_detailed_writes_vllm_bench_per_request_lists(
     out = tmp_path / "r.json"
     assert main(["simulate", "--no-progress", "--dataset-name", "jsonl", "--dataset-path", str(trace),
                  "--max-model-len", "1100", "--save-result", str(out), "--save-detailed"]) == 0
-    assert "itls not written" in capsys.readouterr().err  # not silently missing
+    assert "itls not written" not in capsys.readouterr().err
     saved = json.loads(out.read_text())
+    # Per-request inter-token latencies, as vllm bench serve writes them.
+    assert [len(x) for x in saved["itls"]] == [19, 0, 7]
+    assert all(gap > 0 for gap in saved["itls"][0] + saved["itls"][2])
     assert saved["input_lens"] == [100, 1000, 300]
     assert saved["output_lens"] == [20, 0, 8]
     assert saved["generated_texts"] == ["", "", ""]
@@ -353,6 +356,7 @@ def test_save_detailed_writes_vllm_bench_per_request_lists(
     assert saved["ttfts"][1] == 0.0 and saved["ttfts"][0] > 0 and saved["ttfts"][2] > 0
     by_id = {r["request_id"]: r for r in saved["requests"]}
     assert saved["ttfts"][0] == by_id["jsonl-0"]["ttft"]  # seconds, like the records
+    assert saved["ttfts"][0] + sum(saved["itls"][0]) == pytest.approx(by_id["jsonl-0"]["e2el"])
     assert [f["request_id"] for f in saved["failed_requests"]] == ["jsonl-1"]
 
 
