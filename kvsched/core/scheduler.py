@@ -162,7 +162,7 @@ class Scheduler:
             request.status = finished_status
             self._free_request(request)
         if done:
-            self.decode_stable = False
+            self.decode_stable = self.decode_stable and not self.waiting
         return done
 
     def _free_request(self, request: Request) -> None:
@@ -511,7 +511,8 @@ class Scheduler:
                 stopped.append((request, kept))
         finished: list[RequestOutput] = []
         if stopped:
-            self.decode_stable = False
+            # Freed slots and blocks matter only to requests that wait.
+            self.decode_stable = self.decode_stable and not self.waiting
             if len(stopped) == 1:
                 self.running.remove(stopped[0][0])
             else:

@@ -144,9 +144,23 @@ def test_limit_is_zero_while_admission_is_unsettled() -> None:
     assert not s.decode_stable and decode_stretch_limit(s) == (0, 0)
     with pytest.raises(ValueError, match="not settled"):
         s.fast_forward_decode(2, [5])
-    _step(s, {"r0": 5, "late": 6})  # admits it: not pure decode
-    assert decode_stretch_limit(s) == (0, 0) or not s.waiting
-    s.finish_requests("late")
+    _step(s, {"r0": 5, "late": 6})  # admits it; nothing waits any more
+    assert s.decode_stable and not s.waiting
+    s.finish_requests("late")  # nothing waits: a freed slot changes no admission
+    assert s.decode_stable
+
+
+def test_a_finish_unsettles_admission_only_when_something_waits() -> None:
+    # max_num_seqs=1 holds "b" back for a stable reason; freeing the slot
+    # (an abort or a finish) lets it in, so the stretch must stop.
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1, max_model_len=512),
+                  CacheConfig(num_gpu_blocks=100, block_size=4, enable_prefix_caching=False))
+    s.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)))
+    s.add_request(Request("b", [4, 5, 6], SamplingParams(max_tokens=3, ignore_eos=True)))
+    _step(s, {"a": 7, "b": 8})
+    _step(s, {"a": 7, "b": 8})  # pure decode, b held by max_num_seqs
+    assert s.decode_stable and decode_stretch_limit(s)[0] == 0  # a stops next step
+    _step(s, {"a": 7, "b": 8})  # a finishes
     assert not s.decode_stable
 
 
