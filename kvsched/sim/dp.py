@@ -24,8 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvsched.core.policies import DPPrefillCadence, DPRankStates
-from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.policies import AdmissionPolicy, DPPrefillCadence, DPRankStates
 from kvsched.perf.step_time import BatchShape
 from kvsched.sim.simulator import MIN_STRETCH, SimConfig, SimResult, Simulator, stretch_times
 from kvsched.sim.workload import Workload, WorkloadRequest

@@ -38,8 +38,7 @@ import numpy as np
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core import explain
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
-from kvsched.core.policies import PrefillCadence
-from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape, StepTimeModel
