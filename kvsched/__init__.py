@@ -7,7 +7,7 @@ from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
 from kvsched.core.scheduler import Scheduler
 
 # What LLM.generate returns, as vLLM's top-level RequestOutput (the scheduler's
-# per-step output of the same name lives in kvsched.core.output).
+# per-request output of a step is kvsched.core.output.EngineCoreOutput, as in vLLM).
 from kvsched.engine.outputs import CompletionOutput, RequestOutput
 from kvsched.request import Request, RequestStatus, SamplingParams
 

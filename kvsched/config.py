@@ -22,6 +22,29 @@ def _require_positive(name: str, value: int) -> None:
         raise _fail(name, value, "must be positive", f"set {name} to 1 or more")
 
 
+def check_long_prefill_token_threshold(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _fail("long_prefill_token_threshold", value,
+                    "must be a non-negative integer", "use 0 to disable the cap")
+
+
+def check_gpu_memory_utilization(value: object) -> None:
+    """vLLM's ``gpu_memory_utilization``: a fraction of device memory in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise _fail("gpu_memory_utilization", value, "must be a fraction in (0, 1]",
+                    "e.g. 0.9 gives the engine 90 % of the device's memory")
+
+
+def check_num_gpu_blocks_override(value: object) -> None:
+    """None (size the cache from memory) or at least 2 blocks."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise _fail("num_gpu_blocks_override", value,
+                    "must be an integer >= 2 (one block is vLLM's reserved null block)",
+                    "leave it unset to size the cache from memory")
+
+
 @dataclass(slots=True, frozen=True)
 class SchedulerConfig:
     """What vLLM calls ``SchedulerConfig`` (plus ``max_model_len``).
@@ -46,9 +69,7 @@ class SchedulerConfig:
                      "max_num_partial_prefills", "max_long_partial_prefills"):
             _require_positive(name, getattr(self, name))
         threshold = self.long_prefill_token_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
-            raise _fail("long_prefill_token_threshold", threshold,
-                        "must be a non-negative integer", "use 0 to disable the cap")
+        check_long_prefill_token_threshold(threshold)
         if self.policy not in POLICIES:
             raise _fail("policy", self.policy, "unknown scheduling policy",
                         "use 'fcfs' or 'priority'")

@@ -14,8 +14,7 @@ from typing import Any, TextIO
 
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
-from kvsched.core.policies import PrefillCadence
-from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.request import Request, SamplingParams
@@ -211,7 +210,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     policy = admission_policy
     if policy is None and scenario.prefill_schedule_interval > 1:
         policy = PrefillCadence(scenario.prefill_schedule_interval)
-    sched = Scheduler(scenario.scheduler_config, scenario.cache_config, policy, explain=explain)
+    sched = Scheduler(scenario.scheduler_config, scenario.cache_config, policy, explain_admission=explain)
     specs = {r["request_id"]: r for r in scenario.requests}
     arrivals: dict[int, list[dict[str, Any]]] = {}
     for r in scenario.requests:

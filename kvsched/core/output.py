@@ -59,7 +59,7 @@ class SchedulerOutput:
     # Why admission stopped this step (a REASON_* of kvsched.core.explain),
     # or None if every waiting request was admitted.
     admission_stop: str | None = None
-    # Filled only when the scheduler was built with explain=True.
+    # Filled only when the scheduler was built with explain_admission=True.
     not_admitted: list[NotAdmitted] | None = None
     # Running requests scheduled and then preempted later in the same step
     # (their tokens went back to the budget); None when there were none.
@@ -80,7 +80,7 @@ class ModelRunnerOutput:
 
 
 @dataclass(slots=True)
-class RequestOutput:
+class EngineCoreOutput:
     """New tokens of one request after a step, and its finish reason if done."""
 
     request_id: str
@@ -100,11 +100,11 @@ class EngineCoreOutputs:
     """
 
     model_runner_output: ModelRunnerOutput
-    finished: list[RequestOutput]
+    finished: list[EngineCoreOutput]
     # Scheduled requests whose tokens were ignored: aborted before the update.
     dropped: list[str]
 
-    def outputs(self) -> list[RequestOutput]:
+    def outputs(self) -> list[EngineCoreOutput]:
         done = {o.request_id: o for o in self.finished}
         dropped = set(self.dropped)
         mro = self.model_runner_output
@@ -113,6 +113,6 @@ class EngineCoreOutputs:
             if rid in done:
                 out.append(done.pop(rid))
             elif tokens and rid not in dropped:
-                out.append(RequestOutput(rid, list(tokens)))
+                out.append(EngineCoreOutput(rid, list(tokens)))
         out.extend(done.values())
         return out

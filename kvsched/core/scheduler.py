@@ -26,13 +26,13 @@ from kvsched.core import explain
 from kvsched.core.kv_cache_manager import KVCacheManager
 from kvsched.core.output import (
     CachedRequestData,
+    EngineCoreOutput,
     EngineCoreOutputs,
     ModelRunnerOutput,
     NewRequestData,
-    RequestOutput,
     SchedulerOutput,
 )
-from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.request_queue import create_request_queue
 from kvsched.request import FINISH_REASONS, Request, RequestStatus
 
@@ -69,10 +69,12 @@ class _Step:
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     computed_at_admission: dict[str, int] = field(default_factory=dict)
-    # Why admission stopped: (reason, request it stopped at or None, detail).
-    stop_reason: str | None = None
-    stop_at: str | None = None
-    stop_detail: str = ""
+    # Why admission stopped (a REASON_* of kvsched.core.explain; named apart
+    # from Request.stop_reason, the stop token of a finished request), the
+    # request it stopped at (or None), and the detail.
+    admission_stop: str | None = None
+    admission_stop_at: str | None = None
+    admission_stop_detail: str = ""
     # Running requests scheduled, then preempted later in the step (rare).
     unscheduled: list[str] | None = None
 
@@ -80,7 +82,7 @@ class _Step:
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  admission_policy: AdmissionPolicy | None = None,
-                 explain: bool = False) -> None:
+                 explain_admission: bool = False) -> None:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_num_running_reqs = scheduler_config.max_num_seqs
@@ -94,11 +96,12 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.admission_policy = admission_policy
-        # Optional policy methods (kvsched.core.policy), looked up once.
+        # Optional policy methods (kvsched.core.policies), looked up once.
         self._begin_step = getattr(admission_policy, "begin_step", None)
         self._defer_prefill_chunks = getattr(admission_policy, "defer_prefill_chunks", None)
         self._end_step = getattr(admission_policy, "end_step", None)
-        self.explain = explain
+        # True fills SchedulerOutput.not_admitted every step (``--explain``).
+        self.explain_admission = explain_admission
         self._priority = scheduler_config.policy == "priority"
         # True while the admission outcome is known to repeat as long as the
         # running requests only decode: set by schedule(), cleared by anything
@@ -206,8 +209,8 @@ class Scheduler:
         else:
             self._schedule_running(step, threshold)
         if step.preempted:
-            step.stop_reason = explain.REASON_PREEMPTION
-            step.stop_detail = "a running request was preempted this step; no admissions"
+            step.admission_stop = explain.REASON_PREEMPTION
+            step.admission_stop_detail = "a running request was preempted this step; no admissions"
         else:
             self._schedule_waiting(step, threshold)
         output = self._make_output(step)
@@ -218,7 +221,7 @@ class Scheduler:
         self.decode_stable = not self.waiting or (
             output.total_num_scheduled_tokens == n and len(output.num_scheduled_tokens) == n
             and not step.new_reqs and not step.resumed_reqs and not step.preempted
-            and step.stop_reason in _STABLE_STOPS)
+            and step.admission_stop in _STABLE_STOPS)
         if self._end_step is not None:
             self._end_step(self, output)
         return output
@@ -375,12 +378,12 @@ class Scheduler:
         budget = step.token_budget
         while waiting:
             if budget <= 0:
-                step.stop_reason = explain.REASON_TOKEN_BUDGET
-                step.stop_detail = f"token budget of {self.max_num_scheduled_tokens} used up"
+                step.admission_stop = explain.REASON_TOKEN_BUDGET
+                step.admission_stop_detail = f"token budget of {self.max_num_scheduled_tokens} used up"
                 break
             if len(running) >= max_running:
-                step.stop_reason = explain.REASON_MAX_NUM_SEQS
-                step.stop_detail = f"{len(running)} requests running, max_num_seqs={max_running}"
+                step.admission_stop = explain.REASON_MAX_NUM_SEQS
+                step.admission_stop_detail = f"{len(running)} requests running, max_num_seqs={max_running}"
                 break
             request = waiting.peek_request()
             if policy is not None:
@@ -403,7 +406,7 @@ class Scheduler:
             if kv.allocate_slots(request, num_new, num_computed, hit_blocks,
                                  full_sequence_must_fit=reserve_full) is None:
                 detail = ""
-                if self.explain:
+                if self.explain_admission:
                     need = kv.num_blocks_needed(request, num_new, hit_blocks, reserve_full)
                     what = "its whole sequence" if reserve_full else f"{num_new} tokens"
                     detail = (f"needs {need} free KV blocks for {what}, "
@@ -429,9 +432,9 @@ class Scheduler:
 
     @staticmethod
     def _stop_at(step: _Step, reason: str, request: Request, detail: str) -> None:
-        step.stop_reason = reason
-        step.stop_at = request.request_id
-        step.stop_detail = detail
+        step.admission_stop = reason
+        step.admission_stop_at = request.request_id
+        step.admission_stop_detail = detail
 
     def _make_output(self, step: _Step) -> SchedulerOutput:
         """Phase 3: the SchedulerOutput for the runner."""
@@ -461,16 +464,16 @@ class Scheduler:
             total_num_scheduled_tokens=self.max_num_scheduled_tokens - step.token_budget,
             preempted_req_ids={r.request_id for r in step.preempted},
             finished_req_ids=self.finished_req_ids,
-            admission_stop=step.stop_reason,
+            admission_stop=step.admission_stop,
         )
         if step.unscheduled is not None:
             output.unscheduled_req_ids = step.unscheduled
-        if self.explain:
-            head = step.stop_at if step.stop_reason in (
+        if self.explain_admission:
+            head = step.admission_stop_at if step.admission_stop in (
                 explain.REASON_KV_BLOCKS, explain.REASON_CHUNKED_PREFILL_OFF,
                 explain.REASON_ADMISSION_POLICY) else None
             output.not_admitted = explain.explain_waiting(
-                self.waiting, step.stop_reason, step.stop_detail, head)
+                self.waiting, step.admission_stop, step.admission_stop_detail, head)
         self.finished_req_ids = set()
         return output
 
@@ -509,7 +512,7 @@ class Scheduler:
             kept = self._append_and_check_stop(request, new_token_ids)
             if kept:
                 stopped.append((request, kept))
-        finished: list[RequestOutput] = []
+        finished: list[EngineCoreOutput] = []
         if stopped:
             # Freed slots and blocks matter only to requests that wait.
             self.decode_stable = self.decode_stable and not self.waiting
@@ -519,7 +522,7 @@ class Scheduler:
                 drop = {id(r) for r, _ in stopped}
                 self.running = [r for r in self.running if id(r) not in drop]
             for request, kept in stopped:
-                finished.append(RequestOutput(
+                finished.append(EngineCoreOutput(
                     request.request_id, request.output_token_ids[-kept:],
                     FINISH_REASONS[request.status], request.stop_reason))
                 self._free_request(request)

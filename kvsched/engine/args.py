@@ -6,10 +6,13 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-# vLLM's offline (LLM class) defaults on CPU; on CUDA its defaults grow with
-# device memory (see kvsched.sim.deployment for the serving ones).
-CPU_MAX_NUM_BATCHED_TOKENS = 4096
-CPU_MAX_NUM_SEQS = 256
+from kvsched.config import (
+    check_gpu_memory_utilization,
+    check_long_prefill_token_threshold,
+    check_num_gpu_blocks_override,
+)
+from kvsched.scheduler_defaults import check_optional_limit
+
 # vLLM's CPU backend reserves 4 GiB for the KV cache unless told otherwise;
 # tensors are allocated lazily, so an unused cache costs no RAM.
 DEFAULT_KV_CACHE_MEMORY = 4 << 30
@@ -72,20 +75,14 @@ class EngineArgs:
             raise ValueError(f"model={self.model!r}: give the path of a Hugging Face checkpoint directory")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: use auto, cpu, cuda or cuda:N")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization!r}: must be in (0, 1]")
+        check_gpu_memory_utilization(self.gpu_memory_utilization)
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
-        override = self.num_gpu_blocks_override
-        if override is not None and (isinstance(override, bool) or not isinstance(override, int)
-                                     or override < 2):
-            raise ValueError(f"num_gpu_blocks_override={override!r}: must be an integer >= 2 "
-                             "(one block is the reserved null block)")
+        check_num_gpu_blocks_override(self.num_gpu_blocks_override)
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"block_size={self.block_size!r}: must be a positive integer (vLLM uses 16)")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"{name}={v!r}: must be a positive integer (or left unset)")
+            check_optional_limit(name, getattr(self, name))
+        check_long_prefill_token_threshold(self.long_prefill_token_threshold)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed={self.seed!r}: must be an integer")

@@ -9,12 +9,7 @@ import torch
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from kvsched.core.scheduler import Scheduler
-from kvsched.engine.args import (
-    CPU_MAX_NUM_BATCHED_TOKENS,
-    CPU_MAX_NUM_SEQS,
-    DEFAULT_KV_CACHE_MEMORY,
-    EngineArgs,
-)
+from kvsched.engine.args import DEFAULT_KV_CACHE_MEMORY, EngineArgs
 from kvsched.executor.model_runner import ModelRunner
 from kvsched.executor.sampler import Sampler
 from kvsched.model.attention import CausalAttention
@@ -22,6 +17,7 @@ from kvsched.model.config import ModelConfig, load_model_config
 from kvsched.model.llama import LlamaForCausalLM
 from kvsched.model.loader import load_model, resolve_dtype
 from kvsched.request import Request, RequestStatus
+from kvsched.scheduler_defaults import DeviceInfo, UsageContext, resolve_scheduler_limits
 
 
 def resolve_device(name: str) -> torch.device:
@@ -31,6 +27,15 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={name!r}: torch sees no CUDA device here; use device='cpu'")
     return device
+
+
+def device_info(device: torch.device) -> DeviceInfo:
+    """What vLLM's platform reports for the batch defaults (one device: the
+    engine has no tensor or pipeline parallelism)."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return DeviceInfo("gpu", int(props.total_memory), str(props.name))
+    return DeviceInfo("cpu", 0, "cpu")
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -108,14 +113,13 @@ class EngineCore:
         config = load_model_config(args.model)
         self.dtype = resolve_dtype(args.dtype, config, self.device)
         # Every setting is checked before the weights load (a bad flag fails fast).
-        max_model_len = args.max_model_len or config.max_position_embeddings
-        if max_model_len > config.max_position_embeddings:
-            raise ValueError(f"max_model_len={max_model_len}: the model was trained for "
-                             f"{config.max_position_embeddings} positions; lower it")
-        max_num_seqs = args.max_num_seqs or CPU_MAX_NUM_SEQS
-        batched = args.max_num_batched_tokens or max(CPU_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
-        if not args.enable_chunked_prefill and args.max_num_batched_tokens is None:
-            batched = max(batched, max_model_len)
+        limits = resolve_scheduler_limits(
+            UsageContext.LLM_CLASS, device_info(self.device), max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+            max_position_embeddings=config.max_position_embeddings,
+            enable_chunked_prefill=args.enable_chunked_prefill)
+        max_num_seqs, batched, max_model_len = (
+            limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len)
         self.scheduler_config = SchedulerConfig(
             max_num_batched_tokens=batched, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
             enable_chunked_prefill=args.enable_chunked_prefill,

@@ -15,7 +15,8 @@ from kvsched.engine.core import EngineCore
 from kvsched.engine.detokenizer import load_tokenizer
 from kvsched.engine.output_processor import OutputProcessor
 from kvsched.engine.outputs import RequestOutput
-from kvsched.model.config import load_model_config, read_json
+from kvsched.hf_config import read_config_json
+from kvsched.model.config import load_model_config
 from kvsched.progress import draw_progress
 from kvsched.request import Request, RequestStatus, SamplingParams
 
@@ -163,7 +164,7 @@ def default_sampling_params(model: Path) -> SamplingParams:
     path = model / "generation_config.json"
     if not path.is_file():
         return SamplingParams()
-    config = read_json(path)
+    config = read_config_json(path)
     found = {name: config[key] for key, name in _GENERATION_DEFAULTS.items()
              if config.get(key) is not None}
     try:

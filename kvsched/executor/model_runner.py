@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
-from kvsched.executor.attention import (
+from kvsched.executor.paged_attention import (
     AttentionMetadata,
     GatherBuffers,
     PagedAttention,

@@ -3,24 +3,22 @@ config.json (and generation_config.json). Torch-free, so the CLI can use it."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# architecture -> (model_type, default head_dim, default num_key_value_heads,
-# default max_position_embeddings): transformers' defaults for keys a config.json
-# omits; None means hidden_size // num_attention_heads, resp. num_attention_heads.
-_ARCHITECTURES: dict[str, tuple[str, int | None, int | None, int]] = {
-    "LlamaForCausalLM": ("llama", None, None, 2048),
-    "MistralForCausalLM": ("mistral", None, 8, 131072),
-    "Qwen2ForCausalLM": ("qwen2", None, 32, 32768),
-    "Qwen3ForCausalLM": ("qwen3", 128, 32, 32768),
+from kvsched.hf_config import HFConfig, RopeFields, read_config_json, read_llama_family, read_rope
+
+# The architectures the engine runs, with their config.json model_type.
+_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURES)
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 RopeScaling = tuple[tuple[str, float | int | str], ...]
 
@@ -91,27 +89,10 @@ class ModelConfig:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON ({e}); fix or re-download the file") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: must hold a JSON object; fix or re-download the file")
-    return data
-
-
 def _number(where: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{where}={value!r}: must be a number; fix config.json")
     return float(value)
-
-
-def _positive_int(where: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{where}={value!r}: must be a positive integer; fix config.json")
-    return value
 
 
 def _token_ids(where: str, value: Any) -> list[int]:
@@ -124,37 +105,23 @@ def _token_ids(where: str, value: Any) -> list[int]:
     return list(items)
 
 
-def _rope(cfg: dict[str, Any], max_position_embeddings: int) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, rope_scaling) from either transformers 5's ``rope_parameters``
-    or the older ``rope_theta`` + ``rope_scaling`` keys."""
-    params = cfg.get("rope_parameters")
-    where = "rope_parameters"
-    if params is None:
-        params, where = cfg.get("rope_scaling"), "rope_scaling"
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise ValueError(f"{where}={params!r}: must be a JSON object or null; fix config.json")
-    if any(isinstance(v, dict) for v in params.values()):
-        raise ValueError(f"{where}: per-layer-type RoPE parameters are not supported by the "
-                         "Llama-family model; use a checkpoint with one RoPE for all layers")
-    theta = _number(f"{where}.rope_theta" if "rope_theta" in params else "rope_theta",
-                    params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ValueError(f"partial_rotary_factor={partial!r}: partial rotary embedding is not "
-                         "supported; only 1.0 (rotate the whole head) is")
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"{where}.rope_type={rope_type!r}: unsupported RoPE scaling; "
+def _rope_scaling(rope: RopeFields, max_position_embeddings: int) -> RopeScaling | None:
+    """The RoPE scalings the model implements, checked (the spelling is
+    kvsched.hf_config's ``read_rope``)."""
+    where, params = rope.where, rope.parameters
+    if rope.partial_rotary_factor != 1.0:
+        raise ValueError(f"partial_rotary_factor={rope.partial_rotary_factor!r}: partial rotary "
+                         "embedding is not supported; only 1.0 (rotate the whole head) is")
+    if rope.rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"{where}.rope_type={rope.rope_type!r}: unsupported RoPE scaling; "
                          f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
-    if rope_type == "default":
-        return theta, None
+    if rope.rope_type == "default":
+        return None
     factor = _number(f"{where}.factor", params.get("factor"))
     if factor <= 0:
         raise ValueError(f"{where}.factor={factor!r}: must be > 0; fix config.json")
-    scaling: dict[str, float | int | str] = {"rope_type": rope_type, "factor": factor}
-    if rope_type == "llama3":
+    scaling: dict[str, float | int | str] = {"rope_type": rope.rope_type, "factor": factor}
+    if rope.rope_type == "llama3":
         # transformers falls back to max_position_embeddings the same way.
         orig = params.get("original_max_position_embeddings", max_position_embeddings)
         if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 0:
@@ -167,36 +134,7 @@ def _rope(cfg: dict[str, Any], max_position_embeddings: int) -> tuple[float, Rop
                              f"low_freq_factor={low!r}; fix config.json")
         scaling.update(low_freq_factor=low, high_freq_factor=high,
                        original_max_position_embeddings=orig)
-    return theta, tuple(sorted(scaling.items()))
-
-
-def _check_sliding_window(cfg: dict[str, Any], architecture: str, num_layers: int,
-                          max_position_embeddings: int) -> None:
-    """The model attends over the whole context, which equals sliding-window
-    attention only when the window covers every position."""
-    window = cfg.get("sliding_window")
-    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-        if not cfg.get("use_sliding_window", False):
-            return
-        layer_types = cfg.get("layer_types")
-        if isinstance(layer_types, list):
-            sliding = "sliding_attention" in layer_types
-        else:
-            max_window_layers = cfg.get("max_window_layers", 28)
-            sliding = not isinstance(max_window_layers, int) or max_window_layers < num_layers
-        if not sliding:
-            return
-    elif architecture != "MistralForCausalLM":
-        return
-    if window is None:
-        return
-    if isinstance(window, bool) or not isinstance(window, int):
-        raise ValueError(f"sliding_window={window!r}: must be an integer or null; fix config.json")
-    if window < max_position_embeddings:
-        raise ValueError(
-            f"sliding_window={window}: sliding-window attention is not supported and the window is "
-            f"smaller than max_position_embeddings={max_position_embeddings}; use a checkpoint with "
-            f"sliding_window null or >= max_position_embeddings")
+    return tuple(sorted(scaling.items()))
 
 
 def load_model_config(path: str | os.PathLike[str]) -> ModelConfig:
@@ -210,67 +148,49 @@ def load_model_config(path: str | os.PathLike[str]) -> ModelConfig:
         raise ValueError(f"model={str(path)!r}: no config.json in the directory; pass a Hugging Face "
                          "checkpoint directory that contains config.json")
     gen_file = root / "generation_config.json"
-    generation = read_json(gen_file) if gen_file.is_file() else None
-    return parse_model_config(read_json(config_file), generation, str(config_file))
+    generation = read_config_json(gen_file) if gen_file.is_file() else None
+    return parse_model_config(read_config_json(config_file), generation, str(config_file))
 
 
-def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | None = None,
-                       source: str = "config.json") -> ModelConfig:
-    """A ``ModelConfig`` from config.json's (and generation_config.json's) contents."""
-
+def _architecture(cfg: dict[str, Any]) -> str:
     archs = cfg.get("architectures")
     if archs is None:
-        by_type = {model_type: arch for arch, (model_type, *_) in _ARCHITECTURES.items()}
+        by_type = {model_type: arch for arch, model_type in _ARCHITECTURES.items()}
         if cfg.get("model_type") not in by_type:
             raise ValueError(f"architectures=None, model_type={cfg.get('model_type')!r}: cannot tell "
                              f"the architecture; set architectures to one of "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)} in config.json")
-        archs = [by_type[cfg["model_type"]]]
+        return by_type[cfg["model_type"]]
     if not isinstance(archs, list) or not archs or archs[0] not in _ARCHITECTURES:
         raise ValueError(f"architectures={archs!r}: unsupported architecture; use a checkpoint of "
                          f"one of {', '.join(SUPPORTED_ARCHITECTURES)}")
     arch: str = archs[0]
-    model_type, default_head_dim, default_kv_heads, default_max_pos = _ARCHITECTURES[arch]
+    return arch
 
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads"):
-        if key not in cfg:
-            raise ValueError(f"{key}: missing from {source}; the config is incomplete, "
-                             "re-download or fix it")
-        _positive_int(key, cfg[key])
-    hidden_act = cfg.get("hidden_act", "silu")
-    if hidden_act != "silu":
-        raise ValueError(f"hidden_act={hidden_act!r}: unsupported activation; the Llama family "
+
+def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | None = None,
+                       source: str = "config.json") -> ModelConfig:
+    """A ``ModelConfig`` from config.json's (and generation_config.json's) contents.
+
+    The fields are read by ``kvsched.hf_config`` (shared with the simulator);
+    here are only what the engine supports and the token ids."""
+    arch = _architecture(cfg)
+    reader = HFConfig(cfg, source)
+    f = read_llama_family(reader, _ARCHITECTURES[arch])
+    if f.hidden_act != "silu":
+        raise ValueError(f"hidden_act={f.hidden_act!r}: unsupported activation; the Llama family "
                          "uses silu")
-    if cfg.get("mlp_bias", False):
+    if f.mlp_bias:
         raise ValueError("mlp_bias=True: MLP biases are not supported; use a checkpoint without them")
-
-    heads = cfg["num_attention_heads"]
-    # Like transformers: an absent key takes the class default, an explicit null
-    # means multi-head attention.
-    kv_heads = cfg.get("num_key_value_heads", default_kv_heads)
-    if kv_heads is None:
-        kv_heads = heads
-    head_dim = cfg.get("head_dim")
-    if head_dim is None:
-        if default_head_dim is not None:
-            head_dim = default_head_dim
-        elif cfg["hidden_size"] % heads == 0:
-            head_dim = cfg["hidden_size"] // heads
-        else:
-            raise ValueError(f"hidden_size={cfg['hidden_size']!r}: not divisible by "
-                             f"num_attention_heads={heads!r} and head_dim is not set; fix config.json")
-    max_pos = _positive_int("max_position_embeddings",
-                            cfg.get("max_position_embeddings", default_max_pos))
-    rope_theta, rope_scaling = _rope(cfg, max_pos)
-    _check_sliding_window(cfg, arch, cfg["num_hidden_layers"], max_pos)
-
-    if arch == "Qwen2ForCausalLM":
-        qkv_bias, o_bias = True, False
-    elif arch == "MistralForCausalLM":
-        qkv_bias = o_bias = False
-    else:
-        qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
+    # The model attends over the whole context, which equals sliding-window
+    # attention only when the window covers every position.
+    if f.num_sliding_layers and f.sliding_window < f.max_position_embeddings:
+        raise ValueError(
+            f"sliding_window={f.sliding_window}: sliding-window attention is not supported and the "
+            f"window is smaller than max_position_embeddings={f.max_position_embeddings}; use a "
+            "checkpoint with sliding_window null or >= max_position_embeddings")
+    rope = read_rope(reader)
+    rope_scaling = _rope_scaling(rope, f.max_position_embeddings)
 
     eos = _token_ids("eos_token_id", cfg.get("eos_token_id"))
     bos = cfg.get("bos_token_id")
@@ -285,23 +205,23 @@ def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | 
 
     return ModelConfig(
         architecture=arch,
-        model_type=str(cfg.get("model_type", model_type)),
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=_number("rms_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=rope_theta,
+        model_type=str(cfg.get("model_type", f.model_type)),
+        vocab_size=f.vocab_size,
+        hidden_size=f.hidden_size,
+        intermediate_size=f.intermediate_size,
+        num_hidden_layers=f.num_hidden_layers,
+        num_attention_heads=f.num_attention_heads,
+        num_key_value_heads=f.num_key_value_heads,
+        head_dim=f.head_dim,
+        rms_norm_eps=f.rms_norm_eps,
+        rope_theta=rope.rope_theta,
         rope_scaling=rope_scaling,
-        max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=qkv_bias,
-        qk_norm=arch == "Qwen3ForCausalLM",
+        max_position_embeddings=f.max_position_embeddings,
+        tie_word_embeddings=f.tie_word_embeddings,
+        attention_bias=f.attention_bias,
+        qk_norm=f.qk_norm,
         eos_token_ids=tuple(eos),
         bos_token_id=bos,
         torch_dtype=dtype if isinstance(dtype, str) else None,
-        o_proj_bias=o_bias,
+        o_proj_bias=f.o_proj_bias,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvsched.config import check_gpu_memory_utilization
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes
@@ -71,8 +72,9 @@ def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
 def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
                 runtime: RuntimeConfig, block_size: int, gpu_memory_utilization: float,
                 max_num_batched_tokens: int, max_num_seqs: int) -> MemoryPlan:
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization!r}: must be in (0, 1]")
+    check_gpu_memory_utilization(gpu_memory_utilization)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size={block_size!r}: must be a positive integer")
     kvb = runtime.kv_bytes
     tp = parallel.tensor_parallel_size
     budget = gpu_memory_utilization * hardware.memory_bytes

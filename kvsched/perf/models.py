@@ -1,4 +1,5 @@
-"""Model architecture catalog and Hugging Face ``config.json`` reader.
+"""Model architecture catalog, and ``ModelSpec`` from a Hugging Face ``config.json``
+(Llama-family fields via ``kvsched.hf_config``, the reader the engine shares).
 
 A :class:`ModelSpec` holds architecture only (no dtype: that is chosen at run
 time) and derives what the performance model needs: parameter counts (total,
@@ -13,13 +14,14 @@ Catalog values come from ``/work/shared/facts/models.md`` (source keys
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from kvsched.hf_config import HFConfig, read_config_json, read_llama_family
 
 MLP_KINDS = ("swiglu", "gelu")
 NORM_KINDS = ("rmsnorm", "layernorm")
@@ -433,74 +435,12 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 SUPPORTED_MODEL_TYPES = ("bloom", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama", "mistral",
                          "mixtral", "qwen2", "qwen3", "qwen3_moe")
-_MISSING = object()
 
 
-class _Config:
-    """Typed access to a config.json mapping; every error names the file and field."""
-
-    def __init__(self, path: Path, data: Mapping[str, Any]) -> None:
-        self.path = path
-        self.data = data
-
-    def _raw(self, keys: tuple[str, ...], default: object) -> tuple[str, object]:
-        for key in keys:
-            if key in self.data and self.data[key] is not None:
-                return key, self.data[key]
-        if default is _MISSING:
-            alt = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
-            raise ValueError(f"{self.path}: missing required field {keys[0]!r}{alt} "
-                             f"for model_type {self.data.get('model_type')!r}")
-        return keys[0], default
-
-    def get_int(self, *keys: str, default: object = _MISSING) -> int:
-        key, value = self._raw(keys, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{self.path}: {key}={value!r}: must be an integer")
-        return value
-
-    def get_bool(self, key: str, default: bool) -> bool:
-        _, value = self._raw((key,), default)
-        if not isinstance(value, bool):
-            raise ValueError(f"{self.path}: {key}={value!r}: must be true or false")
-        return value
-
-    def get_str(self, key: str, default: str) -> str:
-        _, value = self._raw((key,), default)
-        if not isinstance(value, str):
-            raise ValueError(f"{self.path}: {key}={value!r}: must be a string")
-        return value
-
-    def int_list(self, key: str) -> list[int]:
-        _, value = self._raw((key,), [])
-        if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-            raise ValueError(f"{self.path}: {key}={value!r}: must be a list of integers")
-        return value
-
-    def layer_types(self, num_layers: int) -> list[str] | None:
-        if "layer_types" not in self.data or self.data["layer_types"] is None:
-            return None
-        value = self.data["layer_types"]
-        if not isinstance(value, list) or len(value) != num_layers \
-                or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{self.path}: layer_types: must be a list of {num_layers} strings "
-                             "(one per layer)")
-        return value
-
-
-def _count_sliding(cfg: _Config, window: int, num_layers: int, default: int) -> int:
-    """Sliding layers: from ``layer_types`` when the config lists them, else ``default``."""
-    if not window:
-        return 0
-    types = cfg.layer_types(num_layers)
-    if types is None:
-        return default
-    return sum(1 for t in types if t == "sliding_attention")
-
-
-def _attention_dims(cfg: _Config) -> dict[str, Any]:
+def _attention_dims(cfg: HFConfig) -> dict[str, Any]:
+    """Attention shape of the non-Llama-family types (DeepSeek, gpt-oss)."""
     hidden = cfg.get_int("hidden_size")
-    heads = cfg.get_int("num_attention_heads")
+    heads = cfg.get_positive_int("num_attention_heads")
     return {
         "hidden_size": hidden, "num_layers": cfg.get_int("num_hidden_layers"), "num_heads": heads,
         "num_kv_heads": cfg.get_int("num_key_value_heads", default=heads),
@@ -511,52 +451,25 @@ def _attention_dims(cfg: _Config) -> dict[str, Any]:
     }
 
 
-def _parse_llama_family(cfg: _Config, model_type: str) -> dict[str, Any]:
-    """llama, mistral, qwen2, qwen3, mixtral, qwen3_moe: one attention layout, different MLPs."""
-    spec = _attention_dims(cfg)
-    layers = spec["num_layers"]
-    if model_type == "qwen2":
-        spec["attention_bias"] = True  # hard-wired on q/k/v in Qwen2, never on o
-    elif model_type != "mistral" and model_type != "mixtral":
-        bias = cfg.get_bool("attention_bias", False)  # llama/qwen3 apply it to q, k, v and o
-        spec["attention_bias"] = spec["attention_out_bias"] = bias
-    if model_type == "llama":
-        spec["mlp_bias"] = cfg.get_bool("mlp_bias", False)
-    if model_type in ("qwen3", "qwen3_moe"):
-        spec["qk_norm"] = True
-    if model_type in ("qwen2", "qwen3", "qwen3_moe"):
-        # Qwen: window only when use_sliding_window; then layers >= max_window_layers slide.
-        window = cfg.get_int("sliding_window", default=0) if cfg.get_bool("use_sliding_window", False) else 0
-        first = cfg.get_int("max_window_layers", default=layers)
-        sliding = _count_sliding(cfg, window, layers, max(0, layers - first))
-    elif model_type in ("mistral", "mixtral"):
-        window = cfg.get_int("sliding_window", default=0)
-        sliding = _count_sliding(cfg, window, layers, layers)
-    else:
-        window = sliding = 0
-    spec["sliding_window"] = window if sliding else 0
-    spec["num_sliding_layers"] = sliding
-
-    if model_type == "mixtral":
-        spec.update(num_experts=cfg.get_int("num_local_experts"),
-                    experts_per_token=cfg.get_int("num_experts_per_tok"),
-                    moe_intermediate_size=cfg.get_int("intermediate_size"), intermediate_size=0)
-    elif model_type == "qwen3_moe":
-        experts = cfg.get_int("num_experts")
-        step = cfg.get_int("decoder_sparse_step", default=1)
-        dense_only = set(cfg.int_list("mlp_only_layers"))
-        moe_layers = sum(1 for i in range(layers)
-                         if i not in dense_only and experts > 0 and step > 0 and (i + 1) % step == 0)
-        dense = layers - moe_layers
-        spec.update(num_experts=experts, experts_per_token=cfg.get_int("num_experts_per_tok"),
-                    moe_intermediate_size=cfg.get_int("moe_intermediate_size"), first_k_dense_layers=dense,
-                    intermediate_size=cfg.get_int("intermediate_size") if dense else 0)
-    else:
-        spec["intermediate_size"] = cfg.get_int("intermediate_size")
+def _parse_llama_family(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """llama, mistral, qwen2, qwen3, mixtral, qwen3_moe: read by kvsched.hf_config."""
+    f = read_llama_family(cfg, model_type)
+    spec: dict[str, Any] = {
+        "hidden_size": f.hidden_size, "num_layers": f.num_hidden_layers, "num_heads": f.num_attention_heads,
+        "num_kv_heads": f.num_key_value_heads, "head_dim": f.head_dim,
+        "intermediate_size": f.intermediate_size, "vocab_size": f.vocab_size,
+        "max_position_embeddings": f.max_position_embeddings,
+        "tie_word_embeddings": f.tie_word_embeddings, "attention_bias": f.attention_bias,
+        "attention_out_bias": f.o_proj_bias, "mlp_bias": f.mlp_bias, "qk_norm": f.qk_norm,
+        "sliding_window": f.sliding_window, "num_sliding_layers": f.num_sliding_layers,
+    }
+    if f.num_experts:
+        spec.update(num_experts=f.num_experts, experts_per_token=f.num_experts_per_tok,
+                    moe_intermediate_size=f.moe_intermediate_size, first_k_dense_layers=f.num_dense_layers)
     return spec
 
 
-def _parse_deepseek(cfg: _Config, model_type: str) -> dict[str, Any]:
+def _parse_deepseek(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     spec = _attention_dims(cfg)
     layers = spec["num_layers"]
     nope, rope = cfg.get_int("qk_nope_head_dim"), cfg.get_int("qk_rope_head_dim")
@@ -584,13 +497,13 @@ def _parse_deepseek(cfg: _Config, model_type: str) -> dict[str, Any]:
     return spec
 
 
-def _parse_gpt_oss(cfg: _Config, model_type: str) -> dict[str, Any]:
+def _parse_gpt_oss(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     spec = _attention_dims(cfg)
     layers = spec["num_layers"]
     bias = cfg.get_bool("attention_bias", True)
     window = cfg.get_int("sliding_window", default=0)
     # Default layout (transformers): alternate, starting with a sliding layer.
-    sliding = _count_sliding(cfg, window, layers, (layers + 1) // 2)
+    sliding = cfg.count_sliding_layers(window, layers, (layers + 1) // 2)
     spec.update(intermediate_size=0, attention_bias=bias, attention_out_bias=bias, mlp_bias=True,
                 router_bias=True, attention_sinks=True, num_experts=cfg.get_int("num_local_experts"),
                 experts_per_token=cfg.get_int("num_experts_per_tok", "experts_per_token"),
@@ -599,7 +512,7 @@ def _parse_gpt_oss(cfg: _Config, model_type: str) -> dict[str, Any]:
     return spec
 
 
-def _parse_bloom(cfg: _Config, model_type: str) -> dict[str, Any]:
+def _parse_bloom(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     hidden = cfg.get_int("hidden_size", "n_embed")
     heads = cfg.get_int("num_attention_heads", "n_head")
     return {
@@ -643,16 +556,7 @@ def load_model_config(path: str | Path) -> ModelSpec:
     """
     p = Path(path).expanduser()
     config_path = p / "config.json" if p.is_dir() else p
-    try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{config_path}: no such file (expected a Hugging Face config.json)") from None
-    except OSError as err:
-        raise ValueError(f"{config_path}: cannot read: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{config_path}: not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{config_path}: top level must be a JSON object")
+    data = read_config_json(config_path)
     model_type = data.get("model_type")
     if model_type is None:
         raise ValueError(f"{config_path}: missing required field 'model_type'")
@@ -660,7 +564,7 @@ def load_model_config(path: str | Path) -> ModelSpec:
     if parser is None:
         raise ValueError(f"{config_path}: model_type={model_type!r} is not supported; "
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    cfg = _Config(config_path, data)
+    cfg = HFConfig(data, str(config_path))
     fields = parser(cfg, model_type)
     try:
         return ModelSpec(name=_name_from_path(config_path), **fields)

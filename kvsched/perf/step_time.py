@@ -40,6 +40,19 @@ CPU_STEP_S = 0.5e-3            # scheduling + input preparation + output process
 CPU_PER_REQUEST_S = 4e-6       # per scheduled request (vLLM's scheduler alone is a few µs)
 
 
+# vLLM's --kv-cache-dtype names the model covers ("auto": the 16-bit activation dtype).
+KV_CACHE_DTYPE_BYTES = {"auto": 2, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def kv_cache_dtype_bytes(value: str) -> int:
+    """Bytes per KV-cache element: "auto" is the 16-bit activation dtype (FP8
+    weights do not make an FP8 cache; only --kv-cache-dtype fp8 does)."""
+    if isinstance(value, str) and value in KV_CACHE_DTYPE_BYTES:
+        return KV_CACHE_DTYPE_BYTES[value]
+    raise ValueError(f"kv_cache_dtype={value!r} (--kv-cache-dtype): unknown KV-cache dtype; use one of "
+                     f"{', '.join(KV_CACHE_DTYPE_BYTES)}")
+
+
 def dtype_bytes(field: str, value: str) -> int:
     try:
         return DTYPE_BYTES[value.lower()]
@@ -86,15 +99,11 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         dtype_bytes("dtype", self.dtype)
-        dtype_bytes("kv_cache_dtype", self.kv_cache_dtype)
+        kv_cache_dtype_bytes(self.kv_cache_dtype)
 
     @property
     def kv_bytes(self) -> int:
-        """KV-cache element size: "auto" is the 16-bit activation dtype (FP8
-        weights do not make an FP8 cache; only --kv-cache-dtype fp8 does)."""
-        if self.kv_cache_dtype == "auto":
-            return 2
-        return dtype_bytes("kv_cache_dtype", self.kv_cache_dtype)
+        return kv_cache_dtype_bytes(self.kv_cache_dtype)
 
 
 @dataclass(slots=True)

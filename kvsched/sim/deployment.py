@@ -5,24 +5,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.config import (
+    CacheConfig,
+    SchedulerConfig,
+    check_gpu_memory_utilization,
+    check_long_prefill_token_threshold,
+    check_num_gpu_blocks_override,
+)
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.memory import MemoryPlan, plan_memory
 from kvsched.perf.models import ModelSpec, get_model
-from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, StepTimeModel
+from kvsched.perf.step_time import (
+    ParallelConfig,
+    RuntimeConfig,
+    StepTimeModel,
+    dtype_bytes,
+    kv_cache_dtype_bytes,
+)
+from kvsched.scheduler_defaults import (
+    DeviceInfo,
+    UsageContext,
+    check_optional_limit,
+    get_batch_defaults,
+    resolve_scheduler_limits,
+)
 
-GIB = 2**30
+# vLLM 0.33's CUDA attention backends take a block size that is a multiple of
+# their kernel block: 16 for FlashAttention and Triton (``MultipleOf(16)``),
+# 16/32/64 for FlashInfer; anything else finds no backend at start-up.
+BLOCK_SIZE_MULTIPLE = 16
+
+
+def device_info(hardware: Hardware, parallel: ParallelConfig) -> DeviceInfo:
+    """One simulated rank's device as vLLM's platform reports it."""
+    return DeviceInfo("gpu", int(hardware.memory_bytes), hardware.name,
+                      world_size=parallel.tensor_parallel_size)
 
 
 def serve_defaults(hardware: Hardware) -> tuple[int, int]:
-    """vLLM 0.33's ``vllm serve`` defaults for (max_num_batched_tokens,
-    max_num_seqs): by device memory, A100s kept on the small tier."""
-    memory = hardware.memory_bytes
-    if memory >= 160 * GIB:
-        return 16384, 1024
-    if memory >= 70 * GIB and not hardware.id.startswith("a100"):
-        return 8192, 1024
-    return 2048, 256
+    """``vllm serve``'s (max_num_batched_tokens, max_num_seqs) on ``hardware``."""
+    return get_batch_defaults(UsageContext.OPENAI_API_SERVER, device_info(hardware, ParallelConfig()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +106,35 @@ class Deployment:
                    else ""))
 
 
+def _positive_int(flag: str, value: object) -> None:
+    field = flag[2:].replace("-", "_")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{field}={value!r} ({flag}): must be an integer >= 1")
+
+
+def validate_engine_options(opts: EngineOptions) -> None:
+    """Every engine argument on its own, before anything is built: a bad flag
+    names itself instead of surfacing as an odd failure further in (or being
+    read as "default", as ``0`` would be)."""
+    _positive_int("--tensor-parallel-size", opts.tensor_parallel_size)
+    _positive_int("--data-parallel-size", opts.data_parallel_size)
+    for field in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        check_optional_limit(field, getattr(opts, field))
+    check_num_gpu_blocks_override(opts.num_gpu_blocks_override)
+    block = opts.block_size
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or block % BLOCK_SIZE_MULTIPLE:
+        raise ValueError(f"block_size={block!r} (--block-size): vLLM 0.33's CUDA attention backends "
+                         f"need a positive multiple of {BLOCK_SIZE_MULTIPLE} (16, 32, 64, 128, ...); "
+                         "vLLM's default is 16")
+    check_gpu_memory_utilization(opts.gpu_memory_utilization)
+    check_long_prefill_token_threshold(opts.long_prefill_token_threshold)
+    dtype_bytes("dtype", opts.dtype)
+    kv_cache_dtype_bytes(opts.kv_cache_dtype)
+    _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval)
+
+
 def build_deployment(opts: EngineOptions) -> Deployment:
+    validate_engine_options(opts)
     model = get_model(opts.model)
     hardware = get_hardware(opts.hardware)
     if opts.efficiency_file:
@@ -94,16 +144,14 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     if model.num_heads % opts.tensor_parallel_size:
         raise ValueError(f"tensor_parallel_size={opts.tensor_parallel_size}: must divide the "
                          f"{model.num_heads} attention heads of {model.name}")
-    batched, seqs = serve_defaults(hardware)
-    max_num_seqs = opts.max_num_seqs or seqs
-    max_num_batched_tokens = opts.max_num_batched_tokens or batched
-    max_model_len = opts.max_model_len or model.max_position_embeddings
-    if not opts.enable_chunked_prefill and opts.max_num_batched_tokens is None:
-        # vLLM raises the default so a whole max_model_len prompt fits one step.
-        max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
-    if max_model_len > model.max_position_embeddings:
-        raise ValueError(f"max_model_len={max_model_len}: above {model.name}'s "
-                         f"max_position_embeddings ({model.max_position_embeddings})")
+    limits = resolve_scheduler_limits(
+        UsageContext.OPENAI_API_SERVER, device_info(hardware, parallel),
+        max_num_seqs=opts.max_num_seqs, max_num_batched_tokens=opts.max_num_batched_tokens,
+        max_model_len=opts.max_model_len, max_position_embeddings=model.max_position_embeddings,
+        enable_chunked_prefill=opts.enable_chunked_prefill)
+    max_num_seqs = limits.max_num_seqs
+    max_num_batched_tokens = limits.max_num_batched_tokens
+    max_model_len = limits.max_model_len
     runtime = RuntimeConfig(dtype=opts.dtype, kv_cache_dtype=opts.kv_cache_dtype,
                             async_scheduling=opts.async_scheduling,
                             cudagraph_max_size=min(2 * max_num_seqs, 512))
@@ -114,7 +162,8 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         policy=opts.scheduling_policy)
     memory = plan_memory(model, hardware, parallel, runtime, opts.block_size,
                          opts.gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
-    num_blocks = opts.num_gpu_blocks_override or memory.num_gpu_blocks
+    num_blocks = (memory.num_gpu_blocks if opts.num_gpu_blocks_override is None
+                  else opts.num_gpu_blocks_override)
     if (num_blocks - 1) * opts.block_size < max_model_len:
         raise ValueError(
             f"max_model_len={max_model_len} needs {max_model_len} tokens of KV but the cache holds "
@@ -122,10 +171,6 @@ def build_deployment(opts: EngineOptions) -> Deployment:
             "raise --gpu-memory-utilization or --tensor-parallel-size")
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=opts.block_size,
                                enable_prefix_caching=opts.enable_prefix_caching)
-    if isinstance(opts.prefill_schedule_interval, bool) or not isinstance(
-            opts.prefill_schedule_interval, int) or opts.prefill_schedule_interval < 1:
-        raise ValueError(f"prefill_schedule_interval={opts.prefill_schedule_interval!r}: "
-                         "must be an integer >= 1 (1 admits prefill every step)")
     step_model = StepTimeModel(model, hardware, parallel, runtime)
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,
                       memory, step_model)

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvsched.core.policies import DPPrefillCadence, DPRankStates
-from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.policies import AdmissionPolicy, DPPrefillCadence, DPRankStates
 from kvsched.sim.client import Client
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.instance import EngineInstance, LockstepGroup

@@ -23,7 +23,7 @@ import numpy as np
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.fast_forward import decode_stretch_limit
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
-from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from kvsched.config import CacheConfig, SchedulerConfig
-from kvsched.core.policies import PrefillCadence
-from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.perf.step_time import StepTimeModel
 from kvsched.progress import draw_progress

@@ -12,7 +12,7 @@ from kvsched import (
     SchedulerOutput,
 )
 from kvsched.core.output import EngineCoreOutputs
-from kvsched.core.policy import AdmissionPolicy
+from kvsched.core.policies import AdmissionPolicy
 
 DEFAULT_TOKEN = 100
 
@@ -20,7 +20,7 @@ DEFAULT_TOKEN = 100
 def make_scheduler(*, budget: int = 256, max_num_seqs: int = 16, max_model_len: int = 256,
                    num_gpu_blocks: int = 64, block_size: int = 4, caching: bool = False,
                    chunked: bool = True, threshold: int = 0, policy: str = "fcfs",
-                   reserve_full_isl: bool = True, explain: bool = False,
+                   reserve_full_isl: bool = True, explain_admission: bool = False,
                    admission_policy: AdmissionPolicy | None = None) -> Scheduler:
     sched_config = SchedulerConfig(
         max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
@@ -28,7 +28,8 @@ def make_scheduler(*, budget: int = 256, max_num_seqs: int = 16, max_model_len: 
         scheduler_reserve_full_isl=reserve_full_isl)
     cache_config = CacheConfig(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                                enable_prefix_caching=caching)
-    return Scheduler(sched_config, cache_config, admission_policy=admission_policy, explain=explain)
+    return Scheduler(sched_config, cache_config, admission_policy=admission_policy,
+                     explain_admission=explain_admission)
 
 
 def prompt(n: int, seed: int) -> list[int]:

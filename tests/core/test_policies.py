@@ -39,7 +39,7 @@ def test_balance_gate(threshold: Any, counts: list[int], held: bool) -> None:
     for rank, n in enumerate(counts):
         shared.publish(rank, n)
     gate = BalanceGate(shared, 0, threshold)
-    sched = make_scheduler(max_num_seqs=4, admission_policy=gate, explain=True)
+    sched = make_scheduler(max_num_seqs=4, admission_policy=gate, explain_admission=True)
     sched.add_request(make_request("a", 8))
     assert (gate.hold_reason(sched, sched.waiting.peek_request()) is not None) == held
     output, _ = run_step(sched)
@@ -130,7 +130,7 @@ def test_cadence_skips_running_prefill_chunks() -> None:
 def test_dp_cadence_follows_the_shared_step_counter() -> None:
     shared = DPRankStates(2)
     cadence = DPPrefillCadence(shared, 2)
-    sched = make_scheduler(admission_policy=cadence, explain=True)
+    sched = make_scheduler(admission_policy=cadence, explain_admission=True)
     _decoding(sched)
     sched.add_request(make_request("p", 8))
     held = []

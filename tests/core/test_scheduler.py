@@ -159,7 +159,7 @@ def test_preempted_request_resumes_recomputing_prompt_and_outputs() -> None:
 
 
 def test_priority_preempts_the_max_priority_arrival_and_admits_nothing() -> None:
-    sched = make_scheduler(num_gpu_blocks=5, policy="priority", budget=64, explain=True)
+    sched = make_scheduler(num_gpu_blocks=5, policy="priority", budget=64, explain_admission=True)
     sched.add_request(make_request("b", 6, max_tokens=8, priority=5, arrival_time=0.0))
     run_step(sched)  # b: blocks 1, 2
     sched.add_request(make_request("a", 4, max_tokens=8, priority=0, arrival_time=1.0))
@@ -399,7 +399,7 @@ class MaxRunning:
 
 
 def test_explain_token_budget() -> None:
-    sched = make_scheduler(budget=16, explain=True)
+    sched = make_scheduler(budget=16, explain_admission=True)
     sched.add_request(make_request("a", 16))
     sched.add_request(make_request("b", 4))
     sched.add_request(make_request("c", 4))
@@ -411,14 +411,14 @@ def test_explain_token_budget() -> None:
 
 
 def test_explain_max_num_seqs() -> None:
-    sched = make_scheduler(max_num_seqs=1, explain=True)
+    sched = make_scheduler(max_num_seqs=1, explain_admission=True)
     sched.add_request(make_request("a", 4))
     sched.add_request(make_request("b", 4))
     assert {k: v[0] for k, v in _reasons(sched).items()} == {"b": explain.REASON_MAX_NUM_SEQS}
 
 
 def test_explain_kv_blocks_and_queued_behind() -> None:
-    sched = make_scheduler(num_gpu_blocks=4, explain=True)
+    sched = make_scheduler(num_gpu_blocks=4, explain_admission=True)
     sched.add_request(make_request("a", 8, max_tokens=4))  # 2 of the 3 blocks
     sched.add_request(make_request("b", 8, max_tokens=4))  # needs 2: 1 free
     sched.add_request(make_request("c", 1, max_tokens=4))  # would fit, but queued
@@ -432,7 +432,7 @@ def test_explain_kv_blocks_and_queued_behind() -> None:
 
 
 def test_explain_chunked_prefill_off() -> None:
-    sched = make_scheduler(budget=64, max_model_len=64, chunked=False, explain=True)
+    sched = make_scheduler(budget=64, max_model_len=64, chunked=False, explain_admission=True)
     sched.add_request(make_request("a", 40))
     sched.add_request(make_request("b", 30))
     sched.add_request(make_request("c", 10))
@@ -442,7 +442,7 @@ def test_explain_chunked_prefill_off() -> None:
 
 
 def test_explain_admission_policy() -> None:
-    sched = make_scheduler(explain=True, admission_policy=Hold("paused for a test"))
+    sched = make_scheduler(explain_admission=True, admission_policy=Hold("paused for a test"))
     sched.add_request(make_request("a", 4))
     sched.add_request(make_request("b", 4))
     assert _reasons(sched) == {"a": (explain.REASON_ADMISSION_POLICY, "paused for a test"),
@@ -450,7 +450,7 @@ def test_explain_admission_policy() -> None:
 
 
 def test_explain_preemption() -> None:
-    sched = make_scheduler(num_gpu_blocks=4, explain=True)
+    sched = make_scheduler(num_gpu_blocks=4, explain_admission=True)
     for rid, n in (("a", 4), ("b", 2), ("c", 4)):
         sched.add_request(make_request(rid, n, max_tokens=8))
     assert _reasons(sched) == {}
@@ -469,7 +469,7 @@ def test_no_explanations_unless_asked() -> None:
 
 
 def test_admission_policy_holds_admission_but_not_running_requests() -> None:
-    sched = make_scheduler(admission_policy=MaxRunning(1), explain=True)
+    sched = make_scheduler(admission_policy=MaxRunning(1), explain_admission=True)
     for rid in "abc":
         sched.add_request(make_request(rid, 4, max_tokens=2))
     out, _ = run_step(sched)

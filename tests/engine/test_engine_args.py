@@ -91,3 +91,22 @@ def test_half_precision_engines_run(tiny: Callable[..., Path], dtype: str) -> No
     tokens = [o.outputs[0].token_ids for o in outs]
     assert all(len(t) == 6 for t in tokens)
     assert tokens[0] == tokens[1] == tokens[2]  # same prompt, same greedy tokens, whatever the batch
+
+
+def test_llm_takes_vllms_offline_defaults_for_its_device(tiny: Callable[..., Path]) -> None:
+    # LLM_CLASS on a CPU: 4096 tokens, 256 sequences; max_model_len the model's 2048.
+    sc = LLM(str(tiny(arch="llama")), kv_cache_memory="1MiB").engine.scheduler_config
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs, sc.max_model_len) == (4096, 256, 2048)
+    # The default budget is capped at max_num_seqs x max_model_len, as vLLM does.
+    sc = LLM(str(tiny(arch="llama")), max_num_seqs=2, max_model_len=64,
+             kv_cache_memory="1MiB").engine.scheduler_config
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == (128, 2)
+    # Chunked prefill off raises the default budget to max_model_len.
+    long = str(tiny(arch="llama", max_position_embeddings=8192))
+    sc = LLM(long, enable_chunked_prefill=False, kv_cache_memory="1MiB").engine.scheduler_config
+    assert (sc.max_num_batched_tokens, sc.max_model_len) == (8192, 8192)
+
+
+def test_llm_refuses_zero_limits_instead_of_defaulting(tiny: Callable[..., Path]) -> None:
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens=0 \(--max-num-batched-tokens\)"):
+        LLM(str(tiny(arch="llama")), max_num_batched_tokens=0)

@@ -248,5 +248,5 @@ def test_generation_config_defaults_take_vllms_keys_and_skip_nulls(tmp_path: Pat
     assert default_sampling_params(tmp_path) == SamplingParams(
         top_p=0.9, max_tokens=5, presence_penalty=0.5, frequency_penalty=-0.5, skip_special_tokens=False)
     (tmp_path / "generation_config.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match=r"generation_config\.json: must hold a JSON object"):
+    with pytest.raises(ValueError, match=r"generation_config\.json: top level must be a JSON object"):
         default_sampling_params(tmp_path)

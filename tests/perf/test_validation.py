@@ -1,4 +1,5 @@
-"""Sanity checks of the performance model, and of benchmarks/validate_perf.py.
+"""Sanity checks of the performance model, and of kvsched.perf.validation
+(which benchmarks/validate_perf.py runs).
 
 These are physics and plumbing checks, not accuracy targets: the measured
 errors live in docs/validation.md and are not asserted here.
@@ -6,69 +7,54 @@ errors live in docs/validation.md and are not asserted here.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from kvsched.perf import get_hardware, get_model
+from kvsched.perf import get_hardware, get_model, validation, validation_report
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "validate_perf.py"
 DOC = REPO / "docs" / "validation.md"
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("validate_perf", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["validate_perf"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def facts() -> Path:
+    if not (validation.FACTS / "splitwise_perf_model.csv").exists():
+        pytest.skip(f"facts not found at {validation.FACTS}")
+    return validation.FACTS
 
 
 @pytest.fixture(scope="module")
-def vp() -> ModuleType:
-    module = _load_script()
-    if not (module.FACTS / "splitwise_perf_model.csv").exists():
-        pytest.skip(f"facts not found at {module.FACTS}")
-    return module
-
-
-@pytest.fixture(scope="module")
-def sections(vp: ModuleType) -> dict[str, str]:
-    result: dict[str, str] = vp.build_sections()
-    return result
+def sections(facts: Path) -> dict[str, str]:
+    return validation_report.build_sections(facts)
 
 
 # -- the validation script -------------------------------------------------------
 
 
-def test_script_prints_every_section(vp: ModuleType) -> None:
+def test_script_prints_every_section(facts: Path) -> None:
     lines: list[str] = []
-    assert vp.main([], out=lines.append) == 0
+    assert validation_report.main([], out=lines.append) == 0
     text = "\n".join(lines)
-    for title in vp.TITLES.values():
+    for title in validation_report.TITLES.values():
         assert f"## {title}" in text
 
 
-def test_splitwise_predictions_and_errors_are_finite(vp: ModuleType) -> None:
-    results = vp.splitwise_results()
+def test_splitwise_predictions_and_errors_are_finite(facts: Path) -> None:
+    results = validation.splitwise_results(facts)
     assert len(results) == 228  # every (model, hardware, TP, prompt, batch, tokens) group of the CSV
     for r in results:
         for metric in ("prompt", "token", "e2e"):
             predicted, measured = r.metric(metric)
             assert predicted > 0 and math.isfinite(predicted)
-            assert math.isfinite(vp.rel_err(predicted, measured))
+            assert math.isfinite(validation.rel_err(predicted, measured))
 
 
-def test_serving_comparisons_have_finite_errors(vp: ModuleType) -> None:
-    rows = vp.serving_comparisons() + vp.kernel_comparisons()
+def test_serving_comparisons_have_finite_errors(facts: Path) -> None:
+    rows = validation.serving_comparisons() + validation.kernel_comparisons()
     scored = [c for c in rows if c.status in ("compared", "closest")]
     assert scored
     for c in scored:
@@ -76,23 +62,23 @@ def test_serving_comparisons_have_finite_errors(vp: ModuleType) -> None:
     for c in rows:
         if c.status == "not comparable":
             assert c.predicted is None and c.note, c.name
-    dp_rows = vp.pending_comparisons()
+    dp_rows = validation.pending_comparisons()
     assert all(c.predicted is None and c.note for c in dp_rows)
     # The DP-policy rows point at the page that compares them.
     assert sum(c.status == "in balance.md" and "docs/balance.md" in c.note for c in dp_rows) == 2
 
 
-def test_power_capped_rows_are_copies_with_scaled_prefill(vp: ModuleType) -> None:
-    n, lo, hi, same = vp.check_pcap_rows(vp.FACTS / "splitwise_perf_model.csv")
+def test_power_capped_rows_are_copies_with_scaled_prefill(facts: Path) -> None:
+    n, lo, hi, same = validation.check_pcap_rows(facts / "splitwise_perf_model.csv")
     assert n == 420 and same
     assert lo == pytest.approx(1.3) and hi == pytest.approx(1.3)
 
 
-def test_doc_blocks_name_generated_sections(vp: ModuleType, sections: dict[str, str]) -> None:
+def test_doc_blocks_name_generated_sections(facts: Path, sections: dict[str, str]) -> None:
     text = DOC.read_text(encoding="utf-8")
     names = re.findall(r"<!-- BEGIN validate_perf:([a-z-]+) -->", text)
     assert names and set(names) <= set(sections)
-    vp.render_doc(text, sections)  # every block closes and is known
+    validation_report.render_doc(text, sections)  # every block closes and is known
 
 
 # -- physics of the step model ------------------------------------------------------

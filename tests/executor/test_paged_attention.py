@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvsched.executor.attention import (  # noqa: E402
+from kvsched.executor.paged_attention import (  # noqa: E402
     DECODE_GATHER_BYTES,
     AttentionMetadata,
     GatherBuffers,

@@ -1,0 +1,288 @@
+"""The one reader of Hugging Face ``config.json`` files.
+
+Both the simulator's ``ModelSpec`` (``kvsched.perf.models``) and the engine's
+``ModelConfig`` (``kvsched.model.config``) read checkpoints through this
+module, so every field rule lives here once: transformers' class defaults for
+keys a config omits, the 4.x and 5.x spellings of RoPE, which projections
+carry biases per model type, sliding-window layouts, the MoE layouts of
+Mixtral and Qwen3-MoE. What each consumer *supports* (the engine runs dense
+models with plain, linear or llama3 RoPE only) is checked by that consumer.
+
+Torch-free: the core, the simulator and the CLI import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LLAMA_FAMILY = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
+
+# model_type -> transformers' class defaults for keys a config.json may omit:
+# (head_dim, num_key_value_heads, max_position_embeddings); a None head_dim is
+# hidden_size // num_attention_heads, a None num_key_value_heads is
+# num_attention_heads.
+_CLASS_DEFAULTS: dict[str, tuple[int | None, int | None, int]] = {
+    "llama": (None, None, 2048),
+    "mistral": (None, 8, 131072),
+    "mixtral": (None, 8, 131072),
+    "qwen2": (None, 32, 32768),
+    "qwen3": (128, 32, 32768),
+    "qwen3_moe": (None, 4, 32768),
+}
+# Qwen's default for the first layer that may slide (transformers' max_window_layers).
+QWEN_MAX_WINDOW_LAYERS = 28
+_MISSING = object()
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path`` (config.json, generation_config.json)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file (expected a Hugging Face config.json)") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); fix or re-download the file") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a JSON object; fix or re-download the file")
+    return data
+
+
+class HFConfig:
+    """Typed access to a config.json mapping; every error names the file and field.
+
+    A key set to null counts as absent (it takes the default), except where a
+    rule says otherwise (``num_key_value_heads``).
+    """
+
+    def __init__(self, data: Mapping[str, Any], source: str = "config.json") -> None:
+        self.data = data
+        self.source = source
+
+    def fail(self, key: str, value: object, rule: str) -> ValueError:
+        return ValueError(f"{self.source}: {key}={value!r}: {rule}; fix config.json")
+
+    def _raw(self, keys: tuple[str, ...], default: object) -> tuple[str, object]:
+        for key in keys:
+            if self.data.get(key) is not None:
+                return key, self.data[key]
+        if default is _MISSING:
+            alt = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
+            raise ValueError(f"{self.source}: missing required field {keys[0]!r}{alt} for "
+                             f"model_type {self.data.get('model_type')!r}; the config is incomplete, "
+                             "re-download or fix it")
+        return keys[0], default
+
+    def get_int(self, *keys: str, default: object = _MISSING) -> int:
+        key, value = self._raw(keys, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, value, "must be an integer")
+        return value
+
+    def get_positive_int(self, *keys: str, default: object = _MISSING) -> int:
+        value = self.get_int(*keys, default=default)
+        if value < 1:
+            raise self.fail(keys[0], value, "must be a positive integer")
+        return value
+
+    def get_number(self, key: str, default: float) -> float:
+        _, value = self._raw((key,), default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key, value, "must be a number")
+        return float(value)
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        _, value = self._raw((key,), default)
+        if not isinstance(value, bool):
+            raise self.fail(key, value, "must be true or false")
+        return value
+
+    def get_str(self, key: str, default: str) -> str:
+        _, value = self._raw((key,), default)
+        if not isinstance(value, str):
+            raise self.fail(key, value, "must be a string")
+        return value
+
+    def int_list(self, key: str) -> list[int]:
+        _, value = self._raw((key,), [])
+        if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.fail(key, value, "must be a list of integers")
+        return value
+
+    def layer_types(self, num_layers: int) -> list[str] | None:
+        value = self.data.get("layer_types")
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) != num_layers \
+                or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{self.source}: layer_types: must be a list of {num_layers} strings "
+                             "(one per layer)")
+        return value
+
+    def count_sliding_layers(self, window: int, num_layers: int, default: int) -> int:
+        """Sliding layers: from ``layer_types`` when the config lists them, else ``default``."""
+        if not window:
+            return 0
+        types = self.layer_types(num_layers)
+        if types is None:
+            return default
+        return sum(1 for t in types if t == "sliding_attention")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeFields:
+    """RoPE as config.json spells it: transformers 5's ``rope_parameters``, or
+    4.x's top-level ``rope_theta`` with ``rope_scaling``. ``where`` names the
+    key the parameters came from, for error messages."""
+
+    where: str
+    rope_theta: float
+    rope_type: str
+    partial_rotary_factor: object
+    parameters: Mapping[str, Any]
+
+
+def read_rope(cfg: HFConfig) -> RopeFields:
+    params = cfg.data.get("rope_parameters")
+    where = "rope_parameters"
+    if params is None:
+        params, where = cfg.data.get("rope_scaling"), "rope_scaling"
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise cfg.fail(where, params, "must be a JSON object or null")
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(f"{cfg.source}: {where}: per-layer-type RoPE parameters are not supported; "
+                         "use a checkpoint with one RoPE for all layers")
+    if "rope_theta" in params:
+        theta = HFConfig(params, f"{cfg.source}: {where}").get_number("rope_theta", 10000.0)
+    else:
+        theta = cfg.get_number("rope_theta", 10000.0)
+    partial = params.get("partial_rotary_factor", cfg.data.get("partial_rotary_factor", 1.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    return RopeFields(where, theta, str(rope_type), partial, params)
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaFamilyConfig:
+    """A Llama-family checkpoint's shape, with transformers' names.
+
+    ``intermediate_size`` is the dense MLP's (0 when every layer is MoE);
+    ``num_dense_layers`` counts the dense-MLP layers of an MoE model.
+    ``attention_bias`` is the q/k/v projections' bias, ``o_proj_bias`` the
+    output projection's. ``sliding_window`` is 0 when no layer slides.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    rms_norm_eps: float
+    hidden_act: str
+    attention_bias: bool
+    o_proj_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sliding_window: int
+    num_sliding_layers: int
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_dense_layers: int = 0
+
+
+def _head_dim_and_kv_heads(cfg: HFConfig, model_type: str, hidden: int, heads: int) -> tuple[int, int]:
+    default_head_dim, default_kv_heads, _ = _CLASS_DEFAULTS[model_type]
+    # Like transformers: an absent key takes the class default, an explicit
+    # null means multi-head attention.
+    if "num_key_value_heads" not in cfg.data:
+        kv_heads = heads if default_kv_heads is None else default_kv_heads
+    else:
+        kv_heads = cfg.get_int("num_key_value_heads", default=heads)
+    if cfg.data.get("head_dim") is not None:
+        return cfg.get_int("head_dim"), kv_heads
+    if default_head_dim is not None:
+        return default_head_dim, kv_heads
+    if hidden % heads:
+        raise cfg.fail("hidden_size", hidden, f"not divisible by num_attention_heads={heads} and "
+                                              "head_dim is not set")
+    return hidden // heads, kv_heads
+
+
+def _sliding(cfg: HFConfig, model_type: str, num_layers: int) -> tuple[int, int]:
+    """(sliding_window, sliding layers); (0, 0) when no layer slides."""
+    if model_type in ("qwen2", "qwen3", "qwen3_moe"):
+        # Qwen: a window only with use_sliding_window; then layers >= max_window_layers slide.
+        if not cfg.get_bool("use_sliding_window", False):
+            return 0, 0
+        window = cfg.get_int("sliding_window", default=0)
+        first = cfg.get_int("max_window_layers", default=QWEN_MAX_WINDOW_LAYERS)
+        sliding = cfg.count_sliding_layers(window, num_layers, max(0, num_layers - first))
+    elif model_type in ("mistral", "mixtral"):
+        # An absent window reads as none (transformers' class default, 4096, is
+        # spelled out by the checkpoints that use it).
+        window = cfg.get_int("sliding_window", default=0)
+        sliding = cfg.count_sliding_layers(window, num_layers, num_layers)
+    else:
+        return 0, 0
+    return (window, sliding) if sliding else (0, 0)
+
+
+def read_llama_family(cfg: HFConfig, model_type: str) -> LlamaFamilyConfig:
+    """The fields of a llama, mistral, mixtral, qwen2, qwen3 or qwen3_moe config:
+    one attention layout, different MLPs."""
+    if model_type not in _CLASS_DEFAULTS:
+        raise cfg.fail("model_type", model_type, f"not a Llama-family model ({', '.join(LLAMA_FAMILY)})")
+    hidden = cfg.get_int("hidden_size")
+    heads = cfg.get_positive_int("num_attention_heads")
+    layers = cfg.get_int("num_hidden_layers")
+    head_dim, kv_heads = _head_dim_and_kv_heads(cfg, model_type, hidden, heads)
+    if model_type == "qwen2":
+        qkv_bias, o_bias = True, False  # hard-wired on q/k/v in Qwen2, never on o
+    elif model_type in ("mistral", "mixtral"):
+        qkv_bias = o_bias = False
+    else:
+        qkv_bias = o_bias = cfg.get_bool("attention_bias", False)  # llama/qwen3: q, k, v and o
+    window, sliding = _sliding(cfg, model_type, layers)
+    fields: dict[str, Any] = {}
+    if model_type == "mixtral":
+        fields.update(num_experts=cfg.get_int("num_local_experts"),
+                      num_experts_per_tok=cfg.get_int("num_experts_per_tok"),
+                      moe_intermediate_size=cfg.get_int("intermediate_size"), intermediate_size=0)
+    elif model_type == "qwen3_moe":
+        experts = cfg.get_int("num_experts")
+        step = cfg.get_int("decoder_sparse_step", default=1)
+        dense_only = set(cfg.int_list("mlp_only_layers"))
+        moe_layers = sum(1 for i in range(layers)
+                         if i not in dense_only and experts > 0 and step > 0 and (i + 1) % step == 0)
+        dense = layers - moe_layers
+        fields.update(num_experts=experts, num_experts_per_tok=cfg.get_int("num_experts_per_tok"),
+                      moe_intermediate_size=cfg.get_int("moe_intermediate_size"), num_dense_layers=dense,
+                      intermediate_size=cfg.get_int("intermediate_size") if dense else 0)
+    else:
+        fields["intermediate_size"] = cfg.get_int("intermediate_size")
+    return LlamaFamilyConfig(
+        model_type=model_type, vocab_size=cfg.get_int("vocab_size"), hidden_size=hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=cfg.get_int("max_position_embeddings",
+                                            default=_CLASS_DEFAULTS[model_type][2]),
+        tie_word_embeddings=cfg.get_bool("tie_word_embeddings", False),
+        rms_norm_eps=cfg.get_number("rms_norm_eps", 1e-6),
+        hidden_act=cfg.get_str("hidden_act", "silu"),
+        attention_bias=qkv_bias, o_proj_bias=o_bias,
+        mlp_bias=cfg.get_bool("mlp_bias", False) if model_type == "llama" else False,
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        sliding_window=window, num_sliding_layers=sliding, **fields)
