@@ -31,7 +31,8 @@ def run(fast_forward: bool) -> dict[str, Any]:
     workload = load_azure(TRACE / "azure_llm_2023_conv.csv")
     deployment = build_deployment(EngineOptions(model="Llama-3.1-8B", hardware="h100-sxm"))
     config = SimConfig(deployment.scheduler_config, deployment.cache_config,
-                       deployment.step_model, fast_forward=fast_forward)
+                       deployment.step_model, fast_forward=fast_forward,
+                       keep_step_log=False)
     result = Simulator(config, workload).run()
     wall = time.perf_counter() - t0
     metrics = result.metrics()

@@ -389,6 +389,7 @@ class _Timeline:
 
 def _step_arrays(result: SimResult) -> dict[str, FloatArray]:
     s = result.steps
+    assert s is not None  # callers check
     # The log's columns are array.array: numpy reads their buffers directly.
     cols = {name: np.asarray(getattr(s, name), dtype=np.float64)
             for name in ("start", "duration", "num_tokens", "prefill_tokens", "free_blocks",
@@ -398,8 +399,7 @@ def _step_arrays(result: SimResult) -> dict[str, FloatArray]:
 
 
 def run_end(result: SimResult) -> float:
-    s = result.steps
-    return float(s.start[-1] + s.duration[-1]) if len(s) else 0.0
+    return result.totals.end
 
 
 def bucket_width(results: Sequence[SimResult], max_buckets: int = MAX_TIME_BUCKETS) -> float:
@@ -409,7 +409,7 @@ def bucket_width(results: Sequence[SimResult], max_buckets: int = MAX_TIME_BUCKE
     end = max((run_end(r) for r in results), default=0.0)
     if end <= 0:
         return 1.0
-    mean_steps = [float(np.asarray(r.steps.duration).mean()) for r in results if len(r.steps)]
+    mean_steps = [r.totals.busy / r.totals.num_steps for r in results if r.totals.num_steps]
     raw = max(end / max_buckets, MIN_STEPS_PER_BUCKET * max(mean_steps, default=0.0))
     width = _nice(raw, (1.0, 2.0, 5.0, 10.0))
     while math.ceil(end / width - 1e-9) > max_buckets:
@@ -443,8 +443,8 @@ def _fill_gaps(means: FloatArray, edges: FloatArray, start: FloatArray, end: Flo
 
 
 def _timeline(result: SimResult, width: float) -> _Timeline | None:
-    if not len(result.steps):
-        return None
+    if result.steps is None or not len(result.steps):
+        return None  # no step log kept (SimConfig.keep_step_log), or no step
     c = _step_arrays(result)
     stop = run_end(result)
     n = max(1, round(stop / width))

@@ -428,7 +428,9 @@ def sim_config(deployment: Deployment, args: argparse.Namespace) -> SimConfig:
                      eos_probability=args.eos_probability, seed=args.seed,
                      fast_forward=not args.no_fast_forward,
                      prefill_schedule_interval=deployment.options.prefill_schedule_interval,
-                     keep_token_times=bool(getattr(args, "save_detailed", False)))
+                     keep_token_times=bool(getattr(args, "save_detailed", False)),
+                     # The step log grows with the run; only the report plots it.
+                     keep_step_log=bool(getattr(args, "report", None)))
 
 
 def result_dict(deployment: Deployment, args: argparse.Namespace, metrics: dict[str, Any],

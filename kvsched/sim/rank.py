@@ -18,8 +18,6 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-import numpy as np
-
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.fast_forward import decode_stretch_limit
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
@@ -62,6 +60,81 @@ class StepLog:
     def __len__(self) -> int:
         return len(self.start)
 
+    def totals(self, usable_blocks: int) -> StepTotals:
+        """The run's totals, summed from the log (for results built by hand)."""
+        out = StepTotals(usable_blocks)
+        for start, dt, reqs, tokens, prefill, free in zip(
+                self.start, self.duration, self.num_reqs, self.num_tokens, self.prefill_tokens,
+                self.free_blocks):
+            out.add(start + dt, dt, reqs, tokens, prefill, free)
+        return out
+
+
+@dataclass(slots=True)
+class StepTotals:
+    """The engine figures of a run, summed step by step in stepping order (so
+    a fast-forwarded stretch gives the same floats): memory stays constant
+    however long the run, unlike the optional per-step :class:`StepLog`."""
+
+    usable_blocks: int
+    num_steps: int = 0
+    busy: float = 0.0
+    num_reqs: int = 0
+    num_tokens: int = 0
+    prefill_tokens: int = 0
+    kv_usage_time: float = 0.0   # sum of KV usage x step duration
+    min_free_blocks: int = -1    # -1: no step yet
+    end: float = 0.0             # when the last step ended
+
+    def add(self, end: float, dt: float, num_reqs: int, num_tokens: int, prefill_tokens: int,
+            free_blocks: int) -> None:
+        self.num_steps += 1
+        self.busy += dt
+        self.num_reqs += num_reqs
+        self.num_tokens += num_tokens
+        self.prefill_tokens += prefill_tokens
+        self.kv_usage_time += (1.0 - free_blocks / self.usable_blocks) * dt
+        if free_blocks < self.min_free_blocks or self.min_free_blocks < 0:
+            self.min_free_blocks = free_blocks
+        self.end = end
+
+    def add_decode_stretch(self, ends: list[float], durations: list[float], batch: int,
+                           free_after: list[int]) -> None:
+        """``len(durations)`` decode steps of ``batch`` requests, one token each."""
+        k = len(durations)
+        self.num_steps += k
+        self.num_reqs += batch * k
+        self.num_tokens += batch * k
+        usable = self.usable_blocks
+        busy = self.busy
+        usage_time = self.kv_usage_time
+        for dt, free in zip(durations, free_after):
+            busy += dt
+            usage_time += (1.0 - free / usable) * dt
+        self.busy = busy
+        self.kv_usage_time = usage_time
+        low = min(free_after)
+        if low < self.min_free_blocks or self.min_free_blocks < 0:
+            self.min_free_blocks = low
+        self.end = ends[-1]
+
+    def engine_stats(self) -> dict[str, Any]:
+        n = self.num_steps
+        tokens = self.num_tokens
+        prefill = self.prefill_tokens
+        busy = self.busy
+        min_free = self.min_free_blocks if n else self.usable_blocks
+        return {
+            "num_steps": n,
+            "busy_seconds": busy,
+            "mean_batch_size": self.num_reqs / n if n else 0.0,
+            "mean_tokens_per_step": tokens / n if n else 0.0,
+            "prefill_token_share": prefill / tokens if tokens else 0.0,
+            "decode_token_share": 1.0 - prefill / tokens if tokens else 0.0,
+            "mean_kv_cache_usage": self.kv_usage_time / busy if busy else 0.0,
+            "max_kv_cache_usage": 1.0 - min_free / self.usable_blocks,
+        }
+
 
 @dataclass(slots=True)
 class SimResult:
@@ -70,7 +143,9 @@ class SimResult:
     failed: list[tuple[str, str]]  # (request id, why it was refused)
     itls: SampleAccumulator
     token_times: SampleAccumulator
-    steps: StepLog
+    totals: StepTotals
+    # Every step, for timelines (None unless asked for: it grows with the run).
+    steps: StepLog | None
     num_gpu_blocks: int
     num_preemptions: int
     prefix_cache_queries: int
@@ -100,31 +175,13 @@ class SimResult:
         return out
 
     def engine_stats(self) -> dict[str, Any]:
-        s = self.steps
-        n = len(s)
-        duration = np.frombuffer(s.duration, dtype=np.float64) if n else np.zeros(1)
-        busy = float(duration.sum())
-        tokens = sum(s.num_tokens)
-        prefill = sum(s.prefill_tokens)
-        usable = self.num_gpu_blocks - 1
-        free = np.frombuffer(s.free_blocks, dtype=np.int64) if n else np.full(1, usable)
-        usage = 1.0 - free / usable
-        return {
-            "num_steps": n,
-            "busy_seconds": busy,
-            "mean_batch_size": sum(s.num_reqs) / n if n else 0.0,
-            "mean_tokens_per_step": tokens / n if n else 0.0,
-            "prefill_token_share": prefill / tokens if tokens else 0.0,
-            "decode_token_share": 1.0 - prefill / tokens if tokens else 0.0,
-            "mean_kv_cache_usage": float(usage @ duration) / busy if busy else 0.0,
-            "max_kv_cache_usage": float(usage.max()),
-            "num_preemptions": self.num_preemptions,
-            "prefix_cache_hit_rate": (self.prefix_cache_hits / self.prefix_cache_queries
-                                      if self.prefix_cache_queries else 0.0),
-            "num_gpu_blocks": self.num_gpu_blocks,
-            "fast_forwarded_steps": self.num_fast_forwarded_steps,
-            "simulation_wall_seconds": self.wall_seconds,
-        }
+        return {**self.totals.engine_stats(),
+                "num_preemptions": self.num_preemptions,
+                "prefix_cache_hit_rate": (self.prefix_cache_hits / self.prefix_cache_queries
+                                          if self.prefix_cache_queries else 0.0),
+                "num_gpu_blocks": self.num_gpu_blocks,
+                "fast_forwarded_steps": self.num_fast_forwarded_steps,
+                "simulation_wall_seconds": self.wall_seconds}
 
 
 def combine_results(ranks: list[SimResult]) -> SimResult:
@@ -136,7 +193,8 @@ def combine_results(ranks: list[SimResult]) -> SimResult:
     out = SimResult(
         workload=first.workload, records=[r for res in ranks for r in res.records],
         failed=[f for res in ranks for f in res.failed], itls=SampleAccumulator(),
-        token_times=SampleAccumulator(), steps=first.steps, num_gpu_blocks=first.num_gpu_blocks,
+        token_times=SampleAccumulator(), totals=first.totals, steps=first.steps,
+        num_gpu_blocks=first.num_gpu_blocks,
         num_preemptions=sum(r.num_preemptions for r in ranks),
         prefix_cache_queries=sum(r.prefix_cache_queries for r in ranks),
         prefix_cache_hits=sum(r.prefix_cache_hits for r in ranks),
@@ -177,7 +235,8 @@ class Rank:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, *,
                  workload_name: str, eos_probability: float = 0.0, seed: int = 0,
                  admission_policy: AdmissionPolicy | None = None,
-                 trace_steps: TextIO | None = None, keep_token_times: bool = False) -> None:
+                 trace_steps: TextIO | None = None, keep_token_times: bool = False,
+                 keep_step_log: bool = True) -> None:
         self.sched = Scheduler(scheduler_config, cache_config, admission_policy=admission_policy)
         self.num_gpu_blocks = cache_config.num_gpu_blocks
         self.workload_name = workload_name
@@ -191,7 +250,8 @@ class Rank:
         self.failed: list[tuple[str, str]] = []
         self.itls = SampleAccumulator()
         self.token_times = SampleAccumulator()
-        self.steps = StepLog()
+        self.totals = StepTotals(cache_config.num_gpu_blocks - 1)
+        self.steps = StepLog() if keep_step_log else None
         self.num_ff_steps = 0
         self.num_received = 0
         self._next_token = 1  # output tokens are negative: never in a prompt
@@ -294,10 +354,12 @@ class Rank:
         for o in result.finished:
             self._finish(o.request_id, now)
         free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-        self.steps.append(start, dt, len(num_sched), shape.num_tokens, shape.prefill_tokens, free,
-                          len(sched.running), len(sched.waiting))
+        self.totals.add(now, dt, len(num_sched), shape.num_tokens, shape.prefill_tokens, free)
+        if self.steps is not None:
+            self.steps.append(start, dt, len(num_sched), shape.num_tokens, shape.prefill_tokens, free,
+                              len(sched.running), len(sched.waiting))
         if self.trace_steps is not None:
-            record = step_record(len(self.steps) - 1, out,
+            record = step_record(self.totals.num_steps - 1, out,
                                  [[o.request_id, o.finish_reason or ""] for o in result.finished], sched)
             record["start"] = start
             record["duration"] = dt
@@ -352,14 +414,16 @@ class Rank:
         # (the accumulators' statistics do not depend on how adds are grouped).
         itls.add_repeated(durations[1:], B)
         self.token_times.add_repeated(ends, B)
+        self.totals.add_decode_stretch(ends, durations, B, free_after)
         log = self.steps
-        log.start.append(start)
-        log.start.extend(ends[:-1])
-        log.duration.extend(durations)
-        for column, value in ((log.num_reqs, B), (log.num_tokens, B), (log.prefill_tokens, 0),
-                              (log.num_running, B), (log.num_waiting, len(sched.waiting))):
-            column.extend(array("q", (value,)) * k)
-        log.free_blocks.extend(free_after)
+        if log is not None:
+            log.start.append(start)
+            log.start.extend(ends[:-1])
+            log.duration.extend(durations)
+            for column, value in ((log.num_reqs, B), (log.num_tokens, B), (log.prefill_tokens, 0),
+                                  (log.num_running, B), (log.num_waiting, len(sched.waiting))):
+                column.extend(array("q", (value,)) * k)
+            log.free_blocks.extend(free_after)
         end = ends[-1]
         for lv in lives:
             lv.last_token_time = end
@@ -371,7 +435,8 @@ class Rank:
         stats = self.sched.kv_cache_manager.prefix_cache_stats
         return SimResult(
             workload=self.workload_name, records=self.records, failed=self.failed, itls=self.itls,
-            token_times=self.token_times, steps=self.steps, num_gpu_blocks=self.num_gpu_blocks,
+            token_times=self.token_times, totals=self.totals, steps=self.steps,
+            num_gpu_blocks=self.num_gpu_blocks,
             num_preemptions=self.sched.num_preemptions,
             prefix_cache_queries=stats.queries + stats.preempted_queries,
             prefix_cache_hits=stats.hits + stats.preempted_hits,

@@ -215,7 +215,7 @@ def _runs_table(labels: Sequence[str], results: Sequence[SimResult]) -> str:
             f'<tr><td><span class="swatch" style="background:{color(i)}"></span>{_esc(label)}</td>'
             f"<td>{_esc(r.workload)}</td>"
             f'<td class="num">{len(r.records):,}</td><td class="num">{len(r.failed):,}</td>'
-            f'<td class="num">{run_end(r):,.2f}</td><td class="num">{len(r.steps):,}</td>'
+            f'<td class="num">{run_end(r):,.2f}</td><td class="num">{r.totals.num_steps:,}</td>'
             f'<td class="num">{r.num_fast_forwarded_steps:,}</td>'
             f'<td class="num">{r.wall_seconds:,.2f}</td></tr>')
     failures = []

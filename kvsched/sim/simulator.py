@@ -44,6 +44,9 @@ class SimConfig:
     prefill_schedule_interval: int = 1
     # Keep every request's token times (RequestRecord.token_times / itls).
     keep_token_times: bool = False
+    # Keep every step for timelines (SimResult.steps; the HTML report plots
+    # it). Off, memory does not grow with the number of steps.
+    keep_step_log: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eos_probability < 1.0:
@@ -59,7 +62,8 @@ class SimConfig:
         return Rank(self.scheduler_config, self.cache_config, workload_name=workload.name,
                     eos_probability=self.eos_probability,
                     seed=self.seed if seed is None else seed, admission_policy=policy,
-                    trace_steps=trace_steps, keep_token_times=self.keep_token_times)
+                    trace_steps=trace_steps, keep_token_times=self.keep_token_times,
+                    keep_step_log=self.keep_step_log)
 
 
 class Simulator:

@@ -299,7 +299,8 @@ def synthetic(num_steps: int, num_requests: int, seed: int = 0, blocks: int = 20
     itls.add_array(duration, reqs)
     token_times = SampleAccumulator()
     token_times.add_array(start + duration, reqs)
-    return SimResult("random", records, [], itls, token_times, log, blocks, 0, 100, 10, 0, 1.0)
+    return SimResult("random", records, [], itls, token_times, log.totals(blocks - 1), log, blocks,
+                     0, 100, 10, 0, 1.0)
 
 
 def test_long_run_is_reduced() -> None:
