@@ -1,17 +1,30 @@
-"""Simulator speed: the whole Azure LLM inference 2023 conversation trace
-(19,366 requests, one hour) on Llama-3.1-8B on one H100, vLLM serve defaults.
+"""Simulator speed and memory.
 
-    python benchmarks/bench_simulate.py               # fast-forward on (the default)
-    python benchmarks/bench_simulate.py --compare     # also step by step, and check equality
+    python benchmarks/bench_simulate.py                  # Azure conv trace (the README figure)
+    python benchmarks/bench_simulate.py --compare        # ... also step by step, and check equality
+    python benchmarks/bench_simulate.py --scale          # issue 9's bars: 1M requests, CPU per request
+    python benchmarks/bench_simulate.py --case random:100000:20   # one case
 
-Prints wall seconds (trace loading included) and simulated requests per wall second.
+Cases (each runs in a fresh process, so its peak RSS is its own):
+
+- ``azure``: the whole Azure LLM inference 2023 conversation trace (19,366
+  requests, one hour) on Llama-3.1-8B on one H100 with ``vllm serve``'s
+  defaults; wall seconds include loading the trace;
+- ``random:N:RATE``: N random prompts (vllm bench's defaults, 1024 in / 128
+  out) at RATE requests/s (``inf``: all at t=0), same deployment.
+
+Prints wall and CPU seconds, simulated requests per wall second, CPU
+microseconds per simulated request and peak RSS.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,51 +32,93 @@ from typing import Any
 
 from kvsched.sim.deployment import EngineOptions, build_deployment
 from kvsched.sim.simulator import SimConfig, Simulator
-from kvsched.sim.workload import load_azure
+from kvsched.sim.workload import Workload, load_azure, random_workload
 
 TRACE = Path(os.environ.get("KVSCHED_TRACES") or next(
     (p for p in (Path(__file__).resolve().parents[2] / "shared" / "traces", Path("/work/shared/traces"))
      if p.is_dir()), Path("../shared/traces")))
 
 
-def run(fast_forward: bool) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    workload = load_azure(TRACE / "azure_llm_2023_conv.csv")
+def _workload(case: str) -> Workload:
+    if case == "azure":
+        return load_azure(TRACE / "azure_llm_2023_conv.csv")
+    kind, n, rate = case.split(":")
+    if kind != "random":
+        raise SystemExit(f"unknown case {case!r}: use azure or random:N:RATE")
+    return random_workload(num_prompts=int(n), request_rate=float(rate), seed=0)
+
+
+def run_case(case: str, fast_forward: bool = True) -> dict[str, Any]:
+    """One case in this process."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    workload = _workload(case)
     deployment = build_deployment(EngineOptions(model="Llama-3.1-8B", hardware="h100-sxm"))
-    config = SimConfig(deployment.scheduler_config, deployment.cache_config,
-                       deployment.step_model, fast_forward=fast_forward,
-                       keep_step_log=False)
+    config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
+                       fast_forward=fast_forward, keep_step_log=False)
     result = Simulator(config, workload).run()
-    wall = time.perf_counter() - t0
     metrics = result.metrics()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     n = len(workload.requests)
-    return {"fast_forward": fast_forward, "requests": n, "wall_seconds": wall,
-            "requests_per_wall_second": n / wall, "metrics": metrics}
+    return {"case": case, "fast_forward": fast_forward, "requests": n, "wall_seconds": wall,
+            "cpu_seconds": cpu, "requests_per_wall_second": n / wall,
+            "cpu_us_per_request": cpu / n * 1e6,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "metrics": metrics}
+
+
+def run_isolated(case: str, fast_forward: bool = True) -> dict[str, Any]:
+    """One case in a fresh interpreter (its own peak RSS)."""
+    cmd = [sys.executable, __file__, "--child", case] + ([] if fast_forward else ["--no-fast-forward"])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return dict(json.loads(out.splitlines()[-1]))
+
+
+def show(r: dict[str, Any]) -> None:
+    m = r["metrics"]
+    print(f"{r['case']:<22} ff={'on ' if r['fast_forward'] else 'off'} {r['requests']:>9,} requests: "
+          f"{r['wall_seconds']:7.1f} s wall ({r['requests_per_wall_second']:7,.0f} req/s), "
+          f"{r['cpu_us_per_request']:5.0f} µs CPU per request, peak RSS {r['peak_rss_mb']:6,.0f} MB  "
+          f"(steps {m['num_steps']:,}, fast-forwarded {m['fast_forwarded_steps']:,}; "
+          f"simulated {m['duration']:,.0f} s)", flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compare", action="store_true", help="also run without fast-forward")
+    ap.add_argument("--scale", action="store_true",
+                    help="1M random requests at 20 req/s and at t=0; CPU per request from 10k to 1M")
+    ap.add_argument("--case", action="append", help="azure or random:N:RATE (repeatable)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--no-fast-forward", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    runs = [run(True)] + ([run(False)] if args.compare else [])
-    for r in runs:
-        m = r["metrics"]
-        print(f"fast_forward={'on ' if r['fast_forward'] else 'off'} {r['requests']} requests in "
-              f"{r['wall_seconds']:.1f} s wall = {r['requests_per_wall_second']:,.0f} simulated req/s  "
-              f"(steps {m['num_steps']:,}, fast-forwarded {m['fast_forwarded_steps']:,}; "
-              f"simulated {m['duration']:,.0f} s, output {m['output_throughput']:,.0f} tok/s, "
-              f"mean TTFT {m['mean_ttft_ms']:.1f} ms, mean TPOT {m['mean_tpot_ms']:.2f} ms)", flush=True)
-    if len(runs) == 2:
-        a, b = (dict(r["metrics"]) for r in runs)
-        for key in ("simulation_wall_seconds", "fast_forwarded_steps"):
-            a.pop(key)
-            b.pop(key)
-        same = a == b
-        print(f"identical metrics with and without fast-forward: {same}; "
-              f"speed-up {runs[1]['wall_seconds'] / runs[0]['wall_seconds']:.1f}x")
-        if not same:
-            return 1
+    if args.child:
+        r = run_case(args.child, not args.no_fast_forward)
+        print(json.dumps(r, default=lambda v: None if isinstance(v, float) and math.isinf(v) else str(v)))
+        return 0
+    cases = args.case or (["random:10000:20", "random:100000:20", "random:1000000:20",
+                           "random:1000000:inf"] if args.scale else ["azure"])
+    runs = []
+    for case in cases:
+        runs.append(run_isolated(case))
+        show(runs[-1])
+        if args.compare:
+            runs.append(run_isolated(case, fast_forward=False))
+            show(runs[-1])
+            a, b = (dict(r["metrics"]) for r in runs[-2:])
+            for key in ("simulation_wall_seconds", "fast_forwarded_steps"):
+                a.pop(key)
+                b.pop(key)
+            print(f"identical metrics with and without fast-forward: {a == b}; "
+                  f"speed-up {runs[-1]['wall_seconds'] / runs[-2]['wall_seconds']:.1f}x")
+            if a != b:
+                return 1
+    if args.scale:
+        rate20 = [r for r in runs if r["case"].endswith(":20")]
+        if len(rate20) > 1:
+            base = rate20[0]["cpu_us_per_request"]
+            print("CPU per request vs 10k: " + ", ".join(
+                f"{r['requests']:,}: {r['cpu_us_per_request'] / base - 1:+.0%}" for r in rate20))
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=2, default=str) + "\n")
     return 0
