@@ -9,8 +9,7 @@ import pytest
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.step_time import BatchShape, ParallelConfig, StepTimeModel
-from kvsched.sim.dp import DPOptions, DPSimulator, Router
-from kvsched.sim.router import load_score
+from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import Workload, WorkloadRequest, random_workload
 
@@ -68,35 +67,6 @@ def test_one_rank_equals_the_single_engine_simulator() -> None:
     dp = DPSimulator(SimConfig(SC, CC, DENSE), wl, DPOptions(1)).run().combined().metrics()
     for key in ("mean_ttft_ms", "p99_itl_ms", "duration", "output_throughput", "num_steps"):
         assert dp[key] == single[key], key
-
-
-class _FakeRank:
-    """Just the load the router reads."""
-
-    def __init__(self, waiting: int, running: int) -> None:
-        self.sched = type("S", (), {"waiting": [0] * waiting, "running": [0] * running})()
-
-    def load(self) -> int:
-        return load_score(self.sched)
-
-
-def test_round_robin_and_least_loaded_routing() -> None:
-    ranks = [_FakeRank(0, 5), _FakeRank(1, 0), _FakeRank(0, 3)]
-    rr = Router("round-robin", 3, 0.1)
-    assert [rr.choose(ranks, 0.0) for _ in range(4)] == [0, 1, 2, 0]  # type: ignore[arg-type]
-    ll = Router("least-loaded", 3, 0.1)
-    assert ll.choose(ranks, 0.0) == 2  # type: ignore[arg-type]  # scores 5, 4, 3
-
-
-def test_vllm_router_uses_stale_stats_and_counts_its_own_sends() -> None:
-    ranks = [_FakeRank(0, 0), _FakeRank(0, 0)]
-    r = Router("vllm", 2, stats_interval=0.1)
-    # Within one stats interval the front end alternates: each send adds 4.
-    assert [r.choose(ranks, 0.0) for _ in range(3)] == [0, 1, 0]  # type: ignore[arg-type]
-    # Real load changes are seen only at the next stats update.
-    ranks[0].sched.running = [0] * 10  # type: ignore[attr-defined]
-    assert r.choose(ranks, 0.05) == 1  # type: ignore[arg-type]  # stale: 8 vs 4 -> rank 1
-    assert r.choose(ranks, 0.2) == 1  # type: ignore[arg-type]  # fresh: 10 vs 0
 
 
 def test_bad_options() -> None:
