@@ -177,16 +177,42 @@ class DPPrefillCadence(PrefillCadence):
 class DPRankStates:
     """What data-parallel ranks share with each other: per rank, the number
     of running and of waiting requests (the DP driver calls ``publish``, the
-    all-gather), and the lockstep step counter of vLLM's DP engine core (the
-    driver advances it after every lockstep step and zeroes it when a wave of
-    work ends). Policies only read them."""
+    all-gather), and the lockstep step counter and wave of vLLM's DP engine
+    core (the driver calls ``end_step`` after every lockstep step). Policies
+    only read them."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, dp_sync_interval: int = 16) -> None:
         if size < 1:
             raise ValueError(f"data parallel size {size}: must be >= 1")
+        if isinstance(dp_sync_interval, bool) or not isinstance(dp_sync_interval, int) \
+                or dp_sync_interval < 1:
+            raise ValueError(f"dp_sync_interval={dp_sync_interval!r}: must be an integer >= 1")
         self.running = [0] * size
         self.waiting = [0] * size
+        self.dp_sync_interval = dp_sync_interval
         self.step_counter = 0
+        self.current_wave = 0
+
+    def end_step(self, unfinished: bool) -> bool:
+        """After a lockstep step (real or dummy batches): count it, and tell
+        whether the ranks keep stepping (vLLM's ``engines_running``).
+        ``unfinished`` says whether any rank still has unfinished requests.
+
+        vLLM's DP engine core (``DPEngineCoreProc._has_global_unfinished_reqs``)
+        only learns that every rank is idle from an all-reduce it runs on the
+        first step of a wave and on every ``dp_sync_interval``-th step; until
+        then idle ranks keep running dummy batches. When the all-reduce finds
+        nothing left anywhere the wave ends: the counter restarts at 0, so the
+        next wave's first step is cadence-aligned."""
+        self.step_counter += 1
+        counter = self.step_counter
+        if counter != 1 and counter % self.dp_sync_interval:
+            return True
+        if unfinished:
+            return True
+        self.step_counter = 0
+        self.current_wave += 1
+        return False
 
     @property
     def size(self) -> int:

@@ -55,9 +55,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="shard experts over TP x DP ranks (MoE ranks then step in lockstep); "
                         "no effect on a dense model")
     g.add_argument("--dp-routing", choices=["vllm", "round-robin", "least-loaded"], default="vllm",
-                   help="how arrivals pick a DP rank (vllm: lowest 4*waiting+running, stale stats)")
+                   help="how arrivals pick a DP rank (vllm: vLLM's load score on stale stats and "
+                        "its own in-flight counts)")
     g.add_argument("--dp-stats-interval", type=float, default=0.1,
                    help="seconds between the load stats the vllm router sees (default 0.1)")
+    g.add_argument("--dp-sync-interval", type=int, default=16,
+                   help="lockstep (MoE) DP ranks: steps between the all-reduces that find every "
+                        "rank idle and end a wave (default: %(default)s)")
     g.add_argument("--admission-policy", choices=["none", "balance", "adp-balance", "prefill-cadence"],
                    default="none", help="admission policy on every rank (see docs/simulator.md)")
     g.add_argument("--balance-threshold", choices=["full", "full-minus-one"], default="full",
@@ -406,7 +410,7 @@ def build_dp_simulator(deployment: Deployment, config: SimConfig, workload: Work
     from kvsched.sim.dp import DPOptions, DPSimulator
 
     dp = deployment.parallel.data_parallel_size
-    shared = DPRankStates(dp)
+    shared = DPRankStates(dp, args.dp_sync_interval)
     policies: list[Any] = [None] * dp
     if args.admission_policy == "balance":
         if args.balance_threshold == "full-minus-one" and deployment.scheduler_config.max_num_seqs < 2:
@@ -417,7 +421,7 @@ def build_dp_simulator(deployment: Deployment, config: SimConfig, workload: Work
         policies = [AdpBalance(shared, r, args.adp_timeout_iters, args.adp_batching_wait_iters)
                     for r in range(dp)]
     options = DPOptions(dp, lockstep=deployment.lockstep, router=args.dp_routing,
-                        stats_interval=args.dp_stats_interval)
+                        stats_interval=args.dp_stats_interval, sync_interval=args.dp_sync_interval)
     sim = DPSimulator(config, workload, options, policies, shared)
     sim.after_step.append(lambda d: shared.publish_all([r.sched for r in d.ranks]))
     return sim

@@ -34,6 +34,8 @@ class DPOptions:
     lockstep: bool = False
     router: str = "vllm"
     stats_interval: float = 0.1
+    # vLLM's --dp-sync-interval: steps between the lockstep ranks' finish-syncs.
+    sync_interval: int = 16
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
@@ -42,6 +44,9 @@ class DPOptions:
             raise ValueError(f"router={self.router!r}: use one of {', '.join(ROUTERS)}")
         if not self.stats_interval > 0:
             raise ValueError(f"dp_stats_interval={self.stats_interval!r}: must be > 0 seconds")
+        if isinstance(self.sync_interval, bool) or not isinstance(self.sync_interval, int) \
+                or self.sync_interval < 1:
+            raise ValueError(f"dp_sync_interval={self.sync_interval!r}: must be an integer >= 1")
 
 
 @dataclass(slots=True)
@@ -64,7 +69,12 @@ class DPSimulator:
         self.options = options
         self.workload = workload
         # What the ranks share; the lockstep group advances its step counter.
-        self.shared = shared if shared is not None else DPRankStates(options.size)
+        if shared is None:
+            shared = DPRankStates(options.size, options.sync_interval)
+        elif shared.dp_sync_interval != options.sync_interval:
+            raise ValueError(f"shared states sync every {shared.dp_sync_interval} steps, "
+                             f"the options say {options.sync_interval}")
+        self.shared = shared
         interval = config.prefill_schedule_interval
         if options.lockstep and interval > 1 and not any(policies or ()):
             # vLLM's DP engine core drives the cadence from the shared counter;

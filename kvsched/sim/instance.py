@@ -10,7 +10,10 @@ step-time model and one or more :class:`~kvsched.sim.rank.Rank`:
   step: a step lasts as long as the slowest rank, the experts see the tokens
   of all ranks, and a rank with nothing to do runs a one-token dummy batch
   that still pays the collectives. The group keeps vLLM's DP step counter
-  (``DPRankStates.step_counter``), which restarts when a wave of work ends.
+  and wave (``DPRankStates.end_step``): once no rank has work left the
+  ranks go on running dummy batches until the next finish-sync step
+  (every ``dp_sync_interval``-th) sees that, and only then stop; the
+  counter then restarts for the next wave.
 
 ``advance(bound)`` runs one step, or a stretch of pure-decode steps in one
 jump when the core allows it (:func:`kvsched.core.fast_forward.decode_stretch_limit`)
@@ -113,39 +116,50 @@ class LockstepGroup:
         self.fast_forward = fast_forward and all(r.sched.admission_policy is None for r in ranks)
         self.now = 0.0
         self._dummy = BatchShape.decode(1, 1)
+        # vLLM's engines_running: the ranks step (dummy batches if need be)
+        # until a finish-sync step finds every rank idle.
+        self.engines_running = False
 
     def busy(self) -> bool:
+        return self.engines_running or self._has_work()
+
+    def _has_work(self) -> bool:
         return any(r.busy() for r in self.ranks)
 
     def wake(self, t: float) -> None:
+        # Ranks still running dummy batches take new work at their next step.
         if self.now < t and not self.busy():
             self.now = t
 
     def advance(self, bound: float) -> int:
+        self.engines_running = True
         if self.fast_forward and self._stretch(bound):
             finished = 0
         else:
             finished = self._step()
-        if not self.busy():
-            self.shared.step_counter = 0  # the wave of work ended
         return finished
 
     def _step(self) -> int:
         plans = [r.plan() for r in self.ranks]
         global_tokens = sum(p.shape.num_tokens for p in plans if p is not None)
-        if not global_tokens:
+        model = self.step_model
+        if global_tokens:
+            dt = max(model.step_time(p.shape if p is not None else self._dummy, global_tokens)
+                     for p in plans)
+        elif self._has_work():
             raise RuntimeError(f"no request could be scheduled on any DP rank at t={self.now:.3f}s; "
                                "nothing would ever progress")
-        model = self.step_model
-        dt = max(model.step_time(p.shape if p is not None else self._dummy, global_tokens)
-                 for p in plans)
+        else:
+            # Every rank idle, waiting for the finish-sync: dummy batches only
+            # (each rank's one token reaches the experts).
+            dt = model.step_time(self._dummy, len(self.ranks))
         start = self.now
         finished = 0
         for r, p in zip(self.ranks, plans):
             if p is not None:
                 finished += r.complete(p, start, dt)
         self.now = start + dt
-        self.shared.step_counter += 1
+        self.engines_running = self.shared.end_step(self._has_work())
         return finished
 
     def _stretch(self, bound: float) -> bool:
@@ -173,6 +187,8 @@ class LockstepGroup:
             return False
         for r in busy:
             r.apply_stretch(self.now, durations, ends)
-        self.shared.step_counter += len(durations)
+        # Requests run through the whole stretch: no finish-sync ends the wave.
+        for _ in durations:
+            self.shared.end_step(True)
         self.now = ends[-1]
         return True

@@ -27,7 +27,6 @@ from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
 from kvsched.sim.metrics import RequestRecord, SampleAccumulator, benchmark_duration, compute_metrics
-from kvsched.sim.router import load_score
 from kvsched.sim.workload import WorkloadRequest
 
 EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)
@@ -285,9 +284,15 @@ class Rank:
     def busy(self) -> bool:
         return self.sched.has_unfinished_requests()
 
-    def load(self) -> int:
-        """The score vLLM's DP load balancer ranks engines by."""
-        return load_score(self.sched)
+    def load_stats(self) -> tuple[int, int, float]:
+        """What the engine publishes for vLLM's DP load balancer: waiting and
+        running requests, and KV cache usage."""
+        sched = self.sched
+        return len(sched.waiting), len(sched.running), sched.kv_cache_manager.usage
+
+    def num_unfinished(self) -> int:
+        """Requests received and not finished (the front end's in-flight count)."""
+        return len(self.live)
 
     # -- one step ----------------------------------------------------------------
     def plan(self) -> PlannedStep | None:

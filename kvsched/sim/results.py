@@ -69,6 +69,8 @@ def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[st
     if p.data_parallel_size > 1:
         parallel["dp_routing"] = args.dp_routing
         parallel["dp_stats_interval"] = args.dp_stats_interval
+        if d.lockstep:
+            parallel["dp_sync_interval"] = args.dp_sync_interval
     return {
         "model": {"name": d.model.name, "dtype": d.runtime.dtype,
                   "kv_cache_dtype": d.runtime.kv_cache_dtype, "moe": d.model.is_moe},

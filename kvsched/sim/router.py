@@ -1,43 +1,56 @@
 """The router: which data-parallel rank serves an arriving request.
 
-- ``vllm``: vLLM's DP load balancer. It sends a request to the rank with the
-  lowest ``4 × waiting + running`` from the load stats the engines publish
-  every ``stats_interval`` seconds; between two updates the front end counts
-  each request it routes as one more waiting on its rank. Ties go to the
-  lowest rank.
+- ``vllm``: vLLM 0.33.0's DP load balancer (the front end's
+  ``DPLBAsyncMPClient.get_core_engine_for_request``, one API server). Per
+  rank it keeps the last ``[waiting, running, kv_cache_usage]`` the
+  coordinator published (every ``stats_interval`` seconds) and its own exact
+  count of the requests it sent there that have not finished. A request goes
+  to the rank with the lowest :func:`vllm_score`; the scan starts at a
+  rotating index (one further per request), and the first lowest score in
+  scan order wins, so ties rotate instead of always going to rank 0. Between
+  two stats messages the front end counts each request it routes as one
+  more waiting on its rank; a new message replaces those counts.
 - ``round-robin``: ranks in turn.
-- ``least-loaded``: the same score on exact, current counts.
+- ``least-loaded``: the lowest :func:`vllm_score` on exact, current counts;
+  ties to the lowest rank.
 
-A router reads the ranks' schedulers; it changes nothing in them.
+A router reads the ranks; it changes nothing in them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence, Sized
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 ROUTERS = ("vllm", "round-robin", "least-loaded")
 
 
-class _Queues(Protocol):
-    @property
-    def waiting(self) -> Sized: ...
+def vllm_score(waiting: float, running: float, kv_cache_usage: float, in_flight: int) -> float:
+    """vLLM 0.33.0's DP load score of one engine (one front end).
 
-    @property
-    def running(self) -> Sized: ...
-
-
-def load_score(sched: _Queues) -> int:
-    """vLLM's DP load score: waiting requests weigh four times running ones."""
-    return 4 * len(sched.waiting) + len(sched.running)
+    The larger of the stats' ``waiting + running`` and the front end's own
+    in-flight count, plus a waiting penalty that grows with KV cache pressure:
+    ``waiting × 6 × (usage - 0.5)`` above half usage (a queue on a KV-bound
+    engine drains slowly), nothing below it."""
+    score = max(float(in_flight), waiting + running)
+    if waiting:
+        score += waiting * 6.0 * max(0.0, kv_cache_usage - 0.5)
+    return score
 
 
 class Routable(Protocol):
-    """What a router reads of a rank: its load score."""
+    """What a router reads of a rank."""
 
-    def load(self) -> int: ...
+    def load_stats(self) -> tuple[int, int, float]:
+        """What the engine publishes: (waiting, running, KV cache usage)."""
+        ...
+
+    def num_unfinished(self) -> int:
+        """Requests sent to it that have not finished (the front end's
+        in-flight count)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -45,9 +58,11 @@ class Router:
     kind: str
     size: int
     stats_interval: float = 0.1
-    next_rank: int = 0
+    next_rank: int = 0       # round-robin's next rank, vllm's scan start (eng_start_index)
     published_at: float = -math.inf
-    scores: list[int] = field(default_factory=list)
+    # vllm: per rank [waiting, running, kv_cache_usage] as the front end sees
+    # them (the last stats message plus its own sends since).
+    counts: list[list[float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.kind not in ROUTERS:
@@ -65,12 +80,25 @@ class Router:
             self.next_rank = (rank + 1) % self.size
             return rank
         if self.kind == "least-loaded":
-            scores = [r.load() for r in ranks]
+            scores = []
+            for r in ranks:
+                waiting, running, usage = r.load_stats()
+                scores.append(vllm_score(waiting, running, usage, waiting + running))
             return scores.index(min(scores))
         if now - self.published_at >= self.stats_interval:
-            # A new stats message from the engines.
-            self.scores = [r.load() for r in ranks]
+            # A new stats message from the coordinator.
+            self.counts = [[float(x) for x in r.load_stats()] for r in ranks]
             self.published_at = now
-        rank = self.scores.index(min(self.scores))
-        self.scores[rank] += 4  # one more waiting request, as far as the front end knows
+        n = self.size
+        best: float = math.inf
+        rank = 0
+        for i in range(n):
+            idx = (self.next_rank + i) % n
+            seen = self.counts[idx]
+            score = vllm_score(seen[0], seen[1], seen[2], ranks[idx].num_unfinished())
+            if score < best:  # strict: the first lowest in scan order wins
+                best = score
+                rank = idx
+        self.counts[rank][0] += 1  # one more waiting request, as far as the front end knows
+        self.next_rank = (self.next_rank + 1) % n
         return rank

@@ -47,7 +47,10 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 FINISH = {0: "stop", 1: "length", 2: "abort"}
 
 
-def vllm_scheduler(scenario: dict[str, Any]) -> Scheduler:
+def vllm_scheduler(scenario: dict[str, Any], data_parallel_size: int = 1) -> Scheduler:
+    """vLLM's Scheduler for the scenario. With ``data_parallel_size`` > 1 it is
+    one rank of an MoE DP deployment: vLLM then leaves the cadence to the DP
+    engine core (its local interval is 1)."""
     sc = scenario.get("scheduler", {})
     cc = scenario.get("cache", {})
     max_model_len = int(sc.get("max_model_len", 8192))
@@ -71,10 +74,10 @@ def vllm_scheduler(scenario: dict[str, Any]) -> Scheduler:
         model_config=ModelConfig(model=str(REFERENCE / "tiny_model_config"), dtype="float32",
                                  seed=0, skip_tokenizer_init=True, max_model_len=max_model_len),
         cache_config=cache,
-        parallel_config=ParallelConfig(),
+        parallel_config=ParallelConfig(data_parallel_size=data_parallel_size),
         observability_config=ObservabilityConfig(),
     )
-    assert config.parallel_config.data_parallel_size == 1
+    assert config.parallel_config.data_parallel_size == data_parallel_size
     assert config.scheduler_config.prefill_schedule_interval == sched_args["prefill_schedule_interval"]
     cache.num_gpu_blocks = num_blocks
     register_all_kvcache_specs(config)

@@ -279,3 +279,30 @@ def test_a_holding_policy_changes_only_admission(seed: int) -> None:
         sched.check_invariants()
         step += 1
     assert held, "the policy never changed an admission"
+
+
+# -- vLLM's DP step counter and waves (DPEngineCoreProc) -------------------------
+
+def test_dp_wave_ends_only_at_a_finish_sync_step() -> None:
+    shared = DPRankStates(2, dp_sync_interval=4)
+    # Work on the first three steps, then every rank idle: the idle ranks keep
+    # stepping until counter 4, the next finish-sync, ends the wave.
+    assert [shared.end_step(u) for u in (True, True, True, False)] == [True, True, True, False]
+    assert (shared.step_counter, shared.current_wave) == (0, 1)
+    # Idle at step 2 is not seen before step 4 either; step 8 is the next sync.
+    assert [shared.end_step(u) for u in (True, False, False, False)] == [True, True, True, False]
+    assert (shared.step_counter, shared.current_wave) == (0, 2)
+
+
+def test_dp_first_step_of_a_wave_syncs() -> None:
+    # A wave whose work is done in its first step ends right there.
+    shared = DPRankStates(2)
+    assert shared.end_step(False) is False
+    assert (shared.step_counter, shared.current_wave) == (0, 1)
+    # Otherwise the default interval (16) applies: work gone after step 1 is
+    # noticed at step 16.
+    flags = [shared.end_step(i == 0) for i in range(16)]
+    assert flags == [True] * 15 + [False]
+    assert shared.current_wave == 2
+    with pytest.raises(ValueError, match="dp_sync_interval"):
+        DPRankStates(2, dp_sync_interval=0)

@@ -9,8 +9,7 @@ import pytest
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.step_time import BatchShape, ParallelConfig, StepTimeModel
-from kvsched.sim.dp import DPOptions, DPSimulator, Router
-from kvsched.sim.router import load_score
+from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import Workload, WorkloadRequest, random_workload
 
@@ -68,35 +67,6 @@ def test_one_rank_equals_the_single_engine_simulator() -> None:
     dp = DPSimulator(SimConfig(SC, CC, DENSE), wl, DPOptions(1)).run().combined().metrics()
     for key in ("mean_ttft_ms", "p99_itl_ms", "duration", "output_throughput", "num_steps"):
         assert dp[key] == single[key], key
-
-
-class _FakeRank:
-    """Just the load the router reads."""
-
-    def __init__(self, waiting: int, running: int) -> None:
-        self.sched = type("S", (), {"waiting": [0] * waiting, "running": [0] * running})()
-
-    def load(self) -> int:
-        return load_score(self.sched)
-
-
-def test_round_robin_and_least_loaded_routing() -> None:
-    ranks = [_FakeRank(0, 5), _FakeRank(1, 0), _FakeRank(0, 3)]
-    rr = Router("round-robin", 3, 0.1)
-    assert [rr.choose(ranks, 0.0) for _ in range(4)] == [0, 1, 2, 0]  # type: ignore[arg-type]
-    ll = Router("least-loaded", 3, 0.1)
-    assert ll.choose(ranks, 0.0) == 2  # type: ignore[arg-type]  # scores 5, 4, 3
-
-
-def test_vllm_router_uses_stale_stats_and_counts_its_own_sends() -> None:
-    ranks = [_FakeRank(0, 0), _FakeRank(0, 0)]
-    r = Router("vllm", 2, stats_interval=0.1)
-    # Within one stats interval the front end alternates: each send adds 4.
-    assert [r.choose(ranks, 0.0) for _ in range(3)] == [0, 1, 0]  # type: ignore[arg-type]
-    # Real load changes are seen only at the next stats update.
-    ranks[0].sched.running = [0] * 10  # type: ignore[attr-defined]
-    assert r.choose(ranks, 0.05) == 1  # type: ignore[arg-type]  # stale: 8 vs 4 -> rank 1
-    assert r.choose(ranks, 0.2) == 1  # type: ignore[arg-type]  # fresh: 10 vs 0
 
 
 def test_bad_options() -> None:
@@ -185,3 +155,56 @@ def test_dense_replicas_send_at_the_event_time_not_a_later_finish() -> None:
         assert r.send_time == by_id[r.request_id].arrival_time  # open loop: sent on arrival
         assert r.send_time < r.first_token_time <= r.finish_time
     assert sum(result.routed) == 3000 and min(result.routed) > 1000
+
+
+# -- vLLM's DP step counter and waves on lockstep ranks ---------------------------
+# Round-robin routing: a -> rank 0, d -> rank 1, b -> 0, e -> 1, c -> 0.
+DUMMY = MOE.step_time(BatchShape.decode(1, 1), 2)  # a step where every rank runs a dummy batch
+
+
+def _wave_run(t_b: float, t_c: float, interval: int, sync: int) -> DPSimulator:
+    wl = Workload("waves", (
+        _req("a", 0.0, 100, 3, 7), _req("d", 0.0, 100, 3, 8),
+        _req("b", t_b, 100, 30, 9), _req("e", t_b + 1e-7, 100, 1, 10),
+        _req("c", t_c, 100, 3, 11)))
+    config = SimConfig(SC, CC, MOE, prefill_schedule_interval=interval)
+    sim = DPSimulator(config, wl, DPOptions(2, lockstep=True, router="round-robin", sync_interval=sync))
+    sim.run()
+    return sim
+
+
+def _prefill_steps(sim: DPSimulator) -> list[int]:
+    steps = sim.ranks[0].steps
+    return [i for i in range(len(steps)) if steps.prefill_tokens[i]]
+
+
+def test_lockstep_counter_restarts_after_the_wave_ends() -> None:
+    # Wave 1: a and d run 3 steps (counters 0-2), a dummy step (3), then the
+    # finish-sync at counter 4 finds both ranks idle: the wave ends. Wave 2,
+    # long after: b prefills at counter 0; c arrives during that step, waits
+    # through counters 1 and 2 (b decodes, interval 3) and prefills at 3.
+    # Were the counter to go on from 4, c would prefill at counter 6, two steps
+    # after b.
+    first = _wave_run(5.0, 5.0, interval=3, sync=4)  # where b's first step starts
+    (t_b_step,) = [s for s in first.ranks[0].steps.start if s >= 5.0][:1]
+    sim = _wave_run(5.0, t_b_step + 1e-6, interval=3, sync=4)
+    assert sim.shared.current_wave == 2
+    assert _prefill_steps(sim) == [0, 3, 6]  # a; b at the wave's step 0; c at its step 3
+
+
+def test_lockstep_ranks_run_dummy_batches_until_the_finish_sync() -> None:
+    # a's last step ends at t_end with counter 3; with dp_sync_interval 16 the
+    # idle ranks keep running dummy batches (counters 3, 4, ...). b arrives in
+    # the middle of the second one: it starts when that step ends, at counter 5,
+    # in the same wave. c, arriving during b's first step, waits for counter 8
+    # (interval 4): b's steps 3-5 run at counters 5-7, c prefills at index 6.
+    probe = _wave_run(50.0, 50.0, interval=4, sync=16)
+    steps = probe.ranks[0].steps
+    t_end = steps.start[2] + steps.duration[2]
+    t_b = t_end + 1.5 * DUMMY
+    b_start = t_end + DUMMY + DUMMY
+    sim = _wave_run(t_b, b_start + 1e-6, interval=4, sync=16)
+    steps = sim.ranks[0].steps
+    assert steps.start[3] == pytest.approx(b_start, rel=0, abs=1e-12)
+    assert sim.shared.current_wave == 1  # only the last wave ended
+    assert _prefill_steps(sim) == [0, 3, 6]
