@@ -124,7 +124,7 @@ class BlockPool:
         """Register one full block under its chained hash."""
         self.cache_blocks([block], [block_hash])
 
-    def cache_blocks(self, blocks: list[int], hashes: list[int]) -> None:
+    def cache_blocks(self, blocks: list[int], hashes: Sequence[int]) -> None:
         """Register full blocks under their chained hashes, in order."""
         cached = self.cached
         if len(blocks) == 1:  # a decode filling its block: the usual single insert
@@ -147,7 +147,7 @@ class BlockPool:
             else:
                 cached[h] = b
 
-    def cache_new_blocks(self, blocks: list[int], hashes: list[int]) -> None:
+    def cache_new_blocks(self, blocks: list[int], hashes: Sequence[int]) -> None:
         """``cache_blocks`` for hashes known to be new and distinct (the caller
         checked): two C-level bulk inserts."""
         self.cached.update(zip(hashes, blocks))

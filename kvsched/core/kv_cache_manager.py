@@ -9,16 +9,21 @@ are evicted only when a new block is needed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 from kvsched.config import CacheConfig
 from kvsched.core.block_pool import BlockPool
-from kvsched.request import Request
+from kvsched.request import Request, TokenRuns
 
 # Seed of the hash chain: the "parent" of a request's first block.
 _ROOT_HASH = hash("kvsched-prefix-root")
 _NO_BLOCKS: list[int] = []
+# Private requests' keys (see KVCacheManager._private_keys): 2**40 blocks per
+# request, far beyond any max_model_len.
+_PRIVATE_KEY_BASE = 1 << 64
+_PRIVATE_KEY_SPAN = 1 << 40
 
 
 @dataclass(slots=True)
@@ -36,7 +41,7 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     __slots__ = ("block_size", "max_model_len", "enable_caching", "block_pool",
-                 "req_to_blocks", "num_cached_block", "prefix_cache_stats")
+                 "req_to_blocks", "num_cached_block", "prefix_cache_stats", "num_private")
 
     def __init__(self, cache_config: CacheConfig, max_model_len: int) -> None:
         self.block_size = cache_config.block_size
@@ -48,35 +53,72 @@ class KVCacheManager:
         # prefix cache (only tracked while prefix caching is on).
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        self.num_private = 0  # private requests given keys so far
 
     @property
     def usage(self) -> float:
         return self.block_pool.get_usage()
 
     # -- hashing --------------------------------------------------------------
-    def block_hashes(self, request: Request, num_blocks: int) -> list[int]:
-        """The request's chained block hashes, extended to ``num_blocks`` full
-        blocks. Hashes are computed lazily: tokens only ever get appended, so a
-        hash once computed stays valid."""
+    def block_hashes(self, request: Request, num_blocks: int) -> Sequence[int]:
+        """The request's prefix-cache keys: chained hashes of its full blocks,
+        extended to ``num_blocks`` blocks. Hashes are computed lazily: tokens
+        only ever get appended, so a hash once computed stays valid. A
+        private request gets its keys by position instead (_private_keys)."""
         hashes = request.block_hashes
         start = len(hashes)
-        if start < num_blocks:
-            bs = self.block_size
-            tokens = request.all_token_ids
-            parent = hashes[-1] if start else _ROOT_HASH
-            # Chain over each block's content hash. Runs of identical blocks
-            # (a long run of one token) reuse the content hash of the last.
-            last_block: list[int] | None = None
+        if start >= num_blocks:
+            return hashes
+        if request.private:
+            hashes = request.block_hashes = self._private_keys()
+            return hashes
+        if not start:
+            hashes = request.block_hashes = []
+        assert isinstance(hashes, list)
+        bs = self.block_size
+        tokens = request.all_token_ids
+        parent = hashes[-1] if start else _ROOT_HASH
+        # Chain over each block's content hash. Runs of identical blocks
+        # (a long run of one token) reuse the content hash of the last.
+        append = hashes.append
+        if type(tokens) is TokenRuns:
+            # A block inside one run comes as its token: hash the tuple it
+            # stands for (the same value as hashing the expanded block).
+            last: int | list[int] | None = None
             content = 0
-            append = hashes.append
-            for i in range(start * bs, num_blocks * bs, bs):
-                block = tokens[i:i + bs]
-                if block != last_block:
-                    last_block = block
-                    content = hash(tuple(block))
+            for block in tokens.block_contents(start, num_blocks - start, bs):
+                if block != last:
+                    last = block
+                    content = hash((block,) * bs if isinstance(block, int) else tuple(block))
                 parent = hash((parent, content))
                 append(parent)
+            return hashes
+        last_block: list[int] | None = None
+        content = 0
+        for i in range(start * bs, num_blocks * bs, bs):
+            block_tokens = tokens[i:i + bs]
+            if block_tokens != last_block:
+                last_block = block_tokens
+                content = hash(tuple(block_tokens))
+            parent = hash((parent, content))
+            append(parent)
         return hashes
+
+    def _private_keys(self) -> range:
+        """Prefix-cache keys for a private request's blocks: block ``i`` is
+        ``base + i``, ``base`` unique to the request in this manager.
+
+        Why this is the same cache: a private request's chained hashes differ
+        from every other request's (its first block is nobody else's and the
+        chain carries it) and from each other (different chain lengths), as
+        the cache already assumes of distinct contents. These keys do too:
+        disjoint ranges per request, and all at or above 2**64 while hash()
+        values are below 2**63 in magnitude. Equal key <=> equal hash for
+        every pair of blocks, so every lookup, insertion and eviction goes
+        exactly as with the hashes, minus the hashing."""
+        base = _PRIVATE_KEY_BASE + self.num_private * _PRIVATE_KEY_SPAN
+        self.num_private += 1
+        return range(base, base + _PRIVATE_KEY_SPAN)
 
     # -- admission --------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:

@@ -44,7 +44,7 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape, StepTimeModel
 from kvsched.progress import draw_progress
-from kvsched.request import Request, SamplingParams
+from kvsched.request import SamplingParams
 from kvsched.sim.metrics import RequestRecord, SampleAccumulator, benchmark_duration, compute_metrics
 from kvsched.sim.workload import Workload, WorkloadRequest
 
@@ -222,7 +222,7 @@ class Simulator:
             if pos < spec.output_len - 1:
                 eos_index = pos
                 params = SamplingParams(max_tokens=spec.output_len, eos_token_id=EOS_TOKEN)
-        request = Request(spec.request_id, spec.prompt_token_ids(), params, arrival_time=send_time)
+        request = spec.to_request(params, send_time)
         try:
             self.sched.add_request(request)
         except ValueError as e:
