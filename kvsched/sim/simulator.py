@@ -195,7 +195,8 @@ class Simulator:
         self.progress = progress
         policy = admission_policy or (PrefillCadence(config.prefill_schedule_interval)
                                       if config.prefill_schedule_interval > 1 else None)
-        self.sched = Scheduler(config.scheduler_config, config.cache_config, admission_policy=policy)
+        self.sched = Scheduler(config.scheduler_config, config.cache_config, admission_policy=policy,
+                               runner_inputs=False)
         self.step_model = config.step_model
         self.rng = random.Random(config.seed)
         self.live: dict[str, _Live] = {}
