@@ -9,12 +9,12 @@ are evicted only when a new block is needed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 from kvsched.config import CacheConfig
-from kvsched.core.block_pool import BlockPool
+from kvsched.core.block_pool import PRIVATE_KEY_BASE, BlockPool
 from kvsched.request import Request, TokenRuns
 
 # Seed of the hash chain: the "parent" of a request's first block.
@@ -22,7 +22,6 @@ _ROOT_HASH = hash("kvsched-prefix-root")
 _NO_BLOCKS: list[int] = []
 # Private requests' keys (see KVCacheManager._private_keys): 2**40 blocks per
 # request, far beyond any max_model_len.
-_PRIVATE_KEY_BASE = 1 << 64
 _PRIVATE_KEY_SPAN = 1 << 40
 
 
@@ -116,7 +115,7 @@ class KVCacheManager:
         values are below 2**63 in magnitude. Equal key <=> equal hash for
         every pair of blocks, so every lookup, insertion and eviction goes
         exactly as with the hashes, minus the hashing."""
-        base = _PRIVATE_KEY_BASE + self.num_private * _PRIVATE_KEY_SPAN
+        base = PRIVATE_KEY_BASE + self.num_private * _PRIVATE_KEY_SPAN
         self.num_private += 1
         return range(base, base + _PRIVATE_KEY_SPAN)
 
@@ -246,18 +245,42 @@ class KVCacheManager:
 
     def cache_full_blocks(self, request: Request, blocks: list[int],
                           num_cached: int, num_full: int) -> None:
-        """Register blocks ``num_cached .. num_full - 1`` of ``request`` in the prefix cache."""
-        hashes = self.block_hashes(request, num_full)
-        self.block_pool.cache_blocks(blocks[num_cached:num_full], hashes[num_cached:num_full])
+        """Register blocks ``num_cached .. num_full - 1`` of ``request`` in the prefix cache.
+
+        A private request's blocks are only counted here: no other request
+        can ever look them up, and the request itself only when it is
+        re-admitted after a preemption, so ``free`` registers them then.
+        Until then an entry would change nothing: a held block is not in the
+        free queue (no eviction), and ``free`` puts the counted blocks at the
+        back of the queue whether they carry an entry or not."""
+        if not request.private:
+            hashes = self.block_hashes(request, num_full)
+            self.block_pool.cache_blocks(blocks[num_cached:num_full], hashes[num_cached:num_full])
         self.num_cached_block[request.request_id] = num_full
 
     def free(self, request: Request) -> None:
-        """Release a request's blocks, tail first, so its prefix is evicted last."""
+        """Release a request's blocks, tail first, so its prefix is evicted
+        last. Its first ``num_cached_block`` blocks are exactly its cached
+        ones (registered, or counted for a private request)."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
-        self.num_cached_block.pop(rid, None)
+        num_cached = self.num_cached_block.pop(rid, 0)
         if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+            if request.private and num_cached and not request.is_finished():
+                # Preempted: re-admitted, it looks its blocks up (see cache_full_blocks).
+                self._register_private(request, blocks, num_cached)
+            self.block_pool.free_table(blocks, num_cached)
+
+    def _register_private(self, request: Request, blocks: list[int], num_cached: int) -> None:
+        """Register the counted blocks of a private request that have no
+        entry yet, in block order (as registering each when it filled would
+        have: an older entry under the same key, from before an earlier
+        preemption, stays first)."""
+        keys = self.block_hashes(request, num_cached)
+        hash_of_block = self.block_pool.hash_of_block
+        todo = [i for i in range(num_cached) if blocks[i] not in hash_of_block]
+        if todo:
+            self.block_pool.cache_blocks([blocks[i] for i in todo], [keys[i] for i in todo])
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return list(self.req_to_blocks.get(request_id, _NO_BLOCKS))
@@ -265,7 +288,8 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
-    def check_invariants(self, live_request_ids: set[str] | None = None) -> None:
+    def check_invariants(self, live_request_ids: set[str] | None = None,
+                         private_ids: Container[str] = ()) -> None:
         pool = self.block_pool
         pool.check_invariants()
         owners = [0] * pool.num_gpu_blocks
@@ -280,5 +304,13 @@ class KVCacheManager:
                 f"block {b}: ref_cnt {pool.ref_cnt[b]} but {owners[b]} tables hold it")
         for rid, n in self.num_cached_block.items():
             assert n <= len(self.req_to_blocks.get(rid, ())), f"{rid} caches more blocks than it holds"
+        # free() relies on it: a table's cached blocks are its first
+        # num_cached_block (a private request's may lack their entry).
+        hashed = pool.hash_of_block
+        for rid, blocks in self.req_to_blocks.items():
+            n = self.num_cached_block.get(rid, 0)
+            assert not any(b in hashed for b in blocks[n:]), f"{rid} has a cached block past {n}"
+            assert rid in private_ids or all(b in hashed for b in blocks[:n]), (
+                f"{rid}: one of its first {n} blocks is not cached")
         in_use = sum(1 for b in range(1, pool.num_gpu_blocks) if pool.ref_cnt[b] > 0)
         assert in_use + pool.get_num_free_blocks() == pool.num_gpu_blocks - 1, "blocks lost"

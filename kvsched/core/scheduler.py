@@ -574,4 +574,5 @@ class Scheduler:
             assert r.request_id not in self.kv_cache_manager.req_to_blocks, (
                 f"waiting {r.request_id} holds KV blocks")
         self.waiting.check_invariants()
-        self.kv_cache_manager.check_invariants(set(self.requests))
+        self.kv_cache_manager.check_invariants(
+            set(self.requests), {rid for rid, r in self.requests.items() if r.private})

@@ -94,10 +94,15 @@ def _view(out: SchedulerOutput) -> dict[str, Any]:
 
 
 def _pool_view(sched: Scheduler) -> tuple[Any, ...]:
+    """Everything observable: the free queue in order, reference counts,
+    block tables, statistics, and the hit every waiting request would get now
+    (private blocks may lack an entry until their owner is preempted, so the
+    cache maps themselves are compared through their lookups)."""
     kv = sched.kv_cache_manager
     pool = kv.block_pool
-    return (list(pool.free_queue), sorted(pool.hash_of_block), pool.ref_cnt, kv.req_to_blocks,
-            kv.num_cached_block, dataclasses.astuple(kv.prefix_cache_stats), sched.num_preemptions)
+    hits = {r.request_id: kv.get_computed_blocks(r) for r in sched.waiting}
+    return (list(pool.free_queue), pool.ref_cnt, kv.req_to_blocks, kv.num_cached_block, hits,
+            dataclasses.astuple(kv.prefix_cache_stats), sched.num_preemptions)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True,
