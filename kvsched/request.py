@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import repeat
+from typing import overload
 
 
 class RequestStatus(enum.IntEnum):
@@ -146,56 +150,198 @@ def _require(name: str, value: object, ok: bool, rule: str) -> None:
         raise ValueError(f"{name}={value!r}: {rule}")
 
 
-@dataclass(slots=True, eq=False)
+class TokenRuns(Sequence[int]):
+    """A token sequence kept as ``(token_id, count)`` runs followed by a list
+    of appended tokens (the outputs).
+
+    A synthetic or trace prompt is a few runs (see kvsched.sim.workload), so
+    a waiting request costs a few dozen bytes however long its prompt is,
+    where a token list costs 8 bytes a token. Supports what the scheduler and
+    the KV cache manager use of ``all_token_ids``: ``len``, indexing and
+    slicing (which build lists), iteration, ``append``/``extend``; plus
+    :meth:`block_contents` so full blocks are hashed without expanding runs.
+    """
+
+    __slots__ = ("runs", "num_run_tokens", "tail")
+
+    def __init__(self, runs: Sequence[tuple[int, int]], tail: list[int] | None = None,
+                 num_run_tokens: int | None = None) -> None:
+        self.runs = tuple(runs) if type(runs) is not tuple else runs
+        self.num_run_tokens = (sum(count for _, count in self.runs) if num_run_tokens is None
+                               else num_run_tokens)
+        self.tail: list[int] = [] if tail is None else tail
+
+    def __len__(self) -> int:
+        return self.num_run_tokens + len(self.tail)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return list(self)[index]
+            return self._slice(start, stop)
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("TokenRuns index out of range")
+        if i >= self.num_run_tokens:
+            return self.tail[i - self.num_run_tokens]
+        for token, count in self.runs:
+            if i < count:
+                return token
+            i -= count
+        raise AssertionError("unreachable: runs shorter than num_run_tokens")
+
+    def _slice(self, start: int, stop: int) -> list[int]:
+        out: list[int] = []
+        pos = 0
+        for token, count in self.runs:
+            end = pos + count
+            if end > start and pos < stop:
+                out += [token] * (min(end, stop) - max(pos, start))
+            pos = end
+            if pos >= stop:
+                return out
+        n = self.num_run_tokens
+        if stop > n:
+            out += self.tail[max(start - n, 0):stop - n]
+        return out
+
+    def __iter__(self) -> Iterator[int]:
+        for token, count in self.runs:
+            yield from repeat(token, count)
+        yield from self.tail
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenRuns | list):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"TokenRuns({self.runs!r}, tail={self.tail!r})"
+
+    def append(self, token: int) -> None:
+        self.tail.append(token)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        self.tail.extend(tokens)
+
+    def copy(self) -> TokenRuns:
+        """A sequence with the same runs (shared: they never change) and a copy of the tail."""
+        return TokenRuns(self.runs, list(self.tail), self.num_run_tokens)
+
+    def block_contents(self, first_block: int, num_blocks: int, block_size: int
+                       ) -> Iterator[int | list[int]]:
+        """Blocks ``first_block .. first_block + num_blocks - 1`` (all full):
+        for each, its token if the block is that token ``block_size`` times
+        within one run, else its tokens as a list."""
+        b = first_block * block_size
+        stop = b + num_blocks * block_size
+        runs = self.runs
+        i = 0  # the run holding position b, and where it ends
+        end = runs[0][1] if runs else 0
+        while b < stop:
+            while end <= b and i + 1 < len(runs):
+                i += 1
+                end += runs[i][1]
+            if b + block_size <= end:
+                yield runs[i][0]
+            else:  # straddles runs, or lies (partly) in the tail
+                yield self._slice(b, b + block_size)
+            b += block_size
+
+
+# What a request's token sequences are: a plain list (the engine, replays,
+# tests) or runs (the simulator's synthetic and trace prompts).
+TokenList = list[int] | TokenRuns
+
+
+@dataclass(slots=True, eq=False, init=False)
 class Request:
     """One generation request. ``all_token_ids`` is the prompt plus the outputs
     sampled so far; ``num_computed_tokens`` is how much of it has KV in the cache
-    (or is scheduled to, within the current step)."""
+    (or is scheduled to, within the current step).
+
+    The prompt is a token list or a :class:`TokenRuns` (kept as given, not
+    copied, like vLLM); ``prompt_token_ids`` always reads as a list.
+    ``private`` is the sender's guarantee that no full KV block of this
+    request can have the same content, prefix included, as a block of any
+    other request sent to the same scheduler (see
+    ``kvsched.sim.workload.prompt_shares_nothing``): the KV cache manager then
+    names its blocks by request and position instead of hashing tokens.
+    """
 
     request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams = field(default_factory=SamplingParams)
-    priority: int = 0
-    arrival_time: float = 0.0
+    prompt_tokens: TokenList
+    sampling_params: SamplingParams
+    priority: int
+    arrival_time: float
+    private: bool
 
-    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
-    num_computed_tokens: int = field(default=0, init=False)
-    all_token_ids: list[int] = field(init=False)
-    output_token_ids: list[int] = field(init=False, default_factory=list)
-    num_prompt_tokens: int = field(init=False)
-    # Chained hashes of the full blocks of all_token_ids, filled lazily by the
-    # KV cache manager (only when prefix caching is on).
-    block_hashes: list[int] = field(init=False, default_factory=list)
-    num_preemptions: int = field(default=0, init=False)
+    status: RequestStatus
+    num_computed_tokens: int
+    all_token_ids: TokenList
+    output_token_ids: list[int]
+    num_prompt_tokens: int
+    # Keys of the full blocks of all_token_ids in the prefix cache, filled
+    # lazily by the KV cache manager (only when prefix caching is on).
+    block_hashes: Sequence[int]
+    num_preemptions: int
     # True while the request is mid-way through a chunked prefill: the step
     # that scheduled it samples no token.
-    is_prefill_chunk: bool = field(default=False, init=False)
-    stop_reason: int | None = field(default=None, init=False)
+    is_prefill_chunk: bool
+    stop_reason: int | None
     # Sampling limits flattened for the hot path.
-    max_tokens: int = field(init=False)
-    eos_token_id: int | None = field(init=False)
-    stop_token_ids: frozenset[int] = field(init=False)
+    max_tokens: int
+    eos_token_id: int | None
+    stop_token_ids: frozenset[int]
     # EOS (unless ignored) and stop ids together: one membership test per token.
-    all_stop_ids: frozenset[int] = field(init=False)
+    all_stop_ids: frozenset[int]
     # Sequence length at which the request is length-capped: prompt + max_tokens,
     # or max_model_len (set by the scheduler, which knows it).
-    stop_len: int = field(init=False)
+    stop_len: int
 
-    def __post_init__(self) -> None:
-        # Like vLLM: the prompt list is kept as given (not copied); the
-        # growing sequence is a copy of it.
-        if not isinstance(self.prompt_token_ids, list):
-            self.prompt_token_ids = list(self.prompt_token_ids)
-        self.all_token_ids = self.prompt_token_ids.copy()
-        self.num_prompt_tokens = len(self.prompt_token_ids)
-        sp = self.sampling_params
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
+                 sampling_params: SamplingParams | None = None, priority: int = 0,
+                 arrival_time: float = 0.0, *, private: bool = False) -> None:
+        self.request_id = request_id
+        prompt: TokenList = (prompt_token_ids if type(prompt_token_ids) is list
+                             or type(prompt_token_ids) is TokenRuns else list(prompt_token_ids))
+        self.prompt_tokens = prompt
+        sp = SamplingParams() if sampling_params is None else sampling_params
+        self.sampling_params = sp
+        self.priority = priority
+        self.arrival_time = arrival_time
+        self.private = private
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        # The growing sequence is a copy of the prompt (runs are shared).
+        self.all_token_ids = prompt.copy()
+        self.output_token_ids = []
+        self.num_prompt_tokens = len(prompt)
+        self.block_hashes = _NO_HASHES
+        self.num_preemptions = 0
+        self.is_prefill_chunk = False
+        self.stop_reason = None
         self.max_tokens = sp.max_tokens
         # vLLM drops the EOS id when ignore_eos is set; stop ids still apply.
         self.eos_token_id = None if sp.ignore_eos else sp.eos_token_id
-        self.stop_token_ids = frozenset(sp.stop_token_ids)
-        eos = () if self.eos_token_id is None else (self.eos_token_id,)
-        self.all_stop_ids = self.stop_token_ids.union(eos)
+        self.stop_token_ids, self.all_stop_ids = _stop_sets(sp.stop_token_ids, self.eos_token_id)
         self.stop_len = self.num_prompt_tokens + sp.max_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt as a list (built on each call for a runs prompt)."""
+        prompt = self.prompt_tokens
+        return prompt if type(prompt) is list else list(prompt)
 
     @property
     def num_tokens(self) -> int:
@@ -237,3 +383,15 @@ class Request:
             raise ValueError(
                 f"request {rid}: min_tokens={sp.min_tokens} exceeds max_tokens={sp.max_tokens}; "
                 "lower min_tokens or raise max_tokens")
+
+
+_NO_HASHES: tuple[int, ...] = ()
+
+
+@lru_cache(maxsize=256)
+def _stop_sets(stop_token_ids: tuple[int, ...], eos_token_id: int | None
+               ) -> tuple[frozenset[int], frozenset[int]]:
+    # Shared between requests with the same settings: two frozensets per
+    # request would be ~400 bytes of a waiting request's footprint.
+    stop = frozenset(stop_token_ids)
+    return stop, stop if eos_token_id is None else stop | {eos_token_id}

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsched import (
     CacheConfig,
@@ -16,6 +18,7 @@ from kvsched import (
     Scheduler,
     SchedulerConfig,
 )
+from kvsched.request import TokenRuns
 
 BLOCK_SIZE = 4
 USABLE_BLOCKS = 5  # 20 tokens of KV; num_gpu_blocks counts the null block too
@@ -130,3 +133,52 @@ def test_an_id_can_be_reused_after_its_request_finished(sched: Scheduler) -> Non
     sched.add_request(again)
     assert sched.requests["r1"] is again
     sched.check_invariants()
+
+
+# -- TokenRuns: a runs prompt behaves as its expanded token list ---------------
+
+_runs = st.lists(st.tuples(st.integers(0, 4), st.integers(1, 9)), min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(_runs, st.lists(st.integers(-3, 3), max_size=8), st.data())
+def test_token_runs_reads_as_its_list(runs: list[tuple[int, int]], tail: list[int],
+                                      data: st.DataObject) -> None:
+    expanded = [t for t, c in runs for _ in range(c)]
+    seq = TokenRuns(runs)
+    assert len(seq) == len(expanded) and list(seq) == expanded and seq == expanded
+    copy = seq.copy()
+    for t in tail:
+        copy.append(t)
+    expanded_all = expanded + tail
+    assert seq == expanded, "a copy's appends do not reach the original"
+    assert len(copy) == len(expanded_all) and list(copy) == expanded_all
+    n = len(expanded_all)
+    for i in range(-n, n):
+        assert copy[i] == expanded_all[i]
+    with pytest.raises(IndexError):
+        copy[n]
+    a = data.draw(st.integers(-n - 2, n + 2))
+    b = data.draw(st.integers(-n - 2, n + 2))
+    step = data.draw(st.sampled_from([None, 1, 2, -1]))
+    assert copy[a:b:step] == expanded_all[a:b:step]
+    bs = data.draw(st.integers(1, 5))
+    first = data.draw(st.integers(0, n // bs))
+    blocks = list(copy.block_contents(first, n // bs - first, bs))
+    for j, block in enumerate(blocks, first):
+        want = expanded_all[j * bs:(j + 1) * bs]
+        assert (want == [block] * bs) if isinstance(block, int) else block == want
+    copy.extend([7, 8])
+    assert list(copy) == [*expanded_all, 7, 8]
+
+
+def test_runs_request_matches_list_request() -> None:
+    runs = ((5, 3), (1_000_000_007, 4))
+    lazy = Request("a", TokenRuns(runs), SamplingParams(max_tokens=4))
+    plain = Request("a", [5, 5, 5] + [1_000_000_007] * 4, SamplingParams(max_tokens=4))
+    assert lazy.prompt_token_ids == plain.prompt_token_ids
+    assert type(lazy.prompt_token_ids) is list
+    assert (lazy.num_prompt_tokens, lazy.stop_len, lazy.num_tokens) == (7, 11, 7)
+    lazy.all_token_ids.append(-1)
+    assert lazy.all_token_ids == [*plain.prompt_token_ids, -1]
+    assert lazy.prompt_token_ids == plain.prompt_token_ids, "the prompt does not grow"

@@ -18,6 +18,9 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 
 NULL_BLOCK = 0
+# Keys from here up name the blocks of private requests by position
+# (KVCacheManager._private_keys); hash() values are below 2**63 in magnitude.
+PRIVATE_KEY_BASE = 1 << 64
 
 
 class BlockPool:
@@ -61,7 +64,7 @@ class BlockPool:
             del free_queue[b]
         ref_cnt = self.ref_cnt
         hash_of_block = self.hash_of_block
-        if hash_of_block:
+        if hash_of_block and not hash_of_block.keys().isdisjoint(blocks):
             cached = self.cached
             pop_hash = hash_of_block.pop
             for b in blocks:
@@ -111,6 +114,30 @@ class BlockPool:
                 free_queue[b] = None
                 move(b, last=False)
 
+    def free_table(self, blocks: list[int], num_hashed: int) -> None:
+        """``free_blocks(reversed(blocks))`` for a request's block table whose
+        cached blocks are exactly its first ``num_hashed`` (the KV cache
+        manager's invariant): those go to the back, the rest to the front,
+        by position instead of by a lookup per block."""
+        ref_cnt = self.ref_cnt
+        evict_first: list[int] = []
+        for b in reversed(blocks[num_hashed:]):
+            n = ref_cnt[b] - 1
+            ref_cnt[b] = n
+            if not n:
+                evict_first.append(b)
+        free_queue = self.free_queue
+        for b in reversed(blocks[:num_hashed]):
+            n = ref_cnt[b] - 1
+            ref_cnt[b] = n
+            if not n:
+                free_queue[b] = None
+        if evict_first:
+            move = free_queue.move_to_end
+            for b in reversed(evict_first):
+                free_queue[b] = None
+                move(b, last=False)
+
     # -- prefix cache ---------------------------------------------------------
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
@@ -124,7 +151,7 @@ class BlockPool:
         """Register one full block under its chained hash."""
         self.cache_blocks([block], [block_hash])
 
-    def cache_blocks(self, blocks: list[int], hashes: list[int]) -> None:
+    def cache_blocks(self, blocks: list[int], hashes: Sequence[int]) -> None:
         """Register full blocks under their chained hashes, in order."""
         cached = self.cached
         if len(blocks) == 1:  # a decode filling its block: the usual single insert
@@ -138,7 +165,7 @@ class BlockPool:
         if cached.keys().isdisjoint(hashes):
             # The common case, in bulk: no hash is cached yet (and a request's
             # chained hashes differ from each other).
-            self.cache_new_blocks(blocks, hashes)
+            self._insert_new(blocks, hashes)
             return
         for b, h in zip(blocks, hashes):
             self.hash_of_block[b] = h
@@ -147,9 +174,20 @@ class BlockPool:
             else:
                 cached[h] = b
 
-    def cache_new_blocks(self, blocks: list[int], hashes: list[int]) -> None:
+    def cache_new_blocks(self, blocks: list[int], hashes: Sequence[int]) -> None:
         """``cache_blocks`` for hashes known to be new and distinct (the caller
-        checked): two C-level bulk inserts."""
+        checked): two C-level bulk inserts. Blocks under private keys are
+        left out: the KV cache manager registers those (with cache_blocks)
+        only when their owner is preempted (see KVCacheManager.cache_full_blocks)."""
+        if hashes and max(hashes) >= PRIVATE_KEY_BASE:
+            if min(hashes) >= PRIVATE_KEY_BASE:
+                return
+            public = [(b, h) for b, h in zip(blocks, hashes) if h < PRIVATE_KEY_BASE]
+            blocks = [b for b, _ in public]
+            hashes = [h for _, h in public]
+        self._insert_new(blocks, hashes)
+
+    def _insert_new(self, blocks: list[int], hashes: Sequence[int]) -> None:
         self.cached.update(zip(hashes, blocks))
         self.hash_of_block.update(zip(blocks, hashes))
 

@@ -9,16 +9,20 @@ are evicted only when a new block is needed.
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 from kvsched.config import CacheConfig
-from kvsched.core.block_pool import BlockPool
-from kvsched.request import Request
+from kvsched.core.block_pool import PRIVATE_KEY_BASE, BlockPool
+from kvsched.request import Request, TokenRuns
 
 # Seed of the hash chain: the "parent" of a request's first block.
 _ROOT_HASH = hash("kvsched-prefix-root")
 _NO_BLOCKS: list[int] = []
+# Private requests' keys (see KVCacheManager._private_keys): 2**40 blocks per
+# request, far beyond any max_model_len.
+_PRIVATE_KEY_SPAN = 1 << 40
 
 
 @dataclass(slots=True)
@@ -36,7 +40,7 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     __slots__ = ("block_size", "max_model_len", "enable_caching", "block_pool",
-                 "req_to_blocks", "num_cached_block", "prefix_cache_stats")
+                 "req_to_blocks", "num_cached_block", "prefix_cache_stats", "num_private")
 
     def __init__(self, cache_config: CacheConfig, max_model_len: int) -> None:
         self.block_size = cache_config.block_size
@@ -48,35 +52,72 @@ class KVCacheManager:
         # prefix cache (only tracked while prefix caching is on).
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        self.num_private = 0  # private requests given keys so far
 
     @property
     def usage(self) -> float:
         return self.block_pool.get_usage()
 
     # -- hashing --------------------------------------------------------------
-    def block_hashes(self, request: Request, num_blocks: int) -> list[int]:
-        """The request's chained block hashes, extended to ``num_blocks`` full
-        blocks. Hashes are computed lazily: tokens only ever get appended, so a
-        hash once computed stays valid."""
+    def block_hashes(self, request: Request, num_blocks: int) -> Sequence[int]:
+        """The request's prefix-cache keys: chained hashes of its full blocks,
+        extended to ``num_blocks`` blocks. Hashes are computed lazily: tokens
+        only ever get appended, so a hash once computed stays valid. A
+        private request gets its keys by position instead (_private_keys)."""
         hashes = request.block_hashes
         start = len(hashes)
-        if start < num_blocks:
-            bs = self.block_size
-            tokens = request.all_token_ids
-            parent = hashes[-1] if start else _ROOT_HASH
-            # Chain over each block's content hash. Runs of identical blocks
-            # (a long run of one token) reuse the content hash of the last.
-            last_block: list[int] | None = None
+        if start >= num_blocks:
+            return hashes
+        if request.private:
+            hashes = request.block_hashes = self._private_keys()
+            return hashes
+        if not start:
+            hashes = request.block_hashes = []
+        assert isinstance(hashes, list)
+        bs = self.block_size
+        tokens = request.all_token_ids
+        parent = hashes[-1] if start else _ROOT_HASH
+        # Chain over each block's content hash. Runs of identical blocks
+        # (a long run of one token) reuse the content hash of the last.
+        append = hashes.append
+        if type(tokens) is TokenRuns:
+            # A block inside one run comes as its token: hash the tuple it
+            # stands for (the same value as hashing the expanded block).
+            last: int | list[int] | None = None
             content = 0
-            append = hashes.append
-            for i in range(start * bs, num_blocks * bs, bs):
-                block = tokens[i:i + bs]
-                if block != last_block:
-                    last_block = block
-                    content = hash(tuple(block))
+            for block in tokens.block_contents(start, num_blocks - start, bs):
+                if block != last:
+                    last = block
+                    content = hash((block,) * bs if isinstance(block, int) else tuple(block))
                 parent = hash((parent, content))
                 append(parent)
+            return hashes
+        last_block: list[int] | None = None
+        content = 0
+        for i in range(start * bs, num_blocks * bs, bs):
+            block_tokens = tokens[i:i + bs]
+            if block_tokens != last_block:
+                last_block = block_tokens
+                content = hash(tuple(block_tokens))
+            parent = hash((parent, content))
+            append(parent)
         return hashes
+
+    def _private_keys(self) -> range:
+        """Prefix-cache keys for a private request's blocks: block ``i`` is
+        ``base + i``, ``base`` unique to the request in this manager.
+
+        Why this is the same cache: a private request's chained hashes differ
+        from every other request's (its first block is nobody else's and the
+        chain carries it) and from each other (different chain lengths), as
+        the cache already assumes of distinct contents. These keys do too:
+        disjoint ranges per request, and all at or above 2**64 while hash()
+        values are below 2**63 in magnitude. Equal key <=> equal hash for
+        every pair of blocks, so every lookup, insertion and eviction goes
+        exactly as with the hashes, minus the hashing."""
+        base = PRIVATE_KEY_BASE + self.num_private * _PRIVATE_KEY_SPAN
+        self.num_private += 1
+        return range(base, base + _PRIVATE_KEY_SPAN)
 
     # -- admission --------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
@@ -204,18 +245,42 @@ class KVCacheManager:
 
     def cache_full_blocks(self, request: Request, blocks: list[int],
                           num_cached: int, num_full: int) -> None:
-        """Register blocks ``num_cached .. num_full - 1`` of ``request`` in the prefix cache."""
-        hashes = self.block_hashes(request, num_full)
-        self.block_pool.cache_blocks(blocks[num_cached:num_full], hashes[num_cached:num_full])
+        """Register blocks ``num_cached .. num_full - 1`` of ``request`` in the prefix cache.
+
+        A private request's blocks are only counted here: no other request
+        can ever look them up, and the request itself only when it is
+        re-admitted after a preemption, so ``free`` registers them then.
+        Until then an entry would change nothing: a held block is not in the
+        free queue (no eviction), and ``free`` puts the counted blocks at the
+        back of the queue whether they carry an entry or not."""
+        if not request.private:
+            hashes = self.block_hashes(request, num_full)
+            self.block_pool.cache_blocks(blocks[num_cached:num_full], hashes[num_cached:num_full])
         self.num_cached_block[request.request_id] = num_full
 
     def free(self, request: Request) -> None:
-        """Release a request's blocks, tail first, so its prefix is evicted last."""
+        """Release a request's blocks, tail first, so its prefix is evicted
+        last. Its first ``num_cached_block`` blocks are exactly its cached
+        ones (registered, or counted for a private request)."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
-        self.num_cached_block.pop(rid, None)
+        num_cached = self.num_cached_block.pop(rid, 0)
         if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+            if request.private and num_cached and not request.is_finished():
+                # Preempted: re-admitted, it looks its blocks up (see cache_full_blocks).
+                self._register_private(request, blocks, num_cached)
+            self.block_pool.free_table(blocks, num_cached)
+
+    def _register_private(self, request: Request, blocks: list[int], num_cached: int) -> None:
+        """Register the counted blocks of a private request that have no
+        entry yet, in block order (as registering each when it filled would
+        have: an older entry under the same key, from before an earlier
+        preemption, stays first)."""
+        keys = self.block_hashes(request, num_cached)
+        hash_of_block = self.block_pool.hash_of_block
+        todo = [i for i in range(num_cached) if blocks[i] not in hash_of_block]
+        if todo:
+            self.block_pool.cache_blocks([blocks[i] for i in todo], [keys[i] for i in todo])
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return list(self.req_to_blocks.get(request_id, _NO_BLOCKS))
@@ -223,7 +288,8 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
-    def check_invariants(self, live_request_ids: set[str] | None = None) -> None:
+    def check_invariants(self, live_request_ids: set[str] | None = None,
+                         private_ids: Container[str] = ()) -> None:
         pool = self.block_pool
         pool.check_invariants()
         owners = [0] * pool.num_gpu_blocks
@@ -238,5 +304,13 @@ class KVCacheManager:
                 f"block {b}: ref_cnt {pool.ref_cnt[b]} but {owners[b]} tables hold it")
         for rid, n in self.num_cached_block.items():
             assert n <= len(self.req_to_blocks.get(rid, ())), f"{rid} caches more blocks than it holds"
+        # free() relies on it: a table's cached blocks are its first
+        # num_cached_block (a private request's may lack their entry).
+        hashed = pool.hash_of_block
+        for rid, blocks in self.req_to_blocks.items():
+            n = self.num_cached_block.get(rid, 0)
+            assert not any(b in hashed for b in blocks[n:]), f"{rid} has a cached block past {n}"
+            assert rid in private_ids or all(b in hashed for b in blocks[:n]), (
+                f"{rid}: one of its first {n} blocks is not cached")
         in_use = sum(1 for b in range(1, pool.num_gpu_blocks) if pool.ref_cnt[b] > 0)
         assert in_use + pool.get_num_free_blocks() == pool.num_gpu_blocks - 1, "blocks lost"

@@ -10,7 +10,9 @@ from kvsched.request import SamplingParams
 
 @dataclass(slots=True)
 class NewRequestData:
-    """A request the runner sees for the first time (its whole prompt)."""
+    """A request the runner sees for the first time (its whole prompt).
+    ``prompt_token_ids`` and ``block_ids`` are empty when the scheduler was
+    built with ``runner_inputs=False``."""
 
     req_id: str
     prompt_token_ids: list[int]
@@ -27,7 +29,8 @@ class CachedRequestData:
     ``new_block_ids`` lists only requests that got blocks this step (for a
     resumed request: its whole block table). A resumed request recomputes its
     tokens from ``num_computed_tokens`` (its prefix-cache hit) on; the tokens
-    are in ``resumed_token_ids``.
+    are in ``resumed_token_ids``. With ``runner_inputs=False`` a resumed
+    request has neither a ``new_block_ids`` nor a ``resumed_token_ids`` entry.
     """
 
     req_ids: list[str] = field(default_factory=list)

@@ -82,7 +82,12 @@ class _Step:
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  admission_policy: AdmissionPolicy | None = None,
-                 explain_admission: bool = False) -> None:
+                 explain_admission: bool = False, runner_inputs: bool = True) -> None:
+        """``runner_inputs``: put in each SchedulerOutput what a model runner
+        needs to run the step - new requests' prompts and block tables,
+        resumed requests' block tables and tokens. A simulator runs no model
+        and passes False: those lists are then empty (copying them is per
+        token and per block work), everything else is as usual."""
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_num_running_reqs = scheduler_config.max_num_seqs
@@ -102,6 +107,7 @@ class Scheduler:
         self._end_step = getattr(admission_policy, "end_step", None)
         # True fills SchedulerOutput.not_admitted every step (``--explain``).
         self.explain_admission = explain_admission
+        self.runner_inputs = runner_inputs
         self._priority = scheduler_config.policy == "priority"
         # True while the admission outcome is known to repeat as long as the
         # running requests only decode: set by schedule(), cleared by anything
@@ -440,22 +446,31 @@ class Scheduler:
         """Phase 3: the SchedulerOutput for the runner."""
         get_block_ids = self.kv_cache_manager.get_block_ids
         admitted = step.computed_at_admission
-        new_reqs = [
-            NewRequestData(r.request_id, r.prompt_token_ids, get_block_ids(r.request_id),
-                           admitted[r.request_id], r.sampling_params)
-            for r in step.new_reqs
-        ]
         cached = CachedRequestData(
             req_ids=step.running_req_ids,
             new_block_ids=step.new_block_ids,
         )
-        for r in step.resumed_reqs:
-            rid = r.request_id
-            cached.req_ids.append(rid)
-            cached.resumed_req_ids.add(rid)
-            cached.new_block_ids[rid] = get_block_ids(rid)
-            cached.num_computed_tokens[rid] = admitted[rid]
-            cached.resumed_token_ids[rid] = list(r.all_token_ids)
+        if self.runner_inputs:
+            new_reqs = [
+                NewRequestData(r.request_id, r.prompt_token_ids, get_block_ids(r.request_id),
+                               admitted[r.request_id], r.sampling_params)
+                for r in step.new_reqs
+            ]
+            for r in step.resumed_reqs:
+                rid = r.request_id
+                cached.req_ids.append(rid)
+                cached.resumed_req_ids.add(rid)
+                cached.new_block_ids[rid] = get_block_ids(rid)
+                cached.num_computed_tokens[rid] = admitted[rid]
+                cached.resumed_token_ids[rid] = list(r.all_token_ids)
+        else:
+            new_reqs = [NewRequestData(r.request_id, [], [], admitted[r.request_id], r.sampling_params)
+                        for r in step.new_reqs]
+            for r in step.resumed_reqs:
+                rid = r.request_id
+                cached.req_ids.append(rid)
+                cached.resumed_req_ids.add(rid)
+                cached.num_computed_tokens[rid] = admitted[rid]
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
@@ -583,4 +598,5 @@ class Scheduler:
             assert r.request_id not in self.kv_cache_manager.req_to_blocks, (
                 f"waiting {r.request_id} holds KV blocks")
         self.waiting.check_invariants()
-        self.kv_cache_manager.check_invariants(set(self.requests))
+        self.kv_cache_manager.check_invariants(
+            set(self.requests), {rid for rid, r in self.requests.items() if r.private})

@@ -236,7 +236,9 @@ class Rank:
                  admission_policy: AdmissionPolicy | None = None,
                  trace_steps: TextIO | None = None, keep_token_times: bool = False,
                  keep_step_log: bool = True) -> None:
-        self.sched = Scheduler(scheduler_config, cache_config, admission_policy=admission_policy)
+        # No model runs: skip the runner's copies of prompts and block tables.
+        self.sched = Scheduler(scheduler_config, cache_config, admission_policy=admission_policy,
+                               runner_inputs=False)
         self.num_gpu_blocks = cache_config.num_gpu_blocks
         self.workload_name = workload_name
         self.eos_probability = eos_probability
@@ -269,7 +271,7 @@ class Rank:
             if pos < spec.output_len - 1:
                 eos_index = pos
                 params = SamplingParams(max_tokens=spec.output_len, eos_token_id=EOS_TOKEN)
-        request = Request(spec.request_id, spec.prompt_token_ids(), params, arrival_time=send_time)
+        request = spec.to_request(params, send_time)
         try:
             self.sched.add_request(request)
         except ValueError as e:

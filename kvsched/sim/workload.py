@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsched.request import Request, SamplingParams, TokenRuns
+
 RANDOM_PREFIX_TOKEN = 1
 HASH_BLOCK_TOKEN_BASE = 1_000_000
 UNIQUE_TOKEN_BASE = 1_000_000_000
@@ -105,6 +107,25 @@ class WorkloadRequest:
             tokens += [token] * count
         return tokens
 
+    def to_request(self, params: SamplingParams, arrival_time: float) -> Request:
+        """The scheduler's Request for this prompt: its runs as they are (no
+        token list, so a waiting request stays small), marked private when
+        :func:`prompt_shares_nothing` says so."""
+        return Request(self.request_id, TokenRuns(self.prompt_runs, None, self.num_prompt_tokens),
+                       params, arrival_time=arrival_time,
+                       private=prompt_shares_nothing(self.prompt_runs))
+
+
+def prompt_shares_nothing(runs: PromptRuns) -> bool:
+    """The one rule for "this prompt can share no KV block with another
+    request": it starts with a request-unique token (``UNIQUE_TOKEN_BASE``
+    and up; :class:`Workload` checks no two of its requests start with the
+    same one). Every full block of such a request, prompt and outputs, then
+    chains from a first block no other request has, so the prefix cache can
+    never match it to another request's (see
+    ``KVCacheManager._private_keys`` for what the cache does with that)."""
+    return runs[0][0] >= UNIQUE_TOKEN_BASE
+
 
 def _checked_runs(where: str, runs: object) -> PromptRuns:
     # Fast path (a trace has ~300k runs): a tuple of (int, int) tuples, all valid.
@@ -163,6 +184,17 @@ class Workload:
             if r.request_id in seen:
                 raise ValueError(f"Workload {self.name}: duplicate request_id {r.request_id!r}")
             seen.add(r.request_id)
+        # prompt_shares_nothing relies on it: a request-unique token starts one prompt only.
+        owner: dict[int, str] = {}
+        for r in requests:
+            first = r.prompt_runs[0][0]
+            if first >= UNIQUE_TOKEN_BASE:
+                other = owner.setdefault(first, r.request_id)
+                if other != r.request_id:
+                    raise ValueError(
+                        f"Workload {self.name}: requests {other} and {r.request_id} both start with "
+                        f"token {first}; ids from UNIQUE_TOKEN_BASE ({UNIQUE_TOKEN_BASE}) up are "
+                        "private to one request (give each request its own)")
         object.__setattr__(self, "requests", requests)
 
     def __len__(self) -> int:

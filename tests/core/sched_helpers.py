@@ -21,7 +21,8 @@ def make_scheduler(*, budget: int = 256, max_num_seqs: int = 16, max_model_len: 
                    num_gpu_blocks: int = 64, block_size: int = 4, caching: bool = False,
                    chunked: bool = True, threshold: int = 0, policy: str = "fcfs",
                    reserve_full_isl: bool = True, explain_admission: bool = False,
-                   admission_policy: AdmissionPolicy | None = None) -> Scheduler:
+                   admission_policy: AdmissionPolicy | None = None,
+                   runner_inputs: bool = True) -> Scheduler:
     sched_config = SchedulerConfig(
         max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold, policy=policy,
@@ -29,7 +30,7 @@ def make_scheduler(*, budget: int = 256, max_num_seqs: int = 16, max_model_len: 
     cache_config = CacheConfig(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                                enable_prefix_caching=caching)
     return Scheduler(sched_config, cache_config, admission_policy=admission_policy,
-                     explain_admission=explain_admission)
+                     explain_admission=explain_admission, runner_inputs=runner_inputs)
 
 
 def prompt(n: int, seed: int) -> list[int]:

@@ -9,8 +9,10 @@ hashed blocks go to the back, in the given order.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvsched.core.block_pool import NULL_BLOCK, BlockPool
+from kvsched.core.block_pool import NULL_BLOCK, PRIVATE_KEY_BASE, BlockPool
 
 H1, H2, H3 = 111, 222, 333
 
@@ -212,4 +214,34 @@ def test_usage_counts_blocks_in_use_out_of_the_usable_ones() -> None:
     assert pool.get_usage() == pytest.approx(0.25)
     pool.get_new_blocks(3)
     assert pool.get_usage() == pytest.approx(1.0)
+    pool.check_invariants()
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(1, 12), st.data())
+def test_free_table_is_free_blocks_by_position(num_blocks: int, data: st.DataObject) -> None:
+    # Two pools in the same state: a table whose first num_hashed blocks are
+    # cached, some blocks shared with another table (ref_cnt 2).
+    pools = [_pool(40), _pool(40)]
+    num_hashed = data.draw(st.integers(0, num_blocks))
+    shared = data.draw(st.integers(0, num_blocks))
+    warm = data.draw(st.integers(0, 5))
+    tables = [pool.get_new_blocks(warm + num_blocks)[warm:] for pool in pools]
+    for pool, table in zip(pools, tables):
+        pool.cache_blocks(table[:num_hashed], [1000 + i for i in range(num_hashed)])
+        pool.touch(table[:shared])
+    pools[0].free_blocks(reversed(tables[0]))
+    pools[1].free_table(tables[1], num_hashed)
+    assert list(pools[0].free_queue) == list(pools[1].free_queue)
+    assert pools[0].ref_cnt == pools[1].ref_cnt
+    pools[1].check_invariants()
+
+
+def test_cache_new_blocks_leaves_private_keys_out() -> None:
+    pool = _pool(10)
+    blocks = pool.get_new_blocks(3)
+    pool.cache_new_blocks(blocks, [H1, PRIVATE_KEY_BASE + 5, H2])
+    assert pool.cached == {H1: blocks[0], H2: blocks[2]}
+    pool.cache_blocks([blocks[1]], [PRIVATE_KEY_BASE + 5])  # the preemption path registers them
+    assert pool.get_cached_block(PRIVATE_KEY_BASE + 5) == blocks[1]
     pool.check_invariants()

@@ -574,3 +574,42 @@ def test_an_idle_step_schedules_nothing() -> None:
     assert out.num_scheduled_tokens == {}
     assert out.total_num_scheduled_tokens == 0
     assert result.finished == [] and result.dropped == []
+
+
+# -- runner_inputs=False ----------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_without_runner_inputs_only_the_runner_lists_are_left_out(policy: str) -> None:
+    # A tight cache: admissions, chunked prefills, preemptions and resumptions.
+    scheds = [make_scheduler(num_gpu_blocks=12, block_size=4, budget=16, max_num_seqs=4, caching=True,
+                             policy=policy, **({} if full else {"runner_inputs": False}))
+              for full in (True, False)]
+    for i in range(6):
+        tokens = [7] * 8 + [1000 + i] * (6 + i)  # a shared prefix, then private
+        for sched in scheds:
+            sched.add_request(make_request(f"r{i}", tokens=tokens, max_tokens=9, priority=i % 3,
+                                           arrival_time=float(i)))
+    seen_resumed = seen_blocks = False
+    for _ in range(200):
+        if not scheds[0].has_unfinished_requests():
+            break
+        full, lean = (s.schedule() for s in scheds)
+        cached_full, cached_lean = full.scheduled_cached_reqs, lean.scheduled_cached_reqs
+        resumed = cached_full.resumed_req_ids
+        seen_resumed |= bool(resumed)
+        seen_blocks |= any(n.block_ids for n in full.scheduled_new_reqs)
+        assert [(n.req_id, n.num_computed_tokens, n.sampling_params) for n in full.scheduled_new_reqs] == \
+            [(n.req_id, n.num_computed_tokens, n.sampling_params) for n in lean.scheduled_new_reqs]
+        assert all(not n.prompt_token_ids and not n.block_ids for n in lean.scheduled_new_reqs)
+        assert (cached_full.req_ids, cached_full.num_computed_tokens, resumed) == \
+            (cached_lean.req_ids, cached_lean.num_computed_tokens, cached_lean.resumed_req_ids)
+        assert {r: b for r, b in cached_full.new_block_ids.items() if r not in resumed} == \
+            cached_lean.new_block_ids
+        assert set(cached_full.resumed_token_ids) == resumed and not cached_lean.resumed_token_ids
+        for name in ("num_scheduled_tokens", "total_num_scheduled_tokens", "preempted_req_ids",
+                     "finished_req_ids", "admission_stop"):
+            assert getattr(full, name) == getattr(lean, name), name
+        for sched, out in zip(scheds, (full, lean)):
+            sched.update_from_output(out, fake_sample(sched, out))
+            sched.check_invariants()
+    assert seen_resumed and seen_blocks, "the scenario no longer exercises resumption"

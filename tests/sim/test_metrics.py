@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsched.sim.metrics import (
     RequestRecord,
@@ -269,3 +271,49 @@ def test_compute_metrics_bad_input(records: list[RequestRecord], kwargs: dict[st
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         compute_metrics(records, ITLS, **args)  # type: ignore[arg-type]
+
+
+def _dense_peaks(records: list[RequestRecord], token_times: SampleAccumulator) -> tuple[float, int]:
+    """vLLM's own binning (one slot per second of the run): the reference
+    the sparse computation must equal."""
+    send = np.array([r.send_time for r in records])
+    finish = np.array([r.finish_time for r in records])
+    start = float(send.min())
+    seconds = int(np.ceil(float(finish.max()) - start)) + 1
+    per_second = np.zeros(seconds)
+    for value, count in zip(*token_times._pairs()):
+        b = int(value - start)
+        if 0 <= b < seconds:  # int() truncates: -0.5 s is second 0, as in vLLM
+            per_second[b] += count
+    in_flight = np.zeros(seconds, dtype=np.int64)
+    for s, f in zip(send, finish):
+        in_flight[int(s - start):int(f - start) + 1] += 1
+    return float(per_second.max()), int(in_flight.max())
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.floats(0, 30), st.floats(0, 5), st.floats(0, 5), st.integers(1, 4)),
+                min_size=1, max_size=12),
+       st.lists(st.tuples(st.floats(0, 45), st.integers(0, 5)), max_size=30))
+def test_peaks_equal_vllm_dense_binning(reqs: list[tuple[float, float, float, int]],
+                                        tokens: list[tuple[float, int]]) -> None:
+    records = [RequestRecord(f"r{i}", s, s + a, s + a + b, 5, n) for i, (s, a, b, n) in enumerate(reqs)]
+    times = SampleAccumulator()
+    for t, c in tokens:
+        times.add(t, c)
+    m = compute_metrics(records, [], 1.0, token_times=times)
+    assert (m["max_output_tokens_per_s"], m["max_concurrent_requests"]) == _dense_peaks(records, times)
+
+
+def test_peaks_cost_follows_samples_not_span() -> None:
+    # A run spanning ~8000 years (an arrival in year 9999): binning per
+    # second would need terabytes; the peaks come from the samples alone.
+    late = 2.5e11
+    records = [RequestRecord("a", 0.0, 0.5, 2.5, 10, 5), RequestRecord("b", 0.2, 0.6, 1.0, 10, 2),
+               RequestRecord("z", late, late + 0.5, late + 1.5, 10, 3)]
+    times = SampleAccumulator()
+    for t, c in ((0.5, 2), (0.6, 1), (0.9, 1), (2.5, 1), (late + 0.5, 1), (late + 1.2, 2)):
+        times.add(t, c)
+    m = compute_metrics(records, [], late + 1.5, token_times=times)
+    assert m["max_output_tokens_per_s"] == 4.0  # second 0: 2 + 1 + 1
+    assert m["max_concurrent_requests"] == 2

@@ -14,6 +14,11 @@ from typing import Any
 
 import pytest
 
+from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.perf import get_hardware, get_model
+from kvsched.perf.step_time import StepTimeModel
+from kvsched.request import SamplingParams
+from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import (
     HASH_BLOCK_TOKEN_BASE,
     MOONCAKE_BLOCK_TOKENS,
@@ -456,3 +461,18 @@ def test_workload_request_validation() -> None:
         args.update(kwargs)
         with pytest.raises(ValueError, match=field):
             WorkloadRequest(**args)  # type: ignore[arg-type]
+
+
+def test_a_huge_prompt_costs_no_token_list() -> None:
+    # A 5e8-token row (a corrupt trace): the request is refused for its length,
+    # as vLLM refuses it, without ever expanding its prompt.
+    huge = WorkloadRequest("huge", 0.0, ((UNIQUE_TOKEN_BASE, 500_000_000),), 4)
+    small = WorkloadRequest("small", 0.0, ((UNIQUE_TOKEN_BASE + 1, 100),), 4)
+    request = huge.to_request(SamplingParams(max_tokens=4), 0.0)
+    assert len(request.all_token_ids) == 500_000_000 and request.private
+    config = SimConfig(SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=2048),
+                       CacheConfig(num_gpu_blocks=200, block_size=16),
+                       StepTimeModel(get_model("Llama-3.1-8B"), get_hardware("h100-sxm")))
+    result = Simulator(config, Workload("w", (huge, small))).run()
+    assert [f[0] for f in result.failed] == ["huge"] and "max_model_len" in result.failed[0][1]
+    assert [r.request_id for r in result.records] == ["small"]
