@@ -290,6 +290,9 @@ class Request:
     num_computed_tokens: int
     all_token_ids: TokenList
     output_token_ids: list[int]
+    # len(all_token_ids), kept by append_output / extend_output: the hot
+    # paths read it without calling a runs prompt's __len__.
+    num_tokens: int
     num_prompt_tokens: int
     # Keys of the full blocks of all_token_ids in the prefix cache, filled
     # lazily by the KV cache manager (only when prefix caching is on).
@@ -327,6 +330,7 @@ class Request:
         self.all_token_ids = prompt.copy()
         self.output_token_ids = []
         self.num_prompt_tokens = len(prompt)
+        self.num_tokens = self.num_prompt_tokens
         self.block_hashes = _NO_HASHES
         self.num_preemptions = 0
         self.is_prefill_chunk = False
@@ -344,12 +348,19 @@ class Request:
         return prompt if type(prompt) is list else list(prompt)
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    def append_output(self, token: int) -> None:
+        """One sampled token: the only way outputs grow (with extend_output)."""
+        self.output_token_ids.append(token)
+        self.all_token_ids.append(token)
+        self.num_tokens += 1
+
+    def extend_output(self, tokens: list[int]) -> None:
+        self.output_token_ids.extend(tokens)
+        self.all_token_ids.extend(tokens)
+        self.num_tokens += len(tokens)
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED

@@ -84,7 +84,7 @@ def decode_stretch_limit(sched: Scheduler,
     limit: float = math.inf
     kv_tokens = 0
     for r in running:
-        length = len(r.all_token_ids)
+        length = r.num_tokens
         if r.num_computed_tokens != length - 1 or not r.output_token_ids:
             return 0, 0  # still prefilling, or its first token is still to come
         kv_tokens += length
@@ -130,7 +130,7 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int]) -> list
     allocs: list[tuple[int, int]] = []
     firsts = first_new_block_steps(sched)
     for idx, (request, token) in enumerate(zip(running, tokens)):
-        length = len(request.all_token_ids)
+        length = request.num_tokens
         if request.num_computed_tokens != length - 1 or not request.output_token_ids:
             raise ValueError(f"fast_forward_decode: {request.request_id} is not decoding")
         if length + k >= request.stop_len or token in request.all_stop_ids:
@@ -141,9 +141,7 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int]) -> list
     if len(allocs) > free:
         raise ValueError("fast_forward_decode: the stretch needs more blocks than are free")
     for request, token in zip(running, tokens):
-        run = [token] * k
-        request.output_token_ids.extend(run)
-        request.all_token_ids.extend(run)
+        request.extend_output([token] * k)
         request.num_computed_tokens += k
         request.is_prefill_chunk = False
     allocs.sort()

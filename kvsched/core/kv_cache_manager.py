@@ -125,7 +125,7 @@ class KVCacheManager:
         leaving at least the last token to compute. Touches nothing."""
         if not self.enable_caching:
             return _NO_BLOCKS, 0
-        max_blocks = (len(request.all_token_ids) - 1) // self.block_size
+        max_blocks = (request.num_tokens - 1) // self.block_size
         if max_blocks == 0:
             return _NO_BLOCKS, 0
         cached = self.block_pool.cached
@@ -143,11 +143,11 @@ class KVCacheManager:
         stats = self.prefix_cache_stats
         if request.num_preemptions > 0:
             stats.preempted_requests += 1
-            stats.preempted_queries += len(request.all_token_ids)
+            stats.preempted_queries += request.num_tokens
             stats.preempted_hits += num_hits
         else:
             stats.requests += 1
-            stats.queries += len(request.all_token_ids)
+            stats.queries += request.num_tokens
             stats.hits += num_hits
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int,
@@ -156,7 +156,7 @@ class KVCacheManager:
         """Free blocks ``allocate_slots`` would need (for explanations)."""
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         if full_sequence:
-            num_tokens = min(len(request.all_token_ids), self.max_model_len)
+            num_tokens = min(request.num_tokens, self.max_model_len)
         else:
             num_tokens = min(num_computed + num_new_tokens, self.max_model_len)
         return self._num_blocks_to_allocate(request, num_tokens, new_computed_blocks)
@@ -206,7 +206,7 @@ class KVCacheManager:
             num_evictable = 0
 
         if full_sequence_must_fit:
-            full = len(request.all_token_ids)
+            full = request.num_tokens
             if full > max_model_len:
                 full = max_model_len
             need = -(-full // bs) - have
@@ -234,7 +234,7 @@ class KVCacheManager:
 
         if self.enable_caching:
             num_full = num_computed + num_new_tokens
-            total = len(request.all_token_ids)
+            total = request.num_tokens
             if num_full > total:
                 num_full = total
             num_full //= bs

@@ -106,7 +106,7 @@ class PrefillCadence:
         if not self.deferring:
             return None
         _, num_computed = scheduler.kv_cache_manager.get_computed_blocks(request)
-        if num_computed < len(request.all_token_ids) - 1:
+        if num_computed < request.num_tokens - 1:
             return self._why()
         return None
 
@@ -135,11 +135,11 @@ class PrefillCadence:
     def _prefill_admitted(scheduler: Scheduler, output: SchedulerOutput) -> bool:
         requests = scheduler.requests
         for new in output.scheduled_new_reqs:
-            if new.num_computed_tokens < len(requests[new.req_id].all_token_ids) - 1:
+            if new.num_computed_tokens < requests[new.req_id].num_tokens - 1:
                 return True
         cached = output.scheduled_cached_reqs
         for rid in cached.resumed_req_ids:
-            if cached.num_computed_tokens[rid] < len(requests[rid].all_token_ids) - 1:
+            if cached.num_computed_tokens[rid] < requests[rid].num_tokens - 1:
                 return True
         return False
 

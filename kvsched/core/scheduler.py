@@ -252,7 +252,7 @@ class Scheduler:
                 break
             # Inlined copy of _num_running_tokens (a call per request costs ~10%).
             computed = request.num_computed_tokens
-            num_tokens = len(request.all_token_ids)
+            num_tokens = request.num_tokens
             num_new = num_tokens - computed
             if 0 < threshold < num_new:
                 num_new = threshold
@@ -286,7 +286,7 @@ class Scheduler:
         """Tokens for a running request: all it lacks, capped by the threshold,
         the remaining budget and max_model_len (one position for the sample)."""
         computed = request.num_computed_tokens
-        num_new = len(request.all_token_ids) - computed
+        num_new = request.num_tokens - computed
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget, self.max_model_len - 1 - computed)
@@ -353,7 +353,7 @@ class Scheduler:
             budget -= num_new
             end = request.num_computed_tokens + num_new
             request.num_computed_tokens = end
-            request.is_prefill_chunk = end < len(request.all_token_ids)
+            request.is_prefill_chunk = end < request.num_tokens
             req_index += 1
         step.token_budget = budget
 
@@ -398,7 +398,7 @@ class Scheduler:
                     self._stop_at(step, explain.REASON_ADMISSION_POLICY, request, hold)
                     break
             hit_blocks, num_computed = kv.get_computed_blocks(request)
-            num_tokens = len(request.all_token_ids)
+            num_tokens = request.num_tokens
             num_new = num_tokens - num_computed
             if 0 < threshold < num_new:
                 num_new = threshold
@@ -519,10 +519,8 @@ class Scheduler:
                 continue
             if len(new_token_ids) == 1:
                 token = new_token_ids[0]
-                all_ids = request.all_token_ids
-                request.output_token_ids.append(token)
-                all_ids.append(token)
-                if token not in request.all_stop_ids and len(all_ids) < request.stop_len:
+                request.append_output(token)
+                if token not in request.all_stop_ids and request.num_tokens < request.stop_len:
                     continue
             kept = self._append_and_check_stop(request, new_token_ids)
             if kept:
@@ -552,14 +550,13 @@ class Scheduler:
         single = len(new_token_ids) == 1
         for num_appended, token in enumerate(new_token_ids, 1):
             if not single:
-                request.output_token_ids.append(token)
-                request.all_token_ids.append(token)
+                request.append_output(token)
             if token == request.eos_token_id:
                 request.status = STOPPED
             elif token in request.stop_token_ids:
                 request.status = STOPPED
                 request.stop_reason = token
-            elif len(request.all_token_ids) >= request.stop_len:
+            elif request.num_tokens >= request.stop_len:
                 request.status = LENGTH_CAPPED
             else:
                 continue
@@ -591,7 +588,7 @@ class Scheduler:
         assert len(self.running) <= self.max_num_running_reqs, "max_num_seqs exceeded"
         for r in self.running:
             assert r.status == RUNNING, f"{r.request_id} in running with status {r.status.name}"
-            assert r.num_computed_tokens <= len(r.all_token_ids)
+            assert r.num_computed_tokens <= len(r.all_token_ids) == r.num_tokens
         for r in self.waiting:
             assert r.status in (WAITING, PREEMPTED), f"{r.request_id} waits as {r.status.name}"
             assert r.num_computed_tokens == 0
