@@ -42,6 +42,8 @@ TRACE = Path(os.environ.get("KVSCHED_TRACES") or next(
 def _workload(case: str) -> Workload:
     if case == "azure":
         return load_azure(TRACE / "azure_llm_2023_conv.csv")
+    if case.startswith("azure:"):  # the first N requests
+        return load_azure(TRACE / "azure_llm_2023_conv.csv").truncated(int(case.split(":")[1]))
     kind, n, rate = case.split(":")
     if kind != "random":
         raise SystemExit(f"unknown case {case!r}: use azure or random:N:RATE")
