@@ -166,11 +166,17 @@ def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]]) -> bool:
     running = sched.running
     num_cached_block = kv.num_cached_block
     pending: list[tuple[Request, int, int]] = []
+    private: list[tuple[Request, int, int]] = []
     new_hashes: list[int] = []
     for request in running:
         num_cached = num_cached_block.get(request.request_id, 0)
         num_full = request.num_computed_tokens // bs
         if num_full > num_cached:
+            if request.private:
+                # No entries to make (KVCacheManager.cache_full_blocks only
+                # counts a private request's blocks): no keys to build.
+                private.append((request, num_cached, num_full))
+                continue
             new_hashes.extend(kv.block_hashes(request, num_full)[num_cached:num_full])
             pending.append((request, num_cached, num_full))
     pool = kv.block_pool
@@ -185,6 +191,8 @@ def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]]) -> bool:
         new_blocks.extend(req_to_blocks[request.request_id][num_cached:num_full])
         num_cached_block[request.request_id] = num_full
     pool.cache_new_blocks(new_blocks, new_hashes)
+    for request, num_cached, num_full in private:
+        kv.cache_full_blocks(request, req_to_blocks[request.request_id], num_cached, num_full)
     return True
 
 

@@ -302,9 +302,17 @@ class StepTimeModel:
     def decode_step_time(self, num_reqs: int, decode_kv_tokens: int,
                          global_tokens: int | None = None) -> float:
         """``step_time`` of ``num_reqs`` one-token decodes reading
-        ``decode_kv_tokens`` KV in all, without building a BatchShape: the
-        simulator's fast-forward calls this once per skipped step. Every
-        pure-decode step goes through here, so both paths give the same float."""
+        ``decode_kv_tokens`` KV in all, without building a BatchShape. Every
+        pure-decode step goes through :meth:`decode_step_times`, so stepping
+        and fast-forward give the same float."""
+        return self.decode_step_times(num_reqs, decode_kv_tokens, 0, 1, global_tokens)[0]
+
+    def decode_step_times(self, num_reqs: int, first_kv_tokens: int, kv_step: int, count: int,
+                          global_tokens: int | None = None) -> list[float]:
+        """Step times of ``count`` consecutive decode steps of ``num_reqs``
+        requests, step j reading ``first_kv_tokens + j * kv_step`` KV tokens
+        (a decode stretch: every request's context grows by one per step).
+        The one formula of a pure-decode step."""
         key = (num_reqs, global_tokens)
         parts = self._decode_step_parts.get(key)
         if parts is None:
@@ -313,15 +321,31 @@ class StepTimeModel:
             cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
             parts = self._decode_step_parts[key] = (lin, rest, cpu)
         lin, rest, cpu = parts
-        # _attention_layer(decode_kv_tokens, 0, 0), inlined: this runs once per
-        # fast-forwarded step. Same operations, so the same float.
-        flops = self.decode_flops_per_key * decode_kv_tokens / self.attn_flops
-        nbytes = decode_kv_tokens * self.kv_bytes_per_layer / self.attn_bw
-        attn = (flops if flops > nbytes else nbytes) * self.full_layers if decode_kv_tokens else 0.0
-        if self.sliding_layers:
-            attn += self._attention_layer(min(decode_kv_tokens, self.window * num_reqs), 0, 0
-                                          ) * self.sliding_layers
-        gpu = lin + attn + rest
-        if self.async_scheduling:
-            return gpu if gpu > cpu else cpu
-        return gpu + cpu
+        flops_per_kv = self.decode_flops_per_key
+        attn_flops = self.attn_flops
+        bytes_per_kv = self.kv_bytes_per_layer
+        attn_bw = self.attn_bw
+        full_layers = self.full_layers
+        sliding = self.sliding_layers
+        window_kv = self.window * num_reqs if sliding else 0
+        overlap = self.async_scheduling
+        out: list[float] = []
+        append = out.append
+        for kv in range(first_kv_tokens, first_kv_tokens + kv_step * count, kv_step) if kv_step \
+                else (first_kv_tokens,) * count:
+            # _attention_layer(kv, 0, 0), inlined: the same operations, so the
+            # same float.
+            if kv:
+                flops = flops_per_kv * kv / attn_flops
+                nbytes = kv * bytes_per_kv / attn_bw
+                attn = (flops if flops > nbytes else nbytes) * full_layers
+            else:
+                attn = 0.0
+            if sliding:
+                attn += self._attention_layer(min(kv, window_kv), 0, 0) * sliding
+            gpu = lin + attn + rest
+            if overlap:
+                append(gpu if gpu > cpu else cpu)
+            else:
+                append(gpu + cpu)
+        return out

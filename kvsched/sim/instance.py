@@ -25,7 +25,9 @@ instance when work arrives.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
+from itertools import accumulate
 
 from kvsched.core.policies import DPRankStates
 from kvsched.perf.step_time import BatchShape, StepTimeModel
@@ -36,21 +38,28 @@ MIN_STRETCH = 2
 
 
 def stretch_times(start: float, limit: int, bound: float,
-                  step_time: Callable[[int], float]) -> tuple[list[float], list[float]]:
+                  step_times: Callable[[int, int], list[float]]) -> tuple[list[float], list[float]]:
     """Durations and end times of the steps of a decode stretch starting at
-    ``start`` (``step_time(j)`` is step j's), at most ``limit`` of them, none
-    starting at or after ``bound`` but the first. The ends are summed as
-    stepping sums them, so the floats are the same."""
+    ``start``, at most ``limit`` of them, none starting at or after ``bound``
+    but the first. ``step_times(j, n)`` gives steps j .. j+n-1's durations.
+    The ends are summed one after the other, as stepping sums them, so the
+    floats are the same."""
     durations: list[float] = []
     ends: list[float] = []
     t = start
-    for j in range(limit):
-        if j and t >= bound:
+    chunk = 16
+    while len(durations) < limit:
+        j = len(durations)
+        more = step_times(j, min(chunk, limit - j))
+        new_ends = list(accumulate(more, initial=t))[1:]
+        # Step j + i starts at the previous end: keep steps starting before bound.
+        cut = bisect_left(new_ends, bound) + 1 if j == 0 else bisect_left([t, *new_ends], bound)
+        durations.extend(more[:cut])
+        ends.extend(new_ends[:cut])
+        if cut < len(more):
             break
-        dt = step_time(j)
-        durations.append(dt)
-        t += dt
-        ends.append(t)
+        t = ends[-1]
+        chunk *= 4
     return durations, ends
 
 
@@ -94,9 +103,9 @@ class EngineInstance:
         if limit < MIN_STRETCH:
             return False
         B = len(rank.sched.running)
-        step_time = self.step_model.decode_step_time
+        step_times = self.step_model.decode_step_times
         durations, ends = stretch_times(self.now, limit, bound,
-                                        lambda j: step_time(B, kv_tokens + j * B))
+                                        lambda j, n: step_times(B, kv_tokens + j * B, B, n))
         if len(durations) < MIN_STRETCH:
             return False
         rank.apply_stretch(self.now, durations, ends)
@@ -176,13 +185,14 @@ class LockstepGroup:
         global_tokens = sum(sizes)
         model = self.step_model
         idle = len(busy) < len(self.ranks)
-        dummy = [model.decode_step_time(1, 1, global_tokens)] if idle else []
+        dummy = model.decode_step_time(1, 1, global_tokens) if idle else 0.0
 
-        def step_time(j: int) -> float:
-            return max([model.decode_step_time(b, kv + j * b, global_tokens)
-                        for b, (_, kv) in zip(sizes, limits)] + dummy)
+        def step_times(j: int, n: int) -> list[float]:
+            per_rank = [model.decode_step_times(b, kv + j * b, b, n, global_tokens)
+                        for b, (_, kv) in zip(sizes, limits)]
+            return [max(*ts, dummy) if idle else max(ts) for ts in zip(*per_rank)]
 
-        durations, ends = stretch_times(self.now, limit, bound, step_time)
+        durations, ends = stretch_times(self.now, limit, bound, step_times)
         if len(durations) < MIN_STRETCH:
             return False
         for r in busy:
