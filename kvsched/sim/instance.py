@@ -99,6 +99,8 @@ class EngineInstance:
 
     def _stretch(self, bound: float) -> bool:
         rank = self.rank
+        if not rank.sched.decode_stable:
+            return False  # the cheap precondition first (the core checks it again)
         limit, kv_tokens = rank.stretch_limit()
         if limit < MIN_STRETCH:
             return False

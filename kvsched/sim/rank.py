@@ -30,6 +30,7 @@ from kvsched.sim.metrics import RequestRecord, SampleAccumulator, benchmark_dura
 from kvsched.sim.workload import WorkloadRequest
 
 EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)
+_NOTHING: list[int] = []  # a prefill chunk samples nothing (shared: never mutated)
 
 
 @dataclass(slots=True)
@@ -212,6 +213,8 @@ class PlannedStep:
     output: SchedulerOutput
     shape: BatchShape
     sampled_ids: list[list[int]]
+    # The client-side view of each scheduled request (None: mid-prefill).
+    lives: list[_Live | None]
 
 
 @dataclass(slots=True)
@@ -222,10 +225,14 @@ class _Live:
     send_time: float
     token: int            # the token this request samples (unique to it)
     eos_index: int        # output position of its EOS, or -1
+    sample: list[int] = field(init=False)  # [token], one list reused every step
     first_token_time: float = -1.0
     last_token_time: float = -1.0
     num_tokens: int = 0
     token_times: list[float] | None = None  # only when detail is kept
+
+    def __post_init__(self) -> None:
+        self.sample = [self.token]
 
 
 class Rank:
@@ -308,6 +315,8 @@ class Rank:
         live = self.live
         decodes = decode_kv = prefill = prefill_kv = pairs = sampled = 0
         sampled_ids: list[list[int]] = []
+        lives: list[_Live | None] = []
+        eos = self.eos_probability > 0.0
         for rid, n_new in num_sched.items():
             r = requests[rid]
             c = r.num_computed_tokens - n_new
@@ -319,14 +328,19 @@ class Rank:
                 prefill_kv += c + n_new
                 pairs += n_new * c + n_new * (n_new + 1) // 2
             if r.is_prefill_chunk:
-                sampled_ids.append([])
+                sampled_ids.append(_NOTHING)
+                lives.append(None)
             else:
                 sampled += 1
                 lv = live[rid]
-                sampled_ids.append([EOS_TOKEN if len(r.output_token_ids) == lv.eos_index else lv.token])
+                lives.append(lv)
+                if eos and len(r.output_token_ids) == lv.eos_index:
+                    sampled_ids.append([EOS_TOKEN])
+                else:
+                    sampled_ids.append(lv.sample)
         shape = BatchShape(out.total_num_scheduled_tokens, len(num_sched), sampled, decodes,
                            decode_kv, prefill, prefill_kv, pairs)
-        return PlannedStep(out, shape, sampled_ids)
+        return PlannedStep(out, shape, sampled_ids, lives)
 
     def complete(self, plan: PlannedStep, start: float, dt: float) -> int:
         """``update_from_output()`` for a step of ``dt`` seconds from ``start``,
@@ -334,16 +348,14 @@ class Rank:
         sched = self.sched
         out, shape, sampled_ids = plan.output, plan.shape, plan.sampled_ids
         num_sched = out.num_scheduled_tokens
-        live = self.live
         now = start + dt
         runner_output = ModelRunnerOutput(list(num_sched), sampled_ids)
         result = sched.update_from_output(out, runner_output)
         same_gap = 0
         itls = self.itls
-        for rid, toks in zip(runner_output.req_ids, sampled_ids):
-            if not toks:
+        for lv in plan.lives:
+            if lv is None:
                 continue
-            lv = live[rid]
             lv.num_tokens += 1
             if lv.first_token_time < 0.0:
                 lv.first_token_time = now
