@@ -18,6 +18,7 @@ from kvsched.sim.command import (
     build_dp_simulator,
     build_workload,
     engine_options,
+    resolve_workload_args,
     sim_config,
 )
 from kvsched.sim.compare import PRESETS, variant_parser
@@ -25,10 +26,12 @@ from kvsched.sim.dp import DPSimulator
 
 
 def main(argv: list[str]) -> int:
-    args = variant_parser().parse_args(PRESETS["balance-seed"][0] + argv)
+    args = resolve_workload_args(variant_parser().parse_args(PRESETS["balance-seed"][0] + argv))
     args.no_fast_forward = True
     deployment = build_deployment(engine_options(args))
-    sim = build_dp_simulator(deployment, sim_config(deployment, args), build_workload(args), args)
+    config = sim_config(deployment, args)
+    config.keep_step_log = True  # the stall count reads every step
+    sim = build_dp_simulator(deployment, config, build_workload(args), args)
     seen = [0] * len(sim.ranks)
     steps: Counter[int] = Counter()
     seconds: Counter[int] = Counter()

@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvsched.sim.command import build_deployment, build_workload, engine_options, run_deployment, sim_config
+from kvsched.sim.command import (
+    build_deployment,
+    build_workload,
+    engine_options,
+    resolve_workload_args,
+    run_deployment,
+    sim_config,
+)
 from kvsched.sim.compare import PRESETS, variant_parser
 
 SEED_FIXED = PRESETS["balance-seed"][0]
@@ -52,7 +59,7 @@ class Effect:
 
 
 def run(flags: list[str]) -> dict[str, Any]:
-    args = variant_parser().parse_args(flags)
+    args = resolve_workload_args(variant_parser().parse_args(flags))
     args.no_fast_forward = False
     args.trace_steps = None
     deployment = build_deployment(engine_options(args))

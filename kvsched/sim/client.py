@@ -24,6 +24,9 @@ from kvsched.sim.workload import Workload, WorkloadRequest
 class Client:
     def __init__(self, workload: Workload) -> None:
         self.requests = workload.requests
+        # Read on every loop turn: kept apart so a lazy workload builds a
+        # request only when it is sent.
+        self.arrivals = workload.arrival_times()
         self.max_concurrency = workload.max_concurrency
         self._next = 0                    # index of the next request to arrive
         self._queue: deque[WorkloadRequest] = deque()  # arrived, waiting for a slot
@@ -59,7 +62,7 @@ class Client:
             return frees[0] if frees else math.inf
         if self._next >= len(self.requests):
             return math.inf
-        arrival = self.requests[self._next].arrival_time
+        arrival = self.arrivals[self._next]
         if self.max_concurrency is None or self._taken < self.max_concurrency:
             return arrival
         return max(arrival, frees[0]) if frees else math.inf
@@ -73,9 +76,10 @@ class Client:
             heapq.heappop(frees)
             self._taken -= 1
         requests = self.requests
-        n = len(requests)
+        arrivals = self.arrivals
+        n = len(arrivals)
         queue = self._queue
-        while self._next < n and requests[self._next].arrival_time <= t:
+        while self._next < n and arrivals[self._next] <= t:
             queue.append(requests[self._next])
             self._next += 1
         limit = self.max_concurrency

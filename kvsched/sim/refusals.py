@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from kvsched.sim.workload import Workload, WorkloadRequest
+from kvsched.sim.workload import RandomRequests, Workload, WorkloadRequest
 
 _TOO_LONG = "refused by the server: prompt + output > max_model_len={n}"
 # The scheduler's own refusal (kvsched.core.scheduler.check_request).
@@ -33,9 +33,12 @@ def split_refused(workload: Workload, max_model_len: int
                   ) -> tuple[Workload | None, list[tuple[str, str]]]:
     """(the requests the server accepts, or None if it accepts none;
     ``(request id, error)`` for each it refuses, in workload order)."""
+    requests = workload.requests
+    if isinstance(requests, RandomRequests) and requests.longest_total() <= max_model_len:
+        return workload, []  # all fit: no need to build a million requests to check
     accepted: list[WorkloadRequest] = []
     refused: list[tuple[str, str]] = []
-    for spec in workload.requests:
+    for spec in requests:
         if spec.num_prompt_tokens + spec.output_len > max_model_len:
             refused.append((spec.request_id, too_long_error(spec, max_model_len)))
         else:

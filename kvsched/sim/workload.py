@@ -40,10 +40,12 @@ import itertools
 import json
 import math
 import re
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from kvsched.request import Request, SamplingParams, TokenRuns
 
@@ -53,6 +55,8 @@ UNIQUE_TOKEN_BASE = 1_000_000_000
 # The largest Mooncake hash id whose token id stays below the request-unique range.
 MAX_HASH_ID = UNIQUE_TOKEN_BASE - HASH_BLOCK_TOKEN_BASE - 1
 MOONCAKE_BLOCK_TOKENS = 512
+# Random prompt i starts with token UNIQUE_TOKEN_BASE + i: keep it an int64.
+MAX_RANDOM_PROMPTS = 2**62 - UNIQUE_TOKEN_BASE
 
 # vllm bench serve's defaults for --dataset-name random.
 DEFAULT_NUM_PROMPTS = 1000
@@ -154,14 +158,103 @@ def _slow_checked_runs(where: str, runs: object) -> PromptRuns:
     return tuple(out)
 
 
+class RandomRequests(Sequence[WorkloadRequest]):
+    """The random dataset's requests, kept as three columns and built on
+    demand: a million requests cost 20 bytes each until they are sent
+    (a built :class:`WorkloadRequest` is ~500 bytes). Request ``i`` is
+    ``random-i``: ``prefix_len`` shared tokens, then its own input (one run
+    of ``UNIQUE_TOKEN_BASE + i``), and ``output_lens[i]`` output tokens.
+    Sorted by arrival, ids unique, by construction."""
+
+    __slots__ = ("arrivals", "input_lens", "output_lens", "prefix_len", "start", "stop")
+
+    def __init__(self, arrivals: array[float], input_lens: array[int], output_lens: array[int],
+                 prefix_len: int, start: int = 0, stop: int | None = None) -> None:
+        self.arrivals = arrivals
+        self.input_lens = input_lens
+        self.output_lens = output_lens
+        self.prefix_len = prefix_len
+        self.start = start
+        self.stop = len(arrivals) if stop is None else stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @overload
+    def __getitem__(self, index: int) -> WorkloadRequest: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> RandomRequests: ...
+
+    def __getitem__(self, index: int | slice) -> WorkloadRequest | RandomRequests:
+        n = len(self)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                raise ValueError("RandomRequests: only contiguous slices (step 1) are supported")
+            return RandomRequests(self.arrivals, self.input_lens, self.output_lens, self.prefix_len,
+                                  self.start + start, self.start + max(start, stop))
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("RandomRequests index out of range")
+        i += self.start
+        runs = []
+        if self.prefix_len:
+            runs.append((RANDOM_PREFIX_TOKEN, self.prefix_len))
+        if self.input_lens[i]:
+            runs.append((UNIQUE_TOKEN_BASE + i, self.input_lens[i]))
+        return WorkloadRequest(f"random-{i}", self.arrivals[i], tuple(runs), self.output_lens[i])
+
+    def arrival_times(self) -> Sequence[float]:
+        return self.arrivals[self.start:self.stop]
+
+    def _columns(self) -> tuple[int, array[float], array[int], array[int]]:
+        lo, hi = self.start, self.stop
+        return (self.prefix_len, self.arrivals[lo:hi], self.input_lens[lo:hi], self.output_lens[lo:hi])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RandomRequests):
+            return self.start == other.start and self._columns() == other._columns()
+        if isinstance(other, Sequence):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        prefix, arrivals, inputs, outputs = self._columns()
+        return hash((prefix, self.start, arrivals.tobytes(), inputs.tobytes(), outputs.tobytes()))
+
+    def total_lengths(self) -> tuple[int, int]:
+        """(prompt tokens, output tokens) of all requests."""
+        lo, hi = self.start, self.stop
+        return (sum(self.input_lens[lo:hi]) + self.prefix_len * len(self),
+                sum(self.output_lens[lo:hi]))
+
+    def longest_total(self) -> int:
+        """The largest prompt + output length of any request."""
+        lo, hi = self.start, self.stop
+        return self.prefix_len + max(a + b for a, b in zip(self.input_lens[lo:hi],
+                                                          self.output_lens[lo:hi]))
+
+    def scaled(self, time_scale: float) -> RandomRequests:
+        # Element by element, the same float product as WorkloadRequest's.
+        arrivals = array("d", (t * time_scale for t in self.arrivals[self.start:self.stop]))
+        return RandomRequests(arrivals, self.input_lens[self.start:self.stop],
+                              self.output_lens[self.start:self.stop], self.prefix_len)
+
+    def first_at_or_after(self, t: float) -> int:
+        """How many requests arrive before ``t`` (they are sorted)."""
+        return bisect_left(self.arrivals, t, self.start, self.stop) - self.start
+
+
 @dataclass(slots=True, frozen=True)
 class Workload:
     """Requests sorted by arrival time (stable: equal times keep their order),
     plus the client-side concurrency limit of ``vllm bench serve
-    --max-concurrency`` (``None``: unlimited)."""
+    --max-concurrency`` (``None``: unlimited). ``requests`` is a tuple, or
+    for the random dataset a :class:`RandomRequests` built on demand."""
 
     name: str
-    requests: tuple[WorkloadRequest, ...]
+    requests: Sequence[WorkloadRequest]
     max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
@@ -170,6 +263,10 @@ class Workload:
         mc = self.max_concurrency
         if mc is not None and (not _is_int(mc) or mc < 1):
             raise ValueError(f"Workload {self.name}: max_concurrency={mc!r} must be None or an integer >= 1")
+        if isinstance(self.requests, RandomRequests):
+            if not len(self.requests):
+                raise ValueError(f"Workload {self.name}: requests is empty; a workload needs a request")
+            return  # sorted, unique and private by construction
         requests = tuple(self.requests)
         if not requests:
             raise ValueError(f"Workload {self.name}: requests is empty; a workload needs a request")
@@ -200,12 +297,22 @@ class Workload:
     def __len__(self) -> int:
         return len(self.requests)
 
+    def arrival_times(self) -> Sequence[float]:
+        """Every request's arrival time, in order (without building requests)."""
+        if isinstance(self.requests, RandomRequests):
+            return self.requests.arrival_times()
+        return [r.arrival_time for r in self.requests]
+
     @property
     def total_prompt_tokens(self) -> int:
+        if isinstance(self.requests, RandomRequests):
+            return self.requests.total_lengths()[0]
         return sum(r.num_prompt_tokens for r in self.requests)
 
     @property
     def total_output_tokens(self) -> int:
+        if isinstance(self.requests, RandomRequests):
+            return self.requests.total_lengths()[1]
         return sum(r.output_len for r in self.requests)
 
     @property
@@ -216,6 +323,8 @@ class Workload:
         """Arrival times multiplied by ``time_scale`` (0.5 = twice the rate)."""
         if not _is_real(time_scale) or not math.isfinite(time_scale) or time_scale <= 0:
             raise ValueError(f"Workload {self.name}: time_scale={time_scale!r} must be a finite number > 0")
+        if isinstance(self.requests, RandomRequests):
+            return Workload(self.name, self.requests.scaled(time_scale), self.max_concurrency)
         requests = tuple(
             WorkloadRequest(r.request_id, r.arrival_time * time_scale, r.prompt_runs, r.output_len)
             for r in self.requests)
@@ -233,7 +342,10 @@ class Workload:
         if duration is not None:
             if not _is_real(duration) or math.isnan(duration) or duration <= 0:
                 raise ValueError(f"Workload {self.name}: duration={duration!r} must be a number > 0")
-            requests = tuple(r for r in requests if r.arrival_time < duration)
+            if isinstance(requests, RandomRequests):
+                requests = requests[:requests.first_at_or_after(duration)]
+            else:
+                requests = tuple(r for r in requests if r.arrival_time < duration)
             if not requests:
                 raise ValueError(f"Workload {self.name}: no request arrives before duration={duration!r} s "
                                  f"(the first arrives at {self.requests[0].arrival_time} s)")
@@ -295,6 +407,9 @@ def random_workload(
     ``np.random.seed(seed)``, so arrival times match vLLM's too.
     """
     _check_count("num_prompts", num_prompts, 1)
+    if num_prompts > MAX_RANDOM_PROMPTS:
+        raise ValueError(f"random workload: num_prompts={num_prompts} is above "
+                         f"{MAX_RANDOM_PROMPTS:,} (request-unique token ids would run out)")
     _check_count("input_len", input_len, 0)
     _check_count("output_len", output_len, 0)
     _check_count("prefix_len", prefix_len, 0)
@@ -316,19 +431,11 @@ def random_workload(
     import numpy as np  # only the random dataset needs numpy here; trace loading does not
 
     rng = np.random.default_rng(seed)
-    input_lens = rng.integers(input_low, input_high + 1, size=num_prompts).tolist()
-    output_lens = rng.integers(output_low, output_high + 1, size=num_prompts).tolist()
-    arrivals = _arrival_times(num_prompts, float(request_rate), float(burstiness), seed)
-
-    requests: list[WorkloadRequest] = []
-    for i in range(num_prompts):
-        runs = []
-        if prefix_len:
-            runs.append((RANDOM_PREFIX_TOKEN, prefix_len))
-        if input_lens[i]:
-            runs.append((UNIQUE_TOKEN_BASE + i, input_lens[i]))
-        requests.append(WorkloadRequest(f"random-{i}", arrivals[i], tuple(runs), output_lens[i]))
-    return Workload("random", tuple(requests), max_concurrency)
+    input_lens = array("q", rng.integers(input_low, input_high + 1, size=num_prompts).tolist())
+    output_lens = array("q", rng.integers(output_low, output_high + 1, size=num_prompts).tolist())
+    arrivals = array("d", _arrival_times(num_prompts, float(request_rate), float(burstiness), seed))
+    return Workload("random", RandomRequests(arrivals, input_lens, output_lens, prefix_len),
+                    max_concurrency)
 
 
 def _arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[float]:

@@ -24,6 +24,7 @@ from kvsched.sim.workload import (
     MOONCAKE_BLOCK_TOKENS,
     RANDOM_PREFIX_TOKEN,
     UNIQUE_TOKEN_BASE,
+    RandomRequests,
     Workload,
     WorkloadRequest,
     load_azure,
@@ -476,3 +477,33 @@ def test_a_huge_prompt_costs_no_token_list() -> None:
     result = Simulator(config, Workload("w", (huge, small))).run()
     assert [f[0] for f in result.failed] == ["huge"] and "max_model_len" in result.failed[0][1]
     assert [r.request_id for r in result.records] == ["small"]
+
+
+def test_random_requests_are_built_on_demand_as_listed() -> None:
+    # The random dataset keeps columns and builds each request when asked:
+    # the same requests a list would hold, by index, slice and iteration.
+    w = random_workload(num_prompts=50, input_len=30, output_len=9, range_ratio=0.5, prefix_len=4,
+                        request_rate=10.0, seed=5)
+    reqs = w.requests
+    assert isinstance(reqs, RandomRequests) and len(reqs) == 50
+    r7 = reqs[7]
+    assert r7.request_id == "random-7"
+    assert r7.prompt_runs[0] == (RANDOM_PREFIX_TOKEN, 4)
+    assert r7.prompt_runs[1][0] == UNIQUE_TOKEN_BASE + 7 and 15 <= r7.prompt_runs[1][1] <= 45
+    assert reqs[-1].request_id == "random-49" and reqs[-1] == reqs[49]
+    listed = list(reqs)
+    assert [r.request_id for r in listed] == [f"random-{i}" for i in range(50)]
+    assert list(w.arrival_times()) == [r.arrival_time for r in listed]
+    assert w.total_prompt_tokens == sum(r.num_prompt_tokens for r in listed)
+    assert w.total_output_tokens == sum(r.output_len for r in listed)
+    # Slices keep the ids of their position in the whole workload.
+    tail = w.truncated(num_requests=10).requests
+    assert [r.request_id for r in tail] == [f"random-{i}" for i in range(10)]
+    assert reqs[20:23] == listed[20:23]
+    cut = w.truncated(duration=listed[30].arrival_time)
+    assert len(cut) == sum(1 for r in listed if r.arrival_time < listed[30].arrival_time)
+    # Scaling multiplies each arrival as a WorkloadRequest would.
+    half = w.scaled(0.5)
+    assert [r.arrival_time for r in half.requests] == [r.arrival_time * 0.5 for r in listed]
+    with pytest.raises(IndexError):
+        reqs[50]
