@@ -47,6 +47,28 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 FINISH = {0: "stop", 1: "length", 2: "abort"}
 
 
+
+def vllm_step_record(step: int, sched: Any, output: Any, done: list[list[str]]) -> dict[str, Any]:
+    """One step of vLLM's scheduler as the oracle's trace line (the fields
+    kvsched's step trace has)."""
+    cached = output.scheduled_cached_reqs
+    admitted = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
+    admitted.update((rid, cached.num_computed_tokens[i]) for i, rid in enumerate(cached.req_ids)
+                    if rid in cached.resumed_req_ids)
+    return {
+        "step": step,
+        "scheduled": [[rid, n] for rid, n in output.num_scheduled_tokens.items()],
+        "new": [n.req_id for n in output.scheduled_new_reqs],
+        "resumed": sorted(cached.resumed_req_ids),
+        "preempted": sorted(output.preempted_req_ids or ()),
+        "computed_at_admission": admitted,
+        "finished": done,
+        "num_free_blocks": sched.kv_cache_manager.block_pool.get_num_free_blocks(),
+        "num_running": len(sched.running),
+        "num_waiting": len(sched.waiting),
+    }
+
+
 def vllm_scheduler(scenario: dict[str, Any], data_parallel_size: int = 1) -> Scheduler:
     """vLLM's Scheduler for the scenario. With ``data_parallel_size`` > 1 it is
     one rank of an MoE DP deployment: vLLM then leaves the cadence to the DP
@@ -138,22 +160,8 @@ def run(scenario: dict[str, Any], out: TextIO) -> dict[str, Any]:
         for outs in engine_out.values():
             done += [[o.request_id, FINISH[int(o.finish_reason)]]
                      for o in outs.outputs if o.finish_reason is not None]
-        cached = output.scheduled_cached_reqs
-        admitted = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
-        admitted.update((rid, cached.num_computed_tokens[i]) for i, rid in enumerate(cached.req_ids)
-                        if rid in cached.resumed_req_ids)
-        out.write(json.dumps({
-            "step": step,
-            "scheduled": [[rid, n] for rid, n in output.num_scheduled_tokens.items()],
-            "new": [n.req_id for n in output.scheduled_new_reqs],
-            "resumed": sorted(cached.resumed_req_ids),
-            "preempted": sorted(output.preempted_req_ids or ()),
-            "computed_at_admission": admitted,
-            "finished": done,
-            "num_free_blocks": sched.kv_cache_manager.block_pool.get_num_free_blocks(),
-            "num_running": len(sched.running),
-            "num_waiting": len(sched.waiting),
-        }, separators=(",", ":")) + "\n")
+        out.write(json.dumps(vllm_step_record(step, sched, output, done),
+                             separators=(",", ":")) + "\n")
         step += 1
     return {"steps": step, "deferred_steps_with_chunks": deferred_chunks,
             "deferred_steps_with_waiting": deferred_admissions,
@@ -176,3 +184,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+

@@ -64,22 +64,7 @@ def _engine_core(interval: int, sync_interval: int) -> SimpleNamespace:
 
 
 def _rank_record(tick: int, sched: Any, output: Any, done: list[list[str]]) -> dict[str, Any]:
-    cached = output.scheduled_cached_reqs
-    admitted = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
-    admitted.update((rid, cached.num_computed_tokens[i]) for i, rid in enumerate(cached.req_ids)
-                    if rid in cached.resumed_req_ids)
-    return {
-        "step": tick,
-        "scheduled": [[rid, n] for rid, n in output.num_scheduled_tokens.items()],
-        "new": [n.req_id for n in output.scheduled_new_reqs],
-        "resumed": sorted(cached.resumed_req_ids),
-        "preempted": sorted(output.preempted_req_ids or ()),
-        "computed_at_admission": admitted,
-        "finished": done,
-        "num_free_blocks": sched.kv_cache_manager.block_pool.get_num_free_blocks(),
-        "num_running": len(sched.running),
-        "num_waiting": len(sched.waiting),
-    }
+    return co.vllm_step_record(tick, sched, output, done)
 
 
 def run(scenario: dict[str, Any]) -> list[dict[str, Any]]:
