@@ -26,7 +26,7 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
-from kvsched.sim.metrics import RequestRecord, SampleAccumulator, benchmark_duration, compute_metrics
+from kvsched.sim.metrics import RecordTable, SampleAccumulator, benchmark_duration, compute_metrics
 from kvsched.sim.workload import WorkloadRequest
 
 EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)
@@ -139,7 +139,7 @@ class StepTotals:
 @dataclass(slots=True)
 class SimResult:
     workload: str
-    records: list[RequestRecord]
+    records: RecordTable
     failed: list[tuple[str, str]]  # (request id, why it was refused)
     itls: SampleAccumulator
     token_times: SampleAccumulator
@@ -191,7 +191,7 @@ def combine_results(ranks: list[SimResult]) -> SimResult:
         return ranks[0]
     first = ranks[0]
     out = SimResult(
-        workload=first.workload, records=[r for res in ranks for r in res.records],
+        workload=first.workload, records=RecordTable.concat([res.records for res in ranks]),
         failed=[f for res in ranks for f in res.failed], itls=SampleAccumulator(),
         token_times=SampleAccumulator(), totals=first.totals, steps=first.steps,
         num_gpu_blocks=first.num_gpu_blocks,
@@ -254,7 +254,7 @@ class Rank:
         # Per-request token times cost memory per token: only on request.
         self.keep_token_times = keep_token_times
         self.live: dict[str, _Live] = {}
-        self.records: list[RequestRecord] = []
+        self.records = RecordTable()
         self.failed: list[tuple[str, str]] = []
         self.itls = SampleAccumulator()
         self.token_times = SampleAccumulator()
@@ -388,11 +388,8 @@ class Rank:
     def _finish(self, rid: str, now: float) -> None:
         lv = self.live.pop(rid)
         spec = lv.spec
-        self.records.append(RequestRecord(
-            request_id=rid, send_time=lv.send_time, first_token_time=lv.first_token_time,
-            finish_time=now, num_prompt_tokens=spec.num_prompt_tokens,
-            num_output_tokens=lv.num_tokens, arrival_time=spec.arrival_time,
-            token_times=lv.token_times))
+        self.records.append(rid, lv.send_time, lv.first_token_time, now, spec.num_prompt_tokens,
+                            lv.num_tokens, spec.arrival_time, lv.token_times)
 
     # -- a stretch of decode steps ------------------------------------------------
     def stretch_limit(self) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsched.sim.metrics import (
+    RecordTable,
     RequestRecord,
     SampleAccumulator,
     benchmark_duration,
@@ -317,3 +318,31 @@ def test_peaks_cost_follows_samples_not_span() -> None:
     m = compute_metrics(records, [], late + 1.5, token_times=times)
     assert m["max_output_tokens_per_s"] == 4.0  # second 0: 2 + 1 + 1
     assert m["max_concurrent_requests"] == 2
+
+
+def test_record_table_reads_as_its_records_and_gives_the_same_metrics() -> None:
+    rng = np.random.default_rng(3)
+    records = []
+    for i in range(200):
+        send = float(rng.uniform(0, 50))
+        first = send + float(rng.uniform(0.01, 2))
+        out = int(rng.integers(1, 40))
+        records.append(RequestRecord(f"r{i}", send, first, first + 0.01 * out, int(rng.integers(1, 900)),
+                                     out, send - float(rng.uniform(0, 1))))
+    table = RecordTable()
+    for r in records:
+        table.append(r.request_id, r.send_time, r.first_token_time, r.finish_time,
+                     r.num_prompt_tokens, r.num_output_tokens, r.arrival_time)
+    assert len(table) == 200 and list(table) == records and table[-1] == records[-1]
+    assert table[10:13] == records[10:13]
+    itls = SampleAccumulator()
+    itls.add_array([0.01] * 50)
+    assert compute_metrics(table, itls, 60.0) == compute_metrics(records, itls, 60.0)
+    # Concatenation keeps order; per-request token times survive, None-padded.
+    other = RecordTable()
+    other.append("x", 1.0, 1.5, 2.0, 5, 2, 1.0, [1.5, 2.0])
+    both = RecordTable.concat([table, other])
+    assert [r.request_id for r in both] == [r.request_id for r in records] + ["x"]
+    assert both[0].token_times is None and both[-1].itls == [0.5]
+    with pytest.raises(IndexError):
+        table[200]
