@@ -293,6 +293,8 @@ class Request:
     # len(all_token_ids), kept by append_output / extend_output: the hot
     # paths read it without calling a runs prompt's __len__.
     num_tokens: int
+    # all_token_ids' tail is output_token_ids itself (a runs prompt).
+    _outputs_in_all: bool
     num_prompt_tokens: int
     # Keys of the full blocks of all_token_ids in the prefix cache, filled
     # lazily by the KV cache manager (only when prefix caching is on).
@@ -326,9 +328,15 @@ class Request:
         self.private = private
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
-        # The growing sequence is a copy of the prompt (runs are shared).
-        self.all_token_ids = prompt.copy()
         self.output_token_ids = []
+        # The growing sequence is a copy of the prompt (runs are shared). A
+        # runs prompt's tail *is* the output list: one append grows both.
+        if type(prompt) is TokenRuns and not prompt.tail:
+            self.all_token_ids = TokenRuns(prompt.runs, self.output_token_ids, prompt.num_run_tokens)
+            self._outputs_in_all = True
+        else:
+            self.all_token_ids = prompt.copy()
+            self._outputs_in_all = False
         self.num_prompt_tokens = len(prompt)
         self.num_tokens = self.num_prompt_tokens
         self.block_hashes = _NO_HASHES
@@ -354,12 +362,14 @@ class Request:
     def append_output(self, token: int) -> None:
         """One sampled token: the only way outputs grow (with extend_output)."""
         self.output_token_ids.append(token)
-        self.all_token_ids.append(token)
+        if not self._outputs_in_all:
+            self.all_token_ids.append(token)
         self.num_tokens += 1
 
     def extend_output(self, tokens: list[int]) -> None:
         self.output_token_ids.extend(tokens)
-        self.all_token_ids.extend(tokens)
+        if not self._outputs_in_all:
+            self.all_token_ids.extend(tokens)
         self.num_tokens += len(tokens)
 
     def is_finished(self) -> bool:

@@ -589,6 +589,7 @@ class Scheduler:
         for r in self.running:
             assert r.status == RUNNING, f"{r.request_id} in running with status {r.status.name}"
             assert r.num_computed_tokens <= len(r.all_token_ids) == r.num_tokens
+            assert r.num_tokens == r.num_prompt_tokens + len(r.output_token_ids)
         for r in self.waiting:
             assert r.status in (WAITING, PREEMPTED), f"{r.request_id} waits as {r.status.name}"
             assert r.num_computed_tokens == 0
