@@ -77,31 +77,44 @@ def decode_stretch_limit(sched: Scheduler,
     after which the caller's model makes ``request`` stop (the step that
     samples its stop token counts), or a huge number if it never does.
     """
+    steps, kv_tokens, _ = decode_stretch_plan(sched, steps_to_stop, through_finish=False)
+    return steps, kv_tokens
+
+
+def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int] | None = None,
+                        through_finish: bool = True) -> tuple[int, int, bool]:
+    """(steps, KV tokens before the stretch, whether the last step is one in
+    which some request stops). With ``through_finish`` the stretch may end
+    with the step in which the first requests stop (their stop checks and
+    freeing then run as in ``update_from_output``:
+    ``Scheduler.fast_forward_decode_finishing``); else it stops before it."""
     running = sched.running
     if (sched.admission_policy is not None or not sched.decode_stable or not running
             or len(running) > sched.max_num_scheduled_tokens):
-        return 0, 0
-    limit: float = math.inf
+        return 0, 0, False
+    first_stop: float = math.inf  # the earliest step (0-based) in which a request stops
     kv_tokens = 0
     for r in running:
         length = r.num_tokens
         if r.num_computed_tokens != length - 1 or not r.output_token_ids:
-            return 0, 0  # still prefilling, or its first token is still to come
+            return 0, 0, False  # still prefilling, or its first token is still to come
         kv_tokens += length
-        # Steps it can take without stopping: the step that reaches stop_len
-        # (or samples the model's stop token) must stay outside the stretch.
-        steps = r.stop_len - length - 1
+        # Step j appends the token that makes the length length + j + 1:
+        # the length cap stops it at j = stop_len - length - 1.
+        stop = r.stop_len - length - 1
         if steps_to_stop is not None:
-            steps = min(steps, steps_to_stop(r) - 1)
-        if steps < limit:
-            limit = steps
-    if limit < 1:
-        return 0, 0
-    k = int(limit)
+            stop = min(stop, steps_to_stop(r) - 1)
+        if stop < first_stop:
+            first_stop = stop
+    k = int(first_stop) + 1 if through_finish else int(first_stop)
+    if k < 1:
+        return 0, 0, False
+    finishes = through_finish
     firsts = first_new_block_steps(sched)
     bs = sched.block_size
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
     if _blocks_needed(firsts, k, bs) > free:
+        finishes = False
         lo, hi = 0, k  # needed(lo) <= free < needed(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -110,12 +123,21 @@ def decode_stretch_limit(sched: Scheduler,
             else:
                 hi = mid
         k = lo
-    return k, kv_tokens
+    return k, kv_tokens, finishes and k > 0
 
 
-def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int]) -> list[int]:
+def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
+                        last_tokens: Sequence[int] | None = None
+                        ) -> tuple[list[int], list[tuple[Request, int]]]:
+    """Advance every running request ``k`` decode steps: ``tokens[i]`` is what
+    request i samples at each step, or, given ``last_tokens``, at each step
+    but the last, which samples ``last_tokens[i]`` and may stop the request.
+    Returns the free block count after each step (before any finishing) and
+    the requests that stopped at the last step with the tokens they kept (for
+    ``Scheduler._finish_stopped``); changes nothing if it raises."""
     running = sched.running
-    if k < 1 or not running or len(tokens) != len(running):
+    if k < 1 or not running or len(tokens) != len(running) or (
+            last_tokens is not None and len(last_tokens) != len(running)):
         raise ValueError(f"fast_forward_decode: need num_steps >= 1 and one token per running "
                          f"request (num_steps={k}, {len(tokens)} tokens, {len(running)} running)")
     if len(running) > sched.max_num_scheduled_tokens:
@@ -126,6 +148,8 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int]) -> list
                          "pure-decode step); step once first")
     kv = sched.kv_cache_manager
     bs = sched.block_size
+    # Steps in which nothing may stop: all, or all but the last.
+    quiet = k if last_tokens is None else k - 1
     # (step, running index) of every new block, in the order stepping takes them.
     allocs: list[tuple[int, int]] = []
     firsts = first_new_block_steps(sched)
@@ -133,15 +157,25 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int]) -> list
         length = request.num_tokens
         if request.num_computed_tokens != length - 1 or not request.output_token_ids:
             raise ValueError(f"fast_forward_decode: {request.request_id} is not decoding")
-        if length + k >= request.stop_len or token in request.all_stop_ids:
+        if length + quiet >= request.stop_len or (quiet and token in request.all_stop_ids):
             raise ValueError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
         allocs.extend((step, idx) for step in range(firsts[idx], k, bs))
     pool = kv.block_pool
     free = pool.get_num_free_blocks()
     if len(allocs) > free:
         raise ValueError("fast_forward_decode: the stretch needs more blocks than are free")
-    for request, token in zip(running, tokens):
-        request.extend_output([token] * k)
+    stopped: list[tuple[Request, int]] = []
+    for idx, (request, token) in enumerate(zip(running, tokens)):
+        if last_tokens is None:
+            request.extend_output([token] * k)
+        else:
+            if quiet:
+                request.extend_output([token] * quiet)
+            last = last_tokens[idx]
+            request.append_output(last)
+            # The stop checks of update_from_output, for one sampled token.
+            if last in request.all_stop_ids or request.num_tokens >= request.stop_len:
+                stopped.append((request, sched._append_and_check_stop(request, [last])))
         request.num_computed_tokens += k
         request.is_prefill_chunk = False
     allocs.sort()
@@ -155,7 +189,7 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int]) -> list
     for taken in per_step:
         free -= taken
         free_after.append(free)
-    return free_after
+    return free_after, stopped
 
 
 def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]]) -> bool:

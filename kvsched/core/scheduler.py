@@ -525,21 +525,26 @@ class Scheduler:
             kept = self._append_and_check_stop(request, new_token_ids)
             if kept:
                 stopped.append((request, kept))
-        finished: list[EngineCoreOutput] = []
-        if stopped:
-            # Freed slots and blocks matter only to requests that wait.
-            self.decode_stable = self.decode_stable and not self.waiting
-            if len(stopped) == 1:
-                self.running.remove(stopped[0][0])
-            else:
-                drop = {id(r) for r, _ in stopped}
-                self.running = [r for r in self.running if id(r) not in drop]
-            for request, kept in stopped:
-                finished.append(EngineCoreOutput(
-                    request.request_id, request.output_token_ids[-kept:],
-                    FINISH_REASONS[request.status], request.stop_reason))
-                self._free_request(request)
+        finished = self._finish_stopped(stopped) if stopped else []
         return EngineCoreOutputs(model_runner_output, finished, dropped)
+
+    def _finish_stopped(self, stopped: list[tuple[Request, int]]) -> list[EngineCoreOutput]:
+        """Take requests that stopped this step (and the tokens each kept) out
+        of ``running`` and free them, in order."""
+        # Freed slots and blocks matter only to requests that wait.
+        self.decode_stable = self.decode_stable and not self.waiting
+        if len(stopped) == 1:
+            self.running.remove(stopped[0][0])
+        else:
+            drop = {id(r) for r, _ in stopped}
+            self.running = [r for r in self.running if id(r) not in drop]
+        finished: list[EngineCoreOutput] = []
+        for request, kept in stopped:
+            finished.append(EngineCoreOutput(
+                request.request_id, request.output_token_ids[-kept:],
+                FINISH_REASONS[request.status], request.stop_reason))
+            self._free_request(request)
+        return finished
 
     @staticmethod
     def _append_and_check_stop(request: Request, new_token_ids: list[int]) -> int:
@@ -572,10 +577,26 @@ class Scheduler:
         Returns the free block count after each step."""
         from kvsched.core.fast_forward import fast_forward_decode
 
-        free_after = fast_forward_decode(self, num_steps, tokens)
+        free_after, _ = fast_forward_decode(self, num_steps, tokens)
         # The first stretch step would have handed these to its output.
         self.finished_req_ids = set()
         return free_after
+
+    def fast_forward_decode_finishing(self, num_steps: int, tokens: Sequence[int],
+                                      last_tokens: Sequence[int]
+                                      ) -> tuple[list[int], list[EngineCoreOutput]]:
+        """``fast_forward_decode`` whose last step samples ``last_tokens``
+        (one per running request), after which the stop checks run as in
+        ``update_from_output``: requests that stop there finish and are freed.
+        Returns the free block count after each step and the finished
+        requests' outputs."""
+        from kvsched.core.fast_forward import fast_forward_decode
+
+        self.finished_req_ids = set()
+        free_after, stopped = fast_forward_decode(self, num_steps, tokens, last_tokens)
+        finished = self._finish_stopped(stopped) if stopped else []
+        free_after[-1] = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        return free_after, finished
 
     # -- checking -------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -85,8 +85,10 @@ class EngineInstance:
         """One step, or a stretch; returns how many requests finished (at
         ``self.now`` afterwards)."""
         rank = self.rank
-        if self.fast_forward and self._stretch(bound):
-            return 0
+        if self.fast_forward:
+            finished = self._stretch(bound)
+            if finished is not None:
+                return finished
         plan = rank.plan()
         if plan is None:
             raise RuntimeError(f"no request could be scheduled at t={self.now:.3f}s with "
@@ -97,22 +99,24 @@ class EngineInstance:
         self.now = start + dt
         return finished
 
-    def _stretch(self, bound: float) -> bool:
+    def _stretch(self, bound: float) -> int | None:
+        """A stretch if one of useful length can be taken: how many requests
+        finished in it (None: no stretch)."""
         rank = self.rank
         if not rank.sched.decode_stable:
-            return False  # the cheap precondition first (the core checks it again)
-        limit, kv_tokens = rank.stretch_limit()
+            return None  # the cheap precondition first (the core checks it again)
+        limit, kv_tokens, finishes = rank.stretch_limit()
         if limit < MIN_STRETCH:
-            return False
+            return None
         B = len(rank.sched.running)
         step_times = self.step_model.decode_step_times
         durations, ends = stretch_times(self.now, limit, bound,
                                         lambda j, n: step_times(B, kv_tokens + j * B, B, n))
         if len(durations) < MIN_STRETCH:
-            return False
-        rank.apply_stretch(self.now, durations, ends)
+            return None
+        finished = rank.apply_stretch(self.now, durations, ends, finishes and len(durations) == limit)
         self.now = ends[-1]
-        return True
+        return finished
 
 
 class LockstepGroup:
@@ -144,11 +148,11 @@ class LockstepGroup:
 
     def advance(self, bound: float) -> int:
         self.engines_running = True
-        if self.fast_forward and self._stretch(bound):
-            finished = 0
-        else:
-            finished = self._step()
-        return finished
+        if self.fast_forward:
+            finished = self._stretch(bound)
+            if finished is not None:
+                return finished
+        return self._step()
 
     def _step(self) -> int:
         plans = [r.plan() for r in self.ranks]
@@ -173,16 +177,17 @@ class LockstepGroup:
         self.engines_running = self.shared.end_step(self._has_work())
         return finished
 
-    def _stretch(self, bound: float) -> bool:
+    def _stretch(self, bound: float) -> int | None:
         """All ranks over a pure-decode stretch, each step as long as the
-        slowest rank (idle ranks run the dummy batch), as when stepping."""
+        slowest rank (idle ranks run the dummy batch), as when stepping; how
+        many requests finished in it (None: no stretch)."""
         busy = [r for r in self.ranks if r.sched.running]
         if not busy or any(r.sched.waiting for r in self.ranks if not r.sched.running):
-            return False
+            return None
         limits = [r.stretch_limit() for r in busy]
-        limit = min(lim for lim, _ in limits)
+        limit = min(lim for lim, _, _ in limits)
         if limit < MIN_STRETCH:
-            return False
+            return None
         sizes = [len(r.sched.running) for r in busy]
         global_tokens = sum(sizes)
         model = self.step_model
@@ -191,16 +196,21 @@ class LockstepGroup:
 
         def step_times(j: int, n: int) -> list[float]:
             per_rank = [model.decode_step_times(b, kv + j * b, b, n, global_tokens)
-                        for b, (_, kv) in zip(sizes, limits)]
+                        for b, (_, kv, _) in zip(sizes, limits)]
             return [max(*ts, dummy) if idle else max(ts) for ts in zip(*per_rank)]
 
         durations, ends = stretch_times(self.now, limit, bound, step_times)
-        if len(durations) < MIN_STRETCH:
-            return False
-        for r in busy:
-            r.apply_stretch(self.now, durations, ends)
-        # Requests run through the whole stretch: no finish-sync ends the wave.
-        for _ in durations:
+        n = len(durations)
+        if n < MIN_STRETCH:
+            return None
+        finished = 0
+        for r, (lim, _, finishes) in zip(busy, limits):
+            # A rank whose requests stop in the stretch's last step finishes them.
+            finished += r.apply_stretch(self.now, durations, ends, finishes and lim == n)
+        # Requests run through every step but the last: no finish-sync ends
+        # the wave before it.
+        for _ in range(n - 1):
             self.shared.end_step(True)
+        self.engines_running = self.shared.end_step(self._has_work())
         self.now = ends[-1]
-        return True
+        return finished

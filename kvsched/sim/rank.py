@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from kvsched.config import CacheConfig, SchedulerConfig
-from kvsched.core.fast_forward import decode_stretch_limit
+from kvsched.core.fast_forward import decode_stretch_plan
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
@@ -392,28 +392,40 @@ class Rank:
                             lv.num_tokens, spec.arrival_time, lv.token_times)
 
     # -- a stretch of decode steps ------------------------------------------------
-    def stretch_limit(self) -> tuple[int, int]:
-        """(most decode steps the scheduler can take with nothing changing,
-        the running requests' KV tokens): the core's rule, plus where this
-        rank's simulated model samples EOS."""
+    def stretch_limit(self) -> tuple[int, int, bool]:
+        """(most decode steps the scheduler can take with nothing changing
+        but, possibly, requests stopping in the last one; the running
+        requests' KV tokens; whether they do): the core's rule, plus where
+        this rank's simulated model samples EOS."""
         live = self.live
 
         def steps_to_eos(r: Request) -> int:
             eos = live[r.request_id].eos_index
             return eos - len(r.output_token_ids) + 1 if eos >= 0 else 1 << 62
 
-        return decode_stretch_limit(self.sched, steps_to_eos if self.eos_probability > 0 else None)
+        return decode_stretch_plan(self.sched, steps_to_eos if self.eos_probability > 0 else None)
 
-    def apply_stretch(self, start: float, durations: list[float], ends: list[float]) -> None:
+    def apply_stretch(self, start: float, durations: list[float], ends: list[float],
+                      finishing: bool = False) -> int:
         """Advance every running request ``len(durations)`` decode steps of the
         given durations (ending at ``ends``), with all the bookkeeping stepping
-        would do."""
+        would do; with ``finishing`` the last step is the one ``stretch_limit``
+        said requests stop in. Returns how many finished."""
         sched = self.sched
         running = sched.running
         B = len(running)
         k = len(durations)
         lives = [self.live[r.request_id] for r in running]
-        free_after = sched.fast_forward_decode(k, [lv.token for lv in lives])
+        finished: list[str] = []
+        if finishing:
+            # What each samples in the last step: EOS where its model says so.
+            last = [EOS_TOKEN if lv.eos_index == len(r.output_token_ids) + k - 1 else lv.token
+                    for r, lv in zip(running, lives)]
+            free_after, outputs = sched.fast_forward_decode_finishing(
+                k, [lv.token for lv in lives], last)
+            finished = [o.request_id for o in outputs]
+        else:
+            free_after = sched.fast_forward_decode(k, [lv.token for lv in lives])
         self.num_ff_steps += k
         itls = self.itls
         # Step 0: each request's gap from its own previous token.
@@ -437,8 +449,11 @@ class Rank:
             log.start.extend(ends[:-1])
             log.duration.extend(durations)
             for column, value in ((log.num_reqs, B), (log.num_tokens, B), (log.prefill_tokens, 0),
-                                  (log.num_running, B), (log.num_waiting, len(sched.waiting))):
+                                  (log.num_waiting, len(sched.waiting))):
                 column.extend(array("q", (value,)) * k)
+            # As stepping logs it: running after the step's finishes.
+            log.num_running.extend(array("q", (B,)) * (k - 1))
+            log.num_running.append(len(sched.running))
             log.free_blocks.extend(free_after)
         end = ends[-1]
         for lv in lives:
@@ -446,6 +461,9 @@ class Rank:
             lv.num_tokens += k
             if lv.token_times is not None:
                 lv.token_times.extend(ends)
+        for rid in finished:
+            self._finish(rid, end)
+        return len(finished)
 
     def result(self, wall_seconds: float) -> SimResult:
         stats = self.sched.kv_cache_manager.prefix_cache_stats
