@@ -21,9 +21,12 @@ A stretch of ``k`` steps is allowed when all of these hold:
   prompt token looks like a decode to the scheduler, but the client still
   waits for its first token;
 - all running requests fit the token budget;
-- none stops within the stretch (length cap, or a stop the caller's model
-  will produce), and the blocks the stretch needs fit the free pool, so
-  nothing is preempted.
+- none stops before the stretch's last step (length cap, or a stop the
+  caller's model will produce); in the last step requests may stop, and
+  their stop checks and freeing then run as ``update_from_output``'s
+  (``decode_stretch_plan``, ``Scheduler.fast_forward_decode_finishing``), so
+  a finish costs no step of its own;
+- the blocks the stretch needs fit the free pool, so nothing is preempted.
 
 Stepping one by one, step j visits the running requests in order: a request
 that starts a new block takes one from the front of the free queue (evicting

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
-from kvsched.core.fast_forward import decode_stretch_limit
+from kvsched.core.fast_forward import decode_stretch_limit, decode_stretch_plan
 
 
 def _state(s: Scheduler) -> dict[str, Any]:
@@ -190,3 +190,64 @@ def test_limit_stops_before_the_pool_runs_dry() -> None:
     assert s.num_preemptions == 0
     _step(s, tokens)
     assert s.num_preemptions == 1
+
+
+# -- stretches that end with the step in which requests stop ------------------
+
+def _compare_finishing(s: Scheduler, tokens: dict[str, int], last: dict[str, int], k: int) -> list[str]:
+    """Step k-1 times with ``tokens`` and once with ``last``, against one
+    finishing jump; returns the ids that finished."""
+    stepped, jumped = copy.deepcopy(s), copy.deepcopy(s)
+    free_each = []
+    for step in range(k):
+        sample = tokens if step < k - 1 else last
+        out = stepped.schedule()
+        ids = list(out.num_scheduled_tokens)
+        result = stepped.update_from_output(out, ModelRunnerOutput(ids, [[sample[r]] for r in ids]))
+        stepped.check_invariants()
+        free_each.append(stepped.kv_cache_manager.block_pool.get_num_free_blocks())
+    order = [r.request_id for r in jumped.running]
+    free_after, outputs = jumped.fast_forward_decode_finishing(
+        k, [tokens[r] for r in order], [last[r] for r in order])
+    jumped.check_invariants()
+    assert free_after == free_each
+    assert outputs == result.finished
+    assert _state(jumped) == _state(stepped)
+    assert jumped.finished_req_ids == stepped.finished_req_ids
+    assert jumped.decode_stable == stepped.decode_stable
+    return [o.request_id for o in outputs]
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_finishing_stretch_by_length_cap_equals_stepping(caching: bool) -> None:
+    # max_tokens 12: after one step each request has 1 output; r0 (prompt 5)
+    # and r1 (prompt 3) reach 12 outputs at the 11th further step.
+    s = _build([[1, 2, 3, 4, 5], [6, 7, 8], list(range(10, 31))], caching, 80, max_tokens=12)
+    s.requests["r2"].stop_len += 5  # r2 runs on (a longer cap)
+    tokens = {"r0": 101, "r1": 102, "r2": 103}
+    _step(s, tokens)
+    assert decode_stretch_plan(s) == (11, 6 + 4 + 22, True)
+    assert _compare_finishing(s, tokens, tokens, 11) == ["r0", "r1"]
+
+
+def test_finishing_stretch_by_eos_and_stop_token_equals_stepping() -> None:
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512),
+                  CacheConfig(num_gpu_blocks=80, block_size=4, enable_prefix_caching=True))
+    s.add_request(Request("e", [1, 2, 3], SamplingParams(max_tokens=50, eos_token_id=7)))
+    s.add_request(Request("t", [4, 5], SamplingParams(max_tokens=50, ignore_eos=True,
+                                                      stop_token_ids=[9])))
+    s.add_request(Request("o", [6], SamplingParams(max_tokens=50, ignore_eos=True)))
+    tokens = {"e": 11, "t": 12, "o": 13}
+    _step(s, tokens)
+    # The caller's model samples EOS for "e" and stop token 9 for "t" at the 6th step.
+    assert decode_stretch_plan(s, lambda r: 6 if r.request_id != "o" else 1 << 40) == (6, 4 + 3 + 2, True)
+    assert _compare_finishing(s, tokens, {"e": 7, "t": 9, "o": 13}, 6) == ["e", "t"]
+
+
+def test_finishing_stretch_refuses_a_stop_before_its_last_step() -> None:
+    s = _build([[1, 2, 3]], False, 80, max_tokens=4)
+    _step(s, {"r0": 5})
+    before = _state(s)
+    with pytest.raises(ValueError, match="stop"):
+        s.fast_forward_decode_finishing(5, [5], [5])
+    assert _state(s) == before
