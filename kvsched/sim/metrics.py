@@ -174,7 +174,7 @@ class SampleAccumulator:
     """
 
     FLUSH_AT = 1 << 16
-    __slots__ = ("_values", "_counts", "_chunks", "_n", "_sorted")
+    __slots__ = ("_values", "_counts", "_chunks", "_n", "_sorted", "_distinct")
 
     def __init__(self) -> None:
         self._values: list[float] = []
@@ -183,6 +183,8 @@ class SampleAccumulator:
         self._n = 0
         # (ascending values, cumulative counts), cached until the next add.
         self._sorted: tuple[FloatArray, IntArray] | None = None
+        # (distinct values, their total counts as floats), derived from _sorted.
+        self._distinct: tuple[FloatArray, FloatArray] | None = None
 
     def add(self, value: float, count: int = 1) -> None:
         """Add ``count`` samples equal to ``value`` (a count of 0 adds nothing)."""
@@ -196,6 +198,7 @@ class SampleAccumulator:
         self._counts.append(count)
         self._n += count
         self._sorted = None
+        self._distinct = None
         if len(self._values) >= self.FLUSH_AT:
             self._flush()
 
@@ -214,6 +217,7 @@ class SampleAccumulator:
         self._counts.extend([count] * len(values))
         self._n += count * len(values)
         self._sorted = None
+        self._distinct = None
         if len(self._values) >= self.FLUSH_AT:
             self._flush()
 
@@ -242,6 +246,7 @@ class SampleAccumulator:
             self._chunks.append((v, c.astype(np.int64)))
             self._n += int(c.sum())
             self._sorted = None
+            self._distinct = None
 
     def __len__(self) -> int:
         return self._n
@@ -326,12 +331,14 @@ class SampleAccumulator:
         return math.sqrt(math.fsum((deviation * deviation * counts).tolist()) / self._n)
 
     def _order_stats_pairs(self) -> tuple[FloatArray, FloatArray]:
-        """Distinct sample values with their total counts (as floats)."""
-        values, counts = self._pairs()
-        distinct, inverse = np.unique(values, return_inverse=True)
-        weights = counts.astype(np.float64)
-        totals = np.bincount(inverse, weights=weights, minlength=len(distinct)).astype(np.float64)
-        return distinct, totals
+        """Distinct sample values, ascending, with their total counts (as
+        floats), read off the sorted samples (one sort for every statistic)."""
+        if self._distinct is None:
+            values, cumulative = self._order_stats()
+            last = np.flatnonzero(np.append(values[1:] != values[:-1], True))
+            totals = np.diff(cumulative[last], prepend=0).astype(np.float64)
+            self._distinct = (values[last], totals)
+        return self._distinct
 
 
 def parse_goodput(args: Sequence[str] | str) -> dict[str, float]:
