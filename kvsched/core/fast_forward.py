@@ -1,6 +1,6 @@
 """Advance a pure-decode stretch in one jump, exactly.
 
-This module owns every rule of fast-forward: :func:`decode_stretch_limit`
+This module owns every rule of fast-forward: :func:`decode_stretch_plan`
 decides how many steps a scheduler can advance with nothing changing but
 decoding, and :func:`fast_forward_decode` takes them. Drivers (one engine, a
 data-parallel group) only add their own limits: the next arrival and their
@@ -70,24 +70,14 @@ def _blocks_needed(firsts: Sequence[int], k: int, bs: int) -> int:
     return sum(-(-(k - f) // bs) for f in firsts if f < k)
 
 
-def decode_stretch_limit(sched: Scheduler,
-                         steps_to_stop: Callable[[Request], int] | None = None) -> tuple[int, int]:
-    """How many decode steps the scheduler can advance with nothing changing,
-    and the running requests' total KV tokens (the sequence lengths) before
-    the stretch. 0 steps when any precondition of the module doc fails.
-
-    ``steps_to_stop(request)``, if given, is the number of further steps
-    after which the caller's model makes ``request`` stop (the step that
-    samples its stop token counts), or a huge number if it never does.
-    """
-    steps, kv_tokens, _ = decode_stretch_plan(sched, steps_to_stop, through_finish=False)
-    return steps, kv_tokens
-
-
 def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int] | None = None,
                         through_finish: bool = True) -> tuple[int, int, bool]:
     """(steps, KV tokens before the stretch, whether the last step is one in
-    which some request stops). With ``through_finish`` the stretch may end
+    which some request stops); 0 steps when any precondition of the module
+    doc fails. ``steps_to_stop(request)``, if given, is the number of further
+    steps after which the caller's model makes ``request`` stop (the step
+    that samples its stop token counts), or a huge number if it never does.
+    With ``through_finish`` the stretch may end
     with the step in which the first requests stop (their stop checks and
     freeing then run as in ``update_from_output``:
     ``Scheduler.fast_forward_decode_finishing``); else it stops before it."""
@@ -178,7 +168,7 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
             request.append_output(last)
             # The stop checks of update_from_output, for one sampled token.
             if last in request.all_stop_ids or request.num_tokens >= request.stop_len:
-                stopped.append((request, sched._append_and_check_stop(request, [last])))
+                stopped.append((request, sched.apply_stop_checks(request, [last])))
         request.num_computed_tokens += k
         request.is_prefill_chunk = False
     allocs.sort()

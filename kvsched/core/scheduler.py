@@ -522,7 +522,7 @@ class Scheduler:
                 request.append_output(token)
                 if token not in request.all_stop_ids and request.num_tokens < request.stop_len:
                     continue
-            kept = self._append_and_check_stop(request, new_token_ids)
+            kept = self.apply_stop_checks(request, new_token_ids)
             if kept:
                 stopped.append((request, kept))
         finished = self._finish_stopped(stopped) if stopped else []
@@ -547,7 +547,7 @@ class Scheduler:
         return finished
 
     @staticmethod
-    def _append_and_check_stop(request: Request, new_token_ids: list[int]) -> int:
+    def apply_stop_checks(request: Request, new_token_ids: list[int]) -> int:
         """The stop checks in vLLM's order, token by token (a single token was
         appended already by the caller). Tokens sampled past a stop are
         dropped. If the request stopped, sets its status and returns how many

@@ -16,7 +16,7 @@ step-time model and one or more :class:`~kvsched.sim.rank.Rank`:
   counter then restarts for the next wave.
 
 ``advance(bound)`` runs one step, or a stretch of pure-decode steps in one
-jump when the core allows it (:func:`kvsched.core.fast_forward.decode_stretch_limit`)
+jump when the core allows it (:func:`kvsched.core.fast_forward.decode_stretch_plan`)
 and no step of the stretch but the first starts at or after ``bound`` (the
 next event from outside: an arrival, or another instance's possible finish).
 Nothing outside an instance writes its clock; the loop only wakes an idle

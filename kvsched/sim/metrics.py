@@ -88,7 +88,7 @@ class RequestRecord:
 
 class RecordTable(Sequence[RequestRecord]):
     """Completed requests as columns: a simulator appends one per finish, and
-    a million of them take ~120 bytes each instead of a ~250-byte object the
+    a million of them take ~130 bytes each instead of a ~250-byte object the
     garbage collector keeps walking. Reads as a sequence of
     :class:`RequestRecord` (built on access); :func:`compute_metrics` reads
     the columns directly. ``arrival_time`` is always set here."""
@@ -116,10 +116,7 @@ class RecordTable(Sequence[RequestRecord]):
         self.num_prompt_tokens.append(num_prompt_tokens)
         self.num_output_tokens.append(num_output_tokens)
         self.arrival_time.append(arrival_time)
-        if token_times is not None or self.token_times:
-            # Kept only with per-request detail; None-padded if mixed.
-            self.token_times.extend([None] * (len(self.request_id) - 1 - len(self.token_times)))
-            self.token_times.append(token_times)
+        self.token_times.append(token_times)  # None unless detail is kept
 
     @classmethod
     def concat(cls, tables: Sequence[RecordTable]) -> RecordTable:
@@ -132,10 +129,7 @@ class RecordTable(Sequence[RequestRecord]):
             out.num_prompt_tokens.extend(t.num_prompt_tokens)
             out.num_output_tokens.extend(t.num_output_tokens)
             out.arrival_time.extend(t.arrival_time)
-        if any(t.token_times for t in tables):
-            for t in tables:
-                out.token_times.extend(t.token_times)
-                out.token_times.extend([None] * (len(t) - len(t.token_times)))
+            out.token_times.extend(t.token_times)
         return out
 
     def __len__(self) -> int:
@@ -154,11 +148,9 @@ class RecordTable(Sequence[RequestRecord]):
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             raise IndexError("RecordTable index out of range")
-        times = self.token_times
         return RequestRecord(self.request_id[i], self.send_time[i], self.first_token_time[i],
                              self.finish_time[i], self.num_prompt_tokens[i],
-                             self.num_output_tokens[i], self.arrival_time[i],
-                             times[i] if i < len(times) else None)
+                             self.num_output_tokens[i], self.arrival_time[i], self.token_times[i])
 
 
 class SampleAccumulator:

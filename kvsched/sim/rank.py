@@ -234,6 +234,15 @@ class _Live:
     def __post_init__(self) -> None:
         self.sample = [self.token]
 
+    def token_at(self, num_outputs: int) -> int:
+        """What the simulated model samples as output number ``num_outputs``
+        (0-based): EOS at its drawn position, else the request's own token."""
+        return EOS_TOKEN if num_outputs == self.eos_index else self.token
+
+    def steps_to_eos(self, num_outputs: int) -> int:
+        """Further steps until (and with) the one that samples EOS."""
+        return self.eos_index - num_outputs + 1 if self.eos_index >= num_outputs else 1 << 62
+
 
 class Rank:
     """A scheduler, its simulated model outputs and its clients' records."""
@@ -261,7 +270,6 @@ class Rank:
         self.totals = StepTotals(cache_config.num_gpu_blocks - 1)
         self.steps = StepLog() if keep_step_log else None
         self.num_ff_steps = 0
-        self.num_received = 0
         self._next_token = 1  # output tokens are negative: never in a prompt
 
     # -- requests in -----------------------------------------------------------
@@ -287,7 +295,6 @@ class Rank:
         self.live[spec.request_id] = _Live(spec, send_time, -self._next_token, eos_index,
                                            token_times=[] if self.keep_token_times else None)
         self._next_token += 1
-        self.num_received += 1
         return True
 
     def busy(self) -> bool:
@@ -334,7 +341,7 @@ class Rank:
                 sampled += 1
                 lv = live[rid]
                 lives.append(lv)
-                if eos and len(r.output_token_ids) == lv.eos_index:
+                if eos and lv.token_at(len(r.output_token_ids)) == EOS_TOKEN:
                     sampled_ids.append([EOS_TOKEN])
                 else:
                     sampled_ids.append(lv.sample)
@@ -400,8 +407,7 @@ class Rank:
         live = self.live
 
         def steps_to_eos(r: Request) -> int:
-            eos = live[r.request_id].eos_index
-            return eos - len(r.output_token_ids) + 1 if eos >= 0 else 1 << 62
+            return live[r.request_id].steps_to_eos(len(r.output_token_ids))
 
         return decode_stretch_plan(self.sched, steps_to_eos if self.eos_probability > 0 else None)
 
@@ -419,8 +425,7 @@ class Rank:
         finished: list[str] = []
         if finishing:
             # What each samples in the last step: EOS where its model says so.
-            last = [EOS_TOKEN if lv.eos_index == len(r.output_token_ids) + k - 1 else lv.token
-                    for r, lv in zip(running, lives)]
+            last = [lv.token_at(len(r.output_token_ids) + k - 1) for r, lv in zip(running, lives)]
             free_after, outputs = sched.fast_forward_decode_finishing(
                 k, [lv.token for lv in lives], last)
             finished = [o.request_id for o in outputs]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
-from kvsched.core.fast_forward import decode_stretch_limit, decode_stretch_plan
+from kvsched.core.fast_forward import decode_stretch_plan
 
 
 def _state(s: Scheduler) -> dict[str, Any]:
@@ -104,6 +104,13 @@ def test_refuses_a_stretch_that_would_stop_or_preempt() -> None:
 
 
 # -- decode_stretch_limit: the one owner of fast-forward's preconditions -------
+
+def decode_stretch_limit(s: Scheduler, steps_to_stop: Any = None) -> tuple[int, int]:
+    """The plan of a stretch that stops before any request stops."""
+    steps, kv_tokens, finishes = decode_stretch_plan(s, steps_to_stop, through_finish=False)
+    assert not finishes
+    return steps, kv_tokens
+
 
 def test_limit_counts_steps_before_the_length_cap_and_the_callers_stop() -> None:
     s = _build([[1, 2, 3], [4, 5, 6, 7]], False, 200, max_tokens=10)
