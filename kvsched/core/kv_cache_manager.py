@@ -195,7 +195,7 @@ class KVCacheManager:
         if num_computed > max_model_len:
             num_computed = max_model_len
         pool = self.block_pool
-        num_free = len(pool.free_queue)
+        num_free = pool.num_free
 
         if new_computed_blocks:
             have = num_blocks + len(new_computed_blocks)

@@ -245,3 +245,111 @@ def test_cache_new_blocks_leaves_private_keys_out() -> None:
     pool.cache_blocks([blocks[1]], [PRIVATE_KEY_BASE + 5])  # the preemption path registers them
     assert pool.get_cached_block(PRIVATE_KEY_BASE + 5) == blocks[1]
     pool.check_invariants()
+
+
+class _ListQueue:
+    """The free queue as vLLM describes it, in the plainest form: one list,
+    popped at the front, prepended to, appended to, removed from."""
+
+    def __init__(self, num_gpu_blocks: int) -> None:
+        self.queue = list(range(1, num_gpu_blocks))
+        self.ref_cnt = [0] * num_gpu_blocks
+        self.hashed: set[int] = set()
+
+    def get(self, n: int) -> list[int]:
+        blocks = self.queue[:n]
+        del self.queue[:n]
+        for b in blocks:
+            self.ref_cnt[b] = 1
+            self.hashed.discard(b)
+        return blocks
+
+    def touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self.ref_cnt[b] == 0:
+                self.queue.remove(b)
+            self.ref_cnt[b] += 1
+
+    def free(self, ordered: list[int]) -> None:
+        to_front = []
+        for b in ordered:
+            self.ref_cnt[b] -= 1
+            if self.ref_cnt[b] == 0:
+                if b in self.hashed:
+                    self.queue.append(b)
+                else:
+                    to_front.append(b)
+        self.queue[:0] = to_front
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.integers(2, 40), st.lists(st.tuples(st.integers(0, 2), st.integers(0, 10 ** 6)),
+                                    min_size=1, max_size=300))
+def test_free_queue_matches_a_plain_list(num_gpu_blocks: int, ops: list[tuple[int, int]]) -> None:
+    # Random allocation, prefix hits (touch), caching and freeing, checked
+    # after every operation against _ListQueue: the two-list queue with stale
+    # entries and compaction must give the same blocks in the same order.
+    pool = BlockPool(num_gpu_blocks, True)
+    ref = _ListQueue(num_gpu_blocks)
+    tables: list[tuple[list[int], int]] = []  # (blocks, how many lead blocks are hashed)
+    next_hash = 1
+    for kind, x in ops:
+        if kind == 0:  # a new table: a prefix hit on cached blocks, then new blocks
+            hits = [b for b in sorted(pool.hash_of_block)][: x % 4]
+            num_new = x % 7
+            if num_new + sum(1 for b in hits if pool.ref_cnt[b] == 0) > pool.get_num_free_blocks():
+                continue
+            pool.touch(hits)
+            ref.touch(hits)
+            new = pool.get_new_blocks(num_new)
+            assert new == ref.get(num_new)
+            tables.append((hits + new, len(hits)))
+        elif kind == 1 and tables:  # cache the next blocks of a table
+            blocks, num_hashed = tables[x % len(tables)]
+            count = min(x % 3, len(blocks) - num_hashed)
+            fresh = blocks[num_hashed:num_hashed + count]
+            pool.cache_blocks(fresh, list(range(next_hash, next_hash + count)))
+            ref.hashed.update(fresh)
+            next_hash += count
+            tables[x % len(tables)] = (blocks, num_hashed + count)
+        elif kind == 2 and tables:  # free a table, tail first
+            blocks, num_hashed = tables.pop(x % len(tables))
+            pool.free_table(blocks, num_hashed)
+            ref.free(blocks[::-1])
+        pool.check_invariants()
+        assert pool.free_queue == ref.queue
+        assert pool.ref_cnt == ref.ref_cnt
+        assert set(pool.hash_of_block) == ref.hashed
+
+
+def test_a_long_run_compacts_the_queue_and_keeps_its_order() -> None:
+    # Enough churn to drop consumed entries many times (every ~1k taken).
+    pool = BlockPool(50, True)
+    ref = _ListQueue(50)
+    held: list[tuple[list[int], int]] = []  # (table, hashed lead blocks)
+    compactions = stale_seen = 0
+    for i in range(3000):
+        n = 1 + i % 5
+        while pool.get_num_free_blocks() < n:
+            blocks, num_hashed = held.pop(0)
+            pool.free_table(blocks, num_hashed)
+            ref.free(blocks[::-1])
+        head = pool.head
+        got = pool.get_new_blocks(n)
+        compactions += pool.head < head
+        assert got == ref.get(n)
+        pool.cache_blocks(got[:-1], [10 ** 6 + i * 8 + j for j in range(n - 1)])
+        ref.hashed.update(got[:-1])
+        free_cached = sorted(b for b in pool.hash_of_block if pool.ref_cnt[b] == 0)
+        if i % 3 == 0 and free_cached:  # a hit on a free cached block: out of the middle
+            hit = free_cached[len(free_cached) // 2]
+            pool.touch([hit])
+            ref.touch([hit])
+            held.append(([hit], 1))
+        stale_seen += bool(pool.stale)
+        held.append((got, n - 1))
+    assert compactions >= 3
+    assert stale_seen > 100, "hits seldom left stale entries behind"
+    pool.check_invariants()
+    assert pool.free_queue == ref.queue
+    assert pool.ref_cnt == ref.ref_cnt
