@@ -103,10 +103,12 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     if k < 1:
         return 0, 0, False
     finishes = through_finish
-    firsts = first_new_block_steps(sched)
     bs = sched.block_size
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-    if _blocks_needed(firsts, k, bs) > free:
+    # A request takes at most ceil(k / bs) blocks in k steps: with that many
+    # free for all (the usual case) there is nothing to count.
+    if len(running) * ((k - 1) // bs + 1) > free and _blocks_needed(
+            firsts := first_new_block_steps(sched), k, bs) > free:
         finishes = False
         lo, hi = 0, k  # needed(lo) <= free < needed(hi)
         while hi - lo > 1:
@@ -152,7 +154,9 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
             raise ValueError(f"fast_forward_decode: {request.request_id} is not decoding")
         if length + quiet >= request.stop_len or (quiet and token in request.all_stop_ids):
             raise ValueError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
-        allocs.extend((step, idx) for step in range(firsts[idx], k, bs))
+        first = firsts[idx]
+        if first < k:  # most requests take no block in a stretch: no generator for them
+            allocs.extend((step, idx) for step in range(first, k, bs))
     pool = kv.block_pool
     free = pool.get_num_free_blocks()
     if len(allocs) > free:
