@@ -271,12 +271,12 @@ class Rank:
         self.steps = StepLog() if keep_step_log else None
         self.num_ff_steps = 0
         self._next_token = 1  # output tokens are negative: never in a prompt
+        self._params: dict[int, SamplingParams] = {}  # by _sampling_params' key
 
     # -- requests in -----------------------------------------------------------
     def receive(self, spec: WorkloadRequest, send_time: float) -> bool:
         """A request sent at ``send_time``; False if the engine refuses it
         (recorded in ``failed``)."""
-        params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
         eos_index = -1
         p = self.eos_probability
         if p > 0.0:
@@ -285,7 +285,7 @@ class Rank:
             pos = int(math.log1p(-u) / math.log1p(-p))
             if pos < spec.output_len - 1:
                 eos_index = pos
-                params = SamplingParams(max_tokens=spec.output_len, eos_token_id=EOS_TOKEN)
+        params = self._sampling_params(spec.output_len, eos_index >= 0)
         request = spec.to_request(params, send_time)
         try:
             self.sched.add_request(request)
@@ -296,6 +296,17 @@ class Rank:
                                            token_times=[] if self.keep_token_times else None)
         self._next_token += 1
         return True
+
+    def _sampling_params(self, max_tokens: int, samples_eos: bool) -> SamplingParams:
+        """The (immutable) parameters of a request: made once per kind, as
+        checking them costs as much as the rest of receiving a request."""
+        key = max_tokens if samples_eos else -max_tokens
+        params = self._params.get(key)
+        if params is None:
+            params = self._params[key] = (
+                SamplingParams(max_tokens=max_tokens, eos_token_id=EOS_TOKEN) if samples_eos
+                else SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        return params
 
     def busy(self) -> bool:
         return self.sched.has_unfinished_requests()
