@@ -33,8 +33,10 @@ from kvsched.core.policies import DPRankStates
 from kvsched.perf.step_time import BatchShape, StepTimeModel
 from kvsched.sim.rank import Rank
 
-# A jump shorter than this is not worth its set-up; step instead.
-MIN_STRETCH = 2
+# The shortest jump worth taking: a one-step stretch (usually the step in
+# which a request finishes) already costs less than planning and completing
+# the step (measured: -1 % instructions on 20k random requests at 20 req/s).
+MIN_STRETCH = 1
 
 
 def stretch_times(start: float, limit: int, bound: float,
