@@ -4,6 +4,7 @@
     python benchmarks/bench_simulate.py --compare        # ... also step by step, and check equality
     python benchmarks/bench_simulate.py --scale          # issue 9's bars: 1M requests, CPU per request
     python benchmarks/bench_simulate.py --case random:100000:20   # one case
+    python benchmarks/bench_simulate.py --step-time-backend measured --step-time-backend roofline
 
 Cases (each runs in a fresh process, so its peak RSS is its own):
 
@@ -50,34 +51,38 @@ def _workload(case: str) -> Workload:
     return random_workload(num_prompts=int(n), request_rate=float(rate), seed=0)
 
 
-def run_case(case: str, fast_forward: bool = True) -> dict[str, Any]:
-    """One case in this process."""
+def run_case(case: str, fast_forward: bool = True, backend: str = "auto") -> dict[str, Any]:
+    """One case in this process (wall and CPU include loading the kernel tables)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     workload = _workload(case)
-    deployment = build_deployment(EngineOptions(model="Llama-3.1-8B", hardware="h100-sxm"))
+    deployment = build_deployment(EngineOptions(model="Llama-3.1-8B", hardware="h100-sxm",
+                                                step_time_backend=backend))
     config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
                        fast_forward=fast_forward, keep_step_log=False)
     result = Simulator(config, workload).run()
     metrics = result.metrics()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     n = len(workload.requests)
-    return {"case": case, "fast_forward": fast_forward, "requests": n, "wall_seconds": wall,
+    return {"case": case, "fast_forward": fast_forward, "backend": deployment.step_model.backend,
+            "requests": n, "wall_seconds": wall,
             "cpu_seconds": cpu, "requests_per_wall_second": n / wall,
             "cpu_us_per_request": cpu / n * 1e6,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "metrics": metrics}
 
 
-def run_isolated(case: str, fast_forward: bool = True) -> dict[str, Any]:
+def run_isolated(case: str, fast_forward: bool = True, backend: str = "auto") -> dict[str, Any]:
     """One case in a fresh interpreter (its own peak RSS)."""
-    cmd = [sys.executable, __file__, "--child", case] + ([] if fast_forward else ["--no-fast-forward"])
+    cmd = ([sys.executable, __file__, "--child", case, "--step-time-backend", backend]
+           + ([] if fast_forward else ["--no-fast-forward"]))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.splitlines()[-1]))
 
 
 def show(r: dict[str, Any]) -> None:
     m = r["metrics"]
-    print(f"{r['case']:<22} ff={'on ' if r['fast_forward'] else 'off'} {r['requests']:>9,} requests: "
+    print(f"{r['case']:<22} {r['backend']:<8} ff={'on ' if r['fast_forward'] else 'off'} "
+          f"{r['requests']:>9,} requests: "
           f"{r['wall_seconds']:7.1f} s wall ({r['requests_per_wall_second']:7,.0f} req/s), "
           f"{r['cpu_us_per_request']:5.0f} µs CPU per request, peak RSS {r['peak_rss_mb']:6,.0f} MB  "
           f"(steps {m['num_steps']:,}, fast-forwarded {m['fast_forwarded_steps']:,}; "
@@ -92,20 +97,23 @@ def main() -> int:
     ap.add_argument("--case", action="append", help="azure or random:N:RATE (repeatable)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--no-fast-forward", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--step-time-backend", action="append", choices=["auto", "measured", "roofline"],
+                    help="price steps with this backend (repeatable: each case runs with each; "
+                         "default auto)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.child:
-        r = run_case(args.child, not args.no_fast_forward)
+        r = run_case(args.child, not args.no_fast_forward, (args.step_time_backend or ["auto"])[0])
         print(json.dumps(r, default=lambda v: None if isinstance(v, float) and math.isinf(v) else str(v)))
         return 0
     cases = args.case or (["random:10000:20", "random:100000:20", "random:1000000:20",
                            "random:1000000:inf"] if args.scale else ["azure"])
     runs = []
-    for case in cases:
-        runs.append(run_isolated(case))
+    for case, backend in [(c, b) for c in cases for b in args.step_time_backend or ["auto"]]:
+        runs.append(run_isolated(case, backend=backend))
         show(runs[-1])
         if args.compare:
-            runs.append(run_isolated(case, fast_forward=False))
+            runs.append(run_isolated(case, fast_forward=False, backend=backend))
             show(runs[-1])
             a, b = (dict(r["metrics"]) for r in runs[-2:])
             for key in ("simulation_wall_seconds", "fast_forwarded_steps"):

@@ -137,6 +137,8 @@ def _roof(flops: float, flop_rate: float, nbytes: float, bandwidth: float) -> fl
 class StepTimeModel:
     """Seconds per step for one engine (a TP group; one DP rank)."""
 
+    backend = "roofline"
+
     def __init__(self, model: ModelSpec, hardware: Hardware,
                  parallel: ParallelConfig | None = None,
                  runtime: RuntimeConfig | None = None) -> None:
@@ -205,6 +207,15 @@ class StepTimeModel:
         # decode_step_time).
         self._decode_parts: dict[tuple[int, int, int], tuple[float, float]] = {}
         self._decode_step_parts: dict[tuple[int, int | None], tuple[float, float, float]] = {}
+        # Why a better backend was not used, if one was asked for ("auto").
+        self.backend_note = ""
+        # Queries a table-based backend answered past its tables (the
+        # roofline has none).
+        self.extrapolated: set[str] = set()
+
+    def describe_backend(self) -> str:
+        """Which backend prices the steps, for summaries and saved results."""
+        return "roofline" + (f" ({self.backend_note})" if self.backend_note else "")
 
     def padded_tokens(self, num_tokens: int) -> int:
         sizes = self.capture_sizes

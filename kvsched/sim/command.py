@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvsched.sim.deployment import Deployment, EngineOptions, build_deployment
+from kvsched.sim.deployment import STEP_TIME_BACKENDS, Deployment, EngineOptions, build_deployment
 from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.refusals import failure_reasons, format_failures, split_refused
 from kvsched.sim.results import (
@@ -46,7 +46,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hardware", default=d.hardware,
                    help="accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, "
                         "ascend-910b, ...) or a YAML/JSON hardware file (default: %(default)s)")
-    g.add_argument("--efficiency-file", help="YAML/JSON file overriding efficiency factors")
+    g.add_argument("--efficiency-file", help="YAML/JSON file overriding the roofline's efficiency factors")
+    g.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default=d.step_time_backend,
+                   help="how engine steps are priced: measured vLLM kernel latencies "
+                        "(aiconfigurator-core's tables), the roofline, or auto: measured where "
+                        "the tables cover the model, GPU and precision (default: %(default)s)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
                    help="GPUs per engine core, sharding each layer (default: %(default)s)")
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
@@ -187,6 +191,7 @@ def add_simulate_parser(sub: Any) -> None:
 def engine_options(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(
         model=args.model, hardware=args.hardware, efficiency_file=args.efficiency_file,
+        step_time_backend=args.step_time_backend,
         tensor_parallel_size=args.tensor_parallel_size,
         data_parallel_size=args.data_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel, max_num_seqs=args.max_num_seqs,

@@ -13,6 +13,7 @@ from kvsched.config import (
     check_num_gpu_blocks_override,
 )
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
+from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
 from kvsched.perf.models import ModelSpec, get_model
 from kvsched.perf.step_time import (
@@ -47,6 +48,9 @@ def serve_defaults(hardware: Hardware) -> tuple[int, int]:
     return get_batch_defaults(UsageContext.OPENAI_API_SERVER, device_info(hardware, ParallelConfig()))
 
 
+STEP_TIME_BACKENDS = ("auto", "measured", "roofline")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     """vLLM engine arguments (None = vLLM's default for this deployment)."""
@@ -71,6 +75,9 @@ class EngineOptions:
     num_gpu_blocks_override: int | None = None
     async_scheduling: bool = True
     prefill_schedule_interval: int = 1
+    # How steps are priced: "measured" vLLM kernel tables, the "roofline",
+    # or "auto" (measured where the tables cover the deployment).
+    step_time_backend: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +110,8 @@ class Deployment:
                 f"{', prefix caching' if cc.enable_prefix_caching else ''}"
                 f"{', async scheduling' if self.runtime.async_scheduling else ''}"
                 + (f", prefill every {k} steps" if (k := self.options.prefill_schedule_interval) > 1
-                   else ""))
+                   else "")
+                + f"; step times: {self.step_model.describe_backend()}")
 
 
 def _positive_int(flag: str, value: object) -> None:
@@ -131,6 +139,30 @@ def validate_engine_options(opts: EngineOptions) -> None:
     dtype_bytes("dtype", opts.dtype)
     kv_cache_dtype_bytes(opts.kv_cache_dtype)
     _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval)
+    if opts.step_time_backend not in STEP_TIME_BACKENDS:
+        raise ValueError(f"step_time_backend={opts.step_time_backend!r} (--step-time-backend): "
+                         f"use one of {', '.join(STEP_TIME_BACKENDS)}")
+
+
+def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
+                    runtime: RuntimeConfig) -> StepTimeModel:
+    """The step-time backend ``opts.step_time_backend`` names. "auto" takes the
+    measured kernels where they cover the deployment and no efficiency file
+    tunes the roofline; otherwise the roofline, saying why."""
+    choice = opts.step_time_backend
+    if choice == "roofline":
+        return StepTimeModel(model, hardware, parallel, runtime)
+    reason = measured_coverage(model, hardware, parallel, runtime)
+    if choice == "auto" and reason is None and opts.efficiency_file:
+        reason = "an --efficiency-file tunes the roofline"
+    if reason is None:
+        return MeasuredStepTimeModel(model, hardware, parallel, runtime)
+    if choice == "measured":
+        raise ValueError(f"step_time_backend='measured' (--step-time-backend): {reason}; "
+                         "use roofline or auto")
+    fallback = StepTimeModel(model, hardware, parallel, runtime)
+    fallback.backend_note = f"measured kernels not used: {reason}"
+    return fallback
 
 
 def build_deployment(opts: EngineOptions) -> Deployment:
@@ -171,6 +203,6 @@ def build_deployment(opts: EngineOptions) -> Deployment:
             "raise --gpu-memory-utilization or --tensor-parallel-size")
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=opts.block_size,
                                enable_prefix_caching=opts.enable_prefix_caching)
-    step_model = StepTimeModel(model, hardware, parallel, runtime)
+    step_model = make_step_model(opts, model, hardware, parallel, runtime)
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,
                       memory, step_model)

@@ -78,6 +78,7 @@ def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[st
                      "memory_gib": round(d.hardware.memory_bytes / GIB, 2),
                      "efficiency_file": d.options.efficiency_file},
         "parallel": parallel,
+        "step_times": step_times_dict(d),
         "scheduler": scheduler,
         "cache": {"block_size": cc.block_size, "enable_prefix_caching": cc.enable_prefix_caching,
                   "num_gpu_blocks": cc.num_gpu_blocks,
@@ -85,6 +86,14 @@ def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[st
                   "gpu_memory_utilization": d.options.gpu_memory_utilization},
         "per_rank": dict(PER_RANK_NOTES),
     }
+
+
+def step_times_dict(d: Deployment) -> dict[str, Any]:
+    """Which backend priced the steps, and every query past its tables."""
+    sm = d.step_model
+    return {"backend": sm.backend, "requested": d.options.step_time_backend,
+            "description": sm.describe_backend(),
+            "extrapolated": sorted(sm.extrapolated)}
 
 
 def workload_dict(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.policies import AdpBalance, BalanceGate, DPRankStates
 from kvsched.core.scheduler import Scheduler
 from kvsched.perf import get_hardware, get_model
+from kvsched.perf.measured import MeasuredStepTimeModel
 from kvsched.perf.step_time import ParallelConfig, StepTimeModel
 from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.rank import SimResult
@@ -43,6 +44,8 @@ from kvsched.sim.workload import (
 EXAMPLES = int(os.environ.get("KVSCHED_FUZZ_EXAMPLES", "150"))
 H100 = get_hardware("h100-sxm")
 DENSE = StepTimeModel(get_model("Llama-3.1-8B"), H100)
+# Measured kernels price steps by table lookups: the same exactness is required.
+DENSE_MEASURED = MeasuredStepTimeModel(get_model("Llama-3.1-8B"), H100)
 MOE_MODEL = get_model("Qwen3-30B-A3B")
 
 
@@ -91,6 +94,7 @@ class Case:
     eos: float
     seed: int
     workload: Workload
+    backend: str = "roofline"  # the step-time backend: "roofline" or "measured"
 
 
 @st.composite
@@ -126,11 +130,12 @@ def cases(draw: st.DrawFn) -> Case:
     if policy == "balance-1" and max_num_seqs < 2:
         policy = "balance"  # a threshold of 0 running would hold admission forever
     return Case(kind, size, router, policy, interval, sched, cache, eos, draw(st.integers(0, 99)),
-                draw(workloads()))
+                draw(workloads()), draw(st.sampled_from(["roofline", "measured"])))
 
 
-def _lockstep_model(size: int) -> StepTimeModel:
-    return StepTimeModel(MOE_MODEL, H100, ParallelConfig(1, size, enable_expert_parallel=True))
+def _lockstep_model(size: int, backend: str) -> StepTimeModel:
+    cls = MeasuredStepTimeModel if backend == "measured" else StepTimeModel
+    return cls(MOE_MODEL, H100, ParallelConfig(1, size, enable_expert_parallel=True))
 
 
 def _kv_state(sched: Scheduler) -> tuple[Any, ...]:
@@ -155,7 +160,8 @@ def _snapshot(result: SimResult) -> dict[str, Any]:
 def run_case(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
     """Everything observable of one run, and how many steps it jumped."""
     if case.kind == "single":
-        config = SimConfig(case.sched, case.cache, DENSE, eos_probability=case.eos, seed=case.seed,
+        dense = DENSE_MEASURED if case.backend == "measured" else DENSE
+        config = SimConfig(case.sched, case.cache, dense, eos_probability=case.eos, seed=case.seed,
                            fast_forward=fast_forward, prefill_schedule_interval=case.interval,
                            keep_token_times=True)
         sim = Simulator(config, case.workload)
@@ -163,7 +169,8 @@ def run_case(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
         state = {"result": _snapshot(result), "kv": _kv_state(sim.sched), "clock": sim.now}
         return state, result.num_fast_forwarded_steps
     lockstep = case.kind == "lockstep"
-    model = _lockstep_model(case.size) if lockstep else DENSE
+    model = (_lockstep_model(case.size, case.backend) if lockstep
+             else DENSE_MEASURED if case.backend == "measured" else DENSE)
     config = SimConfig(case.sched, case.cache, model, eos_probability=case.eos, seed=case.seed,
                        fast_forward=fast_forward, prefill_schedule_interval=case.interval,
                        keep_token_times=True)

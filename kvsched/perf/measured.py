@@ -1,0 +1,275 @@
+"""A step-time backend priced from measured vLLM kernels.
+
+:class:`MeasuredStepTimeModel` is :class:`~kvsched.perf.step_time.StepTimeModel`
+with the parts the tables cover replaced by measured latencies
+(:mod:`kvsched.perf.kernels`), per operator:
+
+- every GEMM of the attention block and of dense MLPs, at m = the step's
+  tokens (decode-only batches padded to the CUDA-graph capture size, as the
+  roofline pads them), and the LM head at m = the requests that sample
+  (vLLM keeps it in 16 bits);
+- attention: decodes as one generation call over the step's decodes at
+  their mean KV length, prefill chunks as one context call over the chunks,
+  at the prompt length that gives the batch's query-key pairs;
+- TP all-reduce: vLLM's custom all-reduce, two per layer;
+- norms and activations: bytes at aiconfigurator's achieved bandwidth plus
+  its 3 µs per kernel (the tables have no such kernels; this is
+  aiconfigurator's own analytic rule).
+
+What the tables lack stays roofline and is listed in ``roofline_parts``:
+routed and shared experts, router, all-to-all (MoE), MLA attention. Host
+time (per step, per request) is the roofline model's, unchanged. The kernel
+latencies include each kernel's launch, so the roofline's fixed per-kernel
+latency is not added.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvsched.perf.hardware import Hardware
+from kvsched.perf.kernels import (
+    GEMM_DTYPES,
+    KV_DTYPES,
+    AttentionKey,
+    Curve,
+    KernelTables,
+    load_tables,
+    measured_available,
+    system_for,
+)
+from kvsched.perf.models import ModelSpec
+from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel, _roof
+
+ELEMENTWISE_BW_FRAC = 0.8      # aiconfigurator's empirical_bw_scaling_factor for ElementWise
+ELEMENTWISE_LATENCY_S = 3e-6   # aiconfigurator's mem_empirical_constant_latency
+
+
+def measured_coverage(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
+                      runtime: RuntimeConfig) -> str | None:
+    """Why the measured backend cannot price this deployment (None: it can)."""
+    system = system_for(hardware.id)
+    if system is None:
+        return f"no measured vLLM tables for {hardware.id}"
+    if not measured_available():
+        return "aiconfigurator-core is not installed (pip install -e \".[measured]\")"
+    if model.is_mla:
+        return "MLA attention is not mapped to the measured tables yet"
+    tp = parallel.tensor_parallel_size
+    if model.num_heads % tp:
+        return f"{model.num_heads} heads do not split over TP {tp}"
+    tables = load_tables(system)
+    dtype = GEMM_DTYPES.get(runtime.dtype)
+    if dtype is None or not tables.gemm_table(dtype).curves:
+        return f"no measured {runtime.dtype} GEMMs on {system}"
+    kv = KV_DTYPES.get(runtime.kv_cache_dtype)
+    key = _attention_key(model, tp, kv or "")
+    if kv is None or not tables.has_attention(key):
+        return f"no measured attention for {key} on {system}"
+    if model.num_sliding_layers and not tables.has_attention(_window_key(key, model.sliding_window)):
+        return f"no measured sliding-window ({model.sliding_window}) attention on {system}"
+    if tp > 1 and tp not in tables.allreduce_curves():
+        return f"no measured all-reduce over {tp} GPUs on {system}"
+    return None
+
+
+def _attention_key(model: ModelSpec, tp: int, kv_dtype: str) -> AttentionKey:
+    # KV heads are replicated when there are fewer than TP ranks.
+    return AttentionKey(model.num_heads // tp, max(1, model.num_kv_heads // tp), model.head_dim, kv_dtype)
+
+
+def _window_key(key: AttentionKey, window: int) -> AttentionKey:
+    return AttentionKey(key.num_heads, key.num_kv_heads, key.head_dim, key.kv_dtype, window)
+
+
+class MeasuredStepTimeModel(StepTimeModel):
+    """Seconds per step from measured vLLM kernels (see the module doc)."""
+
+    backend = "measured"
+
+    def __init__(self, model: ModelSpec, hardware: Hardware,
+                 parallel: ParallelConfig | None = None,
+                 runtime: RuntimeConfig | None = None) -> None:
+        super().__init__(model, hardware, parallel, runtime)
+        reason = measured_coverage(model, hardware, self.parallel, self.runtime)
+        if reason is not None:
+            raise ValueError(f"step_time_backend='measured': {reason}; use 'roofline'")
+        system = system_for(hardware.id)
+        assert system is not None
+        self.tables: KernelTables = load_tables(system)
+        m, tp = model, self.tp
+        dtype = GEMM_DTYPES[self.runtime.dtype]
+        key = _attention_key(m, tp, KV_DTYPES[self.runtime.kv_cache_dtype])
+        self.attn_key = key
+        self.window_key = _window_key(key, m.sliding_window) if m.num_sliding_layers else None
+        h = m.hidden_size
+        L = m.num_layers
+        q = key.num_heads * m.head_dim
+        # (curve over m, calls per step)
+        gemms: list[tuple[Curve, int]] = [
+            (self._gemm(dtype, q + 2 * key.num_kv_heads * m.head_dim, h), L),
+            (self._gemm(dtype, h, q), L)]
+        dense = m.num_dense_layers
+        if dense:
+            inter = m.intermediate_size // tp
+            if m.mlp_kind == "swiglu":
+                gemms += [(self._gemm(dtype, 2 * inter, h), dense), (self._gemm(dtype, h, inter), dense)]
+            else:
+                gemms += [(self._gemm(dtype, inter, h), dense), (self._gemm(dtype, h, inter), dense)]
+        self._gemms = gemms
+        self._lm_head = self._gemm("bfloat16", -(-m.vocab_size // tp), h)
+        self._allreduce = self.tables.allreduce_curve(tp) if tp > 1 else None
+        # Norm-add twice per layer (read and write residual and hidden), the
+        # MLP activation once per dense layer; 16-bit activations.
+        self._elementwise_bytes_per_token = 2 * (L * 2 * (2 * h + 2 * h)
+                                                 + dense * 3 * (m.intermediate_size // tp))
+        self._elementwise_kernels = 2 * L + dense
+        self._elementwise_bw = hardware.mem_bw * ELEMENTWISE_BW_FRAC
+        # MoE parts the tables do not cover: shared experts and router as
+        # dense roofline weights, routed experts as the roofline prices them.
+        self._moe_dense_params = m.num_moe_layers * (m.shared_expert_params()
+                                                    + m.router_params_per_layer()) / tp
+        self.roofline_parts = (["shared experts", "router", "routed experts"] if m.is_moe else []) + (
+            ["all-to-all"] if self.ep > 1 and m.is_moe else [])
+        self._tokens_memo: dict[int, float] = {}
+        self._head_memo: dict[int, float] = {}
+        self._gen_memo: dict[int, tuple[Curve, Curve | None, int]] = {}
+
+    def describe_backend(self) -> str:
+        t = self.tables
+        text = f"measured vLLM {t.vllm_version} kernels ({t.system}, aiconfigurator-core tables)"
+        if self.roofline_parts:
+            text += "; roofline for " + ", ".join(self.roofline_parts)
+        if self.extrapolated:
+            n = len(self.extrapolated)
+            text += f"; {n} quer{'y' if n == 1 else 'ies'} past the tables (listed in the saved JSON)"
+        return text
+
+    def _gemm(self, dtype: str, n: int, k: int) -> Curve:
+        return self.tables.gemm_curve(dtype, n, k, self.extrapolated)
+
+    # -- token-count parts ------------------------------------------------------
+    def _token_time(self, tokens: int) -> float:
+        """GEMMs, norms/activations and all-reduces of a step of ``tokens`` tokens."""
+        t = self._tokens_memo.get(tokens)
+        if t is None:
+            t = 0.0
+            for curve, calls in self._gemms:
+                if tokens > curve.x_max:
+                    self.extrapolated.add(f"GEMM m={tokens} past the measured {curve.x_max:g}")
+                t += curve(tokens) * calls
+            t += (tokens * self._elementwise_bytes_per_token / self._elementwise_bw
+                  + self._elementwise_kernels * ELEMENTWISE_LATENCY_S)
+            ar = self._allreduce
+            if ar is not None:
+                elements = tokens * self.hidden
+                if elements > ar.x_max:
+                    self.extrapolated.add(f"all-reduce of {elements} elements past the measured {ar.x_max:g}")
+                t += 2 * self.num_layers * ar(elements)
+            self._tokens_memo[tokens] = t
+        return t
+
+    def _head_time(self, num_sampled: int) -> float:
+        t = self._head_memo.get(num_sampled)
+        if t is None:
+            t = self._head_memo[num_sampled] = self._lm_head(num_sampled) if num_sampled else 0.0
+        return t
+
+    def _batch_parts(self, T: int, global_tokens: int, num_sampled: int) -> tuple[float, float]:
+        lin = self._token_time(T)
+        rest = self._head_time(num_sampled)
+        if self.moe_layers:
+            lin += self._moe_roofline(T, global_tokens)
+            if self.ep > 1:
+                sent = T * self.topk * self.hidden * 2.0 * (self.ep - 1) / self.ep
+                rest += self.moe_layers * 2 * (self.comm_latency + sent / self.a2a_bw)
+        return lin, rest
+
+    def _moe_roofline(self, T: int, global_tokens: int) -> float:
+        wb = self.weight_bytes
+        p = self._moe_dense_params
+        t = _roof(2.0 * T * p, self.lin_flops, p * wb, self.weight_bw) if p else 0.0
+        return t + self.moe_layers * self._routed_expert_time(T, global_tokens)
+
+    # -- attention ----------------------------------------------------------------
+    def _attention_time(self, s: BatchShape) -> float:
+        t = 0.0
+        if s.num_decodes:
+            t += self._decode_attention(s.num_decodes, s.decode_kv_tokens)
+        num_prefills = s.num_reqs - s.num_decodes
+        if num_prefills and s.prefill_attn_pairs:
+            # The prompt length whose causal pairs, over this many prompts,
+            # are the batch's: pairs/b = l(l+1)/2.
+            b = num_prefills
+            length = (math.sqrt(8.0 * s.prefill_attn_pairs / b + 1.0) - 1.0) / 2.0
+            t += self._context_attention(self.attn_key, b, length) * self.full_layers
+            if self.window_key is not None:
+                t += self._context_attention(self.window_key, b, length) * self.sliding_layers
+        return t
+
+    def _context_attention(self, key: AttentionKey, b: int, length: float) -> float:
+        grid = self.tables.context(key)
+        assert grid is not None  # measured_coverage checked it
+        if length > grid.measured_up_to(b):
+            self.extrapolated.add(f"context attention batch {b} length {length:.0f} past the measured cells")
+        return grid.batch_curve(b)(length)
+
+    def _generation(self, B: int) -> tuple[Curve, Curve | None, int]:
+        """Memo per decode batch size: the full and windowed KV curves, and
+        the KV length up to which both read measured cells."""
+        g = self._gen_memo.get(B)
+        if g is None:
+            full = self.tables.generation(self.attn_key)
+            assert full is not None  # measured_coverage checked it
+            limit = full.measured_up_to(B)
+            window = None
+            if self.window_key is not None:
+                wgrid = self.tables.generation(self.window_key)
+                assert wgrid is not None
+                window = wgrid.batch_curve(B)
+                limit = min(limit, wgrid.measured_up_to(B))
+            g = self._gen_memo[B] = (full.batch_curve(B), window, limit)
+        return g
+
+    def _decode_attention(self, B: int, kv_tokens: int) -> float:
+        full, window, limit = self._generation(B)
+        kv = kv_tokens / B
+        if kv > limit:
+            self.extrapolated.add(f"generation attention batch {B} KV {kv:.0f} past the measured cells")
+        t = full(kv) * self.full_layers
+        if window is not None:
+            t += window(kv) * self.sliding_layers
+        return t
+
+    def decode_step_times(self, num_reqs: int, first_kv_tokens: int, kv_step: int, count: int,
+                          global_tokens: int | None = None) -> list[float]:
+        """As the roofline's: every pure-decode step is priced here, so
+        stepping and fast-forward give the same float."""
+        key = (num_reqs, global_tokens)
+        parts = self._decode_step_parts.get(key)
+        if parts is None:
+            T = self.padded_tokens(num_reqs)
+            lin, rest = self._batch_parts(T, global_tokens or T, num_reqs)
+            cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
+            parts = self._decode_step_parts[key] = (lin, rest, cpu)
+        lin, rest, cpu = parts
+        overlap = self.async_scheduling
+        full, window, limit = self._generation(num_reqs)
+        last_kv = (first_kv_tokens + (count - 1) * kv_step) / num_reqs
+        if last_kv > limit:  # the stretch's longest context decides
+            self._decode_attention(num_reqs, first_kv_tokens + (count - 1) * kv_step)
+        full_layers, sliding_layers = self.full_layers, self.sliding_layers
+        out: list[float] = []
+        for j in range(count):
+            # _decode_attention, inlined (one call per simulated step): the
+            # same operations in the same order, so the same float.
+            kv = (first_kv_tokens + j * kv_step) / num_reqs
+            attn = full(kv) * full_layers
+            if window is not None:
+                attn += window(kv) * sliding_layers
+            gpu = lin + attn + rest
+            if overlap:
+                out.append(gpu if gpu > cpu else cpu)
+            else:
+                out.append(gpu + cpu)
+        return out
