@@ -295,7 +295,7 @@ def _read(root: str, rel: str, columns: list[str], where: dict[str, Any] | None 
 
 
 def _pa_array(values: tuple[Any, ...]) -> Any:
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
     return pa.array(list(values))
 

@@ -413,15 +413,46 @@ def _build_lookup() -> Mapping[str, str]:
 _LOOKUP = _build_lookup()
 
 
+# Checkpoint names that differ from a catalog entry only by a fine-tune or
+# packaging suffix: the same architecture, hence the same cost.
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-it", "-hf")
+# Suffixes that name the checkpoint's own weight quantization (what vLLM
+# reads from its quantization_config): the weight precision kvsched prices.
+_QUANT_SUFFIXES = {"-fp8": "fp8"}
+
+
+def catalog_match(name: str) -> tuple[str, str | None] | None:
+    """(catalog name, the weight quantization the name implies) for a catalog
+    model or a variant of one (``meta-llama/Llama-3.1-8B-Instruct``,
+    ``Qwen/Qwen3-235B-A22B-FP8``, ``nvidia/Llama-3.1-8B-Instruct-FP8``); None
+    if the name matches nothing."""
+    key = name.strip().lower()
+    full = _LOOKUP.get(key)
+    if full is not None:
+        return full, None
+    base = key.split("/", 1)[1] if "/" in key else key
+    quantization = None
+    for suffix, quant in _QUANT_SUFFIXES.items():
+        if base.endswith(suffix):
+            base, quantization = base[: -len(suffix)], quant
+    for suffix in _VARIANT_SUFFIXES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    full = _LOOKUP.get(base)
+    return (full, quantization) if full is not None else None
+
+
 def get_model(name_or_path: str) -> ModelSpec:
-    """A catalog model by HF id (with or without the org, any case), or a model read from disk.
+    """A catalog model by HF id (with or without the org, any case; fine-tune
+    and quantized variants by their base, see :func:`catalog_match`), or a
+    model read from disk.
 
     A path may be a Hugging Face model directory (holding ``config.json``) or a
     ``config.json`` file; see :func:`load_model_config`.
     """
-    full = _LOOKUP.get(name_or_path.strip().lower())
-    if full is not None:
-        return MODELS[full]
+    match = catalog_match(name_or_path)
+    if match is not None:
+        return MODELS[match[0]]
     path = Path(name_or_path).expanduser()
     if path.exists():
         return load_model_config(path)

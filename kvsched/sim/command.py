@@ -13,7 +13,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvsched.sim.deployment import STEP_TIME_BACKENDS, Deployment, EngineOptions, build_deployment
+from kvsched.sim.deployment import (
+    QUANTIZATIONS,
+    STEP_TIME_BACKENDS,
+    Deployment,
+    EngineOptions,
+    build_deployment,
+)
 from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.refusals import failure_reasons, format_failures, split_refused
 from kvsched.sim.results import (
@@ -101,7 +107,12 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "default: %(default)s)")
     g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=d.scheduling_policy,
                    help="order of the waiting queue (default: %(default)s)")
-    g.add_argument("--dtype", default=d.dtype, help="bf16 (default), fp16 or fp8 weights")
+    g.add_argument("--dtype", default=d.dtype,
+                   help="precision of an unquantized checkpoint: bf16 (default) or fp16 (fp8: "
+                        "as --quantization fp8)")
+    g.add_argument("--quantization", "-q", choices=list(QUANTIZATIONS), default=None,
+                   help="quantize the weights as vLLM's --quantization does (default: the "
+                        "checkpoint's own format, e.g. FP8 for a name ending in -FP8)")
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, help="auto (16 bits) or fp8")
     g.add_argument("--num-gpu-blocks-override", type=int,
                    help="KV cache blocks per engine core, instead of what memory leaves")
@@ -200,7 +211,7 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
         enable_prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
-        scheduling_policy=args.scheduling_policy, dtype=args.dtype,
+        scheduling_policy=args.scheduling_policy, dtype=args.dtype, quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype, num_gpu_blocks_override=args.num_gpu_blocks_override,
         async_scheduling=args.async_scheduling,
         prefill_schedule_interval=(args.prefill_schedule_interval

@@ -15,7 +15,7 @@ from kvsched.config import (
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
-from kvsched.perf.models import ModelSpec, get_model
+from kvsched.perf.models import ModelSpec, catalog_match, get_model
 from kvsched.perf.step_time import (
     ParallelConfig,
     RuntimeConfig,
@@ -49,6 +49,8 @@ def serve_defaults(hardware: Hardware) -> tuple[int, int]:
 
 
 STEP_TIME_BACKENDS = ("auto", "measured", "roofline")
+# vLLM --quantization methods kvsched prices (weights in 8-bit floats).
+QUANTIZATIONS = ("fp8",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,9 @@ class EngineOptions:
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
     dtype: str = "bf16"
+    # vLLM's --quantization: the weights' format when it is not the
+    # checkpoint's own (None: the checkpoint's, e.g. "-FP8" in its name).
+    quantization: str | None = None
     kv_cache_dtype: str = "auto"
     num_gpu_blocks_override: int | None = None
     async_scheduling: bool = True
@@ -139,9 +144,24 @@ def validate_engine_options(opts: EngineOptions) -> None:
     dtype_bytes("dtype", opts.dtype)
     kv_cache_dtype_bytes(opts.kv_cache_dtype)
     _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval)
+    if opts.quantization is not None and opts.quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={opts.quantization!r} (--quantization): kvsched prices "
+                         f"{', '.join(QUANTIZATIONS)} (or leave it unset for the checkpoint's own)")
     if opts.step_time_backend not in STEP_TIME_BACKENDS:
         raise ValueError(f"step_time_backend={opts.step_time_backend!r} (--step-time-backend): "
                          f"use one of {', '.join(STEP_TIME_BACKENDS)}")
+
+
+def weight_dtype(opts: EngineOptions) -> str:
+    """The weights' precision as priced: --quantization, else what the
+    checkpoint's name says it is (``Qwen/Qwen3-235B-A22B-FP8``), else
+    --dtype."""
+    if opts.quantization is not None:
+        return opts.quantization
+    match = catalog_match(opts.model)
+    if match is not None and match[1] is not None:
+        return match[1]
+    return opts.dtype
 
 
 def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
@@ -184,7 +204,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     max_num_seqs = limits.max_num_seqs
     max_num_batched_tokens = limits.max_num_batched_tokens
     max_model_len = limits.max_model_len
-    runtime = RuntimeConfig(dtype=opts.dtype, kv_cache_dtype=opts.kv_cache_dtype,
+    runtime = RuntimeConfig(dtype=weight_dtype(opts), kv_cache_dtype=opts.kv_cache_dtype,
                             async_scheduling=opts.async_scheduling,
                             cudagraph_max_size=min(2 * max_num_seqs, 512))
     scheduler_config = SchedulerConfig(

@@ -72,7 +72,8 @@ def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[st
         if d.lockstep:
             parallel["dp_sync_interval"] = args.dp_sync_interval
     return {
-        "model": {"name": d.model.name, "dtype": d.runtime.dtype,
+        "model": {"name": d.model.name, "checkpoint": d.options.model, "dtype": d.runtime.dtype,
+                  "quantization": d.options.quantization,
                   "kv_cache_dtype": d.runtime.kv_cache_dtype, "moe": d.model.is_moe},
         "hardware": {"id": d.hardware.id, "name": d.hardware.name,
                      "memory_gib": round(d.hardware.memory_bytes / GIB, 2),

@@ -332,3 +332,14 @@ def test_spec_is_frozen_and_slotted() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.num_layers = 1  # type: ignore[misc]
     assert not hasattr(spec, "__dict__")
+
+
+def test_fine_tuned_and_quantized_checkpoints_resolve_to_their_catalog_base() -> None:
+    from kvsched.perf.models import catalog_match
+
+    assert catalog_match("meta-llama/Llama-3.1-8B-Instruct") == ("meta-llama/Llama-3.1-8B", None)
+    assert catalog_match("Meta-Llama-3.1-70B-Instruct") == ("meta-llama/Llama-3.1-70B", None)
+    assert catalog_match("Qwen/Qwen3-235B-A22B-FP8") == ("Qwen/Qwen3-235B-A22B", "fp8")
+    assert catalog_match("nvidia/Llama-3.1-8B-Instruct-FP8") == ("meta-llama/Llama-3.1-8B", "fp8")
+    assert catalog_match("someone/Llama-3.1-8B-Instruct-FP16") is None
+    assert get_model("meta-llama/Llama-3.1-8B-Instruct").name == "meta-llama/Llama-3.1-8B"

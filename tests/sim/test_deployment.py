@@ -61,3 +61,20 @@ def test_multiples_of_16_are_valid_block_sizes(block_size: int) -> None:
 def test_vllm_kv_cache_dtype_names_are_accepted() -> None:
     for name in ("auto", "bfloat16", "fp8", "fp8_e5m2"):
         validate_engine_options(EngineOptions(kv_cache_dtype=name))
+
+
+def test_weights_take_the_checkpoints_quantization_unless_told_otherwise() -> None:
+    from kvsched.sim.deployment import weight_dtype
+
+    assert weight_dtype(EngineOptions(model="nvidia/Llama-3.1-8B-Instruct-FP8")) == "fp8"
+    assert weight_dtype(EngineOptions(model="meta-llama/Llama-3.1-8B-Instruct")) == "bf16"
+    assert weight_dtype(EngineOptions(model="Qwen/Qwen3-32B", quantization="fp8")) == "fp8"
+    d = build_deployment(EngineOptions(model="Qwen/Qwen3-235B-A22B-FP8", hardware="h200",
+                                       tensor_parallel_size=4))
+    assert d.runtime.dtype == "fp8"
+    # 235B parameters at one byte each leave room for KV that bf16 would not.
+    bf16 = build_deployment(EngineOptions(model="Qwen/Qwen3-235B-A22B", hardware="h200",
+                                          tensor_parallel_size=4))
+    assert d.cache_config.num_gpu_blocks > 2 * bf16.cache_config.num_gpu_blocks
+    with pytest.raises(ValueError, match=r"quantization='int4' \(--quantization\)"):
+        build_deployment(EngineOptions(quantization="int4"))
