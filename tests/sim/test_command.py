@@ -268,7 +268,8 @@ def test_saved_json_and_report_describe_the_whole_deployment(tmp_path: Path) -> 
                  "--save-result", str(out), "--report", str(page)]) == 0
     saved = json.loads(out.read_text())
     d = saved["deployment"]
-    assert d["model"] == {"name": "meta-llama/Llama-3.1-8B", "dtype": "bf16", "kv_cache_dtype": "fp8",
+    assert d["model"] == {"name": "meta-llama/Llama-3.1-8B", "checkpoint": "meta-llama/Llama-3.1-8B",
+                          "dtype": "bf16", "quantization": None, "kv_cache_dtype": "fp8",
                           "moe": False}
     assert d["hardware"]["id"] == "h100-sxm" and d["hardware"]["name"] == "NVIDIA H100 SXM5 80GB"
     assert d["parallel"] == {"tensor_parallel_size": 2, "data_parallel_size": 2,
