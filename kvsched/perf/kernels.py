@@ -155,6 +155,23 @@ class AttentionKey:
 
 
 @dataclass(frozen=True, slots=True)
+class MoeKey:
+    """One fused-MoE configuration as the tables key it (one layer's routed
+    experts on one GPU)."""
+
+    dtype: str           # the tables' name: bfloat16, fp8, fp8_block, nvfp4, w4a16_mxfp4, ...
+    hidden: int
+    inter: int           # one expert's intermediate size
+    topk: int
+    num_experts: int
+    moe_tp: int
+    moe_ep: int
+    # Routing skew the kernel was timed under: aiconfigurator's default for
+    # real models (a power law of exponent 1.01 over experts).
+    distribution: str = "power_law_1.01"
+
+
+@dataclass(frozen=True, slots=True)
 class GemmTable:
     """One dtype's GEMMs: latency over m per measured (n, k), and the axes."""
 
@@ -206,6 +223,11 @@ class KernelTables:
 
     def has_attention(self, key: AttentionKey) -> bool:
         return self.context(key) is not None and self.generation(key) is not None
+
+    # -- MoE ----------------------------------------------------------------------
+    def moe(self, key: MoeKey) -> Curve | None:
+        """Latency over the tokens entering the layer; None if not measured."""
+        return _moe(self.root, self.vllm_version, key)
 
     # -- collectives ------------------------------------------------------------
     def allreduce_curves(self) -> dict[int, Curve]:
@@ -356,6 +378,21 @@ def attention_keys(tables: KernelTables, kind: str) -> list[AttentionKey]:
                    for h, kv, d, dt, w in zip(t["num_heads"], t["num_key_value_heads"], t["head_dim"],
                                               t["kv_cache_dtype"], t["window_size"])},
                   key=lambda k: (k.num_heads, k.num_kv_heads, k.head_dim, k.kv_dtype, k.window))
+
+
+@cache
+def _moe(root: str, version: str, key: MoeKey) -> Curve | None:
+    t = _read(root, f"moe/vllm/{version}/moe_perf.parquet", ["num_tokens", "latency"],
+              {"moe_dtype": key.dtype, "hidden_size": key.hidden, "inter_size": key.inter,
+               "topk": key.topk, "num_experts": key.num_experts, "moe_tp_size": key.moe_tp,
+               "moe_ep_size": key.moe_ep, "distribution": key.distribution})
+    by_tokens: dict[int, float] = {}
+    for tokens, lat in zip(t["num_tokens"], t["latency"]):
+        by_tokens.setdefault(int(tokens), float(lat) * MS)
+    if not by_tokens:
+        return None
+    xs = sorted(by_tokens)
+    return Curve(xs, [by_tokens[x] for x in xs])
 
 
 @cache

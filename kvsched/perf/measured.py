@@ -16,8 +16,15 @@ with the parts the tables cover replaced by measured latencies
   its 3 µs per kernel (the tables have no such kernels; this is
   aiconfigurator's own analytic rule).
 
+- routed experts: vLLM's fused-MoE kernel for the model's expert shape,
+  TP/EP split and precision, at the tokens entering the layer (all DP
+  ranks' tokens when experts are sharded over them), under
+  aiconfigurator's default routing skew; the router and shared experts as
+  GEMMs.
+
 What the tables lack stays roofline and is listed in ``roofline_parts``:
-routed and shared experts, router, all-to-all (MoE), MLA attention. Host
+routed experts of shapes the MoE table lacks, all-to-all (MoE with expert
+parallelism), MLA attention (not priced by this backend). Host
 time (per step, per request) is the roofline model's, unchanged. The kernel
 latencies include each kernel's launch, so the roofline's fixed per-kernel
 latency is not added.
@@ -34,12 +41,13 @@ from kvsched.perf.kernels import (
     AttentionKey,
     Curve,
     KernelTables,
+    MoeKey,
     load_tables,
     measured_available,
     system_for,
 )
 from kvsched.perf.models import ModelSpec
-from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel, _roof
+from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
 
 ELEMENTWISE_BW_FRAC = 0.8      # aiconfigurator's empirical_bw_scaling_factor for ElementWise
 ELEMENTWISE_LATENCY_S = 3e-6   # aiconfigurator's mem_empirical_constant_latency
@@ -125,12 +133,26 @@ class MeasuredStepTimeModel(StepTimeModel):
                                                  + dense * 3 * (m.intermediate_size // tp))
         self._elementwise_kernels = 2 * L + dense
         self._elementwise_bw = hardware.mem_bw * ELEMENTWISE_BW_FRAC
-        # MoE parts the tables do not cover: shared experts and router as
-        # dense roofline weights, routed experts as the roofline prices them.
-        self._moe_dense_params = m.num_moe_layers * (m.shared_expert_params()
-                                                    + m.router_params_per_layer()) / tp
-        self.roofline_parts = (["shared experts", "router", "routed experts"] if m.is_moe else []) + (
-            ["all-to-all"] if self.ep > 1 and m.is_moe else [])
+        # MoE: the routed experts from the fused-MoE table where it has the
+        # shape, the router and shared experts as GEMMs.
+        self._moe: Curve | None = None
+        self._moe_gemms: list[Curve] = []
+        self._moe_dense_params = 0.0
+        self.roofline_parts: list[str] = []
+        if m.is_moe:
+            ep = self.ep
+            self.moe_key = MoeKey(dtype, h, m.moe_intermediate_size, m.experts_per_token, m.num_experts,
+                                  1 if ep > 1 else tp, ep)
+            self._moe = self.tables.moe(self.moe_key)
+            self._moe_gemms.append(self._gemm("bfloat16", m.num_experts, h))  # router, 16-bit
+            if m.num_shared_experts:
+                shared = m.num_shared_experts * m.shared_expert_intermediate_size // tp
+                up = 2 * shared if m.mlp_kind == "swiglu" else shared
+                self._moe_gemms += [self._gemm(dtype, up, h), self._gemm(dtype, h, shared)]
+            if self._moe is None:
+                self.roofline_parts.append(f"routed experts (no measured {self.moe_key})")
+            if ep > 1:
+                self.roofline_parts.append("all-to-all")
         self._tokens_memo: dict[int, float] = {}
         self._head_memo: dict[int, float] = {}
         self._gen_memo: dict[int, tuple[Curve, Curve | None, int]] = {}
@@ -179,17 +201,23 @@ class MeasuredStepTimeModel(StepTimeModel):
         lin = self._token_time(T)
         rest = self._head_time(num_sampled)
         if self.moe_layers:
-            lin += self._moe_roofline(T, global_tokens)
+            lin += self.moe_layers * self._moe_time(T, global_tokens)
             if self.ep > 1:
                 sent = T * self.topk * self.hidden * 2.0 * (self.ep - 1) / self.ep
                 rest += self.moe_layers * 2 * (self.comm_latency + sent / self.a2a_bw)
         return lin, rest
 
-    def _moe_roofline(self, T: int, global_tokens: int) -> float:
-        wb = self.weight_bytes
-        p = self._moe_dense_params
-        t = _roof(2.0 * T * p, self.lin_flops, p * wb, self.weight_bw) if p else 0.0
-        return t + self.moe_layers * self._routed_expert_time(T, global_tokens)
+    def _moe_time(self, tokens: int, global_tokens: int) -> float:
+        """One MoE layer: router, shared experts, routed experts."""
+        t = sum(curve(tokens) for curve in self._moe_gemms)
+        curve = self._moe
+        if curve is None:
+            return t + self._routed_expert_time(tokens, global_tokens)
+        # Experts sharded over the DP ranks see every rank's tokens.
+        entering = global_tokens if self.ep > 1 else tokens
+        if entering > curve.x_max:
+            self.extrapolated.add(f"fused MoE of {entering} tokens past the measured {curve.x_max:g}")
+        return t + curve(entering)
 
     # -- attention ----------------------------------------------------------------
     def _attention_time(self, s: BatchShape) -> float:

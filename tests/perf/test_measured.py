@@ -62,11 +62,25 @@ def test_queries_past_the_tables_are_recorded() -> None:
     assert "past the tables" in sm.describe_backend()
 
 
-def test_moe_models_say_which_parts_stay_roofline() -> None:
+def test_moe_experts_come_from_the_fused_moe_table() -> None:
+    # Qwen3-30B-A3B, bf16, experts over 2 DP ranks (EP 2): the table's
+    # triton fused-MoE kernel, power-law routing: 64 tokens 0.216922 ms,
+    # 80 tokens 0.239578 ms (h100_sxm, vLLM 0.24.0).
     sm = MeasuredStepTimeModel(get_model("Qwen3-30B-A3B"), H100,
                                ParallelConfig(1, 2, enable_expert_parallel=True))
-    assert sm.roofline_parts == ["shared experts", "router", "routed experts", "all-to-all"]
-    assert "roofline for shared experts, router, routed experts, all-to-all" in sm.describe_backend()
+    assert sm.roofline_parts == ["all-to-all"]
+    assert sm._moe is not None
+    assert sm._moe(64) == pytest.approx(0.216922e-3, rel=1e-4)
+    assert sm._moe(72) == pytest.approx((0.216922 + 0.239578) / 2 * 1e-3, rel=1e-4)
+    # Sharded experts see both ranks' tokens: 32 here and 32 there.
+    router_and_shared = sum(c(32) for c in sm._moe_gemms)
+    assert sm._moe_time(32, 64) == pytest.approx(router_and_shared + 0.216922e-3, rel=1e-4)
+    assert "roofline for all-to-all" in sm.describe_backend()
+
+
+def test_moe_shapes_the_table_lacks_stay_roofline_and_say_so() -> None:
+    sm = MeasuredStepTimeModel(get_model("openai/gpt-oss-20b"), H100, ParallelConfig(2))
+    assert len(sm.roofline_parts) == 1 and "routed experts (no measured" in sm.roofline_parts[0]
     assert sm.gpu_time(BatchShape.decode(8, 8000)) > 0
 
 
