@@ -1,0 +1,730 @@
+"""Real vLLM serving runs against kvsched's simulator and AIConfigurator's estimate.
+
+aiconfigurator-core ships ``systems/silicon_sample.csv``: measured serving
+points (mean TTFT and mean TPOT in ms) for vLLM, SGLang and TRT-LLM. This
+module reads its vLLM aggregated rows (one engine serves prefill and decode)
+and, for each row:
+
+* maps it to a kvsched deployment (:class:`~kvsched.sim.deployment.EngineOptions`)
+  and to the benchmark that measured it (:class:`ServingRun`), or says why it
+  cannot (:class:`Refusal`, never a silent drop);
+* simulates it as InferenceX's client ran it (:func:`simulate_row`): a closed
+  loop of CONC clients, ``10 × CONC`` counted requests after ``2 × CONC``
+  warm-ups, lengths uniform in [0.8, 1.0] × ISL / OSL, every request run to
+  its length, prefix caching off; the means are ``vllm bench serve``'s;
+* asks AIConfigurator (aiconfigurator-core's vLLM agg model, through its
+  core API) for its own estimate of the same row (:class:`AicEstimator`).
+
+How the runs were made is in ``shared/facts/inferencex.md``; what is assumed
+where a row does not say is written next to each choice below.
+``benchmarks/validate_silicon.py`` runs every row and writes the tables of
+docs/validation.md.
+
+aiconfigurator-core is an optional dependency (``pip install -e ".[measured]"``);
+it is imported only when the data or an estimate is asked for.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib
+import importlib.util
+import re
+import statistics
+import time
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvsched.perf.hardware import get_hardware, resolve_hardware_id
+from kvsched.perf.models import get_model
+
+# The simulator runs the rows; it imports kvsched.perf, never this module, so
+# there is no cycle.
+from kvsched.sim.deployment import Deployment, EngineOptions, build_deployment, serve_defaults
+from kvsched.sim.dp import DPOptions, DPSimulator
+from kvsched.sim.rank import SimResult
+from kvsched.sim.refusals import split_refused
+from kvsched.sim.simulator import SimConfig, Simulator
+from kvsched.sim.workload import RandomRequests, Workload
+
+AIC_PACKAGE = "aiconfigurator_core"
+INSTALL_HINT = 'pip install -e ".[measured]"'
+
+# InferenceX's client (shared/facts/inferencex.md): --num-prompts 10*CONC,
+# --num-warmups 2*CONC, --random-range-ratio 0.8, --ignore-eos, closed loop.
+PROMPTS_PER_CLIENT = 10
+WARMUPS_PER_CLIENT = 2
+RANGE_RATIO = 0.8
+# benchmark_serving.py's --seed default; its random dataset is drawn from
+# numpy's global RandomState after np.random.seed(seed).
+CLIENT_SEED = 0
+
+# The row's precision column -> kvsched's --dtype. No precision means the
+# checkpoint's own (16 bits for the one model that has such rows, Qwen3-32B).
+# The 4-bit names are passed through for the backend to accept or refuse:
+# the roofline prices 16- and 8-bit weights only.
+DTYPES: Mapping[str | None, str] = {None: "bf16", "bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "int4": "int4"}
+
+# The rows whose `source_file=` is NVIDIA's own collection (inferencex.md):
+# they state no server flags, so vLLM serve's defaults, with max_num_seqs at
+# least the concurrency. Every other row is an InferenceX run.
+NVIDIA_COLLECTION_MODELS = frozenset({
+    "Qwen/Qwen3-32B", "Qwen/Qwen3-235B-A22B-FP8", "nvidia/Llama-3.1-8B-Instruct-FP8",
+    "meta-llama/Llama-3.1-70B"})
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFlags:
+    """InferenceX's per-model ``vllm serve`` flags (inferencex.md's table, a
+    2026-08 snapshot of the scripts: a measured row may predate it). Limits
+    are ints, ``"CONC"`` (the row's concurrency) or ``"2*ISL"``; None keeps
+    vLLM's default."""
+
+    script: str
+    kv_cache_dtype: str = "auto"
+    max_num_batched_tokens: int | str | None = None
+    max_num_seqs: int | str | None = None
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    note: str = ""
+
+
+_CAPTURE = ("cudagraph capture to 2048 not modelled (kvsched captures decode batches up to "
+            "min(2 x max_num_seqs, 512))")
+_PER_RUN = "max-num-batched-tokens and max-num-seqs are set per run and not recorded: vLLM's defaults"
+# (model_path, precision, system) -> flags, one line per script.
+SERVER_FLAGS: Mapping[tuple[str, str, str], ServerFlags] = {
+    ("openai/gpt-oss-120b", "fp4", "h100_sxm"): ServerFlags(
+        "gptoss_fp4_h100", max_num_batched_tokens=8192, max_num_seqs="CONC", note=_CAPTURE),
+    ("openai/gpt-oss-120b", "fp4", "h200_sxm"): ServerFlags(
+        "gptoss_fp4_h200", max_num_batched_tokens=8192, max_num_seqs="CONC", note=_CAPTURE),
+    ("openai/gpt-oss-120b", "fp4", "b200_sxm"): ServerFlags(
+        "gptoss_fp4_b200", kv_cache_dtype="fp8", max_num_batched_tokens=8192, max_num_seqs=512,
+        note=_CAPTURE),
+    ("moonshotai/Kimi-K2.5", "int4", "h200_sxm"): ServerFlags(
+        "kimik2.5_int4_h200", max_num_seqs="CONC", gpu_memory_utilization=0.95),
+    ("moonshotai/Kimi-K2.5", "int4", "b200_sxm"): ServerFlags(
+        "kimik2.5_int4_b200", max_num_seqs="CONC", gpu_memory_utilization=0.95),
+    ("moonshotai/Kimi-K2.5", "int4", "b300_sxm"): ServerFlags(
+        "kimik2.5_int4_b300", max_num_seqs="CONC", gpu_memory_utilization=0.95),
+    ("moonshotai/Kimi-K2.5", "fp4", "b200_sxm"): ServerFlags(
+        "kimik2.5_fp4_b200", kv_cache_dtype="fp8", max_num_seqs="CONC"),
+    ("moonshotai/Kimi-K2.5", "fp4", "b300_sxm"): ServerFlags(
+        "kimik2.5_fp4_b300", kv_cache_dtype="fp8", max_num_seqs="CONC"),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8", "h100_sxm"): ServerFlags("minimaxm2.5_fp8_h100"),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8", "h200_sxm"): ServerFlags(
+        "minimaxm2.5_fp8_h200", kv_cache_dtype="fp8", gpu_memory_utilization=0.95, note=_PER_RUN),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8", "b200_sxm"): ServerFlags(
+        "minimaxm2.5_fp8_b200", kv_cache_dtype="fp8", max_num_batched_tokens="2*ISL", block_size=32),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8", "b300_sxm"): ServerFlags(
+        "minimaxm2.5_fp8_b300", kv_cache_dtype="fp8", max_num_batched_tokens="2*ISL", block_size=32),
+    ("MiniMaxAI/MiniMax-M2.5", "fp4", "b200_sxm"): ServerFlags(
+        "minimaxm2.5_fp4_b200", kv_cache_dtype="fp8", max_num_batched_tokens="2*ISL"),
+    ("MiniMaxAI/MiniMax-M2.5", "fp4", "b300_sxm"): ServerFlags(
+        "minimaxm2.5_fp4_b300", kv_cache_dtype="fp8", max_num_batched_tokens="2*ISL"),
+}
+VLLM_DEFAULTS = ServerFlags("vllm serve defaults")
+
+
+# --------------------------------------------------------------------------
+# The rows
+
+
+@dataclass(frozen=True, slots=True)
+class SiliconRow:
+    """One vLLM aggregated row of silicon_sample.csv (times in ms)."""
+
+    id: str
+    source: str                  # silicon_data_source
+    backend_version: str | None  # vLLM version of the run; None when the CSV leaves it empty
+    model_path: str
+    system: str                  # aiconfigurator's system name, e.g. h100_sxm
+    precision: str | None        # fp8 / fp4 / int4 / bf16; None: the checkpoint's own
+    gemm_quant_mode: str | None
+    moe_quant_mode: str | None
+    isl: int
+    osl: int
+    batch_size: int              # the CSV's batch_size: concurrency per attention-DP rank
+    concurrency: int             # the client's CONC
+    concurrency_stated: bool     # CONC read from `silicon_concurrency=` (else batch_size x attention-DP)
+    tp_size: int
+    pp_size: int
+    attention_dp_size: int       # empty or 0 in the CSV -> 1
+    moe_tp_size: int | None
+    moe_ep_size: int | None
+    ttft_ms: float
+    tpot_ms: float
+
+
+def silicon_csv_path() -> Path:
+    """aiconfigurator-core's ``systems/silicon_sample.csv``, found through the
+    installed package."""
+    if importlib.util.find_spec(AIC_PACKAGE) is None:
+        raise ModuleNotFoundError(
+            "aiconfigurator-core is not installed: the real vLLM serving runs (silicon_sample.csv) "
+            f"and AIConfigurator's estimates come from it; install it with {INSTALL_HINT}")
+    path = Path(str(resources.files(AIC_PACKAGE).joinpath("systems", "silicon_sample.csv")))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not in the installed aiconfigurator-core; reinstall it with "
+                                f"{INSTALL_HINT}")
+    return path
+
+
+_CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
+
+
+def _text(value: str) -> str | None:
+    value = value.strip()
+    return None if value == "" or value.lower() == "nan" else value
+
+
+def _int(row: Mapping[str, str], column: str, *, zero_is_none: bool = False) -> int | None:
+    text = _text(row[column])
+    if text is None:
+        return None
+    number = float(text)
+    if not number.is_integer():
+        raise ValueError(f"silicon_sample.csv row {row['id']}: {column}={text!r} is not a whole number")
+    return None if zero_is_none and number == 0 else int(number)
+
+
+def _required_int(row: Mapping[str, str], column: str) -> int:
+    value = _int(row, column)
+    if value is None:
+        raise ValueError(f"silicon_sample.csv row {row['id']}: {column} is empty")
+    return value
+
+
+def parse_row(row: Mapping[str, str]) -> SiliconRow:
+    """One CSV record (``csv.DictReader``'s dict) as a :class:`SiliconRow`."""
+    dp = _int(row, "attention_dp_size", zero_is_none=True) or 1
+    batch = _required_int(row, "batch_size")
+    source = row["silicon_data_source"]
+    stated = _CONCURRENCY.search(source)
+    return SiliconRow(
+        id=row["id"], source=source, backend_version=_text(row["backend_version"]),
+        model_path=row["model_path"], system=row["system"], precision=_text(row["precision"]),
+        gemm_quant_mode=_text(row["gemm_quant_mode"]), moe_quant_mode=_text(row["moe_quant_mode"]),
+        isl=_required_int(row, "isl"), osl=_required_int(row, "osl"), batch_size=batch,
+        # The CSV's batch_size is per attention-DP rank (concurrency / DP);
+        # the source string carries the client's concurrency where stated.
+        concurrency=int(stated.group(1)) if stated else batch * dp, concurrency_stated=bool(stated),
+        tp_size=_required_int(row, "tp_size"), pp_size=_int(row, "pp_size") or 1,
+        attention_dp_size=dp, moe_tp_size=_int(row, "moe_tp_size", zero_is_none=True),
+        moe_ep_size=_int(row, "moe_ep_size", zero_is_none=True),
+        ttft_ms=float(row["silicon_ttft_ms"]), tpot_ms=float(row["silicon_tpot_ms"]))
+
+
+def load_rows(path: Path | None = None) -> list[SiliconRow]:
+    """Every vLLM aggregated row (``backend == vllm``, ``mode == agg``), in file order."""
+    path = silicon_csv_path() if path is None else path
+    with path.open(newline="", encoding="utf-8") as f:
+        return [parse_row(r) for r in csv.DictReader(f) if r["backend"] == "vllm" and r["mode"] == "agg"]
+
+
+# --------------------------------------------------------------------------
+# Row -> kvsched deployment and workload
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a row cannot be priced: ``reason`` is short and the same for
+    every row refused the same way (reports tally it), ``detail`` is this
+    row's specifics."""
+
+    reason: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
+
+
+@dataclass(frozen=True, slots=True)
+class Parallelism:
+    """How a row's parallelism columns are read as a vLLM launch."""
+
+    gpus: int
+    tensor_parallel_size: int
+    data_parallel_size: int
+    enable_expert_parallel: bool
+
+
+def read_parallelism(row: SiliconRow, is_moe: bool) -> Parallelism | Refusal:
+    """The GPUs and the vLLM launch behind a row's columns.
+
+    ``tp_size`` is the GPU count. Rows with attention-DP (MiniMax-M2.5 and
+    Kimi-K2.5) have ``attention_dp_size == tp_size`` and ``moe_ep_size =
+    tp × attention_dp`` (e.g. 4, 4, 16): aiconfigurator's own convention
+    (``tp × attention_dp == moe_tp × moe_ep`` GPUs) would make those 16 GPUs,
+    more than the single 8-GPU node every run used. So the row is read as
+    InferenceX records it (TP = the GPU count, DP-attention a flag): ``tp_size``
+    GPUs, vLLM ``--data-parallel-size attention_dp --tensor-parallel-size
+    tp/attention_dp``, experts over all of them. An MoE row whose columns
+    disagree in another way (``moe_tp × moe_ep != tp × attention_dp``, e.g.
+    Qwen3-235B at tp 1 with moe_tp 2) has no single GPU count and is refused:
+    vLLM has one TP size, so the MoE columns cannot describe a different one.
+    """
+    tp, dp = row.tp_size, row.attention_dp_size
+    if row.pp_size != 1:
+        return Refusal("pipeline parallelism not simulated", f"pp_size {row.pp_size}")
+    if dp > 1:
+        if tp % dp:
+            return Refusal("parallelism columns give no GPU count",
+                           f"tp {tp} is not a multiple of attention-DP {dp}")
+        return Parallelism(tp, tp // dp, dp, is_moe)
+    moe_tp, moe_ep = row.moe_tp_size, row.moe_ep_size
+    if is_moe and moe_tp is not None and moe_ep is not None and moe_tp * moe_ep != tp:
+        return Refusal("parallelism columns disagree",
+                       f"tp {tp} x attention-DP 1 = {tp} GPU{'s' if tp > 1 else ''} but moe_tp {moe_tp} "
+                       f"x moe_ep {moe_ep} = {moe_tp * moe_ep}")
+    return Parallelism(tp, tp, 1, is_moe and (moe_ep or 1) > 1)
+
+
+def server_flags(row: SiliconRow) -> ServerFlags:
+    """The row's ``vllm serve`` flags beyond the common ones."""
+    if row.model_path in NVIDIA_COLLECTION_MODELS:
+        return VLLM_DEFAULTS
+    return SERVER_FLAGS.get((row.model_path, row.precision or "", row.system), VLLM_DEFAULTS)
+
+
+def _limit(value: int | str | None, row: SiliconRow) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    if value == "CONC":
+        return row.concurrency
+    if value == "2*ISL":
+        return 2 * row.isl
+    raise ValueError(f"server flag {value!r}: use an int, 'CONC' or '2*ISL'")
+
+
+@dataclass(frozen=True, slots=True)
+class ServingRun:
+    """A row as kvsched runs it: the deployment (minus the step-time backend)
+    and InferenceX's benchmark client."""
+
+    row: SiliconRow
+    options: EngineOptions
+    parallelism: Parallelism
+    flags: ServerFlags
+    num_prompts: int     # counted requests: 10 x CONC
+    num_warmups: int     # 2 x CONC, before the counted ones
+    notes: tuple[str, ...] = ()
+
+    @property
+    def concurrency(self) -> int:
+        return self.row.concurrency
+
+
+def map_row(row: SiliconRow) -> ServingRun | Refusal:
+    """The kvsched deployment and workload of ``row``, or why there is none.
+    What the deployment itself refuses (a dtype, memory) is found when it is
+    built, per step-time backend (:func:`simulate_row`)."""
+    # Fine-tune and quantized checkpoints resolve to their catalog base
+    # (kvsched.perf.models.catalog_match); the weights' precision is the
+    # row's precision column, not the name.
+    try:
+        model = get_model(row.model_path)
+    except ValueError:
+        return Refusal("model not in kvsched's catalog", row.model_path)
+    hardware = resolve_hardware_id(row.system)
+    if hardware is None:
+        return Refusal("hardware not in kvsched's catalog", row.system)
+    layout = read_parallelism(row, model.is_moe)
+    if isinstance(layout, Refusal):
+        return layout
+    flags = server_flags(row)
+    notes: list[str] = []
+    if flags.note:
+        notes.append(flags.note)
+    if not row.concurrency_stated:
+        notes.append(f"concurrency not stated in the source: batch_size x attention-DP = {row.concurrency}")
+    if layout.data_parallel_size > 1:
+        notes.append(f"read as {layout.gpus} GPUs: DP{layout.data_parallel_size} x "
+                     f"TP{layout.tensor_parallel_size} (CSV: tp {row.tp_size}, attention-DP "
+                     f"{row.attention_dp_size}, moe_ep {row.moe_ep_size})")
+    max_num_seqs = _limit(flags.max_num_seqs, row)
+    if max_num_seqs is None:
+        # NVIDIA's rows: vLLM's default, but at least the concurrency each
+        # engine core sees (inferencex.md).
+        per_rank = -(-row.concurrency // layout.data_parallel_size)
+        default_seqs = serve_defaults(get_hardware(hardware))[1]
+        if default_seqs < per_rank:
+            max_num_seqs = per_rank
+            notes.append(f"max_num_seqs raised from vLLM's default {default_seqs} to the concurrency "
+                         f"per engine core, {per_rank}")
+    options = EngineOptions(
+        model=model.name, hardware=hardware,
+        tensor_parallel_size=layout.tensor_parallel_size, data_parallel_size=layout.data_parallel_size,
+        enable_expert_parallel=layout.enable_expert_parallel,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=_limit(flags.max_num_batched_tokens, row),
+        enable_prefix_caching=False,  # --no-enable-prefix-caching
+        block_size=flags.block_size, gpu_memory_utilization=flags.gpu_memory_utilization,
+        dtype=DTYPES.get(row.precision, row.precision or "bf16"), kv_cache_dtype=flags.kv_cache_dtype)
+    return ServingRun(row, options, layout, flags, PROMPTS_PER_CLIENT * row.concurrency,
+                      WARMUPS_PER_CLIENT * row.concurrency, tuple(notes))
+
+
+def inferencex_lengths(isl: int, osl: int, num_prompts: int, range_ratio: float = RANGE_RATIO,
+                       seed: int = CLIENT_SEED) -> tuple[list[int], list[int]]:
+    """(input lengths, output lengths) of InferenceX's random dataset.
+
+    Their client is a copy of vLLM's older ``benchmark_serving.py``, whose
+    ``--random-range-ratio`` is the *lower* bound: lengths uniform on the
+    integers ``[int(len × ratio), len]`` (vLLM's current ``vllm bench serve``,
+    and kvsched's ``random_workload``, spread ±ratio around ``len`` instead).
+    Drawn as that copy draws them after ``np.random.seed(seed)``: all inputs,
+    then all outputs (the empty shared-prefix draw before them takes nothing).
+    The real prompts are random token ids decoded and re-tokenised, so their
+    length can drift by a few tokens; kvsched has no tokenizer.
+    """
+    if not 0.0 <= range_ratio <= 1.0:
+        raise ValueError(f"range_ratio={range_ratio!r}: the old client's ratio is a lower bound in [0, 1]")
+    rng = np.random.RandomState(seed)
+    inputs = rng.randint(int(isl * range_ratio), isl + 1, size=num_prompts)
+    outputs = rng.randint(int(osl * range_ratio), osl + 1, size=num_prompts)
+    return [int(x) for x in inputs], [int(x) for x in outputs]
+
+
+def _closed_loop(name: str, inputs: Sequence[int], outputs: Sequence[int], concurrency: int) -> Workload:
+    n = len(inputs)
+    requests = RandomRequests(array("d", [0.0] * n), array("q", inputs), array("q", outputs), 0)
+    # --request-rate inf --max-concurrency CONC: all due at 0, CONC in flight.
+    return Workload(name, requests, max_concurrency=concurrency)
+
+
+def build_workloads(run: ServingRun) -> tuple[Workload, Workload]:
+    """(warm-ups, counted requests). The warm-ups are ``2 × CONC`` copies of
+    the first request's lengths (vllm's benchmark warms up with its first
+    request), at the same concurrency."""
+    row = run.row
+    inputs, outputs = inferencex_lengths(row.isl, row.osl, run.num_prompts)
+    warmup = _closed_loop("inferencex-warmup", [inputs[0]] * run.num_warmups,
+                          [outputs[0]] * run.num_warmups, run.concurrency)
+    return warmup, _closed_loop("inferencex-random", inputs, outputs, run.concurrency)
+
+
+# --------------------------------------------------------------------------
+# kvsched's prediction
+
+
+def with_backend(options: EngineOptions, backend: str) -> EngineOptions:
+    """``options`` with ``step_time_backend`` set."""
+    return dataclasses.replace(options, step_time_backend=backend)
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedRow:
+    """kvsched's prediction of a row with one step-time backend."""
+
+    backend: str
+    step_times: str          # what priced the steps (the deployment's own account)
+    deployment: str
+    mean_ttft_ms: float      # over the counted requests, as vllm bench serve's mean
+    mean_tpot_ms: float      # over counted requests with more than one output token
+    completed: int           # counted requests that finished (10 x CONC when none failed)
+    failed: int
+    warmups: int             # warm-up requests simulated first, not counted
+    warmup_duration_s: float
+    duration_s: float        # the counted phase, first send to last finish
+    num_preemptions: int
+    num_gpu_blocks: int
+    notes: tuple[str, ...]
+    wall_seconds: float
+
+
+def build_run_deployment(run: ServingRun, backend: str) -> tuple[Deployment, tuple[str, ...]] | Refusal:
+    """The deployment of ``run`` priced by ``backend``, or kvsched's refusal.
+
+    vllm serve's default ``max_model_len`` is the model's context; when the
+    KV cache cannot hold that, vLLM refuses to start unless ``--max-model-len``
+    is given, and the scripts' value is not recorded: the longest request the
+    run sends (ISL + OSL) is used then, with a note."""
+    options = with_backend(run.options, backend)
+    try:
+        return build_deployment(options), ()
+    except ValueError as err:
+        if not str(err).startswith("max_model_len="):
+            return Refusal(f"deployment refused ({backend})", str(err))
+    longest = run.row.isl + run.row.osl
+    try:
+        deployment = build_deployment(dataclasses.replace(options, max_model_len=longest))
+    except ValueError as err:
+        return Refusal(f"deployment refused ({backend})", str(err))
+    return deployment, (f"max_model_len {longest} (ISL + OSL): the KV cache cannot hold the model's "
+                        "full context",)
+
+
+def _serve(deployment: Deployment, workload: Workload) -> SimResult:
+    config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
+                       fast_forward=True, keep_step_log=False)
+    accepted, refused = split_refused(workload, deployment.scheduler_config.max_model_len)
+    if accepted is None:
+        raise ValueError(f"every request of {workload.name} exceeds max_model_len")
+    dp = deployment.parallel.data_parallel_size
+    if dp == 1:
+        result = Simulator(config, accepted).run()
+    else:
+        result = DPSimulator(config, accepted, DPOptions(dp, lockstep=deployment.lockstep)).run().combined()
+    result.failed.extend(refused)
+    return result
+
+
+def simulate_row(run: ServingRun, backend: str = "roofline") -> SimulatedRow | Refusal:
+    """Simulate ``run`` as InferenceX's client ran it; the means are over the
+    counted requests only.
+
+    The warm-ups are a phase of their own, simulated first on a fresh engine,
+    then the counted requests on another fresh engine. That is the benchmark's
+    order: it awaits every warm-up before sending the first counted request,
+    so the engine is idle with an empty KV cache when they start. With prefix
+    caching off, nothing a warm-up leaves behind (the order of free KV blocks)
+    changes a later step's time, so a fresh engine serves the counted phase
+    as the warmed one would (data-parallel ranks would also carry the
+    router's rotating start index, which 2 × CONC routings bring back to 0
+    whenever CONC is a multiple of DP, as in every such row). Running them
+    as the first 2 × CONC requests of one workload instead would overlap
+    warm-ups with counted requests, which the benchmark never does.
+    """
+    t0 = time.perf_counter()
+    built = build_run_deployment(run, backend)
+    if isinstance(built, Refusal):
+        return built
+    deployment, notes = built
+    warmup_workload, workload = build_workloads(run)
+    warmup = _serve(deployment, warmup_workload)
+    if warmup.failed:
+        return Refusal("warm-up requests failed", f"{len(warmup.failed)}: {warmup.failed[0][1]}")
+    result = _serve(deployment, workload)
+    if not result.records:
+        return Refusal("no counted request completed", f"{len(result.failed)} failed: {result.failed[0][1]}")
+    m = result.metrics()
+    describe = getattr(deployment.step_model, "describe_backend", None)
+    return SimulatedRow(
+        backend=backend, step_times=describe() if callable(describe) else backend,
+        deployment=deployment.describe(), mean_ttft_ms=float(m["mean_ttft_ms"]),
+        mean_tpot_ms=float(m["mean_tpot_ms"]), completed=int(m["completed"]), failed=len(result.failed),
+        warmups=len(warmup.records), warmup_duration_s=warmup.duration, duration_s=result.duration,
+        num_preemptions=result.num_preemptions + warmup.num_preemptions,
+        num_gpu_blocks=deployment.cache_config.num_gpu_blocks, notes=run.notes + notes,
+        wall_seconds=time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------
+# AIConfigurator's estimate
+
+# Model ids aiconfigurator resolves offline (its bundled model_configs/);
+# the CSV's own id is used otherwise.
+AIC_MODEL_PATHS: Mapping[str, str] = {
+    "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",  # gemm fp8 from the row
+}
+# Rows whose quant labels name a format the checkpoint does not have:
+# gpt-oss's "nvfp4" is MXFP4 (experts only), Kimi-K2.5's "int4_wo" covers its
+# experts, not every GEMM. Their labels are dropped so aiconfigurator reads
+# the checkpoint's own quantization config (which it then prices).
+AIC_CHECKPOINT_QUANT: frozenset[tuple[str, str | None]] = frozenset({
+    ("openai/gpt-oss-120b", "fp4"), ("moonshotai/Kimi-K2.5", "int4")})
+
+
+@dataclass(frozen=True, slots=True)
+class AicEstimate:
+    ttft_ms: float
+    tpot_ms: float
+    database_version: str
+    wall_seconds: float
+
+
+def _aic_modules() -> dict[str, Any]:
+    """aiconfigurator-core's SDK modules, imported on first use (typed Any:
+    the package ships no stubs kvsched's strict typing could check)."""
+    if importlib.util.find_spec(AIC_PACKAGE) is None:
+        raise ModuleNotFoundError("aiconfigurator-core is not installed: AIConfigurator's estimates come "
+                                  f"from it; install it with {INSTALL_HINT}")
+    names = {"models": "sdk.models", "helpers": "sdk.models.helpers", "db": "sdk.perf_database",
+             "backends": "sdk.backends.factory", "builders": "sdk.config_builders", "config": "sdk.config"}
+    return {key: importlib.import_module(f"{AIC_PACKAGE}.{mod}") for key, mod in names.items()}
+
+
+class AicEstimator:
+    """AIConfigurator's own estimate of a row: what its ``cli_estimate(mode="agg",
+    backend_name="vllm")`` computes, through aiconfigurator-core alone.
+
+    The row's columns are passed as aiconfigurator reads them (tp,
+    attention-DP, moe_tp / moe_ep, ``batch_size`` per DP rank, ISL / OSL,
+    ``ctx_tokens`` = ISL), with the CSV's quant labels (except
+    :data:`AIC_CHECKPOINT_QUANT`) and the KV dtype the row's server flags set.
+    Databases are cached per system and built models per (model, system,
+    layout, quant); each model gets its own backend object, because a
+    backend's result cache is keyed by (ISL, OSL, batch, ctx_tokens) only and
+    would return another model's result.
+    """
+
+    def __init__(self) -> None:
+        self._aic = _aic_modules()
+        self._dbs: dict[str, tuple[Any, str] | Refusal] = {}
+        self._models: dict[tuple[Any, ...], tuple[Any, Any] | Refusal] = {}
+        # Seconds spent loading databases, building models and estimating.
+        self.timings: dict[str, float] = {"database": 0.0, "model": 0.0, "estimate": 0.0}
+
+    def _database(self, system: str) -> tuple[Any, str] | Refusal:
+        cached = self._dbs.get(system)
+        if cached is None:
+            t0 = time.perf_counter()
+            db_mod = self._aic["db"]
+            version = db_mod.get_latest_database_version(system=system, backend="vllm")
+            database = db_mod.get_database(system, "vllm", version) if version else None
+            cached = (Refusal("no AIConfigurator vLLM database for the system", system) if database is None
+                      else (database, str(version)))
+            self._dbs[system] = cached
+            self.timings["database"] += time.perf_counter() - t0
+        return cached
+
+    def _model(self, row: SiliconRow, path: str, database: Any) -> tuple[Any, Any] | Refusal:
+        relabel = (row.model_path, row.precision) in AIC_CHECKPOINT_QUANT
+        gemm = None if relabel else row.gemm_quant_mode
+        moe = None if relabel else row.moe_quant_mode
+        kv = server_flags(row).kv_cache_dtype
+        kv_mode = None if kv == "auto" else kv
+        key = (path, row.system, row.tp_size, row.attention_dp_size, row.moe_tp_size, row.moe_ep_size,
+               gemm, moe, kv_mode)
+        cached = self._models.get(key)
+        if cached is not None:
+            return cached
+        t0 = time.perf_counter()
+        aic = self._aic
+        helpers = aic["helpers"]
+        try:
+            if helpers.check_is_moe(path):
+                layout = aic["config"].ModelConfig(
+                    tp_size=row.tp_size, attention_dp_size=row.attention_dp_size,
+                    moe_tp_size=row.moe_tp_size, moe_ep_size=row.moe_ep_size)
+                moe_tp, moe_ep = layout.resolve_moe_parallelism()
+            else:
+                moe_tp, moe_ep = 1, 1  # unused by a dense model; the CSV repeats tp or has 0 there
+            config = aic["builders"].build_model_config(
+                row.tp_size, row.pp_size, row.attention_dp_size, moe_tp, moe_ep,
+                gemm_quant_mode=gemm, moe_quant_mode=moe, kvcache_quant_mode=kv_mode)
+            # The same resolution steps as aiconfigurator's cli_estimate, in its order.
+            helpers.resolve_context_fmha_by_data(config, path, database, "vllm", is_context_role=True)
+            helpers.resolve_dsv4_moe_arch(config, path, system_name=row.system, backend_name="vllm")
+            helpers.resolve_nvfp4_for_system(config, row.system, path, backend_name="vllm")
+            model = aic["models"].get_model(path, config, "vllm")
+            cached = (model, aic["backends"].get_backend("vllm"))
+        except Exception as err:  # aiconfigurator raises many kinds; each becomes this row's reason
+            cached = _aic_refusal(err)
+        self._models[key] = cached
+        self.timings["model"] += time.perf_counter() - t0
+        return cached
+
+    def estimate(self, row: SiliconRow) -> AicEstimate | Refusal:
+        t0 = time.perf_counter()
+        db = self._database(row.system)
+        if isinstance(db, Refusal):
+            return db
+        database, version = db
+        path = AIC_MODEL_PATHS.get(row.model_path, row.model_path)
+        built = self._model(row, path, database)
+        if isinstance(built, Refusal):
+            return built
+        model, backend = built
+        t1 = time.perf_counter()
+        try:
+            runtime = self._aic["config"].RuntimeConfig(batch_size=row.batch_size, isl=row.isl, osl=row.osl)
+            summary = backend.run_agg(model, database, runtime, ctx_tokens=row.isl)
+            if summary.check_oom():
+                # cli_estimate raises for these: no estimate.
+                return Refusal("AIC: does not fit in GPU memory (OOM)",
+                               f"tp {row.tp_size}, attention-DP {row.attention_dp_size}")
+            result = summary.get_result_dict()
+        except Exception as err:  # as above: the reason is the row's result
+            return _aic_refusal(err)
+        finally:
+            self.timings["estimate"] += time.perf_counter() - t1
+        if not result:
+            return Refusal("AIC: no result", "run_agg returned none")
+        return AicEstimate(float(result["ttft"]), float(result["tpot"]), version, time.perf_counter() - t0)
+
+
+def _aic_refusal(err: Exception) -> Refusal:
+    message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    kind = type(err).__name__
+    if kind == "PerfDataNotAvailableError":
+        # "perf database error: GEMM perf data missing for quant 'nvfp4_wo' at <path> ..."
+        what = re.search(r"(\w+) (?:perf )?data missing for (?:MoeKey \{ )?quant:? '?\"?(\w+)", message)
+        reason = f"AIC: no {what.group(1)} data for {what.group(2)}" if what else "AIC: perf data missing"
+        return Refusal(reason, message[:300])
+    if "width mismatch" in message:
+        return Refusal("AIC: parallelism columns disagree (tp x dp != moe_tp x moe_ep)", message[:300])
+    return Refusal(f"AIC: {kind}", message[:300])
+
+
+# --------------------------------------------------------------------------
+# Errors
+
+
+def rel_err(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured: negative = predicts less time than measured."""
+    return (predicted - measured) / measured
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorStats:
+    n: int
+    mape: float          # mean |error|
+    median_abs: float    # median |error|
+    bias: float          # mean signed error
+
+    @classmethod
+    def of(cls, errors: Sequence[float]) -> ErrorStats:
+        if not errors:
+            raise ValueError("ErrorStats.of: no errors to summarise")
+        absolute = [abs(e) for e in errors]
+        return cls(len(errors), statistics.fmean(absolute), statistics.median(absolute),
+                   statistics.fmean(errors))
+
+
+CONCURRENCY_BANDS: tuple[tuple[str, int, int | None], ...] = (
+    ("1-8", 1, 8), ("9-64", 9, 64), ("65+", 65, None))
+
+
+def concurrency_band(concurrency: int) -> str:
+    for label, low, high in CONCURRENCY_BANDS:
+        if concurrency >= low and (high is None or concurrency <= high):
+            return label
+    raise ValueError(f"concurrency={concurrency!r}: must be >= 1")
+
+
+@dataclass(slots=True)
+class RowResult:
+    """Everything the validation knows about one row."""
+
+    row: SiliconRow
+    run: ServingRun | Refusal
+    kvsched: dict[str, SimulatedRow | Refusal] = field(default_factory=dict)
+    aic: AicEstimate | Refusal | None = None   # None: not asked for
+
+
+def evaluate_row(row: SiliconRow, backends: Sequence[str], aic: AicEstimator | None,
+                 on_backend: Callable[[str, float], None] | None = None) -> RowResult:
+    """Map, simulate with each backend and ask AIConfigurator, for one row.
+    ``on_backend(name, seconds)`` is told how long each part took."""
+    run = map_row(row)
+    out = RowResult(row, run)
+    for backend in backends:
+        t0 = time.perf_counter()
+        out.kvsched[backend] = run if isinstance(run, Refusal) else simulate_row(run, backend)
+        if on_backend:
+            on_backend(backend, time.perf_counter() - t0)
+    if aic is not None:
+        t0 = time.perf_counter()
+        out.aic = aic.estimate(row)
+        if on_backend:
+            on_backend("aic", time.perf_counter() - t0)
+    return out
