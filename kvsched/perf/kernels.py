@@ -51,7 +51,8 @@ AIC_SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "
 VLLM_TABLE_VERSION = "0.24.0"
 # kvsched's weight / KV dtype names -> the tables' names.
 GEMM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "bfloat16", "float16": "bfloat16",
-               "half": "bfloat16", "auto": "bfloat16", "fp8": "fp8", "fp8_e4m3": "fp8"}
+               "half": "bfloat16", "auto": "bfloat16", "fp8": "fp8", "fp8_e4m3": "fp8",
+               "fp8_block": "fp8_block"}
 KV_DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8",
              "fp8_e4m3": "fp8"}
 

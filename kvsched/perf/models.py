@@ -416,13 +416,31 @@ _LOOKUP = _build_lookup()
 # Checkpoint names that differ from a catalog entry only by a fine-tune or
 # packaging suffix: the same architecture, hence the same cost.
 _VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-it", "-hf")
-# Suffixes that name the checkpoint's own weight quantization (what vLLM
-# reads from its quantization_config): the weight precision kvsched prices.
-_QUANT_SUFFIXES = {"-fp8": "fp8"}
 
 
-def catalog_match(name: str) -> tuple[str, str | None] | None:
-    """(catalog name, the weight quantization the name implies) for a catalog
+@dataclass(frozen=True, slots=True)
+class CheckpointFormat:
+    """What a quantized checkpoint's own quantization config tells vLLM:
+    the weights' format and, for NVIDIA ModelOpt checkpoints
+    (``kv_cache_quant_algo: FP8``), an FP8 KV cache under
+    ``--kv-cache-dtype auto``."""
+
+    weights: str                  # kvsched's weight dtype name
+    kv_cache: str | None = None   # None: the activation dtype
+
+
+def _checkpoint_format(org: str, suffix: str) -> CheckpointFormat | None:
+    """The format a name suffix means, by publisher: NVIDIA's ``-FP8``
+    checkpoints are ModelOpt (per-tensor FP8 weights, FP8 KV); other
+    ``-FP8`` checkpoints (Qwen, DeepSeek) are block-quantized
+    (``weight_block_size`` 128 x 128) with a 16-bit KV cache."""
+    if suffix == "-fp8":
+        return CheckpointFormat("fp8", "fp8") if org == "nvidia" else CheckpointFormat("fp8_block")
+    return None
+
+
+def catalog_match(name: str) -> tuple[str, CheckpointFormat | None] | None:
+    """(catalog name, the checkpoint format the name implies) for a catalog
     model or a variant of one (``meta-llama/Llama-3.1-8B-Instruct``,
     ``Qwen/Qwen3-235B-A22B-FP8``, ``nvidia/Llama-3.1-8B-Instruct-FP8``); None
     if the name matches nothing."""
@@ -430,16 +448,15 @@ def catalog_match(name: str) -> tuple[str, str | None] | None:
     full = _LOOKUP.get(key)
     if full is not None:
         return full, None
-    base = key.split("/", 1)[1] if "/" in key else key
-    quantization = None
-    for suffix, quant in _QUANT_SUFFIXES.items():
-        if base.endswith(suffix):
-            base, quantization = base[: -len(suffix)], quant
+    org, base = key.split("/", 1) if "/" in key else ("", key)
+    fmt = None
+    if base.endswith("-fp8"):
+        base, fmt = base[: -len("-fp8")], _checkpoint_format(org, "-fp8")
     for suffix in _VARIANT_SUFFIXES:
         if base.endswith(suffix):
             base = base[: -len(suffix)]
     full = _LOOKUP.get(base)
-    return (full, quantization) if full is not None else None
+    return (full, fmt) if full is not None else None
 
 
 def get_model(name_or_path: str) -> ModelSpec:

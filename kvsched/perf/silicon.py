@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from kvsched.perf.hardware import get_hardware, resolve_hardware_id
-from kvsched.perf.models import get_model
+from kvsched.perf.models import catalog_match, get_model
 
 # The simulator runs the rows; it imports kvsched.perf, never this module, so
 # there is no cycle.
@@ -359,14 +359,24 @@ def map_row(row: SiliconRow) -> ServingRun | Refusal:
             max_num_seqs = per_rank
             notes.append(f"max_num_seqs raised from vLLM's default {default_seqs} to the concurrency "
                          f"per engine core, {per_rank}")
+    # The checkpoint's own format (kvsched.perf.models.catalog_match: block
+    # FP8 for Qwen's -FP8, FP8 weights and KV for NVIDIA's ModelOpt -FP8)
+    # wins over the row's coarser precision label when they agree on the
+    # bit width; otherwise the label is an on-the-fly --dtype / quantization.
+    dtype = DTYPES.get(row.precision, row.precision or "bf16")
+    match = catalog_match(row.model_path)
+    if match is not None and match[1] is not None and match[1].weights.startswith(dtype):
+        dtype = "bf16"  # the checkpoint's format applies (EngineOptions.quantization unset)
+        notes.append(f"weights as the checkpoint stores them: {match[1].weights}"
+                     + (f", KV cache {match[1].kv_cache}" if match[1].kv_cache else ""))
     options = EngineOptions(
-        model=model.name, hardware=hardware,
+        model=row.model_path, hardware=hardware,
         tensor_parallel_size=layout.tensor_parallel_size, data_parallel_size=layout.data_parallel_size,
         enable_expert_parallel=layout.enable_expert_parallel,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=_limit(flags.max_num_batched_tokens, row),
         enable_prefix_caching=False,  # --no-enable-prefix-caching
         block_size=flags.block_size, gpu_memory_utilization=flags.gpu_memory_utilization,
-        dtype=DTYPES.get(row.precision, row.precision or "bf16"), kv_cache_dtype=flags.kv_cache_dtype)
+        dtype=dtype, kv_cache_dtype=flags.kv_cache_dtype)
     return ServingRun(row, options, layout, flags, PROMPTS_PER_CLIENT * row.concurrency,
                       WARMUPS_PER_CLIENT * row.concurrency, tuple(notes))
 

@@ -32,8 +32,10 @@ from dataclasses import dataclass
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.models import ModelSpec
 
+# fp8_block: FP8 weights with a scale per 128 x 128 block (Qwen's and
+# DeepSeek's FP8 checkpoints); the scales are 1/16384 of the bytes.
 DTYPE_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp8": 1,
-               "fp8_e4m3": 1, "fp8_e5m2": 1}
+               "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_block": 1}
 KERNELS_PER_LAYER = 8          # norm, qkv, attention, o, norm, up/gate, act, down
 KERNEL_LATENCY_S = 3e-6        # aiconfigurator's mem_empirical_constant_latency
 CPU_STEP_S = 0.5e-3            # scheduling + input preparation + output processing, per step

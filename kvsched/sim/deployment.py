@@ -153,15 +153,26 @@ def validate_engine_options(opts: EngineOptions) -> None:
 
 
 def weight_dtype(opts: EngineOptions) -> str:
-    """The weights' precision as priced: --quantization, else what the
-    checkpoint's name says it is (``Qwen/Qwen3-235B-A22B-FP8``), else
+    """The weights' precision as priced: --quantization, else the
+    checkpoint's own format (``Qwen/Qwen3-235B-A22B-FP8``: block FP8), else
     --dtype."""
     if opts.quantization is not None:
         return opts.quantization
     match = catalog_match(opts.model)
     if match is not None and match[1] is not None:
-        return match[1]
+        return match[1].weights
     return opts.dtype
+
+
+def kv_cache_dtype(opts: EngineOptions) -> str:
+    """--kv-cache-dtype; ``auto`` takes the checkpoint's KV format where its
+    quantization config names one (NVIDIA ModelOpt FP8 checkpoints), as
+    vLLM does."""
+    if opts.kv_cache_dtype == "auto":
+        match = catalog_match(opts.model)
+        if match is not None and match[1] is not None and match[1].kv_cache is not None:
+            return match[1].kv_cache
+    return opts.kv_cache_dtype
 
 
 def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
@@ -204,7 +215,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     max_num_seqs = limits.max_num_seqs
     max_num_batched_tokens = limits.max_num_batched_tokens
     max_model_len = limits.max_model_len
-    runtime = RuntimeConfig(dtype=weight_dtype(opts), kv_cache_dtype=opts.kv_cache_dtype,
+    runtime = RuntimeConfig(dtype=weight_dtype(opts), kv_cache_dtype=kv_cache_dtype(opts),
                             async_scheduling=opts.async_scheduling,
                             cudagraph_max_size=min(2 * max_num_seqs, 512))
     scheduler_config = SchedulerConfig(

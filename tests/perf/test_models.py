@@ -335,11 +335,15 @@ def test_spec_is_frozen_and_slotted() -> None:
 
 
 def test_fine_tuned_and_quantized_checkpoints_resolve_to_their_catalog_base() -> None:
-    from kvsched.perf.models import catalog_match
+    from kvsched.perf.models import CheckpointFormat, catalog_match
 
     assert catalog_match("meta-llama/Llama-3.1-8B-Instruct") == ("meta-llama/Llama-3.1-8B", None)
     assert catalog_match("Meta-Llama-3.1-70B-Instruct") == ("meta-llama/Llama-3.1-70B", None)
-    assert catalog_match("Qwen/Qwen3-235B-A22B-FP8") == ("Qwen/Qwen3-235B-A22B", "fp8")
-    assert catalog_match("nvidia/Llama-3.1-8B-Instruct-FP8") == ("meta-llama/Llama-3.1-8B", "fp8")
+    # Qwen's FP8 checkpoints: 128 x 128 blocks (weight_block_size), 16-bit KV.
+    assert catalog_match("Qwen/Qwen3-235B-A22B-FP8") == ("Qwen/Qwen3-235B-A22B",
+                                                         CheckpointFormat("fp8_block"))
+    # NVIDIA's ModelOpt FP8: per-tensor weights and kv_cache_quant_algo FP8.
+    assert catalog_match("nvidia/Llama-3.1-8B-Instruct-FP8") == ("meta-llama/Llama-3.1-8B",
+                                                                 CheckpointFormat("fp8", "fp8"))
     assert catalog_match("someone/Llama-3.1-8B-Instruct-FP16") is None
     assert get_model("meta-llama/Llama-3.1-8B-Instruct").name == "meta-llama/Llama-3.1-8B"

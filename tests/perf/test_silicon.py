@@ -39,6 +39,7 @@ from kvsched.perf.silicon import (
     simulate_row,
     with_backend,
 )
+from kvsched.sim.deployment import build_deployment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -150,11 +151,17 @@ def test_gptoss_on_hopper_runs_max_num_seqs_at_conc(rows: list[SiliconRow]) -> N
 def test_moe_with_expert_parallel_and_renamed_checkpoints(by_id: dict[str, SiliconRow]) -> None:
     run = mapped(by_id[QWEN235_EP2])     # tp 2, moe_tp 1, moe_ep 2
     o = run.options
-    assert (o.model, o.hardware, o.tensor_parallel_size, o.enable_expert_parallel, o.dtype) == (
-        "Qwen/Qwen3-235B-A22B", "h200", 2, True, "fp8")
+    # The checkpoints are passed as named; their own formats apply (Qwen's
+    # -FP8: block FP8 weights; NVIDIA's ModelOpt -FP8: FP8 weights and KV).
+    assert (o.model, o.hardware, o.tensor_parallel_size, o.enable_expert_parallel) == (
+        "Qwen/Qwen3-235B-A22B-FP8", "h200", 2, True)
+    d = build_deployment(o)
+    assert (d.runtime.dtype, d.runtime.kv_cache_dtype) == ("fp8_block", "auto")
     small = mapped(by_id[LLAMA8_H200]).options
-    assert (small.model, small.hardware, small.tensor_parallel_size, small.dtype) == (
-        "meta-llama/Llama-3.1-8B", "h200", 1, "fp8")
+    assert (small.model, small.hardware, small.tensor_parallel_size) == (
+        "nvidia/Llama-3.1-8B-Instruct-FP8", "h200", 1)
+    d = build_deployment(small)
+    assert (d.runtime.dtype, d.runtime.kv_cache_dtype) == ("fp8", "fp8")
     bf16 = mapped(by_id[QWEN32_C8]).options   # no precision in the CSV: the checkpoint's bf16
     assert (bf16.model, bf16.dtype, bf16.tensor_parallel_size) == ("Qwen/Qwen3-32B", "bf16", 2)
 

@@ -64,14 +64,19 @@ def test_vllm_kv_cache_dtype_names_are_accepted() -> None:
 
 
 def test_weights_take_the_checkpoints_quantization_unless_told_otherwise() -> None:
-    from kvsched.sim.deployment import weight_dtype
+    from kvsched.sim.deployment import kv_cache_dtype, weight_dtype
 
     assert weight_dtype(EngineOptions(model="nvidia/Llama-3.1-8B-Instruct-FP8")) == "fp8"
+    assert kv_cache_dtype(EngineOptions(model="nvidia/Llama-3.1-8B-Instruct-FP8")) == "fp8"
+    assert kv_cache_dtype(EngineOptions(model="nvidia/Llama-3.1-8B-Instruct-FP8",
+                                        kv_cache_dtype="bfloat16")) == "bfloat16"
+    assert weight_dtype(EngineOptions(model="Qwen/Qwen3-235B-A22B-FP8")) == "fp8_block"
+    assert kv_cache_dtype(EngineOptions(model="Qwen/Qwen3-235B-A22B-FP8")) == "auto"
     assert weight_dtype(EngineOptions(model="meta-llama/Llama-3.1-8B-Instruct")) == "bf16"
     assert weight_dtype(EngineOptions(model="Qwen/Qwen3-32B", quantization="fp8")) == "fp8"
     d = build_deployment(EngineOptions(model="Qwen/Qwen3-235B-A22B-FP8", hardware="h200",
                                        tensor_parallel_size=4))
-    assert d.runtime.dtype == "fp8"
+    assert d.runtime.dtype == "fp8_block"
     # 235B parameters at one byte each leave room for KV that bf16 would not.
     bf16 = build_deployment(EngineOptions(model="Qwen/Qwen3-235B-A22B", hardware="h200",
                                           tensor_parallel_size=4))
