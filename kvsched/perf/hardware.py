@@ -105,6 +105,9 @@ class Hardware:
     comm_bw_frac: float = DEFAULT_COMM_BW_FRAC
     comm_latency_s: float = DEFAULT_COMM_LATENCY_S
     scaleup_link_bw: float | None = None
+    # Dense FP4 (NVFP4, W4A4) tensor-core peak; None: no FP4 math (Hopper and
+    # older run 4-bit weights through 16-bit math). Optional in hardware files.
+    fp4_flops: float | None = None
     source: str = ""
     notes: str = ""
 
@@ -123,7 +126,7 @@ class Hardware:
                         "give the visible memory in bytes (GB x 1e9)")
         for name in ("mem_bw", "bf16_flops", "scaleup_bw"):
             _require_positive(hid, name, getattr(self, name))
-        for name in ("fp8_flops", "scaleup_link_bw"):
+        for name in ("fp8_flops", "scaleup_link_bw", "fp4_flops"):
             if getattr(self, name) is not None:
                 _require_positive(hid, name, getattr(self, name))
         for name in _FRACTION_FIELDS:
@@ -147,6 +150,10 @@ class Hardware:
     @property
     def has_fp8(self) -> bool:
         return self.fp8_flops is not None
+
+    @property
+    def has_fp4(self) -> bool:
+        return self.fp4_flops is not None
 
     def scaleup_bw_for_group(self, group_size: int) -> float:
         """Per-direction scale-up bandwidth one device can use in a collective of ``group_size``.
@@ -219,6 +226,8 @@ _CATALOG: tuple[Hardware, ...] = (
     Hardware(id="b200", name="NVIDIA B200 (HGX, per GPU)",
         memory_bytes=183359 * _MIB, mem_bw=7.7 * _TB_S,
         bf16_flops=2250 * _TFLOPS, fp8_flops=4500 * _TFLOPS,
+        # aiconfigurator-core 0.12 systems/b200_sxm.yaml: fp4_tc_flops 9000e12 (dense)
+        fp4_flops=9000 * _TFLOPS,
         scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
         gemm_mfu=0.69, fp8_gemm_mfu=0.47, weight_bw_frac=0.80, attn_bw_frac=0.84,
         prefill_attn_mfu=0.49,
@@ -227,6 +236,8 @@ _CATALOG: tuple[Hardware, ...] = (
     Hardware(id="gb200", name="NVIDIA GB200 (NVL72, per GPU)",
         memory_bytes=189471 * _MIB, mem_bw=8.0 * _TB_S,
         bf16_flops=2500 * _TFLOPS, fp8_flops=5000 * _TFLOPS,
+        # aiconfigurator-core 0.12 systems/gb200.yaml: fp4_tc_flops 10e15 (dense)
+        fp4_flops=10000 * _TFLOPS,
         scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
         gemm_mfu=0.51, fp8_gemm_mfu=0.46, weight_bw_frac=0.79, attn_bw_frac=0.83,
         prefill_attn_mfu=0.46,

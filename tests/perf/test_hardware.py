@@ -321,3 +321,12 @@ def test_docs_examples_load(tmp_path: Path) -> None:
     assert hw.gemm_mfu == 0.91
     tuned = load_efficiency_overrides(tmp_path / "eff.yaml", get_hardware("h100-sxm"))
     assert (tuned.comm_bw_frac, tuned.gemm_mfu) == (0.6, 0.72)
+
+
+def test_fp4_flops_is_optional_in_hardware_files(tmp_path: Path) -> None:
+    path = _write_json(tmp_path / "dev.json", _minimal())
+    assert load_hardware_file(path).fp4_flops is None
+    path = _write_json(tmp_path / "fp4.json", _minimal(fp8_flops=1e15, fp4_flops=2e15))
+    assert load_hardware_file(path).fp4_flops == 2e15
+    with pytest.raises(ValueError, match="fp4_flops=-1"):
+        load_hardware_file(_write_json(tmp_path / "bad.json", _minimal(fp4_flops=-1)))
