@@ -50,9 +50,18 @@ AIC_SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "
 # current one for these systems).
 VLLM_TABLE_VERSION = "0.24.0"
 # kvsched's weight / KV dtype names -> the tables' names.
+# GEMMs: NVFP4 is measured on Blackwell only (b200_sxm, gb200); MXFP4 and
+# int4 checkpoints leave their GEMMs 16-bit, so those have no GEMM table.
 GEMM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "bfloat16", "float16": "bfloat16",
                "half": "bfloat16", "auto": "bfloat16", "fp8": "fp8", "fp8_e4m3": "fp8",
-               "fp8_block": "fp8_block"}
+               "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+# Fused MoE: the kernel vLLM runs for each weight format. MXFP4 is timed as
+# w4a16_mxfp4 (4-bit weights, 16-bit activations: Marlin on Hopper,
+# FlashInfer on Blackwell), int4 as int4_wo (weight-only); nvfp4 is measured
+# on Blackwell only.
+MOE_DTYPES = {**{k: v for k, v in GEMM_DTYPES.items() if v == "bfloat16"}, "fp8": "fp8",
+              "fp8_e4m3": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4",
+              "mxfp4": "w4a16_mxfp4", "int4": "int4_wo"}
 KV_DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8",
              "fp8_e4m3": "fp8"}
 

@@ -22,9 +22,12 @@ with the parts the tables cover replaced by measured latencies
   aiconfigurator's default routing skew; the router and shared experts as
   GEMMs.
 
-What the tables lack stays roofline and is listed in ``roofline_parts``:
-routed experts of shapes the MoE table lacks, all-to-all (MoE with expert
-parallelism), MLA attention (not priced by this backend). Host
+Weights in 16 bits or in the deployment's format (``RuntimeConfig.dtype``
+over ``quantized_layers``): each GEMM and the fused MoE read the table of
+the format they run in. What the tables lack stays roofline and is listed in
+``roofline_parts``: GEMMs of a format no GEMM table has (NVFP4 off
+Blackwell), routed experts of shapes or formats the MoE table lacks,
+all-to-all (MoE with expert parallelism), MLA attention (not priced by this backend). Host
 time (per step, per request) is the roofline model's, unchanged. The kernel
 latencies include each kernel's launch, so the roofline's fixed per-kernel
 latency is not added.
@@ -38,6 +41,7 @@ from kvsched.perf.hardware import Hardware
 from kvsched.perf.kernels import (
     GEMM_DTYPES,
     KV_DTYPES,
+    MOE_DTYPES,
     AttentionKey,
     Curve,
     KernelTables,
@@ -46,8 +50,14 @@ from kvsched.perf.kernels import (
     measured_available,
     system_for,
 )
-from kvsched.perf.models import ModelSpec
-from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
+from kvsched.perf.models import ModelSpec, quantizes
+from kvsched.perf.step_time import (
+    KERNEL_LATENCY_S,
+    BatchShape,
+    ParallelConfig,
+    RuntimeConfig,
+    StepTimeModel,
+)
 
 ELEMENTWISE_BW_FRAC = 0.8      # aiconfigurator's empirical_bw_scaling_factor for ElementWise
 ELEMENTWISE_LATENCY_S = 3e-6   # aiconfigurator's mem_empirical_constant_latency
@@ -67,9 +77,10 @@ def measured_coverage(model: ModelSpec, hardware: Hardware, parallel: ParallelCo
     if model.num_heads % tp:
         return f"{model.num_heads} heads do not split over TP {tp}"
     tables = load_tables(system)
-    dtype = GEMM_DTYPES.get(runtime.dtype)
-    if dtype is None or not tables.gemm_table(dtype).curves:
-        return f"no measured {runtime.dtype} GEMMs on {system}"
+    # 16-bit GEMMs (LM head, routers, unquantized layers) must be measured;
+    # quantized GEMMs a table lacks fall back to the roofline one by one.
+    if not tables.gemm_table("bfloat16").curves:
+        return f"no measured bfloat16 GEMMs on {system}"
     kv = KV_DTYPES.get(runtime.kv_cache_dtype)
     key = _attention_key(model, tp, kv or "")
     if kv is None or not tables.has_attention(key):
@@ -90,6 +101,29 @@ def _window_key(key: AttentionKey, window: int) -> AttentionKey:
     return AttentionKey(key.num_heads, key.num_kv_heads, key.head_dim, key.kv_dtype, window)
 
 
+class RooflineGemm:
+    """A GEMM the tables lack, priced as the roofline prices it (weights read
+    once, 2 FLOPs per weight per token) plus its per-kernel latency, which
+    the measured latencies include."""
+
+    __slots__ = ("weights", "flop_rate", "bytes_per_weight", "bandwidth")
+    x_max = math.inf
+
+    def __init__(self, weights: int, flop_rate: float, bytes_per_weight: float, bandwidth: float) -> None:
+        self.weights = weights
+        self.flop_rate = flop_rate
+        self.bytes_per_weight = bytes_per_weight
+        self.bandwidth = bandwidth
+
+    def __call__(self, m: float) -> float:
+        compute = 2.0 * m * self.weights / self.flop_rate
+        memory = self.weights * self.bytes_per_weight / self.bandwidth
+        return (compute if compute > memory else memory) + KERNEL_LATENCY_S
+
+
+GemmCost = Curve | RooflineGemm
+
+
 class MeasuredStepTimeModel(StepTimeModel):
     """Seconds per step from measured vLLM kernels (see the module doc)."""
 
@@ -106,24 +140,39 @@ class MeasuredStepTimeModel(StepTimeModel):
         assert system is not None
         self.tables: KernelTables = load_tables(system)
         m, tp = model, self.tp
-        dtype = GEMM_DTYPES[self.runtime.dtype]
+        self.roofline_parts: list[str] = []
         key = _attention_key(m, tp, KV_DTYPES[self.runtime.kv_cache_dtype])
         self.attn_key = key
         self.window_key = _window_key(key, m.sliding_window) if m.num_sliding_layers else None
         h = m.hidden_size
         L = m.num_layers
         q = key.num_heads * m.head_dim
-        # (curve over m, calls per step)
-        gemms: list[tuple[Curve, int]] = [
-            (self._gemm(dtype, q + 2 * key.num_kv_heads * m.head_dim, h), L),
-            (self._gemm(dtype, h, q), L)]
+        layers = self.runtime.quantized_layers
+        quant = GEMM_DTYPES.get(self.runtime.dtype)
+        if quant is not None and not self.tables.gemm_table(quant).curves:
+            quant = None
+        unmeasured: list[str] = []
+
+        def linear(part: str, n: int, k: int) -> GemmCost:
+            """A GEMM of ``part``: 16-bit unless the format covers the part;
+            roofline when no table has the format's GEMMs."""
+            if not quantizes(layers, part):
+                return self._gemm("bfloat16", n, k)
+            if quant is None:
+                if part not in unmeasured:
+                    unmeasured.append(part)
+                return RooflineGemm(n * k, self.lin_flops, self.weight_bytes, self.weight_bw)
+            return self._gemm(quant, n, k)
+
+        # (cost over m, calls per step)
+        gemms: list[tuple[GemmCost, int]] = [
+            (linear("attention", q + 2 * key.num_kv_heads * m.head_dim, h), L),
+            (linear("attention", h, q), L)]
         dense = m.num_dense_layers
         if dense:
             inter = m.intermediate_size // tp
-            if m.mlp_kind == "swiglu":
-                gemms += [(self._gemm(dtype, 2 * inter, h), dense), (self._gemm(dtype, h, inter), dense)]
-            else:
-                gemms += [(self._gemm(dtype, inter, h), dense), (self._gemm(dtype, h, inter), dense)]
+            up = 2 * inter if m.mlp_kind == "swiglu" else inter
+            gemms += [(linear("dense_mlp", up, h), dense), (linear("dense_mlp", h, inter), dense)]
         self._gemms = gemms
         self._lm_head = self._gemm("bfloat16", -(-m.vocab_size // tp), h)
         self._allreduce = self.tables.allreduce_curve(tp) if tp > 1 else None
@@ -134,25 +183,28 @@ class MeasuredStepTimeModel(StepTimeModel):
         self._elementwise_kernels = 2 * L + dense
         self._elementwise_bw = hardware.mem_bw * ELEMENTWISE_BW_FRAC
         # MoE: the routed experts from the fused-MoE table where it has the
-        # shape, the router and shared experts as GEMMs.
+        # shape, the router (16-bit) and shared experts as GEMMs.
         self._moe: Curve | None = None
-        self._moe_gemms: list[Curve] = []
-        self._moe_dense_params = 0.0
-        self.roofline_parts: list[str] = []
+        self._moe_gemms: list[GemmCost] = []
         if m.is_moe:
             ep = self.ep
-            self.moe_key = MoeKey(dtype, h, m.moe_intermediate_size, m.experts_per_token, m.num_experts,
-                                  1 if ep > 1 else tp, ep)
+            moe_dtype = (MOE_DTYPES.get(self.runtime.dtype, self.runtime.dtype)
+                         if quantizes(layers, "routed_experts") else "bfloat16")
+            self.moe_key = MoeKey(moe_dtype, h, m.moe_intermediate_size, m.experts_per_token,
+                                  m.num_experts, 1 if ep > 1 else tp, ep)
             self._moe = self.tables.moe(self.moe_key)
             self._moe_gemms.append(self._gemm("bfloat16", m.num_experts, h))  # router, 16-bit
             if m.num_shared_experts:
                 shared = m.num_shared_experts * m.shared_expert_intermediate_size // tp
                 up = 2 * shared if m.mlp_kind == "swiglu" else shared
-                self._moe_gemms += [self._gemm(dtype, up, h), self._gemm(dtype, h, shared)]
+                self._moe_gemms += [linear("shared_experts", up, h), linear("shared_experts", h, shared)]
             if self._moe is None:
                 self.roofline_parts.append(f"routed experts (no measured {self.moe_key})")
             if ep > 1:
                 self.roofline_parts.append("all-to-all")
+        if unmeasured:
+            self.roofline_parts.insert(0, f"{', '.join(p.replace('_', ' ') for p in unmeasured)} GEMMs "
+                                          f"(no measured {self.runtime.dtype} GEMMs on {system})")
         self._tokens_memo: dict[int, float] = {}
         self._head_memo: dict[int, float] = {}
         self._gen_memo: dict[int, tuple[Curve, Curve | None, int]] = {}

@@ -5,9 +5,11 @@ the KV cache what is left of ``gpu_memory_utilization × memory`` after the
 weights, that activation peak and non-torch memory (CUDA context, NCCL
 buffers). We estimate the same three terms from the architecture:
 
-- weights per device: matmul weights at ``dtype`` (embedding and LM head stay
-  16-bit, as vLLM's FP8 quantisation leaves them), sharded over TP; routed
-  experts over the expert-parallel group when expert parallelism is on;
+- weights per device: the linear layers the weight format covers at its
+  bytes per weight (scales included), everything else (embedding, LM head,
+  routers, norms, layers the checkpoint leaves unquantized) in 16 bits,
+  sharded over TP; routed experts over the expert-parallel group when
+  expert parallelism is on;
 - activation peak: per token the residual stream, the normed input, the fused
   QKV output and the MLP's gate/up output in 16 bits, plus float32 logits for
   ``max_num_seqs`` sampled rows (the sampler's dummy run);
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from kvsched.config import check_gpu_memory_utilization
 from kvsched.perf.hardware import Hardware
-from kvsched.perf.models import ModelSpec
+from kvsched.perf.models import ModelSpec, quantizes
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes
 
 GIB = 2**30
@@ -48,14 +50,24 @@ class MemoryPlan:
                 f"{self.kv_cache_bytes / GIB:.1f} GiB for KV")
 
 
-def weight_bytes_per_device(model: ModelSpec, parallel: ParallelConfig, dtype: str) -> float:
+def weight_bytes_per_device(model: ModelSpec, parallel: ParallelConfig, dtype: str,
+                            quantized_layers: str = "all") -> float:
+    """Weight bytes on one device: the linear layers ``quantized_layers``
+    names at ``dtype`` (scales included), everything else (the other linear
+    layers, routers, norms, embedding, LM head) in 16 bits; sharded over TP,
+    routed experts over the expert-parallel group when it is on."""
     wb = dtype_bytes("dtype", dtype)
     tp, ep = parallel.tensor_parallel_size, parallel.expert_parallel_size
-    embed = (model.embedding_params() + model.lm_head_params()) * 2
-    experts = model.num_moe_layers * model.num_experts * model.expert_params()
-    rest = model.num_params() - model.embedding_params() - model.lm_head_params() - experts
+    m = model
+    linear = {"attention": m.num_layers * m.attn_linear_params_per_layer(),
+              "dense_mlp": m.num_dense_layers * m.dense_mlp_params_per_layer(),
+              "shared_experts": m.num_moe_layers * m.shared_expert_params()}
+    experts = m.num_moe_layers * m.num_experts * m.expert_params()
+    quantized = sum(n for part, n in linear.items() if quantizes(quantized_layers, part))
+    rest = m.num_params() - experts - quantized  # 16-bit: everything not quantized but the experts
+    expert_bytes = wb if quantizes(quantized_layers, "routed_experts") else 2
     expert_shards = ep if ep > 1 else tp
-    return embed / tp + rest * wb / tp + experts * wb / expert_shards
+    return (rest * 2 + quantized * wb) / tp + experts * expert_bytes / expert_shards
 
 
 def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
@@ -78,7 +90,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     kvb = runtime.kv_bytes
     tp = parallel.tensor_parallel_size
     budget = gpu_memory_utilization * hardware.memory_bytes
-    weights = weight_bytes_per_device(model, parallel, runtime.dtype)
+    weights = weight_bytes_per_device(model, parallel, runtime.dtype, runtime.quantized_layers)
     activations = activation_peak_bytes(model, parallel, max_num_batched_tokens, max_num_seqs)
     if model.is_mla:
         per_layer = float(model.kv_bytes_per_layer_per_token(kvb))

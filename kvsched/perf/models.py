@@ -374,6 +374,23 @@ _CATALOG: tuple[ModelSpec, ...] = (
     # Same architecture fields per models.md §3 (V3.1 read from the NVFP4 repack's config).
     dataclasses.replace(_DEEPSEEK_V3, name="deepseek-ai/DeepSeek-V3.1"),
     dataclasses.replace(_DEEPSEEK_V3, name="deepseek-ai/DeepSeek-R1"),
+    # Kimi-K2.5's text model (text_config of aiconfigurator-core's
+    # model_configs/moonshotai--Kimi-K2.5_config.json, Apache-2.0): DeepSeek-V3's
+    # architecture with 64 heads, 384 experts, 1 dense layer and a 163,840
+    # vocabulary; the vision tower is not modelled.
+    dataclasses.replace(_DEEPSEEK_V3, name="moonshotai/Kimi-K2.5", num_heads=64, num_kv_heads=64,
+                        num_experts=384, first_k_dense_layers=1, vocab_size=163840,
+                        max_position_embeddings=262144),
+    # aiconfigurator-core's model_configs/MiniMaxAI--MiniMax-M2.5_config.json
+    # (Apache-2.0). Every layer is MoE (its intermediate_size 1536 is the
+    # expert size); use_routing_bias is a score-correction bias; the MTP
+    # modules are not modelled. Its q/k norms are per layer (over all heads:
+    # 6144 + 1024 weights) where qk_norm counts per-head ones (2 x 128): the
+    # count is 428,544 parameters short of 229 B (0.0002 %).
+    ModelSpec(name="MiniMaxAI/MiniMax-M2.5", hidden_size=3072, num_layers=62, num_heads=48,
+              num_kv_heads=8, head_dim=128, intermediate_size=0, vocab_size=200064,
+              tie_word_embeddings=False, max_position_embeddings=196608, qk_norm=True,
+              num_experts=256, experts_per_token=8, moe_intermediate_size=1536, router_bias=True),
     # layer_types alternate sliding/full starting with sliding: 12 + 12 and 18 + 18.
     ModelSpec(name="openai/gpt-oss-20b", num_layers=24, num_experts=32, num_sliding_layers=12, **_GPT_OSS),
     ModelSpec(name="openai/gpt-oss-120b", num_layers=36, num_experts=128, num_sliding_layers=18,
@@ -418,45 +435,120 @@ _LOOKUP = _build_lookup()
 _VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-it", "-hf")
 
 
+# Which linear layers a quantized checkpoint stores in its format; the rest
+# stay 16-bit. Routers, norms, embeddings and the LM head are 16-bit under
+# every scope (vLLM builds MoE gates unquantized and keeps the LM head and
+# embeddings in the activation dtype).
+LINEAR_PARTS = ("attention", "dense_mlp", "shared_experts", "routed_experts")
+_QUANTIZED_PARTS: Mapping[str, frozenset[str]] = MappingProxyType({
+    "all": frozenset(LINEAR_PARTS),                                        # every linear layer
+    "mlp": frozenset({"dense_mlp", "shared_experts", "routed_experts"}),   # attention stays 16-bit
+    "experts": frozenset({"routed_experts"}),                              # routed experts only
+})
+QUANTIZED_LAYERS = tuple(_QUANTIZED_PARTS)
+
+
+def check_quantized_layers(layers: str) -> None:
+    if layers not in _QUANTIZED_PARTS:
+        raise ValueError(f"quantized_layers={layers!r}: use one of {', '.join(QUANTIZED_LAYERS)} "
+                         "(which linear layers the weight format covers)")
+
+
+def quantizes(layers: str, part: str) -> bool:
+    """Whether a format covering ``layers`` stores ``part`` (one of
+    :data:`LINEAR_PARTS`) quantized; the one owner of that rule."""
+    check_quantized_layers(layers)
+    if part not in LINEAR_PARTS:
+        raise ValueError(f"part={part!r}: use one of {', '.join(LINEAR_PARTS)}")
+    return part in _QUANTIZED_PARTS[layers]
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointFormat:
-    """What a quantized checkpoint's own quantization config tells vLLM:
-    the weights' format and, for NVIDIA ModelOpt checkpoints
-    (``kv_cache_quant_algo: FP8``), an FP8 KV cache under
-    ``--kv-cache-dtype auto``."""
+    """What a checkpoint's own quantization config tells vLLM: the weights'
+    format, which linear layers it covers (:data:`QUANTIZED_LAYERS`) and,
+    for NVIDIA ModelOpt checkpoints (``kv_cache_quant_algo: FP8``), an FP8
+    KV cache under ``--kv-cache-dtype auto``."""
 
     weights: str                  # kvsched's weight dtype name
     kv_cache: str | None = None   # None: the activation dtype
+    layers: str = "all"
+
+    def __post_init__(self) -> None:
+        check_quantized_layers(self.layers)
+
+
+# Catalog models whose published checkpoint is itself quantized (read from
+# each config.json's quantization_config, as shipped in aiconfigurator-core's
+# model_configs/).
+_NATIVE_FORMATS: Mapping[str, CheckpointFormat] = MappingProxyType({
+    # quant_method mxfp4; modules_to_not_convert: self_attn, router, embeddings, lm_head
+    "openai/gpt-oss-20b": CheckpointFormat("mxfp4", layers="experts"),
+    "openai/gpt-oss-120b": CheckpointFormat("mxfp4", layers="experts"),
+    # quant_method fp8, weight_block_size 128 x 128; not converted: gate, lm_head
+    "MiniMaxAI/MiniMax-M2.5": CheckpointFormat("fp8_block"),
+    # compressed-tensors int4, group 32, symmetric; ignores self_attn,
+    # shared_experts and the dense MLP: the routed experts only
+    "moonshotai/Kimi-K2.5": CheckpointFormat("int4", layers="experts"),
+})
+
+# Quantized repacks whose exclude lists differ from their publisher's
+# default (below), by lower-case name: (catalog base, format).
+_REPACKS: Mapping[str, tuple[str, CheckpointFormat]] = MappingProxyType({
+    # hf_quant_config: NVFP4, kv FP8; excluded: lm_head, every self_attn and MoE gate
+    "nvidia/minimax-m2.5-nvfp4": ("MiniMaxAI/MiniMax-M2.5", CheckpointFormat("nvfp4", "fp8", "mlp")),
+    # quantization_config (modelopt): NVFP4, kv_cache_scheme 8-bit float;
+    # ignored: lm_head and every self_attn (dense MLP and shared experts quantized)
+    "nvidia/kimi-k2.5-nvfp4": ("moonshotai/Kimi-K2.5", CheckpointFormat("nvfp4", "fp8", "mlp")),
+})
+assert set(_NATIVE_FORMATS) | {base for base, _ in _REPACKS.values()} <= set(MODELS)
 
 
 def _checkpoint_format(org: str, suffix: str) -> CheckpointFormat | None:
     """The format a name suffix means, by publisher: NVIDIA's ``-FP8``
     checkpoints are ModelOpt (per-tensor FP8 weights, FP8 KV); other
     ``-FP8`` checkpoints (Qwen, DeepSeek) are block-quantized
-    (``weight_block_size`` 128 x 128) with a 16-bit KV cache."""
+    (``weight_block_size`` 128 x 128) with a 16-bit KV cache. NVIDIA's
+    ``-NVFP4`` / ``-FP4`` checkpoints are ModelOpt NVFP4 with an FP8 KV
+    cache over every linear layer but the LM head (ModelOpt's default, e.g.
+    nvidia/Qwen3-235B-A22B-NVFP4); repacks that exclude more are listed in
+    ``_REPACKS``. Nobody else's ``-FP4`` is known."""
     if suffix == "-fp8":
         return CheckpointFormat("fp8", "fp8") if org == "nvidia" else CheckpointFormat("fp8_block")
+    if suffix in ("-nvfp4", "-fp4") and org == "nvidia":
+        return CheckpointFormat("nvfp4", "fp8")
     return None
 
 
 def catalog_match(name: str) -> tuple[str, CheckpointFormat | None] | None:
     """(catalog name, the checkpoint format the name implies) for a catalog
     model or a variant of one (``meta-llama/Llama-3.1-8B-Instruct``,
-    ``Qwen/Qwen3-235B-A22B-FP8``, ``nvidia/Llama-3.1-8B-Instruct-FP8``); None
-    if the name matches nothing."""
+    ``Qwen/Qwen3-235B-A22B-FP8``, ``nvidia/Llama-3.1-8B-Instruct-FP8``,
+    ``nvidia/MiniMax-M2.5-NVFP4``); None if the name matches nothing. A
+    catalog model's own name brings its native format (gpt-oss: MXFP4
+    experts), None when its checkpoint is 16-bit."""
     key = name.strip().lower()
+    repack = _REPACKS.get(key)
+    if repack is not None:
+        return repack
     full = _LOOKUP.get(key)
     if full is not None:
-        return full, None
+        return full, _NATIVE_FORMATS.get(full)
     org, base = key.split("/", 1) if "/" in key else ("", key)
     fmt = None
-    if base.endswith("-fp8"):
-        base, fmt = base[: -len("-fp8")], _checkpoint_format(org, "-fp8")
-    for suffix in _VARIANT_SUFFIXES:
+    for suffix in ("-fp8", "-nvfp4", "-fp4"):
         if base.endswith(suffix):
-            base = base[: -len(suffix)]
+            fmt = _checkpoint_format(org, suffix)
+            if fmt is not None:
+                base = base[: -len(suffix)]
+            break
+    for variant in _VARIANT_SUFFIXES:
+        if base.endswith(variant):
+            base = base[: -len(variant)]
     full = _LOOKUP.get(base)
-    return (full, fmt) if full is not None else None
+    if full is None:
+        return None
+    return full, fmt if fmt is not None else _NATIVE_FORMATS.get(full)
 
 
 def get_model(name_or_path: str) -> ModelSpec:

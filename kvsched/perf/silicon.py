@@ -66,11 +66,23 @@ RANGE_RATIO = 0.8
 # numpy's global RandomState after np.random.seed(seed).
 CLIENT_SEED = 0
 
-# The row's precision column -> kvsched's --dtype. No precision means the
-# checkpoint's own (16 bits for the one model that has such rows, Qwen3-32B).
-# The 4-bit names are passed through for the backend to accept or refuse:
-# the roofline prices 16- and 8-bit weights only.
-DTYPES: Mapping[str | None, str] = {None: "bf16", "bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "int4": "int4"}
+# The row's precision column -> the weight formats it can mean. A row whose
+# checkpoint (kvsched.perf.models.catalog_match) is stored in one of them is
+# run on that checkpoint as it is: gpt-oss's "fp4" is its native MXFP4,
+# Kimi-K2.5's "int4" its native int4 experts, MiniMax-M2.5's "fp8" its block
+# FP8, Qwen's -FP8 block FP8. No precision means the checkpoint's own (16 bits
+# for the one model that has such rows, Qwen3-32B).
+PRECISION_FORMATS: Mapping[str, frozenset[str]] = {
+    "bf16": frozenset({"bf16"}), "fp8": frozenset({"fp8", "fp8_block"}),
+    "fp4": frozenset({"nvfp4", "mxfp4"}), "int4": frozenset({"int4"})}
+# "fp4" rows of a model whose own checkpoint is not 4-bit ran NVIDIA's NVFP4
+# repack (InferenceX's *_fp4_* scripts; aiconfigurator-core ships their
+# configs), passed by that name: its exclude list decides the layers.
+NVFP4_CHECKPOINTS: Mapping[str, str] = {
+    "MiniMaxAI/MiniMax-M2.5": "nvidia/MiniMax-M2.5-NVFP4",
+    "moonshotai/Kimi-K2.5": "nvidia/Kimi-K2.5-NVFP4",
+}
+
 
 # The rows whose `source_file=` is NVIDIA's own collection (inferencex.md):
 # they state no server flags, so vLLM serve's defaults, with max_num_seqs at
@@ -327,8 +339,8 @@ def map_row(row: SiliconRow) -> ServingRun | Refusal:
     What the deployment itself refuses (a dtype, memory) is found when it is
     built, per step-time backend (:func:`simulate_row`)."""
     # Fine-tune and quantized checkpoints resolve to their catalog base
-    # (kvsched.perf.models.catalog_match); the weights' precision is the
-    # row's precision column, not the name.
+    # (kvsched.perf.models.catalog_match); the weights are what the row's
+    # precision column means for that checkpoint (_weights).
     try:
         model = get_model(row.model_path)
     except ValueError:
@@ -359,26 +371,51 @@ def map_row(row: SiliconRow) -> ServingRun | Refusal:
             max_num_seqs = per_rank
             notes.append(f"max_num_seqs raised from vLLM's default {default_seqs} to the concurrency "
                          f"per engine core, {per_rank}")
-    # The checkpoint's own format (kvsched.perf.models.catalog_match: block
-    # FP8 for Qwen's -FP8, FP8 weights and KV for NVIDIA's ModelOpt -FP8)
-    # wins over the row's coarser precision label when they agree on the
-    # bit width; otherwise the label is an on-the-fly --dtype / quantization.
-    dtype = DTYPES.get(row.precision, row.precision or "bf16")
-    match = catalog_match(row.model_path)
-    if match is not None and match[1] is not None and match[1].weights.startswith(dtype):
-        dtype = "bf16"  # the checkpoint's format applies (EngineOptions.quantization unset)
-        notes.append(f"weights as the checkpoint stores them: {match[1].weights}"
-                     + (f", KV cache {match[1].kv_cache}" if match[1].kv_cache else ""))
+    weights = _weights(row)
+    if isinstance(weights, Refusal):
+        return weights
+    model_name, dtype, quantization, note = weights
+    if note:
+        notes.append(note)
     options = EngineOptions(
-        model=row.model_path, hardware=hardware,
+        model=model_name, hardware=hardware,
         tensor_parallel_size=layout.tensor_parallel_size, data_parallel_size=layout.data_parallel_size,
         enable_expert_parallel=layout.enable_expert_parallel,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=_limit(flags.max_num_batched_tokens, row),
         enable_prefix_caching=False,  # --no-enable-prefix-caching
         block_size=flags.block_size, gpu_memory_utilization=flags.gpu_memory_utilization,
-        dtype=dtype, kv_cache_dtype=flags.kv_cache_dtype)
+        dtype=dtype, quantization=quantization, kv_cache_dtype=flags.kv_cache_dtype)
     return ServingRun(row, options, layout, flags, PROMPTS_PER_CLIENT * row.concurrency,
                       WARMUPS_PER_CLIENT * row.concurrency, tuple(notes))
+
+
+def _weights(row: SiliconRow) -> tuple[str, str, str | None, str] | Refusal:
+    """(model name, --dtype, --quantization, note or "") for the row's precision:
+    the checkpoint as the CSV names it when it is stored in that precision,
+    else NVIDIA's NVFP4 repack of it or an on-the-fly format."""
+    match = catalog_match(row.model_path)
+    own = match[1] if match is not None else None
+    if row.precision is None:
+        return row.model_path, "bf16", None, ""
+    formats = PRECISION_FORMATS.get(row.precision)
+    if formats is None:
+        return Refusal("precision not expressible", f"{row.precision!r}")
+    if own is not None and own.weights in formats:
+        kv = f", KV cache {own.kv_cache}" if own.kv_cache else ""
+        return (row.model_path, "bf16", None,
+                f"weights as the checkpoint stores them: {own.weights} ({own.layers} layers){kv}")
+    if row.precision == "fp4":
+        repack = NVFP4_CHECKPOINTS.get(row.model_path)
+        if repack is not None:
+            return repack, "bf16", None, f"fp4: NVIDIA's NVFP4 checkpoint {repack}"
+        return (row.model_path, "bf16", "modelopt_fp4",
+                "fp4: an NVFP4 (ModelOpt) checkpoint over every linear layer; the run's checkpoint "
+                "and its KV format are not recorded")
+    if row.precision in ("fp8", "bf16"):
+        return row.model_path, row.precision, None, ""
+    return Refusal("precision not expressible",
+                   f"{row.precision!r} for {row.model_path}: not the checkpoint's format"
+                   + (f" ({own.weights})" if own is not None else ""))
 
 
 def inferencex_lengths(isl: int, osl: int, num_prompts: int, range_ratio: float = RANGE_RATIO,

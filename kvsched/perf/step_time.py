@@ -27,15 +27,32 @@ the same float: the simulator's fast-forward relies on that.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from kvsched.perf.hardware import Hardware
-from kvsched.perf.models import ModelSpec
+from kvsched.perf.models import ModelSpec, check_quantized_layers, quantizes
 
-# fp8_block: FP8 weights with a scale per 128 x 128 block (Qwen's and
-# DeepSeek's FP8 checkpoints); the scales are 1/16384 of the bytes.
-DTYPE_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp8": 1,
-               "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_block": 1}
+# Weight formats, bytes per weight including their scales:
+# - fp8_block: FP8 with a scale per 128 x 128 block (Qwen's, DeepSeek's and
+#   MiniMax's FP8 checkpoints); the scales are 1/16384 of the bytes.
+# - nvfp4: E2M1 (4 bits) plus one FP8 E4M3 scale per 16 weights (NVIDIA
+#   ModelOpt; the one FP32 scale per tensor is negligible): 0.5 + 1/16.
+# - mxfp4: E2M1 plus one E8M0 (8-bit) scale per 32 weights (OCP MX; gpt-oss):
+#   0.5 + 1/32.
+# - int4: 4-bit integers plus one 16-bit scale per group of 32, symmetric so
+#   no zero point (compressed-tensors' pack-quantized; Kimi-K2.5): 0.5 + 2/32.
+DTYPE_BYTES: Mapping[str, float] = MappingProxyType({
+    "auto": 2, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp8": 1,
+    "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_block": 1,
+    "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32, "int4": 0.5 + 2 / 32})
+# 4-bit formats vLLM runs weight-only (dequantized into 16-bit math): MXFP4
+# (Marlin on Hopper; on Blackwell FlashInfer's MXFP4 x BF16 MoE, vLLM's
+# default there) and int4 (Marlin). NVFP4 is W4A4 where the GPU has FP4
+# tensor cores and weight-only (Marlin) elsewhere, as aiconfigurator's
+# ``resolve_nvfp4_for_system`` also reads it.
+WEIGHT_ONLY_DTYPES = frozenset({"mxfp4", "int4"})
 KERNELS_PER_LAYER = 8          # norm, qkv, attention, o, norm, up/gate, act, down
 KERNEL_LATENCY_S = 3e-6        # aiconfigurator's mem_empirical_constant_latency
 CPU_STEP_S = 0.5e-3            # scheduling + input preparation + output processing, per step
@@ -55,12 +72,39 @@ def kv_cache_dtype_bytes(value: str) -> int:
                      f"{', '.join(KV_CACHE_DTYPE_BYTES)}")
 
 
-def dtype_bytes(field: str, value: str) -> int:
+def dtype_bytes(field: str, value: str) -> float:
+    """Bytes per weight of ``value``, scales included."""
     try:
         return DTYPE_BYTES[value.lower()]
-    except KeyError:
+    except (KeyError, AttributeError):
         raise ValueError(f"{field}={value!r}: unknown dtype; use one of "
                          f"{', '.join(sorted(DTYPE_BYTES))}") from None
+
+
+def math_dtype(dtype: str, hardware: Hardware) -> str:
+    """The tensor-core math ("bf16", "fp8" or "fp4") a GEMM on ``dtype``
+    weights runs in on ``hardware``."""
+    name = dtype.lower()
+    wb = dtype_bytes("dtype", name)
+    if name == "nvfp4":
+        return "fp4" if hardware.has_fp4 else "bf16"
+    if name in WEIGHT_ONLY_DTYPES or wb == 2:
+        return "bf16"
+    if not hardware.has_fp8:
+        raise ValueError(f"dtype={dtype!r}: {hardware.name} has no FP8 path; use bf16")
+    return "fp8"
+
+
+def gemm_flop_rate(math: str, hardware: Hardware) -> float:
+    """Achieved FLOP/s of a GEMM in ``math`` (see :func:`math_dtype`). FP4
+    takes the FP8 efficiency factor: no FP4 GEMM efficiency is measured in
+    the facts."""
+    hw = hardware
+    if math == "fp4":
+        return (hw.fp4_flops or 0.0) * hw.fp8_gemm_mfu
+    if math == "fp8":
+        return (hw.fp8_flops or 0.0) * hw.fp8_gemm_mfu
+    return hw.bf16_flops * hw.gemm_mfu
 
 
 def cudagraph_capture_sizes(max_size: int) -> list[int]:
@@ -94,6 +138,9 @@ class ParallelConfig:
 class RuntimeConfig:
     dtype: str = "bf16"
     kv_cache_dtype: str = "auto"
+    # Which linear layers ``dtype`` covers (kvsched.perf.models.QUANTIZED_LAYERS);
+    # the others run in 16 bits.
+    quantized_layers: str = "all"
     async_scheduling: bool = True
     cudagraph_max_size: int = 512
     cpu_step_s: float = CPU_STEP_S
@@ -102,6 +149,7 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         dtype_bytes("dtype", self.dtype)
         kv_cache_dtype_bytes(self.kv_cache_dtype)
+        check_quantized_layers(self.quantized_layers)
 
     @property
     def kv_bytes(self) -> int:
@@ -155,21 +203,28 @@ class StepTimeModel:
         hw = hardware
         wb = dtype_bytes("dtype", runtime.dtype)
         kvb = runtime.kv_bytes
-        if wb == 1 and not hw.has_fp8:
-            raise ValueError(f"dtype={runtime.dtype!r}: {hw.name} has no FP8 path; use bf16")
+        # The layers runtime.quantized_layers names run at ``dtype`` (bytes
+        # and math); the rest, the router and the LM head in 16 bits.
+        self.math = math_dtype(runtime.dtype, hw)
         self.weight_bytes = wb
         self.kv_bytes = kvb
-        self.lin_flops = (hw.fp8_flops or 0.0) * hw.fp8_gemm_mfu if wb == 1 else hw.bf16_flops * hw.gemm_mfu
-        self.head_flops = hw.bf16_flops * hw.gemm_mfu  # vLLM keeps the LM head in 16 bits
+        self.lin_flops = gemm_flop_rate(self.math, hw)
+        self.head_flops = gemm_flop_rate("bf16", hw)
         self.weight_bw = hw.mem_bw * hw.weight_bw_frac
         self.attn_bw = hw.mem_bw * hw.attn_bw_frac
         self.attn_flops = hw.bf16_flops * hw.prefill_attn_mfu
         m = model
         L = m.num_layers
-        self.dense_params = (L * m.attn_linear_params_per_layer()
-                             + m.num_dense_layers * m.dense_mlp_params_per_layer()
-                             + m.num_moe_layers * (m.shared_expert_params() + m.router_params_per_layer())
-                             ) / tp
+        layers = runtime.quantized_layers
+        parts = {"attention": L * m.attn_linear_params_per_layer(),
+                 "dense_mlp": m.num_dense_layers * m.dense_mlp_params_per_layer(),
+                 "shared_experts": m.num_moe_layers * m.shared_expert_params()}
+        self.dense_params = sum(n for part, n in parts.items() if quantizes(layers, part)) / tp
+        self.dense16_params = (sum(n for part, n in parts.items() if not quantizes(layers, part))
+                               + m.num_moe_layers * m.router_params_per_layer()) / tp
+        experts_quantized = quantizes(layers, "routed_experts")
+        self.expert_bytes = wb if experts_quantized else 2.0
+        self.expert_flops = self.lin_flops if experts_quantized else self.head_flops
         self.lm_head_params = m.lm_head_matmul_params() / tp
         self.moe_layers = m.num_moe_layers
         self.expert_params = m.expert_params()
@@ -245,8 +300,7 @@ class StepTimeModel:
 
     def _batch_parts(self, T: int, global_tokens: int, num_sampled: int) -> tuple[float, float]:
         """(linear layers and experts, LM head + collectives + fixed latency)."""
-        wb = self.weight_bytes
-        t = _roof(2.0 * T * self.dense_params, self.lin_flops, self.dense_params * wb, self.weight_bw)
+        t = self._linear_time(T)
         if self.moe_layers:
             t += self.moe_layers * self._routed_expert_time(T, global_tokens)
         rest = self.fixed_gpu_s
@@ -262,17 +316,28 @@ class StepTimeModel:
             rest += self.moe_layers * 2 * (self.comm_latency + sent / self.a2a_bw)
         return t, rest
 
+    def _linear_time(self, T: int) -> float:
+        """Every linear layer but the routed experts and the LM head, as one
+        roof: the quantized layers' FLOPs at their rate plus the 16-bit ones'
+        at theirs, against all their bytes."""
+        q, h = self.dense_params, self.dense16_params
+        if not h:
+            return _roof(2.0 * T * q, self.lin_flops, q * self.weight_bytes, self.weight_bw)
+        compute = 2.0 * T * (q / self.lin_flops + h / self.head_flops)
+        memory = (q * self.weight_bytes + h * 2.0) / self.weight_bw
+        return compute if compute > memory else memory
+
     def _routed_expert_time(self, tokens: int, global_tokens: int) -> float:
         E, k, p = self.num_experts, self.topk, self.expert_params
         # Expected distinct experts hit by global_tokens × k uniform picks.
         touched = E * (1.0 - (1.0 - k / E) ** global_tokens)
         if self.ep > 1:
             flops = 2.0 * global_tokens * k * p / self.ep
-            nbytes = touched / self.ep * p * self.weight_bytes
+            nbytes = touched / self.ep * p * self.expert_bytes
         else:
             flops = 2.0 * tokens * k * p / self.tp
-            nbytes = touched * p * self.weight_bytes / self.tp
-        return _roof(flops, self.lin_flops, nbytes, self.weight_bw)
+            nbytes = touched * p * self.expert_bytes / self.tp
+        return _roof(flops, self.expert_flops, nbytes, self.weight_bw)
 
     def _attention_time(self, s: BatchShape) -> float:
         t = self._attention_layer(s.decode_kv_tokens, s.prefill_kv_tokens,

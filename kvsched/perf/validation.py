@@ -340,10 +340,8 @@ def decode_breakdown(sm: StepTimeModel, shape: BatchShape) -> dict[str, float] |
     internals; None if they no longer add up to ``gpu_time`` (the model changed)."""
     try:
         T = sm.padded_tokens(shape.num_tokens)
-        wb = sm.weight_bytes
         parts = {
-            "dense weights": max(2.0 * T * sm.dense_params / sm.lin_flops,
-                                 sm.dense_params * wb / sm.weight_bw),
+            "dense weights": sm._linear_time(T),
             "routed experts": sm.moe_layers * sm._routed_expert_time(T, T) if sm.moe_layers else 0.0,
             "attention": sm._attention_time(shape),
             "LM head": max(2.0 * shape.num_sampled * sm.lm_head_params / sm.head_flops,

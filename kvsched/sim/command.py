@@ -111,8 +111,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="precision of an unquantized checkpoint: bf16 (default) or fp16 (fp8: "
                         "as --quantization fp8)")
     g.add_argument("--quantization", "-q", choices=list(QUANTIZATIONS), default=None,
-                   help="quantize the weights as vLLM's --quantization does (default: the "
-                        "checkpoint's own format, e.g. FP8 for a name ending in -FP8)")
+                   help="the weights' format as vLLM's --quantization names it: fp8 (on the fly), "
+                        "modelopt_fp4 (NVFP4), mxfp4 (MoE experts) (default: the checkpoint's own "
+                        "format, e.g. FP8 for a name ending in -FP8, MXFP4 experts for gpt-oss)")
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, help="auto (16 bits) or fp8")
     g.add_argument("--num-gpu-blocks-override", type=int,
                    help="KV cache blocks per engine core, instead of what memory leaves")

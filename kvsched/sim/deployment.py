@@ -3,7 +3,9 @@ resolved with vLLM's defaults and its start-up checks."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from kvsched.config import (
     CacheConfig,
@@ -15,7 +17,7 @@ from kvsched.config import (
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
-from kvsched.perf.models import ModelSpec, catalog_match, get_model
+from kvsched.perf.models import CheckpointFormat, ModelSpec, catalog_match, get_model
 from kvsched.perf.step_time import (
     ParallelConfig,
     RuntimeConfig,
@@ -49,8 +51,17 @@ def serve_defaults(hardware: Hardware) -> tuple[int, int]:
 
 
 STEP_TIME_BACKENDS = ("auto", "measured", "roofline")
-# vLLM --quantization methods kvsched prices (weights in 8-bit floats).
-QUANTIZATIONS = ("fp8",)
+# vLLM --quantization methods kvsched prices -> (weight dtype, the layers the
+# method quantizes when the checkpoint does not say). fp8 quantizes every
+# linear layer on the fly; modelopt_fp4 names a ModelOpt NVFP4 checkpoint,
+# whose default recipe covers every linear layer; vLLM's mxfp4 method
+# quantizes only the fused-MoE experts (its linear layers stay unquantized).
+QUANTIZATION_FORMATS: Mapping[str, CheckpointFormat] = MappingProxyType({
+    "fp8": CheckpointFormat("fp8"),
+    "modelopt_fp4": CheckpointFormat("nvfp4"),
+    "mxfp4": CheckpointFormat("mxfp4", layers="experts"),
+})
+QUANTIZATIONS = tuple(QUANTIZATION_FORMATS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,26 +163,39 @@ def validate_engine_options(opts: EngineOptions) -> None:
                          f"use one of {', '.join(STEP_TIME_BACKENDS)}")
 
 
-def weight_dtype(opts: EngineOptions) -> str:
-    """The weights' precision as priced: --quantization, else the
-    checkpoint's own format (``Qwen/Qwen3-235B-A22B-FP8``: block FP8), else
-    --dtype."""
-    if opts.quantization is not None:
-        return opts.quantization
+def weight_format(opts: EngineOptions) -> CheckpointFormat:
+    """The weights as priced: their dtype and the linear layers it covers.
+    --quantization when given (the checkpoint's own layers and KV format when
+    it names the checkpoint's format, as vLLM reads them from the
+    checkpoint), else the checkpoint's own format
+    (``Qwen/Qwen3-235B-A22B-FP8``: block FP8; ``openai/gpt-oss-120b``:
+    MXFP4 experts), else --dtype over every layer."""
     match = catalog_match(opts.model)
-    if match is not None and match[1] is not None:
-        return match[1].weights
-    return opts.dtype
+    own = match[1] if match is not None else None
+    if opts.quantization is not None:
+        method = QUANTIZATION_FORMATS[opts.quantization]
+        # vLLM's fp8 method loads a block-FP8 checkpoint as it is stored.
+        same = own is not None and (own.weights == method.weights
+                                    or (method.weights, own.weights) == ("fp8", "fp8_block"))
+        return own if own is not None and same else method
+    if own is not None:
+        return own
+    return CheckpointFormat(opts.dtype)
+
+
+def weight_dtype(opts: EngineOptions) -> str:
+    """The weights' precision as priced (see :func:`weight_format`)."""
+    return weight_format(opts).weights
 
 
 def kv_cache_dtype(opts: EngineOptions) -> str:
     """--kv-cache-dtype; ``auto`` takes the checkpoint's KV format where its
-    quantization config names one (NVIDIA ModelOpt FP8 checkpoints), as
-    vLLM does."""
+    quantization config names one (NVIDIA ModelOpt checkpoints), as vLLM
+    does."""
     if opts.kv_cache_dtype == "auto":
-        match = catalog_match(opts.model)
-        if match is not None and match[1] is not None and match[1].kv_cache is not None:
-            return match[1].kv_cache
+        kv = weight_format(opts).kv_cache
+        if kv is not None:
+            return kv
     return opts.kv_cache_dtype
 
 
@@ -215,7 +239,13 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     max_num_seqs = limits.max_num_seqs
     max_num_batched_tokens = limits.max_num_batched_tokens
     max_model_len = limits.max_model_len
-    runtime = RuntimeConfig(dtype=weight_dtype(opts), kv_cache_dtype=kv_cache_dtype(opts),
+    weights = weight_format(opts)
+    if weights.layers == "experts" and not model.is_moe:
+        raise ValueError(f"quantization={opts.quantization!r} (--quantization): {weights.weights} "
+                         f"quantizes MoE experts only and {model.name} is dense; use fp8 or "
+                         "modelopt_fp4")
+    runtime = RuntimeConfig(dtype=weights.weights, kv_cache_dtype=kv_cache_dtype(opts),
+                            quantized_layers=weights.layers,
                             async_scheduling=opts.async_scheduling,
                             cudagraph_max_size=min(2 * max_num_seqs, 512))
     scheduler_config = SchedulerConfig(

@@ -36,7 +36,8 @@ TABLE: dict[str, tuple[float, float, int]] = {
 
 
 def test_catalog_has_exactly_the_listed_models() -> None:
-    assert set(MODELS) == {*TABLE, "meta-llama/Llama-2-70b-hf", "bigscience/bloom"}
+    assert set(MODELS) == {*TABLE, "meta-llama/Llama-2-70b-hf", "bigscience/bloom",
+                           "MiniMaxAI/MiniMax-M2.5", "moonshotai/Kimi-K2.5"}
     for name, spec in MODELS.items():
         assert spec.name == name
 

@@ -135,7 +135,9 @@ def test_gptoss_on_b200_takes_the_inferencex_script_flags(by_id: dict[str, Silic
     # gptoss_fp4_b200: kv fp8, max-num-batched-tokens 8192, max-num-seqs 512.
     run = mapped(by_id[GPTOSS_B200])
     o = run.options
-    assert (o.model, o.hardware, o.tensor_parallel_size, o.dtype) == ("openai/gpt-oss-120b", "b200", 2, "fp4")
+    # "fp4" is gpt-oss's own MXFP4: the checkpoint as named, no --quantization.
+    assert (o.model, o.hardware, o.tensor_parallel_size, o.dtype, o.quantization) == (
+        "openai/gpt-oss-120b", "b200", 2, "bf16", None)
     assert (o.kv_cache_dtype, o.max_num_batched_tokens, o.max_num_seqs) == ("fp8", 8192, 512)
     assert run.flags.script == "gptoss_fp4_b200"
     assert (run.num_prompts, run.num_warmups) == (160, 32)
@@ -173,21 +175,52 @@ def test_attention_dp_read_as_tp_gpus(by_id: dict[str, SiliconRow]) -> None:
 
 def test_unexpressible_rows_say_why(rows: list[SiliconRow], by_id: dict[str, SiliconRow]) -> None:
     reasons = Counter(r.reason for r in map(map_row, rows) if isinstance(r, Refusal))
-    # MiniMax-M2.5 523 + Kimi-K2.5 187 rows; Qwen3-235B rows whose moe_tp x moe_ep != tp: 19.
-    assert reasons == {"model not in kvsched's catalog": 710, "parallelism columns disagree": 19}
+    # B300: MiniMax-M2.5 110 + Kimi-K2.5 22 rows; Qwen3-235B rows whose moe_tp x moe_ep != tp: 19.
+    assert reasons == {"hardware not in kvsched's catalog": 132, "parallelism columns disagree": 19}
     refusal = map_row(by_id[QWEN235_TP1])
     assert isinstance(refusal, Refusal)
     assert "moe_tp 2 x moe_ep 1 = 2" in refusal.detail
     b300 = map_row(dataclasses.replace(by_id[LLAMA70_H100], system="b300_sxm"))
     assert b300 == Refusal("hardware not in kvsched's catalog", "b300_sxm")
-    assert str(map_row(by_id[MINIMAX_DP])) == "model not in kvsched's catalog: MiniMaxAI/MiniMax-M2.5"
+    assert str(map_row(dataclasses.replace(by_id[LLAMA70_H100], precision="int4"))) == (
+        "precision not expressible: 'int4' for meta-llama/Llama-3.1-70B: not the checkpoint's format")
 
 
-def test_the_roofline_refuses_4_bit_weights_with_a_reason(by_id: dict[str, SiliconRow]) -> None:
-    result = simulate_row(mapped(by_id[GPTOSS_B200]), "roofline")
-    assert isinstance(result, Refusal)
-    assert result.reason == "deployment refused (roofline)"
-    assert "dtype='fp4'" in result.detail
+def _first(rows: list[SiliconRow], model: str, system: str, precision: str) -> SiliconRow:
+    return next(r for r in rows if (r.model_path, r.system, r.precision) == (model, system, precision))
+
+
+@pytest.mark.parametrize(("model", "system", "precision", "checkpoint", "quantization", "weights",
+                          "layers", "kv"), [
+    # gpt-oss's "fp4" is its native MXFP4 (experts only)
+    ("openai/gpt-oss-120b", "b200_sxm", "fp4", "openai/gpt-oss-120b", None, "mxfp4", "experts", "fp8"),
+    ("openai/gpt-oss-120b", "h100_sxm", "fp4", "openai/gpt-oss-120b", None, "mxfp4", "experts", "auto"),
+    # MiniMax-M2.5's "fp8" is its native block FP8; its "fp4" NVIDIA's NVFP4 repack (attention 16-bit)
+    ("MiniMaxAI/MiniMax-M2.5", "h200_sxm", "fp8", "MiniMaxAI/MiniMax-M2.5", None, "fp8_block", "all",
+     "fp8"),
+    ("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "fp4", "nvidia/MiniMax-M2.5-NVFP4", None, "nvfp4", "mlp",
+     "fp8"),
+    # Kimi-K2.5's "int4" is its native int4 experts; its "fp4" NVIDIA's repack
+    ("moonshotai/Kimi-K2.5", "h200_sxm", "int4", "moonshotai/Kimi-K2.5", None, "int4", "experts", "auto"),
+    ("moonshotai/Kimi-K2.5", "b200_sxm", "fp4", "nvidia/Kimi-K2.5-NVFP4", None, "nvfp4", "mlp", "fp8"),
+    # Llama-3.1-70B "fp4": an NVFP4 ModelOpt checkpoint of every linear layer
+    ("meta-llama/Llama-3.1-70B", "b200_sxm", "fp4", "meta-llama/Llama-3.1-70B", "modelopt_fp4", "nvfp4",
+     "all", "auto"),
+])
+def test_precision_labels_map_to_checkpoint_formats(
+        rows: list[SiliconRow], model: str, system: str, precision: str, checkpoint: str,
+        quantization: str | None, weights: str, layers: str, kv: str) -> None:
+    o = mapped(_first(rows, model, system, precision)).options
+    assert (o.model, o.quantization) == (checkpoint, quantization)
+    d = build_deployment(dataclasses.replace(o, step_time_backend="roofline", max_model_len=4096))
+    assert (d.runtime.dtype, d.runtime.quantized_layers, d.runtime.kv_cache_dtype) == (weights, layers, kv)
+
+
+def test_4_bit_rows_are_priced_by_both_backends(by_id: dict[str, SiliconRow]) -> None:
+    for backend in ("roofline", "measured"):
+        result = simulate_row(mapped(by_id[GPTOSS_B200]), backend)
+        assert isinstance(result, SimulatedRow), result
+        assert "(mxfp4)" in result.deployment
 
 
 def test_backend_is_passed_to_the_engine_options(by_id: dict[str, SiliconRow]) -> None:
