@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 
 from kvsched.perf.hardware import Hardware
+from kvsched.perf.host import HostTerms, load_host_terms
 from kvsched.perf.kernels import (
     GEMM_DTYPES,
     KV_DTYPES,
@@ -131,8 +132,13 @@ class MeasuredStepTimeModel(StepTimeModel):
 
     def __init__(self, model: ModelSpec, hardware: Hardware,
                  parallel: ParallelConfig | None = None,
-                 runtime: RuntimeConfig | None = None) -> None:
+                 runtime: RuntimeConfig | None = None, host: HostTerms | None = None) -> None:
         super().__init__(model, hardware, parallel, runtime)
+        # Host time around the kernels (kvsched.perf.host): the fitted
+        # default, or a user's calibration.
+        terms = host if host is not None else load_host_terms()
+        self.host = self.host_terms = terms
+        self._prefill_host_s = terms.prefill_step_per_layer_s * model.num_layers
         reason = measured_coverage(model, hardware, self.parallel, self.runtime)
         if reason is not None:
             raise ValueError(f"step_time_backend='measured': {reason}; use 'roofline'")
@@ -209,9 +215,18 @@ class MeasuredStepTimeModel(StepTimeModel):
         self._head_memo: dict[int, float] = {}
         self._gen_memo: dict[int, tuple[Curve, Curve | None, int]] = {}
 
+    def gpu_time(self, shape: BatchShape, global_tokens: int | None = None) -> float:
+        """The kernels' time, plus the host's per-layer launches of a step
+        outside full CUDA graphs (any step with prefill tokens)."""
+        t = super().gpu_time(shape, global_tokens)
+        if shape.prefill_tokens:
+            t += self._prefill_host_s
+        return t
+
     def describe_backend(self) -> str:
         t = self.tables
         text = f"measured vLLM {t.vllm_version} kernels ({t.system}, aiconfigurator-core tables)"
+        text += f", host terms {self.host_terms.vllm_version}/{self.host_terms.hardware_class}"
         if self.roofline_parts:
             text += "; roofline for " + ", ".join(self.roofline_parts)
         if self.extrapolated:
@@ -325,14 +340,7 @@ class MeasuredStepTimeModel(StepTimeModel):
                           global_tokens: int | None = None) -> list[float]:
         """As the roofline's: every pure-decode step is priced here, so
         stepping and fast-forward give the same float."""
-        key = (num_reqs, global_tokens)
-        parts = self._decode_step_parts.get(key)
-        if parts is None:
-            T = self.padded_tokens(num_reqs)
-            lin, rest = self._batch_parts(T, global_tokens or T, num_reqs)
-            cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
-            parts = self._decode_step_parts[key] = (lin, rest, cpu)
-        lin, rest, cpu = parts
+        lin, rest, cpu = self.decode_batch_parts(num_reqs, global_tokens)
         overlap = self.async_scheduling
         full, window, limit = self._generation(num_reqs)
         last_kv = (first_kv_tokens + (count - 1) * kv_step) / num_reqs

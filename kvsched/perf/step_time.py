@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvsched.perf.hardware import Hardware
+from kvsched.perf.host import HostTerms
 from kvsched.perf.models import ModelSpec, check_quantized_layers, quantizes
 
 # Weight formats, bytes per weight including their scales:
@@ -269,6 +270,9 @@ class StepTimeModel:
         # Queries a table-based backend answered past its tables (the
         # roofline has none).
         self.extrapolated: set[str] = set()
+        # Host terms a table-based backend adds (kvsched.perf.host); the
+        # roofline prices host time with RuntimeConfig's CPU terms only.
+        self.host: HostTerms | None = None
 
     def describe_backend(self) -> str:
         """Which backend prices the steps, for summaries and saved results."""
@@ -385,12 +389,10 @@ class StepTimeModel:
         and fast-forward give the same float."""
         return self.decode_step_times(num_reqs, decode_kv_tokens, 0, 1, global_tokens)[0]
 
-    def decode_step_times(self, num_reqs: int, first_kv_tokens: int, kv_step: int, count: int,
-                          global_tokens: int | None = None) -> list[float]:
-        """Step times of ``count`` consecutive decode steps of ``num_reqs``
-        requests, step j reading ``first_kv_tokens + j * kv_step`` KV tokens
-        (a decode stretch: every request's context grows by one per step).
-        The one formula of a pure-decode step."""
+    def decode_batch_parts(self, num_reqs: int, global_tokens: int | None) -> tuple[float, float, float]:
+        """(linear layers and experts, LM head + collectives, CPU) of a
+        pure-decode step of ``num_reqs`` requests: the parts that depend on
+        the batch size only, memoised (a stretch repeats them every step)."""
         key = (num_reqs, global_tokens)
         parts = self._decode_step_parts.get(key)
         if parts is None:
@@ -398,7 +400,15 @@ class StepTimeModel:
             lin, rest = self._batch_parts(T, global_tokens or T, num_reqs)
             cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
             parts = self._decode_step_parts[key] = (lin, rest, cpu)
-        lin, rest, cpu = parts
+        return parts
+
+    def decode_step_times(self, num_reqs: int, first_kv_tokens: int, kv_step: int, count: int,
+                          global_tokens: int | None = None) -> list[float]:
+        """Step times of ``count`` consecutive decode steps of ``num_reqs``
+        requests, step j reading ``first_kv_tokens + j * kv_step`` KV tokens
+        (a decode stretch: every request's context grows by one per step).
+        The one formula of a pure-decode step."""
+        lin, rest, cpu = self.decode_batch_parts(num_reqs, global_tokens)
         flops_per_kv = self.decode_flops_per_key
         attn_flops = self.attn_flops
         bytes_per_kv = self.kv_bytes_per_layer

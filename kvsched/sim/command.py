@@ -53,6 +53,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, "
                         "ascend-910b, ...) or a YAML/JSON hardware file (default: %(default)s)")
     g.add_argument("--efficiency-file", help="YAML/JSON file overriding the roofline's efficiency factors")
+    g.add_argument("--calibration", metavar="FILE",
+                   help="host-time terms for the measured backend (JSON, as kvsched.perf.host "
+                        "describes; default: the terms fitted on real vLLM runs)")
     g.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default=d.step_time_backend,
                    help="how engine steps are priced: measured vLLM kernel latencies "
                         "(aiconfigurator-core's tables), the roofline, or auto: measured where "
@@ -203,7 +206,7 @@ def add_simulate_parser(sub: Any) -> None:
 def engine_options(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(
         model=args.model, hardware=args.hardware, efficiency_file=args.efficiency_file,
-        step_time_backend=args.step_time_backend,
+        step_time_backend=args.step_time_backend, calibration=args.calibration,
         tensor_parallel_size=args.tensor_parallel_size,
         data_parallel_size=args.data_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel, max_num_seqs=args.max_num_seqs,

@@ -15,6 +15,7 @@ from kvsched.config import (
     check_num_gpu_blocks_override,
 )
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
+from kvsched.perf.host import load_host_terms
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
 from kvsched.perf.models import CheckpointFormat, ModelSpec, catalog_match, get_model
@@ -94,6 +95,9 @@ class EngineOptions:
     # How steps are priced: "measured" vLLM kernel tables, the "roofline",
     # or "auto" (measured where the tables cover the deployment).
     step_time_backend: str = "auto"
+    # A host-terms file (kvsched.perf.host; `kvsched calibrate` writes one)
+    # replacing the fitted default of the measured backend.
+    calibration: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +162,11 @@ def validate_engine_options(opts: EngineOptions) -> None:
     if opts.quantization is not None and opts.quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={opts.quantization!r} (--quantization): kvsched prices "
                          f"{', '.join(QUANTIZATIONS)} (or leave it unset for the checkpoint's own)")
+    if opts.calibration is not None:
+        if opts.step_time_backend == "roofline":
+            raise ValueError("calibration (--calibration) sets the measured backend's host terms; "
+                             "it has no effect with step_time_backend='roofline': drop one of them")
+        load_host_terms(opts.calibration)  # a bad file is refused before anything is built
     if opts.step_time_backend not in STEP_TIME_BACKENDS:
         raise ValueError(f"step_time_backend={opts.step_time_backend!r} (--step-time-backend): "
                          f"use one of {', '.join(STEP_TIME_BACKENDS)}")
@@ -211,7 +220,8 @@ def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, p
     if choice == "auto" and reason is None and opts.efficiency_file:
         reason = "an --efficiency-file tunes the roofline"
     if reason is None:
-        return MeasuredStepTimeModel(model, hardware, parallel, runtime)
+        host = load_host_terms(opts.calibration) if opts.calibration is not None else None
+        return MeasuredStepTimeModel(model, hardware, parallel, runtime, host)
     if choice == "measured":
         raise ValueError(f"step_time_backend='measured' (--step-time-backend): {reason}; "
                          "use roofline or auto")

@@ -92,8 +92,10 @@ def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[st
 def step_times_dict(d: Deployment) -> dict[str, Any]:
     """Which backend priced the steps, and every query past its tables."""
     sm = d.step_model
+    host = sm.host
     return {"backend": sm.backend, "requested": d.options.step_time_backend,
             "description": sm.describe_backend(),
+            "host_terms": host.to_json() if host is not None else None,
             "extrapolated": sorted(sm.extrapolated)}
 
 
