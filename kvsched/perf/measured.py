@@ -137,7 +137,7 @@ class MeasuredStepTimeModel(StepTimeModel):
         # Host time around the kernels (kvsched.perf.host): the fitted
         # default, or a user's calibration.
         terms = host if host is not None else load_host_terms()
-        self.host = self.host_terms = terms
+        self.host = terms
         self._prefill_host_s = terms.prefill_step_per_layer_s * model.num_layers
         reason = measured_coverage(model, hardware, self.parallel, self.runtime)
         if reason is not None:
@@ -226,7 +226,9 @@ class MeasuredStepTimeModel(StepTimeModel):
     def describe_backend(self) -> str:
         t = self.tables
         text = f"measured vLLM {t.vllm_version} kernels ({t.system}, aiconfigurator-core tables)"
-        text += f", host terms {self.host_terms.vllm_version}/{self.host_terms.hardware_class}"
+        host = self.host
+        assert host is not None  # set in __init__
+        text += f", host terms {host.vllm_version}/{host.hardware_class}"
         if self.roofline_parts:
             text += "; roofline for " + ", ".join(self.roofline_parts)
         if self.extrapolated:
@@ -269,9 +271,7 @@ class MeasuredStepTimeModel(StepTimeModel):
         rest = self._head_time(num_sampled)
         if self.moe_layers:
             lin += self.moe_layers * self._moe_time(T, global_tokens)
-            if self.ep > 1:
-                sent = T * self.topk * self.hidden * 2.0 * (self.ep - 1) / self.ep
-                rest += self.moe_layers * 2 * (self.comm_latency + sent / self.a2a_bw)
+            rest += self._all_to_all_time(T)
         return lin, rest
 
     def _moe_time(self, tokens: int, global_tokens: int) -> float:
@@ -326,11 +326,14 @@ class MeasuredStepTimeModel(StepTimeModel):
             g = self._gen_memo[B] = (full.batch_curve(B), window, limit)
         return g
 
+    def _note_past_generation_cells(self, B: int, kv: float, limit: int) -> None:
+        if kv > limit:
+            self.extrapolated.add(f"generation attention batch {B} KV {kv:.0f} past the measured cells")
+
     def _decode_attention(self, B: int, kv_tokens: int) -> float:
         full, window, limit = self._generation(B)
         kv = kv_tokens / B
-        if kv > limit:
-            self.extrapolated.add(f"generation attention batch {B} KV {kv:.0f} past the measured cells")
+        self._note_past_generation_cells(B, kv, limit)
         t = full(kv) * self.full_layers
         if window is not None:
             t += window(kv) * self.sliding_layers
@@ -343,9 +346,9 @@ class MeasuredStepTimeModel(StepTimeModel):
         lin, rest, cpu = self.decode_batch_parts(num_reqs, global_tokens)
         overlap = self.async_scheduling
         full, window, limit = self._generation(num_reqs)
-        last_kv = (first_kv_tokens + (count - 1) * kv_step) / num_reqs
-        if last_kv > limit:  # the stretch's longest context decides
-            self._decode_attention(num_reqs, first_kv_tokens + (count - 1) * kv_step)
+        # The stretch's longest context decides whether it leaves the table.
+        self._note_past_generation_cells(num_reqs, (first_kv_tokens + (count - 1) * kv_step) / num_reqs,
+                                         limit)
         full_layers, sliding_layers = self.full_layers, self.sliding_layers
         out: list[float] = []
         for j in range(count):

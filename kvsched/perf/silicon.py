@@ -461,11 +461,6 @@ def build_workloads(run: ServingRun) -> tuple[Workload, Workload]:
 # kvsched's prediction
 
 
-def with_backend(options: EngineOptions, backend: str) -> EngineOptions:
-    """``options`` with ``step_time_backend`` set."""
-    return dataclasses.replace(options, step_time_backend=backend)
-
-
 @dataclass(frozen=True, slots=True)
 class SimulatedRow:
     """kvsched's prediction of a row with one step-time backend."""
@@ -493,7 +488,7 @@ def build_run_deployment(run: ServingRun, backend: str) -> tuple[Deployment, tup
     KV cache cannot hold that, vLLM refuses to start unless ``--max-model-len``
     is given, and the scripts' value is not recorded: the longest request the
     run sends (ISL + OSL) is used then, with a note."""
-    options = with_backend(run.options, backend)
+    options = dataclasses.replace(run.options, step_time_backend=backend)
     try:
         return build_deployment(options), ()
     except ValueError as err:

@@ -315,10 +315,17 @@ class StepTimeModel:
             msg = T * self.hidden * 2.0
             rest += 2 * self.num_layers * (self.comm_latency
                                            + 2.0 * (self.tp - 1) / self.tp * msg / self.ar_bw)
-        if self.ep > 1 and self.moe_layers:
-            sent = T * self.topk * self.hidden * 2.0 * (self.ep - 1) / self.ep
-            rest += self.moe_layers * 2 * (self.comm_latency + sent / self.a2a_bw)
+        if self.moe_layers:
+            rest += self._all_to_all_time(T)
         return t, rest
+
+    def _all_to_all_time(self, T: int) -> float:
+        """Expert-parallel dispatch and combine of a T-token step, every MoE
+        layer, on the scale-up fabric (0 without expert parallelism)."""
+        if self.ep <= 1:
+            return 0.0
+        sent = T * self.topk * self.hidden * 2.0 * (self.ep - 1) / self.ep
+        return self.moe_layers * 2 * (self.comm_latency + sent / self.a2a_bw)
 
     def _linear_time(self, T: int) -> float:
         """Every linear layer but the routed experts and the LM head, as one

@@ -30,6 +30,7 @@ from kvsched.perf.silicon import (
     ServingRun,
     SiliconRow,
     SimulatedRow,
+    build_run_deployment,
     build_workloads,
     concurrency_band,
     inferencex_lengths,
@@ -37,7 +38,6 @@ from kvsched.perf.silicon import (
     map_row,
     read_parallelism,
     simulate_row,
-    with_backend,
 )
 from kvsched.sim.deployment import build_deployment
 
@@ -224,8 +224,11 @@ def test_4_bit_rows_are_priced_by_both_backends(by_id: dict[str, SiliconRow]) ->
 
 
 def test_backend_is_passed_to_the_engine_options(by_id: dict[str, SiliconRow]) -> None:
-    options = mapped(by_id[LLAMA70_H100]).options
-    assert getattr(with_backend(options, "roofline"), "step_time_backend", "roofline") == "roofline"
+    run = mapped(by_id[LLAMA70_H100])
+    for backend in ("roofline", "measured"):
+        built = build_run_deployment(run, backend)
+        assert not isinstance(built, Refusal)
+        assert built[0].step_model.backend == backend
 
 
 # -- the client --------------------------------------------------------------------
