@@ -3,9 +3,11 @@
     python benchmarks/kernel_interpolation.py [--system h100_sxm ...] [--markdown]
 
 Leave-one-out: each interior measured point is predicted from the others by
-kvsched.perf.kernels' scheme (piecewise linear along m / length / size,
-bilinear across GEMM shapes, linear across batch sizes) and compared with
-its measurement. A left-out point's neighbours are twice as far apart as in
+kvsched.perf.kernels' scheme (piecewise linear along m / length / size /
+tokens, bilinear across GEMM shapes, linear across batch sizes) and compared
+with its measurement: GEMMs, attention, the MLA modules (the rows with
+16-bit projections, every heads per GPU and KV dtype), the custom
+all-reduce and DeepEP's MoE all-to-all. A left-out point's neighbours are twice as far apart as in
 use, so these errors bound the interpolation error from above.
 """
 

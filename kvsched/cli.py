@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_parser(sub)
     add_compare_parser(sub)
+    from kvsched.calibrate import add_calibrate_parser
+
+    add_calibrate_parser(sub)
     from kvsched.engine.command import add_generate_parser
     from kvsched.model.tiny import add_make_tiny_model_parser
 

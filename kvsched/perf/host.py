@@ -8,18 +8,32 @@ to match one row) and stored with its provenance in one file per vLLM
 version and hardware class (``kvsched/perf/data/host_terms_*.json``);
 ``kvsched simulate --calibration FILE`` replaces them with a user's own.
 
-Terms:
+Terms (seconds; a file names every one):
 
-- ``prefill_step_per_layer_s`` (seconds per model layer, per step): a step
-  with prefill tokens does not run as one captured CUDA graph (vLLM captures
-  decode-only batches; mixed batches run piecewise, attention outside the
-  graphs), so the host launches each layer's pieces itself. Added once per
-  such step, per layer; decode-only steps do not pay it.
+- ``prefill_step_per_layer_s`` (per model layer, per step with prefill
+  tokens): a step with prefill tokens does not run as one captured CUDA
+  graph (vLLM captures decode-only batches; mixed batches run piecewise,
+  attention outside the graphs), so the host launches each layer's pieces
+  itself. Decode-only steps do not pay it.
+- ``step_s`` (per engine step): the GPU idles between two steps' kernels
+  while the host samples, copies the sampled ids back and prepares the next
+  inputs, the part async scheduling does not hide.
+- ``per_sampled_request_s`` (per request that samples a token in a step):
+  the sampler's and the output processing's work per sequence in that gap.
+- ``dp_sync_s`` (per step, data parallel only): the ranks agree every step
+  on whether any of them has work (a collective on the CPU side).
+- ``arrival_s`` (per request): from the client's send to the request
+  reaching the scheduler: HTTP, request validation, the hand-over from the
+  API server to the engine core.
+- ``per_prompt_token_s`` (per prompt token, at arrival): tokenisation of the
+  prompt in the API server, before the request reaches the scheduler.
 
-Host time per step and per scheduled request (scheduling, input preparation,
-output processing; overlapped with the forward pass under async scheduling)
-stays :class:`~kvsched.perf.step_time.RuntimeConfig`'s ``cpu_step_s`` and
-``cpu_per_request_s``, not fitted yet.
+The per-step terms are added to every step the measured backend prices (the
+same float in a fast-forward stretch); the arrival terms delay the moment a
+request enters the engine while its TTFT still counts from the send. Host
+time the roofline prices (RuntimeConfig's ``cpu_step_s`` and
+``cpu_per_request_s``, overlapped with the forward pass under async
+scheduling) is that backend's own and not fitted.
 """
 
 from __future__ import annotations
@@ -34,7 +48,9 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 # The fitted file the measured backend uses by default (vLLM 0.24 tables,
 # NVIDIA data-centre GPUs).
 DEFAULT_FILE = DATA_DIR / "host_terms_vllm-0.24_nvidia.json"
-TERMS = ("prefill_step_per_layer_s",)
+# Every term, in the order a file and the fitting code list them.
+TERMS = ("prefill_step_per_layer_s", "step_s", "per_sampled_request_s", "dp_sync_s", "arrival_s",
+         "per_prompt_token_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +59,11 @@ class HostTerms:
     vllm_version: str
     hardware_class: str
     provenance: str
+    step_s: float = 0.0
+    per_sampled_request_s: float = 0.0
+    dp_sync_s: float = 0.0
+    arrival_s: float = 0.0
+    per_prompt_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in TERMS:
@@ -53,6 +74,14 @@ class HostTerms:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def arrival_delay(self, num_prompt_tokens: int) -> float:
+        """Seconds from a request's send to its reaching the scheduler."""
+        return self.arrival_s + self.per_prompt_token_s * num_prompt_tokens
+
+    def terms(self) -> dict[str, float]:
+        """The fitted values by name (no metadata)."""
+        return {name: float(getattr(self, name)) for name in TERMS}
 
 
 NO_HOST_TIME = HostTerms(0.0, "any", "any", "no host terms (kernel time only)")

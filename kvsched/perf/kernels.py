@@ -19,8 +19,13 @@ system and interpolated here, by a scheme this module owns and tests
 - Attention ``(batch, length)`` per head configuration: piecewise linear in
   the length (generation: KV tokens; context: prompt tokens) along each
   measured batch size, linear in the batch size between measured ones.
+- MLA attention (DeepSeek's latent attention) per heads-per-GPU and KV
+  dtype: aiconfigurator times the whole attention block as one module, on
+  the same (batch, length) grids as attention, interpolated the same way.
 - All-reduce (vLLM's custom all-reduce, CUDA-graph kernel): piecewise linear
   in the message size (elements).
+- MoE all-to-all (DeepEP's dispatch and combine, on one node): piecewise
+  linear in the tokens per EP rank.
 
 Outside a table nothing is silent: past its largest point a curve goes on
 proportionally (latency ∝ m, ∝ length, ∝ batch) and the query is recorded in
@@ -52,9 +57,17 @@ VLLM_TABLE_VERSION = "0.24.0"
 # kvsched's weight / KV dtype names -> the tables' names.
 # GEMMs: NVFP4 is measured on Blackwell only (b200_sxm, gb200); MXFP4 and
 # int4 checkpoints leave their GEMMs 16-bit, so those have no GEMM table.
+# Block-scaled FP8 GEMMs read the per-tensor FP8 table: the block table was
+# timed eagerly, one Python-level call per GEMM (activation quantisation and
+# the DeepGEMM/CUTLASS kernel launched from the host), and sits on a flat
+# floor of 0.06 ms (H100/H200) and 0.17 ms (B200) per call from m=1 to 1024
+# for every n x k, host time that vLLM's CUDA graphs (full for decodes,
+# piecewise around the linear layers for prefills) do not pay. Above the
+# floor the two tables agree (8192 x 16384 x 16384: 2.11 vs 2.05 ms on B200,
+# 3.38 vs 3.06 ms on H200).
 GEMM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "bfloat16", "float16": "bfloat16",
                "half": "bfloat16", "auto": "bfloat16", "fp8": "fp8", "fp8_e4m3": "fp8",
-               "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+               "fp8_block": "fp8", "nvfp4": "nvfp4"}
 # Fused MoE: the kernel vLLM runs for each weight format. MXFP4 is timed as
 # w4a16_mxfp4 (4-bit weights, 16-bit activations: Marlin on Hopper,
 # FlashInfer on Blackwell), int4 as int4_wo (weight-only); nvfp4 is measured
@@ -182,6 +195,71 @@ class MoeKey:
 
 
 @dataclass(frozen=True, slots=True)
+class MlaShape:
+    """An MLA attention block's dimensions (DeepSeek's names)."""
+
+    hidden: int
+    q_lora_rank: int          # 0: q projected straight from the hidden state
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    def projections(self, heads: int) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+        """The block's GEMMs on one GPU with ``heads`` query heads, as (n, k):
+        those every token runs (q down and the latent's down projection fused
+        into one replicated GEMM, q up, o), and the latent's up-projection to
+        per-head K-nope and V, which only prefill runs (decodes absorb it into
+        the attention's batched matmuls)."""
+        latent = self.kv_lora_rank + self.qk_rope_head_dim
+        qk = heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        if self.q_lora_rank:
+            per_token = [(self.q_lora_rank + latent, self.hidden), (qk, self.q_lora_rank)]
+        else:
+            per_token = [(qk, self.hidden), (latent, self.hidden)]
+        per_token.append((self.hidden, heads * self.v_head_dim))
+        return per_token, (heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank)
+
+
+# The block aiconfigurator-core timed its vLLM MLA modules on (the tables'
+# ``model`` column, deepseek-ai/DeepSeek-V3), heads per GPU varied from 1
+# to 128: tensor-parallel shards of DeepSeek-V3 (128 heads) and Kimi-K2.5
+# (64 heads) alike.
+MLA_TABLE_SHAPE = MlaShape(hidden=7168, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                           qk_rope_head_dim=64, v_head_dim=128)
+
+
+@dataclass(frozen=True, slots=True)
+class MlaKey:
+    """One MLA module configuration as the tables key it."""
+
+    num_heads: int            # query heads per GPU
+    kv_dtype: str             # the tables' name: bfloat16 or fp8
+    gemm_dtype: str = "bfloat16"   # the projections': bfloat16, fp8_block, nvfp4
+
+
+@dataclass(frozen=True, slots=True)
+class A2aKey:
+    """One MoE all-to-all configuration as the tables key it (per EP rank)."""
+
+    hidden: int
+    topk: int
+    num_experts: int
+    ep: int
+
+
+@dataclass(frozen=True, slots=True)
+class A2aCurves:
+    """DeepEP's dispatch and combine over the tokens of one EP rank: the
+    low-latency kernels (decode) and the high-throughput ones (prefill)."""
+
+    ll_dispatch: Curve
+    ll_combine: Curve
+    ht_dispatch: Curve
+    ht_combine: Curve
+
+
+@dataclass(frozen=True, slots=True)
 class GemmTable:
     """One dtype's GEMMs: latency over m per measured (n, k), and the axes."""
 
@@ -234,6 +312,27 @@ class KernelTables:
     def has_attention(self, key: AttentionKey) -> bool:
         return self.context(key) is not None and self.generation(key) is not None
 
+    # -- MLA ----------------------------------------------------------------------
+    def mla_cells(self, kind: str, key: MlaKey) -> dict[int, dict[int, float]]:
+        """The measured MLA module latencies, batch -> length -> seconds
+        (context: prompt length; generation: KV length), a fresh dict; empty
+        if not measured. One module is the whole attention block of
+        :data:`MLA_TABLE_SHAPE` from the fused q/latent down projection to o
+        (see :func:`_mla`)."""
+        cells: dict[int, dict[int, float]] = defaultdict(dict)
+        for b, length, lat in _mla(self.root, self.vllm_version, kind, key):
+            cells[b][length] = lat
+        return dict(cells)
+
+    def mla(self, kind: str, key: MlaKey) -> Grid2D | None:
+        """The MLA module over (batch, length); None if not measured."""
+        cells = self.mla_cells(kind, key)
+        return Grid2D.from_cells(cells) if cells else None
+
+    def has_mla(self, key: MlaKey) -> bool:
+        return bool(_mla(self.root, self.vllm_version, "context", key)
+                    and _mla(self.root, self.vllm_version, "generation", key))
+
     # -- MoE ----------------------------------------------------------------------
     def moe(self, key: MoeKey) -> Curve | None:
         """Latency over the tokens entering the layer; None if not measured."""
@@ -252,6 +351,11 @@ class KernelTables:
             raise ValueError(f"no measured all-reduce over {num_gpus} GPUs on {self.system}; "
                              f"measured: {sorted(curves)}")
         return curve
+
+    def all_to_all(self, key: A2aKey) -> A2aCurves | None:
+        """DeepEP's MoE dispatch and combine for this shape on one node;
+        None if the table (or the shape, or the EP size) is not measured."""
+        return _all_to_all(self.root, self.vllm_version, key)
 
 
 def _bilinear(v: list[float | None], wn: float, wk: float) -> float:
@@ -415,6 +519,98 @@ def _allreduce(root: str, version: str) -> dict[int, Curve]:
     return {g: Curve(sorted(v), [v[s] for s in sorted(v)]) for g, v in by_gpus.items()}
 
 
+@cache
+def _mla(root: str, version: str, kind: str, key: MlaKey) -> tuple[tuple[int, int, float], ...]:
+    """(batch, length, seconds) of one MLA module configuration, sorted.
+
+    A row times vLLM's whole MLA attention block (DeepSeek-V3's, at tensor
+    parallelism 1 with ``num_heads`` heads standing for a TP shard): the
+    fused q/latent down projection, the q and latent RMSNorms, q up, RoPE and
+    the KV-cache write, the attention (context: the latent's up-projection,
+    then the un-absorbed prefill kernel; generation: the absorbed batched
+    matmuls around the latent decode kernel) and o. It leaves out the
+    layer's input norm and the TP all-reduce. (Checked against the GEMM
+    table: the module less its projections is positive and grows with the
+    heads and the length; aiconfigurator's own DeepSeek model swaps exactly
+    down/q/kv/attention/o GEMMs for it.) Rows of 16-bit attention math
+    (``mla_dtype``), vLLM's default; each cell has one kernel, the one vLLM
+    ran there (the decode kernel for prompts under the backend's
+    decode-length threshold, FlashAttention above it on Hopper and B200).
+    Generation rows give the step; the KV read is step + isl (= 1) tokens.
+    """
+    rel = f"mla/vllm/{version}/mla_{kind}_module_perf.parquet"
+    if not (Path(root) / rel).is_file():
+        return ()
+    t = _read(root, rel, ["kernel_source", "batch_size", "isl", "step", "latency"],
+              {"mla_dtype": "bfloat16", "kv_cache_dtype": key.kv_dtype, "gemm_type": key.gemm_dtype,
+               "num_heads": key.num_heads, "tp_size": 1})
+    cells: dict[tuple[int, int], float] = {}
+    rows = sorted(zip(t["kernel_source"], t["batch_size"], t["isl"], t["step"], t["latency"]))
+    for _kernel, b, isl, step, lat in rows:
+        length = int(isl) if kind == "context" else int(step) + int(isl)
+        cells.setdefault((int(b), length), float(lat) * MS)
+    return tuple((b, length, lat) for (b, length), lat in sorted(cells.items()))
+
+
+def mla_keys(tables: KernelTables) -> list[MlaKey]:
+    """Every MLA module configuration measured in both phases (16-bit
+    attention math), for leave-one-out over all."""
+    keys: set[MlaKey] = set()
+    for kind in ("context", "generation"):
+        rel = f"mla/vllm/{tables.vllm_version}/mla_{kind}_module_perf.parquet"
+        if not (Path(tables.root) / rel).is_file():
+            return []
+        t = _read(tables.root, rel, ["num_heads", "kv_cache_dtype", "gemm_type"], {"mla_dtype": "bfloat16"})
+        found = {MlaKey(int(h), str(kv), str(g))
+                 for h, kv, g in zip(t["num_heads"], t["kv_cache_dtype"], t["gemm_type"])}
+        keys = found if kind == "context" else keys & found
+    return sorted(keys, key=lambda k: (k.gemm_dtype, k.kv_dtype, k.num_heads))
+
+
+# The all-to-all table's microseconds (its ``latency`` repeats
+# ``transmit_us``; the other tables are in milliseconds).
+US = 1e-6
+
+
+@cache
+def _all_to_all(root: str, version: str, key: A2aKey) -> A2aCurves | None:
+    """DeepEP as vLLM's wide-EP deployments run it (``--all2all-backend
+    deepep_low_latency`` / ``deepep_high_throughput``), timed on one node:
+    per kernel, latency over the tokens one EP rank sends (dispatch) or gets
+    back (combine), in the default wire dtype."""
+    rel = f"comm/vllm/{version}/moe_a2a_perf.parquet"
+    if not (Path(root) / rel).is_file():
+        return None
+    t = _read(root, rel, ["comm_backend", "phase", "num_tokens", "latency"],
+              {"comm_backend": ("deepep_ll", "deepep_ht"), "comm_dtype": "default", "node_num": 1,
+               "ep_size": key.ep, "hidden_size": key.hidden, "topk": key.topk,
+               "num_experts": key.num_experts})
+    points: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for backend, phase, tokens, lat in zip(t["comm_backend"], t["phase"], t["num_tokens"], t["latency"]):
+        points[(str(backend), str(phase))].setdefault(int(tokens), float(lat) * US)
+    curves = {}
+    for part in (("deepep_ll", "dispatch"), ("deepep_ll", "combine"),
+                 ("deepep_ht", "dispatch"), ("deepep_ht", "combine")):
+        p = points.get(part)
+        if not p:
+            return None
+        xs = sorted(p)
+        curves[part] = Curve(xs, [p[x] for x in xs])
+    return A2aCurves(curves[("deepep_ll", "dispatch")], curves[("deepep_ll", "combine")],
+                     curves[("deepep_ht", "dispatch")], curves[("deepep_ht", "combine")])
+
+
+def all_to_all_keys(tables: KernelTables) -> list[A2aKey]:
+    """Every MoE shape and EP size the all-to-all table holds (one node)."""
+    rel = f"comm/vllm/{tables.vllm_version}/moe_a2a_perf.parquet"
+    if not (Path(tables.root) / rel).is_file():
+        return []
+    t = _read(tables.root, rel, ["hidden_size", "topk", "num_experts", "ep_size"], {"node_num": 1})
+    return sorted({A2aKey(int(h), int(k), int(e), int(ep))
+                   for h, k, e, ep in zip(t["hidden_size"], t["topk"], t["num_experts"], t["ep_size"])},
+                  key=lambda k: (k.hidden, k.topk, k.num_experts, k.ep))
+
+
 # -- interpolation quality -----------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class LeaveOneOut:
@@ -435,7 +631,8 @@ def leave_one_out_errors(tables: KernelTables, dtype: str = "bfloat16") -> list[
     """Each interior measured point predicted from the others by this
     module's scheme, as |relative error|: GEMM along m, GEMM across (n, k)
     (a whole curve left out, rebuilt from its four neighbours), attention
-    along the length and across batch sizes, all-reduce along the size."""
+    and the MLA modules along the length and across batch sizes, all-reduce
+    along the size, the MoE all-to-all along the tokens."""
     out = []
     along_m: list[float] = []
     gemm = tables.gemm_table(dtype)
@@ -473,22 +670,8 @@ def leave_one_out_errors(tables: KernelTables, dtype: str = "bfloat16") -> list[
             if grid is None:  # rows only of kernels vLLM does not pick by default
                 continue
             # Measured cells only: a row up to its longest measured length.
-            measured = {b: {x: y for x, y in zip(c.xs, c.ys) if x <= grid.measured_max[b]}
-                        for b, c in grid.rows.items()}
-            for row in measured.values():
-                ls = sorted(row)
-                for i in range(1, len(ls) - 1):
-                    w = (ls[i] - ls[i - 1]) / (ls[i + 1] - ls[i - 1])
-                    guess = row[ls[i - 1]] + (row[ls[i + 1]] - row[ls[i - 1]]) * w
-                    along.append(abs(guess / row[ls[i]] - 1))
-            bs = grid.batches
-            for i in range(1, len(bs) - 1):
-                r0, r, r1 = measured[bs[i - 1]], measured[bs[i]], measured[bs[i + 1]]
-                for length in r:
-                    if length in r0 and length in r1:
-                        w = (bs[i] - bs[i - 1]) / (bs[i + 1] - bs[i - 1])
-                        guess = r0[length] + (r1[length] - r0[length]) * w
-                        batch.append(abs(guess / r[length] - 1))
+            _grid_errors({b: {int(x): y for x, y in zip(c.xs, c.ys) if x <= grid.measured_max[b]}
+                          for b, c in grid.rows.items()}, along, batch)
         out.append(_summary(f"{kind} attention, along the length", along))
         out.append(_summary(f"{kind} attention, across batch sizes", batch))
     ar: list[float] = []
@@ -498,4 +681,43 @@ def leave_one_out_errors(tables: KernelTables, dtype: str = "bfloat16") -> list[
             w = (xs[i] - xs[i - 1]) / (xs[i + 1] - xs[i - 1])
             ar.append(abs((ys[i - 1] + (ys[i + 1] - ys[i - 1]) * w) / ys[i] - 1))
     out.append(_summary("custom all-reduce, along the size", ar))
+    # MLA modules with 16-bit projections (the rows the measured backend reads).
+    mla = [k for k in mla_keys(tables) if k.gemm_dtype == "bfloat16"]
+    for kind in ("context", "generation"):
+        along, batch = [], []
+        for mkey in mla:
+            _grid_errors(tables.mla_cells(kind, mkey), along, batch)
+        out.append(_summary(f"MLA {kind} module, along the length", along))
+        out.append(_summary(f"MLA {kind} module, across batch sizes", batch))
+    a2a: list[float] = []
+    for akey in all_to_all_keys(tables):
+        curves = tables.all_to_all(akey)
+        if curves is None:
+            continue
+        for curve in (curves.ll_dispatch, curves.ll_combine, curves.ht_dispatch, curves.ht_combine):
+            xs, ys = curve.xs, curve.ys
+            for i in range(1, len(xs) - 1):
+                w = (xs[i] - xs[i - 1]) / (xs[i + 1] - xs[i - 1])
+                a2a.append(abs((ys[i - 1] + (ys[i + 1] - ys[i - 1]) * w) / ys[i] - 1))
+    out.append(_summary("MoE all-to-all (DeepEP), along the tokens", a2a))
     return out
+
+
+def _grid_errors(measured: dict[int, dict[int, float]], along: list[float], batch: list[float]) -> None:
+    """Leave-one-out over one (batch, length) table's measured cells: each
+    interior cell from its neighbours along the length (into ``along``) and
+    across batch sizes (into ``batch``)."""
+    for row in measured.values():
+        ls = sorted(row)
+        for i in range(1, len(ls) - 1):
+            w = (ls[i] - ls[i - 1]) / (ls[i + 1] - ls[i - 1])
+            guess = row[ls[i - 1]] + (row[ls[i + 1]] - row[ls[i - 1]]) * w
+            along.append(abs(guess / row[ls[i]] - 1))
+    bs = sorted(measured)
+    for i in range(1, len(bs) - 1):
+        r0, r, r1 = measured[bs[i - 1]], measured[bs[i]], measured[bs[i + 1]]
+        w = (bs[i] - bs[i - 1]) / (bs[i + 1] - bs[i - 1])
+        for length in r:
+            if length in r0 and length in r1:
+                guess = r0[length] + (r1[length] - r0[length]) * w
+                batch.append(abs(guess / r[length] - 1))

@@ -11,6 +11,12 @@ with the parts the tables cover replaced by measured latencies
 - attention: decodes as one generation call over the step's decodes at
   their mean KV length, prefill chunks as one context call over the chunks,
   at the prompt length that gives the batch's query-key pairs;
+- MLA attention (DeepSeek-V3/R1, Kimi-K2.5): the same two calls on the MLA
+  module tables, which time DeepSeek-V3's whole attention block per heads
+  per GPU; kvsched keeps each module less its projections (the 16-bit GEMM
+  table at the module's tokens) and prices the model's projections as
+  GEMMs above: q/latent down, q up and o at the step's tokens, the latent's
+  up-projection (prefill only) at the prefill's KV tokens;
 - TP all-reduce: vLLM's custom all-reduce, two per layer;
 - norms and activations: bytes at aiconfigurator's achieved bandwidth plus
   its 3 µs per kernel (the tables have no such kernels; this is
@@ -20,17 +26,26 @@ with the parts the tables cover replaced by measured latencies
   TP/EP split and precision, at the tokens entering the layer (all DP
   ranks' tokens when experts are sharded over them), under
   aiconfigurator's default routing skew; the router and shared experts as
-  GEMMs.
+  GEMMs;
+- all-to-all under expert parallelism: DeepEP's dispatch and combine per
+  MoE layer at the rank's tokens, low-latency kernels for decode-only
+  steps, high-throughput ones for steps with prefill (aiconfigurator's
+  pairing for vLLM's wide-EP serving), where the table has the MoE shape
+  and the EP size (one node).
 
 Weights in 16 bits or in the deployment's format (``RuntimeConfig.dtype``
 over ``quantized_layers``): each GEMM and the fused MoE read the table of
 the format they run in. What the tables lack stays roofline and is listed in
 ``roofline_parts``: GEMMs of a format no GEMM table has (NVFP4 off
 Blackwell), routed experts of shapes or formats the MoE table lacks,
-all-to-all (MoE with expert parallelism), MLA attention (not priced by this backend). Host
-time (per step, per request) is the roofline model's, unchanged. The kernel
-latencies include each kernel's launch, so the roofline's fixed per-kernel
-latency is not added.
+all-to-all over EP sizes or MoE shapes the all-to-all table lacks. Host
+and framework time are the fitted terms of :mod:`kvsched.perf.host` (per
+step, per sampled request, per layer of a step with prefill, DP agreement;
+the arrival terms act in the event loop). The scheduler's own CPU time per
+step (RuntimeConfig's ``cpu_step_s``, ``cpu_per_request_s``) still overlaps
+the forward pass under async scheduling, as in the roofline. The
+kernel latencies include each kernel's launch, so the roofline's fixed
+per-kernel latency is not added.
 """
 
 from __future__ import annotations
@@ -42,10 +57,16 @@ from kvsched.perf.host import HostTerms, load_host_terms
 from kvsched.perf.kernels import (
     GEMM_DTYPES,
     KV_DTYPES,
+    MLA_TABLE_SHAPE,
     MOE_DTYPES,
+    A2aCurves,
+    A2aKey,
     AttentionKey,
     Curve,
+    Grid2D,
     KernelTables,
+    MlaKey,
+    MlaShape,
     MoeKey,
     load_tables,
     measured_available,
@@ -72,8 +93,6 @@ def measured_coverage(model: ModelSpec, hardware: Hardware, parallel: ParallelCo
         return f"no measured vLLM tables for {hardware.id}"
     if not measured_available():
         return "aiconfigurator-core is not installed (pip install -e \".[measured]\")"
-    if model.is_mla:
-        return "MLA attention is not mapped to the measured tables yet"
     tp = parallel.tensor_parallel_size
     if model.num_heads % tp:
         return f"{model.num_heads} heads do not split over TP {tp}"
@@ -83,6 +102,8 @@ def measured_coverage(model: ModelSpec, hardware: Hardware, parallel: ParallelCo
     if not tables.gemm_table("bfloat16").curves:
         return f"no measured bfloat16 GEMMs on {system}"
     kv = KV_DTYPES.get(runtime.kv_cache_dtype)
+    if model.is_mla:
+        return _mla_coverage(model, tables, tp, kv)
     key = _attention_key(model, tp, kv or "")
     if kv is None or not tables.has_attention(key):
         return f"no measured attention for {key} on {system}"
@@ -91,6 +112,33 @@ def measured_coverage(model: ModelSpec, hardware: Hardware, parallel: ParallelCo
     if tp > 1 and tp not in tables.allreduce_curves():
         return f"no measured all-reduce over {tp} GPUs on {system}"
     return None
+
+
+def _mla_coverage(model: ModelSpec, tables: KernelTables, tp: int, kv: str | None) -> str | None:
+    system = tables.system
+    # The module tables time DeepSeek-V3's attention block: the attention
+    # itself must have its shape (the projections are re-priced per model).
+    t = MLA_TABLE_SHAPE
+    shape = (model.kv_lora_rank, model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim)
+    if shape != (t.kv_lora_rank, t.qk_nope_head_dim, t.qk_rope_head_dim, t.v_head_dim):
+        return (f"MLA latent {shape[0]} + {shape[2]}, head dims {shape[1]}/{shape[3]}: the measured MLA "
+                f"modules are DeepSeek-V3's ({t.kv_lora_rank} + {t.qk_rope_head_dim}, "
+                f"{t.qk_nope_head_dim}/{t.v_head_dim})")
+    if model.num_sliding_layers:
+        return "sliding-window MLA layers are not measured"
+    key = _mla_key(model, tp, kv or "")
+    if kv is None or not tables.has_mla(key):
+        return f"no measured MLA module for {key} on {system}"
+    if tp > 1 and tp not in tables.allreduce_curves():
+        return f"no measured all-reduce over {tp} GPUs on {system}"
+    return None
+
+
+def _mla_key(model: ModelSpec, tp: int, kv_dtype: str) -> MlaKey:
+    # The module rows with 16-bit projections: the measured backend keeps
+    # their attention part only and prices the model's projections in its own
+    # format from the GEMM tables (see MeasuredStepTimeModel._mla_grid).
+    return MlaKey(model.num_heads // tp, kv_dtype, "bfloat16")
 
 
 def _attention_key(model: ModelSpec, tp: int, kv_dtype: str) -> AttentionKey:
@@ -139,6 +187,11 @@ class MeasuredStepTimeModel(StepTimeModel):
         terms = host if host is not None else load_host_terms()
         self.host = terms
         self._prefill_host_s = terms.prefill_step_per_layer_s * model.num_layers
+        # The gap between steps every step pays (the DP ranks' agreement
+        # only when there are several), and its part per sampled request.
+        dp = self.parallel.data_parallel_size
+        self._step_host_s = terms.step_s + (terms.dp_sync_s if dp > 1 else 0.0)
+        self._per_sampled_host_s = terms.per_sampled_request_s
         reason = measured_coverage(model, hardware, self.parallel, self.runtime)
         if reason is not None:
             raise ValueError(f"step_time_backend='measured': {reason}; use 'roofline'")
@@ -147,12 +200,9 @@ class MeasuredStepTimeModel(StepTimeModel):
         self.tables: KernelTables = load_tables(system)
         m, tp = model, self.tp
         self.roofline_parts: list[str] = []
-        key = _attention_key(m, tp, KV_DTYPES[self.runtime.kv_cache_dtype])
-        self.attn_key = key
-        self.window_key = _window_key(key, m.sliding_window) if m.num_sliding_layers else None
+        kv_dtype = KV_DTYPES[self.runtime.kv_cache_dtype]
         h = m.hidden_size
         L = m.num_layers
-        q = key.num_heads * m.head_dim
         layers = self.runtime.quantized_layers
         quant = GEMM_DTYPES.get(self.runtime.dtype)
         if quant is not None and not self.tables.gemm_table(quant).curves:
@@ -170,10 +220,43 @@ class MeasuredStepTimeModel(StepTimeModel):
                 return RooflineGemm(n * k, self.lin_flops, self.weight_bytes, self.weight_bw)
             return self._gemm(quant, n, k)
 
-        # (cost over m, calls per step)
-        gemms: list[tuple[GemmCost, int]] = [
-            (linear("attention", q + 2 * key.num_kv_heads * m.head_dim, h), L),
-            (linear("attention", h, q), L)]
+        # Attention: the block's GEMMs at the step's tokens, (cost over m,
+        # calls per step), and the attention kernels over (batch, length).
+        self.attn_key: AttentionKey | None = None
+        self.window_key: AttentionKey | None = None
+        self.mla_key: MlaKey | None = None
+        self._kv_up: GemmCost | None = None
+        self._ctx_window: Grid2D | None = None
+        self._gen_window: Grid2D | None = None
+        if m.is_mla:
+            # The module tables time the whole MLA block; kvsched keeps their
+            # attention part (_mla_grid) and prices the model's projections
+            # here like any GEMM: the ones every token runs at the step's
+            # tokens, the latent's up-projection (prefill only) at the
+            # prefill's KV tokens in _attention_time.
+            self.mla_key = _mla_key(m, tp, kv_dtype)
+            shape = MlaShape(h, m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim,
+                             m.v_head_dim)
+            per_token, kv_up = shape.projections(self.mla_key.num_heads)
+            gemms: list[tuple[GemmCost, int]] = [(linear("attention", n, k), L) for n, k in per_token]
+            self._kv_up = linear("attention", *kv_up)
+            self._ctx_full = self._mla_grid("context", self.mla_key)
+            self._gen_full = self._mla_grid("generation", self.mla_key)
+            self._ctx_name, self._gen_name = "MLA context module", "MLA generation module"
+        else:
+            key = self.attn_key = _attention_key(m, tp, kv_dtype)
+            q = key.num_heads * m.head_dim
+            gemms = [(linear("attention", q + 2 * key.num_kv_heads * m.head_dim, h), L),
+                     (linear("attention", h, q), L)]
+            ctx, gen = self.tables.context(key), self.tables.generation(key)
+            assert ctx is not None and gen is not None  # measured_coverage checked them
+            self._ctx_full, self._gen_full = ctx, gen
+            if m.num_sliding_layers:
+                self.window_key = _window_key(key, m.sliding_window)
+                self._ctx_window = self.tables.context(self.window_key)
+                self._gen_window = self.tables.generation(self.window_key)
+                assert self._ctx_window is not None and self._gen_window is not None
+            self._ctx_name, self._gen_name = "context attention", "generation attention"
         dense = m.num_dense_layers
         if dense:
             inter = m.intermediate_size // tp
@@ -192,6 +275,8 @@ class MeasuredStepTimeModel(StepTimeModel):
         # shape, the router (16-bit) and shared experts as GEMMs.
         self._moe: Curve | None = None
         self._moe_gemms: list[GemmCost] = []
+        self._a2a: A2aCurves | None = None
+        self._a2a_memo: dict[tuple[int, bool], float] = {}
         if m.is_moe:
             ep = self.ep
             moe_dtype = (MOE_DTYPES.get(self.runtime.dtype, self.runtime.dtype)
@@ -206,8 +291,12 @@ class MeasuredStepTimeModel(StepTimeModel):
                 self._moe_gemms += [linear("shared_experts", up, h), linear("shared_experts", h, shared)]
             if self._moe is None:
                 self.roofline_parts.append(f"routed experts (no measured {self.moe_key})")
-            if ep > 1:
-                self.roofline_parts.append("all-to-all")
+            if ep > 1 and self.parallel.uses_all_to_all:
+                self._a2a = self.tables.all_to_all(A2aKey(h, m.experts_per_token, m.num_experts, ep))
+                if self._a2a is None:
+                    self.roofline_parts.append(f"all-to-all (no measured DeepEP over {ep} GPUs for "
+                                               f"{m.num_experts} experts, top-{m.experts_per_token}, "
+                                               f"hidden {h} on {system})")
         if unmeasured:
             self.roofline_parts.insert(0, f"{', '.join(p.replace('_', ' ') for p in unmeasured)} GEMMs "
                                           f"(no measured {self.runtime.dtype} GEMMs on {system})")
@@ -239,6 +328,33 @@ class MeasuredStepTimeModel(StepTimeModel):
     def _gemm(self, dtype: str, n: int, k: int) -> Curve:
         return self.tables.gemm_curve(dtype, n, k, self.extrapolated)
 
+    def _mla_grid(self, kind: str, key: MlaKey) -> Grid2D:
+        """The MLA modules' attention part over (batch, length): each measured
+        module less its projections (DeepSeek-V3's, 16-bit, read from the
+        GEMM table at the module's tokens). What is left (norms, RoPE, the
+        KV-cache write, the attention kernels, and for decodes the absorbed
+        batched matmuls) is what a step adds to its own projections, priced
+        at its tokens: a mixed step reads the weights once, a chunk with
+        cached context runs them over its new tokens only, and a model's
+        format other than 16 bits costs its own GEMMs. A step of fresh prompts
+        of one length (or of decodes at a capture size) gets the module back.
+        The remainder is interpolated like attention."""
+        per_token, kv_up = MLA_TABLE_SHAPE.projections(key.num_heads)
+        shapes = [*per_token, kv_up] if kind == "context" else per_token
+        curves = [self._gemm(key.gemm_dtype, n, k) for n, k in shapes]
+        cells: dict[int, dict[int, float]] = {}
+        for b, row in self.tables.mla_cells(kind, key).items():
+            cells[b] = {}
+            for length, module in row.items():
+                tokens = b * length if kind == "context" else b
+                # Floored at 0: where the GEMM table puts the projections above
+                # the module (up to 8 % of it, at 1 to 4 heads per GPU, a
+                # fused down projection off the GEMM grid), there is nothing
+                # left to add.
+                rest = module - sum(c(tokens) for c in curves)
+                cells[b][length] = rest if rest > 0.0 else 0.0
+        return Grid2D.from_cells(cells)
+
     # -- token-count parts ------------------------------------------------------
     def _token_time(self, tokens: int) -> float:
         """GEMMs, norms/activations and all-reduces of a step of ``tokens`` tokens."""
@@ -268,7 +384,9 @@ class MeasuredStepTimeModel(StepTimeModel):
 
     def _batch_parts(self, T: int, global_tokens: int, num_sampled: int) -> tuple[float, float]:
         lin = self._token_time(T)
-        rest = self._head_time(num_sampled)
+        # Host gaps (kvsched.perf.host) ride with the LM head: both are per
+        # step and per sampled request, for decode and mixed steps alike.
+        rest = self._head_time(num_sampled) + self._step_host_s + self._per_sampled_host_s * num_sampled
         if self.moe_layers:
             lin += self.moe_layers * self._moe_time(T, global_tokens)
             rest += self._all_to_all_time(T)
@@ -286,8 +404,33 @@ class MeasuredStepTimeModel(StepTimeModel):
             self.extrapolated.add(f"fused MoE of {entering} tokens past the measured {curve.x_max:g}")
         return t + curve(entering)
 
+    def _all_to_all_time(self, T: int) -> float:
+        """The roofline's all-to-all where the table lacks it; a measured
+        one is priced with the step's kind in _attention_time."""
+        return super()._all_to_all_time(T) if self._a2a is None else 0.0
+
+    def _measured_all_to_all(self, tokens: int, prefill: bool) -> float:
+        """Dispatch and combine of every MoE layer, ``tokens`` per EP rank:
+        DeepEP's low-latency kernels for decode-only steps, its
+        high-throughput ones for steps with prefill, as aiconfigurator pairs
+        them for vLLM's wide-EP deployments."""
+        key = (tokens, prefill)
+        t = self._a2a_memo.get(key)
+        if t is None:
+            a = self._a2a
+            assert a is not None
+            dispatch, combine = (a.ht_dispatch, a.ht_combine) if prefill else (a.ll_dispatch, a.ll_combine)
+            if tokens > dispatch.x_max:
+                self.extrapolated.add(f"all-to-all of {tokens} tokens per rank past the measured "
+                                      f"{dispatch.x_max:g}")
+            t = self._a2a_memo[key] = self.moe_layers * (dispatch(tokens) + combine(tokens))
+        return t
+
     # -- attention ----------------------------------------------------------------
     def _attention_time(self, s: BatchShape) -> float:
+        """Attention (MLA: the modules' attention part, and the latent's
+        up-projection over the prefill's KV), and a measured all-to-all: the
+        parts that depend on the step's composition, not only its tokens."""
         t = 0.0
         if s.num_decodes:
             t += self._decode_attention(s.num_decodes, s.decode_kv_tokens)
@@ -297,16 +440,26 @@ class MeasuredStepTimeModel(StepTimeModel):
             # are the batch's: pairs/b = l(l+1)/2.
             b = num_prefills
             length = (math.sqrt(8.0 * s.prefill_attn_pairs / b + 1.0) - 1.0) / 2.0
-            t += self._context_attention(self.attn_key, b, length) * self.full_layers
-            if self.window_key is not None:
-                t += self._context_attention(self.window_key, b, length) * self.sliding_layers
+            t += self._context_attention(self._ctx_full, b, length) * self.full_layers
+            if self._ctx_window is not None:
+                t += self._context_attention(self._ctx_window, b, length) * self.sliding_layers
+            kv_up = self._kv_up
+            if kv_up is not None:
+                # Un-absorbed prefill expands the latent of every KV token
+                # the chunks attend to, cached context included.
+                if s.prefill_kv_tokens > kv_up.x_max:
+                    self.extrapolated.add(f"GEMM m={s.prefill_kv_tokens} past the measured {kv_up.x_max:g}")
+                t += kv_up(s.prefill_kv_tokens) * self.full_layers
+        if self._a2a is not None:
+            if s.prefill_tokens:
+                t += self._measured_all_to_all(s.num_tokens, True)
+            else:
+                t += self._measured_all_to_all(self.padded_tokens(s.num_tokens), False)
         return t
 
-    def _context_attention(self, key: AttentionKey, b: int, length: float) -> float:
-        grid = self.tables.context(key)
-        assert grid is not None  # measured_coverage checked it
+    def _context_attention(self, grid: Grid2D, b: int, length: float) -> float:
         if length > grid.measured_up_to(b):
-            self.extrapolated.add(f"context attention batch {b} length {length:.0f} past the measured cells")
+            self.extrapolated.add(f"{self._ctx_name} batch {b} length {length:.0f} past the measured cells")
         return grid.batch_curve(b)(length)
 
     def _generation(self, B: int) -> tuple[Curve, Curve | None, int]:
@@ -314,13 +467,11 @@ class MeasuredStepTimeModel(StepTimeModel):
         the KV length up to which both read measured cells."""
         g = self._gen_memo.get(B)
         if g is None:
-            full = self.tables.generation(self.attn_key)
-            assert full is not None  # measured_coverage checked it
+            full = self._gen_full
             limit = full.measured_up_to(B)
             window = None
-            if self.window_key is not None:
-                wgrid = self.tables.generation(self.window_key)
-                assert wgrid is not None
+            wgrid = self._gen_window
+            if wgrid is not None:
                 window = wgrid.batch_curve(B)
                 limit = min(limit, wgrid.measured_up_to(B))
             g = self._gen_memo[B] = (full.batch_curve(B), window, limit)
@@ -328,7 +479,7 @@ class MeasuredStepTimeModel(StepTimeModel):
 
     def _note_past_generation_cells(self, B: int, kv: float, limit: int) -> None:
         if kv > limit:
-            self.extrapolated.add(f"generation attention batch {B} KV {kv:.0f} past the measured cells")
+            self.extrapolated.add(f"{self._gen_name} batch {B} KV {kv:.0f} past the measured cells")
 
     def _decode_attention(self, B: int, kv_tokens: int) -> float:
         full, window, limit = self._generation(B)
@@ -350,14 +501,19 @@ class MeasuredStepTimeModel(StepTimeModel):
         self._note_past_generation_cells(num_reqs, (first_kv_tokens + (count - 1) * kv_step) / num_reqs,
                                          limit)
         full_layers, sliding_layers = self.full_layers, self.sliding_layers
+        a2a = (self._measured_all_to_all(self.padded_tokens(num_reqs), False)
+               if self._a2a is not None else None)
         out: list[float] = []
         for j in range(count):
-            # _decode_attention, inlined (one call per simulated step): the
-            # same operations in the same order, so the same float.
+            # _attention_time of a decode-only step, inlined (one call per
+            # simulated step): the same operations in the same order, so the
+            # same float.
             kv = (first_kv_tokens + j * kv_step) / num_reqs
             attn = full(kv) * full_layers
             if window is not None:
                 attn += window(kv) * sliding_layers
+            if a2a is not None:
+                attn += a2a
             gpu = lin + attn + rest
             if overlap:
                 out.append(gpu if gpu > cpu else cpu)

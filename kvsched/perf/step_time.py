@@ -134,6 +134,14 @@ class ParallelConfig:
             return self.tensor_parallel_size * self.data_parallel_size
         return 1
 
+    @property
+    def uses_all_to_all(self) -> bool:
+        """vLLM dispatches tokens to experts with all-to-all kernels only when
+        expert parallelism spans data-parallel ranks (FusedMoE's
+        ``use_all2all_kernels``); with one DP rank the experts are split over
+        the TP group and their outputs summed by the layer's all-reduce."""
+        return self.enable_expert_parallel and self.data_parallel_size > 1
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
@@ -321,8 +329,8 @@ class StepTimeModel:
 
     def _all_to_all_time(self, T: int) -> float:
         """Expert-parallel dispatch and combine of a T-token step, every MoE
-        layer, on the scale-up fabric (0 without expert parallelism)."""
-        if self.ep <= 1:
+        layer, on the scale-up fabric (0 when vLLM runs none)."""
+        if self.ep <= 1 or not self.parallel.uses_all_to_all:
             return 0.0
         sent = T * self.topk * self.hidden * 2.0 * (self.ep - 1) / self.ep
         return self.moe_layers * 2 * (self.comm_latency + sent / self.a2a_bw)

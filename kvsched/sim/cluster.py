@@ -11,6 +11,12 @@ it: the client's next send, and, while the client holds requests back for
 slots). Every instance's state at a send is therefore that of all its steps
 that started before it, with or without fast-forward.
 
+A request may take time to reach the engine after the client sends it
+(``arrival_delay``: the API server's HTTP handling and tokenisation,
+kvsched.perf.host). It then waits in transit, a second kind of event: the
+router places it and its rank receives it when it arrives, while its TTFT
+still counts from the send.
+
 ========================  ==========================================  ============================
 component                 owns                                        clock
 ========================  ==========================================  ============================
@@ -33,15 +39,18 @@ from kvsched.sim.client import Client
 from kvsched.sim.instance import EngineInstance, LockstepGroup
 from kvsched.sim.rank import Rank, SimResult
 from kvsched.sim.router import Router
+from kvsched.sim.workload import WorkloadRequest
 
 Instance = EngineInstance | LockstepGroup
 # (requests done, requests in the workload, simulated seconds)
 Progress = Callable[[int, int, float], None]
+# Seconds from a request's send to its reaching the engine.
+ArrivalDelay = Callable[[WorkloadRequest], float]
 
 
 class Cluster:
     def __init__(self, instances: Sequence[Instance], client: Client, router: Router | None = None,
-                 *, progress: Progress | None = None) -> None:
+                 *, progress: Progress | None = None, arrival_delay: ArrivalDelay | None = None) -> None:
         if not instances:
             raise ValueError("a cluster needs at least one engine instance")
         self.instances = list(instances)
@@ -59,6 +68,11 @@ class Cluster:
         # the ranks' load to DP admission policies).
         self.after_step: list[Callable[[Cluster], None]] = []
         self.wall_seconds = 0.0
+        self.arrival_delay = arrival_delay
+        # Sent requests on their way to the engine: (reach time, send order,
+        # send time, request), a heap.
+        self._transit: list[tuple[float, int, float, WorkloadRequest]] = []
+        self._sent = 0
 
     @property
     def now(self) -> float:
@@ -75,8 +89,12 @@ class Cluster:
         hooks = self.after_step
         last_report = wall0
         iterations = 0
+        transit = self._transit
         while True:
             t_send = client.next_send_time()
+            if transit and transit[0][0] < t_send:
+                # The next thing from outside is a request reaching the engine.
+                t_send = transit[0][0]
             t_step = heap[0][0] if heap else math.inf
             if t_send <= t_step and t_send < math.inf:
                 for i in self._send(t_send):
@@ -85,7 +103,7 @@ class Cluster:
                         heapq.heappush(heap, (instances[i].now, i))
                 continue
             if not heap:
-                if client.done:
+                if client.done and not transit:
                     break
                 raise RuntimeError("the client waits for responses but no engine has work; "
                                    "nothing would ever progress")
@@ -120,23 +138,39 @@ class Cluster:
         return sum(len(r.records) + len(r.failed) for r in self.ranks)
 
     def _send(self, t: float) -> list[int]:
-        """Send what the client has due at ``t``; the instances that got work."""
+        """Send what the client has due at ``t`` and deliver what reaches the
+        engine by ``t``; the instances that got work."""
         client = self.client
+        delay = self.arrival_delay
+        transit = self._transit
         touched: list[int] = []
         while True:
             due = client.due(t)
-            if not due:
+            if delay is not None:
+                for spec in due:
+                    heapq.heappush(transit, (t + delay(spec), self._sent, t, spec))
+                    self._sent += 1
+                arrived: list[tuple[float, WorkloadRequest]] = []
+                while transit and transit[0][0] <= t:
+                    _, _, sent, spec = heapq.heappop(transit)
+                    arrived.append((sent, spec))
+            else:
+                arrived = [(t, spec) for spec in due]
+            if not arrived:
+                if due:
+                    continue  # sent, still on the way; the client may have more due
                 return touched
             refused = 0
-            for spec in due:
+            for sent, spec in arrived:
                 index = self.router.choose(self.ranks, t)
                 owner = self._instance_of[index]
                 self.instances[owner].wake(t)
-                if self.ranks[index].receive(spec, t):
+                if self.ranks[index].receive(spec, sent):
                     self.routed[index] += 1
                     touched.append(owner)
                 else:
                     refused += 1
-            if not refused:
+            if refused:
+                client.refused(refused)  # their slots go to the next in the queue
+            elif delay is None:
                 return touched
-            client.refused(refused)  # their slots go to the next in the queue

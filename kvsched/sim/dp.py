@@ -92,7 +92,8 @@ class DPSimulator:
             instances = [EngineInstance(r, config.step_model, config.fast_forward) for r in self.ranks]
         self.instances = instances
         router = Router(options.router, options.size, options.stats_interval)
-        self.cluster = Cluster(instances, Client(workload), router, progress=progress)
+        self.cluster = Cluster(instances, Client(workload), router, progress=progress,
+                               arrival_delay=config.arrival_delay())
         # Called after every step, e.g. to publish load for a balance policy.
         self.after_step: list[Callable[[DPSimulator], None]] = []
         self.cluster.after_step.append(self._after_step)

@@ -433,12 +433,15 @@ def random_workload(
     rng = np.random.default_rng(seed)
     input_lens = array("q", rng.integers(input_low, input_high + 1, size=num_prompts).tolist())
     output_lens = array("q", rng.integers(output_low, output_high + 1, size=num_prompts).tolist())
-    arrivals = array("d", _arrival_times(num_prompts, float(request_rate), float(burstiness), seed))
+    arrivals = array("d", arrival_times_of_rate(num_prompts, float(request_rate), float(burstiness), seed))
     return Workload("random", RandomRequests(arrivals, input_lens, output_lens, prefix_len),
                     max_concurrency)
 
 
-def _arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+def arrival_times_of_rate(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """The send times of ``n`` requests at ``rate`` req/s with vllm bench
+    serve's gamma gaps (``burstiness`` 1 = Poisson), seeded: the one draw
+    the random workloads and ``kvsched calibrate``'s replays share."""
     import numpy as np
 
     if math.isinf(rate):

@@ -47,7 +47,7 @@ def test_bad_files_are_refused_naming_file_and_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not JSON"):
         load_host_terms(bad)
     bad.write_text(json.dumps({"prefill_step_per_layer_s": 1e-4, "vllm_version": "0.24"}), encoding="utf-8")
-    with pytest.raises(ValueError, match="missing hardware_class, provenance"):
+    with pytest.raises(ValueError, match="missing arrival_s, dp_sync_s, hardware_class, per_prompt_token_s"):
         load_host_terms(bad)
     good = _terms(1e-4).to_json()
     bad.write_text(json.dumps({**good, "per_token_s": 1.0}), encoding="utf-8")
@@ -71,3 +71,57 @@ def test_a_calibration_file_reaches_the_step_model(tmp_path: Path,
                  str(tmp_path / "missing.json")]) != 0
     err = capsys.readouterr().err
     assert "missing.json' does not exist" in err and "Traceback" not in err
+
+
+def test_every_step_pays_the_step_terms_and_fast_forward_gives_the_same_float() -> None:
+    base = MeasuredStepTimeModel(LLAMA_8B, H100, host=_terms(0.0))
+    terms = HostTerms(0.0, "0.24", "nvidia", "test", step_s=0.4e-3, per_sampled_request_s=25e-6)
+    sm = MeasuredStepTimeModel(LLAMA_8B, H100, host=terms)
+    decode = BatchShape.decode(16, 16 * 700)
+    # 0.4 ms per step + 16 sampled requests x 25 us
+    assert sm.step_time(decode) - base.step_time(decode) == pytest.approx(0.4e-3 + 16 * 25e-6, rel=1e-9)
+    prefill = BatchShape(512, 1, 1, 0, 0, 512, 512, 512 * 513 // 2)
+    assert sm.gpu_time(prefill) - base.gpu_time(prefill) == pytest.approx(0.4e-3 + 25e-6, rel=1e-9)
+    # a chunk that does not sample pays the step term only
+    chunk = BatchShape(512, 1, 0, 0, 0, 512, 512, 512 * 513 // 2)
+    assert sm.gpu_time(chunk) - base.gpu_time(chunk) == pytest.approx(0.4e-3, rel=1e-9)
+    stretch = sm.decode_step_times(16, 16 * 700, 16, 4)
+    assert stretch == [sm.step_time(BatchShape.decode(16, 16 * 700 + 16 * j)) for j in range(4)]
+
+
+def test_dp_sync_is_paid_only_with_several_data_parallel_ranks() -> None:
+    from kvsched.perf.step_time import ParallelConfig
+
+    terms = HostTerms(0.0, "0.24", "nvidia", "test", dp_sync_s=1e-3)
+    one = MeasuredStepTimeModel(LLAMA_8B, H100, ParallelConfig(1, 1), host=terms)
+    two = MeasuredStepTimeModel(LLAMA_8B, H100, ParallelConfig(1, 2), host=terms)
+    plain = MeasuredStepTimeModel(LLAMA_8B, H100, ParallelConfig(1, 2), host=_terms(0.0))
+    decode = BatchShape.decode(8, 8 * 300)
+    assert two.step_time(decode) - plain.step_time(decode) == pytest.approx(1e-3, rel=1e-9)
+    assert one.step_time(decode) == MeasuredStepTimeModel(LLAMA_8B, H100, host=_terms(0.0)).step_time(decode)
+
+
+def _ttfts(terms: HostTerms, rate_gap_s: float) -> list[float]:
+    from array import array
+
+    from kvsched.sim.simulator import SimConfig, Simulator
+    from kvsched.sim.workload import RandomRequests, Workload
+
+    d = build_deployment(EngineOptions())
+    sm = MeasuredStepTimeModel(LLAMA_8B, H100, host=terms)
+    n = 6
+    arrivals = array("d", [i * rate_gap_s for i in range(n)])
+    work = Workload("t", RandomRequests(arrivals, array("q", [100 * (i + 1) for i in range(n)]),
+                                        array("q", [4] * n), 0))
+    result = Simulator(SimConfig(d.scheduler_config, d.cache_config, sm, keep_step_log=False), work).run()
+    by_id = {r.request_id: r for r in result.records}
+    return [by_id[spec.request_id].ttft for spec in work.requests]
+
+
+def test_a_request_reaches_the_engine_after_its_arrival_delay_and_ttft_counts_from_the_send() -> None:
+    # Requests far apart (1 s): each is alone, so its TTFT grows by exactly its delay,
+    # 3 ms + 10 us per prompt token.
+    plain = _ttfts(_terms(0.0), 1.0)
+    late = _ttfts(HostTerms(0.0, "0.24", "nvidia", "test", arrival_s=3e-3, per_prompt_token_s=10e-6), 1.0)
+    for i, (a, b) in enumerate(zip(plain, late, strict=True)):
+        assert b - a == pytest.approx(3e-3 + 10e-6 * 100 * (i + 1), rel=1e-6)

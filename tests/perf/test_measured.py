@@ -4,8 +4,11 @@ how a deployment picks it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +17,8 @@ from hypothesis import strategies as st
 from kvsched.cli import main
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.host import NO_HOST_TIME
-from kvsched.perf.measured import MeasuredStepTimeModel
+from kvsched.perf.kernels import aic_data_dir
+from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
 from kvsched.sim.deployment import EngineOptions, build_deployment
 
@@ -70,7 +74,8 @@ def test_moe_experts_come_from_the_fused_moe_table() -> None:
     # 80 tokens 0.239578 ms (h100_sxm, vLLM 0.24.0).
     sm = MeasuredStepTimeModel(get_model("Qwen3-30B-A3B"), H100,
                                ParallelConfig(1, 2, enable_expert_parallel=True))
-    assert sm.roofline_parts == ["all-to-all"]
+    assert sm.roofline_parts == ["all-to-all (no measured DeepEP over 2 GPUs for 128 experts, top-8, "
+                                 "hidden 2048 on h100_sxm)"]
     assert sm._moe is not None
     assert sm._moe(64) == pytest.approx(0.216922e-3, rel=1e-4)
     assert sm._moe(72) == pytest.approx((0.216922 + 0.239578) / 2 * 1e-3, rel=1e-4)
@@ -78,6 +83,169 @@ def test_moe_experts_come_from_the_fused_moe_table() -> None:
     router_and_shared = sum(c(32) for c in sm._moe_gemms)
     assert sm._moe_time(32, 64) == pytest.approx(router_and_shared + 0.216922e-3, rel=1e-4)
     assert "roofline for all-to-all" in sm.describe_backend()
+
+
+# -- MLA (Kimi-K2.5, DeepSeek-V3) ---------------------------------------------------
+
+B200 = get_hardware("b200")
+KIMI = get_model("moonshotai/Kimi-K2.5")
+# Kimi-K2.5 as NVIDIA's NVFP4 checkpoint serves it: 4-bit experts, 16-bit
+# attention, FP8 KV cache.
+KIMI_FP4 = RuntimeConfig(dtype="nvfp4", quantized_layers="experts", kv_cache_dtype="fp8")
+KIMI_TP8 = MeasuredStepTimeModel(KIMI, B200, ParallelConfig(8), KIMI_FP4, host=NO_HOST_TIME)
+MLA_GEN = "mla/vllm/0.24.0/mla_generation_module_perf.parquet"
+MLA_CTX = "mla/vllm/0.24.0/mla_context_module_perf.parquet"
+
+
+def _raw(system: str, rel: str, **where: object) -> list[dict[str, Any]]:
+    """Rows of an aiconfigurator-core table, read with pyarrow alone."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    rows: list[dict[str, Any]] = pq.read_table(aic_data_dir() / system / rel).to_pylist()
+    return [r for r in rows if all(r[c] == v for c, v in where.items())]
+
+
+def test_coverage_accepts_kimi_and_deepseek_where_the_mla_modules_have_their_heads() -> None:
+    assert measured_coverage(KIMI, B200, ParallelConfig(8), KIMI_FP4) is None
+    assert KIMI_TP8.roofline_parts == []
+    deepseek, h200 = get_model("deepseek-ai/DeepSeek-V3"), get_hardware("h200")
+    for tp in (1, 2, 4, 8):
+        assert measured_coverage(deepseek, h200, ParallelConfig(tp), RuntimeConfig(dtype="fp8_block")) is None
+    # The modules time DeepSeek-V3's latent (512 + 64): another one is refused.
+    other = dataclasses.replace(KIMI, kv_lora_rank=256)
+    reason = measured_coverage(other, B200, ParallelConfig(8), KIMI_FP4)
+    assert reason is not None and "DeepSeek-V3's (512 + 64" in reason
+    assert measured_coverage(KIMI, B200, ParallelConfig(3), KIMI_FP4) == "64 heads do not split over TP 3"
+
+
+def test_mla_blocks_match_aiconfigurators_engine_on_the_same_tables() -> None:
+    # aiconfigurator-core 0.12's EngineHandle, moonshotai/Kimi-K2.5 on
+    # b200_sxm / vLLM 0.24.0, TP 8, bf16 attention GEMMs, nvfp4 MoE, fp8 KV,
+    # run_static_per_op(batch_size=16, isl=1024, osl=2): generation_mla_block
+    # 2.4278 ms, context_mla_block 38.2104 ms (its MLAModule rows, 61 layers).
+    # Here: the block's projections at the step's tokens plus the modules'
+    # attention part, which give the module back at these shapes.
+    sm = KIMI_TP8
+    projections = sm._gemms[:3]
+    decode = BatchShape.decode(16, 16 * 1025)
+    mla = sum(c(16) * n for c, n in projections) + sm._attention_time(decode)
+    assert mla == pytest.approx(2.4278e-3, rel=1e-6)
+    T = 16 * 1024
+    prefill = BatchShape(T, 16, 16, 0, 0, T, T, 16 * 1024 * 1025 // 2)
+    mla = sum(c(T) * n for c, n in projections) + sm._attention_time(prefill)
+    assert mla == pytest.approx(38.2104e-3, rel=1e-6)
+
+
+def test_mla_decode_grows_with_the_kv_as_the_module_rows_do() -> None:
+    sm = KIMI_TP8
+    times = [sm.step_time(BatchShape.decode(8, 8 * kv)) for kv in (64, 512, 2048, 8192, 32768, 131072)]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    # All else equal, two KV lengths differ by 61 layers x the module rows'
+    # difference (batch 16, steps 1024 and 4096: KV 1025 and 4097).
+    rows = {r["step"]: r["latency"] for r in _raw("b200_sxm", MLA_GEN, num_heads=8, kv_cache_dtype="fp8",
+                                                  gemm_type="bfloat16", mla_dtype="bfloat16", batch_size=16)}
+    diff = sm.gpu_time(BatchShape.decode(16, 16 * 4097)) - sm.gpu_time(BatchShape.decode(16, 16 * 1025))
+    assert diff == pytest.approx(61 * (rows[4096] - rows[1024]) * 1e-3, rel=1e-9)
+
+
+def test_mla_prefill_of_equal_tokens_differs_by_the_context_module_rows() -> None:
+    # One 4096-token prompt against four of 1024: the same tokens (so the
+    # same GEMMs, MoE, all-reduce, norms and latent up-projection), different
+    # attention, which the module rows time.
+    sm = KIMI_TP8
+    rows = {(r["batch_size"], r["isl"]): r["latency"]
+            for r in _raw("b200_sxm", MLA_CTX, num_heads=8, kv_cache_dtype="fp8", gemm_type="bfloat16",
+                          mla_dtype="bfloat16")}
+    one = sm.gpu_time(BatchShape(4096, 1, 1, 0, 0, 4096, 4096, 4096 * 4097 // 2))
+    four = sm.gpu_time(BatchShape(4096, 4, 1, 0, 0, 4096, 4096, 4 * 1024 * 1025 // 2))
+    assert one - four == pytest.approx(61 * (rows[(1, 4096)] - rows[(4, 1024)]) * 1e-3, rel=1e-9)
+
+
+def test_a_chunk_after_cached_context_runs_its_projections_on_its_new_tokens() -> None:
+    # 1024 new tokens after 7168 cached: attention as a fresh prompt with the
+    # same query-key pairs, but q/o projections over 1024 tokens only, so
+    # less than that prompt, and more than 1024 fresh tokens.
+    sm = KIMI_TP8
+    pairs = 1024 * 7168 + 1024 * 1025 // 2
+    chunk = sm.gpu_time(BatchShape(1024, 1, 1, 0, 0, 1024, 8192, pairs))
+    fresh = sm.gpu_time(BatchShape(1024, 1, 1, 0, 0, 1024, 1024, 1024 * 1025 // 2))
+    length = round((math.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0)   # 4,351: the same pairs
+    same_pairs = sm.gpu_time(BatchShape(length, 1, 1, 0, 0, length, length, length * (length + 1) // 2))
+    assert fresh < chunk < same_pairs
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(1, 600), st.integers(0, 2_000_000), st.integers(1, 4), st.integers(1, 40))
+def test_an_mla_stretch_prices_each_step_as_stepping_does(num_reqs: int, extra_kv: int, per_step: int,
+                                                          count: int) -> None:
+    first = num_reqs + extra_kv
+    stretch = KIMI_TP8.decode_step_times(num_reqs, first, num_reqs * per_step, count)
+    single = [KIMI_TP8.step_time(BatchShape.decode(num_reqs, first + j * num_reqs * per_step))
+              for j in range(count)]
+    assert stretch == single
+
+
+# -- MoE all-to-all ---------------------------------------------------------------------
+
+DEEPSEEK_EP8 = MeasuredStepTimeModel(get_model("deepseek-ai/DeepSeek-V3"), B200,
+                                     ParallelConfig(1, 8, enable_expert_parallel=True),
+                                     RuntimeConfig(dtype="fp8_block"), host=NO_HOST_TIME)
+
+
+def test_all_to_all_comes_from_deepep_where_the_table_has_the_ep_size() -> None:
+    sm = DEEPSEEK_EP8
+    assert sm.roofline_parts == []
+    rows = {(r["comm_backend"], r["phase"], r["num_tokens"]): r["latency"] * 1e-6   # µs
+            for r in _raw("b200_sxm", "comm/vllm/0.24.0/moe_a2a_perf.parquet", hidden_size=7168, topk=8,
+                          num_experts=256, ep_size=8)}
+    # 58 MoE layers; a decode-only step of 8 (a capture size): the
+    # low-latency kernels; a step with prefill: the high-throughput ones.
+    decode = BatchShape.decode(8, 8 * 1000)
+    ll = 58 * (rows[("deepep_ll", "dispatch", 8)] + rows[("deepep_ll", "combine", 8)])
+    assert sm._attention_time(decode) - sm._decode_attention(8, 8 * 1000) == pytest.approx(ll, rel=1e-9)
+    prefill = BatchShape(4096, 1, 1, 0, 0, 4096, 4096, 4096 * 4097 // 2)
+    ht = 58 * (rows[("deepep_ht", "dispatch", 4096)] + rows[("deepep_ht", "combine", 4096)])
+    assert sm._measured_all_to_all(4096, True) == pytest.approx(ht, rel=1e-9)
+    without = sm._attention_time(prefill) - sm._measured_all_to_all(4096, True)
+    assert sm._attention_time(prefill) == pytest.approx(without + ht, rel=1e-12)
+    # And the roofline's formula is not added on top.
+    assert sm._all_to_all_time(4096) == 0.0
+
+
+def test_all_to_all_over_an_unmeasured_ep_size_stays_roofline() -> None:
+    ep4 = ParallelConfig(1, 4, enable_expert_parallel=True)
+    fp8 = RuntimeConfig(dtype="fp8_block")
+    sm = MeasuredStepTimeModel(get_model("deepseek-ai/DeepSeek-V3"), B200, ep4, fp8)
+    assert sm.roofline_parts == ["all-to-all (no measured DeepEP over 4 GPUs for 256 experts, top-8, "
+                                 "hidden 7168 on b200_sxm)"]
+    assert sm._all_to_all_time(64) == StepTimeModel._all_to_all_time(sm, 64) > 0
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(1, 300), st.integers(0, 500_000), st.integers(1, 4), st.integers(1, 30))
+def test_a_stretch_with_measured_all_to_all_prices_each_step_as_stepping_does(
+        num_reqs: int, extra_kv: int, per_step: int, count: int) -> None:
+    sm = DEEPSEEK_EP8
+    first = num_reqs + extra_kv
+    stretch = sm.decode_step_times(num_reqs, first, num_reqs * per_step, count, 8 * num_reqs)
+    single = [sm.step_time(BatchShape.decode(num_reqs, first + j * num_reqs * per_step), 8 * num_reqs)
+              for j in range(count)]
+    assert stretch == single
+
+
+@pytest.mark.parametrize("name, parallel, runtime", [
+    ("moonshotai/Kimi-K2.5", ParallelConfig(8), KIMI_FP4),
+    ("deepseek-ai/DeepSeek-V3", ParallelConfig(1, 8, enable_expert_parallel=True),
+     RuntimeConfig(dtype="fp8_block")),
+])
+def test_the_inlined_decode_stretch_is_gpu_times_float(name: str, parallel: ParallelConfig,
+                                                      runtime: RuntimeConfig) -> None:
+    # Without CPU time a step is its GPU time: the stretch's inlined
+    # attention (and all-to-all) must be _attention_time's very float.
+    no_cpu = dataclasses.replace(runtime, cpu_step_s=0.0, cpu_per_request_s=0.0)
+    sm = MeasuredStepTimeModel(get_model(name), B200, parallel, no_cpu, host=NO_HOST_TIME)
+    for num_reqs, kv in ((1, 700), (7, 7 * 3000), (64, 64 * 1025), (300, 300 * 20_000)):
+        assert sm.decode_step_times(num_reqs, kv, 0, 1)[0] == sm.gpu_time(BatchShape.decode(num_reqs, kv))
 
 
 def test_moe_shapes_the_table_lacks_stay_roofline_and_say_so() -> None:

@@ -153,6 +153,17 @@ def test_nvfp4_gemms_come_from_the_b200_table() -> None:
     assert sm.roofline_parts == []
 
 
+def test_block_fp8_gemms_read_the_per_tensor_fp8_table() -> None:
+    # b200_sxm gemm_perf.parquet, n 2048 k 3072 (MiniMax-M2.5's qkv at TP4), m 4:
+    # fp8 (CutlassFP8ScaledMMLinearKernel) 0.0072756 ms; fp8_block 0.169696 ms, the block
+    # table's eager per-call floor that CUDA graphs do not pay.
+    sm = MeasuredStepTimeModel(get_model("MiniMax-M2.5"), B200, ParallelConfig(4),
+                               RuntimeConfig(dtype="fp8_block"))
+    qkv = sm._gemms[0][0]
+    assert qkv(4) == pytest.approx(0.007275555696752336e-3, rel=1e-9)
+    assert GEMM_DTYPES["fp8_block"] == "fp8" and MOE_DTYPES["fp8_block"] == "fp8_block"
+
+
 def test_nvfp4_gemms_off_blackwell_fall_back_to_the_roofline_and_say_so() -> None:
     sm = MeasuredStepTimeModel(get_model("Llama-3.1-70B"), H100, runtime=RuntimeConfig(dtype="nvfp4"))
     assert sm.roofline_parts == ["attention, dense mlp GEMMs (no measured nvfp4 GEMMs on h100_sxm)"]

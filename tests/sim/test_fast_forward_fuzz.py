@@ -28,6 +28,7 @@ from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.policies import AdpBalance, BalanceGate, DPRankStates
 from kvsched.core.scheduler import Scheduler
 from kvsched.perf import get_hardware, get_model
+from kvsched.perf.host import HostTerms
 from kvsched.perf.measured import MeasuredStepTimeModel
 from kvsched.perf.step_time import ParallelConfig, StepTimeModel
 from kvsched.sim.dp import DPOptions, DPSimulator
@@ -46,6 +47,11 @@ H100 = get_hardware("h100-sxm")
 DENSE = StepTimeModel(get_model("Llama-3.1-8B"), H100)
 # Measured kernels price steps by table lookups: the same exactness is required.
 DENSE_MEASURED = MeasuredStepTimeModel(get_model("Llama-3.1-8B"), H100)
+# Every host term on: per-step gaps, and requests reaching the engine after
+# a delay that depends on their prompt (sends and arrivals interleave).
+HOST = HostTerms(0.2e-3, "test", "test", "fuzzer", step_s=0.3e-3, per_sampled_request_s=10e-6,
+                 dp_sync_s=0.5e-3, arrival_s=2e-3, per_prompt_token_s=20e-6)
+DENSE_HOST = MeasuredStepTimeModel(get_model("Llama-3.1-8B"), H100, host=HOST)
 MOE_MODEL = get_model("Qwen3-30B-A3B")
 
 
@@ -94,7 +100,7 @@ class Case:
     eos: float
     seed: int
     workload: Workload
-    backend: str = "roofline"  # the step-time backend: "roofline" or "measured"
+    backend: str = "roofline"  # "roofline", "measured" or "measured-host" (host terms on)
 
 
 @st.composite
@@ -130,12 +136,18 @@ def cases(draw: st.DrawFn) -> Case:
     if policy == "balance-1" and max_num_seqs < 2:
         policy = "balance"  # a threshold of 0 running would hold admission forever
     return Case(kind, size, router, policy, interval, sched, cache, eos, draw(st.integers(0, 99)),
-                draw(workloads()), draw(st.sampled_from(["roofline", "measured"])))
+                draw(workloads()), draw(st.sampled_from(["roofline", "measured", "measured-host"])))
 
 
 def _lockstep_model(size: int, backend: str) -> StepTimeModel:
-    cls = MeasuredStepTimeModel if backend == "measured" else StepTimeModel
-    return cls(MOE_MODEL, H100, ParallelConfig(1, size, enable_expert_parallel=True))
+    parallel = ParallelConfig(1, size, enable_expert_parallel=True)
+    if backend == "roofline":
+        return StepTimeModel(MOE_MODEL, H100, parallel)
+    return MeasuredStepTimeModel(MOE_MODEL, H100, parallel, host=HOST if backend == "measured-host" else None)
+
+
+def _dense_model(backend: str) -> StepTimeModel:
+    return {"roofline": DENSE, "measured": DENSE_MEASURED, "measured-host": DENSE_HOST}[backend]
 
 
 def _kv_state(sched: Scheduler) -> tuple[Any, ...]:
@@ -160,8 +172,8 @@ def _snapshot(result: SimResult) -> dict[str, Any]:
 def run_case(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
     """Everything observable of one run, and how many steps it jumped."""
     if case.kind == "single":
-        dense = DENSE_MEASURED if case.backend == "measured" else DENSE
-        config = SimConfig(case.sched, case.cache, dense, eos_probability=case.eos, seed=case.seed,
+        config = SimConfig(case.sched, case.cache, _dense_model(case.backend), eos_probability=case.eos,
+                           seed=case.seed,
                            fast_forward=fast_forward, prefill_schedule_interval=case.interval,
                            keep_token_times=True)
         sim = Simulator(config, case.workload)
@@ -169,8 +181,7 @@ def run_case(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
         state = {"result": _snapshot(result), "kv": _kv_state(sim.sched), "clock": sim.now}
         return state, result.num_fast_forwarded_steps
     lockstep = case.kind == "lockstep"
-    model = (_lockstep_model(case.size, case.backend) if lockstep
-             else DENSE_MEASURED if case.backend == "measured" else DENSE)
+    model = _lockstep_model(case.size, case.backend) if lockstep else _dense_model(case.backend)
     config = SimConfig(case.sched, case.cache, model, eos_probability=case.eos, seed=case.seed,
                        fast_forward=fast_forward, prefill_schedule_interval=case.interval,
                        keep_token_times=True)
