@@ -944,6 +944,17 @@ def error_line(label: str, e: RunErrors) -> str:
             f"   {e.source}")
 
 
+def error_block(before: Sequence[RunErrors], after: Sequence[RunErrors]) -> list[str]:
+    """The error table of some runs, start against fitted, pooled when there
+    are several."""
+    lines = [ERROR_HEADER]
+    for b, a in zip(before, after, strict=True):
+        lines += [error_line("start", b), error_line("fitted", a)]
+    if len(after) > 1:
+        lines += [error_line("start", pooled(before)), error_line("fitted", pooled(after))]
+    return lines
+
+
 ERROR_HEADER = (f"{'':<10}{'TTFT':>9}{'':>9}{'':>9}   {'TPOT':>9}\n"
                 f"{'':<10}{'med|err|':>9}{'mean|err|':>9}{'bias':>9}   {'med|err|':>9}{'mean|err|':>9}"
                 f"{'bias':>9}   run")
@@ -964,22 +975,10 @@ def format_report(c: Calibration) -> str:
     lines.append("")
     lines.append(f"Fit error (relative; {c.fit.iterations} iterations, loss {c.fit.loss:.4g}, "
                  f"{c.simulations} simulations in {c.wall_seconds:.1f} s):")
-    lines.append(ERROR_HEADER)
-    for before, after in zip(c.fit_before, c.fit_after):
-        lines.append(error_line("start", before))
-        lines.append(error_line("fitted", after))
-    if len(c.fit_after) > 1:
-        lines.append(error_line("start", pooled(c.fit_before)))
-        lines.append(error_line("fitted", pooled(c.fit_after)))
+    lines += error_block(c.fit_before, c.fit_after)
     if c.held_after:
         lines.append("Held-out error (runs the fit never saw):")
-        lines.append(ERROR_HEADER)
-        for before, after in zip(c.held_before, c.held_after):
-            lines.append(error_line("start", before))
-            lines.append(error_line("fitted", after))
-        if len(c.held_after) > 1:
-            lines.append(error_line("start", pooled(c.held_before)))
-            lines.append(error_line("fitted", pooled(c.held_after)))
+        lines += error_block(c.held_before, c.held_after)
     else:
         lines.append("Held-out error: none (give --held-out FILE: a run of the same deployment at "
                      "another rate or concurrency)")

@@ -48,11 +48,15 @@ def test_llama_70b_fp8_tp4_matches_aiconfigurators_engine_on_the_same_tables() -
 @given(st.integers(1, 600), st.integers(0, 2_000_000), st.integers(1, 4), st.integers(1, 40))
 def test_a_stretch_prices_each_step_as_stepping_does(num_reqs: int, extra_kv: int, per_step: int,
                                                      count: int) -> None:
+    _check_stretch(LLAMA_8B, num_reqs, extra_kv, per_step, count)
+
+
+def _check_stretch(sm: StepTimeModel, num_reqs: int, extra_kv: int, per_step: int, count: int) -> None:
     # Fast-forward is exact only if a stretch's step times are the very
     # floats step_time gives each step on its own.
     first = num_reqs + extra_kv
-    stretch = LLAMA_8B.decode_step_times(num_reqs, first, num_reqs * per_step, count)
-    single = [LLAMA_8B.step_time(BatchShape.decode(num_reqs, first + j * num_reqs * per_step))
+    stretch = sm.decode_step_times(num_reqs, first, num_reqs * per_step, count)
+    single = [sm.step_time(BatchShape.decode(num_reqs, first + j * num_reqs * per_step))
               for j in range(count)]
     assert stretch == single
 
@@ -178,11 +182,7 @@ def test_a_chunk_after_cached_context_runs_its_projections_on_its_new_tokens() -
 @given(st.integers(1, 600), st.integers(0, 2_000_000), st.integers(1, 4), st.integers(1, 40))
 def test_an_mla_stretch_prices_each_step_as_stepping_does(num_reqs: int, extra_kv: int, per_step: int,
                                                           count: int) -> None:
-    first = num_reqs + extra_kv
-    stretch = KIMI_TP8.decode_step_times(num_reqs, first, num_reqs * per_step, count)
-    single = [KIMI_TP8.step_time(BatchShape.decode(num_reqs, first + j * num_reqs * per_step))
-              for j in range(count)]
-    assert stretch == single
+    _check_stretch(KIMI_TP8, num_reqs, extra_kv, per_step, count)
 
 
 # -- MoE all-to-all ---------------------------------------------------------------------
