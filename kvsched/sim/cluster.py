@@ -50,7 +50,8 @@ ArrivalDelay = Callable[[WorkloadRequest], float]
 
 class Cluster:
     def __init__(self, instances: Sequence[Instance], client: Client, router: Router | None = None,
-                 *, progress: Progress | None = None, arrival_delay: ArrivalDelay | None = None) -> None:
+                 *, progress: Progress | None = None, arrival_delay: ArrivalDelay | None = None,
+                 arrival_floor: float = 0.0) -> None:
         if not instances:
             raise ValueError("a cluster needs at least one engine instance")
         self.instances = list(instances)
@@ -69,6 +70,12 @@ class Cluster:
         self.after_step: list[Callable[[Cluster], None]] = []
         self.wall_seconds = 0.0
         self.arrival_delay = arrival_delay
+        # No request reaches the engine sooner than this after its send (the
+        # delay's constant part): an open-loop client's send changes nothing
+        # before then, so engines may step up to it.
+        if arrival_delay is None and arrival_floor:
+            raise ValueError("arrival_floor without an arrival_delay")
+        self.arrival_floor = arrival_floor
         # Sent requests on their way to the engine: (reach time, send order,
         # send time, request), a heap.
         self._transit: list[tuple[float, int, float, WorkloadRequest]] = []
@@ -90,8 +97,10 @@ class Cluster:
         last_report = wall0
         iterations = 0
         transit = self._transit
+        # Open loop with a delay: a send is not an event for the engines.
+        floor = self.arrival_floor if client.max_concurrency is None else 0.0
         while True:
-            t_send = client.next_send_time()
+            t_client = t_send = client.next_send_time()
             if transit and transit[0][0] < t_send:
                 # The next thing from outside is a request reaching the engine.
                 t_send = transit[0][0]
@@ -110,6 +119,10 @@ class Cluster:
             _, i = heapq.heappop(heap)
             inst = instances[i]
             bound = t_send
+            if floor:
+                bound = t_client + floor
+                if transit and transit[0][0] < bound:
+                    bound = transit[0][0]
             if heap and client.waits_on_responses():
                 # Another instance's finish could free a slot and send a request
                 # here: no jump past its next step.

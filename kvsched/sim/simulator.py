@@ -65,6 +65,11 @@ class SimConfig:
 
         return delay
 
+    def arrival_floor(self) -> float:
+        """The least seconds any request takes to reach the engine."""
+        host = self.step_model.host
+        return host.arrival_s if host is not None and self.arrival_delay() is not None else 0.0
+
     def make_rank(self, workload: Workload, *, seed: int | None = None,
                   admission_policy: AdmissionPolicy | None = None,
                   trace_steps: TextIO | None = None) -> Rank:
@@ -91,7 +96,7 @@ class Simulator:
                                      trace_steps=trace_steps)
         self.instance = EngineInstance(self.rank, config.step_model, config.fast_forward)
         self.cluster = Cluster([self.instance], Client(workload), progress=progress,
-                               arrival_delay=config.arrival_delay())
+                               arrival_delay=config.arrival_delay(), arrival_floor=config.arrival_floor())
 
     @property
     def sched(self) -> Scheduler:
