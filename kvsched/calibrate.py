@@ -241,12 +241,17 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
 
     # When each request was due at the client (all n, failed ones included:
     # the arrival draw counts them).
-    if "start_times" in data:
+    if math.isinf(rate) and concurrency is not None:
+        # A closed loop is replayed as a closed loop, whatever start_times
+        # say: its sends follow its completions, which the simulator must
+        # produce itself (fixed send times would freeze the measured ones).
+        due = [0.0] * n
+        note = f"closed loop: all due at 0, {concurrency} in flight"
+    elif "start_times" in data:
         starts = [_number(source, f"start_times[{i}]", v)
                   for i, v in enumerate(_list(source, data, "start_times", n))]
         t0 = min(s for s, good in zip(starts, ok) if good)
-        # The actual send times: replayed as they were sent, so the client's
-        # concurrency limit already shaped them.
+        # The actual send times: replayed as they were sent.
         due = [s - t0 for s in starts]
         note = "sent at the file's start_times"
         concurrency = None

@@ -156,6 +156,12 @@ class CompletedRequest(Protocol):
     def num_output_tokens(self) -> int: ...
     @property
     def ttft(self) -> float: ...
+    @property
+    def e2el(self) -> float: ...
+    @property
+    def send_time(self) -> float: ...
+    @property
+    def client_queue_time(self) -> float: ...
 
 
 # The attribute the per-request ITL lists need on a completed request's record
@@ -171,8 +177,12 @@ def detailed_lists(requests: Sequence[WorkloadRequest], records: Sequence[Comple
     """``vllm bench serve --save-detailed``'s per-request lists, one entry per
     request in workload order: ``input_lens``, ``output_lens`` (0 for a failed
     request), ``ttfts`` (seconds; 0 when failed), ``itls`` (a list of seconds
-    per request; [] when failed), ``generated_texts`` ("" : the simulator
-    makes no text), ``errors`` ("" for success).
+    per request; [] when failed), ``latencies`` (send to last token; 0 when
+    failed), ``start_times`` (the send, seconds of simulated time; null when
+    failed: a refused request's send is not recorded), ``queue_times``
+    (due to sent, the client's concurrency wait; null when failed),
+    ``generated_texts`` ("" : the simulator makes no text), ``errors`` (""
+    for success).
 
     Returns (lists, note): ``itls`` is left out, and the note says why, when
     a completed record has no per-request ITLs."""
@@ -184,6 +194,7 @@ def detailed_lists(requests: Sequence[WorkloadRequest], records: Sequence[Comple
         raise RuntimeError(f"requests {stray[:3]} are in the result but not in the workload")
     have_itls = all(getattr(r, ITLS_FIELD, None) is not None for r in records)
     out: dict[str, list[Any]] = {"input_lens": [], "output_lens": [], "ttfts": [], "itls": [],
+                                 "latencies": [], "start_times": [], "queue_times": [],
                                  "generated_texts": [], "errors": []}
     for spec in requests:
         rid = spec.request_id
@@ -193,12 +204,18 @@ def detailed_lists(requests: Sequence[WorkloadRequest], records: Sequence[Comple
             out["output_lens"].append(record.num_output_tokens)
             out["ttfts"].append(record.ttft)
             out["itls"].append(list(getattr(record, ITLS_FIELD)) if have_itls else None)
+            out["latencies"].append(record.e2el)
+            out["start_times"].append(record.send_time)
+            out["queue_times"].append(record.client_queue_time)
             out["errors"].append("")
         elif rid in errors:
             out["input_lens"].append(spec.num_prompt_tokens)
             out["output_lens"].append(0)
             out["ttfts"].append(0.0)
             out["itls"].append([])
+            out["latencies"].append(0.0)
+            out["start_times"].append(None)
+            out["queue_times"].append(None)
             out["errors"].append(errors[rid])
         else:
             raise RuntimeError(f"request {rid}: neither completed nor failed in the result")

@@ -326,7 +326,12 @@ def test_detailed_lists_follow_vllm_bench_serve() -> None:
     assert note is None
     assert lists == {"input_lens": [5, 7, 9], "output_lens": [3, 0, 4], "ttfts": [0.125, 0.0, 0.5],
                      "itls": [[0.125, 0.125], [], [0.25, 0.5, 0.25]],
+                     "latencies": [0.375, 0.0, 1.5], "start_times": [0.0, None, 1.0],
+                     "queue_times": [0.0, None, 0.0],
                      "generated_texts": ["", "", ""], "errors": ["", "refused: too long", ""]}
+    # due at 0.25, sent at 1.0: 0.75 s in the client's queue
+    queued = [RecordWithItls("r2", 1.0, 1.5, 2.5, 9, 4, 0.25, itls=[0.25, 0.5, 0.25]), records[1]]
+    assert detailed_lists(specs, queued, [("r1", "x")])[0]["queue_times"] == [0.0, None, 0.75]
     # Records without per-request ITLs: the list is left out, and the note says why.
     plain = [RequestRecord("r2", 1.0, 1.5, 2.5, 9, 4), RequestRecord("r0", 0.0, 0.125, 0.375, 5, 3)]
     lists, note = detailed_lists(specs, plain, [("r1", "refused: too long")])
@@ -359,6 +364,10 @@ def test_save_detailed_writes_vllm_bench_per_request_lists(
     assert saved["ttfts"][0] == by_id["jsonl-0"]["ttft"]  # seconds, like the records
     assert saved["ttfts"][0] + sum(saved["itls"][0]) == pytest.approx(by_id["jsonl-0"]["e2el"])
     assert [f["request_id"] for f in saved["failed_requests"]] == ["jsonl-1"]
+    # vLLM's latencies, start_times and queue_times (null where a request failed)
+    assert saved["latencies"][0] == pytest.approx(by_id["jsonl-0"]["e2el"]) and saved["latencies"][1] == 0.0
+    assert saved["start_times"][1] is None and saved["queue_times"][1] is None
+    assert saved["start_times"][0] == 0.0 and saved["queue_times"][2] == 0.0
 
 
 def test_failure_reasons_group_engine_and_server_refusals() -> None:
