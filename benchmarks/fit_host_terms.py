@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import date
 from pathlib import Path
 
-from kvsched.perf.host import DEFAULT_FILE, HostTerms, save_host_terms
+from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, save_host_terms
 from kvsched.perf.silicon import Refusal, ServingRun, load_rows, map_row, simulate_row
 
 TRAIN = ("h100_sxm", "h200_sxm")
@@ -104,9 +104,7 @@ def objective(ttft: Sequence[float], tpot: Sequence[float]) -> float:
 
 def candidate(values: dict[str, float], provenance: str = "candidate") -> HostTerms:
     return HostTerms(vllm_version="0.24", hardware_class="nvidia", provenance=provenance,
-                     **{name: values.get(name, 0.0) for name in
-                        ("prefill_step_per_layer_s", "step_s", "per_sampled_request_s", "dp_sync_s",
-                         "arrival_s", "per_prompt_token_s")})
+                     **{name: values.get(name, 0.0) for name in TERMS})
 
 
 def describe(values: dict[str, float]) -> str:

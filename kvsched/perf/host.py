@@ -76,8 +76,13 @@ class HostTerms:
         return asdict(self)
 
     def arrival_delay(self, num_prompt_tokens: int) -> float:
-        """Seconds from a request's send to its reaching the scheduler."""
+        """Seconds from a request's send to its reaching the scheduler; never
+        less than ``arrival_s`` (the event loop relies on that floor)."""
         return self.arrival_s + self.per_prompt_token_s * num_prompt_tokens
+
+    @property
+    def delays_arrivals(self) -> bool:
+        return self.arrival_s > 0.0 or self.per_prompt_token_s > 0.0
 
     def terms(self) -> dict[str, float]:
         """The fitted values by name (no metadata)."""

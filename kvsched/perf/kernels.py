@@ -111,6 +111,25 @@ class Curve:
             return self.ys[0]
         return self.ys[i] + self.slopes[i] * (x - xs[i])
 
+    def ascending(self, points: Sequence[float]) -> list[float]:
+        """``[self(x) for x in points]`` for ascending ``points``, the same
+        floats, with the segment carried from one point to the next instead
+        of searched for each (a decode stretch's mean context only grows)."""
+        xs, ys, slopes = self.xs, self.ys, self.slopes
+        last_x, last_y, first_y = xs[-1], ys[-1], ys[0]
+        top = len(xs) - 1
+        i = bisect.bisect_right(xs, points[0]) - 1 if points else 0
+        out: list[float] = []
+        append = out.append
+        for x in points:
+            if x >= last_x:
+                append(last_y * x / last_x if x > last_x else last_y)
+                continue
+            while i < top and xs[i + 1] <= x:
+                i += 1
+            append(first_y if i < 0 else ys[i] + slopes[i] * (x - xs[i]))
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class Grid2D:

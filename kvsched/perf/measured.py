@@ -50,7 +50,6 @@ per-kernel latency is not added.
 
 from __future__ import annotations
 
-import bisect
 import math
 
 from kvsched.perf.hardware import Hardware
@@ -491,36 +490,6 @@ class MeasuredStepTimeModel(StepTimeModel):
             t += window(kv) * self.sliding_layers
         return t
 
-    def _plain_decode_stretch(self, full: Curve, num_reqs: int, first_kv_tokens: int, kv_step: int,
-                              count: int, lin: float, rest: float, cpu: float) -> list[float]:
-        """decode_step_times without windowed layers or a measured all-to-all,
-        the common case: Curve.__call__ inlined with its segment carried from
-        step to step (the mean context only grows in a stretch), the same
-        arithmetic, so the same floats."""
-        xs, ys, slopes = full.xs, full.ys, full.slopes
-        last_x, last_y = xs[-1], ys[-1]
-        first_y = ys[0]
-        top = len(xs) - 1
-        full_layers = self.full_layers
-        overlap = self.async_scheduling
-        i = bisect.bisect_right(xs, first_kv_tokens / num_reqs) - 1
-        out: list[float] = []
-        append = out.append
-        for j in range(count):
-            kv = (first_kv_tokens + j * kv_step) / num_reqs
-            if kv >= last_x:
-                y = last_y * kv / last_x if kv > last_x else last_y
-            else:
-                while i < top and xs[i + 1] <= kv:
-                    i += 1
-                y = first_y if i < 0 else ys[i] + slopes[i] * (kv - xs[i])
-            gpu = lin + y * full_layers + rest
-            if overlap:
-                append(gpu if gpu > cpu else cpu)
-            else:
-                append(gpu + cpu)
-        return out
-
     def decode_step_times(self, num_reqs: int, first_kv_tokens: int, kv_step: int, count: int,
                           global_tokens: int | None = None) -> list[float]:
         """As the roofline's: every pure-decode step is priced here, so
@@ -534,23 +503,22 @@ class MeasuredStepTimeModel(StepTimeModel):
         full_layers, sliding_layers = self.full_layers, self.sliding_layers
         a2a = (self._measured_all_to_all(self.padded_tokens(num_reqs), False)
                if self._a2a is not None else None)
+        # _attention_time of each decode-only step, inlined (one pass per
+        # stretch): the same operations in the same order, so the same float.
+        kvs = [(first_kv_tokens + j * kv_step) / num_reqs for j in range(count)]
+        full_kv = full.ascending(kvs)
+        window_kv = window.ascending(kvs) if window is not None else None
         out: list[float] = []
-        if window is None and a2a is None:
-            return self._plain_decode_stretch(full, num_reqs, first_kv_tokens, kv_step, count,
-                                              lin, rest, cpu)
+        append = out.append
         for j in range(count):
-            # _attention_time of a decode-only step, inlined (one call per
-            # simulated step): the same operations in the same order, so the
-            # same float.
-            kv = (first_kv_tokens + j * kv_step) / num_reqs
-            attn = full(kv) * full_layers
-            if window is not None:
-                attn += window(kv) * sliding_layers
+            attn = full_kv[j] * full_layers
+            if window_kv is not None:
+                attn += window_kv[j] * sliding_layers
             if a2a is not None:
                 attn += a2a
             gpu = lin + attn + rest
             if overlap:
-                out.append(gpu if gpu > cpu else cpu)
+                append(gpu if gpu > cpu else cpu)
             else:
-                out.append(gpu + cpu)
+                append(gpu + cpu)
         return out

@@ -12,8 +12,8 @@ slots). Every instance's state at a send is therefore that of all its steps
 that started before it, with or without fast-forward.
 
 A request may take time to reach the engine after the client sends it
-(``arrival_delay``: the API server's HTTP handling and tokenisation,
-kvsched.perf.host). It then waits in transit, a second kind of event: the
+(``arrival``: the host terms' arrival delay, the API server's HTTP
+handling and tokenisation, kvsched.perf.host). It then waits in transit, a second kind of event: the
 router places it and its rank receives it when it arrives, while its TTFT
 still counts from the send.
 
@@ -35,6 +35,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from kvsched.perf.host import HostTerms
 from kvsched.sim.client import Client
 from kvsched.sim.instance import EngineInstance, LockstepGroup
 from kvsched.sim.rank import Rank, SimResult
@@ -44,14 +45,11 @@ from kvsched.sim.workload import WorkloadRequest
 Instance = EngineInstance | LockstepGroup
 # (requests done, requests in the workload, simulated seconds)
 Progress = Callable[[int, int, float], None]
-# Seconds from a request's send to its reaching the engine.
-ArrivalDelay = Callable[[WorkloadRequest], float]
 
 
 class Cluster:
     def __init__(self, instances: Sequence[Instance], client: Client, router: Router | None = None,
-                 *, progress: Progress | None = None, arrival_delay: ArrivalDelay | None = None,
-                 arrival_floor: float = 0.0) -> None:
+                 *, progress: Progress | None = None, arrival: HostTerms | None = None) -> None:
         if not instances:
             raise ValueError("a cluster needs at least one engine instance")
         self.instances = list(instances)
@@ -69,13 +67,9 @@ class Cluster:
         # the ranks' load to DP admission policies).
         self.after_step: list[Callable[[Cluster], None]] = []
         self.wall_seconds = 0.0
-        self.arrival_delay = arrival_delay
-        # No request reaches the engine sooner than this after its send (the
-        # delay's constant part): an open-loop client's send changes nothing
-        # before then, so engines may step up to it.
-        if arrival_delay is None and arrival_floor:
-            raise ValueError("arrival_floor without an arrival_delay")
-        self.arrival_floor = arrival_floor
+        # Host terms that delay arrivals, or None (each request reaches its
+        # rank as it is sent).
+        self.arrival = arrival if arrival is not None and arrival.delays_arrivals else None
         # Sent requests on their way to the engine: (reach time, send order,
         # send time, request), a heap.
         self._transit: list[tuple[float, int, float, WorkloadRequest]] = []
@@ -98,7 +92,9 @@ class Cluster:
         iterations = 0
         transit = self._transit
         # Open loop with a delay: a send is not an event for the engines.
-        floor = self.arrival_floor if client.max_concurrency is None else 0.0
+        # No request reaches an engine sooner than arrival_s after its send:
+        # an open-loop client's send changes nothing before then.
+        floor = self.arrival.arrival_s if self.arrival is not None and client.max_concurrency is None else 0.0
         while True:
             t_client = t_send = client.next_send_time()
             if transit and transit[0][0] < t_send:
@@ -154,14 +150,15 @@ class Cluster:
         """Send what the client has due at ``t`` and deliver what reaches the
         engine by ``t``; the instances that got work."""
         client = self.client
-        delay = self.arrival_delay
+        arrival = self.arrival
         transit = self._transit
         touched: list[int] = []
         while True:
             due = client.due(t)
-            if delay is not None:
+            if arrival is not None:
                 for spec in due:
-                    heapq.heappush(transit, (t + delay(spec), self._sent, t, spec))
+                    heapq.heappush(transit, (t + arrival.arrival_delay(spec.num_prompt_tokens), self._sent,
+                                             t, spec))
                     self._sent += 1
                 arrived: list[tuple[float, WorkloadRequest]] = []
                 while transit and transit[0][0] <= t:
@@ -169,10 +166,6 @@ class Cluster:
                     arrived.append((sent, spec))
             else:
                 arrived = [(t, spec) for spec in due]
-            if not arrived:
-                if due:
-                    continue  # sent, still on the way; the client may have more due
-                return touched
             refused = 0
             for sent, spec in arrived:
                 index = self.router.choose(self.ranks, t)
@@ -183,7 +176,6 @@ class Cluster:
                     touched.append(owner)
                 else:
                     refused += 1
-            if refused:
-                client.refused(refused)  # their slots go to the next in the queue
-            elif delay is None:
+            if not refused:
                 return touched
+            client.refused(refused)  # their slots go to the next in the queue

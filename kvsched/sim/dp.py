@@ -93,7 +93,7 @@ class DPSimulator:
         self.instances = instances
         router = Router(options.router, options.size, options.stats_interval)
         self.cluster = Cluster(instances, Client(workload), router, progress=progress,
-                               arrival_delay=config.arrival_delay(), arrival_floor=config.arrival_floor())
+                               arrival=config.step_model.host)
         # Called after every step, e.g. to publish load for a balance policy.
         self.after_step: list[Callable[[DPSimulator], None]] = []
         self.cluster.after_step.append(self._after_step)

@@ -23,10 +23,10 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.perf.step_time import StepTimeModel
 from kvsched.progress import draw_progress
 from kvsched.sim.client import Client
-from kvsched.sim.cluster import ArrivalDelay, Cluster, Progress
+from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.instance import MIN_STRETCH, EngineInstance, stretch_times
 from kvsched.sim.rank import EOS_TOKEN, PlannedStep, Rank, SimResult, StepLog
-from kvsched.sim.workload import Workload, WorkloadRequest
+from kvsched.sim.workload import Workload
 
 __all__ = ["EOS_TOKEN", "MIN_STRETCH", "PlannedStep", "SimConfig", "SimResult", "Simulator",
            "StepLog", "stderr_progress", "stretch_times"]
@@ -51,24 +51,6 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.eos_probability < 1.0:
             raise ValueError(f"eos_probability={self.eos_probability!r}: must be in [0, 1)")
-
-    def arrival_delay(self) -> ArrivalDelay | None:
-        """Seconds from a request's send to its reaching the engine, by the
-        step model's host terms (kvsched.perf.host); None when they add
-        nothing, so the event loop takes its direct path."""
-        host = self.step_model.host
-        if host is None or (host.arrival_s == 0.0 and host.per_prompt_token_s == 0.0):
-            return None
-
-        def delay(spec: WorkloadRequest) -> float:
-            return host.arrival_delay(spec.num_prompt_tokens)
-
-        return delay
-
-    def arrival_floor(self) -> float:
-        """The least seconds any request takes to reach the engine."""
-        host = self.step_model.host
-        return host.arrival_s if host is not None and self.arrival_delay() is not None else 0.0
 
     def make_rank(self, workload: Workload, *, seed: int | None = None,
                   admission_policy: AdmissionPolicy | None = None,
@@ -96,7 +78,7 @@ class Simulator:
                                      trace_steps=trace_steps)
         self.instance = EngineInstance(self.rank, config.step_model, config.fast_forward)
         self.cluster = Cluster([self.instance], Client(workload), progress=progress,
-                               arrival_delay=config.arrival_delay(), arrival_floor=config.arrival_floor())
+                               arrival=config.step_model.host)
 
     @property
     def sched(self) -> Scheduler:

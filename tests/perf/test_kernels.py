@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsched.perf.kernels import (
     MLA_TABLE_SHAPE,
@@ -33,6 +35,16 @@ def test_curve_is_linear_between_points_flat_below_and_proportional_above() -> N
     assert c(4) == 20.0
     assert c(1) == 10.0          # a kernel takes no less than its smallest measurement
     assert c(16) == pytest.approx(48.0)  # past the end: ∝ x
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.floats(0.0, 40.0, allow_nan=False), max_size=30))
+def test_curve_ascending_gives_the_same_floats_as_one_call_per_point(points: list[float]) -> None:
+    # points below the first, on measured ones, between and past the last
+    c = Curve([2, 4, 8, 16], [10.0, 20.0, 24.0, 31.0])
+    points = sorted([*points, 2.0, 4.0, 16.0])
+    assert c.ascending(points) == [c(x) for x in points]
+    assert c.ascending([]) == []
 
 
 def test_curve_rejects_bad_points() -> None:

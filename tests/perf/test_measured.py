@@ -24,6 +24,8 @@ from kvsched.sim.deployment import EngineOptions, build_deployment
 
 H100 = get_hardware("h100-sxm")
 LLAMA_8B = MeasuredStepTimeModel(get_model("Llama-3.1-8B"), H100)
+GPT_OSS = MeasuredStepTimeModel(get_model("gpt-oss-120b"), H100,
+                                runtime=RuntimeConfig(dtype="mxfp4", quantized_layers="experts"))
 
 
 def test_llama_70b_fp8_tp4_matches_aiconfigurators_engine_on_the_same_tables() -> None:
@@ -49,6 +51,14 @@ def test_llama_70b_fp8_tp4_matches_aiconfigurators_engine_on_the_same_tables() -
 def test_a_stretch_prices_each_step_as_stepping_does(num_reqs: int, extra_kv: int, per_step: int,
                                                      count: int) -> None:
     _check_stretch(LLAMA_8B, num_reqs, extra_kv, per_step, count)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(1, 600), st.integers(0, 2_000_000), st.integers(0, 4), st.integers(1, 40))
+def test_a_sliding_window_stretch_prices_each_step_as_stepping_does(num_reqs: int, extra_kv: int,
+                                                                    per_step: int, count: int) -> None:
+    # gpt-oss-120b: half its layers windowed, so the stretch reads two curves.
+    _check_stretch(GPT_OSS, num_reqs, extra_kv, per_step, count)
 
 
 def _check_stretch(sm: StepTimeModel, num_reqs: int, extra_kv: int, per_step: int, count: int) -> None:
