@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import difflib
 import json
 import math
 import sys
@@ -106,6 +107,24 @@ VLLM_DEFAULT_SEED = 0
 # The per-request lists whose presence makes a bench file "detailed".
 _TIME_LISTS = ("ttfts", "itls", "latencies")
 REQUEST_FIELDS = ("arrival_time", "first_token_time", "last_token_time", "prompt_tokens", "output_tokens")
+# Bounds on the numbers read from a run's file, checked before anything is
+# built from them; each is far above any real run:
+# - a prompt or output length: 2**24 tokens (16.7M), above the longest
+#   context any model ships (10M);
+LENGTH_LIMIT = 2**24
+# - a duration (a TTFT, a gap between tokens, a request's time, the span of
+#   the sends): 10**6 s, 11.6 days (vllm bench serve runs last minutes); the
+#   replay simulates the whole span, so it bounds the simulation too;
+DURATION_LIMIT = 1e6
+# - a clock reading (arrival_time, start_times: seconds on any clock; Unix
+#   time is 1.8e9): 1e11 s, the year 5138, keeps differences exact to 10 us;
+CLOCK_LIMIT = 1e11
+# - burstiness (vllm bench serve's gamma shape; 1 is Poisson, "inf" a
+#   fixed gap): within [1e-6, 1e6], where numpy's gamma draw is well defined;
+BURSTINESS_RANGE = (1e-6, 1e6)
+# - max_concurrency: 2**31 - 1; a seed: numpy's, [0, 2**32).
+CONCURRENCY_LIMIT = 2**31 - 1
+SEED_LIMIT = 2**32
 
 
 # --------------------------------------------------------------------------
@@ -147,21 +166,58 @@ def _where(source: str, key: str) -> str:
     return f"{source}: {key}"
 
 
+def _show(value: object) -> str:
+    """A value for a one-line message: a huge integer by its size, a long
+    list or text cut short."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**24:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value) if not isinstance(value, list | dict) else repr(value)[:80]
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _number(source: str, key: str, value: object, *, minimum: float | None = None,
-            positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{_where(source, key)}={value!r}: must be a finite number")
+            positive: bool = False, maximum: float | None = None) -> float:
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value if isinstance(value, float) else 0.0)
+            or (isinstance(value, int) and abs(value) > 10**300)):
+        raise ValueError(f"{_where(source, key)}={_show(value)}: must be a finite number")
     if positive and not value > 0:
-        raise ValueError(f"{_where(source, key)}={value!r}: must be > 0")
+        raise ValueError(f"{_where(source, key)}={_show(value)}: must be > 0")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{_where(source, key)}={value!r}: must be >= {minimum:g}")
+        raise ValueError(f"{_where(source, key)}={_show(value)}: must be >= {minimum:g}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{_where(source, key)}={_show(value)}: must be <= {maximum:g} (an absurd "
+                         "value for a serving run; check the file)")
     return float(value)
 
 
-def _count(source: str, key: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{_where(source, key)}={value!r}: must be an integer >= {minimum}")
+def _count(source: str, key: str, value: object, minimum: int, maximum: int = LENGTH_LIMIT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ValueError(f"{_where(source, key)}={_show(value)}: must be an integer in "
+                         f"[{minimum}, {maximum}]")
     return value
+
+
+def _seconds(source: str, key: str, value: object, *, positive: bool = False) -> float:
+    """A duration in seconds: finite, >= 0 (> 0 if ``positive``), at most
+    DURATION_LIMIT."""
+    return _number(source, key, value, minimum=0.0, positive=positive, maximum=DURATION_LIMIT)
+
+
+def _clock(source: str, key: str, value: object) -> float:
+    """A clock reading in seconds (any clock): finite, |t| <= CLOCK_LIMIT."""
+    t = _number(source, key, value)
+    if abs(t) > CLOCK_LIMIT:
+        raise ValueError(f"{_where(source, key)}={_show(value)}: must be within +-{CLOCK_LIMIT:g} s "
+                         "(seconds on any clock; Unix time is 1.8e9)")
+    return t
+
+
+def _check_span(source: str, what: str, span: float) -> None:
+    if span > DURATION_LIMIT:
+        raise ValueError(f"{source}: {what} span {span:g} s, more than {DURATION_LIMIT:g} s (11.6 "
+                         "days); a serving run is minutes or hours: check the file's times")
 
 
 def _list(source: str, data: Mapping[str, Any], key: str, n: int | None) -> list[Any]:
@@ -188,16 +244,22 @@ def _request_rate(source: str, value: object) -> float:
     return _number(source, "request_rate", value, positive=True)
 
 
-def _file_seed(data: Mapping[str, Any]) -> int | None:
+def _file_seed(data: Mapping[str, Any], source: str) -> int | None:
     """The run's --seed when the file records it: a ``seed`` key (vllm bench
-    serve --metadata seed=S) or kvsched's ``workload.seed``."""
-    seed = data.get("seed")
+    serve --metadata seed=S) or kvsched's ``workload.seed``. A recorded seed
+    that is not one is an error, not ignored."""
+    key, seed = "seed", data.get("seed")
     workload = data.get("workload")
     if seed is None and isinstance(workload, Mapping):
-        seed = workload.get("seed")
-    if isinstance(seed, str) and seed.strip().isdigit():
+        key, seed = "workload.seed", workload.get("seed")
+    if seed is None:
+        return None
+    if isinstance(seed, str) and seed.strip().isdigit() and len(seed.strip()) <= 12:
         seed = int(seed)
-    return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{_where(source, key)}={_show(seed)}: must be the run's --seed, an integer in "
+                         f"[0, 2**32); fix it or remove the key and pass --seed")
+    return seed
 
 
 def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> ObservedRun:
@@ -232,12 +294,21 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
     rate = _request_rate(source, data["request_rate"])
     concurrency = data.get("max_concurrency")
     if concurrency is not None:
-        concurrency = _count(source, "max_concurrency", concurrency, 1)
+        concurrency = _count(source, "max_concurrency", concurrency, 1, CONCURRENCY_LIMIT)
     burstiness = data.get("burstiness", 1.0)
     if isinstance(burstiness, str) and burstiness.strip().lower() == "inf":
         burstiness = math.inf
-    if burstiness != math.inf:
-        burstiness = _number(source, "burstiness", burstiness, positive=True)
+    if not (isinstance(burstiness, float) and burstiness == math.inf):
+        burstiness = _number(source, "burstiness", burstiness, minimum=BURSTINESS_RANGE[0],
+                             maximum=BURSTINESS_RANGE[1])
+    # Every entry typed, failed requests' too (their lengths may be 0).
+    for key, values in (("input_lens", inputs), ("output_lens", outputs)):
+        for i, v in enumerate(values):
+            _count(source, f"{key}[{i}]", v, 1 if ok[i] else 0)
+    for i, e in enumerate(errors):
+        if e is not None and not isinstance(e, str):
+            raise ValueError(f"{_where(source, f'errors[{i}]')}={_show(e)}: must be the request's error "
+                             "text (\"\" when it succeeded)")
 
     # When each request was due at the client (all n, failed ones included:
     # the arrival draw counts them).
@@ -248,9 +319,12 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
         due = [0.0] * n
         note = f"closed loop: all due at 0, {concurrency} in flight"
     elif "start_times" in data:
-        starts = [_number(source, f"start_times[{i}]", v)
+        # A failed request's send may be unrecorded (null); it is left out.
+        starts = [_clock(source, f"start_times[{i}]", v) if ok[i] or v is not None else 0.0
                   for i, v in enumerate(_list(source, data, "start_times", n))]
-        t0 = min(s for s, good in zip(starts, ok) if good)
+        kept = [s for s, good in zip(starts, ok) if good]
+        t0 = min(kept)
+        _check_span(source, "start_times", max(kept) - t0)
         # The actual send times: replayed as they were sent.
         due = [s - t0 for s in starts]
         note = "sent at the file's start_times"
@@ -260,14 +334,17 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
         note = (f"closed loop: all due at 0, {concurrency} in flight" if concurrency is not None
                 else "all sent at 0")
     else:
-        recorded = _file_seed(data)
+        recorded = _file_seed(data, source)
         used = seed if recorded is None else recorded
-        due = arrival_times_of_rate(n, rate, float(burstiness), used)
         workload = data.get("workload")
-        if isinstance(workload, Mapping):
-            scale = workload.get("time_scale", 1.0)
-            if isinstance(scale, int | float) and not isinstance(scale, bool) and scale != 1.0:
-                due = [t * scale for t in due]
+        scale = 1.0
+        if isinstance(workload, Mapping) and "time_scale" in workload:
+            scale = _number(source, "workload.time_scale", workload["time_scale"], positive=True)
+        # vllm bench serve's draw ends at n / rate.
+        _check_span(source, f"the arrival draw ({n} requests at {rate:g} req/s)", n / rate * scale)
+        due = arrival_times_of_rate(n, rate, float(burstiness), used)
+        if scale != 1.0:
+            due = [t * scale for t in due]
         origin = "the file's" if recorded is not None else "--seed, not in the file:"
         note = (f"vllm bench serve's arrival draw at {rate:g} req/s, burstiness {burstiness:g}, "
                 f"{origin} seed {used}"
@@ -281,8 +358,7 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
                                   output_lens=output_lens, arrivals=arrivals,
                                   max_concurrency=concurrency, arrivals_note=note,
                                   failed=n - len(keep),
-                                  hardware=data.get("hardware") if isinstance(data.get("hardware"), str)
-                                  else None)
+                                  hardware=_hardware(source, data.get("hardware")))
     if "ttfts" not in data:
         present = [k for k in _TIME_LISTS if k in data]
         if present:
@@ -293,10 +369,11 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
             if key not in data or data[key] is None:
                 raise ValueError(f"{source}: no ttfts and no {key}: give the per-request lists "
                                  "(vllm bench serve --save-detailed) or at least the run's means")
-            means[key] = _number(source, key, data[key], positive=True) / 1e3
+            means[key] = _number(source, key, data[key], positive=True,
+                                 maximum=DURATION_LIMIT * 1e3) / 1e3
         return ObservedRun(**common, mean_ttft_s=means["mean_ttft_ms"], mean_tpot_s=means["mean_tpot_ms"])
     ttft_list = _list(source, data, "ttfts", n)
-    ttfts = tuple(_number(source, f"ttfts[{i}]", ttft_list[i], positive=True) for i in keep)
+    ttfts = tuple(_seconds(source, f"ttfts[{i}]", ttft_list[i], positive=True) for i in keep)
     tpots: list[float | None] = []
     if "itls" in data or "latencies" in data:
         key = "itls" if "itls" in data else "latencies"
@@ -311,9 +388,16 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
                 if not isinstance(gaps, list) or not gaps:
                     raise ValueError(f"{_where(source, f'itls[{i}]')}={gaps!r}: a completed request "
                                      f"of {out} output tokens needs its list of inter-token gaps")
-                span = sum(_number(source, f"itls[{i}]", g, minimum=0.0) for g in gaps)
+                span = sum(_seconds(source, f"itls[{i}]", g) for g in gaps)
+                if span > DURATION_LIMIT:
+                    _check_span(source, f"itls[{i}]", span)
             else:
-                span = _number(source, f"latencies[{i}]", values[i], positive=True) - ttfts[j]
+                latency = _seconds(source, f"latencies[{i}]", values[i], positive=True)
+                if latency < ttfts[j]:
+                    raise ValueError(f"{_where(source, f'latencies[{i}]')}={latency!r}: below the "
+                                     f"request's ttft {ttfts[j]!r}; a latency is the whole request's "
+                                     "time (seconds)")
+                span = latency - ttfts[j]
             tpots.append(span / (out - 1))
         return ObservedRun(**common, ttfts=ttfts, tpots=tuple(tpots))
     # TTFTs per request, TPOT as the run's mean only.
@@ -321,8 +405,15 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
         raise ValueError(f"{source}: ttfts but neither itls, latencies nor mean_tpot_ms: nothing "
                          "gives the time per output token; save the run with --save-detailed")
     return ObservedRun(**common, ttfts=ttfts,
-                       mean_tpot_s=_number(source, "mean_tpot_ms", data["mean_tpot_ms"], positive=True)
-                       / 1e3)
+                       mean_tpot_s=_number(source, "mean_tpot_ms", data["mean_tpot_ms"], positive=True,
+                                           maximum=DURATION_LIMIT * 1e3) / 1e3)
+
+
+def _hardware(source: str, value: object) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise ValueError(f"{_where(source, 'hardware')}={_show(value)}: must be the hardware's name (kvsched "
+                     "writes it, e.g. \"h100-sxm\"); fix it or remove the key")
 
 
 def parse_requests(lines: Sequence[tuple[int, object]], source: str) -> ObservedRun:
@@ -340,16 +431,24 @@ def parse_requests(lines: Sequence[tuple[int, object]], source: str) -> Observed
             if not isinstance(model, str) or not model:
                 raise ValueError(f"{where}: model={model!r}: must be the model's name")
             models.add(model)
-        if obj.get("error"):
+        error = obj.get("error")
+        if error is not None and not isinstance(error, str | bool):
+            raise ValueError(f"{where}: error={_show(error)}: must be the request's error text (\"\" or "
+                             "null when it succeeded)")
+        if error:
             failed += 1
             continue
         missing = [k for k in REQUEST_FIELDS if k not in obj]
         if missing:
-            raise ValueError(f"{where}: missing {', '.join(missing)} (each line needs "
+            extra = [k for k in obj if k not in REQUEST_FIELDS]
+            close = [f"{k!r} for {m!r}" for m in missing
+                     for k in difflib.get_close_matches(m, extra, n=1, cutoff=0.6)]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"{where}: missing {', '.join(missing)}{hint} (each line needs "
                              f"{', '.join(REQUEST_FIELDS)}; see docs/calibrate.md)")
-        sent = _number(where, "arrival_time", obj["arrival_time"])
-        first = _number(where, "first_token_time", obj["first_token_time"])
-        last = _number(where, "last_token_time", obj["last_token_time"])
+        sent = _clock(where, "arrival_time", obj["arrival_time"])
+        first = _clock(where, "first_token_time", obj["first_token_time"])
+        last = _clock(where, "last_token_time", obj["last_token_time"])
         prompt = _count(where, "prompt_tokens", obj["prompt_tokens"], 1)
         output = _count(where, "output_tokens", obj["output_tokens"], 1)
         if not first > sent:
@@ -357,6 +456,7 @@ def parse_requests(lines: Sequence[tuple[int, object]], source: str) -> Observed
                              "(same clock, seconds)")
         if last < first:
             raise ValueError(f"{where}: last_token_time={last!r} is before first_token_time={first!r}")
+        _check_span(where, "the request's", last - sent)
         rows.append((sent, first, last, prompt, output))
     if len(models) > 1:
         raise ValueError(f"{source}: requests of several models ({', '.join(sorted(models))}); "
@@ -366,6 +466,7 @@ def parse_requests(lines: Sequence[tuple[int, object]], source: str) -> Observed
     # Send order (stable for equal times).
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
+    _check_span(source, "the arrival_time", rows[-1][0] - t0)
     return ObservedRun(
         source=source, model_id=models.pop() if models else None,
         input_lens=tuple(r[3] for r in rows), output_lens=tuple(r[4] for r in rows),
@@ -387,15 +488,50 @@ def _read(path: str, flag: str) -> str:
         raise ValueError(f"{flag} {path}: not a text file (not UTF-8); give a JSON file") from None
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise _DuplicateKey(f"key {key!r} appears twice in one object (values {_show(seen[key])} "
+                                    f"and {_show(value)}); keep one")
+            seen[key] = value
+    return obj
+
+
+def _loads(text: str) -> object:
+    """json.loads refusing duplicate keys; every failure a ValueError
+    (JSONDecodeError for bad syntax)."""
+    try:
+        return json.loads(text, object_pairs_hook=_object_pairs)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a run's file") from None
+
+
+def _json_error(e: ValueError) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"not JSON ({e.msg} at line {e.lineno})"
+    if isinstance(e, _DuplicateKey):
+        return str(e)
+    return f"not JSON ({e})"  # e.g. an integer of more than 4,300 digits
+
+
 def _json_lines(text: str, source: str) -> list[tuple[int, object]]:
     out: list[tuple[int, object]] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            out.append((number, json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{source} line {number}: not JSON ({e.msg}); each line must be one "
+            out.append((number, _loads(line)))
+        except _DuplicateKey as e:
+            raise ValueError(f"{source} line {number}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"{source} line {number}: {_json_error(e)}; each line must be one "
                              "request's JSON object") from None
     return out
 
@@ -412,8 +548,8 @@ def load_run(path: str, kind: str = "auto", *, seed: int = VLLM_DEFAULT_SEED) ->
             lines = _json_lines(text, source)
         except ValueError:
             try:
-                whole = json.loads(text)
-            except json.JSONDecodeError:
+                whole = _loads(text)
+            except ValueError:
                 whole = None
             if isinstance(whole, dict) and ("input_lens" in whole or "model_id" in whole):
                 raise ValueError(f"{source}: is a vllm bench serve result (one JSON object), not JSON "
@@ -421,11 +557,13 @@ def load_run(path: str, kind: str = "auto", *, seed: int = VLLM_DEFAULT_SEED) ->
             raise
         return parse_requests(lines, source)
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
+        data = _loads(text)
+    except ValueError as e:
+        if isinstance(e, _DuplicateKey):
+            raise ValueError(f"{source}: {e}") from None
         if kind == "bench":
-            raise ValueError(f"{source}: not JSON ({e.msg} at line {e.lineno}); give vllm bench serve "
-                             "--save-result's file") from None
+            raise ValueError(f"{source}: {_json_error(e)}; give vllm bench serve --save-result's "
+                             "file") from None
         return parse_requests(_json_lines(text, source), source)
     if kind == "auto" and isinstance(data, dict) and "first_token_time" in data:
         return parse_requests([(1, data)], source)  # a one-line JSONL file

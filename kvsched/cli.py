@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from kvsched.core.output import SchedulerOutput
@@ -60,6 +61,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvsched", description="vLLM's v1 scheduler, rebuilt: exact, fast, explained.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an unexpected error instead of one line "
+                             "(give it before the command: kvsched --debug simulate ...)")
     sub = parser.add_subparsers(dest="command", required=True)
     rp = sub.add_parser("replay", help="replay a scheduler scenario with a scripted fake model")
     rp.add_argument("scenario", help="scenario JSON (see docs/scenarios.md)")
@@ -83,18 +87,85 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit statuses: 2 for bad input (a flag, a file, a setting: the message says
+# what to fix), 3 for an internal error (a bug in kvsched), 130 for Ctrl-C
+# (128 + SIGINT, as shells report it).
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL_ERROR = 3
+EXIT_INTERRUPTED = 130
+REPORT_HINT = ("this is a bug in kvsched: please report it with the command line at the kvsched "
+               "issue tracker (run with --debug before the command to see the traceback)")
+_ENGINE_COMMANDS = ("generate", "make-tiny-model")
+
+
+def one_line(text: str, limit: int = 2000) -> str:
+    """``text`` on one line (an error message is one line), at most ``limit`` characters."""
+    flat = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return flat if len(flat) <= limit else flat[:limit] + f"... ({len(flat)} characters)"
+
+
+def _error(message: str) -> None:
+    print(f"kvsched: error: {one_line(message)}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command: bad input is one ``kvsched: error:`` line and exit
+    status 2; anything else is a bug, one ``kvsched: internal error:`` line
+    and status 3 (``--debug`` raises it with its traceback instead); Ctrl-C
+    is one line and status 130."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
     try:
         return int(args.func(args))
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("\nkvsched: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     except ModuleNotFoundError as e:
-        print(f"kvsched: error: {args.command} needs the {e.name} package; install the engine's "
-              "extras with: pip install torch==2.13.0 && pip install 'kvsched[torch]'", file=sys.stderr)
-        return 2
+        if debug:
+            raise
+        if args.command in _ENGINE_COMMANDS:
+            _error(f"{args.command} needs the {e.name} package; install the engine's extras with: "
+                   "pip install torch==2.13.0 && pip install 'kvsched[torch]'")
+        else:
+            _error(f"{args.command} needs the {e.name} module, which is not installed; install it "
+                   "with pip")
+        return EXIT_BAD_INPUT
+    except RecursionError as e:  # a RuntimeError, but no input of ours should recurse that deep
+        if debug:
+            raise
+        _internal(e)
+        return EXIT_INTERNAL_ERROR
+    except MemoryError as e:
+        if debug:
+            raise
+        what = f": {e}" if str(e) else ""
+        print(f"kvsched: internal error: out of memory (MemoryError{one_line(what, 300)}); inputs "
+              f"within kvsched's stated bounds should fit, so {REPORT_HINT}", file=sys.stderr, flush=True)
+        return EXIT_INTERNAL_ERROR
     except (ValueError, OSError, RuntimeError) as e:
-        print(f"kvsched: error: {e}", file=sys.stderr)
-        return 2
+        if debug:
+            raise
+        _error(str(e) or type(e).__name__)
+        return EXIT_BAD_INPUT
+    except Exception as e:
+        if debug:
+            raise
+        _internal(e)
+        return EXIT_INTERNAL_ERROR
+
+
+def _internal(e: BaseException) -> None:
+    where = ""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        where = f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}"
+    print(f"kvsched: internal error: {type(e).__name__}{where}: {one_line(str(e), 300)}; {REPORT_HINT}",
+          file=sys.stderr, flush=True)
 
 
 def console_main() -> int:

@@ -2,15 +2,26 @@
 as ../shared/reference/SCENARIO_FORMAT.md says, and write the step trace.
 
 The same scenario through vLLM's oracle (vllm_replay.py) must give the same trace.
+
+A scenario file is checked against a schema before anything is built from it
+(:func:`parse_scenario`): unknown keys (with the closest valid key suggested),
+duplicate keys, wrong types, numbers out of their stated ranges and missing
+keys are each one ``ValueError`` naming the file, the key's path, the value and
+the fix. The ranges (``LIMITS``) only keep absurd values out: each is far above
+what a real deployment or test uses and keeps memory and time proportional to
+the file.
 """
 
 from __future__ import annotations
 
+import bisect
+import difflib
 import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
@@ -26,6 +37,60 @@ _SCHEDULER_DEFAULTS: dict[str, Any] = {
     "enable_chunked_prefill": True, "long_prefill_token_threshold": 0, "policy": "fcfs",
     "scheduler_reserve_full_isl": True,
 }
+DEFAULT_MAX_STEPS = 1_000_000  # the oracle's
+
+# --------------------------------------------------------------------------
+# Bounds, with the reason for each.
+
+# The step loop runs every step up to the last arrival or abort (idle steps
+# are cheap but each writes a trace line): 10**7 steps is about 1.7 GB of
+# trace. Arrivals and aborts must come before max_steps (the oracle would
+# fail at max_steps before reaching them).
+MAX_STEPS_LIMIT = 10**7
+# Every KV block is a Python object in the block pool (about 48 bytes,
+# measured): 2**21 blocks cost about 100 MB and 0.2 s to build, and hold 33M
+# tokens at block size 16, more than any single GPU's cache.
+NUM_GPU_BLOCKS_LIMIT = 2**21
+# Token counts (max_model_len, the token budget, the long-prefill threshold):
+# 16.7M tokens, above the longest context any model ships (10M).
+TOKEN_COUNT_LIMIT = 2**24
+# vLLM's attention backends use blocks of at most a few hundred tokens.
+BLOCK_SIZE_LIMIT = 2**16
+# Sequences in a batch: vLLM's default is 256 to 1024.
+MAX_NUM_SEQS_LIMIT = 2**20
+# Token ids, max_tokens, min_tokens, priority: int32, as vLLM's tensors and
+# protocol hold them (no vocabulary reaches 2**31).
+INT32_LIMIT = 2**31
+# arrival_time is in seconds (the priority tie-break): 1e12 s is 31,700
+# years; time.time() is 1.8e9.
+ARRIVAL_TIME_LIMIT = 1e12
+# prefill_schedule_interval (steps) and the DP lockstep corpus' sizes.
+INTERVAL_LIMIT = 2**20
+DATA_PARALLEL_LIMIT = 1024
+# A scenario file is read whole and every token id becomes a Python int
+# (about 10x the bytes): 64 MiB holds ~10M token ids and parses into < 1 GB.
+FILE_SIZE_LIMIT = 64 * 2**20
+
+# The keys each object may have. Besides the oracle's (SCENARIO_FORMAT.md):
+# `description` and `name` (notes, any string), `prefill_schedule_interval`
+# (kvsched's cadence corpus, top level or among the scheduler keys), and the
+# data-parallel lockstep corpus' `data_parallel_size`, `dp_sync_interval` and
+# per-request `rank` (tests/conformance/test_dp_lockstep.py runs those; a
+# single-scheduler replay refuses data_parallel_size > 1).
+TOP_KEYS = ("scheduler", "cache", "requests", "aborts", "max_steps", "async_scheduling",
+            "speculative", "max_loras", "description", "name", "prefill_schedule_interval",
+            "data_parallel_size", "dp_sync_interval")
+SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                  "enable_chunked_prefill", "long_prefill_token_threshold", "policy",
+                  "scheduler_reserve_full_isl", "prefill_schedule_interval")
+CACHE_KEYS = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
+REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos",
+                "eos_token_id", "stop_token_ids", "priority", "arrival_step", "arrival_time",
+                "sampled_token_ids", "accepted_drafts", "proposed_drafts", "lora_id", "rank")
+ABORT_KEYS = ("step", "request_ids")
+SPECULATIVE_KEYS = ("num_speculative_tokens", "method")
+SPEC_METHODS = ("ngram", "ngram_gpu")
+NOT_YET = "not supported yet by kvsched replay (a later issue)"
 
 
 @dataclass(slots=True)
@@ -34,9 +99,13 @@ class Scenario:
     cache_config: CacheConfig
     requests: list[dict[str, Any]]
     aborts: dict[int, list[str]] = field(default_factory=dict)
-    max_steps: int = 1_000_000
+    max_steps: int = DEFAULT_MAX_STEPS
     # vLLM's prefill_schedule_interval; > 1 installs a PrefillCadence policy.
     prefill_schedule_interval: int = 1
+    # Where the scenario came from, for messages (the file's path).
+    source: str = "scenario"
+    # The DP lockstep corpus' rank count; replay() runs one scheduler.
+    data_parallel_size: int = 1
 
 
 @dataclass(slots=True)
@@ -44,118 +113,376 @@ class ReplayResult:
     steps: int
     preemptions: int
     scheduler_seconds: float
+    # Steps run through schedule(); the rest were idle steps skipped.
+    steps_scheduled: int = 0
 
     def summary(self) -> dict[str, Any]:
         return {"engine": "kvsched", "steps": self.steps, "preemptions": self.preemptions,
                 "scheduler_seconds": self.scheduler_seconds}
 
 
-def _int(obj: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
-    value = obj.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}.{key}={value!r}: must be an integer")
-    return value
+# --------------------------------------------------------------------------
+# Reading and checking a scenario
 
 
-def _bool(obj: dict[str, Any], key: str, where: str, default: bool) -> bool:
-    value = obj.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{where}.{key}={value!r}: must be true or false")
-    return value
+class _Object(dict[str, Any]):
+    """A JSON object in which a key appeared more than once: the first
+    repeated key and its values, reported with the object's path."""
+
+    duplicate: tuple[str, Any, Any]
 
 
-def _int_list(obj: dict[str, Any], key: str, where: str) -> list[int]:
-    value = obj.get(key, [])
-    if not isinstance(value, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise ValueError(f"{where}.{key}: must be a list of integers")
-    return value
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            dup = _Object(obj)
+            dup.duplicate = (key, seen[key], value)
+            return dup
+        seen[key] = value
+    return obj  # pragma: no cover - len differs only with a repeat
 
 
-def parse_scenario(obj: Any) -> Scenario:
-    """Check a scenario object and build its configs; errors name the field."""
-    if not isinstance(obj, dict):
-        raise ValueError("scenario: must be a JSON object")
-    sc = obj.get("scheduler", {})
-    cc = obj.get("cache", {})
-    if not isinstance(sc, dict) or not isinstance(cc, dict):
-        raise ValueError("scenario.scheduler and scenario.cache must be JSON objects")
+def _show(value: object, limit: int = 60) -> str:
+    """A value as the file has it, shortened for a one-line message."""
+    if isinstance(value, (dict, list)):
+        try:
+            text = json.dumps(value, separators=(",", ":"), default=repr)
+        except (RecursionError, ValueError):
+            text = "[...]" if isinstance(value, list) else "{...}"
+    elif isinstance(value, bool) or value is None:
+        text = json.dumps(value)
+    elif isinstance(value, int) and abs(value) >= 10**24:
+        text = f"an integer of {len(str(abs(value)))} digits"
+    else:
+        text = repr(value)
+    text = text.replace("\n", "\\n").replace("\r", "\\r")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number with a fraction" if math.isfinite(value) else "not a finite number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+class _Checker:
+    """Schema checks; every failure is one ValueError naming the source,
+    the key's path, the value and the fix."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, value: object, problem: str, fix: str) -> NoReturn:
+        raise ValueError(f"{self.source}: {path}={_show(value)}: {problem}; {fix}")
+
+    def missing(self, path: str, fix: str) -> NoReturn:
+        raise ValueError(f"{self.source}: {path}: missing; {fix}")
+
+    def obj(self, value: object, path: str, keys: Collection[str], what: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(path, value, f"must be a JSON object ({what}), not {_type_name(value)}",
+                      "write it as {\"key\": value, ...}")
+        dup = getattr(value, "duplicate", None)
+        if dup is not None:
+            key, first, second = dup
+            raise ValueError(f"{self.source}: {_join(path, key)}: the key appears twice in one "
+                             f"object (values {_show(first, 30)} and {_show(second, 30)}); keep one")
+        for key in value:
+            if key not in keys:
+                close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else "remove it or fix its name?"
+                raise ValueError(f"{self.source}: {_join(path, key)}: unknown key; {hint} "
+                                 f"(the keys of {what}: {', '.join(keys)})")
+        return value
+
+    def integer(self, obj: Mapping[str, Any], key: str, path: str, lo: int, hi: int,
+                why: str = "", default: int | None = None) -> int:
+        """obj[key] (or ``default`` when absent), an int in [lo, hi]."""
+        where = _join(path, key)
+        if key not in obj:
+            if default is None:
+                self.missing(where, f"give an integer in [{_bound(lo)}, {_bound(hi)}]")
+            return default
+        value = obj[key]
+        if type(value) is not int:
+            hint = "write it without quotes" if isinstance(value, str) else "give a whole number"
+            self.fail(where, value, f"must be an integer, not {_type_name(value)}", hint)
+        if not lo <= value <= hi:
+            side = f">= {_bound(lo)}" if value < lo else f"<= {_bound(hi)}{why}"
+            self.fail(where, value, f"must be {side}", f"give an integer in [{_bound(lo)}, {_bound(hi)}]")
+        return value
+
+    def boolean(self, obj: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+        value = obj.get(key, default)
+        if type(value) is not bool:
+            self.fail(_join(path, key), value, f"must be true or false, not {_type_name(value)}",
+                      "write true or false (without quotes)")
+        return value
+
+    def tokens(self, obj: Mapping[str, Any], key: str, path: str, *, required: bool = False,
+               what: str = "token ids") -> list[int]:
+        where = _join(path, key)
+        if key not in obj:
+            if required:
+                self.missing(where, f"give the {what} as a list of integers, e.g. [1, 2, 3]")
+            return []
+        value = obj[key]
+        if type(value) is not list:
+            self.fail(where, value, f"must be a list of {what}, not {_type_name(value)}",
+                      "write it as [1, 2, 3]")
+        if value and set(map(type, value)) != {int}:
+            i, bad = next((i, t) for i, t in enumerate(value) if type(t) is not int)
+            self.fail(f"{where}[{i}]", bad, f"must be an integer, not {_type_name(bad)}",
+                      f"{what} are whole numbers in [0, 2**31)")
+        if value and (min(value) < 0 or max(value) >= INT32_LIMIT):
+            i = next(i for i, t in enumerate(value) if not 0 <= t < INT32_LIMIT)
+            self.fail(f"{where}[{i}]", value[i], "is out of range",
+                      f"{what} are whole numbers in [0, 2**31)")
+        return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _bound(n: int) -> str:
+    """n, as a power of two or ten when it is one (or one less than 2**k)."""
+    m = abs(n)
+    for e in range(10, 64):
+        if m == 2**e:
+            return f"{'-' if n < 0 else ''}2**{e}"
+        if m == 2**e - 1 and n > 0:
+            return f"2**{e} - 1"
+    for e in range(6, 30):
+        if m == 10**e:
+            return f"{'-' if n < 0 else ''}10**{e}"
+    return str(n)
+
+
+def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
+    """Check a scenario object against the schema and build its configs;
+    ``source`` (the file) starts every error message."""
+    c = _Checker(source)
+    top = c.obj(obj, "", TOP_KEYS, "a scenario") if isinstance(obj, dict) else None
+    if top is None:
+        raise ValueError(f"{source}: the scenario must be a JSON object with scheduler, cache and "
+                         f"requests, not {_type_name(obj)}")
+    for key in ("description", "name"):
+        if key in top and not isinstance(top[key], str):
+            c.fail(key, top[key], f"must be a string, not {_type_name(top[key])}",
+                   "write the note in quotes")
+    max_steps = c.integer(top, "max_steps", "", 1, MAX_STEPS_LIMIT,
+                          " (the replay runs every step up to the last arrival or abort)",
+                          DEFAULT_MAX_STEPS)
+    _check_features(c, top)
+
+    sc = c.obj(top.get("scheduler", {}), "scheduler", SCHEDULER_KEYS, "the scheduler's settings")
+    if "cache" not in top:
+        c.missing("cache", "give {\"num_gpu_blocks\": N, ...} (N counts vLLM's null block)")
+    cc = c.obj(top["cache"], "cache", CACHE_KEYS, "the KV cache's settings")
     d = _SCHEDULER_DEFAULTS
+    why_tokens = " (no model's context is that long)"
+    max_model_len = c.integer(sc, "max_model_len", "scheduler", 1, TOKEN_COUNT_LIMIT, why_tokens,
+                              d["max_model_len"])
+    budget = c.integer(sc, "max_num_batched_tokens", "scheduler", 1, TOKEN_COUNT_LIMIT, why_tokens,
+                       d["max_num_batched_tokens"])
+    seqs = c.integer(sc, "max_num_seqs", "scheduler", 1, MAX_NUM_SEQS_LIMIT, "",
+                     d["max_num_seqs"])
+    threshold = c.integer(sc, "long_prefill_token_threshold", "scheduler", 0,
+                          TOKEN_COUNT_LIMIT, why_tokens, d["long_prefill_token_threshold"])
     policy = sc.get("policy", d["policy"])
-    scheduler_config = SchedulerConfig(
-        max_num_batched_tokens=_int(sc, "max_num_batched_tokens", "scheduler", d["max_num_batched_tokens"]),
-        max_num_seqs=_int(sc, "max_num_seqs", "scheduler", d["max_num_seqs"]),
-        max_model_len=_int(sc, "max_model_len", "scheduler", d["max_model_len"]),
-        enable_chunked_prefill=_bool(sc, "enable_chunked_prefill", "scheduler", d["enable_chunked_prefill"]),
-        long_prefill_token_threshold=_int(sc, "long_prefill_token_threshold", "scheduler", 0),
-        policy=policy,
-        scheduler_reserve_full_isl=_bool(sc, "scheduler_reserve_full_isl", "scheduler", True),
-    )
+    if policy not in ("fcfs", "priority"):
+        c.fail("scheduler.policy", policy, "unknown scheduling policy", "use \"fcfs\" or \"priority\"")
+    chunked = c.boolean(sc, "enable_chunked_prefill", "scheduler", d["enable_chunked_prefill"])
+    reserve = c.boolean(sc, "scheduler_reserve_full_isl", "scheduler", d["scheduler_reserve_full_isl"])
+    try:
+        scheduler_config = SchedulerConfig(
+            max_num_batched_tokens=budget, max_num_seqs=seqs, max_model_len=max_model_len,
+            enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
+            policy=policy, scheduler_reserve_full_isl=reserve)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{source}: scheduler.{e}") from None
+
     if "num_gpu_blocks" not in cc:
-        raise ValueError("cache.num_gpu_blocks: missing; give the total block count "
-                         "(including the null block)")
-    cache_config = CacheConfig(
-        num_gpu_blocks=_int(cc, "num_gpu_blocks", "cache"),
-        block_size=_int(cc, "block_size", "cache", 16),
-        enable_prefix_caching=_bool(cc, "enable_prefix_caching", "cache", False),
-    )
-    requests = obj.get("requests")
-    if not isinstance(requests, list):
-        raise ValueError("scenario.requests: must be a list of request objects")
+        c.missing("cache.num_gpu_blocks", "give the total block count (including vLLM's null block)")
+    num_blocks = c.integer(cc, "num_gpu_blocks", "cache", 2, NUM_GPU_BLOCKS_LIMIT,
+                           " (each block is an object in memory; a GPU holds far fewer; "
+                           "block 0 is vLLM's null block, so at least 2)")
+    block_size = c.integer(cc, "block_size", "cache", 1, BLOCK_SIZE_LIMIT,
+                           " (vLLM's blocks hold a few hundred tokens at most)", 16)
+    prefix = c.boolean(cc, "enable_prefix_caching", "cache", False)
+    try:
+        cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=block_size,
+                                   enable_prefix_caching=prefix)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{source}: cache.{e}") from None
+
+    # Top level (the cadence corpus) or among the scheduler keys, not both.
+    if "prefill_schedule_interval" in top and "prefill_schedule_interval" in sc:
+        c.fail("prefill_schedule_interval", top["prefill_schedule_interval"],
+               "given both at the top level and in scheduler", "keep one of the two")
+    where, holder = ("", top) if "prefill_schedule_interval" in top else ("scheduler", sc)
+    interval = c.integer(holder, "prefill_schedule_interval", where, 1, INTERVAL_LIMIT, "", 1)
+    dp = c.integer(top, "data_parallel_size", "", 1, DATA_PARALLEL_LIMIT, "", 1)
+    c.integer(top, "dp_sync_interval", "", 1, INTERVAL_LIMIT, "", 1)
+
+    if "requests" not in top:
+        c.missing("requests", "give the list of requests (it may be empty: [])")
+    requests = top["requests"]
+    if type(requests) is not list:
+        c.fail("requests", requests, f"must be a list of request objects, not {_type_name(requests)}",
+               "write it as [{\"request_id\": ..., \"prompt_token_ids\": [...], \"max_tokens\": N}, ...]")
     seen: set[str] = set()
     for i, r in enumerate(requests):
-        where = f"requests[{i}]"
-        if not isinstance(r, dict):
-            raise ValueError(f"{where}: must be a JSON object")
-        rid = r.get("request_id")
-        if not isinstance(rid, str) or not rid:
-            raise ValueError(f"{where}.request_id={rid!r}: must be a non-empty string")
+        rid = _check_request(c, r, f"requests[{i}]", max_steps, max_model_len, dp)
         if rid in seen:
-            raise ValueError(f"{where}.request_id={rid!r}: duplicate id; ids must be unique")
+            c.fail(f"requests[{i}].request_id", rid, "duplicate id", "request ids must be unique")
         seen.add(rid)
-        _int_list(r, "prompt_token_ids", where)
-        _int_list(r, "sampled_token_ids", where)
-        _int_list(r, "stop_token_ids", where)
-        if "max_tokens" not in r:
-            raise ValueError(f"{where}.max_tokens: missing")
-        for key in ("max_tokens", "min_tokens", "priority", "arrival_step"):
-            _int(r, key, where, 0)
-        if _int(r, "arrival_step", where, 0) < 0:
-            raise ValueError(f"{where}.arrival_step: must be >= 0")
-        _bool(r, "ignore_eos", where, False)
-        eos = r.get("eos_token_id")
-        if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int)):
-            raise ValueError(f"{where}.eos_token_id={eos!r}: must be an integer or null")
-        at = r.get("arrival_time", 0)
-        if isinstance(at, bool) or not isinstance(at, (int, float)):
-            raise ValueError(f"{where}.arrival_time={at!r}: must be a number")
+
     aborts: dict[int, list[str]] = {}
-    raw_aborts = obj.get("aborts", [])
-    if not isinstance(raw_aborts, list):
-        raise ValueError("scenario.aborts: must be a list of {step, request_ids}")
+    raw_aborts = top.get("aborts", [])
+    if type(raw_aborts) is not list:
+        c.fail("aborts", raw_aborts, f"must be a list, not {_type_name(raw_aborts)}",
+               "write it as [{\"step\": k, \"request_ids\": [...]}, ...]")
     for i, a in enumerate(raw_aborts):
-        if not isinstance(a, dict) or not isinstance(a.get("request_ids"), list):
-            raise ValueError(f"aborts[{i}]: must be an object with step and request_ids")
-        bad = [x for x in a["request_ids"] if not isinstance(x, str)]
-        if bad:
-            raise ValueError(f"aborts[{i}].request_ids: {bad[0]!r} is not a string request id")
-        aborts.setdefault(_int(a, "step", f"aborts[{i}]"), []).extend(a["request_ids"])
-    max_steps = _int(obj, "max_steps", "scenario", 1_000_000)
-    # Top level (the cadence corpus) or among the scheduler keys.
-    where, holder = ("scenario", obj) if "prefill_schedule_interval" in obj else ("scheduler", sc)
-    interval = _int(holder, "prefill_schedule_interval", where, 1)
-    if interval < 1:
-        raise ValueError(f"{where}.prefill_schedule_interval={interval}: must be >= 1")
-    return Scenario(scheduler_config, cache_config, requests, aborts, max_steps, interval)
+        where = f"aborts[{i}]"
+        a = c.obj(a, where, ABORT_KEYS, "an abort")
+        step = c.integer(a, "step", where, 0, max_steps - 1,
+                         f" (below max_steps={max_steps}: the replay stops there)")
+        if "request_ids" not in a:
+            c.missing(f"{where}.request_ids", "give the ids to abort as a list of strings")
+        ids = a["request_ids"]
+        if type(ids) is not list:
+            c.fail(f"{where}.request_ids", ids, f"must be a list of request ids, not {_type_name(ids)}",
+                   "write it as [\"a\", \"b\"]")
+        for j, x in enumerate(ids):
+            if not isinstance(x, str):
+                c.fail(f"{where}.request_ids[{j}]", x, f"is not a string request id but {_type_name(x)}",
+                       "request ids are strings")
+        aborts.setdefault(step, []).extend(ids)
+    return Scenario(scheduler_config, cache_config, requests, aborts, max_steps, interval, source, dp)
+
+
+def _check_features(c: _Checker, top: Mapping[str, Any]) -> None:
+    """The oracle's optional features (SCENARIO_FORMAT.md) are checked, and
+    refused when switched on: kvsched replay does not model them yet."""
+    if c.boolean(top, "async_scheduling", "", False):
+        c.fail("async_scheduling", True, f"vLLM's AsyncScheduler is {NOT_YET}",
+               "remove the key (or set it to false) to replay with the synchronous scheduler")
+    spec = top.get("speculative")
+    if spec is not None:
+        spec = c.obj(spec, "speculative", SPECULATIVE_KEYS, "speculative decoding's settings")
+        c.integer(spec, "num_speculative_tokens", "speculative", 1, 1023)
+        method = spec.get("method", "ngram")
+        if method not in SPEC_METHODS:
+            c.fail("speculative.method", method, "unknown method", "use \"ngram\" or \"ngram_gpu\"")
+        c.fail("speculative", spec, f"speculative decoding is {NOT_YET}",
+               "remove the key (or set it to null) to replay without drafts")
+    if "max_loras" in top:
+        c.integer(top, "max_loras", "", 1, 2**16 - 1)
+        c.fail("max_loras", top["max_loras"], f"LoRA adapters are {NOT_YET}",
+               "remove max_loras (and the requests' lora_id) to replay with the base model")
+
+
+def _check_request(c: _Checker, value: object, where: str, max_steps: int, max_model_len: int,
+                   dp: int) -> str:
+    r = c.obj(value, where, REQUEST_KEYS, "a request")
+    if "request_id" not in r:
+        c.missing(f"{where}.request_id", "give each request a unique string id")
+    rid = r["request_id"]
+    if not isinstance(rid, str) or not rid:
+        c.fail(f"{where}.request_id", rid, "must be a non-empty string", "give a unique name in quotes")
+    prompt = c.tokens(r, "prompt_token_ids", where, required=True, what="prompt token ids")
+    if not prompt:
+        c.fail(f"{where}.prompt_token_ids", prompt, "is empty", "give at least one token id")
+    if len(prompt) >= max_model_len:
+        c.fail(f"{where}.prompt_token_ids", f"{len(prompt)} tokens",
+               f"the prompt must be shorter than scheduler.max_model_len={max_model_len}",
+               "shorten the prompt or raise max_model_len")
+    c.tokens(r, "sampled_token_ids", where, what="scripted output token ids")
+    c.tokens(r, "stop_token_ids", where, what="stop token ids")
+    if "max_tokens" not in r:
+        c.missing(f"{where}.max_tokens", "give the request's output length limit (an integer >= 1)")
+    why = " (int32, as vLLM holds it)"
+    max_tokens = c.integer(r, "max_tokens", where, 1, INT32_LIMIT - 1, why)
+    min_tokens = c.integer(r, "min_tokens", where, 0, INT32_LIMIT - 1, why, 0)
+    if min_tokens > max_tokens:
+        c.fail(f"{where}.min_tokens", min_tokens, f"exceeds max_tokens={max_tokens} (vLLM refuses it)",
+               "lower min_tokens or raise max_tokens")
+    c.integer(r, "priority", where, -INT32_LIMIT, INT32_LIMIT - 1, why, 0)
+    step = c.integer(r, "arrival_step", where, 0, max_steps - 1,
+                     f" (below max_steps={max_steps}: the replay stops there)", 0)
+    c.boolean(r, "ignore_eos", where, False)
+    eos = r.get("eos_token_id")
+    if eos is not None and (type(eos) is not int or not 0 <= eos < INT32_LIMIT):
+        c.fail(f"{where}.eos_token_id", eos, "must be a token id (an integer in [0, 2**31)) or null",
+               "give the id without quotes, or null for no EOS")
+    if "arrival_time" in r:
+        at = r["arrival_time"]
+        if type(at) not in (int, float) or (type(at) is float and not math.isfinite(at)):
+            c.fail(f"{where}.arrival_time", at, f"must be a number of seconds, not {_type_name(at)}",
+                   f"give a number (it defaults to arrival_step={step})")
+        if not 0 <= at <= ARRIVAL_TIME_LIMIT:
+            c.fail(f"{where}.arrival_time", at, "is out of range (seconds, the priority tie-break)",
+                   f"give a number in [0, {ARRIVAL_TIME_LIMIT:g}]")
+    c.integer(r, "rank", where, 0, dp - 1, f" (below data_parallel_size={dp})", 0)
+    for key in ("accepted_drafts", "proposed_drafts"):
+        drafts = c.tokens(r, key, where, what="draft counts")
+        if drafts:
+            c.fail(_join(where, key), drafts, f"speculative decoding is {NOT_YET}",
+                   "remove the key to replay without drafts")
+    lora = r.get("lora_id")
+    if lora is not None:
+        lora = c.integer(r, "lora_id", where, 0, INT32_LIMIT - 1)
+        if lora:
+            c.fail(f"{where}.lora_id", lora, f"LoRA adapters are {NOT_YET}",
+                   "remove lora_id (or set it to 0) to serve the request with the base model")
+    return rid
 
 
 def load_scenario(path: str) -> Scenario:
-    with open(path) as f:
-        try:
-            obj = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-    return parse_scenario(obj)
+    """Read and check a scenario file; every problem is one ValueError (or
+    OSError for an unreadable file) naming the file."""
+    with open(path, "rb") as f:
+        data = f.read(FILE_SIZE_LIMIT + 1)
+    if len(data) > FILE_SIZE_LIMIT:
+        raise ValueError(f"{path}: larger than {FILE_SIZE_LIMIT // 2**20} MiB; a scenario this big "
+                         "is not a test (split it)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r}); "
+                         "save the scenario as UTF-8 JSON") from None
+    return parse_scenario(_json_loads(text, path), path)
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number; give a finite number")
+
+
+def _json_loads(text: str, path: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except ValueError as e:  # a 5,000-digit integer, NaN, Infinity
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a scenario: its JSON is nested too deeply") from None
 
 
 def make_request(spec: dict[str, Any]) -> Request:
@@ -190,22 +517,42 @@ def next_token(spec: dict[str, Any], num_output_tokens: int) -> int:
 
 
 def check_requests(scenario: Scenario) -> None:
-    """Raise ValueError for the first request ``add_request`` would refuse, so a
-    bad scenario fails before its first step rather than at an arrival."""
+    """Raise ValueError for what a replay would refuse: a data-parallel
+    scenario, or the first request ``add_request`` would refuse, so a bad
+    scenario fails before its first step rather than at an arrival."""
+    source = scenario.source
+    if scenario.data_parallel_size > 1:
+        raise ValueError(f"{source}: data_parallel_size={scenario.data_parallel_size}: kvsched replay "
+                         "runs one scheduler; data-parallel scenarios are run by "
+                         "tests/conformance/test_dp_lockstep.py (remove the key for one rank)")
     sched = Scheduler(scenario.scheduler_config, scenario.cache_config)
-    for spec in scenario.requests:
-        sched.check_request(make_request(spec))
+    for i, spec in enumerate(scenario.requests):
+        try:
+            sched.check_request(make_request(spec))
+        except ValueError as e:
+            raise ValueError(f"{source}: requests[{i}]: {e}") from None
 
 
 StepHook = Callable[[int, SchedulerOutput, dict[str, Any], Scheduler], None]
+# Idle trace lines are written this many at a time.
+_IDLE_CHUNK = 4096
 
 
 def replay(scenario: Scenario, trace_out: TextIO | None = None,
            on_step: StepHook | None = None, explain: bool = False,
-           admission_policy: AdmissionPolicy | None = None) -> ReplayResult:
+           admission_policy: AdmissionPolicy | None = None, *, skip_idle: bool = True) -> ReplayResult:
     """Run the scenario's step loop; write one JSON line per step to ``trace_out``.
     ``admission_policy`` replaces the scenario's (a PrefillCadence when it sets
-    ``prefill_schedule_interval`` > 1)."""
+    ``prefill_schedule_interval`` > 1).
+
+    Idle stretches (no request in the system, no arrival and no abort until a
+    later step) are skipped rather than stepped through when ``skip_idle``
+    and there is neither an ``on_step`` hook nor an ``admission_policy``
+    (either may count steps): after one idle step, ``schedule()`` and
+    ``update_from_output()`` change nothing until the next event, and every
+    idle step's trace line is the previous one's with the step number
+    changed; those lines are still written (the oracle writes them), but
+    without a trace the stretch costs nothing."""
     check_requests(scenario)
     policy = admission_policy
     if policy is None and scenario.prefill_schedule_interval > 1:
@@ -216,14 +563,31 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     for r in scenario.requests:
         arrivals.setdefault(r.get("arrival_step", 0), []).append(r)
     aborts = scenario.aborts
-    last_event = max([*arrivals, *aborts, 0])
+    events = sorted({*arrivals, *aborts})
+    last_event = max([*events, 0])
+    max_steps = scenario.max_steps
+    # A caller's policy or hook may count steps: those see every step.
+    skip = skip_idle and on_step is None and admission_policy is None
     requests = sched.requests
     perf = time.perf_counter
     seconds = 0.0
     step = 0
+    idle_tail: str | None = None  # the previous idle step's trace line after its step number
+    scheduled_steps = 0
     while step <= last_event or sched.has_unfinished_requests():
-        if step >= scenario.max_steps:
-            raise RuntimeError(f"scenario did not finish within max_steps={scenario.max_steps}")
+        if step >= max_steps:
+            raise RuntimeError(f"{scenario.source}: the scenario did not finish within "
+                               f"max_steps={max_steps}")
+        quiet = step not in arrivals and step not in aborts and not sched.has_unfinished_requests()
+        if quiet and idle_tail is not None and skip:
+            # Up to the next event (there is one: step <= last_event here).
+            stop = min(events[bisect.bisect_right(events, step)], max_steps)
+            if trace_out is not None:
+                for start in range(step, stop, _IDLE_CHUNK):
+                    trace_out.write("".join(f'{{"step":{s},{idle_tail}'
+                                            for s in range(start, min(start + _IDLE_CHUNK, stop))))
+            step = stop
+            continue
         for spec in arrivals.get(step, ()):
             sched.add_request(make_request(spec))
         finished: list[list[str]] = []
@@ -235,6 +599,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
         t0 = perf()
         output = sched.schedule()
         t1 = perf()
+        scheduled_steps += 1
         req_ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
         for rid in req_ids:
@@ -249,9 +614,16 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
 
         finished.extend([o.request_id, o.finish_reason or ""] for o in results)
         record = step_record(step, output, finished, sched)
+        idle_tail = None
         if trace_out is not None:
-            trace_out.write(json.dumps(record, separators=(",", ":")) + "\n")
+            line = json.dumps(record, separators=(",", ":"))
+            trace_out.write(line + "\n")
+            prefix = f'{{"step":{step},'
+            if quiet and line.startswith(prefix):
+                idle_tail = line[len(prefix):] + "\n"
+        elif quiet:
+            idle_tail = ""
         if on_step is not None:
             on_step(step, output, record, sched)
         step += 1
-    return ReplayResult(step, sched.num_preemptions, seconds)
+    return ReplayResult(step, sched.num_preemptions, seconds, scheduled_steps)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -31,6 +32,13 @@ FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
 }
+
+
+# Token ids are below this (they must fit an int64 tensor). It only bounds
+# absurd values: the simulator's synthetic prompts use ids far above any
+# vocabulary (kvsched.sim.workload), while a scheduler that drives a real
+# model is given the model's vocabulary size and checks against that.
+TOKEN_ID_LIMIT = 2**63
 
 
 # Below this temperature a request samples greedily (vLLM's _SAMPLING_EPS).
@@ -318,10 +326,16 @@ class Request:
                  sampling_params: SamplingParams | None = None, priority: int = 0,
                  arrival_time: float = 0.0, *, private: bool = False) -> None:
         self.request_id = request_id
-        prompt: TokenList = (prompt_token_ids if type(prompt_token_ids) is list
-                             or type(prompt_token_ids) is TokenRuns else list(prompt_token_ids))
+        prompt: TokenList
+        if type(prompt_token_ids) is list or type(prompt_token_ids) is TokenRuns:
+            prompt = prompt_token_ids
+        else:
+            prompt = _as_token_list(request_id, prompt_token_ids)
         self.prompt_tokens = prompt
         sp = SamplingParams() if sampling_params is None else sampling_params
+        if not isinstance(sp, SamplingParams):
+            raise TypeError(f"request {request_id}: sampling_params={sp!r:.60} must be a kvsched "
+                            "SamplingParams (or None for the defaults)")
         self.sampling_params = sp
         self.priority = priority
         self.arrival_time = arrival_time
@@ -366,6 +380,17 @@ class Request:
             self.all_token_ids.append(token)
         self.num_tokens += 1
 
+    def pop_output(self) -> None:
+        """Take back the last appended output token (a refused runner output)."""
+        self.output_token_ids.pop()
+        if not self._outputs_in_all:
+            ids = self.all_token_ids
+            if isinstance(ids, TokenRuns):
+                ids.tail.pop()
+            else:
+                ids.pop()
+        self.num_tokens -= 1
+
     def extend_output(self, tokens: list[int]) -> None:
         self.output_token_ids.extend(tokens)
         if not self._outputs_in_all:
@@ -379,13 +404,18 @@ class Request:
     def finish_reason(self) -> str | None:
         return FINISH_REASONS.get(self.status)
 
-    def validate(self, max_model_len: int) -> None:
-        """Raise ValueError for a request vLLM's front end would reject."""
+    def validate(self, max_model_len: int, token_limit: int = TOKEN_ID_LIMIT) -> None:
+        """Raise ValueError (TypeError for a wrong type) for a request vLLM's
+        front end would reject; token ids must be ints in [0, token_limit)."""
         rid = self.request_id
         if not isinstance(rid, str) or not rid:
             raise ValueError(f"request_id={rid!r}: must be a non-empty string; give it a unique name")
+        if not isinstance(self.sampling_params, SamplingParams):
+            raise TypeError(f"request {rid}: sampling_params={self.sampling_params!r} must be a "
+                            "kvsched SamplingParams")
         if self.num_prompt_tokens == 0:
             raise ValueError(f"request {rid}: prompt_token_ids is empty; give at least one token")
+        check_token_ids(f"request {rid}: prompt_token_ids", self.prompt_tokens, token_limit)
         if self.num_prompt_tokens >= max_model_len:
             raise ValueError(
                 f"request {rid}: prompt length {self.num_prompt_tokens} must be below "
@@ -393,17 +423,58 @@ class Request:
                 "shorten the prompt or raise max_model_len")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ValueError(f"request {rid}: priority={self.priority!r} must be an integer")
-        if isinstance(self.arrival_time, bool) or not isinstance(self.arrival_time, (int, float)):
-            raise ValueError(f"request {rid}: arrival_time={self.arrival_time!r} must be a number")
+        t = self.arrival_time
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"request {rid}: arrival_time={t!r} must be a finite number of seconds "
+                             ">= 0")
+        if type(self.private) is not bool:
+            raise ValueError(f"request {rid}: private={self.private!r} must be True or False")
         sp = self.sampling_params
         if isinstance(sp.max_tokens, bool) or not isinstance(sp.max_tokens, int) or sp.max_tokens < 1:
             raise ValueError(f"request {rid}: max_tokens={sp.max_tokens!r} must be an integer >= 1")
-        if not isinstance(sp.min_tokens, int) or sp.min_tokens < 0:
+        if isinstance(sp.min_tokens, bool) or not isinstance(sp.min_tokens, int) or sp.min_tokens < 0:
             raise ValueError(f"request {rid}: min_tokens={sp.min_tokens!r} must be an integer >= 0")
         if sp.min_tokens > sp.max_tokens:
             raise ValueError(
                 f"request {rid}: min_tokens={sp.min_tokens} exceeds max_tokens={sp.max_tokens}; "
                 "lower min_tokens or raise max_tokens")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if type(getattr(sp, name)) is not bool:
+                raise ValueError(f"request {rid}: {name}={getattr(sp, name)!r} must be True or False")
+
+
+def check_token_ids(what: str, tokens: Sequence[int], limit: int = TOKEN_ID_LIMIT) -> None:
+    """Raise ValueError unless every token is an int in [0, limit). A
+    :class:`TokenRuns` is checked run by run; a list in bulk (C-level
+    type, min and max passes: a prompt of thousands of tokens costs tens
+    of microseconds)."""
+    if type(tokens) is TokenRuns:
+        values: Sequence[int] = [token for token, _ in tokens.runs] + list(tokens.tail)
+        for _, count in tokens.runs:
+            if type(count) is not int or count < 1:
+                raise ValueError(f"{what}: a run count of {count!r}; counts must be ints >= 1")
+    else:
+        values = tokens
+    if not values:
+        return
+    if set(map(type, values)) != {int}:
+        bad = next(t for t in values if type(t) is not int)
+        raise ValueError(f"{what}: token {bad!r} ({type(bad).__name__}) is not an int; token ids "
+                         "are Python ints (tokenise text first; convert numpy ids with int())")
+    lo, hi = min(values), max(values)
+    if lo < 0 or hi >= limit:
+        bad = lo if lo < 0 else hi
+        bound = "an int64" if limit == TOKEN_ID_LIMIT else "the model's vocabulary"
+        raise ValueError(f"{what}: token id {bad} is out of range; ids must be in [0, {limit}) "
+                         f"({bound})")
+
+
+def _as_token_list(request_id: object, tokens: object) -> list[int]:
+    # A str is a sequence too: "abc" would silently become ['a', 'b', 'c'].
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+        raise TypeError(f"request {request_id}: prompt_token_ids={tokens!r:.60} must be a sequence "
+                        "of int token ids (tokenise text first)")
+    return list(tokens)
 
 
 _NO_HASHES: tuple[int, ...] = ()

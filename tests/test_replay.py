@@ -237,3 +237,301 @@ def test_replay_refuses_a_bad_request_before_the_first_step() -> None:
 def test_replay_stops_at_max_steps() -> None:
     with pytest.raises(RuntimeError, match="max_steps"):
         replay(parse_scenario(_scenario(max_steps=2)))
+
+
+# -- the file's schema and bounds (issue 11) ------------------------------------------
+
+
+def _file(tmp_path: Path, scenario: Any, name: str = "s.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(scenario))
+    return str(path)
+
+
+def _file_rejects(tmp_path: Path, scenario: Any, *substrings: str) -> str:
+    path = _file(tmp_path, scenario)
+    with pytest.raises(ValueError) as info:
+        load_scenario(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message, message
+    for text in substrings:
+        assert text in message, message
+    return message
+
+
+def test_a_request_without_prompt_token_ids_names_the_file_and_key(tmp_path: Path) -> None:
+    scenario = _scenario()
+    del scenario["requests"][1]["prompt_token_ids"]
+    _file_rejects(tmp_path, scenario, "requests[1].prompt_token_ids: missing", "list of integers")
+
+
+@pytest.mark.parametrize(("key", "suggestion"), [("max_token", "max_tokens"), ("prioirty", "priority")])
+def test_misspelled_request_keys_suggest_the_valid_one(tmp_path: Path, key: str, suggestion: str) -> None:
+    scenario = _scenario()
+    scenario["requests"][1][key] = 3
+    _file_rejects(tmp_path, scenario, f"requests[1].{key}: unknown key", f"did you mean {suggestion!r}")
+
+
+@pytest.mark.parametrize(("where", "key", "suggestion"), [
+    (None, "max_step", "max_steps"), ("scheduler", "max_num_seq", "max_num_seqs"),
+    ("cache", "num_gpu_block", "num_gpu_blocks")])
+def test_misspelled_keys_elsewhere(tmp_path: Path, where: str | None, key: str, suggestion: str) -> None:
+    scenario = _scenario()
+    (scenario if where is None else scenario[where])[key] = 4
+    path = f"{where}.{key}" if where else key
+    _file_rejects(tmp_path, scenario, f"{path}: unknown key", f"did you mean {suggestion!r}")
+
+
+def test_unknown_abort_key(tmp_path: Path) -> None:
+    _file_rejects(tmp_path, _scenario(aborts=[{"step": 1, "request_id": ["a"]}]),
+                  "aborts[0].request_id: unknown key", "'request_ids'")
+
+
+@pytest.mark.parametrize(("text", "path"), [
+    ('"max_steps": 5, "max_steps": 6', "max_steps"),
+    ('"cache": {"num_gpu_blocks": 16, "num_gpu_blocks": 8}', "cache.num_gpu_blocks"),
+])
+def test_duplicate_keys_are_an_error(tmp_path: Path, text: str, path: str) -> None:
+    scenario = _scenario()
+    del scenario["cache"]
+    body = json.dumps(scenario)
+    file = tmp_path / "dup.json"
+    file.write_text(body[:-1] + ", " + text + ("" if "cache" in text else ', "cache": {"num_gpu_blocks": 16}')
+                    + "}")
+    with pytest.raises(ValueError, match=rf"dup\.json: {path}: the key appears twice"):
+        load_scenario(str(file))
+
+
+def test_a_duplicate_key_inside_a_request(tmp_path: Path) -> None:
+    file = tmp_path / "dup.json"
+    file.write_text(json.dumps(_scenario()).replace('"max_tokens": 2', '"max_tokens": 2, "max_tokens": 9'))
+    with pytest.raises(ValueError, match=r"requests\[1\]\.max_tokens: the key appears twice .*2 and 9"):
+        load_scenario(str(file))
+
+
+def test_num_gpu_blocks_is_bounded_before_anything_is_allocated(tmp_path: Path) -> None:
+    # 10**9 blocks was a MemoryError traceback.
+    _file_rejects(tmp_path, _scenario(cache={"num_gpu_blocks": 10**9}),
+                  "cache.num_gpu_blocks=1000000000", "<= 2**21", "give an integer in [2, 2**21]")
+
+
+def test_a_far_arrival_step_cannot_hang_the_replay(tmp_path: Path) -> None:
+    # arrival_step 1e12 with max_steps 1e13 looped for ever.
+    scenario = _with_request_field("arrival_step", 10**12)
+    scenario["max_steps"] = 10**13
+    _file_rejects(tmp_path, scenario, "max_steps=10000000000000", "<= 10**7")
+    scenario["max_steps"] = 10**7
+    _file_rejects(tmp_path, scenario, "requests[0].arrival_step=1000000000000", "max_steps=10000000")
+    scenario["requests"][0]["arrival_step"] = 10**7  # the replay would stop at max_steps first
+    _file_rejects(tmp_path, scenario, "requests[0].arrival_step", "below max_steps")
+    scenario["aborts"] = [{"step": 10**7, "request_ids": ["a"]}]
+    scenario["requests"][0]["arrival_step"] = 0
+    _file_rejects(tmp_path, scenario, "aborts[0].step", "below max_steps")
+
+
+def test_an_idle_stretch_is_skipped_without_a_trace() -> None:
+    scenario = parse_scenario(_scenario(max_steps=10**7, requests=[
+        {"request_id": "a", "prompt_token_ids": [1, 2], "max_tokens": 2, "arrival_step": 10**7 - 3}]))
+    result = replay(scenario)
+    assert result.steps == 10**7 - 1
+    # Stepping through all of them took minutes: one idle step, then the
+    # request's own steps.
+    assert result.steps_scheduled <= 5
+
+
+def _trace(scenario: dict[str, Any], skip_idle: bool) -> tuple[int, str]:
+    out = io.StringIO()
+    result = replay(parse_scenario(copy.deepcopy(scenario)), out, skip_idle=skip_idle)
+    return result.steps, out.getvalue()
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_skipping_idle_steps_writes_the_same_trace(interval: int) -> None:
+    scenario = _scenario(
+        requests=[
+            {"request_id": "a", "prompt_token_ids": [1, 2, 3, 4, 5], "max_tokens": 3},
+            {"request_id": "b", "prompt_token_ids": [5, 6], "max_tokens": 4, "arrival_step": 40},
+            {"request_id": "c", "prompt_token_ids": [7, 8, 9], "max_tokens": 2, "arrival_step": 41},
+            {"request_id": "d", "prompt_token_ids": [1, 2, 3, 4, 5, 6], "max_tokens": 2,
+             "arrival_step": 5000}],
+        aborts=[{"step": 20, "request_ids": ["zz"]}, {"step": 41, "request_ids": ["b"]},
+                {"step": 6000, "request_ids": []}],
+        prefill_schedule_interval=interval)
+    steps, skipped = _trace(scenario, True)
+    assert (steps, skipped) == _trace(scenario, False)
+    assert steps == 6001 and len(skipped.splitlines()) == 6001
+
+
+def test_invalid_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.json"
+    path.write_bytes(json.dumps(_scenario()).encode().replace(b'"a"', b'"\xe9"'))
+    with pytest.raises(ValueError, match=r"latin1\.json: not UTF-8 text \(byte \d+: b'\\xe9'\)"):
+        load_scenario(str(path))
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity", "1" * 5000])
+def test_non_json_numbers_name_the_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "n.json"
+    path.write_text(json.dumps(_scenario()).replace('"max_tokens": 3', f'"max_tokens": {text}'))
+    with pytest.raises(ValueError, match=r"n\.json: not valid JSON"):
+        load_scenario(str(path))
+
+
+def test_deep_nesting_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000)
+    with pytest.raises(ValueError, match=r"deep\.json: .*nested too deeply"):
+        load_scenario(str(path))
+
+
+WRONG_VALUES: list[tuple[str, str, Any, str]] = [
+    # (object, key, value, expected text)
+    ("request", "max_tokens", True, "requests[0].max_tokens=true: must be an integer, not a boolean"),
+    ("request", "max_tokens", "8", "requests[0].max_tokens='8': must be an integer, not a string"),
+    ("request", "max_tokens", 8.0, "requests[0].max_tokens=8.0: must be an integer"),
+    ("request", "max_tokens", None, "requests[0].max_tokens=null"),
+    ("request", "max_tokens", 0, "requests[0].max_tokens=0: must be >= 1"),
+    ("request", "max_tokens", 2**31, "requests[0].max_tokens=2147483648: must be <= 2**31 - 1"),
+    ("request", "min_tokens", -1, "requests[0].min_tokens=-1: must be >= 0"),
+    ("request", "min_tokens", 4, "requests[0].min_tokens=4: exceeds max_tokens=3"),
+    ("request", "priority", 10**30, "requests[0].priority=an integer of 31 digits: must be <= 2**31 - 1"),
+    ("request", "arrival_step", -2, "requests[0].arrival_step=-2: must be >= 0"),
+    ("request", "arrival_time", -5, "requests[0].arrival_time=-5: is out of range"),
+    ("request", "arrival_time", 1e300, "requests[0].arrival_time=1e+300: is out of range"),
+    ("request", "arrival_time", 10**400, "requests[0].arrival_time=an integer of 401 digits"),
+    ("request", "prompt_token_ids", [], "requests[0].prompt_token_ids=[]: is empty"),
+    ("request", "prompt_token_ids", "abc", "requests[0].prompt_token_ids='abc': must be a list"),
+    ("request", "prompt_token_ids", [1, -3], "requests[0].prompt_token_ids[1]=-3: is out of range"),
+    ("request", "prompt_token_ids", [2**31], "requests[0].prompt_token_ids[0]=2147483648: is out of range"),
+    ("request", "prompt_token_ids", [1, None], "requests[0].prompt_token_ids[1]=null: must be an integer"),
+    ("request", "prompt_token_ids", [1, True], "requests[0].prompt_token_ids[1]=true: must be an integer"),
+    ("request", "prompt_token_ids", [1, 2.0], "requests[0].prompt_token_ids[1]=2.0: must be an integer"),
+    ("request", "sampled_token_ids", [-1], "requests[0].sampled_token_ids[0]=-1: is out of range"),
+    ("request", "stop_token_ids", [10**12], "requests[0].stop_token_ids[0]=1000000000000: is out of range"),
+    ("request", "eos_token_id", -1, "requests[0].eos_token_id=-1: must be a token id"),
+    ("request", "ignore_eos", 0, "requests[0].ignore_eos=0: must be true or false"),
+    ("request", "request_id", "", "requests[0].request_id='': must be a non-empty string"),
+    ("scheduler", "max_num_seqs", -4, "scheduler.max_num_seqs=-4: must be >= 1"),
+    ("scheduler", "max_model_len", 2**40, "scheduler.max_model_len=1099511627776: must be <= 2**24"),
+    ("scheduler", "max_num_batched_tokens", None, "scheduler.max_num_batched_tokens=null"),
+    ("scheduler", "long_prefill_token_threshold", -1, "scheduler.long_prefill_token_threshold=-1"),
+    ("scheduler", "policy", None, "scheduler.policy=null: unknown scheduling policy"),
+    ("cache", "block_size", 0, "cache.block_size=0: must be >= 1"),
+    ("cache", "block_size", 2**20, "cache.block_size=1048576: must be <= 2**16"),
+    ("cache", "num_gpu_blocks", -16, "cache.num_gpu_blocks=-16: must be >= 2"),
+    ("cache", "num_gpu_blocks", 1e9, "cache.num_gpu_blocks=1000000000.0: must be an integer"),
+    ("top", "max_steps", 0, "max_steps=0: must be >= 1"),
+    ("top", "max_steps", 1e6, "max_steps=1000000.0: must be an integer"),
+    ("top", "requests", None, "requests=null: must be a list"),
+    ("top", "cache", [], "cache=[]: must be a JSON object"),
+    ("top", "description", 5, "description=5: must be a string"),
+    ("top", "prefill_schedule_interval", 0, "prefill_schedule_interval=0: must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(("where", "key", "value", "expected"), WRONG_VALUES,
+                         ids=[f"{w}.{k}={v!r:.20}" for w, k, v, _ in WRONG_VALUES])
+def test_wrong_values_are_one_clear_error(tmp_path: Path, where: str, key: str, value: Any,
+                                          expected: str) -> None:
+    scenario = _scenario()
+    target = {"request": scenario["requests"][0], "top": scenario}.get(where) or scenario[where]
+    target[key] = value
+    _file_rejects(tmp_path, scenario, expected, "; ")
+
+
+def test_a_missing_cache_or_requests_is_named(tmp_path: Path) -> None:
+    scenario = _scenario()
+    del scenario["cache"]
+    _file_rejects(tmp_path, scenario, "cache: missing")
+    scenario = _scenario()
+    del scenario["requests"]
+    _file_rejects(tmp_path, scenario, "requests: missing")
+
+
+FEATURES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
+    # (name, top-level keys, request-0 keys, the key named)
+    ("async", {"async_scheduling": True}, {}, "async_scheduling=true"),
+    ("speculative", {"speculative": {"num_speculative_tokens": 2}}, {}, "speculative="),
+    ("speculative method", {"speculative": {"num_speculative_tokens": 2, "method": "ngram_gpu"}}, {},
+     "speculative="),
+    ("max_loras", {"max_loras": 2}, {}, "max_loras=2"),
+    ("accepted_drafts", {}, {"accepted_drafts": [1, 0]}, "requests[0].accepted_drafts=[1,0]"),
+    ("proposed_drafts", {}, {"proposed_drafts": [2]}, "requests[0].proposed_drafts=[2]"),
+    ("lora_id", {}, {"lora_id": 1}, "requests[0].lora_id=1"),
+]
+
+
+@pytest.mark.parametrize(("name", "top", "fields", "key"), FEATURES, ids=[f[0] for f in FEATURES])
+def test_unimplemented_features_are_refused_by_name(tmp_path: Path, name: str, top: dict[str, Any],
+                                                    fields: dict[str, Any], key: str) -> None:
+    scenario = _scenario(**top)
+    scenario["requests"][0].update(fields)
+    _file_rejects(tmp_path, scenario, key, "not supported yet")
+
+
+def test_the_features_switched_off_are_accepted() -> None:
+    scenario = _scenario(async_scheduling=False, speculative=None)
+    scenario["requests"][0].update(accepted_drafts=[], proposed_drafts=[], lora_id=0)
+    scenario["requests"][1]["lora_id"] = None
+    assert _replay(scenario)[1] == _replay(_scenario())[1]
+
+
+def test_bad_feature_settings_are_named_before_the_refusal(tmp_path: Path) -> None:
+    _file_rejects(tmp_path, _scenario(async_scheduling="yes"), "async_scheduling='yes'",
+                  "true or false")
+    _file_rejects(tmp_path, _scenario(speculative={"num_speculative_tokens": 0}),
+                  "speculative.num_speculative_tokens=0")
+    _file_rejects(tmp_path, _scenario(speculative={"num_speculative_tokens": 2, "methd": "x"}),
+                  "speculative.methd: unknown key", "'method'")
+    _file_rejects(tmp_path, _scenario(max_loras="2"), "max_loras='2'")
+
+
+REFERENCE_EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "examples"
+
+
+@pytest.mark.skipif(not REFERENCE_EXAMPLES.is_dir(), reason="../shared/reference is not here")
+def test_the_oracles_feature_examples_are_refused_by_name() -> None:
+    files = sorted(REFERENCE_EXAMPLES.glob("*.json"))
+    assert files
+    for path in files:
+        with pytest.raises(ValueError) as info:
+            load_scenario(str(path))
+        message = str(info.value)
+        assert message.startswith(str(path)) and "not supported yet" in message, message
+        assert any(k in message for k in ("async_scheduling", "speculative", "max_loras")), message
+
+
+def test_data_parallel_scenarios_parse_but_replay_refuses_them() -> None:
+    scenario = _scenario(data_parallel_size=2, dp_sync_interval=4)
+    scenario["requests"][0]["rank"] = 1
+    parsed = parse_scenario(scenario)  # tests/conformance/test_dp_lockstep.py runs these
+    assert parsed.data_parallel_size == 2
+    with pytest.raises(ValueError, match="data_parallel_size=2: kvsched replay runs one scheduler"):
+        replay(parsed)
+    scenario["requests"][0]["rank"] = 2
+    _rejects(scenario, "requests[0].rank=2", "data_parallel_size=2")
+    one_rank = _scenario()
+    one_rank["requests"][0]["rank"] = 1
+    _rejects(one_rank, "requests[0].rank=1")
+
+
+def test_the_cli_prints_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvsched.cli import main
+    from kvsched.replay import REQUEST_KEYS
+
+    scenario = _scenario()
+    scenario["requests"][1]["prioirty"] = 1
+    path = _file(tmp_path, scenario)
+    assert main(["replay", path]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"kvsched: error: {path}: requests[1].prioirty: unknown key; did you mean "
+                            "'priority'? (the keys of a request: " + ", ".join(REQUEST_KEYS) + ")\n")
+
+
+def test_a_refused_request_names_the_file_and_index(tmp_path: Path) -> None:
+    scenario = _scenario(cache={"block_size": 4, "num_gpu_blocks": 4})
+    scenario["requests"][1]["prompt_token_ids"] = list(range(40))
+    path = _file(tmp_path, scenario)
+    with pytest.raises(ValueError, match=rf"^{path}: requests\[1\]: "):
+        replay(load_scenario(path))

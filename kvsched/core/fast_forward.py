@@ -9,9 +9,10 @@ clients.
 A stretch of ``k`` steps is allowed when all of these hold:
 
 - no admission policy is installed (a policy may change its mind any step);
-- the scheduler's admission outcome is settled (``Scheduler.decode_stable``):
-  nothing waits, or the last ``schedule()`` was pure decode and admission
-  stopped for a reason that cannot lift while requests only decode
+- no step is in flight (``Scheduler.step_in_flight``: its output is
+  applied), and the scheduler's admission outcome is settled
+  (``Scheduler.decode_stable``): nothing waits, or the last ``schedule()``
+  was pure decode and admission stopped for a reason that cannot lift while requests only decode
   (``max_num_seqs``, the token budget, chunked prefill off, KV blocks: free
   blocks only shrink while decoding, and blocks filled in the stretch hold
   output tokens unique to their request, so they cannot become a prefix hit),
@@ -50,6 +51,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from kvsched.request import check_token_ids
+
 if TYPE_CHECKING:
     from kvsched.core.scheduler import Scheduler
     from kvsched.request import Request
@@ -82,8 +85,8 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     freeing then run as in ``update_from_output``:
     ``Scheduler.fast_forward_decode_finishing``); else it stops before it."""
     running = sched.running
-    if (sched.admission_policy is not None or not sched.decode_stable or not running
-            or len(running) > sched.max_num_scheduled_tokens):
+    if (sched.admission_policy is not None or not sched.decode_stable or sched.step_in_flight
+            or not running or len(running) > sched.max_num_scheduled_tokens):
         return 0, 0, False
     first_stop: float = math.inf  # the earliest step (0-based) in which a request stops
     kv_tokens = 0
@@ -131,6 +134,15 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
     the requests that stopped at the last step with the tokens they kept (for
     ``Scheduler._finish_stopped``); changes nothing if it raises."""
     running = sched.running
+    if sched.step_in_flight:
+        raise ValueError("fast_forward_decode: the last step's SchedulerOutput has not been applied; "
+                         "call update_from_output first")
+    if type(k) is not int:
+        raise TypeError(f"fast_forward_decode: num_steps={k!r} must be an int")
+    limit = sched.token_limit
+    check_token_ids("fast_forward_decode: tokens", list(tokens), limit)
+    if last_tokens is not None:
+        check_token_ids("fast_forward_decode: last_tokens", list(last_tokens), limit)
     if k < 1 or not running or len(tokens) != len(running) or (
             last_tokens is not None and len(last_tokens) != len(running)):
         raise ValueError(f"fast_forward_decode: need num_steps >= 1 and one token per running "

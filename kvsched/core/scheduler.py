@@ -34,7 +34,7 @@ from kvsched.core.output import (
 )
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.request_queue import create_request_queue
-from kvsched.request import FINISH_REASONS, Request, RequestStatus
+from kvsched.request import FINISH_REASONS, TOKEN_ID_LIMIT, Request, RequestStatus, check_token_ids
 
 RUNNING = RequestStatus.RUNNING
 PREEMPTED = RequestStatus.PREEMPTED
@@ -45,6 +45,14 @@ LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
 # (see kvsched.core.fast_forward).
 _STABLE_STOPS = frozenset({None, explain.REASON_MAX_NUM_SEQS, explain.REASON_KV_BLOCKS,
                            explain.REASON_TOKEN_BUDGET, explain.REASON_CHUNKED_PREFILL_OFF})
+
+
+def _bad_tokens(tokens: list[int], limit: int) -> bool:
+    try:
+        check_token_ids("", tokens, limit)
+    except ValueError:
+        return True
+    return False
 
 
 @dataclass(slots=True)
@@ -82,12 +90,18 @@ class _Step:
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  admission_policy: AdmissionPolicy | None = None,
-                 explain_admission: bool = False, runner_inputs: bool = True) -> None:
+                 explain_admission: bool = False, runner_inputs: bool = True,
+                 vocab_size: int | None = None) -> None:
         """``runner_inputs``: put in each SchedulerOutput what a model runner
         needs to run the step - new requests' prompts and block tables,
         resumed requests' block tables and tokens. A simulator runs no model
         and passes False: those lists are then empty (copying them is per
-        token and per block work), everything else is as usual."""
+        token and per block work), everything else is as usual.
+        ``vocab_size``: the model's vocabulary; prompt and sampled token ids
+        must lie below it (without it, below ``TOKEN_ID_LIMIT``)."""
+        if vocab_size is not None and (type(vocab_size) is not int or not 0 < vocab_size <= TOKEN_ID_LIMIT):
+            raise ValueError(f"vocab_size={vocab_size!r}: must be an int in [1, {TOKEN_ID_LIMIT}] "
+                             "(the model's vocabulary size), or None")
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_num_running_reqs = scheduler_config.max_num_seqs
@@ -108,6 +122,11 @@ class Scheduler:
         # True fills SchedulerOutput.not_admitted every step (``--explain``).
         self.explain_admission = explain_admission
         self.runner_inputs = runner_inputs
+        self.token_limit = TOKEN_ID_LIMIT if vocab_size is None else vocab_size
+        # The output of the last schedule() that scheduled something, until
+        # update_from_output() applies it: vLLM's synchronous engine runs one
+        # step at a time, and an output is applied exactly once.
+        self._unanswered: SchedulerOutput | None = None
         self._priority = scheduler_config.policy == "priority"
         # True while the admission outcome is known to repeat as long as the
         # running requests only decode: set by schedule(), cleared by anything
@@ -116,7 +135,8 @@ class Scheduler:
 
     # -- requests in and out --------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queue a new request; a bad one raises ValueError and changes nothing."""
+        """Queue a new request; a bad one raises ValueError (TypeError for a
+        wrong type) and changes nothing."""
         self.check_request(request)
         request.stop_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         self.waiting.add_request(request)
@@ -125,10 +145,12 @@ class Scheduler:
 
     def check_request(self, request: Request) -> None:
         """Raise ValueError if ``add_request`` would refuse ``request``."""
+        if not isinstance(request, Request):
+            raise TypeError(f"request={request!r:.80}: must be a kvsched Request")
         if request.request_id in self.requests:
             raise ValueError(f"request_id={request.request_id!r} is already in the scheduler; "
                              "request ids must be unique")
-        request.validate(self.max_model_len)
+        request.validate(self.max_model_len, self.token_limit)
         if request.status != WAITING or request.num_computed_tokens or request.output_token_ids:
             raise ValueError(f"request {request.request_id}: already used (status "
                              f"{request.status.name}); create a fresh Request")
@@ -147,12 +169,21 @@ class Scheduler:
                         finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED,
                         ) -> list[Request]:
         """Finish requests from outside (abort), whatever state they are in.
-        Unknown or already finished ids are ignored; returns those finished."""
-        if not RequestStatus.is_finished(finished_status):
+        Unknown or already finished ids are ignored; returns those finished.
+        Bad arguments raise before anything changes."""
+        if type(finished_status) is not RequestStatus or not RequestStatus.is_finished(finished_status):
             raise ValueError(f"finished_status={finished_status!r} is not a finished status; "
                              "use e.g. RequestStatus.FINISHED_ABORTED")
         if isinstance(request_ids, str):
             request_ids = (request_ids,)
+        elif not isinstance(request_ids, Iterable):
+            raise TypeError(f"request_ids={request_ids!r:.80}: must be a request id (str) or an "
+                            "iterable of them")
+        else:
+            request_ids = list(request_ids)
+            for rid in request_ids:
+                if not isinstance(rid, str):
+                    raise TypeError(f"request_ids: {rid!r:.80} is not a request id; ids are str")
         done: list[Request] = []
         seen: set[str] = set()
         for rid in request_ids:
@@ -179,6 +210,12 @@ class Scheduler:
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
+    @property
+    def step_in_flight(self) -> bool:
+        """True between a schedule() that scheduled something and the
+        update_from_output() that applies its result."""
+        return self._unanswered is not None
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.running) + len(self.waiting)
 
@@ -201,6 +238,10 @@ class Scheduler:
 
     # -- the step -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        if self._unanswered is not None:
+            raise ValueError("schedule(): the previous step's SchedulerOutput has not been applied; "
+                             "call update_from_output(scheduler_output, model_runner_output) first "
+                             "(vLLM's synchronous engine runs one step at a time)")
         step = _Step(self.max_num_scheduled_tokens)
         if self._begin_step is not None:
             self._begin_step(self)
@@ -230,6 +271,8 @@ class Scheduler:
             and step.admission_stop in _STABLE_STOPS)
         if self._end_step is not None:
             self._end_step(self, output)
+        if output.num_scheduled_tokens:
+            self._unanswered = output
         return output
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
@@ -495,38 +538,117 @@ class Scheduler:
     # -- after the model ran --------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
-        """Append sampled tokens, apply stop checks, free finished requests."""
+        """Append sampled tokens, apply stop checks, free finished requests.
+
+        The runner's output is checked against the step it answers
+        (``_check_step``, then per entry below); a bad one raises
+        ValueError/TypeError and leaves the scheduler exactly as it was.
+        The rules: the output answers the last schedule() (each is applied
+        once, in order; a step that scheduled nothing needs none); it has
+        one entry per scheduled request; a request that reached the end of
+        its sequence samples exactly one token (no drafts are scheduled),
+        one still mid-prefill samples none; token ids are ints below the
+        vocabulary. A request aborted after schedule() may have anything
+        well-typed: its tokens are dropped."""
+        self._check_step(scheduler_output, model_runner_output)
+        req_ids = model_runner_output.req_ids
+        sampled = model_runner_output.sampled_token_ids
+        get_request = self.requests.get
+        limit = self.token_limit
+        stopped: list[Request] = []
+        dropped: list[str] = []
+        # One pass checks each entry and appends its token (a second,
+        # checking-only pass would cost a sixth of the step). An entry found
+        # bad undoes the appends before it; the stop checks and the freeing
+        # wait until every entry has passed.
+        for rid, new_token_ids in zip(req_ids, sampled):
+            request = get_request(rid)
+            if request is None or request.status is not RUNNING:
+                # Aborted between schedule() and now (its id may even have
+                # been reused by a new, still waiting request): dropped.
+                if type(new_token_ids) is not list or _bad_tokens(new_token_ids, limit):
+                    self._undo_samples(req_ids[:req_ids.index(rid)])
+                    self._bad_entry(rid, new_token_ids, None)
+                if new_token_ids:
+                    dropped.append(rid)
+                continue
+            if type(new_token_ids) is list and len(new_token_ids) == 1 and not request.is_prefill_chunk:
+                token = new_token_ids[0]
+                if type(token) is int and 0 <= token < limit:
+                    # Request.append_output, inlined (a call per request
+                    # costs a tenth of this loop).
+                    request.output_token_ids.append(token)
+                    if not request._outputs_in_all:
+                        request.all_token_ids.append(token)
+                    request.num_tokens += 1
+                    if token in request.all_stop_ids or request.num_tokens >= request.stop_len:
+                        stopped.append(request)
+                    continue
+            elif type(new_token_ids) is list and not new_token_ids and request.is_prefill_chunk:
+                continue  # mid-way through a chunked prefill
+            self._undo_samples(req_ids[:req_ids.index(rid)])
+            self._bad_entry(rid, new_token_ids, request)
+        self._unanswered = None
+        finished: list[EngineCoreOutput] = []
+        if stopped:
+            # A single token was appended: the checks set the status and reason.
+            finished = self._finish_stopped([(r, self.apply_stop_checks(r, [r.output_token_ids[-1]]))
+                                             for r in stopped])
+        return EngineCoreOutputs(model_runner_output, finished, dropped)
+
+    def _check_step(self, scheduler_output: SchedulerOutput,
+                    model_runner_output: ModelRunnerOutput) -> None:
+        """The whole-output rules of update_from_output: types, the step it
+        answers, one entry per scheduled request."""
+        if not isinstance(scheduler_output, SchedulerOutput):
+            raise TypeError(f"scheduler_output={scheduler_output!r:.80}: must be the "
+                            "SchedulerOutput that schedule() returned")
+        if not isinstance(model_runner_output, ModelRunnerOutput):
+            raise TypeError(f"model_runner_output={model_runner_output!r:.80}: must be a "
+                            "ModelRunnerOutput")
         num_scheduled = scheduler_output.num_scheduled_tokens
         req_ids = model_runner_output.req_ids
         sampled = model_runner_output.sampled_token_ids
+        if type(req_ids) is not list or type(sampled) is not list:
+            raise TypeError("model_runner_output: req_ids and sampled_token_ids must be lists "
+                            f"(got {type(req_ids).__name__} and {type(sampled).__name__})")
+        if scheduler_output is not self._unanswered and (num_scheduled or req_ids or sampled):
+            raise ValueError("update_from_output: this SchedulerOutput is not the step awaiting its "
+                             "result (it was applied already, is from an earlier step, or from "
+                             "another scheduler); apply each step's output once, in order")
         if len(req_ids) != len(num_scheduled) or len(sampled) != len(req_ids) or (
-                list(num_scheduled) != req_ids and set(num_scheduled) != set(req_ids)):
+                list(num_scheduled) != req_ids and (
+                    not all(type(r) is str for r in req_ids) or set(num_scheduled) != set(req_ids))):
             raise ValueError(
                 "model_runner_output: req_ids/sampled_token_ids must cover exactly the "
                 f"{len(num_scheduled)} scheduled requests (got {len(req_ids)} ids, "
                 f"{len(sampled)} token lists); pass one entry per scheduled request")
+
+    def _undo_samples(self, req_ids: list[str]) -> None:
+        """Take back the tokens update_from_output appended for ``req_ids``
+        (the entries before a bad one, all of which passed)."""
         get_request = self.requests.get
-        stopped: list[tuple[Request, int]] = []  # and the tokens it kept this step
-        dropped: list[str] = []
-        for rid, new_token_ids in zip(req_ids, sampled):
-            if not new_token_ids:
-                continue  # mid-way through a chunked prefill
+        for rid in req_ids:
             request = get_request(rid)
-            if request is None or request.status is not RUNNING:
-                # Aborted between schedule() and now (its id may even have
-                # been reused by a new, still waiting request).
-                dropped.append(rid)
-                continue
-            if len(new_token_ids) == 1:
-                token = new_token_ids[0]
-                request.append_output(token)
-                if token not in request.all_stop_ids and request.num_tokens < request.stop_len:
-                    continue
-            kept = self.apply_stop_checks(request, new_token_ids)
-            if kept:
-                stopped.append((request, kept))
-        finished = self._finish_stopped(stopped) if stopped else []
-        return EngineCoreOutputs(model_runner_output, finished, dropped)
+            if request is not None and request.status is RUNNING and not request.is_prefill_chunk:
+                request.pop_output()
+
+    def _bad_entry(self, rid: str, new_token_ids: object, request: Request | None) -> None:
+        """Raise the error for a bad entry of a runner output (``request``:
+        the running request it belongs to, or None if that was aborted)."""
+        if type(new_token_ids) is not list:
+            raise TypeError(f"model_runner_output: sampled_token_ids for {rid} must be a list of "
+                            f"token ids, got {type(new_token_ids).__name__}")
+        check_token_ids(f"model_runner_output: tokens for {rid}", new_token_ids, self.token_limit)
+        assert request is not None, "unreachable: a well-typed entry of an aborted request"
+        if request.is_prefill_chunk:
+            raise ValueError(
+                f"model_runner_output: {rid} is mid-way through its prefill this step "
+                f"({request.num_computed_tokens} of {request.num_tokens} tokens computed) and "
+                f"samples no token, got {new_token_ids!r:.80}; pass []")
+        raise ValueError(
+            f"model_runner_output: {rid} samples exactly one token this step (no draft "
+            f"tokens were scheduled), got {len(new_token_ids)}; pass [token_id]")
 
     def _finish_stopped(self, stopped: list[tuple[Request, int]]) -> list[EngineCoreOutput]:
         """Take requests that stopped this step (and the tokens each kept) out

@@ -135,7 +135,8 @@ class EngineCore:
                                    max_num_seqs * max_model_len, peak)
         self.cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=args.block_size,
                                         enable_prefix_caching=args.enable_prefix_caching)
-        self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
+        self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
+                                   vocab_size=self.model_config.vocab_size)
         self.runner = ModelRunner(self.model, self.model_config, num_blocks, args.block_size,
                                   self.device, self.dtype,
                                   Sampler(args.seed, self.device, self.model_config.eos_token_ids))

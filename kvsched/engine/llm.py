@@ -59,11 +59,6 @@ class LLM:
             token_ids = list(prompt["prompt_token_ids"])
         else:
             raise ValueError(f"prompt={prompt!r:.60}: give a string or {{'prompt_token_ids': [...]}}")
-        vocab = self.engine.model_config.vocab_size
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab}); "
-                             "use the model's tokenizer")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params={params!r:.60}: must be a kvsched SamplingParams")
         # The model's EOS ids, as vLLM takes them from the checkpoint: the
@@ -73,7 +68,9 @@ class LLM:
                          stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + extra_eos)))
         rid = request_id if request_id is not None else str(next(self._counter))
         request = Request(rid, token_ids, params, priority=priority, arrival_time=arrival_time)
-        request.validate(self.engine.scheduler_config.max_model_len)
+        # Token ids within the model's vocabulary, lengths, times: the one check.
+        request.validate(self.engine.scheduler_config.max_model_len,
+                         self.engine.model_config.vocab_size)
         return request, text
 
     def add_request(self, prompt: PromptType, sampling_params: SamplingParams | None = None,

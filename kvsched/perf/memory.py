@@ -97,6 +97,10 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     else:
         per_layer = 2 * max(1.0, model.num_kv_heads / tp) * model.head_dim * kvb
     bytes_per_block = block_size * model.num_full_attention_layers * per_layer
+    if not bytes_per_block > 0:  # no full-attention layer, or a zero head size: no block to count
+        raise ValueError(f"{model.name}: a KV block of {block_size} tokens takes {bytes_per_block} bytes "
+                         f"({model.num_full_attention_layers} full-attention layers x {per_layer} bytes "
+                         "per token); kvsched sizes the KV cache of models with full attention only")
     # Sliding-window layers hold at most a window per sequence; we reserve that
     # for max_num_seqs sequences (vLLM's hybrid allocator pages them instead).
     sliding = max_num_seqs * model.num_sliding_layers * model.sliding_window * per_layer

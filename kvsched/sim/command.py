@@ -35,6 +35,12 @@ from kvsched.sim.workload import (
     DEFAULT_INPUT_LEN,
     DEFAULT_NUM_PROMPTS,
     DEFAULT_OUTPUT_LEN,
+    MAX_ARRIVAL_TIME,
+    MAX_BURSTINESS,
+    MAX_NUM_PROMPTS,
+    MAX_REQUEST_TOKENS,
+    MAX_SEED,
+    MIN_BURSTINESS,
     Workload,
     load_workload,
 )
@@ -240,16 +246,84 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def resolve_workload_args(args: argparse.Namespace) -> argparse.Namespace:
-    """A copy of ``args`` with the workload flags checked against the dataset
-    and the random dataset's defaults filled in (trace datasets keep None)."""
+# Steps a step-counting flag may name (--prefill-schedule-interval,
+# --dp-sync-interval, --adp-*-iters): a million. An engine step takes at
+# least ~1 ms, so that is over a quarter of an hour between events the flag
+# paces; more is no cadence, only a way to stall a run.
+MAX_STEP_COUNT = 1_000_000
+
+
+def _show(value: object) -> str:
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 40 else f"{text[:12]}...({len(text)} digits)"
+
+
+def _int_flag(args: argparse.Namespace, dest: str, low: int, high: int, why: str) -> None:
+    value = getattr(args, dest, None)
+    if value is not None and not low <= value <= high:
+        raise ValueError(f"{_flag(dest)}={_show(value)}: must be an integer in [{low}, {high:,}] ({why})")
+
+
+def check_flag_ranges(args: argparse.Namespace) -> None:
+    """Every number of the workload and run flags in its stated range, before
+    anything is built from it (the engine flags: ``validate_engine_options``;
+    the time span a rate or time scale gives: ``build_workload``)."""
     n = args.num_prompts
     if n is not None and n < 1:
-        raise ValueError(f"--num-prompts={n}: must be at least 1; leave it out to send "
+        raise ValueError(f"--num-prompts={_show(n)}: must be at least 1; leave it out to send "
                          f"{DEFAULT_NUM_PROMPTS} random prompts or a whole trace")
+    _int_flag(args, "num_prompts", 1, MAX_NUM_PROMPTS,
+              "the random dataset draws every request up front; memory grows with the count")
+    tokens_why = ("2**40, far beyond any context window; a longer request is refused against "
+                  "max_model_len anyway")
+    for dest in ("random_input_len", "random_output_len", "random_prefix_len"):
+        _int_flag(args, dest, 0, MAX_REQUEST_TOKENS, tokens_why)
+    ratio = args.random_range_ratio
+    if ratio is not None and not 0 <= ratio < 1:
+        raise ValueError(f"--random-range-ratio={_show(ratio)}: must be in [0, 1) (lengths are drawn "
+                         "within +-ratio of --random-input-len / --random-output-len)")
+    rate = args.request_rate
+    if rate is not None and not rate > 0:
+        raise ValueError(f"--request-rate={_show(rate)}: must be > 0 requests/s; inf (the default) "
+                         "sends every request at once")
+    b = args.burstiness
+    if b is not None and not (MIN_BURSTINESS <= b <= MAX_BURSTINESS or b == math.inf):
+        raise ValueError(f"--burstiness={_show(b)}: must be in [{MIN_BURSTINESS}, {MAX_BURSTINESS:g}] or "
+                         "inf (constant gaps); below, numpy's gamma gaps underflow to 0 and the "
+                         "arrivals are not the process asked for; 1 is Poisson")
+    mc = args.max_concurrency
+    if mc is not None and mc < 1:
+        raise ValueError(f"--max-concurrency={_show(mc)}: must be at least 1 (above the number of "
+                         "requests it is no limit); leave it out for no limit")
+    _int_flag(args, "seed", 0, MAX_SEED, "vLLM seeds numpy's RandomState, which takes 32-bit seeds")
+    scale = args.time_scale
+    if not (0 < scale < math.inf):
+        raise ValueError(f"--time-scale={_show(scale)}: must be a finite number > 0 (0.5 = twice the "
+                         "request rate)")
     if args.duration is not None and not args.duration > 0:
-        raise ValueError(f"--duration={args.duration}: must be > 0 seconds; leave it out to keep "
+        raise ValueError(f"--duration={_show(args.duration)}: must be > 0 seconds; leave it out to keep "
                          "every request")
+    p = args.eos_probability
+    if not 0 <= p < 1:
+        raise ValueError(f"--eos-probability={_show(p)}: must be in [0, 1) (the chance each output "
+                         "token is EOS; 0 generates every request's output length)")
+    stats = getattr(args, "dp_stats_interval", None)
+    if stats is not None and not 0 < stats <= MAX_ARRIVAL_TIME:
+        raise ValueError(f"--dp-stats-interval={_show(stats)}: must be a number of seconds in "
+                         f"(0, {MAX_ARRIVAL_TIME:g}] (the simulator's time span); vLLM's is 0.1")
+    steps_why = "a million steps is over a quarter of an hour of engine time"
+    _int_flag(args, "dp_sync_interval", 1, MAX_STEP_COUNT, steps_why)
+    _int_flag(args, "adp_timeout_iters", 0, MAX_STEP_COUNT, steps_why)
+    _int_flag(args, "adp_batching_wait_iters", 0, MAX_STEP_COUNT, steps_why)
+    _int_flag(args, "prefill_schedule_interval", 1, MAX_STEP_COUNT, steps_why)
+
+
+def resolve_workload_args(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of ``args`` with the flags' ranges checked
+    (:func:`check_flag_ranges`), the workload flags checked against the
+    dataset and the random dataset's defaults filled in (trace datasets keep
+    None)."""
+    check_flag_ranges(args)
     out = copy.copy(args)
     if args.dataset_name == "random":
         if args.dataset_path is not None:
@@ -283,6 +357,18 @@ def resolve_workload_args(args: argparse.Namespace) -> argparse.Namespace:
 def build_workload(args: argparse.Namespace) -> Workload:
     """The workload of ``args`` after :func:`resolve_workload_args`."""
     if args.dataset_name == "random":
+        span = args.num_prompts / args.request_rate
+        if span > MAX_ARRIVAL_TIME:
+            raise ValueError(
+                f"--request-rate={_show(args.request_rate)}: {args.num_prompts} prompts at that rate "
+                f"arrive over {span:.4g} s, beyond the simulator's time span of {MAX_ARRIVAL_TIME:g} s "
+                "(float64 times lose step-time precision further out); use --request-rate >= "
+                f"{args.num_prompts / MAX_ARRIVAL_TIME:.4g} or fewer --num-prompts")
+        high = args.random_prefix_len + math.ceil(args.random_input_len * (1 + args.random_range_ratio))
+        if high > MAX_REQUEST_TOKENS:
+            raise ValueError(
+                f"--random-prefix-len + --random-input-len x (1 + --random-range-ratio) = {high} "
+                "tokens: must be at most 2**40 (far beyond any context window)")
         workload = load_workload(
             "random", None, num_prompts=args.num_prompts, input_len=args.random_input_len,
             output_len=args.random_output_len, range_ratio=args.random_range_ratio,
@@ -292,6 +378,12 @@ def build_workload(args: argparse.Namespace) -> Workload:
         workload = load_workload(args.dataset_name, args.dataset_path,
                                  max_concurrency=args.max_concurrency)
     if args.time_scale != 1.0:
+        last = workload.last_arrival_time * args.time_scale
+        if last > MAX_ARRIVAL_TIME:
+            raise ValueError(
+                f"--time-scale={_show(args.time_scale)}: puts the last arrival at {last:.4g} s, beyond "
+                f"the simulator's time span of {MAX_ARRIVAL_TIME:g} s; use --time-scale <= "
+                f"{MAX_ARRIVAL_TIME / workload.last_arrival_time:.4g}")
         workload = workload.scaled(args.time_scale)
     if args.dataset_name != "random" and args.num_prompts is not None:
         workload = workload.truncated(num_requests=args.num_prompts)
@@ -363,13 +455,23 @@ def serve(deployment: Deployment, args: argparse.Namespace, accepted: Workload,
     return result
 
 
-def accept(deployment: Deployment, workload: Workload) -> tuple[Workload, list[tuple[str, str]]]:
-    """(requests the server accepts, refused ones); an error if it accepts none."""
+def workload_source(args: argparse.Namespace) -> str:
+    """Where the requests come from, for a message: the trace file, or the flags."""
+    if getattr(args, "dataset_name", "random") != "random" and getattr(args, "dataset_path", None):
+        return f"--dataset-path={args.dataset_path}"
+    return "--dataset-name random"
+
+
+def accept(deployment: Deployment, workload: Workload,
+           source: str = "") -> tuple[Workload, list[tuple[str, str]]]:
+    """(requests the server accepts, refused ones); an error if it accepts none
+    (``source``: where the requests came from, for the message)."""
     max_model_len = deployment.scheduler_config.max_model_len
     accepted, refused = split_refused(workload, max_model_len)
     if accepted is None:
+        where = f"{source}: " if source else ""
         raise ValueError(
-            f"all {len(refused)} requests have prompt + output > max_model_len={max_model_len}, "
+            f"{where}all {len(refused)} requests have prompt + output > max_model_len={max_model_len}, "
             "so the server would refuse every one; raise --max-model-len (up to the model's "
             f"{deployment.model.max_position_embeddings}) or shorten the requests")
     return accepted, refused
@@ -382,7 +484,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     check_output_paths(args)
     deployment = make_deployment(args)
     workload = build_workload(args)
-    accepted, refused = accept(deployment, workload)
+    accepted, refused = accept(deployment, workload, workload_source(args))
     print(f"Simulating {deployment.describe()}; serving {describe_workload(args, workload)}.",
           flush=True)
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress

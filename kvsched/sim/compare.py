@@ -20,8 +20,9 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from kvsched.cli import EXIT_INTERNAL_ERROR, REPORT_HINT, one_line
 from kvsched.sim.command import (
     accept,
     add_engine_arguments,
@@ -34,6 +35,7 @@ from kvsched.sim.command import (
     parse_percentiles,
     resolve_workload_args,
     serve,
+    workload_source,
 )
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.metrics import parse_goodput
@@ -60,8 +62,17 @@ COLUMNS = (
 GOODPUT_COLUMN = ("Goodput req/s", "request_goodput", 1.0, "{:.3f}")
 
 
+class _VariantParser(argparse.ArgumentParser):
+    """Raises on every error: argparse still exits from some (an ambiguous
+    abbreviation, Python 3.11) even with ``exit_on_error=False``, printing
+    its usage; a variant's bad flag is one error line naming the variant."""
+
+    def error(self, message: str) -> NoReturn:
+        raise argparse.ArgumentError(None, message)
+
+
 def variant_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="variant", add_help=False, exit_on_error=False)
+    p = _VariantParser(prog="variant", add_help=False, exit_on_error=False)
     add_engine_arguments(p)
     add_workload_arguments(p)
     return p
@@ -138,6 +149,10 @@ def read_variants_file(path: str) -> object:
         yaml = importlib.import_module("yaml")
         try:
             return yaml.safe_load(text)
+        except RecursionError:
+            raise ValueError(f"--variants={path}: not usable YAML: nested too deeply") from None
+        except ValueError as e:  # e.g. an integer of over 4,300 digits
+            raise ValueError(f"--variants={path}: not usable YAML: {one_line(str(e), 200)}") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -148,9 +163,17 @@ def read_variants_file(path: str) -> object:
     except json.JSONDecodeError as e:
         raise ValueError(f"--variants={path}: not valid JSON at line {e.lineno}, column {e.colno}: "
                          f"{e.msg} (a .yaml or .yml file is read as YAML)") from None
+    except ValueError as e:  # an integer of over 4,300 digits
+        raise ValueError(f"--variants={path}: not usable JSON: {one_line(str(e), 200)}") from None
+    except RecursionError:
+        raise ValueError(f"--variants={path}: not usable JSON: nested too deeply") from None
 
 
-def parse_variants(specs: list[str], path: str | None) -> list[tuple[str, list[str]]]:
+def parse_variants(specs: list[str], path: str | None,
+                   origins: dict[str, str] | None = None) -> list[tuple[str, list[str]]]:
+    """``(name, flags)`` of every variant, ``--variant`` ones first; a name
+    read from the file maps to ``--variants=FILE`` in ``origins``, so an
+    error in its flags names the file."""
     variants: list[tuple[str, list[str]]] = []
     for spec in specs:
         name, sep, flags = spec.partition(":")
@@ -162,15 +185,23 @@ def parse_variants(specs: list[str], path: str | None) -> list[tuple[str, list[s
         if not isinstance(data, dict):
             raise ValueError(f"--variants={path}: must map variant names to flags, "
                              f"e.g. 'small: --max-num-seqs 8'; it holds a {type(data).__name__}")
+        if not data:
+            raise ValueError(f"--variants={path}: holds no variants; map each variant's name to its "
+                             "flags, e.g. 'small: --max-num-seqs 8'")
         for name, flags in data.items():
+            if not str(name).strip():
+                raise ValueError(f"--variants={path}: a variant has an empty name; name every variant")
+            if origins is not None:
+                origins[str(name).strip()] = f"--variants={path}: "
             if isinstance(flags, str):
-                variants.append((str(name), _split_flags(str(name), flags, f"{path}: ")))
+                variants.append((str(name).strip(), _split_flags(str(name), flags, f"--variants={path}: ")))
             elif isinstance(flags, list) and all(isinstance(f, str | int | float) for f in flags):
-                variants.append((str(name), [str(f) for f in flags]))
+                variants.append((str(name).strip(), [str(f) for f in flags]))
             elif flags is None:
-                variants.append((str(name), []))
+                variants.append((str(name).strip(), []))
             else:
-                raise ValueError(f"{path}: variant {name!r}: flags must be a string or a list")
+                raise ValueError(f"--variants={path}: variant {name!r}: flags must be a string or a list "
+                                 f"of strings, not {type(flags).__name__}")
     if not variants:
         raise ValueError("no variants: give --variant 'NAME: FLAGS' (repeatable) or --variants FILE")
     names = [n for n, _ in variants]
@@ -193,29 +224,31 @@ class Prepared:
 
 
 def prepare(name: str, flags: list[str], args: argparse.Namespace,
-            parser: argparse.ArgumentParser) -> Prepared:
+            parser: argparse.ArgumentParser, where: str = "") -> Prepared:
     """Parse a variant's flags over the common ones, then build its deployment
-    and workload: every error a variant can have before it runs."""
+    and workload: every error a variant can have before it runs (``where``:
+    the file it came from, for the message)."""
     ns = copy.copy(args)
     try:
         # Only flags the variant names change: argparse keeps the rest.
         _, unknown = parser.parse_known_args(flags, namespace=ns)
     except argparse.ArgumentError as e:
-        raise ValueError(f"variant {name!r}: bad flags {' '.join(flags)!r} ({e})") from None
+        raise ValueError(f"{where}variant {name!r}: bad flags {' '.join(flags)!r} ({e})") from None
     if unknown:
-        raise ValueError(f"variant {name!r}: unknown flags {' '.join(unknown)!r}; "
+        raise ValueError(f"{where}variant {name!r}: unknown flags {' '.join(unknown)!r}; "
                          "use kvsched simulate's engine and workload flags")
     try:
         ns = resolve_workload_args(ns)
         deployment = make_deployment(ns, who=f"variant {name!r}: ")
         workload = build_workload(ns)
-        accepted, refused = accept(deployment, workload)
+        accepted, refused = accept(deployment, workload, workload_source(ns))
     except ValueError as e:
-        raise ValueError(f"variant {name!r}: {e}") from None
+        raise ValueError(f"{where}variant {name!r}: {e}") from None
     return Prepared(name, flags, ns, deployment, workload, accepted, refused)
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    origins: dict[str, str] = {}
     if args.preset:
         base, preset_variants = PRESETS[args.preset]
         # The preset sets what the command line left at its default.
@@ -224,10 +257,10 @@ def run_compare(args: argparse.Namespace) -> int:
         for key, value in vars(parser.parse_args(base)).items():
             if value != defaults[key] and getattr(args, key) == defaults[key]:
                 setattr(args, key, value)
-        variants = preset_variants + (parse_variants(args.variant, args.variants)
+        variants = preset_variants + (parse_variants(args.variant, args.variants, origins)
                                       if args.variant or args.variants else [])
     else:
-        variants = parse_variants(args.variant, args.variants)
+        variants = parse_variants(args.variant, args.variants, origins)
     if args.trace_steps:
         raise ValueError("--trace-steps: one trace per run; use kvsched simulate with the "
                          "variant's flags")
@@ -237,20 +270,31 @@ def run_compare(args: argparse.Namespace) -> int:
     parser = variant_parser()
     # Every variant is checked before any runs: a typo in the last one should
     # not cost the time of the others.
-    prepared = [prepare(name, flags, args, parser) for name, flags in variants]
+    prepared = [prepare(name, flags, args, parser, origins.get(name, "")) for name, flags in variants]
     done: list[tuple[Prepared, SimResult, dict[str, Any]]] = []
     failed: list[str] = []
+    internal = False
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
     for v in prepared:
         print(f"[{v.name}] {v.deployment.describe()}; {describe_workload(v.args, v.workload)}",
               flush=True)
         try:
             result = serve(v.deployment, v.args, v.accepted, v.refused, progress)
-        except Exception as e:  # any failure: keep the other variants' results
-            # The exit status tells; a bug names its exception type.
-            what = str(e) if isinstance(e, ValueError | OSError) else f"{type(e).__name__}: {e}"
-            print(f"kvsched: error: variant {v.name!r}: {what}", file=sys.stderr, flush=True)
+        except Exception as e:  # keep the other variants' results
+            if isinstance(e, ValueError | OSError | RuntimeError) and not isinstance(e, RecursionError):
+                # As kvsched.cli treats them: errors, not bugs (a RuntimeError names its type).
+                what = str(e) if isinstance(e, ValueError | OSError) else f"{type(e).__name__}: {e}"
+                print(f"kvsched: error: variant {v.name!r}: {one_line(what)}", file=sys.stderr,
+                      flush=True)
+                failed.append(v.name)
+                continue
+            # Anything else is a bug: say so (the others' results are still shown).
+            if getattr(args, "debug", False):
+                raise
+            print(f"kvsched: internal error: variant {v.name!r}: {type(e).__name__}: "
+                  f"{one_line(str(e), 300)}; {REPORT_HINT}", file=sys.stderr, flush=True)
             failed.append(v.name)
+            internal = True
             continue
         metrics = result.metrics(percentiles, slos)
         metrics["input_throughput"] = (metrics.get("total_input_tokens", 0) / metrics["duration"]
@@ -282,7 +326,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if failed:
         print(f"kvsched: error: {len(failed)} of {len(prepared)} variants failed: "
               f"{', '.join(map(repr, failed))}", file=sys.stderr)
-        return 1
+        return EXIT_INTERNAL_ERROR if internal else 1
     return 0
 
 

@@ -38,6 +38,24 @@ from kvsched.scheduler_defaults import (
 # their kernel block: 16 for FlashAttention and Triton (``MultipleOf(16)``),
 # 16/32/64 for FlashInfer; anything else finds no backend at start-up.
 BLOCK_SIZE_MULTIPLE = 16
+# vLLM 0.33 takes any block size > 0; its kernels' blocks are 16 to 256 tokens
+# (FlashMLA 64, FlashInfer 16/32/64, Ascend 128), and hybrid models align
+# theirs to a few hundred. 4096 is kvsched's bound: beyond it a block is
+# longer than most requests' whole context.
+MAX_BLOCK_SIZE = 4096
+# KV blocks the simulator tracks over all engine cores: 2**24 (16.8M). Each
+# costs ~46 bytes of block-pool state at start (2**24: ~770 MB) and more once
+# cached, and 2**24 blocks of 16 tokens are 268M tokens of KV, over 20x what
+# any catalog GPU holds for the smallest catalog model.
+MAX_NUM_GPU_BLOCKS = 2**24
+# Engine cores (--data-parallel-size): 1024, above the widest expert-parallel
+# deployments run (a few hundred ranks); each is a whole scheduler and KV
+# cache in the simulator.
+MAX_DATA_PARALLEL_SIZE = 1024
+# Per-step limits (--max-num-seqs, --max-num-batched-tokens): 2**24. No GPU
+# holds the activations of that many tokens in one step; above it the memory
+# arithmetic only gets further from anything vLLM would start with.
+MAX_STEP_LIMIT = 2**24
 
 
 def device_info(hardware: Hardware, parallel: ParallelConfig) -> DeviceInfo:
@@ -134,31 +152,55 @@ class Deployment:
                 + f"; step times: {self.step_model.describe_backend()}")
 
 
-def _positive_int(flag: str, value: object) -> None:
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:12]}...({len(text)} digits)"
+
+
+def _positive_int(flag: str, value: object, maximum: int | None = None, why: str = "") -> None:
     field = flag[2:].replace("-", "_")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field}={value!r} ({flag}): must be an integer >= 1")
+        raise ValueError(f"{field}={_show(value)} ({flag}): must be an integer >= 1")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{field}={_show(value)} ({flag}): must be at most {maximum:,} ({why})")
 
 
 def validate_engine_options(opts: EngineOptions) -> None:
     """Every engine argument on its own, before anything is built: a bad flag
     names itself instead of surfacing as an odd failure further in (or being
     read as "default", as ``0`` would be)."""
-    _positive_int("--tensor-parallel-size", opts.tensor_parallel_size)
-    _positive_int("--data-parallel-size", opts.data_parallel_size)
+    _positive_int("--tensor-parallel-size", opts.tensor_parallel_size, MAX_DATA_PARALLEL_SIZE,
+                  "it must divide the model's attention heads, a few hundred at most")
+    _positive_int("--data-parallel-size", opts.data_parallel_size, MAX_DATA_PARALLEL_SIZE,
+                  "each engine core is a whole scheduler and KV cache in the simulator")
     for field in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         check_optional_limit(field, getattr(opts, field))
+    for field in ("max_num_seqs", "max_num_batched_tokens"):
+        value = getattr(opts, field)
+        if value is not None and value > MAX_STEP_LIMIT:
+            raise ValueError(f"{field}={_show(value)} (--{field.replace('_', '-')}): must be at most "
+                             f"{MAX_STEP_LIMIT:,} (2**24: no GPU holds the activations of a step "
+                             "that large); leave it unset for vLLM's default")
     check_num_gpu_blocks_override(opts.num_gpu_blocks_override)
+    override = opts.num_gpu_blocks_override
+    if override is not None and override * opts.data_parallel_size > MAX_NUM_GPU_BLOCKS:
+        raise ValueError(f"num_gpu_blocks_override={_show(override)} (--num-gpu-blocks-override): the "
+                         f"{opts.data_parallel_size} engine core(s) may have at most {MAX_NUM_GPU_BLOCKS:,} "
+                         "KV blocks in all (2**24: 268M tokens of KV at block size 16, over 20x what any "
+                         "GPU holds; the simulator keeps ~46 bytes per block); lower it")
     block = opts.block_size
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or block % BLOCK_SIZE_MULTIPLE:
-        raise ValueError(f"block_size={block!r} (--block-size): vLLM 0.33's CUDA attention backends "
-                         f"need a positive multiple of {BLOCK_SIZE_MULTIPLE} (16, 32, 64, 128, ...); "
-                         "vLLM's default is 16")
+    if (isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK_SIZE
+            or block % BLOCK_SIZE_MULTIPLE):
+        raise ValueError(f"block_size={_show(block)} (--block-size): must be a multiple of "
+                         f"{BLOCK_SIZE_MULTIPLE} between {BLOCK_SIZE_MULTIPLE} and {MAX_BLOCK_SIZE} "
+                         "(vLLM 0.33's CUDA attention backends take multiples of 16: 16, 32, 64, "
+                         "128, ...; vLLM's default is 16)")
     check_gpu_memory_utilization(opts.gpu_memory_utilization)
     check_long_prefill_token_threshold(opts.long_prefill_token_threshold)
     dtype_bytes("dtype", opts.dtype)
     kv_cache_dtype_bytes(opts.kv_cache_dtype)
-    _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval)
+    _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval, 1_000_000,
+                  "a million engine steps is over a quarter of an hour between admissions")
     if opts.quantization is not None and opts.quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={opts.quantization!r} (--quantization): kvsched prices "
                          f"{', '.join(QUANTIZATIONS)} (or leave it unset for the checkpoint's own)")
@@ -267,6 +309,13 @@ def build_deployment(opts: EngineOptions) -> Deployment:
                          opts.gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
     num_blocks = (memory.num_gpu_blocks if opts.num_gpu_blocks_override is None
                   else opts.num_gpu_blocks_override)
+    if num_blocks * opts.data_parallel_size > MAX_NUM_GPU_BLOCKS:
+        # A tiny model (e.g. from a config.json) on a large GPU: refused, not capped.
+        raise ValueError(
+            f"the KV cache would have {num_blocks:,} blocks per engine core x {opts.data_parallel_size} "
+            f"({memory.describe()}); the simulator tracks at most {MAX_NUM_GPU_BLOCKS:,} (2**24, ~46 "
+            "bytes each); set --num-gpu-blocks-override, raise --block-size or lower "
+            "--gpu-memory-utilization")
     if (num_blocks - 1) * opts.block_size < max_model_len:
         raise ValueError(
             f"max_model_len={max_model_len} needs {max_model_len} tokens of KV but the cache holds "

@@ -354,8 +354,9 @@ def parse_goodput(args: Sequence[str] | str) -> dict[str, float]:
             value = float(text)
         except ValueError:
             raise ValueError(f"goodput {item!r}: value {text!r} is not a number of milliseconds") from None
-        if not value >= 0:
-            raise ValueError(f"goodput {item!r}: value {value} must be >= 0 milliseconds")
+        if not 0 <= value < math.inf:
+            raise ValueError(f"goodput {item!r}: value {value} must be a finite number of milliseconds "
+                             ">= 0 (leave the metric out for no limit)")
         slos[name] = value
     return slos
 

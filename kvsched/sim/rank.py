@@ -27,9 +27,11 @@ from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
 from kvsched.sim.metrics import RecordTable, SampleAccumulator, benchmark_duration, compute_metrics
+from kvsched.sim.refusals import too_long_error
 from kvsched.sim.workload import WorkloadRequest
 
 EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)
+OUTPUT_TOKEN_BASE = 2**62
 _NOTHING: list[int] = []  # a prefill chunk samples nothing (shared: never mutated)
 
 
@@ -270,13 +272,21 @@ class Rank:
         self.totals = StepTotals(cache_config.num_gpu_blocks - 1)
         self.steps = StepLog() if keep_step_log else None
         self.num_ff_steps = 0
-        self._next_token = 1  # output tokens are negative: never in a prompt
+        # Output tokens start above every prompt token (kvsched.sim.workload
+        # keeps those below 2**62): never in a prompt.
+        self._next_token = OUTPUT_TOKEN_BASE
         self._params: dict[int, SamplingParams] = {}  # by _sampling_params' key
 
     # -- requests in -----------------------------------------------------------
     def receive(self, spec: WorkloadRequest, send_time: float) -> bool:
-        """A request sent at ``send_time``; False if the engine refuses it
-        (recorded in ``failed``)."""
+        """A request sent at ``send_time``; False if the server or the engine
+        refuses it (recorded in ``failed``). Prompt + output > max_model_len is
+        refused as vLLM's API server refuses it (HTTP 400 to vllm bench
+        serve), not cut short as the engine alone would: the simulator never
+        silently caps an output length."""
+        if spec.num_prompt_tokens + spec.output_len > self.sched.max_model_len:
+            self.failed.append((spec.request_id, too_long_error(spec, self.sched.max_model_len)))
+            return False
         eos_index = -1
         p = self.eos_probability
         if p > 0.0:
@@ -292,7 +302,7 @@ class Rank:
         except ValueError as e:
             self.failed.append((spec.request_id, str(e)))
             return False
-        self.live[spec.request_id] = _Live(spec, send_time, -self._next_token, eos_index,
+        self.live[spec.request_id] = _Live(spec, send_time, self._next_token, eos_index,
                                            token_times=[] if self.keep_token_times else None)
         self._next_token += 1
         return True

@@ -58,6 +58,41 @@ MOONCAKE_BLOCK_TOKENS = 512
 # Random prompt i starts with token UNIQUE_TOKEN_BASE + i: keep it an int64.
 MAX_RANDOM_PROMPTS = 2**62 - UNIQUE_TOKEN_BASE
 
+# Bounds on every number a workload file or flag gives, checked before
+# anything is allocated from it; kvsched.sim.command and
+# kvsched.sim.deployment bound the flags.
+#
+# Token counts of one request (prompt, output, random lengths): 2**40 (about
+# 1.1e12). Far above any context window (the longest are ~1e7 tokens), so a
+# long row is still a *request* the server refuses against max_model_len, as
+# vLLM's does; and small enough that a count, prompt + output and numpy's
+# int64 columns hold it exactly. A prompt is kept as runs, never as a token
+# list, so a long row costs no memory before it is refused.
+MAX_REQUEST_TOKENS = 2**40
+# Arrival times, in seconds from the start of the workload: 1e8 s (3.2
+# years). Longer than any serving trace (Azure 2023: 1 hour, Azure 2024: 1
+# week, Mooncake: 1 hour), and float64 times up there still resolve 15 ns,
+# well below a step time; further out step times lose digits (at 1e12 s the
+# resolution is 0.1 ms, at 1e300 s a step adds nothing: a TPOT of 0).
+MAX_ARRIVAL_TIME = 1e8
+# Raw Mooncake timestamps (milliseconds): 2**53, the largest integer a float
+# holds exactly (Unix-epoch milliseconds are ~1.7e12).
+MAX_TIMESTAMP_MS = 2**53
+# Requests of one workload: ten million. The random dataset draws its
+# columns up front (numpy, then 20 bytes a request), so the count is what
+# memory grows with; ten million is 100x the largest runs vllm bench serve
+# is used for, and peaks at ~0.7 GB during the draw (measured).
+MAX_NUM_PROMPTS = 10_000_000
+# vllm bench serve seeds numpy's global RandomState (np.random.seed), whose
+# seeds are 32-bit.
+MAX_SEED = 2**32 - 1
+# Gamma shape of the arrival gaps. vLLM takes any value > 0, but below 0.01
+# numpy's gamma draws underflow to exactly 0 for a growing share of gaps (half
+# of them at 0.001), so the arrivals are no longer the process asked for;
+# above 1e6 the gaps are constant to 0.1 % (give inf for exactly constant).
+MIN_BURSTINESS = 0.01
+MAX_BURSTINESS = 1e6
+
 # vllm bench serve's defaults for --dataset-name random.
 DEFAULT_NUM_PROMPTS = 1000
 DEFAULT_INPUT_LEN = 1024
@@ -75,6 +110,18 @@ def _is_int(value: object) -> bool:
 
 def _is_real(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _show(value: object, limit: int = 40) -> str:
+    """``repr(value)`` for a message, a 400-digit number cut to its length."""
+    if isinstance(value, list | dict) and len(value) > 8:
+        return f"<a {type(value).__name__} of {len(value)} items>"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if _is_int(value):
+        return f"{text[:12]}...({len(text)} digits)"
+    return text[:limit] + "..."
 
 
 @dataclass(slots=True, frozen=True)
@@ -95,14 +142,21 @@ class WorkloadRequest:
             raise ValueError(f"WorkloadRequest request_id={name!r}: must be a non-empty string")
         where = f"WorkloadRequest {name}"
         t = self.arrival_time
-        if not _is_real(t) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"{where}: arrival_time={t!r} must be a finite number >= 0")
-        if not _is_int(self.output_len) or self.output_len < 1:
-            raise ValueError(f"{where}: output_len={self.output_len!r} must be an integer >= 1")
+        # Compared, not converted: an int of 400 digits is refused, not an OverflowError.
+        if not _is_real(t) or not 0 <= t <= MAX_ARRIVAL_TIME:
+            raise ValueError(f"{where}: arrival_time={_show(t)} must be a number of seconds in "
+                             f"[0, {MAX_ARRIVAL_TIME:.0e}] (the simulator's time span)")
+        if not _is_int(self.output_len) or not 1 <= self.output_len <= MAX_REQUEST_TOKENS:
+            raise ValueError(f"{where}: output_len={_show(self.output_len)} must be an integer in "
+                             f"[1, 2**40]")
         runs = _checked_runs(where, self.prompt_runs)
+        num_prompt_tokens = sum(count for _, count in runs)
+        if num_prompt_tokens > MAX_REQUEST_TOKENS:
+            raise ValueError(f"{where}: {_show(num_prompt_tokens)} prompt tokens; at most 2**40 "
+                             "(a longer prompt is no request any server takes)")
         # Frozen: normalise lists to tuples and cache the length once.
         object.__setattr__(self, "prompt_runs", runs)
-        object.__setattr__(self, "num_prompt_tokens", sum(count for _, count in runs))
+        object.__setattr__(self, "num_prompt_tokens", num_prompt_tokens)
 
     def prompt_token_ids(self) -> list[int]:
         """The prompt as a token list (``[token] * count`` per run, C speed)."""
@@ -323,6 +377,11 @@ class Workload:
         """Arrival times multiplied by ``time_scale`` (0.5 = twice the rate)."""
         if not _is_real(time_scale) or not math.isfinite(time_scale) or time_scale <= 0:
             raise ValueError(f"Workload {self.name}: time_scale={time_scale!r} must be a finite number > 0")
+        last = self.last_arrival_time * time_scale
+        if last > MAX_ARRIVAL_TIME:
+            raise ValueError(f"Workload {self.name}: time_scale={time_scale!r} puts the last arrival at "
+                             f"{last:.4g} s, beyond the simulator's time span of {MAX_ARRIVAL_TIME:.0e} s; "
+                             f"use a time scale <= {MAX_ARRIVAL_TIME / self.last_arrival_time:.4g}")
         if isinstance(self.requests, RandomRequests):
             return Workload(self.name, self.requests.scaled(time_scale), self.max_concurrency)
         requests = tuple(
@@ -372,9 +431,15 @@ def _split_range_ratio(range_ratio: float | Mapping[str, float]) -> tuple[float,
     return float(ratios[0]), float(ratios[1])
 
 
-def _check_count(name: str, value: object, minimum: int) -> None:
+_TOKENS_WHY = ("2**40 tokens is far beyond any context window; longer requests are refused "
+               "against max_model_len")
+
+
+def _check_count(name: str, value: object, minimum: int, maximum: int, why: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"random workload: {name}={value!r} must be an integer >= {minimum}")
+        raise ValueError(f"random workload: {name}={_show(value)} must be an integer >= {minimum}")
+    if value > maximum:
+        raise ValueError(f"random workload: {name}={_show(value)} must be at most {maximum:,} ({why})")
 
 
 def random_workload(
@@ -406,19 +471,26 @@ def random_workload(
     ``numpy.random.RandomState(seed)``, the stream vLLM draws after
     ``np.random.seed(seed)``, so arrival times match vLLM's too.
     """
-    _check_count("num_prompts", num_prompts, 1)
-    if num_prompts > MAX_RANDOM_PROMPTS:
-        raise ValueError(f"random workload: num_prompts={num_prompts} is above "
-                         f"{MAX_RANDOM_PROMPTS:,} (request-unique token ids would run out)")
-    _check_count("input_len", input_len, 0)
-    _check_count("output_len", output_len, 0)
-    _check_count("prefix_len", prefix_len, 0)
-    _check_count("seed", seed, 0)
+    _check_count("num_prompts", num_prompts, 1, MAX_NUM_PROMPTS,
+                 "ten million requests: the random dataset draws every request's lengths up front")
+    _check_count("input_len", input_len, 0, MAX_REQUEST_TOKENS, _TOKENS_WHY)
+    _check_count("output_len", output_len, 0, MAX_REQUEST_TOKENS, _TOKENS_WHY)
+    _check_count("prefix_len", prefix_len, 0, MAX_REQUEST_TOKENS, _TOKENS_WHY)
+    _check_count("seed", seed, 0, MAX_SEED, "numpy's RandomState, which vLLM seeds, takes 32-bit seeds")
     if not _is_real(request_rate) or not request_rate > 0:
         raise ValueError(f"random workload: request_rate={request_rate!r} must be a number > 0 "
                          "(inf: all at once)")
-    if not _is_real(burstiness) or not burstiness > 0:
-        raise ValueError(f"random workload: burstiness={burstiness!r} must be a number > 0")
+    # vLLM rescales the arrivals to end at num_prompts / request_rate: bound that span.
+    if num_prompts / request_rate > MAX_ARRIVAL_TIME:
+        raise ValueError(f"random workload: request_rate={request_rate!r} spreads {num_prompts} requests "
+                         f"over {num_prompts / request_rate:.4g} s, beyond the simulator's time span of "
+                         f"{MAX_ARRIVAL_TIME:.0e} s (float64 times lose step-time precision further "
+                         f"out); use a rate >= {num_prompts / MAX_ARRIVAL_TIME:.4g} req/s")
+    if not _is_real(burstiness) or not (MIN_BURSTINESS <= burstiness <= MAX_BURSTINESS
+                                        or burstiness == math.inf):
+        raise ValueError(f"random workload: burstiness={burstiness!r} must be a number in "
+                         f"[{MIN_BURSTINESS}, {MAX_BURSTINESS:.0e}] or inf (constant gaps): below, "
+                         "numpy's gamma gaps underflow to 0; above, they are constant to 0.1 %")
     input_ratio, output_ratio = _split_range_ratio(range_ratio)
     input_low = math.floor(input_len * (1 - input_ratio))
     input_high = math.ceil(input_len * (1 + input_ratio))
@@ -427,6 +499,10 @@ def random_workload(
     if prefix_len + input_low < 1:
         raise ValueError(f"random workload: prefix_len ({prefix_len}) + the shortest sampled input "
                          f"({input_low}) must be >= 1; raise input_len or prefix_len, or lower range_ratio")
+    if prefix_len + input_high > MAX_REQUEST_TOKENS or output_high > MAX_REQUEST_TOKENS:
+        raise ValueError(f"random workload: prompts up to {prefix_len + input_high} tokens (prefix_len + "
+                         f"input_len x (1 + range_ratio)) and outputs up to {output_high}: each must be "
+                         f"<= 2**40 ({_TOKENS_WHY})")
 
     import numpy as np  # only the random dataset needs numpy here; trace loading does not
 
@@ -493,27 +569,40 @@ _INT_TEXT = re.compile(r"\s*[-+]?[0-9]+\s*")
 def _text_int(src: _Source, line: int, column: str, text: str, minimum: int, why: str) -> int:
     # int() alone would also take '1_000'; a trace column holds plain digits.
     if not _INT_TEXT.fullmatch(text):
-        raise src.error(line, f"{column}={text!r} is not an integer")
+        raise src.error(line, f"{column}={_show(text)} is not an integer")
+    if len(text.strip().lstrip("+-").lstrip("0")) > 20:  # before int(): it refuses 4,300 digits
+        raise src.error(line, f"{column}={_show(text.strip())} must be at most 2**40 ({_TOKENS_WHY})")
     value = int(text)
+    return _bounded_int(src, line, column, value, minimum, why)
+
+
+def _bounded_int(src: _Source, line: int, key: str, value: int, minimum: int, why: str) -> int:
     if value < minimum:
-        raise src.error(line, f"{column}={value} must be >= {minimum} ({why})")
+        raise src.error(line, f"{key}={_show(value)} must be >= {minimum} ({why})")
+    if value > MAX_REQUEST_TOKENS:
+        raise src.error(line, f"{key}={_show(value)} must be at most 2**40 ({_TOKENS_WHY})")
     return value
 
 
 def _json_int(src: _Source, line: int, key: str, value: object, minimum: int, why: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise src.error(line, f"{key}={value!r} must be an integer")
-    if value < minimum:
-        raise src.error(line, f"{key}={value} must be >= {minimum} ({why})")
+        raise src.error(line, f"{key}={_show(value)} must be an integer")
+    return _bounded_int(src, line, key, value, minimum, why)
+
+
+def _json_time(src: _Source, line: int, key: str, value: object, maximum: float, unit: str) -> float | int:
+    # json.loads accepts NaN and Infinity; neither is a time. Compared, not
+    # converted: a 400-digit integer is out of range, not an OverflowError.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= maximum:
+        raise src.error(line, f"{key}={_show(value)} must be a number in [0, {maximum:.4g}] {unit}")
     return value
 
 
-def _json_time(src: _Source, line: int, key: str, value: object) -> float | int:
-    # json.loads accepts NaN and Infinity; neither is a time.
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value < 0):
-        raise src.error(line, f"{key}={value!r} must be a finite number >= 0")
-    return value
+def _check_span(src: _Source, line: int, key: str, seconds: float) -> None:
+    if seconds > MAX_ARRIVAL_TIME:
+        raise src.error(line, f"{key} is {seconds:.4g} s after the first request's, beyond the "
+                        f"simulator's time span of {MAX_ARRIVAL_TIME:.0e} s (float64 times lose "
+                        "step-time precision further out); split the trace")
 
 
 _PROMPT_WHY = "a request needs at least one prompt token"
@@ -541,7 +630,7 @@ def _azure_time_ns(src: _Source, line: int, text: str) -> int:
     """Nanoseconds since 0001-01-01 as an exact integer (no float rounding)."""
     m = _AZURE_TIME.fullmatch(text)
     if m is None:
-        raise src.error(line, f"TIMESTAMP={text!r} is not 'YYYY-MM-DD HH:MM:SS[.fraction]'")
+        raise src.error(line, f"TIMESTAMP={_show(text)} is not 'YYYY-MM-DD HH:MM:SS[.fraction]'")
     year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
     try:
         days = datetime.date(year, month, day).toordinal()
@@ -556,7 +645,13 @@ def _azure_time_ns(src: _Source, line: int, text: str) -> int:
 
 def _csv_rows(src: _Source, text: str) -> Iterator[tuple[int, list[str]]]:
     reader = csv.reader(io.StringIO(text, newline=""))
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:  # a NUL byte, a field over csv's size limit, a stray quote
+            raise src.error(reader.line_num, f"not valid CSV: {e}") from None
         if row:  # csv yields [] for an empty line: no row there to drop
             yield reader.line_num, row
 
@@ -568,8 +663,12 @@ def _azure_header(src: _Source, header: list[str]) -> tuple[int, int, int]:
             raise src.error(1, f"column {column!r} appears twice in the header")
     missing = [c for c in _AZURE_COLUMNS if c not in names]
     if missing:
-        raise src.error(1, f"missing column(s) {', '.join(missing)}; the header has {', '.join(names)} "
-                        f"(expected {', '.join(_AZURE_COLUMNS)})")
+        raise src.error(1, f"missing column(s) {', '.join(missing)}; the header has "
+                        f"{_show(', '.join(names), 200)} (expected {', '.join(_AZURE_COLUMNS)})")
+    unknown = [n for n in names if n not in _AZURE_COLUMNS]
+    if unknown:  # their values would be dropped unread
+        raise src.error(1, f"unknown column(s) {_show(', '.join(unknown), 200)}; the columns are "
+                        f"{', '.join(_AZURE_COLUMNS)} (remove the others)")
     ts, ctx, gen = (names.index(c) for c in _AZURE_COLUMNS)
     return ts, ctx, gen
 
@@ -603,6 +702,7 @@ def load_azure(path: str | Path, *, max_concurrency: int | None = None) -> Workl
         elif t < prev:
             raise src.error(line, f"TIMESTAMP={row[ts_col].strip()!r} is earlier than the previous row's "
                             f"(line {prev_line}); the trace must be in time order")
+        _check_span(src, line, f"TIMESTAMP={row[ts_col].strip()!r}", (t - t0) / 1e9)
         prev, prev_line = t, line
         ctx = _text_int(src, line, "ContextTokens", row[ctx_col], 1, _PROMPT_WHY)
         gen = _text_int(src, line, "GeneratedTokens", row[gen_col], 1, _OUTPUT_WHY)
@@ -613,14 +713,36 @@ def load_azure(path: str | Path, *, max_concurrency: int | None = None) -> Workl
     return Workload(p.stem, tuple(requests), max_concurrency)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of two equal keys: the first would be dropped unread.
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(f"key {_show(key)} appears twice in one object")
+            seen.add(key)
+    return obj
+
+
 def _json_lines(src: _Source, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
     for line, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue  # blank line (e.g. the trailing newline): holds no request
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise src.error(line, f"not valid JSON: {e.msg} (column {e.colno})") from None
+        except _DuplicateKey as e:
+            raise src.error(line, str(e)) from None
+        except ValueError as e:  # an integer of over 4,300 digits
+            raise src.error(line, f"not a usable JSON line: {_show(str(e), 120)}") from None
+        except RecursionError:
+            raise src.error(line, "not a usable JSON line: nested too deeply") from None
         if not isinstance(obj, dict):
             raise src.error(line, f"expected a JSON object, got {type(obj).__name__}")
         yield line, obj
@@ -632,7 +754,8 @@ def _check_keys(src: _Source, line: int, obj: dict[str, Any], keys: tuple[str, .
         raise src.error(line, f"missing field(s) {', '.join(missing)}")
     unknown = sorted(set(obj) - set(keys))
     if unknown:
-        raise src.error(line, f"unknown field(s) {', '.join(unknown)}; the fields are {', '.join(keys)}")
+        raise src.error(line, f"unknown field(s) {_show(', '.join(unknown), 200)}; the fields are "
+                        f"{', '.join(keys)}")
 
 
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -640,7 +763,7 @@ _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 def _mooncake_runs(src: _Source, line: int, hash_ids: object, input_length: int) -> PromptRuns:
     if not isinstance(hash_ids, list):
-        raise src.error(line, f"hash_ids={hash_ids!r} must be a list of integers")
+        raise src.error(line, f"hash_ids={_show(hash_ids)} must be a list of integers")
     expected = -(-input_length // MOONCAKE_BLOCK_TOKENS)
     if len(hash_ids) != expected:
         raise src.error(line, f"hash_ids has {len(hash_ids)} ids; input_length={input_length} is "
@@ -648,7 +771,7 @@ def _mooncake_runs(src: _Source, line: int, hash_ids: object, input_length: int)
     if not all(type(h) is int and 0 <= h <= MAX_HASH_ID for h in hash_ids):
         j, h = next((j, h) for j, h in enumerate(hash_ids)
                     if not (type(h) is int and 0 <= h <= MAX_HASH_ID))
-        raise src.error(line, f"hash_ids[{j}]={h!r} must be an integer in [0, {MAX_HASH_ID}]")
+        raise src.error(line, f"hash_ids[{j}]={_show(h)} must be an integer in [0, {MAX_HASH_ID}]")
     runs = [(HASH_BLOCK_TOKEN_BASE + h, MOONCAKE_BLOCK_TOKENS) for h in hash_ids]
     # The last block holds what remains of the prompt (1..512 tokens).
     last = input_length - (len(runs) - 1) * MOONCAKE_BLOCK_TOKENS
@@ -674,12 +797,14 @@ def load_mooncake(path: str | Path, *, max_concurrency: int | None = None) -> Wo
     prev_line = 0
     for line, obj in _json_lines(src, text):
         _check_keys(src, line, obj, _MOONCAKE_KEYS)
-        t = _json_time(src, line, "timestamp", obj["timestamp"])
+        t = _json_time(src, line, "timestamp", obj["timestamp"], MAX_TIMESTAMP_MS,
+                       "milliseconds (2**53: exact in a float)")
         if not requests:
             t0 = prev = t
         elif t < prev:
             raise src.error(line, f"timestamp={t} is earlier than the previous line's ({prev}, line "
                             f"{prev_line}); the trace must be in time order")
+        _check_span(src, line, f"timestamp={t}", (t - t0) / 1000)
         prev, prev_line = t, line
         input_length = _json_int(src, line, "input_length", obj["input_length"], 1, _PROMPT_WHY)
         output_length = _json_int(src, line, "output_length", obj["output_length"], 1, _OUTPUT_WHY)
@@ -707,7 +832,8 @@ def load_jsonl(path: str | Path, *, max_concurrency: int | None = None) -> Workl
     requests: list[WorkloadRequest] = []
     for line, obj in _json_lines(src, text):
         _check_keys(src, line, obj, _JSONL_KEYS)
-        arrival = float(_json_time(src, line, "arrival_time", obj["arrival_time"]))
+        arrival = float(_json_time(src, line, "arrival_time", obj["arrival_time"], MAX_ARRIVAL_TIME,
+                                   "seconds (the simulator's time span)"))
         input_tokens = _json_int(src, line, "input_tokens", obj["input_tokens"], 1, _PROMPT_WHY)
         output_tokens = _json_int(src, line, "output_tokens", obj["output_tokens"], 1, _OUTPUT_WHY)
         i = len(requests)

@@ -92,3 +92,36 @@ def finished_reasons(result: EngineCoreOutputs) -> dict[str, str | None]:
 
 def free_blocks(sched: Scheduler) -> int:
     return sched.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def state_snapshot(sched: Scheduler) -> object:
+    """Everything a scheduler holds, as nested tuples: every attribute of the
+    scheduler, its KV cache manager, block pool and queues, and every field
+    of every request it knows (a request is spelled out once and referred to
+    by id elsewhere). Two equal snapshots mean equal states; a rejected call
+    must leave it unchanged."""
+    requests: dict[int, object] = {}
+
+    def freeze(obj: object) -> object:
+        if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+            return obj
+        if isinstance(obj, Request):
+            if id(obj) not in requests:
+                requests[id(obj)] = None  # placeholder against cycles
+                requests[id(obj)] = tuple((name, freeze(getattr(obj, name)))
+                                          for name in Request.__slots__)
+            return ("request", obj.request_id, id(obj))
+        if isinstance(obj, dict):
+            return ("dict", tuple((freeze(k), freeze(v)) for k, v in obj.items()))
+        if isinstance(obj, (set, frozenset)):
+            return ("set", tuple(sorted((freeze(v) for v in obj), key=repr)))
+        if isinstance(obj, (list, tuple)) or type(obj).__name__ == "deque":
+            return (type(obj).__name__, tuple(freeze(v) for v in obj))  # type: ignore[attr-defined]
+        if callable(obj):
+            return ("callable", id(obj))
+        names = list(getattr(obj, "__slots__", ())) + list(getattr(obj, "__dict__", {}))
+        return (type(obj).__name__, tuple((n, freeze(getattr(obj, n))) for n in names
+                                          if hasattr(obj, n)))
+
+    top = freeze(sched)
+    return top, tuple(sorted(requests.items(), key=lambda kv: repr(kv[1])))

@@ -76,7 +76,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         hashed = Request(spec.request_id, spec.prompt_token_ids(), params, arrival_time=spec.arrival_time)
         assert not hashed.private and keyed.private == prompt_shares_nothing(spec.prompt_runs)
         keyed.priority = hashed.priority = draw(st.integers(0, 2))
-        out.append((int(spec.arrival_time), -1 - int(spec.request_id[1:]), keyed, hashed))
+        # Sampled tokens are unique per request and apart from every prompt token.
+        out.append((int(spec.arrival_time), 2**50 + int(spec.request_id[1:]), keyed, hashed))
     return sc, cc, out
 
 

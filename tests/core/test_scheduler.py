@@ -19,6 +19,7 @@ from sched_helpers import (
     make_request,
     make_scheduler,
     run_step,
+    state_snapshot,
 )
 
 from kvsched import ModelRunnerOutput, Request, RequestStatus, Scheduler
@@ -352,6 +353,9 @@ def test_max_model_len_caps_the_sequence() -> None:
 def test_tokens_sampled_past_a_stop_are_trimmed(kwargs: dict[str, Any], sampled: list[int],
                                                 kept: list[int], reason: str,
                                                 stop_reason: int | None) -> None:
+    # Several tokens in one step come only with speculative decoding; the
+    # stop checks then keep the tokens up to the stop (apply_stop_checks,
+    # which update_from_output runs on one token today).
     sched = make_scheduler()
     params = {"max_tokens": 10, **kwargs}
     params["max_tokens"] += 1  # room for a first, ordinary token
@@ -359,14 +363,25 @@ def test_tokens_sampled_past_a_stop_are_trimmed(kwargs: dict[str, Any], sampled:
     sched.add_request(r)
     _, result = run_step(sched, {"r": [50]})
     assert result.finished == []
-    _, result = run_step(sched, {"r": sampled})
-    assert len(result.finished) == 1
-    finished = result.finished[0]
-    # The output lists only this step's kept tokens, not the earlier 50.
-    assert (finished.new_token_ids, finished.finish_reason, finished.stop_reason) == (
-        kept, reason, stop_reason)
+    r.num_computed_tokens += len(sampled)  # as a step with len(sampled) - 1 drafts would
+    assert Scheduler.apply_stop_checks(r, sampled) == len(kept)
+    assert (r.finish_reason, r.stop_reason) == (reason, stop_reason)
     assert r.output_token_ids == [50, *kept]
     assert r.all_token_ids == [*r.prompt_token_ids, 50, *kept]
+    assert r.num_computed_tokens == r.num_tokens - 1  # the rejected drafts rolled back
+
+
+def test_more_than_one_token_without_drafts_is_refused() -> None:
+    sched = make_scheduler()
+    sched.add_request(make_request("r", 4))
+    run_step(sched)
+    out = sched.schedule()
+    before = state_snapshot(sched)
+    with pytest.raises(ValueError, match="exactly one token"):
+        sched.update_from_output(out, ModelRunnerOutput(["r"], [[1, 2]]))
+    assert state_snapshot(sched) == before
+    sched.update_from_output(out, ModelRunnerOutput(["r"], [[1]]))
+    assert sched.requests["r"].output_token_ids == [100, 1]
 
 
 # -- explanations and admission policies ------------------------------------------------
