@@ -561,9 +561,11 @@ class Scheduler:
         # checking-only pass would cost a sixth of the step). An entry found
         # bad undoes the appends before it; the stop checks and the freeing
         # wait until every entry has passed.
+        # Builtins and globals as locals: looked up once, not per request.
+        type_, len_, list_, int_, running = type, len, list, int, RUNNING
         for rid, new_token_ids in zip(req_ids, sampled):
             request = get_request(rid)
-            if request is None or request.status is not RUNNING:
+            if request is None or request.status is not running:
                 # Aborted between schedule() and now (its id may even have
                 # been reused by a new, still waiting request): dropped.
                 if type(new_token_ids) is not list or _bad_tokens(new_token_ids, limit):
@@ -572,9 +574,9 @@ class Scheduler:
                 if new_token_ids:
                     dropped.append(rid)
                 continue
-            if type(new_token_ids) is list and len(new_token_ids) == 1 and not request.is_prefill_chunk:
+            if type_(new_token_ids) is list_ and len_(new_token_ids) == 1 and not request.is_prefill_chunk:
                 token = new_token_ids[0]
-                if type(token) is int and 0 <= token < limit:
+                if type_(token) is int_ and 0 <= token < limit:
                     # Request.append_output, inlined (a call per request
                     # costs a tenth of this loop).
                     request.output_token_ids.append(token)

@@ -48,6 +48,10 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 # The fitted file the measured backend uses by default (vLLM 0.24 tables,
 # NVIDIA data-centre GPUs).
 DEFAULT_FILE = DATA_DIR / "host_terms_vllm-0.24_nvidia.json"
+# No host overhead of one step, request or token lasts a second (fitted
+# values are micro- to milliseconds); more is a unit slip, and at 1e300 s a
+# run's clock overflows.
+MAX_TERM_S = 1.0
 # Every term, in the order a file and the fitting code list them.
 TERMS = ("prefill_step_per_layer_s", "step_s", "per_sampled_request_s", "dp_sync_s", "arrival_s",
          "per_prompt_token_s")
@@ -69,8 +73,9 @@ class HostTerms:
         for name in TERMS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise ValueError(f"host term {name}={value!r}: must be a finite number of seconds >= 0")
+                    or not 0 <= value <= MAX_TERM_S:
+                raise ValueError(f"host term {name}={value!r}: must be a number of seconds in "
+                                 f"[0, {MAX_TERM_S:g}] (a value in ms or us belongs in seconds)")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,7 +120,10 @@ def load_host_terms(path: str | Path = DEFAULT_FILE) -> HostTerms:
     for key in ("vllm_version", "hardware_class", "provenance"):
         if not isinstance(data[key], str):
             raise ValueError(f"calibration file {str(p)!r}: {key}={data[key]!r} must be a string")
-    return HostTerms(**data)
+    try:
+        return HostTerms(**data)
+    except ValueError as e:
+        raise ValueError(f"calibration file {str(p)!r}: {e}") from None
 
 
 def save_host_terms(terms: HostTerms, path: str | Path) -> None:

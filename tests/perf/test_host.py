@@ -54,7 +54,7 @@ def test_bad_files_are_refused_naming_file_and_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown per_token_s"):
         load_host_terms(bad)
     bad.write_text(json.dumps({**good, "prefill_step_per_layer_s": -1}), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"prefill_step_per_layer_s=-1: must be a finite number"):
+    with pytest.raises(ValueError, match=r"bad.json.*prefill_step_per_layer_s=-1: must be a number of seconds"):
         load_host_terms(bad)
 
 
@@ -125,3 +125,14 @@ def test_a_request_reaches_the_engine_after_its_arrival_delay_and_ttft_counts_fr
     late = _ttfts(HostTerms(0.0, "0.24", "nvidia", "test", arrival_s=3e-3, per_prompt_token_s=10e-6), 1.0)
     for i, (a, b) in enumerate(zip(plain, late, strict=True)):
         assert b - a == pytest.approx(3e-3 + 10e-6 * 100 * (i + 1), rel=1e-6)
+
+
+@pytest.mark.parametrize("value", [1e300, 2.0, 1e9])
+def test_a_term_beyond_a_second_is_refused_with_the_file(tmp_path: Path, value: float) -> None:
+    # step_s 1e300 ran and printed a 300-digit benchmark duration.
+    data = load_host_terms().to_json()
+    data["step_s"] = value
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"cal.json.*step_s=.*\[0, 1\]"):
+        load_host_terms(path)
