@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvsched.calibrate import add_calibrate_parser
 
     add_calibrate_parser(sub)
+    from kvsched.tune.command import add_tune_parser
+
+    add_tune_parser(sub)
     from kvsched.engine.command import add_generate_parser
     from kvsched.model.tiny import add_make_tiny_model_parser
 

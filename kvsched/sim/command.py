@@ -477,20 +477,47 @@ def accept(deployment: Deployment, workload: Workload,
     return accepted, refused
 
 
+@dataclasses.dataclass(slots=True)
+class PreparedRun:
+    """A simulate command line checked and built, ready to run."""
+
+    args: argparse.Namespace
+    deployment: Deployment
+    workload: Workload
+    accepted: Workload
+    refused: list[tuple[str, str]]
+
+
+def prepare_run(args: argparse.Namespace, who: str = "") -> PreparedRun:
+    """Everything a run can get wrong before it starts: flags, deployment
+    (a model that does not fit is refused here), workload, refusals."""
+    args = resolve_workload_args(args)
+    deployment = make_deployment(args, who)
+    workload = build_workload(args)
+    accepted, refused = accept(deployment, workload, workload_source(args))
+    return PreparedRun(args, deployment, workload, accepted, refused)
+
+
+def measure(run: PreparedRun, percentiles: tuple[float, ...], slos: dict[str, float] | None,
+            progress: Any = None) -> tuple[SimResult, dict[str, Any]]:
+    """Simulate a prepared run: the result and vllm bench serve's metrics
+    (plus per-GPU throughputs)."""
+    result = serve(run.deployment, run.args, run.accepted, run.refused, progress)
+    metrics = result.metrics(percentiles, slos)
+    metrics.update(per_gpu_metrics(metrics, run.deployment))
+    return result, metrics
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     percentiles = parse_percentiles(args.metric_percentiles)
     slos = parse_goodput(args.goodput) if args.goodput else None
-    args = resolve_workload_args(args)
     check_output_paths(args)
-    deployment = make_deployment(args)
-    workload = build_workload(args)
-    accepted, refused = accept(deployment, workload, workload_source(args))
+    prepared = prepare_run(args)
+    args, deployment, workload = prepared.args, prepared.deployment, prepared.workload
     print(f"Simulating {deployment.describe()}; serving {describe_workload(args, workload)}.",
           flush=True)
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
-    result = serve(deployment, args, accepted, refused, progress)
-    metrics = result.metrics(percentiles, slos)
-    metrics.update(per_gpu_metrics(metrics, deployment))
+    result, metrics = measure(prepared, percentiles, slos, progress)
     print(format_table(metrics, percentiles, num_gpus(deployment)))
     for line in format_failures(result.failed, len(workload.requests)):
         print(line)

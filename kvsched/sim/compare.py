@@ -24,18 +24,14 @@ from typing import Any, NoReturn
 
 from kvsched.cli import EXIT_INTERNAL_ERROR, REPORT_HINT, one_line
 from kvsched.sim.command import (
-    accept,
     add_engine_arguments,
     add_output_arguments,
     add_workload_arguments,
-    build_workload,
     check_output_paths,
     describe_workload,
-    make_deployment,
     parse_percentiles,
-    resolve_workload_args,
+    prepare_run,
     serve,
-    workload_source,
 )
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.metrics import parse_goodput
@@ -238,13 +234,10 @@ def prepare(name: str, flags: list[str], args: argparse.Namespace,
         raise ValueError(f"{where}variant {name!r}: unknown flags {' '.join(unknown)!r}; "
                          "use kvsched simulate's engine and workload flags")
     try:
-        ns = resolve_workload_args(ns)
-        deployment = make_deployment(ns, who=f"variant {name!r}: ")
-        workload = build_workload(ns)
-        accepted, refused = accept(deployment, workload, workload_source(ns))
+        run = prepare_run(ns, who=f"variant {name!r}: ")
     except ValueError as e:
         raise ValueError(f"{where}variant {name!r}: {e}") from None
-    return Prepared(name, flags, ns, deployment, workload, accepted, refused)
+    return Prepared(name, flags, run.args, run.deployment, run.workload, run.accepted, run.refused)
 
 
 def run_compare(args: argparse.Namespace) -> int:

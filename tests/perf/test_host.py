@@ -54,7 +54,8 @@ def test_bad_files_are_refused_naming_file_and_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown per_token_s"):
         load_host_terms(bad)
     bad.write_text(json.dumps({**good, "prefill_step_per_layer_s": -1}), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad.json.*prefill_step_per_layer_s=-1: must be a number of seconds"):
+    with pytest.raises(ValueError,
+                       match=r"bad.json.*prefill_step_per_layer_s=-1: must be a number of seconds"):
         load_host_terms(bad)
 
 

@@ -1,0 +1,1 @@
+"""kvsched tune: the deployment that meets an SLO at the lowest cost."""

@@ -1,0 +1,309 @@
+"""``kvsched tune``: the deployment that meets an SLO at the lowest cost.
+
+    kvsched tune --model meta-llama/Llama-3.1-70B --hardware h100-sxm h200 --max-gpus 16 \\
+        --dataset-name azure --dataset-path conv.csv --target-rate 5 \\
+        --slo ttft:2000 tpot:100 --slo-percentile 99 --save-result tune.json
+
+Every candidate is a ``kvsched simulate`` command line; the winners are
+printed with the ``vllm serve`` line that runs them and the ``kvsched
+simulate`` line that reproduces their numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvsched.progress import draw_progress
+from kvsched.sim.command import add_workload_arguments, build_workload, resolve_workload_args
+from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS
+from kvsched.sim.metrics import parse_goodput
+from kvsched.sim.results import json_safe
+from kvsched.tune.evaluate import ResultCache, file_digest, simulate_parser
+from kvsched.tune.executors import make_executor
+from kvsched.tune.search import (
+    OBJECTIVES,
+    PERCENTILES,
+    Problem,
+    Runner,
+    Slo,
+    TuneResult,
+    prune_by_memory,
+    rank,
+    search,
+)
+from kvsched.tune.space import SearchSpace, check_space_values
+
+ON_OFF = {"on": True, "off": False}
+DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "kvsched", "tune")
+# Engine flags every candidate shares (not searched), as simulate names them.
+FIXED_ENGINE = ("max_model_len", "dtype", "quantization", "step_time_backend",
+                "gpu_memory_utilization", "block_size", "calibration")
+
+
+def add_tune_parser(sub: Any) -> None:
+    p = sub.add_parser("tune", help="find the deployment that meets an SLO at the lowest cost",
+                       description=__doc__.splitlines()[0] if __doc__ else None)
+    g = p.add_argument_group("question")
+    g.add_argument("--model", default="meta-llama/Llama-3.1-8B", help="catalog name or config.json")
+    g.add_argument("--hardware", nargs="+", default=["h100-sxm"], help="hardware ids to consider")
+    g.add_argument("--max-gpus", type=int, default=8, help="GPU budget per deployment (default 8)")
+    g.add_argument("--gpu-price", nargs="+", default=[], metavar="HW=USD",
+                   help="$ per GPU-hour, e.g. h100-sxm=2.5 h200=3.5 (for --objective cost)")
+    g.add_argument("--slo", nargs="+", required=True, metavar="KEY:MS",
+                   help="SLOs as vllm bench goodput terms, e.g. ttft:2000 tpot:100 e2el:30000")
+    g.add_argument("--slo-percentile", choices=PERCENTILES, default="99",
+                   help="the statistic the SLOs bound (default 99)")
+    g.add_argument("--objective", choices=OBJECTIVES, default="goodput-per-gpu",
+                   help="goodput per GPU (default), cost per million output tokens, or fewest GPUs")
+    rate = g.add_mutually_exclusive_group()
+    rate.add_argument("--target-rate", type=float, metavar="REQ_S",
+                      help="serve the workload at this mean rate (a trace is rescaled in time)")
+    rate.add_argument("--find-max-rate", action="store_true",
+                      help="per deployment, the highest rate that meets the SLO")
+    s = p.add_argument_group("search space (each a list; --space FILE sets them from YAML/JSON)")
+    s.add_argument("--space", metavar="FILE", help="YAML/JSON mapping of dimension -> list of values")
+    s.add_argument("--tp", "--tensor-parallel-size", dest="tensor_parallel_size", type=int, nargs="+")
+    s.add_argument("--dp", "--data-parallel-size", dest="data_parallel_size", type=int, nargs="+")
+    s.add_argument("--expert-parallel", nargs="+", choices=list(ON_OFF))
+    s.add_argument("--max-num-seqs", nargs="+", help="values, or 'default' for vLLM's")
+    s.add_argument("--max-num-batched-tokens", nargs="+", help="values, or 'default' for vLLM's")
+    s.add_argument("--chunked-prefill", nargs="+", choices=list(ON_OFF))
+    s.add_argument("--prefix-caching", nargs="+", choices=list(ON_OFF))
+    s.add_argument("--kv-cache-dtype", nargs="+")
+    s.add_argument("--scheduling-policy", nargs="+")
+    s.add_argument("--admission-policy", nargs="+")
+    e = p.add_argument_group("engine settings every candidate shares")
+    e.add_argument("--max-model-len", type=int)
+    e.add_argument("--dtype", default="bf16")
+    e.add_argument("--quantization", "-q", choices=list(QUANTIZATIONS))
+    e.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default="auto")
+    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--calibration", metavar="FILE")
+    add_workload_arguments(p)
+    x = p.add_argument_group("execution and output")
+    x.add_argument("--executor", choices=["local", "ray"], default="local")
+    x.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray instance)")
+    x.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    x.add_argument("--cache-dir", default=DEFAULT_CACHE, help="results cache (default: %(default)s)")
+    x.add_argument("--no-cache", action="store_true", help="simulate everything again")
+    x.add_argument("--save-result", metavar="FILE.json", help="best, pareto, every candidate")
+    x.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
+    x.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_tune)
+
+
+def _values(name: str, raw: list[str] | None, args: argparse.Namespace) -> list[Any] | None:
+    if raw is None:
+        return None
+    where = f"--{name.replace('_', '-')}"
+    if name in ("enable_chunked_prefill", "enable_prefix_caching", "enable_expert_parallel"):
+        return list(check_space_values(name, [ON_OFF[v] for v in raw], where))
+    if name in ("max_num_seqs", "max_num_batched_tokens"):
+        vals: list[Any] = []
+        for v in raw:
+            if v == "default":
+                vals.append(None)
+                continue
+            try:
+                vals.append(int(v))
+            except ValueError:
+                raise ValueError(f"{where}={v!r}: give integers or 'default'") from None
+        return list(check_space_values(name, vals, where))
+    return list(check_space_values(name, list(raw), where))
+
+
+def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
+    """Defaults, then the space file, then the flags (each later one wins)."""
+    powers = [n for n in (1, 2, 4, 8) if n <= min(8, args.max_gpus)]
+    dims: dict[str, list[Any]] = {
+        "hardware": list(args.hardware),
+        "tensor_parallel_size": powers,
+        "data_parallel_size": [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= args.max_gpus],
+        "enable_expert_parallel": [False, True] if is_moe else [False],
+        "max_num_seqs": [None, 128],
+        "max_num_batched_tokens": [None, 2048],
+    }
+    if args.space:
+        dims.update(_read_space(args.space))
+    flags = {"tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size,
+             "enable_expert_parallel": [ON_OFF[v] for v in args.expert_parallel] if args.expert_parallel
+             else None,
+             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+             "enable_chunked_prefill": [ON_OFF[v] for v in args.chunked_prefill] if args.chunked_prefill
+             else None,
+             "enable_prefix_caching": [ON_OFF[v] for v in args.prefix_caching] if args.prefix_caching
+             else None,
+             "kv_cache_dtype": args.kv_cache_dtype, "scheduling_policy": args.scheduling_policy,
+             "admission_policy": args.admission_policy}
+    for name, raw in flags.items():
+        if raw is None:
+            continue
+        if name in ("max_num_seqs", "max_num_batched_tokens"):
+            dims[name] = _values(name, raw, args) or []
+        else:
+            dims[name] = list(check_space_values(name, list(raw), f"--{name.replace('_', '-')}"))
+    dims["hardware"] = list(check_space_values("hardware", dims["hardware"], "--hardware"))
+    return SearchSpace(**{k: tuple(v) for k, v in dims.items()})
+
+
+def _read_space(path: str) -> dict[str, list[Any]]:
+    from kvsched.sim.compare import read_variants_file  # YAML or JSON, with clear errors
+
+    data = read_variants_file(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"--space {path}: expected a mapping of dimension -> list of values")
+    return {str(k): list(check_space_values(str(k), v, f"--space {path}")) for k, v in data.items()}
+
+
+def _prices(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        hw, sep, value = item.partition("=")
+        try:
+            price = float(value) if sep else math.nan
+        except ValueError:
+            price = math.nan
+        if not sep or not hw or not 0 < price < 1e6:
+            raise ValueError(f"--gpu-price {item!r}: give HW=USD per GPU-hour, e.g. h100-sxm=2.5")
+        out[hw] = price
+    return out
+
+
+def _workload_flags(args: argparse.Namespace) -> list[str]:
+    """The workload flags given, as simulate flags."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_workload_arguments(p)
+    out: list[str] = []
+    for action in p._actions:
+        value = getattr(args, action.dest, None)
+        if value is None or value == action.default or not action.option_strings:
+            continue
+        out += [action.option_strings[0], repr(value) if isinstance(value, float) else str(value)]
+    return out
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from kvsched import __version__
+    from kvsched.perf import get_model
+
+    slo = Slo(tuple(parse_goodput(args.slo).items()), args.slo_percentile)
+    if args.max_gpus < 1 or args.max_gpus > 4096:
+        raise ValueError(f"--max-gpus={args.max_gpus}: must be in [1, 4096]")
+    prices = _prices(args.gpu_price)
+    if args.objective == "cost":
+        missing = [hw for hw in args.hardware if hw not in prices]
+        if missing:
+            raise ValueError(f"--objective cost needs --gpu-price for {', '.join(missing)}")
+    if args.target_rate is not None and not 0 < args.target_rate < 1e6:
+        raise ValueError(f"--target-rate={args.target_rate}: must be a rate in (0, 1e6) req/s")
+    workload_argv = _workload_flags(args)
+    base = simulate_parser().parse_args(["--model", args.model, *workload_argv])
+    base = resolve_workload_args(base)
+    workload = build_workload(base)
+    is_random = base.dataset_name == "random"
+    if is_random and (args.target_rate is not None or args.find_max_rate) and args.request_rate is not None:
+        raise ValueError("--request-rate with --target-rate/--find-max-rate: give one rate")
+    span = workload.last_arrival_time
+    base_rate = len(workload.requests) / span if span > 0 else math.inf
+    rescaled = args.target_rate is not None or args.find_max_rate
+    if rescaled and not math.isfinite(base_rate) and not is_random:
+        raise ValueError("the trace's requests all arrive at once: it has no rate to rescale")
+    if not math.isfinite(base_rate):
+        base_rate = 1.0  # random prompts at an infinite rate: the grid starts from 1 req/s
+    model = get_model(args.model)
+    engine = {k: getattr(args, k) for k in FIXED_ENGINE if getattr(args, k) is not None}
+    engine_flags: list[str] = []
+    for k, v in engine.items():
+        engine_flags += [f"--{k.replace('_', '-')}", str(v)]
+    space = build_space(args, model.is_moe)
+    candidates = sorted(space.candidates(args.max_gpus, model.is_moe), key=lambda c: c.order_key())
+    if not candidates:
+        raise ValueError("the search space is empty: no combination fits --max-gpus "
+                         f"{args.max_gpus}; widen --tp/--dp or raise --max-gpus")
+    feasible, pruned = prune_by_memory(candidates, args.model, engine)
+    if not feasible:
+        reasons = sorted({why.split(';')[0] for _, why in pruned})
+        raise ValueError(f"no candidate of the {len(candidates)} fits in memory: "
+                         f"{'; '.join(reasons[:3])}; allow more GPUs (--max-gpus) or larger ones")
+    problem = Problem(model.name, ["--model", args.model, *workload_argv], slo, args.objective,
+                      prices, is_random, base_rate, file_digest(base.dataset_path), engine_flags)
+    progress = None
+    if not args.no_progress and sys.stderr.isatty():
+        def progress(done: int, total: int) -> None:
+            draw_progress(done, max(total, done), "simulations")
+    cache = ResultCache(None if args.no_cache else args.cache_dir, __version__)
+    executor = make_executor(args.executor, args.workers, args.ray_address)
+    try:
+        runner = Runner(executor, cache, progress)
+        answers, failed = search(problem, feasible, runner, args.target_rate, args.find_max_rate)
+    finally:
+        executor.close()
+    result = rank(problem, answers, pruned, runner, failed)
+    print(format_result(problem, result, args))
+    if args.save_result:
+        Path(args.save_result).write_text(json.dumps(json_safe(result_json(problem, result, args)),
+                                                     indent=2, allow_nan=False) + "\n")
+    return 0
+
+
+def result_json(problem: Problem, result: TuneResult, args: argparse.Namespace) -> dict[str, Any]:
+    m = problem.model
+    return {
+        "model": m, "slo": dict(problem.slo.targets), "slo_percentile": problem.slo.percentile,
+        "objective": problem.objective, "target_rate": args.target_rate,
+        "find_max_rate": args.find_max_rate, "max_gpus": args.max_gpus,
+        "best": result.best.to_json(m) if result.best else None,
+        "closest": result.closest.to_json(m) if result.closest else None,
+        "pareto": [e.to_json(m) for e in result.pareto],
+        "ranked": [e.to_json(m) for e in result.ranked],
+        "pruned": [{"label": c.label(), "candidate": c.to_json(), "reason": why} for c, why in result.pruned],
+        "failed": [{"label": c.label(), "candidate": c.to_json(), "reason": why} for c, why in result.failed],
+        "num_simulations": result.num_simulations, "num_cached": result.num_cached,
+    }
+
+
+def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace) -> str:
+    slo = problem.slo
+    stat = "mean" if slo.percentile == "mean" else f"p{slo.percentile}"
+    lines = [f"{len(result.ranked)} deployments answered ({result.num_simulations} simulations, "
+             f"{result.num_cached} from the cache), {len(result.pruned)} pruned by memory"
+             + (f", {len(result.failed)} could not serve the load (in the saved JSON)"
+                if result.failed else "")
+             + "."]
+    head = f"{'#':>3}  {'deployment':42} {'GPUs':>4} {'rate':>7} {'goodput/GPU':>11}"
+    for name, _ in slo.targets:
+        head += f" {stat + ' ' + name:>12}"
+    head += "  SLO"
+    lines.append(head)
+    for i, e in enumerate(result.ranked[:args.top], 1):
+        rate = f"{e.rate:.3g}" if e.rate is not None else "-"
+        row = f"{i:>3}  {e.candidate.label()[:42]:42} {e.num_gpus:>4} {rate:>7} {e.goodput_per_gpu:>11.3f}"
+        for name, _ in slo.targets:
+            row += f" {e.metrics.get(slo.key(name), math.nan):>12.1f}"
+        row += "  met" if e.meets_slo else "  missed"
+        lines.append(row)
+    if result.best is not None:
+        b = result.best
+        lines += ["", f"Best: {b.candidate.label()} on {b.num_gpus} GPUs",
+                  f"  {b.candidate.vllm_serve(problem.model)}",
+                  f"  reproduce: kvsched simulate {shlex.join(b.argv)}"]
+        if len(result.pareto) > 1:
+            lines.append(f"Pareto front (goodput/GPU vs {slo.key(slo.targets[0][0])}): "
+                         + "; ".join(f"{e.candidate.label()} ({e.goodput_per_gpu:.3f}, "
+                                     f"{e.metrics.get(slo.key(slo.targets[0][0]), math.nan):.0f})"
+                                     for e in result.pareto))
+    elif result.closest is not None:
+        c = result.closest
+        misses = ", ".join(f"{stat} {n} {c.metrics.get(slo.key(n), math.nan):.0f} ms > {t:g}"
+                           for (n, t), s in zip(slo.targets, c.slack_ms.values()) if s < 0)
+        lines += ["", f"No deployment meets the SLO; the closest is {c.candidate.label()} on "
+                      f"{c.num_gpus} GPUs ({misses})", f"  {c.candidate.vllm_serve(problem.model)}"]
+    return "\n".join(lines)

@@ -1,0 +1,297 @@
+"""The search: which candidates to simulate at which rates, and the ranking.
+
+Two questions:
+
+- **At a target rate** (the workload as given, or rescaled to ``rate``):
+  every candidate that fits in memory is simulated once; those whose SLO
+  metrics (at the chosen percentile) are within the targets are ranked by the
+  objective.
+- **The highest rate that meets the SLO** (``find_max_rate``): per candidate,
+  a binary search over a geometric grid of rates, on the premise that a
+  deployment that misses the SLO at one rate misses it at every higher one;
+  all candidates search in lockstep, so each round is one parallel batch.
+
+What makes it cheaper than the grid: candidates that cannot load are pruned
+by the memory plan before anything is simulated; the rate search takes
+log2(grid) simulations instead of the grid; every simulation is cached by
+its command line (kvsched.tune.evaluate), so a repeated or resumed search,
+or another objective over the same space, simulates nothing twice. The
+objectives are computed from the same results: the ranking, the best config
+and the Pareto front (goodput per GPU against the first SLO metric, over
+the candidates that meet the SLO) are exact for the space searched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsched.sim.deployment import build_deployment
+from kvsched.tune.evaluate import Job, ResultCache
+from kvsched.tune.executors import Executor
+from kvsched.tune.space import Candidate
+
+OBJECTIVES = ("goodput-per-gpu", "cost", "fewest-gpus")
+PERCENTILES = ("mean", "50", "90", "99")
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Targets in milliseconds (vllm bench's goodput keys: ttft, tpot, e2el)
+    on a statistic: the mean or a percentile."""
+
+    targets: tuple[tuple[str, float], ...]
+    percentile: str = "99"
+
+    def key(self, name: str) -> str:
+        return f"mean_{name}_ms" if self.percentile == "mean" else f"p{self.percentile}_{name}_ms"
+
+    def slack(self, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """Per target: target - value, in ms (negative: missed)."""
+        return {name: target - float(metrics.get(self.key(name), math.inf))
+                for name, target in self.targets}
+
+    def met(self, metrics: Mapping[str, Any]) -> bool:
+        return all(s >= 0 for s in self.slack(metrics).values())
+
+    def percentiles(self) -> tuple[float, ...]:
+        wanted = {50.0, 90.0, 99.0}
+        if self.percentile != "mean":
+            wanted.add(float(self.percentile))
+        return tuple(sorted(wanted))
+
+
+@dataclass(slots=True)
+class Evaluated:
+    """A candidate simulated at one rate."""
+
+    candidate: Candidate
+    rate: float | None                  # req/s asked for (None: the workload as given)
+    argv: list[str]
+    metrics: dict[str, Any]
+    num_gpus: int
+    meets_slo: bool
+    slack_ms: dict[str, float]
+    goodput_per_gpu: float
+    cost_per_mtok: float | None         # $ per million output tokens (None: no price)
+
+    def to_json(self, model: str) -> dict[str, Any]:
+        return {"label": self.candidate.label(), "candidate": self.candidate.to_json(),
+                "num_gpus": self.num_gpus, "rate": self.rate, "meets_slo": self.meets_slo,
+                "slack_ms": self.slack_ms, "goodput_per_gpu": self.goodput_per_gpu,
+                "cost_per_mtok": self.cost_per_mtok, "simulate_args": self.argv,
+                "vllm_serve": self.candidate.vllm_serve(model), "metrics": self.metrics}
+
+
+@dataclass(slots=True)
+class TuneResult:
+    ranked: list[Evaluated]             # every candidate's answer, best first
+    pareto: list[Evaluated]
+    pruned: list[tuple[Candidate, str]]  # never simulated, and why
+    num_simulations: int                # run now (not from the cache)
+    num_cached: int
+    best: Evaluated | None = None       # the best that meets the SLO
+    closest: Evaluated | None = None    # when none does: the one nearest to it
+    # Simulated but could not serve the load (the simulation stopped), and why.
+    failed: list[tuple[Candidate, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Problem:
+    """What the search needs to know besides the candidates."""
+
+    model: str
+    base_argv: list[str]                # --model and workload flags, common to all
+    slo: Slo
+    objective: str
+    prices: Mapping[str, float]         # $ per GPU-hour by hardware id
+    is_random: bool                     # random dataset (rate = --request-rate) or a trace
+    base_rate: float                    # the workload's own mean rate (req/s)
+    workload_digest: str = ""
+    engine_flags: Sequence[str] = ()    # fixed engine flags (e.g. --max-model-len)
+
+    def argv(self, c: Candidate, rate: float | None) -> list[str]:
+        out = [*self.base_argv, *self.engine_flags, *c.simulate_flags()]
+        if rate is not None:
+            if self.is_random:
+                out += ["--request-rate", repr(rate)]
+            else:
+                out += ["--time-scale", repr(self.base_rate / rate)]
+        return out
+
+    def job(self, c: Candidate, rate: float | None) -> Job:
+        return Job(tuple(self.argv(c, rate)), self.slo.percentiles(),
+                   tuple((name, target) for name, target in self.slo.targets), self.workload_digest)
+
+    def evaluated(self, c: Candidate, rate: float | None, result: Mapping[str, Any]) -> Evaluated:
+        metrics = dict(result["metrics"])
+        gpus = int(result["num_gpus"])
+        goodput = float(metrics.get("request_goodput", 0.0)) / gpus
+        price = self.prices.get(c.hardware)
+        out_tput = float(metrics.get("output_throughput", 0.0))
+        cost = (price * gpus / (out_tput * 3600) * 1e6 if price is not None and out_tput > 0 else None)
+        return Evaluated(c, rate, self.argv(c, rate), metrics, gpus, self.slo.met(metrics),
+                         self.slo.slack(metrics), goodput, cost)
+
+    def score(self, e: Evaluated) -> tuple[float, ...]:
+        """Larger is better; ties fall to fewer GPUs, then the candidate's order."""
+        if self.objective == "cost":
+            primary = -e.cost_per_mtok if e.cost_per_mtok is not None else -math.inf
+        elif self.objective == "fewest-gpus":
+            primary = -float(e.num_gpus)
+        else:
+            primary = e.goodput_per_gpu
+        return (primary, e.goodput_per_gpu, -float(e.num_gpus))
+
+    def shortfall(self, e: Evaluated) -> float:
+        """How far a candidate misses the SLO: the worst ratio of value to target."""
+        return max((-s / t if t > 0 else math.inf) for (_, t), s in
+                   zip(self.slo.targets, e.slack_ms.values()))
+
+
+def prune_by_memory(candidates: Sequence[Candidate], model: str, engine: Mapping[str, Any]
+                    ) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
+    """Candidates whose deployment can be built (weights and a KV cache fit),
+    and the others with vLLM's reason; nothing is simulated here."""
+    from kvsched.sim.deployment import EngineOptions
+
+    keep: list[Candidate] = []
+    pruned: list[tuple[Candidate, str]] = []
+    for c in candidates:
+        options = EngineOptions(
+            model=model, hardware=c.hardware, tensor_parallel_size=c.tensor_parallel_size,
+            data_parallel_size=c.data_parallel_size, enable_expert_parallel=c.enable_expert_parallel,
+            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
+            enable_chunked_prefill=c.enable_chunked_prefill,
+            enable_prefix_caching=c.enable_prefix_caching, kv_cache_dtype=c.kv_cache_dtype,
+            scheduling_policy=c.scheduling_policy, **engine)
+        try:
+            build_deployment(options)
+        except ValueError as e:
+            pruned.append((c, str(e)))
+            continue
+        keep.append(c)
+    return keep, pruned
+
+
+class Runner:
+    """Jobs through the cache, then the executor for what is missing."""
+
+    def __init__(self, executor: Executor, cache: ResultCache,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.executor, self.cache, self.progress = executor, cache, progress
+        self.simulated = self.cached = 0
+        self.total = self.finished = 0
+
+    def run(self, jobs: Sequence[Job]) -> list[dict[str, Any]]:
+        results: list[dict[str, Any] | None] = [self.cache.get(j) for j in jobs]
+        todo = [i for i, r in enumerate(results) if r is None]
+        self.cached += len(jobs) - len(todo)
+        self.finished += len(jobs) - len(todo)
+        base = self.finished
+
+        def done(n: int) -> None:
+            self.finished = base + n
+            if self.progress is not None:
+                self.progress(self.finished, self.total)
+
+        for i, result in zip(todo, self.executor.run([jobs[i] for i in todo], done)):
+            self.cache.put(jobs[i], result)
+            results[i] = result
+        self.simulated += len(todo)
+        return [r for r in results if r is not None]
+
+
+def rate_grid(base: float, low: float = 0.25, high: float = 16.0, per_doubling: int = 4) -> list[float]:
+    """Rates base x 2^(k / per_doubling) from ``low`` x base to ``high`` x base."""
+    lo, hi = round(math.log2(low) * per_doubling), round(math.log2(high) * per_doubling)
+    return [base * 2 ** (k / per_doubling) for k in range(lo, hi + 1)]
+
+
+def search(problem: Problem, candidates: Sequence[Candidate], runner: Runner,
+           rate: float | None = None, find_max_rate: bool = False,
+           grid: Sequence[float] | None = None
+           ) -> tuple[list[Evaluated], list[tuple[Candidate, str]]]:
+    """Simulate what the question needs; returns one Evaluated per candidate
+    (at the target rate, or at its highest rate meeting the SLO; a candidate
+    that meets it at no rate of the grid is reported at the lowest), and the
+    candidates whose simulation could not run, with why."""
+    failed: list[tuple[Candidate, str]] = []
+    if not find_max_rate:
+        runner.total += len(candidates)
+        results = runner.run([problem.job(c, rate) for c in candidates])
+        out: list[Evaluated] = []
+        for c, r in zip(candidates, results):
+            if "error" in r:
+                failed.append((c, str(r["error"])))
+            else:
+                out.append(problem.evaluated(c, rate, r))
+        return out, failed
+    rates = list(grid) if grid is not None else rate_grid(problem.base_rate)
+    # Per candidate: lo = highest grid index known to meet the SLO (-1: none
+    # yet), hi = lowest known to miss it (len: none yet).
+    lo = [-1] * len(candidates)
+    hi = [len(rates)] * len(candidates)
+    seen: dict[tuple[int, int], Evaluated] = {}
+    errors: dict[int, str] = {}
+    runner.total += len(candidates) * max(1, math.ceil(math.log2(len(rates) + 1)))
+    while True:
+        todo = [(i, (lo[i] + hi[i]) // 2) for i in range(len(candidates)) if hi[i] - lo[i] > 1]
+        if not todo:
+            break
+        results = runner.run([problem.job(candidates[i], rates[k]) for i, k in todo])
+        for (i, k), result in zip(todo, results):
+            if "error" in result:
+                errors[i] = str(result["error"])
+                lo[i], hi[i] = -1, -1  # stop searching it
+                continue
+            e = problem.evaluated(candidates[i], rates[k], result)
+            seen[(i, k)] = e
+            if e.meets_slo:
+                lo[i] = k
+            else:
+                hi[i] = k
+    answers = []
+    for i, c in enumerate(candidates):
+        if i in errors:
+            failed.append((c, errors[i]))
+            continue
+        k = lo[i] if lo[i] >= 0 else 0
+        known = seen.get((i, k))
+        if known is None:  # met nowhere and the lowest rate was not simulated
+            result = runner.run([problem.job(c, rates[k])])[0]
+            if "error" in result:
+                failed.append((c, str(result["error"])))
+                continue
+            known = problem.evaluated(c, rates[k], result)
+        answers.append(known)
+    return answers, failed
+
+
+def rank(problem: Problem, answers: Sequence[Evaluated], pruned: list[tuple[Candidate, str]],
+         runner: Runner, failed: Sequence[tuple[Candidate, str]] = ()) -> TuneResult:
+    """Best first: those meeting the SLO by the objective, then the rest by
+    how far they miss it. The Pareto front: among those meeting the SLO, the
+    ones no other beats on both goodput per GPU and the first SLO metric."""
+    order = sorted(range(len(answers)), key=lambda i: (
+        (0, tuple(-x for x in problem.score(answers[i]))) if answers[i].meets_slo
+        else (1, (problem.shortfall(answers[i]),)), answers[i].candidate.order_key()))
+    ranked = [answers[i] for i in order]
+    ok = [e for e in ranked if e.meets_slo]
+    first = problem.slo.key(problem.slo.targets[0][0])
+
+    def latency(e: Evaluated) -> float:
+        return float(e.metrics.get(first, math.inf))
+
+    pareto = [e for e in ok if not any(
+        (o.goodput_per_gpu >= e.goodput_per_gpu and latency(o) <= latency(e))
+        and (o.goodput_per_gpu > e.goodput_per_gpu or latency(o) < latency(e)) for o in ok)]
+    pareto.sort(key=lambda e: (-e.goodput_per_gpu, latency(e), e.candidate.order_key()))
+    result = TuneResult(ranked, pareto, pruned, runner.simulated, runner.cached, failed=list(failed))
+    if ok:
+        result.best = ok[0]
+    elif ranked:
+        result.closest = ranked[0]
+    return result

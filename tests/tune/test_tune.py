@@ -1,0 +1,176 @@
+"""kvsched tune: the search against brute force, the contract, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvsched.cli import main
+from kvsched.tune.evaluate import Job, ResultCache, run_job
+from kvsched.tune.executors import LocalExecutor
+from kvsched.tune.search import Problem, Runner, Slo, prune_by_memory, rank, rate_grid, search
+from kvsched.tune.space import Candidate, SearchSpace
+
+WORKLOAD = ["--num-prompts", "60", "--random-input-len", "256", "--random-output-len", "24",
+            "--random-range-ratio", "0.5"]
+
+
+def _problem(model: str, slo: Slo, objective: str = "goodput-per-gpu",
+             prices: dict[str, float] | None = None) -> Problem:
+    return Problem(model, ["--model", model, *WORKLOAD], slo, objective, prices or {},
+                   is_random=True, base_rate=4.0)
+
+
+def _runner() -> Runner:
+    return Runner(LocalExecutor(1), ResultCache(None, "test"))
+
+
+def _brute_force(problem: Problem, candidates: list[Candidate], rates: list[float] | None,
+                 ) -> tuple[str | None, list[str]]:
+    """Every candidate at every rate, each simulated on its own through run_job;
+    the best and the Pareto front by the same definitions, computed here."""
+    answers = []
+    for c in candidates:
+        if rates is None:
+            result = run_job(problem.job(c, 6.0))
+            if "error" in result:
+                continue
+            answers.append(problem.evaluated(c, 6.0, result))
+            continue
+        feasible = []
+        results = [run_job(problem.job(c, r)) for r in rates]
+        if any("error" in r for r in results):
+            continue
+        evaluated = [problem.evaluated(c, r, res) for r, res in zip(rates, results)]
+        # The highest grid rate below the first miss (the search's premise).
+        for e in evaluated:
+            if not e.meets_slo:
+                break
+            feasible.append(e)
+        answers.append(feasible[-1] if feasible else evaluated[0])
+    ok = [e for e in answers if e.meets_slo]
+    best = max(ok, key=lambda e: (problem.score(e), tuple(-1 * 0 for _ in ())), default=None)
+    if ok:
+        top = max(problem.score(e) for e in ok)
+        best = min((e for e in ok if problem.score(e) == top), key=lambda e: e.candidate.order_key())
+    first = problem.slo.key(problem.slo.targets[0][0])
+    front = sorted(e.candidate.label() for e in ok if not any(
+        o.goodput_per_gpu >= e.goodput_per_gpu and o.metrics[first] <= e.metrics[first]
+        and (o.goodput_per_gpu > e.goodput_per_gpu or o.metrics[first] < e.metrics[first]) for o in ok))
+    return (best.candidate.label() if best else None), front
+
+
+SPACES = {
+    "dense": ("meta-llama/Llama-3.1-8B", SearchSpace(
+        ("h100-sxm", "h200"), (1, 2), (1, 2), max_num_seqs=(None, 8), max_num_batched_tokens=(None, 512))),
+    "moe-ep": ("Qwen/Qwen3-30B-A3B", SearchSpace(
+        ("h100-sxm",), (1, 2), (1, 2), enable_expert_parallel=(False, True), max_num_seqs=(None, 8))),
+    "admission": ("meta-llama/Llama-3.1-8B", SearchSpace(
+        ("h100-sxm",), (1,), (1, 2), admission_policy=("none", "balance", "prefill-cadence"),
+        max_num_seqs=(None, 4))),
+}
+
+
+@pytest.mark.parametrize("name", list(SPACES))
+@pytest.mark.parametrize("find_max_rate", [False, True])
+def test_search_equals_brute_force(name: str, find_max_rate: bool) -> None:
+    model, space = SPACES[name]
+    slo = Slo((("ttft", 300.0), ("tpot", 30.0)), "99")
+    problem = _problem(model, slo)
+    candidates = sorted(space.candidates(4, model != "meta-llama/Llama-3.1-8B"),
+                        key=lambda c: c.order_key())
+    feasible, pruned = prune_by_memory(candidates, model, {})
+    assert feasible and not pruned
+    grid = rate_grid(2.0, 1.0, 64.0, 1) if find_max_rate else None
+    runner = _runner()
+    answers, failed = search(problem, feasible, runner, None if find_max_rate else 6.0, find_max_rate, grid)
+    result = rank(problem, answers, pruned, runner, failed)
+    best, front = _brute_force(problem, candidates, grid)
+    assert best is not None, "the space should have a config meeting the SLO"
+    assert result.best is not None and result.best.candidate.label() == best
+    assert sorted(e.candidate.label() for e in result.pareto) == front
+    if find_max_rate:
+        # Binary search: about log2(grid) simulations per candidate, not the grid.
+        assert runner.simulated <= len(feasible) * (math.ceil(math.log2(len(grid) + 1)) + 1)
+        assert runner.simulated < len(feasible) * len(grid)
+
+
+def test_memory_prunes_before_simulating() -> None:
+    cands = [Candidate("h100-sxm", 1), Candidate("h100-sxm", 4)]
+    keep, pruned = prune_by_memory(cands, "meta-llama/Llama-3.1-70B", {})
+    assert keep == [Candidate("h100-sxm", 4)]
+    assert pruned[0][0] == Candidate("h100-sxm", 1) and "memory" in pruned[0][1].lower()
+
+
+def test_results_are_cached_and_resumed(tmp_path: Path) -> None:
+    problem = _problem("meta-llama/Llama-3.1-8B", Slo((("ttft", 300.0),), "mean"))
+    jobs = [problem.job(Candidate("h100-sxm", 1), r) for r in (2.0, 4.0)]
+    first = Runner(LocalExecutor(1), ResultCache(str(tmp_path), "v1"))
+    out1 = first.run(jobs)
+    again = Runner(LocalExecutor(1), ResultCache(str(tmp_path), "v1"))
+    assert again.run(jobs) == [{**r, "argv": list(j.argv)} for r, j in zip(out1, jobs)]
+    assert (again.simulated, again.cached) == (0, 2)
+    other = Runner(LocalExecutor(1), ResultCache(str(tmp_path), "v2"))  # another kvsched version
+    other.run(jobs)
+    assert other.simulated == 2
+
+
+def test_the_contract_and_the_reproducing_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tune.json"
+    assert main(["tune", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "h100-sxm", "h200",
+                 "--max-gpus", "2", "--tp", "1", "--dp", "1", "2", "--max-num-seqs", "default",
+                 "--max-num-batched-tokens", "default", *WORKLOAD, "--target-rate", "6",
+                 "--slo", "ttft:300", "tpot:30", "--workers", "1", "--no-cache", "--no-progress",
+                 "--save-result", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    best = data["best"]
+    assert {"simulate_args", "vllm_serve", "num_gpus", "metrics"} <= set(best)
+    assert best["vllm_serve"].startswith("vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 1")
+    assert best["vllm_serve"] in printed
+    assert isinstance(data["pareto"], list) and data["pareto"]
+    # Re-simulated alone with simulate, the winner gives the same numbers and meets the SLO.
+    again = tmp_path / "again.json"
+    assert main(["simulate", *best["simulate_args"], "--goodput", "ttft:300", "tpot:30",
+                 "--no-progress", "--save-result", str(again)]) == 0
+    metrics: dict[str, Any] = json.loads(again.read_text())
+    assert metrics["p99_ttft_ms"] == best["metrics"]["p99_ttft_ms"] <= 300
+    assert metrics["p99_tpot_ms"] == best["metrics"]["p99_tpot_ms"] <= 30
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--hardware", "tpu-v9"], "tpu-v9"),
+    (["--slo", "ttft:abc"], "not a number"),
+    (["--tp", "0"], "must be an integer"),
+    (["--tp", "4"], "search space is empty"),
+    (["--max-gpus", "0"], "--max-gpus"),
+    (["--model", "meta-llama/Llama-3.1-70B", "--max-gpus", "1"], "fits in memory"),
+    (["--objective", "cost"], "--gpu-price"),
+    (["--kv-cache-dtype", "int3"], "kv_cache_dtype"),
+])
+def test_bad_input_is_one_line(argv: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["tune", "--max-gpus", "2", *WORKLOAD, "--slo", "ttft:300", "--no-cache", "--workers", "1",
+            "--no-progress"]
+    # Later flags win in argparse, so the bad one goes last.
+    assert main([*base, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvsched: error:") and match in err[0], err
+
+
+def test_an_impossible_slo_names_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--max-gpus", "1", *WORKLOAD, "--slo", "ttft:0.001", "--no-cache",
+                 "--workers", "1", "--no-progress", "--max-num-seqs", "default",
+                 "--max-num-batched-tokens", "default"]) == 0
+    out = capsys.readouterr().out
+    assert "No deployment meets the SLO; the closest is h100-sxm TP1" in out
+
+
+def test_job_keys_differ_by_what_changes_results() -> None:
+    a = Job(("--model", "x"), (99.0,), (("ttft", 1.0),))
+    assert a.key("v") == Job(("--model", "x"), (99.0,), (("ttft", 1.0),)).key("v")
+    assert a.key("v") != a.key("w")
+    assert a.key("v") != Job(("--model", "x"), (99.0,), (("ttft", 1.0),), "digest").key("v")
