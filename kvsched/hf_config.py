@@ -14,9 +14,11 @@ Torch-free: the core, the simulator and the CLI import it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 LLAMA_FAMILY = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
@@ -38,16 +40,137 @@ QWEN_MAX_WINDOW_LAYERS = 28
 _MISSING = object()
 
 
-def read_config_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path`` (config.json, generation_config.json)."""
+# -- stated bounds ---------------------------------------------------------------
+# Every number kvsched reads from a config.json has a range, checked when the
+# field is read and before anything is computed or allocated from it. Each
+# bound holds for every published checkpoint with a wide margin; a value
+# beyond it is a corrupt or mistyped file, not a model. The ModelSpec of
+# kvsched.perf.models holds the same bounds for models built in code.
+
+# A config.json is 1-60 KB (multimodal ones with label tables a few hundred
+# KB); 16 MiB is read at most, so a wrong path (a weights file) fails fast.
+MAX_CONFIG_BYTES = 16 * 2**20
+# Published widths are at most 16,384-20,480 (Llama 3.1 405B: 16,384;
+# Megatron-Turing 530B: 20,480); latent ranks (MLA) are below the width.
+MAX_HIDDEN_SIZE = 2**17
+# The deepest published models have ~126 layers (Llama 3.1 405B).
+MAX_LAYERS = 1024
+# Published models have at most 128 query heads (DeepSeek-V3, Llama 3.1 405B)
+# and heads of at most 256-512 dims.
+MAX_HEADS = 2**12
+MAX_HEAD_DIM = 2**12
+# The widest published MLPs are 53,248-73,728 (Llama 3.1 405B, PaLM 540B).
+MAX_INTERMEDIATE_SIZE = 2**20
+# The largest published vocabularies are ~256K tokens (Gemma: 262,144).
+MAX_VOCAB_SIZE = 2**24
+# The longest published context is 10,485,760 tokens (Llama 4 Scout).
+MAX_POSITIONS = 2**26
+# The most routed experts published are 384 (Kimi K2); research MoEs a few thousand.
+MAX_EXPERTS = 2**14
+# Integers kvsched reads without a field-specific rule still fit an int64.
+_INT64 = (-(2**63), 2**63 - 1, "an integer field fits in 64 bits")
+
+_WIDTH = (1, MAX_HIDDEN_SIZE, "the widest published models are 16,384-20,480 wide")
+_LAYER_COUNT = (1, MAX_LAYERS, "the deepest published models have ~126 layers")
+_HEADS = (1, MAX_HEADS, "published models have at most 128 attention heads")
+_HEAD_DIM = (1, MAX_HEAD_DIM, "published heads are 64-512 wide")
+_MLP = (1, MAX_INTERMEDIATE_SIZE, "the widest published MLPs are 53,248-73,728")
+_EXPERTS = (0, MAX_EXPERTS, "the most routed experts published are 384 (Kimi K2)")
+_POSITIONS = (1, MAX_POSITIONS, "the longest published context is 10,485,760 tokens")
+# (lowest, highest, why) per config.json field, by the name the file uses.
+INT_BOUNDS: Mapping[str, tuple[int, int, str]] = MappingProxyType({
+    "hidden_size": _WIDTH, "n_embed": _WIDTH,
+    "num_hidden_layers": _LAYER_COUNT, "n_layer": _LAYER_COUNT,
+    "num_attention_heads": _HEADS, "n_head": _HEADS, "num_key_value_heads": _HEADS,
+    "head_dim": _HEAD_DIM, "qk_nope_head_dim": _HEAD_DIM, "qk_rope_head_dim": _HEAD_DIM,
+    "v_head_dim": _HEAD_DIM,
+    "q_lora_rank": (0, MAX_HIDDEN_SIZE, "a latent rank is below the model width; 0 or null: none"),
+    "kv_lora_rank": (1, MAX_HIDDEN_SIZE, "a latent rank is below the model width"),
+    "intermediate_size": _MLP, "moe_intermediate_size": _MLP,
+    "vocab_size": (1, MAX_VOCAB_SIZE, "the largest published vocabularies are ~256K tokens"),
+    "max_position_embeddings": _POSITIONS, "seq_length": _POSITIONS,
+    "sliding_window": (0, MAX_POSITIONS, "a window is at most the context; 0 or null: none"),
+    "num_experts": _EXPERTS, "num_local_experts": _EXPERTS, "n_routed_experts": _EXPERTS,
+    "n_shared_experts": (0, MAX_EXPERTS, "published MoEs share 1-2 experts"),
+    "num_experts_per_tok": (1, MAX_EXPERTS, "a token is routed to at least one expert"),
+    "experts_per_token": (1, MAX_EXPERTS, "a token is routed to at least one expert"),
+    "first_k_dense_replace": (0, MAX_LAYERS, "a count of layers"),
+    "max_window_layers": (0, MAX_LAYERS, "a layer index"),
+    # transformers computes `layer % step`: 0 divides by zero there.
+    "decoder_sparse_step": (1, MAX_LAYERS, "every step-th layer is MoE; 1: every layer"),
+    "moe_layer_freq": (1, MAX_LAYERS, "every freq-th layer is MoE; 1: every layer"),
+})
+# Finite numbers in the open interval (lowest, highest), and why.
+NUMBER_BOUNDS: Mapping[str, tuple[float, float, str]] = MappingProxyType({
+    "rms_norm_eps": (0.0, 1.0, "a small positive constant; published: 1e-6 to 1e-5"),
+    "rope_theta": (0.0, math.inf, "the RoPE base; published: 1e4 to 1e8"),
+})
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def show(value: object, limit: int = 60) -> str:
+    """``value`` for an error message: huge integers by their length, long reprs cut."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"{'-' if value < 0 else ''}<a {len(str(abs(value)))}-digit integer>"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"...({len(text)} characters)"
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"duplicate key {show(key)}: JSON readers differ on which one counts; "
+                             "keep one")
+        data[key] = value
+    return data
+
+
+def read_text(path: Path, limit: int, what: str) -> str:
+    """The UTF-8 text of ``path``, at most ``limit`` bytes (read no further)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as file:
+            raw = file.read(limit + 1)
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such file (expected a Hugging Face config.json)") from None
+        raise ValueError(f"{path}: no such file (expected {what})") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory (expected {what})") from None
     except OSError as err:
         raise ValueError(f"{path}: cannot read: {err.strerror}") from None
+    if len(raw) > limit:
+        raise ValueError(f"{path}: larger than {limit:,} bytes, too large for {what}; check the path")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                         f"{err.start}); save it as UTF-8 (expected {what})") from None
+
+
+def parse_json(path: Path, text: str, fix: str) -> object:
+    """JSON from ``text``; duplicate keys, over-long integers and deep
+    nesting are errors naming ``path``."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); fix or re-download the file") from None
+        raise ValueError(f"{path}: not valid JSON ({err}); {fix}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid JSON: nested too deeply; {fix}") from None
+    except ValueError as err:  # a duplicate key, or an integer over Python's 4300 digits
+        raise ValueError(f"{path}: not valid JSON: {parse_problem(err)}; {fix}") from None
+
+
+def parse_problem(err: ValueError) -> str:
+    """A parser's ValueError for a user: Python's limit on integer digits in words."""
+    text = str(err)
+    if text.startswith("Exceeds the limit"):
+        return "a number has more than 4,300 digits"
+    return text
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path`` (config.json, generation_config.json)."""
+    text = read_text(path, MAX_CONFIG_BYTES, "a Hugging Face config.json")
+    data = parse_json(path, text, "fix or re-download the file")
     if not isinstance(data, dict):
         raise ValueError(f"{path}: top level must be a JSON object; fix or re-download the file")
     return data
@@ -65,7 +188,7 @@ class HFConfig:
         self.source = source
 
     def fail(self, key: str, value: object, rule: str) -> ValueError:
-        return ValueError(f"{self.source}: {key}={value!r}: {rule}; fix config.json")
+        return ValueError(f"{self.source}: {key}={show(value)}: {rule}; fix config.json")
 
     def _raw(self, keys: tuple[str, ...], default: object) -> tuple[str, object]:
         for key in keys:
@@ -74,27 +197,36 @@ class HFConfig:
         if default is _MISSING:
             alt = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
             raise ValueError(f"{self.source}: missing required field {keys[0]!r}{alt} for "
-                             f"model_type {self.data.get('model_type')!r}; the config is incomplete, "
-                             "re-download or fix it")
+                             f"model_type {show(self.data.get('model_type'))}; the config is "
+                             "incomplete, re-download or fix it")
         return keys[0], default
 
     def get_int(self, *keys: str, default: object = _MISSING) -> int:
+        """An integer within the field's stated bounds (:data:`INT_BOUNDS`)."""
         key, value = self._raw(keys, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(key, value, "must be an integer")
-        return value
-
-    def get_positive_int(self, *keys: str, default: object = _MISSING) -> int:
-        value = self.get_int(*keys, default=default)
-        if value < 1:
-            raise self.fail(keys[0], value, "must be a positive integer")
+        low, high, why = INT_BOUNDS.get(key, _INT64)
+        if not low <= value <= high:
+            span = f"a positive integer, at most {high:,}" if low == 1 else \
+                f"an integer from {low:,} to {high:,}"
+            raise self.fail(key, value, f"must be {span} ({why})")
         return value
 
     def get_number(self, key: str, default: float) -> float:
+        """A finite number within the field's stated bounds (:data:`NUMBER_BOUNDS`)."""
         _, value = self._raw((key,), default)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(key, value, "must be a number")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        low, high, why = NUMBER_BOUNDS.get(key, (-math.inf, math.inf, "a number"))
+        if not (math.isfinite(number) and low < number < high):
+            raise self.fail(key, value, f"must be a finite number between {low:g} and {high:g} "
+                                        f"({why})")
+        return number
 
     def get_bool(self, key: str, default: bool) -> bool:
         _, value = self._raw((key,), default)
@@ -108,21 +240,24 @@ class HFConfig:
             raise self.fail(key, value, "must be a string")
         return value
 
-    def int_list(self, key: str) -> list[int]:
+    def layer_indices(self, key: str, num_layers: int) -> set[int]:
+        """A list of layer indices (each below ``num_layers``), as a set."""
         _, value = self._raw((key,), [])
-        if not isinstance(value, list) or not all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise self.fail(key, value, "must be a list of integers")
-        return value
+        if not isinstance(value, list) or len(value) > num_layers or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < num_layers for v in value):
+            raise self.fail(key, value, f"must be a list of layer indices from 0 to {num_layers - 1} "
+                                        f"(num_hidden_layers={num_layers})")
+        return set(value)
 
     def layer_types(self, num_layers: int) -> list[str] | None:
         value = self.data.get("layer_types")
         if value is None:
             return None
         if not isinstance(value, list) or len(value) != num_layers \
-                or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{self.source}: layer_types: must be a list of {num_layers} strings "
-                             "(one per layer)")
+                or not all(isinstance(v, str) and v in LAYER_TYPES for v in value):
+            raise ValueError(f"{self.source}: layer_types={show(value)}: must be a list of "
+                             f"{num_layers} strings (one per layer), each "
+                             f"{' or '.join(map(repr, LAYER_TYPES))}; fix config.json")
         return value
 
     def count_sliding_layers(self, window: int, num_layers: int, default: int) -> int:
@@ -215,10 +350,15 @@ def _head_dim_and_kv_heads(cfg: HFConfig, model_type: str, hidden: int, heads: i
         return cfg.get_int("head_dim"), kv_heads
     if default_head_dim is not None:
         return default_head_dim, kv_heads
+    return split_heads(cfg, hidden, heads), kv_heads
+
+
+def split_heads(cfg: HFConfig, hidden: int, heads: int) -> int:
+    """The head dim when a config leaves it to ``hidden_size // num_attention_heads``."""
     if hidden % heads:
         raise cfg.fail("hidden_size", hidden, f"not divisible by num_attention_heads={heads} and "
                                               "head_dim is not set")
-    return hidden // heads, kv_heads
+    return hidden // heads
 
 
 def _sliding(cfg: HFConfig, model_type: str, num_layers: int) -> tuple[int, int]:
@@ -246,7 +386,7 @@ def read_llama_family(cfg: HFConfig, model_type: str) -> LlamaFamilyConfig:
     if model_type not in _CLASS_DEFAULTS:
         raise cfg.fail("model_type", model_type, f"not a Llama-family model ({', '.join(LLAMA_FAMILY)})")
     hidden = cfg.get_int("hidden_size")
-    heads = cfg.get_positive_int("num_attention_heads")
+    heads = cfg.get_int("num_attention_heads")
     layers = cfg.get_int("num_hidden_layers")
     head_dim, kv_heads = _head_dim_and_kv_heads(cfg, model_type, hidden, heads)
     if model_type == "qwen2":
@@ -264,9 +404,9 @@ def read_llama_family(cfg: HFConfig, model_type: str) -> LlamaFamilyConfig:
     elif model_type == "qwen3_moe":
         experts = cfg.get_int("num_experts")
         step = cfg.get_int("decoder_sparse_step", default=1)
-        dense_only = set(cfg.int_list("mlp_only_layers"))
+        dense_only = cfg.layer_indices("mlp_only_layers", layers)
         moe_layers = sum(1 for i in range(layers)
-                         if i not in dense_only and experts > 0 and step > 0 and (i + 1) % step == 0)
+                         if i not in dense_only and experts > 0 and (i + 1) % step == 0)
         dense = layers - moe_layers
         fields.update(num_experts=experts, num_experts_per_tok=cfg.get_int("num_experts_per_tok"),
                       moe_intermediate_size=cfg.get_int("moe_intermediate_size"), num_dense_layers=dense,

@@ -14,8 +14,9 @@ Units are SI throughout: bytes, bytes/s, FLOP/s, seconds (GB = 1e9 B).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import importlib
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from kvsched.hf_config import parse_json, parse_problem, read_text, show
 
 _GB = 1e9
 _MIB = 2**20
@@ -63,17 +66,79 @@ _REQUIRED_FIELDS: tuple[str, ...] = (
 )
 _ID_RE = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
+# -- stated bounds ----------------------------------------------------------------
+# Every number of a Hardware (from the catalog, a hardware file, an
+# efficiency file or code) is checked against these ranges before anything
+# is computed from it. Each holds for every accelerator that serves LLMs with
+# a wide margin; a value beyond it is a unit mistake or a corrupt file.
+# (lowest, highest, why), inclusive.
+_RATE_BOUNDS: Mapping[str, tuple[float, float, str]] = MappingProxyType({
+    # HBM/GDDR devices have 0.3-8 TB/s; 1 GB/s is below any memory bus.
+    "mem_bw": (1e9, 1e15, "bytes/s: accelerators have 0.3-8 TB/s"),
+    # Dense tensor rates are 1e14-1e16 FLOP/s per device (B200 FP4: 9e15).
+    "bf16_flops": (1e11, 1e18, "dense FLOP/s: accelerators have 1e14-1e16"),
+    "fp8_flops": (1e11, 1e18, "dense FLOP/s: accelerators have 1e14-1e16"),
+    "fp4_flops": (1e11, 1e18, "dense FLOP/s: accelerators have 1e14-1e16"),
+    # Scale-up links are 8 GB/s (PCIe3 x8) to 900 GB/s (NVLink5) per direction.
+    "scaleup_bw": (1e8, 1e15, "bytes/s per direction: links have 8-900 GB/s"),
+    "scaleup_link_bw": (1e8, 1e15, "bytes/s per direction: links have 8-900 GB/s"),
+    # A collective's fixed cost is microseconds; 0.1 s is 10,000x that.
+    "comm_latency_s": (0.0, 0.1, "seconds: a collective's fixed cost is a few microseconds"),
+})
+# Visible memory: accelerators that serve LLMs have 16-288 GB. vLLM keeps
+# ~1 GiB of each for non-torch memory (kvsched.perf.memory), so below 2 GiB
+# no model has room; 16 TiB (2**44) leaves room for future devices.
+MIN_MEMORY_BYTES = 2**31
+MAX_MEMORY_BYTES = 2**44
+# Labels (name, scaleup_kind) are one line in reports; notes and source are prose.
+_MAX_LABEL = 128
+_MAX_PROSE = 8192
+# A hardware or efficiency file is a few dozen lines; read at most 256 KiB.
+MAX_FILE_BYTES = 2**18
+# Flow collections ([...], {...}) nested deeper than this are refused
+# before parsing: PyYAML's scanner slows to seconds on thousands of levels.
+_MAX_FLOW_DEPTH = 64
+
 
 def _fail(hw_id: object, field: str, value: object, rule: str, fix: str) -> ValueError:
-    return ValueError(f"hardware {hw_id!r}: {field}={value!r}: {rule}; {fix}")
+    return ValueError(f"hardware {show(hw_id)}: {field}={show(value)}: {rule}; {fix}")
 
 
 def _real(value: object) -> float | None:
     """``value`` as a finite float, or None if it is not a real number."""
     # bool is an int subclass; a YAML `true` must not pass as 1.0.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_efficiency(hw_id: object, name: str, value: object) -> None:
+    """One efficiency field's rule: a fraction of peak in (0, 1], or the
+    collectives' fixed latency in seconds."""
+    if name == "comm_latency_s":
+        _require_range(hw_id, name, value)
+        return
+    frac = _real(value)
+    if frac is None or not 0.0 < frac <= 1.0:
+        raise _fail(hw_id, name, value, "must be a fraction of peak in (0, 1]", f"set {name} to e.g. 0.8")
+
+
+def _require_range(hid: object, name: str, value: object) -> None:
+    low, high, why = _RATE_BOUNDS[name]
+    number = _real(value)
+    if number is None or not low <= number <= high:
+        sign = "non-negative" if low == 0 else "positive"
+        raise _fail(hid, name, value, f"must be a {sign} number from {low:g} to {high:g} ({why})",
+                    f"give {name} in SI units")
+
+
+def _did_you_mean(key: object, choices: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(key), choices, n=1) if isinstance(key, str) else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,39 +178,37 @@ class Hardware:
 
     def __post_init__(self) -> None:
         hid = self.id
-        if not isinstance(hid, str) or _ID_RE.fullmatch(hid) is None:
-            raise _fail(hid, "id", hid, "must be lower-case letters/digits joined by hyphens",
-                        "use an id like 'h100-sxm'")
+        if not isinstance(hid, str) or len(hid) > 64 or _ID_RE.fullmatch(hid) is None:
+            raise _fail(hid, "id", hid, "must be lower-case letters/digits joined by hyphens "
+                        "(at most 64 characters)", "use an id like 'h100-sxm'")
         for name in ("name", "scaleup_kind"):
             value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise _fail(hid, name, value, "must be a non-empty string", f"set {name}")
-        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) \
-                or self.memory_bytes <= 0:
-            raise _fail(hid, "memory_bytes", self.memory_bytes, "must be a positive integer",
+            if not isinstance(value, str) or not value or len(value) > _MAX_LABEL \
+                    or not value.isprintable():
+                raise _fail(hid, name, value, f"must be a non-empty one-line string of at most "
+                            f"{_MAX_LABEL} characters", f"set {name}")
+        mem = self.memory_bytes
+        if isinstance(mem, bool) or not isinstance(mem, int) \
+                or not MIN_MEMORY_BYTES <= mem <= MAX_MEMORY_BYTES:
+            raise _fail(hid, "memory_bytes", mem, "must be an integer number of bytes from 2**31 "
+                        "(2 GiB) to 2**44 (16 TiB) (accelerators have 16-288 GB)",
                         "give the visible memory in bytes (GB x 1e9)")
         for name in ("mem_bw", "bf16_flops", "scaleup_bw"):
-            _require_positive(hid, name, getattr(self, name))
+            _require_range(hid, name, getattr(self, name))
         for name in ("fp8_flops", "scaleup_link_bw", "fp4_flops"):
             if getattr(self, name) is not None:
-                _require_positive(hid, name, getattr(self, name))
-        for name in _FRACTION_FIELDS:
-            value = getattr(self, name)
-            frac = _real(value)
-            if frac is None or not 0.0 < frac <= 1.0:
-                raise _fail(hid, name, value, "must be a fraction of peak in (0, 1]",
-                            f"set {name} to e.g. 0.8")
-        latency = _real(self.comm_latency_s)
-        if latency is None or latency < 0:
-            raise _fail(hid, "comm_latency_s", self.comm_latency_s,
-                        "must be a non-negative number of seconds", "use e.g. 5e-6")
+                _require_range(hid, name, getattr(self, name))
+        for name in EFFICIENCY_FIELDS:
+            check_efficiency(hid, name, getattr(self, name))
         if self.scaleup_link_bw is not None and self.scaleup_link_bw > self.scaleup_bw:
             raise _fail(hid, "scaleup_link_bw", self.scaleup_link_bw,
                         f"cannot exceed scaleup_bw ({self.scaleup_bw!r})",
                         "scaleup_link_bw is one peer link; scaleup_bw is the device total")
         for name in ("source", "notes"):
-            if not isinstance(getattr(self, name), str):
-                raise _fail(hid, name, getattr(self, name), "must be a string", f"quote {name}")
+            value = getattr(self, name)
+            if not isinstance(value, str) or len(value) > _MAX_PROSE:
+                raise _fail(hid, name, value, f"must be a string of at most {_MAX_PROSE} characters",
+                            f"quote {name}")
 
     @property
     def has_fp8(self) -> bool:
@@ -169,12 +232,6 @@ class Hardware:
 
 
 _ALL_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Hardware))
-
-
-def _require_positive(hid: str, name: str, value: object) -> None:
-    number = _real(value)
-    if number is None or number <= 0:
-        raise _fail(hid, name, value, "must be a positive number", f"give {name} in SI units")
 
 
 _MEASURED_NOTE = "efficiencies: aiconfigurator silicon-DB medians, vLLM {ver} [AIC]"
@@ -368,42 +425,84 @@ def with_overrides(hw: Hardware, **fields: Any) -> Hardware:
     """A copy of ``hw`` with ``fields`` replaced (validated like any Hardware)."""
     for name in fields:
         if name not in _ALL_FIELDS:
-            raise ValueError(f"hardware {hw.id!r}: unknown field {name!r}; "
-                             f"fields are: {', '.join(_ALL_FIELDS)}")
+            raise ValueError(f"hardware {hw.id!r}: unknown field {show(name)}"
+                             f"{_did_you_mean(name, _ALL_FIELDS)}; fields are: {', '.join(_ALL_FIELDS)}")
     return dataclasses.replace(hw, **fields)
+
+
+def _flow_depth(text: str) -> int:
+    """How deep ``[`` / ``{`` nest in ``text`` (quotes not parsed: an upper bound)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}" and depth:
+            depth -= 1
+    return deepest
+
+
+@functools.cache
+def _strict_yaml_loader(yaml: Any) -> Any:
+    """A SafeLoader that refuses a mapping with a repeated key (PyYAML keeps the last)."""
+
+    class Loader(yaml.SafeLoader):  # type: ignore[misc]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[object] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, str | int | float | bool):
+                    continue  # unhashable: PyYAML's own error follows
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {show(key)}: keep one", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
     """Parse a YAML or JSON file whose top level must be a mapping with string keys."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read: {err.strerror}") from None
-    try:
-        if path.suffix.lower() == ".json":
-            data: object = json.loads(text)
-        else:
-            # Imported here so that importing kvsched.perf stays stdlib-only.
-            yaml = importlib.import_module("yaml")
-            data = yaml.safe_load(text)
-    except Exception as err:  # json.JSONDecodeError / yaml.YAMLError, both messages are useful
-        raise ValueError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: "
-                         f"{err}") from None
+    what = "a hardware or efficiency file (YAML/JSON)"
+    text = read_text(path, MAX_FILE_BYTES, what)
+    if path.suffix.lower() == ".json":
+        data = parse_json(path, text, "fix the file")
+    else:
+        if _flow_depth(text) > _MAX_FLOW_DEPTH:
+            raise ValueError(f"{path}: not valid YAML: [ or {{ nested more than {_MAX_FLOW_DEPTH} deep; "
+                             "fix the file")
+        # Imported here so that importing kvsched.perf stays stdlib-only.
+        yaml = importlib.import_module("yaml")
+        try:
+            data = yaml.load(text, Loader=_strict_yaml_loader(yaml))  # a SafeLoader
+        except (yaml.YAMLError, RecursionError) as err:
+            raise ValueError(f"{path}: not valid YAML: {one_line(str(err))}; fix the file") from None
+        except ValueError as err:  # an integer over Python's 4300 digits
+            raise ValueError(f"{path}: not valid YAML: {parse_problem(err)}; fix the file") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise ValueError(f"{path}: top level must be a mapping of field names to values")
     return data
 
 
+def one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+# What YAML 1.2 reads as a number but PyYAML (YAML 1.1) as a string: 3.35e12, 80e9.
+_YAML_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
 def _coerce_number(path: Path, field: str, value: object) -> object:
-    # PyYAML (YAML 1.1) reads `3.35e12` (no dot, no sign) as a string; accept it.
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"{path}: {field}={value!r}: must be a number") from None
-    return value
+    if not isinstance(value, str):
+        return value
+    if path.suffix.lower() == ".json":
+        raise ValueError(f"{path}: {field}={show(value)}: must be a number, not a string; write it "
+                         "without quotes")
+    # PyYAML reads `3.35e12` (no dot, no sign) as a string; accept exactly that spelling.
+    if _YAML_NUMBER.fullmatch(value) is None:
+        raise ValueError(f"{path}: {field}={show(value)}: must be a number; write it like 3.35e12")
+    return float(value)
 
 
 def load_hardware_file(path: str | Path) -> Hardware:
@@ -417,7 +516,8 @@ def load_hardware_file(path: str | Path) -> Hardware:
     data = _read_mapping(p)
     for key in data:
         if key not in _ALL_FIELDS:
-            raise ValueError(f"{p}: unknown field {key!r}; allowed fields: {', '.join(_ALL_FIELDS)}")
+            raise ValueError(f"{p}: unknown field {show(key)}{_did_you_mean(key, _ALL_FIELDS)}; "
+                             f"allowed fields: {', '.join(_ALL_FIELDS)}")
     for key in _REQUIRED_FIELDS:
         if key not in data:
             raise ValueError(f"{p}: missing required field {key!r} "
@@ -455,30 +555,50 @@ def load_efficiency_overrides(path: str | Path, hw: Hardware) -> Hardware:
     """
     p = Path(path)
     data = _read_mapping(p)
+    fields_hint = f"overridable fields are {', '.join(EFFICIENCY_FIELDS)}"
     common: dict[str, object] = {}
     own: dict[str, object] = {}
+    sections: dict[str, str] = {}
     for key, value in data.items():
         if key in EFFICIENCY_FIELDS:
             common[key] = _coerce_number(p, key, value)
             continue
         if key in _ALL_FIELDS:
-            raise ValueError(f"{p}: {key}: not an efficiency field; overridable fields are "
-                             f"{', '.join(EFFICIENCY_FIELDS)} (define a hardware file to change peaks)")
-        if not isinstance(value, dict):
-            raise ValueError(
-                f"{p}: unknown key {key!r}: expected an efficiency field "
-                f"({', '.join(EFFICIENCY_FIELDS)}) or a hardware id mapping to such fields")
+            raise ValueError(f"{p}: {key}: not an efficiency field; {fields_hint} (define a hardware "
+                             "file to change peaks)")
         target = resolve_hardware_id(key) or _normalise(key)
-        if target != hw.id and target not in HARDWARE:
-            raise ValueError(f"{p}: unknown hardware id {key!r}; known ids: {', '.join(HARDWARE)}"
-                             f" (and {hw.id!r}, the device being configured)")
+        known = target == hw.id or target in HARDWARE
+        if not isinstance(value, dict):
+            if known:
+                raise ValueError(f"{p}: {show(key)}={show(value)}: a hardware section must be a mapping "
+                                 f"of efficiency fields ({', '.join(EFFICIENCY_FIELDS)}) to values")
+            raise ValueError(
+                f"{p}: unknown key {show(key)}{_did_you_mean(key, EFFICIENCY_FIELDS)}: expected an "
+                f"efficiency field ({', '.join(EFFICIENCY_FIELDS)}) or a hardware id mapping to such "
+                "fields")
+        if not known:
+            raise ValueError(f"{p}: unknown hardware id {show(key)}{_did_you_mean(target, tuple(HARDWARE))}; "
+                             f"known ids: {', '.join(HARDWARE)} (and {hw.id!r}, the device being "
+                             "configured)")
+        if target in sections:
+            raise ValueError(f"{p}: {show(key)} and {show(sections[target])} both name hardware "
+                             f"{target!r}; merge them into one section")
+        sections[target] = key
         for field, fvalue in value.items():
             if field not in EFFICIENCY_FIELDS:
+                name = field if isinstance(field, str) and len(field) <= 60 else show(field)
                 raise ValueError(
-                    f"{p}: {key}.{field}: not an efficiency field; overridable fields are "
-                    f"{', '.join(EFFICIENCY_FIELDS)} (define a hardware file to change peaks)")
+                    f"{p}: {key}.{name}: not an efficiency field"
+                    f"{_did_you_mean(field, EFFICIENCY_FIELDS)}; {fields_hint} (define a hardware "
+                    "file to change peaks)")
+            number = _coerce_number(p, f"{key}.{field}", fvalue)
+            # Every section is checked, not only the one that applies here.
+            try:
+                check_efficiency(target, field, number)
+            except ValueError as err:
+                raise ValueError(f"{p}: {key}.{field}: {err}") from None
             if target == hw.id:
-                own[field] = _coerce_number(p, f"{key}.{field}", fvalue)
+                own[field] = number
     try:
         return with_overrides(hw, **{**common, **own})
     except ValueError as err:

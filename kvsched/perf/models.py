@@ -21,14 +21,43 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from kvsched.hf_config import HFConfig, read_config_json, read_llama_family
+from kvsched.hf_config import (
+    MAX_EXPERTS,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_HIDDEN_SIZE,
+    MAX_INTERMEDIATE_SIZE,
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_VOCAB_SIZE,
+    HFConfig,
+    read_config_json,
+    read_llama_family,
+    show,
+    split_heads,
+)
 
 MLP_KINDS = ("swiglu", "gelu")
 NORM_KINDS = ("rmsnorm", "layernorm")
 
 
 def _fail(model: str, field: str, value: object, rule: str) -> ValueError:
-    return ValueError(f"model {model!r}: {field}={value!r}: {rule}")
+    return ValueError(f"model {show(model)}: {field}={show(value)}: {rule}")
+
+
+# The stated upper bound of each integer field (the reasons are kvsched.hf_config's,
+# which checks the same bounds on a config.json's fields as it reads them).
+_UPPER_BOUNDS: Mapping[str, int] = MappingProxyType({
+    "hidden_size": MAX_HIDDEN_SIZE, "num_layers": MAX_LAYERS, "num_heads": MAX_HEADS,
+    "num_kv_heads": MAX_HEADS, "head_dim": MAX_HEAD_DIM, "intermediate_size": MAX_INTERMEDIATE_SIZE,
+    "vocab_size": MAX_VOCAB_SIZE, "max_position_embeddings": MAX_POSITIONS,
+    "num_experts": MAX_EXPERTS, "experts_per_token": MAX_EXPERTS,
+    "moe_intermediate_size": MAX_INTERMEDIATE_SIZE, "num_shared_experts": MAX_EXPERTS,
+    "shared_expert_intermediate_size": MAX_INTERMEDIATE_SIZE, "first_k_dense_layers": MAX_LAYERS,
+    "q_lora_rank": MAX_HIDDEN_SIZE, "kv_lora_rank": MAX_HIDDEN_SIZE, "qk_nope_head_dim": MAX_HEAD_DIM,
+    "qk_rope_head_dim": MAX_HEAD_DIM, "v_head_dim": MAX_HEAD_DIM, "sliding_window": MAX_POSITIONS,
+    "num_sliding_layers": MAX_LAYERS,
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +128,9 @@ class ModelSpec:
             value = getattr(self, f.name)
             if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise _fail(name, f.name, value, "must be a non-negative integer")
+            if f.type == "int" and value > _UPPER_BOUNDS[f.name]:
+                raise _fail(name, f.name, value, f"must be at most {_UPPER_BOUNDS[f.name]:,} (beyond "
+                            "every published model; see kvsched.hf_config for each bound's reason)")
             if f.type == "bool" and not isinstance(value, bool):
                 raise _fail(name, f.name, value, "must be true or false")
         for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -577,14 +609,21 @@ SUPPORTED_MODEL_TYPES = ("bloom", "deepseek_v2", "deepseek_v3", "gpt_oss", "llam
                          "mixtral", "qwen2", "qwen3", "qwen3_moe")
 
 
-def _attention_dims(cfg: HFConfig) -> dict[str, Any]:
-    """Attention shape of the non-Llama-family types (DeepSeek, gpt-oss)."""
+def _attention_dims(cfg: HFConfig, mla: bool = False) -> dict[str, Any]:
+    """Attention shape of the non-Llama-family types (DeepSeek, gpt-oss); with
+    ``mla`` the head dim is left to the caller (0 here)."""
     hidden = cfg.get_int("hidden_size")
-    heads = cfg.get_positive_int("num_attention_heads")
+    heads = cfg.get_int("num_attention_heads")
+    if mla:
+        head_dim = 0
+    elif cfg.data.get("head_dim") is not None:
+        head_dim = cfg.get_int("head_dim")
+    else:
+        head_dim = split_heads(cfg, hidden, heads)
     return {
         "hidden_size": hidden, "num_layers": cfg.get_int("num_hidden_layers"), "num_heads": heads,
         "num_kv_heads": cfg.get_int("num_key_value_heads", default=heads),
-        "head_dim": cfg.get_int("head_dim", default=hidden // heads),
+        "head_dim": head_dim,
         "vocab_size": cfg.get_int("vocab_size"),
         "max_position_embeddings": cfg.get_int("max_position_embeddings"),
         "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
@@ -610,7 +649,7 @@ def _parse_llama_family(cfg: HFConfig, model_type: str) -> dict[str, Any]:
 
 
 def _parse_deepseek(cfg: HFConfig, model_type: str) -> dict[str, Any]:
-    spec = _attention_dims(cfg)
+    spec = _attention_dims(cfg, mla=True)
     layers = spec["num_layers"]
     nope, rope = cfg.get_int("qk_nope_head_dim"), cfg.get_int("qk_rope_head_dim")
     # transformers stores head_dim = qk_rope_head_dim for rotary setup; MLA's q/k head is nope + rope.
@@ -623,7 +662,7 @@ def _parse_deepseek(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     experts = cfg.get_int("n_routed_experts", default=0)
     first_k = cfg.get_int("first_k_dense_replace", default=0)
     freq = cfg.get_int("moe_layer_freq", default=1)
-    moe_layers = sum(1 for i in range(layers) if experts and i >= first_k and freq > 0 and i % freq == 0)
+    moe_layers = sum(1 for i in range(layers) if experts and i >= first_k and i % freq == 0)
     dense = layers - moe_layers
     spec["intermediate_size"] = cfg.get_int("intermediate_size") if dense else 0
     if moe_layers:
@@ -657,7 +696,7 @@ def _parse_bloom(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     heads = cfg.get_int("num_attention_heads", "n_head")
     return {
         "hidden_size": hidden, "num_layers": cfg.get_int("num_hidden_layers", "n_layer"), "num_heads": heads,
-        "num_kv_heads": heads, "head_dim": hidden // heads, "intermediate_size": 4 * hidden,
+        "num_kv_heads": heads, "head_dim": split_heads(cfg, hidden, heads), "intermediate_size": 4 * hidden,
         "vocab_size": cfg.get_int("vocab_size"),
         # ALiBi has no position table; 2048 is the training length, used when the config is silent.
         "max_position_embeddings": cfg.get_int("seq_length", "max_position_embeddings", default=2048),
@@ -702,7 +741,7 @@ def load_model_config(path: str | Path) -> ModelSpec:
         raise ValueError(f"{config_path}: missing required field 'model_type'")
     parser = _PARSERS.get(model_type) if isinstance(model_type, str) else None
     if parser is None:
-        raise ValueError(f"{config_path}: model_type={model_type!r} is not supported; "
+        raise ValueError(f"{config_path}: model_type={show(model_type)} is not supported; "
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     cfg = HFConfig(data, str(config_path))
     fields = parser(cfg, model_type)

@@ -280,7 +280,7 @@ def _without(config: dict[str, Any], key: str) -> dict[str, Any]:
     (_without(CONFIGS["openai/gpt-oss-20b"], "experts_per_token"), ("'num_experts_per_tok'",)),
     (dict(CONFIGS["meta-llama/Llama-3.1-8B"], num_hidden_layers="32"), ("num_hidden_layers='32'", "integer")),
     (dict(CONFIGS["meta-llama/Llama-3.1-8B"], tie_word_embeddings="no"), ("tie_word_embeddings='no'",)),
-    (dict(CONFIGS["meta-llama/Llama-3.1-8B"], num_key_value_heads=0), ("num_kv_heads=0",)),
+    (dict(CONFIGS["meta-llama/Llama-3.1-8B"], num_key_value_heads=0), ("num_key_value_heads=0",)),
     (dict(CONFIGS["Qwen/Qwen3-30B-A3B"], num_experts_per_tok=200), ("experts_per_token=200",)),
     (dict(CONFIGS["openai/gpt-oss-120b"], layer_types=["full_attention"]), ("layer_types",)),
     ([1, 2, 3], ("top level must be a JSON object",)),
