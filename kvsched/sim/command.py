@@ -46,6 +46,9 @@ from kvsched.sim.workload import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kvsched.sim.cluster import Cluster
     from kvsched.sim.dp import DPSimulator
 
 
@@ -447,10 +450,12 @@ def check_output_paths(args: argparse.Namespace) -> None:
 
 
 def serve(deployment: Deployment, args: argparse.Namespace, accepted: Workload,
-          refused: list[tuple[str, str]], progress: Any = None) -> SimResult:
+          refused: list[tuple[str, str]], progress: Any = None,
+          after_step: Callable[[Cluster], None] | None = None) -> SimResult:
     """Simulate the requests the server accepts; the refused ones are added to
     the result's failures, as vllm bench serve records them."""
-    result = run_deployment(deployment, sim_config(deployment, args), accepted, args, progress)
+    result = run_deployment(deployment, sim_config(deployment, args), accepted, args, progress,
+                            after_step)
     result.failed.extend(refused)
     return result
 
@@ -499,10 +504,12 @@ def prepare_run(args: argparse.Namespace, who: str = "") -> PreparedRun:
 
 
 def measure(run: PreparedRun, percentiles: tuple[float, ...], slos: dict[str, float] | None,
-            progress: Any = None) -> tuple[SimResult, dict[str, Any]]:
+            progress: Any = None, after_step: Callable[[Cluster], None] | None = None,
+            ) -> tuple[SimResult, dict[str, Any]]:
     """Simulate a prepared run: the result and vllm bench serve's metrics
-    (plus per-GPU throughputs)."""
-    result = serve(run.deployment, run.args, run.accepted, run.refused, progress)
+    (plus per-GPU throughputs). ``after_step`` runs after every step (it may
+    stop the run by raising)."""
+    result = serve(run.deployment, run.args, run.accepted, run.refused, progress, after_step)
     metrics = result.metrics(percentiles, slos)
     metrics.update(per_gpu_metrics(metrics, run.deployment))
     return result, metrics
@@ -537,17 +544,23 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def run_deployment(deployment: Deployment, config: SimConfig, workload: Workload,
-                   args: argparse.Namespace, progress: Any = None) -> SimResult:
+                   args: argparse.Namespace, progress: Any = None,
+                   after_step: Callable[[Cluster], None] | None = None) -> SimResult:
     """One engine, or data-parallel ranks with the chosen admission policy."""
     dp = deployment.parallel.data_parallel_size
     if dp == 1 and args.admission_policy in ("none", "prefill-cadence"):
         if args.trace_steps:
             with open(args.trace_steps, "w") as trace:
                 return Simulator(config, workload, trace_steps=trace, progress=progress).run()
-        return Simulator(config, workload, progress=progress).run()
+        single = Simulator(config, workload, progress=progress)
+        if after_step is not None:
+            single.cluster.after_step.append(after_step)
+        return single.run()
     if args.trace_steps:
         raise ValueError("--trace-steps: not supported with data parallelism or DP policies yet")
     sim = build_dp_simulator(deployment, config, workload, args)
+    if after_step is not None:
+        sim.cluster.after_step.append(after_step)
     return sim.run().combined()
 
 

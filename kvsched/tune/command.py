@@ -237,8 +237,8 @@ def run_tune(args: argparse.Namespace) -> int:
                       prices, is_random, base_rate, file_digest(base.dataset_path), engine_flags)
     progress = None
     if not args.no_progress and sys.stderr.isatty():
-        def progress(done: int, total: int) -> None:
-            draw_progress(done, max(total, done), "simulations")
+        def progress(done: int, total: int, best: str) -> None:
+            draw_progress(done, max(total, done), f"best so far: {best or '-'}", unit="simulations")
     cache = ResultCache(None if args.no_cache else args.cache_dir, __version__)
     executor = make_executor(args.executor, args.workers, args.ray_address)
     try:

@@ -26,6 +26,7 @@ from kvsched.sim.command import (
     prepare_run,
 )
 from kvsched.sim.results import json_safe, num_gpus
+from kvsched.tune.guard import SloGuard, SloMissed
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +35,13 @@ class Job:
     percentiles: tuple[float, ...]
     slos: tuple[tuple[str, float], ...]
     workload_digest: str = ""        # of the trace file's bytes ("" for random)
+    # Stop the run once its SLO (``slos`` on this statistic: mean, 50, 90,
+    # 99) is surely missed (kvsched.tune.guard); None: run to the end.
+    guard: str | None = None
 
     def key(self, version: str) -> str:
         text = json.dumps([version, list(self.argv), list(self.percentiles), list(self.slos),
-                           self.workload_digest])
+                           self.workload_digest, self.guard])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -56,7 +60,8 @@ def simulate_parser() -> argparse.ArgumentParser:
 
 
 def run_job(job: Job) -> dict[str, Any]:
-    """``{"metrics": ..., "num_gpus": n}``, or ``{"error": why}`` for a
+    """``{"metrics": ..., "num_gpus": n}``; ``{"missed": why, "num_gpus": n}``
+    when the guard stopped the run; or ``{"error": why}`` for a
     deployment that cannot be built (it does not fit, say) or cannot serve
     the load (the simulation cannot progress)."""
     args = simulate_parser().parse_args([*job.argv, "--no-progress"])
@@ -64,13 +69,21 @@ def run_job(job: Job) -> dict[str, Any]:
         run = prepare_run(args)
     except ValueError as e:
         return {"error": str(e)}
+    guard = None
+    if job.guard is not None and job.slos:
+        guard = SloGuard(job.slos, job.guard, len(run.accepted.requests))
     try:
-        _, metrics = measure(run, job.percentiles, dict(job.slos) or None)
+        _, metrics = measure(run, job.percentiles, dict(job.slos) or None, after_step=guard)
+    except SloMissed as e:
+        return {"missed": str(e), "num_gpus": num_gpus(run.deployment)}
     except RuntimeError as e:
         # The deployment cannot serve the load (e.g. an admission gate that
         # holds every request): an answer about this candidate, not a bug.
         return {"error": f"the simulation stopped: {e}"}
-    return {"metrics": json_safe(metrics), "num_gpus": num_gpus(run.deployment)}
+    # Wall time is the machine's, not the simulation's: kept apart, so a
+    # job's metrics are the same wherever and whenever it runs.
+    wall = metrics.pop("simulation_wall_seconds", None)
+    return {"metrics": json_safe(metrics), "num_gpus": num_gpus(run.deployment), "wall_seconds": wall}
 
 
 def file_digest(path: str | None) -> str:

@@ -76,12 +76,16 @@ class Evaluated:
     slack_ms: dict[str, float]
     goodput_per_gpu: float
     cost_per_mtok: float | None         # $ per million output tokens (None: no price)
+    # Why the run was stopped early (kvsched.tune.guard): the SLO was surely
+    # missed; the metrics are then empty.
+    stopped: str | None = None
 
     def to_json(self, model: str) -> dict[str, Any]:
         return {"label": self.candidate.label(), "candidate": self.candidate.to_json(),
                 "num_gpus": self.num_gpus, "rate": self.rate, "meets_slo": self.meets_slo,
                 "slack_ms": self.slack_ms, "goodput_per_gpu": self.goodput_per_gpu,
-                "cost_per_mtok": self.cost_per_mtok, "simulate_args": self.argv,
+                "cost_per_mtok": self.cost_per_mtok, "stopped_early": self.stopped,
+                "simulate_args": self.argv,
                 "vllm_serve": self.candidate.vllm_serve(model), "metrics": self.metrics}
 
 
@@ -111,6 +115,8 @@ class Problem:
     base_rate: float                    # the workload's own mean rate (req/s)
     workload_digest: str = ""
     engine_flags: Sequence[str] = ()    # fixed engine flags (e.g. --max-model-len)
+    # Stop simulations once the SLO is surely missed (kvsched.tune.guard).
+    early_stop: bool = True
 
     def argv(self, c: Candidate, rate: float | None) -> list[str]:
         out = [*self.base_argv, *self.engine_flags, *c.simulate_flags()]
@@ -123,9 +129,14 @@ class Problem:
 
     def job(self, c: Candidate, rate: float | None) -> Job:
         return Job(tuple(self.argv(c, rate)), self.slo.percentiles(),
-                   tuple((name, target) for name, target in self.slo.targets), self.workload_digest)
+                   tuple((name, target) for name, target in self.slo.targets), self.workload_digest,
+                   self.slo.percentile if self.early_stop else None)
 
     def evaluated(self, c: Candidate, rate: float | None, result: Mapping[str, Any]) -> Evaluated:
+        if "missed" in result:
+            return Evaluated(c, rate, self.argv(c, rate), {}, int(result["num_gpus"]), False,
+                             {name: -math.inf for name, _ in self.slo.targets}, 0.0, None,
+                             str(result["missed"]))
         metrics = dict(result["metrics"])
         gpus = int(result["num_gpus"])
         goodput = float(metrics.get("request_goodput", 0.0)) / gpus
@@ -180,28 +191,52 @@ class Runner:
     """Jobs through the cache, then the executor for what is missing."""
 
     def __init__(self, executor: Executor, cache: ResultCache,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int, str], None] | None = None) -> None:
         self.executor, self.cache, self.progress = executor, cache, progress
         self.simulated = self.cached = 0
         self.total = self.finished = 0
+        self.best_note = ""  # the best answer so far, for the progress line
+        self.on_result: Callable[[Job, dict[str, Any]], None] | None = None
 
     def run(self, jobs: Sequence[Job]) -> list[dict[str, Any]]:
         results: list[dict[str, Any] | None] = [self.cache.get(j) for j in jobs]
         todo = [i for i, r in enumerate(results) if r is None]
         self.cached += len(jobs) - len(todo)
         self.finished += len(jobs) - len(todo)
-        base = self.finished
-
-        def done(n: int) -> None:
-            self.finished = base + n
-            if self.progress is not None:
-                self.progress(self.finished, self.total)
-
-        for i, result in zip(todo, self.executor.run([jobs[i] for i in todo], done)):
+        # Each result is cached as it arrives: an interrupted search resumes.
+        for i, result in zip(todo, self.executor.run([jobs[i] for i in todo])):
             self.cache.put(jobs[i], result)
             results[i] = result
-        self.simulated += len(todo)
+            if self.on_result is not None:
+                self.on_result(jobs[i], result)
+            self.simulated += 1
+            self.finished += 1
+            if self.progress is not None:
+                self.progress(self.finished, self.total, self.best_note)
         return [r for r in results if r is not None]
+
+
+class _BestSoFar:
+    """Keeps the runner's progress note on the best answer meeting the SLO."""
+
+    def __init__(self, problem: Problem, runner: Runner) -> None:
+        self.problem, self.runner = problem, runner
+        self.of: dict[Job, tuple[Candidate, float | None]] = {}
+        self.best: tuple[float, ...] | None = None
+        runner.on_result = self
+
+    def add(self, c: Candidate, rate: float | None) -> None:
+        self.of[self.problem.job(c, rate)] = (c, rate)
+
+    def __call__(self, job: Job, result: dict[str, Any]) -> None:
+        if "metrics" not in result or job not in self.of:
+            return
+        c, rate = self.of[job]
+        e = self.problem.evaluated(c, rate, result)
+        score = self.problem.score(e)
+        if e.meets_slo and (self.best is None or score > self.best):
+            self.best = score
+            self.runner.best_note = f"{c.label()} ({e.goodput_per_gpu:.3g} good req/s/GPU)"
 
 
 def rate_grid(base: float, low: float = 0.25, high: float = 16.0, per_doubling: int = 4) -> list[float]:
@@ -219,6 +254,9 @@ def search(problem: Problem, candidates: Sequence[Candidate], runner: Runner,
     that meets it at no rate of the grid is reported at the lowest), and the
     candidates whose simulation could not run, with why."""
     failed: list[tuple[Candidate, str]] = []
+    watch = _BestSoFar(problem, runner)
+    for c in candidates:
+        watch.add(c, rate)
     if not find_max_rate:
         runner.total += len(candidates)
         results = runner.run([problem.job(c, rate) for c in candidates])
@@ -230,6 +268,9 @@ def search(problem: Problem, candidates: Sequence[Candidate], runner: Runner,
                 out.append(problem.evaluated(c, rate, r))
         return out, failed
     rates = list(grid) if grid is not None else rate_grid(problem.base_rate)
+    for c in candidates:
+        for grid_rate in rates:
+            watch.add(c, grid_rate)
     # Per candidate: lo = highest grid index known to meet the SLO (-1: none
     # yet), hi = lowest known to miss it (len: none yet).
     lo = [-1] * len(candidates)
