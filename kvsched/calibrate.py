@@ -53,7 +53,6 @@ import argparse
 import copy
 import dataclasses
 import difflib
-import json
 import math
 import sys
 import time
@@ -66,6 +65,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvsched.jsonfile import DuplicateKeyError, json_problem, strict_loads
 from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, load_host_terms, save_host_terms
 from kvsched.perf.measured import MeasuredStepTimeModel
 from kvsched.perf.models import catalog_match
@@ -488,37 +488,8 @@ def _read(path: str, flag: str) -> str:
         raise ValueError(f"{flag} {path}: not a text file (not UTF-8); give a JSON file") from None
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in seen:
-                raise _DuplicateKey(f"key {key!r} appears twice in one object (values {_show(seen[key])} "
-                                    f"and {_show(value)}); keep one")
-            seen[key] = value
-    return obj
-
-
 def _loads(text: str) -> object:
-    """json.loads refusing duplicate keys; every failure a ValueError
-    (JSONDecodeError for bad syntax)."""
-    try:
-        return json.loads(text, object_pairs_hook=_object_pairs)
-    except RecursionError:
-        raise ValueError("nested too deeply to be a run's file") from None
-
-
-def _json_error(e: ValueError) -> str:
-    if isinstance(e, json.JSONDecodeError):
-        return f"not JSON ({e.msg} at line {e.lineno})"
-    if isinstance(e, _DuplicateKey):
-        return str(e)
-    return f"not JSON ({e})"  # e.g. an integer of more than 4,300 digits
+    return strict_loads(text)
 
 
 def _json_lines(text: str, source: str) -> list[tuple[int, object]]:
@@ -528,10 +499,10 @@ def _json_lines(text: str, source: str) -> list[tuple[int, object]]:
             continue
         try:
             out.append((number, _loads(line)))
-        except _DuplicateKey as e:
+        except DuplicateKeyError as e:
             raise ValueError(f"{source} line {number}: {e}") from None
         except ValueError as e:
-            raise ValueError(f"{source} line {number}: {_json_error(e)}; each line must be one "
+            raise ValueError(f"{source} line {number}: {json_problem(e)}; each line must be one "
                              "request's JSON object") from None
     return out
 
@@ -559,10 +530,10 @@ def load_run(path: str, kind: str = "auto", *, seed: int = VLLM_DEFAULT_SEED) ->
     try:
         data = _loads(text)
     except ValueError as e:
-        if isinstance(e, _DuplicateKey):
+        if isinstance(e, DuplicateKeyError):
             raise ValueError(f"{source}: {e}") from None
         if kind == "bench":
-            raise ValueError(f"{source}: {_json_error(e)}; give vllm bench serve --save-result's "
+            raise ValueError(f"{source}: {json_problem(e)}; give vllm bench serve --save-result's "
                              "file") from None
         return parse_requests(_json_lines(text, source), source)
     if kind == "auto" and isinstance(data, dict) and "first_token_time" in data:

@@ -13,13 +13,14 @@ Torch-free: the core, the simulator and the CLI import it.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from kvsched.jsonfile import json_problem, show, strict_loads
 
 LLAMA_FAMILY = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
 
@@ -108,24 +109,6 @@ NUMBER_BOUNDS: Mapping[str, tuple[float, float, str]] = MappingProxyType({
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-def show(value: object, limit: int = 60) -> str:
-    """``value`` for an error message: huge integers by their length, long reprs cut."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
-        return f"{'-' if value < 0 else ''}<a {len(str(abs(value)))}-digit integer>"
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"...({len(text)} characters)"
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in data:
-            raise ValueError(f"duplicate key {show(key)}: JSON readers differ on which one counts; "
-                             "keep one")
-        data[key] = value
-    return data
-
-
 def read_text(path: Path, limit: int, what: str) -> str:
     """The UTF-8 text of ``path``, at most ``limit`` bytes (read no further)."""
     try:
@@ -150,21 +133,9 @@ def parse_json(path: Path, text: str, fix: str) -> object:
     """JSON from ``text``; duplicate keys, over-long integers and deep
     nesting are errors naming ``path``."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); {fix}") from None
-    except RecursionError:
-        raise ValueError(f"{path}: not valid JSON: nested too deeply; {fix}") from None
-    except ValueError as err:  # a duplicate key, or an integer over Python's 4300 digits
-        raise ValueError(f"{path}: not valid JSON: {parse_problem(err)}; {fix}") from None
-
-
-def parse_problem(err: ValueError) -> str:
-    """A parser's ValueError for a user: Python's limit on integer digits in words."""
-    text = str(err)
-    if text.startswith("Exceeds the limit"):
-        return "a number has more than 4,300 digits"
-    return text
+        return strict_loads(text)
+    except ValueError as err:
+        raise ValueError(f"{path}: {json_problem(err)}; {fix}") from None
 
 
 def read_config_json(path: Path) -> dict[str, Any]:

@@ -250,7 +250,7 @@ def test_bad_inputs_are_one_clear_error(runs: dict[str, Path], capsys: pytest.Ca
         "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-8B")
     not_json = tmp_path / "run.json"
     not_json.write_text("model_id: llama\n")
-    bad(capsys, ["calibrate", *ENGINE, "--bench", str(not_json), *out], "not JSON")
+    bad(capsys, ["calibrate", *ENGINE, "--bench", str(not_json), *out], "not valid JSON")
     bad(capsys, ["calibrate", *ENGINE, "--bench", c1, "--fit", "step_s,warp_s", *out],
         "'warp_s'", ", ".join(TERMS))
     bad(capsys, ["calibrate", *ENGINE, "--bench", c1, "--fit", "dp_sync_s", *out], "dp_sync_s",
@@ -359,14 +359,14 @@ def test_a_failed_requests_unrecorded_send_is_accepted(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["bench", "auto"])
 def test_duplicate_keys_in_a_bench_file(tmp_path: Path, kind: str) -> None:
     text = bench_with()[:-1] + ', "ttfts": [0.2, 0.2, 0.2, 0.2]}'
-    load_bad(tmp_path, text, kind, "key 'ttfts' appears twice")
+    load_bad(tmp_path, text, kind, "duplicate key 'ttfts'")
 
 
 def test_bench_file_encoding_and_syntax(tmp_path: Path) -> None:
     load_bad(tmp_path, bench_with().encode().replace(b'"model_id"', b'"model_\xff"'), "bench", "not UTF-8")
-    load_bad(tmp_path, bench_with().replace("0.1", "1" * 5000, 1), "bench", "not JSON")
+    load_bad(tmp_path, bench_with().replace("0.1", "1" * 5000, 1), "bench", "not valid JSON")
     load_bad(tmp_path, "[" * 100_000, "bench", "nested too deeply")
-    load_bad(tmp_path, bench_with()[:40], "bench", "not JSON")
+    load_bad(tmp_path, bench_with()[:40], "bench", "not valid JSON")
 
 
 JSONL_ROW = {"arrival_time": 100.0, "first_token_time": 100.2, "last_token_time": 101.0,
@@ -409,6 +409,6 @@ def test_jsonl_misspelled_and_duplicate_fields(tmp_path: Path) -> None:
     load_bad(tmp_path, jsonl(JSONL_ROW, row), "requests", "line 2", "missing prompt_tokens",
              "did you mean 'prompt_token'", name="run.jsonl")
     text = jsonl(JSONL_ROW).replace('"prompt_tokens": 12', '"prompt_tokens": 12, "prompt_tokens": 13')
-    load_bad(tmp_path, text, "requests", "line 1", "key 'prompt_tokens' appears twice", name="run.jsonl")
+    load_bad(tmp_path, text, "requests", "line 1", "duplicate key 'prompt_tokens'", name="run.jsonl")
     load_bad(tmp_path, jsonl(JSONL_ROW).encode() + b"\xc3\x28\n", "requests", "not UTF-8", name="run.jsonl")
     load_bad(tmp_path, jsonl(JSONL_ROW) + "{" * 50_000 + "\n", "requests", "line 2", name="run.jsonl")

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvsched.jsonfile import json_problem, strict_loads
+
 BOOL = argparse.BooleanOptionalAction
 
 
@@ -68,9 +70,9 @@ def read_prompts(args: argparse.Namespace) -> list[Any]:
                 continue
             if path.suffix in (".jsonl", ".json"):
                 try:
-                    item = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{n}: not JSON ({err.msg})") from None
+                    item = strict_loads(line)
+                except ValueError as err:
+                    raise ValueError(f"{path}:{n}: {json_problem(err)}") from None
                 if isinstance(item, dict) and "prompt_token_ids" in item:
                     prompts.append({"prompt_token_ids": item["prompt_token_ids"]})
                 elif isinstance(item, dict) and isinstance(item.get("prompt"), str):

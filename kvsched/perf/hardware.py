@@ -25,7 +25,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from kvsched.hf_config import parse_json, parse_problem, read_text, show
+from kvsched.hf_config import parse_json, read_text
+from kvsched.jsonfile import number_problem, show
 
 _GB = 1e9
 _MIB = 2**20
@@ -479,7 +480,7 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         except (yaml.YAMLError, RecursionError) as err:
             raise ValueError(f"{path}: not valid YAML: {one_line(str(err))}; fix the file") from None
         except ValueError as err:  # an integer over Python's 4300 digits
-            raise ValueError(f"{path}: not valid YAML: {parse_problem(err)}; fix the file") from None
+            raise ValueError(f"{path}: not valid YAML: {number_problem(err)}; fix the file") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise ValueError(f"{path}: top level must be a mapping of field names to values")
     return data

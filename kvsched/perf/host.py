@@ -44,6 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsched.jsonfile import json_problem, strict_loads
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 # The fitted file the measured backend uses by default (vLLM 0.24 tables,
 # NVIDIA data-centre GPUs).
@@ -102,11 +104,16 @@ def load_host_terms(path: str | Path = DEFAULT_FILE) -> HostTerms:
     calibrate``'s output); a clear error naming the file and field."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = strict_loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"calibration file {str(p)!r} does not exist") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"calibration file {str(p)!r} is not JSON: {e}") from None
+    except OSError as e:
+        raise ValueError(f"calibration file {str(p)!r} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"calibration file {str(p)!r} is not JSON: not UTF-8 ({e.reason} at byte "
+                         f"{e.start})") from None
+    except ValueError as e:
+        raise ValueError(f"calibration file {str(p)!r} is not JSON: {json_problem(e)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"calibration file {str(p)!r}: expected a JSON object of host terms")
     expected = {"vllm_version", "hardware_class", "provenance", *TERMS}

@@ -33,9 +33,9 @@ from kvsched.hf_config import (
     HFConfig,
     read_config_json,
     read_llama_family,
-    show,
     split_heads,
 )
+from kvsched.jsonfile import show
 
 MLP_KINDS = ("swiglu", "gelu")
 NORM_KINDS = ("rmsnorm", "layernorm")

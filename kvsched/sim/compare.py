@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kvsched.cli import EXIT_INTERNAL_ERROR, REPORT_HINT, one_line
+from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.sim.command import (
     add_engine_arguments,
     add_output_arguments,
@@ -155,14 +156,10 @@ def read_variants_file(path: str) -> object:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ValueError(f"--variants={path}: not valid YAML{where}: {problem}") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--variants={path}: not valid JSON at line {e.lineno}, column {e.colno}: "
-                         f"{e.msg} (a .yaml or .yml file is read as YAML)") from None
-    except ValueError as e:  # an integer of over 4,300 digits
-        raise ValueError(f"--variants={path}: not usable JSON: {one_line(str(e), 200)}") from None
-    except RecursionError:
-        raise ValueError(f"--variants={path}: not usable JSON: nested too deeply") from None
+        return strict_loads(text)
+    except ValueError as e:
+        raise ValueError(f"--variants={path}: {json_problem(e)} (a .yaml or .yml file is read as "
+                         "YAML)") from None
 
 
 def parse_variants(specs: list[str], path: str | None,

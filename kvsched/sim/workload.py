@@ -37,7 +37,6 @@ import csv
 import datetime
 import io
 import itertools
-import json
 import math
 import re
 from array import array
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
+from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.request import Request, SamplingParams, TokenRuns
 
 RANDOM_PREFIX_TOKEN = 1
@@ -713,36 +713,14 @@ def load_azure(path: str | Path, *, max_concurrency: int | None = None) -> Workl
     return Workload(p.stem, tuple(requests), max_concurrency)
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # json.loads keeps the last of two equal keys: the first would be dropped unread.
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(f"key {_show(key)} appears twice in one object")
-            seen.add(key)
-    return obj
-
-
 def _json_lines(src: _Source, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
     for line, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue  # blank line (e.g. the trailing newline): holds no request
         try:
-            obj = json.loads(raw, object_pairs_hook=_unique_keys)
-        except json.JSONDecodeError as e:
-            raise src.error(line, f"not valid JSON: {e.msg} (column {e.colno})") from None
-        except _DuplicateKey as e:
-            raise src.error(line, str(e)) from None
-        except ValueError as e:  # an integer of over 4,300 digits
-            raise src.error(line, f"not a usable JSON line: {_show(str(e), 120)}") from None
-        except RecursionError:
-            raise src.error(line, "not a usable JSON line: nested too deeply") from None
+            obj = strict_loads(raw)
+        except ValueError as e:
+            raise src.error(line, json_problem(e)) from None
         if not isinstance(obj, dict):
             raise src.error(line, f"expected a JSON object, got {type(obj).__name__}")
         yield line, obj

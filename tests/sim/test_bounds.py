@@ -247,10 +247,10 @@ def test_a_variant_flag_out_of_range_names_the_variants_file(tmp_path: Path,
     ("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,Extra\n2023-11-16 18:15:46.0,1,5,x\n",
      ["line 1", "unknown column(s) 'Extra'"]),
     ("t.jsonl", '{"arrival_time": 0, "input_tokens": ' + "9" * 5000 + ', "output_tokens": 1}\n',
-     ["line 1", "not a usable JSON line"]),
+     ["line 1", "more than 4,300 digits"]),
     ("t.jsonl", "[" * 100_000 + "]" * 100_000 + "\n", ["line 1", "nested too deeply"]),
     ("t.jsonl", '{"arrival_time": 0, "input_tokens": 5, "output_tokens": 1, "input_tokens": 7}\n',
-     ["line 1", "'input_tokens' appears twice"]),
+     ["line 1", "duplicate key 'input_tokens'"]),
 ])
 def test_a_malformed_trace_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                        name: str, text: str, words: list[str]) -> None:
@@ -299,7 +299,7 @@ def test_a_trace_whose_every_request_is_too_long_names_the_file(
 
 
 @pytest.mark.parametrize("content, words", [
-    ('{"a": ' + "9" * 5000 + "}", ["not usable JSON"]),
+    ('{"a": ' + "9" * 5000 + "}", ["not valid JSON"]),
     ("[" * 100_000 + "]" * 100_000, ["nested too deeply"]),
     ('{"a": "--m 8"}', ["variant 'a'", "ambiguous option: --m"]),
 ])

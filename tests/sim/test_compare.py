@@ -143,7 +143,7 @@ def test_a_variant_failing_while_running_keeps_the_others(
 
 @pytest.mark.parametrize("name, content, words", [
     ("v.yaml", "a: [--max-num-seqs, 8\nb: ''\n", ["not valid YAML at line", "v.yaml"]),
-    ("v.json", '{"a": "--max-num-seqs 8",}', ["not valid JSON at line 1", "v.json"]),
+    ("v.json", '{"a": "--max-num-seqs 8",}', ["not valid JSON (", "at line 1", "v.json"]),
     ("v.yaml", b"\xff\xfe\x00a: b", ["not UTF-8", "v.yaml"]),
     ("v.yaml", "- a\n- b\n", ["must map variant names to flags", "list"]),
     ("v.yaml", "a: --model 'unclosed\n", ["variant 'a'", "quotes"]),

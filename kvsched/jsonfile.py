@@ -1,0 +1,70 @@
+"""The one strict JSON reading every kvsched input file goes through.
+
+Python's ``json.loads`` keeps the last of two equal keys (the first is
+dropped unread), accepts ``NaN`` and ``Infinity``, and fails on a deep
+nesting with ``RecursionError``. :func:`strict_loads` refuses a repeated key
+and turns every failure into a ``ValueError`` with a one-line reason; the
+caller adds the file (and line) it read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object names one key twice."""
+
+
+def show(value: object, limit: int = 60) -> str:
+    """``value`` for an error message: huge integers by their length, long reprs cut."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"{'-' if value < 0 else ''}<a {len(str(abs(value)))}-digit integer>"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"...({len(text)} characters)"
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing a repeated key."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise DuplicateKeyError(f"duplicate key {show(key)} (values {show(seen[key])} and "
+                                        f"{show(value)}); JSON readers differ on which counts: keep one")
+            seen[key] = value
+    return obj
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number; give a finite number")
+
+
+def strict_loads(text: str, *, constants: bool = True) -> Any:
+    """``json.loads`` refusing repeated keys (and, with ``constants=False``,
+    NaN and Infinity). Every failure is a ValueError: JSONDecodeError for
+    bad syntax (its msg, line and column), DuplicateKeyError, or one naming
+    an over-long integer or a nesting too deep."""
+    try:
+        if constants:
+            return json.loads(text, object_pairs_hook=unique_keys)
+        return json.loads(text, object_pairs_hook=unique_keys, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def number_problem(e: ValueError) -> str:
+    """A parser's ValueError in words: Python's limit on integer digits."""
+    text = str(e)
+    return "a number has more than 4,300 digits" if text.startswith("Exceeds the limit") else text
+
+
+def json_problem(e: ValueError) -> str:
+    """One line for a :func:`strict_loads` failure, without the file."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+    if isinstance(e, DuplicateKeyError):
+        return str(e)
+    return f"not valid JSON ({number_problem(e)[:200]})"  # digits, NaN, nesting
