@@ -608,3 +608,144 @@ def over_time_charts(labels: Sequence[str], runs: Sequence[SimResult]) -> list[t
     width = bucket_width(runs)
     end = max(run_end(r) for r in runs)
     return _time_charts(labels, [_timeline(r, width) for r in runs], end, width)
+
+
+# -- scatter charts -------------------------------------------------------------
+
+@dataclass(slots=True)
+class Mark:
+    """One point of :func:`scatter_chart`: a filled dot or a cross (``kind``),
+    with its hover title; ``css`` classes it (e.g. ``met``/``missed``)."""
+
+    x: float
+    y: float
+    title: str
+    color: str
+    kind: str = "dot"  # "dot" or "cross"
+    css: str = ""
+
+
+def _scale(axis: Axis, values: Sequence[float], start: float, span: float, flip: bool
+           ) -> tuple[Callable[[float], float], list[float], Callable[[float], str]]:
+    """(value -> pixel, ticks, tick label) for one axis of a scatter chart:
+    linear from ``axis.lo`` (default 0) with headroom, or log over the 1-2-5
+    values around the data."""
+    data = [v for v in values if math.isfinite(v) and (v > 0 or not axis.log)]
+    if axis.log:
+        lo, hi = (min(data), max(data)) if data else (1.0, 10.0)
+        lo, hi = _log_bounds(axis.lo or lo, max(axis.hi or hi, lo * 10))
+        ticks, step = _log_ticks(lo, hi), 0.0
+        a, b = math.log10(lo), math.log10(hi)
+
+        def frac(v: float) -> float:
+            return (math.log10(max(v, lo)) - a) / (b - a)
+    else:
+        lo = axis.lo if axis.lo is not None else 0.0
+        top = axis.hi if axis.hi is not None else max(data, default=lo + 1.0) * 1.06
+        hi, ticks, step = _linear_range(lo, top if top > lo else lo + 1.0, 5, axis.hi is None)
+
+        def frac(v: float) -> float:
+            return (v - lo) / (hi - lo)
+
+    def pixel(v: float) -> float:
+        return start + (1.0 - frac(v) if flip else frac(v)) * span
+
+    def label(v: float) -> str:
+        if axis.format is not None:
+            return axis.format(v, step)
+        return _compact(v) if axis.log else _tick_label(v, step)
+
+    return pixel, [t for t in ticks if 0 <= frac(t) <= 1 + 1e-9], label
+
+
+def _mark_svg(kind: str, x: float, y: float, color: str, css: str = "", title: str = "") -> str:
+    """A dot, cross, ring or line/dashed-line swatch centred at (x, y)."""
+    cls = f' class="{esc(css)}"' if css else ""
+    inner = f"<title>{esc(title)}</title>" if title else ""
+    if kind == "dot":
+        return (f'<circle{cls} cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{esc(color)}" '
+                f'stroke="#ffffff" stroke-width="1">{inner}</circle>')
+    if kind == "cross":
+        a, b, c, e = x - 4.5, x + 4.5, y - 4.5, y + 4.5
+        d = f"M{a:.1f} {c:.1f}L{b:.1f} {e:.1f}M{a:.1f} {e:.1f}L{b:.1f} {c:.1f}"
+        return f'<path{cls} d="{d}" stroke="{esc(color)}" stroke-width="2.2" fill="none">{inner}</path>'
+    if kind == "ring":
+        return (f'<circle{cls} cx="{x:.1f}" cy="{y:.1f}" r="9.5" fill="none" stroke="{esc(color)}" '
+                f'stroke-width="2.5">{inner}</circle>')
+    dash = f' stroke-dasharray="{DASHED}"' if kind == "dash" else ""
+    return (f'<line{cls} x1="{x - 11:.1f}" y1="{y:.1f}" x2="{x + 11:.1f}" y2="{y:.1f}" stroke="{esc(color)}" '
+            f'stroke-width="2"{dash}>{inner}</line>')
+
+
+def scatter_chart(chart_id: str, marks: Sequence[Mark], x_axis: Axis, y_axis: Axis, *,
+                  lines: Sequence[Series] = (), hlines: Sequence[tuple[float, str, str]] = (),
+                  callout: tuple[Mark, str] | None = None, legend: Sequence[tuple[str, str, str]] = (),
+                  width: int = 1080, height: int = 420, description: str = "") -> str:
+    """An inline ``<svg>`` scatter chart: ``marks`` (each with a hover
+    ``<title>``), ``lines`` drawn through given points, ``hlines`` as dashed
+    horizontal lines ``(y, label, colour)``, a ``callout`` ring with a text
+    label around one mark, and a ``legend`` of ``(label, kind, colour)``
+    (kind: dot, cross, ring, line, dash). Either axis may be log."""
+    left, right, top, bottom = 70.0, 26.0, 14.0 + (24.0 if legend else 0.0), 46.0
+    pw, ph = width - left - right, height - top - bottom
+    xs = [m.x for m in marks] + [float(v) for s in lines for v in s.x]
+    ys = [m.y for m in marks] + [float(v) for s in lines for v in s.y] + [y for y, _, _ in hlines]
+    sx, x_ticks, fx = _scale(x_axis, xs, left, pw, False)
+    sy, y_ticks, fy = _scale(y_axis, ys, top, ph, True)
+    title = f"<title>{esc(description)}</title>" if description else ""
+    out = [f'<svg class="chart" data-chart="{esc(chart_id)}" viewBox="0 0 {width} {height}" '
+           f'width="{width}" height="{height}" role="img" aria-label="{esc(description)}">{title}',
+           f'<defs><clipPath id="clip-{esc(chart_id)}"><rect x="{left - 10:.1f}" y="{top - 10:.1f}" '
+           f'width="{pw + 20:.1f}" height="{ph + 20:.1f}"/></clipPath></defs>']
+    if legend:
+        out.append('<g class="legend">')
+        x = left
+        for label, kind, color_ in legend:
+            out.append(_mark_svg(kind, x + 11, 20.0, color_))
+            out.append(f'<text class="legend-label" x="{x + 26:.1f}" y="{24.0:.1f}">{esc(label)}</text>')
+            x += 26 + text_width(label) + 20
+        out.append("</g>")
+    out.append('<g class="grid">')
+    out += [f'<line x1="{left:.1f}" y1="{sy(t):.1f}" x2="{left + pw:.1f}" y2="{sy(t):.1f}"/>'
+            for t in y_ticks]
+    out += [f'<line x1="{sx(t):.1f}" y1="{top:.1f}" x2="{sx(t):.1f}" y2="{top + ph:.1f}"/>' for t in x_ticks]
+    out.append('</g><g class="ticks">')
+    out += [f'<text x="{left - 8:.1f}" y="{sy(t) + 4:.1f}" text-anchor="end">{esc(fy(t))}</text>'
+            for t in y_ticks]
+    out += [f'<text x="{sx(t):.1f}" y="{top + ph + 18:.1f}" text-anchor="middle">{esc(fx(t))}</text>'
+            for t in x_ticks]
+    out.append("</g>")
+    out.append(f'<rect class="frame" x="{left:.1f}" y="{top:.1f}" width="{pw:.1f}" height="{ph:.1f}"/>')
+    out.append(f'<g class="data" clip-path="url(#clip-{esc(chart_id)})">')
+    for y, label, color_ in hlines:
+        out.append(f'<line class="hline" x1="{left:.1f}" y1="{sy(y):.1f}" x2="{left + pw:.1f}" '
+                   f'y2="{sy(y):.1f}" stroke="{esc(color_)}" stroke-width="1.5" stroke-dasharray="{DASHED}">'
+                   f"<title>{esc(label)}</title></line>")
+        # At the left: the interesting points (high x) tend to be on the right.
+        out.append(f'<text class="hline-label" x="{left + 6:.1f}" y="{sy(y) - 6:.1f}" '
+                   f'style="fill:{esc(color_)}">{esc(label)}</text>')
+    for s in lines:
+        pts = " ".join(f"{sx(float(a)):.1f},{sy(float(b)):.1f}" for a, b in zip(s.x, s.y))
+        dash = f' stroke-dasharray="{esc(s.dash)}"' if s.dash else ""
+        out.append(f'<polyline class="line" points="{pts}" fill="none" stroke="{esc(s.color)}" '
+                   f'stroke-width="2" stroke-linejoin="round"{dash}><title>{esc(s.label)}</title></polyline>')
+    out += [_mark_svg(m.kind, sx(m.x), sy(m.y), m.color, " ".join(["point", m.css]).strip(), m.title)
+            for m in marks]
+    if callout is not None:
+        m, text = callout
+        px, py = sx(m.x), sy(m.y)
+        out.append(_mark_svg("ring", px, py, m.color, "callout", m.title))
+        flip = px > left + 0.6 * pw
+        ty = py - 14 if py > top + 24 else py + 24
+        out.append(f'<text class="callout-label" x="{px - 14 if flip else px + 14:.1f}" y="{ty:.1f}" '
+                   f'text-anchor="{"end" if flip else "start"}">{esc(text)}</text>')
+    out.append("</g>")
+    if not marks:
+        out.append(f'<text class="empty" x="{left + pw / 2:.1f}" y="{top + ph / 2:.1f}" '
+                   f'text-anchor="middle">no data</text>')
+    out.append(f'<text class="axis-label" x="{left + pw / 2:.1f}" y="{height - 8:.1f}" '
+               f'text-anchor="middle">{esc(x_axis.label)}</text>')
+    out.append(f'<text class="axis-label" transform="translate(16 {top + ph / 2:.1f}) rotate(-90)" '
+               f'text-anchor="middle">{esc(y_axis.label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.progress import draw_progress
-from kvsched.sim.command import add_workload_arguments, build_workload, resolve_workload_args
+from kvsched.sim.command import (
+    add_workload_arguments,
+    build_workload,
+    check_output_path,
+    resolve_workload_args,
+)
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS
 from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.results import json_safe
@@ -36,6 +41,7 @@ from kvsched.tune.search import (
     TuneResult,
     prune_by_memory,
     rank,
+    rate_grid,
     search,
 )
 from kvsched.tune.space import SearchSpace, check_space_values
@@ -65,6 +71,11 @@ def add_tune_parser(sub: Any) -> None:
     rate = g.add_mutually_exclusive_group()
     rate.add_argument("--target-rate", type=float, metavar="REQ_S",
                       help="serve the workload at this mean rate (a trace is rescaled in time)")
+    g.add_argument("--rate-range", nargs=2, type=float, default=[0.25, 16.0], metavar=("LOW", "HIGH"),
+                   help="--find-max-rate: rates searched, as multiples of the workload's own mean "
+                        "rate (default 0.25 16)")
+    g.add_argument("--rate-steps", type=int, default=4,
+                   help="--find-max-rate: grid points per doubling of the rate (default 4: 19%% steps)")
     rate.add_argument("--find-max-rate", action="store_true",
                       help="per deployment, the highest rate that meets the SLO")
     s = p.add_argument_group("search space (each a list; --space FILE sets them from YAML/JSON)")
@@ -95,6 +106,8 @@ def add_tune_parser(sub: Any) -> None:
     x.add_argument("--cache-dir", default=DEFAULT_CACHE, help="results cache (default: %(default)s)")
     x.add_argument("--no-cache", action="store_true", help="simulate everything again")
     x.add_argument("--save-result", metavar="FILE.json", help="best, pareto, every candidate")
+    x.add_argument("--report", metavar="FILE.html",
+                   help="a self-contained page: the Pareto plot, the ranked table, the commands")
     x.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
     x.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_tune)
@@ -194,6 +207,11 @@ def run_tune(args: argparse.Namespace) -> int:
     from kvsched import __version__
     from kvsched.perf import get_model
 
+    # Output paths are checked before anything is simulated.
+    if args.report is not None:
+        check_output_path("--report", args.report)
+    if args.save_result is not None:
+        check_output_path("--save-result", args.save_result)
     slo = Slo(tuple(parse_goodput(args.slo).items()), args.slo_percentile)
     if args.max_gpus < 1 or args.max_gpus > 4096:
         raise ValueError(f"--max-gpus={args.max_gpus}: must be in [1, 4096]")
@@ -202,6 +220,11 @@ def run_tune(args: argparse.Namespace) -> int:
         missing = [hw for hw in args.hardware if hw not in prices]
         if missing:
             raise ValueError(f"--objective cost needs --gpu-price for {', '.join(missing)}")
+    low, high = args.rate_range
+    if not (0 < low < high <= 1e4) or not 1 <= args.rate_steps <= 64:
+        raise ValueError(f"--rate-range {low:g} {high:g} --rate-steps {args.rate_steps}: need "
+                         "0 < LOW < HIGH <= 10000 (multiples of the workload's rate) and 1-64 steps "
+                         "per doubling")
     if args.target_rate is not None and not 0 < args.target_rate < 1e6:
         raise ValueError(f"--target-rate={args.target_rate}: must be a rate in (0, 1e6) req/s")
     workload_argv = _workload_flags(args)
@@ -243,7 +266,9 @@ def run_tune(args: argparse.Namespace) -> int:
     executor = make_executor(args.executor, args.workers, args.ray_address)
     try:
         runner = Runner(executor, cache, progress)
-        answers, failed = search(problem, feasible, runner, args.target_rate, args.find_max_rate)
+        grid = (rate_grid(base_rate, args.rate_range[0], args.rate_range[1], args.rate_steps)
+                if args.find_max_rate else None)
+        answers, failed = search(problem, feasible, runner, args.target_rate, args.find_max_rate, grid)
     finally:
         executor.close()
     result = rank(problem, answers, pruned, runner, failed)
@@ -251,6 +276,12 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.save_result:
         Path(args.save_result).write_text(json.dumps(json_safe(result_json(problem, result, args)),
                                                      indent=2, allow_nan=False) + "\n")
+    if args.report is not None:
+        from kvsched.tune.report import question_from_args, write_tune_report
+
+        question = question_from_args(args, workload, base_rate, len(candidates))
+        write_tune_report(args.report, problem, result, question, __version__)
+        print(f"report: {args.report}")
     return 0
 
 
@@ -284,12 +315,16 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
     head += "  SLO"
     lines.append(head)
     for i, e in enumerate(result.ranked[:args.top], 1):
-        rate = f"{e.rate:.3g}" if e.rate is not None else "-"
+        rate = (">=" if e.rate_is_lower_bound else "") + (f"{e.rate:.3g}" if e.rate is not None else "-")
         row = f"{i:>3}  {e.candidate.label()[:42]:42} {e.num_gpus:>4} {rate:>7} {e.goodput_per_gpu:>11.3f}"
         for name, _ in slo.targets:
             row += f" {e.metrics.get(slo.key(name), math.nan):>12.1f}"
         row += "  met" if e.meets_slo else "  missed"
         lines.append(row)
+    capped = [e for e in result.ranked if e.rate_is_lower_bound]
+    if capped:
+        lines.append(f"({len(capped)} met the SLO at the highest rate searched, marked >=: their limits "
+                     "are higher; raise --rate-range HIGH)")
     if result.best is not None:
         b = result.best
         lines += ["", f"Best: {b.candidate.label()} on {b.num_gpus} GPUs",

@@ -79,12 +79,16 @@ class Evaluated:
     # Why the run was stopped early (kvsched.tune.guard): the SLO was surely
     # missed; the metrics are then empty.
     stopped: str | None = None
+    # --find-max-rate: the SLO was met at the grid's highest rate, so the
+    # deployment's own limit is at least ``rate``, maybe more.
+    rate_is_lower_bound: bool = False
 
     def to_json(self, model: str) -> dict[str, Any]:
         return {"label": self.candidate.label(), "candidate": self.candidate.to_json(),
                 "num_gpus": self.num_gpus, "rate": self.rate, "meets_slo": self.meets_slo,
                 "slack_ms": self.slack_ms, "goodput_per_gpu": self.goodput_per_gpu,
                 "cost_per_mtok": self.cost_per_mtok, "stopped_early": self.stopped,
+                "rate_is_lower_bound": self.rate_is_lower_bound,
                 "simulate_args": self.argv,
                 "vllm_serve": self.candidate.vllm_serve(model), "metrics": self.metrics}
 
@@ -127,6 +131,11 @@ class Problem:
                 out += ["--time-scale", repr(self.base_rate / rate)]
         return out
 
+    def reproduce(self, c: Candidate, rate: float | None) -> list[str]:
+        """The ``kvsched simulate`` arguments that reproduce an answer, the
+        SLOs included as ``--goodput`` (so the request goodput shows)."""
+        return [*self.argv(c, rate), "--goodput", *(f"{n}:{t:g}" for n, t in self.slo.targets)]
+
     def job(self, c: Candidate, rate: float | None) -> Job:
         return Job(tuple(self.argv(c, rate)), self.slo.percentiles(),
                    tuple((name, target) for name, target in self.slo.targets), self.workload_digest,
@@ -134,7 +143,7 @@ class Problem:
 
     def evaluated(self, c: Candidate, rate: float | None, result: Mapping[str, Any]) -> Evaluated:
         if "missed" in result:
-            return Evaluated(c, rate, self.argv(c, rate), {}, int(result["num_gpus"]), False,
+            return Evaluated(c, rate, self.reproduce(c, rate), {}, int(result["num_gpus"]), False,
                              {name: -math.inf for name, _ in self.slo.targets}, 0.0, None,
                              str(result["missed"]))
         metrics = dict(result["metrics"])
@@ -143,7 +152,7 @@ class Problem:
         price = self.prices.get(c.hardware)
         out_tput = float(metrics.get("output_throughput", 0.0))
         cost = (price * gpus / (out_tput * 3600) * 1e6 if price is not None and out_tput > 0 else None)
-        return Evaluated(c, rate, self.argv(c, rate), metrics, gpus, self.slo.met(metrics),
+        return Evaluated(c, rate, self.reproduce(c, rate), metrics, gpus, self.slo.met(metrics),
                          self.slo.slack(metrics), goodput, cost)
 
     def score(self, e: Evaluated) -> tuple[float, ...]:
@@ -307,6 +316,7 @@ def search(problem: Problem, candidates: Sequence[Candidate], runner: Runner,
                 failed.append((c, str(result["error"])))
                 continue
             known = problem.evaluated(c, rates[k], result)
+        known.rate_is_lower_bound = lo[i] == len(rates) - 1
         answers.append(known)
     return answers, failed
 

@@ -174,3 +174,30 @@ def test_job_keys_differ_by_what_changes_results() -> None:
     assert a.key("v") == Job(("--model", "x"), (99.0,), (("ttft", 1.0),)).key("v")
     assert a.key("v") != a.key("w")
     assert a.key("v") != Job(("--model", "x"), (99.0,), (("ttft", 1.0),), "digest").key("v")
+
+
+def test_a_rate_at_the_top_of_the_grid_is_a_lower_bound(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.json"
+    assert main(["tune", "--max-gpus", "1", *WORKLOAD, "--request-rate", "2", "--slo", "ttft:100000",
+                 "--find-max-rate", "--rate-range", "1", "2", "--rate-steps", "1", "--max-num-seqs",
+                 "default", "--max-num-batched-tokens", "default", "--no-cache", "--workers", "1",
+                 "--no-progress", "--save-result", str(out)]) == 2
+    assert "give one rate" in capsys.readouterr().err
+    assert main(["tune", "--max-gpus", "1", *WORKLOAD, "--slo", "ttft:100000", "--find-max-rate",
+                 "--rate-range", "1", "2", "--rate-steps", "1", "--max-num-seqs", "default",
+                 "--max-num-batched-tokens", "default", "--no-cache", "--workers", "1", "--no-progress",
+                 "--save-result", str(out)]) == 0
+    printed = capsys.readouterr().out
+    best = json.loads(out.read_text())["best"]
+    assert best["rate_is_lower_bound"] is True and best["rate"] == 2.0  # 2 x the workload's 1 req/s
+    assert ">=2" in printed and "raise --rate-range HIGH" in printed
+    assert best["simulate_args"][-2:] == ["--goodput", "ttft:100000"]
+
+
+def test_a_bad_save_result_path_fails_before_simulating(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--max-gpus", "1", *WORKLOAD, "--slo", "ttft:300", "--no-cache", "--workers",
+                 "1", "--no-progress", "--save-result", str(tmp_path / "missing" / "t.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--save-result" in err[0]
