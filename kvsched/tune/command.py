@@ -327,7 +327,7 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
                      "are higher; raise --rate-range HIGH)")
     if result.best is not None:
         b = result.best
-        lines += ["", f"Best: {b.candidate.label()} on {b.num_gpus} GPUs",
+        lines += ["", f"Best: {b.candidate.label()} on {b.num_gpus} GPU{'s' if b.num_gpus > 1 else ''}",
                   f"  {b.candidate.vllm_serve(problem.model)}",
                   f"  reproduce: kvsched simulate {shlex.join(b.argv)}"]
         if len(result.pareto) > 1:
@@ -340,5 +340,6 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
         misses = ", ".join(f"{stat} {n} {c.metrics.get(slo.key(n), math.nan):.0f} ms > {t:g}"
                            for (n, t), s in zip(slo.targets, c.slack_ms.values()) if s < 0)
         lines += ["", f"No deployment meets the SLO; the closest is {c.candidate.label()} on "
-                      f"{c.num_gpus} GPUs ({misses})", f"  {c.candidate.vllm_serve(problem.model)}"]
+                      f"{c.num_gpus} GPU{'s' if c.num_gpus > 1 else ''} ({misses})",
+                  f"  {c.candidate.vllm_serve(problem.model)}"]
     return "\n".join(lines)

@@ -4,6 +4,7 @@ combination of hardware, parallelism and scheduler settings, each written as
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
@@ -159,7 +160,9 @@ class SearchSpace:
 def check_space_values(name: str, values: Sequence[object], where: str) -> tuple[Any, ...]:
     """A dimension's values from a flag or a space file, checked."""
     if name not in DIMENSIONS:
-        raise ValueError(f"{where}: unknown dimension {name!r}; choose from {', '.join(DIMENSIONS)}")
+        close = difflib.get_close_matches(name, list(DIMENSIONS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"{where}: unknown dimension {name!r}; {hint}choose from {', '.join(DIMENSIONS)}")
     if not isinstance(values, list | tuple) or not values:
         raise ValueError(f"{where}: {name} must be a non-empty list of values")
     out: list[Any] = []

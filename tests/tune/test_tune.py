@@ -201,3 +201,20 @@ def test_a_bad_save_result_path_fails_before_simulating(tmp_path: Path,
                  "1", "--no-progress", "--save-result", str(tmp_path / "missing" / "t.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--save-result" in err[0]
+
+
+def test_a_space_file_sets_dimensions_and_names_a_misspelling(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("tensor_parallel_size: [1]\ndata_parallel_size: [1]\nmax_num_seqs: [default, 4]\n"
+                     "max_num_batched_tokens: [default]\nkv_cache_dtype: [auto, fp8]\n")
+    out = tmp_path / "t.json"
+    assert main(["tune", "--max-gpus", "2", *WORKLOAD, "--slo", "ttft:100000", "--space", str(space),
+                 "--no-cache", "--workers", "1", "--no-progress", "--save-result", str(out)]) == 0
+    labels = sorted(e["label"] for e in json.loads(out.read_text())["ranked"])
+    assert labels == ["h100-sxm TP1", "h100-sxm TP1 kv fp8", "h100-sxm TP1 seqs 4",
+                      "h100-sxm TP1 seqs 4 kv fp8"]
+    space.write_text("max_num_seq: [4]\n")
+    assert main(["tune", "--max-gpus", "2", *WORKLOAD, "--slo", "ttft:300", "--space", str(space),
+                 "--no-cache", "--workers", "1", "--no-progress"]) == 2
+    assert "did you mean 'max_num_seqs'?" in capsys.readouterr().err
