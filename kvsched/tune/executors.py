@@ -5,6 +5,7 @@ result does not depend on where it ran."""
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import shutil
 import socket
@@ -29,7 +30,11 @@ class LocalExecutor:
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers or os.cpu_count() or 1
-        self.pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
+        # Workers come from a fork server, not a fork of this process: a fork
+        # copies this process's threads' locks mid-use (a Ray client, a
+        # progress thread) and the child can hang on one.
+        self.pool = (ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"))
+                     if self.workers > 1 else None)
 
     def run(self, jobs: Sequence[Job]) -> Iterator[dict[str, Any]]:
         if self.pool is None:
@@ -86,8 +91,12 @@ class RayExecutor:
         given = 0
         try:
             for ref in refs:
-                yield self.ray.get(ref)
+                result = self.ray.get(ref)
+                # Counted before the yield: a caller that stops reading right
+                # after the last result (zip does) must not cancel a task
+                # that has finished (Ray 2.60 aborts the process on that race).
                 given += 1
+                yield result
         finally:
             # Interrupted (Ctrl-C), a job failed or the caller stopped reading:
             # do not leave the rest running.
