@@ -124,94 +124,26 @@ def main() -> None:
     print(json.dumps(st))
     isl, osl = round(st["isl_mean"]), round(st["osl_mean"])
     rate = round(st["mean_rate"], 2)
-    slo = ["--ttft", str(TTFT_MS), "--tpot", str(TPOT_MS)]
+    def question(model: str, sysname: str, isl: int, osl: int) -> list[str]:
+        """The flags every run shares: model, GPU, lengths, SLOs."""
+        return ["--model", model, "--system", sysname, "--backend", "vllm", "--isl", str(isl),
+                "--osl", str(osl), "--ttft", str(TTFT_MS), "--tpot", str(TPOT_MS), "--top-n", "5"]
+
+    budget = ["--total-gpus", str(MAX_GPUS), "--serving-mode", "auto"]
     runs = []
     for sysname in SYSTEMS:
         for prec, model in MODELS.items():
-            base = [
-                "--model",
-                model,
-                "--system",
-                sysname,
-                "--backend",
-                "vllm",
-                "--isl",
-                str(isl),
-                "--osl",
-                str(osl),
-                *slo,
-                "--top-n",
-                "5",
-            ]
-            runs.append(
-                run(
-                    out,
-                    f"{sysname}_{prec}_default",
-                    ["default", *base, "--total-gpus", str(MAX_GPUS), "--serving-mode", "auto"],
-                )
-            )
-            runs.append(
-                run(
-                    out,
-                    f"{sysname}_{prec}_recommend",
-                    ["recommend", *base, "--target-request-rate", str(rate)],
-                )
-            )
+            base = question(model, sysname, isl, osl)
+            runs.append(run(out, f"{sysname}_{prec}_default", ["default", *base, *budget]))
+            runs.append(run(out, f"{sysname}_{prec}_recommend",
+                            ["recommend", *base, "--target-request-rate", str(rate)]))
         # sensitivity: the trace's median lengths instead of its means (bf16 only)
-        runs.append(
-            run(
-                out,
-                f"{sysname}_bf16_default_median",
-                [
-                    "default",
-                    "--model",
-                    MODELS["bf16"],
-                    "--system",
-                    sysname,
-                    "--backend",
-                    "vllm",
-                    "--isl",
-                    str(int(st["isl_median"])),
-                    "--osl",
-                    str(int(st["osl_median"])),
-                    *slo,
-                    "--top-n",
-                    "5",
-                    "--total-gpus",
-                    str(MAX_GPUS),
-                    "--serving-mode",
-                    "auto",
-                ],
-            )
-        )
+        median = question(MODELS["bf16"], sysname, int(st["isl_median"]), int(st["osl_median"]))
+        runs.append(run(out, f"{sysname}_bf16_default_median", ["default", *median, *budget]))
         # finer max-num-batched-tokens grid (AIC's --enable-chunked-prefill), bf16 only
-        runs.append(
-            run(
-                out,
-                f"{sysname}_bf16_default_chunked",
-                [
-                    "default",
-                    "--model",
-                    MODELS["bf16"],
-                    "--system",
-                    sysname,
-                    "--backend",
-                    "vllm",
-                    "--isl",
-                    str(isl),
-                    "--osl",
-                    str(osl),
-                    *slo,
-                    "--top-n",
-                    "5",
-                    "--total-gpus",
-                    str(MAX_GPUS),
-                    "--serving-mode",
-                    "auto",
-                    "--enable-chunked-prefill",
-                ],
-            )
-        )
+        runs.append(run(out, f"{sysname}_bf16_default_chunked",
+                        ["default", *question(MODELS["bf16"], sysname, isl, osl), *budget,
+                         "--enable-chunked-prefill"]))
     (out / "summary.json").write_text(json.dumps({"trace": st, "runs": runs}, indent=1))
     print(f"wrote {out / 'summary.json'}")
 

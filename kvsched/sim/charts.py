@@ -305,14 +305,19 @@ def svg_chart(chart_id: str, series: Sequence[Series], x_axis: Axis, y_axis: Axi
                        f'stroke="{esc(s.color)}" stroke-width="2" stroke-linejoin="round"{dash}>'
                        f'{label}</polyline>')
     out.append("</g>")
-    if not series:
+    return _close_chart(out, bool(series), left, top, pw, ph, height, x_axis.label, y_axis.label)
+
+
+def _close_chart(out: list[str], has_data: bool, left: float, top: float, pw: float, ph: float,
+                 height: float, x_label: str, y_label: str) -> str:
+    """The end every chart shares: "no data" when empty, the axis labels."""
+    if not has_data:
         out.append(f'<text class="empty" x="{left + pw / 2:.1f}" y="{top + ph / 2:.1f}" '
                    f'text-anchor="middle">no data</text>')
-    # Axis labels.
     out.append(f'<text class="axis-label" x="{left + pw / 2:.1f}" y="{height - 8:.1f}" '
-               f'text-anchor="middle">{esc(x_axis.label)}</text>')
+               f'text-anchor="middle">{esc(x_label)}</text>')
     out.append(f'<text class="axis-label" transform="translate(16 {top + ph / 2:.1f}) rotate(-90)" '
-               f'text-anchor="middle">{esc(y_axis.label)}</text>')
+               f'text-anchor="middle">{esc(y_label)}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -740,12 +745,4 @@ def scatter_chart(chart_id: str, marks: Sequence[Mark], x_axis: Axis, y_axis: Ax
         out.append(f'<text class="callout-label" x="{px - 14 if flip else px + 14:.1f}" y="{ty:.1f}" '
                    f'text-anchor="{"end" if flip else "start"}">{esc(text)}</text>')
     out.append("</g>")
-    if not marks:
-        out.append(f'<text class="empty" x="{left + pw / 2:.1f}" y="{top + ph / 2:.1f}" '
-                   f'text-anchor="middle">no data</text>')
-    out.append(f'<text class="axis-label" x="{left + pw / 2:.1f}" y="{height - 8:.1f}" '
-               f'text-anchor="middle">{esc(x_axis.label)}</text>')
-    out.append(f'<text class="axis-label" transform="translate(16 {top + ph / 2:.1f}) rotate(-90)" '
-               f'text-anchor="middle">{esc(y_axis.label)}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+    return _close_chart(out, bool(marks), left, top, pw, ph, height, x_axis.label, y_axis.label)
