@@ -27,7 +27,7 @@ from kvsched.sim.command import (
     check_output_path,
     resolve_workload_args,
 )
-from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS
+from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
 from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.results import json_safe
 from kvsched.tune.evaluate import ResultCache, file_digest, simulate_parser
@@ -51,6 +51,8 @@ DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "kvsched", "tune
 # Engine flags every candidate shares (not searched), as simulate names them.
 FIXED_ENGINE = ("max_model_len", "dtype", "quantization", "step_time_backend",
                 "gpu_memory_utilization", "block_size", "calibration")
+# vLLM's defaults, as EngineOptions (kvsched simulate's flags) holds them.
+ENGINE_DEFAULTS = {k: getattr(EngineOptions(), k) for k in FIXED_ENGINE}
 
 
 def add_tune_parser(sub: Any) -> None:
@@ -92,11 +94,12 @@ def add_tune_parser(sub: Any) -> None:
     s.add_argument("--admission-policy", nargs="+")
     e = p.add_argument_group("engine settings every candidate shares")
     e.add_argument("--max-model-len", type=int)
-    e.add_argument("--dtype", default="bf16")
+    d = EngineOptions()
+    e.add_argument("--dtype", default=d.dtype)
     e.add_argument("--quantization", "-q", choices=list(QUANTIZATIONS))
-    e.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default="auto")
-    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default=d.step_time_backend)
+    e.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+    e.add_argument("--block-size", type=int, default=d.block_size)
     e.add_argument("--calibration", metavar="FILE")
     add_workload_arguments(p)
     x = p.add_argument_group("execution and output")
@@ -242,7 +245,9 @@ def run_tune(args: argparse.Namespace) -> int:
     if not math.isfinite(base_rate):
         base_rate = 1.0  # random prompts at an infinite rate: the grid starts from 1 req/s
     model = get_model(args.model)
-    engine = {k: getattr(args, k) for k in FIXED_ENGINE if getattr(args, k) is not None}
+    # Only what differs from the defaults: the reproducing lines stay short.
+    engine = {k: getattr(args, k) for k in FIXED_ENGINE
+              if getattr(args, k) is not None and getattr(args, k) != ENGINE_DEFAULTS.get(k)}
     engine_flags: list[str] = []
     for k, v in engine.items():
         engine_flags += [f"--{k.replace('_', '-')}", str(v)]

@@ -56,19 +56,7 @@ class Candidate:
             parts += ["--data-parallel-size", str(self.data_parallel_size)]
         if self.enable_expert_parallel:
             parts.append("--enable-expert-parallel")
-        # vLLM's defaults are not spelled out: the line stays short.
-        if self.max_num_seqs is not None:
-            parts += ["--max-num-seqs", str(self.max_num_seqs)]
-        if self.max_num_batched_tokens is not None:
-            parts += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
-        if not self.enable_chunked_prefill:
-            parts.append("--no-enable-chunked-prefill")
-        if not self.enable_prefix_caching:
-            parts.append("--no-enable-prefix-caching")
-        if self.kv_cache_dtype != "auto":
-            parts += ["--kv-cache-dtype", self.kv_cache_dtype]
-        if self.scheduling_policy != "fcfs":
-            parts += ["--scheduling-policy", self.scheduling_policy]
+        parts += _serve_flags(self)  # vLLM's defaults are not spelled out
         line = shlex.join(parts)
         if self.admission_policy == "balance":
             line += "  # plus seed 001's balance-scheduling patch (not in vLLM 0.33)"
@@ -108,14 +96,21 @@ class Candidate:
 
 
 def _serve_flags(c: Candidate) -> list[str]:
+    """The scheduler and cache flags that differ from vLLM's defaults (which
+    are ``kvsched simulate``'s too): the same words on both command lines."""
     flags: list[str] = []
     if c.max_num_seqs is not None:
         flags += ["--max-num-seqs", str(c.max_num_seqs)]
     if c.max_num_batched_tokens is not None:
         flags += ["--max-num-batched-tokens", str(c.max_num_batched_tokens)]
-    flags.append("--enable-chunked-prefill" if c.enable_chunked_prefill else "--no-enable-chunked-prefill")
-    flags.append("--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching")
-    flags += ["--kv-cache-dtype", c.kv_cache_dtype, "--scheduling-policy", c.scheduling_policy]
+    if not c.enable_chunked_prefill:
+        flags.append("--no-enable-chunked-prefill")
+    if not c.enable_prefix_caching:
+        flags.append("--no-enable-prefix-caching")
+    if c.kv_cache_dtype != "auto":
+        flags += ["--kv-cache-dtype", c.kv_cache_dtype]
+    if c.scheduling_policy != "fcfs":
+        flags += ["--scheduling-policy", c.scheduling_policy]
     return flags
 
 
