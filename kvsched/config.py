@@ -9,6 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICIES = ("fcfs", "priority")
+# The bound on a step's sequences and tokens (max_num_seqs,
+# max_num_batched_tokens) and on a sequence's tokens (max_model_len) that
+# every input - a flag, a scenario file - is checked against: 2**24. No GPU
+# holds the activations of that many tokens in one step, and no model's
+# context is that long (the longest published is 10M tokens).
+MAX_STEP_LIMIT = 2**24
 
 
 def _fail(field: str, value: object, rule: str, fix: str) -> ValueError:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TextIO
 
-from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.config import MAX_STEP_LIMIT, CacheConfig, SchedulerConfig
 from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
 from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
@@ -51,13 +51,8 @@ MAX_STEPS_LIMIT = 10**7
 # measured): 2**21 blocks cost about 100 MB and 0.2 s to build, and hold 33M
 # tokens at block size 16, more than any single GPU's cache.
 NUM_GPU_BLOCKS_LIMIT = 2**21
-# Token counts (max_model_len, the token budget, the long-prefill threshold):
-# 16.7M tokens, above the longest context any model ships (10M).
-TOKEN_COUNT_LIMIT = 2**24
 # vLLM's attention backends use blocks of at most a few hundred tokens.
 BLOCK_SIZE_LIMIT = 2**16
-# Sequences in a batch: vLLM's default is 256 to 1024.
-MAX_NUM_SEQS_LIMIT = 2**20
 # Token ids, max_tokens, min_tokens, priority: int32, as vLLM's tensors and
 # protocol hold them (no vocabulary reaches 2**31).
 INT32_LIMIT = 2**31
@@ -296,14 +291,14 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
     cc = c.obj(top["cache"], "cache", CACHE_KEYS, "the KV cache's settings")
     d = _SCHEDULER_DEFAULTS
     why_tokens = " (no model's context is that long)"
-    max_model_len = c.integer(sc, "max_model_len", "scheduler", 1, TOKEN_COUNT_LIMIT, why_tokens,
+    max_model_len = c.integer(sc, "max_model_len", "scheduler", 1, MAX_STEP_LIMIT, why_tokens,
                               d["max_model_len"])
-    budget = c.integer(sc, "max_num_batched_tokens", "scheduler", 1, TOKEN_COUNT_LIMIT, why_tokens,
+    budget = c.integer(sc, "max_num_batched_tokens", "scheduler", 1, MAX_STEP_LIMIT, why_tokens,
                        d["max_num_batched_tokens"])
-    seqs = c.integer(sc, "max_num_seqs", "scheduler", 1, MAX_NUM_SEQS_LIMIT, "",
+    seqs = c.integer(sc, "max_num_seqs", "scheduler", 1, MAX_STEP_LIMIT, "",
                      d["max_num_seqs"])
     threshold = c.integer(sc, "long_prefill_token_threshold", "scheduler", 0,
-                          TOKEN_COUNT_LIMIT, why_tokens, d["long_prefill_token_threshold"])
+                          MAX_STEP_LIMIT, why_tokens, d["long_prefill_token_threshold"])
     policy = sc.get("policy", d["policy"])
     if policy not in ("fcfs", "priority"):
         c.fail("scheduler.policy", policy, "unknown scheduling policy", "use \"fcfs\" or \"priority\"")

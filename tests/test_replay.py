@@ -412,6 +412,8 @@ WRONG_VALUES: list[tuple[str, str, Any, str]] = [
     ("request", "ignore_eos", 0, "requests[0].ignore_eos=0: must be true or false"),
     ("request", "request_id", "", "requests[0].request_id='': must be a non-empty string"),
     ("scheduler", "max_num_seqs", -4, "scheduler.max_num_seqs=-4: must be >= 1"),
+    # The bound kvsched simulate's --max-num-seqs shares (kvsched.config.MAX_STEP_LIMIT).
+    ("scheduler", "max_num_seqs", 2**24 + 1, "scheduler.max_num_seqs=16777217: must be <= 2**24"),
     ("scheduler", "max_model_len", 2**40, "scheduler.max_model_len=1099511627776: must be <= 2**24"),
     ("scheduler", "max_num_batched_tokens", None, "scheduler.max_num_batched_tokens=null"),
     ("scheduler", "long_prefill_token_threshold", -1, "scheduler.long_prefill_token_threshold=-1"),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvsched.config import (
+    MAX_STEP_LIMIT,
     CacheConfig,
     SchedulerConfig,
     check_gpu_memory_utilization,
@@ -52,10 +53,6 @@ MAX_NUM_GPU_BLOCKS = 2**24
 # deployments run (a few hundred ranks); each is a whole scheduler and KV
 # cache in the simulator.
 MAX_DATA_PARALLEL_SIZE = 1024
-# Per-step limits (--max-num-seqs, --max-num-batched-tokens): 2**24. No GPU
-# holds the activations of that many tokens in one step; above it the memory
-# arithmetic only gets further from anything vLLM would start with.
-MAX_STEP_LIMIT = 2**24
 
 
 def device_info(hardware: Hardware, parallel: ParallelConfig) -> DeviceInfo:
