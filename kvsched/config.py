@@ -69,8 +69,15 @@ class SchedulerConfig:
     max_long_partial_prefills: int = 1
     policy: str = "fcfs"
     scheduler_reserve_full_isl: bool = True
+    # vLLM's AsyncScheduler: step N+1 is scheduled before step N's tokens are
+    # known (output placeholders). vLLM turns it on by default on GPUs; the
+    # scheduler core defaults to the synchronous one, as vLLM's class does.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
+        if type(self.async_scheduling) is not bool:
+            raise _fail("async_scheduling", self.async_scheduling, "must be True or False",
+                        "pass a bool")
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
                      "max_num_partial_prefills", "max_long_partial_prefills"):
             _require_positive(name, getattr(self, name))
@@ -122,3 +129,97 @@ class CacheConfig:
             raise _fail("num_gpu_blocks", self.num_gpu_blocks,
                         "one block is vLLM's reserved null block, so no KV would fit",
                         "use at least 2 blocks")
+
+
+# Speculative methods the scheduler knows. ``ngram`` and ``ngram_gpu`` propose
+# drafts without a drafter model (no KV of their own); ``eagle``, ``eagle3``
+# and ``mtp`` run a drafter on the target's hidden states and reserve KV
+# slots for its K positions (vLLM's ``num_lookahead_tokens``).
+SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "eagle", "eagle3", "mtp")
+_DRAFTER_METHODS = ("eagle", "eagle3", "mtp")
+# vLLM caps num_speculative_tokens far below this; it only bounds input.
+MAX_SPECULATIVE_TOKENS = 64
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeConfig:
+    """vLLM's ``--speculative-config``: the method and K, the draft tokens
+    proposed per step. ``prompt_lookup_min``/``prompt_lookup_max`` are the
+    n-gram proposer's match lengths (None: vLLM's defaults, see
+    :meth:`ngram_lookup`)."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise _fail("speculative_config.method", self.method, "unknown speculative method",
+                        f"use one of {', '.join(SPECULATIVE_METHODS)}")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise _fail("speculative_config.num_speculative_tokens", k,
+                        f"must be an integer in [1, {MAX_SPECULATIVE_TOKENS}]",
+                        "give the number of draft tokens proposed per step, e.g. 3")
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise _fail(f"speculative_config.{name}", v, "must be an integer >= 1",
+                            "leave it unset for vLLM's default")
+        if self.method not in ("ngram", "ngram_gpu") and (
+                self.prompt_lookup_min is not None or self.prompt_lookup_max is not None):
+            raise _fail("speculative_config.method", self.method,
+                        "prompt_lookup_min/max apply to the n-gram proposer only",
+                        "drop them or use method 'ngram'")
+        lo, hi = self.ngram_lookup()
+        if lo > hi:
+            raise _fail("speculative_config.prompt_lookup_min", lo,
+                        f"exceeds prompt_lookup_max ({hi})", "lower it")
+
+    def ngram_lookup(self) -> tuple[int, int]:
+        """(min, max) n-gram lengths, vLLM's defaults filled in: one given
+        sets both, none gives 5 and 5 (vllm/config/speculative.py)."""
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is None and hi is None:
+            return 5, 5
+        if lo is None:
+            assert hi is not None
+            return hi, hi
+        if hi is None:
+            return lo, lo
+        return lo, hi
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots reserved past the scheduled tokens for the drafter's own
+        positions: K for drafter-model methods, 0 for n-gram."""
+        return self.num_speculative_tokens if self.method in _DRAFTER_METHODS else 0
+
+    @property
+    def uses_drafter(self) -> bool:
+        return self.method in _DRAFTER_METHODS
+
+
+def check_speculative_with_async(speculative: SpeculativeConfig | None, async_scheduling: bool) -> None:
+    """vLLM 0.33 refuses the CPU n-gram proposer with async scheduling
+    (VllmConfig.__post_init__, V1 model runner); ``ngram_gpu`` is its
+    async-capable twin."""
+    if speculative is not None and async_scheduling and speculative.method == "ngram":
+        raise _fail("speculative_config.method", "ngram",
+                    "vLLM 0.33 does not run the CPU n-gram proposer with async scheduling",
+                    "use method 'ngram_gpu', or turn async scheduling off")
+
+
+@dataclass(slots=True, frozen=True)
+class LoRAConfig:
+    """vLLM's LoRA settings the scheduler reads: at most ``max_loras``
+    distinct adapters among the running requests."""
+
+    max_loras: int = 1
+
+    def __post_init__(self) -> None:
+        m = self.max_loras
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 2**16 - 1:
+            raise _fail("max_loras", m, "must be an integer in [1, 65535]",
+                        "give the number of adapters that may run in one batch")

@@ -19,12 +19,27 @@ import difflib
 import json
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TextIO
 
-from kvsched.config import MAX_STEP_LIMIT, CacheConfig, SchedulerConfig
-from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
+from kvsched.config import (
+    MAX_SPECULATIVE_TOKENS,
+    MAX_STEP_LIMIT,
+    CacheConfig,
+    LoRAConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    check_speculative_with_async,
+)
+from kvsched.core.output import (
+    CachedRequestData,
+    DraftTokenIds,
+    EngineCoreOutputs,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
@@ -84,8 +99,11 @@ REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "i
                 "sampled_token_ids", "accepted_drafts", "proposed_drafts", "lora_id", "rank")
 ABORT_KEYS = ("step", "request_ids")
 SPECULATIVE_KEYS = ("num_speculative_tokens", "method")
+# The oracle's methods: no drafter model, so no KV slots of their own.
 SPEC_METHODS = ("ngram", "ngram_gpu")
-NOT_YET = "not supported yet by kvsched replay (a later issue)"
+# vLLM's engine keeps this many batches in its queue under async scheduling
+# (VllmConfig.max_concurrent_batches without pipeline parallelism).
+BATCH_QUEUE_SIZE = 2
 
 
 @dataclass(slots=True)
@@ -101,6 +119,10 @@ class Scenario:
     source: str = "scenario"
     # The DP lockstep corpus' rank count; replay() runs one scheduler.
     data_parallel_size: int = 1
+    # The optional features: drafts with scripted acceptance, the LoRA cap.
+    # (Async scheduling is scheduler_config.async_scheduling.)
+    speculative_config: SpeculativeConfig | None = None
+    lora_config: LoRAConfig | None = None
 
 
 @dataclass(slots=True)
@@ -283,7 +305,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
     max_steps = c.integer(top, "max_steps", "", 1, MAX_STEPS_LIMIT,
                           " (the replay runs every step up to the last arrival or abort)",
                           DEFAULT_MAX_STEPS)
-    _check_features(c, top)
+    use_async, speculative, lora = _check_features(c, top)
 
     sc = c.obj(top.get("scheduler", {}), "scheduler", SCHEDULER_KEYS, "the scheduler's settings")
     if "cache" not in top:
@@ -308,7 +330,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=budget, max_num_seqs=seqs, max_model_len=max_model_len,
             enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
-            policy=policy, scheduler_reserve_full_isl=reserve)
+            policy=policy, scheduler_reserve_full_isl=reserve, async_scheduling=use_async)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{source}: scheduler.{e}") from None
 
@@ -343,7 +365,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
                "write it as [{\"request_id\": ..., \"prompt_token_ids\": [...], \"max_tokens\": N}, ...]")
     seen: set[str] = set()
     for i, r in enumerate(requests):
-        rid = _check_request(c, r, f"requests[{i}]", max_steps, max_model_len, dp)
+        rid = _check_request(c, r, f"requests[{i}]", max_steps, max_model_len, dp, lora is not None)
         if rid in seen:
             c.fail(f"requests[{i}].request_id", rid, "duplicate id", "request ids must be unique")
         seen.add(rid)
@@ -369,32 +391,37 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
                 c.fail(f"{where}.request_ids[{j}]", x, f"is not a string request id but {_type_name(x)}",
                        "request ids are strings")
         aborts.setdefault(step, []).extend(ids)
-    return Scenario(scheduler_config, cache_config, requests, aborts, max_steps, interval, source, dp)
+    return Scenario(scheduler_config, cache_config, requests, aborts, max_steps, interval, source, dp,
+                    speculative, lora)
 
 
-def _check_features(c: _Checker, top: Mapping[str, Any]) -> None:
-    """The oracle's optional features (SCENARIO_FORMAT.md) are checked, and
-    refused when switched on: kvsched replay does not model them yet."""
-    if c.boolean(top, "async_scheduling", "", False):
-        c.fail("async_scheduling", True, f"vLLM's AsyncScheduler is {NOT_YET}",
-               "remove the key (or set it to false) to replay with the synchronous scheduler")
+def _check_features(c: _Checker, top: Mapping[str, Any]
+                    ) -> tuple[bool, SpeculativeConfig | None, LoRAConfig | None]:
+    """The oracle's optional features (SCENARIO_FORMAT.md): async
+    scheduling, speculative decoding with an n-gram method, the LoRA cap."""
+    use_async = c.boolean(top, "async_scheduling", "", False)
+    speculative = None
     spec = top.get("speculative")
     if spec is not None:
         spec = c.obj(spec, "speculative", SPECULATIVE_KEYS, "speculative decoding's settings")
-        c.integer(spec, "num_speculative_tokens", "speculative", 1, 1023)
-        method = spec.get("method", "ngram")
+        k = c.integer(spec, "num_speculative_tokens", "speculative", 1, MAX_SPECULATIVE_TOKENS)
+        method = spec.get("method", "ngram_gpu" if use_async else "ngram")
         if method not in SPEC_METHODS:
-            c.fail("speculative.method", method, "unknown method", "use \"ngram\" or \"ngram_gpu\"")
-        c.fail("speculative", spec, f"speculative decoding is {NOT_YET}",
-               "remove the key (or set it to null) to replay without drafts")
+            c.fail("speculative.method", method, "unknown method (the oracle scripts drafts without "
+                   "a drafter model)", "use \"ngram\" or \"ngram_gpu\"")
+        speculative = SpeculativeConfig(method=method, num_speculative_tokens=k)
+        try:
+            check_speculative_with_async(speculative, use_async)
+        except ValueError as e:
+            raise ValueError(f"{c.source}: {e}") from None
+    lora = None
     if "max_loras" in top:
-        c.integer(top, "max_loras", "", 1, 2**16 - 1)
-        c.fail("max_loras", top["max_loras"], f"LoRA adapters are {NOT_YET}",
-               "remove max_loras (and the requests' lora_id) to replay with the base model")
+        lora = LoRAConfig(max_loras=c.integer(top, "max_loras", "", 1, 2**16 - 1))
+    return use_async, speculative, lora
 
 
 def _check_request(c: _Checker, value: object, where: str, max_steps: int, max_model_len: int,
-                   dp: int) -> str:
+                   dp: int, lora_enabled: bool) -> str:
     r = c.obj(value, where, REQUEST_KEYS, "a request")
     if "request_id" not in r:
         c.missing(f"{where}.request_id", "give each request a unique string id")
@@ -436,16 +463,14 @@ def _check_request(c: _Checker, value: object, where: str, max_steps: int, max_m
                    f"give a number in [0, {ARRIVAL_TIME_LIMIT:g}]")
     c.integer(r, "rank", where, 0, dp - 1, f" (below data_parallel_size={dp})", 0)
     for key in ("accepted_drafts", "proposed_drafts"):
-        drafts = c.tokens(r, key, where, what="draft counts")
-        if drafts:
-            c.fail(_join(where, key), drafts, f"speculative decoding is {NOT_YET}",
-                   "remove the key to replay without drafts")
+        # Counts per verification / proposal; each is clamped to [0, drafts].
+        c.tokens(r, key, where, what="draft counts")
     lora = r.get("lora_id")
     if lora is not None:
         lora = c.integer(r, "lora_id", where, 0, INT32_LIMIT - 1)
-        if lora:
-            c.fail(f"{where}.lora_id", lora, f"LoRA adapters are {NOT_YET}",
-                   "remove lora_id (or set it to 0) to serve the request with the base model")
+        if lora and not lora_enabled:
+            c.fail(f"{where}.lora_id", lora, "needs LoRA: the scenario sets no max_loras",
+                   "add \"max_loras\": N at the top level, or set lora_id to 0")
     return rid
 
 
@@ -494,6 +519,7 @@ def make_request(spec: dict[str, Any]) -> Request:
         sampling_params=params,
         priority=spec.get("priority", 0),
         arrival_time=float(spec.get("arrival_time", spec.get("arrival_step", 0))),
+        lora_id=spec.get("lora_id") or 0,
     )
 
 
@@ -520,12 +546,96 @@ def check_requests(scenario: Scenario) -> None:
         raise ValueError(f"{source}: data_parallel_size={scenario.data_parallel_size}: kvsched replay "
                          "runs one scheduler; data-parallel scenarios are run by "
                          "tests/conformance/test_dp_lockstep.py (remove the key for one rank)")
-    sched = Scheduler(scenario.scheduler_config, scenario.cache_config)
+    sched = _build_scheduler(scenario)
     for i, spec in enumerate(scenario.requests):
         try:
             sched.check_request(make_request(spec))
         except ValueError as e:
             raise ValueError(f"{source}: requests[{i}]: {e}") from None
+
+
+def _build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | None = None,
+                     explain: bool = False) -> Scheduler:
+    try:
+        return Scheduler(scenario.scheduler_config, scenario.cache_config, admission_policy,
+                         explain_admission=explain, speculative_config=scenario.speculative_config,
+                         lora_config=scenario.lora_config)
+    except ValueError as e:
+        raise ValueError(f"{scenario.source}: {e}") from None
+
+
+# One scheduled request as the fake model saw it: id, the request, whether it
+# samples in this batch, drafts scheduled, admitted in this batch.
+_Entry = tuple[str, Request, bool, int, bool]
+
+
+class FakeModel:
+    """The scripted model runner and drafter of SCENARIO_FORMAT.md. A batch
+    is captured when scheduled and its output produced when the engine
+    collects it: at once (synchronous), or when it leaves the batch queue
+    (async scheduling)."""
+
+    __slots__ = ("specs", "num_verifications", "num_proposals")
+
+    def __init__(self, specs: dict[str, dict[str, Any]]) -> None:
+        self.specs = specs
+        self.num_verifications: dict[str, int] = {}
+        self.num_proposals: dict[str, int] = {}
+
+    @staticmethod
+    def capture(sched: Scheduler, output: SchedulerOutput) -> list[_Entry]:
+        admitted = {n.req_id for n in output.scheduled_new_reqs}
+        admitted |= output.scheduled_cached_reqs.resumed_req_ids
+        spec = output.scheduled_spec_decode_tokens
+        requests = sched.requests
+        return [(rid, requests[rid], not requests[rid].is_prefill_chunk, len(spec.get(rid, ())),
+                 rid in admitted) for rid in output.num_scheduled_tokens]
+
+    def _accepted(self, rid: str, num_drafts: int) -> int:
+        i = self.num_verifications.get(rid, 0)
+        self.num_verifications[rid] = i + 1
+        script = self.specs[rid].get("accepted_drafts") or ()
+        n = script[i] if i < len(script) else num_drafts
+        return max(0, min(n, num_drafts))
+
+    def output(self, batch: list[_Entry]) -> ModelRunnerOutput:
+        sampled: list[list[int]] = []
+        for rid, req, samples, num_drafts, admitted in batch:
+            if not samples:
+                sampled.append([])
+                continue
+            # Drafts of the step that admits a request are padding: never accepted.
+            accepted = self._accepted(rid, num_drafts) if num_drafts and not admitted else 0
+            n = len(req.output_token_ids)
+            spec = self.specs[rid]
+            sampled.append([next_token(spec, n + j) for j in range(1 + accepted)])
+        return ModelRunnerOutput([entry[0] for entry in batch], sampled)
+
+    def propose(self, batch: list[_Entry], k: int) -> DraftTokenIds:
+        """Drafts after a synchronous step: none for a request that sampled
+        nothing, else its next ``proposed_drafts`` entry (default and cap K)."""
+        drafts: list[list[int]] = []
+        for rid, req, samples, _, _ in batch:
+            if not samples:
+                drafts.append([])
+                continue
+            i = self.num_proposals.get(rid, 0)
+            self.num_proposals[rid] = i + 1
+            script = self.specs[rid].get("proposed_drafts") or ()
+            d = max(0, min(script[i] if i < len(script) else k, k))
+            n = len(req.output_token_ids)
+            drafts.append([next_token(self.specs[rid], n + j) for j in range(d)])
+        return DraftTokenIds([entry[0] for entry in batch], drafts)
+
+
+def record_ids(record: dict[str, Any]) -> list[str]:
+    """The scheduled request ids of a trace record, in order."""
+    return [rid for rid, _ in record["scheduled"]]
+
+
+def _empty_output() -> SchedulerOutput:
+    """The trace's view of an async step that called no schedule()."""
+    return SchedulerOutput([], CachedRequestData(), {}, 0, set(), set())
 
 
 StepHook = Callable[[int, SchedulerOutput, dict[str, Any], Scheduler], None]
@@ -552,7 +662,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     policy = admission_policy
     if policy is None and scenario.prefill_schedule_interval > 1:
         policy = PrefillCadence(scenario.prefill_schedule_interval)
-    sched = Scheduler(scenario.scheduler_config, scenario.cache_config, policy, explain_admission=explain)
+    sched = _build_scheduler(scenario, policy, explain)
     specs = {r["request_id"]: r for r in scenario.requests}
     arrivals: dict[int, list[dict[str, Any]]] = {}
     for r in scenario.requests:
@@ -561,6 +671,11 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     events = sorted({*arrivals, *aborts})
     last_event = max([*events, 0])
     max_steps = scenario.max_steps
+    use_async = scenario.scheduler_config.async_scheduling
+    use_spec = scenario.speculative_config is not None
+    model = FakeModel(specs)
+    # Async scheduling: vLLM's EngineCore.batch_queue, newest first.
+    batch_queue: deque[tuple[int, SchedulerOutput, list[_Entry]]] = deque()
     # A caller's policy or hook may count steps: those see every step.
     skip = skip_idle and on_step is None and admission_policy is None
     requests = sched.requests
@@ -569,11 +684,12 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     step = 0
     idle_tail: str | None = None  # the previous idle step's trace line after its step number
     scheduled_steps = 0
-    while step <= last_event or sched.has_unfinished_requests():
+    while step <= last_event or sched.has_unfinished_requests() or batch_queue:
         if step >= max_steps:
             raise RuntimeError(f"{scenario.source}: the scenario did not finish within "
                                f"max_steps={max_steps}")
-        quiet = step not in arrivals and step not in aborts and not sched.has_unfinished_requests()
+        quiet = (step not in arrivals and step not in aborts and not sched.has_unfinished_requests()
+                 and not batch_queue and not (use_async and sched.has_requests()))
         if quiet and idle_tail is not None and skip:
             # Up to the next event (there is one: step <= last_event here).
             stop = min(events[bisect.bisect_right(events, step)], max_steps)
@@ -591,24 +707,55 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
             sched.finish_requests(live)
             finished.extend([rid, "abort"] for rid in live)
 
-        t0 = perf()
-        output = sched.schedule()
-        t1 = perf()
-        scheduled_steps += 1
-        req_ids = list(output.num_scheduled_tokens)
-        sampled: list[list[int]] = []
-        for rid in req_ids:
-            req = requests[rid]
-            sampled.append([] if req.is_prefill_chunk
-                           else [next_token(specs[rid], len(req.output_token_ids))])
-        runner_output = ModelRunnerOutput(req_ids, sampled)
-        t2 = perf()
-        results = sched.update_from_output(output, runner_output).finished
-        t3 = perf()
-        seconds += (t1 - t0) + (t3 - t2)
+        processed: int | None = None
+        results: EngineCoreOutputs | None = None
+        output: SchedulerOutput | None = None
+        if not use_async:
+            # EngineCore.step(), then post_step() hands the drafts over.
+            t0 = perf()
+            output = sched.schedule()
+            t1 = perf()
+            scheduled_steps += 1
+            batch = model.capture(sched, output)
+            runner_output = model.output(batch)
+            t2 = perf()
+            results = sched.update_from_output(output, runner_output)
+            t3 = perf()
+            seconds += (t1 - t0) + (t3 - t2)
+            if use_spec and output.total_num_scheduled_tokens > 0:
+                drafts = model.propose(batch, output.num_spec_tokens_to_schedule)
+                t4 = perf()
+                sched.update_draft_token_ids(drafts)
+                seconds += perf() - t4
+        else:
+            # EngineCore.step_with_batch_queue(): schedule the next batch;
+            # collect the oldest once the queue is full or nothing is left
+            # to schedule.
+            pop = bool(batch_queue)
+            if sched.has_requests():
+                t0 = perf()
+                output = sched.schedule()
+                seconds += perf() - t0
+                scheduled_steps += 1
+                batch_queue.appendleft((step, output, model.capture(sched, output)))
+                pop = not (len(batch_queue) < BATCH_QUEUE_SIZE and (
+                    output.total_num_scheduled_tokens > 0 or sched.has_requests()))
+            if pop:
+                processed, done_output, done_batch = batch_queue.pop()
+                runner_output = model.output(done_batch)
+                t2 = perf()
+                results = sched.update_from_output(done_output, runner_output)
+                seconds += perf() - t2
 
-        finished.extend([o.request_id, o.finish_reason or ""] for o in results)
-        record = step_record(step, output, finished, sched)
+        if results is not None:
+            finished.extend([o.request_id, o.finish_reason or ""] for o in results.finished)
+        record = step_record(step, output if output is not None else _empty_output(), finished, sched)
+        if use_spec:
+            spec_tokens = output.scheduled_spec_decode_tokens if output is not None else {}
+            record["spec"] = [[rid, len(spec_tokens[rid])] for rid in record_ids(record)
+                              if rid in spec_tokens]
+        if use_async:
+            record["processed"] = processed
         idle_tail = None
         if trace_out is not None:
             line = json.dumps(record, separators=(",", ":"))
@@ -619,6 +766,6 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
         elif quiet:
             idle_tail = ""
         if on_step is not None:
-            on_step(step, output, record, sched)
+            on_step(step, output if output is not None else _empty_output(), record, sched)
         step += 1
     return ReplayResult(step, sched.num_preemptions, seconds, scheduled_steps)

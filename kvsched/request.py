@@ -321,10 +321,23 @@ class Request:
     # Sequence length at which the request is length-capped: prompt + max_tokens,
     # or max_model_len (set by the scheduler, which knows it).
     stop_len: int
+    # The LoRA adapter it runs with (vLLM's lora_int_id); 0: the base model.
+    lora_id: int
+    # Speculative decoding: the drafts to verify in the request's next step
+    # (vLLM's spec_token_ids; -1 placeholders under async scheduling).
+    spec_token_ids: list[int]
+    # Async scheduling: tokens scheduled whose output is not known yet,
+    # counted in num_computed_tokens (vLLM's num_output_placeholders).
+    num_output_placeholders: int
+    # Tokens of scheduled steps whose output is not processed yet.
+    num_in_flight_tokens: int
+    # Tokens in flight when the request was preempted: their output still
+    # arrives and is appended, but must not move the reset counters.
+    num_stale_output_tokens: int
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
                  sampling_params: SamplingParams | None = None, priority: int = 0,
-                 arrival_time: float = 0.0, *, private: bool = False) -> None:
+                 arrival_time: float = 0.0, *, private: bool = False, lora_id: int = 0) -> None:
         self.request_id = request_id
         prompt: TokenList
         if type(prompt_token_ids) is list or type(prompt_token_ids) is TokenRuns:
@@ -362,6 +375,11 @@ class Request:
         self.eos_token_id = None if sp.ignore_eos else sp.eos_token_id
         self.stop_token_ids, self.all_stop_ids = _stop_sets(sp.stop_token_ids, self.eos_token_id)
         self.stop_len = self.num_prompt_tokens + sp.max_tokens
+        self.lora_id = lora_id
+        self.spec_token_ids = NO_DRAFTS
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -427,6 +445,9 @@ class Request:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"request {rid}: arrival_time={t!r} must be a finite number of seconds "
                              ">= 0")
+        if type(self.lora_id) is not int or not 0 <= self.lora_id < 2**31:
+            raise ValueError(f"request {rid}: lora_id={self.lora_id!r} must be an int in [0, 2**31) "
+                             "(0: the base model)")
         if type(self.private) is not bool:
             raise ValueError(f"request {rid}: private={self.private!r} must be True or False")
         sp = self.sampling_params
@@ -478,6 +499,8 @@ def _as_token_list(request_id: object, tokens: object) -> list[int]:
 
 
 _NO_HASHES: tuple[int, ...] = ()
+# Shared by every request without drafts: replaced, never mutated.
+NO_DRAFTS: list[int] = []
 
 
 @lru_cache(maxsize=256)

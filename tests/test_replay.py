@@ -450,27 +450,6 @@ def test_a_missing_cache_or_requests_is_named(tmp_path: Path) -> None:
     _file_rejects(tmp_path, scenario, "requests: missing")
 
 
-FEATURES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
-    # (name, top-level keys, request-0 keys, the key named)
-    ("async", {"async_scheduling": True}, {}, "async_scheduling=true"),
-    ("speculative", {"speculative": {"num_speculative_tokens": 2}}, {}, "speculative="),
-    ("speculative method", {"speculative": {"num_speculative_tokens": 2, "method": "ngram_gpu"}}, {},
-     "speculative="),
-    ("max_loras", {"max_loras": 2}, {}, "max_loras=2"),
-    ("accepted_drafts", {}, {"accepted_drafts": [1, 0]}, "requests[0].accepted_drafts=[1,0]"),
-    ("proposed_drafts", {}, {"proposed_drafts": [2]}, "requests[0].proposed_drafts=[2]"),
-    ("lora_id", {}, {"lora_id": 1}, "requests[0].lora_id=1"),
-]
-
-
-@pytest.mark.parametrize(("name", "top", "fields", "key"), FEATURES, ids=[f[0] for f in FEATURES])
-def test_unimplemented_features_are_refused_by_name(tmp_path: Path, name: str, top: dict[str, Any],
-                                                    fields: dict[str, Any], key: str) -> None:
-    scenario = _scenario(**top)
-    scenario["requests"][0].update(fields)
-    _file_rejects(tmp_path, scenario, key, "not supported yet")
-
-
 def test_the_features_switched_off_are_accepted() -> None:
     scenario = _scenario(async_scheduling=False, speculative=None)
     scenario["requests"][0].update(accepted_drafts=[], proposed_drafts=[], lora_id=0)
@@ -478,30 +457,52 @@ def test_the_features_switched_off_are_accepted() -> None:
     assert _replay(scenario)[1] == _replay(_scenario())[1]
 
 
-def test_bad_feature_settings_are_named_before_the_refusal(tmp_path: Path) -> None:
+def test_feature_traces_carry_spec_and_processed() -> None:
+    records = _replay(_scenario(async_scheduling=True,
+                                speculative={"num_speculative_tokens": 2}))[1]
+    assert all("spec" in r and "processed" in r for r in records)
+    assert not any("spec" in r or "processed" in r for r in _replay(_scenario())[1])
+    # The async method defaults to ngram_gpu (vLLM refuses ngram there).
+    assert parse_scenario(_scenario(async_scheduling=True, speculative={
+        "num_speculative_tokens": 2})).speculative_config.method == "ngram_gpu"  # type: ignore[union-attr]
+
+
+def test_bad_feature_settings_are_named(tmp_path: Path) -> None:
     _file_rejects(tmp_path, _scenario(async_scheduling="yes"), "async_scheduling='yes'",
                   "true or false")
     _file_rejects(tmp_path, _scenario(speculative={"num_speculative_tokens": 0}),
                   "speculative.num_speculative_tokens=0")
     _file_rejects(tmp_path, _scenario(speculative={"num_speculative_tokens": 2, "methd": "x"}),
                   "speculative.methd: unknown key", "'method'")
+    _file_rejects(tmp_path, _scenario(speculative={"num_speculative_tokens": 2, "method": "mtp"}),
+                  "speculative.method='mtp'", "ngram")
     _file_rejects(tmp_path, _scenario(max_loras="2"), "max_loras='2'")
+    _file_rejects(tmp_path, _scenario(max_loras=0), "max_loras=0")
+    # vLLM 0.33 refuses the CPU n-gram proposer under async scheduling.
+    _file_rejects(tmp_path, _scenario(async_scheduling=True, speculative={
+        "num_speculative_tokens": 2, "method": "ngram"}), "method='ngram'", "ngram_gpu")
+    scenario = _scenario()
+    scenario["requests"][0]["lora_id"] = 3
+    _file_rejects(tmp_path, scenario, "requests[0].lora_id=3", "max_loras")
+    scenario = _scenario()
+    scenario["requests"][0]["accepted_drafts"] = [1, "2"]
+    _file_rejects(tmp_path, scenario, "requests[0].accepted_drafts")
 
 
-# The oracle's examples of async scheduling, speculative decoding and the
-# LoRA cap, copied from ../shared/reference/examples (see its README).
-REFERENCE_EXAMPLES = Path(__file__).resolve().parent / "conformance" / "features"
-
-
-def test_the_oracles_feature_examples_are_refused_by_name() -> None:
-    files = sorted(REFERENCE_EXAMPLES.glob("*.json"))
-    assert len(files) == 8
-    for path in files:
-        with pytest.raises(ValueError) as info:
-            load_scenario(str(path))
-        message = str(info.value)
-        assert message.startswith(str(path)) and "not supported yet" in message, message
-        assert any(k in message for k in ("async_scheduling", "speculative", "max_loras")), message
+def test_settings_vllm_cannot_run_with_drafts_are_refused(tmp_path: Path) -> None:
+    # A budget below 1 + K never admits a padded request (vLLM spins), and a
+    # threshold below 1 + K cuts the padding (vLLM fails an assertion).
+    spec = {"num_speculative_tokens": 4}
+    scenario = _scenario(speculative=spec)
+    scenario["scheduler"].update(max_num_batched_tokens=4, max_num_seqs=4)
+    path = _file(tmp_path, scenario)
+    with pytest.raises(ValueError) as info:
+        replay(load_scenario(str(path)))
+    assert str(info.value).startswith(str(path)) and "max_num_batched_tokens=4" in str(info.value)
+    scenario = _scenario(speculative=spec)
+    scenario["scheduler"]["long_prefill_token_threshold"] = 3
+    with pytest.raises(ValueError, match="long_prefill_token_threshold=3"):
+        replay(parse_scenario(scenario))
 
 
 def test_data_parallel_scenarios_parse_but_replay_refuses_them() -> None:

@@ -76,7 +76,10 @@ class KVCacheManager:
         assert isinstance(hashes, list)
         bs = self.block_size
         tokens = request.all_token_ids
-        parent = hashes[-1] if start else _ROOT_HASH
+        # vLLM hashes the LoRA adapter into every block: requests with
+        # different adapters (or an adapter and the base model) share nothing.
+        parent = hashes[-1] if start else (
+            hash((_ROOT_HASH, "lora", request.lora_id)) if request.lora_id else _ROOT_HASH)
         # Chain over each block's content hash. Runs of identical blocks
         # (a long run of one token) reuse the content hash of the last.
         append = hashes.append
@@ -178,13 +181,17 @@ class KVCacheManager:
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[int] = _NO_BLOCKS,
-                       full_sequence_must_fit: bool = False) -> list[int] | None:
+                       full_sequence_must_fit: bool = False,
+                       num_lookahead_tokens: int = 0) -> list[int] | None:
         """Give ``request`` KV slots for ``num_new_tokens`` more tokens, after
         adopting ``new_computed_blocks`` (a prefix hit). Returns the newly
         allocated block ids, or None (changing nothing) if the pool is short.
 
         ``full_sequence_must_fit`` (vLLM's scheduler_reserve_full_isl) also
         requires room for the whole current sequence, not just this chunk.
+        ``num_lookahead_tokens``: slots past the new tokens for a drafter's
+        own positions (speculative decoding with a drafter model). Only
+        known tokens are cached: drafts and async placeholders are not.
         """
         bs = self.block_size
         max_model_len = self.max_model_len
@@ -213,7 +220,7 @@ class KVCacheManager:
             if (need if need > 0 else 0) + num_evictable > num_free:
                 return None
 
-        num_tokens = num_computed + num_new_tokens
+        num_tokens = num_computed + num_new_tokens + num_lookahead_tokens
         if num_tokens > max_model_len:
             num_tokens = max_model_len
         need = -(-num_tokens // bs) - have
@@ -242,6 +249,18 @@ class KVCacheManager:
             if num_full > num_cached:
                 self.cache_full_blocks(request, blocks, num_cached, num_full)
         return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the full blocks among the first ``num_tokens`` tokens
+        (all known) in the prefix cache: after a step whose drafts or
+        placeholders kept ``allocate_slots`` from caching them."""
+        if not self.enable_caching:
+            return
+        rid = request.request_id
+        num_full = num_tokens // self.block_size
+        num_cached = self.num_cached_block.get(rid, 0)
+        if num_full > num_cached:
+            self.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full)
 
     def cache_full_blocks(self, request: Request, blocks: list[int],
                           num_cached: int, num_full: int) -> None:

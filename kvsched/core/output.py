@@ -67,6 +67,18 @@ class SchedulerOutput:
     # Running requests scheduled and then preempted later in the same step
     # (their tokens went back to the budget); None when there were none.
     unscheduled_req_ids: list[str] | None = None
+    # Speculative decoding: request id -> the draft tokens scheduled for
+    # verification this step (counted in num_scheduled_tokens). ``-1``
+    # entries are placeholders: padding for a request admitted with one
+    # token to compute, or (async scheduling) drafts the runner proposes
+    # after the step before. Empty without speculative decoding.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # K: draft tokens the drafter proposes after this step.
+    num_spec_tokens_to_schedule: int = 0
+    # Scheduled requests that are mid-way through their prefill after this
+    # step and sample nothing (vLLM's is_prefill_chunk, as of this step: under
+    # async scheduling the request's own flag moves on with the next step).
+    prefill_chunk_req_ids: frozenset[str] | set[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -80,6 +92,41 @@ class ModelRunnerOutput:
     # token and the top ones, or None; the whole list is None when no request
     # asked for logprobs. (Typed loosely: Logprob lives with the torch sampler.)
     logprobs: list[Any] | None = None
+
+
+@dataclass(slots=True)
+class DraftTokenIds:
+    """Drafts the proposer made after a step, aligned with ``req_ids``
+    (vLLM's ``DraftTokenIds``); an empty list for a request that sampled
+    nothing. Handed to ``Scheduler.update_draft_token_ids``."""
+
+    req_ids: list[str]
+    draft_token_ids: list[list[int]]
+
+
+@dataclass(slots=True)
+class SpecDecodingStats:
+    """vLLM's per-step speculative decoding counters (SpecDecodingStats):
+    verifications, draft tokens verified, tokens accepted, and accepted
+    tokens per draft position."""
+
+    num_spec_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.num_accepted_tokens_per_pos:
+            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        for i in range(num_accepted_tokens):
+            per_pos[i] += 1
 
 
 @dataclass(slots=True)
@@ -106,6 +153,8 @@ class EngineCoreOutputs:
     finished: list[EngineCoreOutput]
     # Scheduled requests whose tokens were ignored: aborted before the update.
     dropped: list[str]
+    # Speculative decoding's counters for this step (None without drafts).
+    spec_decoding_stats: SpecDecodingStats | None = None
 
     def outputs(self) -> list[EngineCoreOutput]:
         done = {o.request_id: o for o in self.finished}

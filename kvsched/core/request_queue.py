@@ -25,6 +25,10 @@ class FCFSRequestQueue:
     def prepend_request(self, request: Request) -> None:
         self._queue.appendleft(request)
 
+    def prepend_requests(self, requests: list[Request]) -> None:
+        """Put ``requests`` back at the head, in their order."""
+        self._queue.extendleft(reversed(requests))
+
     def peek_request(self) -> Request:
         return self._queue[0]
 
@@ -64,6 +68,10 @@ class PriorityRequestQueue:
                                     request.request_id, request))
 
     prepend_request = add_request
+
+    def prepend_requests(self, requests: list[Request]) -> None:
+        for request in requests:
+            self.add_request(request)
 
     def peek_request(self) -> Request:
         return self._heap[0][3]

@@ -18,23 +18,39 @@ max_model_len).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.config import (
+    CacheConfig,
+    LoRAConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    check_speculative_with_async,
+)
 from kvsched.core import explain
 from kvsched.core.kv_cache_manager import KVCacheManager
 from kvsched.core.output import (
     CachedRequestData,
+    DraftTokenIds,
     EngineCoreOutput,
     EngineCoreOutputs,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
+    SpecDecodingStats,
 )
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.request_queue import create_request_queue
-from kvsched.request import FINISH_REASONS, TOKEN_ID_LIMIT, Request, RequestStatus, check_token_ids
+from kvsched.request import (
+    FINISH_REASONS,
+    NO_DRAFTS,
+    TOKEN_ID_LIMIT,
+    Request,
+    RequestStatus,
+    check_token_ids,
+)
 
 RUNNING = RequestStatus.RUNNING
 PREEMPTED = RequestStatus.PREEMPTED
@@ -53,6 +69,27 @@ def _bad_tokens(tokens: list[int], limit: int) -> bool:
     except ValueError:
         return True
     return False
+
+
+def _check_spec_budget(config: SchedulerConfig, num_spec: int) -> None:
+    """Settings under which vLLM 0.33 cannot run speculative decoding: a
+    request admitted with one token to compute is padded to 1 + K tokens
+    and never admitted unpadded, so a budget below 1 + K admits nothing
+    behind it (vLLM spins forever), and a long-prefill threshold below
+    1 + K cuts the padding (vLLM fails an assertion)."""
+    if not num_spec:
+        return
+    if config.max_num_batched_tokens < 1 + num_spec:
+        raise ValueError(
+            f"max_num_batched_tokens={config.max_num_batched_tokens}: below 1 + "
+            f"num_speculative_tokens ({1 + num_spec}), so a request with one token to compute "
+            "could never be admitted (vLLM 0.33 would spin forever); raise max_num_batched_tokens")
+    threshold = config.long_prefill_token_threshold
+    if 0 < threshold < 1 + num_spec:
+        raise ValueError(
+            f"long_prefill_token_threshold={threshold}: below 1 + num_speculative_tokens "
+            f"({1 + num_spec}), it would cut a padded admission (vLLM 0.33 fails an assertion); "
+            "raise it or set it to 0")
 
 
 @dataclass(slots=True)
@@ -85,25 +122,64 @@ class _Step:
     admission_stop_detail: str = ""
     # Running requests scheduled, then preempted later in the step (rare).
     unscheduled: list[str] | None = None
+    # Speculative decoding: the drafts scheduled per request.
+    spec: dict[str, list[int]] = field(default_factory=dict)
+    # Scheduled requests left mid-prefill (they sample nothing).
+    prefill_chunks: list[str] = field(default_factory=list)
+    # A running request scheduled this step was mid-prefill when scheduled
+    # (vLLM's prefill_scheduled: no padded admissions then).
+    prefill_scheduled: bool = False
+    # Waiting requests passed over this step (LoRA cap, output in flight),
+    # with why: they keep their place in the queue.
+    skipped: list[Request] | None = None
+    skip_reasons: dict[str, tuple[str, str]] | None = None
 
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  admission_policy: AdmissionPolicy | None = None,
                  explain_admission: bool = False, runner_inputs: bool = True,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None,
+                 speculative_config: SpeculativeConfig | None = None,
+                 lora_config: LoRAConfig | None = None) -> None:
         """``runner_inputs``: put in each SchedulerOutput what a model runner
         needs to run the step - new requests' prompts and block tables,
         resumed requests' block tables and tokens. A simulator runs no model
         and passes False: those lists are then empty (copying them is per
         token and per block work), everything else is as usual.
         ``vocab_size``: the model's vocabulary; prompt and sampled token ids
-        must lie below it (without it, below ``TOKEN_ID_LIMIT``)."""
+        must lie below it (without it, below ``TOKEN_ID_LIMIT``).
+        ``speculative_config``: speculative decoding (drafts scheduled for
+        verification, rejected ones rolled back); ``lora_config``: the cap on
+        distinct LoRA adapters among running requests. Async scheduling is
+        ``scheduler_config.async_scheduling``."""
         if vocab_size is not None and (type(vocab_size) is not int or not 0 < vocab_size <= TOKEN_ID_LIMIT):
             raise ValueError(f"vocab_size={vocab_size!r}: must be an int in [1, {TOKEN_ID_LIMIT}] "
                              "(the model's vocabulary size), or None")
+        if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
+            raise TypeError(f"speculative_config={speculative_config!r:.80}: must be a kvsched "
+                            "SpeculativeConfig or None")
+        if lora_config is not None and not isinstance(lora_config, LoRAConfig):
+            raise TypeError(f"lora_config={lora_config!r:.80}: must be a kvsched LoRAConfig or None")
+        check_speculative_with_async(speculative_config, scheduler_config.async_scheduling)
+        num_spec = speculative_config.num_speculative_tokens if speculative_config else 0
+        _check_spec_budget(scheduler_config, num_spec)
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
+        self.speculative_config = speculative_config
+        # K: drafts per step; the drafter's own KV slots past the scheduled tokens.
+        self.num_spec_tokens = num_spec
+        self.num_lookahead_tokens = speculative_config.num_lookahead_tokens if speculative_config else 0
+        self.async_scheduling = scheduler_config.async_scheduling
+        self.lora_config = lora_config
+        self.max_loras = lora_config.max_loras if lora_config is not None else 0
+        # Neither drafts nor placeholders: the running phase and the output
+        # update take their fast paths (the general ones give the same
+        # result; tests/core/test_spec_async.py checks it).
+        self._plain = not num_spec and not self.async_scheduling
+        # The drafts a request waits for under async scheduling: K -1s
+        # (vLLM's _spec_token_placeholders). Shared, never mutated.
+        self._spec_placeholders: list[int] = [-1] * num_spec
         self.max_num_running_reqs = scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
         self.max_model_len = scheduler_config.max_model_len
@@ -123,10 +199,12 @@ class Scheduler:
         self.explain_admission = explain_admission
         self.runner_inputs = runner_inputs
         self.token_limit = TOKEN_ID_LIMIT if vocab_size is None else vocab_size
-        # The output of the last schedule() that scheduled something, until
-        # update_from_output() applies it: vLLM's synchronous engine runs one
-        # step at a time, and an output is applied exactly once.
-        self._unanswered: SchedulerOutput | None = None
+        # Outputs of schedule() calls that scheduled something, oldest first,
+        # until update_from_output() applies them: vLLM's synchronous engine
+        # runs one step at a time, its async engine keeps a second in flight
+        # (a batch queue of 2); each output is applied exactly once, in order.
+        self._in_flight: deque[SchedulerOutput] = deque()
+        self.max_steps_in_flight = 2 if self.async_scheduling else 1
         self._priority = scheduler_config.policy == "priority"
         # True while the admission outcome is known to repeat as long as the
         # running requests only decode: set by schedule(), cleared by anything
@@ -154,16 +232,22 @@ class Scheduler:
         if request.status != WAITING or request.num_computed_tokens or request.output_token_ids:
             raise ValueError(f"request {request.request_id}: already used (status "
                              f"{request.status.name}); create a fresh Request")
-        # The most KV a request can ever hold: everything but its last token.
+        # The most KV a request can ever hold: everything but its last token,
+        # plus, with speculative decoding, the K drafts its last decode step
+        # may verify (within max_model_len) and a drafter's lookahead slots.
         max_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len) - 1
+        if self.num_spec_tokens:
+            max_len = min(max_len + self.num_spec_tokens, self.max_model_len - 1)
+            max_len = min(max_len + self.num_lookahead_tokens, self.max_model_len)
         need = -(-max_len // self.block_size)
         usable = self.cache_config.num_gpu_blocks - 1
         if need > usable:
+            drafts = (f" + {self.num_spec_tokens} draft slots" if self.num_spec_tokens else "")
             raise ValueError(
                 f"request {request.request_id}: prompt {request.num_prompt_tokens} + "
-                f"max_tokens {request.max_tokens} needs up to {need} KV blocks but the cache "
-                f"has {usable}; it could never run (vLLM would hang on it). Lower max_tokens, "
-                "shorten the prompt, or give the cache more blocks")
+                f"max_tokens {request.max_tokens}{drafts} needs up to {need} KV blocks but the "
+                f"cache has {usable}; it could never run (vLLM would hang on it). Lower "
+                "max_tokens, shorten the prompt, or give the cache more blocks")
 
     def finish_requests(self, request_ids: str | Iterable[str],
                         finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED,
@@ -214,7 +298,16 @@ class Scheduler:
     def step_in_flight(self) -> bool:
         """True between a schedule() that scheduled something and the
         update_from_output() that applies its result."""
-        return self._unanswered is not None
+        return bool(self._in_flight)
+
+    @property
+    def num_steps_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def has_requests(self) -> bool:
+        """Unfinished requests, or finished ones the next schedule() has
+        still to report (vLLM's has_requests: the engine keeps stepping)."""
+        return bool(self.running) or bool(self.waiting) or bool(self.finished_req_ids)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.running) + len(self.waiting)
@@ -238,7 +331,11 @@ class Scheduler:
 
     # -- the step -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        if self._unanswered is not None:
+        if len(self._in_flight) >= self.max_steps_in_flight:
+            if self.async_scheduling:
+                raise ValueError("schedule(): two steps are in flight; call update_from_output() "
+                                 "on the older one first (vLLM's async engine keeps at most two "
+                                 "batches in its queue)")
             raise ValueError("schedule(): the previous step's SchedulerOutput has not been applied; "
                              "call update_from_output(scheduler_output, model_runner_output) first "
                              "(vLLM's synchronous engine runs one step at a time)")
@@ -253,27 +350,53 @@ class Scheduler:
         if self._defer_prefill_chunks is not None and self._defer_prefill_chunks(self):
             # Running requests mid-prefill sit this step out (the general path).
             self._schedule_running_preempting(step, threshold, 0, skip_prefill_chunks=True)
-        else:
+        elif self._plain:
             self._schedule_running(step, threshold)
+        else:
+            self._schedule_running_preempting(step, threshold, 0)
         if step.preempted:
             step.admission_stop = explain.REASON_PREEMPTION
             step.admission_stop_detail = "a running request was preempted this step; no admissions"
         else:
             self._schedule_waiting(step, threshold)
         output = self._make_output(step)
+        if not self._plain:
+            self._update_after_schedule(output)
         # Pure decode (every running request scheduled for exactly one token,
         # nobody admitted, resumed or preempted) with admission held for a
         # stable reason, or nothing waiting: the next steps admit nothing.
+        # (Fast-forward covers neither drafts nor placeholders yet.)
         n = len(self.running)
-        self.decode_stable = not self.waiting or (
+        self.decode_stable = self._plain and (not self.waiting or (
             output.total_num_scheduled_tokens == n and len(output.num_scheduled_tokens) == n
             and not step.new_reqs and not step.resumed_reqs and not step.preempted
-            and step.admission_stop in _STABLE_STOPS)
+            and step.admission_stop in _STABLE_STOPS and step.skipped is None))
         if self._end_step is not None:
             self._end_step(self, output)
         if output.num_scheduled_tokens:
-            self._unanswered = output
+            self._in_flight.append(output)
         return output
+
+    def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        """With drafts or placeholders: under async scheduling count the
+        batch's tokens in flight and its unknown outputs as placeholders
+        (vLLM's AsyncScheduler._update_after_schedule):
+        a request that samples gets 1 + its drafts, and K placeholder drafts
+        for its next step."""
+        requests = self.requests
+        output.num_spec_tokens_to_schedule = self.num_spec_tokens
+        if not self.async_scheduling:
+            return
+        spec = output.scheduled_spec_decode_tokens
+        placeholders = self._spec_placeholders
+        for rid, n in output.num_scheduled_tokens.items():
+            request = requests[rid]
+            request.num_in_flight_tokens += n
+            if request.is_prefill_chunk:
+                continue
+            drafts = spec.get(rid)
+            request.num_output_placeholders += 1 + (len(drafts) if drafts else 0)
+            request.spec_token_ids = placeholders
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
         """Phase 1, fast path: while every running request fits, a plain pass.
@@ -322,14 +445,21 @@ class Scheduler:
             num_scheduled[rid] = num_new
             budget -= num_new
             request.num_computed_tokens = end
-            request.is_prefill_chunk = end < num_tokens
+            if end < num_tokens:
+                request.is_prefill_chunk = True
+                step.prefill_chunks.append(rid)
+            else:
+                request.is_prefill_chunk = False
         step.token_budget = budget
 
     def _num_running_tokens(self, request: Request, budget: int, threshold: int) -> int:
-        """Tokens for a running request: all it lacks, capped by the threshold,
-        the remaining budget and max_model_len (one position for the sample)."""
+        """Tokens for a running request: all it lacks (its drafts and, under
+        async scheduling, its placeholders included), capped by the
+        threshold, the remaining budget and max_model_len (one position for
+        the sample)."""
         computed = request.num_computed_tokens
-        num_new = request.num_tokens - computed
+        num_new = (request.num_tokens + len(request.spec_token_ids)
+                   + request.num_output_placeholders - computed)
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget, self.max_model_len - 1 - computed)
@@ -343,6 +473,7 @@ class Scheduler:
         scheduling left them mid-prefill (vLLM's defer_prefills)."""
         running = self.running
         allocate_slots = self.kv_cache_manager.allocate_slots
+        lookahead = self.num_lookahead_tokens
         num_scheduled = step.num_scheduled_tokens
         scheduled = step.running_req_ids
         new_block_ids = step.new_block_ids
@@ -352,12 +483,19 @@ class Scheduler:
             if skip_prefill_chunks and request.is_prefill_chunk:
                 req_index += 1
                 continue
+            placeholders = request.num_output_placeholders
+            if placeholders and (request.num_computed_tokens + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens):
+                # Async: the steps in flight reach max_tokens even if every
+                # draft is rejected; another step would be wasted.
+                req_index += 1
+                continue
             num_new = self._num_running_tokens(request, budget, threshold)
             if num_new <= 0:
                 req_index += 1
                 continue
             while True:
-                new_blocks = allocate_slots(request, num_new)
+                new_blocks = allocate_slots(request, num_new, num_lookahead_tokens=lookahead)
                 if new_blocks is not None:
                     break
                 victim = self._pick_victim()
@@ -372,6 +510,7 @@ class Scheduler:
                         scheduled.remove(vid)
                         budget += num_scheduled.pop(vid)
                         new_block_ids.pop(vid, None)
+                        step.spec.pop(vid, None)
                         if step.unscheduled is None:
                             step.unscheduled = []
                         step.unscheduled.append(vid)
@@ -394,9 +533,24 @@ class Scheduler:
             scheduled.append(rid)
             num_scheduled[rid] = num_new
             budget -= num_new
-            end = request.num_computed_tokens + num_new
+            computed = request.num_computed_tokens
+            if request.is_prefill_chunk:
+                step.prefill_scheduled = True
+            drafts = request.spec_token_ids
+            if drafts:
+                # The part of this step past the known tokens and the
+                # placeholders is drafts (fewer when the budget cut it).
+                num_drafts = computed + num_new - request.num_tokens - placeholders
+                if num_drafts > 0:
+                    step.spec[rid] = drafts[:num_drafts] if len(drafts) > num_drafts else drafts
+                request.spec_token_ids = NO_DRAFTS
+            end = computed + num_new
             request.num_computed_tokens = end
-            request.is_prefill_chunk = end < request.num_tokens
+            if end < request.num_tokens + placeholders:
+                request.is_prefill_chunk = True
+                step.prefill_chunks.append(rid)
+            else:
+                request.is_prefill_chunk = False
             req_index += 1
         step.token_budget = budget
 
@@ -407,16 +561,24 @@ class Scheduler:
         return self.running[-1]
 
     def _preempt_request(self, request: Request) -> None:
-        """Recompute-style preemption: drop the KV, requeue at the head."""
+        """Recompute-style preemption: drop the KV, requeue at the head. A
+        step still in flight for it (async) delivers its tokens later as
+        "stale" output, which moves no counter."""
         self.kv_cache_manager.free(request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
+        if request.spec_token_ids:
+            request.spec_token_ids = NO_DRAFTS
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
 
     def _schedule_waiting(self, step: _Step, threshold: int) -> None:
-        """Phase 2: admit from the waiting queue, in order, until something stops it."""
+        """Phase 2: admit from the waiting queue, in order, until something
+        stops it. Requests the LoRA cap or an output still in flight keep
+        out are passed over and keep their place."""
         waiting = self.waiting
         running = self.running
         kv = self.kv_cache_manager
@@ -424,6 +586,10 @@ class Scheduler:
         chunked = self.scheduler_config.enable_chunked_prefill
         reserve_full = self.scheduler_config.scheduler_reserve_full_isl
         max_running = self.max_num_running_reqs
+        num_spec = self.num_spec_tokens
+        lookahead = self.num_lookahead_tokens
+        max_loras = self.max_loras
+        loras = ({r.lora_id for r in running if r.lora_id} if max_loras else None)
         budget = step.token_budget
         while waiting:
             if budget <= 0:
@@ -435,6 +601,18 @@ class Scheduler:
                 step.admission_stop_detail = f"{len(running)} requests running, max_num_seqs={max_running}"
                 break
             request = waiting.peek_request()
+            if request.num_stale_output_tokens:
+                # Preempted with a step in flight: resuming before its output
+                # arrives could sample a position twice.
+                self._skip(step, explain.REASON_OUTPUT_IN_FLIGHT,
+                           f"preempted with {request.num_stale_output_tokens} tokens still in flight")
+                continue
+            if loras is not None and request.lora_id and (
+                    len(loras) == max_loras and request.lora_id not in loras):
+                self._skip(step, explain.REASON_MAX_LORAS,
+                           f"adapter {request.lora_id} would be one more than max_loras={max_loras} "
+                           f"(running: {sorted(loras)})")
+                continue
             if policy is not None:
                 hold = policy.hold_reason(self, request)
                 if hold is not None:
@@ -443,6 +621,20 @@ class Scheduler:
             hit_blocks, num_computed = kv.get_computed_blocks(request)
             num_tokens = request.num_tokens
             num_new = num_tokens - num_computed
+            padded = False
+            if num_new == 1 and num_spec and not step.prefill_scheduled and (
+                    step.running_req_ids or num_computed) and (
+                    num_computed + num_spec + 2 <= self.max_model_len):
+                # One token to compute: vLLM pads it with K placeholder drafts
+                # so the batch stays a uniform decode batch, and would rather
+                # not admit it than admit it unpadded.
+                if 1 + num_spec > budget:
+                    self._stop_at(step, explain.REASON_TOKEN_BUDGET, request,
+                                  f"needs {1 + num_spec} tokens (1 + {num_spec} padding drafts), "
+                                  f"{budget} left in the budget")
+                    break
+                num_new = 1 + num_spec
+                padded = True
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > budget:
@@ -453,7 +645,8 @@ class Scheduler:
                     break
                 num_new = budget
             if kv.allocate_slots(request, num_new, num_computed, hit_blocks,
-                                 full_sequence_must_fit=reserve_full) is None:
+                                 full_sequence_must_fit=reserve_full,
+                                 num_lookahead_tokens=lookahead) is None:
                 detail = ""
                 if self.explain_admission:
                     need = kv.num_blocks_needed(request, num_new, hit_blocks, reserve_full)
@@ -474,10 +667,31 @@ class Scheduler:
             step.computed_at_admission[rid] = num_computed
             budget -= num_new
             request.status = RUNNING
+            if loras is not None and request.lora_id:
+                loras.add(request.lora_id)
+            if padded:
+                step.spec[rid] = self._spec_placeholders
             end = num_computed + num_new
             request.num_computed_tokens = end
-            request.is_prefill_chunk = end < num_tokens
+            if end < num_tokens:
+                request.is_prefill_chunk = True
+                step.prefill_chunks.append(rid)
+            else:
+                request.is_prefill_chunk = False
         step.token_budget = budget
+        if step.skipped:
+            # Back at the head, in their order (vLLM's prepend_requests).
+            waiting.prepend_requests(step.skipped)
+
+    def _skip(self, step: _Step, reason: str, detail: str) -> None:
+        """Pass over the head of the waiting queue for this step."""
+        request = self.waiting.pop_request()
+        if step.skipped is None:
+            step.skipped = []
+            step.skip_reasons = {}
+        step.skipped.append(request)
+        assert step.skip_reasons is not None
+        step.skip_reasons[request.request_id] = (reason, detail)
 
     @staticmethod
     def _stop_at(step: _Step, reason: str, request: Request, detail: str) -> None:
@@ -524,6 +738,13 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             admission_stop=step.admission_stop,
         )
+        if step.spec:
+            output.scheduled_spec_decode_tokens = step.spec
+        if step.prefill_chunks:
+            chunks = set(step.prefill_chunks)
+            if step.unscheduled is not None:
+                chunks.difference_update(step.unscheduled)
+            output.prefill_chunk_req_ids = chunks
         if step.unscheduled is not None:
             output.unscheduled_req_ids = step.unscheduled
         if self.explain_admission:
@@ -531,7 +752,8 @@ class Scheduler:
                 explain.REASON_KV_BLOCKS, explain.REASON_CHUNKED_PREFILL_OFF,
                 explain.REASON_ADMISSION_POLICY) else None
             output.not_admitted = explain.explain_waiting(
-                self.waiting, step.admission_stop, step.admission_stop_detail, head)
+                self.waiting, step.admission_stop, step.admission_stop_detail, head,
+                step.skip_reasons)
         self.finished_req_ids = set()
         return output
 
@@ -551,6 +773,8 @@ class Scheduler:
         vocabulary. A request aborted after schedule() may have anything
         well-typed: its tokens are dropped."""
         self._check_step(scheduler_output, model_runner_output)
+        if not self._plain:
+            return self._update_from_output_general(scheduler_output, model_runner_output)
         req_ids = model_runner_output.req_ids
         sampled = model_runner_output.sampled_token_ids
         get_request = self.requests.get
@@ -590,7 +814,8 @@ class Scheduler:
                 continue  # mid-way through a chunked prefill
             self._undo_samples(req_ids[:req_ids.index(rid)])
             self._bad_entry(rid, new_token_ids, request)
-        self._unanswered = None
+        if scheduler_output.num_scheduled_tokens:
+            self._in_flight.popleft()
         finished: list[EngineCoreOutput] = []
         if stopped:
             # A single token was appended: the checks set the status and reason.
@@ -614,10 +839,11 @@ class Scheduler:
         if type(req_ids) is not list or type(sampled) is not list:
             raise TypeError("model_runner_output: req_ids and sampled_token_ids must be lists "
                             f"(got {type(req_ids).__name__} and {type(sampled).__name__})")
-        if scheduler_output is not self._unanswered and (num_scheduled or req_ids or sampled):
+        if (not self._in_flight or scheduler_output is not self._in_flight[0]) and (
+                num_scheduled or req_ids or sampled):
             raise ValueError("update_from_output: this SchedulerOutput is not the step awaiting its "
-                             "result (it was applied already, is from an earlier step, or from "
-                             "another scheduler); apply each step's output once, in order")
+                             "result (it was applied already, is from a later or an earlier step, "
+                             "or from another scheduler); apply each step's output once, in order")
         if len(req_ids) != len(num_scheduled) or len(sampled) != len(req_ids) or (
                 list(num_scheduled) != req_ids and (
                     not all(type(r) is str for r in req_ids) or set(num_scheduled) != set(req_ids))):
@@ -625,6 +851,171 @@ class Scheduler:
                 "model_runner_output: req_ids/sampled_token_ids must cover exactly the "
                 f"{len(num_scheduled)} scheduled requests (got {len(req_ids)} ids, "
                 f"{len(sampled)} token lists); pass one entry per scheduled request")
+
+    def _receives_output(self, request: Request | None) -> bool:
+        """Whether a step's output for ``request`` is applied: it runs, or it
+        was preempted while the step was in flight (its "stale" output still
+        arrives). Finished or aborted requests are gone; a waiting request
+        under the same id is another request."""
+        return request is not None and (request.status is RUNNING or (
+            request.status is PREEMPTED and request.num_stale_output_tokens > 0))
+
+    def _update_from_output_general(self, scheduler_output: SchedulerOutput,
+                                    model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """update_from_output with drafts or placeholders (vLLM's loop):
+        accepted drafts are appended with the sampled token and rejected ones
+        roll num_computed_tokens (and placeholders) back; under async
+        scheduling the batch's tokens leave the in-flight count, and the
+        output of a request preempted meanwhile is appended without moving
+        its reset counters. Every entry is checked before anything changes."""
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        req_ids = model_runner_output.req_ids
+        sampled = model_runner_output.sampled_token_ids
+        if req_ids == list(num_scheduled):
+            entries = sampled
+        else:
+            index = {rid: i for i, rid in enumerate(req_ids)}
+            entries = [sampled[index[rid]] for rid in num_scheduled]
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        chunks = scheduler_output.prefill_chunk_req_ids
+        get_request = self.requests.get
+        receives = self._receives_output
+        for rid, entry in zip(num_scheduled, entries):
+            if type(entry) is not list:
+                raise TypeError(f"model_runner_output: sampled_token_ids for {rid} must be a list "
+                                f"of token ids, got {type(entry).__name__}")
+            check_token_ids(f"model_runner_output: tokens for {rid}", entry, self.token_limit)
+            if not receives(get_request(rid)):
+                continue
+            if rid in chunks:
+                if entry:
+                    raise ValueError(
+                        f"model_runner_output: {rid} was mid-way through its prefill in this step "
+                        f"and samples no token, got {entry!r:.80}; pass []")
+                continue
+            num_drafts = len(spec.get(rid, ()))
+            if not 1 <= len(entry) <= 1 + num_drafts:
+                raise ValueError(
+                    f"model_runner_output: {rid} samples 1 token plus its accepted drafts "
+                    f"({num_drafts} were scheduled), so 1 to {1 + num_drafts} tokens, got "
+                    f"{len(entry)}")
+        if num_scheduled:
+            self._in_flight.popleft()
+        stats: SpecDecodingStats | None = None
+        stopped: list[tuple[Request, int]] = []
+        waiting_stops: list[Request] = []
+        dropped: list[str] = []
+        track_flight = self.async_scheduling
+        num_spec = self.num_spec_tokens
+        kv = self.kv_cache_manager
+        for (rid, n), entry in zip(num_scheduled.items(), entries):
+            request = get_request(rid)
+            if request is None or not receives(request):
+                if entry:
+                    dropped.append(rid)
+                continue
+            stale = False
+            if track_flight:
+                request.num_in_flight_tokens -= n
+                if request.num_stale_output_tokens > 0:
+                    stale = True
+                    request.num_stale_output_tokens -= n
+            if not entry:
+                continue
+            drafts = spec.get(rid)
+            if drafts:
+                num_accepted = len(entry) - 1
+                num_rejected = len(drafts) - num_accepted
+                if not stale:
+                    if request.num_computed_tokens > 0:
+                        request.num_computed_tokens -= num_rejected
+                    if request.num_output_placeholders > 0:
+                        request.num_output_placeholders -= num_rejected
+                if stats is None:
+                    stats = SpecDecodingStats(num_spec)
+                stats.observe_draft(len(drafts), num_accepted)
+            had_placeholders = request.num_output_placeholders > 0
+            was_running = request.status is RUNNING
+            kept = 0
+            for kept_so_far, token in enumerate(entry, 1):
+                request.append_output(token)
+                if self._check_stop(request, token):
+                    kept = kept_so_far
+                    if not stale:
+                        request.num_computed_tokens -= len(entry) - kept
+                    break
+            if not stale:
+                if request.num_output_placeholders > 0:
+                    request.num_output_placeholders -= len(entry)
+                if was_running and (had_placeholders or num_spec):
+                    kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
+            if kept:
+                stopped.append((request, kept))
+                if not was_running:
+                    waiting_stops.append(request)
+        finished = self._finish_stopped(stopped, waiting_stops) if stopped else []
+        return EngineCoreOutputs(model_runner_output, finished, dropped, stats)
+
+    @staticmethod
+    def _check_stop(request: Request, token: int) -> bool:
+        """vLLM's check_stop after appending ``token``: EOS, stop ids, then
+        the length cap. Sets the finished status; True if the request stops."""
+        if token == request.eos_token_id:
+            request.status = STOPPED
+        elif token in request.stop_token_ids:
+            request.status = STOPPED
+            request.stop_reason = token
+        elif request.num_tokens >= request.stop_len:
+            request.status = LENGTH_CAPPED
+        else:
+            return False
+        return True
+
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        """Drafts proposed after the last step (synchronous scheduling), to
+        verify in each request's next step: vLLM's update_draft_token_ids.
+        Ids of requests that finished meanwhile are ignored, and so are the
+        drafts of a request still mid-prefill. Bad input raises before
+        anything changes."""
+        if not self.num_spec_tokens:
+            raise ValueError("update_draft_token_ids: this scheduler has no speculative decoding; "
+                             "build it with speculative_config=SpeculativeConfig(...)")
+        if self.async_scheduling:
+            raise ValueError("update_draft_token_ids: under async scheduling the scheduler counts "
+                             "drafts as placeholders and the runner keeps the real ones (vLLM's "
+                             "engine never calls it then); do not pass drafts")
+        if self._in_flight:
+            raise ValueError("update_draft_token_ids: a step is in flight; drafts are proposed after "
+                             "its output was applied with update_from_output")
+        if not isinstance(draft_token_ids, DraftTokenIds):
+            raise TypeError(f"draft_token_ids={draft_token_ids!r:.80}: must be a DraftTokenIds")
+        req_ids, drafts = draft_token_ids.req_ids, draft_token_ids.draft_token_ids
+        if type(req_ids) is not list or type(drafts) is not list or len(req_ids) != len(drafts):
+            raise ValueError("draft_token_ids: req_ids and draft_token_ids must be lists of the same "
+                             "length (one list of drafts per request)")
+        k = self.num_spec_tokens
+        for rid, tokens in zip(req_ids, drafts):
+            if not isinstance(rid, str):
+                raise TypeError(f"draft_token_ids: {rid!r:.80} is not a request id; ids are str")
+            if type(tokens) is not list:
+                raise TypeError(f"draft_token_ids: drafts for {rid} must be a list of token ids, "
+                                f"got {type(tokens).__name__}")
+            check_token_ids(f"draft_token_ids: drafts for {rid}", tokens, self.token_limit)
+            if len(tokens) > k:
+                raise ValueError(f"draft_token_ids: {len(tokens)} drafts for {rid}, but "
+                                 f"num_speculative_tokens is {k}; propose at most {k}")
+            request = self.requests.get(rid)
+            if request is not None and request.status is not RUNNING:
+                raise ValueError(f"draft_token_ids: {rid} is not running ({request.status.name}); "
+                                 "drafts are for the requests of the step just applied")
+        for rid, tokens in zip(req_ids, drafts):
+            request = self.requests.get(rid)
+            if request is None:
+                continue  # finished in the step just applied
+            if request.is_prefill_chunk:
+                request.spec_token_ids = NO_DRAFTS
+            else:
+                request.spec_token_ids = list(tokens) if tokens else NO_DRAFTS
 
     def _undo_samples(self, req_ids: list[str]) -> None:
         """Take back the tokens update_from_output appended for ``req_ids``
@@ -652,14 +1043,20 @@ class Scheduler:
             f"model_runner_output: {rid} samples exactly one token this step (no draft "
             f"tokens were scheduled), got {len(new_token_ids)}; pass [token_id]")
 
-    def _finish_stopped(self, stopped: list[tuple[Request, int]]) -> list[EngineCoreOutput]:
+    def _finish_stopped(self, stopped: list[tuple[Request, int]],
+                        preempted: Sequence[Request] = ()) -> list[EngineCoreOutput]:
         """Take requests that stopped this step (and the tokens each kept) out
-        of ``running`` and free them, in order."""
+        of ``running`` (``preempted``: those of them that were waiting) and
+        free them, in order."""
         # Freed slots and blocks matter only to requests that wait.
         self.decode_stable = self.decode_stable and not self.waiting
-        if len(stopped) == 1:
+        if preempted:
+            # Preempted while their step was in flight (async), they stopped
+            # on its output: they leave the waiting queue.
+            self.waiting.remove_requests(preempted)
+        if len(stopped) == 1 and not preempted:
             self.running.remove(stopped[0][0])
-        else:
+        elif len(stopped) > len(preempted):
             drop = {id(r) for r, _ in stopped}
             self.running = [r for r in self.running if id(r) not in drop]
         finished: list[EngineCoreOutput] = []
@@ -680,17 +1077,9 @@ class Scheduler:
         for num_appended, token in enumerate(new_token_ids, 1):
             if not single:
                 request.append_output(token)
-            if token == request.eos_token_id:
-                request.status = STOPPED
-            elif token in request.stop_token_ids:
-                request.status = STOPPED
-                request.stop_reason = token
-            elif request.num_tokens >= request.stop_len:
-                request.status = LENGTH_CAPPED
-            else:
-                continue
-            request.num_computed_tokens -= len(new_token_ids) - num_appended
-            return num_appended
+            if Scheduler._check_stop(request, token):
+                request.num_computed_tokens -= len(new_token_ids) - num_appended
+                return num_appended
         return 0
 
     # -- fast-forward ---------------------------------------------------------
@@ -731,13 +1120,22 @@ class Scheduler:
         assert not set(running_ids) & set(waiting_ids), "a request both runs and waits"
         assert set(running_ids) | set(waiting_ids) == set(self.requests), "a request was lost"
         assert len(self.running) <= self.max_num_running_reqs, "max_num_seqs exceeded"
+        # Drafts of the steps in flight are computed but not yet verified.
+        unverified = self.num_spec_tokens * len(self._in_flight)
         for r in self.running:
             assert r.status == RUNNING, f"{r.request_id} in running with status {r.status.name}"
-            assert r.num_computed_tokens <= len(r.all_token_ids) == r.num_tokens
+            assert len(r.all_token_ids) == r.num_tokens
+            assert r.num_computed_tokens <= r.num_tokens + r.num_output_placeholders + unverified, (
+                f"{r.request_id}: {r.num_computed_tokens} computed of {r.num_tokens} tokens")
             assert r.num_tokens == r.num_prompt_tokens + len(r.output_token_ids)
+            assert r.num_stale_output_tokens == 0, f"{r.request_id} runs with stale output"
+            assert 0 <= r.num_output_placeholders <= r.num_in_flight_tokens + self.num_spec_tokens
+            assert len(r.spec_token_ids) <= self.num_spec_tokens
         for r in self.waiting:
             assert r.status in (WAITING, PREEMPTED), f"{r.request_id} waits as {r.status.name}"
             assert r.num_computed_tokens == 0
+            assert r.num_output_placeholders == 0 and not r.spec_token_ids
+            assert 0 <= r.num_stale_output_tokens == r.num_in_flight_tokens
             assert r.request_id not in self.kv_cache_manager.req_to_blocks, (
                 f"waiting {r.request_id} holds KV blocks")
         self.waiting.check_invariants()

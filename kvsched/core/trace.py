@@ -10,6 +10,9 @@ from kvsched.core.scheduler import Scheduler
 
 TRACE_FIELDS = ("scheduled", "new", "resumed", "preempted", "computed_at_admission",
                 "finished", "num_free_blocks", "num_running", "num_waiting")
+# Written only with speculative decoding / async scheduling; compared
+# whenever either trace has them.
+OPTIONAL_FIELDS = ("spec", "processed")
 
 
 def step_record(step: int, output: SchedulerOutput, finished: list[list[str]],
@@ -37,7 +40,8 @@ def first_difference(expected: list[dict[str, Any]], actual: list[dict[str, Any]
     """The first step and field where two traces differ, or None if identical.
     ``finished``, ``resumed`` and ``preempted`` compare as sets."""
     for i, (e, a) in enumerate(zip(expected, actual)):
-        for name in TRACE_FIELDS:
+        names = TRACE_FIELDS + tuple(n for n in OPTIONAL_FIELDS if n in e or n in a)
+        for name in names:
             ev, av = _normalise(name, e.get(name)), _normalise(name, a.get(name))
             if ev != av:
                 return (f"step {e.get('step', i)}: {name} differs\n"

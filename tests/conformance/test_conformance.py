@@ -1,8 +1,10 @@
 """kvsched's step traces against vLLM 0.33.0's, recorded by the reference oracle.
 
-Every scenario under scenarios/ (hand-written) and random/ (generated) has a
-golden trace NAME.vllm.jsonl from ../shared/reference/vllm_replay.py; every
-field of every step must be identical.
+Every scenario under scenarios/ (hand-written), random/ (generated) and
+features/ (the oracle's examples of async scheduling, speculative decoding
+and the LoRA cap) has a golden trace NAME.vllm.jsonl from
+../shared/reference/vllm_replay.py; every field of every step must be
+identical.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from kvsched.core.trace import first_difference
 from kvsched.replay import load_scenario, replay
 
 HERE = Path(__file__).parent
-SCENARIOS = sorted((HERE / "scenarios").glob("*.json")) + sorted((HERE / "random").glob("*.json"))
+SCENARIOS = [path for folder in ("scenarios", "random", "features")
+             for path in sorted((HERE / folder).glob("*.json"))]
 
 
 def _golden(path: Path) -> Path:
@@ -27,6 +30,7 @@ def _golden(path: Path) -> Path:
 def test_corpus_is_complete() -> None:
     hand_written = list((HERE / "scenarios").glob("*.json"))
     assert len(hand_written) >= 40, "the acceptance bar is at least 40 hand-written scenarios"
+    assert len(list((HERE / "features").glob("*.json"))) == 8, "the oracle's 8 feature examples"
     missing = [p.name for p in SCENARIOS if not _golden(p).exists()]
     assert not missing, f"scenarios without a golden trace: {missing}"
 
