@@ -232,22 +232,19 @@ class Scheduler:
         if request.status != WAITING or request.num_computed_tokens or request.output_token_ids:
             raise ValueError(f"request {request.request_id}: already used (status "
                              f"{request.status.name}); create a fresh Request")
-        # The most KV a request can ever hold: everything but its last token,
-        # plus, with speculative decoding, the K drafts its last decode step
-        # may verify (within max_model_len) and a drafter's lookahead slots.
+        # The most KV a request can ever hold: everything but its last token.
+        # (With speculative decoding its last steps may also hold drafts; a
+        # request that fits only without them can spin in vLLM, which
+        # accepts it all the same, and so does kvsched.)
         max_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len) - 1
-        if self.num_spec_tokens:
-            max_len = min(max_len + self.num_spec_tokens, self.max_model_len - 1)
-            max_len = min(max_len + self.num_lookahead_tokens, self.max_model_len)
         need = -(-max_len // self.block_size)
         usable = self.cache_config.num_gpu_blocks - 1
         if need > usable:
-            drafts = (f" + {self.num_spec_tokens} draft slots" if self.num_spec_tokens else "")
             raise ValueError(
                 f"request {request.request_id}: prompt {request.num_prompt_tokens} + "
-                f"max_tokens {request.max_tokens}{drafts} needs up to {need} KV blocks but the "
-                f"cache has {usable}; it could never run (vLLM would hang on it). Lower "
-                "max_tokens, shorten the prompt, or give the cache more blocks")
+                f"max_tokens {request.max_tokens} needs up to {need} KV blocks but the cache "
+                f"has {usable}; it could never run (vLLM would hang on it). Lower max_tokens, "
+                "shorten the prompt, or give the cache more blocks")
 
     def finish_requests(self, request_ids: str | Iterable[str],
                         finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED,

@@ -1,10 +1,14 @@
 """Fresh random scenarios through vLLM's oracle and kvsched, compared live.
 
     python tests/conformance/compare_live.py --seeds 300-1299
+    python tests/conformance/compare_live.py --features --seeds 400-1399
 
 Needs the reference environment (``bash ../shared/reference/setup.sh``). The
-committed corpus covers seeds 0-299; this checks any other range without
-touching it, and prints how many traces were identical.
+committed corpus covers seeds 0-299 of random_scenarios.py (random/) and 0-399 of
+random_features.py (random_features/, with ``--features``: async scheduling,
+speculative decoding, the LoRA cap); this checks any other range without touching
+it, and prints how many traces were identical. A scenario kvsched refuses to
+replay (an unsupported key) counts as different, with the refusal as its reason.
 """
 
 from __future__ import annotations
@@ -20,41 +24,66 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from random_scenarios import parse_seeds, write_random_scenarios  # noqa: E402
+from random_features import FEATURE_CORPUS_SEEDS, write_feature_scenarios  # noqa: E402
+from random_scenarios import CORPUS_SEEDS, parse_seeds, write_random_scenarios  # noqa: E402
 from regenerate import ReferenceMissing, reference_paths  # noqa: E402
 
 from kvsched.core.trace import first_difference  # noqa: E402
 from kvsched.replay import load_scenario, replay  # noqa: E402
 
+# Default seed ranges: the next thousand after each committed corpus.
+DEFAULT_SEEDS = "300-1299"
+DEFAULT_FEATURE_SEEDS = "400-1399"
+
+
+def compare(path: Path) -> str | None:
+    """kvsched's trace of PATH against the oracle's PATH.vllm.jsonl: None when
+    identical, else the first difference (or why kvsched could not replay it)."""
+    golden = path.with_name(path.stem + ".vllm.jsonl")
+    expected = [json.loads(x) for x in golden.read_text().splitlines() if x.strip()]
+    out = io.StringIO()
+    try:
+        replay(load_scenario(str(path)), out)
+    except (ValueError, NotImplementedError, RuntimeError) as e:
+        return f"kvsched did not replay it: {e}"
+    actual = [json.loads(x) for x in out.getvalue().splitlines()]
+    return first_difference(expected, actual)
+
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", default="300-1299", help="seed range, e.g. 300-1299")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--features", action="store_true",
+                    help="generate feature scenarios (random_features.py) instead of plain ones")
+    ap.add_argument("--seeds", help=f"seed range, e.g. 300-1299 (default {DEFAULT_SEEDS}, "
+                    f"with --features {DEFAULT_FEATURE_SEEDS}; the corpus holds {CORPUS_SEEDS} "
+                    f"and {FEATURE_CORPUS_SEEDS})")
     args = ap.parse_args(argv)
+    seeds = parse_seeds(args.seeds or (DEFAULT_FEATURE_SEEDS if args.features else DEFAULT_SEEDS))
+    write = write_feature_scenarios if args.features else write_random_scenarios
+    kind = "random feature" if args.features else "random"
     try:
         python, oracle = reference_paths()
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write_random_scenarios(Path(tmp), parse_seeds(args.seeds))
-        subprocess.run([str(python), str(oracle), tmp], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        paths = write(Path(tmp), seeds)
+        proc = subprocess.run([str(python), str(oracle), tmp], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr[-4000:])
+            print(f"the oracle failed (exit {proc.returncode})", file=sys.stderr)
+            return 2
         identical, different = 0, []
         for path in paths:
-            golden = path.with_name(path.stem + ".vllm.jsonl")
-            expected = [json.loads(x) for x in golden.read_text().splitlines() if x.strip()]
-            out = io.StringIO()
-            replay(load_scenario(str(path)), out)
-            actual = [json.loads(x) for x in out.getvalue().splitlines()]
-            diff = first_difference(expected, actual)
+            diff = compare(path)
             if diff is None:
                 identical += 1
             else:
                 different.append(f"{path.name}: {diff}")
     for line in different:
         print(line)
-    print(f"{identical} of {len(paths)} random scenarios identical to vLLM 0.33.0")
+    print(f"{identical} of {len(paths)} {kind} scenarios identical to vLLM 0.33.0")
     return 0 if not different else 1
 
 

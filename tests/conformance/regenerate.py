@@ -1,7 +1,8 @@
 """Rewrite the conformance corpus: the random scenarios and every golden trace.
 
-    python tests/conformance/regenerate.py                # random/ files + all goldens
+    python tests/conformance/regenerate.py                # random/, random_features/ + all goldens
     python tests/conformance/regenerate.py --only scenarios
+    python tests/conformance/regenerate.py --only random_features
 
 The goldens (NAME.vllm.jsonl) come from vLLM 0.33.0's real scheduler, replayed by the
 oracle `vllm_replay.py` in the shared reference folder. It runs in its own virtualenv:
@@ -26,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 SCENARIOS_DIR = HERE / "scenarios"
 RANDOM_DIR = HERE / "random"
+RANDOM_FEATURES_DIR = HERE / "random_features"
 TRACE_SUFFIX = ".vllm.jsonl"
 DEFAULT_REFERENCE_PYTHON = Path.home() / ".cache/kvsched-reference/venv/bin/python"
 DEFAULT_REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference"
@@ -33,6 +35,7 @@ DEFAULT_REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference"
 # Run as a script, this folder is already on sys.path; as a module (-m) it may not be.
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+from random_features import FEATURE_CORPUS_SEEDS, FILE_PREFIX, write_feature_scenarios  # noqa: E402
 from random_scenarios import CORPUS_SEEDS, parse_seeds, write_random_scenarios  # noqa: E402
 
 
@@ -62,6 +65,14 @@ def rewrite_random_scenarios(seeds: list[int]) -> int:
     for old in RANDOM_DIR.glob("random_*"):
         old.unlink()
     return len(write_random_scenarios(RANDOM_DIR, seeds))
+
+
+def rewrite_feature_scenarios(seeds: list[int]) -> int:
+    """Replace random_features/ with freshly generated scenarios (stale seeds are removed)."""
+    RANDOM_FEATURES_DIR.mkdir(parents=True, exist_ok=True)
+    for old in RANDOM_FEATURES_DIR.glob(f"{FILE_PREFIX}*"):
+        old.unlink()
+    return len(write_feature_scenarios(RANDOM_FEATURES_DIR, seeds))
 
 
 def remove_orphan_traces(folder: Path) -> None:
@@ -103,8 +114,15 @@ def verify_traces(folder: Path, summaries: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Regenerate the conformance goldens with vLLM.")
-    parser.add_argument("--only", choices=["scenarios", "random"], help="regenerate just one folder")
+    parser.add_argument(
+        "--only", choices=["scenarios", "random", "random_features"], help="regenerate just one folder"
+    )
     parser.add_argument("--seeds", default=CORPUS_SEEDS, help=f"random seeds (default {CORPUS_SEEDS})")
+    parser.add_argument(
+        "--feature-seeds",
+        default=FEATURE_CORPUS_SEEDS,
+        help=f"random_features seeds (default {FEATURE_CORPUS_SEEDS})",
+    )
     args = parser.parse_args(argv)
     try:
         python, oracle = reference_paths()
@@ -119,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         count = rewrite_random_scenarios(parse_seeds(args.seeds))
         print(f"wrote {count} random scenarios to {RANDOM_DIR.relative_to(REPO_ROOT)}")
         folders.append(RANDOM_DIR)
+    if args.only in (None, "random_features"):
+        count = rewrite_feature_scenarios(parse_seeds(args.feature_seeds))
+        print(f"wrote {count} feature scenarios to {RANDOM_FEATURES_DIR.relative_to(REPO_ROOT)}")
+        folders.append(RANDOM_FEATURES_DIR)
     # One oracle process at a time: each loads vLLM and the machine is small.
     for folder in folders:
         remove_orphan_traces(folder)

@@ -1,8 +1,9 @@
 """kvsched's step traces against vLLM 0.33.0's, recorded by the reference oracle.
 
-Every scenario under scenarios/ (hand-written), random/ (generated) and
+Every scenario under scenarios/ (hand-written), random/ (generated),
 features/ (the oracle's examples of async scheduling, speculative decoding
-and the LoRA cap) has a golden trace NAME.vllm.jsonl from
+and the LoRA cap) and random_features/ (generated with those features) has
+a golden trace NAME.vllm.jsonl from
 ../shared/reference/vllm_replay.py; every field of every step must be
 identical.
 """
@@ -19,7 +20,7 @@ from kvsched.core.trace import first_difference
 from kvsched.replay import load_scenario, replay
 
 HERE = Path(__file__).parent
-SCENARIOS = [path for folder in ("scenarios", "random", "features")
+SCENARIOS = [path for folder in ("scenarios", "random", "features", "random_features")
              for path in sorted((HERE / folder).glob("*.json"))]
 
 
