@@ -29,6 +29,21 @@ A stretch of ``k`` steps is allowed when all of these hold:
   a finish costs no step of its own;
 - the blocks the stretch needs fit the free pool, so nothing is preempted.
 
+Under async scheduling (without drafts) a step is one iteration of vLLM's
+engine loop: schedule the next batch, then apply the older one's tokens.
+Between iterations one batch is in flight: the stretch starts there when
+that batch is pure decode of exactly the running requests (each computed
+one token ahead of its known tokens, one placeholder, one token in flight)
+and ends there with the stretch's last batch in flight, a SchedulerOutput
+``fast_forward_decode`` builds and puts in its place. A request's token
+count and computed count both grow by one per iteration, blocks are taken
+at the same positions as when stepping synchronously (one position ahead
+of the known tokens), and a block enters the prefix cache one iteration
+after the synchronous step would register it (its last token is known only
+then). An async stretch never runs through a finish: the iteration in
+which a request stops is stepped (a length stop changes which requests the
+same iteration schedules).
+
 Stepping one by one, step j visits the running requests in order: a request
 that starts a new block takes one from the front of the free queue (evicting
 whatever hash it carried), and a request that fills a block registers it in
@@ -58,6 +73,23 @@ if TYPE_CHECKING:
     from kvsched.request import Request
 
 
+def _lead(sched: Scheduler) -> int:
+    """How far a decoding request's computed tokens run ahead of its known
+    ones between steps: 0 synchronously (no step in flight); 1 under async
+    scheduling when exactly one batch is in flight and it is pure decode of
+    exactly the running requests. -1 when no stretch can start."""
+    if not sched.async_scheduling:
+        return -1 if sched.step_in_flight or sched.num_spec_tokens else 0
+    if sched.num_spec_tokens or sched.num_steps_in_flight != 1:
+        return -1
+    batch = sched.in_flight_outputs[0].num_scheduled_tokens
+    n = len(sched.running)
+    if len(batch) != n or sched.in_flight_outputs[0].total_num_scheduled_tokens != n or any(
+            r.request_id not in batch for r in sched.running):
+        return -1
+    return 1
+
+
 def first_new_block_steps(sched: Scheduler) -> list[int]:
     """Per running request, the first decode step (0-based) that needs a new
     block: step j computes position c + j, which starts a block when it is the
@@ -85,14 +117,20 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     freeing then run as in ``update_from_output``:
     ``Scheduler.fast_forward_decode_finishing``); else it stops before it."""
     running = sched.running
-    if (sched.admission_policy is not None or not sched.decode_stable or sched.step_in_flight
+    if (sched.admission_policy is not None or not sched.decode_stable
             or not running or len(running) > sched.max_num_scheduled_tokens):
         return 0, 0, False
+    lead = _lead(sched)
+    if lead < 0:
+        return 0, 0, False
+    if lead:
+        through_finish = False
     first_stop: float = math.inf  # the earliest step (0-based) in which a request stops
     kv_tokens = 0
     for r in running:
         length = r.num_tokens
-        if r.num_computed_tokens != length - 1 or not r.output_token_ids:
+        if r.num_computed_tokens != length - 1 + lead or not r.output_token_ids or (
+                lead and (r.num_output_placeholders != 1 or r.num_in_flight_tokens != 1)):
             return 0, 0, False  # still prefilling, or its first token is still to come
         kv_tokens += length
         # Step j appends the token that makes the length length + j + 1:
@@ -134,9 +172,17 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
     the requests that stopped at the last step with the tokens they kept (for
     ``Scheduler._finish_stopped``); changes nothing if it raises."""
     running = sched.running
-    if sched.step_in_flight:
+    lead = _lead(sched)
+    if lead < 0:
+        if sched.async_scheduling:
+            raise ValueError("fast_forward_decode: under async scheduling a stretch starts with "
+                             "exactly one pure-decode batch of the running requests in flight "
+                             "(and no drafts); step once first")
         raise ValueError("fast_forward_decode: the last step's SchedulerOutput has not been applied; "
                          "call update_from_output first")
+    if lead and last_tokens is not None:
+        raise ValueError("fast_forward_decode: an async stretch does not run through a finish; "
+                         "step the iteration in which a request stops")
     if type(k) is not int:
         raise TypeError(f"fast_forward_decode: num_steps={k!r} must be an int")
     limit = sched.token_limit
@@ -162,7 +208,8 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
     firsts = first_new_block_steps(sched)
     for idx, (request, token) in enumerate(zip(running, tokens)):
         length = request.num_tokens
-        if request.num_computed_tokens != length - 1 or not request.output_token_ids:
+        if request.num_computed_tokens != length - 1 + lead or not request.output_token_ids or (
+                lead and (request.num_output_placeholders != 1 or request.num_in_flight_tokens != 1)):
             raise ValueError(f"fast_forward_decode: {request.request_id} is not decoding")
         if length + quiet >= request.stop_len or (quiet and token in request.all_stop_ids):
             raise ValueError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
@@ -188,8 +235,10 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
         request.num_computed_tokens += k
         request.is_prefill_chunk = False
     allocs.sort()
-    if not kv.enable_caching or not _cache_in_bulk(sched, allocs):
-        _replay_events(sched, k, allocs)
+    if not kv.enable_caching or not _cache_in_bulk(sched, allocs, lead):
+        _replay_events(sched, k, allocs, lead)
+    if lead:
+        _renew_in_flight(sched, allocs, k)
     # Free blocks after each step: only allocations change the count.
     per_step = [0] * k
     for step, _ in allocs:
@@ -201,7 +250,32 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
     return free_after, stopped
 
 
-def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]]) -> bool:
+def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int) -> None:
+    """Async: the stretch's last batch is in flight in place of the one
+    before it: every running request for one token (what the last
+    iteration's schedule() would have returned)."""
+    from kvsched.core.output import CachedRequestData, SchedulerOutput
+
+    old = sched.in_flight_outputs[0]
+    running = sched.running
+    req_ids = [r.request_id for r in running]
+    new_block_ids: dict[str, list[int]] = {}
+    req_to_blocks = sched.kv_cache_manager.req_to_blocks
+    for step, idx in allocs:
+        if step == k - 1:
+            new_block_ids[req_ids[idx]] = [req_to_blocks[req_ids[idx]][-1]]
+    output = SchedulerOutput(
+        scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(req_ids, set(), new_block_ids),
+        num_scheduled_tokens=dict.fromkeys(req_ids, 1), total_num_scheduled_tokens=len(req_ids),
+        # The first iteration's schedule() reports the finishes before the
+        # stretch: in this output only if it is that iteration's.
+        preempted_req_ids=set(), finished_req_ids=sched.finished_req_ids if k == 1 else set(),
+        admission_stop=old.admission_stop)
+    output.num_spec_tokens_to_schedule = old.num_spec_tokens_to_schedule
+    sched.in_flight_outputs[0] = output
+
+
+def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]], lead: int) -> bool:
     """The usual case, in bulk. Returns False (nothing done) if a hash the
     stretch registers is already cached, or registered twice."""
     kv = sched.kv_cache_manager
@@ -213,7 +287,8 @@ def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]]) -> bool:
     new_hashes: list[int] = []
     for request in running:
         num_cached = num_cached_block.get(request.request_id, 0)
-        num_full = request.num_computed_tokens // bs
+        # Blocks whose tokens are all known (async: computed runs one ahead).
+        num_full = (request.num_computed_tokens - lead) // bs
         if num_full > num_cached:
             if request.private:
                 # No entries to make (KVCacheManager.cache_full_blocks only
@@ -239,7 +314,7 @@ def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]]) -> bool:
     return True
 
 
-def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]]) -> None:
+def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]], lead: int) -> None:
     """Allocations and cache registrations one by one, in stepping order."""
     kv = sched.kv_cache_manager
     bs = sched.block_size
@@ -250,7 +325,9 @@ def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]]) -> N
     events = [(step, idx, 0) for step, idx in allocs]
     if caching:
         for idx, request in enumerate(running):
-            c = request.num_computed_tokens - k  # before the stretch
+            # Known tokens minus one before the stretch (the computed count
+            # synchronously; async runs one ahead).
+            c = request.num_computed_tokens - k - lead
             # Step j fills a block when (c + j + 1) % bs == 0; blocks left
             # uncached before the stretch are registered at its first step.
             first = (-(c + 1)) % bs
@@ -265,7 +342,7 @@ def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]]) -> N
         if kind == 0:
             blocks.extend(pool.get_new_blocks(1))
             continue
-        num_full = (request.num_computed_tokens - k + step + 1) // bs
+        num_full = (request.num_computed_tokens - k - lead + step + 1) // bs
         num_cached = kv.num_cached_block.get(request.request_id, 0)
         if num_full > num_cached:
             kv.cache_full_blocks(request, blocks, num_cached, num_full)

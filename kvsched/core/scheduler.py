@@ -301,6 +301,12 @@ class Scheduler:
     def num_steps_in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def in_flight_outputs(self) -> deque[SchedulerOutput]:
+        """The SchedulerOutputs awaiting update_from_output, oldest first
+        (fast-forward replaces an async stretch's batch in flight)."""
+        return self._in_flight
+
     def has_requests(self) -> bool:
         """Unfinished requests, or finished ones the next schedule() has
         still to report (vLLM's has_requests: the engine keeps stepping)."""
@@ -362,9 +368,9 @@ class Scheduler:
         # Pure decode (every running request scheduled for exactly one token,
         # nobody admitted, resumed or preempted) with admission held for a
         # stable reason, or nothing waiting: the next steps admit nothing.
-        # (Fast-forward covers neither drafts nor placeholders yet.)
+        # (Fast-forward covers placeholders, not drafts.)
         n = len(self.running)
-        self.decode_stable = self._plain and (not self.waiting or (
+        self.decode_stable = not self.num_spec_tokens and (not self.waiting or (
             output.total_num_scheduled_tokens == n and len(output.num_scheduled_tokens) == n
             and not step.new_reqs and not step.resumed_reqs and not step.preempted
             and step.admission_stop in _STABLE_STOPS and step.skipped is None))
