@@ -53,6 +53,8 @@ from kvsched.request import (
 )
 
 RUNNING = RequestStatus.RUNNING
+# "Allocated nothing" (read only).
+_NO_NEW_BLOCKS: list[int] = []
 PREEMPTED = RequestStatus.PREEMPTED
 WAITING = RequestStatus.WAITING
 STOPPED = RequestStatus.FINISHED_STOPPED
@@ -475,7 +477,12 @@ class Scheduler:
         the victim. ``skip_prefill_chunks`` skips requests whose last
         scheduling left them mid-prefill (vLLM's defer_prefills)."""
         running = self.running
-        allocate_slots = self.kv_cache_manager.allocate_slots
+        kv = self.kv_cache_manager
+        allocate_slots = kv.allocate_slots
+        req_to_blocks = kv.req_to_blocks
+        num_cached_block = kv.num_cached_block
+        caching = kv.enable_caching
+        bs = self.block_size
         lookahead = self.num_lookahead_tokens
         num_scheduled = step.num_scheduled_tokens
         scheduled = step.running_req_ids
@@ -497,7 +504,19 @@ class Scheduler:
             if num_new <= 0:
                 req_index += 1
                 continue
-            while True:
+            rid = request.request_id
+            end = request.num_computed_tokens + num_new
+            num_tokens = request.num_tokens
+            blocks = req_to_blocks.get(rid)
+            # As in _schedule_running: no allocation when the tokens (and
+            # lookahead slots) fit the last block and no known block fills.
+            if blocks is not None and end + lookahead <= len(blocks) * bs and not (
+                    caching and (end if end < num_tokens else num_tokens) // bs
+                    > num_cached_block.get(rid, 0)):
+                new_blocks: list[int] | None = _NO_NEW_BLOCKS
+            else:
+                new_blocks = None
+            while new_blocks is None:
                 new_blocks = allocate_slots(request, num_new, num_lookahead_tokens=lookahead)
                 if new_blocks is not None:
                     break
@@ -530,7 +549,6 @@ class Scheduler:
                     # points at the next one.
                     continue
                 break
-            rid = request.request_id
             if new_blocks:
                 new_block_ids[rid] = new_blocks
             scheduled.append(rid)
@@ -883,25 +901,36 @@ class Scheduler:
         chunks = scheduler_output.prefill_chunk_req_ids
         get_request = self.requests.get
         receives = self._receives_output
+        limit = self.token_limit
+        # Pass 1 checks every entry (nothing changes if one is bad) and
+        # finds each entry's request: None when its output is dropped.
+        targets: list[Request | None] = []
+        type_, int_, list_, len_ = type, int, list, len
         for rid, entry in zip(num_scheduled, entries):
-            if type(entry) is not list:
+            if type_(entry) is not list_:
                 raise TypeError(f"model_runner_output: sampled_token_ids for {rid} must be a list "
                                 f"of token ids, got {type(entry).__name__}")
-            check_token_ids(f"model_runner_output: tokens for {rid}", entry, self.token_limit)
-            if not receives(get_request(rid)):
+            for token in entry:
+                if type_(token) is not int_ or not 0 <= token < limit:
+                    check_token_ids(f"model_runner_output: tokens for {rid}", entry, limit)
+            request = get_request(rid)
+            if not receives(request):
+                targets.append(None)
                 continue
+            targets.append(request)
             if rid in chunks:
                 if entry:
                     raise ValueError(
                         f"model_runner_output: {rid} was mid-way through its prefill in this step "
                         f"and samples no token, got {entry!r:.80}; pass []")
                 continue
-            num_drafts = len(spec.get(rid, ()))
-            if not 1 <= len(entry) <= 1 + num_drafts:
-                raise ValueError(
-                    f"model_runner_output: {rid} samples 1 token plus its accepted drafts "
-                    f"({num_drafts} were scheduled), so 1 to {1 + num_drafts} tokens, got "
-                    f"{len(entry)}")
+            n = len_(entry)
+            if n != 1 or spec:
+                num_drafts = len(spec.get(rid, ()))
+                if not 1 <= n <= 1 + num_drafts:
+                    raise ValueError(
+                        f"model_runner_output: {rid} samples 1 token plus its accepted drafts "
+                        f"({num_drafts} were scheduled), so 1 to {1 + num_drafts} tokens, got {n}")
         if num_scheduled:
             self._in_flight.popleft()
         stats: SpecDecodingStats | None = None
@@ -911,24 +940,27 @@ class Scheduler:
         track_flight = self.async_scheduling
         num_spec = self.num_spec_tokens
         kv = self.kv_cache_manager
-        for (rid, n), entry in zip(num_scheduled.items(), entries):
-            request = get_request(rid)
-            if request is None or not receives(request):
+        caching = kv.enable_caching
+        num_cached_block = kv.num_cached_block
+        bs = self.block_size
+        running = RUNNING
+        for (rid, n_sched), entry, request in zip(num_scheduled.items(), entries, targets):
+            if request is None:
                 if entry:
                     dropped.append(rid)
                 continue
             stale = False
             if track_flight:
-                request.num_in_flight_tokens -= n
+                request.num_in_flight_tokens -= n_sched
                 if request.num_stale_output_tokens > 0:
                     stale = True
-                    request.num_stale_output_tokens -= n
+                    request.num_stale_output_tokens -= n_sched
             if not entry:
                 continue
-            drafts = spec.get(rid)
+            drafts = spec.get(rid) if spec else None
             if drafts:
-                num_accepted = len(entry) - 1
-                num_rejected = len(drafts) - num_accepted
+                num_accepted = len_(entry) - 1
+                num_rejected = len_(drafts) - num_accepted
                 if not stale:
                     if request.num_computed_tokens > 0:
                         request.num_computed_tokens -= num_rejected
@@ -936,21 +968,25 @@ class Scheduler:
                         request.num_output_placeholders -= num_rejected
                 if stats is None:
                     stats = SpecDecodingStats(num_spec)
-                stats.observe_draft(len(drafts), num_accepted)
+                stats.observe_draft(len_(drafts), num_accepted)
             had_placeholders = request.num_output_placeholders > 0
-            was_running = request.status is RUNNING
+            was_running = request.status is running
             kept = 0
             for kept_so_far, token in enumerate(entry, 1):
                 request.append_output(token)
-                if self._check_stop(request, token):
+                if (token in request.all_stop_ids or request.num_tokens >= request.stop_len) and \
+                        self._check_stop(request, token):
                     kept = kept_so_far
                     if not stale:
-                        request.num_computed_tokens -= len(entry) - kept
+                        request.num_computed_tokens -= len_(entry) - kept
                     break
             if not stale:
                 if request.num_output_placeholders > 0:
-                    request.num_output_placeholders -= len(entry)
-                if was_running and (had_placeholders or num_spec):
+                    request.num_output_placeholders -= len_(entry)
+                # Blocks whose tokens became known enter the prefix cache.
+                if caching and was_running and (had_placeholders or num_spec) and (
+                        (request.num_computed_tokens - request.num_in_flight_tokens) // bs
+                        > num_cached_block.get(rid, 0)):
                     kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if kept:
                 stopped.append((request, kept))
@@ -997,22 +1033,27 @@ class Scheduler:
             raise ValueError("draft_token_ids: req_ids and draft_token_ids must be lists of the same "
                              "length (one list of drafts per request)")
         k = self.num_spec_tokens
+        limit = self.token_limit
+        get_request = self.requests.get
+        targets: list[Request | None] = []
         for rid, tokens in zip(req_ids, drafts):
-            if not isinstance(rid, str):
+            if type(rid) is not str:
                 raise TypeError(f"draft_token_ids: {rid!r:.80} is not a request id; ids are str")
             if type(tokens) is not list:
                 raise TypeError(f"draft_token_ids: drafts for {rid} must be a list of token ids, "
                                 f"got {type(tokens).__name__}")
-            check_token_ids(f"draft_token_ids: drafts for {rid}", tokens, self.token_limit)
+            for token in tokens:
+                if type(token) is not int or not 0 <= token < limit:
+                    check_token_ids(f"draft_token_ids: drafts for {rid}", tokens, limit)
             if len(tokens) > k:
                 raise ValueError(f"draft_token_ids: {len(tokens)} drafts for {rid}, but "
                                  f"num_speculative_tokens is {k}; propose at most {k}")
-            request = self.requests.get(rid)
+            request = get_request(rid)
             if request is not None and request.status is not RUNNING:
                 raise ValueError(f"draft_token_ids: {rid} is not running ({request.status.name}); "
                                  "drafts are for the requests of the step just applied")
-        for rid, tokens in zip(req_ids, drafts):
-            request = self.requests.get(rid)
+            targets.append(request)
+        for request, tokens in zip(targets, drafts):
             if request is None:
                 continue  # finished in the step just applied
             if request.is_prefill_chunk:
