@@ -934,6 +934,7 @@ class Scheduler:
         if num_scheduled:
             self._in_flight.popleft()
         stats: SpecDecodingStats | None = None
+        per_pos: list[int] = []
         stopped: list[tuple[Request, int]] = []
         waiting_stops: list[Request] = []
         dropped: list[str] = []
@@ -968,18 +969,29 @@ class Scheduler:
                         request.num_output_placeholders -= num_rejected
                 if stats is None:
                     stats = SpecDecodingStats(num_spec)
-                stats.observe_draft(len_(drafts), num_accepted)
+                    per_pos = stats.num_accepted_tokens_per_pos
+                stats.num_drafts += 1
+                stats.num_draft_tokens += len_(drafts)
+                if num_accepted:
+                    stats.num_accepted_tokens += num_accepted
+                    for i in range(num_accepted):
+                        per_pos[i] += 1
             had_placeholders = request.num_output_placeholders > 0
             was_running = request.status is running
             kept = 0
-            for kept_so_far, token in enumerate(entry, 1):
-                request.append_output(token)
-                if (token in request.all_stop_ids or request.num_tokens >= request.stop_len) and \
-                        self._check_stop(request, token):
-                    kept = kept_so_far
-                    if not stale:
-                        request.num_computed_tokens -= len_(entry) - kept
-                    break
+            if request.num_tokens + len_(entry) < request.stop_len and (
+                    (len_(entry) == 1 and entry[0] not in request.all_stop_ids)
+                    or request.all_stop_ids.isdisjoint(entry)):
+                request.extend_output(entry)  # no stop among them: in one go
+            else:
+                for kept_so_far, token in enumerate(entry, 1):
+                    request.append_output(token)
+                    if (token in request.all_stop_ids or request.num_tokens >= request.stop_len) \
+                            and self._check_stop(request, token):
+                        kept = kept_so_far
+                        if not stale:
+                            request.num_computed_tokens -= len_(entry) - kept
+                        break
             if not stale:
                 if request.num_output_placeholders > 0:
                     request.num_output_placeholders -= len_(entry)
