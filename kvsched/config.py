@@ -211,6 +211,30 @@ def check_speculative_with_async(speculative: SpeculativeConfig | None, async_sc
                     "use method 'ngram_gpu', or turn async scheduling off")
 
 
+def check_speculative_settings(config: SchedulerConfig, speculative: SpeculativeConfig | None) -> None:
+    """The scheduler settings vLLM 0.33 cannot run speculative decoding
+    with (raises ValueError naming the field). A request admitted with one
+    token to compute is padded to 1 + K tokens and never admitted unpadded,
+    so a budget below 1 + K admits nothing behind it (vLLM spins forever),
+    and a long-prefill threshold below 1 + K cuts the padding (vLLM fails
+    an assertion). And the CPU n-gram proposer does not run under async
+    scheduling (:func:`check_speculative_with_async`)."""
+    if speculative is None:
+        return
+    check_speculative_with_async(speculative, config.async_scheduling)
+    k = speculative.num_speculative_tokens
+    if config.max_num_batched_tokens < 1 + k:
+        raise _fail("max_num_batched_tokens", config.max_num_batched_tokens,
+                    f"below 1 + num_speculative_tokens ({1 + k}), so a request with one token to "
+                    "compute could never be admitted (vLLM 0.33 would spin forever)",
+                    "raise max_num_batched_tokens")
+    threshold = config.long_prefill_token_threshold
+    if 0 < threshold < 1 + k:
+        raise _fail("long_prefill_token_threshold", threshold,
+                    f"below 1 + num_speculative_tokens ({1 + k}), it would cut a padded admission "
+                    "(vLLM 0.33 fails an assertion)", "raise it or set it to 0")
+
+
 @dataclass(slots=True, frozen=True)
 class LoRAConfig:
     """vLLM's LoRA settings the scheduler reads: at most ``max_loras``

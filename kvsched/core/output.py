@@ -88,9 +88,10 @@ class ModelRunnerOutput:
 
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
-    # Per request, aligned with req_ids: {token id: Logprob} of the sampled
-    # token and the top ones, or None; the whole list is None when no request
-    # asked for logprobs. (Typed loosely: Logprob lives with the torch sampler.)
+    # Per request, aligned with req_ids: a list with one {token id: Logprob}
+    # per sampled token (accepted drafts, then the last), or None; the whole
+    # list is None when no request asked for logprobs. (Typed loosely:
+    # Logprob lives with the torch sampler.)
     logprobs: list[Any] | None = None
 
 

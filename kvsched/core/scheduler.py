@@ -27,7 +27,7 @@ from kvsched.config import (
     LoRAConfig,
     SchedulerConfig,
     SpeculativeConfig,
-    check_speculative_with_async,
+    check_speculative_settings,
 )
 from kvsched.core import explain
 from kvsched.core.kv_cache_manager import KVCacheManager
@@ -71,27 +71,6 @@ def _bad_tokens(tokens: list[int], limit: int) -> bool:
     except ValueError:
         return True
     return False
-
-
-def _check_spec_budget(config: SchedulerConfig, num_spec: int) -> None:
-    """Settings under which vLLM 0.33 cannot run speculative decoding: a
-    request admitted with one token to compute is padded to 1 + K tokens
-    and never admitted unpadded, so a budget below 1 + K admits nothing
-    behind it (vLLM spins forever), and a long-prefill threshold below
-    1 + K cuts the padding (vLLM fails an assertion)."""
-    if not num_spec:
-        return
-    if config.max_num_batched_tokens < 1 + num_spec:
-        raise ValueError(
-            f"max_num_batched_tokens={config.max_num_batched_tokens}: below 1 + "
-            f"num_speculative_tokens ({1 + num_spec}), so a request with one token to compute "
-            "could never be admitted (vLLM 0.33 would spin forever); raise max_num_batched_tokens")
-    threshold = config.long_prefill_token_threshold
-    if 0 < threshold < 1 + num_spec:
-        raise ValueError(
-            f"long_prefill_token_threshold={threshold}: below 1 + num_speculative_tokens "
-            f"({1 + num_spec}), it would cut a padded admission (vLLM 0.33 fails an assertion); "
-            "raise it or set it to 0")
 
 
 @dataclass(slots=True)
@@ -163,9 +142,8 @@ class Scheduler:
                             "SpeculativeConfig or None")
         if lora_config is not None and not isinstance(lora_config, LoRAConfig):
             raise TypeError(f"lora_config={lora_config!r:.80}: must be a kvsched LoRAConfig or None")
-        check_speculative_with_async(speculative_config, scheduler_config.async_scheduling)
+        check_speculative_settings(scheduler_config, speculative_config)
         num_spec = speculative_config.num_speculative_tokens if speculative_config else 0
-        _check_spec_budget(scheduler_config, num_spec)
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.speculative_config = speculative_config

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, fields
 from typing import Any
 
 from kvsched.config import (
+    SpeculativeConfig,
     check_gpu_memory_utilization,
     check_long_prefill_token_threshold,
     check_num_gpu_blocks_override,
+    check_speculative_with_async,
 )
+from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.scheduler_defaults import check_optional_limit
 
 # vLLM's CPU backend reserves 4 GiB for the KV cache unless told otherwise;
@@ -37,6 +41,73 @@ def parse_bytes(value: int | str, name: str = "kv_cache_memory") -> int:
     return n
 
 
+# The keys of --speculative-config the engine takes (vLLM's names).
+SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+# vLLM's methods that run a drafter model (kvsched's engine runs none).
+DRAFTER_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "medusa", "mlp_speculator", "dflash")
+
+
+def parse_speculative_config(value: object, async_scheduling: bool = False) -> SpeculativeConfig | None:
+    """vLLM's ``speculative_config``: a dict, its JSON text (the CLI's
+    ``--speculative-config '{"method": "ngram", ...}'``), a SpeculativeConfig,
+    or None (off). Every problem is one ValueError naming the field."""
+    if value is None or isinstance(value, SpeculativeConfig):
+        config = value
+    else:
+        if isinstance(value, str):
+            try:
+                value = strict_loads(value, constants=False)
+            except ValueError as err:
+                raise ValueError(f"speculative_config: {json_problem(err)}; give a JSON object such "
+                                 'as \'{"method": "ngram", "num_speculative_tokens": 3}\'') from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config={value!r:.80}: must be a JSON object (a dict) with "
+                             "method and num_speculative_tokens, e.g. "
+                             '{"method": "ngram", "num_speculative_tokens": 3}')
+        for key in value:
+            if key not in SPECULATIVE_KEYS:
+                close = difflib.get_close_matches(str(key), SPECULATIVE_KEYS, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ValueError(f"speculative_config.{key}: unknown key; {hint}kvsched's engine "
+                                 f"takes {', '.join(SPECULATIVE_KEYS)}")
+        method = value.get("method")
+        if method is None:
+            raise ValueError("speculative_config.method: missing; give the proposer, 'ngram' "
+                             "(or 'ngram_gpu' with async scheduling)")
+        if method == "[ngram]":  # vLLM's alias
+            method = "ngram"
+        if method in DRAFTER_METHODS:
+            raise ValueError(f"speculative_config.method={method!r}: eagle/mtp need a drafter model "
+                             "kvsched's engine does not run; use method 'ngram' (or 'ngram_gpu' with "
+                             "async scheduling)")
+        if method not in ("ngram", "ngram_gpu"):
+            close = difflib.get_close_matches(str(method), ("ngram", "ngram_gpu"), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"speculative_config.method={method!r}: unknown speculative method; "
+                             f"{hint}kvsched's engine runs 'ngram' ('ngram_gpu' with async "
+                             "scheduling)")
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config.num_speculative_tokens: missing; give the number of "
+                             "draft tokens proposed per step, e.g. 3")
+        config = SpeculativeConfig(
+            method=method, num_speculative_tokens=value["num_speculative_tokens"],
+            prompt_lookup_min=value.get("prompt_lookup_min"),
+            prompt_lookup_max=value.get("prompt_lookup_max"))
+    if config is None:
+        return None
+    if config.uses_drafter:
+        raise ValueError(f"speculative_config.method={config.method!r}: eagle/mtp need a drafter "
+                         "model kvsched's engine does not run; use method 'ngram'")
+    check_speculative_with_async(config, async_scheduling)
+    if config.method == "ngram_gpu" and not async_scheduling:
+        raise ValueError(
+            "speculative_config.method='ngram_gpu': kvsched's engine runs the GPU n-gram proposer "
+            "only with async scheduling (synchronously, vLLM hands its -1-padded drafts to the "
+            "scheduler, which kvsched's scheduler does not take); use method 'ngram', or turn "
+            "async_scheduling on")
+    return config
+
+
 @dataclass(slots=True)
 class EngineArgs:
     model: str
@@ -55,6 +126,13 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory: int | str | None = None
     gpu_memory_utilization: float = 0.9
+    # vLLM's --speculative-config (a dict or its JSON text); validate() turns
+    # it into a SpeculativeConfig.
+    speculative_config: dict[str, Any] | str | SpeculativeConfig | None = None
+    # vLLM's --async-scheduling: schedule step N+1 before step N's output is
+    # applied. Off by default here: on CPU the model runs each step to the
+    # end before the next is scheduled, so it buys no overlap.
+    async_scheduling: bool = False
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -86,3 +164,16 @@ class EngineArgs:
         check_long_prefill_token_threshold(self.long_prefill_token_threshold)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed={self.seed!r}: must be an integer")
+        if type(self.async_scheduling) is not bool:
+            raise ValueError(f"async_scheduling={self.async_scheduling!r}: must be True or False")
+        self.speculative_config = parse_speculative_config(self.speculative_config,
+                                                           self.async_scheduling)
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """The speculative config as a SpeculativeConfig (validate() stores it so;
+        parsed here if it has not run)."""
+        config = self.speculative_config
+        if config is not None and not isinstance(config, SpeculativeConfig):
+            config = parse_speculative_config(config, self.async_scheduling)
+        return config

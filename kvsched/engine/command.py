@@ -53,6 +53,12 @@ def add_generate_parser(sub: Any) -> None:
                    help="KV cache size on CPU, e.g. 512MiB (default: 4 GiB as vLLM's CPU backend, "
                         "capped at what max_num_seqs x max_model_len tokens can fill)")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    e.add_argument("--speculative-config", help="speculative decoding as JSON, e.g. "
+                   '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}\' '
+                   "(n-gram drafts; 'ngram_gpu' with --async-scheduling)")
+    e.add_argument("--async-scheduling", action=BOOL, default=False,
+                   help="schedule step N+1 before step N's output is applied (vLLM's async "
+                        "scheduling; the decisions and outputs are vLLM's, the CPU gains no overlap)")
     o = p.add_argument_group("output")
     o.add_argument("--output-json", help="write every output (text, token ids, timings) here")
     o.add_argument("--no-progress", action="store_true")
@@ -105,7 +111,8 @@ def run_generate(args: argparse.Namespace) -> int:
               long_prefill_token_threshold=args.long_prefill_token_threshold,
               scheduling_policy=args.scheduling_policy, block_size=args.block_size,
               num_gpu_blocks_override=args.num_gpu_blocks_override,
-              kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization)
+              kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+              speculative_config=args.speculative_config, async_scheduling=args.async_scheduling)
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
     elapsed = time.perf_counter() - t0

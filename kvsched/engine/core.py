@@ -1,16 +1,34 @@
-"""The engine core: kvsched's scheduler driving a PyTorch model on a paged KV cache."""
+"""The engine core: kvsched's scheduler driving a PyTorch model on a paged KV cache.
+
+``step()`` is vLLM's ``EngineCore.step`` (synchronous scheduling: schedule,
+run, apply the output, then hand the proposer's drafts to the scheduler, as
+``post_step`` does) or ``step_with_batch_queue`` (async scheduling: a batch
+queue of 2, so step N+1 is scheduled before step N's output is applied).
+Under async scheduling the model still runs each batch to the end as soon as
+it is scheduled (CPU), so the runner knows the sampled tokens of the batch in
+flight when it builds the next one's inputs, as vLLM's runner keeps them on
+the device; what the batch queue changes is when the scheduler learns them,
+and so its decisions, which are vLLM's.
+"""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 
-from kvsched.config import CacheConfig, SchedulerConfig
-from kvsched.core.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from kvsched.config import CacheConfig, SchedulerConfig, check_speculative_settings
+from kvsched.core.output import (
+    EngineCoreOutputs,
+    ModelRunnerOutput,
+    SchedulerOutput,
+    SpecDecodingStats,
+)
 from kvsched.core.scheduler import Scheduler
 from kvsched.engine.args import DEFAULT_KV_CACHE_MEMORY, EngineArgs
 from kvsched.executor.model_runner import ModelRunner
+from kvsched.executor.ngram_proposer import NgramProposer
 from kvsched.executor.sampler import Sampler
 from kvsched.model.attention import CausalAttention
 from kvsched.model.config import ModelConfig, load_model_config
@@ -98,11 +116,23 @@ def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, dev
     return int(blocks)
 
 
+# vLLM's EngineCore.batch_queue_size under async scheduling (no pipeline parallelism).
+BATCH_QUEUE_SIZE = 2
+
+
 @dataclass(slots=True)
 class StepResult:
-    scheduler_output: SchedulerOutput
-    runner_output: ModelRunnerOutput
-    core_outputs: EngineCoreOutputs
+    """One engine step. ``scheduled``: the batch scheduled in it (None when
+    nothing was: async scheduling draining its queue). ``executed``,
+    ``runner_output`` and ``core_outputs``: the batch whose output the
+    scheduler applied in it, that output and what the scheduler made of it
+    (all None under async scheduling when the step only filled the queue).
+    Synchronous scheduling applies the batch it scheduled."""
+
+    scheduled: SchedulerOutput | None
+    executed: SchedulerOutput | None
+    runner_output: ModelRunnerOutput | None
+    core_outputs: EngineCoreOutputs | None
 
 
 class EngineCore:
@@ -120,11 +150,16 @@ class EngineCore:
             enable_chunked_prefill=args.enable_chunked_prefill)
         max_num_seqs, batched, max_model_len = (
             limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len)
+        self.async_scheduling = args.async_scheduling
+        self.speculative_config = args.speculative
         self.scheduler_config = SchedulerConfig(
             max_num_batched_tokens=batched, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
             enable_chunked_prefill=args.enable_chunked_prefill,
             long_prefill_token_threshold=args.long_prefill_token_threshold,
-            policy=args.scheduling_policy)
+            policy=args.scheduling_policy, async_scheduling=self.async_scheduling)
+        # The scheduler's checks of the speculative settings (the budget for
+        # 1 + K tokens), before the weights load.
+        check_speculative_settings(self.scheduler_config, self.speculative_config)
         self.model_config, self.model = load_model(args.model, self.dtype, self.device)
         peak = 0
         if (self.device.type == "cuda" and args.kv_cache_memory is None
@@ -136,10 +171,20 @@ class EngineCore:
         self.cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=args.block_size,
                                         enable_prefix_caching=args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
-                                   vocab_size=self.model_config.vocab_size)
+                                   vocab_size=self.model_config.vocab_size,
+                                   speculative_config=self.speculative_config)
+        proposer = None
+        if self.speculative_config is not None:
+            proposer = NgramProposer(self.speculative_config, max_model_len)
         self.runner = ModelRunner(self.model, self.model_config, num_blocks, args.block_size,
                                   self.device, self.dtype,
-                                  Sampler(args.seed, self.device, self.model_config.eos_token_ids))
+                                  Sampler(args.seed, self.device, self.model_config.eos_token_ids),
+                                  proposer=proposer, async_drafts=self.async_scheduling)
+        # Async scheduling: batches run but not yet applied, newest first,
+        # with their outputs (vLLM's batch queue holds the futures).
+        self.batch_queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
+        # Speculative decoding's counters summed over every step so far.
+        self.spec_decoding_stats: SpecDecodingStats | None = None
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -148,10 +193,50 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests to finish, or (async) a batch whose output is still to apply."""
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def step(self) -> StepResult:
+        if self.async_scheduling:
+            return self._step_with_batch_queue()
         scheduler_output = self.scheduler.schedule()
         runner_output = self.runner.execute_model(scheduler_output)
-        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return StepResult(scheduler_output, runner_output, core_outputs)
+        core_outputs = self._apply(scheduler_output, runner_output)
+        if self.speculative_config is not None and scheduler_output.total_num_scheduled_tokens > 0:
+            # vLLM's post_step: the drafts proposed after this step.
+            drafts = self.runner.take_draft_token_ids()
+            if drafts is not None:
+                self.scheduler.update_draft_token_ids(drafts)
+        return StepResult(scheduler_output, scheduler_output, runner_output, core_outputs)
+
+    def _step_with_batch_queue(self) -> StepResult:
+        """vLLM's step_with_batch_queue: schedule a batch while the queue has
+        room; apply the oldest batch's output once the queue is full or
+        nothing more can be scheduled."""
+        queue = self.batch_queue
+        scheduled = None
+        if self.scheduler.has_requests():
+            scheduled = self.scheduler.schedule()
+            queue.appendleft((scheduled, self.runner.execute_model(scheduled)))
+            if len(queue) < BATCH_QUEUE_SIZE and (
+                    scheduled.total_num_scheduled_tokens > 0 or self.scheduler.has_requests()):
+                return StepResult(scheduled, None, None, None)
+        elif not queue:
+            return StepResult(None, None, None, None)
+        executed, runner_output = queue.pop()
+        return StepResult(scheduled, executed, runner_output, self._apply(executed, runner_output))
+
+    def _apply(self, scheduler_output: SchedulerOutput,
+               runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        stats = outputs.spec_decoding_stats
+        if stats is not None:
+            total = self.spec_decoding_stats
+            if total is None:
+                total = self.spec_decoding_stats = SpecDecodingStats(stats.num_spec_tokens)
+            total.num_drafts += stats.num_drafts
+            total.num_draft_tokens += stats.num_draft_tokens
+            total.num_accepted_tokens += stats.num_accepted_tokens
+            for pos, n in enumerate(stats.num_accepted_tokens_per_pos):
+                total.num_accepted_tokens_per_pos[pos] += n
+        return outputs

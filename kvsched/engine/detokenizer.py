@@ -8,6 +8,7 @@ few characters before it that a stop string could span).
 
 from __future__ import annotations
 
+import bisect
 import os
 from pathlib import Path
 from typing import Protocol
@@ -84,6 +85,9 @@ class IncrementalDetokenizer:
         self.num_output_tokens = 0
         # The stop string that ended the text, once one has.
         self.stop_reason: str | None = None
+        # Of the tokens the last update() was given, how many belong to the output.
+        self.num_kept = 0
+        self._stop_end = 0
         self._use_decode_stream = use_decode_stream and HAS_DECODE_STREAM
         self._recent_ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self._stream = self._new_stream(self._recent_ids)
@@ -124,8 +128,15 @@ class IncrementalDetokenizer:
 
         ``stop_terminated``: the last token is EOS or a stop token id; like
         vLLM its text is left out unless include_stop_str_in_output.
+
+        ``num_kept`` then says how many of the new tokens belong to the
+        output: all of them, unless a stop string ended it at an earlier one
+        (a step with accepted drafts appends several tokens; like vLLM 0.33,
+        those after the one completing the stop string are dropped).
         """
+        self.num_kept = len(new_token_ids)
         if self.stop_reason is not None:
+            self.num_kept = 0
             return None  # finished: nothing more belongs to the output
         decode_ids = new_token_ids
         if stop_terminated and not self.include_stop_str_in_output:
@@ -133,6 +144,8 @@ class IncrementalDetokenizer:
         # Like vLLM, stop strings count only in the text of tokens after the
         # first min_tokens: the search starts at check_from.
         check_from = len(self.output_text)
+        # The text's length after each new token (the first: before them).
+        offsets = [check_from]
         for token_id in decode_ids:
             self.num_output_tokens += 1
             piece = self._step(token_id)
@@ -140,10 +153,15 @@ class IncrementalDetokenizer:
                 self.output_text += piece
             if self.num_output_tokens <= self.min_tokens:
                 check_from = len(self.output_text)
+            offsets.append(len(self.output_text))
         self.num_output_tokens += len(new_token_ids) - len(decode_ids)
         if not self.stop or len(self.output_text) == check_from:
             return None
-        return self._check_stop_strings(check_from)
+        stop = self._check_stop_strings(check_from)
+        if stop is not None:
+            # The first token whose text reaches the stop string's end.
+            self.num_kept = max(1, bisect.bisect_left(offsets, self._stop_end, lo=1))
+        return stop
 
     def _check_stop_strings(self, check_from: int) -> str | None:
         text = self.output_text
@@ -161,6 +179,7 @@ class IncrementalDetokenizer:
         if best is None:
             return None
         end, start, stop = best
+        self._stop_end = end
         self.output_text = text[:end] if self.include_stop_str_in_output else text[:start]
         self.stop_reason = stop
         return stop

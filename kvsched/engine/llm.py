@@ -95,7 +95,10 @@ class LLM:
         return self.engine.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
-        """One engine step: outputs of the requests that got a token or finished."""
+        """One engine step: outputs of the requests that got tokens or finished.
+        Under async scheduling a step may only schedule a batch (and return
+        nothing); ``has_unfinished_requests`` stays True until every batch
+        in flight has been applied."""
         result = self.engine.step()
         outputs, stopped = self.output_processor.process(result, time.time())
         if stopped:

@@ -61,17 +61,25 @@ class OutputProcessor:
 
     def process(self, step: StepResult, now: float) -> tuple[list[RequestOutput], list[str]]:
         """Outputs of requests that got tokens or finished, and the ids of
-        requests a stop string ended (the caller finishes them in the core)."""
-        so, mro, core = step.scheduler_output, step.runner_output, step.core_outputs
+        requests a stop string ended (the caller finishes them in the core).
+
+        A step may give a request several tokens (accepted drafts and one
+        more): a request the scheduler finished keeps the tokens up to its
+        stop token or length cap, and one a stop string ended keeps those up
+        to the token completing it (vLLM 0.33 drops the rest)."""
         states = self.states
-        for new in so.scheduled_new_reqs:
-            state = states.get(new.req_id)
-            if state is not None and state.metrics.first_scheduled_time is None:
-                state.metrics.first_scheduled_time = now
-                state.num_cached_tokens = new.num_computed_tokens
-        for rid in so.preempted_req_ids:
-            if rid in states:
-                states[rid].metrics.num_preemptions += 1
+        if step.scheduled is not None:
+            for new in step.scheduled.scheduled_new_reqs:
+                state = states.get(new.req_id)
+                if state is not None and state.metrics.first_scheduled_time is None:
+                    state.metrics.first_scheduled_time = now
+                    state.num_cached_tokens = new.num_computed_tokens
+            for rid in step.scheduled.preempted_req_ids:
+                if rid in states:
+                    states[rid].metrics.num_preemptions += 1
+        mro, core = step.runner_output, step.core_outputs
+        if mro is None or core is None:
+            return [], []
         finished = {o.request_id: o for o in core.finished}
         dropped = set(core.dropped)
         stopped: list[str] = []
@@ -81,23 +89,9 @@ class OutputProcessor:
             state = states.get(rid)
             if not tokens or state is None or rid in dropped:
                 continue
-            touched.append(state)
-            state.token_ids.extend(tokens)
-            m = state.metrics
-            if m.first_token_time is None:
-                m.first_token_time = now
-            m.last_token_time = now
-            if state.logprobs is not None and logprobs is not None and logprobs[i] is not None:
-                entry = logprobs[i]
-                if self.tokenizer is not None:
-                    # Each token's own text, decoded alone, as vLLM reports it.
-                    for tid, lp in entry.items():
-                        lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
-                state.logprobs.append(entry)
-                assert state.cumulative_logprob is not None
-                state.cumulative_logprob += entry[tokens[-1]].logprob
             done = finished.get(rid)
             if done is not None:
+                tokens = done.new_token_ids  # up to the stop token or the length cap
                 state.finish_reason = done.finish_reason
                 state.stop_reason = done.stop_reason
             if state.detokenizer is not None:
@@ -106,10 +100,27 @@ class OutputProcessor:
                 hit = state.detokenizer.update(tokens, done is not None and done.finish_reason == "stop")
                 if hit is not None:
                     # A stop string wins over a length cap reached in the same step.
+                    tokens = tokens[:state.detokenizer.num_kept]
                     state.finish_reason = "stop"
                     state.stop_reason = hit
                     if done is None:
                         stopped.append(rid)
+            touched.append(state)
+            state.token_ids.extend(tokens)
+            m = state.metrics
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.last_token_time = now
+            entries = logprobs[i] if logprobs is not None else None
+            if state.logprobs is not None and entries is not None:
+                for token, entry in zip(tokens, entries):
+                    if self.tokenizer is not None:
+                        # Each token's own text, decoded alone, as vLLM reports it.
+                        for tid, lp in entry.items():
+                            lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+                    state.logprobs.append(entry)
+                    assert state.cumulative_logprob is not None
+                    state.cumulative_logprob += entry[token].logprob
         # The core finishes a request only in a step that gave it a token, so
         # every finished request is among the touched ones.
         outputs = []

@@ -5,6 +5,24 @@ The runner mirrors each request's tokens, block table and progress from the
 ``SchedulerOutput`` deltas (vLLM's ``_update_states``), flattens the step's
 tokens in ``num_scheduled_tokens`` order, runs the model once, and computes
 logits only for the requests whose chunk reaches the end of their sequence.
+
+Speculative decoding: a request with d drafts scheduled runs
+[its last sampled token, the d drafts] at the next positions, logits at all
+1 + d of them, and the rejection sampler returns the accepted drafts and one
+more token (kvsched.executor.rejection_sampler). The KV written for rejected
+drafts is overwritten when those positions are computed again (the scheduler
+rolls ``num_computed_tokens`` back; the runner moves its own copy to the
+same place). A ``-1`` draft is a placeholder: vLLM feeds it to the model as
+token 0 and always rejects it, so it and any draft after it can change
+nothing; the runner leaves them out of the step (as vLLM's ``ngram_gpu``
+path trims drafts it has no token for), and a request whose drafts are all
+``-1`` runs exactly as if it had been scheduled without drafts.
+
+After each step the runner proposes the next drafts with the n-gram proposer
+(vLLM's runner does it too, from the tokens it holds): handed to the
+scheduler through ``take_draft_token_ids`` under synchronous scheduling, or
+kept to fill the ``-1`` placeholders of the request's next step under async
+scheduling (``ngram_gpu``: the scheduler never sees real drafts there).
 """
 
 from __future__ import annotations
@@ -15,14 +33,16 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
+from kvsched.core.output import DraftTokenIds, ModelRunnerOutput, SchedulerOutput
+from kvsched.executor.ngram_proposer import NgramProposer
 from kvsched.executor.paged_attention import (
     AttentionMetadata,
     GatherBuffers,
     PagedAttention,
     decode_group_keys,
 )
-from kvsched.executor.sampler import Sampler, SamplingState
+from kvsched.executor.rejection_sampler import Verification, verify
+from kvsched.executor.sampler import Logprob, Sampler, SamplingState
 from kvsched.model.attention import Attention
 from kvsched.model.config import ModelConfig
 from kvsched.request import SamplingParams
@@ -52,7 +72,12 @@ class CachedRequestState:
 class ModelRunner:
     def __init__(self, model: CausalLM, model_config: ModelConfig, num_blocks: int,
                  block_size: int, device: torch.device | str, dtype: torch.dtype,
-                 sampler: Sampler) -> None:
+                 sampler: Sampler, proposer: NgramProposer | None = None,
+                 async_drafts: bool = False) -> None:
+        """``proposer``: propose n-gram drafts after every step;
+        ``async_drafts``: keep them for the request's next step, whose
+        scheduled drafts are ``-1`` placeholders (async scheduling), rather
+        than handing them to the scheduler."""
         self.model = model
         self.model_config = model_config
         self.num_blocks = num_blocks
@@ -73,6 +98,12 @@ class ModelRunner:
                                             model_config.head_dim, dtype)
         # The last step's layout, for check_invariants.
         self.last_metadata: AttentionMetadata | None = None
+        self.proposer = proposer
+        self.async_drafts = async_drafts
+        # Drafts proposed after the last step: for the scheduler (synchronous)
+        # or for each request's next step (async), by request id.
+        self._drafts: DraftTokenIds | None = None
+        self._next_drafts: dict[str, list[int]] = {}
 
     def _update_states(self, so: SchedulerOutput) -> None:
         requests = self.requests
@@ -111,30 +142,44 @@ class ModelRunner:
         self._update_states(scheduler_output)
         num_scheduled = scheduler_output.num_scheduled_tokens
         req_ids = list(num_scheduled)
+        # The drafts proposed after the previous step fill this step's
+        # placeholders (async), once.
+        own_drafts, self._next_drafts = self._next_drafts, {}
+        self._drafts = None
         if not req_ids:
             return ModelRunnerOutput([], [])
+        spec = scheduler_output.scheduled_spec_decode_tokens
         requests = self.requests
         states = [requests[rid] for rid in req_ids]
         input_ids: list[int] = []
         query_lens: list[int] = []
         seq_lens: list[int] = []
-        sample_rows: list[int] = []  # flat row of each sampling request's last token
-        sampling: list[int] = []  # which requests sample
+        num_drafts: list[int] = []  # drafts each request verifies (after trimming)
+        sample_rows: list[int] = []  # flat row of each plain sampling request's last token
+        sampling: list[int] = []  # which requests sample without drafts
+        verifying: list[tuple[int, list[int], int]] = []  # (request, drafts, first flat row)
         for i, (rid, state) in enumerate(zip(req_ids, states)):
             n = num_scheduled[rid]
+            drafts = _drafts_to_run(spec.get(rid), own_drafts.get(rid))
+            if rid in spec:
+                n -= len(spec[rid]) - len(drafts)
             start = state.num_computed_tokens
-            end = start + n
+            end = start + n - len(drafts)  # the known tokens end here
             token_ids = state.token_ids
+            if end > len(token_ids) or (rid in spec and end != len(token_ids)):
+                raise RuntimeError(
+                    f"request {rid}: scheduled up to token {end} (then {len(drafts)} drafts) but "
+                    f"the runner knows {len(token_ids)}; the scheduler and the runner are out of step")
             input_ids.extend(token_ids[start:end])
-            query_lens.append(n)
-            seq_lens.append(end)
-            if end >= len(token_ids):  # the chunk reaches the end: sample
-                if end > len(token_ids):
-                    raise RuntimeError(
-                        f"request {rid}: scheduled up to token {end} but the runner knows "
-                        f"{len(token_ids)}; the scheduler and the runner are out of step")
+            if drafts:
+                verifying.append((i, drafts, len(input_ids) - 1))
+                input_ids.extend(drafts)
+            elif end == len(token_ids):  # the chunk reaches the end: sample
                 sampling.append(i)
                 sample_rows.append(len(input_ids) - 1)
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            num_drafts.append(len(drafts))
         md = AttentionMetadata.build(query_lens, seq_lens, [s.block_ids for s in states],
                                      self.block_size, self.device, self.group_keys)
         self.last_metadata = md
@@ -143,23 +188,62 @@ class ModelRunner:
         hidden = self.model.forward(ids, md.positions, attention)
 
         sampled: list[list[int]] = [[] for _ in req_ids]
+        token_logprobs: list[list[dict[int, Logprob] | None]] = [[] for _ in req_ids]
+        if sampling or verifying:
+            # One logits pass: the plain rows, then each verification's 1 + d rows.
+            rows = list(sample_rows)
+            for _, drafts, first in verifying:
+                rows.extend(range(first, first + len(drafts) + 1))
+            logits = self.model.compute_logits(
+                hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device)))
+            if sampling:
+                out = self.sampler.sample(logits[:len(sampling)],
+                                          [states[i].sampling for i in sampling])
+                for i, token, lp in zip(sampling, out.token_ids, out.logprobs):
+                    sampled[i] = [token]
+                    token_logprobs[i] = [lp]
+            if verifying:
+                items = []
+                row = len(sampling)
+                for i, drafts, _ in verifying:
+                    items.append(Verification(row, drafts, states[i].sampling))
+                    row += len(drafts) + 1
+                for (i, _, _), result in zip(verifying, verify(self.sampler, logits, items)):
+                    sampled[i] = result.token_ids
+                    token_logprobs[i] = result.logprobs
         logprobs: list[object] | None = None
-        if sampling:
-            rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, rows))
-            out = self.sampler.sample(logits, [states[i].sampling for i in sampling])
-            for i, token in zip(sampling, out.token_ids):
-                sampled[i] = [token]
-                state = states[i]
-                state.token_ids.append(token)
-                state.sampling.output_token_ids.append(token)
-            if any(lp is not None for lp in out.logprobs):
-                logprobs = [None] * len(req_ids)
-                for i, lp in zip(sampling, out.logprobs):
-                    logprobs[i] = lp
-        for state, n in zip(states, query_lens):
-            state.num_computed_tokens += n
+        for i, (state, n, d) in enumerate(zip(states, query_lens, num_drafts)):
+            tokens = sampled[i]
+            # Rejected drafts are not computed: the next step starts there.
+            state.num_computed_tokens += n - d + (len(tokens) - 1 if d else 0)
+            if tokens:
+                state.token_ids.extend(tokens)
+                state.sampling.output_token_ids.extend(tokens)
+                if any(lp is not None for lp in token_logprobs[i]):
+                    if logprobs is None:
+                        logprobs = [None] * len(req_ids)
+                    logprobs[i] = token_logprobs[i]
+        if self.proposer is not None:
+            self._propose(req_ids, states, sampled, scheduler_output.num_spec_tokens_to_schedule)
         return ModelRunnerOutput(req_ids, sampled, logprobs)
+
+    def _propose(self, req_ids: list[str], states: list[CachedRequestState],
+                 sampled: list[list[int]], k: int) -> None:
+        """The n-gram drafts after this step, from the tokens the runner holds."""
+        assert self.proposer is not None
+        histories = [state.token_ids if tokens else None for state, tokens in zip(states, sampled)]
+        drafts = self.proposer.propose(histories, k or None)
+        if self.async_drafts:
+            self._next_drafts = {rid: d for rid, d in zip(req_ids, drafts) if d}
+        else:
+            self._drafts = DraftTokenIds(list(req_ids), drafts)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts proposed after the last step, one list per request of
+        that step (vLLM's take_draft_token_ids); None when there are none
+        to hand over (no proposer, async scheduling, or an empty step)."""
+        drafts, self._drafts = self._drafts, None
+        return drafts
 
     def check_invariants(self) -> None:
         """Debug check of the runner's state (tests call it after every step)."""
@@ -178,3 +262,17 @@ class ModelRunner:
             assert len(s.block_ids) * bs >= s.num_computed_tokens, (rid, s.block_ids)
         if self.last_metadata is not None:
             self.last_metadata.check(num_blocks * bs)
+
+
+def _drafts_to_run(scheduled: list[int] | None, own: list[int] | None) -> list[int]:
+    """The drafts a request verifies this step: the scheduled ones up to the
+    first ``-1`` placeholder; under async scheduling the placeholders stand
+    for the runner's own drafts from the step before (as many as were
+    scheduled; fewer if it proposed fewer)."""
+    if not scheduled:
+        return []
+    if scheduled[0] < 0:
+        return own[:len(scheduled)] if own else []
+    if scheduled[-1] >= 0:
+        return scheduled
+    return scheduled[:scheduled.index(-1)]

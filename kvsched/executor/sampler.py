@@ -69,29 +69,9 @@ class Sampler:
         if logits.dim() != 2 or n != len(states):
             raise ValueError(f"logits shape={tuple(logits.shape)}: must be [N, vocab] with N = the "
                              f"number of sampling states ({len(states)}); pass one state per row")
-        # One pass to sort rows by the work they need.
-        random_rows: list[int] = []
-        penalty_rows: list[int] = []
-        min_tokens_rows: list[int] = []
-        logprob_rows: list[int] = []
-        for i, state in enumerate(states):
-            p = state.params
-            if p.temperature >= SAMPLING_EPS:
-                random_rows.append(i)
-            if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-                penalty_rows.append(i)
-            if len(state.output_token_ids) < p.min_tokens:
-                min_tokens_rows.append(i)
-            if p.logprobs is not None:
-                logprob_rows.append(i)
-
-        processed = logits
-        if min_tokens_rows or penalty_rows:
-            processed = logits.clone()  # the raw logits stay intact for logprobs
-            if min_tokens_rows:
-                mask_stop_tokens(processed, states, min_tokens_rows, self.eos_token_ids)
-            if penalty_rows:
-                apply_penalties(processed, states, penalty_rows)
+        random_rows = [i for i, state in enumerate(states) if state.params.temperature >= SAMPLING_EPS]
+        logprob_rows = [i for i, state in enumerate(states) if state.params.logprobs is not None]
+        processed = self.process(logits, states)
         if not random_rows:
             token_ids = _argmax(processed)
         elif len(random_rows) == n:
@@ -107,6 +87,38 @@ class Sampler:
             _gather_logprobs(logits, states, logprob_rows, token_ids, logprobs)
         return SamplerOutput(token_ids, logprobs)
 
+    def process(self, logits: Tensor, states: list[SamplingState]) -> Tensor:
+        """The logits after min_tokens masking and the penalties (a copy when
+        either applies: the raw logits stay intact for logprobs)."""
+        penalty_rows: list[int] = []
+        min_tokens_rows: list[int] = []
+        for i, state in enumerate(states):
+            p = state.params
+            if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+                penalty_rows.append(i)
+            if len(state.output_token_ids) < p.min_tokens:
+                min_tokens_rows.append(i)
+        if not (min_tokens_rows or penalty_rows):
+            return logits
+        processed = logits.clone()
+        if min_tokens_rows:
+            mask_stop_tokens(processed, states, min_tokens_rows, self.eos_token_ids)
+        if penalty_rows:
+            apply_penalties(processed, states, penalty_rows)
+        return processed
+
+    def target_probs(self, processed: Tensor, params: list[SamplingParams]) -> Tensor:
+        """Each row's distribution as vLLM's rejection sampler verifies drafts
+        against it (apply_sampling_constraints): processed logits over the
+        temperature, top-k and top-p applied, softmax. vLLM leaves min-p out
+        there (it filters only the bonus token's draw), and so does this."""
+        x = processed / _tensor([p.temperature for p in params], np.float32,
+                                processed.device).unsqueeze(1)
+        threshold = _filter_threshold(x, params, use_min_p=False)
+        if threshold is not None:
+            x = x.masked_fill(x < threshold, -math.inf)
+        return torch.softmax(x, dim=-1)
+
     def _sample_random(self, logits: Tensor, states: list[SamplingState], rows: list[int]) -> list[int]:
         device = logits.device
         vocab_size = logits.shape[1]
@@ -114,33 +126,7 @@ class Sampler:
         x = logits if len(rows) == logits.shape[0] else logits[_tensor(rows, np.int64, device)]
         x = x / _tensor([p.temperature for p in params], np.float32, device).unsqueeze(1)
         x_max = x.amax(dim=-1, keepdim=True)
-        # Every filter is a per-row threshold on the scaled logits: min-p, then
-        # top-k, then top-p on what is left. Like vLLM, tokens tied with the
-        # last kept one are kept too.
-        threshold: Tensor | None = None
-        if any(p.min_p > 0 for p in params):
-            # p < min_p * p_max  <=>  x < x_max + log(min_p)
-            log_min_p = [math.log(p.min_p) if p.min_p > 0 else -math.inf for p in params]
-            threshold = x_max + _tensor(log_min_p, np.float32, device).unsqueeze(1)
-        use_top_k = any(0 < p.top_k < vocab_size for p in params)
-        use_top_p = any(p.top_p < 1 for p in params)
-        if use_top_k or use_top_p:
-            sorted_x = _sort_descending(x)  # once, for both
-            if use_top_k:
-                k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
-                kth = sorted_x.gather(1, _tensor(k, np.int64, device).unsqueeze(1) - 1)
-                threshold = kth if threshold is None else torch.maximum(threshold, kth)
-            if use_top_p:
-                if threshold is not None:
-                    sorted_x = sorted_x.masked_fill(sorted_x < threshold, -math.inf)
-                probs = torch.softmax(sorted_x, dim=-1)
-                # Keep a token while the mass strictly before it is below top_p:
-                # the smallest prefix reaching top_p. Rows with top_p=1 skip the
-                # test, so rounding in the cumsum cannot cut their tail.
-                top_p = _tensor([p.top_p if p.top_p < 1 else 2.0 for p in params], np.float32, device)
-                num_kept = ((probs.cumsum(dim=-1) - probs) < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True)
-                last_kept = sorted_x.gather(1, num_kept.clamp_min(1) - 1)
-                threshold = last_kept if threshold is None else torch.maximum(threshold, last_kept)
+        threshold = _filter_threshold(x, params, x_max=x_max)
         # Exponential race: argmax(w / q) with q ~ Exp(1) picks token t with
         # probability w[t] / sum(w), so w need not be normalised.
         weights = torch.exp(x - x_max)
@@ -173,6 +159,43 @@ class Sampler:
                 q[_tensor(unseeded, np.int64, device)] = noise
         # A zero draw would make a dropped token's 0/0 a NaN, which argmax picks.
         return q.clamp_min_(torch.finfo(q.dtype).tiny)
+
+
+def _filter_threshold(x: Tensor, params: list[SamplingParams], *, use_min_p: bool = True,
+                      x_max: Tensor | None = None) -> Tensor | None:
+    """Per row of the temperature-scaled logits ``x``, the value below which
+    a token is filtered out (None: no filter in any row). Every filter is a
+    threshold: min-p, then top-k, then top-p on what is left. Like vLLM,
+    tokens tied with the last kept one are kept too."""
+    device = x.device
+    vocab_size = x.shape[1]
+    threshold: Tensor | None = None
+    if use_min_p and any(p.min_p > 0 for p in params):
+        # p < min_p * p_max  <=>  x < x_max + log(min_p)
+        if x_max is None:
+            x_max = x.amax(dim=-1, keepdim=True)
+        log_min_p = [math.log(p.min_p) if p.min_p > 0 else -math.inf for p in params]
+        threshold = x_max + _tensor(log_min_p, np.float32, device).unsqueeze(1)
+    use_top_k = any(0 < p.top_k < vocab_size for p in params)
+    use_top_p = any(p.top_p < 1 for p in params)
+    if use_top_k or use_top_p:
+        sorted_x = _sort_descending(x)  # once, for both
+        if use_top_k:
+            k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+            kth = sorted_x.gather(1, _tensor(k, np.int64, device).unsqueeze(1) - 1)
+            threshold = kth if threshold is None else torch.maximum(threshold, kth)
+        if use_top_p:
+            if threshold is not None:
+                sorted_x = sorted_x.masked_fill(sorted_x < threshold, -math.inf)
+            probs = torch.softmax(sorted_x, dim=-1)
+            # Keep a token while the mass strictly before it is below top_p:
+            # the smallest prefix reaching top_p. Rows with top_p=1 skip the
+            # test, so rounding in the cumsum cannot cut their tail.
+            top_p = _tensor([p.top_p if p.top_p < 1 else 2.0 for p in params], np.float32, device)
+            num_kept = ((probs.cumsum(dim=-1) - probs) < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True)
+            last_kept = sorted_x.gather(1, num_kept.clamp_min(1) - 1)
+            threshold = last_kept if threshold is None else torch.maximum(threshold, last_kept)
+    return threshold
 
 
 def mask_stop_tokens(logits: Tensor, states: list[SamplingState], rows: list[int],

@@ -125,6 +125,24 @@ def test_stop_string_in_a_multi_token_update(tok: tokenizers.Tokenizer) -> None:
     assert (hit, d.output_text) == ("again", "Hello world, hello ")
 
 
+@pytest.mark.parametrize("include", [False, True])
+def test_num_kept_counts_the_tokens_up_to_the_one_completing_the_stop(
+        tok: tokenizers.Tokenizer, include: bool) -> None:
+    """One update with several tokens (accepted drafts): like vLLM 0.33, the
+    tokens after the one that completes the stop string are not output."""
+    text = "Hello world, hello again. The quick brown fox"
+    ids = tok.encode(text).ids
+    # The token whose text completes "again".
+    last = next(i for i in range(len(ids)) if "again" in tok.decode(ids[:i + 1]))
+    d = IncrementalDetokenizer(tok, [], SamplingParams(stop="again", include_stop_str_in_output=include))
+    d.update(ids[:2])
+    assert d.num_kept == 2
+    assert d.update(ids[2:]) == "again"
+    assert d.num_kept == last + 1 - 2
+    assert d.output_text == ("Hello world, hello again" if include else "Hello world, hello ")
+    assert d.update(ids[:3]) is None and d.num_kept == 0  # finished: nothing more is output
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 100])
 def test_the_earliest_completed_stop_string_wins(tok: tokenizers.Tokenizer, chunk: int) -> None:
     text = "Hello world, hello again. The quick brown fox"

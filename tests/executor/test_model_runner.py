@@ -188,8 +188,10 @@ def test_logprobs_aligned_with_requests(model):
         for rid, tokens, lp in zip(mro.req_ids, mro.sampled_token_ids,
                                    mro.logprobs or [None] * len(mro.req_ids)):
             if rid == "lp" and tokens:
-                assert lp is not None and tokens[0] in lp and len(lp) >= 2
-                assert lp[tokens[0]].rank == 1  # greedy takes the top token
+                # One {token: Logprob} per sampled token.
+                assert lp is not None and len(lp) == len(tokens) == 1
+                assert tokens[0] in lp[0] and len(lp[0]) >= 2
+                assert lp[0][tokens[0]].rank == 1  # greedy takes the top token
                 seen += 1
             else:
                 assert lp is None
