@@ -65,6 +65,16 @@ _STABLE_STOPS = frozenset({None, explain.REASON_MAX_NUM_SEQS, explain.REASON_KV_
                            explain.REASON_TOKEN_BUDGET, explain.REASON_CHUNKED_PREFILL_OFF})
 
 
+def _check_token_list(what: str, tokens: object, limit: int) -> None:
+    """Raise unless ``tokens`` is a list of int token ids below ``limit``
+    (the common case checked inline, the error worded by check_token_ids)."""
+    if type(tokens) is not list:
+        raise TypeError(f"{what} must be a list of token ids, got {type(tokens).__name__}")
+    for token in tokens:
+        if type(token) is not int or not 0 <= token < limit:
+            check_token_ids(what, tokens, limit)
+
+
 def _bad_tokens(tokens: list[int], limit: int) -> bool:
     try:
         check_token_ids("", tokens, limit)
@@ -883,14 +893,9 @@ class Scheduler:
         # Pass 1 checks every entry (nothing changes if one is bad) and
         # finds each entry's request: None when its output is dropped.
         targets: list[Request | None] = []
-        type_, int_, list_, len_ = type, int, list, len
+        len_ = len
         for rid, entry in zip(num_scheduled, entries):
-            if type_(entry) is not list_:
-                raise TypeError(f"model_runner_output: sampled_token_ids for {rid} must be a list "
-                                f"of token ids, got {type(entry).__name__}")
-            for token in entry:
-                if type_(token) is not int_ or not 0 <= token < limit:
-                    check_token_ids(f"model_runner_output: tokens for {rid}", entry, limit)
+            _check_token_list(f"model_runner_output: sampled_token_ids for {rid}", entry, limit)
             request = get_request(rid)
             if not receives(request):
                 targets.append(None)
@@ -1029,12 +1034,7 @@ class Scheduler:
         for rid, tokens in zip(req_ids, drafts):
             if type(rid) is not str:
                 raise TypeError(f"draft_token_ids: {rid!r:.80} is not a request id; ids are str")
-            if type(tokens) is not list:
-                raise TypeError(f"draft_token_ids: drafts for {rid} must be a list of token ids, "
-                                f"got {type(tokens).__name__}")
-            for token in tokens:
-                if type(token) is not int or not 0 <= token < limit:
-                    check_token_ids(f"draft_token_ids: drafts for {rid}", tokens, limit)
+            _check_token_list(f"draft_token_ids: drafts for {rid}", tokens, limit)
             if len(tokens) > k:
                 raise ValueError(f"draft_token_ids: {len(tokens)} drafts for {rid}, but "
                                  f"num_speculative_tokens is {k}; propose at most {k}")
