@@ -180,7 +180,10 @@ class MeasuredStepTimeModel(StepTimeModel):
 
     def __init__(self, model: ModelSpec, hardware: Hardware,
                  parallel: ParallelConfig | None = None,
-                 runtime: RuntimeConfig | None = None, host: HostTerms | None = None) -> None:
+                 runtime: RuntimeConfig | None = None, host: HostTerms | None = None,
+                 tables: KernelTables | None = None) -> None:
+        """``tables``: the system's tables when already loaded (a drafter's
+        one-layer model shares its target's)."""
         super().__init__(model, hardware, parallel, runtime)
         # Host time around the kernels (kvsched.perf.host): the fitted
         # default, or a user's calibration.
@@ -197,7 +200,7 @@ class MeasuredStepTimeModel(StepTimeModel):
             raise ValueError(f"step_time_backend='measured': {reason}; use 'roofline'")
         system = system_for(hardware.id)
         assert system is not None
-        self.tables: KernelTables = load_tables(system)
+        self.tables: KernelTables = tables if tables is not None else load_tables(system)
         m, tp = model, self.tp
         self.roofline_parts: list[str] = []
         kv_dtype = KV_DTYPES[self.runtime.kv_cache_dtype]
@@ -301,6 +304,7 @@ class MeasuredStepTimeModel(StepTimeModel):
             self.roofline_parts.insert(0, f"{', '.join(p.replace('_', ' ') for p in unmeasured)} GEMMs "
                                           f"(no measured {self.runtime.dtype} GEMMs on {system})")
         self._tokens_memo: dict[int, float] = {}
+        self._linear_curves: dict[tuple[int, int], Curve] = {}
         self._head_memo: dict[int, float] = {}
         self._gen_memo: dict[int, tuple[Curve, Curve | None, int]] = {}
 
@@ -327,6 +331,15 @@ class MeasuredStepTimeModel(StepTimeModel):
 
     def _gemm(self, dtype: str, n: int, k: int) -> Curve:
         return self.tables.gemm_curve(dtype, n, k, self.extrapolated)
+
+    def linear_time(self, n: int, k: int, tokens: int) -> float:
+        """A replicated 16-bit GEMM from the measured table (its curve built once)."""
+        curve = self._linear_curves.get((n, k))
+        if curve is None:
+            curve = self._linear_curves[n, k] = self._gemm("bfloat16", n, k)
+        if tokens > curve.x_max:
+            self.extrapolated.add(f"GEMM m={tokens} past the measured {curve.x_max:g}")
+        return curve(tokens)
 
     def _mla_grid(self, kind: str, key: MlaKey) -> Grid2D:
         """The MLA modules' attention part over (batch, length): each measured
@@ -382,11 +395,14 @@ class MeasuredStepTimeModel(StepTimeModel):
             t = self._head_memo[num_sampled] = self._lm_head(num_sampled) if num_sampled else 0.0
         return t
 
-    def _batch_parts(self, T: int, global_tokens: int, num_sampled: int) -> tuple[float, float]:
+    def _batch_parts(self, T: int, global_tokens: int, num_sampled: int,
+                     num_logits: int | None = None) -> tuple[float, float]:
         lin = self._token_time(T)
         # Host gaps (kvsched.perf.host) ride with the LM head: both are per
         # step and per sampled request, for decode and mixed steps alike.
-        rest = self._head_time(num_sampled) + self._step_host_s + self._per_sampled_host_s * num_sampled
+        # The LM head runs over every row of logits (verified drafts too).
+        rows = num_sampled if num_logits is None or not num_sampled else num_logits
+        rest = self._head_time(rows) + self._step_host_s + self._per_sampled_host_s * num_sampled
         if self.moe_layers:
             lin += self.moe_layers * self._moe_time(T, global_tokens)
             rest += self._all_to_all_time(T)
@@ -433,7 +449,13 @@ class MeasuredStepTimeModel(StepTimeModel):
         parts that depend on the step's composition, not only its tokens."""
         t = 0.0
         if s.num_decodes:
-            t += self._decode_attention(s.num_decodes, s.decode_kv_tokens)
+            if s.spec_query_keys:
+                # Verifications: the one-query kernels, scaled by what the
+                # extra queries add on the roofline.
+                t += (self._decode_attention(s.num_decodes, s.decode_kv_tokens)
+                      * self.spec_attention_factor(s.decode_kv_tokens, s.spec_query_keys))
+            else:
+                t += self._decode_attention(s.num_decodes, s.decode_kv_tokens)
         num_prefills = s.num_reqs - s.num_decodes
         if num_prefills and s.prefill_attn_pairs:
             # The prompt length whose causal pairs, over this many prompts,

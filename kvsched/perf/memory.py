@@ -13,7 +13,10 @@ buffers). We estimate the same three terms from the architecture:
 - activation peak: per token the residual stream, the normed input, the fused
   QKV output and the MLP's gate/up output in 16 bits, plus float32 logits for
   ``max_num_seqs`` sampled rows (the sampler's dummy run);
-- non-torch memory: a fixed ``NON_TORCH_BYTES`` (an estimate; vLLM measures it).
+- non-torch memory: a fixed ``NON_TORCH_BYTES`` (an estimate; vLLM measures it);
+- with speculative decoding, the drafter's weights (kvsched.perf.drafter);
+  its attention layers share the target's block tables, so each KV block
+  holds their KV too.
 """
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ class MemoryPlan:
     kv_cache_bytes: float
     bytes_per_block: float
     num_gpu_blocks: int
+    # Speculative decoding's drafter weights (0 without a drafter model).
+    drafter_bytes: float = 0.0
 
     def describe(self) -> str:
+        drafter = f" - {self.drafter_bytes / GIB:.1f} drafter" if self.drafter_bytes else ""
         return (f"{self.num_gpu_blocks} KV blocks: {self.budget_bytes / GIB:.1f} GiB budget - "
-                f"{self.weight_bytes / GIB:.1f} weights - {self.activation_bytes / GIB:.2f} "
+                f"{self.weight_bytes / GIB:.1f} weights{drafter} - {self.activation_bytes / GIB:.2f} "
                 f"activations - {self.non_torch_bytes / GIB:.1f} other = "
                 f"{self.kv_cache_bytes / GIB:.1f} GiB for KV")
 
@@ -83,7 +89,11 @@ def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
 
 def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
                 runtime: RuntimeConfig, block_size: int, gpu_memory_utilization: float,
-                max_num_batched_tokens: int, max_num_seqs: int) -> MemoryPlan:
+                max_num_batched_tokens: int, max_num_seqs: int, *, drafter_bytes: float = 0.0,
+                drafter_kv_layers: int = 0) -> MemoryPlan:
+    """``drafter_bytes``: a speculative drafter's weights per device;
+    ``drafter_kv_layers``: its attention layers, whose KV every block holds
+    beside the target's full-attention layers."""
     check_gpu_memory_utilization(gpu_memory_utilization)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size={block_size!r}: must be a positive integer")
@@ -96,7 +106,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
         per_layer = float(model.kv_bytes_per_layer_per_token(kvb))
     else:
         per_layer = 2 * max(1.0, model.num_kv_heads / tp) * model.head_dim * kvb
-    bytes_per_block = block_size * model.num_full_attention_layers * per_layer
+    bytes_per_block = block_size * (model.num_full_attention_layers + drafter_kv_layers) * per_layer
     if not bytes_per_block > 0:  # no full-attention layer, or a zero head size: no block to count
         raise ValueError(f"{model.name}: a KV block of {block_size} tokens takes {bytes_per_block} bytes "
                          f"({model.num_full_attention_layers} full-attention layers x {per_layer} bytes "
@@ -105,9 +115,11 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     # for max_num_seqs sequences (vLLM's hybrid allocator pages them instead).
     sliding = max_num_seqs * model.num_sliding_layers * model.sliding_window * per_layer
     kv = budget - weights - activations - NON_TORCH_BYTES - sliding
+    if drafter_bytes:
+        kv -= drafter_bytes
     blocks = int(kv // bytes_per_block) if kv > 0 else 0
     plan = MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
-                      bytes_per_block, blocks)
+                      bytes_per_block, blocks, drafter_bytes)
     if blocks < 2:
         raise ValueError(
             f"{model.name} does not fit on {hardware.name} with tensor_parallel_size={tp}: "

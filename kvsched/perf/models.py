@@ -56,7 +56,7 @@ _UPPER_BOUNDS: Mapping[str, int] = MappingProxyType({
     "shared_expert_intermediate_size": MAX_INTERMEDIATE_SIZE, "first_k_dense_layers": MAX_LAYERS,
     "q_lora_rank": MAX_HIDDEN_SIZE, "kv_lora_rank": MAX_HIDDEN_SIZE, "qk_nope_head_dim": MAX_HEAD_DIM,
     "qk_rope_head_dim": MAX_HEAD_DIM, "v_head_dim": MAX_HEAD_DIM, "sliding_window": MAX_POSITIONS,
-    "num_sliding_layers": MAX_LAYERS,
+    "num_sliding_layers": MAX_LAYERS, "num_mtp_layers": MAX_LAYERS,
 })
 
 
@@ -82,6 +82,11 @@ class ModelSpec:
     Sliding window: ``num_sliding_layers`` of the layers keep only the last
     ``sliding_window`` tokens; see :meth:`kv_bytes_per_token` and
     :meth:`sliding_kv_bytes_per_seq`.
+
+    MTP: ``num_mtp_layers`` multi-token-prediction modules (eh_proj + one
+    decoder layer each) ship beside the main layers; they are not in
+    :meth:`num_params` and cost nothing unless speculative decoding uses them
+    (kvsched.perf.drafter).
     """
 
     name: str
@@ -119,6 +124,10 @@ class ModelSpec:
     # sliding-window attention
     sliding_window: int = 0
     num_sliding_layers: int = 0
+    # Multi-token-prediction modules the checkpoint ships (DeepSeek's
+    # ``num_nextn_predict_layers``): what vLLM's ``method: mtp`` drafts with.
+    # Not counted in the parameters above (models.md counts MTP apart).
+    num_mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         name = self.name
@@ -343,14 +352,15 @@ class ModelSpec:
 
 # -- catalog (models.md; "d" values there are what the counts above reproduce) --
 
-_DEEPSEEK_V3 = ModelSpec(  # [AIC] deepseek-ai--DeepSeek-V3; MTP layer not modelled
+_DEEPSEEK_V3 = ModelSpec(  # [AIC] deepseek-ai--DeepSeek-V3; its MTP module prices method "mtp" only
     name="deepseek-ai/DeepSeek-V3", hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads=128,
     head_dim=192, intermediate_size=18432, vocab_size=129280, tie_word_embeddings=False,
     max_position_embeddings=163840,
     num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
     num_shared_experts=1, shared_expert_intermediate_size=2048, first_k_dense_layers=3,
     router_bias=True,  # e_score_correction_bias (noaux_tc routing)
-    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    num_mtp_layers=1)  # num_nextn_predict_layers (models.md §2)
 
 _GPT_OSS: dict[str, Any] = {  # [AIC] openai--gpt-oss-*; biases, router bias, sinks per [TF] gpt_oss
     "hidden_size": 2880, "num_heads": 64, "num_kv_heads": 8, "head_dim": 64, "intermediate_size": 0,
@@ -409,14 +419,16 @@ _CATALOG: tuple[ModelSpec, ...] = (
     # Kimi-K2.5's text model (text_config of aiconfigurator-core's
     # model_configs/moonshotai--Kimi-K2.5_config.json, Apache-2.0): DeepSeek-V3's
     # architecture with 64 heads, 384 experts, 1 dense layer and a 163,840
-    # vocabulary; the vision tower is not modelled.
+    # vocabulary; the vision tower is not modelled. Its num_nextn_predict_layers
+    # is 0: no MTP module.
     dataclasses.replace(_DEEPSEEK_V3, name="moonshotai/Kimi-K2.5", num_heads=64, num_kv_heads=64,
                         num_experts=384, first_k_dense_layers=1, vocab_size=163840,
-                        max_position_embeddings=262144),
+                        max_position_embeddings=262144, num_mtp_layers=0),
     # aiconfigurator-core's model_configs/MiniMaxAI--MiniMax-M2.5_config.json
     # (Apache-2.0). Every layer is MoE (its intermediate_size 1536 is the
-    # expert size); use_routing_bias is a score-correction bias; the MTP
-    # modules are not modelled. Its q/k norms are per layer (over all heads:
+    # expert size); use_routing_bias is a score-correction bias; its 3 MTP
+    # modules (num_mtp_modules) have no drafter in vLLM 0.33 (no MiniMax-M2
+    # MTP model), so num_mtp_layers stays 0. Its q/k norms are per layer (over all heads:
     # 6144 + 1024 weights) where qk_norm counts per-head ones (2 x 128): the
     # count is 428,544 parameters short of 229 B (0.0002 %).
     ModelSpec(name="MiniMaxAI/MiniMax-M2.5", hidden_size=3072, num_layers=62, num_heads=48,
@@ -658,7 +670,8 @@ def _parse_deepseek(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     spec.update(attention_bias=bias, attention_out_bias=bias,
                 q_lora_rank=cfg.get_int("q_lora_rank", default=0),
                 kv_lora_rank=cfg.get_int("kv_lora_rank"), qk_nope_head_dim=nope, qk_rope_head_dim=rope,
-                v_head_dim=cfg.get_int("v_head_dim"))
+                v_head_dim=cfg.get_int("v_head_dim"),
+                num_mtp_layers=cfg.get_int("num_nextn_predict_layers", default=0))
     experts = cfg.get_int("n_routed_experts", default=0)
     first_k = cfg.get_int("first_k_dense_replace", default=0)
     freq = cfg.get_int("moe_layer_freq", default=1)

@@ -14,7 +14,12 @@ bandwidth (the efficiency factors of :class:`~kvsched.perf.hardware.Hardware`).
   the whole KV of each sequence. MLA (DeepSeek) decode runs absorbed over the
   576-value latent, its prefill un-absorbed plus the latent up-projection.
   Sliding-window layers cap the context at the window (see ``BatchShape``).
-- LM head: only for the positions that sample.
+- LM head: only for the positions that sample (with speculative decoding,
+  every verified draft position too).
+- Speculative decoding: a request verifying d drafts is a decode of 1 + d
+  query tokens (its KV read once, its extra queries' FLOPs added); the
+  drafter's own passes are priced by :mod:`kvsched.perf.drafter` with the
+  same backend and added to the forward pass.
 - Tensor-parallel all-reduce (two per layer) and expert-parallel all-to-all
   (dispatch and combine per MoE layer) on the scale-up fabric.
 - A fixed latency per kernel and a CPU cost per step and per request; with
@@ -30,6 +35,7 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Protocol
 
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import HostTerms
@@ -108,11 +114,18 @@ def gemm_flop_rate(math: str, hardware: Hardware) -> float:
     return hw.bf16_flops * hw.gemm_mfu
 
 
-def cudagraph_capture_sizes(max_size: int) -> list[int]:
+def cudagraph_capture_sizes(max_size: int, multiple_of: int = 1) -> list[int]:
     """vLLM's default decode capture sizes: 1, 2, 4, then every 8 up to 256,
-    every 16 beyond, up to ``max_size``."""
+    every 16 beyond, up to ``max_size``. With speculative decoding
+    (``multiple_of`` = 1 + num_speculative_tokens, the uniform decode query
+    length) each size is rounded up to a multiple of it, those past
+    ``max_size`` dropped (vLLM's adjust_cudagraph_sizes_for_spec_decode)."""
     sizes = [1, 2, 4, *range(8, 257, 8), *range(272, max(max_size, 272) + 1, 16)]
-    return [s for s in sizes if s <= max_size] or [1]
+    sizes = [s for s in sizes if s <= max_size] or [1]
+    if multiple_of <= 1:
+        return sizes
+    rounded = sorted({r for s in sizes if (r := -(-s // multiple_of) * multiple_of) <= max_size})
+    return rounded or [multiple_of]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +165,9 @@ class RuntimeConfig:
     quantized_layers: str = "all"
     async_scheduling: bool = True
     cudagraph_max_size: int = 512
+    # Capture sizes are multiples of this: 1 + num_speculative_tokens with
+    # speculative decoding (vLLM's uniform decode query length), else 1.
+    cudagraph_multiple_of: int = 1
     cpu_step_s: float = CPU_STEP_S
     cpu_per_request_s: float = CPU_PER_REQUEST_S
 
@@ -181,10 +197,28 @@ class BatchShape:
     prefill_tokens: int        # Σ n over prefill chunks
     prefill_kv_tokens: int     # Σ (c + n) over prefill chunks
     prefill_attn_pairs: int    # Σ (n·c + n(n+1)/2): query-key pairs, causal
+    # Speculative decoding: a request verifying d drafts (n = 1 + d) is a
+    # decode of n query tokens: in num_decodes, its KV read (c + n) in
+    # decode_kv_tokens. spec_tokens = Σ d (in num_tokens; each also gets a
+    # row of logits), spec_query_keys = Σ (d·c + d(d+1)/2), the query-key
+    # pairs its extra queries add over one query per KV token read.
+    spec_tokens: int = 0
+    spec_query_keys: int = 0
 
     @classmethod
     def decode(cls, num_reqs: int, decode_kv_tokens: int) -> BatchShape:
         return cls(num_reqs, num_reqs, num_reqs, num_reqs, decode_kv_tokens, 0, 0, 0)
+
+
+class DrafterTime(Protocol):
+    """What a step-time model needs of a speculative-decoding drafter
+    (:class:`kvsched.perf.drafter.Drafter`): its seconds per step."""
+
+    def gpu_time(self, shape: BatchShape, global_tokens: int | None = None) -> float: ...
+
+    def cpu_time(self, shape: BatchShape) -> float: ...
+
+    def describe(self) -> str: ...
 
 
 def _roof(flops: float, flop_rate: float, nbytes: float, bandwidth: float) -> float:
@@ -267,11 +301,12 @@ class StepTimeModel:
         self.a2a_bw = hw.scaleup_bw_for_group(ep) * hw.comm_bw_frac if ep > 1 else 0.0
         self.comm_latency = hw.comm_latency_s
         self.fixed_gpu_s = L * KERNELS_PER_LAYER * KERNEL_LATENCY_S
-        self.capture_sizes = cudagraph_capture_sizes(runtime.cudagraph_max_size)
+        self.capture_sizes = cudagraph_capture_sizes(runtime.cudagraph_max_size,
+                                                     runtime.cudagraph_multiple_of)
         self.async_scheduling = runtime.async_scheduling
         # Memos of the batch-size-only parts of decode steps (see gpu_time and
         # decode_step_time).
-        self._decode_parts: dict[tuple[int, int, int], tuple[float, float]] = {}
+        self._decode_parts: dict[tuple[int, int, int, int], tuple[float, float]] = {}
         self._decode_step_parts: dict[tuple[int, int | None], tuple[float, float, float]] = {}
         # Why a better backend was not used, if one was asked for ("auto").
         self.backend_note = ""
@@ -281,6 +316,9 @@ class StepTimeModel:
         # Host terms a table-based backend adds (kvsched.perf.host); the
         # roofline prices host time with RuntimeConfig's CPU terms only.
         self.host: HostTerms | None = None
+        # Speculative decoding's drafter, priced per step on top of the
+        # target's forward pass (kvsched.perf.drafter; None: no drafter).
+        self.drafter: DrafterTime | None = None
 
     def describe_backend(self) -> str:
         """Which backend prices the steps, for summaries and saved results."""
@@ -297,27 +335,32 @@ class StepTimeModel:
         T = shape.num_tokens
         if T == 0:
             return 0.0
+        # Rows of logits: one per sampling request, plus one per verified draft.
+        logits = shape.num_sampled + shape.spec_tokens
         if shape.prefill_tokens == 0:
             # Decode-only: pad to the CUDA-graph size; the parts that depend
             # only on the batch size repeat step after step, so memoise them.
             T = self.padded_tokens(T)
-            key = (T, global_tokens or T, shape.num_sampled)
+            key = (T, global_tokens or T, shape.num_sampled, logits)
             parts = self._decode_parts.get(key)
             if parts is None:
                 parts = self._decode_parts[key] = self._batch_parts(T, global_tokens or T,
-                                                                     shape.num_sampled)
+                                                                     shape.num_sampled, logits)
         else:
-            parts = self._batch_parts(T, global_tokens or T, shape.num_sampled)
+            parts = self._batch_parts(T, global_tokens or T, shape.num_sampled, logits)
         return parts[0] + self._attention_time(shape) + parts[1]
 
-    def _batch_parts(self, T: int, global_tokens: int, num_sampled: int) -> tuple[float, float]:
-        """(linear layers and experts, LM head + collectives + fixed latency)."""
+    def _batch_parts(self, T: int, global_tokens: int, num_sampled: int,
+                     num_logits: int | None = None) -> tuple[float, float]:
+        """(linear layers and experts, LM head + collectives + fixed latency);
+        ``num_logits``: the LM head's rows (default: ``num_sampled``)."""
         t = self._linear_time(T)
         if self.moe_layers:
             t += self.moe_layers * self._routed_expert_time(T, global_tokens)
         rest = self.fixed_gpu_s
         if num_sampled:
-            rest += _roof(2.0 * num_sampled * self.lm_head_params, self.head_flops,
+            rows = num_sampled if num_logits is None else num_logits
+            rest += _roof(2.0 * rows * self.lm_head_params, self.head_flops,
                           2.0 * self.lm_head_params, self.weight_bw)
         if self.tp > 1:
             msg = T * self.hidden * 2.0
@@ -359,8 +402,9 @@ class StepTimeModel:
         return _roof(flops, self.expert_flops, nbytes, self.weight_bw)
 
     def _attention_time(self, s: BatchShape) -> float:
+        extra = s.spec_query_keys
         t = self._attention_layer(s.decode_kv_tokens, s.prefill_kv_tokens,
-                                  s.prefill_attn_pairs) * self.full_layers
+                                  s.prefill_attn_pairs, extra) * self.full_layers
         if self.sliding_layers:
             # Upper bounds of the window-capped sums (Σ min(c, w) + n ...): exact
             # once every context reaches the window, the common case (w = 128).
@@ -368,14 +412,25 @@ class StepTimeModel:
             num_prefills = s.num_reqs - s.num_decodes
             t += self._attention_layer(min(s.decode_kv_tokens, w * s.num_decodes),
                                        min(s.prefill_kv_tokens, w * num_prefills + s.prefill_tokens),
-                                       min(s.prefill_attn_pairs, w * s.prefill_tokens)
+                                       min(s.prefill_attn_pairs, w * s.prefill_tokens),
+                                       min(extra, w * s.spec_tokens)
                                        ) * self.sliding_layers
         return t
 
-    def _attention_layer(self, decode_kv: int, prefill_kv: int, pairs: int) -> float:
+    def spec_attention_factor(self, decode_kv: int, extra_keys: int) -> float:
+        """How much longer a layer's decode attention takes with the extra
+        queries of draft verification (``extra_keys`` query-key pairs over
+        one query per KV token): the roofline's ratio, >= 1 (1 while the
+        KV read bounds it). The measured backend scales its one-query
+        generation kernels by it."""
+        base = self._attention_layer(decode_kv, 0, 0)
+        return self._attention_layer(decode_kv, 0, 0, extra_keys) / base if base > 0 else 1.0
+
+    def _attention_layer(self, decode_kv: int, prefill_kv: int, pairs: int, extra_keys: int = 0) -> float:
         t = 0.0
         if decode_kv:
-            t += _roof(self.decode_flops_per_key * decode_kv, self.attn_flops,
+            keys = decode_kv + extra_keys if extra_keys else decode_kv
+            t += _roof(self.decode_flops_per_key * keys, self.attn_flops,
                        decode_kv * self.kv_bytes_per_layer, self.attn_bw)
         if pairs:
             flops = self.prefill_flops_per_pair * pairs + self.prefill_flops_per_kv * prefill_kv
@@ -385,13 +440,25 @@ class StepTimeModel:
     def cpu_time(self, shape: BatchShape) -> float:
         return self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * shape.num_reqs
 
+    def linear_time(self, n: int, k: int, tokens: int) -> float:
+        """A replicated 16-bit GEMM of an n x k weight over ``tokens`` tokens
+        (a drafter's input projection), with its kernel latency."""
+        w = float(n * k)
+        return _roof(2.0 * tokens * w, self.head_flops, 2.0 * w, self.weight_bw) + KERNEL_LATENCY_S
+
     def step_time(self, shape: BatchShape, global_tokens: int | None = None) -> float:
         """Wall seconds of the step: with async scheduling the CPU work of
-        scheduling the next step overlaps this forward pass."""
-        if shape.prefill_tokens == 0 and shape.num_decodes == shape.num_reqs == shape.num_sampled:
+        scheduling the next step overlaps this forward pass (and the
+        drafter's passes, with speculative decoding)."""
+        drafter = self.drafter
+        if (drafter is None and not shape.spec_tokens and shape.prefill_tokens == 0
+                and shape.num_decodes == shape.num_reqs == shape.num_sampled):
             return self.decode_step_time(shape.num_reqs, shape.decode_kv_tokens, global_tokens)
         gpu = self.gpu_time(shape, global_tokens)
         cpu = self.cpu_time(shape)
+        if drafter is not None:
+            gpu += drafter.gpu_time(shape, global_tokens)
+            cpu += drafter.cpu_time(shape)
         if self.async_scheduling:
             return gpu if gpu > cpu else cpu
         return gpu + cpu
@@ -412,7 +479,7 @@ class StepTimeModel:
         parts = self._decode_step_parts.get(key)
         if parts is None:
             T = self.padded_tokens(num_reqs)
-            lin, rest = self._batch_parts(T, global_tokens or T, num_reqs)
+            lin, rest = self._batch_parts(T, global_tokens or T, num_reqs, num_reqs)
             cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
             parts = self._decode_step_parts[key] = (lin, rest, cpu)
         return parts

@@ -133,7 +133,16 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="admit prefill only every K engine steps (vLLM's prefill cadence)")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    default=d.async_scheduling,
-                   help="overlap the scheduler's CPU work with the forward pass (vLLM's GPU default)")
+                   help="vLLM's async engine loop: schedule step N+1 while step N runs, its CPU "
+                        "work overlapping the forward pass (vLLM's GPU default: on)")
+    g.add_argument("--speculative-config", metavar="JSON",
+                   help="speculative decoding as vLLM takes it, e.g. '{\"method\": \"mtp\", "
+                        "\"num_speculative_tokens\": 1}' (methods: mtp, eagle, eagle3, ngram, "
+                        "ngram_gpu; default: off)")
+    g.add_argument("--spec-acceptance", metavar="R0,R1,...",
+                   help="speculative decoding: acceptance rate per draft position as vLLM's metrics "
+                        "report it (accepted at position i / drafts), e.g. 0.8,0.6,0.45 "
+                        "(default: per method, see docs/simulator.md)")
 
 
 # Flags of the random dataset only. argparse leaves them None so that a flag
@@ -227,6 +236,8 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
         scheduling_policy=args.scheduling_policy, dtype=args.dtype, quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype, num_gpu_blocks_override=args.num_gpu_blocks_override,
         async_scheduling=args.async_scheduling,
+        speculative_config=getattr(args, "speculative_config", None),
+        spec_acceptance=getattr(args, "spec_acceptance", None),
         prefill_schedule_interval=(args.prefill_schedule_interval
                                    if args.admission_policy != "prefill-cadence"
                                    else max(args.prefill_schedule_interval, 2)))
@@ -596,7 +607,8 @@ def sim_config(deployment: Deployment, args: argparse.Namespace) -> SimConfig:
                      prefill_schedule_interval=deployment.options.prefill_schedule_interval,
                      keep_token_times=bool(getattr(args, "save_detailed", False)),
                      # The step log grows with the run; only the report plots it.
-                     keep_step_log=bool(getattr(args, "report", None)))
+                     keep_step_log=bool(getattr(args, "report", None)),
+                     speculative=deployment.speculative)
 
 
 def result_dict(deployment: Deployment, args: argparse.Namespace, metrics: dict[str, Any],
@@ -690,6 +702,15 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
     add("Preemptions (all ranks):" if gpus > 1 else "Preemptions:", "num_preemptions", "{}")
     add("Prefix cache hit rate:", "prefix_cache_hit_rate", "{:.1%}")
     add("KV blocks (per rank):" if gpus > 1 else "KV blocks:", "num_gpu_blocks", "{}")
+    if "spec_decode_num_drafts" in m:
+        rows.append(("-- Speculative Decoding --", ""))
+        add("Drafts:", "spec_decode_num_drafts", "{}")
+        add("Draft tokens:", "spec_decode_num_draft_tokens", "{}")
+        add("Accepted tokens:", "spec_decode_num_accepted_tokens", "{}")
+        add("Draft acceptance rate:", "spec_decode_draft_acceptance_rate", "{:.1%}")
+        add("Mean acceptance length:", "spec_decode_mean_acceptance_length")
+        for i, rate in enumerate(m.get("spec_decode_acceptance_rate_per_position", ())):
+            rows.append((f"Acceptance rate, position {i}:", f"{rate:.3f}"))
     add("Simulation wall time (s):", "simulation_wall_seconds")
     width = 50
     lines = ["{s:{c}^{n}}".format(s=" Simulated Serving Benchmark Result ", n=width, c="=")]

@@ -14,7 +14,9 @@ from kvsched.config import (
     check_gpu_memory_utilization,
     check_long_prefill_token_threshold,
     check_num_gpu_blocks_override,
+    check_speculative_settings,
 )
+from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.host import load_host_terms
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
@@ -34,6 +36,7 @@ from kvsched.scheduler_defaults import (
     get_batch_defaults,
     resolve_scheduler_limits,
 )
+from kvsched.sim.speculative import SpecOptions, parse_speculative_config
 
 # vLLM 0.33's CUDA attention backends take a block size that is a multiple of
 # their kernel block: 16 for FlashAttention and Triton (``MultipleOf(16)``),
@@ -113,6 +116,10 @@ class EngineOptions:
     # A host-terms file (kvsched.perf.host; `kvsched calibrate` writes one)
     # replacing the fitted default of the measured backend.
     calibration: str | None = None
+    # vLLM's --speculative-config (its JSON text; None: off), and
+    # kvsched's --spec-acceptance (per-position acceptance rates, comma-separated).
+    speculative_config: str | None = None
+    spec_acceptance: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +133,8 @@ class Deployment:
     cache_config: CacheConfig
     memory: MemoryPlan
     step_model: StepTimeModel
+    # Speculative decoding (None: off).
+    speculative: SpecOptions | None = None
 
     @property
     def lockstep(self) -> bool:
@@ -144,6 +153,7 @@ class Deployment:
                 f"max_model_len {sc.max_model_len}, {cc.num_gpu_blocks} KV blocks of {cc.block_size}"
                 f"{', prefix caching' if cc.enable_prefix_caching else ''}"
                 f"{', async scheduling' if self.runtime.async_scheduling else ''}"
+                + (f", {self.speculative.describe()}" if self.speculative is not None else "")
                 + (f", prefill every {k} steps" if (k := self.options.prefill_schedule_interval) > 1
                    else "")
                 + f"; step times: {self.step_model.describe_backend()}")
@@ -209,6 +219,12 @@ def validate_engine_options(opts: EngineOptions) -> None:
     if opts.step_time_backend not in STEP_TIME_BACKENDS:
         raise ValueError(f"step_time_backend={opts.step_time_backend!r} (--step-time-backend): "
                          f"use one of {', '.join(STEP_TIME_BACKENDS)}")
+    if type(opts.async_scheduling) is not bool:
+        raise ValueError(f"async_scheduling={opts.async_scheduling!r} (--async-scheduling): must be "
+                         "True or False")
+    if opts.spec_acceptance is not None and opts.speculative_config is None:
+        raise ValueError(f"--spec-acceptance={opts.spec_acceptance}: sets the acceptance rates of "
+                         "speculative decoding; give --speculative-config too")
 
 
 def weight_format(opts: EngineOptions) -> CheckpointFormat:
@@ -293,17 +309,33 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         raise ValueError(f"quantization={opts.quantization!r} (--quantization): {weights.weights} "
                          f"quantizes MoE experts only and {model.name} is dense; use fp8 or "
                          "modelopt_fp4")
+    speculative = None
+    if opts.speculative_config is not None:
+        speculative = parse_speculative_config(opts.speculative_config, model, opts.async_scheduling,
+                                               opts.spec_acceptance)
+    # vLLM's uniform decode query length: 1 + K with speculative decoding;
+    # its CUDA-graph sizes cover max_num_seqs such decodes, twice.
+    query_len = 1 + (speculative.num_speculative_tokens if speculative is not None else 0)
     runtime = RuntimeConfig(dtype=weights.weights, kv_cache_dtype=kv_cache_dtype(opts),
                             quantized_layers=weights.layers,
                             async_scheduling=opts.async_scheduling,
-                            cudagraph_max_size=min(2 * max_num_seqs, 512))
+                            cudagraph_max_size=min(2 * max_num_seqs * query_len, 512),
+                            cudagraph_multiple_of=query_len)
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, enable_chunked_prefill=opts.enable_chunked_prefill,
         long_prefill_token_threshold=opts.long_prefill_token_threshold,
-        policy=opts.scheduling_policy)
+        policy=opts.scheduling_policy, async_scheduling=opts.async_scheduling)
+    drafter = None
+    drafter_bytes = 0.0
+    if speculative is not None:
+        check_speculative_settings(scheduler_config, speculative.core_config())
+        drafter = drafter_shape(speculative.method, speculative.num_speculative_tokens, model)
+        drafter_bytes = drafter_weight_bytes(drafter, model, parallel, runtime)
     memory = plan_memory(model, hardware, parallel, runtime, opts.block_size,
-                         opts.gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
+                         opts.gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
+                         drafter_bytes=drafter_bytes,
+                         drafter_kv_layers=drafter.kv_layers if drafter is not None else 0)
     num_blocks = (memory.num_gpu_blocks if opts.num_gpu_blocks_override is None
                   else opts.num_gpu_blocks_override)
     if num_blocks * opts.data_parallel_size > MAX_NUM_GPU_BLOCKS:
@@ -321,5 +353,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=opts.block_size,
                                enable_prefix_caching=opts.enable_prefix_caching)
     step_model = make_step_model(opts, model, hardware, parallel, runtime)
+    if drafter is not None:
+        step_model.drafter = Drafter(drafter, step_model)
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,
-                      memory, step_model)
+                      memory, step_model, speculative)

@@ -21,22 +21,38 @@ and no step of the stretch but the first starts at or after ``bound`` (the
 next event from outside: an arrival, or another instance's possible finish).
 Nothing outside an instance writes its clock; the loop only wakes an idle
 instance when work arrives.
+
+Async scheduling (the ranks' schedulers built with ``async_scheduling``)
+runs vLLM's async engine loop (``EngineCore.step_with_batch_queue``, a
+batch queue of 2): each ``advance`` is one iteration: schedule the next
+batch if there are requests, and block on the oldest batch in flight once
+the queue is full, or nothing was scheduled, and apply its output. Time: a
+batch starts on the GPU when the one before it ends (or when it is
+scheduled, if the GPU is idle) and lasts its step time (the CPU work of
+scheduling the next batch overlaps it: ``StepTimeModel.step_time``); the
+loop reaches its next iteration when the batch it blocks on ends. So batch
+N+1 is scheduled as batch N starts, from the requests that arrived by then,
+and batch N's tokens reach the clients when N ends. No fast-forward.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable
 from itertools import accumulate
 
 from kvsched.core.policies import DPRankStates
 from kvsched.perf.step_time import BatchShape, StepTimeModel
-from kvsched.sim.rank import Rank
+from kvsched.sim.rank import PlannedStep, Rank
 
 # The shortest jump worth taking: a one-step stretch (usually the step in
 # which a request finishes) already costs less than planning and completing
 # the step (measured: -1 % instructions on 20k random requests at 20 req/s).
 MIN_STRETCH = 1
+# vLLM's batch queue under async scheduling (max_concurrent_batches without
+# pipeline parallelism): one batch running, the next one scheduled.
+BATCH_QUEUE_SIZE = 2
 
 
 def stretch_times(start: float, limit: int, bound: float,
@@ -72,21 +88,28 @@ class EngineInstance:
         self.ranks = [rank]
         self.rank = rank
         self.step_model = step_model
-        self.fast_forward = fast_forward and rank.trace_steps is None
+        self.async_scheduling = rank.async_scheduling
+        # Fast-forward covers synchronous plain decode only.
+        self.fast_forward = fast_forward and rank.trace_steps is None and rank.plain
         self.now = 0.0
+        # Async: batches in flight, newest first: (plan, GPU start, duration).
+        self._queue: deque[tuple[PlannedStep, float, float]] = deque()
+        self._gpu_free = 0.0  # when the GPU finishes the last batch launched
 
     def busy(self) -> bool:
-        return self.rank.busy()
+        return self.rank.busy() or bool(self._queue)
 
     def wake(self, t: float) -> None:
         """Work arrives at ``t``: an idle engine starts its next step then."""
-        if self.now < t and not self.rank.busy():
+        if self.now < t and not self.busy():
             self.now = t
 
     def advance(self, bound: float) -> int:
         """One step, or a stretch; returns how many requests finished (at
         ``self.now`` afterwards)."""
         rank = self.rank
+        if self.async_scheduling:
+            return self._iterate()
         if self.fast_forward:
             finished = self._stretch(bound)
             if finished is not None:
@@ -100,6 +123,34 @@ class EngineInstance:
         finished = rank.complete(plan, start, dt)
         self.now = start + dt
         return finished
+
+    def _iterate(self) -> int:
+        """One iteration of vLLM's async engine loop (see the module doc);
+        how many requests finished."""
+        rank = self.rank
+        queue = self._queue
+        now = self.now
+        if rank.sched.has_requests():
+            plan = rank.plan()
+            if plan is not None:
+                dt = self.step_model.step_time(plan.shape)
+                start = now if now > self._gpu_free else self._gpu_free
+                self._gpu_free = start + dt
+                queue.appendleft((plan, start, dt))
+                if len(queue) < BATCH_QUEUE_SIZE:
+                    return 0  # no blocking: schedule the next batch at once
+            elif not queue:
+                if rank.sched.has_unfinished_requests():
+                    raise RuntimeError(f"no request could be scheduled at t={now:.3f}s with "
+                                       f"{len(rank.sched.waiting)} waiting; nothing would ever progress")
+                return 0
+        if not queue:
+            return 0
+        plan, start, dt = queue.pop()
+        end = start + dt
+        if end > now:
+            self.now = end
+        return rank.complete(plan, start, dt)
 
     def _stretch(self, bound: float) -> int | None:
         """A stretch if one of useful length can be taken: how many requests
@@ -129,16 +180,24 @@ class LockstepGroup:
         self.ranks = ranks
         self.step_model = step_model
         self.shared = shared
-        # Policies decide per step from shared state: no jumps with them.
-        self.fast_forward = fast_forward and all(r.sched.admission_policy is None for r in ranks)
+        # Policies decide per step from shared state: no jumps with them;
+        # nor with async scheduling or drafts.
+        self.fast_forward = fast_forward and all(r.sched.admission_policy is None and r.plain
+                                                 for r in ranks)
+        self.async_scheduling = any(r.async_scheduling for r in ranks)
         self.now = 0.0
         self._dummy = BatchShape.decode(1, 1)
         # vLLM's engines_running: the ranks step (dummy batches if need be)
         # until a finish-sync step finds every rank idle.
         self.engines_running = False
+        # Async: the ranks' batches in flight, newest first. The ranks run
+        # one collective forward pass per slot: (each rank's batch or None,
+        # start, duration).
+        self._queue: deque[tuple[list[PlannedStep | None], float, float]] = deque()
+        self._gpu_free = 0.0
 
     def busy(self) -> bool:
-        return self.engines_running or self._has_work()
+        return self.engines_running or self._has_work() or bool(self._queue)
 
     def _has_work(self) -> bool:
         return any(r.busy() for r in self.ranks)
@@ -150,11 +209,56 @@ class LockstepGroup:
 
     def advance(self, bound: float) -> int:
         self.engines_running = True
+        if self.async_scheduling:
+            return self._iterate()
         if self.fast_forward:
             finished = self._stretch(bound)
             if finished is not None:
                 return finished
         return self._step()
+
+    def _iterate(self) -> int:
+        """One iteration of every rank's async engine loop, in lockstep: the
+        ranks' batches scheduled together run as one forward pass (as long
+        as the slowest, idle ranks running a dummy batch), and the loop
+        blocks on the oldest slot as EngineInstance._iterate does."""
+        ranks = self.ranks
+        queue = self._queue
+        now = self.now
+        scheduling = [r.sched.has_requests() for r in ranks]
+        if any(scheduling):
+            plans = [r.plan() if s else None for r, s in zip(ranks, scheduling)]
+            global_tokens = sum(p.shape.num_tokens for p in plans if p is not None)
+            if global_tokens:
+                model = self.step_model
+                dt = max(model.step_time(p.shape if p is not None else self._dummy, global_tokens)
+                         for p in plans)
+                start = now if now > self._gpu_free else self._gpu_free
+                self._gpu_free = start + dt
+                queue.appendleft((plans, start, dt))
+                if len(queue) < BATCH_QUEUE_SIZE:
+                    return 0
+            elif not queue and self._has_work():
+                raise RuntimeError(f"no request could be scheduled on any DP rank at t={now:.3f}s; "
+                                   "nothing would ever progress")
+        if queue:
+            slot, start, dt = queue.pop()
+            end = start + dt
+            if end > now:
+                self.now = end
+            finished = 0
+            for r, p in zip(ranks, slot):
+                if p is not None:
+                    finished += r.complete(p, start, dt)
+        else:
+            # Nothing in flight or to run: idle ranks waiting for the
+            # finish-sync run a dummy batch.
+            dt = self.step_model.step_time(self._dummy, len(ranks))
+            start = now if now > self._gpu_free else self._gpu_free
+            self.now = self._gpu_free = start + dt
+            finished = 0
+        self.engines_running = self.shared.end_step(self._has_work())
+        return finished
 
     def _step(self) -> int:
         plans = [r.plan() for r in self.ranks]

@@ -7,6 +7,15 @@ request it serves: send, first token, every token time, finish. It has no
 clock: the instance that drives it (:mod:`kvsched.sim.instance`) passes the
 start and length of every step, so one clock can drive several ranks in
 lockstep.
+
+Plain scheduling (synchronous, no speculative decoding) takes the fast
+paths below, unchanged. With async scheduling or speculative decoding a
+step's outputs are made when it completes, not when it is planned: under
+async scheduling the step before it may still be in flight then, and a
+verification's accepted drafts are drawn from the acceptance model
+(:mod:`kvsched.sim.speculative`). A request that receives several tokens in
+one step (accepted drafts) receives them as one chunk, as vLLM streams
+them: one inter-token gap, as ``vllm bench serve`` measures it.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from typing import Any, TextIO
 
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.fast_forward import decode_stretch_plan
-from kvsched.core.output import ModelRunnerOutput, SchedulerOutput
+from kvsched.core.output import DraftTokenIds, ModelRunnerOutput, SchedulerOutput
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
@@ -28,6 +37,7 @@ from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
 from kvsched.sim.metrics import RecordTable, SampleAccumulator, benchmark_duration, compute_metrics
 from kvsched.sim.refusals import too_long_error
+from kvsched.sim.speculative import SpecOptions, SpecStats, combine_stats, request_key, uniform
 from kvsched.sim.workload import WorkloadRequest
 
 EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)
@@ -157,6 +167,8 @@ class SimResult:
     # Every rank's own result when this one combines data-parallel ranks
     # (their step logs and KV figures are per rank; ``steps`` is rank 0's).
     ranks: list[SimResult] = field(default_factory=list)
+    # Speculative decoding's counters (None without it).
+    spec_stats: SpecStats | None = None
 
     @property
     def duration(self) -> float:
@@ -177,13 +189,16 @@ class SimResult:
         return out
 
     def engine_stats(self) -> dict[str, Any]:
-        return {**self.totals.engine_stats(),
-                "num_preemptions": self.num_preemptions,
-                "prefix_cache_hit_rate": (self.prefix_cache_hits / self.prefix_cache_queries
-                                          if self.prefix_cache_queries else 0.0),
-                "num_gpu_blocks": self.num_gpu_blocks,
-                "fast_forwarded_steps": self.num_fast_forwarded_steps,
-                "simulation_wall_seconds": self.wall_seconds}
+        out = {**self.totals.engine_stats(),
+               "num_preemptions": self.num_preemptions,
+               "prefix_cache_hit_rate": (self.prefix_cache_hits / self.prefix_cache_queries
+                                         if self.prefix_cache_queries else 0.0),
+               "num_gpu_blocks": self.num_gpu_blocks,
+               "fast_forwarded_steps": self.num_fast_forwarded_steps,
+               "simulation_wall_seconds": self.wall_seconds}
+        if self.spec_stats is not None:
+            out.update(self.spec_stats.metrics())
+        return out
 
 
 def combine_results(ranks: list[SimResult]) -> SimResult:
@@ -201,7 +216,8 @@ def combine_results(ranks: list[SimResult]) -> SimResult:
         prefix_cache_queries=sum(r.prefix_cache_queries for r in ranks),
         prefix_cache_hits=sum(r.prefix_cache_hits for r in ranks),
         num_fast_forwarded_steps=sum(r.num_fast_forwarded_steps for r in ranks),
-        wall_seconds=max(r.wall_seconds for r in ranks), ranks=list(ranks))
+        wall_seconds=max(r.wall_seconds for r in ranks), ranks=list(ranks),
+        spec_stats=combine_stats([r.spec_stats for r in ranks]))
     for res in ranks:
         out.itls.merge(res.itls)
         out.token_times.merge(res.token_times)
@@ -217,6 +233,11 @@ class PlannedStep:
     sampled_ids: list[list[int]]
     # The client-side view of each scheduled request (None: mid-prefill).
     lives: list[_Live | None]
+    # Async or speculative (Rank.plain False): drafts scheduled per request
+    # (aligned with lives), and the requests admitted in this step, whose
+    # drafts are padding (never accepted). Outputs are made at completion.
+    drafts: list[int] | None = None
+    admitted: frozenset[str] | set[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -232,6 +253,10 @@ class _Live:
     last_token_time: float = -1.0
     num_tokens: int = 0
     token_times: list[float] | None = None  # only when detail is kept
+    # Speculative decoding: the request's stream of acceptance draws, and
+    # how many of its verifications drew from it.
+    spec_key: int = 0
+    num_verifications: int = 0
 
     def __post_init__(self) -> None:
         self.sample = [self.token]
@@ -253,10 +278,22 @@ class Rank:
                  workload_name: str, eos_probability: float = 0.0, seed: int = 0,
                  admission_policy: AdmissionPolicy | None = None,
                  trace_steps: TextIO | None = None, keep_token_times: bool = False,
-                 keep_step_log: bool = True) -> None:
+                 keep_step_log: bool = True, speculative: SpecOptions | None = None) -> None:
         # No model runs: skip the runner's copies of prompts and block tables.
         self.sched = Scheduler(scheduler_config, cache_config, admission_policy=admission_policy,
-                               runner_inputs=False)
+                               runner_inputs=False,
+                               speculative_config=speculative.core_config() if speculative else None)
+        self.speculative = speculative
+        self.seed = seed
+        # vLLM's async engine loop (kvsched.sim.instance drives it).
+        self.async_scheduling = scheduler_config.async_scheduling
+        # Neither async scheduling nor drafts: the fast paths.
+        self.plain = speculative is None and not self.async_scheduling
+        self.spec_stats = SpecStats(speculative.num_speculative_tokens) if speculative else None
+        # Synchronous speculative decoding: the drafts proposed after each
+        # step (the scheduler reads only how many).
+        self._drafts = ([OUTPUT_TOKEN_BASE] * speculative.num_speculative_tokens
+                        if speculative is not None and not self.async_scheduling else None)
         self.num_gpu_blocks = cache_config.num_gpu_blocks
         self.workload_name = workload_name
         self.eos_probability = eos_probability
@@ -302,8 +339,10 @@ class Rank:
         except ValueError as e:
             self.failed.append((spec.request_id, str(e)))
             return False
-        self.live[spec.request_id] = _Live(spec, send_time, self._next_token, eos_index,
-                                           token_times=[] if self.keep_token_times else None)
+        live = self.live[spec.request_id] = _Live(spec, send_time, self._next_token, eos_index,
+                                                  token_times=[] if self.keep_token_times else None)
+        if self.speculative is not None:
+            live.spec_key = request_key(self.seed, spec.request_id)
         self._next_token += 1
         return True
 
@@ -339,6 +378,8 @@ class Rank:
         num_sched = out.num_scheduled_tokens
         if not num_sched:
             return None
+        if not self.plain:
+            return self._plan_general(out)
         requests = sched.requests
         live = self.live
         decodes = decode_kv = prefill = prefill_kv = pairs = sampled = 0
@@ -370,9 +411,61 @@ class Rank:
                            decode_kv, prefill, prefill_kv, pairs)
         return PlannedStep(out, shape, sampled_ids, lives)
 
+    def _plan_general(self, out: SchedulerOutput) -> PlannedStep:
+        """``plan`` with async scheduling or drafts: a request verifying d
+        drafts is a decode of 1 + d query tokens (BatchShape's spec fields);
+        the outputs wait for completion."""
+        num_sched = out.num_scheduled_tokens
+        requests = self.sched.requests
+        live = self.live
+        spec = out.scheduled_spec_decode_tokens
+        chunks = out.prefill_chunk_req_ids
+        decodes = decode_kv = prefill = prefill_kv = pairs = sampled = spec_tokens = spec_keys = 0
+        lives: list[_Live | None] = []
+        drafts: list[int] = []
+        for rid, n_new in num_sched.items():
+            c = requests[rid].num_computed_tokens - n_new
+            d = len(spec[rid]) if spec and rid in spec else 0
+            if d:
+                decodes += 1
+                decode_kv += c + n_new
+                spec_tokens += d
+                q = n_new - 1  # queries beyond the first
+                spec_keys += q * c + q * (q + 1) // 2
+            elif n_new == 1:
+                decodes += 1
+                decode_kv += c + 1
+            else:
+                prefill += n_new
+                prefill_kv += c + n_new
+                pairs += n_new * c + n_new * (n_new + 1) // 2
+            drafts.append(d)
+            if rid in chunks:
+                lives.append(None)
+            else:
+                sampled += 1
+                lives.append(live[rid])
+        shape = BatchShape(out.total_num_scheduled_tokens, len(num_sched), sampled, decodes,
+                           decode_kv, prefill, prefill_kv, pairs, spec_tokens, spec_keys)
+        admitted: frozenset[str] | set[str] = frozenset()
+        if spec:
+            admitted = {n.req_id for n in out.scheduled_new_reqs}
+            admitted |= out.scheduled_cached_reqs.resumed_req_ids
+        return PlannedStep(out, shape, [], lives, drafts, admitted)
+
+    def _accepted(self, lv: _Live, num_drafts: int) -> int:
+        """Drafts accepted of a verification of ``num_drafts`` (the request's
+        next draw)."""
+        assert self.speculative is not None
+        n = lv.num_verifications
+        lv.num_verifications = n + 1
+        return self.speculative.acceptance.accepted(uniform(lv.spec_key, n), num_drafts)
+
     def complete(self, plan: PlannedStep, start: float, dt: float) -> int:
         """``update_from_output()`` for a step of ``dt`` seconds from ``start``,
         and the client-side bookkeeping. Returns how many requests finished."""
+        if plan.drafts is not None:
+            return self._complete_general(plan, start, dt)
         sched = self.sched
         out, shape, sampled_ids = plan.output, plan.shape, plan.sampled_ids
         num_sched = out.num_scheduled_tokens
@@ -400,17 +493,100 @@ class Rank:
             self.token_times.add(now, shape.num_sampled)
         for o in result.finished:
             self._finish(o.request_id, now)
+        self._log_step(out, shape, result.finished, start, dt)
+        return len(result.finished)
+
+    def _log_step(self, out: SchedulerOutput, shape: BatchShape, finished: list[Any],
+                  start: float, dt: float) -> None:
+        sched = self.sched
+        num_reqs = len(out.num_scheduled_tokens)
+        now = start + dt
         free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-        self.totals.add(now, dt, len(num_sched), shape.num_tokens, shape.prefill_tokens, free)
+        self.totals.add(now, dt, num_reqs, shape.num_tokens, shape.prefill_tokens, free)
         if self.steps is not None:
-            self.steps.append(start, dt, len(num_sched), shape.num_tokens, shape.prefill_tokens, free,
+            self.steps.append(start, dt, num_reqs, shape.num_tokens, shape.prefill_tokens, free,
                               len(sched.running), len(sched.waiting))
         if self.trace_steps is not None:
             record = step_record(self.totals.num_steps - 1, out,
-                                 [[o.request_id, o.finish_reason or ""] for o in result.finished], sched)
+                                 [[o.request_id, o.finish_reason or ""] for o in finished], sched)
             record["start"] = start
             record["duration"] = dt
+            if out.scheduled_spec_decode_tokens:
+                spec = out.scheduled_spec_decode_tokens
+                record["spec"] = [[rid, len(spec[rid])] for rid in out.num_scheduled_tokens if rid in spec]
             self.trace_steps.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def _complete_general(self, plan: PlannedStep, start: float, dt: float) -> int:
+        """``complete`` with async scheduling or drafts: each request that
+        samples gets its token and, verifying drafts (not the padding of
+        the step that admitted it), the accepted ones; under async
+        scheduling a request that finished since this step was scheduled
+        gets nothing (the engine drops its tokens: wasted work). A request
+        receives what the scheduler appended: 1 + accepted tokens, fewer if
+        it stops among them."""
+        sched = self.sched
+        out = plan.output
+        ids = list(out.num_scheduled_tokens)
+        now = start + dt
+        requests = sched.requests
+        drafts = plan.drafts
+        assert drafts is not None
+        admitted = plan.admitted
+        eos = self.eos_probability > 0.0
+        entries: list[list[int]] = []
+        watched: list[tuple[_Live, Request, int]] = []
+        for rid, lv, d in zip(ids, plan.lives, drafts):
+            if lv is None:
+                entries.append(_NOTHING)
+                continue
+            r = requests.get(rid)
+            if r is None:
+                # Finished on the step before (async): its tokens are dropped.
+                entries.append(lv.sample)
+                continue
+            n = len(r.output_token_ids)
+            a = self._accepted(lv, d) if d and rid not in admitted else 0
+            if not a and not (eos and lv.token_at(n) == EOS_TOKEN):
+                entries.append(lv.sample)
+            else:
+                entries.append([lv.token_at(n + j) for j in range(1 + a)])
+            watched.append((lv, r, n))
+        result = sched.update_from_output(out, ModelRunnerOutput(ids, entries))
+        if result.spec_decoding_stats is not None:
+            assert self.spec_stats is not None
+            self.spec_stats.add(result.spec_decoding_stats)
+        itls = self.itls
+        same_gap = 0
+        delivered = 0
+        for lv, r, n in watched:
+            k = len(r.output_token_ids) - n
+            if k <= 0:
+                continue
+            delivered += k
+            lv.num_tokens += k
+            # One chunk of k tokens: one gap, as vllm bench serve measures it.
+            if lv.first_token_time < 0.0:
+                lv.first_token_time = now
+            elif lv.last_token_time == start:
+                same_gap += 1
+            else:
+                itls.add(now - lv.last_token_time)
+            lv.last_token_time = now
+            if lv.token_times is not None:
+                lv.token_times.append(now)
+        if same_gap:
+            itls.add(dt, same_gap)
+        if delivered:
+            self.token_times.add(now, delivered)
+        for o in result.finished:
+            self._finish(o.request_id, now)
+        if self._drafts is not None:
+            # Synchronous drafting: K drafts for every request that sampled
+            # and still runs (vLLM's update_draft_token_ids after the step).
+            k_drafts = self._drafts
+            sched.update_draft_token_ids(DraftTokenIds(
+                ids, [[] if lv is None else k_drafts for lv in plan.lives]))
+        self._log_step(out, plan.shape, result.finished, start, dt)
         return len(result.finished)
 
     def _finish(self, rid: str, now: float) -> None:
@@ -500,4 +676,5 @@ class Rank:
             num_preemptions=self.sched.num_preemptions,
             prefix_cache_queries=stats.queries + stats.preempted_queries,
             prefix_cache_hits=stats.hits + stats.preempted_hits,
-            num_fast_forwarded_steps=self.num_ff_steps, wall_seconds=wall_seconds)
+            num_fast_forwarded_steps=self.num_ff_steps, wall_seconds=wall_seconds,
+            spec_stats=self.spec_stats)

@@ -46,7 +46,8 @@ __all__ = ["MAX_CDF_POINTS", "MAX_TIME_BUCKETS", "PALETTE", "bucket_width", "cdf
 
 # Metrics shown as percentages (they are fractions in ``SimResult.metrics()``).
 FRACTION_KEYS = frozenset({"prefill_token_share", "decode_token_share", "mean_kv_cache_usage",
-                           "max_kv_cache_usage", "prefix_cache_hit_rate"})
+                           "max_kv_cache_usage", "prefix_cache_hit_rate",
+                           "spec_decode_draft_acceptance_rate"})
 
 
 def format_value(key: str, value: object) -> str:
@@ -57,6 +58,8 @@ def format_value(key: str, value: object) -> str:
         return "-"
     if isinstance(value, bool):
         return str(value)
+    if isinstance(value, list | tuple):  # per-position rates
+        return ", ".join(f"{float(v):.3f}" for v in value)
     if isinstance(value, int | np.integer):
         return f"{int(value):,}"
     if isinstance(value, float | np.floating):
@@ -104,6 +107,14 @@ METRIC_ROWS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
         ("max_kv_cache_usage", "%", "highest KV cache usage after a step"),
         ("num_preemptions", "", "requests preempted (recomputed)"),
         ("prefix_cache_hit_rate", "%", "prompt tokens found in the prefix cache"),
+    )),
+    ("Speculative decoding", (
+        ("spec_decode_num_drafts", "", "verifications (a request's drafts of one step)"),
+        ("spec_decode_num_draft_tokens", "tok", "draft tokens verified"),
+        ("spec_decode_num_accepted_tokens", "tok", "draft tokens accepted"),
+        ("spec_decode_draft_acceptance_rate", "%", "accepted / draft tokens"),
+        ("spec_decode_mean_acceptance_length", "tok", "1 + accepted / drafts, as vLLM logs it"),
+        ("spec_decode_acceptance_rate_per_position", "", "per draft position: accepted there / drafts"),
     )),
 )
 

@@ -71,7 +71,7 @@ def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[st
         parallel["dp_stats_interval"] = args.dp_stats_interval
         if d.lockstep:
             parallel["dp_sync_interval"] = args.dp_sync_interval
-    return {
+    out: dict[str, Any] = {
         "model": {"name": d.model.name, "checkpoint": d.options.model, "dtype": d.runtime.dtype,
                   "quantization": d.options.quantization,
                   "kv_cache_dtype": d.runtime.kv_cache_dtype, "moe": d.model.is_moe},
@@ -87,6 +87,14 @@ def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[st
                   "gpu_memory_utilization": d.options.gpu_memory_utilization},
         "per_rank": dict(PER_RANK_NOTES),
     }
+    if d.speculative is not None:
+        spec = d.speculative.to_json()
+        drafter = d.step_model.drafter
+        if drafter is not None:
+            spec["drafter"] = drafter.describe()
+        spec["drafter_weight_gib"] = round(d.memory.drafter_bytes / GIB, 3)
+        out["speculative_config"] = spec
+    return out
 
 
 def step_times_dict(d: Deployment) -> dict[str, Any]:

@@ -3,6 +3,10 @@
 Each engine step is ``schedule()`` -> step time from the performance model ->
 ``update_from_output()`` with the workload's output lengths (as ``ignore_eos``
 does), or EOS at a position drawn per request when ``eos_probability`` > 0.
+With async scheduling the steps follow vLLM's async engine loop (two batches
+in flight, :mod:`kvsched.sim.instance`); with speculative decoding each
+verification accepts drafts drawn from an acceptance model
+(:mod:`kvsched.sim.speculative`).
 
 :class:`Simulator` is one engine: a cluster of one instance
 (:mod:`kvsched.sim.cluster`), driven by the workload's client. Stretches of
@@ -26,6 +30,7 @@ from kvsched.sim.client import Client
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.instance import MIN_STRETCH, EngineInstance, stretch_times
 from kvsched.sim.rank import EOS_TOKEN, PlannedStep, Rank, SimResult, StepLog
+from kvsched.sim.speculative import SpecOptions
 from kvsched.sim.workload import Workload
 
 __all__ = ["EOS_TOKEN", "MIN_STRETCH", "PlannedStep", "SimConfig", "SimResult", "Simulator",
@@ -47,6 +52,9 @@ class SimConfig:
     # Keep every step for timelines (SimResult.steps; the HTML report plots
     # it). Off, memory does not grow with the number of steps.
     keep_step_log: bool = True
+    # Speculative decoding (None: off). Async scheduling is
+    # scheduler_config.async_scheduling.
+    speculative: SpecOptions | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eos_probability < 1.0:
@@ -63,7 +71,7 @@ class SimConfig:
                     eos_probability=self.eos_probability,
                     seed=self.seed if seed is None else seed, admission_policy=policy,
                     trace_steps=trace_steps, keep_token_times=self.keep_token_times,
-                    keep_step_log=self.keep_step_log)
+                    keep_step_log=self.keep_step_log, speculative=self.speculative)
 
 
 class Simulator:
