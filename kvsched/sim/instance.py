@@ -32,7 +32,14 @@ scheduled, if the GPU is idle) and lasts its step time (the CPU work of
 scheduling the next batch overlaps it: ``StepTimeModel.step_time``); the
 loop reaches its next iteration when the batch it blocks on ends. So batch
 N+1 is scheduled as batch N starts, from the requests that arrived by then,
-and batch N's tokens reach the clients when N ends. No fast-forward.
+and batch N's tokens reach the clients when N ends.
+
+An async stretch starts where one pure-decode batch of every running
+request is in flight and ``decode_stretch_plan`` allows k iterations: the
+batch in flight and the k-1 next ones are applied (their tokens at their
+ends), and the k-th new batch is left in flight. Iteration j > 0 happens
+when new batch j-1 starts on the GPU; the stretch keeps the iterations that
+happen before ``bound``.
 """
 
 from __future__ import annotations
@@ -89,8 +96,9 @@ class EngineInstance:
         self.rank = rank
         self.step_model = step_model
         self.async_scheduling = rank.async_scheduling
-        # Fast-forward covers synchronous plain decode only.
-        self.fast_forward = fast_forward and rank.trace_steps is None and rank.plain
+        # Fast-forward covers plain decode, synchronous or async (no drafts).
+        self.fast_forward = fast_forward and rank.trace_steps is None and (
+            rank.plain or (rank.async_scheduling and rank.speculative is None))
         self.now = 0.0
         # Async: batches in flight, newest first: (plan, GPU start, duration).
         self._queue: deque[tuple[PlannedStep, float, float]] = deque()
@@ -109,6 +117,10 @@ class EngineInstance:
         ``self.now`` afterwards)."""
         rank = self.rank
         if self.async_scheduling:
+            if self.fast_forward and len(self._queue) == 1:
+                finished = self._async_stretch(bound)
+                if finished is not None:
+                    return finished
             return self._iterate()
         if self.fast_forward:
             finished = self._stretch(bound)
@@ -152,6 +164,44 @@ class EngineInstance:
             self.now = end
         return rank.complete(plan, start, dt)
 
+    def _async_stretch(self, bound: float) -> int | None:
+        """Async: a stretch of iterations if one can be taken (see the
+        module doc); how many requests finished in it (none: an async
+        stretch stops before a finish), or None."""
+        rank = self.rank
+        if not rank.sched.decode_stable:
+            return None
+        limit, kv_tokens, _ = rank.stretch_limit()
+        if limit < MIN_STRETCH:
+            return None
+        _, prev_start, prev_dt = self._queue[0]
+        first_start = self._gpu_free  # the batch in flight ends: new batch 0 starts
+        B = len(rank.sched.running)
+        step_times = self.step_model.decode_step_times
+
+        def new_batch_times(j: int, n: int) -> list[float]:
+            # New batch j decodes every request with its context j + 1 ahead.
+            return step_times(B, kv_tokens + (j + 1) * B, B, n)
+
+        durations, ends = stretch_times(first_start, limit, bound, new_batch_times)
+        # stretch_times keeps new batch j > 0 when it starts before bound;
+        # iteration j schedules it when new batch j-1 starts: one more.
+        n = len(durations)
+        if n < limit and (ends[n - 2] if n > 1 else first_start) < bound:
+            more = new_batch_times(n, 1)[0]
+            durations.append(more)
+            ends.append(ends[-1] + more)
+        k = len(durations)
+        # Applied: the batch in flight and new batches 0 .. k-2.
+        applied_durations = [prev_dt, *durations[:k - 1]]
+        applied_ends = [first_start, *ends[:k - 1]]
+        finished = rank.apply_stretch(prev_start, applied_durations, applied_ends)
+        self._queue[0] = (rank.in_flight_plan(), applied_ends[-1], durations[-1])
+        self._gpu_free = ends[-1]
+        if applied_ends[-1] > self.now:
+            self.now = applied_ends[-1]
+        return finished
+
     def _stretch(self, bound: float) -> int | None:
         """A stretch if one of useful length can be taken: how many requests
         finished in it (None: no stretch)."""
@@ -181,8 +231,8 @@ class LockstepGroup:
         self.step_model = step_model
         self.shared = shared
         # Policies decide per step from shared state: no jumps with them;
-        # nor with async scheduling or drafts.
-        self.fast_forward = fast_forward and all(r.sched.admission_policy is None and r.plain
+        # nor with drafts.
+        self.fast_forward = fast_forward and all(r.sched.admission_policy is None and r.speculative is None
                                                  for r in ranks)
         self.async_scheduling = any(r.async_scheduling for r in ranks)
         self.now = 0.0
@@ -210,6 +260,10 @@ class LockstepGroup:
     def advance(self, bound: float) -> int:
         self.engines_running = True
         if self.async_scheduling:
+            if self.fast_forward and len(self._queue) == 1:
+                finished = self._async_stretch(bound)
+                if finished is not None:
+                    return finished
             return self._iterate()
         if self.fast_forward:
             finished = self._stretch(bound)
@@ -258,6 +312,58 @@ class LockstepGroup:
             self.now = self._gpu_free = start + dt
             finished = 0
         self.engines_running = self.shared.end_step(self._has_work())
+        return finished
+
+    def _async_stretch(self, bound: float) -> int | None:
+        """Async: every rank over a stretch of iterations, each batch as long
+        as the slowest rank (idle ranks run the dummy batch), as
+        EngineInstance._async_stretch does for one rank; None: no stretch."""
+        busy = [r for r in self.ranks if r.sched.running]
+        if not busy or any(r.sched.waiting for r in self.ranks if not r.sched.running):
+            return None
+        if not all(r.sched.decode_stable for r in busy):
+            return None
+        # A rank with nothing running must have nothing in flight either (a
+        # batch of requests that finished meanwhile still runs and is logged).
+        if any(p is not None and not r.sched.running for r, p in zip(self.ranks, self._queue[0][0])):
+            return None
+        limits = [r.stretch_limit() for r in busy]
+        limit = min(lim for lim, _, _ in limits)
+        if limit < MIN_STRETCH:
+            return None
+        _, prev_start, prev_dt = self._queue[0]
+        first_start = self._gpu_free
+        sizes = [len(r.sched.running) for r in busy]
+        global_tokens = sum(sizes)
+        model = self.step_model
+        idle = len(busy) < len(self.ranks)
+        dummy = model.decode_step_time(1, 1, global_tokens) if idle else 0.0
+
+        def new_batch_times(j: int, n: int) -> list[float]:
+            per_rank = [model.decode_step_times(b, kv + (j + 1) * b, b, n, global_tokens)
+                        for b, (_, kv, _) in zip(sizes, limits)]
+            return [max(*ts, dummy) if idle else max(ts) for ts in zip(*per_rank)]
+
+        durations, ends = stretch_times(first_start, limit, bound, new_batch_times)
+        n = len(durations)
+        if n < limit and (ends[n - 2] if n > 1 else first_start) < bound:
+            more = new_batch_times(n, 1)[0]
+            durations.append(more)
+            ends.append(ends[-1] + more)
+        k = len(durations)
+        applied_durations = [prev_dt, *durations[:k - 1]]
+        applied_ends = [first_start, *ends[:k - 1]]
+        finished = 0
+        for r in busy:
+            finished += r.apply_stretch(prev_start, applied_durations, applied_ends)
+        self._queue[0] = ([r.in_flight_plan() if r.sched.running else None for r in self.ranks],
+                          applied_ends[-1], durations[-1])
+        self._gpu_free = ends[-1]
+        if applied_ends[-1] > self.now:
+            self.now = applied_ends[-1]
+        # One DP step per iteration, each with work left (none finishes).
+        for _ in range(k):
+            self.engines_running = self.shared.end_step(True)
         return finished
 
     def _step(self) -> int:

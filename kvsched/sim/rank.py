@@ -667,6 +667,19 @@ class Rank:
             self._finish(rid, end)
         return len(finished)
 
+    def in_flight_plan(self) -> PlannedStep:
+        """Async: the plan of the batch an async stretch left in flight
+        (``Scheduler.in_flight_outputs[0]``), as ``plan`` would have made
+        it: every running request decoding one token."""
+        out = self.sched.in_flight_outputs[0]
+        requests = self.sched.requests
+        live = self.live
+        ids = list(out.num_scheduled_tokens)
+        n = len(ids)
+        kv = sum(requests[rid].num_computed_tokens for rid in ids)
+        shape = BatchShape(n, n, n, n, kv, 0, 0, 0)
+        return PlannedStep(out, shape, [], [live[rid] for rid in ids], [0] * n)
+
     def result(self, wall_seconds: float) -> SimResult:
         stats = self.sched.kv_cache_manager.prefix_cache_stats
         return SimResult(

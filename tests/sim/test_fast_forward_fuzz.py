@@ -1,7 +1,8 @@
 """Fast-forward is exact: a differential fuzzer over random simulator configs.
 
 Each example draws a deployment (one engine; dense data-parallel replicas
-with a router; lockstep MoE ranks with an admission policy), scheduler and
+with a router; lockstep MoE ranks with an admission policy), synchronous or
+async scheduling (vLLM's async engine loop), scheduler and
 cache settings (chunking, threshold, budgets, ``max_num_seqs``, prefix
 caching, KV pressure that preempts, priority), a workload (random with or
 without a shared prefix, or a trace with its own arrival times and shared
@@ -128,7 +129,8 @@ def cases(draw: st.DrawFn) -> Case:
         max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, enable_chunked_prefill=chunked,
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 17, 64])),
-        policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])))
+        policy=draw(st.sampled_from(["fcfs", "fcfs", "priority"])),
+        async_scheduling=draw(st.booleans()))
     block_size = draw(st.sampled_from([1, 4, 16]))
     # From barely one request's worth (preemption) to roomy.
     min_blocks = -(-max_model_len // block_size) + 1
@@ -223,9 +225,13 @@ def test_the_fuzzer_reaches_fast_forward() -> None:
     wl = random_workload(num_prompts=12, input_len=100, output_len=80, request_rate=50.0, seed=1)
     sched = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16, max_model_len=1024)
     cache = CacheConfig(num_gpu_blocks=400, block_size=16)
-    for kind, size in (("single", 1), ("dense-dp", 3), ("lockstep", 2)):
-        case = Case(kind, size, "round-robin", "none", 1, sched, cache, 0.0, 0, wl)
+    async_sched = dataclasses.replace(sched, async_scheduling=True)
+    for kind, size, config in (("single", 1, sched), ("dense-dp", 3, sched), ("lockstep", 2, sched),
+                               ("single", 1, async_sched), ("dense-dp", 3, async_sched),
+                               ("lockstep", 2, async_sched)):
+        case = Case(kind, size, "round-robin", "none", 1, config, cache, 0.0, 0, wl)
         stepped, _ = run_case(case, fast_forward=False)
         jumped, jumps = run_case(case, fast_forward=True)
-        assert jumps > 0, kind
+        assert jumps > 0, (kind, config.async_scheduling)
+        assert jumped == stepped
         assert jumped == stepped, kind
