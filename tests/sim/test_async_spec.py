@@ -379,7 +379,8 @@ def test_no_async_scheduling_keeps_the_synchronous_loop(tmp_path: Path) -> None:
     assert main([*args, "--no-async-scheduling", "--no-fast-forward", "--save-result", str(paths[1])]) == 0
     assert main([*args, "--save-result", str(paths[2])]) == 0
     sync, stepped, overlap = (json.loads(p.read_text()) for p in paths)
-    assert sync["fast_forwarded_steps"] > 0 and overlap["fast_forwarded_steps"] == 0
+    # Both loops jump their pure-decode stretches.
+    assert sync["fast_forwarded_steps"] > 0 and overlap["fast_forwarded_steps"] > 0
     for key in ("simulation_wall_seconds", "fast_forwarded_steps"):
         sync.pop(key)
         stepped.pop(key)
