@@ -6,7 +6,11 @@ so a bad flag never turns into a hang or a traceback deep in the scheduler.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from kvsched.jsonfile import json_problem, strict_loads
 
 POLICIES = ("fcfs", "priority")
 # The bound on a step's sequences and tokens (max_num_seqs,
@@ -199,6 +203,24 @@ class SpeculativeConfig:
     @property
     def uses_drafter(self) -> bool:
         return self.method in _DRAFTER_METHODS
+
+
+def speculative_object(value: object) -> Mapping[str, Any]:
+    """vLLM's ``speculative_config`` as given: a mapping, or its JSON text
+    (``--speculative-config '{"method": "ngram", ...}'``). One ValueError
+    naming the field for text that is not a JSON object."""
+    if isinstance(value, str):
+        try:
+            value = strict_loads(value, constants=False)
+        except ValueError as err:
+            raise ValueError(f"speculative_config: {json_problem(err)}; give an object "
+                             'such as \'{"method": "ngram", "num_speculative_tokens": 3}\'') from None
+    if not isinstance(value, Mapping):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ValueError(f"speculative_config={shown}: must be a JSON object with method and "
+                         'num_speculative_tokens, e.g. {"method": "ngram", "num_speculative_tokens": 3}')
+    return value
 
 
 def check_speculative_with_async(speculative: SpeculativeConfig | None, async_scheduling: bool) -> None:

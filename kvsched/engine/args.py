@@ -13,8 +13,8 @@ from kvsched.config import (
     check_long_prefill_token_threshold,
     check_num_gpu_blocks_override,
     check_speculative_with_async,
+    speculative_object,
 )
-from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.scheduler_defaults import check_optional_limit
 
 # vLLM's CPU backend reserves 4 GiB for the KV cache unless told otherwise;
@@ -54,16 +54,7 @@ def parse_speculative_config(value: object, async_scheduling: bool = False) -> S
     if value is None or isinstance(value, SpeculativeConfig):
         config = value
     else:
-        if isinstance(value, str):
-            try:
-                value = strict_loads(value, constants=False)
-            except ValueError as err:
-                raise ValueError(f"speculative_config: {json_problem(err)}; give a JSON object such "
-                                 'as \'{"method": "ngram", "num_speculative_tokens": 3}\'') from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config={value!r:.80}: must be a JSON object (a dict) with "
-                             "method and num_speculative_tokens, e.g. "
-                             '{"method": "ngram", "num_speculative_tokens": 3}')
+        value = speculative_object(value)
         for key in value:
             if key not in SPECULATIVE_KEYS:
                 close = difflib.get_close_matches(str(key), SPECULATIVE_KEYS, n=1, cutoff=0.6)

@@ -42,9 +42,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsched.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig, check_speculative_with_async
+from kvsched.config import (
+    MAX_SPECULATIVE_TOKENS,
+    SpeculativeConfig,
+    check_speculative_with_async,
+    speculative_object,
+)
 from kvsched.core.output import SpecDecodingStats
-from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.perf.models import ModelSpec
 
 METHODS = ("mtp", "eagle", "eagle3", "ngram", "ngram_gpu")
@@ -208,17 +212,7 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
                              acceptance_flag: str | None = None) -> SpecOptions:
     """``--speculative-config`` (JSON text or a dict) for ``model``, and
     ``--spec-acceptance`` (text, or None)."""
-    if isinstance(value, str):
-        try:
-            obj = strict_loads(value, constants=False)
-        except ValueError as err:
-            raise ValueError(f"speculative_config: not JSON ({json_problem(err)}); give an object such as "
-                             '\'{"method": "mtp", "num_speculative_tokens": 1}\'') from None
-    else:
-        obj = value
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"speculative_config={_show(obj)}: must be a JSON object, e.g. "
-                         '{"method": "mtp", "num_speculative_tokens": 1}')
+    obj = speculative_object(value)
     for key in obj:
         if key == "tensor_parallel_size":
             raise ValueError("speculative_config.tensor_parallel_size: not a valid key (vLLM's rule); "

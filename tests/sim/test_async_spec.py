@@ -390,7 +390,7 @@ def test_no_async_scheduling_keeps_the_synchronous_loop(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--speculative-config", "{nope"], "speculative_config: not JSON"),
+    (["--speculative-config", "{nope"], "speculative_config: not valid JSON"),
     (["--speculative-config", "[1]"], "speculative_config=[1]"),
     (["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1, "spec_tokens": 2}'],
      "speculative_config.spec_tokens: unknown key"),
