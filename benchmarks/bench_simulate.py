@@ -51,12 +51,14 @@ def _workload(case: str) -> Workload:
     return random_workload(num_prompts=int(n), request_rate=float(rate), seed=0)
 
 
-def run_case(case: str, fast_forward: bool = True, backend: str = "auto") -> dict[str, Any]:
+def run_case(case: str, fast_forward: bool = True, backend: str = "auto",
+             async_scheduling: bool = True) -> dict[str, Any]:
     """One case in this process (wall and CPU include loading the kernel tables)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     workload = _workload(case)
     deployment = build_deployment(EngineOptions(model="Llama-3.1-8B", hardware="h100-sxm",
-                                                step_time_backend=backend))
+                                                step_time_backend=backend,
+                                                async_scheduling=async_scheduling))
     config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
                        fast_forward=fast_forward, keep_step_log=False)
     result = Simulator(config, workload).run()
@@ -71,9 +73,11 @@ def run_case(case: str, fast_forward: bool = True, backend: str = "auto") -> dic
             "metrics": metrics}
 
 
-def run_isolated(case: str, fast_forward: bool = True, backend: str = "auto") -> dict[str, Any]:
+def run_isolated(case: str, fast_forward: bool = True, backend: str = "auto",
+                 async_scheduling: bool = True) -> dict[str, Any]:
     """One case in a fresh interpreter (its own peak RSS)."""
     cmd = ([sys.executable, __file__, "--child", case, "--step-time-backend", backend]
+           + ([] if async_scheduling else ["--no-async-scheduling"])
            + ([] if fast_forward else ["--no-fast-forward"]))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.splitlines()[-1]))
@@ -100,20 +104,24 @@ def main() -> int:
     ap.add_argument("--step-time-backend", action="append", choices=["auto", "measured", "roofline"],
                     help="price steps with this backend (repeatable: each case runs with each; "
                          "default auto)")
+    ap.add_argument("--no-async-scheduling", action="store_true",
+                    help="the synchronous engine loop (default: vLLM's async loop, as on GPUs)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    use_async = not args.no_async_scheduling
     if args.child:
-        r = run_case(args.child, not args.no_fast_forward, (args.step_time_backend or ["auto"])[0])
+        r = run_case(args.child, not args.no_fast_forward, (args.step_time_backend or ["auto"])[0],
+                     use_async)
         print(json.dumps(r, default=lambda v: None if isinstance(v, float) and math.isinf(v) else str(v)))
         return 0
     cases = args.case or (["random:10000:20", "random:100000:20", "random:1000000:20",
                            "random:1000000:inf"] if args.scale else ["azure"])
     runs = []
     for case, backend in [(c, b) for c in cases for b in args.step_time_backend or ["auto"]]:
-        runs.append(run_isolated(case, backend=backend))
+        runs.append(run_isolated(case, backend=backend, async_scheduling=use_async))
         show(runs[-1])
         if args.compare:
-            runs.append(run_isolated(case, fast_forward=False, backend=backend))
+            runs.append(run_isolated(case, fast_forward=False, backend=backend, async_scheduling=use_async))
             show(runs[-1])
             a, b = (dict(r["metrics"]) for r in runs[-2:])
             for key in ("simulation_wall_seconds", "fast_forwarded_steps"):
