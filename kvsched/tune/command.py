@@ -50,7 +50,11 @@ ON_OFF = {"on": True, "off": False}
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "kvsched", "tune")
 # Engine flags every candidate shares (not searched), as simulate names them.
 FIXED_ENGINE = ("max_model_len", "dtype", "quantization", "step_time_backend",
-                "gpu_memory_utilization", "block_size", "calibration")
+                "gpu_memory_utilization", "block_size", "calibration", "async_scheduling",
+                "speculative_config", "spec_acceptance")
+# Those of them vllm serve takes (the others are kvsched's).
+SERVE_ENGINE = ("max_model_len", "dtype", "quantization", "gpu_memory_utilization", "block_size",
+                "async_scheduling", "speculative_config")
 # vLLM's defaults, as EngineOptions (kvsched simulate's flags) holds them.
 ENGINE_DEFAULTS = {k: getattr(EngineOptions(), k) for k in FIXED_ENGINE}
 
@@ -101,6 +105,13 @@ def add_tune_parser(sub: Any) -> None:
     e.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
     e.add_argument("--block-size", type=int, default=d.block_size)
     e.add_argument("--calibration", metavar="FILE")
+    e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=d.async_scheduling,
+                   help="vLLM's async scheduling (default: on, as on GPUs)")
+    e.add_argument("--speculative-config", metavar="JSON",
+                   help="speculative decoding for every candidate, as vLLM takes it, e.g. "
+                        "'{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'")
+    e.add_argument("--spec-acceptance", metavar="RATES",
+                   help="acceptance rate per draft position, e.g. 0.8,0.6 (see kvsched simulate)")
     add_workload_arguments(p)
     x = p.add_argument_group("execution and output")
     x.add_argument("--executor", choices=["local", "ray"], default="local")
@@ -249,8 +260,13 @@ def run_tune(args: argparse.Namespace) -> int:
     engine = {k: getattr(args, k) for k in FIXED_ENGINE
               if getattr(args, k) is not None and getattr(args, k) != ENGINE_DEFAULTS.get(k)}
     engine_flags: list[str] = []
+    serve_flags: list[str] = []
     for k, v in engine.items():
-        engine_flags += [f"--{k.replace('_', '-')}", str(v)]
+        flag = f"--{k.replace('_', '-')}"
+        words = ([flag] if v else [f"--no-{k.replace('_', '-')}"]) if isinstance(v, bool) else [flag, str(v)]
+        engine_flags += words
+        if k in SERVE_ENGINE:
+            serve_flags += words
     space = build_space(args, model.is_moe)
     candidates = sorted(space.candidates(args.max_gpus, model.is_moe), key=lambda c: c.order_key())
     if not candidates:
@@ -262,7 +278,8 @@ def run_tune(args: argparse.Namespace) -> int:
         raise ValueError(f"no candidate of the {len(candidates)} fits in memory: "
                          f"{'; '.join(reasons[:3])}; allow more GPUs (--max-gpus) or larger ones")
     problem = Problem(model.name, ["--model", args.model, *workload_argv], slo, args.objective,
-                      prices, is_random, base_rate, file_digest(base.dataset_path), engine_flags)
+                      prices, is_random, base_rate, file_digest(base.dataset_path), engine_flags,
+                      serve_flags)
     progress = None
     if not args.no_progress and sys.stderr.isatty():
         def progress(done: int, total: int, best: str) -> None:
@@ -296,10 +313,10 @@ def result_json(problem: Problem, result: TuneResult, args: argparse.Namespace) 
         "model": m, "slo": dict(problem.slo.targets), "slo_percentile": problem.slo.percentile,
         "objective": problem.objective, "target_rate": args.target_rate,
         "find_max_rate": args.find_max_rate, "max_gpus": args.max_gpus,
-        "best": result.best.to_json(m) if result.best else None,
-        "closest": result.closest.to_json(m) if result.closest else None,
-        "pareto": [e.to_json(m) for e in result.pareto],
-        "ranked": [e.to_json(m) for e in result.ranked],
+        "best": result.best.to_json(problem) if result.best else None,
+        "closest": result.closest.to_json(problem) if result.closest else None,
+        "pareto": [e.to_json(problem) for e in result.pareto],
+        "ranked": [e.to_json(problem) for e in result.ranked],
         "pruned": [{"label": c.label(), "candidate": c.to_json(), "reason": why} for c, why in result.pruned],
         "failed": [{"label": c.label(), "candidate": c.to_json(), "reason": why} for c, why in result.failed],
         "num_simulations": result.num_simulations, "num_cached": result.num_cached,
@@ -333,7 +350,7 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
     if result.best is not None:
         b = result.best
         lines += ["", f"Best: {b.candidate.label()} on {b.num_gpus} GPU{'s' if b.num_gpus > 1 else ''}",
-                  f"  {b.candidate.vllm_serve(problem.model)}",
+                  f"  {problem.vllm_serve(b.candidate)}",
                   f"  reproduce: kvsched simulate {shlex.join(b.argv)}"]
         if len(result.pareto) > 1:
             lines.append(f"Pareto front (goodput/GPU vs {slo.key(slo.targets[0][0])}): "
@@ -346,5 +363,5 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
                            for (n, t), s in zip(slo.targets, c.slack_ms.values()) if s < 0)
         lines += ["", f"No deployment meets the SLO; the closest is {c.candidate.label()} on "
                       f"{c.num_gpus} GPU{'s' if c.num_gpus > 1 else ''} ({misses})",
-                  f"  {c.candidate.vllm_serve(problem.model)}"]
+                  f"  {problem.vllm_serve(c.candidate)}"]
     return "\n".join(lines)

@@ -186,7 +186,7 @@ def _commands(problem: Problem, result: TuneResult) -> str:
             continue
         items.append(f"<dt>{esc(what)}: {esc(e.candidate.label())} on {_gpus(e.num_gpus)} "
                      f"({e.goodput_per_gpu:.3f} req/s/GPU)</dt>"
-                     f"<dd><code>{esc(e.candidate.vllm_serve(problem.model))}</code></dd>"
+                     f"<dd><code>{esc(problem.vllm_serve(e.candidate))}</code></dd>"
                      f"<dd><code>kvsched simulate {esc(shlex.join(e.argv))}</code></dd>")
     if not items:
         return '<p class="note">No deployment was answered.</p>'

@@ -83,14 +83,14 @@ class Evaluated:
     # deployment's own limit is at least ``rate``, maybe more.
     rate_is_lower_bound: bool = False
 
-    def to_json(self, model: str) -> dict[str, Any]:
+    def to_json(self, problem: Problem) -> dict[str, Any]:
         return {"label": self.candidate.label(), "candidate": self.candidate.to_json(),
                 "num_gpus": self.num_gpus, "rate": self.rate, "meets_slo": self.meets_slo,
                 "slack_ms": self.slack_ms, "goodput_per_gpu": self.goodput_per_gpu,
                 "cost_per_mtok": self.cost_per_mtok, "stopped_early": self.stopped,
                 "rate_is_lower_bound": self.rate_is_lower_bound,
                 "simulate_args": self.argv,
-                "vllm_serve": self.candidate.vllm_serve(model), "metrics": self.metrics}
+                "vllm_serve": problem.vllm_serve(self.candidate), "metrics": self.metrics}
 
 
 @dataclass(slots=True)
@@ -119,6 +119,7 @@ class Problem:
     base_rate: float                    # the workload's own mean rate (req/s)
     workload_digest: str = ""
     engine_flags: Sequence[str] = ()    # fixed engine flags (e.g. --max-model-len)
+    serve_flags: Sequence[str] = ()     # those of them vllm serve takes
     # Stop simulations once the SLO is surely missed (kvsched.tune.guard).
     early_stop: bool = True
 
@@ -130,6 +131,10 @@ class Problem:
             else:
                 out += ["--time-scale", repr(self.base_rate / rate)]
         return out
+
+    def vllm_serve(self, c: Candidate) -> str:
+        """The candidate's ``vllm serve`` line, with the shared flags."""
+        return c.vllm_serve(self.model, self.serve_flags)
 
     def reproduce(self, c: Candidate, rate: float | None) -> list[str]:
         """The ``kvsched simulate`` arguments that reproduce an answer, the

@@ -49,14 +49,16 @@ class Candidate:
             flags += ["--admission-policy", self.admission_policy]
         return flags
 
-    def vllm_serve(self, model: str) -> str:
-        """The ``vllm serve`` command line (vLLM's flags) of this deployment."""
+    def vllm_serve(self, model: str, fixed: Sequence[str] = ()) -> str:
+        """The ``vllm serve`` command line (vLLM's flags) of this deployment;
+        ``fixed``: vLLM flags every candidate shares."""
         parts = ["vllm", "serve", model, "--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.data_parallel_size > 1:
             parts += ["--data-parallel-size", str(self.data_parallel_size)]
         if self.enable_expert_parallel:
             parts.append("--enable-expert-parallel")
         parts += _serve_flags(self)  # vLLM's defaults are not spelled out
+        parts += fixed
         line = shlex.join(parts)
         if self.admission_policy == "balance":
             line += "  # plus seed 001's balance-scheduling patch (not in vLLM 0.33)"

@@ -218,3 +218,21 @@ def test_a_space_file_sets_dimensions_and_names_a_misspelling(tmp_path: Path,
     assert main(["tune", "--max-gpus", "2", *WORKLOAD, "--slo", "ttft:300", "--space", str(space),
                  "--no-cache", "--workers", "1", "--no-progress"]) == 2
     assert "did you mean 'max_num_seqs'?" in capsys.readouterr().err
+
+
+def test_speculative_decoding_and_the_loop_reach_both_command_lines(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    spec = '{"method": "ngram", "num_speculative_tokens": 2}'
+    assert main(["tune", "--max-gpus", "1", *WORKLOAD, "--slo", "ttft:100000", "--max-num-seqs", "default",
+                 "--max-num-batched-tokens", "default", "--no-async-scheduling", "--speculative-config",
+                 spec, "--spec-acceptance", "0.6,0.3", "--no-cache", "--workers", "1", "--no-progress",
+                 "--save-result", str(out)]) == 0
+    best = json.loads(out.read_text())["best"]
+    args = best["simulate_args"]
+    assert "--no-async-scheduling" in args and args[args.index("--speculative-config") + 1] == spec
+    assert args[args.index("--spec-acceptance") + 1] == "0.6,0.3"
+    # vllm serve takes the loop and the config, not kvsched's acceptance model.
+    assert "--no-async-scheduling" in best["vllm_serve"] and "--speculative-config" in best["vllm_serve"]
+    assert "--spec-acceptance" not in best["vllm_serve"]
+    # The reproducing simulate line runs them: speculative decoding's metrics show.
+    assert best["metrics"]["spec_decode_num_drafts"] > 0

@@ -181,11 +181,11 @@ def test_the_commands_and_the_table(full: tuple[Problem, TuneResult]) -> None:
     problem, result = full
     text, _ = page_of(problem, result)
     assert result.best is not None
-    serve = result.best.candidate.vllm_serve(problem.model)
+    serve = problem.vllm_serve(result.best.candidate)
     assert f"<code>{escape(serve)}</code>" in text
     for e in result.pareto:
         assert f"<code>kvsched simulate {escape(shlex.join(e.argv))}</code>" in text
-        assert f"<code>{escape(e.candidate.vllm_serve(problem.model))}</code>" in text
+        assert f"<code>{escape(problem.vllm_serve(e.candidate))}</code>" in text
     rows = re.findall(r"<tr(?: class=\"best\")?><td class=\"num\">(\d+)</td><td>([^<]*)</td>", text)
     assert [(int(i), label) for i, label in rows] == [
         (1, "h100-sxm TP1 (best)"), (2, "h100-sxm TP2 (Pareto)"), (3, "h100-sxm TP2 seqs 4 (Pareto)"),
