@@ -88,6 +88,22 @@ def stretch_times(start: float, limit: int, bound: float,
     return durations, ends
 
 
+def async_stretch_times(first_start: float, limit: int, bound: float,
+                        step_times: Callable[[int, int], list[float]]) -> tuple[list[float], list[float]]:
+    """Durations and end times of the new batches of an async stretch, new
+    batch 0 starting at ``first_start`` (when the batch in flight ends), at
+    most ``limit``. Iteration j > 0 schedules new batch j when new batch
+    j-1 starts: only iterations before ``bound`` are kept (stretch_times
+    keeps batches that *start* before it, so one more)."""
+    durations, ends = stretch_times(first_start, limit, bound, step_times)
+    n = len(durations)
+    if n < limit and (ends[n - 2] if n > 1 else first_start) < bound:
+        more = step_times(n, 1)[0]
+        durations.append(more)
+        ends.append(ends[-1] + more)
+    return durations, ends
+
+
 class EngineInstance:
     """One engine core on its own clock."""
 
@@ -183,14 +199,7 @@ class EngineInstance:
             # New batch j decodes every request with its context j + 1 ahead.
             return step_times(B, kv_tokens + (j + 1) * B, B, n)
 
-        durations, ends = stretch_times(first_start, limit, bound, new_batch_times)
-        # stretch_times keeps new batch j > 0 when it starts before bound;
-        # iteration j schedules it when new batch j-1 starts: one more.
-        n = len(durations)
-        if n < limit and (ends[n - 2] if n > 1 else first_start) < bound:
-            more = new_batch_times(n, 1)[0]
-            durations.append(more)
-            ends.append(ends[-1] + more)
+        durations, ends = async_stretch_times(first_start, limit, bound, new_batch_times)
         k = len(durations)
         # Applied: the batch in flight and new batches 0 .. k-2.
         applied_durations = [prev_dt, *durations[:k - 1]]
@@ -344,12 +353,7 @@ class LockstepGroup:
                         for b, (_, kv, _) in zip(sizes, limits)]
             return [max(*ts, dummy) if idle else max(ts) for ts in zip(*per_rank)]
 
-        durations, ends = stretch_times(first_start, limit, bound, new_batch_times)
-        n = len(durations)
-        if n < limit and (ends[n - 2] if n > 1 else first_start) < bound:
-            more = new_batch_times(n, 1)[0]
-            durations.append(more)
-            ends.append(ends[-1] + more)
+        durations, ends = async_stretch_times(first_start, limit, bound, new_batch_times)
         k = len(durations)
         applied_durations = [prev_dt, *durations[:k - 1]]
         applied_ends = [first_start, *ends[:k - 1]]

@@ -24,6 +24,7 @@ import json
 import math
 import random
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -472,12 +473,24 @@ class Rank:
         now = start + dt
         runner_output = ModelRunnerOutput(list(num_sched), sampled_ids)
         result = sched.update_from_output(out, runner_output)
-        same_gap = 0
+        self._deliver(((lv, 1) for lv in plan.lives if lv is not None), start, dt)
+        for o in result.finished:
+            self._finish(o.request_id, now)
+        self._log_step(out, shape, result.finished, start, dt)
+        return len(result.finished)
+
+    def _deliver(self, chunks: Iterable[tuple[_Live, int]], start: float, dt: float) -> None:
+        """Tokens reaching their clients at the end of a step (``start`` +
+        ``dt``): each (request, k) is one chunk of k tokens, one gap in the
+        ITLs as ``vllm bench serve`` measures them (the step time when the
+        request's previous chunk came at the step's start)."""
+        now = start + dt
         itls = self.itls
-        for lv in plan.lives:
-            if lv is None:
-                continue
-            lv.num_tokens += 1
+        same_gap = 0
+        delivered = 0
+        for lv, k in chunks:
+            delivered += k
+            lv.num_tokens += k
             if lv.first_token_time < 0.0:
                 lv.first_token_time = now
             elif lv.last_token_time == start:
@@ -489,12 +502,8 @@ class Rank:
                 lv.token_times.append(now)
         if same_gap:
             itls.add(dt, same_gap)
-        if shape.num_sampled:
-            self.token_times.add(now, shape.num_sampled)
-        for o in result.finished:
-            self._finish(o.request_id, now)
-        self._log_step(out, shape, result.finished, start, dt)
-        return len(result.finished)
+        if delivered:
+            self.token_times.add(now, delivered)
 
     def _log_step(self, out: SchedulerOutput, shape: BatchShape, finished: list[Any],
                   start: float, dt: float) -> None:
@@ -555,29 +564,8 @@ class Rank:
         if result.spec_decoding_stats is not None:
             assert self.spec_stats is not None
             self.spec_stats.add(result.spec_decoding_stats)
-        itls = self.itls
-        same_gap = 0
-        delivered = 0
-        for lv, r, n in watched:
-            k = len(r.output_token_ids) - n
-            if k <= 0:
-                continue
-            delivered += k
-            lv.num_tokens += k
-            # One chunk of k tokens: one gap, as vllm bench serve measures it.
-            if lv.first_token_time < 0.0:
-                lv.first_token_time = now
-            elif lv.last_token_time == start:
-                same_gap += 1
-            else:
-                itls.add(now - lv.last_token_time)
-            lv.last_token_time = now
-            if lv.token_times is not None:
-                lv.token_times.append(now)
-        if same_gap:
-            itls.add(dt, same_gap)
-        if delivered:
-            self.token_times.add(now, delivered)
+        self._deliver(((lv, len(r.output_token_ids) - n) for lv, r, n in watched
+                       if len(r.output_token_ids) > n), start, dt)
         for o in result.finished:
             self._finish(o.request_id, now)
         if self._drafts is not None:
