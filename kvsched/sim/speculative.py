@@ -24,12 +24,12 @@ Default acceptance rates (``DEFAULT_ACCEPTANCE``), used when neither
 
 - ``mtp`` position 0: 0.85, the low end of the 85-90 % acceptance of the
   second token the DeepSeek-V3 technical report (arXiv 2412.19437, §5.4.3)
-  gives for its one MTP module (quoted in the issue; not in
-  /work/shared/facts). Later positions (the module reused): no published
+  gives for its one MTP module (from the report; not in
+  ../shared/facts). Later positions (the module reused): no published
   number; each is accepted with probability 0.5 given the ones before
   (kvsched's conservative assumption).
 - ``eagle``, ``eagle3``, ``ngram``, ``ngram_gpu``: no published number in
-  /work/shared/facts; conditional acceptance 0.5 at every position
+  ../shared/facts; conditional acceptance 0.5 at every position
   (kvsched's conservative assumption: rates 0.5, 0.25, 0.125, ...).
 """
 
