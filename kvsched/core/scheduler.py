@@ -893,11 +893,14 @@ class Scheduler:
         # Pass 1 checks every entry (nothing changes if one is bad) and
         # finds each entry's request: None when its output is dropped.
         targets: list[Request | None] = []
-        len_ = len
+        len_, type_, list_, int_, running = len, type, list, int, RUNNING
         for rid, entry in zip(num_scheduled, entries):
-            _check_token_list(f"model_runner_output: sampled_token_ids for {rid}", entry, limit)
+            # One int token in range (the common entry) checked inline.
+            if not (type_(entry) is list_ and len_(entry) == 1 and type_(entry[0]) is int_
+                    and 0 <= entry[0] < limit):
+                _check_token_list(f"model_runner_output: sampled_token_ids for {rid}", entry, limit)
             request = get_request(rid)
-            if not receives(request):
+            if request is None or (request.status is not running and not receives(request)):
                 targets.append(None)
                 continue
             targets.append(request)
@@ -927,7 +930,6 @@ class Scheduler:
         caching = kv.enable_caching
         num_cached_block = kv.num_cached_block
         bs = self.block_size
-        running = RUNNING
         for (rid, n_sched), entry, request in zip(num_scheduled.items(), entries, targets):
             if request is None:
                 if entry:
@@ -962,9 +964,16 @@ class Scheduler:
             had_placeholders = request.num_output_placeholders > 0
             was_running = request.status is running
             kept = 0
-            if request.num_tokens + len_(entry) < request.stop_len and (
-                    (len_(entry) == 1 and entry[0] not in request.all_stop_ids)
-                    or request.all_stop_ids.isdisjoint(entry)):
+            n = len_(entry)
+            if n == 1 and request.num_tokens + 1 < request.stop_len and (
+                    entry[0] not in request.all_stop_ids):
+                # One token that cannot stop the request: Request.append_output, inlined.
+                token = entry[0]
+                request.output_token_ids.append(token)
+                if not request._outputs_in_all:
+                    request.all_token_ids.append(token)
+                request.num_tokens += 1
+            elif request.num_tokens + n < request.stop_len and request.all_stop_ids.isdisjoint(entry):
                 request.extend_output(entry)  # no stop among them: in one go
             else:
                 for kept_so_far, token in enumerate(entry, 1):
@@ -973,11 +982,11 @@ class Scheduler:
                             and self._check_stop(request, token):
                         kept = kept_so_far
                         if not stale:
-                            request.num_computed_tokens -= len_(entry) - kept
+                            request.num_computed_tokens -= n - kept
                         break
             if not stale:
                 if request.num_output_placeholders > 0:
-                    request.num_output_placeholders -= len_(entry)
+                    request.num_output_placeholders -= n
                 # Blocks whose tokens became known enter the prefix cache.
                 if caching and was_running and (had_placeholders or num_spec) and (
                         (request.num_computed_tokens - request.num_in_flight_tokens) // bs
