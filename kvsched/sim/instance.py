@@ -323,6 +323,25 @@ class LockstepGroup:
         self.engines_running = self.shared.end_step(self._has_work())
         return finished
 
+    def _decode_times(self, busy: list[Rank], kv_tokens: list[int], ahead: int
+                      ) -> Callable[[int, int], list[float]]:
+        """Durations of the group's pure-decode steps j .. j+n-1 of a
+        stretch: each as long as the slowest busy rank (its context
+        ``ahead + j`` tokens past ``kv_tokens`` per request), or the dummy
+        batch idle ranks run."""
+        sizes = [len(r.sched.running) for r in busy]
+        global_tokens = sum(sizes)
+        model = self.step_model
+        idle = len(busy) < len(self.ranks)
+        dummy = model.decode_step_time(1, 1, global_tokens) if idle else 0.0
+
+        def times(j: int, n: int) -> list[float]:
+            per_rank = [model.decode_step_times(b, kv + (j + ahead) * b, b, n, global_tokens)
+                        for b, kv in zip(sizes, kv_tokens)]
+            return [max(*ts, dummy) if idle else max(ts) for ts in zip(*per_rank)]
+
+        return times
+
     def _async_stretch(self, bound: float) -> int | None:
         """Async: every rank over a stretch of iterations, each batch as long
         as the slowest rank (idle ranks run the dummy batch), as
@@ -342,16 +361,8 @@ class LockstepGroup:
             return None
         _, prev_start, prev_dt = self._queue[0]
         first_start = self._gpu_free
-        sizes = [len(r.sched.running) for r in busy]
-        global_tokens = sum(sizes)
-        model = self.step_model
-        idle = len(busy) < len(self.ranks)
-        dummy = model.decode_step_time(1, 1, global_tokens) if idle else 0.0
-
-        def new_batch_times(j: int, n: int) -> list[float]:
-            per_rank = [model.decode_step_times(b, kv + (j + 1) * b, b, n, global_tokens)
-                        for b, (_, kv, _) in zip(sizes, limits)]
-            return [max(*ts, dummy) if idle else max(ts) for ts in zip(*per_rank)]
+        # New batch j decodes every request with its context j + 1 ahead.
+        new_batch_times = self._decode_times(busy, [kv for _, kv, _ in limits], 1)
 
         durations, ends = async_stretch_times(first_start, limit, bound, new_batch_times)
         k = len(durations)
@@ -404,16 +415,7 @@ class LockstepGroup:
         limit = min(lim for lim, _, _ in limits)
         if limit < MIN_STRETCH:
             return None
-        sizes = [len(r.sched.running) for r in busy]
-        global_tokens = sum(sizes)
-        model = self.step_model
-        idle = len(busy) < len(self.ranks)
-        dummy = model.decode_step_time(1, 1, global_tokens) if idle else 0.0
-
-        def step_times(j: int, n: int) -> list[float]:
-            per_rank = [model.decode_step_times(b, kv + j * b, b, n, global_tokens)
-                        for b, (_, kv, _) in zip(sizes, limits)]
-            return [max(*ts, dummy) if idle else max(ts) for ts in zip(*per_rank)]
+        step_times = self._decode_times(busy, [kv for _, kv, _ in limits], 0)
 
         durations, ends = stretch_times(self.now, limit, bound, step_times)
         n = len(durations)
