@@ -48,6 +48,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from itertools import accumulate
+from typing import Any
 
 from kvsched.core.policies import DPRankStates
 from kvsched.perf.step_time import BatchShape, StepTimeModel
@@ -104,7 +105,31 @@ def async_stretch_times(first_start: float, limit: int, bound: float,
     return durations, ends
 
 
-class EngineInstance:
+class _Jumps:
+    """What both instance kinds share: when to try a stretch."""
+
+    fast_forward: bool
+    async_scheduling: bool
+    _queue: deque[Any]
+
+    def _stretch(self, bound: float) -> int | None:
+        raise NotImplementedError
+
+    def _async_stretch(self, bound: float) -> int | None:
+        raise NotImplementedError
+
+    def _jump(self, bound: float) -> int | None:
+        """A stretch if fast-forward may and can take one (under async
+        scheduling only between iterations with one batch in flight): how
+        many requests finished in it, or None."""
+        if not self.fast_forward:
+            return None
+        if self.async_scheduling:
+            return self._async_stretch(bound) if len(self._queue) == 1 else None
+        return self._stretch(bound)
+
+
+class EngineInstance(_Jumps):
     """One engine core on its own clock."""
 
     def __init__(self, rank: Rank, step_model: StepTimeModel, fast_forward: bool = True) -> None:
@@ -132,16 +157,11 @@ class EngineInstance:
         """One step, or a stretch; returns how many requests finished (at
         ``self.now`` afterwards)."""
         rank = self.rank
+        finished = self._jump(bound)
+        if finished is not None:
+            return finished
         if self.async_scheduling:
-            if self.fast_forward and len(self._queue) == 1:
-                finished = self._async_stretch(bound)
-                if finished is not None:
-                    return finished
             return self._iterate()
-        if self.fast_forward:
-            finished = self._stretch(bound)
-            if finished is not None:
-                return finished
         plan = rank.plan()
         if plan is None:
             raise RuntimeError(f"no request could be scheduled at t={self.now:.3f}s with "
@@ -231,7 +251,7 @@ class EngineInstance:
         return finished
 
 
-class LockstepGroup:
+class LockstepGroup(_Jumps):
     """Data-parallel ranks that step together on one clock."""
 
     def __init__(self, ranks: list[Rank], step_model: StepTimeModel, shared: DPRankStates,
@@ -268,17 +288,10 @@ class LockstepGroup:
 
     def advance(self, bound: float) -> int:
         self.engines_running = True
-        if self.async_scheduling:
-            if self.fast_forward and len(self._queue) == 1:
-                finished = self._async_stretch(bound)
-                if finished is not None:
-                    return finished
-            return self._iterate()
-        if self.fast_forward:
-            finished = self._stretch(bound)
-            if finished is not None:
-                return finished
-        return self._step()
+        finished = self._jump(bound)
+        if finished is not None:
+            return finished
+        return self._iterate() if self.async_scheduling else self._step()
 
     def _iterate(self) -> int:
         """One iteration of every rank's async engine loop, in lockstep: the

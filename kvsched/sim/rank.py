@@ -381,41 +381,25 @@ class Rank:
             return None
         if not self.plain:
             return self._plan_general(out)
+        shape, lives, _ = self._batch(out)
+        # The runner's output is known now (synchronous, no drafts).
         requests = sched.requests
-        live = self.live
-        decodes = decode_kv = prefill = prefill_kv = pairs = sampled = 0
-        sampled_ids: list[list[int]] = []
-        lives: list[_Live | None] = []
         eos = self.eos_probability > 0.0
-        for rid, n_new in num_sched.items():
-            r = requests[rid]
-            c = r.num_computed_tokens - n_new
-            if n_new == 1:
-                decodes += 1
-                decode_kv += c + 1
-            else:
-                prefill += n_new
-                prefill_kv += c + n_new
-                pairs += n_new * c + n_new * (n_new + 1) // 2
-            if r.is_prefill_chunk:
+        sampled_ids: list[list[int]] = []
+        for rid, lv in zip(num_sched, lives):
+            if lv is None:
                 sampled_ids.append(_NOTHING)
-                lives.append(None)
+            elif eos and lv.token_at(len(requests[rid].output_token_ids)) == EOS_TOKEN:
+                sampled_ids.append([EOS_TOKEN])
             else:
-                sampled += 1
-                lv = live[rid]
-                lives.append(lv)
-                if eos and lv.token_at(len(r.output_token_ids)) == EOS_TOKEN:
-                    sampled_ids.append([EOS_TOKEN])
-                else:
-                    sampled_ids.append(lv.sample)
-        shape = BatchShape(out.total_num_scheduled_tokens, len(num_sched), sampled, decodes,
-                           decode_kv, prefill, prefill_kv, pairs)
+                sampled_ids.append(lv.sample)
         return PlannedStep(out, shape, sampled_ids, lives)
 
-    def _plan_general(self, out: SchedulerOutput) -> PlannedStep:
-        """``plan`` with async scheduling or drafts: a request verifying d
-        drafts is a decode of 1 + d query tokens (BatchShape's spec fields);
-        the outputs wait for completion."""
+    def _batch(self, out: SchedulerOutput) -> tuple[BatchShape, list[_Live | None], list[int]]:
+        """The step's batch: its shape for the step-time model (a request
+        verifying d drafts is a decode of 1 + d query tokens: BatchShape's
+        spec fields), each scheduled request's client view (None: it samples
+        nothing, mid-prefill) and its drafts."""
         num_sched = out.num_scheduled_tokens
         requests = self.sched.requests
         live = self.live
@@ -448,8 +432,14 @@ class Rank:
                 lives.append(live[rid])
         shape = BatchShape(out.total_num_scheduled_tokens, len(num_sched), sampled, decodes,
                            decode_kv, prefill, prefill_kv, pairs, spec_tokens, spec_keys)
+        return shape, lives, drafts
+
+    def _plan_general(self, out: SchedulerOutput) -> PlannedStep:
+        """``plan`` with async scheduling or drafts: the outputs wait for
+        completion (the runner's tokens depend on what is known then)."""
+        shape, lives, drafts = self._batch(out)
         admitted: frozenset[str] | set[str] = frozenset()
-        if spec:
+        if out.scheduled_spec_decode_tokens:
             admitted = {n.req_id for n in out.scheduled_new_reqs}
             admitted |= out.scheduled_cached_reqs.resumed_req_ids
         return PlannedStep(out, shape, [], lives, drafts, admitted)
