@@ -13,25 +13,19 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
-from kvsched.sim.command import (
-    build_deployment,
-    build_dp_simulator,
-    build_workload,
-    engine_options,
-    resolve_workload_args,
-    sim_config,
-)
-from kvsched.sim.compare import PRESETS, variant_parser
+from kvsched.sim.compare import PRESETS
 from kvsched.sim.dp import DPSimulator
+from kvsched.sim.flags import parse_spec
+from kvsched.sim.run import build_dp_simulator, prepare, sim_config
 
 
 def main(argv: list[str]) -> int:
-    args = resolve_workload_args(variant_parser().parse_args(PRESETS["balance-seed"][0] + argv))
-    args.no_fast_forward = True
-    deployment = build_deployment(engine_options(args))
-    config = sim_config(deployment, args)
-    config.keep_step_log = True  # the stall count reads every step
-    sim = build_dp_simulator(deployment, config, build_workload(args), args)
+    # The stall count reads every step: no fast-forward, every step kept.
+    spec = parse_spec(PRESETS["balance-seed"][0] + argv).with_options(fast_forward=False, keep_step_log=True)
+    prepared = prepare(spec)
+    deployment = prepared.deployment
+    config = sim_config(deployment, prepared.spec)
+    sim = build_dp_simulator(deployment, prepared.spec.deployment.group, config, prepared.accepted)
     seen = [0] * len(sim.ranks)
     steps: Counter[int] = Counter()
     seconds: Counter[int] = Counter()

@@ -23,15 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvsched.sim.command import (
-    build_deployment,
-    build_workload,
-    engine_options,
-    resolve_workload_args,
-    run_deployment,
-    sim_config,
-)
-from kvsched.sim.compare import PRESETS, variant_parser
+from kvsched.sim.compare import PRESETS
+from kvsched.sim.flags import parse_spec
+from kvsched.sim.run import run as run_spec
 
 SEED_FIXED = PRESETS["balance-seed"][0]
 SEED_JITTER = PRESETS["balance-seed-jitter"][0]
@@ -59,13 +53,8 @@ class Effect:
 
 
 def run(flags: list[str]) -> dict[str, Any]:
-    args = resolve_workload_args(variant_parser().parse_args(flags))
-    args.no_fast_forward = False
-    args.trace_steps = None
-    deployment = build_deployment(engine_options(args))
-    result = run_deployment(deployment, sim_config(deployment, args), build_workload(args), args)
-    metrics: dict[str, Any] = result.metrics((50.0, 99.0), None)
-    return metrics
+    spec = parse_spec(flags).with_options(percentiles=(50.0, 99.0))
+    return run_spec(spec).result.metrics((50.0, 99.0), None)
 
 
 def change(new: float, old: float) -> float:

@@ -11,6 +11,7 @@ from typing import Any
 
 from kvsched.core.output import SchedulerOutput
 from kvsched.core.scheduler import Scheduler
+from kvsched.errors import REPORT_HINT, one_line
 
 
 def _format_ids(ids: list[str], limit: int = 6) -> str:
@@ -58,13 +59,22 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every parser of the command line: no abbreviated flags (vLLM's own
+    parser refuses ``--num-prom``), and ``--debug`` after the command too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        # SUPPRESS: a subcommand without --debug keeps the top level's value.
+        self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                          help="show the traceback of an unexpected error instead of one line")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvsched", description="vLLM's v1 scheduler, rebuilt: exact, fast, explained.")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an unexpected error instead of one line "
-                             "(give it before the command: kvsched --debug simulate ...)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="kvsched", description="vLLM's v1 scheduler, rebuilt: exact, fast, explained.")
+    parser.set_defaults(debug=False)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     rp = sub.add_parser("replay", help="replay a scheduler scenario with a scripted fake model")
     rp.add_argument("scenario", help="scenario JSON (see docs/scenarios.md)")
     rp.add_argument("--trace", help="write the per-step trace (JSON Lines) here")
@@ -96,15 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 3
 EXIT_INTERRUPTED = 130
-REPORT_HINT = ("this is a bug in kvsched: please report it with the command line at the kvsched "
-               "issue tracker (run with --debug before the command to see the traceback)")
 _ENGINE_COMMANDS = ("generate", "make-tiny-model")
-
-
-def one_line(text: str, limit: int = 2000) -> str:
-    """``text`` on one line (an error message is one line), at most ``limit`` characters."""
-    flat = " ".join(part.strip() for part in text.splitlines() if part.strip())
-    return flat if len(flat) <= limit else flat[:limit] + f"... ({len(flat)} characters)"
 
 
 def _error(message: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,6 +75,22 @@ def test_debug_is_a_flag_of_kvsched_itself() -> None:
     assert parser.parse_args(["simulate"]).debug is False
 
 
+def test_debug_after_the_command_counts_too() -> None:
+    parser = cli.build_parser()
+    assert parser.parse_args(["simulate", "--debug"]).debug is True
+    assert parser.parse_args(["tune", "--slo", "ttft:1", "--debug"]).debug is True
+
+
+@pytest.mark.parametrize("argv", [["simulate", "--num-prom", "10"], ["simulate", "--max-num-s", "4"],
+                                  ["compare", "--variant", "a:", "--num-prom", "3"],
+                                  ["tune", "--slo", "ttft:1", "--max-gpu", "2"]])
+def test_abbreviated_flags_are_refused(argv: list[str]) -> None:
+    # vLLM's own parser refuses abbreviations; kvsched took --num-prom as --num-prompts.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+
+
 @pytest.mark.parametrize("exc, words", [
     (ValueError("--block-size=0: must be a multiple of 16\n(vLLM's default is 16)"),
      ["--block-size=0: must be a multiple of 16 (vLLM's default is 16)"]),
@@ -128,14 +145,14 @@ def test_compare_reports_a_bug_in_one_variant_as_an_internal_error(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from kvsched.sim import compare
 
-    real_serve = command.serve
+    real_run = compare.run_prepared
 
-    def serve(deployment: object, args: argparse.Namespace, *rest: object) -> object:
-        if args.max_num_seqs == 7:
+    def run_prepared(prepared: Any, *rest: Any) -> Any:
+        if prepared.spec.engine.max_num_seqs == 7:
             raise KeyError("a")
-        return real_serve(deployment, args, *rest)  # type: ignore[arg-type]
+        return real_run(prepared, *rest)
 
-    monkeypatch.setattr(compare, "serve", serve)
+    monkeypatch.setattr(compare, "run_prepared", run_prepared)
     status = cli.main(["compare", "--num-prompts", "4", "--random-input-len", "32", "--random-output-len",
                        "4", "--no-progress", "--step-time-backend", "roofline", "--variant", "a:",
                        "--variant", "b: --max-num-seqs 7"])

@@ -22,24 +22,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kvsched.cli import EXIT_INTERNAL_ERROR, REPORT_HINT, one_line
+from kvsched.errors import REPORT_HINT, UserInputError, one_line
 from kvsched.jsonfile import json_problem, strict_loads
-from kvsched.sim.command import (
+from kvsched.sim.command import check_output_paths, describe_workload
+from kvsched.sim.flags import (
     add_engine_arguments,
     add_output_arguments,
     add_workload_arguments,
-    check_output_paths,
-    describe_workload,
-    parse_percentiles,
-    prepare_run,
-    serve,
+    spec_argv,
+    spec_from_args,
 )
-from kvsched.sim.deployment import Deployment
-from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.refusals import format_failures
-from kvsched.sim.results import describe_run, json_safe, per_gpu_metrics
-from kvsched.sim.simulator import SimResult, stderr_progress
-from kvsched.sim.workload import Workload
+from kvsched.sim.results import describe_run, json_safe
+from kvsched.sim.run import PreparedRun, RunResult, run_prepared
+from kvsched.sim.run import prepare as prepare_spec
+from kvsched.sim.simulator import stderr_progress
+from kvsched.sim.spec import RunSpec
+
+# Exit status when a variant hit a bug in kvsched (as the command line's).
+EXIT_INTERNAL_ERROR = 3
 
 # (label, metrics key, scale, format): seed 001's columns, then tails.
 COLUMNS = (
@@ -54,6 +55,8 @@ COLUMNS = (
     ("P99 TPOT ms", "p99_tpot_ms", 1.0, "{:.2f}"),
     ("P99 E2EL ms", "p99_e2el_ms", 1.0, "{:.1f}"),
     ("Preempt", "num_preemptions", 1.0, "{:.0f}"),
+    # How the variant's steps were priced (measured kernels or roofline).
+    ("Steps", "step_times", 1.0, "{}"),
 )
 # Shown when --goodput gives SLOs.
 GOODPUT_COLUMN = ("Goodput req/s", "request_goodput", 1.0, "{:.3f}")
@@ -69,7 +72,7 @@ class _VariantParser(argparse.ArgumentParser):
 
 
 def variant_parser() -> argparse.ArgumentParser:
-    p = _VariantParser(prog="variant", add_help=False, exit_on_error=False)
+    p = _VariantParser(prog="variant", add_help=False, exit_on_error=False, allow_abbrev=False)
     add_engine_arguments(p)
     add_workload_arguments(p)
     return p
@@ -125,40 +128,40 @@ def _split_flags(name: str, flags: str, where: str) -> list[str]:
     try:
         return shlex.split(flags)
     except ValueError as e:  # an unclosed quote
-        raise ValueError(f"{where}variant {name!r}: cannot split its flags {flags!r} ({e}); "
+        raise UserInputError(f"{where}variant {name!r}: cannot split its flags {flags!r} ({e}); "
                          "check the quotes") from None
 
 
-def read_variants_file(path: str) -> object:
+def read_variants_file(path: str, flag: str = "--variants") -> object:
     """The YAML/JSON document in ``path``; any problem is one ValueError line
     naming the file (and the line, for a syntax error)."""
     try:
         raw = Path(path).read_bytes()
     except OSError as e:
-        raise ValueError(f"--variants={path}: cannot read it ({e.strerror or e}); "
+        raise UserInputError(f"{flag}={path}: cannot read it ({e.strerror or e}); "
                          "give a YAML or JSON file") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"--variants={path}: not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}); "
+        raise UserInputError(f"{flag}={path}: not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}); "
                          "give a YAML or JSON file") from None
     if path.endswith((".yaml", ".yml")):
         yaml = importlib.import_module("yaml")
         try:
             return yaml.safe_load(text)
         except RecursionError:
-            raise ValueError(f"--variants={path}: not usable YAML: nested too deeply") from None
+            raise UserInputError(f"{flag}={path}: not usable YAML: nested too deeply") from None
         except ValueError as e:  # e.g. an integer of over 4,300 digits
-            raise ValueError(f"--variants={path}: not usable YAML: {one_line(str(e), 200)}") from None
+            raise UserInputError(f"{flag}={path}: not usable YAML: {one_line(str(e), 200)}") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ValueError(f"--variants={path}: not valid YAML{where}: {problem}") from None
+            raise UserInputError(f"{flag}={path}: not valid YAML{where}: {problem}") from None
     try:
         return strict_loads(text)
     except ValueError as e:
-        raise ValueError(f"--variants={path}: {json_problem(e)} (a .yaml or .yml file is read as "
+        raise UserInputError(f"{flag}={path}: {json_problem(e)} (a .yaml or .yml file is read as "
                          "YAML)") from None
 
 
@@ -171,19 +174,19 @@ def parse_variants(specs: list[str], path: str | None,
     for spec in specs:
         name, sep, flags = spec.partition(":")
         if not sep or not name.strip():
-            raise ValueError(f"--variant {spec!r}: write it as 'NAME: FLAGS' (flags may be empty)")
+            raise UserInputError(f"--variant {spec!r}: write it as 'NAME: FLAGS' (flags may be empty)")
         variants.append((name.strip(), _split_flags(name.strip(), flags, "--variant: ")))
     if path:
         data = read_variants_file(path)
         if not isinstance(data, dict):
-            raise ValueError(f"--variants={path}: must map variant names to flags, "
+            raise UserInputError(f"--variants={path}: must map variant names to flags, "
                              f"e.g. 'small: --max-num-seqs 8'; it holds a {type(data).__name__}")
         if not data:
-            raise ValueError(f"--variants={path}: holds no variants; map each variant's name to its "
+            raise UserInputError(f"--variants={path}: holds no variants; map each variant's name to its "
                              "flags, e.g. 'small: --max-num-seqs 8'")
         for name, flags in data.items():
             if not str(name).strip():
-                raise ValueError(f"--variants={path}: a variant has an empty name; name every variant")
+                raise UserInputError(f"--variants={path}: a variant has an empty name; name every variant")
             if origins is not None:
                 origins[str(name).strip()] = f"--variants={path}: "
             if isinstance(flags, str):
@@ -193,13 +196,13 @@ def parse_variants(specs: list[str], path: str | None,
             elif flags is None:
                 variants.append((str(name).strip(), []))
             else:
-                raise ValueError(f"--variants={path}: variant {name!r}: flags must be a string or a list "
+                raise UserInputError(f"--variants={path}: variant {name!r}: flags must be a string or a list "
                                  f"of strings, not {type(flags).__name__}")
     if not variants:
-        raise ValueError("no variants: give --variant 'NAME: FLAGS' (repeatable) or --variants FILE")
+        raise UserInputError("no variants: give --variant 'NAME: FLAGS' (repeatable) or --variants FILE")
     names = [n for n, _ in variants]
     if len(set(names)) != len(names):
-        raise ValueError(f"variant names must be unique: {names}")
+        raise UserInputError(f"variant names must be unique: {names}")
     return variants
 
 
@@ -209,11 +212,7 @@ class Prepared:
 
     name: str
     flags: list[str]
-    args: argparse.Namespace
-    deployment: Deployment
-    workload: Workload
-    accepted: Workload
-    refused: list[tuple[str, str]]
+    run: PreparedRun
 
 
 def prepare(name: str, flags: list[str], args: argparse.Namespace,
@@ -226,15 +225,40 @@ def prepare(name: str, flags: list[str], args: argparse.Namespace,
         # Only flags the variant names change: argparse keeps the rest.
         _, unknown = parser.parse_known_args(flags, namespace=ns)
     except argparse.ArgumentError as e:
-        raise ValueError(f"{where}variant {name!r}: bad flags {' '.join(flags)!r} ({e})") from None
+        raise UserInputError(f"{where}variant {name!r}: bad flags {' '.join(flags)!r} ({e})") from None
     if unknown:
-        raise ValueError(f"{where}variant {name!r}: unknown flags {' '.join(unknown)!r}; "
-                         "use kvsched simulate's engine and workload flags")
+        raise UserInputError(f"{where}variant {name!r}: unknown flags {' '.join(unknown)!r}; "
+                             "use kvsched simulate's engine and workload flags")
     try:
-        run = prepare_run(ns, who=f"variant {name!r}: ")
+        run = prepare_spec(spec_from_args(ns))
     except ValueError as e:
-        raise ValueError(f"{where}variant {name!r}: {e}") from None
-    return Prepared(name, flags, run.args, run.deployment, run.workload, run.accepted, run.refused)
+        raise UserInputError(f"{where}variant {name!r}: {e}") from None
+    return Prepared(name, flags, run)
+
+
+def check_same_workload(prepared: list[Prepared]) -> None:
+    """Variants compare deployments on one workload: a variant whose flags
+    change the workload is refused (its numbers would differ for that reason)."""
+    first = prepared[0]
+    for v in prepared[1:]:
+        if v.run.spec.workload != first.run.spec.workload:
+            mine = set(_workload_words(v))
+            theirs = set(_workload_words(first))
+            diff = " ".join(sorted(mine ^ theirs)) or "(the workload flags)"
+            raise UserInputError(
+                f"variant {v.name!r} runs a different workload than {first.name!r} (differing "
+                f"flags: {diff}); compare runs every variant on the same workload: put workload "
+                "flags outside --variant, or run the workloads with kvsched simulate")
+
+
+def _workload_words(v: Prepared) -> list[str]:
+    words = spec_argv(RunSpec(workload=v.run.spec.workload))
+    return [f"{a}={b}" for a, b in zip(words[::2], words[1::2])]
+
+
+def pricing(run: PreparedRun) -> str:
+    """How a variant's steps are priced, for its table row."""
+    return run.deployment.step_model.backend
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -252,24 +276,25 @@ def run_compare(args: argparse.Namespace) -> int:
     else:
         variants = parse_variants(args.variant, args.variants, origins)
     if args.trace_steps:
-        raise ValueError("--trace-steps: one trace per run; use kvsched simulate with the "
-                         "variant's flags")
-    percentiles = parse_percentiles(args.metric_percentiles)
-    slos = parse_goodput(args.goodput) if args.goodput else None
+        raise UserInputError("--trace-steps: one trace per run; use kvsched simulate with the "
+                             "variant's flags")
     check_output_paths(args)
     parser = variant_parser()
     # Every variant is checked before any runs: a typo in the last one should
     # not cost the time of the others.
     prepared = [prepare(name, flags, args, parser, origins.get(name, "")) for name, flags in variants]
-    done: list[tuple[Prepared, SimResult, dict[str, Any]]] = []
+    check_same_workload(prepared)
+    done: list[tuple[Prepared, RunResult]] = []
     failed: list[str] = []
     internal = False
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
     for v in prepared:
-        print(f"[{v.name}] {v.deployment.describe()}; {describe_workload(v.args, v.workload)}",
-              flush=True)
+        for note in v.run.notes:
+            print(f"kvsched: note: variant {v.name!r}: {note}", file=sys.stderr, flush=True)
+        print(f"[{v.name}] {v.run.deployment.describe()}; "
+              f"{describe_workload(v.run.spec.workload, v.run.workload)}", flush=True)
         try:
-            result = serve(v.deployment, v.args, v.accepted, v.refused, progress)
+            result = run_prepared(v.run, progress)
         except Exception as e:  # keep the other variants' results
             if isinstance(e, ValueError | OSError | RuntimeError) and not isinstance(e, RecursionError):
                 # As kvsched.cli treats them: errors, not bugs (a RuntimeError names its type).
@@ -286,32 +311,38 @@ def run_compare(args: argparse.Namespace) -> int:
             failed.append(v.name)
             internal = True
             continue
-        metrics = result.metrics(percentiles, slos)
-        metrics["input_throughput"] = (metrics.get("total_input_tokens", 0) / metrics["duration"]
-                                       if metrics.get("duration") else 0.0)
-        metrics.update(per_gpu_metrics(metrics, v.deployment))
-        for line in format_failures(result.failed, len(v.workload.requests)):
+        m = result.metrics
+        m["input_throughput"] = (m.get("total_input_tokens", 0) / m["duration"]
+                                 if m.get("duration") else 0.0)
+        m["step_times"] = pricing(v.run)
+        for line in format_failures(result.result.failed, len(v.run.workload.requests)):
             print(f"[{v.name}] {line}")
-        done.append((v, result, metrics))
+        done.append((v, result))
+    slos = bool(prepared[0].run.spec.options.goodput)
     columns = (*COLUMNS, GOODPUT_COLUMN) if slos else COLUMNS
     if done:
-        print(format_comparison([(v.name, m) for v, _, m in done], columns))
+        print(format_comparison([(v.name, r.metrics) for v, r in done], columns))
+        backends = {r.metrics["step_times"] for _, r in done}
+        if len(backends) > 1:
+            print("note: the variants' steps are priced by different backends (column 'Steps'): "
+                  "their differences mix the deployments with the pricing; see docs/validation.md",
+                  file=sys.stderr)
     if args.preset and args.preset.startswith("balance-seed"):
         print("\nSeed 001's measurement (vllm-ascend; hardware not stated), for reference:")
         print(format_comparison(SEED_001))
-    runs = [describe_run(v.deployment, v.args, v.workload) for v, _, _ in done]
+    runs = [describe_run(v.run.deployment, v.run.spec, v.run.workload) for v, _ in done]
     if args.save_result and done:
-        out = [{"name": v.name, "flags": v.flags, **m, **run}
-               for (v, _, m), run in zip(done, runs)]
+        out = [{"name": v.name, "flags": v.flags, **r.metrics, **run}
+               for (v, r), run in zip(done, runs)]
         Path(args.save_result).write_text(
             json.dumps(json_safe(out), indent=2, allow_nan=False, default=str) + "\n")
     if args.report and done:
         from kvsched.sim.report import write_report
 
-        write_report(args.report, [(v.name, r) for v, r, _ in done], "kvsched compare",
-                     [f"{v.name}: {' '.join(v.flags) or '(common flags)'} -> {v.deployment.describe()}; "
-                      f"{describe_workload(v.args, v.workload)}" for v, _, _ in done],
-                     metrics=[m for _, _, m in done], descriptions=runs)
+        write_report(args.report, [(v.name, r.result) for v, r in done], "kvsched compare",
+                     [f"{v.name}: {' '.join(v.flags) or '(common flags)'} -> {v.run.deployment.describe()}; "
+                      f"{describe_workload(v.run.spec.workload, v.run.workload)}" for v, _ in done],
+                     metrics=[r.metrics for _, r in done], descriptions=runs)
         print(f"report: {args.report}")
     if failed:
         print(f"kvsched: error: {len(failed)} of {len(prepared)} variants failed: "
@@ -332,12 +363,16 @@ def format_comparison(rows: list[tuple[str, dict[str, Any]]],
         cells = []
         for (_, key, scale, fmt), w in zip(columns, widths):
             value = m.get(key)
+            if isinstance(value, str):
+                cells.append(f"{value:>{w}}")
+                continue
             cells.append(f"{'-':>{w}}" if value is None else f"{fmt.format(value * scale):>{w}}")
         lines.append(f"{name:<{width}}" + "".join(cells))
         if m is not base:
             rel = []
             for (_, key, _, _), w in zip(columns, widths):
                 a, b = base.get(key), m.get(key)
-                rel.append(f"{(b - a) / a:>+{w}.1%}" if a and b is not None else f"{'':>{w}}")
+                numbers = isinstance(a, int | float) and isinstance(b, int | float)
+                rel.append(f"{(b - a) / a:>+{w}.1%}" if numbers and a else f"{'':>{w}}")
             lines.append(f"{'  vs ' + rows[0][0]:<{width}}" + "".join(rel))
     return "\n".join(lines)

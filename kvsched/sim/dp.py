@@ -17,15 +17,41 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsched.core.policies import AdmissionPolicy, DPPrefillCadence, DPRankStates
+from kvsched.errors import UserInputError
+from kvsched.jsonfile import show
 from kvsched.sim.client import Client
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.instance import EngineInstance, LockstepGroup
 from kvsched.sim.rank import Rank, SimResult, combine_results
 from kvsched.sim.router import ROUTERS, Router
 from kvsched.sim.simulator import SimConfig
-from kvsched.sim.workload import Workload
+from kvsched.sim.workload import MAX_ARRIVAL_TIME, Workload
 
 __all__ = ["ROUTERS", "DPOptions", "DPResult", "DPSimulator", "Router"]
+
+# vLLM's defaults: the DP coordinator publishes load stats every 100 ms, and
+# lockstep ranks all-reduce their unfinished state every 16 steps
+# (--dp-sync-interval).
+DEFAULT_DP_STATS_INTERVAL = 0.1
+DEFAULT_DP_SYNC_INTERVAL = 16
+# Bounds: the stats interval within the simulator's time span, the sync
+# interval at most a million steps (over a quarter of an hour of engine time).
+MAX_DP_SYNC_INTERVAL = 1_000_000
+
+
+def check_dp_intervals(stats_interval: object, sync_interval: object) -> None:
+    """The one check of the DP intervals, for flags, run specs and
+    :class:`DPOptions` alike."""
+    if (isinstance(stats_interval, bool) or not isinstance(stats_interval, int | float)
+            or not 0 < stats_interval <= MAX_ARRIVAL_TIME):
+        raise UserInputError(f"--dp-stats-interval={show(stats_interval)}: must be a number of seconds "
+                             f"in (0, {MAX_ARRIVAL_TIME:g}] (the simulator's time span); vLLM's is "
+                             f"{DEFAULT_DP_STATS_INTERVAL}")
+    if (isinstance(sync_interval, bool) or not isinstance(sync_interval, int)
+            or not 1 <= sync_interval <= MAX_DP_SYNC_INTERVAL):
+        raise UserInputError(f"--dp-sync-interval={show(sync_interval)}: must be an integer in "
+                             f"[1, {MAX_DP_SYNC_INTERVAL:,}] (steps between the lockstep ranks' "
+                             f"all-reduces; vLLM's is {DEFAULT_DP_SYNC_INTERVAL})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,20 +59,16 @@ class DPOptions:
     size: int
     lockstep: bool = False
     router: str = "vllm"
-    stats_interval: float = 0.1
+    stats_interval: float = DEFAULT_DP_STATS_INTERVAL
     # vLLM's --dp-sync-interval: steps between the lockstep ranks' finish-syncs.
-    sync_interval: int = 16
+    sync_interval: int = DEFAULT_DP_SYNC_INTERVAL
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"data_parallel_size={self.size!r}: must be a positive integer")
         if self.router not in ROUTERS:
             raise ValueError(f"router={self.router!r}: use one of {', '.join(ROUTERS)}")
-        if not self.stats_interval > 0:
-            raise ValueError(f"dp_stats_interval={self.stats_interval!r}: must be > 0 seconds")
-        if isinstance(self.sync_interval, bool) or not isinstance(self.sync_interval, int) \
-                or self.sync_interval < 1:
-            raise ValueError(f"dp_sync_interval={self.sync_interval!r}: must be an integer >= 1")
+        check_dp_intervals(self.stats_interval, self.sync_interval)
 
 
 @dataclass(slots=True)

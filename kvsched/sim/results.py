@@ -5,12 +5,12 @@ lists."""
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from kvsched.sim.deployment import Deployment
+from kvsched.sim.spec import InstanceGroup, RunSpec, WorkloadSpec
 from kvsched.sim.workload import Workload, WorkloadRequest
 
 GIB = 2**30
@@ -37,7 +37,7 @@ def num_gpus(deployment: Deployment) -> int:
     return p.tensor_parallel_size * p.data_parallel_size
 
 
-def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[str, Any]:
+def deployment_dict(deployment: Deployment, group: InstanceGroup) -> dict[str, Any]:
     """Model, hardware, parallelism, scheduler and KV cache settings, as
     vLLM's engine arguments name them (values as simulated, defaults resolved)."""
     d = deployment
@@ -51,13 +51,13 @@ def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[st
         "long_prefill_token_threshold": sc.long_prefill_token_threshold,
         "async_scheduling": d.runtime.async_scheduling,
         "prefill_schedule_interval": d.options.prefill_schedule_interval,
-        "admission_policy": args.admission_policy,
+        "admission_policy": group.admission_policy,
     }
-    if args.admission_policy == "balance":
-        scheduler["balance_threshold"] = args.balance_threshold
-    elif args.admission_policy == "adp-balance":
-        scheduler["adp_timeout_iters"] = args.adp_timeout_iters
-        scheduler["adp_batching_wait_iters"] = args.adp_batching_wait_iters
+    if group.admission_policy == "balance":
+        scheduler["balance_threshold"] = group.balance_threshold
+    elif group.admission_policy == "adp-balance":
+        scheduler["adp_timeout_iters"] = group.adp_timeout_iters
+        scheduler["adp_batching_wait_iters"] = group.adp_batching_wait_iters
     parallel: dict[str, Any] = {
         "tensor_parallel_size": p.tensor_parallel_size,
         "data_parallel_size": p.data_parallel_size,
@@ -67,10 +67,10 @@ def deployment_dict(deployment: Deployment, args: argparse.Namespace) -> dict[st
         "num_gpus": num_gpus(d),
     }
     if p.data_parallel_size > 1:
-        parallel["dp_routing"] = args.dp_routing
-        parallel["dp_stats_interval"] = args.dp_stats_interval
+        parallel["dp_routing"] = group.dp_routing
+        parallel["dp_stats_interval"] = group.dp_stats_interval
         if d.lockstep:
-            parallel["dp_sync_interval"] = args.dp_sync_interval
+            parallel["dp_sync_interval"] = group.dp_sync_interval
     out: dict[str, Any] = {
         "model": {"name": d.model.name, "checkpoint": d.options.model, "dtype": d.runtime.dtype,
                   "quantization": d.options.quantization,
@@ -107,31 +107,32 @@ def step_times_dict(d: Deployment) -> dict[str, Any]:
             "extrapolated": sorted(sm.extrapolated)}
 
 
-def workload_dict(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:
-    """``vllm bench serve``'s workload arguments, as simulated (``args`` after
-    :func:`kvsched.sim.command.resolve_workload_args`)."""
+def workload_dict(spec: WorkloadSpec, workload: Workload) -> dict[str, Any]:
+    """``vllm bench serve``'s workload arguments, as simulated (``spec``
+    resolved: :meth:`WorkloadSpec.resolved`)."""
     out: dict[str, Any] = {
-        "dataset_name": args.dataset_name,
-        "dataset_path": args.dataset_path,
+        "dataset_name": spec.dataset_name,
+        "dataset_path": spec.dataset_path,
         "num_prompts": len(workload.requests),
     }
-    if args.dataset_name == "random":
-        out.update({"random_input_len": args.random_input_len,
-                    "random_output_len": args.random_output_len,
-                    "random_range_ratio": args.random_range_ratio,
-                    "random_prefix_len": args.random_prefix_len,
-                    "request_rate": args.request_rate, "burstiness": args.burstiness})
-    out.update({"max_concurrency": args.max_concurrency, "time_scale": args.time_scale,
-                "duration": args.duration, "seed": args.seed,
-                "eos_probability": args.eos_probability})
+    if spec.dataset_name == "random":
+        out.update({"random_input_len": spec.random_input_len,
+                    "random_output_len": spec.random_output_len,
+                    "random_range_ratio": spec.random_range_ratio,
+                    "random_prefix_len": spec.random_prefix_len,
+                    "request_rate": spec.request_rate, "burstiness": spec.burstiness})
+    out.update({"max_concurrency": spec.max_concurrency, "time_scale": spec.time_scale,
+                "duration": spec.duration, "seed": spec.seed,
+                "eos_probability": spec.eos_probability})
     return out
 
 
-def describe_run(deployment: Deployment, args: argparse.Namespace,
+def describe_run(deployment: Deployment, spec: RunSpec,
                  workload: Workload) -> dict[str, dict[str, Any]]:
-    """The saved JSON's ``deployment`` and ``workload``; the report shows the same."""
-    return {"deployment": deployment_dict(deployment, args),
-            "workload": workload_dict(args, workload)}
+    """The saved JSON's ``deployment`` and ``workload`` (``spec``'s workload
+    resolved); the report shows the same."""
+    return {"deployment": deployment_dict(deployment, spec.deployment.group),
+            "workload": workload_dict(spec.workload, workload)}
 
 
 def per_gpu_metrics(metrics: Mapping[str, Any], deployment: Deployment) -> dict[str, float]:

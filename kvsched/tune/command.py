@@ -21,16 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.progress import draw_progress
-from kvsched.sim.command import (
-    add_workload_arguments,
-    build_workload,
-    check_output_path,
-    resolve_workload_args,
-)
+from kvsched.sim.command import check_output_path
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
+from kvsched.sim.flags import add_workload_arguments, workload_spec_from_args
 from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.results import json_safe
-from kvsched.tune.evaluate import ResultCache, file_digest, simulate_parser
+from kvsched.sim.run import build_workload
+from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
+from kvsched.tune.evaluate import ResultCache, file_digest
 from kvsched.tune.executors import make_executor
 from kvsched.tune.search import (
     OBJECTIVES,
@@ -184,7 +182,7 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
 def _read_space(path: str) -> dict[str, list[Any]]:
     from kvsched.sim.compare import read_variants_file  # YAML or JSON, with clear errors
 
-    data = read_variants_file(path)
+    data = read_variants_file(path, "--space")
     if not isinstance(data, dict):
         raise ValueError(f"--space {path}: expected a mapping of dimension -> list of values")
     return {str(k): list(check_space_values(str(k), v, f"--space {path}")) for k, v in data.items()}
@@ -201,19 +199,6 @@ def _prices(items: list[str]) -> dict[str, float]:
         if not sep or not hw or not 0 < price < 1e6:
             raise ValueError(f"--gpu-price {item!r}: give HW=USD per GPU-hour, e.g. h100-sxm=2.5")
         out[hw] = price
-    return out
-
-
-def _workload_flags(args: argparse.Namespace) -> list[str]:
-    """The workload flags given, as simulate flags."""
-    p = argparse.ArgumentParser(add_help=False)
-    add_workload_arguments(p)
-    out: list[str] = []
-    for action in p._actions:
-        value = getattr(args, action.dest, None)
-        if value is None or value == action.default or not action.option_strings:
-            continue
-        out += [action.option_strings[0], repr(value) if isinstance(value, float) else str(value)]
     return out
 
 
@@ -241,11 +226,9 @@ def run_tune(args: argparse.Namespace) -> int:
                          "per doubling")
     if args.target_rate is not None and not 0 < args.target_rate < 1e6:
         raise ValueError(f"--target-rate={args.target_rate}: must be a rate in (0, 1e6) req/s")
-    workload_argv = _workload_flags(args)
-    base = simulate_parser().parse_args(["--model", args.model, *workload_argv])
-    base = resolve_workload_args(base)
-    workload = build_workload(base)
-    is_random = base.dataset_name == "random"
+    workload_spec = workload_spec_from_args(args).resolved()
+    workload = build_workload(workload_spec)
+    is_random = workload_spec.dataset_name == "random"
     if is_random and (args.target_rate is not None or args.find_max_rate) and args.request_rate is not None:
         raise ValueError("--request-rate with --target-rate/--find-max-rate: give one rate")
     span = workload.last_arrival_time
@@ -259,27 +242,26 @@ def run_tune(args: argparse.Namespace) -> int:
     # Only what differs from the defaults: the reproducing lines stay short.
     engine = {k: getattr(args, k) for k in FIXED_ENGINE
               if getattr(args, k) is not None and getattr(args, k) != ENGINE_DEFAULTS.get(k)}
-    engine_flags: list[str] = []
     serve_flags: list[str] = []
     for k, v in engine.items():
         flag = f"--{k.replace('_', '-')}"
         words = ([flag] if v else [f"--no-{k.replace('_', '-')}"]) if isinstance(v, bool) else [flag, str(v)]
-        engine_flags += words
         if k in SERVE_ENGINE:
             serve_flags += words
+    base_spec = RunSpec(DeploymentSpec((InstanceGroup(EngineOptions(model=args.model, **engine)),)),
+                        workload_spec)
     space = build_space(args, model.is_moe)
     candidates = sorted(space.candidates(args.max_gpus, model.is_moe), key=lambda c: c.order_key())
     if not candidates:
         raise ValueError("the search space is empty: no combination fits --max-gpus "
                          f"{args.max_gpus}; widen --tp/--dp or raise --max-gpus")
-    feasible, pruned = prune_by_memory(candidates, args.model, engine)
+    feasible, pruned = prune_by_memory(candidates, base_spec)
     if not feasible:
         reasons = sorted({why.split(';')[0] for _, why in pruned})
         raise ValueError(f"no candidate of the {len(candidates)} fits in memory: "
                          f"{'; '.join(reasons[:3])}; allow more GPUs (--max-gpus) or larger ones")
-    problem = Problem(model.name, ["--model", args.model, *workload_argv], slo, args.objective,
-                      prices, is_random, base_rate, file_digest(base.dataset_path), engine_flags,
-                      serve_flags)
+    problem = Problem(model.name, base_spec, slo, args.objective, prices, is_random, base_rate,
+                      file_digest(workload_spec.dataset_path), serve_flags)
     progress = None
     if not args.no_progress and sys.stderr.isatty():
         def progress(done: int, total: int, best: str) -> None:

@@ -1,8 +1,8 @@
-"""One simulation of the tuner: a ``kvsched simulate`` command line in,
-vLLM bench's metrics out; and where the results are kept.
+"""One simulation of the tuner: a run spec in, vLLM bench's metrics out; and
+where the results are kept.
 
-A job is only its command line (workload included), the percentiles and the
-SLOs: the same job gives the same metrics wherever it runs (a worker
+A job is its run spec (workload, percentiles and SLOs included) and the
+guard: the same job gives the same metrics wherever it runs (a worker
 process, a Ray node), so results are cached by a digest of the job, the
 kvsched version and the workload file's bytes, and an interrupted or repeated
 search resumes without simulating again.
@@ -10,53 +10,34 @@ search resumes without simulating again.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from kvsched.sim.command import (
-    add_engine_arguments,
-    add_output_arguments,
-    add_workload_arguments,
-    measure,
-    prepare_run,
-)
 from kvsched.sim.results import json_safe, num_gpus
+from kvsched.sim.run import prepare, run_prepared
+from kvsched.sim.spec import RunSpec, spec_to_json
 from kvsched.tune.guard import SloGuard, SloMissed
 
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    argv: tuple[str, ...]            # kvsched simulate's flags, workload included
-    percentiles: tuple[float, ...]
-    slos: tuple[tuple[str, float], ...]
+    spec: RunSpec                    # the candidate at one rate, workload, percentiles and SLOs
     workload_digest: str = ""        # of the trace file's bytes ("" for random)
-    # Stop the run once its SLO (``slos`` on this statistic: mean, 50, 90,
-    # 99) is surely missed (kvsched.tune.guard); None: run to the end.
+    # Stop the run once its SLO (the spec's goodput on this statistic: mean,
+    # 50, 90, 99) is surely missed (kvsched.tune.guard); None: run to the end.
     guard: str | None = None
 
+    def identity(self) -> list[Any]:
+        """What the job's result depends on, as JSON values."""
+        return [spec_to_json(self.spec), self.workload_digest, self.guard]
+
     def key(self, version: str) -> str:
-        text = json.dumps([version, list(self.argv), list(self.percentiles), list(self.slos),
-                           self.workload_digest, self.guard])
+        text = json.dumps([version, *self.identity()], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise ValueError(f"bad simulate flags: {message}")
-
-
-def simulate_parser() -> argparse.ArgumentParser:
-    """``kvsched simulate``'s flags, raising ValueError instead of exiting."""
-    p = _Parser(prog="kvsched simulate", add_help=False)
-    add_engine_arguments(p)
-    add_workload_arguments(p)
-    add_output_arguments(p)
-    return p
 
 
 def run_job(job: Job) -> dict[str, Any]:
@@ -64,22 +45,24 @@ def run_job(job: Job) -> dict[str, Any]:
     when the guard stopped the run; or ``{"error": why}`` for a
     deployment that cannot be built (it does not fit, say) or cannot serve
     the load (the simulation cannot progress)."""
-    args = simulate_parser().parse_args([*job.argv, "--no-progress"])
+    spec = job.spec
     try:
-        run = prepare_run(args)
+        run = prepare(spec)
     except ValueError as e:
         return {"error": str(e)}
+    goodput = spec.options.goodput
     guard = None
-    if job.guard is not None and job.slos:
-        guard = SloGuard(job.slos, job.guard, len(run.accepted.requests))
+    if job.guard is not None and goodput:
+        guard = SloGuard(goodput, job.guard, len(run.accepted.requests))
     try:
-        _, metrics = measure(run, job.percentiles, dict(job.slos) or None, after_step=guard)
+        done = run_prepared(run, after_step=guard)
     except SloMissed as e:
         return {"missed": str(e), "num_gpus": num_gpus(run.deployment)}
     except RuntimeError as e:
         # The deployment cannot serve the load (e.g. an admission gate that
         # holds every request): an answer about this candidate, not a bug.
         return {"error": f"the simulation stopped: {e}"}
+    metrics = done.metrics
     # Wall time is the machine's, not the simulation's: kept apart, so a
     # job's metrics are the same wherever and whenever it runs.
     wall = metrics.pop("simulation_wall_seconds", None)
@@ -113,12 +96,12 @@ class ResultCache:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None  # absent, or a file cut short by an interruption: simulate again
-        return data if isinstance(data, dict) and data.get("argv") == list(job.argv) else None
+        return data if isinstance(data, dict) and data.get("job") == json_safe(job.identity()) else None
 
     def put(self, job: Job, result: dict[str, Any]) -> None:
         if self.dir is None:
             return
         path = self.dir / f"{job.key(self.version)}.json"
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({**result, "argv": list(job.argv)}), encoding="utf-8")
+        tmp.write_text(json.dumps({**result, "job": json_safe(job.identity())}), encoding="utf-8")
         tmp.replace(path)  # atomic: a reader sees the whole file or none

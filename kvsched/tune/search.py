@@ -28,7 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsched.sim.deployment import build_deployment
+from kvsched.sim.flags import spec_argv
+from kvsched.sim.run import build_group_deployment
+from kvsched.sim.spec import RunSpec
 from kvsched.tune.evaluate import Job, ResultCache
 from kvsched.tune.executors import Executor
 from kvsched.tune.space import Candidate
@@ -111,26 +113,30 @@ class Problem:
     """What the search needs to know besides the candidates."""
 
     model: str
-    base_argv: list[str]                # --model and workload flags, common to all
+    # What every candidate shares: the model, the fixed engine settings (e.g.
+    # max_model_len) and the workload; a candidate fills in the rest.
+    base: RunSpec
     slo: Slo
     objective: str
     prices: Mapping[str, float]         # $ per GPU-hour by hardware id
     is_random: bool                     # random dataset (rate = --request-rate) or a trace
     base_rate: float                    # the workload's own mean rate (req/s)
     workload_digest: str = ""
-    engine_flags: Sequence[str] = ()    # fixed engine flags (e.g. --max-model-len)
-    serve_flags: Sequence[str] = ()     # those of them vllm serve takes
+    serve_flags: Sequence[str] = ()     # the fixed engine settings vllm serve takes, as its flags
     # Stop simulations once the SLO is surely missed (kvsched.tune.guard).
     early_stop: bool = True
 
-    def argv(self, c: Candidate, rate: float | None) -> list[str]:
-        out = [*self.base_argv, *self.engine_flags, *c.simulate_flags()]
+    def spec(self, c: Candidate, rate: float | None) -> RunSpec:
+        """The run spec of candidate ``c`` at ``rate`` (None: the workload's own),
+        with the SLOs as goodput and the percentiles they need."""
+        spec = c.apply(self.base).with_options(
+            percentiles=self.slo.percentiles(), goodput=self.slo.targets)
         if rate is not None:
             if self.is_random:
-                out += ["--request-rate", repr(rate)]
+                spec = spec.with_workload(request_rate=rate)
             else:
-                out += ["--time-scale", repr(self.base_rate / rate)]
-        return out
+                spec = spec.with_workload(time_scale=self.base_rate / rate)
+        return spec
 
     def vllm_serve(self, c: Candidate) -> str:
         """The candidate's ``vllm serve`` line, with the shared flags."""
@@ -139,11 +145,10 @@ class Problem:
     def reproduce(self, c: Candidate, rate: float | None) -> list[str]:
         """The ``kvsched simulate`` arguments that reproduce an answer, the
         SLOs included as ``--goodput`` (so the request goodput shows)."""
-        return [*self.argv(c, rate), "--goodput", *(f"{n}:{t:g}" for n, t in self.slo.targets)]
+        return [*spec_argv(self.spec(c, rate)), "--goodput", *(f"{n}:{t:g}" for n, t in self.slo.targets)]
 
     def job(self, c: Candidate, rate: float | None) -> Job:
-        return Job(tuple(self.argv(c, rate)), self.slo.percentiles(),
-                   tuple((name, target) for name, target in self.slo.targets), self.workload_digest,
+        return Job(self.spec(c, rate), self.workload_digest,
                    self.slo.percentile if self.early_stop else None)
 
     def evaluated(self, c: Candidate, rate: float | None, result: Mapping[str, Any]) -> Evaluated:
@@ -176,24 +181,15 @@ class Problem:
                    zip(self.slo.targets, e.slack_ms.values()))
 
 
-def prune_by_memory(candidates: Sequence[Candidate], model: str, engine: Mapping[str, Any]
+def prune_by_memory(candidates: Sequence[Candidate], base: RunSpec
                     ) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
     """Candidates whose deployment can be built (weights and a KV cache fit),
     and the others with vLLM's reason; nothing is simulated here."""
-    from kvsched.sim.deployment import EngineOptions
-
     keep: list[Candidate] = []
     pruned: list[tuple[Candidate, str]] = []
     for c in candidates:
-        options = EngineOptions(
-            model=model, hardware=c.hardware, tensor_parallel_size=c.tensor_parallel_size,
-            data_parallel_size=c.data_parallel_size, enable_expert_parallel=c.enable_expert_parallel,
-            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
-            enable_chunked_prefill=c.enable_chunked_prefill,
-            enable_prefix_caching=c.enable_prefix_caching, kv_cache_dtype=c.kv_cache_dtype,
-            scheduling_policy=c.scheduling_policy, **engine)
         try:
-            build_deployment(options)
+            build_group_deployment(c.apply(base).deployment.group)
         except ValueError as e:
             pruned.append((c, str(e)))
             continue

@@ -11,6 +11,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from kvsched.sim.spec import RunSpec
+
 # vLLM's scheduler defaults, left to vLLM (None): the flag is then not passed.
 DEFAULT = None
 
@@ -38,16 +40,10 @@ class Candidate:
     def num_gpus(self) -> int:
         return self.tensor_parallel_size * self.data_parallel_size
 
-    def simulate_flags(self) -> list[str]:
-        """The ``kvsched simulate`` flags of this deployment."""
-        flags = ["--hardware", self.hardware, "--tensor-parallel-size", str(self.tensor_parallel_size),
-                 "--data-parallel-size", str(self.data_parallel_size)]
-        if self.enable_expert_parallel:
-            flags.append("--enable-expert-parallel")
-        flags += _serve_flags(self)
-        if self.admission_policy != "none":
-            flags += ["--admission-policy", self.admission_policy]
-        return flags
+    def apply(self, base: RunSpec) -> RunSpec:
+        """``base`` (model, shared engine settings, workload) deployed as this candidate."""
+        engine = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "admission_policy"}
+        return base.with_engine(**engine).with_group(admission_policy=self.admission_policy)
 
     def vllm_serve(self, model: str, fixed: Sequence[str] = ()) -> str:
         """The ``vllm serve`` command line (vLLM's flags) of this deployment;

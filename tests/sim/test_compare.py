@@ -123,14 +123,14 @@ def test_every_variant_is_checked_before_any_runs(capsys: pytest.CaptureFixture[
 
 def test_a_variant_failing_while_running_keeps_the_others(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    real_serve = compare.serve
+    real_run = compare.run_prepared
 
-    def serve(deployment: Any, args: Any, *rest: Any) -> Any:
-        if args.max_num_seqs == 7:
+    def run_prepared(prepared: Any, *rest: Any) -> Any:
+        if prepared.spec.engine.max_num_seqs == 7:
             raise RuntimeError("the simulated engine broke")
-        return real_serve(deployment, args, *rest)
+        return real_run(prepared, *rest)
 
-    monkeypatch.setattr(compare, "serve", serve)
+    monkeypatch.setattr(compare, "run_prepared", run_prepared)
     out = tmp_path / "r.json"
     assert main(["compare", *BASE, "--save-result", str(out), "--variant", "a:",
                  "--variant", "broken: --max-num-seqs 7", "--variant", "c: --max-num-seqs 16"]) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvsched.sim.flags import parse_spec
 from kvsched.tune.evaluate import Job, run_job
 from kvsched.tune.search import Slo
 
@@ -30,8 +31,9 @@ def test_a_stopped_run_misses_its_slo_and_a_finished_one_is_unchanged(
             "--random-range-ratio", "0.5", "--request-rate", repr(rate), "--max-num-seqs",
             str(max_num_seqs), "--data-parallel-size", str(dp))
     slo = Slo(targets, percentile)
-    full = run_job(Job(argv, slo.percentiles(), targets))
-    guarded = run_job(Job(argv, slo.percentiles(), targets, guard=percentile))
+    spec = parse_spec(argv).with_options(percentiles=slo.percentiles(), goodput=targets)
+    full = run_job(Job(spec))
+    guarded = run_job(Job(spec, guard=percentile))
     met = slo.met(full["metrics"])
     if "missed" in guarded:
         assert not met, f"the guard stopped a run that meets {targets} at {percentile}: {guarded}"

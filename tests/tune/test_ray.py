@@ -17,6 +17,7 @@ import ray
 from kvsched.cli import main
 from kvsched.tune.evaluate import Job, ResultCache
 from kvsched.tune.executors import LocalExecutor, RayExecutor, _check_reachable
+from kvsched.sim.flags import parse_spec
 from kvsched.tune.search import Problem, Runner, Slo, prune_by_memory, rank, rate_grid, search
 from kvsched.tune.space import SearchSpace
 
@@ -61,10 +62,10 @@ def _machine_free(result: dict[str, Any]) -> dict[str, Any]:
 def _tune(executor: LocalExecutor | RayExecutor) -> tuple[list[tuple[Job, dict[str, Any]]], dict[str, Any]]:
     # An SLO the candidates sustain at different rates of the grid.
     slo = Slo((("ttft", 300.0), ("tpot", 15.0)), "99")
-    problem = Problem(MODEL, ["--model", MODEL, *WORKLOAD], slo, "goodput-per-gpu", {},
+    problem = Problem(MODEL, parse_spec(["--model", MODEL, *WORKLOAD]), slo, "goodput-per-gpu", {},
                       is_random=True, base_rate=4.0)
     candidates = sorted(SPACE.candidates(2, False), key=lambda c: c.order_key())
-    feasible, pruned = prune_by_memory(candidates, MODEL, {})
+    feasible, pruned = prune_by_memory(candidates, problem.base)
     recording = Recording(executor)
     runner = Runner(recording, ResultCache(None, "test"))
     answers, failed = search(problem, feasible, runner, None, True, rate_grid(2.0, 1.0, 32.0, 1))

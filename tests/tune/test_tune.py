@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from kvsched.cli import main
+from kvsched.sim.flags import parse_spec
+from kvsched.sim.results import json_safe
 from kvsched.tune.evaluate import Job, ResultCache, run_job
 from kvsched.tune.executors import LocalExecutor
 from kvsched.tune.search import Problem, Runner, Slo, prune_by_memory, rank, rate_grid, search
@@ -21,7 +23,7 @@ WORKLOAD = ["--num-prompts", "60", "--random-input-len", "256", "--random-output
 
 def _problem(model: str, slo: Slo, objective: str = "goodput-per-gpu",
              prices: dict[str, float] | None = None) -> Problem:
-    return Problem(model, ["--model", model, *WORKLOAD], slo, objective, prices or {},
+    return Problem(model, parse_spec(["--model", model, *WORKLOAD]), slo, objective, prices or {},
                    is_random=True, base_rate=4.0)
 
 
@@ -83,7 +85,7 @@ def test_search_equals_brute_force(name: str, find_max_rate: bool) -> None:
     problem = _problem(model, slo)
     candidates = sorted(space.candidates(4, model != "meta-llama/Llama-3.1-8B"),
                         key=lambda c: c.order_key())
-    feasible, pruned = prune_by_memory(candidates, model, {})
+    feasible, pruned = prune_by_memory(candidates, problem.base)
     assert feasible and not pruned
     grid = rate_grid(2.0, 1.0, 64.0, 1) if find_max_rate else None
     runner = _runner()
@@ -101,7 +103,7 @@ def test_search_equals_brute_force(name: str, find_max_rate: bool) -> None:
 
 def test_memory_prunes_before_simulating() -> None:
     cands = [Candidate("h100-sxm", 1), Candidate("h100-sxm", 4)]
-    keep, pruned = prune_by_memory(cands, "meta-llama/Llama-3.1-70B", {})
+    keep, pruned = prune_by_memory(cands, parse_spec(["--model", "meta-llama/Llama-3.1-70B"]))
     assert keep == [Candidate("h100-sxm", 4)]
     assert pruned[0][0] == Candidate("h100-sxm", 1) and "memory" in pruned[0][1].lower()
 
@@ -112,7 +114,7 @@ def test_results_are_cached_and_resumed(tmp_path: Path) -> None:
     first = Runner(LocalExecutor(1), ResultCache(str(tmp_path), "v1"))
     out1 = first.run(jobs)
     again = Runner(LocalExecutor(1), ResultCache(str(tmp_path), "v1"))
-    assert again.run(jobs) == [{**r, "argv": list(j.argv)} for r, j in zip(out1, jobs)]
+    assert again.run(jobs) == [{**r, "job": json_safe(j.identity())} for r, j in zip(out1, jobs)]
     assert (again.simulated, again.cached) == (0, 2)
     other = Runner(LocalExecutor(1), ResultCache(str(tmp_path), "v2"))  # another kvsched version
     other.run(jobs)
@@ -170,10 +172,15 @@ def test_an_impossible_slo_names_the_closest(capsys: pytest.CaptureFixture[str])
 
 
 def test_job_keys_differ_by_what_changes_results() -> None:
-    a = Job(("--model", "x"), (99.0,), (("ttft", 1.0),))
-    assert a.key("v") == Job(("--model", "x"), (99.0,), (("ttft", 1.0),)).key("v")
+    spec = parse_spec(["--model", "x"]).with_options(percentiles=(99.0,), goodput=(("ttft", 1.0),))
+    a = Job(spec)
+    assert a.key("v") == Job(parse_spec(["--model", "x"]).with_options(
+        percentiles=(99.0,), goodput=(("ttft", 1.0),))).key("v")
     assert a.key("v") != a.key("w")
-    assert a.key("v") != Job(("--model", "x"), (99.0,), (("ttft", 1.0),), "digest").key("v")
+    assert a.key("v") != Job(spec, "digest").key("v")
+    assert a.key("v") != Job(spec.with_options(goodput=(("ttft", 2.0),))).key("v")
+    assert a.key("v") != Job(spec.with_engine(max_num_seqs=8)).key("v")
+    assert a.key("v") != Job(spec, guard="99").key("v")
 
 
 def test_a_rate_at_the_top_of_the_grid_is_a_lower_bound(tmp_path: Path,

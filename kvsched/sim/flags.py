@@ -1,0 +1,275 @@
+"""Command-line flags onto the run spec, and back.
+
+The flags are vLLM's engine arguments (``vllm serve``'s names and defaults)
+and ``vllm bench serve``'s workload arguments; :func:`spec_from_args` is the
+one place a parsed command line becomes a :class:`~kvsched.sim.spec.RunSpec`,
+and :func:`spec_argv` the one place a spec becomes flags again (the
+``kvsched simulate`` line that reproduces a tuner's answer). Nothing past
+this module sees an argparse ``Namespace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import NoReturn
+
+from kvsched.errors import UserInputError
+from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
+from kvsched.sim.metrics import parse_goodput
+from kvsched.sim.spec import (
+    ADMISSION_POLICIES,
+    BALANCE_THRESHOLDS,
+    DP_ROUTINGS,
+    DeploymentSpec,
+    InstanceGroup,
+    RunOptions,
+    RunSpec,
+    WorkloadSpec,
+)
+from kvsched.sim.workload import DATASET_NAMES, DEFAULT_INPUT_LEN, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LEN
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    d = EngineOptions()
+    g0 = InstanceGroup()
+    g = p.add_argument_group("engine (vLLM's engine arguments)")
+    g.add_argument("--model", default=d.model,
+                   help="catalog name, with or without the organisation, or a Hugging Face "
+                        "model directory / config.json (default: %(default)s)")
+    g.add_argument("--hardware", default=d.hardware,
+                   help="accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, "
+                        "ascend-910b, ...) or a YAML/JSON hardware file (default: %(default)s)")
+    g.add_argument("--efficiency-file", help="YAML/JSON file overriding the roofline's efficiency factors")
+    g.add_argument("--calibration", metavar="FILE",
+                   help="host-time terms for the measured backend (JSON, as kvsched.perf.host "
+                        "describes; default: the terms fitted on real vLLM runs)")
+    g.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default=d.step_time_backend,
+                   help="how engine steps are priced: measured vLLM kernel latencies "
+                        "(aiconfigurator-core's tables), the roofline, or auto: measured where "
+                        "the tables cover the model, GPU and precision (default: %(default)s)")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
+                   help="GPUs per engine core, sharding each layer (default: %(default)s)")
+    g.add_argument("--data-parallel-size", "-dp", type=int, default=d.data_parallel_size,
+                   help="engine cores, each with its own scheduler and KV cache (default: %(default)s)")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="shard experts over TP x DP ranks (MoE ranks then step in lockstep); "
+                        "no effect on a dense model")
+    g.add_argument("--dp-routing", choices=list(DP_ROUTINGS), default=g0.dp_routing,
+                   help="how arrivals pick a DP rank (vllm: vLLM's load score on stale stats and "
+                        "its own in-flight counts)")
+    g.add_argument("--dp-stats-interval", type=float, default=g0.dp_stats_interval,
+                   help="seconds between the load stats the vllm router sees (default 0.1)")
+    g.add_argument("--dp-sync-interval", type=int, default=g0.dp_sync_interval,
+                   help="lockstep (MoE) DP ranks: steps between the all-reduces that find every "
+                        "rank idle and end a wave (default: %(default)s)")
+    g.add_argument("--admission-policy", choices=list(ADMISSION_POLICIES),
+                   default=g0.admission_policy, help="admission policy on every rank (see docs/simulator.md)")
+    g.add_argument("--balance-threshold", choices=list(BALANCE_THRESHOLDS), default=g0.balance_threshold,
+                   help="balance: hold while any rank runs max_num_seqs (full) or one less")
+    g.add_argument("--adp-timeout-iters", type=int, default=g0.adp_timeout_iters,
+                   help="adp-balance: steps a rank waits for the others before it admits anyway "
+                        "(default: %(default)s)")
+    g.add_argument("--adp-batching-wait-iters", type=int, default=g0.adp_batching_wait_iters,
+                   help="adp-balance: extra steps to wait so admissions batch up "
+                        "(default: %(default)s)")
+    g.add_argument("--max-num-seqs", type=int,
+                   help="most requests running at once per engine core "
+                        "(default: vLLM serve's for the hardware)")
+    g.add_argument("--max-num-batched-tokens", type=int,
+                   help="token budget of one engine step per engine core "
+                        "(default: vLLM serve's for the hardware)")
+    g.add_argument("--max-model-len", type=int,
+                   help="longest prompt + output a request may have; the server refuses longer "
+                        "ones (default: the model's context length)")
+    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                   default=d.enable_chunked_prefill,
+                   help="split long prompts over several steps (default: on, as vLLM's v1)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=d.enable_prefix_caching,
+                   help="reuse KV blocks of shared prompt prefixes (default: on, as vLLM's v1)")
+    g.add_argument("--block-size", type=int, default=d.block_size,
+                   help="tokens per KV cache block (default: %(default)s)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                   help="share of GPU memory vLLM may use; the KV cache gets what the weights "
+                        "and activations leave (default: %(default)s)")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold,
+                   help="cap on a long prompt's tokens per step when chunking (0: off; "
+                        "default: %(default)s)")
+    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=d.scheduling_policy,
+                   help="order of the waiting queue (default: %(default)s)")
+    g.add_argument("--dtype", default=d.dtype,
+                   help="precision of an unquantized checkpoint: bf16 (default) or fp16 (fp8: "
+                        "as --quantization fp8)")
+    g.add_argument("--quantization", "-q", choices=list(QUANTIZATIONS), default=None,
+                   help="the weights' format as vLLM's --quantization names it: fp8 (on the fly), "
+                        "modelopt_fp4 (NVFP4), mxfp4 (MoE experts) (default: the checkpoint's own "
+                        "format, e.g. FP8 for a name ending in -FP8, MXFP4 experts for gpt-oss)")
+    g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, help="auto (16 bits) or fp8")
+    g.add_argument("--num-gpu-blocks-override", type=int,
+                   help="KV cache blocks per engine core, instead of what memory leaves")
+    g.add_argument("--prefill-schedule-interval", type=int, default=d.prefill_schedule_interval,
+                   help="admit prefill only every K engine steps (vLLM's prefill cadence)")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                   default=d.async_scheduling,
+                   help="vLLM's async engine loop: schedule step N+1 while step N runs, its CPU "
+                        "work overlapping the forward pass (vLLM's GPU default: on)")
+    g.add_argument("--speculative-config", metavar="JSON",
+                   help="speculative decoding as vLLM takes it, e.g. '{\"method\": \"mtp\", "
+                        "\"num_speculative_tokens\": 1}' (methods: mtp, eagle, eagle3, ngram, "
+                        "ngram_gpu; default: off)")
+    g.add_argument("--spec-acceptance", metavar="R0,R1,...",
+                   help="speculative decoding: acceptance rate per draft position as vLLM's metrics "
+                        "report it (accepted at position i / drafts), e.g. 0.8,0.6,0.45 "
+                        "(default: per method, see docs/simulator.md)")
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload (vllm bench serve's arguments)")
+    w = WorkloadSpec()
+    g.add_argument("--dataset-name", choices=DATASET_NAMES, default=w.dataset_name,
+                   help="random (synthetic) or a trace: azure, mooncake, jsonl (default: random)")
+    g.add_argument("--dataset-path", help="trace file for azure, mooncake or jsonl")
+    g.add_argument("--num-prompts", type=int,
+                   help=f"prompts to send (random: default {DEFAULT_NUM_PROMPTS}; traces: default all)")
+    g.add_argument("--random-input-len", type=int,
+                   help=f"random: prompt tokens per request (default {DEFAULT_INPUT_LEN})")
+    g.add_argument("--random-output-len", type=int,
+                   help=f"random: output tokens per request (default {DEFAULT_OUTPUT_LEN})")
+    g.add_argument("--random-range-ratio", type=float,
+                   help="random: lengths drawn uniformly within +-ratio of the above (default 0)")
+    g.add_argument("--random-prefix-len", type=int,
+                   help="random: tokens of a prefix shared by every prompt (default 0)")
+    g.add_argument("--request-rate", type=float,
+                   help="random: requests/s (default inf: all at once); a trace keeps its own "
+                        "arrival times, rescale them with --time-scale")
+    g.add_argument("--burstiness", type=float,
+                   help="random: gamma shape of the arrival gaps, 1 = Poisson (default 1)")
+    g.add_argument("--max-concurrency", type=int,
+                   help="most requests in flight; later ones wait at the client (default: no limit)")
+    g.add_argument("--seed", type=int, default=w.seed,
+                   help="seed of the random dataset and of EOS draws (default: %(default)s)")
+    g.add_argument("--time-scale", type=float, default=w.time_scale,
+                   help="multiply arrival times (0.5 = twice the request rate; default 1)")
+    g.add_argument("--duration", type=float,
+                   help="keep only requests arriving before this many seconds")
+    g.add_argument("--eos-probability", type=float, default=w.eos_probability,
+                   help="per-token EOS probability; 0 (default) generates each request's output "
+                        "length, as ignore_eos does")
+
+
+def add_output_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--save-result", metavar="FILE.json",
+                   help="results with vllm bench's keys, plus the deployment and workload")
+    g.add_argument("--save-detailed", action="store_true",
+                   help="with --save-result: also vllm bench's per-request lists and records")
+    g.add_argument("--report", metavar="FILE.html", help="a self-contained page with plots")
+    g.add_argument("--trace-steps", metavar="FILE.jsonl",
+                   help="the scheduler's step trace plus each step's start and duration "
+                        "(steps every step: no fast-forward)")
+    g.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
+    g.add_argument("--metric-percentiles", default="50,90,99",
+                   help="percentiles to report, comma-separated (default: %(default)s)")
+    g.add_argument("--no-fast-forward", action="store_true",
+                   help="step through pure-decode stretches one by one (same results, slower)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+class FlagParser(argparse.ArgumentParser):
+    """A parser that raises :class:`UserInputError` instead of exiting, and
+    takes no abbreviated flags (vLLM's own parser refuses ``--num-prom``)."""
+
+    def __init__(self, prog: str = "kvsched simulate") -> None:
+        super().__init__(prog=prog, add_help=False, allow_abbrev=False, exit_on_error=False)
+
+    def error(self, message: str) -> NoReturn:
+        raise UserInputError(f"bad flags: {message}")
+
+
+def simulate_flag_parser(prog: str = "kvsched simulate") -> argparse.ArgumentParser:
+    """``kvsched simulate``'s flags in a parser that raises instead of exiting."""
+    p = FlagParser(prog)
+    add_engine_arguments(p)
+    add_workload_arguments(p)
+    add_output_arguments(p)
+    return p
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserInputError(f"--metric-percentiles={text!r}: give numbers like 50,90,99") from None
+    if not values or any(not 0 <= v <= 100 for v in values):
+        raise UserInputError(f"--metric-percentiles={text!r}: each must be in [0, 100]")
+    return values
+
+
+_ENGINE_FIELDS = tuple(f.name for f in fields(EngineOptions))
+_GROUP_FIELDS = tuple(f.name for f in fields(InstanceGroup) if f.name not in ("engine", "role"))
+_WORKLOAD_FIELDS = tuple(f.name for f in fields(WorkloadSpec))
+
+
+def workload_spec_from_args(args: argparse.Namespace) -> WorkloadSpec:
+    """The workload flags of a parsed command line."""
+    return WorkloadSpec(**{name: getattr(args, name) for name in _WORKLOAD_FIELDS if hasattr(args, name)})
+
+
+def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    """The run spec a parsed command line describes (engine, workload and,
+    where present, output flags)."""
+    engine = EngineOptions(**{name: getattr(args, name) for name in _ENGINE_FIELDS
+                              if hasattr(args, name)})
+    group = InstanceGroup(engine, **{name: getattr(args, name) for name in _GROUP_FIELDS
+                                     if hasattr(args, name)})
+    workload = workload_spec_from_args(args)
+    options = RunOptions()
+    if hasattr(args, "metric_percentiles"):
+        options = RunOptions(
+            fast_forward=not args.no_fast_forward,
+            percentiles=parse_percentiles(args.metric_percentiles),
+            goodput=tuple(parse_goodput(args.goodput).items()) if args.goodput else (),
+            keep_token_times=bool(args.save_detailed),
+            # The step log grows with the run; only the report plots it.
+            keep_step_log=bool(args.report),
+            trace_steps=args.trace_steps)
+    return RunSpec(DeploymentSpec((group,)), workload, options)
+
+
+def parse_spec(argv: Sequence[str], prog: str = "kvsched simulate") -> RunSpec:
+    """The run spec of ``kvsched simulate``'s flags (a tuner job, a variant)."""
+    return spec_from_args(simulate_flag_parser(prog).parse_args(list(argv)))
+
+
+def _words(name: str, value: object, default: object) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if value == default or value is None:
+        return []
+    if isinstance(value, bool):
+        if name == "enable_expert_parallel":  # a store_true flag, as vLLM's
+            return [flag] if value else []
+        return [flag] if value else ["--no-" + name.replace("_", "-")]
+    if isinstance(value, float):
+        return [flag, "inf" if math.isinf(value) else repr(value)]
+    return [flag, str(value)]
+
+
+def spec_argv(spec: RunSpec) -> list[str]:
+    """``kvsched simulate``'s flags for ``spec``'s deployment and workload
+    (only values that differ from the defaults; the output options are the
+    command's own), such that :func:`parse_spec` gives the spec back."""
+    group = spec.deployment.group
+    d_engine, d_group, d_workload = EngineOptions(), InstanceGroup(), WorkloadSpec()
+    out: list[str] = []
+    for name in _ENGINE_FIELDS:
+        out += _words(name, getattr(group.engine, name), getattr(d_engine, name))
+    for name in _GROUP_FIELDS:
+        out += _words(name, getattr(group, name), getattr(d_group, name))
+    for name in _WORKLOAD_FIELDS:
+        out += _words(name, getattr(spec.workload, name), getattr(d_workload, name))
+    return out
+
+

@@ -1,0 +1,224 @@
+"""The one runner: a :class:`~kvsched.sim.spec.RunSpec` in, a result out.
+
+:func:`prepare` does everything a run can get wrong before it starts (the
+deployment is built, so a model that does not fit is refused here; the
+workload is built; requests longer than ``max_model_len`` are set aside as
+the server refuses them). :func:`serve` simulates a built deployment on a
+workload: one engine, independent DP replicas, or lockstep DP ranks with an
+admission policy. :func:`run` is both, plus vllm bench's metrics.
+
+Every command (simulate, compare, tune, calibrate) and every validation
+harness goes through :func:`serve`; those with a workload of their own (a
+calibration replay, a silicon row's closed loop) call it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvsched.core.policies import AdmissionPolicy, AdpBalance, BalanceGate, DPRankStates
+from kvsched.errors import UserInputError
+from kvsched.jsonfile import show
+from kvsched.sim.cluster import Cluster, Progress
+from kvsched.sim.deployment import Deployment, build_deployment
+from kvsched.sim.dp import DPOptions, DPSimulator
+from kvsched.sim.refusals import split_refused
+from kvsched.sim.results import per_gpu_metrics
+from kvsched.sim.simulator import SimConfig, SimResult, Simulator
+from kvsched.sim.spec import InstanceGroup, RunOptions, RunSpec, WorkloadSpec
+from kvsched.sim.workload import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, Workload, load_workload
+
+AfterStep = Callable[[Cluster], None]
+
+
+@dataclass(slots=True)
+class PreparedRun:
+    """A spec checked and built, ready to run."""
+
+    spec: RunSpec                      # its workload resolved (defaults filled in)
+    deployment: Deployment
+    workload: Workload                 # every request
+    accepted: Workload                 # those the server accepts
+    refused: list[tuple[str, str]]     # (request id, why) of the others
+    # What the user should know (e.g. a setting with no effect).
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RunResult:
+    prepared: PreparedRun
+    result: SimResult
+    metrics: dict[str, Any]
+
+
+def build_group_deployment(group: InstanceGroup) -> tuple[Deployment, list[str]]:
+    """The deployment of one instance group, and notes for the user.
+    Expert parallelism on a dense model is dropped with a note, as vLLM
+    has no experts to shard there."""
+    group.check()
+    options = group.engine_options()
+    deployment = build_deployment(options)
+    notes: list[str] = []
+    if options.enable_expert_parallel and not deployment.model.is_moe:
+        notes.append(f"--enable-expert-parallel has no effect: {deployment.model.name} is a dense "
+                     "model (no experts), and vLLM ignores expert parallelism for it")
+        deployment = build_deployment(dataclasses.replace(options, enable_expert_parallel=False))
+    if (group.balance_threshold == "full-minus-one" and group.admission_policy == "balance"
+            and deployment.scheduler_config.max_num_seqs < 2):
+        raise UserInputError("--balance-threshold full-minus-one needs --max-num-seqs >= 2 (with 1 it "
+                             "would hold every admission forever); use --balance-threshold full")
+    return deployment, notes
+
+
+def build_workload(spec: WorkloadSpec) -> Workload:
+    """The requests of a resolved workload spec (:meth:`WorkloadSpec.resolved`)."""
+    if spec.dataset_name == "random":
+        assert spec.num_prompts is not None and spec.request_rate is not None
+        assert spec.random_input_len is not None and spec.random_range_ratio is not None
+        assert spec.random_prefix_len is not None
+        span = spec.num_prompts / spec.request_rate
+        if span > MAX_ARRIVAL_TIME:
+            raise UserInputError(
+                f"--request-rate={show(spec.request_rate)}: {spec.num_prompts} prompts at that rate "
+                f"arrive over {span:.4g} s, beyond the simulator's time span of {MAX_ARRIVAL_TIME:g} s "
+                "(float64 times lose step-time precision further out); use --request-rate >= "
+                f"{spec.num_prompts / MAX_ARRIVAL_TIME:.4g} or fewer --num-prompts")
+        high = spec.random_prefix_len + math.ceil(spec.random_input_len * (1 + spec.random_range_ratio))
+        if high > MAX_REQUEST_TOKENS:
+            raise UserInputError(
+                f"--random-prefix-len + --random-input-len x (1 + --random-range-ratio) = {high} "
+                "tokens: must be at most 2**40 (far beyond any context window)")
+        workload = load_workload(
+            "random", None, num_prompts=spec.num_prompts, input_len=spec.random_input_len,
+            output_len=spec.random_output_len, range_ratio=spec.random_range_ratio,
+            prefix_len=spec.random_prefix_len, request_rate=spec.request_rate,
+            burstiness=spec.burstiness, max_concurrency=spec.max_concurrency, seed=spec.seed)
+    else:
+        workload = load_workload(spec.dataset_name, spec.dataset_path,
+                                 max_concurrency=spec.max_concurrency)
+    if spec.time_scale != 1.0:
+        last = workload.last_arrival_time * spec.time_scale
+        if last > MAX_ARRIVAL_TIME:
+            raise UserInputError(
+                f"--time-scale={show(spec.time_scale)}: puts the last arrival at {last:.4g} s, beyond "
+                f"the simulator's time span of {MAX_ARRIVAL_TIME:g} s; use --time-scale <= "
+                f"{MAX_ARRIVAL_TIME / workload.last_arrival_time:.4g}")
+        workload = workload.scaled(spec.time_scale)
+    if spec.dataset_name != "random" and spec.num_prompts is not None:
+        workload = workload.truncated(num_requests=spec.num_prompts)
+    if spec.duration is not None:
+        workload = workload.truncated(duration=spec.duration)
+    return workload
+
+
+def workload_source(spec: WorkloadSpec) -> str:
+    """Where the requests come from, for a message: the trace file, or the flags."""
+    if spec.dataset_name != "random" and spec.dataset_path:
+        return f"--dataset-path={spec.dataset_path}"
+    return "--dataset-name random"
+
+
+def accept(deployment: Deployment, workload: Workload,
+           source: str = "") -> tuple[Workload, list[tuple[str, str]]]:
+    """(requests the server accepts, refused ones); an error if it accepts none
+    (``source``: where the requests came from, for the message)."""
+    max_model_len = deployment.scheduler_config.max_model_len
+    accepted, refused = split_refused(workload, max_model_len)
+    if accepted is None:
+        where = f"{source}: " if source else ""
+        raise UserInputError(
+            f"{where}all {len(refused)} requests have prompt + output > max_model_len={max_model_len}, "
+            "so the server would refuse every one; raise --max-model-len (up to the model's "
+            f"{deployment.model.max_position_embeddings}) or shorten the requests")
+    return accepted, refused
+
+
+def prepare(spec: RunSpec) -> PreparedRun:
+    """Everything a run can get wrong before it starts: the spec's values,
+    the deployment (a model that does not fit is refused here), the
+    workload, the refusals."""
+    spec.check()
+    spec = dataclasses.replace(spec, workload=spec.workload.resolved())
+    deployment, notes = build_group_deployment(spec.deployment.group)
+    workload = build_workload(spec.workload)
+    accepted, refused = accept(deployment, workload, workload_source(spec.workload))
+    return PreparedRun(spec, deployment, workload, accepted, refused, notes)
+
+
+def sim_config(deployment: Deployment, spec: RunSpec) -> SimConfig:
+    """The simulator's settings for a built deployment under ``spec``."""
+    o = spec.options
+    return SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
+                     eos_probability=spec.workload.eos_probability, seed=spec.workload.seed,
+                     fast_forward=o.fast_forward,
+                     prefill_schedule_interval=deployment.options.prefill_schedule_interval,
+                     keep_token_times=o.keep_token_times, keep_step_log=o.keep_step_log,
+                     speculative=deployment.speculative)
+
+
+def serve(deployment: Deployment, group: InstanceGroup, workload: Workload, config: SimConfig,
+          options: RunOptions | None = None, progress: Progress | None = None,
+          after_step: AfterStep | None = None) -> SimResult:
+    """Simulate ``workload`` on a built deployment: one engine, or
+    data-parallel ranks with the group's router and admission policy.
+    ``after_step`` runs after every step (it may stop the run by raising)."""
+    options = options if options is not None else RunOptions()
+    dp = deployment.parallel.data_parallel_size
+    if dp == 1 and group.admission_policy in ("none", "prefill-cadence"):
+        if options.trace_steps:
+            with open(options.trace_steps, "w") as trace:
+                return Simulator(config, workload, trace_steps=trace, progress=progress).run()
+        single = Simulator(config, workload, progress=progress)
+        if after_step is not None:
+            single.cluster.after_step.append(after_step)
+        return single.run()
+    if options.trace_steps:
+        raise UserInputError("--trace-steps: not supported with data parallelism or DP admission "
+                             "policies yet; drop it or run one engine")
+    sim = build_dp_simulator(deployment, group, config, workload, progress)
+    if after_step is not None:
+        sim.cluster.after_step.append(after_step)
+    return sim.run().combined()
+
+
+def build_dp_simulator(deployment: Deployment, group: InstanceGroup, config: SimConfig,
+                       workload: Workload, progress: Progress | None = None) -> DPSimulator:
+    """Data-parallel ranks with the group's admission policy, publishing
+    their load to each other after every step (the policies' all-gather)."""
+    dp = deployment.parallel.data_parallel_size
+    shared = DPRankStates(dp, group.dp_sync_interval)
+    policies: list[AdmissionPolicy | None] = [None] * dp
+    if group.admission_policy == "balance":
+        policies = [BalanceGate(shared, r, group.balance_threshold) for r in range(dp)]  # type: ignore[arg-type]
+    elif group.admission_policy == "adp-balance":
+        policies = [AdpBalance(shared, r, group.adp_timeout_iters, group.adp_batching_wait_iters)
+                    for r in range(dp)]
+    options = DPOptions(dp, lockstep=deployment.lockstep, router=group.dp_routing,
+                        stats_interval=group.dp_stats_interval, sync_interval=group.dp_sync_interval)
+    sim = DPSimulator(config, workload, options, policies, shared, progress=progress)
+    sim.after_step.append(lambda d: shared.publish_all([r.sched for r in d.ranks]))
+    return sim
+
+
+def run_prepared(prepared: PreparedRun, progress: Progress | None = None,
+                 after_step: AfterStep | None = None) -> RunResult:
+    """Simulate a prepared run: the result (refused requests among its
+    failures, as vllm bench serve records them) and vllm bench serve's
+    metrics plus per-GPU throughputs."""
+    spec, deployment = prepared.spec, prepared.deployment
+    result = serve(deployment, spec.deployment.group, prepared.accepted, sim_config(deployment, spec),
+                   spec.options, progress, after_step)
+    result.failed.extend(prepared.refused)
+    goodput = dict(spec.options.goodput) or None
+    metrics = result.metrics(spec.options.percentiles, goodput)
+    metrics.update(per_gpu_metrics(metrics, deployment))
+    return RunResult(prepared, result, metrics)
+
+
+def run(spec: RunSpec, progress: Progress | None = None, after_step: AfterStep | None = None) -> RunResult:
+    """Prepare and simulate ``spec``."""
+    return run_prepared(prepare(spec), progress, after_step)

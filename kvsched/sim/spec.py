@@ -1,0 +1,411 @@
+"""The run spec: one typed description of a simulation.
+
+A :class:`RunSpec` is everything a simulation depends on:
+
+- ``deployment``: one or more instance groups (:class:`InstanceGroup`), each
+  with its role, vLLM's engine arguments (:class:`EngineOptions`: model,
+  precision, hardware, parallelism, scheduler and cache settings, the
+  step-time backend and its inputs) and how its data-parallel ranks route
+  and admit requests;
+- ``workload``: ``vllm bench serve``'s dataset arguments
+  (:class:`WorkloadSpec`);
+- ``options``: how to run and what to keep (:class:`RunOptions`).
+
+Every command builds one (``simulate``, ``compare``'s variants, ``tune``'s
+jobs, ``calibrate``, the validation harnesses) and hands it to
+:func:`kvsched.sim.run.run`; it is written to and read from JSON
+(:func:`spec_to_json`, :func:`spec_from_json`) so a run can be saved,
+cached and repeated. Command-line flags map onto it in
+:mod:`kvsched.sim.flags`, and nowhere else.
+
+A deployment holds a tuple of groups so that later roles (prefill and
+decode instances joined by a KV connector) extend it; today a deployment is
+one group of role ``"mixed"`` (every instance prefills and decodes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from kvsched.errors import UserInputError
+from kvsched.jsonfile import show
+from kvsched.sim.deployment import EngineOptions
+from kvsched.sim.dp import DEFAULT_DP_STATS_INTERVAL, DEFAULT_DP_SYNC_INTERVAL, check_dp_intervals
+from kvsched.sim.workload import (
+    DATASET_NAMES,
+    DEFAULT_INPUT_LEN,
+    DEFAULT_NUM_PROMPTS,
+    DEFAULT_OUTPUT_LEN,
+    MAX_BURSTINESS,
+    MAX_NUM_PROMPTS,
+    MAX_REQUEST_TOKENS,
+    MAX_SEED,
+    MIN_BURSTINESS,
+)
+
+# Instance roles. "mixed": prefill and decode on the same engine (vLLM's
+# default). Prefill/decode disaggregation adds "prefill" and "decode".
+ROLES = ("mixed",)
+ADMISSION_POLICIES = ("none", "balance", "adp-balance", "prefill-cadence")
+BALANCE_THRESHOLDS = ("full", "full-minus-one")
+DP_ROUTINGS = ("vllm", "round-robin", "least-loaded")
+DEFAULT_ADP_TIMEOUT_ITERS = 50
+# Steps a step-counting setting may name (--prefill-schedule-interval,
+# --dp-sync-interval, --adp-*-iters): a million. An engine step takes at
+# least ~1 ms, so that is over a quarter of an hour between events the
+# setting paces; more is no cadence, only a way to stall a run.
+MAX_STEP_COUNT = 1_000_000
+STEPS_WHY = "a million steps is over a quarter of an hour of engine time"
+# The prefill cadence needs an interval of at least 2 to gate anything.
+MIN_CADENCE_INTERVAL = 2
+
+
+def flag_name(dest: str) -> str:
+    """The command-line flag of a spec field: ``num_prompts`` -> ``--num-prompts``."""
+    return "--" + dest.replace("_", "-")
+
+
+def _int_in(dest: str, value: object, low: int, high: int, why: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UserInputError(f"{flag_name(dest)}={show(value)}: must be an integer in [{low}, {high:,}] "
+                             f"({why})")
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    """Instances of one role with the same engine arguments: ``engine``
+    (its ``data_parallel_size`` engine cores of ``tensor_parallel_size``
+    GPUs each) plus how requests reach and enter its ranks."""
+
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    role: str = "mixed"
+    # How arrivals pick a DP rank: vLLM's load balancer or a simple rule.
+    dp_routing: str = "vllm"
+    # Seconds between the load stats the vllm router sees.
+    dp_stats_interval: float = DEFAULT_DP_STATS_INTERVAL
+    # Lockstep (MoE) ranks: steps between the all-reduces that end a wave.
+    dp_sync_interval: int = DEFAULT_DP_SYNC_INTERVAL
+    # An admission policy on every rank (kvsched.core.policies).
+    admission_policy: str = "none"
+    balance_threshold: str = "full"
+    adp_timeout_iters: int = DEFAULT_ADP_TIMEOUT_ITERS
+    adp_batching_wait_iters: int = 0
+
+    def check(self) -> None:
+        """Every setting of the group on its own (the engine's own are
+        checked when the deployment is built)."""
+        _choice("role", self.role, ROLES, "prefill/decode roles come with KV connectors")
+        _choice("dp_routing", self.dp_routing, DP_ROUTINGS)
+        _choice("admission_policy", self.admission_policy, ADMISSION_POLICIES)
+        _choice("balance_threshold", self.balance_threshold, BALANCE_THRESHOLDS)
+        check_dp_intervals(self.dp_stats_interval, self.dp_sync_interval)
+        _int_in("adp_timeout_iters", self.adp_timeout_iters, 0, MAX_STEP_COUNT, STEPS_WHY)
+        _int_in("adp_batching_wait_iters", self.adp_batching_wait_iters, 0, MAX_STEP_COUNT, STEPS_WHY)
+        _int_in("prefill_schedule_interval", self.engine.prefill_schedule_interval, 1, MAX_STEP_COUNT,
+                STEPS_WHY)
+
+    def engine_options(self) -> EngineOptions:
+        """The engine arguments as run: the prefill-cadence policy gates
+        prefill every ``prefill_schedule_interval`` steps, at least every 2."""
+        e = self.engine
+        if self.admission_policy == "prefill-cadence" and e.prefill_schedule_interval < MIN_CADENCE_INTERVAL:
+            return dataclasses.replace(e, prefill_schedule_interval=MIN_CADENCE_INTERVAL)
+        return e
+
+
+def _choice(dest: str, value: object, allowed: tuple[str, ...], why: str = "") -> None:
+    if value not in allowed:
+        extra = f" ({why})" if why else ""
+        raise UserInputError(f"{flag_name(dest)}={show(value)}: use one of {', '.join(allowed)}{extra}")
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSpec:
+    """What is deployed: its instance groups."""
+
+    groups: tuple[InstanceGroup, ...] = (InstanceGroup(),)
+
+    def check(self) -> None:
+        if len(self.groups) != 1:
+            raise UserInputError(f"deployment.groups: {len(self.groups)} groups given; a deployment is "
+                                 "one group of role 'mixed' until prefill/decode roles arrive")
+        for group in self.groups:
+            group.check()
+
+    @property
+    def group(self) -> InstanceGroup:
+        """The one group of a deployment without roles."""
+        return self.groups[0]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """``vllm bench serve``'s dataset arguments. The random dataset's
+    fields are None when not given, so that a field set for a trace is
+    refused (it would be ignored); :meth:`resolved` fills vLLM bench's
+    defaults."""
+
+    dataset_name: str = "random"
+    dataset_path: str | None = None
+    num_prompts: int | None = None
+    random_input_len: int | None = None
+    random_output_len: int | None = None
+    random_range_ratio: float | None = None
+    random_prefix_len: int | None = None
+    request_rate: float | None = None
+    burstiness: float | None = None
+    max_concurrency: int | None = None
+    seed: int = 0
+    # Multiply arrival times (0.5 = twice the rate).
+    time_scale: float = 1.0
+    # Keep only requests arriving before this many seconds.
+    duration: float | None = None
+    # Per-token EOS probability (0: every request's output length, as
+    # ignore_eos does).
+    eos_probability: float = 0.0
+
+    def check(self) -> None:
+        """Every number in its stated range."""
+        _choice("dataset_name", self.dataset_name, DATASET_NAMES)
+        n = self.num_prompts
+        if n is not None and isinstance(n, int) and not isinstance(n, bool) and n < 1:
+            raise UserInputError(f"--num-prompts={show(n)}: must be at least 1; leave it out to send "
+                                 f"{DEFAULT_NUM_PROMPTS} random prompts or a whole trace")
+        _int_in("num_prompts", n, 1, MAX_NUM_PROMPTS,
+                "the random dataset draws every request up front; memory grows with the count")
+        tokens_why = ("2**40, far beyond any context window; a longer request is refused against "
+                      "max_model_len anyway")
+        for dest in ("random_input_len", "random_output_len", "random_prefix_len"):
+            _int_in(dest, getattr(self, dest), 0, MAX_REQUEST_TOKENS, tokens_why)
+        ratio = self.random_range_ratio
+        if ratio is not None and not (_is_number(ratio) and 0 <= ratio < 1):
+            raise UserInputError(f"--random-range-ratio={show(ratio)}: must be in [0, 1) (lengths are "
+                                 "drawn within +-ratio of --random-input-len / --random-output-len)")
+        rate = self.request_rate
+        if rate is not None and not (_is_number(rate) and rate > 0):
+            raise UserInputError(f"--request-rate={show(rate)}: must be > 0 requests/s; inf (the "
+                                 "default) sends every request at once")
+        b = self.burstiness
+        if b is not None and not (_is_number(b) and (MIN_BURSTINESS <= b <= MAX_BURSTINESS or b == math.inf)):
+            raise UserInputError(
+                f"--burstiness={show(b)}: must be in [{MIN_BURSTINESS}, {MAX_BURSTINESS:g}] or inf "
+                "(constant gaps); below, numpy's gamma gaps underflow to 0 and the arrivals are not "
+                "the process asked for; 1 is Poisson")
+        mc = self.max_concurrency
+        if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
+            raise UserInputError(f"--max-concurrency={show(mc)}: must be at least 1 (above the number of "
+                                 "requests it is no limit); leave it out for no limit")
+        _int_in("seed", self.seed, 0, MAX_SEED, "vLLM seeds numpy's RandomState, which takes 32-bit seeds")
+        scale = self.time_scale
+        if not (_is_number(scale) and 0 < scale < math.inf):
+            raise UserInputError(f"--time-scale={show(scale)}: must be a finite number > 0 (0.5 = twice "
+                                 "the request rate)")
+        if self.duration is not None and not (_is_number(self.duration) and self.duration > 0):
+            raise UserInputError(f"--duration={show(self.duration)}: must be > 0 seconds; leave it out to "
+                                 "keep every request")
+        p = self.eos_probability
+        if not (_is_number(p) and 0 <= p < 1):
+            raise UserInputError(f"--eos-probability={show(p)}: must be in [0, 1) (the chance each output "
+                                 "token is EOS; 0 generates every request's output length)")
+
+    def resolved(self) -> WorkloadSpec:
+        """This spec checked, its fields checked against the dataset, and
+        the random dataset's defaults filled in (trace datasets keep None)."""
+        self.check()
+        if self.dataset_name == "random":
+            if self.dataset_path is not None:
+                raise UserInputError(
+                    f"--dataset-path={self.dataset_path}: --dataset-name is random (the default), "
+                    "which reads no file; add --dataset-name azure, mooncake or jsonl to replay the trace")
+            filled = {dest: default for dest, default in RANDOM_DEFAULTS.items()
+                      if getattr(self, dest) is None}
+            if self.num_prompts is None:
+                filled["num_prompts"] = DEFAULT_NUM_PROMPTS
+            return dataclasses.replace(self, **filled)
+        if not self.dataset_path:
+            raise UserInputError(f"--dataset-name {self.dataset_name}: needs --dataset-path, the trace "
+                                 "file to replay")
+        for dest in ("request_rate", "burstiness"):
+            value = getattr(self, dest)
+            if value is not None:
+                raise UserInputError(
+                    f"{flag_name(dest)}={value:g}: the {self.dataset_name} dataset replays the trace's "
+                    "own arrival times; rescale them with --time-scale (0.5 = twice the rate) instead")
+        for dest in RANDOM_DEFAULTS:
+            value = getattr(self, dest)
+            if value is not None:
+                raise UserInputError(
+                    f"{flag_name(dest)}={value:g}: only for --dataset-name random; the "
+                    f"{self.dataset_name} dataset takes each request's lengths from the trace, drop the flag")
+        return self
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
+# The random dataset's defaults (vllm bench serve's, but the rate: all at once).
+RANDOM_DEFAULTS: Mapping[str, Any] = types.MappingProxyType({
+    "random_input_len": DEFAULT_INPUT_LEN,
+    "random_output_len": DEFAULT_OUTPUT_LEN,
+    "random_range_ratio": 0.0,
+    "random_prefix_len": 0,
+    "request_rate": math.inf,
+    "burstiness": 1.0,
+})
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How to run and what to keep."""
+
+    # Advance pure-decode stretches in one exact jump.
+    fast_forward: bool = True
+    # Percentiles of the latency metrics.
+    percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
+    # SLOs in ms (vllm bench's --goodput keys: ttft, tpot, e2el).
+    goodput: tuple[tuple[str, float], ...] = ()
+    # Keep every request's token times (--save-detailed's lists).
+    keep_token_times: bool = False
+    # Keep every step for timelines (the HTML report plots them).
+    keep_step_log: bool = False
+    # Write the scheduler's step trace here (steps every step).
+    trace_steps: str | None = None
+
+    def check(self) -> None:
+        if not self.percentiles or any(not (_is_number(p) and 0 <= p <= 100) for p in self.percentiles):
+            raise UserInputError(f"--metric-percentiles={','.join(map(str, self.percentiles))}: each must "
+                                 "be in [0, 100]")
+        for name, target in self.goodput:
+            if name not in ("ttft", "tpot", "e2el") or not (_is_number(target) and target >= 0):
+                raise UserInputError(f"--goodput {name}:{show(target)}: use ttft, tpot or e2el with a "
+                                     "target in ms >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    deployment: DeploymentSpec = field(default_factory=DeploymentSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    options: RunOptions = field(default_factory=RunOptions)
+
+    def check(self) -> None:
+        self.deployment.check()
+        self.workload.check()
+        self.options.check()
+
+    @property
+    def engine(self) -> EngineOptions:
+        """The one group's engine arguments (a deployment without roles)."""
+        return self.deployment.group.engine
+
+    def with_engine(self, **changes: Any) -> RunSpec:
+        """A copy with the one group's engine arguments changed."""
+        group = self.deployment.group
+        group = dataclasses.replace(group, engine=dataclasses.replace(group.engine, **changes))
+        return dataclasses.replace(self, deployment=DeploymentSpec((group,)))
+
+    def with_group(self, **changes: Any) -> RunSpec:
+        """A copy with the one group's routing/admission settings changed."""
+        group = dataclasses.replace(self.deployment.group, **changes)
+        return dataclasses.replace(self, deployment=DeploymentSpec((group,)))
+
+    def with_workload(self, **changes: Any) -> RunSpec:
+        return dataclasses.replace(self, workload=dataclasses.replace(self.workload, **changes))
+
+    def with_options(self, **changes: Any) -> RunSpec:
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, **changes))
+
+
+# ---------------------------------------------------------------------------
+# JSON
+
+
+def spec_to_json(spec: RunSpec) -> dict[str, Any]:
+    """The spec as JSON values (every field, defaults included)."""
+    return _to_json(spec)  # type: ignore[no-any-return]
+
+
+def _to_json(value: object) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_json(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "inf": JSON has no infinity
+    return value
+
+
+def spec_from_json(data: object, where: str = "run spec") -> RunSpec:
+    """A :class:`RunSpec` from :func:`spec_to_json`'s form; any unknown key
+    or wrongly typed value is a :class:`UserInputError` naming its path.
+    Missing keys take their defaults."""
+    spec = _from_json(RunSpec, data, where)
+    assert isinstance(spec, RunSpec)
+    return spec
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def _from_json(kind: Any, data: object, where: str) -> object:
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        if not isinstance(data, dict):
+            raise UserInputError(f"{where}: expected an object of {kind.__name__}'s fields, got "
+                                 f"{type(data).__name__}")
+        names = {f.name for f in fields(kind)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise UserInputError(f"{where}: unknown key {show(unknown[0])}; {kind.__name__} has "
+                                 f"{', '.join(sorted(names))}")
+        hints = _hints(kind)
+        kwargs = {k: _from_json(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+        return kind(**kwargs)
+    origin = typing.get_origin(kind)
+    args = typing.get_args(kind)
+    if origin in (types.UnionType, typing.Union):
+        if data is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _from_json(inner, data, where)
+    if origin is tuple:
+        if not isinstance(data, list):
+            raise UserInputError(f"{where}: expected a list, got {type(data).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+        if len(data) != len(args):
+            raise UserInputError(f"{where}: expected a list of {len(args)} items, got {len(data)}")
+        return tuple(_from_json(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
+    if kind is bool:
+        if not isinstance(data, bool):
+            raise UserInputError(f"{where}={show(data)}: expected true or false")
+        return data
+    if kind is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise UserInputError(f"{where}={show(data)}: expected an integer")
+        return data
+    if kind is float:
+        if data in ("inf", "Infinity"):
+            return math.inf
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            raise UserInputError(f"{where}={show(data)}: expected a number")
+        return float(data)
+    if kind is str:
+        if not isinstance(data, str):
+            raise UserInputError(f"{where}={show(data)}: expected a string")
+        return data
+    raise TypeError(f"run spec field {where} has a type the JSON reader does not know: {kind!r}")
