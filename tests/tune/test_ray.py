@@ -15,9 +15,9 @@ import pytest
 import ray
 
 from kvsched.cli import main
+from kvsched.sim.flags import parse_spec
 from kvsched.tune.evaluate import Job, ResultCache
 from kvsched.tune.executors import LocalExecutor, RayExecutor, _check_reachable
-from kvsched.sim.flags import parse_spec
 from kvsched.tune.search import Problem, Runner, Slo, prune_by_memory, rank, rate_grid, search
 from kvsched.tune.space import SearchSpace
 

@@ -24,10 +24,10 @@ import pytest
 
 from kvsched import __version__
 from kvsched.cli import main
+from kvsched.sim.flags import parse_spec
 from kvsched.tune.evaluate import ResultCache
 from kvsched.tune.executors import LocalExecutor
 from kvsched.tune.report import BEST, MET, MISSED, Question, render_tune_report, write_tune_report
-from kvsched.sim.flags import parse_spec
 from kvsched.tune.search import Problem, Runner, Slo, TuneResult, prune_by_memory, rank, search
 from kvsched.tune.space import SearchSpace
 
@@ -55,8 +55,8 @@ SIM = _sim_report_tests()
 def tune(ttft_ms: float, early_stop: bool) -> tuple[Problem, TuneResult]:
     """A real search: four Llama-3.1-8B deployments at 12 req/s. At ttft:80
     TP1 with max_num_seqs 4 misses (p99 TTFT ~98 ms), the other three meet it."""
-    problem = Problem(MODEL, parse_spec(["--model", MODEL, *WORKLOAD]), Slo((("ttft", ttft_ms), ("tpot", 30.0)), "99"),
-                      "goodput-per-gpu", {}, is_random=True, base_rate=4.0, early_stop=early_stop)
+    problem = Problem(MODEL, parse_spec(["--model", MODEL, *WORKLOAD]),
+                      Slo((("ttft", ttft_ms), ("tpot", 30.0)), "99"), "goodput-per-gpu", {}, is_random=True, base_rate=4.0, early_stop=early_stop)
     candidates = sorted(SPACE.candidates(2, False), key=lambda c: c.order_key())
     feasible, pruned = prune_by_memory(candidates, problem.base)
     runner = Runner(LocalExecutor(1), ResultCache(None, "test"))
