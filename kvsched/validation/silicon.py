@@ -44,9 +44,6 @@ import numpy as np
 
 from kvsched.perf.hardware import get_hardware, resolve_hardware_id
 from kvsched.perf.models import catalog_match, get_model
-
-# The simulator runs the rows; it imports kvsched.perf, never this module, so
-# there is no cycle.
 from kvsched.sim.deployment import Deployment, EngineOptions, build_deployment, serve_defaults
 from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.rank import SimResult

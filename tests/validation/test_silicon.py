@@ -1,4 +1,4 @@
-"""kvsched.perf.silicon: aiconfigurator-core's real vLLM serving rows, their
+"""kvsched.validation.silicon: aiconfigurator-core's real vLLM serving rows, their
 mapping to kvsched deployments and InferenceX's client, one simulated row,
 and AIConfigurator's own estimate.
 
@@ -20,8 +20,9 @@ from types import ModuleType
 
 import pytest
 
-from kvsched.perf import silicon
-from kvsched.perf.silicon import (
+from kvsched.sim.deployment import build_deployment
+from kvsched.validation import silicon
+from kvsched.validation.silicon import (
     AicEstimate,
     AicEstimator,
     ErrorStats,
@@ -39,7 +40,6 @@ from kvsched.perf.silicon import (
     read_parallelism,
     simulate_row,
 )
-from kvsched.sim.deployment import build_deployment
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,14 @@
+"""kvsched against measurements: the harnesses that run the simulator on
+published and measured serving data and report the errors.
+
+This package sits above the simulator (it runs :mod:`kvsched.sim`) and below
+the commands and benchmarks that call it:
+
+* :mod:`.published`: the performance model against published numbers
+  (Splitwise's static batches, serving and kernel figures); the data and the
+  comparisons.
+* :mod:`.published_report`: the tables of docs/validation.md from those
+  comparisons (``benchmarks/validate_perf.py``).
+* :mod:`.silicon`: aiconfigurator-core's real vLLM serving rows run through
+  kvsched and AIConfigurator (``benchmarks/validate_silicon.py``).
+"""
