@@ -34,14 +34,8 @@ from typing import Any
 
 from kvsched.cli import main as kvsched_main
 from kvsched.sim.deployment import EngineOptions
-from kvsched.validation.silicon import (
-    Refusal,
-    ServingRun,
-    build_run_deployment,
-    inferencex_lengths,
-    load_rows,
-    map_row,
-)
+from kvsched.validation.silicon import build_run_deployment
+from kvsched.validation.silicon_rows import Refusal, ServingRun, inferencex_lengths, load_rows, map_row
 
 FIT_CONCURRENCIES = (8, 32, 128)
 HELD_OUT_CONCURRENCIES = (16, 64)

@@ -32,7 +32,8 @@ from datetime import date
 from pathlib import Path
 
 from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, save_host_terms
-from kvsched.validation.silicon import Refusal, ServingRun, load_rows, map_row, simulate_row
+from kvsched.validation.silicon import simulate_row
+from kvsched.validation.silicon_rows import Refusal, ServingRun, load_rows, map_row
 
 TRAIN = ("h100_sxm", "h200_sxm")
 HELD_OUT = ("b200_sxm",)

@@ -32,20 +32,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvsched.validation.aic_estimate import AicEstimate, AicEstimator
+from kvsched.validation.errors import ErrorStats, rel_err
 from kvsched.validation.silicon import (
     CONCURRENCY_BANDS,
-    AicEstimate,
-    AicEstimator,
-    ErrorStats,
-    Refusal,
     RowResult,
-    SiliconRow,
     SimulatedRow,
     concurrency_band,
     evaluate_row,
-    load_rows,
-    rel_err,
 )
+from kvsched.validation.silicon_rows import Refusal, SiliconRow, load_rows
 
 BACKENDS = ("roofline", "measured")
 BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"

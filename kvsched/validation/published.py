@@ -29,6 +29,7 @@ from kvsched.perf.models import get_model
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
 from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import random_workload
+from kvsched.validation.errors import rel_err
 
 REPO = Path(__file__).resolve().parents[2]
 FACTS = Path(os.environ.get("KVSCHED_FACTS_DIR") or next(
@@ -102,10 +103,6 @@ class SplitwiseResult:
         if "derived" in self.flags:
             return name == "prompt"
         return not (name == "e2e" and any(f.startswith("stopped@") for f in self.flags))
-
-
-def rel_err(predicted: float, measured: float) -> float:
-    return (predicted - measured) / measured
 
 
 def load_splitwise(path: Path) -> list[SplitwiseGroup]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.models import ModelSpec, get_model
 from kvsched.perf.step_time import KERNEL_LATENCY_S, KERNELS_PER_LAYER, BatchShape, ParallelConfig
+from kvsched.validation.errors import rel_err
 from kvsched.validation.published import (
     DSR1,
     DSV3,
@@ -38,7 +39,6 @@ from kvsched.validation.published import (
     kernel_comparisons,
     kv_capacity_llama8b,
     pending_comparisons,
-    rel_err,
     serving_comparisons,
     simulate,
     splitwise_results,
