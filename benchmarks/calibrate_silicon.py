@@ -10,14 +10,14 @@ rows of one deployment (by default Qwen/Qwen3-32B on 2 H100 SXM, six ISL/OSL
 pairs at concurrencies 8 to 128), writes each as a summary-only ``vllm bench
 serve`` result (``model_id``, ``request_rate: inf``, ``max_concurrency``,
 the request lengths InferenceX's client drew, ``mean_ttft_ms``,
-``mean_tpot_ms``; kvsched.perf.silicon says how the rows were run), and runs
+``mean_tpot_ms``; kvsched.validation.silicon says how the rows were run), and runs
 
     kvsched calibrate <the row's engine flags> --bench <fit rows> --held-out <other rows>
 
 through the CLI: the fit sees the rows at concurrencies 8, 32 and 128, the
 held-out error is on the rows at 16 and 64 it never saw. Each row is
 replayed as its counted requests only: with prefix caching off, the warm-up
-phase before them leaves the engine as it found it (kvsched.perf.silicon).
+phase before them leaves the engine as it found it (kvsched.validation.silicon).
 """
 
 from __future__ import annotations
@@ -33,15 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.cli import main as kvsched_main
-from kvsched.perf.silicon import (
-    Refusal,
-    ServingRun,
-    build_run_deployment,
-    inferencex_lengths,
-    load_rows,
-    map_row,
-)
 from kvsched.sim.deployment import EngineOptions
+from kvsched.validation.silicon import build_run_deployment
+from kvsched.validation.silicon_rows import Refusal, ServingRun, inferencex_lengths, load_rows, map_row
 
 FIT_CONCURRENCIES = (8, 32, 128)
 HELD_OUT_CONCURRENCIES = (16, 64)

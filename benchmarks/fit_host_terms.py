@@ -9,7 +9,7 @@ aiconfigurator-core's silicon_sample.csv that kvsched's measured backend can
 price; the B200 rows are held out and only evaluated. The objective is the
 sum of the median |error| of mean TTFT and of mean TPOT over the training
 rows (every ``--stride``-th one, to save time), each row simulated as it was
-run (kvsched.perf.silicon). The terms (kvsched.perf.host) are searched one
+run (kvsched.validation.silicon). The terms (kvsched.perf.host) are searched one
 at a time on a grid of multiples of the current value (coordinate descent,
 non-negative), for a few rounds; the result is reported on all rows.
 ``dp_sync_s`` stays 0: the Hopper rows have too few data-parallel runs to
@@ -32,7 +32,8 @@ from datetime import date
 from pathlib import Path
 
 from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, save_host_terms
-from kvsched.perf.silicon import Refusal, ServingRun, load_rows, map_row, simulate_row
+from kvsched.validation.silicon import simulate_row
+from kvsched.validation.silicon_rows import Refusal, ServingRun, load_rows, map_row
 
 TRAIN = ("h100_sxm", "h200_sxm")
 HELD_OUT = ("b200_sxm",)

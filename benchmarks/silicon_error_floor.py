@@ -27,7 +27,7 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-from kvsched.perf.silicon import load_rows
+from kvsched.validation.silicon_rows import load_rows
 
 SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm")
 

@@ -2,7 +2,7 @@
 
 Every vLLM aggregated row of aiconfigurator-core's ``silicon_sample.csv``
 (measured mean TTFT and TPOT) is simulated as InferenceX's client ran it
-(``kvsched.perf.silicon``) with each chosen step-time backend, and estimated
+(``kvsched.validation.silicon``) with each chosen step-time backend, and estimated
 by AIConfigurator (aiconfigurator-core's vLLM agg model) in the same run.
 Rows a predictor cannot price are counted with the reason; the error tables
 compare the predictors on the rows all of them priced.
@@ -32,20 +32,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvsched.perf.silicon import (
+from kvsched.validation.aic_estimate import AicEstimate, AicEstimator
+from kvsched.validation.errors import ErrorStats, rel_err
+from kvsched.validation.silicon import (
     CONCURRENCY_BANDS,
-    AicEstimate,
-    AicEstimator,
-    ErrorStats,
-    Refusal,
     RowResult,
-    SiliconRow,
     SimulatedRow,
     concurrency_band,
     evaluate_row,
-    load_rows,
-    rel_err,
 )
+from kvsched.validation.silicon_rows import Refusal, SiliconRow, load_rows
 
 BACKENDS = ("roofline", "measured")
 BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"

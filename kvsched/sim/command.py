@@ -102,7 +102,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         if note:
             print(f"kvsched: note: --save-detailed: {note}", file=sys.stderr)
     if args.report:
-        from kvsched.sim.report import write_report
+        from kvsched.report.simulate_page import write_report
 
         write_report(args.report, [("kvsched", done.result)], "kvsched simulate",
                      [deployment.describe(), describe_workload(spec.workload, workload)],

@@ -337,7 +337,7 @@ def run_compare(args: argparse.Namespace) -> int:
         Path(args.save_result).write_text(
             json.dumps(json_safe(out), indent=2, allow_nan=False, default=str) + "\n")
     if args.report and done:
-        from kvsched.sim.report import write_report
+        from kvsched.report.simulate_page import write_report
 
         write_report(args.report, [(v.name, r.result) for v, r in done], "kvsched compare",
                      [f"{v.name}: {' '.join(v.flags) or '(common flags)'} -> {v.run.deployment.describe()}; "

@@ -281,7 +281,7 @@ def run_tune(args: argparse.Namespace) -> int:
         Path(args.save_result).write_text(json.dumps(json_safe(result_json(problem, result, args)),
                                                      indent=2, allow_nan=False) + "\n")
     if args.report is not None:
-        from kvsched.tune.report import question_from_args, write_tune_report
+        from kvsched.report.tune_page import question_from_args, write_tune_report
 
         question = question_from_args(args, workload, base_rate, len(candidates))
         write_tune_report(args.report, problem, result, question, __version__)

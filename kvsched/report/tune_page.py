@@ -4,7 +4,7 @@ The question (model, hardware, budget, workload, SLO, objective and what the
 search ran), the Pareto plot of goodput per GPU against the first SLO's
 statistic, the ranked table, and the ``vllm serve`` / ``kvsched simulate``
 lines of the best deployment and of each Pareto point. Same look and same
-rules as the simulator's report (:mod:`kvsched.sim.report`): inline SVG and
+rules as the simulator's report (:mod:`kvsched.report.simulate_page`): inline SVG and
 CSS, nothing fetched.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsched.sim.charts import PALETTE, Axis, Mark, Series, esc, scatter_chart
-from kvsched.sim.report import _CSS
+from kvsched.report.charts import PALETTE, Axis, Mark, Series, esc, scatter_chart
+from kvsched.report.style import STYLESHEET
 from kvsched.sim.workload import Workload
 from kvsched.tune.search import Evaluated, Problem, TuneResult, rate_grid
 
@@ -232,7 +232,7 @@ def render_tune_report(problem: Problem, result: TuneResult, question: Question,
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{_CSS}{_EXTRA_CSS}</style></head><body><main>",
+        f"<title>{esc(title)}</title><style>{STYLESHEET}{_EXTRA_CSS}</style></head><body><main>",
         f'<header><h1>{esc(title)}</h1><p class="sub">{esc(answer)}</p></header>',
         f'<section class="card"><h2>The question</h2><ul class="config">{items}</ul></section>',
         f'<section class="card"><h2>Pareto front</h2><p class="note">Goodput per GPU against {esc(stat)} '

@@ -1,10 +1,7 @@
 """kvsched tune --report: the page says what was asked, plots every answered
 deployment (the front as a staircase, the SLO line, the best marked), lists
 the commands, parses as balanced HTML, and renders in headless Chromium
-(skipped when Chromium is not installed, as tests/sim/test_report.py does).
-
-Named test_tune_report.py, not test_report.py: without __init__.py files
-pytest cannot collect two test modules with one basename."""
+(skipped when Chromium is not installed, as tests/report/test_simulate_page.py does)."""
 
 from __future__ import annotations
 
@@ -24,10 +21,10 @@ import pytest
 
 from kvsched import __version__
 from kvsched.cli import main
+from kvsched.report.tune_page import BEST, MET, MISSED, Question, render_tune_report, write_tune_report
 from kvsched.sim.flags import parse_spec
 from kvsched.tune.evaluate import ResultCache
 from kvsched.tune.executors import LocalExecutor
-from kvsched.tune.report import BEST, MET, MISSED, Question, render_tune_report, write_tune_report
 from kvsched.tune.search import Problem, Runner, Slo, TuneResult, prune_by_memory, rank, search
 from kvsched.tune.space import SearchSpace
 
@@ -40,9 +37,9 @@ QUESTION = Question(["h100-sxm"], 2, "40 random prompts (256 in / 24 out, range 
 
 
 def _sim_report_tests() -> ModuleType:
-    """tests/sim/test_report.py, for its PNG reader and Chromium lookup."""
+    """tests/report/test_simulate_page.py, for its PNG reader and Chromium lookup."""
     spec = importlib.util.spec_from_file_location(
-        "sim_test_report", Path(__file__).parents[1] / "sim" / "test_report.py")
+        "simulate_page_tests", Path(__file__).parent / "test_simulate_page.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

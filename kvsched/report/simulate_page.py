@@ -7,7 +7,7 @@ table of ``vllm bench serve``'s metrics and the engine statistics (one column
 per result), latency CDFs (TTFT, TPOT, ITL, E2E latency) and time series of
 output throughput, batch composition, KV cache usage and queue lengths.
 
-This module assembles the page; :mod:`kvsched.sim.charts` draws the charts
+This module assembles the page; :mod:`kvsched.report.charts` draws the charts
 (inline SVG, data reduced with numpy first). The page opens offline: no
 script, font, stylesheet or image is fetched.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsched.sim.charts import (
+from kvsched.report.charts import (
     MAX_CDF_POINTS,
     MAX_TIME_BUCKETS,
     PALETTE,
@@ -33,7 +33,8 @@ from kvsched.sim.charts import (
     run_end,
     text_width,
 )
-from kvsched.sim.charts import esc as _esc
+from kvsched.report.charts import esc as _esc
+from kvsched.report.style import STYLESHEET
 from kvsched.sim.refusals import failure_reasons
 from kvsched.sim.simulator import SimResult
 
@@ -118,54 +119,6 @@ METRIC_ROWS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
     )),
 )
 
-_CSS = """
-:root { --fg: #1f2430; --muted: #5f6b7a; --line: #e2e6ec; --bg: #f5f6f8; --card: #ffffff; }
-* { box-sizing: border-box; }
-body { margin: 0; background: var(--bg); color: var(--fg);
-  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
-main { max-width: 1140px; margin: 0 auto; padding: 28px 20px 40px; }
-header h1 { font-size: 24px; margin: 0 0 2px; font-weight: 650; }
-header .sub { color: var(--muted); margin: 0 0 14px; }
-.card { background: var(--card); border: 1px solid var(--line); border-radius: 10px;
-  padding: 16px 20px 18px; margin: 0 0 16px; }
-h2 { font-size: 16px; margin: 0 0 10px; font-weight: 650; }
-h3 { font-size: 14px; margin: 0 0 2px; font-weight: 600; }
-.note { color: var(--muted); font-size: 12.5px; margin: 0 0 6px; }
-ul.config { list-style: none; margin: 0; padding: 0; columns: 2; column-gap: 32px; }
-ul.config li { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", monospace;
-  font-size: 12.5px; padding: 2px 0; break-inside: avoid; }
-table { border-collapse: collapse; width: 100%; }
-th, td { padding: 4px 8px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
-th { font-weight: 600; color: var(--muted); font-size: 12.5px; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.key { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", monospace;
-  font-size: 12.5px; }
-td.unit { color: var(--muted); font-size: 12.5px; }
-tr.section td { background: #f0f2f5; font-weight: 600; font-size: 12.5px; color: #3a4352;
-  border-bottom: 1px solid var(--line); }
-span.d { display: inline-block; min-width: 54px; color: var(--muted); font-size: 11px; }
-.tables { display: grid; grid-template-columns: 1fr; gap: 0 28px; }
-.tables:not(.two) table.metrics { width: auto; min-width: 66%; }
-.tables:not(.two) table.metrics td.num, .tables:not(.two) table.metrics th.num { padding-left: 28px; }
-.tables.two { grid-template-columns: 1fr 1fr; }
-.swatch { display: inline-block; width: 12px; height: 12px; border-radius: 3px; margin-right: 6px;
-  vertical-align: -1px; }
-.grid2 { display: grid; grid-template-columns: 1fr 1fr; gap: 14px 24px; }
-figure { margin: 0 0 6px; }
-svg.chart { width: 100%; height: auto; display: block; }
-svg.chart text { font-size: 12px; fill: var(--muted); }
-svg.chart .legend-label { fill: var(--fg); }
-svg.chart .axis-label { fill: #3a4352; font-size: 12.5px; }
-svg.chart .grid line { stroke: #e9ecf1; stroke-width: 1; }
-svg.chart .frame { fill: none; stroke: #c9ced6; stroke-width: 1; }
-svg.chart .empty { font-size: 14px; }
-details { margin-top: 8px; }
-td.changed { background: #fff4e0; font-weight: 600; }
-table.deployment td.num { white-space: normal; }
-ul.notes { color: var(--muted); font-size: 12.5px; margin: 10px 0 0; padding-left: 18px; }
-footer { color: var(--muted); font-size: 12px; margin-top: 18px; }
-@media (max-width: 800px) { .grid2, .tables.two { grid-template-columns: 1fr; } ul.config { columns: 1; } }
-"""
 
 def _delta(value: object, reference: object) -> str:
     if (isinstance(value, bool) or isinstance(reference, bool)
@@ -336,7 +289,7 @@ def render_report(results: Sequence[tuple[str, SimResult]], title: str, config_l
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body><main>",
+        f"<title>{_esc(title)}</title><style>{STYLESHEET}</style></head><body><main>",
         f'<header><h1>{_esc(title)}</h1><p class="sub">kvsched serving simulation report: {_esc(what)}</p>'
         "</header>",
         config,

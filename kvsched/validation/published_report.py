@@ -1,4 +1,4 @@
-"""The tables of docs/validation.md from ``kvsched.perf.validation``'s results.
+"""The tables of docs/validation.md from ``kvsched.validation.published``'s results.
 
     python benchmarks/validate_perf.py                      # every table, full Splitwise table last
     python benchmarks/validate_perf.py --update-doc docs/validation.md
@@ -23,7 +23,8 @@ from pathlib import Path
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.models import ModelSpec, get_model
 from kvsched.perf.step_time import KERNEL_LATENCY_S, KERNELS_PER_LAYER, BatchShape, ParallelConfig
-from kvsched.perf.validation import (
+from kvsched.validation.errors import rel_err
+from kvsched.validation.published import (
     DSR1,
     DSV3,
     FACTS,
@@ -38,7 +39,6 @@ from kvsched.perf.validation import (
     kernel_comparisons,
     kv_capacity_llama8b,
     pending_comparisons,
-    rel_err,
     serving_comparisons,
     simulate,
     splitwise_results,

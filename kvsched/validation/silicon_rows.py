@@ -1,57 +1,42 @@
-"""Real vLLM serving runs against kvsched's simulator and AIConfigurator's estimate.
+"""aiconfigurator-core's real vLLM serving rows, read and mapped to what kvsched runs.
 
 aiconfigurator-core ships ``systems/silicon_sample.csv``: measured serving
 points (mean TTFT and mean TPOT in ms) for vLLM, SGLang and TRT-LLM. This
 module reads its vLLM aggregated rows (one engine serves prefill and decode)
-and, for each row:
-
-* maps it to a kvsched deployment (:class:`~kvsched.sim.deployment.EngineOptions`)
-  and to the benchmark that measured it (:class:`ServingRun`), or says why it
-  cannot (:class:`Refusal`, never a silent drop);
-* simulates it as InferenceX's client ran it (:func:`simulate_row`): a closed
-  loop of CONC clients, ``10 × CONC`` counted requests after ``2 × CONC``
-  warm-ups, lengths uniform in [0.8, 1.0] × ISL / OSL, every request run to
-  its length, prefix caching off; the means are ``vllm bench serve``'s;
-* asks AIConfigurator (aiconfigurator-core's vLLM agg model, through its
-  core API) for its own estimate of the same row (:class:`AicEstimator`).
+and maps each to a kvsched deployment
+(:class:`~kvsched.sim.deployment.EngineOptions`) and to the benchmark that
+measured it (:class:`ServingRun`: InferenceX's client, a closed loop of CONC
+clients, ``10 × CONC`` counted requests after ``2 × CONC`` warm-ups, lengths
+uniform in [0.8, 1.0] × ISL / OSL, every request run to its length, prefix
+caching off; :func:`build_workloads`), or says why it cannot
+(:class:`Refusal`, never a silent drop). :mod:`kvsched.validation.silicon`
+simulates the runs; :mod:`kvsched.validation.aic_estimate` asks
+AIConfigurator for its estimate of the same rows.
 
 How the runs were made is in ``shared/facts/inferencex.md``; what is assumed
 where a row does not say is written next to each choice below.
-``benchmarks/validate_silicon.py`` runs every row and writes the tables of
-docs/validation.md.
 
 aiconfigurator-core is an optional dependency (``pip install -e ".[measured]"``);
-it is imported only when the data or an estimate is asked for.
+it is imported only when the data is asked for.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import importlib
 import importlib.util
 import re
-import statistics
-import time
 from array import array
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from kvsched.perf.hardware import get_hardware, resolve_hardware_id
 from kvsched.perf.models import catalog_match, get_model
-
-# The simulator runs the rows; it imports kvsched.perf, never this module, so
-# there is no cycle.
-from kvsched.sim.deployment import Deployment, EngineOptions, build_deployment, serve_defaults
-from kvsched.sim.dp import DPOptions, DPSimulator
-from kvsched.sim.rank import SimResult
-from kvsched.sim.refusals import split_refused
-from kvsched.sim.simulator import SimConfig, Simulator
+from kvsched.sim.deployment import EngineOptions, serve_defaults
 from kvsched.sim.workload import RandomRequests, Workload
 
 AIC_PACKAGE = "aiconfigurator_core"
@@ -455,318 +440,3 @@ def build_workloads(run: ServingRun) -> tuple[Workload, Workload]:
     warmup = _closed_loop("inferencex-warmup", [inputs[0]] * run.num_warmups,
                           [outputs[0]] * run.num_warmups, run.concurrency)
     return warmup, _closed_loop("inferencex-random", inputs, outputs, run.concurrency)
-
-
-# --------------------------------------------------------------------------
-# kvsched's prediction
-
-
-@dataclass(frozen=True, slots=True)
-class SimulatedRow:
-    """kvsched's prediction of a row with one step-time backend."""
-
-    backend: str
-    step_times: str          # what priced the steps (the deployment's own account)
-    deployment: str
-    mean_ttft_ms: float      # over the counted requests, as vllm bench serve's mean
-    mean_tpot_ms: float      # over counted requests with more than one output token
-    completed: int           # counted requests that finished (10 x CONC when none failed)
-    failed: int
-    warmups: int             # warm-up requests simulated first, not counted
-    warmup_duration_s: float
-    duration_s: float        # the counted phase, first send to last finish
-    num_preemptions: int
-    num_gpu_blocks: int
-    notes: tuple[str, ...]
-    wall_seconds: float
-
-
-def build_run_deployment(run: ServingRun, backend: str) -> tuple[Deployment, tuple[str, ...]] | Refusal:
-    """The deployment of ``run`` priced by ``backend``, or kvsched's refusal.
-
-    vllm serve's default ``max_model_len`` is the model's context; when the
-    KV cache cannot hold that, vLLM refuses to start unless ``--max-model-len``
-    is given, and the scripts' value is not recorded: the longest request the
-    run sends (ISL + OSL) is used then, with a note."""
-    options = dataclasses.replace(run.options, step_time_backend=backend)
-    try:
-        return build_deployment(options), ()
-    except ValueError as err:
-        if not str(err).startswith("max_model_len="):
-            return Refusal(f"deployment refused ({backend})", str(err))
-    longest = run.row.isl + run.row.osl
-    try:
-        deployment = build_deployment(dataclasses.replace(options, max_model_len=longest))
-    except ValueError as err:
-        return Refusal(f"deployment refused ({backend})", str(err))
-    return deployment, (f"max_model_len {longest} (ISL + OSL): the KV cache cannot hold the model's "
-                        "full context",)
-
-
-def _serve(deployment: Deployment, workload: Workload) -> SimResult:
-    config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
-                       fast_forward=True, keep_step_log=False)
-    accepted, refused = split_refused(workload, deployment.scheduler_config.max_model_len)
-    if accepted is None:
-        raise ValueError(f"every request of {workload.name} exceeds max_model_len")
-    dp = deployment.parallel.data_parallel_size
-    if dp == 1:
-        result = Simulator(config, accepted).run()
-    else:
-        result = DPSimulator(config, accepted, DPOptions(dp, lockstep=deployment.lockstep)).run().combined()
-    result.failed.extend(refused)
-    return result
-
-
-def simulate_row(run: ServingRun, backend: str = "roofline") -> SimulatedRow | Refusal:
-    """Simulate ``run`` as InferenceX's client ran it; the means are over the
-    counted requests only.
-
-    The warm-ups are a phase of their own, simulated first on a fresh engine,
-    then the counted requests on another fresh engine. That is the benchmark's
-    order: it awaits every warm-up before sending the first counted request,
-    so the engine is idle with an empty KV cache when they start. With prefix
-    caching off, nothing a warm-up leaves behind (the order of free KV blocks)
-    changes a later step's time, so a fresh engine serves the counted phase
-    as the warmed one would (data-parallel ranks would also carry the
-    router's rotating start index, which 2 × CONC routings bring back to 0
-    whenever CONC is a multiple of DP, as in every such row). Running them
-    as the first 2 × CONC requests of one workload instead would overlap
-    warm-ups with counted requests, which the benchmark never does.
-    """
-    t0 = time.perf_counter()
-    built = build_run_deployment(run, backend)
-    if isinstance(built, Refusal):
-        return built
-    deployment, notes = built
-    warmup_workload, workload = build_workloads(run)
-    warmup = _serve(deployment, warmup_workload)
-    if warmup.failed:
-        return Refusal("warm-up requests failed", f"{len(warmup.failed)}: {warmup.failed[0][1]}")
-    result = _serve(deployment, workload)
-    if not result.records:
-        return Refusal("no counted request completed", f"{len(result.failed)} failed: {result.failed[0][1]}")
-    m = result.metrics()
-    describe = getattr(deployment.step_model, "describe_backend", None)
-    return SimulatedRow(
-        backend=backend, step_times=describe() if callable(describe) else backend,
-        deployment=deployment.describe(), mean_ttft_ms=float(m["mean_ttft_ms"]),
-        mean_tpot_ms=float(m["mean_tpot_ms"]), completed=int(m["completed"]), failed=len(result.failed),
-        warmups=len(warmup.records), warmup_duration_s=warmup.duration, duration_s=result.duration,
-        num_preemptions=result.num_preemptions + warmup.num_preemptions,
-        num_gpu_blocks=deployment.cache_config.num_gpu_blocks, notes=run.notes + notes,
-        wall_seconds=time.perf_counter() - t0)
-
-
-# --------------------------------------------------------------------------
-# AIConfigurator's estimate
-
-# Model ids aiconfigurator resolves offline (its bundled model_configs/);
-# the CSV's own id is used otherwise.
-AIC_MODEL_PATHS: Mapping[str, str] = {
-    "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
-    "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",  # gemm fp8 from the row
-}
-# Rows whose quant labels name a format the checkpoint does not have:
-# gpt-oss's "nvfp4" is MXFP4 (experts only), Kimi-K2.5's "int4_wo" covers its
-# experts, not every GEMM. Their labels are dropped so aiconfigurator reads
-# the checkpoint's own quantization config (which it then prices).
-AIC_CHECKPOINT_QUANT: frozenset[tuple[str, str | None]] = frozenset({
-    ("openai/gpt-oss-120b", "fp4"), ("moonshotai/Kimi-K2.5", "int4")})
-
-
-@dataclass(frozen=True, slots=True)
-class AicEstimate:
-    ttft_ms: float
-    tpot_ms: float
-    database_version: str
-    wall_seconds: float
-
-
-def _aic_modules() -> dict[str, Any]:
-    """aiconfigurator-core's SDK modules, imported on first use (typed Any:
-    the package ships no stubs kvsched's strict typing could check)."""
-    if importlib.util.find_spec(AIC_PACKAGE) is None:
-        raise ModuleNotFoundError("aiconfigurator-core is not installed: AIConfigurator's estimates come "
-                                  f"from it; install it with {INSTALL_HINT}")
-    names = {"models": "sdk.models", "helpers": "sdk.models.helpers", "db": "sdk.perf_database",
-             "backends": "sdk.backends.factory", "builders": "sdk.config_builders", "config": "sdk.config"}
-    return {key: importlib.import_module(f"{AIC_PACKAGE}.{mod}") for key, mod in names.items()}
-
-
-class AicEstimator:
-    """AIConfigurator's own estimate of a row: what its ``cli_estimate(mode="agg",
-    backend_name="vllm")`` computes, through aiconfigurator-core alone.
-
-    The row's columns are passed as aiconfigurator reads them (tp,
-    attention-DP, moe_tp / moe_ep, ``batch_size`` per DP rank, ISL / OSL,
-    ``ctx_tokens`` = ISL), with the CSV's quant labels (except
-    :data:`AIC_CHECKPOINT_QUANT`) and the KV dtype the row's server flags set.
-    Databases are cached per system and built models per (model, system,
-    layout, quant); each model gets its own backend object, because a
-    backend's result cache is keyed by (ISL, OSL, batch, ctx_tokens) only and
-    would return another model's result.
-    """
-
-    def __init__(self) -> None:
-        self._aic = _aic_modules()
-        self._dbs: dict[str, tuple[Any, str] | Refusal] = {}
-        self._models: dict[tuple[Any, ...], tuple[Any, Any] | Refusal] = {}
-        # Seconds spent loading databases, building models and estimating.
-        self.timings: dict[str, float] = {"database": 0.0, "model": 0.0, "estimate": 0.0}
-
-    def _database(self, system: str) -> tuple[Any, str] | Refusal:
-        cached = self._dbs.get(system)
-        if cached is None:
-            t0 = time.perf_counter()
-            db_mod = self._aic["db"]
-            version = db_mod.get_latest_database_version(system=system, backend="vllm")
-            database = db_mod.get_database(system, "vllm", version) if version else None
-            cached = (Refusal("no AIConfigurator vLLM database for the system", system) if database is None
-                      else (database, str(version)))
-            self._dbs[system] = cached
-            self.timings["database"] += time.perf_counter() - t0
-        return cached
-
-    def _model(self, row: SiliconRow, path: str, database: Any) -> tuple[Any, Any] | Refusal:
-        relabel = (row.model_path, row.precision) in AIC_CHECKPOINT_QUANT
-        gemm = None if relabel else row.gemm_quant_mode
-        moe = None if relabel else row.moe_quant_mode
-        kv = server_flags(row).kv_cache_dtype
-        kv_mode = None if kv == "auto" else kv
-        key = (path, row.system, row.tp_size, row.attention_dp_size, row.moe_tp_size, row.moe_ep_size,
-               gemm, moe, kv_mode)
-        cached = self._models.get(key)
-        if cached is not None:
-            return cached
-        t0 = time.perf_counter()
-        aic = self._aic
-        helpers = aic["helpers"]
-        try:
-            if helpers.check_is_moe(path):
-                layout = aic["config"].ModelConfig(
-                    tp_size=row.tp_size, attention_dp_size=row.attention_dp_size,
-                    moe_tp_size=row.moe_tp_size, moe_ep_size=row.moe_ep_size)
-                moe_tp, moe_ep = layout.resolve_moe_parallelism()
-            else:
-                moe_tp, moe_ep = 1, 1  # unused by a dense model; the CSV repeats tp or has 0 there
-            config = aic["builders"].build_model_config(
-                row.tp_size, row.pp_size, row.attention_dp_size, moe_tp, moe_ep,
-                gemm_quant_mode=gemm, moe_quant_mode=moe, kvcache_quant_mode=kv_mode)
-            # The same resolution steps as aiconfigurator's cli_estimate, in its order.
-            helpers.resolve_context_fmha_by_data(config, path, database, "vllm", is_context_role=True)
-            helpers.resolve_dsv4_moe_arch(config, path, system_name=row.system, backend_name="vllm")
-            helpers.resolve_nvfp4_for_system(config, row.system, path, backend_name="vllm")
-            model = aic["models"].get_model(path, config, "vllm")
-            cached = (model, aic["backends"].get_backend("vllm"))
-        except Exception as err:  # aiconfigurator raises many kinds; each becomes this row's reason
-            cached = _aic_refusal(err)
-        self._models[key] = cached
-        self.timings["model"] += time.perf_counter() - t0
-        return cached
-
-    def estimate(self, row: SiliconRow) -> AicEstimate | Refusal:
-        t0 = time.perf_counter()
-        db = self._database(row.system)
-        if isinstance(db, Refusal):
-            return db
-        database, version = db
-        path = AIC_MODEL_PATHS.get(row.model_path, row.model_path)
-        built = self._model(row, path, database)
-        if isinstance(built, Refusal):
-            return built
-        model, backend = built
-        t1 = time.perf_counter()
-        try:
-            runtime = self._aic["config"].RuntimeConfig(batch_size=row.batch_size, isl=row.isl, osl=row.osl)
-            summary = backend.run_agg(model, database, runtime, ctx_tokens=row.isl)
-            if summary.check_oom():
-                # cli_estimate raises for these: no estimate.
-                return Refusal("AIC: does not fit in GPU memory (OOM)",
-                               f"tp {row.tp_size}, attention-DP {row.attention_dp_size}")
-            result = summary.get_result_dict()
-        except Exception as err:  # as above: the reason is the row's result
-            return _aic_refusal(err)
-        finally:
-            self.timings["estimate"] += time.perf_counter() - t1
-        if not result:
-            return Refusal("AIC: no result", "run_agg returned none")
-        return AicEstimate(float(result["ttft"]), float(result["tpot"]), version, time.perf_counter() - t0)
-
-
-def _aic_refusal(err: Exception) -> Refusal:
-    message = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    kind = type(err).__name__
-    if kind == "PerfDataNotAvailableError":
-        # "perf database error: GEMM perf data missing for quant 'nvfp4_wo' at <path> ..."
-        what = re.search(r"(\w+) (?:perf )?data missing for (?:MoeKey \{ )?quant:? '?\"?(\w+)", message)
-        reason = f"AIC: no {what.group(1)} data for {what.group(2)}" if what else "AIC: perf data missing"
-        return Refusal(reason, message[:300])
-    if "width mismatch" in message:
-        return Refusal("AIC: parallelism columns disagree (tp x dp != moe_tp x moe_ep)", message[:300])
-    return Refusal(f"AIC: {kind}", message[:300])
-
-
-# --------------------------------------------------------------------------
-# Errors
-
-
-def rel_err(predicted: float, measured: float) -> float:
-    """(predicted - measured) / measured: negative = predicts less time than measured."""
-    return (predicted - measured) / measured
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorStats:
-    n: int
-    mape: float          # mean |error|
-    median_abs: float    # median |error|
-    bias: float          # mean signed error
-
-    @classmethod
-    def of(cls, errors: Sequence[float]) -> ErrorStats:
-        if not errors:
-            raise ValueError("ErrorStats.of: no errors to summarise")
-        absolute = [abs(e) for e in errors]
-        return cls(len(errors), statistics.fmean(absolute), statistics.median(absolute),
-                   statistics.fmean(errors))
-
-
-CONCURRENCY_BANDS: tuple[tuple[str, int, int | None], ...] = (
-    ("1-8", 1, 8), ("9-64", 9, 64), ("65+", 65, None))
-
-
-def concurrency_band(concurrency: int) -> str:
-    for label, low, high in CONCURRENCY_BANDS:
-        if concurrency >= low and (high is None or concurrency <= high):
-            return label
-    raise ValueError(f"concurrency={concurrency!r}: must be >= 1")
-
-
-@dataclass(slots=True)
-class RowResult:
-    """Everything the validation knows about one row."""
-
-    row: SiliconRow
-    run: ServingRun | Refusal
-    kvsched: dict[str, SimulatedRow | Refusal] = field(default_factory=dict)
-    aic: AicEstimate | Refusal | None = None   # None: not asked for
-
-
-def evaluate_row(row: SiliconRow, backends: Sequence[str], aic: AicEstimator | None,
-                 on_backend: Callable[[str, float], None] | None = None) -> RowResult:
-    """Map, simulate with each backend and ask AIConfigurator, for one row.
-    ``on_backend(name, seconds)`` is told how long each part took."""
-    run = map_row(row)
-    out = RowResult(row, run)
-    for backend in backends:
-        t0 = time.perf_counter()
-        out.kvsched[backend] = run if isinstance(run, Refusal) else simulate_row(run, backend)
-        if on_backend:
-            on_backend(backend, time.perf_counter() - t0)
-    if aic is not None:
-        t0 = time.perf_counter()
-        out.aic = aic.estimate(row)
-        if on_backend:
-            on_backend("aic", time.perf_counter() - t0)
-    return out

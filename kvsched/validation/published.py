@@ -4,7 +4,7 @@ Reads the facts directory (``splitwise_perf_model.csv`` and the serving and
 kernel figures of ``measurements.md`` / ``hardware.md``, transcribed below) and
 returns, for every comparison, the model's prediction, the measurement and what
 differs between the two set-ups. The efficiency factors are the catalog's;
-nothing here is tuned to the data. ``kvsched.perf.validation_report`` turns the
+nothing here is tuned to the data. ``kvsched.validation.published_report`` turns the
 results into the tables of docs/validation.md (``benchmarks/validate_perf.py``
 runs it).
 
@@ -27,11 +27,9 @@ from kvsched.perf.hardware import get_hardware
 from kvsched.perf.memory import plan_memory
 from kvsched.perf.models import get_model
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
-
-# The simulator runs the serving comparisons; it imports kvsched.perf, never
-# this module, so there is no cycle.
 from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import random_workload
+from kvsched.validation.errors import rel_err
 
 REPO = Path(__file__).resolve().parents[2]
 FACTS = Path(os.environ.get("KVSCHED_FACTS_DIR") or next(
@@ -105,10 +103,6 @@ class SplitwiseResult:
         if "derived" in self.flags:
             return name == "prompt"
         return not (name == "e2e" and any(f.startswith("stopped@") for f in self.flags))
-
-
-def rel_err(predicted: float, measured: float) -> float:
-    return (predicted - measured) / measured
 
 
 def load_splitwise(path: Path) -> list[SplitwiseGroup]:

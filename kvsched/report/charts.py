@@ -1,4 +1,4 @@
-"""Charts for the simulation report, drawn as inline SVG.
+"""Charts for kvsched's HTML pages, drawn as inline SVG.
 
 :func:`svg_chart` draws one line/area chart (frame, grid, ticks, labels,
 legend); :func:`latency_charts` and :func:`time_charts` turn

@@ -1,47 +1,32 @@
-"""kvsched.perf.silicon: aiconfigurator-core's real vLLM serving rows, their
-mapping to kvsched deployments and InferenceX's client, one simulated row,
-and AIConfigurator's own estimate.
+"""kvsched.validation.silicon_rows: aiconfigurator-core's real vLLM serving rows,
+their mapping to kvsched deployments and InferenceX's client.
 
 Expected values are read off silicon_sample.csv and shared/facts/inferencex.md
 by hand, not computed by the code under test. aiconfigurator-core must be
-installed (the dev extra has it): nothing here skips without it.
+installed (the dev extra has it): nothing here skips without it. The rows
+come from the ``rows`` / ``by_id`` fixtures of conftest.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import io
-import sys
 from collections import Counter
-from contextlib import redirect_stderr, redirect_stdout
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from kvsched.perf import silicon
-from kvsched.perf.silicon import (
-    AicEstimate,
-    AicEstimator,
-    ErrorStats,
+from kvsched.sim.deployment import build_deployment
+from kvsched.validation import silicon_rows
+from kvsched.validation.silicon_rows import (
     Parallelism,
     Refusal,
     ServingRun,
     SiliconRow,
-    SimulatedRow,
-    build_run_deployment,
     build_workloads,
-    concurrency_band,
     inferencex_lengths,
-    load_rows,
     map_row,
     read_parallelism,
-    simulate_row,
 )
-from kvsched.sim.deployment import build_deployment
-
-REPO = Path(__file__).resolve().parents[2]
 
 LLAMA70_H100 = "2026_04_06_llama_3_1_70b_h100_sxm_vllm_fp8_agg_1024x1024_c16_tp4_ep1_260"
 GPTOSS_B200 = "2026_03_25_gpt_oss_120b_b200_sxm_vllm_fp4_agg_1024x8192_c16_tp2_0_ep1_0_613"
@@ -52,21 +37,6 @@ QWEN235_TP1 = "qwen_qwen3_235b_a22b_fp8_qwen_qwen3_235b_a22b_fp8_h200_sxm_vllm_a
 QWEN235_EP2 = "qwen_qwen3_235b_a22b_fp8_qwen_qwen3_235b_a22b_fp8_h200_sxm_vllm_agg_2000x500_c16_tp2_epnone_16"
 LLAMA8_H200 = ("nvidia_llama_3_1_8b_instruct_fp8_nvidia_llama_3_1_8b_instruct_fp8_h200_sxm_vllm_agg_"
                "1000x100_c112_tp1_epnone_1")
-
-
-@pytest.fixture(scope="module")
-def rows() -> list[SiliconRow]:
-    return load_rows()
-
-
-@pytest.fixture(scope="module")
-def by_id(rows: list[SiliconRow]) -> dict[str, SiliconRow]:
-    return {r.id: r for r in rows}
-
-
-@pytest.fixture(scope="module")
-def aic() -> AicEstimator:
-    return AicEstimator()
 
 
 def mapped(row: SiliconRow) -> ServingRun:
@@ -109,9 +79,7 @@ def test_concurrency_is_the_clients_not_the_per_rank_batch(by_id: dict[str, Sili
 def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ModuleNotFoundError, match=r'pip install -e "\.\[measured\]"'):
-        silicon.silicon_csv_path()
-    with pytest.raises(ModuleNotFoundError, match=r'pip install -e "\.\[measured\]"'):
-        AicEstimator()
+        silicon_rows.silicon_csv_path()
 
 
 # -- mapping -----------------------------------------------------------------------
@@ -216,21 +184,6 @@ def test_precision_labels_map_to_checkpoint_formats(
     assert (d.runtime.dtype, d.runtime.quantized_layers, d.runtime.kv_cache_dtype) == (weights, layers, kv)
 
 
-def test_4_bit_rows_are_priced_by_both_backends(by_id: dict[str, SiliconRow]) -> None:
-    for backend in ("roofline", "measured"):
-        result = simulate_row(mapped(by_id[GPTOSS_B200]), backend)
-        assert isinstance(result, SimulatedRow), result
-        assert "(mxfp4)" in result.deployment
-
-
-def test_backend_is_passed_to_the_engine_options(by_id: dict[str, SiliconRow]) -> None:
-    run = mapped(by_id[LLAMA70_H100])
-    for backend in ("roofline", "measured"):
-        built = build_run_deployment(run, backend)
-        assert not isinstance(built, Refusal)
-        assert built[0].step_model.backend == backend
-
-
 # -- the client --------------------------------------------------------------------
 
 
@@ -252,84 +205,3 @@ def test_warmups_copy_the_first_request(by_id: dict[str, SiliconRow]) -> None:
     assert {(r.num_prompt_tokens, r.output_len) for r in warmup.requests} == {
         (first.num_prompt_tokens, first.output_len)}
     assert all(r.arrival_time == 0.0 for r in counted.requests)
-
-
-# -- one row end to end ------------------------------------------------------------
-
-
-def test_one_row_simulated_warmups_excluded(by_id: dict[str, SiliconRow]) -> None:
-    run = mapped(by_id[QWEN32_C8])          # CONC 8, 1024 in / 128 out, TP2 H100
-    result = simulate_row(run, "roofline")
-    assert isinstance(result, SimulatedRow), result
-    assert result.completed == 80 and result.failed == 0       # 10 x CONC counted
-    assert result.warmups == 16                                # 2 x CONC, simulated first
-    assert result.warmup_duration_s > 0 and result.duration_s > 0
-    assert result.mean_ttft_ms > 0 and result.mean_tpot_ms > 0
-    assert result.num_gpu_blocks > 0 and "roofline" in result.step_times
-
-
-# -- AIConfigurator ----------------------------------------------------------------
-
-
-def test_aic_estimate_of_a_known_row(by_id: dict[str, SiliconRow], aic: AicEstimator) -> None:
-    estimate = aic.estimate(by_id[QWEN32_C8])
-    assert isinstance(estimate, AicEstimate), estimate
-    # aiconfigurator's cli_estimate gave 161.9 / 17.25 ms for this row (survey of
-    # aiconfigurator-core 0.12.0, run separately with the upper aiconfigurator package).
-    assert estimate.ttft_ms == pytest.approx(161.9, abs=0.05)
-    assert estimate.tpot_ms == pytest.approx(17.25, abs=0.005)
-    assert estimate.database_version == "0.24.0"
-
-
-def test_aic_refusals_are_reasons(by_id: dict[str, SiliconRow], aic: AicEstimator) -> None:
-    refusal = aic.estimate(by_id[QWEN235_TP1])    # moe_tp 2 with tp 1
-    assert isinstance(refusal, Refusal)
-    assert refusal.reason == "AIC: parallelism columns disagree (tp x dp != moe_tp x moe_ep)"
-
-
-# -- errors ------------------------------------------------------------------------
-
-
-def test_error_stats_and_bands() -> None:
-    s = ErrorStats.of([0.1, -0.3, 0.2])
-    assert s.n == 3
-    assert s.mape == pytest.approx(0.2) and s.median_abs == pytest.approx(0.2)
-    assert s.bias == pytest.approx(0.0)
-    assert [concurrency_band(c) for c in (1, 8, 9, 64, 65, 512)] == ["1-8", "1-8", "9-64", "9-64",
-                                                                     "65+", "65+"]
-    with pytest.raises(ValueError, match="concurrency=0"):
-        concurrency_band(0)
-    with pytest.raises(ValueError, match="no errors"):
-        ErrorStats.of([])
-
-
-# -- the benchmark script ----------------------------------------------------------
-
-
-def _script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    path = REPO / "benchmarks" / "validate_silicon.py"
-    spec = importlib.util.spec_from_file_location("validate_silicon", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    # Its dataclasses look their module up while the file runs; removed after the test.
-    monkeypatch.setitem(sys.modules, "validate_silicon", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_script_reports_and_updates_the_doc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script = _script(monkeypatch)
-    doc = tmp_path / "doc.md"
-    doc.write_text(f"# t\n\n{script.BEGIN}\nold\n{script.END}\n\nafter\n", encoding="utf-8")
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        assert script.main(["--system", "h100_sxm", "--model", "qwen3-32b", "--limit", "2", "--no-aic",
-                            "--no-progress", "--json", str(tmp_path / "r.json"),
-                            "--update-doc", str(doc)]) == 0
-    text = doc.read_text(encoding="utf-8")
-    assert "old" not in text and text.endswith(f"{script.END}\n\nafter\n")
-    # Both backends by default: two rows, two predictions each.
-    assert "| all | kvsched roofline | 2 |" in text and "| all | kvsched measured | 2 |" in text
-    assert (tmp_path / "r.json").read_text(encoding="utf-8").count('"mean_ttft_ms"') == 4
-    with pytest.raises(ValueError, match="--system='a100_sxm'"):
-        script.main(["--system", "a100_sxm", "--no-aic"])

@@ -23,8 +23,7 @@ from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.models import get_model
 from kvsched.perf.step_time import StepTimeModel
-from kvsched.sim.metrics import RequestRecord, SampleAccumulator
-from kvsched.sim.report import (
+from kvsched.report.simulate_page import (
     MAX_CDF_POINTS,
     MAX_TIME_BUCKETS,
     PALETTE,
@@ -34,6 +33,7 @@ from kvsched.sim.report import (
     render_report,
     write_report,
 )
+from kvsched.sim.metrics import RequestRecord, SampleAccumulator
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator, StepLog
 from kvsched.sim.workload import random_workload
 
@@ -432,14 +432,3 @@ def test_renders_in_headless_chromium(tmp_path: Path, small: SimResult, roomy: S
     for colour in PALETTE[:2]:
         painted = int(counts[colours == int(colour[1:], 16)].sum())
         assert painted > 500, f"{colour}: {painted} pixels"
-
-
-def test_charts_draw_without_the_page() -> None:
-    # charts.py draws; report.py assembles the page around what it draws.
-    from kvsched.sim import charts, report
-
-    svg = charts.svg_chart("demo", [charts.Series("s", np.array([0.0, 1.0, 2.0]), np.array([1.0, 3.0, 2.0]),
-                                                  charts.PALETTE[0])],
-                           charts.Axis("x"), charts.Axis("y"))
-    assert svg.startswith('<svg class="chart" data-chart="demo"') and "<polyline" in svg
-    assert not hasattr(report, "svg_chart") and not hasattr(report, "Series")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from kvsched.perf.silicon import Refusal, ServingRun, load_rows, map_row, simulate_row
+from kvsched.validation.silicon import simulate_row
+from kvsched.validation.silicon_rows import Refusal, ServingRun, load_rows, map_row
 
 SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm")
 MAX_CONCURRENCY = 16

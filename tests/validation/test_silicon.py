@@ -1,0 +1,112 @@
+"""kvsched.validation.silicon: a real vLLM serving row simulated as InferenceX's
+client ran it, each step-time backend, the concurrency bands, and the
+benchmark script that runs every row (benchmarks/validate_silicon.py).
+
+aiconfigurator-core must be installed (the dev extra has it): nothing here
+skips without it. The rows come from conftest.py's ``by_id`` fixture.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kvsched.validation.silicon import SimulatedRow, build_run_deployment, concurrency_band, simulate_row
+from kvsched.validation.silicon_rows import (
+    Refusal,
+    ServingRun,
+    SiliconRow,
+    map_row,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+LLAMA70_H100 = "2026_04_06_llama_3_1_70b_h100_sxm_vllm_fp8_agg_1024x1024_c16_tp4_ep1_260"
+GPTOSS_B200 = "2026_03_25_gpt_oss_120b_b200_sxm_vllm_fp4_agg_1024x8192_c16_tp2_0_ep1_0_613"
+QWEN32_C8 = "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_vllm_agg_1024x128_c8_tp2_epnone_1"
+
+
+def mapped(row: SiliconRow) -> ServingRun:
+    run = map_row(row)
+    assert isinstance(run, ServingRun), run
+    return run
+
+
+# -- each step-time backend ------------------------------------------------------
+
+
+def test_4_bit_rows_are_priced_by_both_backends(by_id: dict[str, SiliconRow]) -> None:
+    for backend in ("roofline", "measured"):
+        result = simulate_row(mapped(by_id[GPTOSS_B200]), backend)
+        assert isinstance(result, SimulatedRow), result
+        assert "(mxfp4)" in result.deployment
+
+
+def test_backend_is_passed_to_the_engine_options(by_id: dict[str, SiliconRow]) -> None:
+    run = mapped(by_id[LLAMA70_H100])
+    for backend in ("roofline", "measured"):
+        built = build_run_deployment(run, backend)
+        assert not isinstance(built, Refusal)
+        assert built[0].step_model.backend == backend
+
+
+# -- one row end to end ------------------------------------------------------------
+
+
+def test_one_row_simulated_warmups_excluded(by_id: dict[str, SiliconRow]) -> None:
+    run = mapped(by_id[QWEN32_C8])          # CONC 8, 1024 in / 128 out, TP2 H100
+    result = simulate_row(run, "roofline")
+    assert isinstance(result, SimulatedRow), result
+    assert result.completed == 80 and result.failed == 0       # 10 x CONC counted
+    assert result.warmups == 16                                # 2 x CONC, simulated first
+    assert result.warmup_duration_s > 0 and result.duration_s > 0
+    assert result.mean_ttft_ms > 0 and result.mean_tpot_ms > 0
+    assert result.num_gpu_blocks > 0 and "roofline" in result.step_times
+
+
+# -- concurrency bands -------------------------------------------------------------
+
+
+def test_concurrency_bands() -> None:
+    assert [concurrency_band(c) for c in (1, 8, 9, 64, 65, 512)] == ["1-8", "1-8", "9-64", "9-64",
+                                                                     "65+", "65+"]
+    with pytest.raises(ValueError, match="concurrency=0"):
+        concurrency_band(0)
+
+
+# -- the benchmark script ----------------------------------------------------------
+
+
+def _script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    path = REPO / "benchmarks" / "validate_silicon.py"
+    spec = importlib.util.spec_from_file_location("validate_silicon", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    # Its dataclasses look their module up while the file runs; removed after the test.
+    monkeypatch.setitem(sys.modules, "validate_silicon", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_script_reports_and_updates_the_doc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _script(monkeypatch)
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# t\n\n{script.BEGIN}\nold\n{script.END}\n\nafter\n", encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        assert script.main(["--system", "h100_sxm", "--model", "qwen3-32b", "--limit", "2", "--no-aic",
+                            "--no-progress", "--json", str(tmp_path / "r.json"),
+                            "--update-doc", str(doc)]) == 0
+    text = doc.read_text(encoding="utf-8")
+    assert "old" not in text and text.endswith(f"{script.END}\n\nafter\n")
+    # Both backends by default: two rows, two predictions each.
+    assert "| all | kvsched roofline | 2 |" in text and "| all | kvsched measured | 2 |" in text
+    assert (tmp_path / "r.json").read_text(encoding="utf-8").count('"mean_ttft_ms"') == 4
+    with pytest.raises(ValueError, match="--system='a100_sxm'"):
+        script.main(["--system", "a100_sxm", "--no-aic"])
