@@ -18,7 +18,6 @@ from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Sch
 from kvsched.core.output import SchedulerOutput
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.step_time import StepTimeModel
-from kvsched.sim import workload as workload_module
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator
 from kvsched.sim.workload import (
     HASH_BLOCK_TOKEN_BASE,
@@ -28,6 +27,7 @@ from kvsched.sim.workload import (
     prompt_shares_nothing,
     random_workload,
 )
+from kvsched.sim.workload import model as workload_module
 
 SHARED_TOKENS = (1, 2)  # shared-prefix tokens, as the random dataset's
 # Configs, and per request: arrival step, its output token, keyed and hashed copies.

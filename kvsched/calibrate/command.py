@@ -1,0 +1,132 @@
+"""``kvsched calibrate``: the command line (flags, checks, output)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+from kvsched.calibrate.fit import DEFAULT_MAX_ITERATIONS, Calibrator
+from kvsched.calibrate.loss import DEFAULT_GROUPS, MIN_GROUP
+from kvsched.calibrate.replay import check_run, require_measured
+from kvsched.calibrate.report import format_report, provenance
+from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
+from kvsched.calibrate.terms import format_term, parse_fit_names
+from kvsched.perf.host import DEFAULT_FILE, TERMS, load_host_terms, save_host_terms
+
+DEFAULT_OUTPUT = "calibration.json"
+
+
+
+def engine_flags(args: argparse.Namespace) -> str:
+    """The engine flags given (those not at their defaults), as a command line."""
+    from kvsched.sim.command import add_engine_arguments
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_engine_arguments(p)
+    parts: list[str] = []
+    for action in p._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        flag = action.option_strings[0]
+        if isinstance(value, bool):
+            parts.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts) if parts else "defaults"
+
+
+def add_calibrate_parser(sub: Any) -> None:
+    from kvsched.sim.command import add_engine_arguments
+
+    p = sub.add_parser(
+        "calibrate", help="fit the measured backend's host terms to real serving runs",
+        description="Fit the measured step-time backend's host terms (kvsched.perf.host) to serving "
+                    "runs of one deployment, given as simulate's engine flags; write a file for "
+                    "simulate/compare --calibration. Here --calibration FILE gives the start values "
+                    "(and the terms not fitted). See docs/calibrate.md.")
+    add_engine_arguments(p)
+    g = p.add_argument_group("calibration")
+    g.add_argument("--bench", action="append", default=[], metavar="FILE.json",
+                   help="a vllm bench serve --save-result --save-detailed JSON (or kvsched simulate's) "
+                        "to fit on (repeatable)")
+    g.add_argument("--requests", action="append", default=[], metavar="FILE.jsonl",
+                   help="per-request JSON lines: arrival_time, first_token_time, last_token_time, "
+                        "prompt_tokens, output_tokens (repeatable)")
+    g.add_argument("--held-out", action="append", default=[], metavar="FILE",
+                   help="a run of the same deployment (either format) only to judge the fit on "
+                        "(repeatable)")
+    g.add_argument("--fit", metavar="TERMS",
+                   help=f"comma-separated terms to fit (default: all of {', '.join(TERMS)}; dp_sync_s "
+                        "only with --data-parallel-size > 1); the others keep their start values")
+    g.add_argument("--output", "-o", default=DEFAULT_OUTPUT, metavar="FILE.json",
+                   help="where to write the fitted terms (default: %(default)s)")
+    g.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
+                   help="the loss compares mean TTFT and TPOT over at most this many groups of "
+                        f"requests of similar length per run, of {MIN_GROUP} requests at least "
+                        "(1: each run's means; default: %(default)s)")
+    g.add_argument("--max-iterations", type=int, default=DEFAULT_MAX_ITERATIONS,
+                   help="Levenberg-Marquardt iterations at most (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=VLLM_DEFAULT_SEED,
+                   help="the runs' vllm bench serve --seed, to redraw the arrival times of a finite "
+                        "--request-rate run whose file has neither start_times nor a seed "
+                        "(default: %(default)s, vLLM's)")
+    g.add_argument("--served-model-name", metavar="NAME",
+                   help="the name the runs' files give the model (vllm serve --served-model-name), "
+                        "taken as the deployment's model")
+    g.add_argument("--vllm-version", help="the vLLM version of the runs, recorded in the file "
+                                          "(default: the start file's)")
+    p.set_defaults(func=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from kvsched.sim.command import check_output_path, make_deployment
+
+    if not args.bench and not args.requests:
+        raise ValueError("calibrate needs a run to fit on: --bench FILE.json (vllm bench serve "
+                         "--save-result --save-detailed) or --requests FILE.jsonl")
+    if args.max_iterations < 1:
+        raise ValueError(f"--max-iterations={args.max_iterations}: must be at least 1")
+    if args.groups < 1:
+        raise ValueError(f"--groups={args.groups}: must be at least 1 (1: each run's means)")
+    if args.seed < 0:
+        raise ValueError(f"--seed={args.seed}: must be >= 0 (vllm bench serve's --seed)")
+    if args.step_time_backend == "roofline":
+        raise ValueError("--step-time-backend roofline: calibrate fits the measured backend's host "
+                         "terms; use --step-time-backend measured (or auto)")
+    check_output_path("--output", args.output)
+    # auto falls back to the roofline where the tables do not reach; the
+    # Replayer then says why measured kernels cannot price this deployment.
+    deployment = make_deployment(args)
+    require_measured(deployment)
+    fitted = parse_fit_names(args.fit, deployment.parallel.data_parallel_size)
+    runs = [load_run(p, "bench", seed=args.seed) for p in args.bench]
+    runs += [load_run(p, "requests", seed=args.seed) for p in args.requests]
+    held = [load_run(p, "auto", seed=args.seed) for p in args.held_out]
+    for run in [*runs, *held]:
+        check_run(run, deployment, args.served_model_name)
+    start = load_host_terms(args.calibration) if args.calibration else load_host_terms(DEFAULT_FILE)
+    print(f"Calibrating {', '.join(fitted)} for {deployment.describe()}.", flush=True)
+    print(f"Start: {args.calibration or 'the fitted default'} ({', '.join(f'{n} {format_term(n, v)}' for n, v in start.terms().items())}).")  # noqa: E501
+    for run in runs:
+        print(f"fit on   {run.describe()}")
+    for run in held:
+        print(f"held out {run.describe()}")
+    calibrator = Calibrator(deployment, runs, start, fitted, held_out=held, args=args,
+                            groups=args.groups, out=lambda line: print(line, flush=True))
+    c = calibrator.run(args.max_iterations)
+    fit_files = [*args.bench, *args.requests]
+    c.terms = dataclasses.replace(
+        c.terms, hardware_class=deployment.hardware.id,
+        vllm_version=args.vllm_version or start.vllm_version,
+        provenance=provenance(c, fit_files, args.held_out, engine_flags(args),
+                              args.calibration or f"the default {DEFAULT_FILE.name}"))
+    print(format_report(c))
+    save_host_terms(c.terms, args.output)
+    print(f"wrote {args.output}: use it with kvsched simulate/compare --calibration {args.output}")
+    sys.stdout.flush()
+    return 0

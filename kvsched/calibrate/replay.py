@@ -1,0 +1,149 @@
+"""Replaying an observed run on one deployment with any host terms: the run
+as a workload, the simulator's latencies of each request, and the checks that
+a run can be of this deployment."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from kvsched.calibrate.run_files import ObservedRun
+from kvsched.perf.host import HostTerms
+from kvsched.perf.measured import MeasuredStepTimeModel
+from kvsched.perf.models import catalog_match
+from kvsched.sim.deployment import Deployment
+from kvsched.sim.simulator import SimConfig, SimResult
+from kvsched.sim.workload import UNIQUE_TOKEN_BASE, Workload, WorkloadRequest
+
+FloatArray = npt.NDArray[np.float64]
+
+
+
+def workload_of(run: ObservedRun) -> Workload:
+    """The run's requests as the simulator sends them: ``cal-i`` is the i-th
+    completed request, its prompt private (random prompts share nothing)."""
+    requests = tuple(
+        WorkloadRequest(f"cal-{i}", t, ((UNIQUE_TOKEN_BASE + i, inp),), out)
+        for i, (t, inp, out) in enumerate(zip(run.arrivals, run.input_lens, run.output_lens)))
+    return Workload("calibrate", requests, run.max_concurrency)
+
+
+@dataclass(slots=True)
+class SimulatedLatencies:
+    """The simulator's TTFT and TPOT of every request of a run (seconds, in
+    the run's order; TPOT NaN for a one-token output)."""
+
+    ttfts: FloatArray
+    tpots: FloatArray
+
+
+def latencies_of(result: SimResult, n: int) -> SimulatedLatencies:
+    records = result.records
+    ttfts = np.full(n, np.nan)
+    tpots = np.full(n, np.nan)
+    for rid, sent, first, finish, outs in zip(records.request_id, records.send_time,
+                                              records.first_token_time, records.finish_time,
+                                              records.num_output_tokens):
+        i = int(rid[4:])
+        ttfts[i] = first - sent
+        if outs > 1:
+            tpots[i] = (finish - first) / (outs - 1)
+    if result.failed or np.isnan(ttfts).any():
+        rid, why = result.failed[0] if result.failed else ("?", "not finished")
+        raise RuntimeError(f"the replay did not complete every request ({rid}: {why})")
+    return SimulatedLatencies(ttfts, tpots)
+
+
+def require_measured(deployment: Deployment) -> None:
+    if not isinstance(deployment.step_model, MeasuredStepTimeModel):
+        raise ValueError("calibrate fits the measured backend's host terms, but this deployment's "
+                         f"steps are priced by {deployment.step_model.describe_backend()}; calibrate "
+                         "a deployment the measured tables cover (GPUs h100-sxm, h200, b200)")
+
+
+class Replayer:
+    """Replays runs on one deployment with any host terms."""
+
+    def __init__(self, deployment: Deployment, args: argparse.Namespace | None = None) -> None:
+        require_measured(deployment)
+        self.deployment = deployment
+        if args is None:
+            args = default_engine_args()
+        # simulate's runner reads the DP and admission flags; no step trace here.
+        self.args = copy.copy(args)
+        self.args.trace_steps = None
+        self.simulations = 0
+        self._workloads: dict[int, tuple[ObservedRun, Workload]] = {}
+
+    def deployment_with(self, terms: HostTerms) -> Deployment:
+        d = self.deployment
+        model = MeasuredStepTimeModel(d.model, d.hardware, d.parallel, d.runtime, terms)
+        return dataclasses.replace(d, step_model=model)
+
+    def simulate(self, run: ObservedRun, terms: HostTerms) -> SimulatedLatencies:
+        from kvsched.sim.command import run_deployment
+
+        # Built once per run; the run is kept with it so that its id is not
+        # reused by another run while the entry lives.
+        cached = self._workloads.get(id(run))
+        if cached is None or cached[0] is not run:
+            cached = self._workloads[id(run)] = (run, workload_of(run))
+        workload = cached[1]
+        d = self.deployment_with(terms)
+        config = SimConfig(d.scheduler_config, d.cache_config, d.step_model, fast_forward=True,
+                           prefill_schedule_interval=d.options.prefill_schedule_interval,
+                           keep_step_log=False)
+        self.simulations += 1
+        return latencies_of(run_deployment(d, config, workload, self.args), len(run.input_lens))
+
+
+def default_engine_args() -> argparse.Namespace:
+    """simulate's engine flags at their defaults (DP routing, admission policy)."""
+    from kvsched.sim.command import add_engine_arguments
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_engine_arguments(p)
+    return p.parse_args([])
+
+
+def check_run(run: ObservedRun, deployment: Deployment, served_model_name: str | None = None) -> None:
+    """A clear error when ``run`` is not of this deployment: another model
+    (or checkpoint format), another GPU, or requests longer than its
+    max_model_len."""
+    model = deployment.model
+    if run.model_id is not None and run.model_id != served_model_name:
+        match = catalog_match(run.model_id)
+        same = False
+        if match is not None:
+            same = match[0] == model.name
+            fmt = match[1]
+            if same and fmt is not None and fmt.weights != deployment.runtime.dtype:
+                raise ValueError(
+                    f"{run.source}: model_id {run.model_id!r} is a checkpoint in {fmt.weights} but "
+                    f"the deployment prices {model.name} in {deployment.runtime.dtype}; pass --model "
+                    f"{run.model_id} (or the matching --quantization)")
+        else:
+            # A local path or a served name: the last path part, as written.
+            tail = run.model_id.rstrip("/").rsplit("/", 1)[-1].lower()
+            same = tail in (model.name.rsplit("/", 1)[-1].lower(),
+                            deployment.options.model.rstrip("/").rsplit("/", 1)[-1].lower())
+        if not same:
+            raise ValueError(
+                f"{run.source}: the run is of model {run.model_id!r}, the deployment of {model.name} "
+                f"(--model {deployment.options.model}); calibrate with that run's --model, or pass "
+                f"--served-model-name {run.model_id} if the server called {model.name} so")
+    if run.hardware is not None and run.hardware != deployment.hardware.id:
+        raise ValueError(f"{run.source}: the run is on hardware {run.hardware!r}, the deployment on "
+                         f"{deployment.hardware.id} (--hardware); calibrate with --hardware {run.hardware}")
+    limit = deployment.scheduler_config.max_model_len
+    for i, (inp, out) in enumerate(zip(run.input_lens, run.output_lens)):
+        if inp + out > limit:
+            raise ValueError(
+                f"{run.source}: completed request {i} has {inp} prompt + {out} output tokens, more "
+                f"than the deployment's max_model_len={limit}, so the server that ran it had a larger "
+                "one; pass its --max-model-len")

@@ -1,0 +1,58 @@
+"""The host terms as calibrate handles them: how each is printed, its unit
+in the optimiser, what it means, which ones a fit takes, and a terms file
+with some replaced."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvsched.perf.host import TERMS, HostTerms
+
+# How each term is printed (unit, factor from seconds) and its typical size,
+# the optimiser's unit for it: one unit moves a run's latencies by a
+# comparable, small amount whichever the term.
+TERM_UNITS: Mapping[str, tuple[str, float]] = {
+    "prefill_step_per_layer_s": ("ms", 1e3), "step_s": ("ms", 1e3),
+    "per_sampled_request_s": ("us", 1e6), "dp_sync_s": ("ms", 1e3),
+    "arrival_s": ("ms", 1e3), "per_prompt_token_s": ("us", 1e6)}
+TERM_SCALES: Mapping[str, float] = {
+    "prefill_step_per_layer_s": 1e-4, "step_s": 1e-4, "per_sampled_request_s": 2e-6,
+    "dp_sync_s": 1e-4, "arrival_s": 1e-3, "per_prompt_token_s": 1e-6}
+# What a term means, one line each, for the summary.
+TERM_MEANING: Mapping[str, str] = {
+    "prefill_step_per_layer_s": "per model layer, per step with prefill tokens",
+    "step_s": "per engine step",
+    "per_sampled_request_s": "per request sampling in a step",
+    "dp_sync_s": "per step, data parallel ranks' sync",
+    "arrival_s": "per request, send to scheduler",
+    "per_prompt_token_s": "per prompt token, at arrival (tokenisation)"}
+
+
+def parse_fit_names(text: str | None, data_parallel_size: int) -> tuple[str, ...]:
+    """The terms to fit: ``--fit a,b`` or every term (``dp_sync_s`` only
+    with data parallelism, where a step pays it)."""
+    if text is None:
+        return tuple(t for t in TERMS if t != "dp_sync_s" or data_parallel_size > 1)
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise ValueError(f"--fit={text!r}: name at least one term ({', '.join(TERMS)})")
+    unknown = [n for n in names if n not in TERMS]
+    if unknown:
+        raise ValueError(f"--fit: unknown term {', '.join(map(repr, unknown))}; the terms are "
+                         f"{', '.join(TERMS)}")
+    if "dp_sync_s" in names and data_parallel_size == 1:
+        raise ValueError("--fit dp_sync_s: the deployment has one DP rank (--data-parallel-size 1), "
+                         "where no step pays it; fit it on runs with --data-parallel-size > 1")
+    return tuple(dict.fromkeys(names))
+
+
+def format_term(name: str, value: float) -> str:
+    unit, factor = TERM_UNITS[name]
+    return f"{value * factor:.4g} {unit}"
+
+
+def with_terms(base: HostTerms, values: Mapping[str, float]) -> HostTerms:
+    """``base`` with the named terms replaced (metadata kept)."""
+    fields: dict[str, Any] = {**base.to_json(), **{k: float(v) for k, v in values.items()}}
+    return HostTerms(**fields)

@@ -1,0 +1,81 @@
+"""Workloads for the serving simulator: who sends what, and when.
+
+A :class:`Workload` is a tuple of :class:`WorkloadRequest` sorted by arrival
+time (``model``). Sources, one module each:
+
+* :func:`random_workload` (``random_dataset``) - the synthetic dataset of
+  ``vllm bench serve --dataset-name random``, with its arrival process
+  (``arrivals``);
+* :func:`load_azure` (``traces.azure``) - the Azure LLM inference traces 2023 (CSV);
+* :func:`load_mooncake` (``traces.mooncake``) - the Mooncake traces (JSONL with ``hash_ids``);
+* :func:`load_jsonl` (``traces.jsonl``) - plain ``{"arrival_time", "input_tokens",
+  "output_tokens"}`` lines;
+* :func:`load_workload` (``load``) - dispatch on a dataset name, as ``--dataset-name``.
+
+How prompts are token ids that share exactly what their source says they
+share is ``tokens``; the bounds on every number a workload takes, ``limits``.
+This package reads files and draws numbers; it never runs the simulator.
+The names below are re-exported so callers import them from here.
+"""
+
+from kvsched.sim.workload.arrivals import arrival_times_of_rate
+from kvsched.sim.workload.limits import (
+    MAX_ARRIVAL_TIME,
+    MAX_BURSTINESS,
+    MAX_NUM_PROMPTS,
+    MAX_REQUEST_TOKENS,
+    MAX_SEED,
+    MAX_TIMESTAMP_MS,
+    MIN_BURSTINESS,
+)
+from kvsched.sim.workload.load import DATASET_NAMES, load_workload
+from kvsched.sim.workload.model import RandomRequests, Workload, WorkloadRequest, prompt_shares_nothing
+from kvsched.sim.workload.random_dataset import (
+    DEFAULT_INPUT_LEN,
+    DEFAULT_NUM_PROMPTS,
+    DEFAULT_OUTPUT_LEN,
+    random_workload,
+)
+from kvsched.sim.workload.tokens import (
+    HASH_BLOCK_TOKEN_BASE,
+    MAX_HASH_ID,
+    MAX_RANDOM_PROMPTS,
+    MOONCAKE_BLOCK_TOKENS,
+    RANDOM_PREFIX_TOKEN,
+    UNIQUE_TOKEN_BASE,
+    PromptRuns,
+)
+from kvsched.sim.workload.traces.azure import load_azure
+from kvsched.sim.workload.traces.jsonl import load_jsonl
+from kvsched.sim.workload.traces.mooncake import load_mooncake
+
+__all__ = [
+    "DATASET_NAMES",
+    "DEFAULT_INPUT_LEN",
+    "DEFAULT_NUM_PROMPTS",
+    "DEFAULT_OUTPUT_LEN",
+    "HASH_BLOCK_TOKEN_BASE",
+    "MAX_ARRIVAL_TIME",
+    "MAX_BURSTINESS",
+    "MAX_HASH_ID",
+    "MAX_NUM_PROMPTS",
+    "MAX_RANDOM_PROMPTS",
+    "MAX_REQUEST_TOKENS",
+    "MAX_SEED",
+    "MAX_TIMESTAMP_MS",
+    "MIN_BURSTINESS",
+    "MOONCAKE_BLOCK_TOKENS",
+    "RANDOM_PREFIX_TOKEN",
+    "UNIQUE_TOKEN_BASE",
+    "PromptRuns",
+    "RandomRequests",
+    "Workload",
+    "WorkloadRequest",
+    "arrival_times_of_rate",
+    "load_azure",
+    "load_jsonl",
+    "load_mooncake",
+    "load_workload",
+    "prompt_shares_nothing",
+    "random_workload",
+]

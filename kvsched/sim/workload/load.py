@@ -1,0 +1,47 @@
+"""``load_workload``: a workload by dataset name, as ``vllm bench serve
+--dataset-name`` picks one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvsched.sim.workload.model import Workload
+from kvsched.sim.workload.random_dataset import random_workload
+from kvsched.sim.workload.traces.azure import load_azure
+from kvsched.sim.workload.traces.jsonl import load_jsonl
+from kvsched.sim.workload.traces.mooncake import load_mooncake
+
+DATASET_NAMES = ("random", "azure", "mooncake", "jsonl")
+
+_RANDOM_KWARGS = ("num_prompts", "input_len", "output_len", "range_ratio", "prefix_len", "request_rate",
+                  "burstiness", "max_concurrency", "seed")
+_TRACE_LOADERS: dict[str, Callable[..., Workload]] = {
+    "azure": load_azure, "mooncake": load_mooncake, "jsonl": load_jsonl}
+
+
+def load_workload(dataset_name: str, dataset_path: str | Path | None = None, **kwargs: Any) -> Workload:
+    """Build a workload by dataset name, as ``vllm bench serve --dataset-name``:
+    ``random`` (keyword arguments of :func:`random_workload`, no path) or
+    ``azure`` / ``mooncake`` / ``jsonl`` (a path; ``max_concurrency`` optional)."""
+    if dataset_name == "random":
+        if dataset_path is not None:
+            raise ValueError("dataset 'random' is synthetic and reads no file; "
+                             f"got dataset_path={dataset_path!r}")
+        _check_kwargs(dataset_name, kwargs, _RANDOM_KWARGS)
+        return random_workload(**kwargs)
+    loader = _TRACE_LOADERS.get(dataset_name)
+    if loader is None:
+        raise ValueError(f"unknown dataset name {dataset_name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    if dataset_path is None or str(dataset_path) == "":
+        raise ValueError(f"dataset {dataset_name!r} needs dataset_path, the trace file to read")
+    _check_kwargs(dataset_name, kwargs, ("max_concurrency",))
+    return loader(dataset_path, **kwargs)
+
+
+def _check_kwargs(dataset_name: str, kwargs: Mapping[str, object], allowed: Sequence[str]) -> None:
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"dataset {dataset_name!r}: unknown option(s) {', '.join(unknown)}; "
+                         f"it takes {', '.join(allowed)}")

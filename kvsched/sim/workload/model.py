@@ -1,0 +1,305 @@
+"""The workload data model: :class:`WorkloadRequest` (one request: when,
+which prompt, how many output tokens), :class:`Workload` (requests sorted by
+arrival, with scaling and truncation) and :class:`RandomRequests` (the random
+dataset's requests kept as columns and built on demand)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from array import array
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import overload
+
+from kvsched.request import Request, SamplingParams, TokenRuns
+from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, is_int, is_real, show
+from kvsched.sim.workload.tokens import RANDOM_PREFIX_TOKEN, UNIQUE_TOKEN_BASE, PromptRuns
+
+
+@dataclass(slots=True, frozen=True)
+class WorkloadRequest:
+    """One request of a workload: when it arrives (seconds from the start of
+    the workload), its prompt as ``(token_id, count)`` runs, and how many
+    tokens it generates."""
+
+    request_id: str
+    arrival_time: float
+    prompt_runs: PromptRuns
+    output_len: int
+    num_prompt_tokens: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        name = self.request_id
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"WorkloadRequest request_id={name!r}: must be a non-empty string")
+        where = f"WorkloadRequest {name}"
+        t = self.arrival_time
+        # Compared, not converted: an int of 400 digits is refused, not an OverflowError.
+        if not is_real(t) or not 0 <= t <= MAX_ARRIVAL_TIME:
+            raise ValueError(f"{where}: arrival_time={show(t)} must be a number of seconds in "
+                             f"[0, {MAX_ARRIVAL_TIME:.0e}] (the simulator's time span)")
+        if not is_int(self.output_len) or not 1 <= self.output_len <= MAX_REQUEST_TOKENS:
+            raise ValueError(f"{where}: output_len={show(self.output_len)} must be an integer in "
+                             f"[1, 2**40]")
+        runs = _checked_runs(where, self.prompt_runs)
+        num_prompt_tokens = sum(count for _, count in runs)
+        if num_prompt_tokens > MAX_REQUEST_TOKENS:
+            raise ValueError(f"{where}: {show(num_prompt_tokens)} prompt tokens; at most 2**40 "
+                             "(a longer prompt is no request any server takes)")
+        # Frozen: normalise lists to tuples and cache the length once.
+        object.__setattr__(self, "prompt_runs", runs)
+        object.__setattr__(self, "num_prompt_tokens", num_prompt_tokens)
+
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt as a token list (``[token] * count`` per run, C speed)."""
+        tokens: list[int] = []
+        for token, count in self.prompt_runs:
+            tokens += [token] * count
+        return tokens
+
+    def to_request(self, params: SamplingParams, arrival_time: float) -> Request:
+        """The scheduler's Request for this prompt: its runs as they are (no
+        token list, so a waiting request stays small), marked private when
+        :func:`prompt_shares_nothing` says so."""
+        return Request(self.request_id, TokenRuns(self.prompt_runs, None, self.num_prompt_tokens),
+                       params, arrival_time=arrival_time,
+                       private=prompt_shares_nothing(self.prompt_runs))
+
+
+def prompt_shares_nothing(runs: PromptRuns) -> bool:
+    """The one rule for "this prompt can share no KV block with another
+    request": it starts with a request-unique token (``UNIQUE_TOKEN_BASE``
+    and up; :class:`Workload` checks no two of its requests start with the
+    same one). Every full block of such a request, prompt and outputs, then
+    chains from a first block no other request has, so the prefix cache can
+    never match it to another request's (see
+    ``KVCacheManager._private_keys`` for what the cache does with that)."""
+    return runs[0][0] >= UNIQUE_TOKEN_BASE
+
+
+def _checked_runs(where: str, runs: object) -> PromptRuns:
+    # Fast path (a trace has ~300k runs): a tuple of (int, int) tuples, all valid.
+    if type(runs) is tuple and runs and all(
+            type(r) is tuple and len(r) == 2 and type(r[0]) is int and type(r[1]) is int
+            and r[0] >= 0 and r[1] >= 1 for r in runs):
+        return runs
+    return _slow_checked_runs(where, runs)
+
+
+def _slow_checked_runs(where: str, runs: object) -> PromptRuns:
+    """Normalise lists to tuples, or name the first bad run."""
+    if not isinstance(runs, tuple | list) or not runs:
+        raise ValueError(f"{where}: prompt_runs={runs!r} must be a non-empty sequence of "
+                         "(token_id, count) pairs")
+    out: list[tuple[int, int]] = []
+    for i, run in enumerate(runs):
+        if not isinstance(run, tuple | list) or len(run) != 2:
+            raise ValueError(f"{where}: prompt_runs[{i}]={run!r} must be a (token_id, count) pair")
+        token, count = run
+        if not is_int(token) or token < 0:
+            raise ValueError(f"{where}: prompt_runs[{i}] token_id={token!r} must be an integer >= 0")
+        if not is_int(count) or count < 1:
+            raise ValueError(f"{where}: prompt_runs[{i}] count={count!r} must be an integer >= 1")
+        out.append((token, count))
+    return tuple(out)
+
+
+class RandomRequests(Sequence[WorkloadRequest]):
+    """The random dataset's requests, kept as three columns and built on
+    demand: a million requests cost 20 bytes each until they are sent
+    (a built :class:`WorkloadRequest` is ~500 bytes). Request ``i`` is
+    ``random-i``: ``prefix_len`` shared tokens, then its own input (one run
+    of ``UNIQUE_TOKEN_BASE + i``), and ``output_lens[i]`` output tokens.
+    Sorted by arrival, ids unique, by construction."""
+
+    __slots__ = ("arrivals", "input_lens", "output_lens", "prefix_len", "start", "stop")
+
+    def __init__(self, arrivals: array[float], input_lens: array[int], output_lens: array[int],
+                 prefix_len: int, start: int = 0, stop: int | None = None) -> None:
+        self.arrivals = arrivals
+        self.input_lens = input_lens
+        self.output_lens = output_lens
+        self.prefix_len = prefix_len
+        self.start = start
+        self.stop = len(arrivals) if stop is None else stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @overload
+    def __getitem__(self, index: int) -> WorkloadRequest: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> RandomRequests: ...
+
+    def __getitem__(self, index: int | slice) -> WorkloadRequest | RandomRequests:
+        n = len(self)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                raise ValueError("RandomRequests: only contiguous slices (step 1) are supported")
+            return RandomRequests(self.arrivals, self.input_lens, self.output_lens, self.prefix_len,
+                                  self.start + start, self.start + max(start, stop))
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("RandomRequests index out of range")
+        i += self.start
+        runs = []
+        if self.prefix_len:
+            runs.append((RANDOM_PREFIX_TOKEN, self.prefix_len))
+        if self.input_lens[i]:
+            runs.append((UNIQUE_TOKEN_BASE + i, self.input_lens[i]))
+        return WorkloadRequest(f"random-{i}", self.arrivals[i], tuple(runs), self.output_lens[i])
+
+    def arrival_times(self) -> Sequence[float]:
+        return self.arrivals[self.start:self.stop]
+
+    def _columns(self) -> tuple[int, array[float], array[int], array[int]]:
+        lo, hi = self.start, self.stop
+        return (self.prefix_len, self.arrivals[lo:hi], self.input_lens[lo:hi], self.output_lens[lo:hi])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RandomRequests):
+            return self.start == other.start and self._columns() == other._columns()
+        if isinstance(other, Sequence):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        prefix, arrivals, inputs, outputs = self._columns()
+        return hash((prefix, self.start, arrivals.tobytes(), inputs.tobytes(), outputs.tobytes()))
+
+    def total_lengths(self) -> tuple[int, int]:
+        """(prompt tokens, output tokens) of all requests."""
+        lo, hi = self.start, self.stop
+        return (sum(self.input_lens[lo:hi]) + self.prefix_len * len(self),
+                sum(self.output_lens[lo:hi]))
+
+    def longest_total(self) -> int:
+        """The largest prompt + output length of any request."""
+        lo, hi = self.start, self.stop
+        return self.prefix_len + max(a + b for a, b in zip(self.input_lens[lo:hi],
+                                                          self.output_lens[lo:hi]))
+
+    def scaled(self, time_scale: float) -> RandomRequests:
+        # Element by element, the same float product as WorkloadRequest's.
+        arrivals = array("d", (t * time_scale for t in self.arrivals[self.start:self.stop]))
+        return RandomRequests(arrivals, self.input_lens[self.start:self.stop],
+                              self.output_lens[self.start:self.stop], self.prefix_len)
+
+    def first_at_or_after(self, t: float) -> int:
+        """How many requests arrive before ``t`` (they are sorted)."""
+        return bisect_left(self.arrivals, t, self.start, self.stop) - self.start
+
+
+@dataclass(slots=True, frozen=True)
+class Workload:
+    """Requests sorted by arrival time (stable: equal times keep their order),
+    plus the client-side concurrency limit of ``vllm bench serve
+    --max-concurrency`` (``None``: unlimited). ``requests`` is a tuple, or
+    for the random dataset a :class:`RandomRequests` built on demand."""
+
+    name: str
+    requests: Sequence[WorkloadRequest]
+    max_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Workload name={self.name!r}: must be a non-empty string")
+        mc = self.max_concurrency
+        if mc is not None and (not is_int(mc) or mc < 1):
+            raise ValueError(f"Workload {self.name}: max_concurrency={mc!r} must be None or an integer >= 1")
+        if isinstance(self.requests, RandomRequests):
+            if not len(self.requests):
+                raise ValueError(f"Workload {self.name}: requests is empty; a workload needs a request")
+            return  # sorted, unique and private by construction
+        requests = tuple(self.requests)
+        if not requests:
+            raise ValueError(f"Workload {self.name}: requests is empty; a workload needs a request")
+        for i, r in enumerate(requests):
+            if not isinstance(r, WorkloadRequest):
+                raise ValueError(f"Workload {self.name}: requests[{i}] is a {type(r).__name__}, "
+                                 "not a WorkloadRequest")
+        if any(a.arrival_time > b.arrival_time for a, b in itertools.pairwise(requests)):
+            requests = tuple(sorted(requests, key=lambda r: r.arrival_time))  # sorted() is stable
+        seen: set[str] = set()
+        for r in requests:
+            if r.request_id in seen:
+                raise ValueError(f"Workload {self.name}: duplicate request_id {r.request_id!r}")
+            seen.add(r.request_id)
+        # prompt_shares_nothing relies on it: a request-unique token starts one prompt only.
+        owner: dict[int, str] = {}
+        for r in requests:
+            first = r.prompt_runs[0][0]
+            if first >= UNIQUE_TOKEN_BASE:
+                other = owner.setdefault(first, r.request_id)
+                if other != r.request_id:
+                    raise ValueError(
+                        f"Workload {self.name}: requests {other} and {r.request_id} both start with "
+                        f"token {first}; ids from UNIQUE_TOKEN_BASE ({UNIQUE_TOKEN_BASE}) up are "
+                        "private to one request (give each request its own)")
+        object.__setattr__(self, "requests", requests)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def arrival_times(self) -> Sequence[float]:
+        """Every request's arrival time, in order (without building requests)."""
+        if isinstance(self.requests, RandomRequests):
+            return self.requests.arrival_times()
+        return [r.arrival_time for r in self.requests]
+
+    @property
+    def total_prompt_tokens(self) -> int:
+        if isinstance(self.requests, RandomRequests):
+            return self.requests.total_lengths()[0]
+        return sum(r.num_prompt_tokens for r in self.requests)
+
+    @property
+    def total_output_tokens(self) -> int:
+        if isinstance(self.requests, RandomRequests):
+            return self.requests.total_lengths()[1]
+        return sum(r.output_len for r in self.requests)
+
+    @property
+    def last_arrival_time(self) -> float:
+        return self.requests[-1].arrival_time
+
+    def scaled(self, time_scale: float) -> Workload:
+        """Arrival times multiplied by ``time_scale`` (0.5 = twice the rate)."""
+        if not is_real(time_scale) or not math.isfinite(time_scale) or time_scale <= 0:
+            raise ValueError(f"Workload {self.name}: time_scale={time_scale!r} must be a finite number > 0")
+        last = self.last_arrival_time * time_scale
+        if last > MAX_ARRIVAL_TIME:
+            raise ValueError(f"Workload {self.name}: time_scale={time_scale!r} puts the last arrival at "
+                             f"{last:.4g} s, beyond the simulator's time span of {MAX_ARRIVAL_TIME:.0e} s; "
+                             f"use a time scale <= {MAX_ARRIVAL_TIME / self.last_arrival_time:.4g}")
+        if isinstance(self.requests, RandomRequests):
+            return Workload(self.name, self.requests.scaled(time_scale), self.max_concurrency)
+        requests = tuple(
+            WorkloadRequest(r.request_id, r.arrival_time * time_scale, r.prompt_runs, r.output_len)
+            for r in self.requests)
+        return Workload(self.name, requests, self.max_concurrency)
+
+    def truncated(self, num_requests: int | None = None, duration: float | None = None) -> Workload:
+        """The first ``num_requests`` requests and/or those arriving before
+        ``duration`` seconds (``arrival_time < duration``); both apply if both given."""
+        requests = self.requests
+        if num_requests is not None:
+            if not is_int(num_requests) or num_requests < 1:
+                raise ValueError(f"Workload {self.name}: num_requests={num_requests!r} "
+                                 "must be an integer >= 1")
+            requests = requests[:num_requests]
+        if duration is not None:
+            if not is_real(duration) or math.isnan(duration) or duration <= 0:
+                raise ValueError(f"Workload {self.name}: duration={duration!r} must be a number > 0")
+            if isinstance(requests, RandomRequests):
+                requests = requests[:requests.first_at_or_after(duration)]
+            else:
+                requests = tuple(r for r in requests if r.arrival_time < duration)
+            if not requests:
+                raise ValueError(f"Workload {self.name}: no request arrives before duration={duration!r} s "
+                                 f"(the first arrives at {self.requests[0].arrival_time} s)")
+        return Workload(self.name, requests, self.max_concurrency)

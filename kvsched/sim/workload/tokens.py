@@ -1,0 +1,33 @@
+"""The token-id scheme of workload prompts.
+
+Prompts are stored as runs of ``(token_id, count)``: a one-hour trace holds
+tens of millions of prompt tokens, and the scheduler only needs the token
+*content* to be right where it matters, which is prefix-cache hashing. The
+scheme makes two prompts share exactly the tokens the source says they share:
+
+* Content private to one request is one run of ``UNIQUE_TOKEN_BASE + index``,
+  ``index`` being the request's position in its source (file row order, or
+  generation order for the random dataset). No other request has that id.
+* The random dataset's shared prefix (``prefix_len``) is one run of
+  ``RANDOM_PREFIX_TOKEN``.
+* A Mooncake hash id ``h`` names a block of ``MOONCAKE_BLOCK_TOKENS`` (512)
+  tokens; the block is one run of ``HASH_BLOCK_TOKEN_BASE + h``, and the last
+  block of a prompt is cut to the tokens that remain of ``input_length``.
+  Blocks of 512 tokens stay aligned with any KV block size that divides 512.
+
+Ids ``0`` and ``2 .. HASH_BLOCK_TOKEN_BASE - 1`` are never used in prompts, so
+a simulator can pick its output token ids there.
+"""
+
+from __future__ import annotations
+
+RANDOM_PREFIX_TOKEN = 1
+HASH_BLOCK_TOKEN_BASE = 1_000_000
+UNIQUE_TOKEN_BASE = 1_000_000_000
+# The largest Mooncake hash id whose token id stays below the request-unique range.
+MAX_HASH_ID = UNIQUE_TOKEN_BASE - HASH_BLOCK_TOKEN_BASE - 1
+MOONCAKE_BLOCK_TOKENS = 512
+# Random prompt i starts with token UNIQUE_TOKEN_BASE + i: keep it an int64.
+MAX_RANDOM_PROMPTS = 2**62 - UNIQUE_TOKEN_BASE
+
+PromptRuns = tuple[tuple[int, int], ...]

@@ -1,0 +1,1 @@
+"""Trace-file parsers, one format each: Azure (CSV), Mooncake and plain JSON lines."""

@@ -1,0 +1,80 @@
+"""The Mooncake traces: JSON lines ``{"timestamp", "input_length",
+"output_length", "hash_ids"}``, prompts made of shared 512-token blocks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvsched.sim.workload.limits import MAX_TIMESTAMP_MS, show
+from kvsched.sim.workload.model import Workload, WorkloadRequest
+from kvsched.sim.workload.tokens import HASH_BLOCK_TOKEN_BASE, MAX_HASH_ID, MOONCAKE_BLOCK_TOKENS, PromptRuns
+from kvsched.sim.workload.traces.source import (
+    OUTPUT_WHY,
+    PROMPT_WHY,
+    Source,
+    build_request,
+    check_keys,
+    check_span,
+    json_int,
+    json_lines,
+    json_time,
+    read_text,
+)
+
+_MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+def _mooncake_runs(src: Source, line: int, hash_ids: object, input_length: int) -> PromptRuns:
+    if not isinstance(hash_ids, list):
+        raise src.error(line, f"hash_ids={show(hash_ids)} must be a list of integers")
+    expected = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+    if len(hash_ids) != expected:
+        raise src.error(line, f"hash_ids has {len(hash_ids)} ids; input_length={input_length} is "
+                        f"{expected} blocks of {MOONCAKE_BLOCK_TOKENS} tokens")
+    if not all(type(h) is int and 0 <= h <= MAX_HASH_ID for h in hash_ids):
+        j, h = next((j, h) for j, h in enumerate(hash_ids)
+                    if not (type(h) is int and 0 <= h <= MAX_HASH_ID))
+        raise src.error(line, f"hash_ids[{j}]={show(h)} must be an integer in [0, {MAX_HASH_ID}]")
+    runs = [(HASH_BLOCK_TOKEN_BASE + h, MOONCAKE_BLOCK_TOKENS) for h in hash_ids]
+    # The last block holds what remains of the prompt (1..512 tokens).
+    last = input_length - (len(runs) - 1) * MOONCAKE_BLOCK_TOKENS
+    runs[-1] = (runs[-1][0], last)
+    return tuple(runs)
+
+
+def load_mooncake(path: str | Path, *, max_concurrency: int | None = None) -> Workload:
+    """A Mooncake trace: JSON lines ``{"timestamp" (ms), "input_length",
+    "output_length", "hash_ids"}``.
+
+    ``arrival_time`` = (timestamp - first timestamp) / 1000. ``hash_ids`` must
+    name exactly ceil(input_length / 512) blocks (true of every row of the
+    published conversation trace); the prompt is those blocks, the last one
+    cut short (see the module docstring). Timestamps must not go backwards.
+    Request ``i`` (0-based data line) is ``mooncake-{i}``.
+    """
+    p, text = read_text(path)
+    src = Source(p)
+    requests: list[WorkloadRequest] = []
+    t0: float = 0
+    prev: float = 0
+    prev_line = 0
+    for line, obj in json_lines(src, text):
+        check_keys(src, line, obj, _MOONCAKE_KEYS)
+        t = json_time(src, line, "timestamp", obj["timestamp"], MAX_TIMESTAMP_MS,
+                       "milliseconds (2**53: exact in a float)")
+        if not requests:
+            t0 = prev = t
+        elif t < prev:
+            raise src.error(line, f"timestamp={t} is earlier than the previous line's ({prev}, line "
+                            f"{prev_line}); the trace must be in time order")
+        check_span(src, line, f"timestamp={t}", (t - t0) / 1000)
+        prev, prev_line = t, line
+        input_length = json_int(src, line, "input_length", obj["input_length"], 1, PROMPT_WHY)
+        output_length = json_int(src, line, "output_length", obj["output_length"], 1, OUTPUT_WHY)
+        runs = _mooncake_runs(src, line, obj["hash_ids"], input_length)
+        i = len(requests)
+        # Integer milliseconds: subtract exactly, then round once.
+        requests.append(build_request(src, line, f"mooncake-{i}", (t - t0) / 1000, runs, output_length))
+    if not requests:
+        raise ValueError(f"{p}: no requests (the file has no JSON lines)")
+    return Workload(p.stem, tuple(requests), max_concurrency)

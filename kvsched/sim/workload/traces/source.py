@@ -1,0 +1,120 @@
+"""What the trace parsers share: reading a file as text, the file-and-line
+of an error, and checked fields (integers, times, JSON lines and keys)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvsched.jsonfile import json_problem, strict_loads
+from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, TOKENS_WHY, show
+from kvsched.sim.workload.model import WorkloadRequest
+from kvsched.sim.workload.tokens import UNIQUE_TOKEN_BASE, PromptRuns
+
+
+class Source:
+    """Where a value came from, for error messages: file and line."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def error(self, line: int, message: str) -> ValueError:
+        return ValueError(f"{self.path}, line {line}: {message}")
+
+
+def read_text(path: str | Path) -> tuple[Path, str]:
+    """The file's text, or an error naming it."""
+    p = Path(path)
+    try:
+        # utf-8-sig: a byte-order mark (common in CSVs saved by spreadsheets) is not data.
+        return p, p.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read the workload file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not UTF-8 text (byte {e.start}): {e.reason}") from None
+
+
+_INT_TEXT = re.compile(r"\s*[-+]?[0-9]+\s*")
+
+
+def text_int(src: Source, line: int, column: str, text: str, minimum: int, why: str) -> int:
+    # int() alone would also take '1_000'; a trace column holds plain digits.
+    if not _INT_TEXT.fullmatch(text):
+        raise src.error(line, f"{column}={show(text)} is not an integer")
+    if len(text.strip().lstrip("+-").lstrip("0")) > 20:  # before int(): it refuses 4,300 digits
+        raise src.error(line, f"{column}={show(text.strip())} must be at most 2**40 ({TOKENS_WHY})")
+    value = int(text)
+    return bounded_int(src, line, column, value, minimum, why)
+
+
+def bounded_int(src: Source, line: int, key: str, value: int, minimum: int, why: str) -> int:
+    if value < minimum:
+        raise src.error(line, f"{key}={show(value)} must be >= {minimum} ({why})")
+    if value > MAX_REQUEST_TOKENS:
+        raise src.error(line, f"{key}={show(value)} must be at most 2**40 ({TOKENS_WHY})")
+    return value
+
+
+def json_int(src: Source, line: int, key: str, value: object, minimum: int, why: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise src.error(line, f"{key}={show(value)} must be an integer")
+    return bounded_int(src, line, key, value, minimum, why)
+
+
+def json_time(src: Source, line: int, key: str, value: object, maximum: float, unit: str) -> float | int:
+    # json.loads accepts NaN and Infinity; neither is a time. Compared, not
+    # converted: a 400-digit integer is out of range, not an OverflowError.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= maximum:
+        raise src.error(line, f"{key}={show(value)} must be a number in [0, {maximum:.4g}] {unit}")
+    return value
+
+
+def check_span(src: Source, line: int, key: str, seconds: float) -> None:
+    if seconds > MAX_ARRIVAL_TIME:
+        raise src.error(line, f"{key} is {seconds:.4g} s after the first request's, beyond the "
+                        f"simulator's time span of {MAX_ARRIVAL_TIME:.0e} s (float64 times lose "
+                        "step-time precision further out); split the trace")
+
+
+PROMPT_WHY = "a request needs at least one prompt token"
+OUTPUT_WHY = "a request generates at least one token; vLLM has no zero-token generation"
+
+
+def unique_prompt(index: int, num_tokens: int) -> PromptRuns:
+    return ((UNIQUE_TOKEN_BASE + index, num_tokens),)
+
+
+def build_request(src: Source, line: int, request_id: str, arrival: float, runs: PromptRuns,
+                  output_len: int) -> WorkloadRequest:
+    try:
+        return WorkloadRequest(request_id, arrival, runs, output_len)
+    except ValueError as e:  # the loaders check fields first; this is a backstop with the line
+        raise src.error(line, str(e)) from None
+
+
+
+def json_lines(src: Source, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    for line, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue  # blank line (e.g. the trailing newline): holds no request
+        try:
+            obj = strict_loads(raw)
+        except ValueError as e:
+            raise src.error(line, json_problem(e)) from None
+        if not isinstance(obj, dict):
+            raise src.error(line, f"expected a JSON object, got {type(obj).__name__}")
+        yield line, obj
+
+
+def check_keys(src: Source, line: int, obj: dict[str, Any], keys: tuple[str, ...]) -> None:
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        raise src.error(line, f"missing field(s) {', '.join(missing)}")
+    unknown = sorted(set(obj) - set(keys))
+    if unknown:
+        raise src.error(line, f"unknown field(s) {show(', '.join(unknown), 200)}; the fields are "
+                        f"{', '.join(keys)}")
