@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from typing import Any
 
@@ -14,35 +15,22 @@ from kvsched.calibrate.report import format_report, provenance
 from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
 from kvsched.calibrate.terms import format_term, parse_fit_names
 from kvsched.perf.host import DEFAULT_FILE, TERMS, load_host_terms, save_host_terms
+from kvsched.sim.command import check_output_path
+from kvsched.sim.flags import add_engine_arguments, spec_argv, spec_from_args
+from kvsched.sim.run import build_group_deployment
+from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 
 DEFAULT_OUTPUT = "calibration.json"
 
 
 
-def engine_flags(args: argparse.Namespace) -> str:
-    """The engine flags given (those not at their defaults), as a command line."""
-    from kvsched.sim.command import add_engine_arguments
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_engine_arguments(p)
-    parts: list[str] = []
-    for action in p._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        value = getattr(args, action.dest, action.default)
-        if value == action.default:
-            continue
-        flag = action.option_strings[0]
-        if isinstance(value, bool):
-            parts.append(flag if value else f"--no-{flag[2:]}")
-        else:
-            parts.append(f"{flag} {value}")
-    return " ".join(parts) if parts else "defaults"
+def engine_flags(group: InstanceGroup) -> str:
+    """The deployment's engine flags that differ from the defaults, as a command line."""
+    words = spec_argv(RunSpec(DeploymentSpec((group,))))
+    return shlex.join(words) if words else "defaults"
 
 
 def add_calibrate_parser(sub: Any) -> None:
-    from kvsched.sim.command import add_engine_arguments
-
     p = sub.add_parser(
         "calibrate", help="fit the measured backend's host terms to real serving runs",
         description="Fit the measured step-time backend's host terms (kvsched.perf.host) to serving "
@@ -84,8 +72,6 @@ def add_calibrate_parser(sub: Any) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from kvsched.sim.command import check_output_path, make_deployment
-
     if not args.bench and not args.requests:
         raise ValueError("calibrate needs a run to fit on: --bench FILE.json (vllm bench serve "
                          "--save-result --save-detailed) or --requests FILE.jsonl")
@@ -101,7 +87,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     check_output_path("--output", args.output)
     # auto falls back to the roofline where the tables do not reach; the
     # Replayer then says why measured kernels cannot price this deployment.
-    deployment = make_deployment(args)
+    group = spec_from_args(args).deployment.group
+    deployment, notes = build_group_deployment(group)
+    for note in notes:
+        print(f"kvsched: note: {note}", file=sys.stderr, flush=True)
     require_measured(deployment)
     fitted = parse_fit_names(args.fit, deployment.parallel.data_parallel_size)
     runs = [load_run(p, "bench", seed=args.seed) for p in args.bench]
@@ -116,14 +105,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print(f"fit on   {run.describe()}")
     for run in held:
         print(f"held out {run.describe()}")
-    calibrator = Calibrator(deployment, runs, start, fitted, held_out=held, args=args,
+    calibrator = Calibrator(deployment, runs, start, fitted, held_out=held, group=group,
                             groups=args.groups, out=lambda line: print(line, flush=True))
     c = calibrator.run(args.max_iterations)
     fit_files = [*args.bench, *args.requests]
     c.terms = dataclasses.replace(
         c.terms, hardware_class=deployment.hardware.id,
         vllm_version=args.vllm_version or start.vllm_version,
-        provenance=provenance(c, fit_files, args.held_out, engine_flags(args),
+        provenance=provenance(c, fit_files, args.held_out, engine_flags(group),
                               args.calibration or f"the default {DEFAULT_FILE.name}"))
     print(format_report(c))
     save_host_terms(c.terms, args.output)

@@ -10,7 +10,6 @@ term never goes below 0.
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from kvsched.calibrate.run_files import ObservedRun
 from kvsched.calibrate.terms import TERM_SCALES, format_term, with_terms
 from kvsched.perf.host import HostTerms
 from kvsched.sim.deployment import Deployment
+from kvsched.sim.spec import InstanceGroup
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -197,13 +197,13 @@ class Calibrator:
 
     def __init__(self, deployment: Deployment, runs: Sequence[ObservedRun], start: HostTerms,
                  fitted: Sequence[str], *, held_out: Sequence[ObservedRun] = (),
-                 args: argparse.Namespace | None = None, groups: int = DEFAULT_GROUPS,
+                 group: InstanceGroup | None = None, groups: int = DEFAULT_GROUPS,
                  out: Callable[[str], None] | None = None) -> None:
         if not runs:
             raise ValueError("no runs to fit on: give --bench FILE.json or --requests FILE.jsonl")
         if not fitted:
             raise ValueError("no terms to fit (--fit)")
-        self.replayer = Replayer(deployment, args)
+        self.replayer = Replayer(deployment, group)
         self.runs = list(runs)
         self.held_out = list(held_out)
         self.start = start

@@ -4,8 +4,6 @@ a run can be of this deployment."""
 
 from __future__ import annotations
 
-import argparse
-import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -17,7 +15,9 @@ from kvsched.perf.host import HostTerms
 from kvsched.perf.measured import MeasuredStepTimeModel
 from kvsched.perf.models import catalog_match
 from kvsched.sim.deployment import Deployment
+from kvsched.sim.run import serve
 from kvsched.sim.simulator import SimConfig, SimResult
+from kvsched.sim.spec import InstanceGroup
 from kvsched.sim.workload import UNIQUE_TOKEN_BASE, Workload, WorkloadRequest
 
 FloatArray = npt.NDArray[np.float64]
@@ -69,14 +69,11 @@ def require_measured(deployment: Deployment) -> None:
 class Replayer:
     """Replays runs on one deployment with any host terms."""
 
-    def __init__(self, deployment: Deployment, args: argparse.Namespace | None = None) -> None:
+    def __init__(self, deployment: Deployment, group: InstanceGroup | None = None) -> None:
         require_measured(deployment)
         self.deployment = deployment
-        if args is None:
-            args = default_engine_args()
-        # simulate's runner reads the DP and admission flags; no step trace here.
-        self.args = copy.copy(args)
-        self.args.trace_steps = None
+        # The DP routing and admission settings the runs were served with.
+        self.group = group if group is not None else InstanceGroup()
         self.simulations = 0
         self._workloads: dict[int, tuple[ObservedRun, Workload]] = {}
 
@@ -86,8 +83,6 @@ class Replayer:
         return dataclasses.replace(d, step_model=model)
 
     def simulate(self, run: ObservedRun, terms: HostTerms) -> SimulatedLatencies:
-        from kvsched.sim.command import run_deployment
-
         # Built once per run; the run is kept with it so that its id is not
         # reused by another run while the entry lives.
         cached = self._workloads.get(id(run))
@@ -99,16 +94,7 @@ class Replayer:
                            prefill_schedule_interval=d.options.prefill_schedule_interval,
                            keep_step_log=False)
         self.simulations += 1
-        return latencies_of(run_deployment(d, config, workload, self.args), len(run.input_lens))
-
-
-def default_engine_args() -> argparse.Namespace:
-    """simulate's engine flags at their defaults (DP routing, admission policy)."""
-    from kvsched.sim.command import add_engine_arguments
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_engine_arguments(p)
-    return p.parse_args([])
+        return latencies_of(serve(d, self.group, workload, config), len(run.input_lens))
 
 
 def check_run(run: ObservedRun, deployment: Deployment, served_model_name: str | None = None) -> None:

@@ -17,10 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvsched.sim.deployment import Deployment, build_deployment
-from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.rank import SimResult
-from kvsched.sim.refusals import split_refused
-from kvsched.sim.simulator import SimConfig, Simulator
+from kvsched.sim.run import accept, serve, sim_config
+from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.sim.workload import Workload
 from kvsched.validation.aic_estimate import AicEstimate, AicEstimator
 from kvsched.validation.silicon_rows import Refusal, ServingRun, SiliconRow, build_workloads, map_row
@@ -72,16 +71,12 @@ def build_run_deployment(run: ServingRun, backend: str) -> tuple[Deployment, tup
 
 
 def _serve(deployment: Deployment, workload: Workload) -> SimResult:
-    config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
-                       fast_forward=True, keep_step_log=False)
-    accepted, refused = split_refused(workload, deployment.scheduler_config.max_model_len)
-    if accepted is None:
-        raise ValueError(f"every request of {workload.name} exceeds max_model_len")
-    dp = deployment.parallel.data_parallel_size
-    if dp == 1:
-        result = Simulator(config, accepted).run()
-    else:
-        result = DPSimulator(config, accepted, DPOptions(dp, lockstep=deployment.lockstep)).run().combined()
+    """The row's workload on its deployment, through kvsched's one runner
+    (vLLM's router and no admission policy, as vllm serve runs)."""
+    group = InstanceGroup(deployment.options)
+    spec = RunSpec(DeploymentSpec((group,)))
+    accepted, refused = accept(deployment, workload, workload.name)
+    result = serve(deployment, group, accepted, sim_config(deployment, spec), spec.options)
     result.failed.extend(refused)
     return result
 

@@ -53,7 +53,8 @@ def tune(ttft_ms: float, early_stop: bool) -> tuple[Problem, TuneResult]:
     """A real search: four Llama-3.1-8B deployments at 12 req/s. At ttft:80
     TP1 with max_num_seqs 4 misses (p99 TTFT ~98 ms), the other three meet it."""
     problem = Problem(MODEL, parse_spec(["--model", MODEL, *WORKLOAD]),
-                      Slo((("ttft", ttft_ms), ("tpot", 30.0)), "99"), "goodput-per-gpu", {}, is_random=True, base_rate=4.0, early_stop=early_stop)
+                      Slo((("ttft", ttft_ms), ("tpot", 30.0)), "99"), "goodput-per-gpu", {},
+                      is_random=True, base_rate=4.0, early_stop=early_stop)
     candidates = sorted(SPACE.candidates(2, False), key=lambda c: c.order_key())
     feasible, pruned = prune_by_memory(candidates, problem.base)
     runner = Runner(LocalExecutor(1), ResultCache(None, "test"))
