@@ -128,3 +128,19 @@ def test_fp8_kv_cache_doubles_capacity_per_byte() -> None:
                       8192, 256)
     assert fp8.bytes_per_block == bf16.bytes_per_block / 2
     assert fp8.num_gpu_blocks in (2 * bf16.num_gpu_blocks, 2 * bf16.num_gpu_blocks + 1)
+
+
+@pytest.mark.parametrize("cpu_step_s", [0.0, 0.5])
+def test_async_scheduling_overlaps_cpu_on_a_step_with_prefill(cpu_step_s: float) -> None:
+    # A mixed step (a 512-token prefill chunk beside 8 decodes) takes the
+    # general path, not the decode fast path: its CPU work must overlap the
+    # forward pass too. 0.5 s of CPU per step is far above the forward pass,
+    # 0 far below it: both sides of the max are checked.
+    shape = BatchShape(520, 9, 9, 8, 8 * 2000, 512, 512, 512 * 513 // 2)
+    terms = {"cpu_step_s": cpu_step_s, "cpu_per_request_s": 1e-3}
+    gpu = StepTimeModel(LLAMA8, H100, runtime=RuntimeConfig(async_scheduling=False, **terms)).gpu_time(shape)
+    cpu = cpu_step_s + 9 * 1e-3
+    overlap = StepTimeModel(LLAMA8, H100, runtime=RuntimeConfig(async_scheduling=True, **terms))
+    sync = StepTimeModel(LLAMA8, H100, runtime=RuntimeConfig(async_scheduling=False, **terms))
+    assert overlap.step_time(shape) == pytest.approx(max(gpu, cpu), rel=1e-12)
+    assert sync.step_time(shape) == pytest.approx(gpu + cpu, rel=1e-12)
