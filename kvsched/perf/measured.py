@@ -79,6 +79,7 @@ from kvsched.perf.step_time import (
     ParallelConfig,
     RuntimeConfig,
     StepTimeModel,
+    combine_step_time,
 )
 
 ELEMENTWISE_BW_FRAC = 0.8      # aiconfigurator's empirical_bw_scaling_factor for ElementWise
@@ -143,7 +144,7 @@ def _mla_key(model: ModelSpec, tp: int, kv_dtype: str) -> MlaKey:
 
 def _attention_key(model: ModelSpec, tp: int, kv_dtype: str) -> AttentionKey:
     # KV heads are replicated when there are fewer than TP ranks.
-    return AttentionKey(model.num_heads // tp, max(1, model.num_kv_heads // tp), model.head_dim, kv_dtype)
+    return AttentionKey(model.num_heads // tp, int(model.kv_heads_per_rank(tp)), model.head_dim, kv_dtype)
 
 
 def _window_key(key: AttentionKey, window: int) -> AttentionKey:
@@ -285,7 +286,7 @@ class MeasuredStepTimeModel(StepTimeModel):
             moe_dtype = (MOE_DTYPES.get(self.runtime.dtype, self.runtime.dtype)
                          if quantizes(layers, "routed_experts") else "bfloat16")
             self.moe_key = MoeKey(moe_dtype, h, m.moe_intermediate_size, m.experts_per_token,
-                                  m.num_experts, 1 if ep > 1 else tp, ep)
+                                  m.num_experts, self.parallel.expert_tensor_parallel_size, ep)
             self._moe = self.tables.moe(self.moe_key)
             self._moe_gemms.append(self._gemm("bfloat16", m.num_experts, h))  # router, 16-bit
             if m.num_shared_experts:
@@ -538,9 +539,5 @@ class MeasuredStepTimeModel(StepTimeModel):
                 attn += window_kv[j] * sliding_layers
             if a2a is not None:
                 attn += a2a
-            gpu = lin + attn + rest
-            if overlap:
-                append(gpu if gpu > cpu else cpu)
-            else:
-                append(gpu + cpu)
+            append(combine_step_time(lin + attn + rest, cpu, overlap))
         return out

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from kvsched.config import check_gpu_memory_utilization
 from kvsched.perf.hardware import Hardware
-from kvsched.perf.models import ModelSpec, quantizes
-from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes
+from kvsched.perf.models import ModelSpec
+from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes, weight_split
 
 GIB = 2**30
 NON_TORCH_BYTES = 1.0 * GIB
@@ -62,18 +62,7 @@ def weight_bytes_per_device(model: ModelSpec, parallel: ParallelConfig, dtype: s
     names at ``dtype`` (scales included), everything else (the other linear
     layers, routers, norms, embedding, LM head) in 16 bits; sharded over TP,
     routed experts over the expert-parallel group when it is on."""
-    wb = dtype_bytes("dtype", dtype)
-    tp, ep = parallel.tensor_parallel_size, parallel.expert_parallel_size
-    m = model
-    linear = {"attention": m.num_layers * m.attn_linear_params_per_layer(),
-              "dense_mlp": m.num_dense_layers * m.dense_mlp_params_per_layer(),
-              "shared_experts": m.num_moe_layers * m.shared_expert_params()}
-    experts = m.num_moe_layers * m.num_experts * m.expert_params()
-    quantized = sum(n for part, n in linear.items() if quantizes(quantized_layers, part))
-    rest = m.num_params() - experts - quantized  # 16-bit: everything not quantized but the experts
-    expert_bytes = wb if quantizes(quantized_layers, "routed_experts") else 2
-    expert_shards = ep if ep > 1 else tp
-    return (rest * 2 + quantized * wb) / tp + experts * expert_bytes / expert_shards
+    return weight_split(model, parallel, quantized_layers).bytes_per_device(dtype_bytes("dtype", dtype))
 
 
 def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
@@ -102,10 +91,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     budget = gpu_memory_utilization * hardware.memory_bytes
     weights = weight_bytes_per_device(model, parallel, runtime.dtype, runtime.quantized_layers)
     activations = activation_peak_bytes(model, parallel, max_num_batched_tokens, max_num_seqs)
-    if model.is_mla:
-        per_layer = float(model.kv_bytes_per_layer_per_token(kvb))
-    else:
-        per_layer = 2 * max(1.0, model.num_kv_heads / tp) * model.head_dim * kvb
+    per_layer = model.kv_bytes_per_layer_per_rank(kvb, tp)
     bytes_per_block = block_size * (model.num_full_attention_layers + drafter_kv_layers) * per_layer
     if not bytes_per_block > 0:  # no full-attention layer, or a zero head size: no block to count
         raise ValueError(f"{model.name}: a KV block of {block_size} tokens takes {bytes_per_block} bytes "

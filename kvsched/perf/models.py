@@ -330,6 +330,21 @@ class ModelSpec:
             return (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype_bytes
         return 2 * self.num_kv_heads * self.head_dim * kv_dtype_bytes
 
+    def kv_heads_per_rank(self, tensor_parallel_size: int) -> float:
+        """KV heads on one tensor-parallel rank: split over the ranks, but
+        never below one (vLLM replicates them when there are fewer KV heads
+        than ranks). The one owner of that rule."""
+        return max(1.0, self.num_kv_heads / tensor_parallel_size)
+
+    def kv_bytes_per_layer_per_rank(self, kv_dtype_bytes: float, tensor_parallel_size: int) -> float:
+        """KV-cache bytes one token adds to one layer on one tensor-parallel
+        rank: K and V of the rank's KV heads (:meth:`kv_heads_per_rank`);
+        MLA's latent is replicated on every rank. The one owner of the KV
+        bytes per token that the step time reads and the memory plan holds."""
+        if self.is_mla:
+            return float(self.kv_bytes_per_layer_per_token(kv_dtype_bytes))
+        return 2 * self.kv_heads_per_rank(tensor_parallel_size) * self.head_dim * kv_dtype_bytes
+
     def kv_bytes_per_token(self, kv_dtype_bytes: float = 2) -> float:
         """KV bytes each token adds, over full-attention layers only.
 

@@ -148,6 +148,20 @@ class ParallelConfig:
         return 1
 
     @property
+    def expert_shards(self) -> int:
+        """Devices the routed experts are split over: the expert-parallel
+        group when expert parallelism is on (whole experts per rank), else the
+        TP group (every expert split over it)."""
+        ep = self.expert_parallel_size
+        return ep if ep > 1 else self.tensor_parallel_size
+
+    @property
+    def expert_tensor_parallel_size(self) -> int:
+        """Ranks each routed expert's weights are split over: 1 under expert
+        parallelism, else the TP group (see :attr:`expert_shards`)."""
+        return 1 if self.expert_parallel_size > 1 else self.tensor_parallel_size
+
+    @property
     def uses_all_to_all(self) -> bool:
         """vLLM dispatches tokens to experts with all-to-all kernels only when
         expert parallelism spans data-parallel ranks (FusedMoE's
@@ -179,6 +193,59 @@ class RuntimeConfig:
     @property
     def kv_bytes(self) -> int:
         return kv_cache_dtype_bytes(self.kv_cache_dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSplit:
+    """A deployment's parameters by how they lie on one device (whole-model
+    counts; see :func:`weight_split`): ``quantized``, the linear layers the
+    weight format covers but the routed experts; ``linear16``, the other
+    linear layers and the MoE routers (16-bit, read by every token);
+    ``routed_experts``; ``sixteen_bit``, everything 16-bit (``linear16``
+    plus embedding, LM head, norms). All but the routed experts split over
+    TP; the routed experts over ``expert_shards``."""
+
+    tensor_parallel_size: int
+    expert_shards: int
+    quantized: int
+    linear16: int
+    routed_experts: int
+    sixteen_bit: int
+    experts_quantized: bool
+
+    def bytes_per_device(self, weight_bytes: float) -> float:
+        """Weight bytes on one device, ``weight_bytes`` per quantized weight
+        (scales included), 2 per 16-bit one."""
+        expert_bytes = weight_bytes if self.experts_quantized else 2
+        return ((self.sixteen_bit * 2 + self.quantized * weight_bytes) / self.tensor_parallel_size
+                + self.routed_experts * expert_bytes / self.expert_shards)
+
+
+def weight_split(model: ModelSpec, parallel: ParallelConfig, quantized_layers: str = "all") -> WeightSplit:
+    """The one owner of which weights a format covers and how they split
+    over the devices (:class:`WeightSplit`): the step time reads the
+    per-device linear weights from it, the memory plan their bytes."""
+    m = model
+    linear = {"attention": m.num_layers * m.attn_linear_params_per_layer(),
+              "dense_mlp": m.num_dense_layers * m.dense_mlp_params_per_layer(),
+              "shared_experts": m.num_moe_layers * m.shared_expert_params()}
+    quantized = sum(n for part, n in linear.items() if quantizes(quantized_layers, part))
+    linear16 = (sum(n for part, n in linear.items() if not quantizes(quantized_layers, part))
+                + m.num_moe_layers * m.router_params_per_layer())
+    experts = m.num_moe_layers * m.num_experts * m.expert_params()
+    return WeightSplit(parallel.tensor_parallel_size, parallel.expert_shards, quantized, linear16, experts,
+                       m.num_params() - experts - quantized, quantizes(quantized_layers, "routed_experts"))
+
+
+def combine_step_time(gpu: float, cpu: float, async_scheduling: bool) -> float:
+    """A step's wall seconds from its forward pass (``gpu``) and its host
+    work (``cpu``): with async scheduling the CPU work of scheduling the next
+    step overlaps this forward pass, so the longer of the two; without, one
+    after the other. The one owner of that rule, for every backend and for
+    stepping and fast-forward alike (the same float)."""
+    if async_scheduling:
+        return gpu if gpu > cpu else cpu
+    return gpu + cpu
 
 
 @dataclass(slots=True)
@@ -258,14 +325,11 @@ class StepTimeModel:
         self.attn_flops = hw.bf16_flops * hw.prefill_attn_mfu
         m = model
         L = m.num_layers
-        layers = runtime.quantized_layers
-        parts = {"attention": L * m.attn_linear_params_per_layer(),
-                 "dense_mlp": m.num_dense_layers * m.dense_mlp_params_per_layer(),
-                 "shared_experts": m.num_moe_layers * m.shared_expert_params()}
-        self.dense_params = sum(n for part, n in parts.items() if quantizes(layers, part)) / tp
-        self.dense16_params = (sum(n for part, n in parts.items() if not quantizes(layers, part))
-                               + m.num_moe_layers * m.router_params_per_layer()) / tp
-        experts_quantized = quantizes(layers, "routed_experts")
+        split = weight_split(m, parallel, runtime.quantized_layers)
+        self.dense_params = split.quantized / tp
+        self.dense16_params = split.linear16 / tp
+        self.expert_shards = split.expert_shards
+        experts_quantized = split.experts_quantized
         self.expert_bytes = wb if experts_quantized else 2.0
         self.expert_flops = self.lin_flops if experts_quantized else self.head_flops
         self.lm_head_params = m.lm_head_matmul_params() / tp
@@ -278,16 +342,14 @@ class StepTimeModel:
         # Attention per device: heads split over TP; KV heads too, but never
         # below one (vLLM replicates them); MLA's latent is replicated.
         heads = m.num_heads / tp
+        kv_per_layer = m.kv_bytes_per_layer_per_rank(kvb, tp)
         if m.is_mla:
-            kv_per_layer = float(m.kv_bytes_per_layer_per_token(kvb))
             latent = m.kv_lora_rank + m.qk_rope_head_dim
             self.decode_flops_per_key = 2 * heads * (latent + m.kv_lora_rank)
             self.prefill_flops_per_pair = 2 * heads * (m.head_dim + m.v_head_dim)
             # Un-absorbed prefill first expands the latent into per-head K and V.
             self.prefill_flops_per_kv = 2 * m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
         else:
-            kv_heads = max(1.0, m.num_kv_heads / tp)
-            kv_per_layer = 2 * kv_heads * m.head_dim * kvb
             self.decode_flops_per_key = 4 * heads * m.head_dim
             self.prefill_flops_per_pair = 4 * heads * m.head_dim
             self.prefill_flops_per_kv = 0.0
@@ -393,12 +455,13 @@ class StepTimeModel:
         E, k, p = self.num_experts, self.topk, self.expert_params
         # Expected distinct experts hit by global_tokens × k uniform picks.
         touched = E * (1.0 - (1.0 - k / E) ** global_tokens)
+        shards = self.expert_shards
         if self.ep > 1:
-            flops = 2.0 * global_tokens * k * p / self.ep
-            nbytes = touched / self.ep * p * self.expert_bytes
+            flops = 2.0 * global_tokens * k * p / shards
+            nbytes = touched / shards * p * self.expert_bytes
         else:
-            flops = 2.0 * tokens * k * p / self.tp
-            nbytes = touched * p * self.expert_bytes / self.tp
+            flops = 2.0 * tokens * k * p / shards
+            nbytes = touched * p * self.expert_bytes / shards
         return _roof(flops, self.expert_flops, nbytes, self.weight_bw)
 
     def _attention_time(self, s: BatchShape) -> float:
@@ -459,9 +522,7 @@ class StepTimeModel:
         if drafter is not None:
             gpu += drafter.gpu_time(shape, global_tokens)
             cpu += drafter.cpu_time(shape)
-        if self.async_scheduling:
-            return gpu if gpu > cpu else cpu
-        return gpu + cpu
+        return combine_step_time(gpu, cpu, self.async_scheduling)
 
     def decode_step_time(self, num_reqs: int, decode_kv_tokens: int,
                          global_tokens: int | None = None) -> float:
@@ -513,9 +574,5 @@ class StepTimeModel:
                 attn = 0.0
             if sliding:
                 attn += self._attention_layer(min(kv, window_kv), 0, 0) * sliding
-            gpu = lin + attn + rest
-            if overlap:
-                append(gpu if gpu > cpu else cpu)
-            else:
-                append(gpu + cpu)
+            append(combine_step_time(lin + attn + rest, cpu, overlap))
         return out

@@ -24,7 +24,7 @@ import math
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,51 @@ SLO_METRICS = ("ttft", "tpot", "e2el")
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el", "client_queue_time", "e2el_including_client_queue")
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+Seconds = TypeVar("Seconds", float, FloatArray)
+
+
+def ttft(send_time: Seconds, first_token_time: Seconds) -> Seconds:
+    """Time to first token: from the client's send to the first token. The
+    one owner of TTFT (a request's, or a column of them)."""
+    return first_token_time - send_time
+
+
+def e2el(send_time: Seconds, finish_time: Seconds) -> Seconds:
+    """End-to-end latency: from the client's send to the last token."""
+    return finish_time - send_time
+
+
+@overload
+def tpot(ttft_s: float, e2el_s: float, num_output_tokens: int) -> float: ...
+
+
+@overload
+def tpot(ttft_s: FloatArray, e2el_s: FloatArray, num_output_tokens: IntArray) -> FloatArray: ...
+
+
+def tpot(ttft_s: float | FloatArray, e2el_s: float | FloatArray,
+         num_output_tokens: int | IntArray) -> float | FloatArray:
+    """Time per output token after the first, vLLM's ``(e2el - ttft) /
+    (output tokens - 1)``: measured from the first token, not the send. Only
+    for requests with more than one output token (:func:`has_tpot`). The one
+    owner of TPOT."""
+    return (e2el_s - ttft_s) / (num_output_tokens - 1)
+
+
+def has_tpot(num_output_tokens: int) -> bool:
+    """Whether a request has a TPOT: vLLM leaves one-token outputs out of
+    the TPOT list (and counts them TPOT 0 for goodput)."""
+    return num_output_tokens > 1
+
+
+def request_latencies(send_time: float, first_token_time: float, finish_time: float,
+                      num_output_tokens: int) -> tuple[float, float, float | None]:
+    """One request's (TTFT, E2EL, TPOT or None), in seconds."""
+    first = ttft(send_time, first_token_time)
+    end = e2el(send_time, finish_time)
+    return first, end, tpot(first, end, num_output_tokens) if has_tpot(num_output_tokens) else None
 
 
 @dataclass(slots=True)
@@ -68,18 +113,17 @@ class RequestRecord:
 
     @property
     def ttft(self) -> float:
-        return self.first_token_time - self.send_time
+        return ttft(self.send_time, self.first_token_time)
 
     @property
     def e2el(self) -> float:
-        return self.finish_time - self.send_time
+        return e2el(self.send_time, self.finish_time)
 
     @property
     def tpot(self) -> float | None:
         """None for a one-token output (vLLM leaves it out of the TPOT list)."""
-        if self.num_output_tokens <= 1:
-            return None
-        return (self.e2el - self.ttft) / (self.num_output_tokens - 1)
+        return request_latencies(self.send_time, self.first_token_time, self.finish_time,
+                                 self.num_output_tokens)[2]
 
     @property
     def client_queue_time(self) -> float:
@@ -538,12 +582,12 @@ def compute_metrics(
     if goodput_slos:
         _check_slos(goodput_slos)
     t = _Timings(records)
-    ttft = t.first - t.send
-    e2el = t.finish - t.send
-    multi = t.output > 1
-    tpot = (e2el[multi] - ttft[multi]) / (t.output[multi] - 1)
+    ttfts = ttft(t.send, t.first)
+    e2els = e2el(t.send, t.finish)
+    multi = t.output > 1  # has_tpot, per request
+    tpots = tpot(ttfts[multi], e2els[multi], t.output[multi])
     tpot_or_zero = np.zeros(len(records))
-    tpot_or_zero[multi] = tpot
+    tpot_or_zero[multi] = tpots
 
     total_input = int(t.prompt.sum())
     total_output = int(t.output.sum())
@@ -556,14 +600,14 @@ def compute_metrics(
         "request_throughput": len(records) / duration,
     }
     if goodput_slos:
-        result["request_goodput"] = _goodput_count(ttft, tpot_or_zero, e2el, goodput_slos) / duration
+        result["request_goodput"] = _goodput_count(ttfts, tpot_or_zero, e2els, goodput_slos) / duration
     result["output_throughput"] = total_output / duration
     result["total_token_throughput"] = (total_input + total_output) / duration
     result.update(_peaks(t, token_times))
 
     queue = t.send - t.arrival
-    columns: dict[str, FloatArray] = {"ttft": ttft, "tpot": tpot, "e2el": e2el, "client_queue_time": queue,
-                                      "e2el_including_client_queue": e2el + queue}
+    columns: dict[str, FloatArray] = {"ttft": ttfts, "tpot": tpots, "e2el": e2els, "client_queue_time": queue,
+                                      "e2el_including_client_queue": e2els + queue}
     for metric in PERCENTILE_METRICS:
         if metric not in percentile_metrics:
             continue

@@ -13,8 +13,9 @@ exceed its target whatever the unfinished requests do:
   request count (at least the final N) keeps it safe;
 - a mean of non-negative values is at least (sum so far) / N.
 
-The definitions follow kvsched.sim.metrics (TTFT and E2EL from the send;
-TPOT over requests with more than one output token). A deployment the guard
+The definitions are kvsched.sim.metrics' own (``request_latencies``: TTFT
+and E2EL from the send, TPOT from the first token, over requests with more
+than one output token). A deployment the guard
 stops misses the SLO in the full simulation too (tests/tune/test_guard.py
 checks it on random runs).
 """
@@ -24,6 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Any
+
+from kvsched.sim.metrics import request_latencies
 
 
 class SloMissed(Exception):
@@ -51,11 +54,11 @@ class SloGuard:
                 continue
             self.seen[i] = n
             for j in range(start, n):
-                send, first, finish = rec.send_time[j], rec.first_token_time[j], rec.finish_time[j]
-                out = rec.num_output_tokens[j]
-                values = {"ttft": first - send, "e2el": finish - send}
-                if out > 1:
-                    values["tpot"] = (finish - first) / (out - 1)
+                first, end, per_token = request_latencies(rec.send_time[j], rec.first_token_time[j],
+                                                          rec.finish_time[j], rec.num_output_tokens[j])
+                values = {"ttft": first, "e2el": end}
+                if per_token is not None:
+                    values["tpot"] = per_token
                 for name, target in self.targets:
                     v = values.get(name)
                     if v is None:

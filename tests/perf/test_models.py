@@ -348,3 +348,30 @@ def test_fine_tuned_and_quantized_checkpoints_resolve_to_their_catalog_base() ->
                                                                  CheckpointFormat("fp8", "fp8"))
     assert catalog_match("someone/Llama-3.1-8B-Instruct-FP16") is None
     assert get_model("meta-llama/Llama-3.1-8B-Instruct").name == "meta-llama/Llama-3.1-8B"
+
+
+@pytest.mark.parametrize(("name", "tp", "expected"), [
+    # 4 KV heads of 128 over 8 ranks: replicated, one per rank; K and V, 2 bytes.
+    ("Qwen/Qwen3-235B-A22B", 8, 2 * 1 * 128 * 2),
+    ("Qwen/Qwen3-235B-A22B", 2, 2 * 2 * 128 * 2),
+    ("Llama-3.1-70B", 4, 2 * 2 * 128 * 2),        # 8 KV heads over 4 ranks
+    ("Llama-3.1-70B", 1, 2 * 8 * 128 * 2),
+    # MLA: the 512 + 64 latent, replicated on every rank.
+    ("deepseek-ai/DeepSeek-V3", 1, (512 + 64) * 2),
+    ("deepseek-ai/DeepSeek-V3", 8, (512 + 64) * 2),
+])
+def test_kv_bytes_per_layer_per_rank(name: str, tp: int, expected: int) -> None:
+    assert get_model(name).kv_bytes_per_layer_per_rank(2, tp) == expected
+    assert get_model(name).kv_bytes_per_layer_per_rank(1, tp) == expected / 2  # an FP8 cache
+
+
+def test_the_step_time_and_the_memory_plan_read_the_same_kv_bytes() -> None:
+    from kvsched.perf import get_hardware
+    from kvsched.perf.memory import plan_memory
+    from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, StepTimeModel
+
+    qwen, h200 = get_model("Qwen/Qwen3-235B-A22B"), get_hardware("h200")
+    runtime = RuntimeConfig(dtype="fp8_block")
+    assert StepTimeModel(qwen, h200, ParallelConfig(8), runtime).kv_bytes_per_layer == 512
+    plan = plan_memory(qwen, h200, ParallelConfig(8), runtime, 16, 0.9, 8192, 256)
+    assert plan.bytes_per_block == 16 * 94 * 512

@@ -13,7 +13,9 @@ from kvsched.perf.step_time import (
     ParallelConfig,
     RuntimeConfig,
     StepTimeModel,
+    combine_step_time,
     cudagraph_capture_sizes,
+    weight_split,
 )
 
 H100 = get_hardware("h100-sxm")
@@ -128,3 +130,58 @@ def test_fp8_kv_cache_doubles_capacity_per_byte() -> None:
                       8192, 256)
     assert fp8.bytes_per_block == bf16.bytes_per_block / 2
     assert fp8.num_gpu_blocks in (2 * bf16.num_gpu_blocks, 2 * bf16.num_gpu_blocks + 1)
+
+
+@pytest.mark.parametrize("cpu_step_s", [0.0, 0.5])
+def test_async_scheduling_overlaps_cpu_on_a_step_with_prefill(cpu_step_s: float) -> None:
+    # A mixed step (a 512-token prefill chunk beside 8 decodes) takes the
+    # general path, not the decode fast path: its CPU work must overlap the
+    # forward pass too. 0.5 s of CPU per step is far above the forward pass,
+    # 0 far below it: both sides of the max are checked.
+    shape = BatchShape(520, 9, 9, 8, 8 * 2000, 512, 512, 512 * 513 // 2)
+    terms = {"cpu_step_s": cpu_step_s, "cpu_per_request_s": 1e-3}
+    gpu = StepTimeModel(LLAMA8, H100, runtime=RuntimeConfig(async_scheduling=False, **terms)).gpu_time(shape)
+    cpu = cpu_step_s + 9 * 1e-3
+    overlap = StepTimeModel(LLAMA8, H100, runtime=RuntimeConfig(async_scheduling=True, **terms))
+    sync = StepTimeModel(LLAMA8, H100, runtime=RuntimeConfig(async_scheduling=False, **terms))
+    assert overlap.step_time(shape) == pytest.approx(max(gpu, cpu), rel=1e-12)
+    assert sync.step_time(shape) == pytest.approx(gpu + cpu, rel=1e-12)
+
+
+@pytest.mark.parametrize(("gpu", "cpu", "overlap", "expected"), [
+    (3e-3, 1e-3, True, 3e-3), (1e-3, 3e-3, True, 3e-3),
+    (3e-3, 1e-3, False, 4e-3), (1e-3, 3e-3, False, 4e-3)])
+def test_combine_step_time(gpu: float, cpu: float, overlap: bool, expected: float) -> None:
+    assert combine_step_time(gpu, cpu, overlap) == pytest.approx(expected, rel=1e-15)
+
+
+# Qwen3-30B-A3B: 48 layers, hidden 2048, 32 query and 4 KV heads of 128,
+# 128 experts of 768 (gate, up, down), vocabulary 151,936 untied, per-head
+# q/k norms.
+QWEN30_ATTENTION = 48 * (2 * 2048 * 32 * 128 + 2 * 2048 * 4 * 128)   # q, o; k, v
+QWEN30_ROUTERS = 48 * 2048 * 128
+QWEN30_EXPERTS = 48 * 128 * 3 * 2048 * 768
+QWEN30_REST = 2 * 151_936 * 2048 + 48 * (2 * 2048 + 2 * 128) + 2048  # embeddings, norms
+
+
+def test_weight_split_of_a_moe_over_tp_and_over_ep() -> None:
+    qwen = get_model("Qwen3-30B-A3B")
+    # MXFP4-style format over the routed experts only, TP2 without EP:
+    # attention and routers 16-bit over TP, every expert split over TP.
+    split = weight_split(qwen, ParallelConfig(2), "experts")
+    assert (split.quantized, split.linear16, split.routed_experts) == (
+        0, QWEN30_ATTENTION + QWEN30_ROUTERS, QWEN30_EXPERTS)
+    assert split.sixteen_bit == QWEN30_ATTENTION + QWEN30_ROUTERS + QWEN30_REST
+    assert (split.tensor_parallel_size, split.expert_shards, split.experts_quantized) == (2, 2, True)
+    assert split.bytes_per_device(1.0) == pytest.approx(
+        (QWEN30_ATTENTION + QWEN30_ROUTERS + QWEN30_REST) * 2 / 2 + QWEN30_EXPERTS / 2, rel=1e-15)
+    # TP2 x DP2 with expert parallelism: whole experts over the 4 ranks.
+    ep = weight_split(qwen, ParallelConfig(2, 2, True), "all")
+    assert (ep.quantized, ep.linear16, ep.expert_shards) == (QWEN30_ATTENTION, QWEN30_ROUTERS, 4)
+    assert ep.bytes_per_device(1.0) == pytest.approx(
+        ((QWEN30_ROUTERS + QWEN30_REST) * 2 + QWEN30_ATTENTION) / 2 + QWEN30_EXPERTS / 4, rel=1e-15)
+    assert weight_bytes_per_device(qwen, ParallelConfig(2, 2, True), "fp8") == ep.bytes_per_device(1.0)
+    # The step time reads the same split: per-device linear weights.
+    sm = StepTimeModel(qwen, H100, ParallelConfig(2, 2, True), RuntimeConfig(dtype="fp8"))
+    assert (sm.dense_params, sm.dense16_params, sm.expert_shards) == (
+        QWEN30_ATTENTION / 2, QWEN30_ROUTERS / 2, 4)

@@ -16,7 +16,11 @@ from kvsched.sim.metrics import (
     SampleAccumulator,
     benchmark_duration,
     compute_metrics,
+    e2el,
     parse_goodput,
+    request_latencies,
+    tpot,
+    ttft,
 )
 
 # Three requests, times in seconds:
@@ -346,3 +350,21 @@ def test_record_table_reads_as_its_records_and_gives_the_same_metrics() -> None:
     assert both[0].token_times is None and both[-1].itls == [0.5]
     with pytest.raises(IndexError):
         table[200]
+
+
+def test_the_latency_definitions() -> None:
+    # Sent at 1 s, first token at 3 s, ten tokens, the last at 3.09 s.
+    assert ttft(1.0, 3.0) == pytest.approx(2.0)
+    assert e2el(1.0, 3.09) == pytest.approx(2.09)
+    assert tpot(2.0, 2.09, 10) == pytest.approx(0.01)   # from the first token, not the send
+    assert request_latencies(1.0, 3.0, 3.09, 10) == pytest.approx((2.0, 2.09, 0.01))
+    assert request_latencies(1.0, 3.0, 3.0, 1)[2] is None  # one token: no TPOT
+    record = RequestRecord("r", 1.0, 3.0, 3.09, 5, 10)
+    assert (record.ttft, record.e2el, record.tpot) == pytest.approx((2.0, 2.09, 0.01))
+    columns = tpot(np.array([2.0, 0.5]), np.array([2.09, 1.5]), np.array([10, 3]))
+    assert columns == pytest.approx([0.01, 0.5])
+    metrics = compute_metrics([record, RequestRecord("s", 0.0, 0.5, 1.5, 5, 3)], [], 4.0,
+                              goodput_slos={"tpot": 20.0})
+    assert metrics["mean_ttft_ms"] == pytest.approx(1250.0)
+    assert metrics["mean_tpot_ms"] == pytest.approx(255.0)
+    assert metrics["request_goodput"] == pytest.approx(1 / 4.0)  # only the 10 ms TPOT meets 20 ms

@@ -153,5 +153,6 @@ def test_prepare_resolves_the_random_dataset_defaults() -> None:
     run = prepare(RunSpec(workload=WorkloadSpec(num_prompts=3)))
     w = run.spec.workload
     # vllm bench serve's random dataset: 1024 in, 128 out, all at once.
-    assert (w.random_input_len, w.random_output_len, w.request_rate, w.burstiness) == (1024, 128, math.inf, 1.0)
+    resolved = (w.random_input_len, w.random_output_len, w.request_rate, w.burstiness)
+    assert resolved == (1024, 128, math.inf, 1.0)
     assert len(run.workload.requests) == 3

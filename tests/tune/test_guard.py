@@ -3,11 +3,16 @@ Differential check against the full simulation on random runs and SLOs."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvsched.sim.flags import parse_spec
+from kvsched.sim.metrics import RecordTable
 from kvsched.tune.evaluate import Job, run_job
+from kvsched.tune.guard import SloGuard, SloMissed
 from kvsched.tune.search import Slo
 
 
@@ -41,3 +46,35 @@ def test_a_stopped_run_misses_its_slo_and_a_finished_one_is_unchanged(
         assert guarded["metrics"] == full["metrics"]
     if met:
         assert "missed" not in guarded
+
+
+def _cluster(rows: list[tuple[float, float, float, int]]) -> SimpleNamespace:
+    """One rank whose finished requests are ``(send, first token, finish,
+    output tokens)``."""
+    records = RecordTable()
+    for i, (send, first, finish, out) in enumerate(rows):
+        records.append(str(i), send, first, finish, 16, out, send)
+    return SimpleNamespace(ranks=[SimpleNamespace(records=records)])
+
+
+def test_the_guard_measures_tpot_from_the_first_token() -> None:
+    # A 2 s wait for the first token, then 10 tokens 10 ms apart: TPOT is
+    # 10 ms (from the first token), not ~0.23 s (from the send).
+    slow_start = [(0.0, 2.0, 2.09, 10)] * 4
+    SloGuard([("tpot", 20.0)], "mean", 4)(_cluster(slow_start))
+    SloGuard([("tpot", 20.0)], "99", 4)(_cluster(slow_start))
+    # 30 ms between tokens misses a 20 ms target whatever the send time.
+    slow_tokens = [(0.0, 0.01, 0.28, 10)] * 4
+    with pytest.raises(SloMissed, match="tpot"):
+        SloGuard([("tpot", 20.0)], "mean", 4)(_cluster(slow_tokens))
+    with pytest.raises(SloMissed, match="tpot"):
+        SloGuard([("tpot", 20.0)], "99", 4)(_cluster(slow_tokens))
+
+
+def test_the_guard_measures_ttft_and_e2el_from_the_send() -> None:
+    late = [(5.0, 5.3, 5.4, 2)] * 3  # sent at 5 s: TTFT 300 ms, E2EL 400 ms
+    SloGuard([("ttft", 350.0), ("e2el", 450.0)], "mean", 3)(_cluster(late))
+    with pytest.raises(SloMissed, match="ttft"):
+        SloGuard([("ttft", 250.0)], "mean", 3)(_cluster(late))
+    with pytest.raises(SloMissed, match="e2el"):
+        SloGuard([("e2el", 350.0)], "mean", 3)(_cluster(late))

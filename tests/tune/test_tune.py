@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,39 +33,66 @@ def _runner() -> Runner:
     return Runner(LocalExecutor(1), ResultCache(None, "test"))
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """One candidate at one rate, as the reference reads its full simulation."""
+
+    label: str
+    order: tuple[object, ...]
+    meets: bool
+    goodput_per_gpu: float
+    num_gpus: int
+    first_metric_ms: float
+
+
+def _reference_answer(problem: Problem, c: Candidate, rate: float | None) -> _Answer | None:
+    """The candidate simulated to the end (no early stop), its objectives
+    computed here from vllm bench's keys: the SLO statistic of each target at
+    or under it; request goodput over the GPUs (tensor x data parallel)."""
+    job = dataclasses.replace(problem.job(c, rate), guard=None)
+    result = run_job(job)
+    if "error" in result:
+        return None
+    metrics = result["metrics"]
+    stat = "mean" if problem.slo.percentile == "mean" else f"p{problem.slo.percentile}"
+    meets = all(metrics[f"{stat}_{name}_ms"] <= target for name, target in problem.slo.targets)
+    gpus = c.tensor_parallel_size * c.data_parallel_size
+    assert result["num_gpus"] == gpus
+    first = problem.slo.targets[0][0]
+    return _Answer(c.label(), c.order_key(), meets, metrics["request_goodput"] / gpus, gpus,
+                   metrics[f"{stat}_{first}_ms"])
+
+
 def _brute_force(problem: Problem, candidates: list[Candidate], rates: list[float] | None,
                  ) -> tuple[str | None, list[str]]:
-    """Every candidate at every rate, each simulated on its own through run_job;
-    the best and the Pareto front by the same definitions, computed here."""
-    answers = []
+    """Every candidate at every rate, each simulated on its own and to the end;
+    the best (most goodput per GPU, then fewer GPUs, then the candidate
+    order) and the Pareto front, computed here."""
+    assert problem.objective == "goodput-per-gpu"
+    answers: list[_Answer] = []
     for c in candidates:
         if rates is None:
-            result = run_job(problem.job(c, 6.0))
-            if "error" in result:
-                continue
-            answers.append(problem.evaluated(c, 6.0, result))
+            answer = _reference_answer(problem, c, 6.0)
+            if answer is not None:
+                answers.append(answer)
             continue
-        feasible = []
-        results = [run_job(problem.job(c, r)) for r in rates]
-        if any("error" in r for r in results):
+        at_rates = [_reference_answer(problem, c, r) for r in rates]
+        if any(a is None for a in at_rates):
             continue
-        evaluated = [problem.evaluated(c, r, res) for r, res in zip(rates, results)]
+        evaluated = [a for a in at_rates if a is not None]
         # The highest grid rate below the first miss (the search's premise).
-        for e in evaluated:
-            if not e.meets_slo:
+        feasible: list[_Answer] = []
+        for a in evaluated:
+            if not a.meets:
                 break
-            feasible.append(e)
+            feasible.append(a)
         answers.append(feasible[-1] if feasible else evaluated[0])
-    ok = [e for e in answers if e.meets_slo]
-    best = max(ok, key=lambda e: (problem.score(e), tuple(-1 * 0 for _ in ())), default=None)
-    if ok:
-        top = max(problem.score(e) for e in ok)
-        best = min((e for e in ok if problem.score(e) == top), key=lambda e: e.candidate.order_key())
-    first = problem.slo.key(problem.slo.targets[0][0])
-    front = sorted(e.candidate.label() for e in ok if not any(
-        o.goodput_per_gpu >= e.goodput_per_gpu and o.metrics[first] <= e.metrics[first]
-        and (o.goodput_per_gpu > e.goodput_per_gpu or o.metrics[first] < e.metrics[first]) for o in ok))
-    return (best.candidate.label() if best else None), front
+    ok = [a for a in answers if a.meets]
+    best = min(ok, key=lambda a: (-a.goodput_per_gpu, a.num_gpus, a.order), default=None)
+    front = sorted(a.label for a in ok if not any(
+        o.goodput_per_gpu >= a.goodput_per_gpu and o.first_metric_ms <= a.first_metric_ms
+        and (o.goodput_per_gpu > a.goodput_per_gpu or o.first_metric_ms < a.first_metric_ms) for o in ok))
+    return (best.label if best else None), front
 
 
 SPACES = {
