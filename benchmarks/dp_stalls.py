@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
-from kvsched.sim.compare import PRESETS
+from kvsched.commands.compare import PRESETS
 from kvsched.sim.dp import DPSimulator
 from kvsched.sim.flags import parse_spec
 from kvsched.sim.run import build_dp_simulator, prepare, sim_config

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvsched.sim.compare import PRESETS
+from kvsched.commands.compare import PRESETS
 from kvsched.sim.flags import parse_spec
 from kvsched.sim.run import run as run_spec
 

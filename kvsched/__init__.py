@@ -10,8 +10,7 @@ from kvsched.core.scheduler import Scheduler
 # per-request output of a step is kvsched.core.output.EngineCoreOutput, as in vLLM).
 from kvsched.engine.outputs import CompletionOutput, RequestOutput
 from kvsched.request import Request, RequestStatus, SamplingParams
-
-__version__ = "0.1.0"
+from kvsched.version import __version__
 
 
 def __getattr__(name: str) -> object:

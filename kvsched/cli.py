@@ -81,15 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--explain", action="store_true",
                     help="print a per-step table with why waiting requests were not admitted")
     rp.set_defaults(func=_cmd_replay)
-    from kvsched.sim.command import add_simulate_parser
-    from kvsched.sim.compare import add_compare_parser
+    from kvsched.commands.compare import add_compare_parser
+    from kvsched.commands.simulate import add_simulate_parser
 
     add_simulate_parser(sub)
     add_compare_parser(sub)
-    from kvsched.calibrate import add_calibrate_parser
+    from kvsched.commands.calibrate import add_calibrate_parser
 
     add_calibrate_parser(sub)
-    from kvsched.tune.command import add_tune_parser
+    from kvsched.commands.tune import add_tune_parser
 
     add_tune_parser(sub)
     from kvsched.engine.command import add_generate_parser

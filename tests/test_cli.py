@@ -163,8 +163,8 @@ def test_engine_commands_without_torch_say_what_to_install(tmp_path: Path) -> No
 
 
 def test_core_simulator_and_cli_import_without_torch() -> None:
-    code = ("import sys; sys.modules['torch'] = None; import kvsched, kvsched.cli, kvsched.sim.command, "
-            "kvsched.sim.dp, kvsched.model; print(kvsched.RequestOutput.__name__)")
+    code = ("import sys; sys.modules['torch'] = None; import kvsched, kvsched.cli, "
+            "kvsched.commands.simulate, kvsched.sim.dp, kvsched.model; print(kvsched.RequestOutput.__name__)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "RequestOutput"

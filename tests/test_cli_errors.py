@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kvsched import cli
-from kvsched.sim import command
+from kvsched.commands import simulate as command
 
 
 def failing(exc: BaseException) -> object:
@@ -143,7 +143,7 @@ def test_a_real_bad_input_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_compare_reports_a_bug_in_one_variant_as_an_internal_error(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from kvsched.sim import compare
+    from kvsched.commands import compare
 
     real_run = compare.run_prepared
 

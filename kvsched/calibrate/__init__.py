@@ -12,11 +12,11 @@ engine flags) to serving runs of it, and writes a file that ``simulate`` and
 * ``loss`` - the relative errors of a replay and the fit's loss over them;
 * ``terms`` - the terms' units, optimiser scales and meanings;
 * ``fit`` - the optimiser and ``Calibrator``;
-* ``report`` - the printed tables and the written file's provenance;
-* ``command`` - the ``kvsched calibrate`` command line.
+* ``report`` - the printed tables and the written file's provenance.
+
+The ``kvsched calibrate`` command line is :mod:`kvsched.commands.calibrate`.
 """
 
-from kvsched.calibrate.command import add_calibrate_parser, run_calibrate
 from kvsched.calibrate.fit import Calibration, Calibrator, FitResult
 from kvsched.calibrate.loss import LossGroups, RunErrors, loss_residuals, run_errors
 from kvsched.calibrate.replay import Replayer, SimulatedLatencies, check_run, workload_of
@@ -31,13 +31,11 @@ __all__ = [
     "Replayer",
     "RunErrors",
     "SimulatedLatencies",
-    "add_calibrate_parser",
     "check_run",
     "load_run",
     "loss_residuals",
     "parse_bench",
     "parse_requests",
-    "run_calibrate",
     "run_errors",
     "workload_of",
 ]

@@ -130,7 +130,7 @@ def test_an_address_where_no_cluster_answers_is_a_quick_error() -> None:
 
 
 def test_core_and_simulate_do_not_import_ray() -> None:
-    code = ("import sys, kvsched, kvsched.cli, kvsched.sim.command, kvsched.tune.command, "
+    code = ("import sys, kvsched, kvsched.cli, kvsched.commands.simulate, kvsched.commands.tune, "
             "kvsched.tune.executors; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

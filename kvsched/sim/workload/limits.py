@@ -2,7 +2,7 @@
 checks the workload's parts share.
 
 Each bound is checked before anything is allocated from the number;
-kvsched.sim.command and kvsched.sim.deployment bound the flags.
+kvsched.commands.simulate and kvsched.sim.deployment bound the flags.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
         --dataset-name azure --dataset-path conv.csv --target-rate 5 \\
         --slo ttft:2000 tpot:100 --slo-percentile 99 --save-result tune.json
 
-Every candidate is a ``kvsched simulate`` command line; the winners are
+Every candidate is a run spec (``kvsched simulate``'s); the winners are
 printed with the ``vllm serve`` line that runs them and the ``kvsched
 simulate`` line that reproduces their numbers.
 """
@@ -20,8 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvsched.progress import draw_progress
-from kvsched.sim.command import check_output_path
+from kvsched.commands import help_description
+from kvsched.commands.simulate import check_output_path
+from kvsched.progress import ProgressBar
+from kvsched.scheduler_defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
 from kvsched.sim.flags import add_workload_arguments, workload_spec_from_args
 from kvsched.sim.metrics import parse_goodput
@@ -59,7 +61,7 @@ ENGINE_DEFAULTS = {k: getattr(EngineOptions(), k) for k in FIXED_ENGINE}
 
 def add_tune_parser(sub: Any) -> None:
     p = sub.add_parser("tune", help="find the deployment that meets an SLO at the lowest cost",
-                       description=__doc__.splitlines()[0] if __doc__ else None)
+                       description=help_description(__doc__))
     g = p.add_argument_group("question")
     g.add_argument("--model", default="meta-llama/Llama-3.1-8B", help="catalog name or config.json")
     g.add_argument("--hardware", nargs="+", default=["h100-sxm"], help="hardware ids to consider")
@@ -84,16 +86,29 @@ def add_tune_parser(sub: Any) -> None:
                       help="per deployment, the highest rate that meets the SLO")
     s = p.add_argument_group("search space (each a list; --space FILE sets them from YAML/JSON)")
     s.add_argument("--space", metavar="FILE", help="YAML/JSON mapping of dimension -> list of values")
-    s.add_argument("--tp", "--tensor-parallel-size", dest="tensor_parallel_size", type=int, nargs="+")
-    s.add_argument("--dp", "--data-parallel-size", dest="data_parallel_size", type=int, nargs="+")
-    s.add_argument("--expert-parallel", nargs="+", choices=list(ON_OFF))
-    s.add_argument("--max-num-seqs", nargs="+", help="values, or 'default' for vLLM's")
-    s.add_argument("--max-num-batched-tokens", nargs="+", help="values, or 'default' for vLLM's")
-    s.add_argument("--chunked-prefill", nargs="+", choices=list(ON_OFF))
-    s.add_argument("--prefix-caching", nargs="+", choices=list(ON_OFF))
-    s.add_argument("--kv-cache-dtype", nargs="+")
-    s.add_argument("--scheduling-policy", nargs="+")
-    s.add_argument("--admission-policy", nargs="+")
+    s.add_argument("--tp", "--tensor-parallel-size", dest="tensor_parallel_size", type=int, nargs="+",
+                   metavar="N", help="tensor-parallel sizes to try (default: 1 2 4 8 within --max-gpus)")
+    s.add_argument("--dp", "--data-parallel-size", dest="data_parallel_size", type=int, nargs="+",
+                   metavar="N", help="data-parallel sizes to try (default: 1 2 4 ... within --max-gpus)")
+    s.add_argument("--expert-parallel", nargs="+", choices=list(ON_OFF),
+                   help="expert parallelism on and/or off (MoE models; default: both)")
+    s.add_argument("--max-num-seqs", nargs="+", metavar="N",
+                   help=f"max_num_seqs values, or 'default' for vLLM's (default: default "
+                        f"{DEFAULT_MAX_NUM_SEQS})")
+    s.add_argument("--max-num-batched-tokens", nargs="+", metavar="N",
+                   help="max_num_batched_tokens values, or 'default' for vLLM's (default: default "
+                        f"{DEFAULT_MAX_NUM_BATCHED_TOKENS})")
+    s.add_argument("--chunked-prefill", nargs="+", choices=list(ON_OFF),
+                   help="chunked prefill on and/or off (default: on)")
+    s.add_argument("--prefix-caching", nargs="+", choices=list(ON_OFF),
+                   help="prefix caching on and/or off (default: on)")
+    s.add_argument("--kv-cache-dtype", nargs="+", metavar="DTYPE",
+                   help="KV cache dtypes to try: auto, fp8 (default: auto)")
+    s.add_argument("--scheduling-policy", nargs="+", metavar="POLICY",
+                   help="scheduling policies to try: fcfs, priority (default: fcfs)")
+    s.add_argument("--admission-policy", nargs="+", metavar="POLICY",
+                   help="kvsched's admission policies to try: none, balance, prefill-cadence "
+                        "(default: none)")
     e = p.add_argument_group("engine settings every candidate shares")
     e.add_argument("--max-model-len", type=int)
     d = EngineOptions()
@@ -153,8 +168,9 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
         "tensor_parallel_size": powers,
         "data_parallel_size": [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= args.max_gpus],
         "enable_expert_parallel": [False, True] if is_moe else [False],
-        "max_num_seqs": [None, 128],
-        "max_num_batched_tokens": [None, 2048],
+        # vLLM serve's default for the GPU, and vLLM's generic default.
+        "max_num_seqs": [None, DEFAULT_MAX_NUM_SEQS],
+        "max_num_batched_tokens": [None, DEFAULT_MAX_NUM_BATCHED_TOKENS],
     }
     if args.space:
         dims.update(_read_space(args.space))
@@ -180,7 +196,7 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
 
 
 def _read_space(path: str) -> dict[str, list[Any]]:
-    from kvsched.sim.compare import read_variants_file  # YAML or JSON, with clear errors
+    from kvsched.commands.compare import read_variants_file  # YAML or JSON, with clear errors
 
     data = read_variants_file(path, "--space")
     if not isinstance(data, dict):
@@ -203,8 +219,8 @@ def _prices(items: list[str]) -> dict[str, float]:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from kvsched import __version__
     from kvsched.perf import get_model
+    from kvsched.version import __version__
 
     # Output paths are checked before anything is simulated.
     if args.report is not None:
@@ -262,10 +278,11 @@ def run_tune(args: argparse.Namespace) -> int:
                          f"{'; '.join(reasons[:3])}; allow more GPUs (--max-gpus) or larger ones")
     problem = Problem(model.name, base_spec, slo, args.objective, prices, is_random, base_rate,
                       file_digest(workload_spec.dataset_path), serve_flags)
+    bar = ProgressBar("simulations")
     progress = None
     if not args.no_progress and sys.stderr.isatty():
         def progress(done: int, total: int, best: str) -> None:
-            draw_progress(done, max(total, done), f"best so far: {best or '-'}", unit="simulations")
+            bar.draw(done, total, f"best so far: {best or '-'}")
     cache = ResultCache(None if args.no_cache else args.cache_dir, __version__)
     executor = make_executor(args.executor, args.workers, args.ray_address)
     try:
@@ -275,13 +292,14 @@ def run_tune(args: argparse.Namespace) -> int:
         answers, failed = search(problem, feasible, runner, args.target_rate, args.find_max_rate, grid)
     finally:
         executor.close()
+        bar.close()  # the summary starts on its own line, even when the estimate of the total was high
     result = rank(problem, answers, pruned, runner, failed)
     print(format_result(problem, result, args))
     if args.save_result:
         Path(args.save_result).write_text(json.dumps(json_safe(result_json(problem, result, args)),
                                                      indent=2, allow_nan=False) + "\n")
     if args.report is not None:
-        from kvsched.report.tune_page import question_from_args, write_tune_report
+        from kvsched.tune.page import question_from_args, write_tune_report
 
         question = question_from_args(args, workload, base_rate, len(candidates))
         write_tune_report(args.report, problem, result, question, __version__)

@@ -392,3 +392,26 @@ def test_failure_reasons_group_engine_and_server_refusals() -> None:
         "(first: b)",
         "       1  something else (first: d)",
     ]
+
+
+def test_tensor_parallel_alone_says_nothing_of_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *SMALL, "--tensor-parallel-size", "2", "--step-time-backend", "roofline"]) == 0
+    out = capsys.readouterr().out
+    assert "-- Engine --" in out and "rank" not in out.lower()
+
+
+def test_data_parallel_tables_name_rank_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *SMALL, "--data-parallel-size", "2", "--step-time-backend", "roofline"]) == 0
+    out = capsys.readouterr().out
+    assert "Engine (rank 0)" in out and "KV blocks (per rank):" in out
+
+
+def test_a_burst_says_what_it_shows_and_how_to_load_steadily(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *SMALL, "--step-time-backend", "roofline"]) == 0
+    out = capsys.readouterr().out
+    note = next(line for line in out.splitlines() if line.startswith("Note: all 40 requests arrived at t=0"))
+    rate = float(re.search(r"--request-rate ([0-9.]+),", note).group(1))  # type: ignore[union-attr]
+    measured = float(re.search(r"Request throughput \(req/s\):\s+([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    assert rate == pytest.approx(0.7 * measured, rel=0.01)
+    assert main(["simulate", *SMALL, "--step-time-backend", "roofline", "--request-rate", "5"]) == 0
+    assert "Note: all" not in capsys.readouterr().out

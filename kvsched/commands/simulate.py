@@ -94,9 +94,13 @@ def run_simulate(args: argparse.Namespace) -> int:
           flush=True)
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
     done = run_prepared(prepared, progress)
-    print(format_table(done.metrics, spec.options.percentiles, num_gpus(deployment)))
+    print(format_table(done.metrics, spec.options.percentiles, num_gpus(deployment),
+                       deployment.parallel.data_parallel_size))
     for line in format_failures(done.result.failed, len(workload.requests)):
         print(line)
+    burst = burst_note(spec.workload, done.metrics)
+    if burst:
+        print(burst)
     if args.save_result:
         note = save_result(args.save_result, done)
         if note:
@@ -109,6 +113,28 @@ def run_simulate(args: argparse.Namespace) -> int:
                      metrics=[done.metrics], descriptions=[describe_run(deployment, spec, workload)])
         print(f"report: {args.report}")
     return 0
+
+
+# A steady load a server sustains: this share of its throughput under a burst.
+SUSTAINABLE_SHARE = 0.7
+
+
+def burst_note(workload: WorkloadSpec, metrics: dict[str, Any]) -> str | None:
+    """What a run of every request at t=0 shows, and the flag for a steady
+    load: vllm bench serve's default --request-rate inf measures a burst,
+    whose TTFTs are mostly queueing (None for any other workload)."""
+    if workload.dataset_name != "random" or workload.request_rate != math.inf:
+        return None
+    if workload.max_concurrency is not None:
+        return None
+    throughput = float(metrics.get("request_throughput") or 0.0)
+    suggest = f"{SUSTAINABLE_SHARE * throughput:.3g}" if throughput > 0 else "R"
+    return (f"Note: all {metrics.get('completed', 0) + metrics.get('failed', 0)} requests arrived at "
+            "t=0 (vllm bench serve's default --request-rate inf): a burst, so TTFT is mostly time "
+            "queued behind earlier requests and the throughput is the server's peak. For a server under "
+            f"a steady load add --request-rate (e.g. --request-rate {suggest}, "
+            f"{SUSTAINABLE_SHARE:.0%} of the {throughput:.3g} req/s measured here) or "
+            "--max-concurrency.")
 
 
 def result_dict(done: RunResult) -> tuple[dict[str, Any], str | None]:
@@ -166,8 +192,10 @@ def save_result(path: str, done: RunResult) -> str | None:
     return note
 
 
-def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 1) -> str:
-    """A summary in the shape of vllm bench serve's."""
+def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 1, ranks: int = 1) -> str:
+    """A summary in the shape of vllm bench serve's (``gpus`` in all,
+    ``ranks`` data-parallel engine cores: the engine figures are rank 0's
+    only when there are several)."""
     rows: list[tuple[str, str]] = []
 
     def add(label: str, key: str, fmt: str = "{:.2f}") -> None:
@@ -194,16 +222,16 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
         for p in percentiles:
             label = f"{p:g}"
             add(f"P{label} {name.upper()} (ms):", f"p{label}_{name}_ms")
-    rows.append(("-- Engine (rank 0) --" if gpus > 1 else "-- Engine --", ""))
+    rows.append(("-- Engine (rank 0) --" if ranks > 1 else "-- Engine --", ""))
     add("Steps:", "num_steps", "{}")
     add("Mean batch size (requests):", "mean_batch_size")
     add("Mean tokens per step:", "mean_tokens_per_step")
     add("Prefill token share:", "prefill_token_share", "{:.1%}")
     add("Mean KV cache usage:", "mean_kv_cache_usage", "{:.1%}")
     add("Max KV cache usage:", "max_kv_cache_usage", "{:.1%}")
-    add("Preemptions (all ranks):" if gpus > 1 else "Preemptions:", "num_preemptions", "{}")
+    add("Preemptions (all ranks):" if ranks > 1 else "Preemptions:", "num_preemptions", "{}")
     add("Prefix cache hit rate:", "prefix_cache_hit_rate", "{:.1%}")
-    add("KV blocks (per rank):" if gpus > 1 else "KV blocks:", "num_gpu_blocks", "{}")
+    add("KV blocks (per rank):" if ranks > 1 else "KV blocks:", "num_gpu_blocks", "{}")
     if "spec_decode_num_drafts" in m:
         rows.append(("-- Speculative Decoding --", ""))
         add("Drafts:", "spec_decode_num_drafts", "{}")

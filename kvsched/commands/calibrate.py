@@ -14,8 +14,8 @@ from kvsched.calibrate.replay import check_run, require_measured
 from kvsched.calibrate.report import format_report, provenance
 from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
 from kvsched.calibrate.terms import format_term, parse_fit_names
+from kvsched.commands.simulate import check_output_path
 from kvsched.perf.host import DEFAULT_FILE, TERMS, load_host_terms, save_host_terms
-from kvsched.sim.command import check_output_path
 from kvsched.sim.flags import add_engine_arguments, spec_argv, spec_from_args
 from kvsched.sim.run import build_group_deployment
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kvsched.cli import main
-from kvsched.sim import compare
-from kvsched.sim.compare import parse_variants
+from kvsched.commands import compare
+from kvsched.commands.compare import parse_variants
 
 BASE = ["--num-prompts", "60", "--random-input-len", "512", "--random-output-len", "64",
         "--request-rate", "20", "--no-progress"]
@@ -212,3 +212,30 @@ def test_compare_checks_output_paths_first(tmp_path: Path, capsys: pytest.Captur
     assert main(["compare", *BASE, "--variant", "a:", "--report", str(target)]) != 0
     err, out = error_lines(capsys)
     assert len(err) == 1 and f"--report={target}" in err[0] and out == ""
+
+
+def test_a_variant_that_changes_the_workload_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: compared 20 prompts with 60 silently ("+108 % TTFT").
+    assert main(["compare", *BASE, "--variant", "a: --num-prompts 20", "--variant", "b:"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "variant 'b' runs a different workload than 'a'" in err[0], err
+    assert "--num-prompts=20" in err[0] and "--num-prompts=60" in err[0], err[0]
+
+
+def test_every_row_says_how_its_steps_were_priced(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", *BASE, "--variant", "m:", "--variant",
+                 "r: --step-time-backend roofline"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    head = next(line for line in lines if line.startswith("variant"))
+    assert head.rstrip().endswith("Steps")
+    rows = {line.split()[0]: line.split()[-1] for line in lines if line.startswith(("m ", "r "))}
+    assert rows == {"m": "measured", "r": "roofline"}
+    assert "priced by different backends" in captured.err
+
+
+def test_compare_help_has_its_whole_first_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "several variants of a deployment on the same workload, side by side" in out

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from kvsched.commands import help_description
+from kvsched.commands.simulate import check_output_paths, describe_workload
 from kvsched.errors import REPORT_HINT, UserInputError, one_line
 from kvsched.jsonfile import json_problem, strict_loads
-from kvsched.sim.command import check_output_paths, describe_workload
 from kvsched.sim.flags import (
     add_engine_arguments,
     add_output_arguments,
@@ -111,7 +112,7 @@ SEED_001 = [
 
 def add_compare_parser(sub: Any) -> None:
     p = sub.add_parser("compare", help="simulate several variants on the same workload, side by side",
-                       description=__doc__.splitlines()[0] if __doc__ else None)
+                       description=help_description(__doc__))
     add_engine_arguments(p)
     add_workload_arguments(p)
     add_output_arguments(p)

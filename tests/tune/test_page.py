@@ -21,10 +21,10 @@ import pytest
 
 from kvsched import __version__
 from kvsched.cli import main
-from kvsched.report.tune_page import BEST, MET, MISSED, Question, render_tune_report, write_tune_report
 from kvsched.sim.flags import parse_spec
 from kvsched.tune.evaluate import ResultCache
 from kvsched.tune.executors import LocalExecutor
+from kvsched.tune.page import BEST, MET, MISSED, Question, render_tune_report, write_tune_report
 from kvsched.tune.search import Problem, Runner, Slo, TuneResult, prune_by_memory, rank, search
 from kvsched.tune.space import SearchSpace
 
@@ -39,7 +39,7 @@ QUESTION = Question(["h100-sxm"], 2, "40 random prompts (256 in / 24 out, range 
 def _sim_report_tests() -> ModuleType:
     """tests/report/test_simulate_page.py, for its PNG reader and Chromium lookup."""
     spec = importlib.util.spec_from_file_location(
-        "simulate_page_tests", Path(__file__).parent / "test_simulate_page.py")
+        "simulate_page_tests", Path(__file__).parent.parent / "report" / "test_simulate_page.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -290,7 +290,7 @@ def test_a_bad_report_path_fails_before_simulating(where: str, match: str, tmp_p
     if where == "unwritable":  # root may write anywhere: stand in for a read-only folder
         monkeypatch.setattr(os, "access", lambda *_a, **_k: False)
     ran: list[object] = []
-    monkeypatch.setattr("kvsched.tune.command.search", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr("kvsched.commands.tune.search", lambda *a, **k: ran.append(a))
     assert main([*BASE, "--report", path]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kvsched: error: --report") and match in err[0], err
