@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from kvsched.files import read_text
 from kvsched.jsonfile import json_problem, show, strict_loads
 
 LLAMA_FAMILY = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
@@ -107,26 +108,6 @@ NUMBER_BOUNDS: Mapping[str, tuple[float, float, str]] = MappingProxyType({
     "rope_theta": (0.0, math.inf, "the RoPE base; published: 1e4 to 1e8"),
 })
 LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-def read_text(path: Path, limit: int, what: str) -> str:
-    """The UTF-8 text of ``path``, at most ``limit`` bytes (read no further)."""
-    try:
-        with path.open("rb") as file:
-            raw = file.read(limit + 1)
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file (expected {what})") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path}: is a directory (expected {what})") from None
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read: {err.strerror}") from None
-    if len(raw) > limit:
-        raise ValueError(f"{path}: larger than {limit:,} bytes, too large for {what}; check the path")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
-                         f"{err.start}); save it as UTF-8 (expected {what})") from None
 
 
 def parse_json(path: Path, text: str, fix: str) -> object:

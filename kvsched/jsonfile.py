@@ -1,4 +1,5 @@
-"""The one strict JSON reading every kvsched input file goes through.
+"""The one strict JSON reading every kvsched input file goes through
+(:mod:`kvsched.files` reads the file, within its size bound).
 
 Python's ``json.loads`` keeps the last of two equal keys (the first is
 dropped unread), accepts ``NaN`` and ``Infinity``, and fails on a deep
@@ -38,19 +39,48 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+class DuplicateKeys(dict[str, Any]):
+    """A JSON object that named a key twice, read by :func:`strict_loads`
+    with ``mark_duplicates=True``: the later value kept, ``duplicate`` the
+    first repeated key and its two values, for a reader that reports it with
+    the object's path (a scenario's ``requests[1].request_id``)."""
+
+    duplicate: tuple[str, Any, Any]
+
+
+def mark_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` returning a :class:`DuplicateKeys` for an object
+    that repeats a key (the caller must look for it)."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            marked = DuplicateKeys(obj)
+            marked.duplicate = (key, seen[key], value)
+            return marked
+        seen[key] = value
+    raise AssertionError("mark_duplicates: fewer keys than pairs without a repeat")  # pragma: no cover
+
+
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number; give a finite number")
 
 
-def strict_loads(text: str, *, constants: bool = True) -> Any:
+def strict_loads(text: str, *, constants: bool = True, mark_duplicates_for_caller: bool = False) -> Any:
     """``json.loads`` refusing repeated keys (and, with ``constants=False``,
     NaN and Infinity). Every failure is a ValueError: JSONDecodeError for
     bad syntax (its msg, line and column), DuplicateKeyError, or one naming
-    an over-long integer or a nesting too deep."""
+    an over-long integer or a nesting too deep. With
+    ``mark_duplicates_for_caller`` a repeated key is not an error here: its
+    object comes back as a :class:`DuplicateKeys` for the caller to refuse
+    with the object's path."""
+    hook = mark_duplicates if mark_duplicates_for_caller else unique_keys
     try:
         if constants:
-            return json.loads(text, object_pairs_hook=unique_keys)
-        return json.loads(text, object_pairs_hook=unique_keys, parse_constant=_no_constant)
+            return json.loads(text, object_pairs_hook=hook)
+        return json.loads(text, object_pairs_hook=hook, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("nested too deeply") from None
 

@@ -43,6 +43,8 @@ from kvsched.core.output import (
 from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
+from kvsched.files import read_text
+from kvsched.jsonfile import DuplicateKeys, json_problem, strict_loads
 from kvsched.request import Request, SamplingParams
 
 DEFAULT_TOKEN = 100
@@ -142,27 +144,6 @@ class ReplayResult:
 # Reading and checking a scenario
 
 
-class _Object(dict[str, Any]):
-    """A JSON object in which a key appeared more than once: the first
-    repeated key and its values, reported with the object's path."""
-
-    duplicate: tuple[str, Any, Any]
-
-
-def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) == len(pairs):
-        return obj
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            dup = _Object(obj)
-            dup.duplicate = (key, seen[key], value)
-            return dup
-        seen[key] = value
-    return obj  # pragma: no cover - len differs only with a repeat
-
-
 def _show(value: object, limit: int = 60) -> str:
     """A value as the file has it, shortened for a one-line message."""
     if isinstance(value, (dict, list)):
@@ -213,9 +194,8 @@ class _Checker:
         if not isinstance(value, dict):
             self.fail(path, value, f"must be a JSON object ({what}), not {_type_name(value)}",
                       "write it as {\"key\": value, ...}")
-        dup = getattr(value, "duplicate", None)
-        if dup is not None:
-            key, first, second = dup
+        if isinstance(value, DuplicateKeys):
+            key, first, second = value.duplicate
             raise ValueError(f"{self.source}: {_join(path, key)}: the key appears twice in one "
                              f"object (values {_show(first, 30)} and {_show(second, 30)}); keep one")
         for key in value:
@@ -475,34 +455,16 @@ def _check_request(c: _Checker, value: object, where: str, max_steps: int, max_m
 
 
 def load_scenario(path: str) -> Scenario:
-    """Read and check a scenario file; every problem is one ValueError (or
-    OSError for an unreadable file) naming the file."""
-    with open(path, "rb") as f:
-        data = f.read(FILE_SIZE_LIMIT + 1)
-    if len(data) > FILE_SIZE_LIMIT:
-        raise ValueError(f"{path}: larger than {FILE_SIZE_LIMIT // 2**20} MiB; a scenario this big "
-                         "is not a test (split it)")
+    """Read and check a scenario file; every problem is one ValueError naming
+    the file (the key's path within it, the value and the fix)."""
+    text = read_text(path, FILE_SIZE_LIMIT, "a scenario (JSON)",
+                     fix="a scenario this big is not a test: split it")
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r}); "
-                         "save the scenario as UTF-8 JSON") from None
-    return parse_scenario(_json_loads(text, path), path)
-
-
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number; give a finite number")
-
-
-def _json_loads(text: str, path: str) -> Any:
-    try:
-        return json.loads(text, object_pairs_hook=_object_pairs, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except ValueError as e:  # a 5,000-digit integer, NaN, Infinity
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: not a scenario: its JSON is nested too deeply") from None
+        # A repeated key is refused by the checker, which knows the object's path.
+        data = strict_loads(text, constants=False, mark_duplicates_for_caller=True)
+    except ValueError as e:
+        raise ValueError(f"{path}: {json_problem(e)}; save the scenario as one JSON object") from None
+    return parse_scenario(data, path)
 
 
 def make_request(spec: dict[str, Any]) -> Request:

@@ -25,7 +25,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from kvsched.hf_config import parse_json, read_text
+from kvsched.files import read_text
+from kvsched.hf_config import parse_json
 from kvsched.jsonfile import number_problem, show
 
 _GB = 1e9

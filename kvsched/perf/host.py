@@ -44,12 +44,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsched.files import read_text
 from kvsched.jsonfile import json_problem, strict_loads
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 # The fitted file the measured backend uses by default (vLLM 0.24 tables,
 # NVIDIA data-centre GPUs).
 DEFAULT_FILE = DATA_DIR / "host_terms_vllm-0.24_nvidia.json"
+# A host-terms file is about a kilobyte; one over a MiB is the wrong file.
+MAX_FILE_BYTES = 2**20
 # No host overhead of one step, request or token lasts a second (fitted
 # values are micro- to milliseconds); more is a unit slip, and at 1e300 s a
 # run's clock overflows.
@@ -103,15 +106,10 @@ def load_host_terms(path: str | Path = DEFAULT_FILE) -> HostTerms:
     """Host terms from a JSON file (a fitted default, or ``kvsched
     calibrate``'s output); a clear error naming the file and field."""
     p = Path(path)
+    text = read_text(p, MAX_FILE_BYTES, "a calibration file (host terms, JSON)",
+                     fix="a host-terms file is about a kilobyte: check the path")
     try:
-        data = strict_loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"calibration file {str(p)!r} does not exist") from None
-    except OSError as e:
-        raise ValueError(f"calibration file {str(p)!r} cannot be read: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"calibration file {str(p)!r} is not JSON: not UTF-8 ({e.reason} at byte "
-                         f"{e.start})") from None
+        data = strict_loads(text)
     except ValueError as e:
         raise ValueError(f"calibration file {str(p)!r} is not JSON: {json_problem(e)}") from None
     if not isinstance(data, dict):

@@ -133,6 +133,15 @@ def _delta(value: object, reference: object) -> str:
 LATENCY_SECTIONS = frozenset(name for name, _ in METRIC_ROWS[2:6])
 
 
+def _column_heads(labels: Sequence[str]) -> str:
+    """One column per run, with its chart colour; a single run's column is
+    just its values (its label and colour tell nothing with nothing beside it)."""
+    if len(labels) == 1:
+        return '<th class="num">value</th>'
+    return "".join(f'<th class="num"><span class="swatch" style="background:{color(i)}"></span>'
+                   f"{_esc(label)}</th>" for i, label in enumerate(labels))
+
+
 def _metrics_tables(labels: Sequence[str], metrics: Sequence[Mapping[str, Any]]) -> str:
     """The summary: one row per metric key present in any result, one column
     per result (later columns also show their change against the first)."""
@@ -154,9 +163,7 @@ def _metrics_tables(labels: Sequence[str], metrics: Sequence[Mapping[str, Any]])
         if body:
             blocks.append((section, f'<tr class="section"><td colspan="{ncols}">{_esc(section)}</td></tr>'
                            + "".join(body)))
-    head = "".join(f'<th class="num"><span class="swatch" style="background:{color(i)}"></span>'
-                   f"{_esc(label)}</th>" for i, label in enumerate(labels))
-    thead = f"<thead><tr><th>metric</th><th>unit</th>{head}</tr></thead>"
+    thead = f"<thead><tr><th>metric</th><th>unit</th>{_column_heads(labels)}</tr></thead>"
 
     def table(rows: Sequence[str]) -> str:
         return f'<table class="metrics">{thead}<tbody>{"".join(rows)}</tbody></table>'
@@ -173,11 +180,13 @@ def _metrics_tables(labels: Sequence[str], metrics: Sequence[Mapping[str, Any]])
 
 
 def _runs_table(labels: Sequence[str], results: Sequence[SimResult]) -> str:
+    several = len(results) > 1
     rows = []
     for i, (label, r) in enumerate(zip(labels, results)):
+        name = (f'<td><span class="swatch" style="background:{color(i)}"></span>{_esc(label)}</td>'
+                if several else "")
         rows.append(
-            f'<tr><td><span class="swatch" style="background:{color(i)}"></span>{_esc(label)}</td>'
-            f"<td>{_esc(r.workload)}</td>"
+            f"<tr>{name}<td>{_esc(r.workload)}</td>"
             f'<td class="num">{len(r.records):,}</td><td class="num">{len(r.failed):,}</td>'
             f'<td class="num">{run_end(r):,.2f}</td><td class="num">{r.totals.num_steps:,}</td>'
             f'<td class="num">{r.num_fast_forwarded_steps:,}</td>'
@@ -191,16 +200,26 @@ def _runs_table(labels: Sequence[str], results: Sequence[SimResult]) -> str:
             more = f"<li>... and {rest:,} more</li>" if rest else ""
             reasons = "".join(f"<li>{count:,} &times; {_esc(reason)}</li>"
                               for reason, count in failure_reasons(r.failed).items())
-            failures.append(f"<details><summary>{_esc(label)}: {len(r.failed):,} requests refused"
+            failures.append(f"<details><summary>{_esc(label) + ': ' if several else ''}"
+                            f"{len(r.failed):,} requests refused"
                             f'</summary><p class="note">by reason:</p><ul class="reasons">{reasons}</ul>'
                             f'<p class="note">the first {len(shown):,}:</p><ul>{items}{more}</ul></details>')
-    return ('<table class="runs"><thead><tr><th>run</th><th>workload</th><th class="num">completed</th>'
+    return ('<table class="runs"><thead><tr>' + ("<th>run</th>" if several else "")
+            + '<th>workload</th><th class="num">completed</th>'
             '<th class="num">failed</th><th class="num">simulated time (s)</th><th class="num">steps</th>'
             '<th class="num">fast-forwarded steps</th><th class="num">simulation wall time (s)</th>'
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table>{"".join(failures)}')
 
 
+# A text setting longer than LONG_TEXT characters (a provenance paragraph)
+# shows its first sentence, or its first FOLDED_HEAD characters, and folds the
+# whole text under it.
+LONG_TEXT = 240
+FOLDED_HEAD = 100
+
+
 def _setting(value: object) -> str:
+    """A scalar setting as the table prints it (plain text, not yet escaped)."""
     if value is None:
         return "-"
     if isinstance(value, float) and math.isinf(value):
@@ -208,12 +227,38 @@ def _setting(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _text_html(text: str) -> str:
+    """A text value; a long one (a provenance paragraph) folds after its first
+    sentence so the table stays readable."""
+    if len(text) <= LONG_TEXT:
+        return _esc(text)
+    cut = text.find(". ")
+    head = text[:cut + 1] if 0 < cut < FOLDED_HEAD else text[:FOLDED_HEAD].rsplit(" ", 1)[0] + " ..."
+    return f'<details class="long"><summary>{_esc(head)}</summary>{_esc(text)}</details>'
+
+
+def _setting_html(value: object) -> str:
+    """A setting's cell content: a scalar as text, a mapping (e.g. the host
+    terms) as a small key/value table, a list as one line per item."""
+    if isinstance(value, Mapping):
+        if not value:
+            return "-"
+        rows = "".join(f"<tr><th>{_esc(k)}</th><td>{_setting_html(v)}</td></tr>" for k, v in value.items())
+        return f'<table class="kv">{rows}</table>'
+    if isinstance(value, list | tuple):
+        if not value:
+            return "-"
+        return '<ul class="items">' + "".join(f"<li>{_setting_html(v)}</li>" for v in value) + "</ul>"
+    return _text_html(_setting(value))
+
+
 def _deployment_table(labels: Sequence[str], descriptions: Sequence[Mapping[str, Mapping[str, Any]]]
                       ) -> str:
     """Every setting of each run's deployment and workload (see
     :func:`kvsched.sim.results.describe_run`): one row per setting, one column
-    per run; a value differing from the first run's is marked. The notes on
-    which numbers are per rank follow the table."""
+    per run; with several runs a value differing from the first run's is
+    marked. Mappings and lists are drawn as small tables and lists. The notes
+    on which numbers are per rank follow the table."""
     ncols = 1 + len(labels)
     body: list[str] = []
     notes: dict[str, str] = {}
@@ -232,16 +277,15 @@ def _deployment_table(labels: Sequence[str], descriptions: Sequence[Mapping[str,
         for section, keys in groups.items():
             body.append(f'<tr class="section"><td colspan="{ncols}">{_esc(section)}</td></tr>')
             for key in keys:
-                values = [_setting(_nested(d, part, section, key)) for d in descriptions]
+                values = [_setting_html(_nested(d, part, section, key)) for d in descriptions]
                 cells = "".join(
                     f'<td class="num{" changed" if i and v != values[0] else ""}" '
-                    f'data-setting="{_esc(section)}.{_esc(key)}" data-result="{i}">{_esc(v)}</td>'
+                    f'data-setting="{_esc(section)}.{_esc(key)}" data-result="{i}">{v}</td>'
                     for i, v in enumerate(values))
                 body.append(f'<tr><td class="key">{_esc(key)}</td>{cells}</tr>')
-    head = "".join(f'<th class="num"><span class="swatch" style="background:{color(i)}"></span>'
-                   f"{_esc(label)}</th>" for i, label in enumerate(labels))
     note_items = "".join(f"<li><b>{_esc(k)}</b>: {_esc(v)}</li>" for k, v in notes.items())
-    return (f'<table class="metrics deployment"><thead><tr><th>setting</th>{head}</tr></thead>'
+    head = f"<thead><tr><th>setting</th>{_column_heads(labels)}</tr></thead>"
+    return (f'<table class="metrics deployment">{head}'
             f'<tbody>{"".join(body)}</tbody></table>'
             + (f'<ul class="notes">{note_items}</ul>' if note_items else ""))
 
@@ -276,31 +320,35 @@ def render_report(results: Sequence[tuple[str, SimResult]], title: str, config_l
     time_html = [f'<figure><h3>{_esc(name)}</h3><p class="note">{_esc(note)}</p>{svg}</figure>'
                  for name, note, svg in over_time_charts(labels, runs)]
 
-    config = ""
+    ran = ""
     if config_lines:
         items = "".join(f"<li>{_esc(line)}</li>" for line in config_lines)
-        config = f'<section class="card"><h2>Configuration</h2><ul class="config">{items}</ul></section>'
+        ran = f'<ul class="ran">{items}</ul>'
+    settings = ""
     if descriptions:
-        config += (f'<section class="card"><h2>Deployment and workload</h2><p class="note">As simulated, '
-                   "vLLM's defaults resolved; values that differ from the first run's are marked.</p>"
-                   f"{_deployment_table(labels, descriptions)}</section>")
+        marked = "" if len(runs) == 1 else "; values that differ from the first run's are marked"
+        settings = (f'<section class="card"><h2>Deployment and workload</h2><p class="note">As simulated, '
+                    f"vLLM's defaults resolved{marked}.</p>"
+                    f"{_deployment_table(labels, descriptions)}</section>")
     what = "one run" if len(runs) == 1 else f"{len(runs)} runs compared; deltas are against the first"
+    # What a reader looks for first comes first: what ran and how it went,
+    # the charts, the numbers; every setting last.
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_esc(title)}</title><style>{STYLESHEET}</style></head><body><main>",
         f'<header><h1>{_esc(title)}</h1><p class="sub">kvsched serving simulation report: {_esc(what)}</p>'
-        "</header>",
-        config,
+        f"{ran}</header>",
         f'<section class="card"><h2>Runs</h2>{_runs_table(labels, runs)}</section>',
-        f'<section class="card"><h2>Summary</h2><p class="note">vllm bench serve\'s metric names; '
-        f"latencies in milliseconds, percentiles as numpy computes them.</p>"
-        f"{_metrics_tables(labels, metrics)}</section>",
         f'<section class="card"><h2>Latency distributions</h2><p class="note">Cumulative share of '
         f"requests (of output tokens for ITL) at or below each latency.</p>"
         f'<div class="grid2">{"".join(cdf_html)}</div></section>',
         f'<section class="card"><h2>Over time</h2>{"".join(time_html)}</section>',
+        f'<section class="card"><h2>Summary</h2><p class="note">vllm bench serve\'s metric names; '
+        f"latencies in milliseconds, percentiles as numpy computes them.</p>"
+        f"{_metrics_tables(labels, metrics)}</section>",
+        settings,
         "<footer>Generated by kvsched. Self-contained: charts are inline SVG; nothing is loaded from "
         "elsewhere.</footer>",
         "</main></body></html>",

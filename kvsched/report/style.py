@@ -47,6 +47,15 @@ svg.chart .empty { font-size: 14px; }
 details { margin-top: 8px; }
 td.changed { background: #fff4e0; font-weight: 600; }
 table.deployment td.num { white-space: normal; }
+table.kv { width: auto; margin: 0 0 0 auto; }
+table.kv th, table.kv td { padding: 1px 0 1px 12px; border: none; font-size: 12.5px; text-align: left; }
+table.kv th { font-weight: 500; white-space: nowrap; }
+ul.items { list-style: none; margin: 0; padding: 0; }
+details.long { margin: 0; max-width: 640px; }
+details.long summary { cursor: pointer; }
+ul.ran { list-style: none; margin: 0 0 14px; padding: 0; }
+ul.ran li { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", monospace;
+  font-size: 12.5px; padding: 2px 0; }
 ul.notes { color: var(--muted); font-size: 12.5px; margin: 10px 0 0; padding-left: 18px; }
 footer { color: var(--muted); font-size: 12px; margin-top: 18px; }
 @media (max-width: 800px) { .grid2, .tables.two { grid-template-columns: 1fr; } ul.config { columns: 1; } }

@@ -253,6 +253,82 @@ def test_precomputed_metrics_are_used(small: SimResult) -> None:
     assert render_report([("a", small)], "x", metrics=[metrics]) == render_report([("a", small)], "x")
 
 
+# -- the page as a reader sees it ------------------------------------------------
+
+PROVENANCE = ("fitted 2026-11-24 by benchmarks/fit_host_terms.py on the h100_sxm/h200_sxm vLLM agg rows "
+              "of aiconfigurator-core 0.12's silicon_sample.csv (measured backend; coordinate descent, "
+              "21 evaluations). Train 554 rows: TTFT median |err| 21.8% (bias +2.1%), TPOT median |err| "
+              "8.3% (bias +6.1%). Held out b200_sxm: 623 rows: TTFT median |err| 20.0% (bias +6.2%), "
+              "TPOT median |err| 11.3% (bias +1.3%).")
+# The shape of kvsched.sim.results.describe_run, written out by hand.
+DESCRIPTION: dict[str, Any] = {
+    "deployment": {
+        "model": {"name": "meta-llama/Llama-3.1-8B", "dtype": "bf16"},
+        "step_times": {"backend": "measured",
+                       "host_terms": {"vllm_version": "0.24", "provenance": PROVENANCE, "step_s": 0.00014,
+                                      "arrival_s": 0.02},
+                       "extrapolated": ["GEMM bfloat16 n=128256 k=4096 past the measured shapes"]},
+        "scheduler": {"max_num_seqs": 16},
+        "per_rank": {"scheduler": "every scheduler setting applies to each DP rank"},
+    },
+    "workload": {"dataset_name": "random", "num_prompts": 50},
+}
+
+
+def _cell(text: str, setting: str, result: int) -> str:
+    match = re.search(rf'<td class="[^"]*" data-setting="{re.escape(setting)}" data-result="{result}">'
+                      r'(.*?)</td></tr>(?=<tr class="section"|<tr><td class="key"|</tbody>)', text, re.S)
+    assert match, setting
+    return match.group(1)
+
+
+def test_charts_come_before_the_settings(small: SimResult) -> None:
+    text = render_report([("only", small)], "Order", CONFIG, descriptions=[DESCRIPTION])
+    first_chart = text.index("<svg")
+    assert first_chart < text.index('<table class="metrics deployment"')
+    assert first_chart < text.index("Deployment and workload")
+    # What ran is still said at the top, before the charts.
+    assert text.index(CONFIG[0]) < first_chart
+
+
+def test_host_terms_read_as_a_small_table(small: SimResult) -> None:
+    text = render_report([("only", small)], "Readable", CONFIG, descriptions=[DESCRIPTION])
+    assert "{'" not in text and "&#x27;vllm_version&#x27;" not in text  # no Python dict repr
+    cell = _cell(text, "step_times.host_terms", 0)
+    assert cell.startswith('<table class="kv">')
+    assert "<th>vllm_version</th><td>0.24</td>" in cell
+    assert "<th>step_s</th><td>0.00014</td>" in cell and "<th>arrival_s</th><td>0.02</td>" in cell
+    # The 400-character provenance is folded under its first sentence.
+    summary = re.search(r"<th>provenance</th><td><details class=\"long\"><summary>(.*?)</summary>", cell)
+    assert summary and summary.group(1) == ("fitted 2026-11-24 by benchmarks/fit_host_terms.py on the "
+                                            "h100_sxm/h200_sxm vLLM agg rows of ...")
+    assert "Held out b200_sxm: 623 rows" in cell  # all of it, one click away
+    # A list is one line per item, not a Python list.
+    assert _cell(text, "step_times.extrapolated", 0) == (
+        '<ul class="items"><li>GEMM bfloat16 n=128256 k=4096 past the measured shapes</li></ul>')
+    # Plain values are as before.
+    assert _cell(text, "scheduler.max_num_seqs", 0) == "16"
+
+
+def test_a_single_run_is_not_labelled_as_one_of_several(small: SimResult, roomy: SimResult) -> None:
+    text = render_report([("kvsched", small)], "One run", CONFIG, descriptions=[DESCRIPTION])
+    heads = re.findall(r"<th(?: [^>]*)?>(.*?)</th>", text)
+    assert "kvsched" not in "".join(heads) and 'class="swatch"' not in text
+    # One column named "value": in the summary's two side-by-side tables and the settings'.
+    assert heads.count("value") == 3
+    assert "first run" not in text
+    page = Page(text)
+    assert page.cells[("completed", 0)] == f"{len(small.records):,}"
+    # Two runs: each column named, with its colour, and the differences marked.
+    other = {**DESCRIPTION, "deployment": {**DESCRIPTION["deployment"], "scheduler": {"max_num_seqs": 64}}}
+    text = render_report([("small", small), ("roomy", roomy)], "Two runs", CONFIG,
+                         descriptions=[DESCRIPTION, other])
+    heads = "".join(re.findall(r"<th(?: [^>]*)?>(.*?)</th>", text))
+    assert "small" in heads and "roomy" in heads and "value" not in heads
+    assert "values that differ from the first run's are marked" in text
+    assert 'class="num changed" data-setting="scheduler.max_num_seqs" data-result="1">64</td>' in text
+
+
 # -- data reduction -------------------------------------------------------------
 
 def test_cdf_points_exact_then_downsampled() -> None:

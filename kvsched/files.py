@@ -1,0 +1,41 @@
+"""The one bounded reading of a text input file.
+
+Every file a user hands kvsched (a config.json, a hardware or host-terms
+file, a scenario) is read here: never past its size bound (a wrong path to
+a multi-gigabyte file is refused after ``limit + 1`` bytes, not read whole),
+decoded as UTF-8, and every failure is one ``ValueError`` line naming the
+file, what was expected there and the fix. Parsing is the caller's
+(:mod:`kvsched.jsonfile` for JSON).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def read_text(path: str | Path, limit: int, what: str, *, fix: str = "check the path",
+              encoding: str = "utf-8") -> str:
+    """The text of ``path``, at most ``limit`` bytes (it reads no further).
+
+    ``what`` says what the file should be ("a Hugging Face config.json"),
+    ``fix`` what to do about a file over the bound. ``encoding`` is
+    ``"utf-8"`` or ``"utf-8-sig"`` (a byte-order mark is not data)."""
+    if limit < 1:
+        raise ValueError(f"read_text: limit={limit!r}: give a positive number of bytes")
+    p = Path(path)
+    try:
+        with p.open("rb") as file:
+            raw = file.read(limit + 1)
+    except FileNotFoundError:
+        raise ValueError(f"{p}: no such file (expected {what})") from None
+    except IsADirectoryError:
+        raise ValueError(f"{p}: is a directory (expected {what})") from None
+    except OSError as err:
+        raise ValueError(f"{p}: cannot read: {err.strerror or err} (expected {what})") from None
+    if len(raw) > limit:
+        raise ValueError(f"{p}: larger than {limit:,} bytes, too large for {what}; {fix}")
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{p}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                         f"{err.start}); save it as UTF-8 (expected {what})") from None
