@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kvsched"
 # import from its own layer or lower ones only.
 LAYERS: Mapping[str, int] = {
     # 0: shared vocabulary, no kvsched imports beyond this layer
-    "errors": 0, "jsonfile": 0, "progress": 0, "version": 0,
+    "errors": 0, "jsonfile": 0, "files": 0, "progress": 0, "version": 0,
     "config": 1, "request": 1, "hf_config": 1, "scheduler_defaults": 1, "engine_flags": 1,
     # the exact scheduler
     "core": 2,
