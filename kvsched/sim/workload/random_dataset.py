@@ -43,7 +43,6 @@ def _split_range_ratio(range_ratio: float | Mapping[str, float]) -> tuple[float,
     return float(ratios[0]), float(ratios[1])
 
 
-
 def _check_count(name: str, value: object, minimum: int, maximum: int, why: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"random workload: {name}={show(value)} must be an integer >= {minimum}")

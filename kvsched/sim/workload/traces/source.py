@@ -96,7 +96,6 @@ def build_request(src: Source, line: int, request_id: str, arrival: float, runs:
         raise src.error(line, str(e)) from None
 
 
-
 def json_lines(src: Source, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
     for line, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
