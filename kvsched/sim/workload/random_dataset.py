@@ -7,6 +7,7 @@ import math
 from array import array
 from collections.abc import Mapping
 
+from kvsched.jsonfile import show
 from kvsched.sim.workload.arrivals import arrival_times_of_rate
 from kvsched.sim.workload.limits import (
     MAX_ARRIVAL_TIME,
@@ -17,7 +18,6 @@ from kvsched.sim.workload.limits import (
     MIN_BURSTINESS,
     TOKENS_WHY,
     is_real,
-    show,
 )
 from kvsched.sim.workload.model import RandomRequests, Workload
 

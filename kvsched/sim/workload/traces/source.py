@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvsched.jsonfile import json_problem, strict_loads
-from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, TOKENS_WHY, show
+from kvsched.jsonfile import json_problem, show, strict_loads
+from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, TOKENS_WHY
 from kvsched.sim.workload.model import WorkloadRequest
 from kvsched.sim.workload.tokens import UNIQUE_TOKEN_BASE, PromptRuns
 
