@@ -19,9 +19,13 @@ class DuplicateKeyError(ValueError):
 
 
 def show(value: object, limit: int = 60) -> str:
-    """``value`` for an error message: huge integers by their length, long reprs cut."""
+    """``value`` for an error message, the one formatter every input check
+    uses: huge integers by their length, lists and objects of more than 8
+    items by their size (never a repr of a million items), long reprs cut."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
         return f"{'-' if value < 0 else ''}<a {len(str(abs(value)))}-digit integer>"
+    if isinstance(value, list | dict) and len(value) > 8:
+        return f"<a {type(value).__name__} of {len(value)} items>"
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"...({len(text)} characters)"
 

@@ -3,14 +3,13 @@
 runs at each candidate and reports the errors before and after.
 
 Each evaluation is one deterministic simulation per run, so the minimiser is
-a deterministic bounded Levenberg-Marquardt (:func:`levenberg_marquardt`,
-central differences): the terms enter the latencies nearly linearly, and a
-term never goes below 0.
+deterministic: SciPy's bounded least squares (trust-region reflective) with
+coarse central differences (:func:`bounded_least_squares`). The terms enter
+the latencies nearly linearly, and a term never goes below 0.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,149 +28,83 @@ from kvsched.sim.spec import InstanceGroup
 FloatArray = npt.NDArray[np.float64]
 
 DEFAULT_MAX_ITERATIONS = 20
-
+# The optimiser's settings (see bounded_least_squares): the Jacobian's
+# relative difference step, the relative loss change that ends the fit, and
+# the loss under which the runs count as reproduced.
+DIFF_STEP = 0.1
+TOLERANCE = 1e-4
+LOSS_FLOOR = 1e-14
 
 
 @dataclass(slots=True)
 class FitResult:
+    """Where the optimiser stopped: ``x``, its loss (sum of squared
+    residuals), the iterations taken, and the Jacobian there (for
+    :func:`identifiability_notes`)."""
+
     x: FloatArray
     loss: float
     iterations: int
-    evaluations: int
+    evaluations: int  # loss evaluations, the Jacobian's included
     converged: bool
     jacobian: FloatArray | None = None
     history: list[tuple[int, float, FloatArray]] = field(default_factory=list)
 
 
-def levenberg_marquardt(fun: Callable[[FloatArray], FloatArray], x0: FloatArray, *,
-                        max_iterations: int = DEFAULT_MAX_ITERATIONS, rel_step: float = 0.1,
-                        min_step: float = 0.5, refinements: int = 3, tries: int = 6,
-                        tolerance: float = 1e-4, loss_floor: float = 1e-14, central: bool = True,
-                        progress: Callable[[int, float, FloatArray], None] | None = None) -> FitResult:
-    """Minimise ``sum(fun(x)**2)`` over ``x >= 0`` (``x`` in units of order 1).
+def bounded_least_squares(fun: Callable[[FloatArray], FloatArray], x0: FloatArray, *,
+                          max_iterations: int = DEFAULT_MAX_ITERATIONS, diff_step: float = DIFF_STEP,
+                          tolerance: float = TOLERANCE, loss_floor: float = LOSS_FLOOR,
+                          progress: Callable[[int, float, FloatArray], None] | None = None) -> FitResult:
+    """Minimise ``sum(fun(x)**2)`` over ``x >= 0`` (``x`` in units of order
+    1) with SciPy's trust-region reflective least squares.
 
-    Levenberg-Marquardt with Marquardt's diagonal scaling; each damped step
-    is the exact minimiser of the linearised loss within the bound ``x >=
-    0`` (:func:`bounded_step`). The Jacobian is taken by central (or, with
-    ``central=False``, forward) differences of ``max(rel_step * |x|,
-    min_step)``, coarse on purpose: a simulated latency moves in small jumps
-    (a request reaches the engine just before a step begins, or just after)
-    and a coarse difference reads the slope through them; central ones
-    cancel more of them (measured on synthetic runs from a far start:
-    forward differences reached the truth on 1 of 5 run sets, central ones
-    on 3). When the linearisation stops predicting the loss (an accepted
-    step gains less than a quarter of what it promised, or no step in
-    ``tries`` lowers it), the differences are made 4 times finer, at most
-    ``refinements`` times: near the minimum fewer jumps lie in between, and
-    a finer slope goes further. Done when no step lowers the loss at the
-    finest differences, a step gains less than ``tolerance`` (relative), or
-    the loss falls under ``loss_floor``. Deterministic: same ``fun``, same
-    path. The minimum is local: see docs/calibrate.md for runs that make it
-    the only one.
+    The Jacobian is taken by central differences of ``diff_step * max(1,
+    |x|)``, coarse on purpose: a simulated latency moves in small jumps (a
+    request reaches the engine just before a step begins, or just after) and
+    a coarse central difference reads the slope through them. Done when a
+    step lowers the loss by less than ``tolerance`` of it, the loss falls
+    under ``loss_floor`` (the runs are reproduced), or after
+    ``max_iterations`` steps tried. Deterministic: same ``fun``, same path.
+    The minimum is local: see docs/calibrate.md for runs that make it the
+    only one.
     """
-    x = np.maximum(np.asarray(x0, dtype=float), 0.0)
-    r = fun(x)
-    loss = float(r @ r)
+    # SciPy ships no type stubs (scipy-stubs is a separate package).
+    from scipy.optimize import OptimizeResult, least_squares  # type: ignore[import-untyped, unused-ignore]
+
+    start = np.maximum(np.asarray(x0, dtype=float), 0.0)
+    r0 = fun(start)
     evaluations = 1
-    lam = 1e-3
-    result = FitResult(x, loss, 0, evaluations, False)
+
+    def counted(x: FloatArray) -> FloatArray:
+        nonlocal evaluations
+        if np.array_equal(x, start):
+            return r0  # SciPy's first call: already evaluated for the progress line
+        evaluations += 1
+        return fun(x)
+
+    history: list[tuple[int, float, FloatArray]] = [(0, float(r0 @ r0), start.copy())]
     if progress is not None:
-        progress(0, loss, x)
-    result.history.append((0, loss, x.copy()))
-    refined = 0
-    for iteration in range(1, max_iterations + 1):
-        jac = np.empty((r.size, x.size))
-        for j in range(x.size):
-            h = max(rel_step * abs(x[j]), min_step)
-            xh = x.copy()
-            xh[j] += h
-            if central:
-                xl = x.copy()
-                xl[j] = max(0.0, x[j] - h)
-                jac[:, j] = (fun(xh) - fun(xl)) / (xh[j] - xl[j])
-                evaluations += 2
-            else:
-                jac[:, j] = (fun(xh) - r) / h
-                evaluations += 1
-        result.jacobian = jac
-        grad = jac.T @ r
-        normal = jac.T @ jac
-        diag = np.diag(normal).copy()
-        # A term that moves nothing (e.g. no step it applies to) stays put.
-        movable = diag > 1e-12 * max(float(diag.max()), 1e-300)
-        gain = promised = 0.0
-        improved = False
-        for _ in range(tries):
-            step = bounded_step(normal, grad, diag * lam, x, movable)
-            candidate = np.maximum(x + step, 0.0)
-            if not np.any(candidate != x):
-                break
-            r_new = fun(candidate)
-            evaluations += 1
-            loss_new = float(r_new @ r_new)
-            if loss_new < loss:
-                predicted = r + jac @ (candidate - x)
-                promised = loss - float(predicted @ predicted)
-                gain = loss - loss_new
-                x, r, loss = candidate, r_new, loss_new
-                lam = max(lam / 3.0, 1e-9)
-                improved = True
-                break
-            lam *= 10.0
-        result.x, result.loss, result.iterations, result.evaluations = x, loss, iteration, evaluations
+        progress(*history[0])
+
+    def on_iteration(intermediate_result: OptimizeResult) -> None:
+        loss = 2.0 * float(intermediate_result.cost)  # SciPy's cost is half the sum of squares
+        history.append((len(history), loss, np.array(intermediate_result.x)))
         if progress is not None:
-            progress(iteration, loss, x)
-        result.history.append((iteration, loss, x.copy()))
+            progress(*history[-1])
         if loss <= loss_floor:
-            result.converged = True  # the runs are reproduced to ~1e-7
-            break
-        if improved and gain >= 0.25 * promised:
-            if gain < tolerance * (loss + gain):
-                result.converged = True
-                break
-            continue
-        if refined >= refinements:
-            # No step lowers the loss, or the slope no longer predicts it,
-            # at the finest differences: a (local) minimum.
-            result.converged = not improved or gain < tolerance * (loss + gain)
-            if result.converged:
-                break
-            continue
-        refined += 1
-        rel_step /= 4.0
-        min_step /= 4.0
-    return result
+            raise StopIteration  # the runs are reproduced to ~1e-7: nothing left to gain
 
-
-def bounded_step(normal: FloatArray, grad: FloatArray, damping: FloatArray, x: FloatArray,
-                 movable: npt.NDArray[np.bool_]) -> FloatArray:
-    """The step ``d`` minimising ``d.(normal + diag(damping)).d / 2 +
-    grad.d`` subject to ``x + d >= 0`` (``d = 0`` where not ``movable``).
-    The problem is strictly convex, so its minimiser is the best of the
-    unconstrained minimisers over every choice of bound-held variables that
-    respects the bound: at most 2**6 small solves for kvsched's six terms."""
-    idx = np.flatnonzero(movable)
-    best = np.zeros_like(x)
-    best_value = math.inf
-    m = normal[np.ix_(idx, idx)] + np.diag(np.maximum(damping[idx], 1e-12))
-    g = grad[idx]
-    lower = -x[idx]
-    k = idx.size
-    for mask in range(1 << k):
-        held = np.array([bool(mask >> i & 1) for i in range(k)], dtype=bool)
-        d = np.where(held, lower, 0.0)
-        free = ~held
-        if free.any():
-            rhs = -(g[free] + m[np.ix_(free, held)] @ d[held])
-            d[free] = np.linalg.solve(m[np.ix_(free, free)], rhs)
-            if np.any(d[free] < lower[free] - 1e-12):
-                continue
-        value = 0.5 * float(d @ m @ d) + float(g @ d)
-        if value < best_value:
-            best_value = value
-            best[:] = 0.0
-            best[idx] = d
-    return best
+    # max_nfev counts the loss evaluations of the steps tried (not the
+    # Jacobian's), the first evaluation at x0 among them.
+    result = least_squares(counted, start, jac="3-point", bounds=(0.0, np.inf), method="trf",
+                           diff_step=diff_step, x_scale=1.0, ftol=tolerance, xtol=1e-10, gtol=1e-12,
+                           max_nfev=max_iterations + 1, callback=on_iteration)
+    x = np.maximum(np.asarray(result.x, dtype=float), 0.0)
+    residuals = np.asarray(result.fun, dtype=float)
+    # status 0: max_nfev reached; -2: the loss floor (StopIteration above); > 0: a tolerance met.
+    converged = bool(result.status != 0)
+    return FitResult(x, float(residuals @ residuals), len(history) - 1, evaluations, converged,
+                     np.asarray(result.jac, dtype=float), history)
 
 
 @dataclass(slots=True)
@@ -234,7 +167,7 @@ class Calibrator:
 
         fit_before = self.errors(self.runs, self.start)
         held_before = self.errors(self.held_out, self.start)
-        fit = levenberg_marquardt(fun, x0, max_iterations=max_iterations, progress=progress)
+        fit = bounded_least_squares(fun, x0, max_iterations=max_iterations, progress=progress)
         terms = self.terms_at(fit.x)
         calibration = Calibration(
             self.start, terms, self.fitted, fit, fit_before, self.errors(self.runs, terms), held_before,

@@ -23,7 +23,6 @@ from kvsched.sim.workload import UNIQUE_TOKEN_BASE, Workload, WorkloadRequest
 FloatArray = npt.NDArray[np.float64]
 
 
-
 def workload_of(run: ObservedRun) -> Workload:
     """The run's requests as the simulator sends them: ``cal-i`` is the i-th
     completed request, its prompt private (random prompts share nothing)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvsched.jsonfile import DuplicateKeyError, json_problem, strict_loads
+from kvsched.jsonfile import DuplicateKeyError, json_problem, show, strict_loads
 from kvsched.sim.workload import arrival_times_of_rate
 
 # vllm bench serve's --seed default: its arrival gaps come from numpy's global
@@ -98,35 +98,25 @@ def _where(source: str, key: str) -> str:
     return f"{source}: {key}"
 
 
-def _show(value: object) -> str:
-    """A value for a one-line message: a huge integer by its size, a long
-    list or text cut short."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**24:
-        return f"an integer of {len(str(abs(value)))} digits"
-    text = repr(value) if not isinstance(value, list | dict) else repr(value)[:80]
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _number(source: str, key: str, value: object, *, minimum: float | None = None,
             positive: bool = False, maximum: float | None = None) -> float:
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value if isinstance(value, float) else 0.0)
             or (isinstance(value, int) and abs(value) > 10**300)):
-        raise ValueError(f"{_where(source, key)}={_show(value)}: must be a finite number")
+        raise ValueError(f"{_where(source, key)}={show(value)}: must be a finite number")
     if positive and not value > 0:
-        raise ValueError(f"{_where(source, key)}={_show(value)}: must be > 0")
+        raise ValueError(f"{_where(source, key)}={show(value)}: must be > 0")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{_where(source, key)}={_show(value)}: must be >= {minimum:g}")
+        raise ValueError(f"{_where(source, key)}={show(value)}: must be >= {minimum:g}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{_where(source, key)}={_show(value)}: must be <= {maximum:g} (an absurd "
+        raise ValueError(f"{_where(source, key)}={show(value)}: must be <= {maximum:g} (an absurd "
                          "value for a serving run; check the file)")
     return float(value)
 
 
 def _count(source: str, key: str, value: object, minimum: int, maximum: int = LENGTH_LIMIT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise ValueError(f"{_where(source, key)}={_show(value)}: must be an integer in "
+        raise ValueError(f"{_where(source, key)}={show(value)}: must be an integer in "
                          f"[{minimum}, {maximum}]")
     return value
 
@@ -141,7 +131,7 @@ def _clock(source: str, key: str, value: object) -> float:
     """A clock reading in seconds (any clock): finite, |t| <= CLOCK_LIMIT."""
     t = _number(source, key, value)
     if abs(t) > CLOCK_LIMIT:
-        raise ValueError(f"{_where(source, key)}={_show(value)}: must be within +-{CLOCK_LIMIT:g} s "
+        raise ValueError(f"{_where(source, key)}={show(value)}: must be within +-{CLOCK_LIMIT:g} s "
                          "(seconds on any clock; Unix time is 1.8e9)")
     return t
 
@@ -189,7 +179,7 @@ def _file_seed(data: Mapping[str, Any], source: str) -> int | None:
     if isinstance(seed, str) and seed.strip().isdigit() and len(seed.strip()) <= 12:
         seed = int(seed)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"{_where(source, key)}={_show(seed)}: must be the run's --seed, an integer in "
+        raise ValueError(f"{_where(source, key)}={show(seed)}: must be the run's --seed, an integer in "
                          f"[0, 2**32); fix it or remove the key and pass --seed")
     return seed
 
@@ -239,7 +229,7 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
             _count(source, f"{key}[{i}]", v, 1 if ok[i] else 0)
     for i, e in enumerate(errors):
         if e is not None and not isinstance(e, str):
-            raise ValueError(f"{_where(source, f'errors[{i}]')}={_show(e)}: must be the request's error "
+            raise ValueError(f"{_where(source, f'errors[{i}]')}={show(e)}: must be the request's error "
                              "text (\"\" when it succeeded)")
 
     # When each request was due at the client (all n, failed ones included:
@@ -344,7 +334,7 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
 def _hardware(source: str, value: object) -> str | None:
     if value is None or (isinstance(value, str) and value):
         return value
-    raise ValueError(f"{_where(source, 'hardware')}={_show(value)}: must be the hardware's name (kvsched "
+    raise ValueError(f"{_where(source, 'hardware')}={show(value)}: must be the hardware's name (kvsched "
                      "writes it, e.g. \"h100-sxm\"); fix it or remove the key")
 
 
@@ -365,7 +355,7 @@ def parse_requests(lines: Sequence[tuple[int, object]], source: str) -> Observed
             models.add(model)
         error = obj.get("error")
         if error is not None and not isinstance(error, str | bool):
-            raise ValueError(f"{where}: error={_show(error)}: must be the request's error text (\"\" or "
+            raise ValueError(f"{where}: error={show(error)}: must be the request's error text (\"\" or "
                              "null when it succeeded)")
         if error:
             failed += 1

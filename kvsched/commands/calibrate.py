@@ -23,7 +23,6 @@ from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 DEFAULT_OUTPUT = "calibration.json"
 
 
-
 def engine_flags(group: InstanceGroup) -> str:
     """The deployment's engine flags that differ from the defaults, as a command line."""
     words = spec_argv(RunSpec(DeploymentSpec((group,))))
@@ -58,7 +57,7 @@ def add_calibrate_parser(sub: Any) -> None:
                         f"requests of similar length per run, of {MIN_GROUP} requests at least "
                         "(1: each run's means; default: %(default)s)")
     g.add_argument("--max-iterations", type=int, default=DEFAULT_MAX_ITERATIONS,
-                   help="Levenberg-Marquardt iterations at most (default: %(default)s)")
+                   help="optimiser steps tried at most (default: %(default)s)")
     g.add_argument("--seed", type=int, default=VLLM_DEFAULT_SEED,
                    help="the runs' vllm bench serve --seed, to redraw the arrival times of a finite "
                         "--request-rate run whose file has neither start_times nor a seed "

@@ -16,7 +16,6 @@ from kvsched.perf.host import TERMS
 pytest.importorskip("aiconfigurator_core")  # the measured backend's tables
 
 
-
 def bad(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err

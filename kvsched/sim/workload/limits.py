@@ -50,15 +50,3 @@ def is_int(value: object) -> bool:
 
 def is_real(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def show(value: object, limit: int = 40) -> str:
-    """``repr(value)`` for a message, a 400-digit number cut to its length."""
-    if isinstance(value, list | dict) and len(value) > 8:
-        return f"<a {type(value).__name__} of {len(value)} items>"
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    if is_int(value):
-        return f"{text[:12]}...({len(text)} digits)"
-    return text[:limit] + "..."

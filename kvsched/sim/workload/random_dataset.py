@@ -7,6 +7,7 @@ import math
 from array import array
 from collections.abc import Mapping
 
+from kvsched.jsonfile import show
 from kvsched.sim.workload.arrivals import arrival_times_of_rate
 from kvsched.sim.workload.limits import (
     MAX_ARRIVAL_TIME,
@@ -17,7 +18,6 @@ from kvsched.sim.workload.limits import (
     MIN_BURSTINESS,
     TOKENS_WHY,
     is_real,
-    show,
 )
 from kvsched.sim.workload.model import RandomRequests, Workload
 
@@ -41,7 +41,6 @@ def _split_range_ratio(range_ratio: float | Mapping[str, float]) -> tuple[float,
         if not is_real(r) or not 0.0 <= r < 1.0:
             raise ValueError(f"range_ratio ({which})={r!r} must be a number in [0, 1)")
     return float(ratios[0]), float(ratios[1])
-
 
 
 def _check_count(name: str, value: object, minimum: int, maximum: int, why: str) -> None:

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvsched.sim.workload.limits import show
+from kvsched.jsonfile import show
 from kvsched.sim.workload.model import Workload, WorkloadRequest
 from kvsched.sim.workload.traces.source import (
     OUTPUT_WHY,

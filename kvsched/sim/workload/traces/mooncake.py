@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvsched.sim.workload.limits import MAX_TIMESTAMP_MS, show
+from kvsched.jsonfile import show
+from kvsched.sim.workload.limits import MAX_TIMESTAMP_MS
 from kvsched.sim.workload.model import Workload, WorkloadRequest
 from kvsched.sim.workload.tokens import HASH_BLOCK_TOKEN_BASE, MAX_HASH_ID, MOONCAKE_BLOCK_TOKENS, PromptRuns
 from kvsched.sim.workload.traces.source import (

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvsched.jsonfile import json_problem, strict_loads
-from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, TOKENS_WHY, show
+from kvsched.jsonfile import json_problem, show, strict_loads
+from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, TOKENS_WHY
 from kvsched.sim.workload.model import WorkloadRequest
 from kvsched.sim.workload.tokens import UNIQUE_TOKEN_BASE, PromptRuns
 
@@ -94,7 +94,6 @@ def build_request(src: Source, line: int, request_id: str, arrival: float, runs:
         return WorkloadRequest(request_id, arrival, runs, output_len)
     except ValueError as e:  # the loaders check fields first; this is a backstop with the line
         raise src.error(line, str(e)) from None
-
 
 
 def json_lines(src: Source, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
