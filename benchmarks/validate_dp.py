@@ -34,7 +34,7 @@ BALANCE = ["--admission-policy", "balance", "--balance-threshold", "full-minus-o
 # requests of mean 803 in / 3,653 out. Scaled to 2,000 requests; lengths spread
 # uniformly ±90 % around the means; concurrency and batch are not stated.
 ADP = ["--model", "DeepSeek-V3", "--hardware", "gb200", "--data-parallel-size", "8",
-       "--enable-expert-parallel", "--dtype", "fp8", "--max-model-len", "10240", "--max-num-seqs", "256",
+       "--enable-expert-parallel", "--max-model-len", "10240", "--max-num-seqs", "256",
        "--num-prompts", "2000", "--random-input-len", "803", "--random-output-len", "3653",
        "--random-range-ratio", "0.9", "--max-concurrency", "1024"]
 ADP_TIMEOUT = ["--admission-policy", "adp-balance", "--adp-timeout-iters", "50",

@@ -81,7 +81,7 @@ def variant_parser() -> argparse.ArgumentParser:
 
 # Seed 001's experiment: DeepSeek-V3.1, 3,500 in / 1,500 out, 512 requests at
 # concurrency 128, on a deployment chosen in docs/balance.md.
-_SEED_FLAGS = ["--model", "DeepSeek-V3.1", "--hardware", "ascend-910c", "--tensor-parallel-size", "4",
+_SEED_FLAGS = ["--model", "DeepSeek-V3.1-BF16", "--hardware", "ascend-910c", "--tensor-parallel-size", "4",
                "--data-parallel-size", "4", "--enable-expert-parallel", "--max-num-seqs", "32",
                "--max-model-len", "8192", "--num-prompts", "512", "--random-input-len", "3500",
                "--random-output-len", "1500", "--max-concurrency", "128"]

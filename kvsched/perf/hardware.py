@@ -84,9 +84,17 @@ _RATE_BOUNDS: Mapping[str, tuple[float, float, str]] = MappingProxyType({
     # Scale-up links are 8 GB/s (PCIe3 x8) to 900 GB/s (NVLink5) per direction.
     "scaleup_bw": (1e8, 1e15, "bytes/s per direction: links have 8-900 GB/s"),
     "scaleup_link_bw": (1e8, 1e15, "bytes/s per direction: links have 8-900 GB/s"),
+    # Scale-out NICs are 10-800 Gb/s (1.25-100 GB/s) per device per direction.
+    "scaleout_bw": (1e8, 1e15, "bytes/s per direction: NICs have 1-100 GB/s"),
     # A collective's fixed cost is microseconds; 0.1 s is 10,000x that.
     "comm_latency_s": (0.0, 0.1, "seconds: a collective's fixed cost is a few microseconds"),
 })
+# Devices one scale-up fabric joins: 1 to 2**16 (the largest, CloudMatrix384
+# and NVL576, join a few hundred).
+MAX_SCALEUP_DOMAIN = 2**16
+# An HGX board / an 8-accelerator host: NVLink, Infinity Fabric, HCCS or PCIe
+# join its devices, and no more.
+DEFAULT_SCALEUP_DOMAIN = 8
 # Visible memory: accelerators that serve LLMs have 16-288 GB. vLLM keeps
 # ~1 GiB of each for non-torch memory (kvsched.perf.memory), so below 2 GiB
 # no model has room; 16 TiB (2**44) leaves room for future devices.
@@ -153,7 +161,11 @@ class Hardware:
     when there is none). On a switchless full mesh (MI300X, Ascend 910B) a
     device reaches ``scaleup_bw`` only when talking to all peers at once;
     ``scaleup_link_bw`` is then the per-peer link rate, see
-    :meth:`scaleup_bw_for_group`.
+    :meth:`scaleup_bw_for_group`. ``scaleup_domain`` is how many devices that
+    fabric joins (an HGX board or host: 8; GB200 NVL72: 72); beyond it
+    collectives cross the scale-out network (InfiniBand, RoCE), whose
+    per-device, per-direction rate is ``scaleout_bw`` (None: not in the
+    hardware data), see :meth:`tensor_parallel_bw`.
     """
 
     id: str
@@ -175,6 +187,8 @@ class Hardware:
     # Dense FP4 (NVFP4, W4A4) tensor-core peak; None: no FP4 math (Hopper and
     # older run 4-bit weights through 16-bit math). Optional in hardware files.
     fp4_flops: float | None = None
+    scaleup_domain: int = DEFAULT_SCALEUP_DOMAIN
+    scaleout_bw: float | None = None
     source: str = ""
     notes: str = ""
 
@@ -197,7 +211,11 @@ class Hardware:
                         "give the visible memory in bytes (GB x 1e9)")
         for name in ("mem_bw", "bf16_flops", "scaleup_bw"):
             _require_range(hid, name, getattr(self, name))
-        for name in ("fp8_flops", "scaleup_link_bw", "fp4_flops"):
+        domain = self.scaleup_domain
+        if isinstance(domain, bool) or not isinstance(domain, int) or not 1 <= domain <= MAX_SCALEUP_DOMAIN:
+            raise _fail(hid, "scaleup_domain", domain, f"must be an integer from 1 to {MAX_SCALEUP_DOMAIN}",
+                        "give the devices one scale-up fabric joins (8 for an HGX board)")
+        for name in ("fp8_flops", "scaleup_link_bw", "fp4_flops", "scaleout_bw"):
             if getattr(self, name) is not None:
                 _require_range(hid, name, getattr(self, name))
         for name in EFFICIENCY_FIELDS:
@@ -231,6 +249,23 @@ class Hardware:
         if self.scaleup_link_bw is None:
             return self.scaleup_bw
         return min(self.scaleup_bw, (group_size - 1) * self.scaleup_link_bw)
+
+    def tensor_parallel_bw(self, tensor_parallel_size: int) -> float:
+        """Per-direction bandwidth one device has in a tensor-parallel
+        all-reduce over ``tensor_parallel_size`` devices: the scale-up fabric
+        within its domain, the scale-out network beyond it; refused beyond it
+        when the hardware data has no scale-out rate. The one owner of which
+        network a TP group runs on."""
+        if tensor_parallel_size <= self.scaleup_domain:
+            return self.scaleup_bw_for_group(tensor_parallel_size)
+        if self.scaleout_bw is None:
+            raise ValueError(
+                f"tensor_parallel_size={tensor_parallel_size} (--tensor-parallel-size): {self.name}'s "
+                f"{self.scaleup_kind} joins {self.scaleup_domain} devices, and the hardware data has no "
+                "scale-out bandwidth to price a tensor-parallel group beyond them; use at most "
+                f"{self.scaleup_domain} (--data-parallel-size for more devices), or give scaleout_bw "
+                "(bytes/s per device per direction) in a hardware file")
+        return self.scaleout_bw
 
 
 _ALL_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Hardware))
@@ -300,6 +335,7 @@ _CATALOG: tuple[Hardware, ...] = (
         scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
         gemm_mfu=0.51, fp8_gemm_mfu=0.46, weight_bw_frac=0.79, attn_bw_frac=0.83,
         prefill_attn_mfu=0.46,
+        scaleup_domain=72,
         source="[AIC-gb200] [DS-BW] [AIC]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")
               + "; NVLink5 bandwidth holds within the 72-GPU domain"),
@@ -366,12 +402,13 @@ _CATALOG: tuple[Hardware, ...] = (
     Hardware(id="ascend-910c", name="Huawei Ascend 910C (Atlas A3 / CloudMatrix384, per 2-die package)",
         memory_bytes=2 * 65536 * _MIB, mem_bw=3.2 * _TB_S,
         bf16_flops=752 * _TFLOPS, fp8_flops=None,
-        scaleup_bw=392 * _GB, scaleup_kind="ub",
+        scaleup_bw=392 * _GB, scaleup_kind="ub", scaleup_domain=384,
         weight_bw_frac=ASCEND_BW_FRAC, attn_bw_frac=ASCEND_BW_FRAC,
         source="[CM] [TPU] [SUB] [SIM]",
         notes="approx. values, per 2-die package: memory = 2 x the 910B's 65536 MB "
               "(marketed ~128 GB, no visible figure found); BF16 752 [CM] ([TPU] says 780); "
-              "UB ~196 GB/s per die per dir -> 392 per package (a roadmap quotes 784); no "
+              "UB ~196 GB/s per die per dir -> 392 per package (a roadmap quotes 784), joining "
+              "the supernode's 384 packages; no "
               "FP8 (INT8 path); bandwidth fractions = Ascend fork's 0.85, others defaults"),
 )
 
@@ -512,7 +549,8 @@ def load_hardware_file(path: str | Path) -> Hardware:
 
     Required: id, name, memory_bytes, mem_bw, bf16_flops, fp8_flops (``null``
     when there is no FP8 path), scaleup_bw, scaleup_kind. Efficiency fields,
-    scaleup_link_bw, source and notes are optional. Unknown keys are errors.
+    scaleup_link_bw, fp4_flops, scaleup_domain (default 8), scaleout_bw,
+    source and notes are optional. Unknown keys are errors.
     """
     p = Path(path)
     data = _read_mapping(p)

@@ -195,6 +195,12 @@ class AttentionKey:
     kv_dtype: str        # the tables' name: bfloat16 or fp8
     window: int = 0
 
+    def describe(self) -> str:
+        """The key in words, for messages."""
+        window = f", a {self.window}-token sliding window" if self.window else ""
+        return (f"attention with {self.num_heads} query and {self.num_kv_heads} KV heads per GPU, head size "
+                f"{self.head_dim}, {self.kv_dtype} KV cache{window}")
+
 
 @dataclass(frozen=True, slots=True)
 class MoeKey:
@@ -211,6 +217,14 @@ class MoeKey:
     # Routing skew the kernel was timed under: aiconfigurator's default for
     # real models (a power law of exponent 1.01 over experts).
     distribution: str = "power_law_1.01"
+
+    def describe(self) -> str:
+        """The key in words, for messages."""
+        split = (f"expert parallelism over {self.moe_ep} GPUs" if self.moe_ep > 1
+                 else f"each expert split over {self.moe_tp} GPUs" if self.moe_tp > 1
+                 else "every expert whole on one GPU")
+        return (f"{self.dtype} fused MoE: {self.num_experts} experts of {self.hidden} x {self.inter}, "
+                f"top-{self.topk}, {split}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +269,11 @@ class MlaKey:
     num_heads: int            # query heads per GPU
     kv_dtype: str             # the tables' name: bfloat16 or fp8
     gemm_dtype: str = "bfloat16"   # the projections': bfloat16, fp8_block, nvfp4
+
+    def describe(self) -> str:
+        """The key in words, for messages."""
+        return (f"MLA with {self.num_heads} query heads per GPU, {self.kv_dtype} KV cache, "
+                f"{self.gemm_dtype} projections")
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,7 +107,7 @@ def measured_coverage(model: ModelSpec, hardware: Hardware, parallel: ParallelCo
         return _mla_coverage(model, tables, tp, kv)
     key = _attention_key(model, tp, kv or "")
     if kv is None or not tables.has_attention(key):
-        return f"no measured attention for {key} on {system}"
+        return f"no measured {key.describe()} on {system}"
     if model.num_sliding_layers and not tables.has_attention(_window_key(key, model.sliding_window)):
         return f"no measured sliding-window ({model.sliding_window}) attention on {system}"
     if tp > 1 and tp not in tables.allreduce_curves():
@@ -129,7 +129,7 @@ def _mla_coverage(model: ModelSpec, tables: KernelTables, tp: int, kv: str | Non
         return "sliding-window MLA layers are not measured"
     key = _mla_key(model, tp, kv or "")
     if kv is None or not tables.has_mla(key):
-        return f"no measured MLA module for {key} on {system}"
+        return f"no measured module for {key.describe()} on {system}"
     if tp > 1 and tp not in tables.allreduce_curves():
         return f"no measured all-reduce over {tp} GPUs on {system}"
     return None
@@ -294,7 +294,7 @@ class MeasuredStepTimeModel(StepTimeModel):
                 up = 2 * shared if m.mlp_kind == "swiglu" else shared
                 self._moe_gemms += [linear("shared_experts", up, h), linear("shared_experts", h, shared)]
             if self._moe is None:
-                self.roofline_parts.append(f"routed experts (no measured {self.moe_key})")
+                self.roofline_parts.append(f"routed experts (no measured {self.moe_key.describe()})")
             if ep > 1 and self.parallel.uses_all_to_all:
                 self._a2a = self.tables.all_to_all(A2aKey(h, m.experts_per_token, m.num_experts, ep))
                 if self._a2a is None:

@@ -110,5 +110,5 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
         raise ValueError(
             f"{model.name} does not fit on {hardware.name} with tensor_parallel_size={tp}: "
             f"{plan.describe()}. Raise --tensor-parallel-size or --gpu-memory-utilization, "
-            "use --dtype fp8, or lower --max-num-batched-tokens")
+            "use --quantization fp8, or lower --max-num-batched-tokens")
     return plan

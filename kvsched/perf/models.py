@@ -546,6 +546,12 @@ _NATIVE_FORMATS: Mapping[str, CheckpointFormat] = MappingProxyType({
     "openai/gpt-oss-120b": CheckpointFormat("mxfp4", layers="experts"),
     # quant_method fp8, weight_block_size 128 x 128; not converted: gate, lm_head
     "MiniMaxAI/MiniMax-M2.5": CheckpointFormat("fp8_block"),
+    # DeepSeek's published V3, V3.1 and R1 checkpoints are FP8 themselves
+    # (quant_method fp8, fmt e4m3, weight_block_size 128 x 128): every
+    # linear layer; the MoE gates, embedding and LM head stay 16-bit
+    "deepseek-ai/DeepSeek-V3": CheckpointFormat("fp8_block"),
+    "deepseek-ai/DeepSeek-V3.1": CheckpointFormat("fp8_block"),
+    "deepseek-ai/DeepSeek-R1": CheckpointFormat("fp8_block"),
     # compressed-tensors int4, group 32, symmetric; ignores self_attn,
     # shared_experts and the dense MLP: the routed experts only
     "moonshotai/Kimi-K2.5": CheckpointFormat("int4", layers="experts"),
@@ -571,11 +577,14 @@ def _checkpoint_format(org: str, suffix: str) -> CheckpointFormat | None:
     ``-NVFP4`` / ``-FP4`` checkpoints are ModelOpt NVFP4 with an FP8 KV
     cache over every linear layer but the LM head (ModelOpt's default, e.g.
     nvidia/Qwen3-235B-A22B-NVFP4); repacks that exclude more are listed in
-    ``_REPACKS``. Nobody else's ``-FP4`` is known."""
+    ``_REPACKS``. Nobody else's ``-FP4`` is known. ``-BF16`` names a 16-bit
+    conversion of a checkpoint published in FP8 (DeepSeek's)."""
     if suffix == "-fp8":
         return CheckpointFormat("fp8", "fp8") if org == "nvidia" else CheckpointFormat("fp8_block")
     if suffix in ("-nvfp4", "-fp4") and org == "nvidia":
         return CheckpointFormat("nvfp4", "fp8")
+    if suffix == "-bf16":  # a 16-bit conversion of an FP8 checkpoint (DeepSeek-V3-BF16)
+        return CheckpointFormat("bf16")
     return None
 
 
@@ -595,7 +604,7 @@ def catalog_match(name: str) -> tuple[str, CheckpointFormat | None] | None:
         return full, _NATIVE_FORMATS.get(full)
     org, base = key.split("/", 1) if "/" in key else ("", key)
     fmt = None
-    for suffix in ("-fp8", "-nvfp4", "-fp4"):
+    for suffix in ("-fp8", "-nvfp4", "-fp4", "-bf16"):
         if base.endswith(suffix):
             fmt = _checkpoint_format(org, suffix)
             if fmt is not None:

@@ -20,8 +20,10 @@ bandwidth (the efficiency factors of :class:`~kvsched.perf.hardware.Hardware`).
   query tokens (its KV read once, its extra queries' FLOPs added); the
   drafter's own passes are priced by :mod:`kvsched.perf.drafter` with the
   same backend and added to the forward pass.
-- Tensor-parallel all-reduce (two per layer) and expert-parallel all-to-all
-  (dispatch and combine per MoE layer) on the scale-up fabric.
+- Tensor-parallel all-reduce (two per layer) on the scale-up fabric, or on
+  the scale-out network for a TP group larger than the scale-up domain;
+  expert-parallel all-to-all (dispatch and combine per MoE layer) on the
+  scale-up fabric.
 - A fixed latency per kernel and a CPU cost per step and per request; with
   async scheduling the CPU work overlaps the forward pass.
 
@@ -79,6 +81,36 @@ def kv_cache_dtype_bytes(value: str) -> int:
                      f"{', '.join(KV_CACHE_DTYPE_BYTES)}")
 
 
+# vLLM's --dtype (the model's activation dtype, and its weights' when the
+# checkpoint is not quantized) -> kvsched's 16-bit weight name; bf16 and
+# fp16 are kvsched's own spellings, kept as aliases. "auto" is the
+# checkpoint's torch_dtype: bfloat16 for every catalog model.
+MODEL_DTYPES: Mapping[str, str] = MappingProxyType({
+    "auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "half": "fp16", "float16": "fp16", "fp16": "fp16"})
+# vLLM's 32-bit --dtype values: kvsched has no FP32 GEMM rate to price them.
+FP32_DTYPES = ("float", "float32")
+
+
+def model_dtype(value: str) -> str:
+    """The 16-bit weight dtype of vLLM's ``--dtype`` ``value``; the one
+    owner of what --dtype takes. A weight format (fp8, nvfp4, mxfp4, int4)
+    is refused: quantization comes from --quantization or the checkpoint's
+    own format, never from --dtype."""
+    name = value.lower() if isinstance(value, str) else value
+    if isinstance(name, str) and name in MODEL_DTYPES:
+        return MODEL_DTYPES[name]
+    if name in FP32_DTYPES:
+        raise ValueError(f"dtype={value!r} (--dtype): kvsched prices 16-bit models only (the hardware "
+                         "data has no FP32 GEMM rates); use bfloat16 or float16")
+    if isinstance(name, str) and name in DTYPE_BYTES:
+        raise ValueError(f"dtype={value!r} (--dtype): {value} is a weight quantization, not a model "
+                         "dtype; quantize with --quantization (fp8, modelopt_fp4, mxfp4), or name a "
+                         "checkpoint stored in it, and keep --dtype to one of "
+                         f"{', '.join(MODEL_DTYPES)}")
+    raise ValueError(f"dtype={value!r} (--dtype): unknown model dtype; use one of "
+                     f"{', '.join(MODEL_DTYPES)} (vLLM's --dtype; float32 is not priced)")
+
+
 def dtype_bytes(field: str, value: str) -> float:
     """Bytes per weight of ``value``, scales included."""
     try:
@@ -98,7 +130,9 @@ def math_dtype(dtype: str, hardware: Hardware) -> str:
     if name in WEIGHT_ONLY_DTYPES or wb == 2:
         return "bf16"
     if not hardware.has_fp8:
-        raise ValueError(f"dtype={dtype!r}: {hardware.name} has no FP8 path; use bf16")
+        raise ValueError(f"dtype={dtype!r}: {hardware.name} has no FP8 path; use 16-bit weights (no "
+                         "--quantization fp8; for a checkpoint published in FP8, such as DeepSeek-V3's, "
+                         "its 16-bit conversion, e.g. deepseek-ai/DeepSeek-V3-BF16)")
     return "fp8"
 
 
@@ -359,7 +393,9 @@ class StepTimeModel:
         self.window = m.sliding_window
         self.hidden = m.hidden_size
         self.num_layers = L
-        self.ar_bw = hw.scaleup_bw_for_group(tp) * hw.comm_bw_frac if tp > 1 else 0.0
+        # TP all-reduces: on the scale-up fabric within its domain, over the
+        # scale-out network beyond (refused where the hardware data has none).
+        self.ar_bw = hw.tensor_parallel_bw(tp) * hw.comm_bw_frac if tp > 1 else 0.0
         self.a2a_bw = hw.scaleup_bw_for_group(ep) * hw.comm_bw_frac if ep > 1 else 0.0
         self.comm_latency = hw.comm_latency_s
         self.fixed_gpu_s = L * KERNELS_PER_LAYER * KERNEL_LATENCY_S

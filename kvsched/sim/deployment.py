@@ -26,8 +26,8 @@ from kvsched.perf.step_time import (
     ParallelConfig,
     RuntimeConfig,
     StepTimeModel,
-    dtype_bytes,
     kv_cache_dtype_bytes,
+    model_dtype,
 )
 from kvsched.scheduler_defaults import (
     DeviceInfo,
@@ -204,7 +204,7 @@ def validate_engine_options(opts: EngineOptions) -> None:
                          "128, ...; vLLM's default is 16)")
     check_gpu_memory_utilization(opts.gpu_memory_utilization)
     check_long_prefill_token_threshold(opts.long_prefill_token_threshold)
-    dtype_bytes("dtype", opts.dtype)
+    model_dtype(opts.dtype)
     kv_cache_dtype_bytes(opts.kv_cache_dtype)
     _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval, 1_000_000,
                   "a million engine steps is over a quarter of an hour between admissions")
@@ -244,7 +244,7 @@ def weight_format(opts: EngineOptions) -> CheckpointFormat:
         return own if own is not None and same else method
     if own is not None:
         return own
-    return CheckpointFormat(opts.dtype)
+    return CheckpointFormat(model_dtype(opts.dtype))
 
 
 def weight_dtype(opts: EngineOptions) -> str:

@@ -396,8 +396,8 @@ def _weights(row: SiliconRow) -> tuple[str, str, str | None, str] | Refusal:
         return (row.model_path, "bf16", "modelopt_fp4",
                 "fp4: an NVFP4 (ModelOpt) checkpoint over every linear layer; the run's checkpoint "
                 "and its KV format are not recorded")
-    if row.precision in ("fp8", "bf16"):
-        return row.model_path, row.precision, None, ""
+    if row.precision in ("fp8", "bf16"):  # fp8: quantized on the fly (--dtype takes no weight format)
+        return row.model_path, "bf16", "fp8" if row.precision == "fp8" else None, ""
     return Refusal("precision not expressible",
                    f"{row.precision!r} for {row.model_path}: not the checkpoint's format"
                    + (f" ({own.weights})" if own is not None else ""))

@@ -16,6 +16,7 @@ from kvsched.perf import (
     HARDWARE,
     Hardware,
     get_hardware,
+    get_model,
     load_efficiency_overrides,
     load_hardware_file,
     with_overrides,
@@ -330,3 +331,61 @@ def test_fp4_flops_is_optional_in_hardware_files(tmp_path: Path) -> None:
     assert load_hardware_file(path).fp4_flops == 2e15
     with pytest.raises(ValueError, match="fp4_flops=-1"):
         load_hardware_file(_write_json(tmp_path / "bad.json", _minimal(fp4_flops=-1)))
+
+
+# -- tensor parallelism past the scale-up domain --------------------------------
+
+
+@pytest.mark.parametrize(("hw_id", "domain"), [
+    ("h100-sxm", 8), ("h200", 8), ("b200", 8), ("a100-80gb", 8), ("l40s", 8), ("mi300x", 8),
+    ("gb200", 72), ("ascend-910c", 384)])
+def test_scale_up_domains(hw_id: str, domain: int) -> None:
+    hw = get_hardware(hw_id)
+    assert hw.scaleup_domain == domain
+    assert hw.tensor_parallel_bw(domain) == hw.scaleup_bw_for_group(domain)
+
+
+def test_tp_past_the_nvlink_domain_is_refused_without_a_scale_out_figure() -> None:
+    from kvsched.sim.deployment import EngineOptions, build_deployment
+
+    h100 = get_hardware("h100-sxm")
+    assert h100.tensor_parallel_bw(8) == 450e9
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=16 \(--tensor-parallel-size\): NVIDIA "
+                                         r"H100 SXM5 80GB's nvlink4 joins 8 devices.*use at most 8"):
+        h100.tensor_parallel_bw(16)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=64 .*joins 8 devices"):
+        build_deployment(EngineOptions(model="Llama-3.1-405B", hardware="h100", tensor_parallel_size=64))
+    # GB200 NVL72: TP16 is within its NVLink domain.
+    d = build_deployment(EngineOptions(model="Llama-3.1-70B", hardware="gb200", tensor_parallel_size=16,
+                                       step_time_backend="roofline"))
+    assert d.step_model.ar_bw == 900e9 * d.hardware.comm_bw_frac
+
+
+def test_tp_past_the_domain_runs_on_the_scale_out_network(tmp_path: Path) -> None:
+    from kvsched.perf.step_time import BatchShape, ParallelConfig, StepTimeModel
+
+    # Two 8-GPU H100 nodes joined by 400 Gb/s InfiniBand per GPU (50 GB/s per direction).
+    ib = with_overrides(get_hardware("h100-sxm"), scaleout_bw=50e9)
+    assert ib.tensor_parallel_bw(8) == 450e9
+    assert ib.tensor_parallel_bw(16) == 50e9
+    llama = get_model("Llama-3.1-405B")
+    sm = StepTimeModel(llama, ib, ParallelConfig(16))
+    assert sm.ar_bw == 50e9 * ib.comm_bw_frac
+    # A 4096-token prefill: two all-reduces per layer of 4096 x 16384 16-bit
+    # values, 2 (n - 1) / n of them sent per GPU at the InfiniBand rate.
+    shape = BatchShape(4096, 1, 1, 0, 0, 4096, 4096, 4096 * 4097 // 2)
+    nvlink = StepTimeModel(llama, dataclasses.replace(ib, scaleup_domain=16), ParallelConfig(16))
+    message = 4096 * 16384 * 2
+    extra = 2 * 126 * 2 * 15 / 16 * message * (1 / (50e9 * ib.comm_bw_frac) - 1 / (450e9 * ib.comm_bw_frac))
+    assert sm.gpu_time(shape) - nvlink.gpu_time(shape) == pytest.approx(extra, rel=1e-9)
+    path = tmp_path / "h100-ib.json"
+    fields = {f: getattr(ib, f) for f in ("id", "name", "memory_bytes", "mem_bw", "bf16_flops", "fp8_flops",
+                                          "scaleup_bw", "scaleup_kind", "scaleout_bw")}
+    path.write_text(json.dumps({**fields, "id": "h100-ib"}))
+    assert load_hardware_file(path).tensor_parallel_bw(16) == 50e9
+
+
+@pytest.mark.parametrize("value", [0, 2**17, 8.0, True])
+def test_scaleup_domain_is_checked(value: object) -> None:
+    with pytest.raises(ValueError, match="scaleup_domain"):
+        with_overrides(get_hardware("h100-sxm"), scaleup_domain=value)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kvsched.cli import main
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.host import NO_HOST_TIME
-from kvsched.perf.kernels import aic_data_dir
+from kvsched.perf.kernels import AttentionKey, MlaKey, MoeKey, aic_data_dir
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
 from kvsched.sim.deployment import EngineOptions, build_deployment
@@ -301,3 +301,24 @@ def test_cli_names_the_backend_in_the_summary_and_the_saved_json(tmp_path: Path,
     with pytest.raises(SystemExit) as e:
         main(["simulate", *small, "--step-time-backend", "fast"])
     assert e.value.code == 2
+
+
+def test_messages_describe_table_keys_in_words() -> None:
+    # Users read these in the deployment summary: no dataclass reprs.
+    bloom = build_deployment(EngineOptions(model="bigscience/bloom", hardware="h100-sxm",
+                                           tensor_parallel_size=8, max_model_len=2048))
+    text = bloom.describe()
+    assert ("measured kernels not used: no measured attention with 14 query and 14 KV heads per GPU, "
+            "head size 128, bfloat16 KV cache on h100_sxm") in text
+    minimax = MeasuredStepTimeModel(get_model("MiniMaxAI/MiniMax-M2.5"), H100, ParallelConfig(4))
+    assert minimax.roofline_parts == ["routed experts (no measured bfloat16 fused MoE: 256 experts of "
+                                      "3072 x 1536, top-8, each expert split over 4 GPUs)"]
+    assert MoeKey("fp8", 7168, 2048, 8, 256, 1, 8).describe() == (
+        "fp8 fused MoE: 256 experts of 7168 x 2048, top-8, expert parallelism over 8 GPUs")
+    assert MlaKey(16, "fp8", "fp8_block").describe() == (
+        "MLA with 16 query heads per GPU, fp8 KV cache, fp8_block projections")
+    assert AttentionKey(8, 1, 64, "bfloat16", 128).describe() == (
+        "attention with 8 query and 1 KV heads per GPU, head size 64, bfloat16 KV cache, a 128-token "
+        "sliding window")
+    for message in (text, *minimax.roofline_parts):
+        assert "Key(" not in message

@@ -23,8 +23,15 @@ from kvsched.perf.step_time import (
     RuntimeConfig,
     StepTimeModel,
     math_dtype,
+    model_dtype,
 )
-from kvsched.sim.deployment import QUANTIZATIONS, EngineOptions, build_deployment, weight_format
+from kvsched.sim.deployment import (
+    QUANTIZATIONS,
+    EngineOptions,
+    build_deployment,
+    validate_engine_options,
+    weight_format,
+)
 
 H100 = get_hardware("h100-sxm")
 H200 = get_hardware("h200")
@@ -224,6 +231,12 @@ def test_nvfp4_experts_off_blackwell_are_roofline() -> None:
     ("nvidia/Llama-3.1-70B-Instruct-FP4", "meta-llama/Llama-3.1-70B", CheckpointFormat("nvfp4", "fp8")),
     ("nvidia/Qwen3-235B-A22B-NVFP4", "Qwen/Qwen3-235B-A22B", CheckpointFormat("nvfp4", "fp8")),
     ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B", None),
+    # DeepSeek publishes V3, V3.1 and R1 in block FP8 (config.json: quant_method
+    # fp8, weight_block_size [128, 128]); -BF16 names a 16-bit conversion.
+    ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3", CheckpointFormat("fp8_block")),
+    ("deepseek-ai/DeepSeek-V3.1", "deepseek-ai/DeepSeek-V3.1", CheckpointFormat("fp8_block")),
+    ("DeepSeek-R1", "deepseek-ai/DeepSeek-R1", CheckpointFormat("fp8_block")),
+    ("deepseek-ai/DeepSeek-V3-BF16", "deepseek-ai/DeepSeek-V3", CheckpointFormat("bf16")),
 ])
 def test_checkpoint_formats(name: str, base: str, fmt: CheckpointFormat | None) -> None:
     assert catalog_match(name) == (base, fmt)
@@ -292,3 +305,49 @@ def test_kimi_k2_5_is_its_config_json() -> None:
     # Moonshot's published size: 1 T parameters, 32 B active (the text model)
     assert m.num_params() / 1e12 == pytest.approx(1.03, rel=0.01)
     assert m.active_params_per_token() / 1e9 == pytest.approx(32.9, rel=0.01)
+
+
+# -- --dtype: vLLM's model dtype, never a weight format ------------------------
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("auto", "bf16"), ("bfloat16", "bf16"), ("bf16", "bf16"), ("half", "fp16"), ("float16", "fp16"),
+    ("fp16", "fp16"), ("BFloat16", "bf16")])
+def test_dtype_takes_vllms_model_dtypes(value: str, expected: str) -> None:
+    assert model_dtype(value) == expected
+    validate_engine_options(EngineOptions(dtype=value))
+    assert weight_format(EngineOptions(dtype=value)) == CheckpointFormat(expected)
+
+
+@pytest.mark.parametrize("value", ["int4", "nvfp4", "mxfp4", "fp8", "fp8_block", "fp8_e4m3"])
+def test_dtype_refuses_a_weight_format(value: str) -> None:
+    # Before: --dtype nvfp4 on a dense model was accepted and halved its TPOT.
+    with pytest.raises(ValueError, match=rf"dtype='{value}' \(--dtype\): {value} is a weight "
+                                         r"quantization.*--quantization"):
+        build_deployment(EngineOptions(model="Llama-3.1-8B", dtype=value))
+
+
+@pytest.mark.parametrize(("value", "match"), [
+    ("float32", r"dtype='float32' \(--dtype\): kvsched prices 16-bit models only"),
+    ("float", r"dtype='float' \(--dtype\): kvsched prices 16-bit"),
+    ("int3", r"dtype='int3' \(--dtype\): unknown model dtype; use one of auto, bfloat16")])
+def test_dtype_refuses_what_kvsched_cannot_price(value: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        validate_engine_options(EngineOptions(dtype=value))
+
+
+@pytest.mark.parametrize("name", ["deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3.1",
+                                  "deepseek-ai/DeepSeek-R1"])
+def test_deepseek_is_priced_in_its_checkpoints_fp8_and_fits_8_h200s(name: str) -> None:
+    # 671 B parameters: 16-bit they are ~1.34 TB, over 8 x 141 GB; in FP8
+    # (the checkpoint's own format, no --quantization needed) ~84 GB per GPU.
+    d = build_deployment(EngineOptions(model=name, hardware="h200", tensor_parallel_size=8,
+                                       max_model_len=8192))
+    assert (d.runtime.dtype, d.runtime.quantized_layers) == ("fp8_block", "all")
+    assert 80e9 < d.memory.weight_bytes < 90e9
+    same = build_deployment(EngineOptions(model=name, hardware="h200", tensor_parallel_size=8,
+                                          max_model_len=8192, quantization="fp8"))
+    assert same.memory == d.memory
+    with pytest.raises(ValueError, match="does not fit"):
+        build_deployment(EngineOptions(model=f"{name}-BF16", hardware="h200", tensor_parallel_size=8,
+                                       max_model_len=8192))

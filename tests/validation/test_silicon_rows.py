@@ -90,8 +90,9 @@ def test_llama70_fp8_on_h100(by_id: dict[str, SiliconRow]) -> None:
     o = run.options
     assert (o.model, o.hardware, o.tensor_parallel_size, o.data_parallel_size) == (
         "meta-llama/Llama-3.1-70B", "h100-sxm", 4, 1)
-    assert (o.enable_expert_parallel, o.enable_prefix_caching, o.dtype, o.kv_cache_dtype) == (
-        False, False, "fp8", "auto")
+    # FP8 weights on the fly: vLLM's --quantization fp8 (its --dtype is 16-bit).
+    assert (o.enable_expert_parallel, o.enable_prefix_caching, o.dtype, o.quantization, o.kv_cache_dtype) == (
+        False, False, "bf16", "fp8", "auto")
     # NVIDIA's collection: vLLM serve's defaults (1024 sequences >= CONC 16).
     assert (o.max_num_seqs, o.max_num_batched_tokens, o.gpu_memory_utilization, o.block_size) == (
         None, None, 0.9, 16)
