@@ -8,9 +8,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvsched.jsonfile import json_problem, strict_loads
+from kvsched.config import MAX_STEP_LIMIT
+from kvsched.engine.args import check_seed
+from kvsched.hf_config import read_text
+from kvsched.jsonfile import json_problem, show, strict_loads
 
 BOOL = argparse.BooleanOptionalAction
+
+# --prompts-file is read whole before anything else runs: 256 MiB of text is
+# ~64M tokens, days of CPU generation.
+MAX_PROMPTS_FILE_BYTES = 2**28
+# Prompts one run takes: each holds a request, its output state and text
+# (kilobytes), and a million is days of CPU generation.
+MAX_NUM_PROMPTS = 1_000_000
 
 
 def add_generate_parser(sub: Any) -> None:
@@ -65,18 +75,33 @@ def add_generate_parser(sub: Any) -> None:
     p.set_defaults(func=run_generate)
 
 
-def read_prompts(args: argparse.Namespace) -> list[Any]:
+def read_prompts(args: argparse.Namespace, max_file_bytes: int = MAX_PROMPTS_FILE_BYTES,
+                 max_prompts: int = MAX_NUM_PROMPTS) -> list[Any]:
+    """``--prompt`` (repeatable) and ``--prompts-file``'s lines or JSON Lines:
+    the file is UTF-8 text of at most ``max_file_bytes`` without NUL bytes,
+    and at most ``max_prompts`` prompts in all; every problem names the file
+    (and line)."""
     prompts: list[Any] = list(args.prompt)
     if args.prompts_file:
         path = Path(args.prompts_file)
         if not path.is_file():
             raise ValueError(f"--prompts-file={args.prompts_file!r}: no such file")
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
+        what = "prompts (one per line, or JSON Lines)"
+        text = read_text(path, max_file_bytes, what)
+        nul = text.find("\0")
+        if nul >= 0:
+            line = text.count("\n", 0, nul) + 1
+            raise ValueError(f"{path}:{line}: a NUL byte (offset {nul}), so not a text file; give "
+                             f"--prompts-file a UTF-8 text file of {what}")
+        for n, line_text in enumerate(text.splitlines(), 1):
+            if not line_text.strip():
                 continue
+            if len(prompts) >= max_prompts:
+                raise ValueError(f"{path}:{n}: more than {max_prompts:,} prompts, the most one run "
+                                 "takes; split the file")
             if path.suffix in (".jsonl", ".json"):
                 try:
-                    item = strict_loads(line)
+                    item = strict_loads(line_text)
                 except ValueError as err:
                     raise ValueError(f"{path}:{n}: {json_problem(err)}") from None
                 if isinstance(item, dict) and "prompt_token_ids" in item:
@@ -86,16 +111,34 @@ def read_prompts(args: argparse.Namespace) -> list[Any]:
                 else:
                     raise ValueError(f"{path}:{n}: needs a 'prompt' string or 'prompt_token_ids'")
             else:
-                prompts.append(line)
+                prompts.append(line_text)
     if not prompts:
         raise ValueError("no prompts: give --prompt TEXT (repeatable) or --prompts-file FILE")
+    if len(prompts) > max_prompts:
+        raise ValueError(f"--prompt: {len(prompts):,} prompts, more than the {max_prompts:,} one run "
+                         "takes")
     return prompts
+
+
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """The sampling flags' sizes, before the engine allocates anything (the
+    rest of SamplingParams' rules are its own, and the request's lengths are
+    checked against max_model_len when it is added)."""
+    for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--min-tokens", args.min_tokens, 0)):
+        if not low <= value <= MAX_STEP_LIMIT:
+            raise ValueError(f"{flag}={show(value)}: must be in [{low}, {MAX_STEP_LIMIT:,}] (2**24: no "
+                             "sequence is longer than max_model_len, itself at most 2**24)")
+    if args.logprobs is not None and not 0 <= args.logprobs <= MAX_STEP_LIMIT:
+        raise ValueError(f"--logprobs={show(args.logprobs)}: must be in [0, {MAX_STEP_LIMIT:,}] (the "
+                         "top tokens reported per step, at most the vocabulary)")
+    check_seed("--sampling-seed", args.sampling_seed)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from kvsched.engine.llm import LLM
     from kvsched.request import SamplingParams
 
+    check_sampling_flags(args)
     prompts = read_prompts(args)
     params = SamplingParams(
         max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature,
