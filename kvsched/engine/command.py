@@ -8,12 +8,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvsched.config import MAX_STEP_LIMIT
+from kvsched.config import MAX_STEP_LIMIT, NGRAM_METHODS
 from kvsched.engine.args import check_seed
+from kvsched.engine_flags import EngineFlagDefaults, add_scheduler_cache_flags
 from kvsched.hf_config import read_text
 from kvsched.jsonfile import json_problem, show, strict_loads
 
-BOOL = argparse.BooleanOptionalAction
+# Where generate's engine flags differ from simulate's: it loads the
+# checkpoint (its dtype by default), runs n-gram drafts only, and keeps async
+# scheduling off (the model runs each step to the end before the next is
+# scheduled, so it overlaps nothing; see EngineArgs.async_scheduling).
+ENGINE_FLAG_DEFAULTS = EngineFlagDefaults(
+    dtype="auto", dtype_help="auto (the checkpoint's; float16 becomes float32 on CPU), float32, "
+                             "bfloat16 or float16",
+    async_scheduling=False, speculative_methods=NGRAM_METHODS, seed=0)
 
 # --prompts-file is read whole before anything else runs: 256 MiB of text is
 # ~64M tokens, days of CPU generation.
@@ -33,42 +41,31 @@ def add_generate_parser(sub: Any) -> None:
     p.add_argument("--prompts-file", help="a file of prompts: one per line, or JSON Lines with "
                    "'prompt' or 'prompt_token_ids'")
     s = p.add_argument_group("sampling (vLLM's SamplingParams)")
-    s.add_argument("--max-tokens", type=int, default=16)
-    s.add_argument("--min-tokens", type=int, default=0)
-    s.add_argument("--temperature", type=float, default=1.0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--min-p", type=float, default=0.0)
-    s.add_argument("--repetition-penalty", type=float, default=1.0)
-    s.add_argument("--presence-penalty", type=float, default=0.0)
-    s.add_argument("--frequency-penalty", type=float, default=0.0)
+    s.add_argument("--max-tokens", type=int, default=16,
+                   help=f"most tokens to generate per prompt, 1 to {MAX_STEP_LIMIT:,} (default: "
+                        "%(default)s)")
+    s.add_argument("--min-tokens", type=int, default=0,
+                   help="tokens to generate before EOS or a stop may end a prompt (default: %(default)s)")
+    s.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default: %(default)s)")
+    s.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1: off (default: %(default)s)")
+    s.add_argument("--top-k", type=int, default=0, help="0 or -1: off (default: %(default)s)")
+    s.add_argument("--min-p", type=float, default=0.0, help="in [0, 1]; 0: off (default: %(default)s)")
+    s.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off (default: %(default)s)")
+    s.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="in [-2, 2]; 0: off (default: %(default)s)")
+    s.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="in [-2, 2]; 0: off (default: %(default)s)")
     s.add_argument("--sampling-seed", type=int, help="per-request seed (SamplingParams.seed)")
     s.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    s.add_argument("--ignore-eos", action="store_true")
+    s.add_argument("--ignore-eos", action="store_true", help="generate past the model's EOS tokens")
     s.add_argument("--logprobs", type=int, help="return this many top logprobs per token")
     e = p.add_argument_group("engine (vLLM's engine arguments)")
-    e.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    e.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--max-model-len", type=int)
-    e.add_argument("--max-num-seqs", type=int)
-    e.add_argument("--max-num-batched-tokens", type=int)
-    e.add_argument("--enable-chunked-prefill", action=BOOL, default=True)
-    e.add_argument("--enable-prefix-caching", action=BOOL, default=True)
-    e.add_argument("--long-prefill-token-threshold", type=int, default=0)
-    e.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    e.add_argument("--block-size", type=int, default=16)
-    e.add_argument("--num-gpu-blocks-override", type=int)
+    add_scheduler_cache_flags(e, ENGINE_FLAG_DEFAULTS)
+    e.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     e.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory",
-                   help="KV cache size on CPU, e.g. 512MiB (default: 4 GiB as vLLM's CPU backend, "
-                        "capped at what max_num_seqs x max_model_len tokens can fill)")
-    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    e.add_argument("--speculative-config", help="speculative decoding as JSON, e.g. "
-                   '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}\' '
-                   "(n-gram drafts; 'ngram_gpu' with --async-scheduling)")
-    e.add_argument("--async-scheduling", action=BOOL, default=False,
-                   help="schedule step N+1 before step N's output is applied (vLLM's async "
-                        "scheduling; the decisions and outputs are vLLM's, the CPU gains no overlap)")
+                   help="KV cache size, e.g. 512MiB, at most what the machine has available "
+                        "(default on CPU: 4 GiB as vLLM's CPU backend, capped at what max_num_seqs x "
+                        "max_model_len tokens can fill; on CUDA: --gpu-memory-utilization's share)")
     o = p.add_argument_group("output")
     o.add_argument("--output-json", help="write every output (text, token ids, timings) here")
     o.add_argument("--no-progress", action="store_true")
