@@ -169,10 +169,12 @@ def check_kv_cache(args: EngineArgs, device: torch.device, num_blocks: int, per_
     ``available`` None (unknown, or the cache was sized from free memory):
     the pool bound only."""
     if available is not None:
-        need = num_blocks * (per_block + POOL_BYTES_PER_BLOCK) + weights
+        # The pool lives in host memory: on CUDA it is not the device's to hold.
+        block_bytes = per_block + (POOL_BYTES_PER_BLOCK if device.type == "cpu" else 0)
+        need = num_blocks * block_bytes + weights
         if need > available:
             # The most blocks, and their K/V bytes, that fit beside the weights.
-            most = max(available - weights, 0) // (per_block + POOL_BYTES_PER_BLOCK)
+            most = max(available - weights, 0) // block_bytes
             if args.num_gpu_blocks_override is not None:
                 fix = f"lower it to at most {most:,}"
             elif args.kv_cache_memory is not None:

@@ -152,6 +152,12 @@ def test_kv_cache_is_checked_against_the_memory_available(tiny: Callable[..., Pa
     with pytest.raises(ValueError, match=r"^the default KV cache .*pass --kv-cache-memory of at most "
                                          r"7\.80 MiB, or lower --max-num-seqs or --max-model-len$"):
         check_kv_cache(default, cpu, 1000, per_block, 1 << 20, 9_288_575, where)
+    # On CUDA the pool is host memory: the device holds K/V and weights only
+    # (a torch.device names CUDA without needing one).
+    cuda = torch.device("cuda")
+    check_kv_cache(given, cuda, 1000, per_block, 1 << 20, 1000 * per_block + (1 << 20), "free")
+    with pytest.raises(ValueError, match=r"more than the 8\.81 MiB free; give at most 7\.80 MiB$"):
+        check_kv_cache(given, cuda, 1000, per_block, 1 << 20, 1000 * per_block + (1 << 20) - 1, "free")
     # Unknown memory: only the block pool's bound (2**24 blocks).
     check_kv_cache(given, cpu, MAX_NUM_GPU_BLOCKS, 1, 0, None, where)
     with pytest.raises(ValueError, match=r"16,777,217 KV blocks of 16 tokens, above the 16,777,216 a "
