@@ -6,8 +6,10 @@ so a bad flag never turns into a hang or a traceback deep in the scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from kvsched.jsonfile import json_problem, strict_loads
@@ -19,6 +21,25 @@ POLICIES = ("fcfs", "priority")
 # holds the activations of that many tokens in one step, and no model's
 # context is that long (the longest published is 10M tokens).
 MAX_STEP_LIMIT = 2**24
+
+# vLLM's engine defaults that every entry point (generate, simulate, tune)
+# starts from: SchedulerConfig's class defaults for the step limits (what
+# vllm serve falls back to where get_batch_defaults has no entry), and
+# CacheConfig's block size and share of device memory.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_NUM_SEQS = 128
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# vLLM 0.33 takes any block size > 0; its kernels' blocks are 16 to 256
+# tokens (FlashMLA 64, FlashInfer 16/32/64, Ascend 128), and hybrid models
+# align theirs to a few hundred. 4096 is kvsched's bound: beyond it a block
+# is longer than most requests' whole context.
+MAX_BLOCK_SIZE = 4096
+# KV blocks one scheduler's block pool may hold: 2**24 (16.8M). Each costs
+# ~48 bytes of pool state before any KV (measured: 2**21 blocks, 48 bytes
+# each, max RSS), so 2**24 is ~800 MB of bookkeeping, and 2**24 blocks of 16
+# tokens are 268M tokens of KV, over 20x what any GPU holds.
+MAX_NUM_GPU_BLOCKS = 2**24
 
 
 def _fail(field: str, value: object, rule: str, fix: str) -> ValueError:
@@ -53,6 +74,11 @@ def check_num_gpu_blocks_override(value: object) -> None:
         raise _fail("num_gpu_blocks_override", value,
                     "must be an integer >= 2 (one block is vLLM's reserved null block)",
                     "leave it unset to size the cache from memory")
+    if value > MAX_NUM_GPU_BLOCKS:
+        raise _fail("num_gpu_blocks_override", value,
+                    f"must be at most {MAX_NUM_GPU_BLOCKS:,} (2**24: a block pool that large is "
+                    "~800 MB of bookkeeping and 20x the KV any GPU holds)",
+                    "lower --num-gpu-blocks-override or leave it unset to size the cache from memory")
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,8 +90,8 @@ class SchedulerConfig:
     never reads them, so neither does kvsched's.
     """
 
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 128
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_model_len: int = 8192
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
@@ -123,7 +149,7 @@ class CacheConfig:
     """The paged KV cache: ``num_gpu_blocks`` counts vLLM's reserved null block."""
 
     num_gpu_blocks: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
@@ -135,12 +161,27 @@ class CacheConfig:
                         "use at least 2 blocks")
 
 
-# Speculative methods the scheduler knows. ``ngram`` and ``ngram_gpu`` propose
+# vLLM's speculative methods, the one list every reader of
+# --speculative-config (the engine, the simulator) resolves through
+# :func:`resolve_speculative_method`. ``ngram`` and ``ngram_gpu`` propose
 # drafts without a drafter model (no KV of their own); ``eagle``, ``eagle3``
 # and ``mtp`` run a drafter on the target's hidden states and reserve KV
 # slots for its K positions (vLLM's ``num_lookahead_tokens``).
-SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "eagle", "eagle3", "mtp")
-_DRAFTER_METHODS = ("eagle", "eagle3", "mtp")
+NGRAM_METHODS = ("ngram", "ngram_gpu")
+DRAFTER_METHODS = ("eagle", "eagle3", "mtp")
+SPECULATIVE_METHODS = NGRAM_METHODS + DRAFTER_METHODS
+# vLLM's other spellings, which its SpeculativeConfig rewrites to these:
+# "[ngram]" to "ngram", and its per-architecture MTP model types to "mtp"
+# (deprecated names; vLLM warns and rewrites them).
+SPECULATIVE_METHOD_ALIASES: Mapping[str, str] = MappingProxyType({
+    "[ngram]": "ngram",
+    "deepseek_mtp": "mtp", "mimo_mtp": "mtp", "glm4_moe_mtp": "mtp", "ernie_mtp": "mtp",
+    "qwen3_next_mtp": "mtp", "longcat_flash_mtp": "mtp",
+})
+# vLLM's methods kvsched neither runs nor prices: refused by name, with the
+# reason, rather than as unknown.
+UNMODELLED_SPECULATIVE_METHODS = ("draft_model", "medusa", "mlp_speculator", "suffix", "dflash",
+                                  "dspark", "custom_class", "extract_hidden_states")
 # vLLM caps num_speculative_tokens far below this; it only bounds input.
 MAX_SPECULATIVE_TOKENS = 64
 
@@ -171,7 +212,7 @@ class SpeculativeConfig:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise _fail(f"speculative_config.{name}", v, "must be an integer >= 1",
                             "leave it unset for vLLM's default")
-        if self.method not in ("ngram", "ngram_gpu") and (
+        if self.method not in NGRAM_METHODS and (
                 self.prompt_lookup_min is not None or self.prompt_lookup_max is not None):
             raise _fail("speculative_config.method", self.method,
                         "prompt_lookup_min/max apply to the n-gram proposer only",
@@ -198,11 +239,31 @@ class SpeculativeConfig:
     def num_lookahead_tokens(self) -> int:
         """KV slots reserved past the scheduled tokens for the drafter's own
         positions: K for drafter-model methods, 0 for n-gram."""
-        return self.num_speculative_tokens if self.method in _DRAFTER_METHODS else 0
+        return self.num_speculative_tokens if self.method in DRAFTER_METHODS else 0
 
     @property
     def uses_drafter(self) -> bool:
-        return self.method in _DRAFTER_METHODS
+        return self.method in DRAFTER_METHODS
+
+
+def resolve_speculative_method(method: object, supported: Sequence[str], refusal: str) -> str:
+    """``speculative_config.method`` as vLLM spells it (an alias resolved to
+    its method, see ``SPECULATIVE_METHOD_ALIASES``), checked against the
+    methods the caller runs (``supported``). A vLLM method outside them is
+    refused with ``refusal`` (the caller's reason and fix); anything else is
+    an unknown method, with the closest supported name as a hint."""
+    if not isinstance(method, str):
+        raise _fail("speculative_config.method", method, "must be a string",
+                    f"use one of {', '.join(supported)}")
+    resolved = SPECULATIVE_METHOD_ALIASES.get(method, method)
+    if resolved in supported:
+        return resolved
+    if resolved in SPECULATIVE_METHODS or resolved in UNMODELLED_SPECULATIVE_METHODS:
+        raise ValueError(f"speculative_config.method={resolved!r}: {refusal}")
+    close = difflib.get_close_matches(method, supported, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(f"speculative_config.method={method!r}: unknown speculative method; {hint}use one "
+                     f"of {', '.join(supported)}")
 
 
 def speculative_object(value: object) -> Mapping[str, Any]:

@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-GIB = 2**30
+# vLLM's SchedulerConfig class defaults (owned by kvsched.config, beside the
+# class), named here too as the fallback of ``get_batch_defaults``.
+from kvsched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, MAX_STEP_LIMIT
+from kvsched.jsonfile import show
 
-# vLLM's SchedulerConfig class defaults, used for a usage context that has no
-# entry in the tables of ``get_batch_defaults``.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-DEFAULT_MAX_NUM_SEQS = 128
+__all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "DEFAULT_MAX_NUM_SEQS", "DEVICE_TYPES", "DeviceInfo",
+           "DeviceType", "SchedulerLimits", "UsageContext", "check_optional_limit",
+           "get_batch_defaults", "resolve_scheduler_limits"]
+
+GIB = 2**30
 
 DeviceType = Literal["gpu", "cpu"]
 DEVICE_TYPES: tuple[DeviceType, ...] = ("gpu", "cpu")
@@ -81,7 +85,9 @@ def get_batch_defaults(usage_context: UsageContext, device: DeviceInfo) -> tuple
     offline = usage_context is UsageContext.LLM_CLASS
     if device.device_type == "cpu":
         n = device.world_size
-        return (4096 if offline else 2048) * n, (256 if offline else 128) * n
+        # Served on CPU: SchedulerConfig's class defaults.
+        return ((4096 if offline else DEFAULT_MAX_NUM_BATCHED_TOKENS) * n,
+                (256 if offline else DEFAULT_MAX_NUM_SEQS) * n)
     if device.total_memory >= 160 * GIB:
         return 16384, 1024
     # vLLM measured a regression with the large defaults on A100s (its PR #17885).
@@ -91,14 +97,18 @@ def get_batch_defaults(usage_context: UsageContext, device: DeviceInfo) -> tuple
 
 
 def check_optional_limit(field: str, value: object) -> None:
-    """``value`` is None (vLLM's default) or a positive integer; 0 is refused,
-    not read as "default"."""
+    """``value`` is None (vLLM's default) or an integer in [1, MAX_STEP_LIMIT];
+    0 is refused, not read as "default"."""
     if value is None:
         return
     flag = "--" + field.replace("_", "-")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{field}={value!r} ({flag}): must be a positive integer; "
                          f"leave it unset for vLLM's default")
+    if value > MAX_STEP_LIMIT:
+        raise ValueError(f"{field}={show(value)} ({flag}): must be at most {MAX_STEP_LIMIT:,} (2**24: no "
+                         "GPU holds the activations of a step that large, and no model's context is "
+                         "that long); lower it, or leave it unset for vLLM's default")
 
 
 def resolve_scheduler_limits(

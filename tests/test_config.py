@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvsched import CacheConfig, SchedulerConfig
+from kvsched import CacheConfig, SchedulerConfig, config, scheduler_defaults
 
 
 def _raises_naming(cls: type, field: str, value: object, **kwargs: Any) -> None:
@@ -142,3 +142,87 @@ def test_valid_cache_configs_construct(kwargs: dict[str, Any]) -> None:
     config = CacheConfig(**kwargs)
     for key, value in kwargs.items():
         assert getattr(config, key) == value
+
+
+# -- one owner for vLLM's engine defaults ------------------------------------------
+
+def test_engine_default_constants_are_vllms() -> None:
+    # vLLM's SchedulerConfig / CacheConfig class defaults, written out by hand.
+    assert (config.DEFAULT_MAX_NUM_BATCHED_TOKENS, config.DEFAULT_MAX_NUM_SEQS) == (2048, 128)
+    assert (config.DEFAULT_BLOCK_SIZE, config.DEFAULT_GPU_MEMORY_UTILIZATION) == (16, 0.9)
+    assert scheduler_defaults.DEFAULT_MAX_NUM_SEQS == 128
+    assert scheduler_defaults.DEFAULT_MAX_NUM_BATCHED_TOKENS == 2048
+
+
+def test_num_gpu_blocks_override_is_bounded_by_the_block_pool() -> None:
+    config.check_num_gpu_blocks_override(2**24)
+    with pytest.raises(ValueError, match=r"num_gpu_blocks_override=16777217: must be at most 16,777,216"
+                                         r".*--num-gpu-blocks-override"):
+        config.check_num_gpu_blocks_override(2**24 + 1)
+
+
+# -- one owner for vLLM's speculative methods --------------------------------------
+
+@pytest.mark.parametrize(("spelling", "method"), [
+    ("ngram", "ngram"), ("[ngram]", "ngram"), ("ngram_gpu", "ngram_gpu"), ("eagle", "eagle"),
+    ("eagle3", "eagle3"), ("mtp", "mtp"), ("deepseek_mtp", "mtp"), ("qwen3_next_mtp", "mtp"),
+    ("mimo_mtp", "mtp"), ("glm4_moe_mtp", "mtp"), ("ernie_mtp", "mtp"), ("longcat_flash_mtp", "mtp"),
+])
+def test_vllms_spellings_resolve_to_their_method(spelling: str, method: str) -> None:
+    assert config.resolve_speculative_method(spelling, config.SPECULATIVE_METHODS, "refused") == method
+
+
+def test_a_vllm_method_outside_the_callers_is_refused_with_its_reason() -> None:
+    for spelling in ("eagle", "deepseek_mtp", "medusa", "suffix", "draft_model"):
+        with pytest.raises(ValueError, match=r"^speculative_config\.method='[a-z_]+': runs n-gram only$"):
+            config.resolve_speculative_method(spelling, config.NGRAM_METHODS, "runs n-gram only")
+    with pytest.raises(ValueError, match=r"^speculative_config\.method='ngrams': unknown speculative "
+                                         r"method; did you mean 'ngram'\? use one of ngram, ngram_gpu$"):
+        config.resolve_speculative_method("ngrams", config.NGRAM_METHODS, "runs n-gram only")
+    with pytest.raises(ValueError, match=r"speculative_config\.method=5: must be a string"):
+        config.resolve_speculative_method(5, config.NGRAM_METHODS, "runs n-gram only")
+
+
+# What each spelling is to the engine (n-gram only) and to the simulator
+# (every method it prices), written out by hand: "unknown" for a name vLLM
+# does not have, "refused" for vLLM's method the reader does not take.
+SPELLINGS = [
+    ("ngram", "ngram", "ngram"), ("[ngram]", "ngram", "ngram"), ("ngram_gpu", "ngram_gpu", "ngram_gpu"),
+    ("eagle", "refused", "eagle"), ("eagle3", "refused", "eagle3"), ("mtp", "refused", "mtp"),
+    ("deepseek_mtp", "refused", "mtp"), ("qwen3_next_mtp", "refused", "mtp"),
+    ("medusa", "refused", "refused"), ("suffix", "refused", "refused"),
+    ("draft_model", "refused", "refused"), ("mlp_speculator", "refused", "refused"),
+    ("Ngram", "unknown", "unknown"), ("ngrm", "unknown", "unknown"), ("eagle4", "unknown", "unknown"),
+    ("", "unknown", "unknown"),
+]
+
+
+def _outcome(read: Any) -> str:
+    try:
+        return str(read())
+    except ValueError as err:
+        return "unknown" if "unknown speculative method" in str(err) else "refused"
+
+
+@pytest.mark.parametrize(("spelling", "engine", "simulator"), SPELLINGS)
+def test_the_engine_and_the_simulator_take_the_same_spellings(spelling: str, engine: str,
+                                                              simulator: str) -> None:
+    from kvsched.engine.args import engine_speculative_config
+    from kvsched.perf import get_model
+    from kvsched.sim.speculative import parse_speculative_config
+
+    spec = {"method": spelling, "num_speculative_tokens": 2}
+    # ngram_gpu runs in the engine with async scheduling only.
+    use_async = engine == "ngram_gpu"
+
+    def run_engine() -> str:
+        parsed = engine_speculative_config(spec, use_async)
+        assert parsed is not None
+        return parsed.method
+
+    def run_simulator() -> str:
+        # eagle needs a drafter checkpoint name in vLLM; DeepSeek-V3 has MTP layers.
+        given = dict(spec, model="drafter") if spelling.startswith("eagle") else spec
+        return parse_speculative_config(given, get_model("deepseek-ai/DeepSeek-V3"), False).method
+
+    assert (_outcome(run_engine), _outcome(run_simulator)) == (engine, simulator)

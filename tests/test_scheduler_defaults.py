@@ -12,6 +12,7 @@ from kvsched.scheduler_defaults import (
     DeviceInfo,
     SchedulerLimits,
     UsageContext,
+    check_optional_limit,
     get_batch_defaults,
     resolve_scheduler_limits,
 )
@@ -98,3 +99,13 @@ def test_device_info_is_checked() -> None:
         DeviceInfo("tpu", 0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="world_size"):
         DeviceInfo("cpu", 0, world_size=0)
+
+
+@pytest.mark.parametrize("field", ["max_num_seqs", "max_num_batched_tokens", "max_model_len"])
+def test_limits_above_2_to_the_24_are_refused_naming_the_flag(field: str) -> None:
+    check_optional_limit(field, 2**24)
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(ValueError, match=rf"^{field}=16777217 \({flag}\): must be at most 16,777,216"):
+        check_optional_limit(field, 2**24 + 1)
+    with pytest.raises(ValueError, match=rf"^{field}=<a 400-digit integer> \({flag}\): must be at most"):
+        check_optional_limit(field, int("9" * 400))

@@ -8,49 +8,80 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kvsched.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    MAX_BLOCK_SIZE,
+    NGRAM_METHODS,
     SpeculativeConfig,
     check_gpu_memory_utilization,
     check_long_prefill_token_threshold,
     check_num_gpu_blocks_override,
     check_speculative_with_async,
+    resolve_speculative_method,
     speculative_object,
 )
+from kvsched.jsonfile import show
 from kvsched.scheduler_defaults import check_optional_limit
 
-# vLLM's CPU backend reserves 4 GiB for the KV cache unless told otherwise;
-# tensors are allocated lazily, so an unused cache costs no RAM.
+# vLLM's CPU backend reserves 4 GiB for the KV cache unless told otherwise.
+# The engine zeroes its cache (every page is touched), so the default is
+# capped at what max_num_seqs x max_model_len tokens can fill (see
+# kvsched.engine.core.num_kv_blocks).
 DEFAULT_KV_CACHE_MEMORY = 4 << 30
 
 _UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
           "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
 
+# The seeds torch's generators take (torch.Generator.manual_seed's documented
+# range; a negative seed is read modulo 2**64): beyond it torch raises a bare
+# "Overflow when unpacking long".
+MIN_SEED = -(2**63)
+MAX_SEED = 2**64 - 1
+
+
+def check_seed(field: str, value: object) -> None:
+    """None or an integer torch can seed a generator with."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field}={show(value)}: must be an integer")
+    if not MIN_SEED <= value <= MAX_SEED:
+        raise ValueError(f"{field}={show(value)}: outside the seeds torch takes "
+                         f"[-2**63, 2**64 - 1]; give a smaller seed")
+
 
 def parse_bytes(value: int | str, name: str = "kv_cache_memory") -> int:
     """An integer byte count, or text like ``512MiB``, ``4G`` or ``2GiB``."""
+    field = f"{name}={show(value)} (--{name.replace('_', '-')})"
     if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r}: give a byte count such as 4294967296 or '4GiB'")
+        raise ValueError(f"{field}: give a byte count such as 4294967296 or '4GiB'")
     if isinstance(value, int):
         n = value
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", str(value), re.I)
         if not m:
-            raise ValueError(f"{name}={value!r}: not a size; write a byte count or e.g. '512MiB', '4GiB'")
+            raise ValueError(f"{field}: not a size; write a byte count or e.g. '512MiB', '4GiB'")
         n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
     if n <= 0:
-        raise ValueError(f"{name}={value!r}: must be positive")
+        raise ValueError(f"{field}: must be positive")
     return n
 
 
 # The keys of --speculative-config the engine takes (vLLM's names).
 SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
-# vLLM's methods that run a drafter model (kvsched's engine runs none).
-DRAFTER_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "medusa", "mlp_speculator", "dflash")
+# vLLM's methods other than these need a drafter model the engine does not run.
+_NO_DRAFTER = ("eagle/mtp need a drafter model kvsched's engine does not run (nor does it run vLLM's "
+               "other proposers); use method 'ngram' (or 'ngram_gpu' with async scheduling)")
 
 
-def parse_speculative_config(value: object, async_scheduling: bool = False) -> SpeculativeConfig | None:
-    """vLLM's ``speculative_config``: a dict, its JSON text (the CLI's
-    ``--speculative-config '{"method": "ngram", ...}'``), a SpeculativeConfig,
-    or None (off). Every problem is one ValueError naming the field."""
+def engine_speculative_config(value: object, async_scheduling: bool = False) -> SpeculativeConfig | None:
+    """The engine's reading of vLLM's ``speculative_config``: a dict, its
+    JSON text (the CLI's ``--speculative-config '{"method": "ngram", ...}'``),
+    a SpeculativeConfig, or None (off); the engine runs the n-gram methods
+    only (the simulator's reading, which prices drafter models too, is
+    kvsched.sim.speculative.parse_speculative_config). The method names and
+    aliases are kvsched.config's. Every problem is one ValueError naming the
+    field."""
     if value is None or isinstance(value, SpeculativeConfig):
         config = value
     else:
@@ -61,22 +92,10 @@ def parse_speculative_config(value: object, async_scheduling: bool = False) -> S
                 hint = f"did you mean {close[0]!r}? " if close else ""
                 raise ValueError(f"speculative_config.{key}: unknown key; {hint}kvsched's engine "
                                  f"takes {', '.join(SPECULATIVE_KEYS)}")
-        method = value.get("method")
-        if method is None:
+        if value.get("method") is None:
             raise ValueError("speculative_config.method: missing; give the proposer, 'ngram' "
                              "(or 'ngram_gpu' with async scheduling)")
-        if method == "[ngram]":  # vLLM's alias
-            method = "ngram"
-        if method in DRAFTER_METHODS:
-            raise ValueError(f"speculative_config.method={method!r}: eagle/mtp need a drafter model "
-                             "kvsched's engine does not run; use method 'ngram' (or 'ngram_gpu' with "
-                             "async scheduling)")
-        if method not in ("ngram", "ngram_gpu"):
-            close = difflib.get_close_matches(str(method), ("ngram", "ngram_gpu"), n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"speculative_config.method={method!r}: unknown speculative method; "
-                             f"{hint}kvsched's engine runs 'ngram' ('ngram_gpu' with async "
-                             "scheduling)")
+        method = resolve_speculative_method(value["method"], NGRAM_METHODS, _NO_DRAFTER)
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative_config.num_speculative_tokens: missing; give the number of "
                              "draft tokens proposed per step, e.g. 3")
@@ -86,9 +105,8 @@ def parse_speculative_config(value: object, async_scheduling: bool = False) -> S
             prompt_lookup_max=value.get("prompt_lookup_max"))
     if config is None:
         return None
-    if config.uses_drafter:
-        raise ValueError(f"speculative_config.method={config.method!r}: eagle/mtp need a drafter "
-                         "model kvsched's engine does not run; use method 'ngram'")
+    if config.method not in NGRAM_METHODS:
+        raise ValueError(f"speculative_config.method={config.method!r}: {_NO_DRAFTER}")
     check_speculative_with_async(config, async_scheduling)
     if config.method == "ngram_gpu" and not async_scheduling:
         raise ValueError(
@@ -113,10 +131,10 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_gpu_blocks_override: int | None = None
     kv_cache_memory: int | str | None = None
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     # vLLM's --speculative-config (a dict or its JSON text); validate() turns
     # it into a SpeculativeConfig.
     speculative_config: dict[str, Any] | str | SpeculativeConfig | None = None
@@ -148,16 +166,20 @@ class EngineArgs:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
         check_num_gpu_blocks_override(self.num_gpu_blocks_override)
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"block_size={self.block_size!r}: must be a positive integer (vLLM uses 16)")
+        block = self.block_size
+        if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size={show(block)} (--block-size): must be an integer in "
+                             f"[1, {MAX_BLOCK_SIZE}] (a longer block outgrows most requests' whole "
+                             f"context); vLLM's default is {DEFAULT_BLOCK_SIZE}")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             check_optional_limit(name, getattr(self, name))
         check_long_prefill_token_threshold(self.long_prefill_token_threshold)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r}: must be an integer")
+        if self.seed is None:
+            raise ValueError("seed=None: must be an integer (vLLM's default is 0)")
+        check_seed("seed", self.seed)
         if type(self.async_scheduling) is not bool:
             raise ValueError(f"async_scheduling={self.async_scheduling!r}: must be True or False")
-        self.speculative_config = parse_speculative_config(self.speculative_config,
+        self.speculative_config = engine_speculative_config(self.speculative_config,
                                                            self.async_scheduling)
 
     @property
@@ -166,5 +188,5 @@ class EngineArgs:
         parsed here if it has not run)."""
         config = self.speculative_config
         if config is not None and not isinstance(config, SpeculativeConfig):
-            config = parse_speculative_config(config, self.async_scheduling)
+            config = engine_speculative_config(config, self.async_scheduling)
         return config

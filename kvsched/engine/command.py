@@ -8,9 +8,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvsched.jsonfile import json_problem, strict_loads
+from kvsched.config import MAX_STEP_LIMIT, NGRAM_METHODS
+from kvsched.engine.args import check_seed
+from kvsched.engine_flags import EngineFlagDefaults, add_scheduler_cache_flags
+from kvsched.hf_config import read_text
+from kvsched.jsonfile import json_problem, show, strict_loads
 
-BOOL = argparse.BooleanOptionalAction
+# Where generate's engine flags differ from simulate's: it loads the
+# checkpoint (its dtype by default), runs n-gram drafts only, and keeps async
+# scheduling off (the model runs each step to the end before the next is
+# scheduled, so it overlaps nothing; see EngineArgs.async_scheduling).
+ENGINE_FLAG_DEFAULTS = EngineFlagDefaults(
+    dtype="auto", dtype_help="auto (the checkpoint's; float16 becomes float32 on CPU), float32, "
+                             "bfloat16 or float16",
+    async_scheduling=False, speculative_methods=NGRAM_METHODS, seed=0)
+
+# --prompts-file is read whole before anything else runs: 256 MiB of text is
+# ~64M tokens, days of CPU generation.
+MAX_PROMPTS_FILE_BYTES = 2**28
+# Prompts one run takes: each holds a request, its output state and text
+# (kilobytes), and a million is days of CPU generation.
+MAX_NUM_PROMPTS = 1_000_000
 
 
 def add_generate_parser(sub: Any) -> None:
@@ -23,60 +41,64 @@ def add_generate_parser(sub: Any) -> None:
     p.add_argument("--prompts-file", help="a file of prompts: one per line, or JSON Lines with "
                    "'prompt' or 'prompt_token_ids'")
     s = p.add_argument_group("sampling (vLLM's SamplingParams)")
-    s.add_argument("--max-tokens", type=int, default=16)
-    s.add_argument("--min-tokens", type=int, default=0)
-    s.add_argument("--temperature", type=float, default=1.0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--min-p", type=float, default=0.0)
-    s.add_argument("--repetition-penalty", type=float, default=1.0)
-    s.add_argument("--presence-penalty", type=float, default=0.0)
-    s.add_argument("--frequency-penalty", type=float, default=0.0)
+    s.add_argument("--max-tokens", type=int, default=16,
+                   help=f"most tokens to generate per prompt, 1 to {MAX_STEP_LIMIT:,} (default: "
+                        "%(default)s)")
+    s.add_argument("--min-tokens", type=int, default=0,
+                   help="tokens to generate before EOS or a stop may end a prompt (default: %(default)s)")
+    s.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default: %(default)s)")
+    s.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1: off (default: %(default)s)")
+    s.add_argument("--top-k", type=int, default=0, help="0 or -1: off (default: %(default)s)")
+    s.add_argument("--min-p", type=float, default=0.0, help="in [0, 1]; 0: off (default: %(default)s)")
+    s.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off (default: %(default)s)")
+    s.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="in [-2, 2]; 0: off (default: %(default)s)")
+    s.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="in [-2, 2]; 0: off (default: %(default)s)")
     s.add_argument("--sampling-seed", type=int, help="per-request seed (SamplingParams.seed)")
     s.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    s.add_argument("--ignore-eos", action="store_true")
+    s.add_argument("--ignore-eos", action="store_true", help="generate past the model's EOS tokens")
     s.add_argument("--logprobs", type=int, help="return this many top logprobs per token")
     e = p.add_argument_group("engine (vLLM's engine arguments)")
-    e.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    e.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--max-model-len", type=int)
-    e.add_argument("--max-num-seqs", type=int)
-    e.add_argument("--max-num-batched-tokens", type=int)
-    e.add_argument("--enable-chunked-prefill", action=BOOL, default=True)
-    e.add_argument("--enable-prefix-caching", action=BOOL, default=True)
-    e.add_argument("--long-prefill-token-threshold", type=int, default=0)
-    e.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    e.add_argument("--block-size", type=int, default=16)
-    e.add_argument("--num-gpu-blocks-override", type=int)
+    add_scheduler_cache_flags(e, ENGINE_FLAG_DEFAULTS)
+    e.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     e.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory",
-                   help="KV cache size on CPU, e.g. 512MiB (default: 4 GiB as vLLM's CPU backend, "
-                        "capped at what max_num_seqs x max_model_len tokens can fill)")
-    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    e.add_argument("--speculative-config", help="speculative decoding as JSON, e.g. "
-                   '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}\' '
-                   "(n-gram drafts; 'ngram_gpu' with --async-scheduling)")
-    e.add_argument("--async-scheduling", action=BOOL, default=False,
-                   help="schedule step N+1 before step N's output is applied (vLLM's async "
-                        "scheduling; the decisions and outputs are vLLM's, the CPU gains no overlap)")
+                   help="KV cache size, e.g. 512MiB, at most what the machine has available "
+                        "(default on CPU: 4 GiB as vLLM's CPU backend, capped at what max_num_seqs x "
+                        "max_model_len tokens can fill; on CUDA: --gpu-memory-utilization's share)")
     o = p.add_argument_group("output")
     o.add_argument("--output-json", help="write every output (text, token ids, timings) here")
     o.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_generate)
 
 
-def read_prompts(args: argparse.Namespace) -> list[Any]:
+def read_prompts(args: argparse.Namespace, max_file_bytes: int = MAX_PROMPTS_FILE_BYTES,
+                 max_prompts: int = MAX_NUM_PROMPTS) -> list[Any]:
+    """``--prompt`` (repeatable) and ``--prompts-file``'s lines or JSON Lines:
+    the file is UTF-8 text of at most ``max_file_bytes`` without NUL bytes,
+    and at most ``max_prompts`` prompts in all; every problem names the file
+    (and line)."""
     prompts: list[Any] = list(args.prompt)
     if args.prompts_file:
         path = Path(args.prompts_file)
         if not path.is_file():
             raise ValueError(f"--prompts-file={args.prompts_file!r}: no such file")
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
+        what = "prompts (one per line, or JSON Lines)"
+        text = read_text(path, max_file_bytes, what)
+        nul = text.find("\0")
+        if nul >= 0:
+            line = text.count("\n", 0, nul) + 1
+            raise ValueError(f"{path}:{line}: a NUL byte (offset {nul}), so not a text file; give "
+                             f"--prompts-file a UTF-8 text file of {what}")
+        for n, line_text in enumerate(text.splitlines(), 1):
+            if not line_text.strip():
                 continue
+            if len(prompts) >= max_prompts:
+                raise ValueError(f"{path}:{n}: more than {max_prompts:,} prompts, the most one run "
+                                 "takes; split the file")
             if path.suffix in (".jsonl", ".json"):
                 try:
-                    item = strict_loads(line)
+                    item = strict_loads(line_text)
                 except ValueError as err:
                     raise ValueError(f"{path}:{n}: {json_problem(err)}") from None
                 if isinstance(item, dict) and "prompt_token_ids" in item:
@@ -86,16 +108,34 @@ def read_prompts(args: argparse.Namespace) -> list[Any]:
                 else:
                     raise ValueError(f"{path}:{n}: needs a 'prompt' string or 'prompt_token_ids'")
             else:
-                prompts.append(line)
+                prompts.append(line_text)
     if not prompts:
         raise ValueError("no prompts: give --prompt TEXT (repeatable) or --prompts-file FILE")
+    if len(prompts) > max_prompts:
+        raise ValueError(f"--prompt: {len(prompts):,} prompts, more than the {max_prompts:,} one run "
+                         "takes")
     return prompts
+
+
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """The sampling flags' sizes, before the engine allocates anything (the
+    rest of SamplingParams' rules are its own, and the request's lengths are
+    checked against max_model_len when it is added)."""
+    for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--min-tokens", args.min_tokens, 0)):
+        if not low <= value <= MAX_STEP_LIMIT:
+            raise ValueError(f"{flag}={show(value)}: must be in [{low}, {MAX_STEP_LIMIT:,}] (2**24: no "
+                             "sequence is longer than max_model_len, itself at most 2**24)")
+    if args.logprobs is not None and not 0 <= args.logprobs <= MAX_STEP_LIMIT:
+        raise ValueError(f"--logprobs={show(args.logprobs)}: must be in [0, {MAX_STEP_LIMIT:,}] (the "
+                         "top tokens reported per step, at most the vocabulary)")
+    check_seed("--sampling-seed", args.sampling_seed)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from kvsched.engine.llm import LLM
     from kvsched.request import SamplingParams
 
+    check_sampling_flags(args)
     prompts = read_prompts(args)
     params = SamplingParams(
         max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature,

@@ -13,12 +13,19 @@ and so its decisions, which are vLLM's.
 
 from __future__ import annotations
 
+import math
+import os
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 
-from kvsched.config import CacheConfig, SchedulerConfig, check_speculative_settings
+from kvsched.config import (
+    MAX_NUM_GPU_BLOCKS,
+    CacheConfig,
+    SchedulerConfig,
+    check_speculative_settings,
+)
 from kvsched.core.output import (
     EngineCoreOutputs,
     ModelRunnerOutput,
@@ -33,7 +40,7 @@ from kvsched.executor.sampler import Sampler
 from kvsched.model.attention import CausalAttention
 from kvsched.model.config import ModelConfig, load_model_config
 from kvsched.model.llama import LlamaForCausalLM
-from kvsched.model.loader import load_model, resolve_dtype
+from kvsched.model.loader import checkpoint_tensor_shapes, load_model, resolve_dtype
 from kvsched.request import Request, RequestStatus
 from kvsched.scheduler_defaults import DeviceInfo, UsageContext, resolve_scheduler_limits
 
@@ -97,7 +104,7 @@ def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, dev
     or on CUDA ``gpu_memory_utilization`` as vLLM computes it (see
     ``cuda_kv_budget``). The CPU default (4 GiB) is capped at what
     ``max_useful_tokens`` can fill: the cache is zeroed, so an oversized one
-    costs RAM and start-up time."""
+    costs RAM and start-up time. :func:`check_kv_cache` bounds the result."""
     if args.num_gpu_blocks_override is not None:
         return args.num_gpu_blocks_override
     per_block = kv_bytes_per_block(config, args.block_size, dtype)
@@ -114,6 +121,91 @@ def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, dev
         raise ValueError(f"kv_cache_memory={budget}: one KV block needs {per_block} bytes and two are the "
                          "minimum (one is the null block); give more memory")
     return int(blocks)
+
+
+# The scheduler's block pool keeps ~48 bytes per KV block beside its K and V
+# (measured: a pool of 2**21 blocks raised max RSS by 48 bytes a block).
+POOL_BYTES_PER_BLOCK = 48
+
+
+def host_available_memory() -> int | None:
+    """Bytes the kernel can give this process now without swapping: Linux's
+    MemAvailable, else the free physical pages (os.sysconf, which leaves out
+    reclaimable caches and so errs low); None where neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def available_memory(device: torch.device) -> tuple[int | None, str]:
+    """What the KV cache and the weights may take on ``device``, and where
+    that figure comes from (for messages)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), f"free on {torch.cuda.get_device_name(device)}"
+    return host_available_memory(), "of RAM available on this machine (MemAvailable)"
+
+
+def weight_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    """The checkpoint's tensors in ``dtype``, as the loader allocates them."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return sum(math.prod(shape) for shape in checkpoint_tensor_shapes(config).values()) * itemsize
+
+
+def check_kv_cache(args: EngineArgs, device: torch.device, num_blocks: int, per_block: int,
+                   weights: int, available: int | None, where: str) -> None:
+    """The KV cache (and its block pool) and the weights fit in ``available``
+    bytes, and the pool within MAX_NUM_GPU_BLOCKS blocks, checked before
+    either is allocated: an oversized cache fails here naming the flag that
+    sized it, not as the kernel's OOM kill or a MemoryError mid-allocation.
+    ``available`` None (unknown, or the cache was sized from free memory):
+    the pool bound only."""
+    if available is not None:
+        # The pool lives in host memory: on CUDA it is not the device's to hold.
+        block_bytes = per_block + (POOL_BYTES_PER_BLOCK if device.type == "cpu" else 0)
+        need = num_blocks * block_bytes + weights
+        if need > available:
+            # The most blocks, and their K/V bytes, that fit beside the weights.
+            most = max(available - weights, 0) // block_bytes
+            if args.num_gpu_blocks_override is not None:
+                fix = f"lower it to at most {most:,}"
+            elif args.kv_cache_memory is not None:
+                fix = f"give at most {_size(most * per_block)}"
+            else:
+                fix = (f"pass --kv-cache-memory of at most {_size(most * per_block)}, or lower "
+                       "--max-num-seqs or --max-model-len")
+            raise ValueError(f"{_cache_source(args, device)}: {num_blocks:,} KV blocks of {per_block:,} "
+                             f"bytes and the weights ({_size(weights)}) need {_size(need)}, more than the "
+                             f"{_size(available)} {where}; {fix}")
+    if num_blocks > MAX_NUM_GPU_BLOCKS:
+        raise ValueError(f"{_cache_source(args, device)}: {num_blocks:,} KV blocks of {args.block_size} "
+                         f"tokens, above the {MAX_NUM_GPU_BLOCKS:,} a block pool holds (2**24, ~800 MB of "
+                         "bookkeeping); raise --block-size or give the cache less memory")
+
+
+def _cache_source(args: EngineArgs, device: torch.device) -> str:
+    """The flag that sized the KV cache, with its value, for messages."""
+    if args.num_gpu_blocks_override is not None:
+        return f"num_gpu_blocks_override={args.num_gpu_blocks_override} (--num-gpu-blocks-override)"
+    if args.kv_cache_memory is not None:
+        size = int(args.kv_cache_memory)
+        return f"kv_cache_memory={size} (--kv-cache-memory, {_size(size)})"
+    if device.type == "cuda":
+        return f"gpu_memory_utilization={args.gpu_memory_utilization} (--gpu-memory-utilization)"
+    return ("the default KV cache (vLLM's CPU 4 GiB, capped at what max_num_seqs x max_model_len "
+            "tokens fill)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"
 
 
 # vLLM's EngineCore.batch_queue_size under async scheduling (no pipeline parallelism).
@@ -160,14 +252,26 @@ class EngineCore:
         # The scheduler's checks of the speculative settings (the budget for
         # 1 + K tokens), before the weights load.
         check_speculative_settings(self.scheduler_config, self.speculative_config)
+        # The cache's size, and that it fits with the weights, before either
+        # is allocated; except on CUDA without a size given, where vLLM's rule
+        # sizes it from what a profile run leaves free (so it fits).
+        profile = (self.device.type == "cuda" and args.kv_cache_memory is None
+                   and args.num_gpu_blocks_override is None)
+        useful_tokens = max_num_seqs * max_model_len
+        if not profile:
+            num_blocks = num_kv_blocks(args, config, self.dtype, self.device, useful_tokens)
+            available, where = available_memory(self.device)
+            per_block = kv_bytes_per_block(config, args.block_size, self.dtype)
+            check_kv_cache(args, self.device, num_blocks, per_block, weight_bytes(config, self.dtype),
+                           available, where)
         self.model_config, self.model = load_model(args.model, self.dtype, self.device)
-        peak = 0
-        if (self.device.type == "cuda" and args.kv_cache_memory is None
-                and args.num_gpu_blocks_override is None):
+        if profile:
             peak = profile_activation_peak(self.model, min(batched, max_model_len), max_num_seqs,
                                            self.device)
-        num_blocks = num_kv_blocks(args, self.model_config, self.dtype, self.device,
-                                   max_num_seqs * max_model_len, peak)
+            num_blocks = num_kv_blocks(args, self.model_config, self.dtype, self.device, useful_tokens,
+                                       peak)
+            check_kv_cache(args, self.device, num_blocks,
+                           kv_bytes_per_block(config, args.block_size, self.dtype), 0, None, "")
         self.cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=args.block_size,
                                         enable_prefix_caching=args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvsched.engine.args import EngineArgs
+from kvsched.engine.args import EngineArgs, check_seed
 from kvsched.engine.core import EngineCore
 from kvsched.engine.detokenizer import load_tokenizer
 from kvsched.engine.output_processor import OutputProcessor
@@ -61,6 +61,7 @@ class LLM:
             raise ValueError(f"prompt={prompt!r:.60}: give a string or {{'prompt_token_ids': [...]}}")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params={params!r:.60}: must be a kvsched SamplingParams")
+        check_seed("sampling_params.seed", params.seed)
         # The model's EOS ids, as vLLM takes them from the checkpoint: the
         # extra ones stop a request like stop ids, unless it ignores EOS.
         extra_eos = () if params.ignore_eos else self._extra_eos

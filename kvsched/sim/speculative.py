@@ -44,19 +44,18 @@ from typing import Any
 
 from kvsched.config import (
     MAX_SPECULATIVE_TOKENS,
+    SPECULATIVE_METHODS,
     SpeculativeConfig,
     check_speculative_with_async,
+    resolve_speculative_method,
     speculative_object,
 )
 from kvsched.core.output import SpecDecodingStats
 from kvsched.perf.models import ModelSpec
 
-METHODS = ("mtp", "eagle", "eagle3", "ngram", "ngram_gpu")
-# vLLM's other names for these methods.
-METHOD_ALIASES = {"[ngram]": "ngram", "deepseek_mtp": "mtp"}
-# vLLM methods kvsched does not price.
-UNMODELLED_METHODS = ("draft_model", "medusa", "mlp_speculator", "suffix", "dflash", "dspark",
-                      "custom_class", "extract_hidden_states")
+# The methods the simulator prices: every one kvsched knows (vLLM's names
+# and aliases, and the ones it does not price, are kvsched.config's).
+METHODS = SPECULATIVE_METHODS
 KEYS = ("method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max",
         "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length")
 # Keys of vLLM's SpeculativeConfig that change nothing kvsched prices or
@@ -235,15 +234,8 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
     if not isinstance(method, str):
         raise ValueError(f"speculative_config.method={_show(method)}: must be a string, one of "
                          f"{', '.join(METHODS)}")
-    method = METHOD_ALIASES.get(method, method)
-    if method in UNMODELLED_METHODS:
-        raise ValueError(f"speculative_config.method={method!r}: vLLM's method, but kvsched simulate prices "
-                         f"only {', '.join(METHODS)}")
-    if method not in METHODS:
-        close = difflib.get_close_matches(method, METHODS, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(f"speculative_config.method={method!r}: unknown speculative method; {hint}use one "
-                         f"of {', '.join(METHODS)}")
+    method = resolve_speculative_method(
+        method, METHODS, f"vLLM's method, but kvsched simulate prices only {', '.join(METHODS)}")
     if method == "mtp":
         _check_mtp_model(model)
     if method in ("eagle", "eagle3") and draft_model is None:

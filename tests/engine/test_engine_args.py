@@ -9,8 +9,23 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvsched.engine.args import DEFAULT_KV_CACHE_MEMORY, EngineArgs, parse_bytes  # noqa: E402
-from kvsched.engine.core import cuda_kv_budget, kv_bytes_per_block, num_kv_blocks  # noqa: E402
+from kvsched.config import MAX_NUM_GPU_BLOCKS  # noqa: E402
+from kvsched.engine.args import (  # noqa: E402
+    DEFAULT_KV_CACHE_MEMORY,
+    MAX_SEED,
+    MIN_SEED,
+    EngineArgs,
+    check_seed,
+    parse_bytes,
+)
+from kvsched.engine.core import (  # noqa: E402
+    check_kv_cache,
+    cuda_kv_budget,
+    host_available_memory,
+    kv_bytes_per_block,
+    num_kv_blocks,
+    weight_bytes,
+)
 from kvsched.engine.llm import LLM  # noqa: E402
 from kvsched.model.config import load_model_config  # noqa: E402
 from kvsched.request import SamplingParams  # noqa: E402
@@ -110,3 +125,98 @@ def test_llm_takes_vllms_offline_defaults_for_its_device(tiny: Callable[..., Pat
 def test_llm_refuses_zero_limits_instead_of_defaulting(tiny: Callable[..., Path]) -> None:
     with pytest.raises(ValueError, match=r"max_num_batched_tokens=0 \(--max-num-batched-tokens\)"):
         LLM(str(tiny(arch="llama")), max_num_batched_tokens=0)
+
+
+# -- the KV cache's bounds: what the machine holds and the block pool ---------------
+
+def test_kv_cache_is_checked_against_the_memory_available(tiny: Callable[..., Path]) -> None:
+    path = str(tiny(arch="llama"))
+    cpu = torch.device("cpu")
+    per_block = 8192  # the bytes of one block, given (nothing is allocated here)
+    where = "of RAM available on this machine (MemAvailable)"
+    given = EngineArgs.from_kwargs(path, kv_cache_memory="10TB")
+    # 1,000 blocks of 8 KiB, 48 bytes of pool each, 1 MiB of weights: 9,288,576 bytes.
+    check_kv_cache(given, cpu, 1000, per_block, 1 << 20, 9_288_576, where)  # exactly fits
+    with pytest.raises(ValueError) as info:
+        check_kv_cache(given, cpu, 1000, per_block, 1 << 20, 9_288_575, where)
+    message = str(info.value)
+    assert message.startswith("kv_cache_memory=10000000000000 (--kv-cache-memory, 9,313.23 GiB): "
+                              "1,000 KV blocks of 8,192 bytes and the weights (1.00 MiB) need 8.86 MiB, "
+                              "more than the 8.86 MiB of RAM available on this machine (MemAvailable); ")
+    assert message.endswith("give at most 7.80 MiB")  # 999 blocks of 8 KiB
+    override = EngineArgs.from_kwargs(path, num_gpu_blocks_override=1000)
+    with pytest.raises(ValueError, match=r"^num_gpu_blocks_override=1000 \(--num-gpu-blocks-override\): "
+                                         r".*; lower it to at most 999$"):
+        check_kv_cache(override, cpu, 1000, per_block, 1 << 20, 9_288_575, where)
+    default = EngineArgs.from_kwargs(path)
+    with pytest.raises(ValueError, match=r"^the default KV cache .*pass --kv-cache-memory of at most "
+                                         r"7\.80 MiB, or lower --max-num-seqs or --max-model-len$"):
+        check_kv_cache(default, cpu, 1000, per_block, 1 << 20, 9_288_575, where)
+    # On CUDA the pool is host memory: the device holds K/V and weights only
+    # (a torch.device names CUDA without needing one).
+    cuda = torch.device("cuda")
+    check_kv_cache(given, cuda, 1000, per_block, 1 << 20, 1000 * per_block + (1 << 20), "free")
+    with pytest.raises(ValueError, match=r"more than the 8\.81 MiB free; give at most 7\.80 MiB$"):
+        check_kv_cache(given, cuda, 1000, per_block, 1 << 20, 1000 * per_block + (1 << 20) - 1, "free")
+    # Unknown memory: only the block pool's bound (2**24 blocks).
+    check_kv_cache(given, cpu, MAX_NUM_GPU_BLOCKS, 1, 0, None, where)
+    with pytest.raises(ValueError, match=r"16,777,217 KV blocks of 16 tokens, above the 16,777,216 a "
+                                         r"block pool holds .*raise --block-size"):
+        check_kv_cache(given, cpu, MAX_NUM_GPU_BLOCKS + 1, 1, 0, None, where)
+
+
+def test_weight_bytes_are_the_checkpoints_tensors_in_the_dtype(tiny: Callable[..., Path]) -> None:
+    path = tiny(arch="llama")
+    config = load_model_config(path)
+    model = LLM(str(path), kv_cache_memory="1MiB").engine.model
+    params = sum(p.numel() for p in model.parameters())
+    assert weight_bytes(config, torch.float32) == 4 * params
+    assert weight_bytes(config, torch.bfloat16) == 2 * params
+
+
+def test_host_available_memory_is_a_plausible_byte_count() -> None:
+    available = host_available_memory()
+    assert available is not None  # Linux: /proc/meminfo
+    assert 2**20 < available < 2**50
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_kv_cache_is_allocated_once_in_the_model_dtype(tiny: Callable[..., Path], dtype: str) -> None:
+    # --kv-cache-memory 1GiB measured 1.32 GB max RSS against 0.27 GB with two
+    # blocks: the cache itself is 1 GiB, the rest is Python and torch. Here:
+    # the tensors the runner holds are num_blocks blocks of the model's dtype.
+    path = tiny(arch="llama")
+    llm = LLM(str(path), dtype=dtype, kv_cache_memory="4MiB")
+    engine = llm.engine
+    per_block = kv_bytes_per_block(engine.model_config, 16, getattr(torch, dtype))
+    held = sum(t.numel() * t.element_size() for pair in engine.runner.kv_caches for t in pair)
+    assert engine.cache_config.num_gpu_blocks == (4 << 20) // per_block
+    assert held == engine.cache_config.num_gpu_blocks * per_block <= 4 << 20
+    assert {t.dtype for pair in engine.runner.kv_caches for t in pair} == {getattr(torch, dtype)}
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"seed": 2**64}, r"seed=18446744073709551616: outside the seeds torch takes"),
+    ({"seed": -(2**63) - 1}, r"seed=-9223372036854775809: outside"),
+    ({"seed": None}, r"seed=None: must be an integer"),
+    ({"seed": 1.5}, r"seed=1.5: must be an integer"),
+    ({"block_size": 4097}, r"block_size=4097 \(--block-size\): must be an integer in \[1, 4096\]"),
+    ({"max_num_seqs": 2**24 + 1}, r"max_num_seqs=16777217 \(--max-num-seqs\): must be at most 16,777,216"),
+    ({"num_gpu_blocks_override": 2**24 + 1}, r"num_gpu_blocks_override=16777217: must be at most"),
+    ({"kv_cache_memory": "lots"}, r"kv_cache_memory='lots' \(--kv-cache-memory\): not a size"),
+])
+def test_engine_arguments_are_bounded(tiny: Callable[..., Path], kwargs: dict[str, object],
+                                      match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        EngineArgs.from_kwargs(str(tiny(arch="llama")), **kwargs)
+
+
+def test_seeds_at_torchs_limits_are_taken(tiny: Callable[..., Path]) -> None:
+    path = str(tiny(arch="llama"))
+    for seed in (MIN_SEED, MAX_SEED):
+        assert EngineArgs.from_kwargs(path, seed=seed).seed == seed
+        check_seed("sampling_params.seed", seed)
+    llm = LLM(path, kv_cache_memory="1MiB")
+    with pytest.raises(ValueError, match=r"sampling_params.seed=<a 31-digit integer>: outside"):
+        llm.generate("hi", SamplingParams(seed=10**30), use_tqdm=False)
+    assert not llm.has_unfinished_requests()
