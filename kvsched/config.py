@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import json_problem, strict_loads
 
 POLICIES = ("fcfs", "priority")
@@ -213,12 +214,12 @@ def speculative_object(value: object) -> Mapping[str, Any]:
         try:
             value = strict_loads(value, constants=False)
         except ValueError as err:
-            raise ValueError(f"speculative_config: {json_problem(err)}; give an object "
+            raise UserInputError(f"speculative_config: {json_problem(err)}; give an object "
                              'such as \'{"method": "ngram", "num_speculative_tokens": 3}\'') from None
     if not isinstance(value, Mapping):
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise ValueError(f"speculative_config={shown}: must be a JSON object with method and "
+        raise UserInputError(f"speculative_config={shown}: must be a JSON object with method and "
                          'num_speculative_tokens, e.g. {"method": "ngram", "num_speculative_tokens": 3}')
     return value
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
+from kvsched.errors import UserInputError
+
 GIB = 2**30
 
 # vLLM's SchedulerConfig class defaults, used for a usage context that has no
@@ -50,12 +52,12 @@ class DeviceInfo:
 
     def __post_init__(self) -> None:
         if self.device_type not in DEVICE_TYPES:
-            raise ValueError(f"device_type={self.device_type!r}: use one of {', '.join(DEVICE_TYPES)}")
+            raise UserInputError(f"device_type={self.device_type!r}: use one of {', '.join(DEVICE_TYPES)}")
         if isinstance(self.total_memory, bool) or not isinstance(self.total_memory, int) \
                 or self.total_memory < 0:
-            raise ValueError(f"total_memory={self.total_memory!r}: must be a byte count >= 0")
+            raise UserInputError(f"total_memory={self.total_memory!r}: must be a byte count >= 0")
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
+            raise UserInputError(f"world_size={self.world_size!r}: must be an integer >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,7 @@ def check_optional_limit(field: str, value: object) -> None:
         return
     flag = "--" + field.replace("_", "-")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field}={value!r} ({flag}): must be a positive integer; "
+        raise UserInputError(f"{field}={value!r} ({flag}): must be a positive integer; "
                          f"leave it unset for vLLM's default")
 
 
@@ -126,7 +128,7 @@ def resolve_scheduler_limits(
     if max_model_len is None:
         max_model_len = max_position_embeddings
     elif max_model_len > max_position_embeddings:
-        raise ValueError(f"max_model_len={max_model_len} (--max-model-len): above the model's "
+        raise UserInputError(f"max_model_len={max_model_len} (--max-model-len): above the model's "
                          f"max_position_embeddings ({max_position_embeddings}); lower it")
     default_batched, default_seqs = get_batch_defaults(usage_context, device)
     seqs = default_seqs if max_num_seqs is None else max_num_seqs

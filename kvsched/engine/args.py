@@ -15,6 +15,7 @@ from kvsched.config import (
     check_speculative_with_async,
     speculative_object,
 )
+from kvsched.errors import UserInputError
 from kvsched.scheduler_defaults import check_optional_limit
 
 # vLLM's CPU backend reserves 4 GiB for the KV cache unless told otherwise;
@@ -28,16 +29,16 @@ _UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
 def parse_bytes(value: int | str, name: str = "kv_cache_memory") -> int:
     """An integer byte count, or text like ``512MiB``, ``4G`` or ``2GiB``."""
     if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r}: give a byte count such as 4294967296 or '4GiB'")
+        raise UserInputError(f"{name}={value!r}: give a byte count such as 4294967296 or '4GiB'")
     if isinstance(value, int):
         n = value
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", str(value), re.I)
         if not m:
-            raise ValueError(f"{name}={value!r}: not a size; write a byte count or e.g. '512MiB', '4GiB'")
+            raise UserInputError(f"{name}={value!r}: not a size; write a byte count or e.g. '512MiB', '4GiB'")
         n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
     if n <= 0:
-        raise ValueError(f"{name}={value!r}: must be positive")
+        raise UserInputError(f"{name}={value!r}: must be positive")
     return n
 
 
@@ -59,26 +60,26 @@ def parse_speculative_config(value: object, async_scheduling: bool = False) -> S
             if key not in SPECULATIVE_KEYS:
                 close = difflib.get_close_matches(str(key), SPECULATIVE_KEYS, n=1, cutoff=0.6)
                 hint = f"did you mean {close[0]!r}? " if close else ""
-                raise ValueError(f"speculative_config.{key}: unknown key; {hint}kvsched's engine "
+                raise UserInputError(f"speculative_config.{key}: unknown key; {hint}kvsched's engine "
                                  f"takes {', '.join(SPECULATIVE_KEYS)}")
         method = value.get("method")
         if method is None:
-            raise ValueError("speculative_config.method: missing; give the proposer, 'ngram' "
+            raise UserInputError("speculative_config.method: missing; give the proposer, 'ngram' "
                              "(or 'ngram_gpu' with async scheduling)")
         if method == "[ngram]":  # vLLM's alias
             method = "ngram"
         if method in DRAFTER_METHODS:
-            raise ValueError(f"speculative_config.method={method!r}: eagle/mtp need a drafter model "
+            raise UserInputError(f"speculative_config.method={method!r}: eagle/mtp need a drafter model "
                              "kvsched's engine does not run; use method 'ngram' (or 'ngram_gpu' with "
                              "async scheduling)")
         if method not in ("ngram", "ngram_gpu"):
             close = difflib.get_close_matches(str(method), ("ngram", "ngram_gpu"), n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"speculative_config.method={method!r}: unknown speculative method; "
+            raise UserInputError(f"speculative_config.method={method!r}: unknown speculative method; "
                              f"{hint}kvsched's engine runs 'ngram' ('ngram_gpu' with async "
                              "scheduling)")
         if "num_speculative_tokens" not in value:
-            raise ValueError("speculative_config.num_speculative_tokens: missing; give the number of "
+            raise UserInputError("speculative_config.num_speculative_tokens: missing; give the number of "
                              "draft tokens proposed per step, e.g. 3")
         config = SpeculativeConfig(
             method=method, num_speculative_tokens=value["num_speculative_tokens"],
@@ -87,11 +88,11 @@ def parse_speculative_config(value: object, async_scheduling: bool = False) -> S
     if config is None:
         return None
     if config.uses_drafter:
-        raise ValueError(f"speculative_config.method={config.method!r}: eagle/mtp need a drafter "
+        raise UserInputError(f"speculative_config.method={config.method!r}: eagle/mtp need a drafter "
                          "model kvsched's engine does not run; use method 'ngram'")
     check_speculative_with_async(config, async_scheduling)
     if config.method == "ngram_gpu" and not async_scheduling:
-        raise ValueError(
+        raise UserInputError(
             "speculative_config.method='ngram_gpu': kvsched's engine runs the GPU n-gram proposer "
             "only with async scheduling (synchronously, vLLM hands its -1-padded drafts to the "
             "scheduler, which kvsched's scheduler does not take); use method 'ngram', or turn "
@@ -133,7 +134,7 @@ class EngineArgs:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ValueError(f"unknown engine argument(s) {', '.join(unknown)}; kvsched accepts "
+            raise UserInputError(f"unknown engine argument(s) {', '.join(unknown)}; kvsched accepts "
                              f"{', '.join(sorted(known - {'model'}))}")
         args = cls(model=model, **kwargs)
         args.validate()
@@ -141,22 +142,23 @@ class EngineArgs:
 
     def validate(self) -> None:
         if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"model={self.model!r}: give the path of a Hugging Face checkpoint directory")
+            raise UserInputError(f"model={self.model!r}: give the path of a Hugging Face checkpoint "
+                                 f"directory")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device={self.device!r}: use auto, cpu, cuda or cuda:N")
+            raise UserInputError(f"device={self.device!r}: use auto, cpu, cuda or cuda:N")
         check_gpu_memory_utilization(self.gpu_memory_utilization)
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
         check_num_gpu_blocks_override(self.num_gpu_blocks_override)
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"block_size={self.block_size!r}: must be a positive integer (vLLM uses 16)")
+            raise UserInputError(f"block_size={self.block_size!r}: must be a positive integer (vLLM uses 16)")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             check_optional_limit(name, getattr(self, name))
         check_long_prefill_token_threshold(self.long_prefill_token_threshold)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r}: must be an integer")
+            raise UserInputError(f"seed={self.seed!r}: must be an integer")
         if type(self.async_scheduling) is not bool:
-            raise ValueError(f"async_scheduling={self.async_scheduling!r}: must be True or False")
+            raise UserInputError(f"async_scheduling={self.async_scheduling!r}: must be True or False")
         self.speculative_config = parse_speculative_config(self.speculative_config,
                                                            self.async_scheduling)
 

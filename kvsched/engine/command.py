@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import json_problem, strict_loads
 
 BOOL = argparse.BooleanOptionalAction
@@ -70,7 +71,7 @@ def read_prompts(args: argparse.Namespace) -> list[Any]:
     if args.prompts_file:
         path = Path(args.prompts_file)
         if not path.is_file():
-            raise ValueError(f"--prompts-file={args.prompts_file!r}: no such file")
+            raise UserInputError(f"--prompts-file={args.prompts_file!r}: no such file")
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
                 continue
@@ -78,17 +79,17 @@ def read_prompts(args: argparse.Namespace) -> list[Any]:
                 try:
                     item = strict_loads(line)
                 except ValueError as err:
-                    raise ValueError(f"{path}:{n}: {json_problem(err)}") from None
+                    raise UserInputError(f"{path}:{n}: {json_problem(err)}") from None
                 if isinstance(item, dict) and "prompt_token_ids" in item:
                     prompts.append({"prompt_token_ids": item["prompt_token_ids"]})
                 elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
                     prompts.append(item["prompt"])
                 else:
-                    raise ValueError(f"{path}:{n}: needs a 'prompt' string or 'prompt_token_ids'")
+                    raise UserInputError(f"{path}:{n}: needs a 'prompt' string or 'prompt_token_ids'")
             else:
                 prompts.append(line)
     if not prompts:
-        raise ValueError("no prompts: give --prompt TEXT (repeatable) or --prompts-file FILE")
+        raise UserInputError("no prompts: give --prompt TEXT (repeatable) or --prompts-file FILE")
     return prompts
 
 

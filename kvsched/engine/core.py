@@ -27,6 +27,7 @@ from kvsched.core.output import (
 )
 from kvsched.core.scheduler import Scheduler
 from kvsched.engine.args import DEFAULT_KV_CACHE_MEMORY, EngineArgs
+from kvsched.errors import UserInputError
 from kvsched.executor.model_runner import ModelRunner
 from kvsched.executor.ngram_proposer import NgramProposer
 from kvsched.executor.sampler import Sampler
@@ -43,7 +44,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r}: torch sees no CUDA device here; use device='cpu'")
+        raise UserInputError(f"device={name!r}: torch sees no CUDA device here; use device='cpu'")
     return device
 
 
@@ -68,7 +69,7 @@ def cuda_kv_budget(total: int, free: int, activation_peak: int, utilization: flo
     used = total - free
     budget = int(total * utilization) - used - activation_peak
     if budget <= 0:
-        raise ValueError(
+        raise UserInputError(
             f"gpu_memory_utilization={utilization}: {used / 2**30:.2f} GiB of {total / 2**30:.2f} GiB "
             f"are in use and the activations need {activation_peak / 2**30:.2f} GiB, leaving nothing "
             "for the KV cache; raise it, lower max_num_batched_tokens, or pass kv_cache_memory")
@@ -111,7 +112,8 @@ def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, dev
         budget = min(DEFAULT_KV_CACHE_MEMORY, useful)
     blocks = budget // per_block
     if blocks < 2:
-        raise ValueError(f"kv_cache_memory={budget}: one KV block needs {per_block} bytes and two are the "
+        raise UserInputError(f"kv_cache_memory={budget}: one KV block needs {per_block} bytes and "
+                             f"two are the "
                          "minimum (one is the null block); give more memory")
     return int(blocks)
 
