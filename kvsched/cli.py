@@ -11,7 +11,7 @@ from typing import Any
 
 from kvsched.core.output import SchedulerOutput
 from kvsched.core.scheduler import Scheduler
-from kvsched.errors import REPORT_HINT, one_line
+from kvsched.errors import REPORT_HINT, UserInputError, one_line
 
 
 def _format_ids(ids: list[str], limit: int = 6) -> str:
@@ -138,11 +138,6 @@ def main(argv: list[str] | None = None) -> int:
             _error(f"{args.command} needs the {e.name} module, which is not installed; install it "
                    "with pip")
         return EXIT_BAD_INPUT
-    except RecursionError as e:  # a RuntimeError, but no input of ours should recurse that deep
-        if debug:
-            raise
-        _internal(e)
-        return EXIT_INTERNAL_ERROR
     except MemoryError as e:
         if debug:
             raise
@@ -150,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvsched: internal error: out of memory (MemoryError{one_line(what, 300)}); inputs "
               f"within kvsched's stated bounds should fit, so {REPORT_HINT}", file=sys.stderr, flush=True)
         return EXIT_INTERNAL_ERROR
-    except (ValueError, OSError, RuntimeError) as e:
+    except (UserInputError, OSError) as e:
+        # Input from outside: a flag, a file, a setting (an OSError names the file).
         if debug:
             raise
         _error(str(e) or type(e).__name__)

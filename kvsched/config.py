@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import json_problem, strict_loads
 
 POLICIES = ("fcfs", "priority")
@@ -259,10 +260,10 @@ def resolve_speculative_method(method: object, supported: Sequence[str], refusal
     if resolved in supported:
         return resolved
     if resolved in SPECULATIVE_METHODS or resolved in UNMODELLED_SPECULATIVE_METHODS:
-        raise ValueError(f"speculative_config.method={resolved!r}: {refusal}")
+        raise UserInputError(f"speculative_config.method={resolved!r}: {refusal}")
     close = difflib.get_close_matches(method, supported, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ValueError(f"speculative_config.method={method!r}: unknown speculative method; {hint}use one "
+    raise UserInputError(f"speculative_config.method={method!r}: unknown speculative method; {hint}use one "
                      f"of {', '.join(supported)}")
 
 
@@ -274,12 +275,12 @@ def speculative_object(value: object) -> Mapping[str, Any]:
         try:
             value = strict_loads(value, constants=False)
         except ValueError as err:
-            raise ValueError(f"speculative_config: {json_problem(err)}; give an object "
+            raise UserInputError(f"speculative_config: {json_problem(err)}; give an object "
                              'such as \'{"method": "ngram", "num_speculative_tokens": 3}\'') from None
     if not isinstance(value, Mapping):
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise ValueError(f"speculative_config={shown}: must be a JSON object with method and "
+        raise UserInputError(f"speculative_config={shown}: must be a JSON object with method and "
                          'num_speculative_tokens, e.g. {"method": "ngram", "num_speculative_tokens": 3}')
     return value
 

@@ -18,6 +18,12 @@ class UserInputError(ValueError):
     """Input from outside kvsched is wrong; the message says what to fix."""
 
 
+class CannotServe(UserInputError):
+    """The deployment as configured cannot serve the load: the simulation
+    reached a state in which nothing would ever progress (an admission gate
+    that holds every request, say). An answer about the settings, not a bug."""
+
+
 REPORT_HINT = ("this is a bug in kvsched: please report it with the command line at the kvsched "
                "issue tracker (run with --debug before the command to see the traceback)")
 

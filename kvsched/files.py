@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvsched.errors import UserInputError
+
 
 def read_text(path: str | Path, limit: int, what: str, *, fix: str = "check the path",
               encoding: str = "utf-8") -> str:
@@ -21,21 +23,21 @@ def read_text(path: str | Path, limit: int, what: str, *, fix: str = "check the 
     ``fix`` what to do about a file over the bound. ``encoding`` is
     ``"utf-8"`` or ``"utf-8-sig"`` (a byte-order mark is not data)."""
     if limit < 1:
-        raise ValueError(f"read_text: limit={limit!r}: give a positive number of bytes")
+        raise UserInputError(f"read_text: limit={limit!r}: give a positive number of bytes")
     p = Path(path)
     try:
         with p.open("rb") as file:
             raw = file.read(limit + 1)
     except FileNotFoundError:
-        raise ValueError(f"{p}: no such file (expected {what})") from None
+        raise UserInputError(f"{p}: no such file (expected {what})") from None
     except IsADirectoryError:
-        raise ValueError(f"{p}: is a directory (expected {what})") from None
+        raise UserInputError(f"{p}: is a directory (expected {what})") from None
     except OSError as err:
-        raise ValueError(f"{p}: cannot read: {err.strerror or err} (expected {what})") from None
+        raise UserInputError(f"{p}: cannot read: {err.strerror or err} (expected {what})") from None
     if len(raw) > limit:
-        raise ValueError(f"{p}: larger than {limit:,} bytes, too large for {what}; {fix}")
+        raise UserInputError(f"{p}: larger than {limit:,} bytes, too large for {what}; {fix}")
     try:
         return raw.decode(encoding)
     except UnicodeDecodeError as err:
-        raise ValueError(f"{p}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+        raise UserInputError(f"{p}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
                          f"{err.start}); save it as UTF-8 (expected {what})") from None

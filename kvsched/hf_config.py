@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import json_problem, show, strict_loads
 
@@ -116,7 +117,7 @@ def parse_json(path: Path, text: str, fix: str) -> object:
     try:
         return strict_loads(text)
     except ValueError as err:
-        raise ValueError(f"{path}: {json_problem(err)}; {fix}") from None
+        raise UserInputError(f"{path}: {json_problem(err)}; {fix}") from None
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
@@ -124,7 +125,7 @@ def read_config_json(path: Path) -> dict[str, Any]:
     text = read_text(path, MAX_CONFIG_BYTES, "a Hugging Face config.json")
     data = parse_json(path, text, "fix or re-download the file")
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: top level must be a JSON object; fix or re-download the file")
+        raise UserInputError(f"{path}: top level must be a JSON object; fix or re-download the file")
     return data
 
 
@@ -148,7 +149,7 @@ class HFConfig:
                 return key, self.data[key]
         if default is _MISSING:
             alt = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
-            raise ValueError(f"{self.source}: missing required field {keys[0]!r}{alt} for "
+            raise UserInputError(f"{self.source}: missing required field {keys[0]!r}{alt} for "
                              f"model_type {show(self.data.get('model_type'))}; the config is "
                              "incomplete, re-download or fix it")
         return keys[0], default
@@ -207,7 +208,7 @@ class HFConfig:
             return None
         if not isinstance(value, list) or len(value) != num_layers \
                 or not all(isinstance(v, str) and v in LAYER_TYPES for v in value):
-            raise ValueError(f"{self.source}: layer_types={show(value)}: must be a list of "
+            raise UserInputError(f"{self.source}: layer_types={show(value)}: must be a list of "
                              f"{num_layers} strings (one per layer), each "
                              f"{' or '.join(map(repr, LAYER_TYPES))}; fix config.json")
         return value
@@ -245,7 +246,7 @@ def read_rope(cfg: HFConfig) -> RopeFields:
     if not isinstance(params, dict):
         raise cfg.fail(where, params, "must be a JSON object or null")
     if any(isinstance(v, dict) for v in params.values()):
-        raise ValueError(f"{cfg.source}: {where}: per-layer-type RoPE parameters are not supported; "
+        raise UserInputError(f"{cfg.source}: {where}: per-layer-type RoPE parameters are not supported; "
                          "use a checkpoint with one RoPE for all layers")
     if "rope_theta" in params:
         theta = HFConfig(params, f"{cfg.source}: {where}").get_number("rope_theta", 10000.0)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvsched.errors import UserInputError
+
 
 class DuplicateKeyError(ValueError):
     """A JSON object names one key twice."""
@@ -69,7 +71,7 @@ def mark_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number; give a finite number")
+    raise UserInputError(f"{name} is not a JSON number; give a finite number")
 
 
 def strict_loads(text: str, *, constants: bool = True, mark_duplicates_for_caller: bool = False) -> Any:
@@ -86,7 +88,7 @@ def strict_loads(text: str, *, constants: bool = True, mark_duplicates_for_calle
             return json.loads(text, object_pairs_hook=hook)
         return json.loads(text, object_pairs_hook=hook, parse_constant=_no_constant)
     except RecursionError:
-        raise ValueError("nested too deeply") from None
+        raise UserInputError("nested too deeply") from None
 
 
 def number_problem(e: ValueError) -> str:

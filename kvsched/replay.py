@@ -43,6 +43,7 @@ from kvsched.core.output import (
 from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
+from kvsched.errors import CannotServe, UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeys, json_problem, strict_loads
 from kvsched.request import Request, SamplingParams
@@ -185,10 +186,10 @@ class _Checker:
         self.source = source
 
     def fail(self, path: str, value: object, problem: str, fix: str) -> NoReturn:
-        raise ValueError(f"{self.source}: {path}={_show(value)}: {problem}; {fix}")
+        raise UserInputError(f"{self.source}: {path}={_show(value)}: {problem}; {fix}")
 
     def missing(self, path: str, fix: str) -> NoReturn:
-        raise ValueError(f"{self.source}: {path}: missing; {fix}")
+        raise UserInputError(f"{self.source}: {path}: missing; {fix}")
 
     def obj(self, value: object, path: str, keys: Collection[str], what: str) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -196,13 +197,13 @@ class _Checker:
                       "write it as {\"key\": value, ...}")
         if isinstance(value, DuplicateKeys):
             key, first, second = value.duplicate
-            raise ValueError(f"{self.source}: {_join(path, key)}: the key appears twice in one "
+            raise UserInputError(f"{self.source}: {_join(path, key)}: the key appears twice in one "
                              f"object (values {_show(first, 30)} and {_show(second, 30)}); keep one")
         for key in value:
             if key not in keys:
                 close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
                 hint = f"did you mean {close[0]!r}?" if close else "remove it or fix its name?"
-                raise ValueError(f"{self.source}: {_join(path, key)}: unknown key; {hint} "
+                raise UserInputError(f"{self.source}: {_join(path, key)}: unknown key; {hint} "
                                  f"(the keys of {what}: {', '.join(keys)})")
         return value
 
@@ -276,7 +277,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
     c = _Checker(source)
     top = c.obj(obj, "", TOP_KEYS, "a scenario") if isinstance(obj, dict) else None
     if top is None:
-        raise ValueError(f"{source}: the scenario must be a JSON object with scheduler, cache and "
+        raise UserInputError(f"{source}: the scenario must be a JSON object with scheduler, cache and "
                          f"requests, not {_type_name(obj)}")
     for key in ("description", "name"):
         if key in top and not isinstance(top[key], str):
@@ -312,7 +313,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
             enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
             policy=policy, scheduler_reserve_full_isl=reserve, async_scheduling=use_async)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{source}: scheduler.{e}") from None
+        raise UserInputError(f"{source}: scheduler.{e}") from None
 
     if "num_gpu_blocks" not in cc:
         c.missing("cache.num_gpu_blocks", "give the total block count (including vLLM's null block)")
@@ -326,7 +327,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
         cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=block_size,
                                    enable_prefix_caching=prefix)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{source}: cache.{e}") from None
+        raise UserInputError(f"{source}: cache.{e}") from None
 
     # Top level (the cadence corpus) or among the scheduler keys, not both.
     if "prefill_schedule_interval" in top and "prefill_schedule_interval" in sc:
@@ -393,7 +394,7 @@ def _check_features(c: _Checker, top: Mapping[str, Any]
         try:
             check_speculative_with_async(speculative, use_async)
         except ValueError as e:
-            raise ValueError(f"{c.source}: {e}") from None
+            raise UserInputError(f"{c.source}: {e}") from None
     lora = None
     if "max_loras" in top:
         lora = LoRAConfig(max_loras=c.integer(top, "max_loras", "", 1, 2**16 - 1))
@@ -463,7 +464,7 @@ def load_scenario(path: str) -> Scenario:
         # A repeated key is refused by the checker, which knows the object's path.
         data = strict_loads(text, constants=False, mark_duplicates_for_caller=True)
     except ValueError as e:
-        raise ValueError(f"{path}: {json_problem(e)}; save the scenario as one JSON object") from None
+        raise UserInputError(f"{path}: {json_problem(e)}; save the scenario as one JSON object") from None
     return parse_scenario(data, path)
 
 
@@ -505,7 +506,7 @@ def check_requests(scenario: Scenario) -> None:
     scenario fails before its first step rather than at an arrival."""
     source = scenario.source
     if scenario.data_parallel_size > 1:
-        raise ValueError(f"{source}: data_parallel_size={scenario.data_parallel_size}: kvsched replay "
+        raise UserInputError(f"{source}: data_parallel_size={scenario.data_parallel_size}: kvsched replay "
                          "runs one scheduler; data-parallel scenarios are run by "
                          "tests/conformance/test_dp_lockstep.py (remove the key for one rank)")
     sched = _build_scheduler(scenario)
@@ -513,7 +514,7 @@ def check_requests(scenario: Scenario) -> None:
         try:
             sched.check_request(make_request(spec))
         except ValueError as e:
-            raise ValueError(f"{source}: requests[{i}]: {e}") from None
+            raise UserInputError(f"{source}: requests[{i}]: {e}") from None
 
 
 def _build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | None = None,
@@ -523,7 +524,7 @@ def _build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | Non
                          explain_admission=explain, speculative_config=scenario.speculative_config,
                          lora_config=scenario.lora_config)
     except ValueError as e:
-        raise ValueError(f"{scenario.source}: {e}") from None
+        raise UserInputError(f"{scenario.source}: {e}") from None
 
 
 # One scheduled request as the fake model saw it: id, the request, whether it
@@ -648,7 +649,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     scheduled_steps = 0
     while step <= last_event or sched.has_unfinished_requests() or batch_queue:
         if step >= max_steps:
-            raise RuntimeError(f"{scenario.source}: the scenario did not finish within "
+            raise CannotServe(f"{scenario.source}: the scenario did not finish within "
                                f"max_steps={max_steps}")
         quiet = (step not in arrivals and step not in aborts and not sched.has_unfinished_requests()
                  and not batch_queue and not (use_async and sched.has_requests()))

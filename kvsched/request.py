@@ -10,6 +10,8 @@ from functools import lru_cache
 from itertools import repeat
 from typing import overload
 
+from kvsched.errors import UserInputError
+
 
 class RequestStatus(enum.IntEnum):
     """Lifecycle of a request; every status after PREEMPTED is a finished one."""
@@ -124,13 +126,13 @@ class SamplingParams:
                      "one); use None to turn logprobs off")
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop={self.stop!r}: every stop string must be a non-empty str; "
+                raise UserInputError(f"stop={self.stop!r}: every stop string must be a non-empty str; "
                                  "remove the empty or non-string entries")
         for i in self.stop_token_ids:
             _require("stop_token_ids", i, _integer("stop_token_ids", i) >= 0,
                      "token ids must be >= 0; remove the negative id")
         if self.n != 1:
-            raise ValueError(f"n={self.n!r}: kvsched generates one sequence per request; use n=1 "
+            raise UserInputError(f"n={self.n!r}: kvsched generates one sequence per request; use n=1 "
                              "and repeat the prompt for more samples (with different seeds)")
         if self.eos_token_id is not None:
             e = _integer("eos_token_id", self.eos_token_id)
@@ -142,20 +144,20 @@ _NUMBER_TYPES = (int, float)
 
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}={value!r}: must be a number; pass an int or a float")
+        raise UserInputError(f"{name}={value!r}: must be a number; pass an int or a float")
     return value
 
 
 def _integer(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r}: must be an integer; pass an int")
+        raise UserInputError(f"{name}={value!r}: must be an integer; pass an int")
     return value
 
 
 def _require(name: str, value: object, ok: bool, rule: str) -> None:
     # NaN fails every comparison, so it is rejected here too.
     if not ok:
-        raise ValueError(f"{name}={value!r}: {rule}")
+        raise UserInputError(f"{name}={value!r}: {rule}")
 
 
 class TokenRuns(Sequence[int]):
@@ -427,41 +429,41 @@ class Request:
         front end would reject; token ids must be ints in [0, token_limit)."""
         rid = self.request_id
         if not isinstance(rid, str) or not rid:
-            raise ValueError(f"request_id={rid!r}: must be a non-empty string; give it a unique name")
+            raise UserInputError(f"request_id={rid!r}: must be a non-empty string; give it a unique name")
         if not isinstance(self.sampling_params, SamplingParams):
             raise TypeError(f"request {rid}: sampling_params={self.sampling_params!r} must be a "
                             "kvsched SamplingParams")
         if self.num_prompt_tokens == 0:
-            raise ValueError(f"request {rid}: prompt_token_ids is empty; give at least one token")
+            raise UserInputError(f"request {rid}: prompt_token_ids is empty; give at least one token")
         check_token_ids(f"request {rid}: prompt_token_ids", self.prompt_tokens, token_limit)
         if self.num_prompt_tokens >= max_model_len:
-            raise ValueError(
+            raise UserInputError(
                 f"request {rid}: prompt length {self.num_prompt_tokens} must be below "
                 f"max_model_len ({max_model_len}) to leave room for one output token; "
                 "shorten the prompt or raise max_model_len")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise ValueError(f"request {rid}: priority={self.priority!r} must be an integer")
+            raise UserInputError(f"request {rid}: priority={self.priority!r} must be an integer")
         t = self.arrival_time
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"request {rid}: arrival_time={t!r} must be a finite number of seconds "
+            raise UserInputError(f"request {rid}: arrival_time={t!r} must be a finite number of seconds "
                              ">= 0")
         if type(self.lora_id) is not int or not 0 <= self.lora_id < 2**31:
-            raise ValueError(f"request {rid}: lora_id={self.lora_id!r} must be an int in [0, 2**31) "
+            raise UserInputError(f"request {rid}: lora_id={self.lora_id!r} must be an int in [0, 2**31) "
                              "(0: the base model)")
         if type(self.private) is not bool:
-            raise ValueError(f"request {rid}: private={self.private!r} must be True or False")
+            raise UserInputError(f"request {rid}: private={self.private!r} must be True or False")
         sp = self.sampling_params
         if isinstance(sp.max_tokens, bool) or not isinstance(sp.max_tokens, int) or sp.max_tokens < 1:
-            raise ValueError(f"request {rid}: max_tokens={sp.max_tokens!r} must be an integer >= 1")
+            raise UserInputError(f"request {rid}: max_tokens={sp.max_tokens!r} must be an integer >= 1")
         if isinstance(sp.min_tokens, bool) or not isinstance(sp.min_tokens, int) or sp.min_tokens < 0:
-            raise ValueError(f"request {rid}: min_tokens={sp.min_tokens!r} must be an integer >= 0")
+            raise UserInputError(f"request {rid}: min_tokens={sp.min_tokens!r} must be an integer >= 0")
         if sp.min_tokens > sp.max_tokens:
-            raise ValueError(
+            raise UserInputError(
                 f"request {rid}: min_tokens={sp.min_tokens} exceeds max_tokens={sp.max_tokens}; "
                 "lower min_tokens or raise max_tokens")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if type(getattr(sp, name)) is not bool:
-                raise ValueError(f"request {rid}: {name}={getattr(sp, name)!r} must be True or False")
+                raise UserInputError(f"request {rid}: {name}={getattr(sp, name)!r} must be True or False")
 
 
 def check_token_ids(what: str, tokens: Sequence[int], limit: int = TOKEN_ID_LIMIT) -> None:
@@ -473,20 +475,20 @@ def check_token_ids(what: str, tokens: Sequence[int], limit: int = TOKEN_ID_LIMI
         values: Sequence[int] = [token for token, _ in tokens.runs] + list(tokens.tail)
         for _, count in tokens.runs:
             if type(count) is not int or count < 1:
-                raise ValueError(f"{what}: a run count of {count!r}; counts must be ints >= 1")
+                raise UserInputError(f"{what}: a run count of {count!r}; counts must be ints >= 1")
     else:
         values = tokens
     if not values:
         return
     if set(map(type, values)) != {int}:
         bad = next(t for t in values if type(t) is not int)
-        raise ValueError(f"{what}: token {bad!r} ({type(bad).__name__}) is not an int; token ids "
+        raise UserInputError(f"{what}: token {bad!r} ({type(bad).__name__}) is not an int; token ids "
                          "are Python ints (tokenise text first; convert numpy ids with int())")
     lo, hi = min(values), max(values)
     if lo < 0 or hi >= limit:
         bad = lo if lo < 0 else hi
         bound = "an int64" if limit == TOKEN_ID_LIMIT else "the model's vocabulary"
-        raise ValueError(f"{what}: token id {bad} is out of range; ids must be in [0, {limit}) "
+        raise UserInputError(f"{what}: token id {bad} is out of range; ids must be in [0, {limit}) "
                          f"({bound})")
 
 

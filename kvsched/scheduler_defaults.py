@@ -18,6 +18,7 @@ from typing import Literal
 # vLLM's SchedulerConfig class defaults (owned by kvsched.config, beside the
 # class), named here too as the fallback of ``get_batch_defaults``.
 from kvsched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, MAX_STEP_LIMIT
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 
 __all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "DEFAULT_MAX_NUM_SEQS", "DEVICE_TYPES", "DeviceInfo",
@@ -54,12 +55,12 @@ class DeviceInfo:
 
     def __post_init__(self) -> None:
         if self.device_type not in DEVICE_TYPES:
-            raise ValueError(f"device_type={self.device_type!r}: use one of {', '.join(DEVICE_TYPES)}")
+            raise UserInputError(f"device_type={self.device_type!r}: use one of {', '.join(DEVICE_TYPES)}")
         if isinstance(self.total_memory, bool) or not isinstance(self.total_memory, int) \
                 or self.total_memory < 0:
-            raise ValueError(f"total_memory={self.total_memory!r}: must be a byte count >= 0")
+            raise UserInputError(f"total_memory={self.total_memory!r}: must be a byte count >= 0")
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ValueError(f"world_size={self.world_size!r}: must be an integer >= 1")
+            raise UserInputError(f"world_size={self.world_size!r}: must be an integer >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +104,10 @@ def check_optional_limit(field: str, value: object) -> None:
         return
     flag = "--" + field.replace("_", "-")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field}={value!r} ({flag}): must be a positive integer; "
+        raise UserInputError(f"{field}={value!r} ({flag}): must be a positive integer; "
                          f"leave it unset for vLLM's default")
     if value > MAX_STEP_LIMIT:
-        raise ValueError(f"{field}={show(value)} ({flag}): must be at most {MAX_STEP_LIMIT:,} (2**24: no "
+        raise UserInputError(f"{field}={show(value)} ({flag}): must be at most {MAX_STEP_LIMIT:,} (2**24: no "
                          "GPU holds the activations of a step that large, and no model's context is "
                          "that long); lower it, or leave it unset for vLLM's default")
 
@@ -136,7 +137,7 @@ def resolve_scheduler_limits(
     if max_model_len is None:
         max_model_len = max_position_embeddings
     elif max_model_len > max_position_embeddings:
-        raise ValueError(f"max_model_len={max_model_len} (--max-model-len): above the model's "
+        raise UserInputError(f"max_model_len={max_model_len} (--max-model-len): above the model's "
                          f"max_position_embeddings ({max_position_embeddings}); lower it")
     default_batched, default_seqs = get_batch_defaults(usage_context, device)
     seqs = default_seqs if max_num_seqs is None else max_num_seqs

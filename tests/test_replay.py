@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kvsched.errors import CannotServe
 from kvsched.replay import (
     DEFAULT_TOKEN,
     load_scenario,
@@ -235,7 +236,7 @@ def test_replay_refuses_a_bad_request_before_the_first_step() -> None:
 
 
 def test_replay_stops_at_max_steps() -> None:
-    with pytest.raises(RuntimeError, match="max_steps"):
+    with pytest.raises(CannotServe, match="max_steps"):
         replay(parse_scenario(_scenario(max_steps=2)))
 
 

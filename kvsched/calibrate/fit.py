@@ -21,6 +21,7 @@ from kvsched.calibrate.loss import DEFAULT_GROUPS, LossGroups, RunErrors, loss_r
 from kvsched.calibrate.replay import Replayer
 from kvsched.calibrate.run_files import ObservedRun
 from kvsched.calibrate.terms import TERM_SCALES, format_term, with_terms
+from kvsched.errors import UserInputError
 from kvsched.perf.host import HostTerms
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.spec import InstanceGroup
@@ -133,9 +134,9 @@ class Calibrator:
                  group: InstanceGroup | None = None, groups: int = DEFAULT_GROUPS,
                  out: Callable[[str], None] | None = None) -> None:
         if not runs:
-            raise ValueError("no runs to fit on: give --bench FILE.json or --requests FILE.jsonl")
+            raise UserInputError("no runs to fit on: give --bench FILE.json or --requests FILE.jsonl")
         if not fitted:
-            raise ValueError("no terms to fit (--fit)")
+            raise UserInputError("no terms to fit (--fit)")
         self.replayer = Replayer(deployment, group)
         self.runs = list(runs)
         self.held_out = list(held_out)

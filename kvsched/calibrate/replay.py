@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvsched.calibrate.run_files import ObservedRun
+from kvsched.errors import CannotServe, UserInputError
 from kvsched.perf.host import HostTerms
 from kvsched.perf.measured import MeasuredStepTimeModel
 from kvsched.perf.models import catalog_match
@@ -54,13 +55,13 @@ def latencies_of(result: SimResult, n: int) -> SimulatedLatencies:
             tpots[i] = (finish - first) / (outs - 1)
     if result.failed or np.isnan(ttfts).any():
         rid, why = result.failed[0] if result.failed else ("?", "not finished")
-        raise RuntimeError(f"the replay did not complete every request ({rid}: {why})")
+        raise CannotServe(f"the replay did not complete every request ({rid}: {why})")
     return SimulatedLatencies(ttfts, tpots)
 
 
 def require_measured(deployment: Deployment) -> None:
     if not isinstance(deployment.step_model, MeasuredStepTimeModel):
-        raise ValueError("calibrate fits the measured backend's host terms, but this deployment's "
+        raise UserInputError("calibrate fits the measured backend's host terms, but this deployment's "
                          f"steps are priced by {deployment.step_model.describe_backend()}; calibrate "
                          "a deployment the measured tables cover (GPUs h100-sxm, h200, b200)")
 
@@ -108,7 +109,7 @@ def check_run(run: ObservedRun, deployment: Deployment, served_model_name: str |
             same = match[0] == model.name
             fmt = match[1]
             if same and fmt is not None and fmt.weights != deployment.runtime.dtype:
-                raise ValueError(
+                raise UserInputError(
                     f"{run.source}: model_id {run.model_id!r} is a checkpoint in {fmt.weights} but "
                     f"the deployment prices {model.name} in {deployment.runtime.dtype}; pass --model "
                     f"{run.model_id} (or the matching --quantization)")
@@ -118,17 +119,17 @@ def check_run(run: ObservedRun, deployment: Deployment, served_model_name: str |
             same = tail in (model.name.rsplit("/", 1)[-1].lower(),
                             deployment.options.model.rstrip("/").rsplit("/", 1)[-1].lower())
         if not same:
-            raise ValueError(
+            raise UserInputError(
                 f"{run.source}: the run is of model {run.model_id!r}, the deployment of {model.name} "
                 f"(--model {deployment.options.model}); calibrate with that run's --model, or pass "
                 f"--served-model-name {run.model_id} if the server called {model.name} so")
     if run.hardware is not None and run.hardware != deployment.hardware.id:
-        raise ValueError(f"{run.source}: the run is on hardware {run.hardware!r}, the deployment on "
+        raise UserInputError(f"{run.source}: the run is on hardware {run.hardware!r}, the deployment on "
                          f"{deployment.hardware.id} (--hardware); calibrate with --hardware {run.hardware}")
     limit = deployment.scheduler_config.max_model_len
     for i, (inp, out) in enumerate(zip(run.input_lens, run.output_lens)):
         if inp + out > limit:
-            raise ValueError(
+            raise UserInputError(
                 f"{run.source}: completed request {i} has {inp} prompt + {out} output tokens, more "
                 f"than the deployment's max_model_len={limit}, so the server that ran it had a larger "
                 "one; pass its --max-model-len")

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import DuplicateKeyError, json_problem, show, strict_loads
 from kvsched.sim.workload import arrival_times_of_rate
 
@@ -103,20 +104,20 @@ def _number(source: str, key: str, value: object, *, minimum: float | None = Non
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value if isinstance(value, float) else 0.0)
             or (isinstance(value, int) and abs(value) > 10**300)):
-        raise ValueError(f"{_where(source, key)}={show(value)}: must be a finite number")
+        raise UserInputError(f"{_where(source, key)}={show(value)}: must be a finite number")
     if positive and not value > 0:
-        raise ValueError(f"{_where(source, key)}={show(value)}: must be > 0")
+        raise UserInputError(f"{_where(source, key)}={show(value)}: must be > 0")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{_where(source, key)}={show(value)}: must be >= {minimum:g}")
+        raise UserInputError(f"{_where(source, key)}={show(value)}: must be >= {minimum:g}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{_where(source, key)}={show(value)}: must be <= {maximum:g} (an absurd "
+        raise UserInputError(f"{_where(source, key)}={show(value)}: must be <= {maximum:g} (an absurd "
                          "value for a serving run; check the file)")
     return float(value)
 
 
 def _count(source: str, key: str, value: object, minimum: int, maximum: int = LENGTH_LIMIT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise ValueError(f"{_where(source, key)}={show(value)}: must be an integer in "
+        raise UserInputError(f"{_where(source, key)}={show(value)}: must be an integer in "
                          f"[{minimum}, {maximum}]")
     return value
 
@@ -131,24 +132,24 @@ def _clock(source: str, key: str, value: object) -> float:
     """A clock reading in seconds (any clock): finite, |t| <= CLOCK_LIMIT."""
     t = _number(source, key, value)
     if abs(t) > CLOCK_LIMIT:
-        raise ValueError(f"{_where(source, key)}={show(value)}: must be within +-{CLOCK_LIMIT:g} s "
+        raise UserInputError(f"{_where(source, key)}={show(value)}: must be within +-{CLOCK_LIMIT:g} s "
                          "(seconds on any clock; Unix time is 1.8e9)")
     return t
 
 
 def _check_span(source: str, what: str, span: float) -> None:
     if span > DURATION_LIMIT:
-        raise ValueError(f"{source}: {what} span {span:g} s, more than {DURATION_LIMIT:g} s (11.6 "
+        raise UserInputError(f"{source}: {what} span {span:g} s, more than {DURATION_LIMIT:g} s (11.6 "
                          "days); a serving run is minutes or hours: check the file's times")
 
 
 def _list(source: str, data: Mapping[str, Any], key: str, n: int | None) -> list[Any]:
     value = data[key]
     if not isinstance(value, list):
-        raise ValueError(f"{_where(source, key)}: must be a list (one entry per request), "
+        raise UserInputError(f"{_where(source, key)}: must be a list (one entry per request), "
                          f"got {type(value).__name__}")
     if n is not None and len(value) != n:
-        raise ValueError(f"{_where(source, key)}: {len(value)} entries but input_lens has {n}; "
+        raise UserInputError(f"{_where(source, key)}: {len(value)} entries but input_lens has {n}; "
                          "the per-request lists must have one entry per request")
     return value
 
@@ -158,7 +159,7 @@ def _request_rate(source: str, value: object) -> float:
     if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
         return math.inf
     if value is None:
-        raise ValueError(f"{source}: request_rate is null (a trace replay): its send times are not in "
+        raise UserInputError(f"{source}: request_rate is null (a trace replay): its send times are not in "
                          "the file; give the run as --requests FILE.jsonl with each request's "
                          "arrival_time")
     if isinstance(value, float) and math.isinf(value) and value > 0:
@@ -179,7 +180,7 @@ def _file_seed(data: Mapping[str, Any], source: str) -> int | None:
     if isinstance(seed, str) and seed.strip().isdigit() and len(seed.strip()) <= 12:
         seed = int(seed)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"{_where(source, key)}={show(seed)}: must be the run's --seed, an integer in "
+        raise UserInputError(f"{_where(source, key)}={show(seed)}: must be the run's --seed, an integer in "
                          f"[0, 2**32); fix it or remove the key and pass --seed")
     return seed
 
@@ -188,30 +189,30 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
     """A ``vllm bench serve`` result (or ``kvsched simulate``'s) as a run;
     ``seed`` is the run's ``--seed`` when the file does not record it."""
     if not isinstance(data, dict):
-        raise ValueError(f"{source}: expected a JSON object (vllm bench serve --save-result's file), "
+        raise UserInputError(f"{source}: expected a JSON object (vllm bench serve --save-result's file), "
                          f"got {type(data).__name__}")
     model_id = data.get("model_id")
     if not isinstance(model_id, str) or not model_id:
-        raise ValueError(f"{source}: model_id={model_id!r}: the file must name its model (vllm bench "
+        raise UserInputError(f"{source}: model_id={model_id!r}: the file must name its model (vllm bench "
                          "serve writes model_id); add it")
     missing = [k for k in ("input_lens", "output_lens") if k not in data]
     if missing:
-        raise ValueError(f"{source}: no {' or '.join(missing)}: the request lengths are written by "
+        raise UserInputError(f"{source}: no {' or '.join(missing)}: the request lengths are written by "
                          "vllm bench serve --save-result --save-detailed; rerun with --save-detailed")
     if data.get("ramp_up_strategy"):
-        raise ValueError(f"{source}: ramp_up_strategy={data['ramp_up_strategy']!r}: ramp-up runs are "
+        raise UserInputError(f"{source}: ramp_up_strategy={data['ramp_up_strategy']!r}: ramp-up runs are "
                          "not replayed; calibrate on fixed-rate or fixed-concurrency runs")
     inputs = _list(source, data, "input_lens", None)
     n = len(inputs)
     if not n:
-        raise ValueError(f"{source}: input_lens is empty; the run has no requests")
+        raise UserInputError(f"{source}: input_lens is empty; the run has no requests")
     outputs = _list(source, data, "output_lens", n)
     errors = _list(source, data, "errors", n) if "errors" in data else [""] * n
     ok = [not e for e in errors]
     if not any(ok):
-        raise ValueError(f"{source}: every request failed (errors); nothing to calibrate on")
+        raise UserInputError(f"{source}: every request failed (errors); nothing to calibrate on")
     if "request_rate" not in data:
-        raise ValueError(f"{source}: no request_rate (vllm bench serve writes it; \"inf\" for all at "
+        raise UserInputError(f"{source}: no request_rate (vllm bench serve writes it; \"inf\" for all at "
                          "once)")
     rate = _request_rate(source, data["request_rate"])
     concurrency = data.get("max_concurrency")
@@ -229,7 +230,7 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
             _count(source, f"{key}[{i}]", v, 1 if ok[i] else 0)
     for i, e in enumerate(errors):
         if e is not None and not isinstance(e, str):
-            raise ValueError(f"{_where(source, f'errors[{i}]')}={show(e)}: must be the request's error "
+            raise UserInputError(f"{_where(source, f'errors[{i}]')}={show(e)}: must be the request's error "
                              "text (\"\" when it succeeded)")
 
     # When each request was due at the client (all n, failed ones included:
@@ -284,12 +285,12 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
     if "ttfts" not in data:
         present = [k for k in _TIME_LISTS if k in data]
         if present:
-            raise ValueError(f"{source}: has {', '.join(present)} but no ttfts: the per-request lists "
+            raise UserInputError(f"{source}: has {', '.join(present)} but no ttfts: the per-request lists "
                              "are incomplete; save the run again with --save-detailed")
         means = {}
         for key in ("mean_ttft_ms", "mean_tpot_ms"):
             if key not in data or data[key] is None:
-                raise ValueError(f"{source}: no ttfts and no {key}: give the per-request lists "
+                raise UserInputError(f"{source}: no ttfts and no {key}: give the per-request lists "
                                  "(vllm bench serve --save-detailed) or at least the run's means")
             means[key] = _number(source, key, data[key], positive=True,
                                  maximum=DURATION_LIMIT * 1e3) / 1e3
@@ -308,7 +309,7 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
             if key == "itls":
                 gaps = values[i]
                 if not isinstance(gaps, list) or not gaps:
-                    raise ValueError(f"{_where(source, f'itls[{i}]')}={gaps!r}: a completed request "
+                    raise UserInputError(f"{_where(source, f'itls[{i}]')}={gaps!r}: a completed request "
                                      f"of {out} output tokens needs its list of inter-token gaps")
                 span = sum(_seconds(source, f"itls[{i}]", g) for g in gaps)
                 if span > DURATION_LIMIT:
@@ -316,7 +317,7 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
             else:
                 latency = _seconds(source, f"latencies[{i}]", values[i], positive=True)
                 if latency < ttfts[j]:
-                    raise ValueError(f"{_where(source, f'latencies[{i}]')}={latency!r}: below the "
+                    raise UserInputError(f"{_where(source, f'latencies[{i}]')}={latency!r}: below the "
                                      f"request's ttft {ttfts[j]!r}; a latency is the whole request's "
                                      "time (seconds)")
                 span = latency - ttfts[j]
@@ -324,7 +325,7 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
         return ObservedRun(**common, ttfts=ttfts, tpots=tuple(tpots))
     # TTFTs per request, TPOT as the run's mean only.
     if data.get("mean_tpot_ms") is None:
-        raise ValueError(f"{source}: ttfts but neither itls, latencies nor mean_tpot_ms: nothing "
+        raise UserInputError(f"{source}: ttfts but neither itls, latencies nor mean_tpot_ms: nothing "
                          "gives the time per output token; save the run with --save-detailed")
     return ObservedRun(**common, ttfts=ttfts,
                        mean_tpot_s=_number(source, "mean_tpot_ms", data["mean_tpot_ms"], positive=True,
@@ -334,7 +335,7 @@ def parse_bench(data: object, source: str, *, seed: int = VLLM_DEFAULT_SEED) -> 
 def _hardware(source: str, value: object) -> str | None:
     if value is None or (isinstance(value, str) and value):
         return value
-    raise ValueError(f"{_where(source, 'hardware')}={show(value)}: must be the hardware's name (kvsched "
+    raise UserInputError(f"{_where(source, 'hardware')}={show(value)}: must be the hardware's name (kvsched "
                      "writes it, e.g. \"h100-sxm\"); fix it or remove the key")
 
 
@@ -347,15 +348,15 @@ def parse_requests(lines: Sequence[tuple[int, object]], source: str) -> Observed
     for line, obj in lines:
         where = f"{source} line {line}"
         if not isinstance(obj, dict):
-            raise ValueError(f"{where}: expected a JSON object with {', '.join(REQUEST_FIELDS)}")
+            raise UserInputError(f"{where}: expected a JSON object with {', '.join(REQUEST_FIELDS)}")
         model = obj.get("model")
         if model is not None:
             if not isinstance(model, str) or not model:
-                raise ValueError(f"{where}: model={model!r}: must be the model's name")
+                raise UserInputError(f"{where}: model={model!r}: must be the model's name")
             models.add(model)
         error = obj.get("error")
         if error is not None and not isinstance(error, str | bool):
-            raise ValueError(f"{where}: error={show(error)}: must be the request's error text (\"\" or "
+            raise UserInputError(f"{where}: error={show(error)}: must be the request's error text (\"\" or "
                              "null when it succeeded)")
         if error:
             failed += 1
@@ -366,7 +367,7 @@ def parse_requests(lines: Sequence[tuple[int, object]], source: str) -> Observed
             close = [f"{k!r} for {m!r}" for m in missing
                      for k in difflib.get_close_matches(m, extra, n=1, cutoff=0.6)]
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"{where}: missing {', '.join(missing)}{hint} (each line needs "
+            raise UserInputError(f"{where}: missing {', '.join(missing)}{hint} (each line needs "
                              f"{', '.join(REQUEST_FIELDS)}; see docs/calibrate.md)")
         sent = _clock(where, "arrival_time", obj["arrival_time"])
         first = _clock(where, "first_token_time", obj["first_token_time"])
@@ -374,17 +375,17 @@ def parse_requests(lines: Sequence[tuple[int, object]], source: str) -> Observed
         prompt = _count(where, "prompt_tokens", obj["prompt_tokens"], 1)
         output = _count(where, "output_tokens", obj["output_tokens"], 1)
         if not first > sent:
-            raise ValueError(f"{where}: first_token_time={first!r} must be after arrival_time={sent!r} "
+            raise UserInputError(f"{where}: first_token_time={first!r} must be after arrival_time={sent!r} "
                              "(same clock, seconds)")
         if last < first:
-            raise ValueError(f"{where}: last_token_time={last!r} is before first_token_time={first!r}")
+            raise UserInputError(f"{where}: last_token_time={last!r} is before first_token_time={first!r}")
         _check_span(where, "the request's", last - sent)
         rows.append((sent, first, last, prompt, output))
     if len(models) > 1:
-        raise ValueError(f"{source}: requests of several models ({', '.join(sorted(models))}); "
+        raise UserInputError(f"{source}: requests of several models ({', '.join(sorted(models))}); "
                          "a run is of one model")
     if not rows:
-        raise ValueError(f"{source}: no completed request (every line failed or the file is empty)")
+        raise UserInputError(f"{source}: no completed request (every line failed or the file is empty)")
     # Send order (stable for equal times).
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
@@ -403,11 +404,11 @@ def _read(path: str, flag: str) -> str:
     try:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ValueError(f"{flag} {path}: no such file") from None
+        raise UserInputError(f"{flag} {path}: no such file") from None
     except IsADirectoryError:
-        raise ValueError(f"{flag} {path}: is a folder; give the run's file") from None
+        raise UserInputError(f"{flag} {path}: is a folder; give the run's file") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{flag} {path}: not a text file (not UTF-8); give a JSON file") from None
+        raise UserInputError(f"{flag} {path}: not a text file (not UTF-8); give a JSON file") from None
 
 
 def _loads(text: str) -> object:
@@ -422,9 +423,9 @@ def _json_lines(text: str, source: str) -> list[tuple[int, object]]:
         try:
             out.append((number, _loads(line)))
         except DuplicateKeyError as e:
-            raise ValueError(f"{source} line {number}: {e}") from None
+            raise UserInputError(f"{source} line {number}: {e}") from None
         except ValueError as e:
-            raise ValueError(f"{source} line {number}: {json_problem(e)}; each line must be one "
+            raise UserInputError(f"{source} line {number}: {json_problem(e)}; each line must be one "
                              "request's JSON object") from None
     return out
 
@@ -445,7 +446,7 @@ def load_run(path: str, kind: str = "auto", *, seed: int = VLLM_DEFAULT_SEED) ->
             except ValueError:
                 whole = None
             if isinstance(whole, dict) and ("input_lens" in whole or "model_id" in whole):
-                raise ValueError(f"{source}: is a vllm bench serve result (one JSON object), not JSON "
+                raise UserInputError(f"{source}: is a vllm bench serve result (one JSON object), not JSON "
                                  f"lines; pass it with --bench {path}") from None
             raise
         return parse_requests(lines, source)
@@ -453,9 +454,9 @@ def load_run(path: str, kind: str = "auto", *, seed: int = VLLM_DEFAULT_SEED) ->
         data = _loads(text)
     except ValueError as e:
         if isinstance(e, DuplicateKeyError):
-            raise ValueError(f"{source}: {e}") from None
+            raise UserInputError(f"{source}: {e}") from None
         if kind == "bench":
-            raise ValueError(f"{source}: {json_problem(e)}; give vllm bench serve --save-result's "
+            raise UserInputError(f"{source}: {json_problem(e)}; give vllm bench serve --save-result's "
                              "file") from None
         return parse_requests(_json_lines(text, source), source)
     if kind == "auto" and isinstance(data, dict) and "first_token_time" in data:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.perf.host import TERMS, HostTerms
 
 # How each term is printed (unit, factor from seconds) and its typical size,
@@ -36,13 +37,13 @@ def parse_fit_names(text: str | None, data_parallel_size: int) -> tuple[str, ...
         return tuple(t for t in TERMS if t != "dp_sync_s" or data_parallel_size > 1)
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
-        raise ValueError(f"--fit={text!r}: name at least one term ({', '.join(TERMS)})")
+        raise UserInputError(f"--fit={text!r}: name at least one term ({', '.join(TERMS)})")
     unknown = [n for n in names if n not in TERMS]
     if unknown:
-        raise ValueError(f"--fit: unknown term {', '.join(map(repr, unknown))}; the terms are "
+        raise UserInputError(f"--fit: unknown term {', '.join(map(repr, unknown))}; the terms are "
                          f"{', '.join(TERMS)}")
     if "dp_sync_s" in names and data_parallel_size == 1:
-        raise ValueError("--fit dp_sync_s: the deployment has one DP rank (--data-parallel-size 1), "
+        raise UserInputError("--fit dp_sync_s: the deployment has one DP rank (--data-parallel-size 1), "
                          "where no step pays it; fit it on runs with --data-parallel-size > 1")
     return tuple(dict.fromkeys(names))
 

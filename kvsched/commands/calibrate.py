@@ -15,6 +15,7 @@ from kvsched.calibrate.report import format_report, provenance
 from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
 from kvsched.calibrate.terms import format_term, parse_fit_names
 from kvsched.commands.simulate import check_output_path
+from kvsched.errors import UserInputError
 from kvsched.perf.host import DEFAULT_FILE, TERMS, load_host_terms, save_host_terms
 from kvsched.sim.flags import add_engine_arguments, spec_argv, spec_from_args
 from kvsched.sim.run import build_group_deployment
@@ -72,16 +73,16 @@ def add_calibrate_parser(sub: Any) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     if not args.bench and not args.requests:
-        raise ValueError("calibrate needs a run to fit on: --bench FILE.json (vllm bench serve "
+        raise UserInputError("calibrate needs a run to fit on: --bench FILE.json (vllm bench serve "
                          "--save-result --save-detailed) or --requests FILE.jsonl")
     if args.max_iterations < 1:
-        raise ValueError(f"--max-iterations={args.max_iterations}: must be at least 1")
+        raise UserInputError(f"--max-iterations={args.max_iterations}: must be at least 1")
     if args.groups < 1:
-        raise ValueError(f"--groups={args.groups}: must be at least 1 (1: each run's means)")
+        raise UserInputError(f"--groups={args.groups}: must be at least 1 (1: each run's means)")
     if args.seed < 0:
-        raise ValueError(f"--seed={args.seed}: must be >= 0 (vllm bench serve's --seed)")
+        raise UserInputError(f"--seed={args.seed}: must be >= 0 (vllm bench serve's --seed)")
     if args.step_time_backend == "roofline":
-        raise ValueError("--step-time-backend roofline: calibrate fits the measured backend's host "
+        raise UserInputError("--step-time-backend roofline: calibrate fits the measured backend's host "
                          "terms; use --step-time-backend measured (or auto)")
     check_output_path("--output", args.output)
     # auto falls back to the roofline where the tables do not reach; the

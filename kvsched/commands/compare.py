@@ -297,10 +297,9 @@ def run_compare(args: argparse.Namespace) -> int:
         try:
             result = run_prepared(v.run, progress)
         except Exception as e:  # keep the other variants' results
-            if isinstance(e, ValueError | OSError | RuntimeError) and not isinstance(e, RecursionError):
-                # As kvsched.cli treats them: errors, not bugs (a RuntimeError names its type).
-                what = str(e) if isinstance(e, ValueError | OSError) else f"{type(e).__name__}: {e}"
-                print(f"kvsched: error: variant {v.name!r}: {one_line(what)}", file=sys.stderr,
+            if isinstance(e, UserInputError | OSError):
+                # As kvsched.cli treats them: the input's problem, not a bug.
+                print(f"kvsched: error: variant {v.name!r}: {one_line(str(e))}", file=sys.stderr,
                       flush=True)
                 failed.append(v.name)
                 continue

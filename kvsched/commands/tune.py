@@ -22,6 +22,7 @@ from typing import Any
 
 from kvsched.commands import help_description
 from kvsched.commands.simulate import check_output_path
+from kvsched.errors import UserInputError
 from kvsched.progress import ProgressBar
 from kvsched.scheduler_defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
@@ -155,7 +156,7 @@ def _values(name: str, raw: list[str] | None, args: argparse.Namespace) -> list[
             try:
                 vals.append(int(v))
             except ValueError:
-                raise ValueError(f"{where}={v!r}: give integers or 'default'") from None
+                raise UserInputError(f"{where}={v!r}: give integers or 'default'") from None
         return list(check_space_values(name, vals, where))
     return list(check_space_values(name, list(raw), where))
 
@@ -200,7 +201,7 @@ def _read_space(path: str) -> dict[str, list[Any]]:
 
     data = read_variants_file(path, "--space")
     if not isinstance(data, dict):
-        raise ValueError(f"--space {path}: expected a mapping of dimension -> list of values")
+        raise UserInputError(f"--space {path}: expected a mapping of dimension -> list of values")
     return {str(k): list(check_space_values(str(k), v, f"--space {path}")) for k, v in data.items()}
 
 
@@ -213,7 +214,7 @@ def _prices(items: list[str]) -> dict[str, float]:
         except ValueError:
             price = math.nan
         if not sep or not hw or not 0 < price < 1e6:
-            raise ValueError(f"--gpu-price {item!r}: give HW=USD per GPU-hour, e.g. h100-sxm=2.5")
+            raise UserInputError(f"--gpu-price {item!r}: give HW=USD per GPU-hour, e.g. h100-sxm=2.5")
         out[hw] = price
     return out
 
@@ -229,29 +230,29 @@ def run_tune(args: argparse.Namespace) -> int:
         check_output_path("--save-result", args.save_result)
     slo = Slo(tuple(parse_goodput(args.slo).items()), args.slo_percentile)
     if args.max_gpus < 1 or args.max_gpus > 4096:
-        raise ValueError(f"--max-gpus={args.max_gpus}: must be in [1, 4096]")
+        raise UserInputError(f"--max-gpus={args.max_gpus}: must be in [1, 4096]")
     prices = _prices(args.gpu_price)
     if args.objective == "cost":
         missing = [hw for hw in args.hardware if hw not in prices]
         if missing:
-            raise ValueError(f"--objective cost needs --gpu-price for {', '.join(missing)}")
+            raise UserInputError(f"--objective cost needs --gpu-price for {', '.join(missing)}")
     low, high = args.rate_range
     if not (0 < low < high <= 1e4) or not 1 <= args.rate_steps <= 64:
-        raise ValueError(f"--rate-range {low:g} {high:g} --rate-steps {args.rate_steps}: need "
+        raise UserInputError(f"--rate-range {low:g} {high:g} --rate-steps {args.rate_steps}: need "
                          "0 < LOW < HIGH <= 10000 (multiples of the workload's rate) and 1-64 steps "
                          "per doubling")
     if args.target_rate is not None and not 0 < args.target_rate < 1e6:
-        raise ValueError(f"--target-rate={args.target_rate}: must be a rate in (0, 1e6) req/s")
+        raise UserInputError(f"--target-rate={args.target_rate}: must be a rate in (0, 1e6) req/s")
     workload_spec = workload_spec_from_args(args).resolved()
     workload = build_workload(workload_spec)
     is_random = workload_spec.dataset_name == "random"
     if is_random and (args.target_rate is not None or args.find_max_rate) and args.request_rate is not None:
-        raise ValueError("--request-rate with --target-rate/--find-max-rate: give one rate")
+        raise UserInputError("--request-rate with --target-rate/--find-max-rate: give one rate")
     span = workload.last_arrival_time
     base_rate = len(workload.requests) / span if span > 0 else math.inf
     rescaled = args.target_rate is not None or args.find_max_rate
     if rescaled and not math.isfinite(base_rate) and not is_random:
-        raise ValueError("the trace's requests all arrive at once: it has no rate to rescale")
+        raise UserInputError("the trace's requests all arrive at once: it has no rate to rescale")
     if not math.isfinite(base_rate):
         base_rate = 1.0  # random prompts at an infinite rate: the grid starts from 1 req/s
     model = get_model(args.model)
@@ -269,12 +270,12 @@ def run_tune(args: argparse.Namespace) -> int:
     space = build_space(args, model.is_moe)
     candidates = sorted(space.candidates(args.max_gpus, model.is_moe), key=lambda c: c.order_key())
     if not candidates:
-        raise ValueError("the search space is empty: no combination fits --max-gpus "
+        raise UserInputError("the search space is empty: no combination fits --max-gpus "
                          f"{args.max_gpus}; widen --tp/--dp or raise --max-gpus")
     feasible, pruned = prune_by_memory(candidates, base_spec)
     if not feasible:
         reasons = sorted({why.split(';')[0] for _, why in pruned})
-        raise ValueError(f"no candidate of the {len(candidates)} fits in memory: "
+        raise UserInputError(f"no candidate of the {len(candidates)} fits in memory: "
                          f"{'; '.join(reasons[:3])}; allow more GPUs (--max-gpus) or larger ones")
     problem = Problem(model.name, base_spec, slo, args.objective, prices, is_random, base_rate,
                       file_digest(workload_spec.dataset_path), serve_flags)

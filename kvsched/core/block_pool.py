@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from kvsched.errors import UserInputError
+
 NULL_BLOCK = 0
 # Keys from here up name the blocks of private requests by position
 # (KVCacheManager._private_keys); hash() values are below 2**63 in magnitude.
@@ -84,7 +86,7 @@ class BlockPool:
         """Take ``num_blocks`` from the front of the free queue, evicting any
         prefix-cache entry they still carry."""
         if num_blocks > self.num_free:
-            raise ValueError(f"cannot take {num_blocks} blocks: only {self.num_free} are free")
+            raise UserInputError(f"cannot take {num_blocks} blocks: only {self.num_free} are free")
         self.num_free -= num_blocks
         front = self.front
         if num_blocks <= len(front):

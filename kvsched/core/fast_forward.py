@@ -66,6 +66,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from kvsched.errors import UserInputError
 from kvsched.request import check_token_ids
 
 if TYPE_CHECKING:
@@ -175,13 +176,13 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
     lead = _lead(sched)
     if lead < 0:
         if sched.async_scheduling:
-            raise ValueError("fast_forward_decode: under async scheduling a stretch starts with "
+            raise UserInputError("fast_forward_decode: under async scheduling a stretch starts with "
                              "exactly one pure-decode batch of the running requests in flight "
                              "(and no drafts); step once first")
-        raise ValueError("fast_forward_decode: the last step's SchedulerOutput has not been applied; "
+        raise UserInputError("fast_forward_decode: the last step's SchedulerOutput has not been applied; "
                          "call update_from_output first")
     if lead and last_tokens is not None:
-        raise ValueError("fast_forward_decode: an async stretch does not run through a finish; "
+        raise UserInputError("fast_forward_decode: an async stretch does not run through a finish; "
                          "step the iteration in which a request stops")
     if type(k) is not int:
         raise TypeError(f"fast_forward_decode: num_steps={k!r} must be an int")
@@ -191,12 +192,12 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
         check_token_ids("fast_forward_decode: last_tokens", list(last_tokens), limit)
     if k < 1 or not running or len(tokens) != len(running) or (
             last_tokens is not None and len(last_tokens) != len(running)):
-        raise ValueError(f"fast_forward_decode: need num_steps >= 1 and one token per running "
+        raise UserInputError(f"fast_forward_decode: need num_steps >= 1 and one token per running "
                          f"request (num_steps={k}, {len(tokens)} tokens, {len(running)} running)")
     if len(running) > sched.max_num_scheduled_tokens:
-        raise ValueError("fast_forward_decode: the running requests exceed the token budget")
+        raise UserInputError("fast_forward_decode: the running requests exceed the token budget")
     if sched.admission_policy is not None or not sched.decode_stable:
-        raise ValueError("fast_forward_decode: admission is not settled (an admission policy is "
+        raise UserInputError("fast_forward_decode: admission is not settled (an admission policy is "
                          "installed, or something was added, finished or admitted since the last "
                          "pure-decode step); step once first")
     kv = sched.kv_cache_manager
@@ -210,16 +211,16 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
         length = request.num_tokens
         if request.num_computed_tokens != length - 1 + lead or not request.output_token_ids or (
                 lead and (request.num_output_placeholders != 1 or request.num_in_flight_tokens != 1)):
-            raise ValueError(f"fast_forward_decode: {request.request_id} is not decoding")
+            raise UserInputError(f"fast_forward_decode: {request.request_id} is not decoding")
         if length + quiet >= request.stop_len or (quiet and token in request.all_stop_ids):
-            raise ValueError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
+            raise UserInputError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
         first = firsts[idx]
         if first < k:  # most requests take no block in a stretch: no generator for them
             allocs.extend((step, idx) for step in range(first, k, bs))
     pool = kv.block_pool
     free = pool.get_num_free_blocks()
     if len(allocs) > free:
-        raise ValueError("fast_forward_decode: the stretch needs more blocks than are free")
+        raise UserInputError("fast_forward_decode: the stretch needs more blocks than are free")
     stopped: list[tuple[Request, int]] = []
     for idx, (request, token) in enumerate(zip(running, tokens)):
         if last_tokens is None:

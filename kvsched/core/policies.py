@@ -43,6 +43,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from kvsched.errors import UserInputError
+
 if TYPE_CHECKING:
     from kvsched.core.output import SchedulerOutput
     from kvsched.core.scheduler import Scheduler
@@ -79,7 +81,7 @@ class PrefillCadence:
 
     def __init__(self, interval: int) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            raise ValueError(f"prefill_schedule_interval={interval!r}: must be an integer >= 1")
+            raise UserInputError(f"prefill_schedule_interval={interval!r}: must be an integer >= 1")
         self.interval = interval
         self.capacity_bound = False
         # A full interval back, so the first step is never gated.
@@ -183,10 +185,10 @@ class DPRankStates:
 
     def __init__(self, size: int, dp_sync_interval: int = 16) -> None:
         if size < 1:
-            raise ValueError(f"data parallel size {size}: must be >= 1")
+            raise UserInputError(f"data parallel size {size}: must be >= 1")
         if isinstance(dp_sync_interval, bool) or not isinstance(dp_sync_interval, int) \
                 or dp_sync_interval < 1:
-            raise ValueError(f"dp_sync_interval={dp_sync_interval!r}: must be an integer >= 1")
+            raise UserInputError(f"dp_sync_interval={dp_sync_interval!r}: must be an integer >= 1")
         self.running = [0] * size
         self.waiting = [0] * size
         self.dp_sync_interval = dp_sync_interval
@@ -248,9 +250,9 @@ class BalanceGate:
     def __init__(self, shared: DPRankStates, rank: int,
                  threshold: BalanceThreshold = "full-minus-one") -> None:
         if threshold not in ("full", "full-minus-one"):
-            raise ValueError(f"balance threshold {threshold!r}: must be 'full' or 'full-minus-one'")
+            raise UserInputError(f"balance threshold {threshold!r}: must be 'full' or 'full-minus-one'")
         if not 0 <= rank < shared.size:
-            raise ValueError(f"rank {rank}: must be in [0, {shared.size})")
+            raise UserInputError(f"rank {rank}: must be in [0, {shared.size})")
         self.shared = shared
         self.rank = rank
         self.threshold = threshold
@@ -293,9 +295,9 @@ class AdpBalance:
     def __init__(self, shared: DPRankStates, rank: int, timeout_iters: int = 50,
                  batching_wait_iters: int = 0) -> None:
         if timeout_iters < 0 or batching_wait_iters < 0:
-            raise ValueError("timeout_iters and batching_wait_iters must be >= 0")
+            raise UserInputError("timeout_iters and batching_wait_iters must be >= 0")
         if not 0 <= rank < shared.size:
-            raise ValueError(f"rank {rank}: must be in [0, {shared.size})")
+            raise UserInputError(f"rank {rank}: must be in [0, {shared.size})")
         self.shared = shared
         self.rank = rank
         self.timeout_iters = timeout_iters

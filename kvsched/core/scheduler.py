@@ -43,6 +43,7 @@ from kvsched.core.output import (
 )
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.request_queue import create_request_queue
+from kvsched.errors import UserInputError
 from kvsched.request import (
     FINISH_REASONS,
     NO_DRAFTS,
@@ -145,7 +146,7 @@ class Scheduler:
         distinct LoRA adapters among running requests. Async scheduling is
         ``scheduler_config.async_scheduling``."""
         if vocab_size is not None and (type(vocab_size) is not int or not 0 < vocab_size <= TOKEN_ID_LIMIT):
-            raise ValueError(f"vocab_size={vocab_size!r}: must be an int in [1, {TOKEN_ID_LIMIT}] "
+            raise UserInputError(f"vocab_size={vocab_size!r}: must be an int in [1, {TOKEN_ID_LIMIT}] "
                              "(the model's vocabulary size), or None")
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             raise TypeError(f"speculative_config={speculative_config!r:.80}: must be a kvsched "
@@ -216,11 +217,11 @@ class Scheduler:
         if not isinstance(request, Request):
             raise TypeError(f"request={request!r:.80}: must be a kvsched Request")
         if request.request_id in self.requests:
-            raise ValueError(f"request_id={request.request_id!r} is already in the scheduler; "
+            raise UserInputError(f"request_id={request.request_id!r} is already in the scheduler; "
                              "request ids must be unique")
         request.validate(self.max_model_len, self.token_limit)
         if request.status != WAITING or request.num_computed_tokens or request.output_token_ids:
-            raise ValueError(f"request {request.request_id}: already used (status "
+            raise UserInputError(f"request {request.request_id}: already used (status "
                              f"{request.status.name}); create a fresh Request")
         # The most KV a request can ever hold: everything but its last token.
         # (With speculative decoding its last steps may also hold drafts; a
@@ -230,7 +231,7 @@ class Scheduler:
         need = -(-max_len // self.block_size)
         usable = self.cache_config.num_gpu_blocks - 1
         if need > usable:
-            raise ValueError(
+            raise UserInputError(
                 f"request {request.request_id}: prompt {request.num_prompt_tokens} + "
                 f"max_tokens {request.max_tokens} needs up to {need} KV blocks but the cache "
                 f"has {usable}; it could never run (vLLM would hang on it). Lower max_tokens, "
@@ -243,7 +244,7 @@ class Scheduler:
         Unknown or already finished ids are ignored; returns those finished.
         Bad arguments raise before anything changes."""
         if type(finished_status) is not RequestStatus or not RequestStatus.is_finished(finished_status):
-            raise ValueError(f"finished_status={finished_status!r} is not a finished status; "
+            raise UserInputError(f"finished_status={finished_status!r} is not a finished status; "
                              "use e.g. RequestStatus.FINISHED_ABORTED")
         if isinstance(request_ids, str):
             request_ids = (request_ids,)
@@ -326,10 +327,10 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         if len(self._in_flight) >= self.max_steps_in_flight:
             if self.async_scheduling:
-                raise ValueError("schedule(): two steps are in flight; call update_from_output() "
+                raise UserInputError("schedule(): two steps are in flight; call update_from_output() "
                                  "on the older one first (vLLM's async engine keeps at most two "
                                  "batches in its queue)")
-            raise ValueError("schedule(): the previous step's SchedulerOutput has not been applied; "
+            raise UserInputError("schedule(): the previous step's SchedulerOutput has not been applied; "
                              "call update_from_output(scheduler_output, model_runner_output) first "
                              "(vLLM's synchronous engine runs one step at a time)")
         step = _Step(self.max_num_scheduled_tokens)
@@ -850,13 +851,13 @@ class Scheduler:
                             f"(got {type(req_ids).__name__} and {type(sampled).__name__})")
         if (not self._in_flight or scheduler_output is not self._in_flight[0]) and (
                 num_scheduled or req_ids or sampled):
-            raise ValueError("update_from_output: this SchedulerOutput is not the step awaiting its "
+            raise UserInputError("update_from_output: this SchedulerOutput is not the step awaiting its "
                              "result (it was applied already, is from a later or an earlier step, "
                              "or from another scheduler); apply each step's output once, in order")
         if len(req_ids) != len(num_scheduled) or len(sampled) != len(req_ids) or (
                 list(num_scheduled) != req_ids and (
                     not all(type(r) is str for r in req_ids) or set(num_scheduled) != set(req_ids))):
-            raise ValueError(
+            raise UserInputError(
                 "model_runner_output: req_ids/sampled_token_ids must cover exactly the "
                 f"{len(num_scheduled)} scheduled requests (got {len(req_ids)} ids, "
                 f"{len(sampled)} token lists); pass one entry per scheduled request")
@@ -906,7 +907,7 @@ class Scheduler:
             targets.append(request)
             if rid in chunks:
                 if entry:
-                    raise ValueError(
+                    raise UserInputError(
                         f"model_runner_output: {rid} was mid-way through its prefill in this step "
                         f"and samples no token, got {entry!r:.80}; pass []")
                 continue
@@ -914,7 +915,7 @@ class Scheduler:
             if n != 1 or spec:
                 num_drafts = len(spec.get(rid, ()))
                 if not 1 <= n <= 1 + num_drafts:
-                    raise ValueError(
+                    raise UserInputError(
                         f"model_runner_output: {rid} samples 1 token plus its accepted drafts "
                         f"({num_drafts} were scheduled), so 1 to {1 + num_drafts} tokens, got {n}")
         if num_scheduled:
@@ -1021,20 +1022,20 @@ class Scheduler:
         drafts of a request still mid-prefill. Bad input raises before
         anything changes."""
         if not self.num_spec_tokens:
-            raise ValueError("update_draft_token_ids: this scheduler has no speculative decoding; "
+            raise UserInputError("update_draft_token_ids: this scheduler has no speculative decoding; "
                              "build it with speculative_config=SpeculativeConfig(...)")
         if self.async_scheduling:
-            raise ValueError("update_draft_token_ids: under async scheduling the scheduler counts "
+            raise UserInputError("update_draft_token_ids: under async scheduling the scheduler counts "
                              "drafts as placeholders and the runner keeps the real ones (vLLM's "
                              "engine never calls it then); do not pass drafts")
         if self._in_flight:
-            raise ValueError("update_draft_token_ids: a step is in flight; drafts are proposed after "
+            raise UserInputError("update_draft_token_ids: a step is in flight; drafts are proposed after "
                              "its output was applied with update_from_output")
         if not isinstance(draft_token_ids, DraftTokenIds):
             raise TypeError(f"draft_token_ids={draft_token_ids!r:.80}: must be a DraftTokenIds")
         req_ids, drafts = draft_token_ids.req_ids, draft_token_ids.draft_token_ids
         if type(req_ids) is not list or type(drafts) is not list or len(req_ids) != len(drafts):
-            raise ValueError("draft_token_ids: req_ids and draft_token_ids must be lists of the same "
+            raise UserInputError("draft_token_ids: req_ids and draft_token_ids must be lists of the same "
                              "length (one list of drafts per request)")
         k = self.num_spec_tokens
         limit = self.token_limit
@@ -1045,11 +1046,11 @@ class Scheduler:
                 raise TypeError(f"draft_token_ids: {rid!r:.80} is not a request id; ids are str")
             _check_token_list(f"draft_token_ids: drafts for {rid}", tokens, limit)
             if len(tokens) > k:
-                raise ValueError(f"draft_token_ids: {len(tokens)} drafts for {rid}, but "
+                raise UserInputError(f"draft_token_ids: {len(tokens)} drafts for {rid}, but "
                                  f"num_speculative_tokens is {k}; propose at most {k}")
             request = get_request(rid)
             if request is not None and request.status is not RUNNING:
-                raise ValueError(f"draft_token_ids: {rid} is not running ({request.status.name}); "
+                raise UserInputError(f"draft_token_ids: {rid} is not running ({request.status.name}); "
                                  "drafts are for the requests of the step just applied")
             targets.append(request)
         for request, tokens in zip(targets, drafts):
@@ -1078,11 +1079,11 @@ class Scheduler:
         check_token_ids(f"model_runner_output: tokens for {rid}", new_token_ids, self.token_limit)
         assert request is not None, "unreachable: a well-typed entry of an aborted request"
         if request.is_prefill_chunk:
-            raise ValueError(
+            raise UserInputError(
                 f"model_runner_output: {rid} is mid-way through its prefill this step "
                 f"({request.num_computed_tokens} of {request.num_tokens} tokens computed) and "
                 f"samples no token, got {new_token_ids!r:.80}; pass []")
-        raise ValueError(
+        raise UserInputError(
             f"model_runner_output: {rid} samples exactly one token this step (no draft "
             f"tokens were scheduled), got {len(new_token_ids)}; pass [token_id]")
 

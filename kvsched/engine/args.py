@@ -20,6 +20,7 @@ from kvsched.config import (
     resolve_speculative_method,
     speculative_object,
 )
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.scheduler_defaults import check_optional_limit
 
@@ -44,9 +45,9 @@ def check_seed(field: str, value: object) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{field}={show(value)}: must be an integer")
+        raise UserInputError(f"{field}={show(value)}: must be an integer")
     if not MIN_SEED <= value <= MAX_SEED:
-        raise ValueError(f"{field}={show(value)}: outside the seeds torch takes "
+        raise UserInputError(f"{field}={show(value)}: outside the seeds torch takes "
                          f"[-2**63, 2**64 - 1]; give a smaller seed")
 
 
@@ -54,16 +55,16 @@ def parse_bytes(value: int | str, name: str = "kv_cache_memory") -> int:
     """An integer byte count, or text like ``512MiB``, ``4G`` or ``2GiB``."""
     field = f"{name}={show(value)} (--{name.replace('_', '-')})"
     if isinstance(value, bool):
-        raise ValueError(f"{field}: give a byte count such as 4294967296 or '4GiB'")
+        raise UserInputError(f"{field}: give a byte count such as 4294967296 or '4GiB'")
     if isinstance(value, int):
         n = value
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", str(value), re.I)
         if not m:
-            raise ValueError(f"{field}: not a size; write a byte count or e.g. '512MiB', '4GiB'")
+            raise UserInputError(f"{field}: not a size; write a byte count or e.g. '512MiB', '4GiB'")
         n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
     if n <= 0:
-        raise ValueError(f"{field}: must be positive")
+        raise UserInputError(f"{field}: must be positive")
     return n
 
 
@@ -90,14 +91,14 @@ def engine_speculative_config(value: object, async_scheduling: bool = False) -> 
             if key not in SPECULATIVE_KEYS:
                 close = difflib.get_close_matches(str(key), SPECULATIVE_KEYS, n=1, cutoff=0.6)
                 hint = f"did you mean {close[0]!r}? " if close else ""
-                raise ValueError(f"speculative_config.{key}: unknown key; {hint}kvsched's engine "
+                raise UserInputError(f"speculative_config.{key}: unknown key; {hint}kvsched's engine "
                                  f"takes {', '.join(SPECULATIVE_KEYS)}")
         if value.get("method") is None:
-            raise ValueError("speculative_config.method: missing; give the proposer, 'ngram' "
+            raise UserInputError("speculative_config.method: missing; give the proposer, 'ngram' "
                              "(or 'ngram_gpu' with async scheduling)")
         method = resolve_speculative_method(value["method"], NGRAM_METHODS, _NO_DRAFTER)
         if "num_speculative_tokens" not in value:
-            raise ValueError("speculative_config.num_speculative_tokens: missing; give the number of "
+            raise UserInputError("speculative_config.num_speculative_tokens: missing; give the number of "
                              "draft tokens proposed per step, e.g. 3")
         config = SpeculativeConfig(
             method=method, num_speculative_tokens=value["num_speculative_tokens"],
@@ -106,10 +107,10 @@ def engine_speculative_config(value: object, async_scheduling: bool = False) -> 
     if config is None:
         return None
     if config.method not in NGRAM_METHODS:
-        raise ValueError(f"speculative_config.method={config.method!r}: {_NO_DRAFTER}")
+        raise UserInputError(f"speculative_config.method={config.method!r}: {_NO_DRAFTER}")
     check_speculative_with_async(config, async_scheduling)
     if config.method == "ngram_gpu" and not async_scheduling:
-        raise ValueError(
+        raise UserInputError(
             "speculative_config.method='ngram_gpu': kvsched's engine runs the GPU n-gram proposer "
             "only with async scheduling (synchronously, vLLM hands its -1-padded drafts to the "
             "scheduler, which kvsched's scheduler does not take); use method 'ngram', or turn "
@@ -151,7 +152,7 @@ class EngineArgs:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ValueError(f"unknown engine argument(s) {', '.join(unknown)}; kvsched accepts "
+            raise UserInputError(f"unknown engine argument(s) {', '.join(unknown)}; kvsched accepts "
                              f"{', '.join(sorted(known - {'model'}))}")
         args = cls(model=model, **kwargs)
         args.validate()
@@ -159,26 +160,27 @@ class EngineArgs:
 
     def validate(self) -> None:
         if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"model={self.model!r}: give the path of a Hugging Face checkpoint directory")
+            raise UserInputError(f"model={self.model!r}: give the path of a Hugging Face checkpoint "
+                                 f"directory")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device={self.device!r}: use auto, cpu, cuda or cuda:N")
+            raise UserInputError(f"device={self.device!r}: use auto, cpu, cuda or cuda:N")
         check_gpu_memory_utilization(self.gpu_memory_utilization)
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
         check_num_gpu_blocks_override(self.num_gpu_blocks_override)
         block = self.block_size
         if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK_SIZE:
-            raise ValueError(f"block_size={show(block)} (--block-size): must be an integer in "
+            raise UserInputError(f"block_size={show(block)} (--block-size): must be an integer in "
                              f"[1, {MAX_BLOCK_SIZE}] (a longer block outgrows most requests' whole "
                              f"context); vLLM's default is {DEFAULT_BLOCK_SIZE}")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             check_optional_limit(name, getattr(self, name))
         check_long_prefill_token_threshold(self.long_prefill_token_threshold)
         if self.seed is None:
-            raise ValueError("seed=None: must be an integer (vLLM's default is 0)")
+            raise UserInputError("seed=None: must be an integer (vLLM's default is 0)")
         check_seed("seed", self.seed)
         if type(self.async_scheduling) is not bool:
-            raise ValueError(f"async_scheduling={self.async_scheduling!r}: must be True or False")
+            raise UserInputError(f"async_scheduling={self.async_scheduling!r}: must be True or False")
         self.speculative_config = engine_speculative_config(self.speculative_config,
                                                            self.async_scheduling)
 

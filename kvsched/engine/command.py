@@ -11,7 +11,8 @@ from typing import Any
 from kvsched.config import MAX_STEP_LIMIT, NGRAM_METHODS
 from kvsched.engine.args import check_seed
 from kvsched.engine_flags import EngineFlagDefaults, add_scheduler_cache_flags
-from kvsched.hf_config import read_text
+from kvsched.errors import UserInputError
+from kvsched.files import read_text
 from kvsched.jsonfile import json_problem, show, strict_loads
 
 # Where generate's engine flags differ from simulate's: it loads the
@@ -82,37 +83,37 @@ def read_prompts(args: argparse.Namespace, max_file_bytes: int = MAX_PROMPTS_FIL
     if args.prompts_file:
         path = Path(args.prompts_file)
         if not path.is_file():
-            raise ValueError(f"--prompts-file={args.prompts_file!r}: no such file")
+            raise UserInputError(f"--prompts-file={args.prompts_file!r}: no such file")
         what = "prompts (one per line, or JSON Lines)"
         text = read_text(path, max_file_bytes, what)
         nul = text.find("\0")
         if nul >= 0:
             line = text.count("\n", 0, nul) + 1
-            raise ValueError(f"{path}:{line}: a NUL byte (offset {nul}), so not a text file; give "
+            raise UserInputError(f"{path}:{line}: a NUL byte (offset {nul}), so not a text file; give "
                              f"--prompts-file a UTF-8 text file of {what}")
         for n, line_text in enumerate(text.splitlines(), 1):
             if not line_text.strip():
                 continue
             if len(prompts) >= max_prompts:
-                raise ValueError(f"{path}:{n}: more than {max_prompts:,} prompts, the most one run "
+                raise UserInputError(f"{path}:{n}: more than {max_prompts:,} prompts, the most one run "
                                  "takes; split the file")
             if path.suffix in (".jsonl", ".json"):
                 try:
                     item = strict_loads(line_text)
                 except ValueError as err:
-                    raise ValueError(f"{path}:{n}: {json_problem(err)}") from None
+                    raise UserInputError(f"{path}:{n}: {json_problem(err)}") from None
                 if isinstance(item, dict) and "prompt_token_ids" in item:
                     prompts.append({"prompt_token_ids": item["prompt_token_ids"]})
                 elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
                     prompts.append(item["prompt"])
                 else:
-                    raise ValueError(f"{path}:{n}: needs a 'prompt' string or 'prompt_token_ids'")
+                    raise UserInputError(f"{path}:{n}: needs a 'prompt' string or 'prompt_token_ids'")
             else:
                 prompts.append(line_text)
     if not prompts:
-        raise ValueError("no prompts: give --prompt TEXT (repeatable) or --prompts-file FILE")
+        raise UserInputError("no prompts: give --prompt TEXT (repeatable) or --prompts-file FILE")
     if len(prompts) > max_prompts:
-        raise ValueError(f"--prompt: {len(prompts):,} prompts, more than the {max_prompts:,} one run "
+        raise UserInputError(f"--prompt: {len(prompts):,} prompts, more than the {max_prompts:,} one run "
                          "takes")
     return prompts
 
@@ -123,10 +124,10 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
     checked against max_model_len when it is added)."""
     for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--min-tokens", args.min_tokens, 0)):
         if not low <= value <= MAX_STEP_LIMIT:
-            raise ValueError(f"{flag}={show(value)}: must be in [{low}, {MAX_STEP_LIMIT:,}] (2**24: no "
+            raise UserInputError(f"{flag}={show(value)}: must be in [{low}, {MAX_STEP_LIMIT:,}] (2**24: no "
                              "sequence is longer than max_model_len, itself at most 2**24)")
     if args.logprobs is not None and not 0 <= args.logprobs <= MAX_STEP_LIMIT:
-        raise ValueError(f"--logprobs={show(args.logprobs)}: must be in [0, {MAX_STEP_LIMIT:,}] (the "
+        raise UserInputError(f"--logprobs={show(args.logprobs)}: must be in [0, {MAX_STEP_LIMIT:,}] (the "
                          "top tokens reported per step, at most the vocabulary)")
     check_seed("--sampling-seed", args.sampling_seed)
 

@@ -34,6 +34,7 @@ from kvsched.core.output import (
 )
 from kvsched.core.scheduler import Scheduler
 from kvsched.engine.args import DEFAULT_KV_CACHE_MEMORY, EngineArgs
+from kvsched.errors import UserInputError
 from kvsched.executor.model_runner import ModelRunner
 from kvsched.executor.ngram_proposer import NgramProposer
 from kvsched.executor.sampler import Sampler
@@ -50,7 +51,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r}: torch sees no CUDA device here; use device='cpu'")
+        raise UserInputError(f"device={name!r}: torch sees no CUDA device here; use device='cpu'")
     return device
 
 
@@ -75,7 +76,7 @@ def cuda_kv_budget(total: int, free: int, activation_peak: int, utilization: flo
     used = total - free
     budget = int(total * utilization) - used - activation_peak
     if budget <= 0:
-        raise ValueError(
+        raise UserInputError(
             f"gpu_memory_utilization={utilization}: {used / 2**30:.2f} GiB of {total / 2**30:.2f} GiB "
             f"are in use and the activations need {activation_peak / 2**30:.2f} GiB, leaving nothing "
             "for the KV cache; raise it, lower max_num_batched_tokens, or pass kv_cache_memory")
@@ -118,7 +119,8 @@ def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, dev
         budget = min(DEFAULT_KV_CACHE_MEMORY, useful)
     blocks = budget // per_block
     if blocks < 2:
-        raise ValueError(f"kv_cache_memory={budget}: one KV block needs {per_block} bytes and two are the "
+        raise UserInputError(f"kv_cache_memory={budget}: one KV block needs {per_block} bytes and "
+                             f"two are the "
                          "minimum (one is the null block); give more memory")
     return int(blocks)
 
@@ -182,11 +184,11 @@ def check_kv_cache(args: EngineArgs, device: torch.device, num_blocks: int, per_
             else:
                 fix = (f"pass --kv-cache-memory of at most {_size(most * per_block)}, or lower "
                        "--max-num-seqs or --max-model-len")
-            raise ValueError(f"{_cache_source(args, device)}: {num_blocks:,} KV blocks of {per_block:,} "
+            raise UserInputError(f"{_cache_source(args, device)}: {num_blocks:,} KV blocks of {per_block:,} "
                              f"bytes and the weights ({_size(weights)}) need {_size(need)}, more than the "
                              f"{_size(available)} {where}; {fix}")
     if num_blocks > MAX_NUM_GPU_BLOCKS:
-        raise ValueError(f"{_cache_source(args, device)}: {num_blocks:,} KV blocks of {args.block_size} "
+        raise UserInputError(f"{_cache_source(args, device)}: {num_blocks:,} KV blocks of {args.block_size} "
                          f"tokens, above the {MAX_NUM_GPU_BLOCKS:,} a block pool holds (2**24, ~800 MB of "
                          "bookkeeping); raise --block-size or give the cache less memory")
 

@@ -16,6 +16,7 @@ from typing import Protocol
 import tokenizers
 import tokenizers.decoders
 
+from kvsched.errors import UserInputError
 from kvsched.request import SamplingParams
 
 # Older tokenizers lack DecodeStream: the Python ReadOffsetStream below does it.
@@ -33,12 +34,12 @@ def load_tokenizer(path: str | os.PathLike[str]) -> tokenizers.Tokenizer:
     p = Path(path)
     file = p / "tokenizer.json" if p.is_dir() else p
     if not file.is_file():
-        raise ValueError(f"tokenizer path={str(file)!r}: no such file; the checkpoint needs a "
+        raise UserInputError(f"tokenizer path={str(file)!r}: no such file; the checkpoint needs a "
                          "tokenizer.json (the fast-tokenizer format of the tokenizers package)")
     try:
         return tokenizers.Tokenizer.from_file(str(file))
     except Exception as e:  # the Rust side raises plain Exception on bad JSON
-        raise ValueError(f"tokenizer path={str(file)!r}: not a valid tokenizer.json ({e}); "
+        raise UserInputError(f"tokenizer path={str(file)!r}: not a valid tokenizer.json ({e}); "
                          "re-export it with a recent tokenizers/transformers") from None
 
 

@@ -15,6 +15,7 @@ from kvsched.engine.core import EngineCore
 from kvsched.engine.detokenizer import load_tokenizer
 from kvsched.engine.output_processor import OutputProcessor
 from kvsched.engine.outputs import RequestOutput
+from kvsched.errors import UserInputError
 from kvsched.hf_config import read_config_json
 from kvsched.model.config import load_model_config
 from kvsched.progress import draw_progress
@@ -58,9 +59,9 @@ class LLM:
             text = prompt.get("prompt")
             token_ids = list(prompt["prompt_token_ids"])
         else:
-            raise ValueError(f"prompt={prompt!r:.60}: give a string or {{'prompt_token_ids': [...]}}")
+            raise UserInputError(f"prompt={prompt!r:.60}: give a string or {{'prompt_token_ids': [...]}}")
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params={params!r:.60}: must be a kvsched SamplingParams")
+            raise UserInputError(f"sampling_params={params!r:.60}: must be a kvsched SamplingParams")
         check_seed("sampling_params.seed", params.seed)
         # The model's EOS ids, as vLLM takes them from the checkpoint: the
         # extra ones stop a request like stop ids, unless it ignores EOS.
@@ -83,7 +84,7 @@ class LLM:
 
     def _add(self, request: Request, text: str | None) -> None:
         if request.request_id in self.output_processor.states:
-            raise ValueError(f"request_id={request.request_id!r}: already running; give a unique id")
+            raise UserInputError(f"request_id={request.request_id!r}: already running; give a unique id")
         self.engine.add_request(request)
         self.output_processor.add_request(request, text, request.arrival_time)
 
@@ -119,10 +120,11 @@ class LLM:
         params = ([sampling_params] * n if isinstance(sampling_params, SamplingParams)
                   else list(sampling_params))
         if len(params) != n:
-            raise ValueError(f"sampling_params: {len(params)} given for {n} prompts; give one, or one each")
+            raise UserInputError(f"sampling_params: {len(params)} given for {n} prompts; give one, "
+                                 f"or one each")
         prios = list(priority) if priority is not None else [0] * n
         if len(prios) != n:
-            raise ValueError(f"priority: {len(prios)} given for {n} prompts; give one per prompt")
+            raise UserInputError(f"priority: {len(prios)} given for {n} prompts; give one per prompt")
         now = time.time()
         # Every prompt is checked before any is queued: bad input changes nothing.
         made = [self._make_request(p, sp, pr, None, now) for p, sp, pr in zip(prompts, params, prios)]
@@ -171,7 +173,7 @@ def default_sampling_params(model: Path) -> SamplingParams:
     try:
         return SamplingParams(**found)
     except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+        raise UserInputError(f"{path}: {err}") from None
 
 
 class _Progress:

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kvsched.errors import UserInputError
+
 # Bytes of K and V one decode group gathers. Gathering contexts in pieces
 # that stay in the CPU's last-level cache while SDPA reads them back beats one
 # big padded gather by ~1.5x (measured at 256 rows, contexts 30..770, 8x64
@@ -84,7 +86,7 @@ class AttentionMetadata:
         ``group_keys`` padded keys (or one row); see ``decode_group_keys``."""
         num_reqs = len(query_lens)
         if len(seq_lens) != num_reqs or len(block_tables) != num_reqs:
-            raise ValueError(
+            raise UserInputError(
                 f"len(seq_lens)={len(seq_lens)}, len(block_tables)={len(block_tables)}: "
                 f"must equal len(query_lens)={num_reqs}; pass one entry per request")
         # Index arithmetic in numpy: a few small arrays per step, where

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from kvsched.errors import UserInputError
 from kvsched.request import SAMPLING_EPS, SamplingParams
 
 
@@ -67,7 +68,7 @@ class Sampler:
     def sample(self, logits: Tensor, states: list[SamplingState]) -> SamplerOutput:
         n = logits.shape[0]
         if logits.dim() != 2 or n != len(states):
-            raise ValueError(f"logits shape={tuple(logits.shape)}: must be [N, vocab] with N = the "
+            raise UserInputError(f"logits shape={tuple(logits.shape)}: must be [N, vocab] with N = the "
                              f"number of sampling states ({len(states)}); pass one state per row")
         random_rows = [i for i, state in enumerate(states) if state.params.temperature >= SAMPLING_EPS]
         logprob_rows = [i for i, state in enumerate(states) if state.params.logprobs is not None]

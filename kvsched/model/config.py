@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.hf_config import HFConfig, RopeFields, read_config_json, read_llama_family, read_rope
 
 # The architectures the engine runs, with their config.json model_type.
@@ -56,7 +57,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.architecture not in _ARCHITECTURES:
-            raise ValueError(
+            raise UserInputError(
                 f"architectures={[self.architecture]!r}: unsupported architecture; "
                 f"use a checkpoint of one of {', '.join(SUPPORTED_ARCHITECTURES)}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -64,18 +65,18 @@ class ModelConfig:
                      "max_position_embeddings"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r}: must be a positive integer; fix config.json")
+                raise UserInputError(f"{name}={value!r}: must be a positive integer; fix config.json")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
+            raise UserInputError(
                 f"num_key_value_heads={self.num_key_value_heads}: must divide "
                 f"num_attention_heads={self.num_attention_heads}; fix config.json")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim}: rotary embedding needs an even head_dim; "
+            raise UserInputError(f"head_dim={self.head_dim}: rotary embedding needs an even head_dim; "
                              "fix config.json")
         if not self.rms_norm_eps > 0:
-            raise ValueError(f"rms_norm_eps={self.rms_norm_eps!r}: must be > 0; fix config.json")
+            raise UserInputError(f"rms_norm_eps={self.rms_norm_eps!r}: must be > 0; fix config.json")
         if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta={self.rope_theta!r}: must be > 0; fix config.json")
+            raise UserInputError(f"rope_theta={self.rope_theta!r}: must be > 0; fix config.json")
 
     @property
     def q_size(self) -> int:
@@ -91,7 +92,7 @@ class ModelConfig:
 
 def _number(where: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{where}={value!r}: must be a number; fix config.json")
+        raise UserInputError(f"{where}={value!r}: must be a number; fix config.json")
     return float(value)
 
 
@@ -101,7 +102,7 @@ def _token_ids(where: str, value: Any) -> list[int]:
     items = value if isinstance(value, list) else [value]
     for item in items:
         if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            raise ValueError(f"{where}={value!r}: must be a token id or a list of token ids")
+            raise UserInputError(f"{where}={value!r}: must be a token id or a list of token ids")
     return list(items)
 
 
@@ -110,27 +111,27 @@ def _rope_scaling(rope: RopeFields, max_position_embeddings: int) -> RopeScaling
     kvsched.hf_config's ``read_rope``)."""
     where, params = rope.where, rope.parameters
     if rope.partial_rotary_factor != 1.0:
-        raise ValueError(f"partial_rotary_factor={rope.partial_rotary_factor!r}: partial rotary "
+        raise UserInputError(f"partial_rotary_factor={rope.partial_rotary_factor!r}: partial rotary "
                          "embedding is not supported; only 1.0 (rotate the whole head) is")
     if rope.rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"{where}.rope_type={rope.rope_type!r}: unsupported RoPE scaling; "
+        raise UserInputError(f"{where}.rope_type={rope.rope_type!r}: unsupported RoPE scaling; "
                          f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
     if rope.rope_type == "default":
         return None
     factor = _number(f"{where}.factor", params.get("factor"))
     if factor <= 0:
-        raise ValueError(f"{where}.factor={factor!r}: must be > 0; fix config.json")
+        raise UserInputError(f"{where}.factor={factor!r}: must be > 0; fix config.json")
     scaling: dict[str, float | int | str] = {"rope_type": rope.rope_type, "factor": factor}
     if rope.rope_type == "llama3":
         # transformers falls back to max_position_embeddings the same way.
         orig = params.get("original_max_position_embeddings", max_position_embeddings)
         if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 0:
-            raise ValueError(f"{where}.original_max_position_embeddings={orig!r}: "
+            raise UserInputError(f"{where}.original_max_position_embeddings={orig!r}: "
                              "must be a positive integer; fix config.json")
         low = _number(f"{where}.low_freq_factor", params.get("low_freq_factor"))
         high = _number(f"{where}.high_freq_factor", params.get("high_freq_factor"))
         if not high > low:
-            raise ValueError(f"{where}.high_freq_factor={high!r}: must be greater than "
+            raise UserInputError(f"{where}.high_freq_factor={high!r}: must be greater than "
                              f"low_freq_factor={low!r}; fix config.json")
         scaling.update(low_freq_factor=low, high_freq_factor=high,
                        original_max_position_embeddings=orig)
@@ -141,11 +142,11 @@ def load_model_config(path: str | os.PathLike[str]) -> ModelConfig:
     """Read ``path``/config.json (and generation_config.json for extra EOS ids)."""
     root = Path(path)
     if not root.is_dir():
-        raise ValueError(f"model={str(path)!r}: not a directory; pass a local Hugging Face "
+        raise UserInputError(f"model={str(path)!r}: not a directory; pass a local Hugging Face "
                          "checkpoint directory (config.json, *.safetensors, tokenizer.json)")
     config_file = root / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"model={str(path)!r}: no config.json in the directory; pass a Hugging Face "
+        raise UserInputError(f"model={str(path)!r}: no config.json in the directory; pass a Hugging Face "
                          "checkpoint directory that contains config.json")
     gen_file = root / "generation_config.json"
     generation = read_config_json(gen_file) if gen_file.is_file() else None
@@ -157,12 +158,12 @@ def _architecture(cfg: dict[str, Any]) -> str:
     if archs is None:
         by_type = {model_type: arch for arch, model_type in _ARCHITECTURES.items()}
         if cfg.get("model_type") not in by_type:
-            raise ValueError(f"architectures=None, model_type={cfg.get('model_type')!r}: cannot tell "
+            raise UserInputError(f"architectures=None, model_type={cfg.get('model_type')!r}: cannot tell "
                              f"the architecture; set architectures to one of "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)} in config.json")
         return by_type[cfg["model_type"]]
     if not isinstance(archs, list) or not archs or archs[0] not in _ARCHITECTURES:
-        raise ValueError(f"architectures={archs!r}: unsupported architecture; use a checkpoint of "
+        raise UserInputError(f"architectures={archs!r}: unsupported architecture; use a checkpoint of "
                          f"one of {', '.join(SUPPORTED_ARCHITECTURES)}")
     arch: str = archs[0]
     return arch
@@ -178,14 +179,14 @@ def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | 
     reader = HFConfig(cfg, source)
     f = read_llama_family(reader, _ARCHITECTURES[arch])
     if f.hidden_act != "silu":
-        raise ValueError(f"hidden_act={f.hidden_act!r}: unsupported activation; the Llama family "
+        raise UserInputError(f"hidden_act={f.hidden_act!r}: unsupported activation; the Llama family "
                          "uses silu")
     if f.mlp_bias:
-        raise ValueError("mlp_bias=True: MLP biases are not supported; use a checkpoint without them")
+        raise UserInputError("mlp_bias=True: MLP biases are not supported; use a checkpoint without them")
     # The model attends over the whole context, which equals sliding-window
     # attention only when the window covers every position.
     if f.num_sliding_layers and f.sliding_window < f.max_position_embeddings:
-        raise ValueError(
+        raise UserInputError(
             f"sliding_window={f.sliding_window}: sliding-window attention is not supported and the "
             f"window is smaller than max_position_embeddings={f.max_position_embeddings}; use a "
             "checkpoint with sliding_window null or >= max_position_embeddings")
@@ -200,7 +201,7 @@ def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | 
         if bos is None:
             bos = generation_config.get("bos_token_id")
     if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int)):
-        raise ValueError(f"bos_token_id={bos!r}: must be a token id or null; fix config.json")
+        raise UserInputError(f"bos_token_id={bos!r}: must be a token id or null; fix config.json")
     dtype = cfg.get("torch_dtype", cfg.get("dtype"))
 
     return ModelConfig(

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kvsched.errors import UserInputError
 from kvsched.model.config import ModelConfig, load_model_config
 from kvsched.model.llama import PACKED_MODULES, LlamaForCausalLM
 
@@ -30,7 +31,7 @@ def resolve_dtype(name: str, config: ModelConfig, device: torch.device | str = "
             return torch.float32
         return checkpoint
     if name not in DTYPES:
-        raise ValueError(f"dtype={name!r}: unsupported; use one of auto, {', '.join(DTYPES)}")
+        raise UserInputError(f"dtype={name!r}: unsupported; use one of auto, {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
@@ -75,11 +76,11 @@ def _list_names(files: list[Path]) -> dict[str, Path]:
             with safe_open(file, framework="pt") as f:
                 names = list(f.keys())
         except Exception as e:  # safetensors raises its own error types
-            raise ValueError(f"{file}: not a readable safetensors file ({e}); "
+            raise UserInputError(f"{file}: not a readable safetensors file ({e}); "
                              "re-download or re-save the checkpoint") from e
         for name in names:
             if name in where:
-                raise ValueError(f"{name}: stored twice, in {where[name].name} and {file.name}; "
+                raise UserInputError(f"{name}: stored twice, in {where[name].name} and {file.name}; "
                                  "the checkpoint's shards overlap, re-save it")
             where[name] = file
     return where
@@ -96,7 +97,7 @@ def checkpoint_tensors(root: Path) -> dict[str, Path]:
     if not index.is_file():
         files = sorted(root.glob("*.safetensors"))
         if not files:
-            raise ValueError(f"model={str(root)!r}: no *.safetensors weights in the directory; "
+            raise UserInputError(f"model={str(root)!r}: no *.safetensors weights in the directory; "
                              "download the checkpoint's safetensors files (pytorch_model.bin is "
                              "not supported)")
         return _list_names(files)
@@ -104,19 +105,19 @@ def checkpoint_tensors(root: Path) -> dict[str, Path]:
         try:
             weight_map = json.load(f).get("weight_map")
         except (json.JSONDecodeError, AttributeError) as e:
-            raise ValueError(f"{index}: invalid index ({e}); re-download the file") from e
+            raise UserInputError(f"{index}: invalid index ({e}); re-download the file") from e
     if not isinstance(weight_map, dict) or not weight_map:
-        raise ValueError(f"{index}: weight_map must map tensor names to shard files; "
+        raise UserInputError(f"{index}: weight_map must map tensor names to shard files; "
                          "re-download the file")
     files = sorted({root / str(v) for v in weight_map.values()})
     for file in files:
         if not file.is_file():
-            raise ValueError(f"{file.name}: shard listed in {INDEX_FILE} is missing from {root}; "
+            raise UserInputError(f"{file.name}: shard listed in {INDEX_FILE} is missing from {root}; "
                              "download every shard")
     where = _list_names(files)
     for name, file in weight_map.items():
         if where.get(name) != root / str(file):
-            raise ValueError(f"{name}: {INDEX_FILE} puts it in {file}, which does not hold it; "
+            raise UserInputError(f"{name}: {INDEX_FILE} puts it in {file}, which does not hold it; "
                              "the index and the shards disagree, re-download them")
     return where
 
@@ -131,7 +132,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype,
     """Read the checkpoint at ``path`` into a model in ``dtype`` on ``device``,
     in eval mode with gradients off."""
     if dtype not in DTYPES.values():
-        raise ValueError(f"dtype={dtype}: unsupported; use torch.float32, torch.bfloat16 or "
+        raise UserInputError(f"dtype={dtype}: unsupported; use torch.float32, torch.bfloat16 or "
                          "torch.float16")
     config = load_model_config(path)
     root = Path(path)
@@ -139,12 +140,12 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype,
     shapes = checkpoint_tensor_shapes(config)
     missing = [n for n in shapes if n not in where]
     if missing:
-        raise ValueError(f"{missing[0]}: missing from the checkpoint in {root} "
+        raise UserInputError(f"{missing[0]}: missing from the checkpoint in {root} "
                          f"({len(missing)} missing: {_names_list(missing)}); the weights do not match "
                          f"config.json ({config.architecture}) or are incomplete")
     unexpected = sorted(n for n in where if n not in shapes and not _ignored(n, config))
     if unexpected:
-        raise ValueError(f"{unexpected[0]}: unexpected tensor in the checkpoint in {root} "
+        raise UserInputError(f"{unexpected[0]}: unexpected tensor in the checkpoint in {root} "
                          f"({len(unexpected)} unexpected: {_names_list(unexpected)}); the weights do "
                          f"not match config.json ({config.architecture})")
 
@@ -158,10 +159,10 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype,
             for name in names:
                 t = f.get_tensor(name)
                 if tuple(t.shape) != shapes[name]:
-                    raise ValueError(f"{name}: shape {list(t.shape)} in {file.name}, but config.json "
+                    raise UserInputError(f"{name}: shape {list(t.shape)} in {file.name}, but config.json "
                                      f"implies {list(shapes[name])}; the weights do not match the config")
                 if not t.is_floating_point():
-                    raise ValueError(f"{name}: dtype {t.dtype} in {file.name}; quantized or integer "
+                    raise UserInputError(f"{name}: dtype {t.dtype} in {file.name}; quantized or integer "
                                      "weights are not supported, use a float checkpoint")
                 tensors[name] = t.to(device=device, dtype=dtype)
 

@@ -20,6 +20,8 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvsched.errors import UserInputError
+
 if TYPE_CHECKING:
     import torch
 
@@ -115,30 +117,30 @@ def _check_args(arch: str, hidden_size: int, num_layers: int, num_heads: int, nu
                 intermediate_size: int, vocab_size: int, max_position_embeddings: int,
                 initializer_range: float, dtype: str, shards: int, head_dim: int | None) -> None:
     if arch not in ARCHS:
-        raise ValueError(f"arch={arch!r}: unsupported; use one of {', '.join(ARCHS)}")
+        raise UserInputError(f"arch={arch!r}: unsupported; use one of {', '.join(ARCHS)}")
     for name, value in (("hidden_size", hidden_size), ("num_layers", num_layers),
                         ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
                         ("intermediate_size", intermediate_size),
                         ("max_position_embeddings", max_position_embeddings), ("shards", shards)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name}={value!r}: must be a positive integer")
+            raise UserInputError(f"{name}={value!r}: must be a positive integer")
     if num_heads % num_kv_heads:
-        raise ValueError(f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
+        raise UserInputError(f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
     if head_dim is None and hidden_size % num_heads:
-        raise ValueError(f"hidden_size={hidden_size}: must be a multiple of num_heads={num_heads} "
+        raise UserInputError(f"hidden_size={hidden_size}: must be a multiple of num_heads={num_heads} "
                          "(or pass head_dim)")
     dim = head_dim if head_dim is not None else hidden_size // num_heads
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
-        raise ValueError(f"head_dim={dim!r}: must be a positive even integer (rotary embedding)")
+        raise UserInputError(f"head_dim={dim!r}: must be a positive even integer (rotary embedding)")
     minimum = NUM_BYTE_TOKENS + len(SPECIAL_TOKENS)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < minimum:
-        raise ValueError(f"vocab_size={vocab_size!r}: must be an integer >= {minimum} "
+        raise UserInputError(f"vocab_size={vocab_size!r}: must be an integer >= {minimum} "
                          f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
     # transformers' LlamaConfig rejects initializer_range outside [0, 1].
     if not isinstance(initializer_range, int | float) or not 0 < initializer_range <= 1:
-        raise ValueError(f"initializer_range={initializer_range!r}: must be in (0, 1]")
+        raise UserInputError(f"initializer_range={initializer_range!r}: must be in (0, 1]")
     if dtype not in TINY_DTYPES:
-        raise ValueError(f"dtype={dtype!r}: unsupported; use one of {', '.join(TINY_DTYPES)}")
+        raise UserInputError(f"dtype={dtype!r}: unsupported; use one of {', '.join(TINY_DTYPES)}")
 
 
 def _config_json(arch: str, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
@@ -237,7 +239,7 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", hidden_size: int =
                 vocab_size, max_position_embeddings, initializer_range, dtype, shards, head_dim)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"out_dir={str(out_dir)!r}: exists and is not a directory; "
+        raise UserInputError(f"out_dir={str(out_dir)!r}: exists and is not a directory; "
                          "pass a new or existing directory")
     dim = head_dim if head_dim is not None else hidden_size // num_heads
     config_json = _config_json(
@@ -246,7 +248,7 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", hidden_size: int =
     generation_json = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
     shapes = checkpoint_tensor_shapes(parse_model_config(config_json, generation_json))
     if shards > len(shapes):
-        raise ValueError(f"shards={shards}: more shards than tensors ({len(shapes)}); use fewer")
+        raise UserInputError(f"shards={shards}: more shards than tensors ({len(shapes)}); use fewer")
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "config.json", config_json)
     _write_json(out / "generation_config.json", generation_json)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from kvsched.errors import UserInputError
 from kvsched.perf.host import NO_HOST_TIME
 from kvsched.perf.measured import MeasuredStepTimeModel
 from kvsched.perf.memory import weight_bytes_per_device
@@ -88,7 +89,7 @@ def drafter_shape(method: str, num_speculative_tokens: int, model: ModelSpec) ->
         return DrafterShape(method, k, 1, (h, 3 * h), False)
     if method in NGRAM_METHODS:
         return DrafterShape(method, k, 0, None, False)
-    raise ValueError(f"speculative_config.method={method!r}: no drafter model kvsched prices; use "
+    raise UserInputError(f"speculative_config.method={method!r}: no drafter model kvsched prices; use "
                      f"one of {', '.join(DRAFTER_METHODS + NGRAM_METHODS)}")
 
 

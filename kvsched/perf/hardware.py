@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.hf_config import parse_json
 from kvsched.jsonfile import number_problem, show
@@ -259,7 +260,7 @@ class Hardware:
         if tensor_parallel_size <= self.scaleup_domain:
             return self.scaleup_bw_for_group(tensor_parallel_size)
         if self.scaleout_bw is None:
-            raise ValueError(
+            raise UserInputError(
                 f"tensor_parallel_size={tensor_parallel_size} (--tensor-parallel-size): {self.name}'s "
                 f"{self.scaleup_kind} joins {self.scaleup_domain} devices, and the hardware data has no "
                 "scale-out bandwidth to price a tensor-parallel group beyond them; use at most "
@@ -451,7 +452,7 @@ def get_hardware(name: str) -> Hardware:
         return HARDWARE[hw_id]
     if _looks_like_path(name):
         return load_hardware_file(name)
-    raise ValueError(
+    raise UserInputError(
         f"unknown hardware {name!r}; known ids: {', '.join(HARDWARE)}; "
         "or pass a path to a .yaml/.json hardware file (see docs/catalogs.md)")
 
@@ -464,7 +465,7 @@ def with_overrides(hw: Hardware, **fields: Any) -> Hardware:
     """A copy of ``hw`` with ``fields`` replaced (validated like any Hardware)."""
     for name in fields:
         if name not in _ALL_FIELDS:
-            raise ValueError(f"hardware {hw.id!r}: unknown field {show(name)}"
+            raise UserInputError(f"hardware {hw.id!r}: unknown field {show(name)}"
                              f"{_did_you_mean(name, _ALL_FIELDS)}; fields are: {', '.join(_ALL_FIELDS)}")
     return dataclasses.replace(hw, **fields)
 
@@ -509,18 +510,18 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         data = parse_json(path, text, "fix the file")
     else:
         if _flow_depth(text) > _MAX_FLOW_DEPTH:
-            raise ValueError(f"{path}: not valid YAML: [ or {{ nested more than {_MAX_FLOW_DEPTH} deep; "
+            raise UserInputError(f"{path}: not valid YAML: [ or {{ nested more than {_MAX_FLOW_DEPTH} deep; "
                              "fix the file")
         # Imported here so that importing kvsched.perf stays stdlib-only.
         yaml = importlib.import_module("yaml")
         try:
             data = yaml.load(text, Loader=_strict_yaml_loader(yaml))  # a SafeLoader
         except (yaml.YAMLError, RecursionError) as err:
-            raise ValueError(f"{path}: not valid YAML: {one_line(str(err))}; fix the file") from None
+            raise UserInputError(f"{path}: not valid YAML: {one_line(str(err))}; fix the file") from None
         except ValueError as err:  # an integer over Python's 4300 digits
-            raise ValueError(f"{path}: not valid YAML: {number_problem(err)}; fix the file") from None
+            raise UserInputError(f"{path}: not valid YAML: {number_problem(err)}; fix the file") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        raise ValueError(f"{path}: top level must be a mapping of field names to values")
+        raise UserInputError(f"{path}: top level must be a mapping of field names to values")
     return data
 
 
@@ -536,11 +537,11 @@ def _coerce_number(path: Path, field: str, value: object) -> object:
     if not isinstance(value, str):
         return value
     if path.suffix.lower() == ".json":
-        raise ValueError(f"{path}: {field}={show(value)}: must be a number, not a string; write it "
+        raise UserInputError(f"{path}: {field}={show(value)}: must be a number, not a string; write it "
                          "without quotes")
     # PyYAML reads `3.35e12` (no dot, no sign) as a string; accept exactly that spelling.
     if _YAML_NUMBER.fullmatch(value) is None:
-        raise ValueError(f"{path}: {field}={show(value)}: must be a number; write it like 3.35e12")
+        raise UserInputError(f"{path}: {field}={show(value)}: must be a number; write it like 3.35e12")
     return float(value)
 
 
@@ -556,11 +557,11 @@ def load_hardware_file(path: str | Path) -> Hardware:
     data = _read_mapping(p)
     for key in data:
         if key not in _ALL_FIELDS:
-            raise ValueError(f"{p}: unknown field {show(key)}{_did_you_mean(key, _ALL_FIELDS)}; "
+            raise UserInputError(f"{p}: unknown field {show(key)}{_did_you_mean(key, _ALL_FIELDS)}; "
                              f"allowed fields: {', '.join(_ALL_FIELDS)}")
     for key in _REQUIRED_FIELDS:
         if key not in data:
-            raise ValueError(f"{p}: missing required field {key!r} "
+            raise UserInputError(f"{p}: missing required field {key!r} "
                              f"(required: {', '.join(_REQUIRED_FIELDS)})")
     fields = dict(data)
     for key, value in data.items():
@@ -576,7 +577,7 @@ def load_hardware_file(path: str | Path) -> Hardware:
     try:
         return Hardware(**fields)
     except ValueError as err:
-        raise ValueError(f"{p}: {err}") from None
+        raise UserInputError(f"{p}: {err}") from None
 
 
 def load_efficiency_overrides(path: str | Path, hw: Hardware) -> Hardware:
@@ -604,30 +605,31 @@ def load_efficiency_overrides(path: str | Path, hw: Hardware) -> Hardware:
             common[key] = _coerce_number(p, key, value)
             continue
         if key in _ALL_FIELDS:
-            raise ValueError(f"{p}: {key}: not an efficiency field; {fields_hint} (define a hardware "
+            raise UserInputError(f"{p}: {key}: not an efficiency field; {fields_hint} (define a hardware "
                              "file to change peaks)")
         target = resolve_hardware_id(key) or _normalise(key)
         known = target == hw.id or target in HARDWARE
         if not isinstance(value, dict):
             if known:
-                raise ValueError(f"{p}: {show(key)}={show(value)}: a hardware section must be a mapping "
+                raise UserInputError(f"{p}: {show(key)}={show(value)}: a hardware section must be a mapping "
                                  f"of efficiency fields ({', '.join(EFFICIENCY_FIELDS)}) to values")
-            raise ValueError(
+            raise UserInputError(
                 f"{p}: unknown key {show(key)}{_did_you_mean(key, EFFICIENCY_FIELDS)}: expected an "
                 f"efficiency field ({', '.join(EFFICIENCY_FIELDS)}) or a hardware id mapping to such "
                 "fields")
         if not known:
-            raise ValueError(f"{p}: unknown hardware id {show(key)}{_did_you_mean(target, tuple(HARDWARE))}; "
+            raise UserInputError(f"{p}: unknown hardware id {show(key)}"
+                                 f"{_did_you_mean(target, tuple(HARDWARE))}; "
                              f"known ids: {', '.join(HARDWARE)} (and {hw.id!r}, the device being "
                              "configured)")
         if target in sections:
-            raise ValueError(f"{p}: {show(key)} and {show(sections[target])} both name hardware "
+            raise UserInputError(f"{p}: {show(key)} and {show(sections[target])} both name hardware "
                              f"{target!r}; merge them into one section")
         sections[target] = key
         for field, fvalue in value.items():
             if field not in EFFICIENCY_FIELDS:
                 name = field if isinstance(field, str) and len(field) <= 60 else show(field)
-                raise ValueError(
+                raise UserInputError(
                     f"{p}: {key}.{name}: not an efficiency field"
                     f"{_did_you_mean(field, EFFICIENCY_FIELDS)}; {fields_hint} (define a hardware "
                     "file to change peaks)")
@@ -636,10 +638,10 @@ def load_efficiency_overrides(path: str | Path, hw: Hardware) -> Hardware:
             try:
                 check_efficiency(target, field, number)
             except ValueError as err:
-                raise ValueError(f"{p}: {key}.{field}: {err}") from None
+                raise UserInputError(f"{p}: {key}.{field}: {err}") from None
             if target == hw.id:
                 own[field] = number
     try:
         return with_overrides(hw, **{**common, **own})
     except ValueError as err:
-        raise ValueError(f"{p}: {err}") from None
+        raise UserInputError(f"{p}: {err}") from None

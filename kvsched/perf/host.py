@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import json_problem, strict_loads
 
@@ -79,7 +80,7 @@ class HostTerms:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not 0 <= value <= MAX_TERM_S:
-                raise ValueError(f"host term {name}={value!r}: must be a number of seconds in "
+                raise UserInputError(f"host term {name}={value!r}: must be a number of seconds in "
                                  f"[0, {MAX_TERM_S:g}] (a value in ms or us belongs in seconds)")
 
     def to_json(self) -> dict[str, Any]:
@@ -111,24 +112,24 @@ def load_host_terms(path: str | Path = DEFAULT_FILE) -> HostTerms:
     try:
         data = strict_loads(text)
     except ValueError as e:
-        raise ValueError(f"calibration file {str(p)!r} is not JSON: {json_problem(e)}") from None
+        raise UserInputError(f"calibration file {str(p)!r} is not JSON: {json_problem(e)}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"calibration file {str(p)!r}: expected a JSON object of host terms")
+        raise UserInputError(f"calibration file {str(p)!r}: expected a JSON object of host terms")
     expected = {"vllm_version", "hardware_class", "provenance", *TERMS}
     missing = sorted(expected - data.keys())
     unknown = sorted(data.keys() - expected)
     if missing or unknown:
-        raise ValueError(f"calibration file {str(p)!r}: " + "; ".join(
+        raise UserInputError(f"calibration file {str(p)!r}: " + "; ".join(
             part for part in (f"missing {', '.join(missing)}" if missing else "",
                               f"unknown {', '.join(unknown)}" if unknown else "") if part)
             + f" (fields: {', '.join(sorted(expected))})")
     for key in ("vllm_version", "hardware_class", "provenance"):
         if not isinstance(data[key], str):
-            raise ValueError(f"calibration file {str(p)!r}: {key}={data[key]!r} must be a string")
+            raise UserInputError(f"calibration file {str(p)!r}: {key}={data[key]!r} must be a string")
     try:
         return HostTerms(**data)
     except ValueError as e:
-        raise ValueError(f"calibration file {str(p)!r}: {e}") from None
+        raise UserInputError(f"calibration file {str(p)!r}: {e}") from None
 
 
 def save_host_terms(terms: HostTerms, path: str | Path) -> None:

@@ -48,6 +48,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from kvsched.errors import UserInputError
+
 # aiconfigurator-core's name of each kvsched hardware id that has vLLM tables.
 AIC_SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "gb200": "gb200",
                "l40s": "l40s", "rtx-pro-6000": "rtx_pro_6000_server"}
@@ -91,9 +93,9 @@ class Curve:
 
     def __init__(self, xs: Sequence[float], ys: Sequence[float]) -> None:
         if len(xs) != len(ys) or not xs:
-            raise ValueError("Curve: need as many ys as xs, at least one")
+            raise UserInputError("Curve: need as many ys as xs, at least one")
         if any(b <= a for a, b in pairwise(xs)):
-            raise ValueError("Curve: xs must be strictly increasing")
+            raise UserInputError("Curve: xs must be strictly increasing")
         self.xs = list(xs)
         self.ys = list(ys)
         self.slopes = [(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:])]
@@ -330,7 +332,7 @@ class KernelTables:
         if curve is not None:
             return curve
         if not table.curves:
-            raise ValueError(f"no measured {dtype} GEMMs on {self.system}")
+            raise UserInputError(f"no measured {dtype} GEMMs on {self.system}")
         (n0, n1, wn), (k0, k1, wk) = _bracket(table.ns, n), _bracket(table.ks, k)
         if n > table.ns[-1] or k > table.ks[-1]:
             notes.add(f"GEMM {dtype} n={n} k={k} past the measured shapes")
@@ -386,7 +388,7 @@ class KernelTables:
         curves = self.allreduce_curves()
         curve = curves.get(num_gpus)
         if curve is None:
-            raise ValueError(f"no measured all-reduce over {num_gpus} GPUs on {self.system}; "
+            raise UserInputError(f"no measured all-reduce over {num_gpus} GPUs on {self.system}; "
                              f"measured: {sorted(curves)}")
         return curve
 
@@ -404,7 +406,7 @@ def _bilinear(v: list[float | None], wn: float, wk: float) -> float:
     if v11 is None and v00 is not None and v01 is not None and v10 is not None:
         v11 = v10 + v01 - v00
     if v00 is None or v01 is None or v10 is None or v11 is None:
-        raise ValueError("GEMM grid: more than one corner missing around the shape")
+        raise UserInputError("GEMM grid: more than one corner missing around the shape")
     return (v00 * (1 - wk) + v01 * wk) * (1 - wn) + (v10 * (1 - wk) + v11 * wk) * wn
 
 
@@ -427,7 +429,7 @@ def measured_available() -> bool:
 
 def aic_data_dir() -> Path:
     if not measured_available():
-        raise ValueError("the measured step-time backend needs aiconfigurator-core's tables: "
+        raise UserInputError("the measured step-time backend needs aiconfigurator-core's tables: "
                          "pip install -e \".[measured]\" (or use --step-time-backend roofline)")
     return Path(str(importlib.resources.files("aiconfigurator_core"))) / "systems" / "data"
 
@@ -441,7 +443,7 @@ def load_tables(system: str, version: str = VLLM_TABLE_VERSION) -> KernelTables:
     """One system's vLLM tables (read lazily, see :class:`KernelTables`)."""
     root = aic_data_dir() / system
     if not root.is_dir():
-        raise ValueError(f"aiconfigurator-core has no tables for system {system!r}")
+        raise UserInputError(f"aiconfigurator-core has no tables for system {system!r}")
     return KernelTables(system, version, str(root))
 
 
@@ -454,7 +456,7 @@ def _read(root: str, rel: str, columns: list[str], where: dict[str, Any] | None 
 
     path = Path(root) / rel
     if not path.is_file():
-        raise ValueError(f"missing measured table {path}")
+        raise UserInputError(f"missing measured table {path}")
     where = where or {}
     table = pq.read_table(path, columns=sorted(set(columns) | set(where)), use_threads=False)
     if where:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 
+from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import HostTerms, load_host_terms
 from kvsched.perf.kernels import (
@@ -198,7 +199,7 @@ class MeasuredStepTimeModel(StepTimeModel):
         self._per_sampled_host_s = terms.per_sampled_request_s
         reason = measured_coverage(model, hardware, self.parallel, self.runtime)
         if reason is not None:
-            raise ValueError(f"step_time_backend='measured': {reason}; use 'roofline'")
+            raise UserInputError(f"step_time_backend='measured': {reason}; use 'roofline'")
         system = system_for(hardware.id)
         assert system is not None
         self.tables: KernelTables = tables if tables is not None else load_tables(system)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvsched.config import check_gpu_memory_utilization
+from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes, weight_split
@@ -85,7 +86,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     beside the target's full-attention layers."""
     check_gpu_memory_utilization(gpu_memory_utilization)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size={block_size!r}: must be a positive integer")
+        raise UserInputError(f"block_size={block_size!r}: must be a positive integer")
     kvb = runtime.kv_bytes
     tp = parallel.tensor_parallel_size
     budget = gpu_memory_utilization * hardware.memory_bytes
@@ -94,7 +95,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     per_layer = model.kv_bytes_per_layer_per_rank(kvb, tp)
     bytes_per_block = block_size * (model.num_full_attention_layers + drafter_kv_layers) * per_layer
     if not bytes_per_block > 0:  # no full-attention layer, or a zero head size: no block to count
-        raise ValueError(f"{model.name}: a KV block of {block_size} tokens takes {bytes_per_block} bytes "
+        raise UserInputError(f"{model.name}: a KV block of {block_size} tokens takes {bytes_per_block} bytes "
                          f"({model.num_full_attention_layers} full-attention layers x {per_layer} bytes "
                          "per token); kvsched sizes the KV cache of models with full attention only")
     # Sliding-window layers hold at most a window per sequence; we reserve that
@@ -107,7 +108,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     plan = MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
                       bytes_per_block, blocks, drafter_bytes)
     if blocks < 2:
-        raise ValueError(
+        raise UserInputError(
             f"{model.name} does not fit on {hardware.name} with tensor_parallel_size={tp}: "
             f"{plan.describe()}. Raise --tensor-parallel-size or --gpu-memory-utilization, "
             "use --quantization fp8, or lower --max-num-batched-tokens")

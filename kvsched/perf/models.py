@@ -21,6 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.hf_config import (
     MAX_EXPERTS,
     MAX_HEAD_DIM,
@@ -509,7 +510,7 @@ QUANTIZED_LAYERS = tuple(_QUANTIZED_PARTS)
 
 def check_quantized_layers(layers: str) -> None:
     if layers not in _QUANTIZED_PARTS:
-        raise ValueError(f"quantized_layers={layers!r}: use one of {', '.join(QUANTIZED_LAYERS)} "
+        raise UserInputError(f"quantized_layers={layers!r}: use one of {', '.join(QUANTIZED_LAYERS)} "
                          "(which linear layers the weight format covers)")
 
 
@@ -518,7 +519,7 @@ def quantizes(layers: str, part: str) -> bool:
     :data:`LINEAR_PARTS`) quantized; the one owner of that rule."""
     check_quantized_layers(layers)
     if part not in LINEAR_PARTS:
-        raise ValueError(f"part={part!r}: use one of {', '.join(LINEAR_PARTS)}")
+        raise UserInputError(f"part={part!r}: use one of {', '.join(LINEAR_PARTS)}")
     return part in _QUANTIZED_PARTS[layers]
 
 
@@ -633,7 +634,7 @@ def get_model(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path).expanduser()
     if path.exists():
         return load_model_config(path)
-    raise ValueError(
+    raise UserInputError(
         f"unknown model {name_or_path!r}: not in the catalog ({', '.join(MODELS)}) "
         "and no such file or directory; pass a catalog name or a path to a Hugging Face "
         "model directory / config.json")
@@ -775,14 +776,14 @@ def load_model_config(path: str | Path) -> ModelSpec:
     data = read_config_json(config_path)
     model_type = data.get("model_type")
     if model_type is None:
-        raise ValueError(f"{config_path}: missing required field 'model_type'")
+        raise UserInputError(f"{config_path}: missing required field 'model_type'")
     parser = _PARSERS.get(model_type) if isinstance(model_type, str) else None
     if parser is None:
-        raise ValueError(f"{config_path}: model_type={show(model_type)} is not supported; "
+        raise UserInputError(f"{config_path}: model_type={show(model_type)} is not supported; "
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     cfg = HFConfig(data, str(config_path))
     fields = parser(cfg, model_type)
     try:
         return ModelSpec(name=_name_from_path(config_path), **fields)
     except ValueError as err:
-        raise ValueError(f"{config_path}: {err}") from None
+        raise UserInputError(f"{config_path}: {err}") from None

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
+from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import HostTerms
 from kvsched.perf.models import ModelSpec, check_quantized_layers, quantizes
@@ -77,7 +78,7 @@ def kv_cache_dtype_bytes(value: str) -> int:
     weights do not make an FP8 cache; only --kv-cache-dtype fp8 does)."""
     if isinstance(value, str) and value in KV_CACHE_DTYPE_BYTES:
         return KV_CACHE_DTYPE_BYTES[value]
-    raise ValueError(f"kv_cache_dtype={value!r} (--kv-cache-dtype): unknown KV-cache dtype; use one of "
+    raise UserInputError(f"kv_cache_dtype={value!r} (--kv-cache-dtype): unknown KV-cache dtype; use one of "
                      f"{', '.join(KV_CACHE_DTYPE_BYTES)}")
 
 
@@ -100,14 +101,14 @@ def model_dtype(value: str) -> str:
     if isinstance(name, str) and name in MODEL_DTYPES:
         return MODEL_DTYPES[name]
     if name in FP32_DTYPES:
-        raise ValueError(f"dtype={value!r} (--dtype): kvsched prices 16-bit models only (the hardware "
+        raise UserInputError(f"dtype={value!r} (--dtype): kvsched prices 16-bit models only (the hardware "
                          "data has no FP32 GEMM rates); use bfloat16 or float16")
     if isinstance(name, str) and name in DTYPE_BYTES:
-        raise ValueError(f"dtype={value!r} (--dtype): {value} is a weight quantization, not a model "
+        raise UserInputError(f"dtype={value!r} (--dtype): {value} is a weight quantization, not a model "
                          "dtype; quantize with --quantization (fp8, modelopt_fp4, mxfp4), or name a "
                          "checkpoint stored in it, and keep --dtype to one of "
                          f"{', '.join(MODEL_DTYPES)}")
-    raise ValueError(f"dtype={value!r} (--dtype): unknown model dtype; use one of "
+    raise UserInputError(f"dtype={value!r} (--dtype): unknown model dtype; use one of "
                      f"{', '.join(MODEL_DTYPES)} (vLLM's --dtype; float32 is not priced)")
 
 
@@ -116,7 +117,7 @@ def dtype_bytes(field: str, value: str) -> float:
     try:
         return DTYPE_BYTES[value.lower()]
     except (KeyError, AttributeError):
-        raise ValueError(f"{field}={value!r}: unknown dtype; use one of "
+        raise UserInputError(f"{field}={value!r}: unknown dtype; use one of "
                          f"{', '.join(sorted(DTYPE_BYTES))}") from None
 
 
@@ -130,7 +131,7 @@ def math_dtype(dtype: str, hardware: Hardware) -> str:
     if name in WEIGHT_ONLY_DTYPES or wb == 2:
         return "bf16"
     if not hardware.has_fp8:
-        raise ValueError(f"dtype={dtype!r}: {hardware.name} has no FP8 path; use 16-bit weights (no "
+        raise UserInputError(f"dtype={dtype!r}: {hardware.name} has no FP8 path; use 16-bit weights (no "
                          "--quantization fp8; for a checkpoint published in FP8, such as DeepSeek-V3's, "
                          "its 16-bit conversion, e.g. deepseek-ai/DeepSeek-V3-BF16)")
     return "fp8"
@@ -172,7 +173,7 @@ class ParallelConfig:
         for name in ("tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+                raise UserInputError(f"{name}={value!r}: must be a positive integer")
 
     @property
     def expert_parallel_size(self) -> int:

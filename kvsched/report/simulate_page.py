@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsched.errors import UserInputError
 from kvsched.report.charts import (
     MAX_CDF_POINTS,
     MAX_TIME_BUCKETS,
@@ -302,18 +303,19 @@ def render_report(results: Sequence[tuple[str, SimResult]], title: str, config_l
                   descriptions: Sequence[Mapping[str, Mapping[str, Any]]] | None = None) -> str:
     """The report page as one HTML string (see :func:`write_report`)."""
     if not results:
-        raise ValueError("render_report: no results; give at least one (label, SimResult)")
+        raise UserInputError("render_report: no results; give at least one (label, SimResult)")
     labels = [label for label, _ in results]
     dupes = sorted({label for label in labels if labels.count(label) > 1})
     if dupes:
-        raise ValueError(f"render_report: labels must differ, {', '.join(map(repr, dupes))} given twice")
+        raise UserInputError(f"render_report: labels must differ, {', '.join(map(repr, dupes))} given twice")
     runs = [r for _, r in results]
     if metrics is None:
         metrics = [r.metrics(goodput_slos=goodput_slos) for r in runs]
     elif len(metrics) != len(runs):
-        raise ValueError(f"render_report: {len(metrics)} metrics dicts for {len(runs)} results")
+        raise UserInputError(f"render_report: {len(metrics)} metrics dicts for {len(runs)} results")
     if descriptions is not None and len(descriptions) != len(results):
-        raise ValueError(f"render_report: {len(descriptions)} run descriptions for {len(results)} results")
+        raise UserInputError(f"render_report: {len(descriptions)} run descriptions for "
+                             f"{len(results)} results")
 
     cdf_html = [f'<figure><h3>{_esc(long)} <span class="note">({_esc(short)})</span></h3>{svg}</figure>'
                 for long, short, svg in latency_charts(labels, runs)]

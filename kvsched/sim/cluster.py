@@ -35,6 +35,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from kvsched.errors import UserInputError
 from kvsched.perf.host import HostTerms
 from kvsched.sim.client import Client
 from kvsched.sim.instance import EngineInstance, LockstepGroup
@@ -51,7 +52,7 @@ class Cluster:
     def __init__(self, instances: Sequence[Instance], client: Client, router: Router | None = None,
                  *, progress: Progress | None = None, arrival: HostTerms | None = None) -> None:
         if not instances:
-            raise ValueError("a cluster needs at least one engine instance")
+            raise UserInputError("a cluster needs at least one engine instance")
         self.instances = list(instances)
         self.client = client
         self.ranks: list[Rank] = [r for inst in self.instances for r in inst.ranks]
@@ -59,7 +60,7 @@ class Cluster:
         if router is None:
             router = Router("round-robin", len(self.ranks))
         if router.size != len(self.ranks):
-            raise ValueError(f"router for {router.size} ranks, cluster has {len(self.ranks)}")
+            raise UserInputError(f"router for {router.size} ranks, cluster has {len(self.ranks)}")
         self.router = router
         self.routed = [0] * len(self.ranks)
         self.progress = progress

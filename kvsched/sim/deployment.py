@@ -16,6 +16,7 @@ from kvsched.config import (
     check_num_gpu_blocks_override,
     check_speculative_settings,
 )
+from kvsched.errors import UserInputError
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.host import load_host_terms
@@ -167,9 +168,9 @@ def _show(value: object) -> str:
 def _positive_int(flag: str, value: object, maximum: int | None = None, why: str = "") -> None:
     field = flag[2:].replace("-", "_")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field}={_show(value)} ({flag}): must be an integer >= 1")
+        raise UserInputError(f"{field}={_show(value)} ({flag}): must be an integer >= 1")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{field}={_show(value)} ({flag}): must be at most {maximum:,} ({why})")
+        raise UserInputError(f"{field}={_show(value)} ({flag}): must be at most {maximum:,} ({why})")
 
 
 def validate_engine_options(opts: EngineOptions) -> None:
@@ -185,20 +186,20 @@ def validate_engine_options(opts: EngineOptions) -> None:
     for field in ("max_num_seqs", "max_num_batched_tokens"):
         value = getattr(opts, field)
         if value is not None and value > MAX_STEP_LIMIT:
-            raise ValueError(f"{field}={_show(value)} (--{field.replace('_', '-')}): must be at most "
+            raise UserInputError(f"{field}={_show(value)} (--{field.replace('_', '-')}): must be at most "
                              f"{MAX_STEP_LIMIT:,} (2**24: no GPU holds the activations of a step "
                              "that large); leave it unset for vLLM's default")
     check_num_gpu_blocks_override(opts.num_gpu_blocks_override)
     override = opts.num_gpu_blocks_override
     if override is not None and override * opts.data_parallel_size > MAX_NUM_GPU_BLOCKS:
-        raise ValueError(f"num_gpu_blocks_override={_show(override)} (--num-gpu-blocks-override): the "
+        raise UserInputError(f"num_gpu_blocks_override={_show(override)} (--num-gpu-blocks-override): the "
                          f"{opts.data_parallel_size} engine core(s) may have at most {MAX_NUM_GPU_BLOCKS:,} "
                          "KV blocks in all (2**24: 268M tokens of KV at block size 16, over 20x what any "
                          "GPU holds; the simulator keeps ~46 bytes per block); lower it")
     block = opts.block_size
     if (isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK_SIZE
             or block % BLOCK_SIZE_MULTIPLE):
-        raise ValueError(f"block_size={_show(block)} (--block-size): must be a multiple of "
+        raise UserInputError(f"block_size={_show(block)} (--block-size): must be a multiple of "
                          f"{BLOCK_SIZE_MULTIPLE} between {BLOCK_SIZE_MULTIPLE} and {MAX_BLOCK_SIZE} "
                          "(vLLM 0.33's CUDA attention backends take multiples of 16: 16, 32, 64, "
                          "128, ...; vLLM's default is 16)")
@@ -209,21 +210,21 @@ def validate_engine_options(opts: EngineOptions) -> None:
     _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval, 1_000_000,
                   "a million engine steps is over a quarter of an hour between admissions")
     if opts.quantization is not None and opts.quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization={opts.quantization!r} (--quantization): kvsched prices "
+        raise UserInputError(f"quantization={opts.quantization!r} (--quantization): kvsched prices "
                          f"{', '.join(QUANTIZATIONS)} (or leave it unset for the checkpoint's own)")
     if opts.calibration is not None:
         if opts.step_time_backend == "roofline":
-            raise ValueError("calibration (--calibration) sets the measured backend's host terms; "
+            raise UserInputError("calibration (--calibration) sets the measured backend's host terms; "
                              "it has no effect with step_time_backend='roofline': drop one of them")
         load_host_terms(opts.calibration)  # a bad file is refused before anything is built
     if opts.step_time_backend not in STEP_TIME_BACKENDS:
-        raise ValueError(f"step_time_backend={opts.step_time_backend!r} (--step-time-backend): "
+        raise UserInputError(f"step_time_backend={opts.step_time_backend!r} (--step-time-backend): "
                          f"use one of {', '.join(STEP_TIME_BACKENDS)}")
     if type(opts.async_scheduling) is not bool:
-        raise ValueError(f"async_scheduling={opts.async_scheduling!r} (--async-scheduling): must be "
+        raise UserInputError(f"async_scheduling={opts.async_scheduling!r} (--async-scheduling): must be "
                          "True or False")
     if opts.spec_acceptance is not None and opts.speculative_config is None:
-        raise ValueError(f"--spec-acceptance={opts.spec_acceptance}: sets the acceptance rates of "
+        raise UserInputError(f"--spec-acceptance={opts.spec_acceptance}: sets the acceptance rates of "
                          "speculative decoding; give --speculative-config too")
 
 
@@ -278,7 +279,7 @@ def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, p
         host = load_host_terms(opts.calibration) if opts.calibration is not None else None
         return MeasuredStepTimeModel(model, hardware, parallel, runtime, host)
     if choice == "measured":
-        raise ValueError(f"step_time_backend='measured' (--step-time-backend): {reason}; "
+        raise UserInputError(f"step_time_backend='measured' (--step-time-backend): {reason}; "
                          "use roofline or auto")
     fallback = StepTimeModel(model, hardware, parallel, runtime)
     fallback.backend_note = f"measured kernels not used: {reason}"
@@ -294,7 +295,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     parallel = ParallelConfig(opts.tensor_parallel_size, opts.data_parallel_size,
                               opts.enable_expert_parallel)
     if model.num_heads % opts.tensor_parallel_size:
-        raise ValueError(f"tensor_parallel_size={opts.tensor_parallel_size}: must divide the "
+        raise UserInputError(f"tensor_parallel_size={opts.tensor_parallel_size}: must divide the "
                          f"{model.num_heads} attention heads of {model.name}")
     limits = resolve_scheduler_limits(
         UsageContext.OPENAI_API_SERVER, device_info(hardware, parallel),
@@ -306,7 +307,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     max_model_len = limits.max_model_len
     weights = weight_format(opts)
     if weights.layers == "experts" and not model.is_moe:
-        raise ValueError(f"quantization={opts.quantization!r} (--quantization): {weights.weights} "
+        raise UserInputError(f"quantization={opts.quantization!r} (--quantization): {weights.weights} "
                          f"quantizes MoE experts only and {model.name} is dense; use fp8 or "
                          "modelopt_fp4")
     speculative = None
@@ -340,13 +341,13 @@ def build_deployment(opts: EngineOptions) -> Deployment:
                   else opts.num_gpu_blocks_override)
     if num_blocks * opts.data_parallel_size > MAX_NUM_GPU_BLOCKS:
         # A tiny model (e.g. from a config.json) on a large GPU: refused, not capped.
-        raise ValueError(
+        raise UserInputError(
             f"the KV cache would have {num_blocks:,} blocks per engine core x {opts.data_parallel_size} "
             f"({memory.describe()}); the simulator tracks at most {MAX_NUM_GPU_BLOCKS:,} (2**24, ~46 "
             "bytes each); set --num-gpu-blocks-override, raise --block-size or lower "
             "--gpu-memory-utilization")
     if (num_blocks - 1) * opts.block_size < max_model_len:
-        raise ValueError(
+        raise UserInputError(
             f"max_model_len={max_model_len} needs {max_model_len} tokens of KV but the cache holds "
             f"{(num_blocks - 1) * opts.block_size} ({memory.describe()}); lower --max-model-len, "
             "raise --gpu-memory-utilization or --tensor-parallel-size")

@@ -65,9 +65,9 @@ class DPOptions:
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise ValueError(f"data_parallel_size={self.size!r}: must be a positive integer")
+            raise UserInputError(f"data_parallel_size={self.size!r}: must be a positive integer")
         if self.router not in ROUTERS:
-            raise ValueError(f"router={self.router!r}: use one of {', '.join(ROUTERS)}")
+            raise UserInputError(f"router={self.router!r}: use one of {', '.join(ROUTERS)}")
         check_dp_intervals(self.stats_interval, self.sync_interval)
 
 
@@ -87,14 +87,14 @@ class DPSimulator:
                  policies: list[AdmissionPolicy | None] | None = None,
                  shared: DPRankStates | None = None, progress: Progress | None = None) -> None:
         if policies is not None and len(policies) != options.size:
-            raise ValueError(f"{len(policies)} admission policies for {options.size} ranks")
+            raise UserInputError(f"{len(policies)} admission policies for {options.size} ranks")
         self.options = options
         self.workload = workload
         # What the ranks share; the lockstep group advances its step counter.
         if shared is None:
             shared = DPRankStates(options.size, options.sync_interval)
         elif shared.dp_sync_interval != options.sync_interval:
-            raise ValueError(f"shared states sync every {shared.dp_sync_interval} steps, "
+            raise UserInputError(f"shared states sync every {shared.dp_sync_interval} steps, "
                              f"the options say {options.sync_interval}")
         self.shared = shared
         interval = config.prefill_schedule_interval

@@ -51,6 +51,7 @@ from itertools import accumulate
 from typing import Any
 
 from kvsched.core.policies import DPRankStates
+from kvsched.errors import CannotServe
 from kvsched.perf.step_time import BatchShape, StepTimeModel
 from kvsched.sim.rank import PlannedStep, Rank
 
@@ -164,7 +165,7 @@ class EngineInstance(_Jumps):
             return self._iterate()
         plan = rank.plan()
         if plan is None:
-            raise RuntimeError(f"no request could be scheduled at t={self.now:.3f}s with "
+            raise CannotServe(f"no request could be scheduled at t={self.now:.3f}s with "
                                f"{len(rank.sched.waiting)} waiting; nothing would ever progress")
         dt = self.step_model.step_time(plan.shape)
         start = self.now
@@ -189,7 +190,7 @@ class EngineInstance(_Jumps):
                     return 0  # no blocking: schedule the next batch at once
             elif not queue:
                 if rank.sched.has_unfinished_requests():
-                    raise RuntimeError(f"no request could be scheduled at t={now:.3f}s with "
+                    raise CannotServe(f"no request could be scheduled at t={now:.3f}s with "
                                        f"{len(rank.sched.waiting)} waiting; nothing would ever progress")
                 return 0
         if not queue:
@@ -315,7 +316,7 @@ class LockstepGroup(_Jumps):
                 if len(queue) < BATCH_QUEUE_SIZE:
                     return 0
             elif not queue and self._has_work():
-                raise RuntimeError(f"no request could be scheduled on any DP rank at t={now:.3f}s; "
+                raise CannotServe(f"no request could be scheduled on any DP rank at t={now:.3f}s; "
                                    "nothing would ever progress")
         if queue:
             slot, start, dt = queue.pop()
@@ -402,7 +403,7 @@ class LockstepGroup(_Jumps):
             dt = max(model.step_time(p.shape if p is not None else self._dummy, global_tokens)
                      for p in plans)
         elif self._has_work():
-            raise RuntimeError(f"no request could be scheduled on any DP rank at t={self.now:.3f}s; "
+            raise CannotServe(f"no request could be scheduled on any DP rank at t={self.now:.3f}s; "
                                "nothing would ever progress")
         else:
             # Every rank idle, waiting for the finish-sync: dummy batches only

@@ -29,6 +29,8 @@ from typing import TypeVar, overload
 import numpy as np
 import numpy.typing as npt
 
+from kvsched.errors import UserInputError
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -225,11 +227,11 @@ class SampleAccumulator:
     def add(self, value: float, count: int = 1) -> None:
         """Add ``count`` samples equal to ``value`` (a count of 0 adds nothing)."""
         if not 0.0 <= value < math.inf:
-            raise ValueError(f"sample value={value!r} must be a finite number >= 0")
+            raise UserInputError(f"sample value={value!r} must be a finite number >= 0")
         if count <= 0:
             if count == 0:
                 return
-            raise ValueError(f"sample count={count!r} must be >= 0")
+            raise UserInputError(f"sample count={count!r} must be >= 0")
         self._values.append(value)
         self._counts.append(count)
         self._n += count
@@ -245,10 +247,10 @@ class SampleAccumulator:
         if not values:
             return
         if count < 1:
-            raise ValueError(f"sample count={count!r} must be >= 1")
+            raise UserInputError(f"sample count={count!r} must be >= 1")
         low, high = min(values), max(values)
         if low < 0.0 or high >= math.inf:
-            raise ValueError(f"sample value={low if low < 0 else high!r} must be a finite number >= 0")
+            raise UserInputError(f"sample value={low if low < 0 else high!r} must be a finite number >= 0")
         self._values.extend(values)
         self._counts.extend([count] * len(values))
         self._n += count * len(values)
@@ -269,14 +271,14 @@ class SampleAccumulator:
         v = np.array(values, dtype=np.float64).reshape(-1)
         c = np.ones(len(v), dtype=np.int64) if counts is None else np.array(counts).reshape(-1)
         if len(c) != len(v):
-            raise ValueError(f"add_array: {len(v)} values but {len(c)} counts")
+            raise UserInputError(f"add_array: {len(v)} values but {len(c)} counts")
         if c.dtype.kind not in "iu":
-            raise ValueError(f"add_array: counts must be integers, got dtype {c.dtype}")
+            raise UserInputError(f"add_array: counts must be integers, got dtype {c.dtype}")
         if not np.all((v >= 0.0) & np.isfinite(v)):
             bad = v[~((v >= 0.0) & np.isfinite(v))][0]
-            raise ValueError(f"add_array: sample value={bad!r} must be a finite number >= 0")
+            raise UserInputError(f"add_array: sample value={bad!r} must be a finite number >= 0")
         if np.any(c < 0):
-            raise ValueError(f"add_array: sample count={c[c < 0][0]!r} must be >= 0")
+            raise UserInputError(f"add_array: sample count={c[c < 0][0]!r} must be >= 0")
         if len(v):
             self._flush()
             self._chunks.append((v, c.astype(np.int64)))
@@ -323,13 +325,13 @@ class SampleAccumulator:
 
     def _require_samples(self, what: str) -> None:
         if self._n == 0:
-            raise ValueError(f"{what} of no samples; add samples first")
+            raise UserInputError(f"{what} of no samples; add samples first")
 
     def percentile(self, q: float) -> float:
         """``np.percentile(self.to_array(), q)`` (linear), bit for bit."""
         self._require_samples("percentile")
         if not 0 <= q <= 100:
-            raise ValueError(f"percentile q={q!r} must be in [0, 100]")
+            raise UserInputError(f"percentile q={q!r} must be in [0, 100]")
         n = self._n
         # numpy: virtual index (n-1)*(q/100), neighbours floor and floor+1,
         # and _lerp, which interpolates from the nearer neighbour.
@@ -386,20 +388,21 @@ def parse_goodput(args: Sequence[str] | str) -> dict[str, float]:
     for item in items:
         parts = item.split(":") if isinstance(item, str) else []
         if len(parts) != 2:
-            raise ValueError(f"goodput {item!r}: expected KEY:VALUE with KEY one of "
+            raise UserInputError(f"goodput {item!r}: expected KEY:VALUE with KEY one of "
                              f"{', '.join(SLO_METRICS)} and VALUE in milliseconds, e.g. ttft:500")
         name, text = parts[0].strip(), parts[1].strip()
         if name not in SLO_METRICS:
-            raise ValueError(f"goodput {item!r}: unknown metric {name!r}; "
+            raise UserInputError(f"goodput {item!r}: unknown metric {name!r}; "
                              f"choose from {', '.join(SLO_METRICS)}")
         if name in slos:
-            raise ValueError(f"goodput {item!r}: {name} is given twice")
+            raise UserInputError(f"goodput {item!r}: {name} is given twice")
         try:
             value = float(text)
         except ValueError:
-            raise ValueError(f"goodput {item!r}: value {text!r} is not a number of milliseconds") from None
+            raise UserInputError(f"goodput {item!r}: value {text!r} is not a number of "
+                                 f"milliseconds") from None
         if not 0 <= value < math.inf:
-            raise ValueError(f"goodput {item!r}: value {value} must be a finite number of milliseconds "
+            raise UserInputError(f"goodput {item!r}: value {value} must be a finite number of milliseconds "
                              ">= 0 (leave the metric out for no limit)")
         slos[name] = value
     return slos
@@ -408,9 +411,10 @@ def parse_goodput(args: Sequence[str] | str) -> dict[str, float]:
 def _check_slos(goodput_slos: Mapping[str, float]) -> None:
     for name, value in goodput_slos.items():
         if name not in SLO_METRICS:
-            raise ValueError(f"goodput_slos: unknown metric {name!r}; choose from {', '.join(SLO_METRICS)}")
+            raise UserInputError(f"goodput_slos: unknown metric {name!r}; "
+                                 f"choose from {', '.join(SLO_METRICS)}")
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise ValueError(f"goodput_slos: {name}={value!r} must be a number >= 0 (milliseconds)")
+            raise UserInputError(f"goodput_slos: {name}={value!r} must be a number >= 0 (milliseconds)")
 
 
 def _percentile_word(p: float) -> str:
@@ -422,7 +426,7 @@ def _check_percentiles(percentiles: Sequence[float]) -> list[float]:
     out = []
     for p in percentiles:
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 100:
-            raise ValueError(f"percentiles: {p!r} must be a number in [0, 100]")
+            raise UserInputError(f"percentiles: {p!r} must be a number in [0, 100]")
         out.append(float(p))
     return out
 
@@ -465,7 +469,7 @@ class _Timings:
         for ok, message in checks:
             if not np.all(ok):
                 r = records[int(np.flatnonzero(~ok)[0])]
-                raise ValueError(f"RequestRecord {r.request_id}: {message} ({r})")
+                raise UserInputError(f"RequestRecord {r.request_id}: {message} ({r})")
 
 
 def _array_stats(values: FloatArray, percentiles: Sequence[float]) -> tuple[float, float, float, list[float]]:
@@ -487,7 +491,7 @@ def benchmark_duration(records: Sequence[RequestRecord], start_time: float = 0.0
     origin of the arrival schedule - vLLM starts its clock before it sleeps
     until the first arrival) to the last completion."""
     if not records:
-        raise ValueError("benchmark_duration: no records")
+        raise UserInputError("benchmark_duration: no records")
     if isinstance(records, RecordTable):
         return max(records.finish_time) - start_time
     return max(r.finish_time for r in records) - start_time
@@ -571,13 +575,13 @@ def compute_metrics(
     mean/median/std/p{N} keys (the last two need ``arrival_time``).
     """
     if isinstance(duration, bool) or not isinstance(duration, int | float) or not 0 < duration < math.inf:
-        raise ValueError(f"duration={duration!r} must be a finite number of seconds > 0")
+        raise UserInputError(f"duration={duration!r} must be a finite number of seconds > 0")
     if isinstance(failed, bool) or not isinstance(failed, int) or failed < 0:
-        raise ValueError(f"failed={failed!r} must be an integer >= 0")
+        raise UserInputError(f"failed={failed!r} must be an integer >= 0")
     ps = _check_percentiles(percentiles)
     unknown = [m for m in percentile_metrics if m not in PERCENTILE_METRICS]
     if unknown:
-        raise ValueError(f"percentile_metrics: unknown {', '.join(map(repr, unknown))}; "
+        raise UserInputError(f"percentile_metrics: unknown {', '.join(map(repr, unknown))}; "
                          f"choose from {', '.join(PERCENTILE_METRICS)}")
     if goodput_slos:
         _check_slos(goodput_slos)
@@ -623,7 +627,7 @@ def compute_metrics(
 def _itl_array(itls: npt.ArrayLike) -> FloatArray:
     data = np.asarray(itls, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(data)):
-        raise ValueError("itls: every inter-token latency must be a finite number")
+        raise UserInputError("itls: every inter-token latency must be a finite number")
     return data
 
 

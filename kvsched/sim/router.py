@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kvsched.errors import UserInputError
+
 ROUTERS = ("vllm", "round-robin", "least-loaded")
 
 
@@ -66,11 +68,11 @@ class Router:
 
     def __post_init__(self) -> None:
         if self.kind not in ROUTERS:
-            raise ValueError(f"router={self.kind!r}: use one of {', '.join(ROUTERS)}")
+            raise UserInputError(f"router={self.kind!r}: use one of {', '.join(ROUTERS)}")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise ValueError(f"data_parallel_size={self.size!r}: must be a positive integer")
+            raise UserInputError(f"data_parallel_size={self.size!r}: must be a positive integer")
         if not self.stats_interval > 0:
-            raise ValueError(f"dp_stats_interval={self.stats_interval!r}: must be > 0 seconds")
+            raise UserInputError(f"dp_stats_interval={self.stats_interval!r}: must be > 0 seconds")
 
     def choose(self, ranks: Sequence[Routable], now: float) -> int:
         if self.size == 1:

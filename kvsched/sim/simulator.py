@@ -24,6 +24,7 @@ from typing import TextIO
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
+from kvsched.errors import UserInputError
 from kvsched.perf.step_time import StepTimeModel
 from kvsched.progress import draw_progress
 from kvsched.sim.client import Client
@@ -58,7 +59,7 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eos_probability < 1.0:
-            raise ValueError(f"eos_probability={self.eos_probability!r}: must be in [0, 1)")
+            raise UserInputError(f"eos_probability={self.eos_probability!r}: must be in [0, 1)")
 
     def make_rank(self, workload: Workload, *, seed: int | None = None,
                   admission_policy: AdmissionPolicy | None = None,

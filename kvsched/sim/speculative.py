@@ -51,6 +51,7 @@ from kvsched.config import (
     speculative_object,
 )
 from kvsched.core.output import SpecDecodingStats
+from kvsched.errors import UserInputError
 from kvsched.perf.models import ModelSpec
 
 # The methods the simulator prices: every one kvsched knows (vLLM's names
@@ -104,19 +105,19 @@ def check_rates(field_name: str, rates: object, k: int, shown: str | None = None
     (``shown``: the value as the user wrote it, for messages)."""
     text = shown if shown is not None else _show(rates)
     if not isinstance(rates, list | tuple) or not rates:
-        raise ValueError(f"{field_name}={text}: give {k} acceptance rate(s), one per draft "
+        raise UserInputError(f"{field_name}={text}: give {k} acceptance rate(s), one per draft "
                          "position, e.g. 0.8,0.6,0.45")
     out: list[float] = []
     for i, r in enumerate(rates):
         if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r) or not 0 <= r <= 1:
-            raise ValueError(f"{field_name}[{i}]={_show(r)}: an acceptance rate is a number in [0, 1]")
+            raise UserInputError(f"{field_name}[{i}]={_show(r)}: an acceptance rate is a number in [0, 1]")
         out.append(float(r))
     if len(out) != k:
-        raise ValueError(f"{field_name}={text}: {len(out)} rate(s) for num_speculative_tokens={k}; "
+        raise UserInputError(f"{field_name}={text}: {len(out)} rate(s) for num_speculative_tokens={k}; "
                          f"give one per draft position ({k})")
     for i in range(1, k):
         if out[i] > out[i - 1]:
-            raise ValueError(f"{field_name}={text}: position {i}'s rate {out[i]:g} exceeds position "
+            raise UserInputError(f"{field_name}={text}: position {i}'s rate {out[i]:g} exceeds position "
                              f"{i - 1}'s {out[i - 1]:g}; accepting position i needs every position before "
                              "it, so the rates (accepted at i / drafts, as vLLM reports them) never rise")
     return tuple(out)
@@ -127,7 +128,7 @@ def parse_acceptance_flag(text: str, k: int) -> tuple[float, ...]:
     try:
         values = [float(x) for x in text.split(",")]
     except ValueError:
-        raise ValueError(f"--spec-acceptance={text!r}: give comma-separated rates in [0, 1], one per "
+        raise UserInputError(f"--spec-acceptance={text!r}: give comma-separated rates in [0, 1], one per "
                          "draft position, e.g. 0.8,0.6,0.45") from None
     return check_rates("--spec-acceptance", values, k, text)
 
@@ -139,7 +140,7 @@ def rates_from_length(length: object, k: int) -> tuple[float, ...]:
     name = "speculative_config.synthetic_acceptance_length"
     if isinstance(length, bool) or not isinstance(length, int | float) or not math.isfinite(length) \
             or not 1.0 <= length <= k + 1:
-        raise ValueError(f"{name}={_show(length)}: must be a number in [1, {k + 1}] (1 + the accepted "
+        raise UserInputError(f"{name}={_show(length)}: must be a number in [1, {k + 1}] (1 + the accepted "
                          "drafts per verification)")
     drafts = float(length) - 1.0
     whole = int(drafts)
@@ -214,53 +215,54 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
     obj = speculative_object(value)
     for key in obj:
         if key == "tensor_parallel_size":
-            raise ValueError("speculative_config.tensor_parallel_size: not a valid key (vLLM's rule); "
+            raise UserInputError("speculative_config.tensor_parallel_size: not a valid key (vLLM's rule); "
                              "vLLM takes draft_tensor_parallel_size")
         if key in UNMODELLED_KEYS:
-            raise ValueError(f"speculative_config.{key}: vLLM's key, but kvsched simulate does not model "
+            raise UserInputError(f"speculative_config.{key}: vLLM's key, but kvsched simulate does not model "
                              "it (it prices vLLM's default); drop it")
         if key not in KEYS:
             raise _unknown_key(str(key))
     method = obj.get("method")
     draft_model = obj.get("model")
     if draft_model is not None and not isinstance(draft_model, str):
-        raise ValueError(f"speculative_config.model={_show(draft_model)}: must be a model name (a string)")
+        raise UserInputError(f"speculative_config.model={_show(draft_model)}: must be a model name "
+                             f"(a string)")
     if method is None and draft_model in ("ngram", "[ngram]"):
         method = "ngram"  # vLLM infers it from the model name
     if method is None:
-        raise ValueError("speculative_config.method: missing; give one of "
+        raise UserInputError("speculative_config.method: missing; give one of "
                          f"{', '.join(METHODS)} (vLLM would take a draft model, which kvsched does not "
                          "price)")
     if not isinstance(method, str):
-        raise ValueError(f"speculative_config.method={_show(method)}: must be a string, one of "
+        raise UserInputError(f"speculative_config.method={_show(method)}: must be a string, one of "
                          f"{', '.join(METHODS)}")
     method = resolve_speculative_method(
         method, METHODS, f"vLLM's method, but kvsched simulate prices only {', '.join(METHODS)}")
     if method == "mtp":
         _check_mtp_model(model)
     if method in ("eagle", "eagle3") and draft_model is None:
-        raise ValueError(f"speculative_config.model: missing; method {method!r} needs the drafter's "
+        raise UserInputError(f"speculative_config.model: missing; method {method!r} needs the drafter's "
                          "checkpoint name, as vLLM does (num_speculative_tokens was provided but "
                          "without speculative model); kvsched prices a one-layer drafter of the "
                          "target's width whatever its name")
     k = obj.get("num_speculative_tokens")
     if k is None:
         if method != "mtp":
-            raise ValueError("speculative_config.num_speculative_tokens: missing; give the draft tokens "
+            raise UserInputError("speculative_config.num_speculative_tokens: missing; give the draft tokens "
                              "proposed per step, e.g. 3")
         k = model.num_mtp_layers  # vLLM's default: the checkpoint's n_predict
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-        raise ValueError(f"speculative_config.num_speculative_tokens={_show(k)}: must be an integer in "
+        raise UserInputError(f"speculative_config.num_speculative_tokens={_show(k)}: must be an integer in "
                          f"[1, {MAX_SPECULATIVE_TOKENS}]")
     if method == "mtp":
         n = model.num_mtp_layers
         if k > n and k % n:
-            raise ValueError(f"speculative_config.num_speculative_tokens={k}: must be a multiple of "
+            raise UserInputError(f"speculative_config.num_speculative_tokens={k}: must be a multiple of "
                              f"{model.name}'s {n} MTP layers (vLLM reuses them in turn)")
     for key in ("prompt_lookup_min", "prompt_lookup_max"):
         v = obj.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**20):
-            raise ValueError(f"speculative_config.{key}={_show(v)}: must be an integer in [1, 2**20]")
+            raise UserInputError(f"speculative_config.{key}={_show(v)}: must be an integer in [1, 2**20]")
     lookup_min, lookup_max = obj.get("prompt_lookup_min"), obj.get("prompt_lookup_max")
     acceptance = _acceptance(obj, method, k, acceptance_flag)
     try:
@@ -268,13 +270,13 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
         check_speculative_with_async(options.core_config(), async_scheduling)
     except ValueError as err:
         message = str(err).replace("turn async scheduling off", "pass --no-async-scheduling")
-        raise ValueError(message) from None
+        raise UserInputError(message) from None
     return options
 
 
 def _check_mtp_model(model: ModelSpec) -> None:
     if not model.num_mtp_layers:
-        raise ValueError(f"speculative_config.method='mtp': {model.name} has no MTP layers "
+        raise UserInputError(f"speculative_config.method='mtp': {model.name} has no MTP layers "
                          "(num_nextn_predict_layers is 0 or absent; vLLM 0.33 drafts with the "
                          "checkpoint's own MTP modules, e.g. DeepSeek-V3/V3.1/R1's); use eagle, eagle3 "
                          "or ngram")
@@ -283,7 +285,8 @@ def _check_mtp_model(model: ModelSpec) -> None:
 def _acceptance(obj: Mapping[str, Any], method: str, k: int, flag: str | None) -> AcceptanceModel:
     rejection = obj.get("rejection_sample_method", "standard")
     if rejection not in REJECTION_METHODS:
-        raise ValueError(f"speculative_config.rejection_sample_method={_show(rejection)}: kvsched simulate "
+        raise UserInputError(f"speculative_config.rejection_sample_method={_show(rejection)}: "
+                             f"kvsched simulate "
                          f"takes {' or '.join(repr(m) for m in REJECTION_METHODS)} (the acceptance model "
                          "is the same: set the rates with synthetic_acceptance_rates or --spec-acceptance)")
     has_rates = obj.get("synthetic_acceptance_rates") is not None
@@ -291,14 +294,15 @@ def _acceptance(obj: Mapping[str, Any], method: str, k: int, flag: str | None) -
     if rejection != "synthetic":
         if has_rates or has_length:
             name = "synthetic_acceptance_rates" if has_rates else "synthetic_acceptance_length"
-            raise ValueError(f"speculative_config.{name}: only valid with rejection_sample_method "
+            raise UserInputError(f"speculative_config.{name}: only valid with rejection_sample_method "
                              "'synthetic' (vLLM's rule); add it, or use --spec-acceptance")
     elif has_rates == has_length:
-        raise ValueError("speculative_config.rejection_sample_method='synthetic': requires exactly one of "
+        raise UserInputError("speculative_config.rejection_sample_method='synthetic': requires "
+                             "exactly one of "
                          "synthetic_acceptance_rates or synthetic_acceptance_length (vLLM's rule)")
     if flag is not None:
         if rejection == "synthetic":
-            raise ValueError("--spec-acceptance: the speculative config sets the rates already "
+            raise UserInputError("--spec-acceptance: the speculative config sets the rates already "
                              "(rejection_sample_method 'synthetic'); give them in one place")
         return AcceptanceModel(parse_acceptance_flag(flag, k), "--spec-acceptance")
     if has_rates:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsched.errors import CannotServe, UserInputError
 from kvsched.sim.results import json_safe, num_gpus
 from kvsched.sim.run import prepare, run_prepared
 from kvsched.sim.spec import RunSpec, spec_to_json
@@ -48,7 +49,7 @@ def run_job(job: Job) -> dict[str, Any]:
     spec = job.spec
     try:
         run = prepare(spec)
-    except ValueError as e:
+    except UserInputError as e:
         return {"error": str(e)}
     goodput = spec.options.goodput
     guard = None
@@ -58,7 +59,7 @@ def run_job(job: Job) -> dict[str, Any]:
         done = run_prepared(run, after_step=guard)
     except SloMissed as e:
         return {"missed": str(e), "num_gpus": num_gpus(run.deployment)}
-    except RuntimeError as e:
+    except CannotServe as e:
         # The deployment cannot serve the load (e.g. an admission gate that
         # holds every request): an answer about this candidate, not a bug.
         return {"error": f"the simulation stopped: {e}"}

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Protocol
 
+from kvsched.errors import UserInputError
 from kvsched.tune.evaluate import Job, run_job
 
 
@@ -60,7 +61,7 @@ class RayExecutor:
         try:
             import ray  # type: ignore[import-not-found, unused-ignore]
         except ModuleNotFoundError:
-            raise ValueError("--executor ray needs Ray: pip install 'kvsched[ray]'") from None
+            raise UserInputError("--executor ray needs Ray: pip install 'kvsched[ray]'") from None
         self.ray: Any = ray
         self.started = False  # close() shuts down only an instance started here
         self.temp_dir: str | None = None
@@ -128,7 +129,7 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
     except OSError as e:
-        raise ValueError(f"--ray-address {address}: no Ray cluster answers there ({e})") from None
+        raise UserInputError(f"--ray-address {address}: no Ray cluster answers there ({e})") from None
 
 
 def _short_temp_root() -> str:
@@ -145,4 +146,4 @@ def make_executor(kind: str, workers: int | None = None, address: str | None = N
         return LocalExecutor(workers)
     if kind == "ray":
         return RayExecutor(address, workers)
-    raise ValueError(f"--executor={kind!r}: choose local or ray")
+    raise UserInputError(f"--executor={kind!r}: choose local or ray")

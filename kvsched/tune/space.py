@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.sim.spec import RunSpec
 
 # vLLM's scheduler defaults, left to vLLM (None): the flag is then not passed.
@@ -155,9 +156,10 @@ def check_space_values(name: str, values: Sequence[object], where: str) -> tuple
     if name not in DIMENSIONS:
         close = difflib.get_close_matches(name, list(DIMENSIONS), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(f"{where}: unknown dimension {name!r}; {hint}choose from {', '.join(DIMENSIONS)}")
+        raise UserInputError(f"{where}: unknown dimension {name!r}; "
+                             f"{hint}choose from {', '.join(DIMENSIONS)}")
     if not isinstance(values, list | tuple) or not values:
-        raise ValueError(f"{where}: {name} must be a non-empty list of values")
+        raise UserInputError(f"{where}: {name} must be a non-empty list of values")
     out: list[Any] = []
     for v in values:
         if name in ("max_num_seqs", "max_num_batched_tokens") and v in (None, "default"):
@@ -166,17 +168,17 @@ def check_space_values(name: str, values: Sequence[object], where: str) -> tuple
         kind = DIMENSIONS[name]
         if kind is bool:
             if not isinstance(v, bool):
-                raise ValueError(f"{where}: {name}={v!r}: must be true or false")
+                raise UserInputError(f"{where}: {name}={v!r}: must be true or false")
         elif kind is int:
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**24:
-                raise ValueError(f"{where}: {name}={v!r}: must be an integer in [1, 2**24]")
+                raise UserInputError(f"{where}: {name}={v!r}: must be an integer in [1, 2**24]")
         elif not isinstance(v, str):
-            raise ValueError(f"{where}: {name}={v!r}: must be a string")
+            raise UserInputError(f"{where}: {name}={v!r}: must be a string")
         choices = {"admission_policy": ADMISSION_POLICIES, "kv_cache_dtype": KV_CACHE_DTYPES,
                    "scheduling_policy": POLICIES}.get(name)
         if choices is not None and v not in choices:
-            raise ValueError(f"{where}: {name}={v!r}: choose from {', '.join(choices)}")
+            raise UserInputError(f"{where}: {name}={v!r}: choose from {', '.join(choices)}")
         out.append(v)
     if len(set(out)) != len(out):
-        raise ValueError(f"{where}: {name} lists a value twice: {values!r}")
+        raise UserInputError(f"{where}: {name} lists a value twice: {values!r}")
     return tuple(out)

@@ -7,6 +7,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvsched.errors import UserInputError
+
 
 def rel_err(predicted: float, measured: float) -> float:
     """(predicted - measured) / measured: negative = predicts less time than measured."""
@@ -23,7 +25,7 @@ class ErrorStats:
     @classmethod
     def of(cls, errors: Sequence[float]) -> ErrorStats:
         if not errors:
-            raise ValueError("ErrorStats.of: no errors to summarise")
+            raise UserInputError("ErrorStats.of: no errors to summarise")
         absolute = [abs(e) for e in errors]
         return cls(len(errors), statistics.fmean(absolute), statistics.median(absolute),
                    statistics.fmean(errors))

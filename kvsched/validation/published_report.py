@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.models import ModelSpec, get_model
 from kvsched.perf.step_time import KERNEL_LATENCY_S, KERNELS_PER_LAYER, BatchShape, ParallelConfig
@@ -312,7 +313,7 @@ def render_doc(text: str, sections: dict[str, str]) -> str:
     def repl(m: re.Match[str]) -> str:
         name = m.group("name")
         if name not in sections:
-            raise ValueError(f"unknown generated block {name!r}; known: {', '.join(sections)}")
+            raise UserInputError(f"unknown generated block {name!r}; known: {', '.join(sections)}")
         return m.group(1) + sections[name] + "\n" + m.group(4)
 
     return _BLOCK.sub(repl, text)

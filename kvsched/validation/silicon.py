@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kvsched.errors import UserInputError
 from kvsched.sim.deployment import Deployment, build_deployment
 from kvsched.sim.rank import SimResult
 from kvsched.sim.run import accept, serve, sim_config
@@ -129,7 +130,7 @@ def concurrency_band(concurrency: int) -> str:
     for label, low, high in CONCURRENCY_BANDS:
         if concurrency >= low and (high is None or concurrency <= high):
             return label
-    raise ValueError(f"concurrency={concurrency!r}: must be >= 1")
+    raise UserInputError(f"concurrency={concurrency!r}: must be >= 1")
 
 
 @dataclass(slots=True)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware, resolve_hardware_id
 from kvsched.perf.models import catalog_match, get_model
 from kvsched.sim.deployment import EngineOptions, serve_defaults
@@ -188,14 +189,14 @@ def _int(row: Mapping[str, str], column: str, *, zero_is_none: bool = False) -> 
         return None
     number = float(text)
     if not number.is_integer():
-        raise ValueError(f"silicon_sample.csv row {row['id']}: {column}={text!r} is not a whole number")
+        raise UserInputError(f"silicon_sample.csv row {row['id']}: {column}={text!r} is not a whole number")
     return None if zero_is_none and number == 0 else int(number)
 
 
 def _required_int(row: Mapping[str, str], column: str) -> int:
     value = _int(row, column)
     if value is None:
-        raise ValueError(f"silicon_sample.csv row {row['id']}: {column} is empty")
+        raise UserInputError(f"silicon_sample.csv row {row['id']}: {column} is empty")
     return value
 
 
@@ -298,7 +299,7 @@ def _limit(value: int | str | None, row: SiliconRow) -> int | None:
         return row.concurrency
     if value == "2*ISL":
         return 2 * row.isl
-    raise ValueError(f"server flag {value!r}: use an int, 'CONC' or '2*ISL'")
+    raise UserInputError(f"server flag {value!r}: use an int, 'CONC' or '2*ISL'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,7 +418,8 @@ def inferencex_lengths(isl: int, osl: int, num_prompts: int, range_ratio: float 
     length can drift by a few tokens; kvsched has no tokenizer.
     """
     if not 0.0 <= range_ratio <= 1.0:
-        raise ValueError(f"range_ratio={range_ratio!r}: the old client's ratio is a lower bound in [0, 1]")
+        raise UserInputError(f"range_ratio={range_ratio!r}: the old client's ratio is a lower bound "
+                             f"in [0, 1]")
     rng = np.random.RandomState(seed)
     inputs = rng.randint(int(isl * range_ratio), isl + 1, size=num_prompts)
     outputs = rng.randint(int(osl * range_ratio), osl + 1, size=num_prompts)

@@ -12,6 +12,7 @@ import pytest
 from kvsched.cli import main
 from kvsched.commands import compare
 from kvsched.commands.compare import parse_variants
+from kvsched.errors import CannotServe
 
 BASE = ["--num-prompts", "60", "--random-input-len", "512", "--random-output-len", "64",
         "--request-rate", "20", "--no-progress"]
@@ -127,7 +128,7 @@ def test_a_variant_failing_while_running_keeps_the_others(
 
     def run_prepared(prepared: Any, *rest: Any) -> Any:
         if prepared.spec.engine.max_num_seqs == 7:
-            raise RuntimeError("the simulated engine broke")
+            raise CannotServe("the simulated engine broke")
         return real_run(prepared, *rest)
 
     monkeypatch.setattr(compare, "run_prepared", run_prepared)
@@ -135,7 +136,7 @@ def test_a_variant_failing_while_running_keeps_the_others(
     assert main(["compare", *BASE, "--save-result", str(out), "--variant", "a:",
                  "--variant", "broken: --max-num-seqs 7", "--variant", "c: --max-num-seqs 16"]) == 1
     err, text = error_lines(capsys)
-    assert err == ["kvsched: error: variant 'broken': RuntimeError: the simulated engine broke",
+    assert err == ["kvsched: error: variant 'broken': the simulated engine broke",
                    "kvsched: error: 1 of 3 variants failed: 'broken'"]
     assert "\na " in text and "\nc " in text and "\nbroken " not in text
     assert [row["name"] for row in json.loads(out.read_text())] == ["a", "c"]

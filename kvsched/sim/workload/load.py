@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.sim.workload.model import Workload
 from kvsched.sim.workload.random_dataset import random_workload
 from kvsched.sim.workload.traces.azure import load_azure
@@ -27,15 +28,16 @@ def load_workload(dataset_name: str, dataset_path: str | Path | None = None, **k
     ``azure`` / ``mooncake`` / ``jsonl`` (a path; ``max_concurrency`` optional)."""
     if dataset_name == "random":
         if dataset_path is not None:
-            raise ValueError("dataset 'random' is synthetic and reads no file; "
+            raise UserInputError("dataset 'random' is synthetic and reads no file; "
                              f"got dataset_path={dataset_path!r}")
         _check_kwargs(dataset_name, kwargs, _RANDOM_KWARGS)
         return random_workload(**kwargs)
     loader = _TRACE_LOADERS.get(dataset_name)
     if loader is None:
-        raise ValueError(f"unknown dataset name {dataset_name!r}; choose one of {', '.join(DATASET_NAMES)}")
+        raise UserInputError(f"unknown dataset name {dataset_name!r}; "
+                             f"choose one of {', '.join(DATASET_NAMES)}")
     if dataset_path is None or str(dataset_path) == "":
-        raise ValueError(f"dataset {dataset_name!r} needs dataset_path, the trace file to read")
+        raise UserInputError(f"dataset {dataset_name!r} needs dataset_path, the trace file to read")
     _check_kwargs(dataset_name, kwargs, ("max_concurrency",))
     return loader(dataset_path, **kwargs)
 
@@ -43,5 +45,5 @@ def load_workload(dataset_name: str, dataset_path: str | Path | None = None, **k
 def _check_kwargs(dataset_name: str, kwargs: Mapping[str, object], allowed: Sequence[str]) -> None:
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
-        raise ValueError(f"dataset {dataset_name!r}: unknown option(s) {', '.join(unknown)}; "
+        raise UserInputError(f"dataset {dataset_name!r}: unknown option(s) {', '.join(unknown)}; "
                          f"it takes {', '.join(allowed)}")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.request import Request, SamplingParams, TokenRuns
 from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, is_int, is_real
@@ -34,20 +35,20 @@ class WorkloadRequest:
     def __post_init__(self) -> None:
         name = self.request_id
         if not isinstance(name, str) or not name:
-            raise ValueError(f"WorkloadRequest request_id={name!r}: must be a non-empty string")
+            raise UserInputError(f"WorkloadRequest request_id={name!r}: must be a non-empty string")
         where = f"WorkloadRequest {name}"
         t = self.arrival_time
         # Compared, not converted: an int of 400 digits is refused, not an OverflowError.
         if not is_real(t) or not 0 <= t <= MAX_ARRIVAL_TIME:
-            raise ValueError(f"{where}: arrival_time={show(t)} must be a number of seconds in "
+            raise UserInputError(f"{where}: arrival_time={show(t)} must be a number of seconds in "
                              f"[0, {MAX_ARRIVAL_TIME:.0e}] (the simulator's time span)")
         if not is_int(self.output_len) or not 1 <= self.output_len <= MAX_REQUEST_TOKENS:
-            raise ValueError(f"{where}: output_len={show(self.output_len)} must be an integer in "
+            raise UserInputError(f"{where}: output_len={show(self.output_len)} must be an integer in "
                              f"[1, 2**40]")
         runs = _checked_runs(where, self.prompt_runs)
         num_prompt_tokens = sum(count for _, count in runs)
         if num_prompt_tokens > MAX_REQUEST_TOKENS:
-            raise ValueError(f"{where}: {show(num_prompt_tokens)} prompt tokens; at most 2**40 "
+            raise UserInputError(f"{where}: {show(num_prompt_tokens)} prompt tokens; at most 2**40 "
                              "(a longer prompt is no request any server takes)")
         # Frozen: normalise lists to tuples and cache the length once.
         object.__setattr__(self, "prompt_runs", runs)
@@ -92,17 +93,17 @@ def _checked_runs(where: str, runs: object) -> PromptRuns:
 def _slow_checked_runs(where: str, runs: object) -> PromptRuns:
     """Normalise lists to tuples, or name the first bad run."""
     if not isinstance(runs, tuple | list) or not runs:
-        raise ValueError(f"{where}: prompt_runs={runs!r} must be a non-empty sequence of "
+        raise UserInputError(f"{where}: prompt_runs={runs!r} must be a non-empty sequence of "
                          "(token_id, count) pairs")
     out: list[tuple[int, int]] = []
     for i, run in enumerate(runs):
         if not isinstance(run, tuple | list) or len(run) != 2:
-            raise ValueError(f"{where}: prompt_runs[{i}]={run!r} must be a (token_id, count) pair")
+            raise UserInputError(f"{where}: prompt_runs[{i}]={run!r} must be a (token_id, count) pair")
         token, count = run
         if not is_int(token) or token < 0:
-            raise ValueError(f"{where}: prompt_runs[{i}] token_id={token!r} must be an integer >= 0")
+            raise UserInputError(f"{where}: prompt_runs[{i}] token_id={token!r} must be an integer >= 0")
         if not is_int(count) or count < 1:
-            raise ValueError(f"{where}: prompt_runs[{i}] count={count!r} must be an integer >= 1")
+            raise UserInputError(f"{where}: prompt_runs[{i}] count={count!r} must be an integer >= 1")
         out.append((token, count))
     return tuple(out)
 
@@ -140,7 +141,7 @@ class RandomRequests(Sequence[WorkloadRequest]):
         if isinstance(index, slice):
             start, stop, step = index.indices(n)
             if step != 1:
-                raise ValueError("RandomRequests: only contiguous slices (step 1) are supported")
+                raise UserInputError("RandomRequests: only contiguous slices (step 1) are supported")
             return RandomRequests(self.arrivals, self.input_lens, self.output_lens, self.prefix_len,
                                   self.start + start, self.start + max(start, stop))
         i = index + n if index < 0 else index
@@ -208,27 +209,28 @@ class Workload:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"Workload name={self.name!r}: must be a non-empty string")
+            raise UserInputError(f"Workload name={self.name!r}: must be a non-empty string")
         mc = self.max_concurrency
         if mc is not None and (not is_int(mc) or mc < 1):
-            raise ValueError(f"Workload {self.name}: max_concurrency={mc!r} must be None or an integer >= 1")
+            raise UserInputError(f"Workload {self.name}: max_concurrency={mc!r} must be None or an "
+                                 f"integer >= 1")
         if isinstance(self.requests, RandomRequests):
             if not len(self.requests):
-                raise ValueError(f"Workload {self.name}: requests is empty; a workload needs a request")
+                raise UserInputError(f"Workload {self.name}: requests is empty; a workload needs a request")
             return  # sorted, unique and private by construction
         requests = tuple(self.requests)
         if not requests:
-            raise ValueError(f"Workload {self.name}: requests is empty; a workload needs a request")
+            raise UserInputError(f"Workload {self.name}: requests is empty; a workload needs a request")
         for i, r in enumerate(requests):
             if not isinstance(r, WorkloadRequest):
-                raise ValueError(f"Workload {self.name}: requests[{i}] is a {type(r).__name__}, "
+                raise UserInputError(f"Workload {self.name}: requests[{i}] is a {type(r).__name__}, "
                                  "not a WorkloadRequest")
         if any(a.arrival_time > b.arrival_time for a, b in itertools.pairwise(requests)):
             requests = tuple(sorted(requests, key=lambda r: r.arrival_time))  # sorted() is stable
         seen: set[str] = set()
         for r in requests:
             if r.request_id in seen:
-                raise ValueError(f"Workload {self.name}: duplicate request_id {r.request_id!r}")
+                raise UserInputError(f"Workload {self.name}: duplicate request_id {r.request_id!r}")
             seen.add(r.request_id)
         # prompt_shares_nothing relies on it: a request-unique token starts one prompt only.
         owner: dict[int, str] = {}
@@ -237,7 +239,7 @@ class Workload:
             if first >= UNIQUE_TOKEN_BASE:
                 other = owner.setdefault(first, r.request_id)
                 if other != r.request_id:
-                    raise ValueError(
+                    raise UserInputError(
                         f"Workload {self.name}: requests {other} and {r.request_id} both start with "
                         f"token {first}; ids from UNIQUE_TOKEN_BASE ({UNIQUE_TOKEN_BASE}) up are "
                         "private to one request (give each request its own)")
@@ -271,10 +273,11 @@ class Workload:
     def scaled(self, time_scale: float) -> Workload:
         """Arrival times multiplied by ``time_scale`` (0.5 = twice the rate)."""
         if not is_real(time_scale) or not math.isfinite(time_scale) or time_scale <= 0:
-            raise ValueError(f"Workload {self.name}: time_scale={time_scale!r} must be a finite number > 0")
+            raise UserInputError(f"Workload {self.name}: time_scale={time_scale!r} must be a finite "
+                                 f"number > 0")
         last = self.last_arrival_time * time_scale
         if last > MAX_ARRIVAL_TIME:
-            raise ValueError(f"Workload {self.name}: time_scale={time_scale!r} puts the last arrival at "
+            raise UserInputError(f"Workload {self.name}: time_scale={time_scale!r} puts the last arrival at "
                              f"{last:.4g} s, beyond the simulator's time span of {MAX_ARRIVAL_TIME:.0e} s; "
                              f"use a time scale <= {MAX_ARRIVAL_TIME / self.last_arrival_time:.4g}")
         if isinstance(self.requests, RandomRequests):
@@ -290,17 +293,18 @@ class Workload:
         requests = self.requests
         if num_requests is not None:
             if not is_int(num_requests) or num_requests < 1:
-                raise ValueError(f"Workload {self.name}: num_requests={num_requests!r} "
+                raise UserInputError(f"Workload {self.name}: num_requests={num_requests!r} "
                                  "must be an integer >= 1")
             requests = requests[:num_requests]
         if duration is not None:
             if not is_real(duration) or math.isnan(duration) or duration <= 0:
-                raise ValueError(f"Workload {self.name}: duration={duration!r} must be a number > 0")
+                raise UserInputError(f"Workload {self.name}: duration={duration!r} must be a number > 0")
             if isinstance(requests, RandomRequests):
                 requests = requests[:requests.first_at_or_after(duration)]
             else:
                 requests = tuple(r for r in requests if r.arrival_time < duration)
             if not requests:
-                raise ValueError(f"Workload {self.name}: no request arrives before duration={duration!r} s "
+                raise UserInputError(f"Workload {self.name}: no request arrives before "
+                                     f"duration={duration!r} s "
                                  f"(the first arrives at {self.requests[0].arrival_time} s)")
         return Workload(self.name, requests, self.max_concurrency)

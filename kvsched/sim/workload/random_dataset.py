@@ -7,6 +7,7 @@ import math
 from array import array
 from collections.abc import Mapping
 
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.workload.arrivals import arrival_times_of_rate
 from kvsched.sim.workload.limits import (
@@ -32,22 +33,22 @@ def _split_range_ratio(range_ratio: float | Mapping[str, float]) -> tuple[float,
     if isinstance(range_ratio, Mapping):
         extra = set(range_ratio) - {"input", "output"}
         if extra or len(range_ratio) != 2:
-            raise ValueError(f"range_ratio={dict(range_ratio)!r}: a mapping needs exactly the keys "
+            raise UserInputError(f"range_ratio={dict(range_ratio)!r}: a mapping needs exactly the keys "
                              "'input' and 'output'")
         ratios = (range_ratio["input"], range_ratio["output"])
     else:
         ratios = (range_ratio, range_ratio)
     for which, r in zip(("input", "output"), ratios):
         if not is_real(r) or not 0.0 <= r < 1.0:
-            raise ValueError(f"range_ratio ({which})={r!r} must be a number in [0, 1)")
+            raise UserInputError(f"range_ratio ({which})={r!r} must be a number in [0, 1)")
     return float(ratios[0]), float(ratios[1])
 
 
 def _check_count(name: str, value: object, minimum: int, maximum: int, why: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"random workload: {name}={show(value)} must be an integer >= {minimum}")
+        raise UserInputError(f"random workload: {name}={show(value)} must be an integer >= {minimum}")
     if value > maximum:
-        raise ValueError(f"random workload: {name}={show(value)} must be at most {maximum:,} ({why})")
+        raise UserInputError(f"random workload: {name}={show(value)} must be at most {maximum:,} ({why})")
 
 
 def random_workload(
@@ -86,17 +87,17 @@ def random_workload(
     _check_count("prefix_len", prefix_len, 0, MAX_REQUEST_TOKENS, TOKENS_WHY)
     _check_count("seed", seed, 0, MAX_SEED, "numpy's RandomState, which vLLM seeds, takes 32-bit seeds")
     if not is_real(request_rate) or not request_rate > 0:
-        raise ValueError(f"random workload: request_rate={request_rate!r} must be a number > 0 "
+        raise UserInputError(f"random workload: request_rate={request_rate!r} must be a number > 0 "
                          "(inf: all at once)")
     # vLLM rescales the arrivals to end at num_prompts / request_rate: bound that span.
     if num_prompts / request_rate > MAX_ARRIVAL_TIME:
-        raise ValueError(f"random workload: request_rate={request_rate!r} spreads {num_prompts} requests "
+        raise UserInputError(f"random workload: request_rate={request_rate!r} spreads {num_prompts} requests "
                          f"over {num_prompts / request_rate:.4g} s, beyond the simulator's time span of "
                          f"{MAX_ARRIVAL_TIME:.0e} s (float64 times lose step-time precision further "
                          f"out); use a rate >= {num_prompts / MAX_ARRIVAL_TIME:.4g} req/s")
     if not is_real(burstiness) or not (MIN_BURSTINESS <= burstiness <= MAX_BURSTINESS
                                         or burstiness == math.inf):
-        raise ValueError(f"random workload: burstiness={burstiness!r} must be a number in "
+        raise UserInputError(f"random workload: burstiness={burstiness!r} must be a number in "
                          f"[{MIN_BURSTINESS}, {MAX_BURSTINESS:.0e}] or inf (constant gaps): below, "
                          "numpy's gamma gaps underflow to 0; above, they are constant to 0.1 %")
     input_ratio, output_ratio = _split_range_ratio(range_ratio)
@@ -105,10 +106,10 @@ def random_workload(
     output_low = max(1, math.floor(output_len * (1 - output_ratio)))
     output_high = max(1, math.ceil(output_len * (1 + output_ratio)))
     if prefix_len + input_low < 1:
-        raise ValueError(f"random workload: prefix_len ({prefix_len}) + the shortest sampled input "
+        raise UserInputError(f"random workload: prefix_len ({prefix_len}) + the shortest sampled input "
                          f"({input_low}) must be >= 1; raise input_len or prefix_len, or lower range_ratio")
     if prefix_len + input_high > MAX_REQUEST_TOKENS or output_high > MAX_REQUEST_TOKENS:
-        raise ValueError(f"random workload: prompts up to {prefix_len + input_high} tokens (prefix_len + "
+        raise UserInputError(f"random workload: prompts up to {prefix_len + input_high} tokens (prefix_len + "
                          f"input_len x (1 + range_ratio)) and outputs up to {output_high}: each must be "
                          f"<= 2**40 ({TOKENS_WHY})")
 

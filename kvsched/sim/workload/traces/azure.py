@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.workload.model import Workload, WorkloadRequest
 from kvsched.sim.workload.traces.source import (
@@ -88,7 +89,7 @@ def load_azure(path: str | Path, *, max_concurrency: int | None = None) -> Workl
     rows = _csv_rows(src, text)
     first = next(rows, None)
     if first is None:
-        raise ValueError(f"{p}: empty file; expected the header {','.join(_AZURE_COLUMNS)}")
+        raise UserInputError(f"{p}: empty file; expected the header {','.join(_AZURE_COLUMNS)}")
     header = first[1]
     ts_col, ctx_col, gen_col = _azure_header(src, header)
     requests: list[WorkloadRequest] = []
@@ -110,5 +111,5 @@ def load_azure(path: str | Path, *, max_concurrency: int | None = None) -> Workl
         i = len(requests)
         requests.append(build_request(src, line, f"azure-{i}", (t - t0) / 1e9, unique_prompt(i, ctx), gen))
     if not requests:
-        raise ValueError(f"{p}: no data rows after the header")
+        raise UserInputError(f"{p}: no data rows after the header")
     return Workload(p.stem, tuple(requests), max_concurrency)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvsched.errors import UserInputError
 from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME
 from kvsched.sim.workload.model import Workload, WorkloadRequest
 from kvsched.sim.workload.traces.source import (
@@ -42,5 +43,5 @@ def load_jsonl(path: str | Path, *, max_concurrency: int | None = None) -> Workl
         runs = unique_prompt(i, input_tokens)
         requests.append(build_request(src, line, f"jsonl-{i}", arrival, runs, output_tokens))
     if not requests:
-        raise ValueError(f"{p}: no requests (the file has no JSON lines)")
+        raise UserInputError(f"{p}: no requests (the file has no JSON lines)")
     return Workload(p.stem, tuple(requests), max_concurrency)

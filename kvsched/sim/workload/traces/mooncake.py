@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.workload.limits import MAX_TIMESTAMP_MS
 from kvsched.sim.workload.model import Workload, WorkloadRequest
@@ -77,5 +78,5 @@ def load_mooncake(path: str | Path, *, max_concurrency: int | None = None) -> Wo
         # Integer milliseconds: subtract exactly, then round once.
         requests.append(build_request(src, line, f"mooncake-{i}", (t - t0) / 1000, runs, output_length))
     if not requests:
-        raise ValueError(f"{p}: no requests (the file has no JSON lines)")
+        raise UserInputError(f"{p}: no requests (the file has no JSON lines)")
     return Workload(p.stem, tuple(requests), max_concurrency)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvsched.errors import UserInputError
 from kvsched.jsonfile import json_problem, show, strict_loads
 from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, TOKENS_WHY
 from kvsched.sim.workload.model import WorkloadRequest
@@ -33,9 +34,9 @@ def read_text(path: str | Path) -> tuple[Path, str]:
         # utf-8-sig: a byte-order mark (common in CSVs saved by spreadsheets) is not data.
         return p, p.read_text(encoding="utf-8-sig")
     except OSError as e:
-        raise ValueError(f"{p}: cannot read the workload file: {e.strerror or e}") from None
+        raise UserInputError(f"{p}: cannot read the workload file: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
-        raise ValueError(f"{p}: not UTF-8 text (byte {e.start}): {e.reason}") from None
+        raise UserInputError(f"{p}: not UTF-8 text (byte {e.start}): {e.reason}") from None
 
 
 _INT_TEXT = re.compile(r"\s*[-+]?[0-9]+\s*")
