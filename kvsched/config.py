@@ -43,8 +43,8 @@ MAX_BLOCK_SIZE = 4096
 MAX_NUM_GPU_BLOCKS = 2**24
 
 
-def _fail(field: str, value: object, rule: str, fix: str) -> ValueError:
-    return ValueError(f"{field}={value!r}: {rule}; {fix}")
+def _fail(field: str, value: object, rule: str, fix: str) -> UserInputError:
+    return UserInputError(f"{field}={value!r}: {rule}; {fix}")
 
 
 def _require_positive(name: str, value: int) -> None:

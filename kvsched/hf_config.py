@@ -140,8 +140,8 @@ class HFConfig:
         self.data = data
         self.source = source
 
-    def fail(self, key: str, value: object, rule: str) -> ValueError:
-        return ValueError(f"{self.source}: {key}={show(value)}: {rule}; fix config.json")
+    def fail(self, key: str, value: object, rule: str) -> UserInputError:
+        return UserInputError(f"{self.source}: {key}={show(value)}: {rule}; fix config.json")
 
     def _raw(self, keys: tuple[str, ...], default: object) -> tuple[str, object]:
         for key in keys:

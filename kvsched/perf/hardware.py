@@ -111,8 +111,8 @@ MAX_FILE_BYTES = 2**18
 _MAX_FLOW_DEPTH = 64
 
 
-def _fail(hw_id: object, field: str, value: object, rule: str, fix: str) -> ValueError:
-    return ValueError(f"hardware {show(hw_id)}: {field}={show(value)}: {rule}; {fix}")
+def _fail(hw_id: object, field: str, value: object, rule: str, fix: str) -> UserInputError:
+    return UserInputError(f"hardware {show(hw_id)}: {field}={show(value)}: {rule}; {fix}")
 
 
 def _real(value: object) -> float | None:

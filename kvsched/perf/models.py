@@ -42,8 +42,8 @@ MLP_KINDS = ("swiglu", "gelu")
 NORM_KINDS = ("rmsnorm", "layernorm")
 
 
-def _fail(model: str, field: str, value: object, rule: str) -> ValueError:
-    return ValueError(f"model {show(model)}: {field}={show(value)}: {rule}")
+def _fail(model: str, field: str, value: object, rule: str) -> UserInputError:
+    return UserInputError(f"model {show(model)}: {field}={show(value)}: {rule}")
 
 
 # The stated upper bound of each integer field (the reasons are kvsched.hf_config's,

@@ -201,10 +201,10 @@ class SpecOptions:
         return f"speculative {self.method} K={self.num_speculative_tokens} (acceptance {rates})"
 
 
-def _unknown_key(key: str) -> ValueError:
+def _unknown_key(key: str) -> UserInputError:
     close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return ValueError(f"speculative_config.{key}: unknown key; {hint}kvsched simulate takes "
+    return UserInputError(f"speculative_config.{key}: unknown key; {hint}kvsched simulate takes "
                       f"{', '.join(KEYS)}")
 
 

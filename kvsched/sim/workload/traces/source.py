@@ -23,8 +23,8 @@ class Source:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def error(self, line: int, message: str) -> ValueError:
-        return ValueError(f"{self.path}, line {line}: {message}")
+    def error(self, line: int, message: str) -> UserInputError:
+        return UserInputError(f"{self.path}, line {line}: {message}")
 
 
 def read_text(path: str | Path) -> tuple[Path, str]:
