@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsched.perf.models import ModelSpec, get_model
 from kvsched.sim.deployment import build_deployment
 from kvsched.tune.evaluate import Job, ResultCache
 from kvsched.tune.executors import Executor
@@ -179,8 +180,13 @@ class Problem:
 def prune_by_memory(candidates: Sequence[Candidate], model: str, engine: Mapping[str, Any]
                     ) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
     """Candidates whose deployment can be built (weights and a KV cache fit),
-    and the others with vLLM's reason; nothing is simulated here."""
+    and the others with vLLM's reason; nothing is simulated here. A TP size
+    the model's heads do not split over is no memory question but a bad
+    search space: refused with the sizes that do (the deployment builder's
+    own check, :meth:`ModelSpec.check_tensor_parallel_size`)."""
     from kvsched.sim.deployment import EngineOptions
+
+    check_tensor_parallel_sizes(candidates, get_model(model))
 
     keep: list[Candidate] = []
     pruned: list[tuple[Candidate, str]] = []
@@ -199,6 +205,15 @@ def prune_by_memory(candidates: Sequence[Candidate], model: str, engine: Mapping
             continue
         keep.append(c)
     return keep, pruned
+
+
+def check_tensor_parallel_sizes(candidates: Sequence[Candidate], model: ModelSpec) -> None:
+    """Every candidate's TP size splits ``model``'s heads, as vLLM requires."""
+    for tp in sorted({c.tensor_parallel_size for c in candidates}):
+        try:
+            model.check_tensor_parallel_size(tp)
+        except ValueError as e:
+            raise ValueError(f"search space: {e}") from None
 
 
 class Runner:
