@@ -96,8 +96,8 @@ def measured_coverage(model: ModelSpec, hardware: Hardware, parallel: ParallelCo
     if not measured_available():
         return "aiconfigurator-core is not installed (pip install -e \".[measured]\")"
     tp = parallel.tensor_parallel_size
-    if model.num_heads % tp:
-        return f"{model.num_heads} heads do not split over TP {tp}"
+    if not model.splits_over(tp):
+        return f"{model.num_heads} heads ({model.num_kv_heads} KV) do not split over TP {tp}"
     tables = load_tables(system)
     # 16-bit GEMMs (LM head, routers, unquantized layers) must be measured;
     # quantized GEMMs a table lacks fall back to the roofline one by one.

@@ -331,6 +331,34 @@ class ModelSpec:
             return (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype_bytes
         return 2 * self.num_kv_heads * self.head_dim * kv_dtype_bytes
 
+    def splits_over(self, tensor_parallel_size: int) -> bool:
+        """Whether vLLM can shard this model's attention over
+        ``tensor_parallel_size`` ranks: the size divides the query heads, and
+        the KV heads split evenly (a multiple of the size) or are replicated
+        evenly (the size a multiple of them). MLA's latent has no KV heads to
+        split."""
+        tp = tensor_parallel_size
+        if self.num_heads % tp:
+            return False
+        kv = self.num_kv_heads
+        return self.is_mla or (kv % tp == 0 if kv >= tp else tp % kv == 0)
+
+    def check_tensor_parallel_size(self, tensor_parallel_size: int) -> None:
+        """vLLM's start-up check of the TP size against the heads (see
+        :meth:`splits_over`); the one owner, for the deployment builder and
+        the tuner's space alike."""
+        tp = tensor_parallel_size
+        if self.splits_over(tp):
+            return
+        sizes = ", ".join(str(n) for n in range(1, self.num_heads + 1) if self.splits_over(n))
+        if self.num_heads % tp:
+            rule = f"must divide the {self.num_heads} attention heads of {self.name}"
+        else:
+            rule = (f"must divide the {self.num_kv_heads} KV heads of {self.name} or be a multiple of "
+                    "them (vLLM splits or replicates them evenly)")
+        raise UserInputError(f"tensor_parallel_size={tp} (--tensor-parallel-size): {rule}; use one "
+                             f"of {sizes}")
+
     def kv_heads_per_rank(self, tensor_parallel_size: int) -> float:
         """KV heads on one tensor-parallel rank: split over the ranks, but
         never below one (vLLM replicates them when there are fewer KV heads

@@ -294,9 +294,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         hardware = load_efficiency_overrides(opts.efficiency_file, hardware)
     parallel = ParallelConfig(opts.tensor_parallel_size, opts.data_parallel_size,
                               opts.enable_expert_parallel)
-    if model.num_heads % opts.tensor_parallel_size:
-        raise UserInputError(f"tensor_parallel_size={opts.tensor_parallel_size}: must divide the "
-                         f"{model.num_heads} attention heads of {model.name}")
+    model.check_tensor_parallel_size(opts.tensor_parallel_size)
     limits = resolve_scheduler_limits(
         UsageContext.OPENAI_API_SERVER, device_info(hardware, parallel),
         max_num_seqs=opts.max_num_seqs, max_num_batched_tokens=opts.max_num_batched_tokens,

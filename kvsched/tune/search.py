@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsched.errors import UserInputError
+from kvsched.perf.models import ModelSpec, get_model
 from kvsched.sim.flags import spec_argv
 from kvsched.sim.run import build_group_deployment
 from kvsched.sim.spec import RunSpec
@@ -184,17 +186,30 @@ class Problem:
 def prune_by_memory(candidates: Sequence[Candidate], base: RunSpec
                     ) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
     """Candidates whose deployment can be built (weights and a KV cache fit),
-    and the others with vLLM's reason; nothing is simulated here."""
+    and the others with vLLM's reason; nothing is simulated here. A TP size
+    the model's heads do not split over is no memory question but a bad
+    search space: refused with the sizes that do (the deployment builder's
+    own check, :meth:`ModelSpec.check_tensor_parallel_size`)."""
+    check_tensor_parallel_sizes(candidates, get_model(base.engine.model))
     keep: list[Candidate] = []
     pruned: list[tuple[Candidate, str]] = []
     for c in candidates:
         try:
             build_group_deployment(c.apply(base).deployment.group)
-        except ValueError as e:
+        except UserInputError as e:
             pruned.append((c, str(e)))
             continue
         keep.append(c)
     return keep, pruned
+
+
+def check_tensor_parallel_sizes(candidates: Sequence[Candidate], model: ModelSpec) -> None:
+    """Every candidate's TP size splits ``model``'s heads, as vLLM requires."""
+    for tp in sorted({c.tensor_parallel_size for c in candidates}):
+        try:
+            model.check_tensor_parallel_size(tp)
+        except UserInputError as e:
+            raise UserInputError(f"search space: {e}") from None
 
 
 class Runner:

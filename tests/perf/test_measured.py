@@ -129,7 +129,8 @@ def test_coverage_accepts_kimi_and_deepseek_where_the_mla_modules_have_their_hea
     other = dataclasses.replace(KIMI, kv_lora_rank=256)
     reason = measured_coverage(other, B200, ParallelConfig(8), KIMI_FP4)
     assert reason is not None and "DeepSeek-V3's (512 + 64" in reason
-    assert measured_coverage(KIMI, B200, ParallelConfig(3), KIMI_FP4) == "64 heads do not split over TP 3"
+    assert measured_coverage(KIMI, B200, ParallelConfig(3), KIMI_FP4) == (
+        "64 heads (64 KV) do not split over TP 3")
 
 
 def test_mla_blocks_match_aiconfigurators_engine_on_the_same_tables() -> None:

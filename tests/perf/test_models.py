@@ -375,3 +375,27 @@ def test_the_step_time_and_the_memory_plan_read_the_same_kv_bytes() -> None:
     assert StepTimeModel(qwen, h200, ParallelConfig(8), runtime).kv_bytes_per_layer == 512
     plan = plan_memory(qwen, h200, ParallelConfig(8), runtime, 16, 0.9, 8192, 256)
     assert plan.bytes_per_block == 16 * 94 * 512
+
+
+@pytest.mark.parametrize(("name", "tp", "match"), [
+    ("Llama-3.1-8B", 3, r"tensor_parallel_size=3 \(--tensor-parallel-size\): must divide the 32 attention "
+                        r"heads of meta-llama/Llama-3.1-8B; use one of 1, 2, 4, 8, 16, 32$"),
+    # 48 query heads, 8 KV heads: 12 divides the query heads but splits the KV
+    # heads unevenly (vLLM refuses it at start-up).
+    ("MiniMaxAI/MiniMax-M2.5", 12, r"tensor_parallel_size=12 .*must divide the 8 KV heads of "
+                                   r"MiniMaxAI/MiniMax-M2.5 or be a multiple of them.*"
+                                   r"use one of 1, 2, 4, 8, 16, 24, 48$"),
+])
+def test_tensor_parallel_sizes_the_heads_refuse(name: str, tp: int, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        get_model(name).check_tensor_parallel_size(tp)
+
+
+@pytest.mark.parametrize(("name", "tp"), [
+    ("Llama-3.1-8B", 8), ("Llama-3.1-8B", 32),          # 8 KV heads: split, then replicated 4 times
+    ("Qwen/Qwen3-235B-A22B", 8),                        # 4 KV heads, each on 2 ranks
+    ("deepseek-ai/DeepSeek-V3", 64),                    # MLA: query heads only
+])
+def test_tensor_parallel_sizes_the_heads_take(name: str, tp: int) -> None:
+    get_model(name).check_tensor_parallel_size(tp)
+    assert get_model(name).splits_over(tp)

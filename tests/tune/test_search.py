@@ -36,3 +36,18 @@ def test_the_cost_objective_prefers_fewer_gpus_at_the_same_throughput() -> None:
     h200 = problem.evaluated(Candidate("h200", 1), None, _result(1, 1000.0, 1.0))
     h100s = problem.evaluated(Candidate("h100-sxm", 2), None, _result(2, 1000.0, 2.0))
     assert problem.score(h200) > problem.score(h100s)
+
+
+def test_a_tp_size_the_heads_do_not_split_over_is_a_space_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvsched.cli import main
+    from kvsched.tune.search import prune_by_memory
+
+    # Llama-3.1-8B: 32 query heads, 8 KV heads. TP 3 is no memory question.
+    with pytest.raises(ValueError, match=r"^search space: tensor_parallel_size=3 \(--tensor-parallel-size\): "
+                                         r"must divide the 32 attention heads of meta-llama/Llama-3.1-8B; "
+                                         r"use one of 1, 2, 4, 8, 16, 32$"):
+        prune_by_memory([Candidate("h100-sxm", 1), Candidate("h100-sxm", 3)], "meta-llama/Llama-3.1-8B", {})
+    assert main(["tune", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "h100-sxm", "--tp", "3",
+                 "--slo", "ttft:500", "--num-prompts", "10", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "must divide the 32 attention heads" in err and "fits in memory" not in err
