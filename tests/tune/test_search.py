@@ -46,7 +46,8 @@ def test_a_tp_size_the_heads_do_not_split_over_is_a_space_error(capsys: pytest.C
     with pytest.raises(ValueError, match=r"^search space: tensor_parallel_size=3 \(--tensor-parallel-size\): "
                                          r"must divide the 32 attention heads of meta-llama/Llama-3.1-8B; "
                                          r"use one of 1, 2, 4, 8, 16, 32$"):
-        prune_by_memory([Candidate("h100-sxm", 1), Candidate("h100-sxm", 3)], "meta-llama/Llama-3.1-8B", {})
+        prune_by_memory([Candidate("h100-sxm", 1), Candidate("h100-sxm", 3)],
+                        RunSpec().with_engine(model="meta-llama/Llama-3.1-8B"))
     assert main(["tune", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "h100-sxm", "--tp", "3",
                  "--slo", "ttft:500", "--num-prompts", "10", "--no-progress"]) == 2
     err = capsys.readouterr().err
