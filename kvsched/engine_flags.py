@@ -13,7 +13,9 @@ the config modules only.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from kvsched.config import (
     DEFAULT_BLOCK_SIZE,
@@ -55,10 +57,15 @@ class EngineFlagDefaults:
 
 
 def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-                              defaults: EngineFlagDefaults) -> None:
-    """vLLM's scheduler and KV-cache flags (SCHEDULER_CACHE_FLAGS) on ``parser``
-    (a parser or an argument group)."""
-    p = parser
+                              defaults: EngineFlagDefaults,
+                              names: Collection[str] = SCHEDULER_CACHE_FLAGS) -> None:
+    """vLLM's scheduler and KV-cache flags (SCHEDULER_CACHE_FLAGS, or the
+    ``names`` of them a command takes as single values) on ``parser`` (a
+    parser or an argument group)."""
+    unknown = set(names) - set(SCHEDULER_CACHE_FLAGS)
+    if unknown:
+        raise ValueError(f"add_scheduler_cache_flags: no such flags {sorted(unknown)}")
+    p = OnlyFlags(parser, names)
     per = f" {defaults.scope}" if defaults.scope else ""
     p.add_argument("--max-num-seqs", type=int,
                    help=f"most requests running at once{per}, at most {MAX_STEP_LIMIT:,} "
@@ -100,3 +107,18 @@ def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._Argume
     if defaults.seed is not None:
         p.add_argument("--seed", type=int, default=defaults.seed,
                        help="the engine's random seed (vLLM's --seed; default: %(default)s)")
+
+
+class OnlyFlags:
+    """A parser (or group) that adds only the flags whose dest is in
+    ``names``: one definition of a flag set serves commands that take part
+    of it."""
+
+    def __init__(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                 names: Collection[str]) -> None:
+        self.parser, self.names = parser, names
+
+    def add_argument(self, *flags: str, **kwargs: Any) -> None:
+        dest = flags[0].lstrip("-").replace("-", "_")
+        if dest in self.names:
+            self.parser.add_argument(*flags, **kwargs)

@@ -27,6 +27,7 @@ from typing import Any, NoReturn, TextIO
 from kvsched.config import (
     MAX_SPECULATIVE_TOKENS,
     MAX_STEP_LIMIT,
+    NGRAM_METHODS,
     CacheConfig,
     LoRAConfig,
     SchedulerConfig,
@@ -103,7 +104,8 @@ REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "i
 ABORT_KEYS = ("step", "request_ids")
 SPECULATIVE_KEYS = ("num_speculative_tokens", "method")
 # The oracle's methods: no drafter model, so no KV slots of their own.
-SPEC_METHODS = ("ngram", "ngram_gpu")
+# The scripted oracle runs n-gram drafts only (kvsched.config owns the names).
+SPEC_METHODS = NGRAM_METHODS
 # vLLM's engine keeps this many batches in its queue under async scheduling
 # (VllmConfig.max_concurrent_batches without pipeline parallelism).
 BATCH_QUEUE_SIZE = 2

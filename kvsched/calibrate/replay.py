@@ -16,6 +16,7 @@ from kvsched.perf.host import HostTerms
 from kvsched.perf.measured import MeasuredStepTimeModel
 from kvsched.perf.models import catalog_match
 from kvsched.sim.deployment import Deployment
+from kvsched.sim.metrics import request_latencies
 from kvsched.sim.run import serve
 from kvsched.sim.simulator import SimConfig, SimResult
 from kvsched.sim.spec import InstanceGroup
@@ -50,9 +51,10 @@ def latencies_of(result: SimResult, n: int) -> SimulatedLatencies:
                                               records.first_token_time, records.finish_time,
                                               records.num_output_tokens):
         i = int(rid[4:])
-        ttfts[i] = first - sent
-        if outs > 1:
-            tpots[i] = (finish - first) / (outs - 1)
+        first_s, _, per_token = request_latencies(sent, first, finish, outs)
+        ttfts[i] = first_s
+        if per_token is not None:
+            tpots[i] = per_token
     if result.failed or np.isnan(ttfts).any():
         rid, why = result.failed[0] if result.failed else ("?", "not finished")
         raise CannotServe(f"the replay did not complete every request ({rid}: {why})")

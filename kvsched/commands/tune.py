@@ -25,8 +25,8 @@ from kvsched.commands.simulate import check_output_path
 from kvsched.errors import UserInputError
 from kvsched.progress import ProgressBar
 from kvsched.scheduler_defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
-from kvsched.sim.flags import add_workload_arguments, workload_spec_from_args
+from kvsched.sim.deployment import EngineOptions
+from kvsched.sim.flags import add_engine_arguments, add_workload_arguments, workload_spec_from_args
 from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.results import json_safe
 from kvsched.sim.run import build_workload
@@ -110,22 +110,7 @@ def add_tune_parser(sub: Any) -> None:
     s.add_argument("--admission-policy", nargs="+", metavar="POLICY",
                    help="kvsched's admission policies to try: none, balance, prefill-cadence "
                         "(default: none)")
-    e = p.add_argument_group("engine settings every candidate shares")
-    e.add_argument("--max-model-len", type=int)
-    d = EngineOptions()
-    e.add_argument("--dtype", default=d.dtype)
-    e.add_argument("--quantization", "-q", choices=list(QUANTIZATIONS))
-    e.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default=d.step_time_backend)
-    e.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
-    e.add_argument("--block-size", type=int, default=d.block_size)
-    e.add_argument("--calibration", metavar="FILE")
-    e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=d.async_scheduling,
-                   help="vLLM's async scheduling (default: on, as on GPUs)")
-    e.add_argument("--speculative-config", metavar="JSON",
-                   help="speculative decoding for every candidate, as vLLM takes it, e.g. "
-                        "'{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'")
-    e.add_argument("--spec-acceptance", metavar="RATES",
-                   help="acceptance rate per draft position, e.g. 0.8,0.6 (see kvsched simulate)")
+    add_engine_arguments(p, FIXED_ENGINE, title="engine settings every candidate shares")
     add_workload_arguments(p)
     x = p.add_argument_group("execution and output")
     x.add_argument("--executor", choices=["local", "ray"], default="local")

@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from kvsched.config import DRAFTER_METHODS, NGRAM_METHODS
 from kvsched.errors import UserInputError
 from kvsched.perf.host import NO_HOST_TIME
 from kvsched.perf.measured import MeasuredStepTimeModel
@@ -55,8 +56,6 @@ from kvsched.perf.memory import weight_bytes_per_device
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
 
-DRAFTER_METHODS = ("mtp", "eagle", "eagle3")
-NGRAM_METHODS = ("ngram", "ngram_gpu")
 # The CPU n-gram proposer's time per request that samples, per step: a
 # numba match over the request's tokens. No published measurement exists
 # (nothing in the facts); 10 µs is kvsched's assumption, the order of

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvsched.sim.metrics import SampleAccumulator
+from kvsched.sim.metrics import SampleAccumulator, e2el, tpot, ttft
 from kvsched.sim.simulator import SimResult
 
 FloatArray = npt.NDArray[np.float64]
@@ -372,9 +372,9 @@ class _Latencies:
         first = np.fromiter((r.first_token_time for r in recs), np.float64, n)
         finish = np.fromiter((r.finish_time for r in recs), np.float64, n)
         out = np.fromiter((r.num_output_tokens for r in recs), np.int64, n)
-        ttft, e2el = first - send, finish - send
-        multi = out > 1
-        return cls(ttft, (e2el[multi] - ttft[multi]) / (out[multi] - 1), e2el)
+        first_s, end_s = ttft(send, first), e2el(send, finish)
+        multi = out > 1  # has_tpot, for a column
+        return cls(first_s, tpot(first_s[multi], end_s[multi], out[multi]), end_s)
 
 
 @dataclass(slots=True)

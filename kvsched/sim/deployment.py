@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvsched.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    MAX_BLOCK_SIZE,
+    MAX_NUM_GPU_BLOCKS,
     MAX_STEP_LIMIT,
+    POLICIES,
     CacheConfig,
     SchedulerConfig,
     check_gpu_memory_utilization,
@@ -17,6 +22,7 @@ from kvsched.config import (
     check_speculative_settings,
 )
 from kvsched.errors import UserInputError
+from kvsched.jsonfile import show
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.host import load_host_terms
@@ -43,16 +49,6 @@ from kvsched.sim.speculative import SpecOptions, parse_speculative_config
 # their kernel block: 16 for FlashAttention and Triton (``MultipleOf(16)``),
 # 16/32/64 for FlashInfer; anything else finds no backend at start-up.
 BLOCK_SIZE_MULTIPLE = 16
-# vLLM 0.33 takes any block size > 0; its kernels' blocks are 16 to 256 tokens
-# (FlashMLA 64, FlashInfer 16/32/64, Ascend 128), and hybrid models align
-# theirs to a few hundred. 4096 is kvsched's bound: beyond it a block is
-# longer than most requests' whole context.
-MAX_BLOCK_SIZE = 4096
-# KV blocks the simulator tracks over all engine cores: 2**24 (16.8M). Each
-# costs ~46 bytes of block-pool state at start (2**24: ~770 MB) and more once
-# cached, and 2**24 blocks of 16 tokens are 268M tokens of KV, over 20x what
-# any catalog GPU holds for the smallest catalog model.
-MAX_NUM_GPU_BLOCKS = 2**24
 # Engine cores (--data-parallel-size): 1024, above the widest expert-parallel
 # deployments run (a few hundred ranks); each is a whole scheduler and KV
 # cache in the simulator.
@@ -99,10 +95,10 @@ class EngineOptions:
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
+    block_size: int = DEFAULT_BLOCK_SIZE
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     long_prefill_token_threshold: int = 0
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = POLICIES[0]
     dtype: str = "bf16"
     # vLLM's --quantization: the weights' format when it is not the
     # checkpoint's own (None: the checkpoint's, e.g. "-FP8" in its name).
@@ -160,17 +156,12 @@ class Deployment:
                 + f"; step times: {self.step_model.describe_backend()}")
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:12]}...({len(text)} digits)"
-
-
 def _positive_int(flag: str, value: object, maximum: int | None = None, why: str = "") -> None:
     field = flag[2:].replace("-", "_")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserInputError(f"{field}={_show(value)} ({flag}): must be an integer >= 1")
+        raise UserInputError(f"{field}={show(value)} ({flag}): must be an integer >= 1")
     if maximum is not None and value > maximum:
-        raise UserInputError(f"{field}={_show(value)} ({flag}): must be at most {maximum:,} ({why})")
+        raise UserInputError(f"{field}={show(value)} ({flag}): must be at most {maximum:,} ({why})")
 
 
 def validate_engine_options(opts: EngineOptions) -> None:
@@ -186,20 +177,20 @@ def validate_engine_options(opts: EngineOptions) -> None:
     for field in ("max_num_seqs", "max_num_batched_tokens"):
         value = getattr(opts, field)
         if value is not None and value > MAX_STEP_LIMIT:
-            raise UserInputError(f"{field}={_show(value)} (--{field.replace('_', '-')}): must be at most "
+            raise UserInputError(f"{field}={show(value)} (--{field.replace('_', '-')}): must be at most "
                              f"{MAX_STEP_LIMIT:,} (2**24: no GPU holds the activations of a step "
                              "that large); leave it unset for vLLM's default")
     check_num_gpu_blocks_override(opts.num_gpu_blocks_override)
     override = opts.num_gpu_blocks_override
     if override is not None and override * opts.data_parallel_size > MAX_NUM_GPU_BLOCKS:
-        raise UserInputError(f"num_gpu_blocks_override={_show(override)} (--num-gpu-blocks-override): the "
+        raise UserInputError(f"num_gpu_blocks_override={show(override)} (--num-gpu-blocks-override): the "
                          f"{opts.data_parallel_size} engine core(s) may have at most {MAX_NUM_GPU_BLOCKS:,} "
                          "KV blocks in all (2**24: 268M tokens of KV at block size 16, over 20x what any "
                          "GPU holds; the simulator keeps ~46 bytes per block); lower it")
     block = opts.block_size
     if (isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK_SIZE
             or block % BLOCK_SIZE_MULTIPLE):
-        raise UserInputError(f"block_size={_show(block)} (--block-size): must be a multiple of "
+        raise UserInputError(f"block_size={show(block)} (--block-size): must be a multiple of "
                          f"{BLOCK_SIZE_MULTIPLE} between {BLOCK_SIZE_MULTIPLE} and {MAX_BLOCK_SIZE} "
                          "(vLLM 0.33's CUDA attention backends take multiples of 16: 16, 32, 64, "
                          "128, ...; vLLM's default is 16)")

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import fields
 from typing import NoReturn
 
+from kvsched.engine_flags import (
+    SCHEDULER_CACHE_FLAGS,
+    EngineFlagDefaults,
+    OnlyFlags,
+    add_scheduler_cache_flags,
+)
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
 from kvsched.sim.metrics import parse_goodput
@@ -31,11 +37,25 @@ from kvsched.sim.spec import (
 )
 from kvsched.sim.workload import DATASET_NAMES, DEFAULT_INPUT_LEN, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LEN
 
+# How simulate's scheduler and cache flags differ from the engine's (they
+# model vllm serve on GPUs).
+SIMULATE_ENGINE_FLAGS = EngineFlagDefaults(
+    dtype=EngineOptions().dtype, async_scheduling=EngineOptions().async_scheduling,
+    scope="per engine core", seed=None,
+    dtype_help="precision of an unquantized checkpoint's weights and activations, as vLLM's "
+               "--dtype: auto, bfloat16 (bf16), half/float16 (fp16); a quantized format is "
+               "--quantization's")
 
-def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+
+def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | None = None,
+                         title: str = "engine (vLLM's engine arguments)") -> None:
+    """simulate's engine flags: vLLM's engine arguments plus the DP routing,
+    admission and pricing settings (``names``: only those of them, by dest,
+    for a command that takes the rest its own way, as tune's search space)."""
     d = EngineOptions()
     g0 = InstanceGroup()
-    g = p.add_argument_group("engine (vLLM's engine arguments)")
+    group = p.add_argument_group(title)
+    g = group if names is None else OnlyFlags(group, names)
     g.add_argument("--model", default=d.model,
                    help="catalog name, with or without the organisation, or a Hugging Face "
                         "model directory / config.json (default: %(default)s)")
@@ -75,51 +95,17 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adp-batching-wait-iters", type=int, default=g0.adp_batching_wait_iters,
                    help="adp-balance: extra steps to wait so admissions batch up "
                         "(default: %(default)s)")
-    g.add_argument("--max-num-seqs", type=int,
-                   help="most requests running at once per engine core "
-                        "(default: vLLM serve's for the hardware)")
-    g.add_argument("--max-num-batched-tokens", type=int,
-                   help="token budget of one engine step per engine core "
-                        "(default: vLLM serve's for the hardware)")
-    g.add_argument("--max-model-len", type=int,
-                   help="longest prompt + output a request may have; the server refuses longer "
-                        "ones (default: the model's context length)")
-    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                   default=d.enable_chunked_prefill,
-                   help="split long prompts over several steps (default: on, as vLLM's v1)")
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=d.enable_prefix_caching,
-                   help="reuse KV blocks of shared prompt prefixes (default: on, as vLLM's v1)")
-    g.add_argument("--block-size", type=int, default=d.block_size,
-                   help="tokens per KV cache block (default: %(default)s)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
-                   help="share of GPU memory vLLM may use; the KV cache gets what the weights "
-                        "and activations leave (default: %(default)s)")
-    g.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold,
-                   help="cap on a long prompt's tokens per step when chunking (0: off; "
-                        "default: %(default)s)")
-    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=d.scheduling_policy,
-                   help="order of the waiting queue (default: %(default)s)")
-    g.add_argument("--dtype", default=d.dtype,
-                   help="precision of an unquantized checkpoint: bf16 (default) or fp16 (fp8: "
-                        "as --quantization fp8)")
+    # vLLM's scheduler and KV-cache flags, defined once for every command.
+    add_scheduler_cache_flags(group, SIMULATE_ENGINE_FLAGS,
+                              SCHEDULER_CACHE_FLAGS if names is None else
+                              [n for n in SCHEDULER_CACHE_FLAGS if n in names])
     g.add_argument("--quantization", "-q", choices=list(QUANTIZATIONS), default=None,
                    help="the weights' format as vLLM's --quantization names it: fp8 (on the fly), "
                         "modelopt_fp4 (NVFP4), mxfp4 (MoE experts) (default: the checkpoint's own "
                         "format, e.g. FP8 for a name ending in -FP8, MXFP4 experts for gpt-oss)")
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, help="auto (16 bits) or fp8")
-    g.add_argument("--num-gpu-blocks-override", type=int,
-                   help="KV cache blocks per engine core, instead of what memory leaves")
     g.add_argument("--prefill-schedule-interval", type=int, default=d.prefill_schedule_interval,
                    help="admit prefill only every K engine steps (vLLM's prefill cadence)")
-    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
-                   default=d.async_scheduling,
-                   help="vLLM's async engine loop: schedule step N+1 while step N runs, its CPU "
-                        "work overlapping the forward pass (vLLM's GPU default: on)")
-    g.add_argument("--speculative-config", metavar="JSON",
-                   help="speculative decoding as vLLM takes it, e.g. '{\"method\": \"mtp\", "
-                        "\"num_speculative_tokens\": 1}' (methods: mtp, eagle, eagle3, ngram, "
-                        "ngram_gpu; default: off)")
     g.add_argument("--spec-acceptance", metavar="R0,R1,...",
                    help="speculative decoding: acceptance rate per draft position as vLLM's metrics "
                         "report it (accepted at position i / drafts), e.g. 0.8,0.6,0.45 "

@@ -52,6 +52,7 @@ from kvsched.config import (
 )
 from kvsched.core.output import SpecDecodingStats
 from kvsched.errors import UserInputError
+from kvsched.jsonfile import show
 from kvsched.perf.models import ModelSpec
 
 # The methods the simulator prices: every one kvsched knows (vLLM's names
@@ -94,23 +95,18 @@ def default_rates(method: str, k: int) -> tuple[float, ...]:
     return tuple(first * ASSUMED_CONDITIONAL**i for i in range(k))
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def check_rates(field_name: str, rates: object, k: int, shown: str | None = None) -> tuple[float, ...]:
     """Per-position acceptance rates, vLLM's rules for
     ``synthetic_acceptance_rates``: K numbers in [0, 1], never rising
     (``shown``: the value as the user wrote it, for messages)."""
-    text = shown if shown is not None else _show(rates)
+    text = shown if shown is not None else show(rates)
     if not isinstance(rates, list | tuple) or not rates:
         raise UserInputError(f"{field_name}={text}: give {k} acceptance rate(s), one per draft "
                          "position, e.g. 0.8,0.6,0.45")
     out: list[float] = []
     for i, r in enumerate(rates):
         if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r) or not 0 <= r <= 1:
-            raise UserInputError(f"{field_name}[{i}]={_show(r)}: an acceptance rate is a number in [0, 1]")
+            raise UserInputError(f"{field_name}[{i}]={show(r)}: an acceptance rate is a number in [0, 1]")
         out.append(float(r))
     if len(out) != k:
         raise UserInputError(f"{field_name}={text}: {len(out)} rate(s) for num_speculative_tokens={k}; "
@@ -140,7 +136,7 @@ def rates_from_length(length: object, k: int) -> tuple[float, ...]:
     name = "speculative_config.synthetic_acceptance_length"
     if isinstance(length, bool) or not isinstance(length, int | float) or not math.isfinite(length) \
             or not 1.0 <= length <= k + 1:
-        raise UserInputError(f"{name}={_show(length)}: must be a number in [1, {k + 1}] (1 + the accepted "
+        raise UserInputError(f"{name}={show(length)}: must be a number in [1, {k + 1}] (1 + the accepted "
                          "drafts per verification)")
     drafts = float(length) - 1.0
     whole = int(drafts)
@@ -225,7 +221,7 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
     method = obj.get("method")
     draft_model = obj.get("model")
     if draft_model is not None and not isinstance(draft_model, str):
-        raise UserInputError(f"speculative_config.model={_show(draft_model)}: must be a model name "
+        raise UserInputError(f"speculative_config.model={show(draft_model)}: must be a model name "
                              f"(a string)")
     if method is None and draft_model in ("ngram", "[ngram]"):
         method = "ngram"  # vLLM infers it from the model name
@@ -234,7 +230,7 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
                          f"{', '.join(METHODS)} (vLLM would take a draft model, which kvsched does not "
                          "price)")
     if not isinstance(method, str):
-        raise UserInputError(f"speculative_config.method={_show(method)}: must be a string, one of "
+        raise UserInputError(f"speculative_config.method={show(method)}: must be a string, one of "
                          f"{', '.join(METHODS)}")
     method = resolve_speculative_method(
         method, METHODS, f"vLLM's method, but kvsched simulate prices only {', '.join(METHODS)}")
@@ -252,7 +248,7 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
                              "proposed per step, e.g. 3")
         k = model.num_mtp_layers  # vLLM's default: the checkpoint's n_predict
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-        raise UserInputError(f"speculative_config.num_speculative_tokens={_show(k)}: must be an integer in "
+        raise UserInputError(f"speculative_config.num_speculative_tokens={show(k)}: must be an integer in "
                          f"[1, {MAX_SPECULATIVE_TOKENS}]")
     if method == "mtp":
         n = model.num_mtp_layers
@@ -262,7 +258,7 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
     for key in ("prompt_lookup_min", "prompt_lookup_max"):
         v = obj.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**20):
-            raise UserInputError(f"speculative_config.{key}={_show(v)}: must be an integer in [1, 2**20]")
+            raise UserInputError(f"speculative_config.{key}={show(v)}: must be an integer in [1, 2**20]")
     lookup_min, lookup_max = obj.get("prompt_lookup_min"), obj.get("prompt_lookup_max")
     acceptance = _acceptance(obj, method, k, acceptance_flag)
     try:
@@ -285,7 +281,7 @@ def _check_mtp_model(model: ModelSpec) -> None:
 def _acceptance(obj: Mapping[str, Any], method: str, k: int, flag: str | None) -> AcceptanceModel:
     rejection = obj.get("rejection_sample_method", "standard")
     if rejection not in REJECTION_METHODS:
-        raise UserInputError(f"speculative_config.rejection_sample_method={_show(rejection)}: "
+        raise UserInputError(f"speculative_config.rejection_sample_method={show(rejection)}: "
                              f"kvsched simulate "
                          f"takes {' or '.join(repr(m) for m in REJECTION_METHODS)} (the acceptance model "
                          "is the same: set the rates with synthetic_acceptance_rates or --spec-acceptance)")

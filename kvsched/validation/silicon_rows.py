@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsched.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware, resolve_hardware_id
 from kvsched.perf.models import catalog_match, get_model
@@ -89,8 +90,8 @@ class ServerFlags:
     kv_cache_dtype: str = "auto"
     max_num_batched_tokens: int | str | None = None
     max_num_seqs: int | str | None = None
-    gpu_memory_utilization: float = 0.9
-    block_size: int = 16
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    block_size: int = DEFAULT_BLOCK_SIZE
     note: str = ""
 
 
