@@ -1148,8 +1148,8 @@ class Scheduler:
         requests' outputs."""
         from kvsched.core.fast_forward import fast_forward_decode
 
-        self.finished_req_ids = set()
         free_after, stopped = fast_forward_decode(self, num_steps, tokens, last_tokens)
+        self.finished_req_ids = set()
         finished = self._finish_stopped(stopped) if stopped else []
         free_after[-1] = self.kv_cache_manager.block_pool.get_num_free_blocks()
         return free_after, finished

@@ -207,10 +207,10 @@ class EngineInstance(_Jumps):
         rank = self.rank
         if not rank.sched.decode_stable:
             return None
-        limit, kv_tokens, _ = rank.stretch_limit()
+        limit, kv_tokens, finishes = rank.stretch_limit()
         if limit < MIN_STRETCH:
             return None
-        _, prev_start, prev_dt = self._queue[0]
+        in_flight, prev_start, prev_dt = self._queue[0]
         first_start = self._gpu_free  # the batch in flight ends: new batch 0 starts
         B = len(rank.sched.running)
         step_times = self.step_model.decode_step_times
@@ -224,9 +224,22 @@ class EngineInstance(_Jumps):
         # Applied: the batch in flight and new batches 0 .. k-2.
         applied_durations = [prev_dt, *durations[:k - 1]]
         applied_ends = [first_start, *ends[:k - 1]]
-        finished = rank.apply_stretch(prev_start, applied_durations, applied_ends)
-        self._queue[0] = (rank.in_flight_plan(), applied_ends[-1], durations[-1])
-        self._gpu_free = ends[-1]
+        finishing = finishes and k == limit
+        finished = rank.apply_stretch(prev_start, applied_durations, applied_ends, finishing, in_flight)
+        if not rank.sched.step_in_flight:
+            # Every request stopped on length: the last iteration scheduled nothing.
+            self._queue.clear()
+            self._gpu_free = applied_ends[-1]
+        elif finishing:
+            # The requests that stopped are not in the batch left in flight:
+            # priced as stepping prices it.
+            left = rank.in_flight_plan()
+            dt = self.step_model.step_time(left.shape)
+            self._queue[0] = (left, applied_ends[-1], dt)
+            self._gpu_free = applied_ends[-1] + dt
+        else:
+            self._queue[0] = (rank.in_flight_plan(), applied_ends[-1], durations[-1])
+            self._gpu_free = ends[-1]
         if applied_ends[-1] > self.now:
             self.now = applied_ends[-1]
         return finished
@@ -368,11 +381,13 @@ class LockstepGroup(_Jumps):
         # batch of requests that finished meanwhile still runs and is logged).
         if any(p is not None and not r.sched.running for r, p in zip(self.ranks, self._queue[0][0])):
             return None
-        limits = [r.stretch_limit() for r in busy]
+        # No stretch through a finish: the batch left in flight would be
+        # priced against every rank's new batch (stepped instead).
+        limits = [r.stretch_limit(through_finish=False) for r in busy]
         limit = min(lim for lim, _, _ in limits)
         if limit < MIN_STRETCH:
             return None
-        _, prev_start, prev_dt = self._queue[0]
+        in_flight, prev_start, prev_dt = self._queue[0]
         first_start = self._gpu_free
         # New batch j decodes every request with its context j + 1 ahead.
         new_batch_times = self._decode_times(busy, [kv for _, kv, _ in limits], 1)
@@ -382,8 +397,9 @@ class LockstepGroup(_Jumps):
         applied_durations = [prev_dt, *durations[:k - 1]]
         applied_ends = [first_start, *ends[:k - 1]]
         finished = 0
-        for r in busy:
-            finished += r.apply_stretch(prev_start, applied_durations, applied_ends)
+        for r, p in zip(self.ranks, in_flight):
+            if r.sched.running:
+                finished += r.apply_stretch(prev_start, applied_durations, applied_ends, False, p)
         self._queue[0] = ([r.in_flight_plan() if r.sched.running else None for r in self.ranks],
                           applied_ends[-1], durations[-1])
         self._gpu_free = ends[-1]
