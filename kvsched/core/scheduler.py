@@ -343,7 +343,7 @@ class Scheduler:
         if self._defer_prefill_chunks is not None and self._defer_prefill_chunks(self):
             # Running requests mid-prefill sit this step out (the general path).
             self._schedule_running_preempting(step, threshold, 0, skip_prefill_chunks=True)
-        elif self._plain:
+        elif not self.num_spec_tokens:
             self._schedule_running(step, threshold)
         else:
             self._schedule_running_preempting(step, threshold, 0)
@@ -392,7 +392,8 @@ class Scheduler:
             request.spec_token_ids = placeholders
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
-        """Phase 1, fast path: while every running request fits, a plain pass.
+        """Phase 1, fast path (no drafts; synchronous, or async with its
+        placeholders): while every running request fits, a plain pass.
         At the first one that does not, ``_schedule_running_preempting`` takes
         over from it. Scheduling a request advances its num_computed_tokens at
         once (vLLM does it after all phases; nothing in between reads it)."""
@@ -412,7 +413,12 @@ class Scheduler:
             # Inlined copy of _num_running_tokens (a call per request costs ~10%).
             computed = request.num_computed_tokens
             num_tokens = request.num_tokens
-            num_new = num_tokens - computed
+            # Async: the tokens of the steps in flight are placeholders.
+            placeholders = request.num_output_placeholders
+            if placeholders and (computed + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens):
+                continue  # as in _schedule_running_preempting
+            num_new = num_tokens + placeholders - computed
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > budget:
@@ -424,9 +430,11 @@ class Scheduler:
             rid = request.request_id
             end = computed + num_new
             # Most steps a request's new tokens fit its last block and fill no
-            # block that has to enter the prefix cache: no allocation at all.
+            # block that has to enter the prefix cache (only known tokens
+            # do): no allocation at all.
             if end > len(req_to_blocks[rid]) * bs or (
-                    caching and end // bs > num_cached_block.get(rid, 0)):
+                    caching and (end if end < num_tokens else num_tokens) // bs
+                    > num_cached_block.get(rid, 0)):
                 new_blocks = kv.allocate_slots(request, num_new)
                 if new_blocks is None:
                     step.token_budget = budget
@@ -438,7 +446,7 @@ class Scheduler:
             num_scheduled[rid] = num_new
             budget -= num_new
             request.num_computed_tokens = end
-            if end < num_tokens:
+            if end < num_tokens + placeholders:
                 request.is_prefill_chunk = True
                 step.prefill_chunks.append(rid)
             else:

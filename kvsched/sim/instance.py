@@ -44,6 +44,7 @@ happen before ``bound``.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
@@ -64,26 +65,37 @@ BATCH_QUEUE_SIZE = 2
 
 
 def stretch_times(start: float, limit: int, bound: float,
-                  step_times: Callable[[int, int], list[float]]) -> tuple[list[float], list[float]]:
+                  step_times: Callable[[int, int], list[float]],
+                  lag: int = 0) -> tuple[list[float], list[float]]:
     """Durations and end times of the steps of a decode stretch starting at
-    ``start``, at most ``limit`` of them, none starting at or after ``bound``
-    but the first. ``step_times(j, n)`` gives steps j .. j+n-1's durations.
-    The ends are summed one after the other, as stepping sums them, so the
-    floats are the same."""
+    ``start``, at most ``limit`` of them. Step j > ``lag`` is kept if step
+    j - ``lag`` starts before ``bound``: with ``lag`` 0 no step but the first
+    starts at or after it; with ``lag`` 1 (async: iteration j schedules step
+    j when step j-1 starts) no iteration but the first happens at or after
+    it. ``step_times(j, n)`` gives steps j .. j+n-1's durations. The ends
+    are summed one after the other, as stepping sums them, so the floats
+    are the same."""
     durations: list[float] = []
     ends: list[float] = []
     t = start
+    # When the step ``lag`` before this chunk's first started (lag 1).
+    prev = -math.inf
     chunk = 16
     while len(durations) < limit:
         j = len(durations)
         more = step_times(j, min(chunk, limit - j))
         new_ends = list(accumulate(more, initial=t))[1:]
-        # Step j + i starts at the previous end: keep steps starting before bound.
-        cut = bisect_left(new_ends, bound) + 1 if j == 0 else bisect_left([t, *new_ends], bound)
+        # Step j + i starts at the previous end; step j + i is kept if step
+        # j + i - lag started before bound (the very first always is).
+        starts = [prev, t, *new_ends] if lag else [t, *new_ends]
+        cut = bisect_left(starts, bound)
+        if j == 0 and not cut:
+            cut = 1
         durations.extend(more[:cut])
         ends.extend(new_ends[:cut])
         if cut < len(more):
             break
+        prev = ends[-2] if len(ends) > 1 else start
         t = ends[-1]
         chunk *= 4
     return durations, ends
@@ -96,13 +108,7 @@ def async_stretch_times(first_start: float, limit: int, bound: float,
     most ``limit``. Iteration j > 0 schedules new batch j when new batch
     j-1 starts: only iterations before ``bound`` are kept (stretch_times
     keeps batches that *start* before it, so one more)."""
-    durations, ends = stretch_times(first_start, limit, bound, step_times)
-    n = len(durations)
-    if n < limit and (ends[n - 2] if n > 1 else first_start) < bound:
-        more = step_times(n, 1)[0]
-        durations.append(more)
-        ends.append(ends[-1] + more)
-    return durations, ends
+    return stretch_times(first_start, limit, bound, step_times, lag=1)
 
 
 class _Jumps:
@@ -141,8 +147,10 @@ class EngineInstance(_Jumps):
         self.fast_forward = fast_forward and rank.trace_steps is None and (
             rank.plain or (rank.async_scheduling and rank.speculative is None))
         self.now = 0.0
-        # Async: batches in flight, newest first: (plan, GPU start, duration).
-        self._queue: deque[tuple[PlannedStep, float, float]] = deque()
+        # Async: batches in flight, newest first: (plan, GPU start, duration);
+        # None for the batch a stretch left in flight until it is needed
+        # (the next stretch, if one follows, replaces it unseen).
+        self._queue: deque[tuple[PlannedStep | None, float, float]] = deque()
         self._gpu_free = 0.0  # when the GPU finishes the last batch launched
 
     def busy(self) -> bool:
@@ -178,6 +186,10 @@ class EngineInstance(_Jumps):
         rank = self.rank
         queue = self._queue
         now = self.now
+        if queue and queue[-1][0] is None:
+            # Its plan, before the next schedule() moves the counters it reads.
+            _, start, dt = queue.pop()
+            queue.append((rank.in_flight_plan(), start, dt))
         if rank.sched.has_requests():
             plan = rank.plan()
             if plan is not None:
@@ -194,11 +206,12 @@ class EngineInstance(_Jumps):
                 return 0
         if not queue:
             return 0
-        plan, start, dt = queue.pop()
+        oldest, start, dt = queue.pop()
+        assert oldest is not None
         end = start + dt
         if end > now:
             self.now = end
-        return rank.complete(plan, start, dt)
+        return rank.complete(oldest, start, dt)
 
     def _async_stretch(self, bound: float) -> int | None:
         """Async: a stretch of iterations if one can be taken (see the
@@ -238,7 +251,7 @@ class EngineInstance(_Jumps):
             self._queue[0] = (left, applied_ends[-1], dt)
             self._gpu_free = applied_ends[-1] + dt
         else:
-            self._queue[0] = (rank.in_flight_plan(), applied_ends[-1], durations[-1])
+            self._queue[0] = (None, applied_ends[-1], durations[-1])
             self._gpu_free = ends[-1]
         if applied_ends[-1] > self.now:
             self.now = applied_ends[-1]
