@@ -1,16 +1,24 @@
 """Advance a pure-decode stretch in one jump, exactly.
 
-This module owns every rule of fast-forward: :func:`decode_stretch_plan`
-decides how many steps a scheduler can advance with nothing changing but
-decoding, and :func:`fast_forward_decode` takes them. Drivers (one engine, a
+This module owns every rule of fast-forward: :func:`stretch_refusal` says
+whether a scheduler's state may start a stretch at all (the one owner of
+that rule: the simulator asks it, through :func:`decode_stretch_plan`),
+:func:`decode_stretch_plan` how many steps it can advance with nothing
+changing but decoding, and :func:`fast_forward_decode` /
+:func:`fast_forward_decode_finishing` take them. Drivers (one engine, a
 data-parallel group) only add their own limits: the next arrival and their
-clients.
+clients. The module sits above the scheduler: it changes the scheduler and
+the KV cache only through their methods (``Scheduler.replace_in_flight``,
+``take_finished_req_ids``, ``finish_stopped``;
+``KVCacheManager.append_new_blocks``, ``cache_in_bulk``, ``cache_blocks``).
 
 A stretch of ``k`` steps is allowed when all of these hold:
 
-- no admission policy is installed (a policy may change its mind any step);
+- no admission policy is installed (a policy may change its mind any step),
+  and no drafts are scheduled (speculative decoding);
 - no step is in flight (``Scheduler.step_in_flight``: its output is
-  applied), and the scheduler's admission outcome is settled
+  applied; async: exactly one, see below), and the scheduler's admission
+  outcome is settled
   (``Scheduler.decode_stable``): nothing waits, or the last ``schedule()``
   was pure decode and admission stopped for a reason that cannot lift while requests only decode
   (``max_num_seqs``, the token budget, chunked prefill off, KV blocks: free
@@ -25,24 +33,30 @@ A stretch of ``k`` steps is allowed when all of these hold:
 - none stops before the stretch's last step (length cap, or a stop the
   caller's model will produce); in the last step requests may stop, and
   their stop checks and freeing then run as ``update_from_output``'s
-  (``decode_stretch_plan``, ``Scheduler.fast_forward_decode_finishing``), so
+  (``decode_stretch_plan``, ``fast_forward_decode_finishing``), so
   a finish costs no step of its own;
 - the blocks the stretch needs fit the free pool, so nothing is preempted.
 
 Under async scheduling (without drafts) a step is one iteration of vLLM's
 engine loop: schedule the next batch, then apply the older one's tokens.
 Between iterations one batch is in flight: the stretch starts there when
-that batch is pure decode of exactly the running requests (each computed
-one token ahead of its known tokens, one placeholder, one token in flight)
-and ends there with the stretch's last batch in flight, a SchedulerOutput
+that batch is one step of exactly the running requests, each computed up to
+its known tokens and sampling one token that is still a placeholder: a
+decode (one token in flight), or the last chunk of a prefill, whose
+first token the stretch's first iteration applies. It ends there with the
+stretch's last batch in flight, a SchedulerOutput
 ``fast_forward_decode`` builds and puts in its place. A request's token
 count and computed count both grow by one per iteration, blocks are taken
 at the same positions as when stepping synchronously (one position ahead
 of the known tokens), and a block enters the prefix cache one iteration
 after the synchronous step would register it (its last token is known only
-then). An async stretch never runs through a finish: the iteration in
-which a request stops is stepped (a length stop changes which requests the
-same iteration schedules).
+then). An async stretch may end with the iteration in which requests stop
+if they all stop on length and nothing waits: that iteration's schedule()
+leaves them out (the batch in flight reaches their length), so the batch
+left in flight is the requests still running, or none. A stop token, which
+the scheduler cannot foresee, is stepped, and so is a finish while
+requests wait (the token that request leaves in the budget could admit
+one).
 
 Stepping one by one, step j visits the running requests in order: a request
 that starts a new block takes one from the front of the free queue (evicting
@@ -64,13 +78,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
-from kvsched.request import check_token_ids
-
-if TYPE_CHECKING:
-    from kvsched.core.scheduler import Scheduler
-    from kvsched.request import Request
+from kvsched.core.output import CachedRequestData, EngineCoreOutput, SchedulerOutput
+from kvsched.core.scheduler import Scheduler
+from kvsched.request import Request, check_token_ids
 
 
 def stretch_refusal(sched: Scheduler) -> str | None:
@@ -199,16 +210,43 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     return k, kv_tokens, finishes and k > 0
 
 
-def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
-                        last_tokens: Sequence[int] | None = None
-                        ) -> tuple[list[int], list[tuple[Request, int]]]:
+def fast_forward_decode(sched: Scheduler, num_steps: int, tokens: Sequence[int]) -> list[int]:
+    """Advance every running request of ``sched`` by ``num_steps`` decode
+    steps at once, leaving exactly the state that many ``schedule()`` /
+    ``update_from_output()`` rounds (async: engine-loop iterations) would;
+    ``tokens[i]`` is what running request i samples at each. Returns the
+    free block count after each step."""
+    free_after, _ = _advance(sched, num_steps, tokens)
+    # The first stretch step would have handed these to its output.
+    sched.take_finished_req_ids()
+    return free_after
+
+
+def fast_forward_decode_finishing(sched: Scheduler, num_steps: int, tokens: Sequence[int],
+                                  last_tokens: Sequence[int]
+                                  ) -> tuple[list[int], list[EngineCoreOutput]]:
+    """``fast_forward_decode`` whose last step samples ``last_tokens`` (one
+    per running request), after which the stop checks run as in
+    ``update_from_output``: requests that stop there finish and are freed.
+    Returns the free block count after each step and the finished
+    requests' outputs."""
+    free_after, stopped = _advance(sched, num_steps, tokens, last_tokens)
+    sched.take_finished_req_ids()
+    finished = sched.finish_stopped(stopped)
+    free_after[-1] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    return free_after, finished
+
+
+def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
+             last_tokens: Sequence[int] | None = None
+             ) -> tuple[list[int], list[tuple[Request, int]]]:
     """Advance every running request ``k`` decode steps: ``tokens[i]`` is what
     request i samples at each step, or, given ``last_tokens``, at each step
     but the last, which samples ``last_tokens[i]`` and may stop the request
     (under async scheduling only on length: see ``decode_stretch_plan``).
     Returns the free block count after each step (before any finishing) and
     the requests that stopped at the last step with the tokens they kept (for
-    ``Scheduler._finish_stopped``); changes nothing if it raises."""
+    ``Scheduler.finish_stopped``); changes nothing if it raises."""
     why = stretch_refusal(sched)
     if why is not None:
         raise ValueError(f"fast_forward_decode: {why}")
@@ -285,7 +323,11 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
         request.num_in_flight_tokens = 0
         request.num_output_placeholders = 0
     allocs.sort()
-    if not kv.enable_caching or not _cache_in_bulk(sched, allocs):
+    # Blocks whose tokens are all known and computed (async: the token in
+    # flight is not known yet).
+    if not kv.enable_caching or not kv.cache_in_bulk(
+            running, [(r.num_computed_tokens - r.num_in_flight_tokens) // bs for r in running],
+            [running[idx].request_id for _, idx in allocs]):
         _replay_events(sched, k, allocs, known, length_stops)
     if lead:
         _renew_in_flight(sched, allocs, k, length_stops)
@@ -306,14 +348,12 @@ def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
     before it: every running request but those stopping on length for one
     token (what the last iteration's schedule() would have returned), or
     nothing if they all stop."""
-    from kvsched.core.output import CachedRequestData, SchedulerOutput
-
     old = sched.in_flight_outputs[0]
     running = sched.running
     left_out = set(length_stops)
     req_ids = [r.request_id for i, r in enumerate(running) if i not in left_out]
     if not req_ids:
-        sched.in_flight_outputs.popleft()
+        sched.replace_in_flight(None)
         return
     new_block_ids: dict[str, list[int]] = {}
     req_to_blocks = sched.kv_cache_manager.req_to_blocks
@@ -329,47 +369,7 @@ def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
         preempted_req_ids=set(), finished_req_ids=sched.finished_req_ids if k == 1 else set(),
         admission_stop=old.admission_stop)
     output.num_spec_tokens_to_schedule = old.num_spec_tokens_to_schedule
-    sched.in_flight_outputs[0] = output
-
-
-def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]]) -> bool:
-    """The usual case, in bulk. Returns False (nothing done) if a hash the
-    stretch registers is already cached, or registered twice."""
-    kv = sched.kv_cache_manager
-    bs = sched.block_size
-    running = sched.running
-    num_cached_block = kv.num_cached_block
-    pending: list[tuple[Request, int, int]] = []
-    private: list[tuple[Request, int, int]] = []
-    new_hashes: list[int] = []
-    for request in running:
-        num_cached = num_cached_block.get(request.request_id, 0)
-        # Blocks whose tokens are all known and computed (async: the token
-        # in flight is not known yet).
-        num_full = (request.num_computed_tokens - request.num_in_flight_tokens) // bs
-        if num_full > num_cached:
-            if request.private:
-                # No entries to make (KVCacheManager.cache_full_blocks only
-                # counts a private request's blocks): no keys to build.
-                private.append((request, num_cached, num_full))
-                continue
-            new_hashes.extend(kv.block_hashes(request, num_full)[num_cached:num_full])
-            pending.append((request, num_cached, num_full))
-    pool = kv.block_pool
-    if not pool.cached.keys().isdisjoint(new_hashes) or len(set(new_hashes)) != len(new_hashes):
-        return False
-    req_to_blocks = kv.req_to_blocks
-    if allocs:
-        for (_, idx), block in zip(allocs, pool.get_new_blocks(len(allocs))):
-            req_to_blocks[running[idx].request_id].append(block)
-    new_blocks: list[int] = []
-    for request, num_cached, num_full in pending:
-        new_blocks.extend(req_to_blocks[request.request_id][num_cached:num_full])
-        num_cached_block[request.request_id] = num_full
-    pool.cache_new_blocks(new_blocks, new_hashes)
-    for request, num_cached, num_full in private:
-        kv.cache_full_blocks(request, req_to_blocks[request.request_id], num_cached, num_full)
-    return True
+    sched.replace_in_flight(output)
 
 
 def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]], known: list[int],
@@ -400,16 +400,11 @@ def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]], know
             last = n + idx if idx in left_out else idx
             events.extend((step, idx if step < k - 1 else last, 1) for step in steps)
     events.sort()
-    pool = kv.block_pool
     n = len(running)
     for step, order, kind in events:
-        idx = order if order < n else order - n
-        request = running[idx]
-        blocks = kv.req_to_blocks[request.request_id]
+        request = running[order if order < n else order - n]
         if kind == 0:
-            blocks.extend(pool.get_new_blocks(1))
-            continue
-        num_full = (known[idx] + step + 1) // bs
-        num_cached = kv.num_cached_block.get(request.request_id, 0)
-        if num_full > num_cached:
-            kv.cache_full_blocks(request, blocks, num_cached, num_full)
+            kv.append_new_blocks((request.request_id,))
+        else:
+            # Its first known + step + 1 tokens are known and computed.
+            kv.cache_blocks(request, known[order if order < n else order - n] + step + 1)

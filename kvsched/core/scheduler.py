@@ -292,9 +292,9 @@ class Scheduler:
         return len(self._in_flight)
 
     @property
-    def in_flight_outputs(self) -> deque[SchedulerOutput]:
+    def in_flight_outputs(self) -> Sequence[SchedulerOutput]:
         """The SchedulerOutputs awaiting update_from_output, oldest first
-        (fast-forward replaces an async stretch's batch in flight)."""
+        (read only: ``replace_in_flight`` is how fast-forward changes them)."""
         return self._in_flight
 
     def has_requests(self) -> bool:
@@ -1133,34 +1133,31 @@ class Scheduler:
                 return num_appended
         return 0
 
-    # -- fast-forward ---------------------------------------------------------
-    def fast_forward_decode(self, num_steps: int, tokens: Sequence[int]) -> list[int]:
-        """Advance every running request by ``num_steps`` decode steps at once,
-        leaving exactly the state that many ``schedule()`` /
-        ``update_from_output()`` rounds would (see kvsched.core.fast_forward).
-        Returns the free block count after each step."""
-        from kvsched.core.fast_forward import fast_forward_decode
-
-        free_after, _ = fast_forward_decode(self, num_steps, tokens)
-        # The first stretch step would have handed these to its output.
+    # -- what fast-forward changes (kvsched.core.fast_forward) ----------------
+    def take_finished_req_ids(self) -> set[str]:
+        """The ids finished since the last schedule(), handed over as that
+        call would hand them to its output (the set starts afresh)."""
+        finished = self.finished_req_ids
         self.finished_req_ids = set()
-        return free_after
+        return finished
 
-    def fast_forward_decode_finishing(self, num_steps: int, tokens: Sequence[int],
-                                      last_tokens: Sequence[int]
-                                      ) -> tuple[list[int], list[EngineCoreOutput]]:
-        """``fast_forward_decode`` whose last step samples ``last_tokens``
-        (one per running request), after which the stop checks run as in
-        ``update_from_output``: requests that stop there finish and are freed.
-        Returns the free block count after each step and the finished
-        requests' outputs."""
-        from kvsched.core.fast_forward import fast_forward_decode
+    def replace_in_flight(self, output: SchedulerOutput | None) -> None:
+        """Put ``output`` in place of the oldest step in flight, or, given
+        None, drop it: a decode stretch (kvsched.core.fast_forward) applied
+        that step and the ones after it, and leaves its last batch, if any,
+        in flight."""
+        if not self._in_flight:
+            raise ValueError("replace_in_flight: no step is in flight")
+        if output is None:
+            self._in_flight.popleft()
+        else:
+            self._in_flight[0] = output
 
-        free_after, stopped = fast_forward_decode(self, num_steps, tokens, last_tokens)
-        self.finished_req_ids = set()
-        finished = self._finish_stopped(stopped) if stopped else []
-        free_after[-1] = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        return free_after, finished
+    def finish_stopped(self, stopped: list[tuple[Request, int]]) -> list[EngineCoreOutput]:
+        """Finish running requests that stopped (each with the number of
+        its last tokens it kept; ``apply_stop_checks`` set their status) as
+        ``update_from_output`` does: out of ``running``, freed, in order."""
+        return self._finish_stopped(stopped) if stopped else []
 
     # -- checking -------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -34,12 +34,14 @@ loop reaches its next iteration when the batch it blocks on ends. So batch
 N+1 is scheduled as batch N starts, from the requests that arrived by then,
 and batch N's tokens reach the clients when N ends.
 
-An async stretch starts where one pure-decode batch of every running
-request is in flight and ``decode_stretch_plan`` allows k iterations: the
-batch in flight and the k-1 next ones are applied (their tokens at their
-ends), and the k-th new batch is left in flight. Iteration j > 0 happens
-when new batch j-1 starts on the GPU; the stretch keeps the iterations that
-happen before ``bound``.
+An async stretch starts where one batch of every running request is in
+flight (decodes, or prefills that complete) and ``decode_stretch_plan``
+allows k iterations: the batch in flight and the k-1 next ones are applied
+(their tokens at their ends), and the k-th new batch is left in flight
+(without the requests that stopped on length in the last iteration, and
+then priced as stepping prices it). Iteration j > 0 happens when new batch
+j-1 starts on the GPU; the stretch keeps the iterations that happen before
+``bound``.
 """
 
 from __future__ import annotations
@@ -125,14 +127,13 @@ class _Jumps:
         raise NotImplementedError
 
     def _jump(self, bound: float) -> int | None:
-        """A stretch if fast-forward may and can take one (under async
-        scheduling only between iterations with one batch in flight): how
-        many requests finished in it, or None."""
+        """A stretch if fast-forward may and can take one: how many requests
+        finished in it, or None. Whether a rank's state may start one is the
+        core's rule alone (``kvsched.core.fast_forward.stretch_refusal``,
+        through ``Rank.stretch_limit``)."""
         if not self.fast_forward:
             return None
-        if self.async_scheduling:
-            return self._async_stretch(bound) if len(self._queue) == 1 else None
-        return self._stretch(bound)
+        return self._async_stretch(bound) if self.async_scheduling else self._stretch(bound)
 
 
 class EngineInstance(_Jumps):
@@ -218,8 +219,6 @@ class EngineInstance(_Jumps):
         module doc); how many requests finished in it (none: an async
         stretch stops before a finish), or None."""
         rank = self.rank
-        if not rank.sched.decode_stable:
-            return None
         limit, kv_tokens, finishes = rank.stretch_limit()
         if limit < MIN_STRETCH:
             return None
@@ -261,8 +260,6 @@ class EngineInstance(_Jumps):
         """A stretch if one of useful length can be taken: how many requests
         finished in it (None: no stretch)."""
         rank = self.rank
-        if not rank.sched.decode_stable:
-            return None  # the cheap precondition first (the core checks it again)
         limit, kv_tokens, finishes = rank.stretch_limit()
         if limit < MIN_STRETCH:
             return None
@@ -388,17 +385,15 @@ class LockstepGroup(_Jumps):
         busy = [r for r in self.ranks if r.sched.running]
         if not busy or any(r.sched.waiting for r in self.ranks if not r.sched.running):
             return None
-        if not all(r.sched.decode_stable for r in busy):
-            return None
-        # A rank with nothing running must have nothing in flight either (a
-        # batch of requests that finished meanwhile still runs and is logged).
-        if any(p is not None and not r.sched.running for r, p in zip(self.ranks, self._queue[0][0])):
-            return None
         # No stretch through a finish: the batch left in flight would be
         # priced against every rank's new batch (stepped instead).
         limits = [r.stretch_limit(through_finish=False) for r in busy]
         limit = min(lim for lim, _, _ in limits)
         if limit < MIN_STRETCH:
+            return None
+        # A rank with nothing running must have nothing in flight either (a
+        # batch of requests that finished meanwhile still runs and is logged).
+        if any(p is not None and not r.sched.running for r, p in zip(self.ranks, self._queue[0][0])):
             return None
         in_flight, prev_start, prev_dt = self._queue[0]
         first_start = self._gpu_free

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from kvsched.config import CacheConfig, SchedulerConfig
-from kvsched.core.fast_forward import decode_stretch_plan
+from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
 from kvsched.core.output import DraftTokenIds, ModelRunnerOutput, SchedulerOutput
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
@@ -608,11 +608,11 @@ class Rank:
         if finishing:
             # What each samples in the last step: EOS where its model says so.
             last = [lv.token_at(len(r.output_token_ids) + k - 1) for r, lv in zip(running, lives)]
-            free_after, outputs = sched.fast_forward_decode_finishing(
-                k, [lv.token for lv in lives], last)
+            free_after, outputs = fast_forward_decode_finishing(
+                sched, k, [lv.token for lv in lives], last)
             finished = [o.request_id for o in outputs]
         else:
-            free_after = sched.fast_forward_decode(k, [lv.token for lv in lives])
+            free_after = fast_forward_decode(sched, k, [lv.token for lv in lives])
         self.num_ff_steps += k
         itls = self.itls
         # Step 0: each request's gap from its own previous token (none

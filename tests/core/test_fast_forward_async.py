@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from test_properties import scheduler_configs
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
-from kvsched.core.fast_forward import decode_stretch_plan
+from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
 from kvsched.core.output import SchedulerOutput
 
 
@@ -124,10 +124,10 @@ def test_async_stretch_equals_stepping(configs: Any, data: st.DataObject) -> Non
                 _iteration(stepped, stepped_queue, 100)
             n = len(s.running)
             if finishes and steps == k:
-                _, outputs = s.fast_forward_decode_finishing(steps, [100] * n, [100] * n)
+                _, outputs = fast_forward_decode_finishing(s, steps, [100] * n, [100] * n)
                 assert outputs
             else:
-                s.fast_forward_decode(steps, [100] * n)
+                fast_forward_decode(s, steps, [100] * n)
             s.check_invariants()
             assert _view(s) == _view(stepped)
             assert queue and len(queue) == 1
@@ -154,11 +154,11 @@ def test_an_async_stretch_jumps_and_keeps_one_batch_in_flight() -> None:
     stepped_queue = [stepped.in_flight_outputs[0]]
     for _ in range(10):
         _iteration(stepped, stepped_queue, 100)
-    s.fast_forward_decode(10, [100] * 3)
+    fast_forward_decode(s, 10, [100] * 3)
     assert _view(s) == _view(stepped)
     assert [len(r.output_token_ids) for r in s.running] == [13, 13, 13]
     with pytest.raises(ValueError, match="length stops only"):
-        s.fast_forward_decode_finishing(1, [100] * 3, [100, 0, 100])  # 0: r1's EOS
+        fast_forward_decode_finishing(s, 1, [100] * 3, [100, 0, 100])  # 0: r1's EOS
 
 
 def _async_scheduler(max_tokens: list[int], prompt_len: int = 6) -> tuple[Scheduler, list[SchedulerOutput]]:
@@ -182,7 +182,7 @@ def test_an_async_stretch_runs_through_length_stops_and_leaves_the_rest_in_fligh
     stepped_queue = [stepped.in_flight_outputs[0]]
     for _ in range(6):
         _iteration(stepped, stepped_queue, 100)
-    _, outputs = s.fast_forward_decode_finishing(6, [100] * 3, [100] * 3)
+    _, outputs = fast_forward_decode_finishing(s, 6, [100] * 3, [100] * 3)
     assert [(o.request_id, o.finish_reason) for o in outputs] == [("r0", "length"), ("r2", "length")]
     assert _view(s) == _view(stepped)
     # The batch left in flight is r1's alone (vLLM schedules nothing for a
@@ -200,7 +200,7 @@ def test_an_async_stretch_ending_every_request_leaves_nothing_in_flight() -> Non
     stepped_queue = [stepped.in_flight_outputs[0]]
     for _ in range(6):
         _iteration(stepped, stepped_queue, 100)
-    s.fast_forward_decode_finishing(6, [100] * 2, [100] * 2)
+    fast_forward_decode_finishing(s, 6, [100] * 2, [100] * 2)
     assert not s.in_flight_outputs and not s.running
     assert _view(s) == _view(stepped)
 
@@ -220,7 +220,7 @@ def test_an_async_stretch_starts_with_a_prefill_in_flight() -> None:
     stepped_queue = [stepped.in_flight_outputs[0]]
     for _ in range(5):
         _iteration(stepped, stepped_queue, 100)
-    s.fast_forward_decode(5, [100] * 3)
+    fast_forward_decode(s, 5, [100] * 3)
     assert _view(s) == _view(stepped)
     assert len(late.output_token_ids) == 5
 
@@ -237,4 +237,4 @@ def test_an_async_stretch_does_not_end_with_a_finish_while_requests_wait() -> No
     assert [r.request_id for r in s.waiting] == ["r2"] and s.decode_stable
     assert decode_stretch_plan(s) == (5, 2 * 9, False)
     with pytest.raises(ValueError, match="nothing waits"):
-        s.fast_forward_decode_finishing(6, [100] * 2, [100] * 2)
+        fast_forward_decode_finishing(s, 6, [100] * 2, [100] * 2)
