@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, TextIO
 
 from kvsched.config import (
+    BATCH_QUEUE_SIZE,
     MAX_SPECULATIVE_TOKENS,
     MAX_STEP_LIMIT,
     CacheConfig,
@@ -101,9 +102,6 @@ ABORT_KEYS = ("step", "request_ids")
 SPECULATIVE_KEYS = ("num_speculative_tokens", "method")
 # The oracle's methods: no drafter model, so no KV slots of their own.
 SPEC_METHODS = ("ngram", "ngram_gpu")
-# vLLM's engine keeps this many batches in its queue under async scheduling
-# (VllmConfig.max_concurrent_batches without pipeline parallelism).
-BATCH_QUEUE_SIZE = 2
 
 
 @dataclass(slots=True)

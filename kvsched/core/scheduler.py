@@ -27,6 +27,7 @@ from kvsched.config import (
     LoRAConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    batch_queue_size,
     check_speculative_settings,
 )
 from kvsched.core import explain
@@ -191,10 +192,10 @@ class Scheduler:
         self.token_limit = TOKEN_ID_LIMIT if vocab_size is None else vocab_size
         # Outputs of schedule() calls that scheduled something, oldest first,
         # until update_from_output() applies them: vLLM's synchronous engine
-        # runs one step at a time, its async engine keeps a second in flight
-        # (a batch queue of 2); each output is applied exactly once, in order.
+        # runs one step at a time, its async engine keeps its batch queue
+        # full; each output is applied exactly once, in order.
         self._in_flight: deque[SchedulerOutput] = deque()
-        self.max_steps_in_flight = 2 if self.async_scheduling else 1
+        self.max_steps_in_flight = batch_queue_size(self.async_scheduling)
         self._priority = scheduler_config.policy == "priority"
         # True while the admission outcome is known to repeat as long as the
         # running requests only decode: set by schedule(), cleared by anything
@@ -326,9 +327,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         if len(self._in_flight) >= self.max_steps_in_flight:
             if self.async_scheduling:
-                raise ValueError("schedule(): two steps are in flight; call update_from_output() "
-                                 "on the older one first (vLLM's async engine keeps at most two "
-                                 "batches in its queue)")
+                raise ValueError(f"schedule(): {len(self._in_flight)} steps are in flight; call "
+                                 "update_from_output() on the oldest first (vLLM's async engine "
+                                 f"keeps at most {self.max_steps_in_flight} batches in its queue)")
             raise ValueError("schedule(): the previous step's SchedulerOutput has not been applied; "
                              "call update_from_output(scheduler_output, model_runner_output) first "
                              "(vLLM's synchronous engine runs one step at a time)")

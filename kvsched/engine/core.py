@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvsched.config import CacheConfig, SchedulerConfig, check_speculative_settings
+from kvsched.config import BATCH_QUEUE_SIZE, CacheConfig, SchedulerConfig, check_speculative_settings
 from kvsched.core.output import (
     EngineCoreOutputs,
     ModelRunnerOutput,
@@ -114,10 +114,6 @@ def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, dev
         raise ValueError(f"kv_cache_memory={budget}: one KV block needs {per_block} bytes and two are the "
                          "minimum (one is the null block); give more memory")
     return int(blocks)
-
-
-# vLLM's EngineCore.batch_queue_size under async scheduling (no pipeline parallelism).
-BATCH_QUEUE_SIZE = 2
 
 
 @dataclass(slots=True)

@@ -53,6 +53,7 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
+from kvsched.config import BATCH_QUEUE_SIZE
 from kvsched.core.policies import DPRankStates
 from kvsched.perf.step_time import BatchShape, StepTimeModel
 from kvsched.sim.rank import PlannedStep, Rank
@@ -61,9 +62,6 @@ from kvsched.sim.rank import PlannedStep, Rank
 # which a request finishes) already costs less than planning and completing
 # the step (measured: -1 % instructions on 20k random requests at 20 req/s).
 MIN_STRETCH = 1
-# vLLM's batch queue under async scheduling (max_concurrent_batches without
-# pipeline parallelism): one batch running, the next one scheduled.
-BATCH_QUEUE_SIZE = 2
 
 
 def stretch_times(start: float, limit: int, bound: float,

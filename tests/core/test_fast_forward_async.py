@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from test_properties import scheduler_configs
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
+from kvsched.config import BATCH_QUEUE_SIZE
 from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
 from kvsched.core.output import SchedulerOutput
 
@@ -63,7 +64,7 @@ def _iteration(s: Scheduler, queue: list[SchedulerOutput], token: int) -> None:
     if s.has_requests():
         out = s.schedule()
         queue.insert(0, out)
-        pop = not (len(queue) < 2 and (out.total_num_scheduled_tokens > 0 or s.has_requests()))
+        pop = not (len(queue) < BATCH_QUEUE_SIZE and (out.total_num_scheduled_tokens > 0 or s.has_requests()))
     if pop:
         out = queue.pop()
         ids = list(out.num_scheduled_tokens)
