@@ -47,5 +47,5 @@ def test_the_scheduler_keeps_at_most_the_depth_in_flight(async_scheduling: bool,
     for _ in range(depth):
         s.schedule()
     assert s.num_steps_in_flight == depth
-    with pytest.raises(ValueError, match="in flight|has not been applied"):
+    with pytest.raises(ValueError, match=r"in flight|has not been applied"):
         s.schedule()

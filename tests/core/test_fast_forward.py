@@ -1,4 +1,4 @@
-"""Scheduler.fast_forward_decode leaves exactly the state of stepping one by one."""
+"""fast_forward_decode leaves exactly the state of stepping one by one."""
 
 from __future__ import annotations
 
