@@ -5,6 +5,8 @@
     python benchmarks/bench_simulate.py --scale          # issue 9's bars: 1M requests, CPU per request
     python benchmarks/bench_simulate.py --case random:100000:20   # one case
     python benchmarks/bench_simulate.py --step-time-backend measured --step-time-backend roofline
+    python benchmarks/bench_simulate.py --async-ratio 3 --step-time-backend roofline
+                                                         # async vs synchronous loop, same run
 
 Cases (each runs in a fresh process, so its peak RSS is its own):
 
@@ -16,6 +18,10 @@ Cases (each runs in a fresh process, so its peak RSS is its own):
 
 Prints wall and CPU seconds, simulated requests per wall second, CPU
 microseconds per simulated request and peak RSS.
+
+``--async-ratio N`` times each case N times with vLLM's async engine loop and
+N times with the synchronous one, alternating (so both see the same machine
+load), and prints the ratio of their best wall (and CPU) seconds.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ def run_case(case: str, fast_forward: bool = True, backend: str = "auto",
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     n = len(workload.requests)
     return {"case": case, "fast_forward": fast_forward, "backend": deployment.step_model.backend,
+            "async_scheduling": async_scheduling,
             "requests": n, "wall_seconds": wall,
             "cpu_seconds": cpu, "requests_per_wall_second": n / wall,
             "cpu_us_per_request": cpu / n * 1e6,
@@ -83,9 +90,29 @@ def run_isolated(case: str, fast_forward: bool = True, backend: str = "auto",
     return dict(json.loads(out.splitlines()[-1]))
 
 
+def async_ratio(case: str, backend: str, repeats: int) -> list[dict[str, Any]]:
+    """``repeats`` runs of ``case`` with the async engine loop and as many
+    synchronous, alternating; prints the async/sync ratio of the best."""
+    if repeats < 1:
+        raise SystemExit(f"--async-ratio {repeats}: give a number of runs >= 1")
+    runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    for _ in range(repeats):
+        for use_async in (True, False):
+            r = run_isolated(case, backend=backend, async_scheduling=use_async)
+            runs[use_async].append(r)
+            show(r)
+    best = {a: min(rs, key=lambda r: r["wall_seconds"]) for a, rs in runs.items()}
+    cpu = {a: min(r["cpu_seconds"] for r in rs) for a, rs in runs.items()}
+    print(f"{case} {backend}: async/sync wall {best[True]['wall_seconds'] / best[False]['wall_seconds']:.2f} "
+          f"(best of {repeats}: {best[True]['wall_seconds']:.2f} s / {best[False]['wall_seconds']:.2f} s), "
+          f"CPU {cpu[True] / cpu[False]:.2f} ({cpu[True]:.2f} s / {cpu[False]:.2f} s)", flush=True)
+    return runs[True] + runs[False]
+
+
 def show(r: dict[str, Any]) -> None:
     m = r["metrics"]
-    print(f"{r['case']:<22} {r['backend']:<8} ff={'on ' if r['fast_forward'] else 'off'} "
+    loop = "async " if r["async_scheduling"] else "sync  "
+    print(f"{r['case']:<22} {r['backend']:<8} {loop}ff={'on ' if r['fast_forward'] else 'off'} "
           f"{r['requests']:>9,} requests: "
           f"{r['wall_seconds']:7.1f} s wall ({r['requests_per_wall_second']:7,.0f} req/s), "
           f"{r['cpu_us_per_request']:5.0f} µs CPU per request, peak RSS {r['peak_rss_mb']:6,.0f} MB  "
@@ -106,6 +133,9 @@ def main() -> int:
                          "default auto)")
     ap.add_argument("--no-async-scheduling", action="store_true",
                     help="the synchronous engine loop (default: vLLM's async loop, as on GPUs)")
+    ap.add_argument("--async-ratio", type=int, metavar="N",
+                    help="run each case N times async and N times synchronous, alternating, and "
+                         "print the async/sync ratio of the best wall and CPU seconds")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     use_async = not args.no_async_scheduling
@@ -117,6 +147,12 @@ def main() -> int:
     cases = args.case or (["random:10000:20", "random:100000:20", "random:1000000:20",
                            "random:1000000:inf"] if args.scale else ["azure"])
     runs = []
+    if args.async_ratio:
+        for case, backend in [(c, b) for c in cases for b in args.step_time_backend or ["auto"]]:
+            runs.extend(async_ratio(case, backend, args.async_ratio))
+        if args.json:
+            Path(args.json).write_text(json.dumps(runs, indent=2, default=str) + "\n")
+        return 0
     for case, backend in [(c, b) for c in cases for b in args.step_time_backend or ["auto"]]:
         runs.append(run_isolated(case, backend=backend, async_scheduling=use_async))
         show(runs[-1])

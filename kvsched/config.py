@@ -22,6 +22,17 @@ POLICIES = ("fcfs", "priority")
 # holds the activations of that many tokens in one step, and no model's
 # context is that long (the longest published is 10M tokens).
 MAX_STEP_LIMIT = 2**24
+# vLLM's EngineCore.batch_queue_size under async scheduling: the executor's
+# max_concurrent_batches without pipeline parallelism, one batch running on
+# the GPU while the next is scheduled. The one owner of that depth: the
+# scheduler, the engine, the replayer and the simulator all read it.
+BATCH_QUEUE_SIZE = 2
+
+
+def batch_queue_size(async_scheduling: bool) -> int:
+    """How many scheduled batches vLLM's engine keeps in flight: the batch
+    queue under async scheduling, one step at a time otherwise."""
+    return BATCH_QUEUE_SIZE if async_scheduling else 1
 
 # vLLM's engine defaults that every entry point (generate, simulate, tune)
 # starts from: SchedulerConfig's class defaults for the step limits (what

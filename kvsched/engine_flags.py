@@ -63,8 +63,7 @@ def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._Argume
     ``names`` of them a command takes as single values) on ``parser`` (a
     parser or an argument group)."""
     unknown = set(names) - set(SCHEDULER_CACHE_FLAGS)
-    if unknown:
-        raise ValueError(f"add_scheduler_cache_flags: no such flags {sorted(unknown)}")
+    assert not unknown, f"add_scheduler_cache_flags: no such flags {sorted(unknown)}"
     p = OnlyFlags(parser, names)
     per = f" {defaults.scope}" if defaults.scope else ""
     p.add_argument("--max-num-seqs", type=int,

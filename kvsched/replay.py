@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, TextIO
 
 from kvsched.config import (
+    BATCH_QUEUE_SIZE,
     MAX_SPECULATIVE_TOKENS,
     MAX_STEP_LIMIT,
     NGRAM_METHODS,
@@ -106,9 +107,6 @@ SPECULATIVE_KEYS = ("num_speculative_tokens", "method")
 # The oracle's methods: no drafter model, so no KV slots of their own.
 # The scripted oracle runs n-gram drafts only (kvsched.config owns the names).
 SPEC_METHODS = NGRAM_METHODS
-# vLLM's engine keeps this many batches in its queue under async scheduling
-# (VllmConfig.max_concurrent_batches without pipeline parallelism).
-BATCH_QUEUE_SIZE = 2
 
 
 @dataclass(slots=True)

@@ -1,16 +1,24 @@
 """Advance a pure-decode stretch in one jump, exactly.
 
-This module owns every rule of fast-forward: :func:`decode_stretch_plan`
-decides how many steps a scheduler can advance with nothing changing but
-decoding, and :func:`fast_forward_decode` takes them. Drivers (one engine, a
+This module owns every rule of fast-forward: :func:`stretch_refusal` says
+whether a scheduler's state may start a stretch at all (the one owner of
+that rule: the simulator asks it, through :func:`decode_stretch_plan`),
+:func:`decode_stretch_plan` how many steps it can advance with nothing
+changing but decoding, and :func:`fast_forward_decode` /
+:func:`fast_forward_decode_finishing` take them. Drivers (one engine, a
 data-parallel group) only add their own limits: the next arrival and their
-clients.
+clients. The module sits above the scheduler: it changes the scheduler and
+the KV cache only through their methods (``Scheduler.replace_in_flight``,
+``take_finished_req_ids``, ``finish_stopped``;
+``KVCacheManager.append_new_blocks``, ``cache_in_bulk``, ``cache_blocks``).
 
 A stretch of ``k`` steps is allowed when all of these hold:
 
-- no admission policy is installed (a policy may change its mind any step);
+- no admission policy is installed (a policy may change its mind any step),
+  and no drafts are scheduled (speculative decoding);
 - no step is in flight (``Scheduler.step_in_flight``: its output is
-  applied), and the scheduler's admission outcome is settled
+  applied; async: exactly one, see below), and the scheduler's admission
+  outcome is settled
   (``Scheduler.decode_stable``): nothing waits, or the last ``schedule()``
   was pure decode and admission stopped for a reason that cannot lift while requests only decode
   (``max_num_seqs``, the token budget, chunked prefill off, KV blocks: free
@@ -25,24 +33,30 @@ A stretch of ``k`` steps is allowed when all of these hold:
 - none stops before the stretch's last step (length cap, or a stop the
   caller's model will produce); in the last step requests may stop, and
   their stop checks and freeing then run as ``update_from_output``'s
-  (``decode_stretch_plan``, ``Scheduler.fast_forward_decode_finishing``), so
+  (``decode_stretch_plan``, ``fast_forward_decode_finishing``), so
   a finish costs no step of its own;
 - the blocks the stretch needs fit the free pool, so nothing is preempted.
 
 Under async scheduling (without drafts) a step is one iteration of vLLM's
 engine loop: schedule the next batch, then apply the older one's tokens.
 Between iterations one batch is in flight: the stretch starts there when
-that batch is pure decode of exactly the running requests (each computed
-one token ahead of its known tokens, one placeholder, one token in flight)
-and ends there with the stretch's last batch in flight, a SchedulerOutput
+that batch is one step of exactly the running requests, each computed up to
+its known tokens and sampling one token that is still a placeholder: a
+decode (one token in flight), or the last chunk of a prefill, whose
+first token the stretch's first iteration applies. It ends there with the
+stretch's last batch in flight, a SchedulerOutput
 ``fast_forward_decode`` builds and puts in its place. A request's token
 count and computed count both grow by one per iteration, blocks are taken
 at the same positions as when stepping synchronously (one position ahead
 of the known tokens), and a block enters the prefix cache one iteration
 after the synchronous step would register it (its last token is known only
-then). An async stretch never runs through a finish: the iteration in
-which a request stops is stepped (a length stop changes which requests the
-same iteration schedules).
+then). An async stretch may end with the iteration in which requests stop
+if they all stop on length and nothing waits: that iteration's schedule()
+leaves them out (the batch in flight reaches their length), so the batch
+left in flight is the requests still running, or none. A stop token, which
+the scheduler cannot foresee, is stepped, and so is a finish while
+requests wait (the token that request leaves in the budget could admit
+one).
 
 Stepping one by one, step j visits the running requests in order: a request
 that starts a new block takes one from the front of the free queue (evicting
@@ -64,31 +78,61 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
+from kvsched.core.output import CachedRequestData, EngineCoreOutput, SchedulerOutput
+from kvsched.core.scheduler import Scheduler
 from kvsched.errors import UserInputError
-from kvsched.request import check_token_ids
+from kvsched.request import Request, check_token_ids
 
-if TYPE_CHECKING:
-    from kvsched.core.scheduler import Scheduler
-    from kvsched.request import Request
+
+def stretch_refusal(sched: Scheduler) -> str | None:
+    """Why ``sched`` may not start a decode stretch now, or None if it may:
+    the one place the rule of the module doc lives (its conditions on the
+    admission outcome, the batch in flight and every running request's
+    state; how far a stretch may go is ``decode_stretch_plan``'s). Callers
+    that only plan test it for None; ``fast_forward_decode`` raises it."""
+    running = sched.running
+    if sched.num_spec_tokens:
+        return "a stretch covers plain decode, not speculative decoding"
+    if not sched.async_scheduling:
+        if sched.step_in_flight:
+            return ("the last step's SchedulerOutput has not been applied; call "
+                    "update_from_output first")
+    elif sched.num_steps_in_flight != 1:
+        return ("under async scheduling a stretch starts with exactly one batch in flight "
+                "(and no drafts); step once first")
+    if sched.admission_policy is not None or not sched.decode_stable:
+        return ("admission is not settled (an admission policy is installed, or something was "
+                "added, finished or admitted since the last pure-decode step); step once first")
+    if not running:
+        return "nothing is running"
+    if len(running) > sched.max_num_scheduled_tokens:
+        return "the running requests exceed the token budget"
+    if not sched.async_scheduling:
+        for r in running:
+            # Decoding, and its first token is out (module doc).
+            if r.num_computed_tokens != r.num_tokens - 1 or not r.output_token_ids:
+                return f"{r.request_id} is not decoding"
+        return None
+    # Async: the batch in flight holds exactly the running requests, each
+    # computed up to its known tokens, sampling one token that is still a
+    # placeholder: a decode, or the last chunk of a prefill (its first token).
+    batch = sched.in_flight_outputs[0].num_scheduled_tokens
+    if len(batch) != len(running):
+        return "the batch in flight is not one step of exactly the running requests; step once first"
+    for r in running:
+        n = batch.get(r.request_id)
+        if n is None or n != r.num_in_flight_tokens or (
+                r.num_computed_tokens != r.num_tokens or r.num_output_placeholders != 1):
+            return f"{r.request_id} is not decoding"
+    return None
 
 
 def _lead(sched: Scheduler) -> int:
     """How far a decoding request's computed tokens run ahead of its known
-    ones between steps: 0 synchronously (no step in flight); 1 under async
-    scheduling when exactly one batch is in flight and it is pure decode of
-    exactly the running requests. -1 when no stretch can start."""
-    if not sched.async_scheduling:
-        return -1 if sched.step_in_flight or sched.num_spec_tokens else 0
-    if sched.num_spec_tokens or sched.num_steps_in_flight != 1:
-        return -1
-    batch = sched.in_flight_outputs[0].num_scheduled_tokens
-    n = len(sched.running)
-    if len(batch) != n or sched.in_flight_outputs[0].total_num_scheduled_tokens != n or any(
-            r.request_id not in batch for r in sched.running):
-        return -1
-    return 1
+    ones between steps: 0 synchronously, 1 under async scheduling (one
+    batch in flight)."""
+    return 1 if sched.async_scheduling else 0
 
 
 def first_new_block_steps(sched: Scheduler) -> list[int]:
@@ -117,30 +161,34 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     with the step in which the first requests stop (their stop checks and
     freeing then run as in ``update_from_output``:
     ``Scheduler.fast_forward_decode_finishing``); else it stops before it."""
+    if stretch_refusal(sched) is not None:
+        return 0, 0, False
     running = sched.running
-    if (sched.admission_policy is not None or not sched.decode_stable
-            or not running or len(running) > sched.max_num_scheduled_tokens):
-        return 0, 0, False
     lead = _lead(sched)
-    if lead < 0:
-        return 0, 0, False
-    if lead:
-        through_finish = False
     first_stop: float = math.inf  # the earliest step (0-based) in which a request stops
+    # Under async scheduling a stretch may end with the iteration in which
+    # requests stop only if they all stop on length: the scheduler then
+    # leaves them out of the batch it schedules in that same iteration (it
+    # knows the batch in flight reaches their length), so that batch, left
+    # in flight, is exactly the requests still running. A stop token it
+    # cannot foresee, or a request waiting for the slot, is stepped.
+    length_stops_only = True
     kv_tokens = 0
     for r in running:
         length = r.num_tokens
-        if r.num_computed_tokens != length - 1 + lead or not r.output_token_ids or (
-                lead and (r.num_output_placeholders != 1 or r.num_in_flight_tokens != 1)):
-            return 0, 0, False  # still prefilling, or its first token is still to come
         kv_tokens += length
         # Step j appends the token that makes the length length + j + 1:
         # the length cap stops it at j = stop_len - length - 1.
-        stop = r.stop_len - length - 1
+        stop = length_stop = r.stop_len - length - 1
         if steps_to_stop is not None:
             stop = min(stop, steps_to_stop(r) - 1)
         if stop < first_stop:
             first_stop = stop
+            length_stops_only = stop == length_stop
+        elif stop == first_stop and stop != length_stop:
+            length_stops_only = False
+    if lead and (sched.waiting or not length_stops_only):
+        through_finish = False
     k = int(first_stop) + 1 if through_finish else int(first_stop)
     if k < 1:
         return 0, 0, False
@@ -163,64 +211,95 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     return k, kv_tokens, finishes and k > 0
 
 
-def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
-                        last_tokens: Sequence[int] | None = None
-                        ) -> tuple[list[int], list[tuple[Request, int]]]:
+def fast_forward_decode(sched: Scheduler, num_steps: int, tokens: Sequence[int]) -> list[int]:
+    """Advance every running request of ``sched`` by ``num_steps`` decode
+    steps at once, leaving exactly the state that many ``schedule()`` /
+    ``update_from_output()`` rounds (async: engine-loop iterations) would;
+    ``tokens[i]`` is what running request i samples at each. Returns the
+    free block count after each step."""
+    free_after, _ = _advance(sched, num_steps, tokens)
+    # The first stretch step would have handed these to its output.
+    sched.take_finished_req_ids()
+    return free_after
+
+
+def fast_forward_decode_finishing(sched: Scheduler, num_steps: int, tokens: Sequence[int],
+                                  last_tokens: Sequence[int]
+                                  ) -> tuple[list[int], list[EngineCoreOutput]]:
+    """``fast_forward_decode`` whose last step samples ``last_tokens`` (one
+    per running request), after which the stop checks run as in
+    ``update_from_output``: requests that stop there finish and are freed.
+    Returns the free block count after each step and the finished
+    requests' outputs."""
+    free_after, stopped = _advance(sched, num_steps, tokens, last_tokens)
+    sched.take_finished_req_ids()
+    finished = sched.finish_stopped(stopped)
+    free_after[-1] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    return free_after, finished
+
+
+def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
+             last_tokens: Sequence[int] | None = None
+             ) -> tuple[list[int], list[tuple[Request, int]]]:
     """Advance every running request ``k`` decode steps: ``tokens[i]`` is what
     request i samples at each step, or, given ``last_tokens``, at each step
-    but the last, which samples ``last_tokens[i]`` and may stop the request.
+    but the last, which samples ``last_tokens[i]`` and may stop the request
+    (under async scheduling only on length: see ``decode_stretch_plan``).
     Returns the free block count after each step (before any finishing) and
     the requests that stopped at the last step with the tokens they kept (for
-    ``Scheduler._finish_stopped``); changes nothing if it raises."""
+    ``Scheduler.finish_stopped``); changes nothing if it raises."""
+    why = stretch_refusal(sched)
+    if why is not None:
+        raise UserInputError(f"fast_forward_decode: {why}")
     running = sched.running
     lead = _lead(sched)
-    if lead < 0:
-        if sched.async_scheduling:
-            raise UserInputError("fast_forward_decode: under async scheduling a stretch starts with "
-                             "exactly one pure-decode batch of the running requests in flight "
-                             "(and no drafts); step once first")
-        raise UserInputError("fast_forward_decode: the last step's SchedulerOutput has not been applied; "
-                         "call update_from_output first")
-    if lead and last_tokens is not None:
-        raise UserInputError("fast_forward_decode: an async stretch does not run through a finish; "
-                         "step the iteration in which a request stops")
     if type(k) is not int:
         raise TypeError(f"fast_forward_decode: num_steps={k!r} must be an int")
     limit = sched.token_limit
     check_token_ids("fast_forward_decode: tokens", list(tokens), limit)
     if last_tokens is not None:
         check_token_ids("fast_forward_decode: last_tokens", list(last_tokens), limit)
-    if k < 1 or not running or len(tokens) != len(running) or (
+    if k < 1 or len(tokens) != len(running) or (
             last_tokens is not None and len(last_tokens) != len(running)):
         raise UserInputError(f"fast_forward_decode: need num_steps >= 1 and one token per running "
                          f"request (num_steps={k}, {len(tokens)} tokens, {len(running)} running)")
-    if len(running) > sched.max_num_scheduled_tokens:
-        raise UserInputError("fast_forward_decode: the running requests exceed the token budget")
-    if sched.admission_policy is not None or not sched.decode_stable:
-        raise UserInputError("fast_forward_decode: admission is not settled (an admission policy is "
-                         "installed, or something was added, finished or admitted since the last "
-                         "pure-decode step); step once first")
     kv = sched.kv_cache_manager
     bs = sched.block_size
     # Steps in which nothing may stop: all, or all but the last.
     quiet = k if last_tokens is None else k - 1
     # (step, running index) of every new block, in the order stepping takes them.
     allocs: list[tuple[int, int]] = []
+    # Async: the running indexes of the requests that reach their length in
+    # the last step; the last iteration schedules no token for them.
+    length_stops: list[int] = []
     firsts = first_new_block_steps(sched)
     for idx, (request, token) in enumerate(zip(running, tokens)):
         length = request.num_tokens
-        if request.num_computed_tokens != length - 1 + lead or not request.output_token_ids or (
-                lead and (request.num_output_placeholders != 1 or request.num_in_flight_tokens != 1)):
-            raise UserInputError(f"fast_forward_decode: {request.request_id} is not decoding")
         if length + quiet >= request.stop_len or (quiet and token in request.all_stop_ids):
             raise UserInputError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
+        steps = k
+        if lead and last_tokens is not None:
+            if length + k >= request.stop_len:
+                length_stops.append(idx)
+                steps = k - 1
+            elif last_tokens[idx] in request.all_stop_ids:
+                raise UserInputError(
+                    f"fast_forward_decode: {request.request_id} would stop on a stop token in the "
+                    "last step; under async scheduling a stretch runs through length stops only "
+                    "(step the iteration in which it stops)")
         first = firsts[idx]
-        if first < k:  # most requests take no block in a stretch: no generator for them
-            allocs.extend((step, idx) for step in range(first, k, bs))
+        if first < steps:  # most requests take no block in a stretch: no generator for them
+            allocs.extend((step, idx) for step in range(first, steps, bs))
+    if length_stops and sched.waiting:
+        raise UserInputError(f"fast_forward_decode: {len(sched.waiting)} requests wait; under async "
+                         "scheduling a stretch ends with requests stopping only when nothing waits")
     pool = kv.block_pool
     free = pool.get_num_free_blocks()
     if len(allocs) > free:
         raise UserInputError("fast_forward_decode: the stretch needs more blocks than are free")
+    # Known tokens minus one before the stretch, per request (the cache
+    # registrations below count from it).
+    known = [r.num_tokens - 1 for r in running]
     stopped: list[tuple[Request, int]] = []
     for idx, (request, token) in enumerate(zip(running, tokens)):
         if last_tokens is None:
@@ -235,11 +314,24 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
                 stopped.append((request, sched.apply_stop_checks(request, [last])))
         request.num_computed_tokens += k
         request.is_prefill_chunk = False
+        if lead:
+            # One token (the last batch's) in flight, still a placeholder.
+            request.num_in_flight_tokens = 1
+    for idx in length_stops:
+        # Not scheduled in the last iteration: nothing in flight any more.
+        request = running[idx]
+        request.num_computed_tokens -= 1
+        request.num_in_flight_tokens = 0
+        request.num_output_placeholders = 0
     allocs.sort()
-    if not kv.enable_caching or not _cache_in_bulk(sched, allocs, lead):
-        _replay_events(sched, k, allocs, lead)
+    # Blocks whose tokens are all known and computed (async: the token in
+    # flight is not known yet).
+    if not kv.enable_caching or not kv.cache_in_bulk(
+            running, [(r.num_computed_tokens - r.num_in_flight_tokens) // bs for r in running],
+            [running[idx].request_id for _, idx in allocs]):
+        _replay_events(sched, k, allocs, known, length_stops)
     if lead:
-        _renew_in_flight(sched, allocs, k)
+        _renew_in_flight(sched, allocs, k, length_stops)
     # Free blocks after each step: only allocations change the count.
     per_step = [0] * k
     for step, _ in allocs:
@@ -251,20 +343,25 @@ def fast_forward_decode(sched: Scheduler, k: int, tokens: Sequence[int],
     return free_after, stopped
 
 
-def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int) -> None:
+def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
+                     length_stops: list[int]) -> None:
     """Async: the stretch's last batch is in flight in place of the one
-    before it: every running request for one token (what the last
-    iteration's schedule() would have returned)."""
-    from kvsched.core.output import CachedRequestData, SchedulerOutput
-
+    before it: every running request but those stopping on length for one
+    token (what the last iteration's schedule() would have returned), or
+    nothing if they all stop."""
     old = sched.in_flight_outputs[0]
     running = sched.running
-    req_ids = [r.request_id for r in running]
+    left_out = set(length_stops)
+    req_ids = [r.request_id for i, r in enumerate(running) if i not in left_out]
+    if not req_ids:
+        sched.replace_in_flight(None)
+        return
     new_block_ids: dict[str, list[int]] = {}
     req_to_blocks = sched.kv_cache_manager.req_to_blocks
     for step, idx in allocs:
         if step == k - 1:
-            new_block_ids[req_ids[idx]] = [req_to_blocks[req_ids[idx]][-1]]
+            rid = running[idx].request_id
+            new_block_ids[rid] = [req_to_blocks[rid][-1]]
     output = SchedulerOutput(
         scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(req_ids, set(), new_block_ids),
         num_scheduled_tokens=dict.fromkeys(req_ids, 1), total_num_scheduled_tokens=len(req_ids),
@@ -273,77 +370,42 @@ def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int) ->
         preempted_req_ids=set(), finished_req_ids=sched.finished_req_ids if k == 1 else set(),
         admission_stop=old.admission_stop)
     output.num_spec_tokens_to_schedule = old.num_spec_tokens_to_schedule
-    sched.in_flight_outputs[0] = output
+    sched.replace_in_flight(output)
 
 
-def _cache_in_bulk(sched: Scheduler, allocs: list[tuple[int, int]], lead: int) -> bool:
-    """The usual case, in bulk. Returns False (nothing done) if a hash the
-    stretch registers is already cached, or registered twice."""
-    kv = sched.kv_cache_manager
-    bs = sched.block_size
-    running = sched.running
-    num_cached_block = kv.num_cached_block
-    pending: list[tuple[Request, int, int]] = []
-    private: list[tuple[Request, int, int]] = []
-    new_hashes: list[int] = []
-    for request in running:
-        num_cached = num_cached_block.get(request.request_id, 0)
-        # Blocks whose tokens are all known (async: computed runs one ahead).
-        num_full = (request.num_computed_tokens - lead) // bs
-        if num_full > num_cached:
-            if request.private:
-                # No entries to make (KVCacheManager.cache_full_blocks only
-                # counts a private request's blocks): no keys to build.
-                private.append((request, num_cached, num_full))
-                continue
-            new_hashes.extend(kv.block_hashes(request, num_full)[num_cached:num_full])
-            pending.append((request, num_cached, num_full))
-    pool = kv.block_pool
-    if not pool.cached.keys().isdisjoint(new_hashes) or len(set(new_hashes)) != len(new_hashes):
-        return False
-    req_to_blocks = kv.req_to_blocks
-    if allocs:
-        for (_, idx), block in zip(allocs, pool.get_new_blocks(len(allocs))):
-            req_to_blocks[running[idx].request_id].append(block)
-    new_blocks: list[int] = []
-    for request, num_cached, num_full in pending:
-        new_blocks.extend(req_to_blocks[request.request_id][num_cached:num_full])
-        num_cached_block[request.request_id] = num_full
-    pool.cache_new_blocks(new_blocks, new_hashes)
-    for request, num_cached, num_full in private:
-        kv.cache_full_blocks(request, req_to_blocks[request.request_id], num_cached, num_full)
-    return True
-
-
-def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]], lead: int) -> None:
-    """Allocations and cache registrations one by one, in stepping order."""
+def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]], known: list[int],
+                   length_stops: list[int]) -> None:
+    """Allocations and cache registrations one by one, in stepping order
+    (``known``: each request's known tokens minus one before the stretch)."""
     kv = sched.kv_cache_manager
     bs = sched.block_size
     running = sched.running
     caching = kv.enable_caching
-    # (step, running index, 0 = allocate / 1 = cache): at one step a request
-    # allocates before it caches, as allocate_slots does.
+    # (step, order, 0 = allocate / 1 = cache): at one step a request
+    # allocates before it caches, as allocate_slots does, in running order.
     events = [(step, idx, 0) for step, idx in allocs]
     if caching:
+        n = len(running)
+        left_out = set(length_stops)
         for idx, request in enumerate(running):
-            # Known tokens minus one before the stretch (the computed count
-            # synchronously; async runs one ahead).
-            c = request.num_computed_tokens - k - lead
+            c = known[idx]
             # Step j fills a block when (c + j + 1) % bs == 0; blocks left
             # uncached before the stretch are registered at its first step.
             first = (-(c + 1)) % bs
+            steps = list(range(first, k, bs))
             if first and (c + 1) // bs > kv.num_cached_block.get(request.request_id, 0):
-                events.append((0, idx, 1))
-            events.extend((step, idx, 1) for step in range(first, k, bs))
+                steps.insert(0, 0)
+            # Not scheduled in the last iteration, a request stopping on
+            # length registers then when its tokens are applied: after every
+            # allocation of that iteration.
+            last = n + idx if idx in left_out else idx
+            events.extend((step, idx if step < k - 1 else last, 1) for step in steps)
     events.sort()
-    pool = kv.block_pool
-    for step, idx, kind in events:
-        request = running[idx]
-        blocks = kv.req_to_blocks[request.request_id]
+    n = len(running)
+    for step, order, kind in events:
+        request = running[order if order < n else order - n]
         if kind == 0:
-            blocks.extend(pool.get_new_blocks(1))
-            continue
-        num_full = (request.num_computed_tokens - k - lead + step + 1) // bs
-        num_cached = kv.num_cached_block.get(request.request_id, 0)
-        if num_full > num_cached:
-            kv.cache_full_blocks(request, blocks, num_cached, num_full)
+            kv.append_new_blocks((request.request_id,))
+        else:
+            # Its first known + step + 1 tokens are known and computed.
+            kv.cache_blocks(request, known[order if order < n else order - n] + step + 1)

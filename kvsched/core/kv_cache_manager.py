@@ -277,6 +277,53 @@ class KVCacheManager:
             self.block_pool.cache_blocks(blocks[num_cached:num_full], hashes[num_cached:num_full])
         self.num_cached_block[request.request_id] = num_full
 
+    def append_new_blocks(self, request_ids: Sequence[str]) -> None:
+        """Take ``len(request_ids)`` blocks from the front of the free queue,
+        in order, and append the i-th to the table of ``request_ids[i]``
+        (a decode stretch's allocations, in stepping order; the caller
+        checked they fit)."""
+        if not request_ids:
+            return
+        req_to_blocks = self.req_to_blocks
+        for rid, block in zip(request_ids, self.block_pool.get_new_blocks(len(request_ids))):
+            req_to_blocks[rid].append(block)
+
+    def cache_in_bulk(self, requests: Sequence[Request], num_full: Sequence[int],
+                      new_block_owners: Sequence[str]) -> bool:
+        """A decode stretch's allocations (``append_new_blocks(new_block_owners)``)
+        and registrations (``requests[i]``'s first ``num_full[i]`` blocks)
+        in one go: valid when none of the hashes registered is cached yet
+        and none repeats, for evictions and insertions then touch disjoint
+        entries and their order cannot matter. Returns False, having done
+        nothing, otherwise (the caller replays them one by one)."""
+        num_cached_block = self.num_cached_block
+        pending: list[tuple[Request, int, int]] = []
+        private: list[tuple[Request, int, int]] = []
+        new_hashes: list[int] = []
+        for request, full in zip(requests, num_full):
+            num_cached = num_cached_block.get(request.request_id, 0)
+            if full > num_cached:
+                if request.private:
+                    # No entries to make (cache_full_blocks only counts a
+                    # private request's blocks): no keys to build.
+                    private.append((request, num_cached, full))
+                    continue
+                new_hashes.extend(self.block_hashes(request, full)[num_cached:full])
+                pending.append((request, num_cached, full))
+        pool = self.block_pool
+        if not pool.cached.keys().isdisjoint(new_hashes) or len(set(new_hashes)) != len(new_hashes):
+            return False
+        self.append_new_blocks(new_block_owners)
+        req_to_blocks = self.req_to_blocks
+        new_blocks: list[int] = []
+        for request, num_cached, full in pending:
+            new_blocks.extend(req_to_blocks[request.request_id][num_cached:full])
+            num_cached_block[request.request_id] = full
+        pool.cache_new_blocks(new_blocks, new_hashes)
+        for request, num_cached, full in private:
+            self.cache_full_blocks(request, req_to_blocks[request.request_id], num_cached, full)
+        return True
+
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first, so its prefix is evicted
         last. Its first ``num_cached_block`` blocks are exactly its cached

@@ -3,13 +3,15 @@ waiting request (``AdmissionPolicy``), and the ready-made policies.
 
 A policy returns None to let the request in, or a short reason that stops
 admission for the rest of the step (the reason shows up in ``--explain``).
-Running requests are never affected. A new policy is a few lines::
+Running requests are never affected. A policy reads the scheduler through
+:class:`kvsched.core.view.SchedulerView` (what it may read; it writes
+nothing there). A new policy is a few lines::
 
     class MaxRunning:
         def __init__(self, limit: int) -> None:
             self.limit = limit
 
-        def hold_reason(self, scheduler: Scheduler, request: Request) -> str | None:
+        def hold_reason(self, scheduler: SchedulerView, request: Request) -> str | None:
             if len(scheduler.running) >= self.limit:
                 return f"{len(scheduler.running)} running, limit {self.limit}"
             return None
@@ -43,16 +45,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from kvsched.core.view import SchedulerView
 from kvsched.errors import UserInputError
 
 if TYPE_CHECKING:
     from kvsched.core.output import SchedulerOutput
-    from kvsched.core.scheduler import Scheduler
     from kvsched.request import Request
 
 
 class AdmissionPolicy(Protocol):
-    def hold_reason(self, scheduler: Scheduler, request: Request) -> str | None:
+    def hold_reason(self, scheduler: SchedulerView, request: Request) -> str | None:
         """None admits ``request``; a reason stops admission for this step."""
         ...
 
@@ -90,7 +92,7 @@ class PrefillCadence:
         self.deferring = False
         self._mid_prefill: list[Request] = []
 
-    def begin_step(self, scheduler: Scheduler) -> None:
+    def begin_step(self, scheduler: SchedulerView) -> None:
         running = scheduler.running
         self.deferring = (
             self.interval > 1
@@ -101,10 +103,10 @@ class PrefillCadence:
         # need to know which ones were mid-prefill.
         self._mid_prefill = [] if self.deferring else [r for r in running if r.is_prefill_chunk]
 
-    def defer_prefill_chunks(self, scheduler: Scheduler) -> bool:
+    def defer_prefill_chunks(self, scheduler: SchedulerView) -> bool:
         return self.deferring
 
-    def hold_reason(self, scheduler: Scheduler, request: Request) -> str | None:
+    def hold_reason(self, scheduler: SchedulerView, request: Request) -> str | None:
         if not self.deferring:
             return None
         _, num_computed = scheduler.kv_cache_manager.get_computed_blocks(request)
@@ -116,7 +118,7 @@ class PrefillCadence:
         since = self.num_executed_steps + 1 - self.last_prefill_step
         return f"prefill cadence: step {since} of {self.interval} since the last prefill; decodes run alone"
 
-    def end_step(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
+    def end_step(self, scheduler: SchedulerView, output: SchedulerOutput) -> None:
         if not self.deferring and not output.preempted_req_ids:
             self.capacity_bound = len(scheduler.waiting) > 0
         if output.total_num_scheduled_tokens > 0:
@@ -134,7 +136,7 @@ class PrefillCadence:
                    for r in self._mid_prefill)
 
     @staticmethod
-    def _prefill_admitted(scheduler: Scheduler, output: SchedulerOutput) -> bool:
+    def _prefill_admitted(scheduler: SchedulerView, output: SchedulerOutput) -> bool:
         requests = scheduler.requests
         for new in output.scheduled_new_reqs:
             if new.num_computed_tokens < requests[new.req_id].num_tokens - 1:
@@ -162,7 +164,7 @@ class DPPrefillCadence(PrefillCadence):
         super().__init__(interval)
         self.shared = shared
 
-    def begin_step(self, scheduler: Scheduler) -> None:
+    def begin_step(self, scheduler: SchedulerView) -> None:
         running = scheduler.running
         self.deferring = (
             self.interval > 1
@@ -224,7 +226,7 @@ class DPRankStates:
         self.running[rank] = num_running
         self.waiting[rank] = num_waiting
 
-    def publish_all(self, schedulers: Sequence[Scheduler]) -> None:
+    def publish_all(self, schedulers: Sequence[SchedulerView]) -> None:
         for rank, s in enumerate(schedulers):
             self.publish(rank, len(s.running), len(s.waiting))
 
@@ -257,7 +259,7 @@ class BalanceGate:
         self.rank = rank
         self.threshold = threshold
 
-    def hold_reason(self, scheduler: Scheduler, request: Request) -> str | None:
+    def hold_reason(self, scheduler: SchedulerView, request: Request) -> str | None:
         limit = scheduler.max_num_running_reqs
         if self.threshold == "full-minus-one":
             limit -= 1
@@ -306,7 +308,7 @@ class AdpBalance:
         self.batching_iters = 0
         self.hold: str | None = None
 
-    def begin_step(self, scheduler: Scheduler) -> None:
+    def begin_step(self, scheduler: SchedulerView) -> None:
         running = self.shared.running
         waiting = self.shared.waiting
         max_seqs = scheduler.max_num_running_reqs
@@ -331,5 +333,5 @@ class AdpBalance:
         self.hold = (f"adp balance: DP rank {idle[0]} has no prefill to run "
                      f"(wait {self.waiting_iters} of {self.timeout_iters})")
 
-    def hold_reason(self, scheduler: Scheduler, request: Request) -> str | None:
+    def hold_reason(self, scheduler: SchedulerView, request: Request) -> str | None:
         return self.hold

@@ -27,6 +27,7 @@ from kvsched.config import (
     LoRAConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    batch_queue_size,
     check_speculative_settings,
 )
 from kvsched.core import explain
@@ -192,10 +193,10 @@ class Scheduler:
         self.token_limit = TOKEN_ID_LIMIT if vocab_size is None else vocab_size
         # Outputs of schedule() calls that scheduled something, oldest first,
         # until update_from_output() applies them: vLLM's synchronous engine
-        # runs one step at a time, its async engine keeps a second in flight
-        # (a batch queue of 2); each output is applied exactly once, in order.
+        # runs one step at a time, its async engine keeps its batch queue
+        # full; each output is applied exactly once, in order.
         self._in_flight: deque[SchedulerOutput] = deque()
-        self.max_steps_in_flight = 2 if self.async_scheduling else 1
+        self.max_steps_in_flight = batch_queue_size(self.async_scheduling)
         self._priority = scheduler_config.policy == "priority"
         # True while the admission outcome is known to repeat as long as the
         # running requests only decode: set by schedule(), cleared by anything
@@ -293,9 +294,9 @@ class Scheduler:
         return len(self._in_flight)
 
     @property
-    def in_flight_outputs(self) -> deque[SchedulerOutput]:
+    def in_flight_outputs(self) -> Sequence[SchedulerOutput]:
         """The SchedulerOutputs awaiting update_from_output, oldest first
-        (fast-forward replaces an async stretch's batch in flight)."""
+        (read only: ``replace_in_flight`` is how fast-forward changes them)."""
         return self._in_flight
 
     def has_requests(self) -> bool:
@@ -327,9 +328,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         if len(self._in_flight) >= self.max_steps_in_flight:
             if self.async_scheduling:
-                raise UserInputError("schedule(): two steps are in flight; call update_from_output() "
-                                 "on the older one first (vLLM's async engine keeps at most two "
-                                 "batches in its queue)")
+                raise UserInputError(f"schedule(): {len(self._in_flight)} steps are in flight; call "
+                                 "update_from_output() on the oldest first (vLLM's async engine "
+                                 f"keeps at most {self.max_steps_in_flight} batches in its queue)")
             raise UserInputError("schedule(): the previous step's SchedulerOutput has not been applied; "
                              "call update_from_output(scheduler_output, model_runner_output) first "
                              "(vLLM's synchronous engine runs one step at a time)")
@@ -344,7 +345,7 @@ class Scheduler:
         if self._defer_prefill_chunks is not None and self._defer_prefill_chunks(self):
             # Running requests mid-prefill sit this step out (the general path).
             self._schedule_running_preempting(step, threshold, 0, skip_prefill_chunks=True)
-        elif self._plain:
+        elif not self.num_spec_tokens:
             self._schedule_running(step, threshold)
         else:
             self._schedule_running_preempting(step, threshold, 0)
@@ -393,7 +394,8 @@ class Scheduler:
             request.spec_token_ids = placeholders
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
-        """Phase 1, fast path: while every running request fits, a plain pass.
+        """Phase 1, fast path (no drafts; synchronous, or async with its
+        placeholders): while every running request fits, a plain pass.
         At the first one that does not, ``_schedule_running_preempting`` takes
         over from it. Scheduling a request advances its num_computed_tokens at
         once (vLLM does it after all phases; nothing in between reads it)."""
@@ -413,7 +415,12 @@ class Scheduler:
             # Inlined copy of _num_running_tokens (a call per request costs ~10%).
             computed = request.num_computed_tokens
             num_tokens = request.num_tokens
-            num_new = num_tokens - computed
+            # Async: the tokens of the steps in flight are placeholders.
+            placeholders = request.num_output_placeholders
+            if placeholders and (computed + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens):
+                continue  # as in _schedule_running_preempting
+            num_new = num_tokens + placeholders - computed
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > budget:
@@ -425,9 +432,11 @@ class Scheduler:
             rid = request.request_id
             end = computed + num_new
             # Most steps a request's new tokens fit its last block and fill no
-            # block that has to enter the prefix cache: no allocation at all.
+            # block that has to enter the prefix cache (only known tokens
+            # do): no allocation at all.
             if end > len(req_to_blocks[rid]) * bs or (
-                    caching and end // bs > num_cached_block.get(rid, 0)):
+                    caching and (end if end < num_tokens else num_tokens) // bs
+                    > num_cached_block.get(rid, 0)):
                 new_blocks = kv.allocate_slots(request, num_new)
                 if new_blocks is None:
                     step.token_budget = budget
@@ -439,7 +448,7 @@ class Scheduler:
             num_scheduled[rid] = num_new
             budget -= num_new
             request.num_computed_tokens = end
-            if end < num_tokens:
+            if end < num_tokens + placeholders:
                 request.is_prefill_chunk = True
                 step.prefill_chunks.append(rid)
             else:
@@ -1126,34 +1135,31 @@ class Scheduler:
                 return num_appended
         return 0
 
-    # -- fast-forward ---------------------------------------------------------
-    def fast_forward_decode(self, num_steps: int, tokens: Sequence[int]) -> list[int]:
-        """Advance every running request by ``num_steps`` decode steps at once,
-        leaving exactly the state that many ``schedule()`` /
-        ``update_from_output()`` rounds would (see kvsched.core.fast_forward).
-        Returns the free block count after each step."""
-        from kvsched.core.fast_forward import fast_forward_decode
-
-        free_after, _ = fast_forward_decode(self, num_steps, tokens)
-        # The first stretch step would have handed these to its output.
+    # -- what fast-forward changes (kvsched.core.fast_forward) ----------------
+    def take_finished_req_ids(self) -> set[str]:
+        """The ids finished since the last schedule(), handed over as that
+        call would hand them to its output (the set starts afresh)."""
+        finished = self.finished_req_ids
         self.finished_req_ids = set()
-        return free_after
+        return finished
 
-    def fast_forward_decode_finishing(self, num_steps: int, tokens: Sequence[int],
-                                      last_tokens: Sequence[int]
-                                      ) -> tuple[list[int], list[EngineCoreOutput]]:
-        """``fast_forward_decode`` whose last step samples ``last_tokens``
-        (one per running request), after which the stop checks run as in
-        ``update_from_output``: requests that stop there finish and are freed.
-        Returns the free block count after each step and the finished
-        requests' outputs."""
-        from kvsched.core.fast_forward import fast_forward_decode
+    def replace_in_flight(self, output: SchedulerOutput | None) -> None:
+        """Put ``output`` in place of the oldest step in flight, or, given
+        None, drop it: a decode stretch (kvsched.core.fast_forward) applied
+        that step and the ones after it, and leaves its last batch, if any,
+        in flight."""
+        if not self._in_flight:
+            raise UserInputError("replace_in_flight: no step is in flight")
+        if output is None:
+            self._in_flight.popleft()
+        else:
+            self._in_flight[0] = output
 
-        self.finished_req_ids = set()
-        free_after, stopped = fast_forward_decode(self, num_steps, tokens, last_tokens)
-        finished = self._finish_stopped(stopped) if stopped else []
-        free_after[-1] = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        return free_after, finished
+    def finish_stopped(self, stopped: list[tuple[Request, int]]) -> list[EngineCoreOutput]:
+        """Finish running requests that stopped (each with the number of
+        its last tokens it kept; ``apply_stop_checks`` set their status) as
+        ``update_from_output`` does: out of ``running``, freed, in order."""
+        return self._finish_stopped(stopped) if stopped else []
 
     # -- checking -------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kvsched.config import (
+    BATCH_QUEUE_SIZE,
     MAX_NUM_GPU_BLOCKS,
     CacheConfig,
     SchedulerConfig,
@@ -208,10 +209,6 @@ def _cache_source(args: EngineArgs, device: torch.device) -> str:
 
 def _size(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.2f} MiB"
-
-
-# vLLM's EngineCore.batch_queue_size under async scheduling (no pipeline parallelism).
-BATCH_QUEUE_SIZE = 2
 
 
 @dataclass(slots=True)

@@ -34,22 +34,26 @@ loop reaches its next iteration when the batch it blocks on ends. So batch
 N+1 is scheduled as batch N starts, from the requests that arrived by then,
 and batch N's tokens reach the clients when N ends.
 
-An async stretch starts where one pure-decode batch of every running
-request is in flight and ``decode_stretch_plan`` allows k iterations: the
-batch in flight and the k-1 next ones are applied (their tokens at their
-ends), and the k-th new batch is left in flight. Iteration j > 0 happens
-when new batch j-1 starts on the GPU; the stretch keeps the iterations that
-happen before ``bound``.
+An async stretch starts where one batch of every running request is in
+flight (decodes, or prefills that complete) and ``decode_stretch_plan``
+allows k iterations: the batch in flight and the k-1 next ones are applied
+(their tokens at their ends), and the k-th new batch is left in flight
+(without the requests that stopped on length in the last iteration, and
+then priced as stepping prices it). Iteration j > 0 happens when new batch
+j-1 starts on the GPU; the stretch keeps the iterations that happen before
+``bound``.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
+from kvsched.config import BATCH_QUEUE_SIZE
 from kvsched.core.policies import DPRankStates
 from kvsched.errors import CannotServe
 from kvsched.perf.step_time import BatchShape, StepTimeModel
@@ -59,32 +63,40 @@ from kvsched.sim.rank import PlannedStep, Rank
 # which a request finishes) already costs less than planning and completing
 # the step (measured: -1 % instructions on 20k random requests at 20 req/s).
 MIN_STRETCH = 1
-# vLLM's batch queue under async scheduling (max_concurrent_batches without
-# pipeline parallelism): one batch running, the next one scheduled.
-BATCH_QUEUE_SIZE = 2
 
 
 def stretch_times(start: float, limit: int, bound: float,
-                  step_times: Callable[[int, int], list[float]]) -> tuple[list[float], list[float]]:
+                  step_times: Callable[[int, int], list[float]],
+                  lag: int = 0) -> tuple[list[float], list[float]]:
     """Durations and end times of the steps of a decode stretch starting at
-    ``start``, at most ``limit`` of them, none starting at or after ``bound``
-    but the first. ``step_times(j, n)`` gives steps j .. j+n-1's durations.
-    The ends are summed one after the other, as stepping sums them, so the
-    floats are the same."""
+    ``start``, at most ``limit`` of them. Step j > ``lag`` is kept if step
+    j - ``lag`` starts before ``bound``: with ``lag`` 0 no step but the first
+    starts at or after it; with ``lag`` 1 (async: iteration j schedules step
+    j when step j-1 starts) no iteration but the first happens at or after
+    it. ``step_times(j, n)`` gives steps j .. j+n-1's durations. The ends
+    are summed one after the other, as stepping sums them, so the floats
+    are the same."""
     durations: list[float] = []
     ends: list[float] = []
     t = start
+    # When the step ``lag`` before this chunk's first started (lag 1).
+    prev = -math.inf
     chunk = 16
     while len(durations) < limit:
         j = len(durations)
         more = step_times(j, min(chunk, limit - j))
         new_ends = list(accumulate(more, initial=t))[1:]
-        # Step j + i starts at the previous end: keep steps starting before bound.
-        cut = bisect_left(new_ends, bound) + 1 if j == 0 else bisect_left([t, *new_ends], bound)
+        # Step j + i starts at the previous end; step j + i is kept if step
+        # j + i - lag started before bound (the very first always is).
+        starts = [prev, t, *new_ends] if lag else [t, *new_ends]
+        cut = bisect_left(starts, bound)
+        if j == 0 and not cut:
+            cut = 1
         durations.extend(more[:cut])
         ends.extend(new_ends[:cut])
         if cut < len(more):
             break
+        prev = ends[-2] if len(ends) > 1 else start
         t = ends[-1]
         chunk *= 4
     return durations, ends
@@ -97,13 +109,7 @@ def async_stretch_times(first_start: float, limit: int, bound: float,
     most ``limit``. Iteration j > 0 schedules new batch j when new batch
     j-1 starts: only iterations before ``bound`` are kept (stretch_times
     keeps batches that *start* before it, so one more)."""
-    durations, ends = stretch_times(first_start, limit, bound, step_times)
-    n = len(durations)
-    if n < limit and (ends[n - 2] if n > 1 else first_start) < bound:
-        more = step_times(n, 1)[0]
-        durations.append(more)
-        ends.append(ends[-1] + more)
-    return durations, ends
+    return stretch_times(first_start, limit, bound, step_times, lag=1)
 
 
 class _Jumps:
@@ -120,14 +126,13 @@ class _Jumps:
         raise NotImplementedError
 
     def _jump(self, bound: float) -> int | None:
-        """A stretch if fast-forward may and can take one (under async
-        scheduling only between iterations with one batch in flight): how
-        many requests finished in it, or None."""
+        """A stretch if fast-forward may and can take one: how many requests
+        finished in it, or None. Whether a rank's state may start one is the
+        core's rule alone (``kvsched.core.fast_forward.stretch_refusal``,
+        through ``Rank.stretch_limit``)."""
         if not self.fast_forward:
             return None
-        if self.async_scheduling:
-            return self._async_stretch(bound) if len(self._queue) == 1 else None
-        return self._stretch(bound)
+        return self._async_stretch(bound) if self.async_scheduling else self._stretch(bound)
 
 
 class EngineInstance(_Jumps):
@@ -142,8 +147,10 @@ class EngineInstance(_Jumps):
         self.fast_forward = fast_forward and rank.trace_steps is None and (
             rank.plain or (rank.async_scheduling and rank.speculative is None))
         self.now = 0.0
-        # Async: batches in flight, newest first: (plan, GPU start, duration).
-        self._queue: deque[tuple[PlannedStep, float, float]] = deque()
+        # Async: batches in flight, newest first: (plan, GPU start, duration);
+        # None for the batch a stretch left in flight until it is needed
+        # (the next stretch, if one follows, replaces it unseen).
+        self._queue: deque[tuple[PlannedStep | None, float, float]] = deque()
         self._gpu_free = 0.0  # when the GPU finishes the last batch launched
 
     def busy(self) -> bool:
@@ -179,6 +186,10 @@ class EngineInstance(_Jumps):
         rank = self.rank
         queue = self._queue
         now = self.now
+        if queue and queue[-1][0] is None:
+            # Its plan, before the next schedule() moves the counters it reads.
+            _, start, dt = queue.pop()
+            queue.append((rank.in_flight_plan(), start, dt))
         if rank.sched.has_requests():
             plan = rank.plan()
             if plan is not None:
@@ -195,23 +206,22 @@ class EngineInstance(_Jumps):
                 return 0
         if not queue:
             return 0
-        plan, start, dt = queue.pop()
+        oldest, start, dt = queue.pop()
+        assert oldest is not None
         end = start + dt
         if end > now:
             self.now = end
-        return rank.complete(plan, start, dt)
+        return rank.complete(oldest, start, dt)
 
     def _async_stretch(self, bound: float) -> int | None:
         """Async: a stretch of iterations if one can be taken (see the
         module doc); how many requests finished in it (none: an async
         stretch stops before a finish), or None."""
         rank = self.rank
-        if not rank.sched.decode_stable:
-            return None
-        limit, kv_tokens, _ = rank.stretch_limit()
+        limit, kv_tokens, finishes = rank.stretch_limit()
         if limit < MIN_STRETCH:
             return None
-        _, prev_start, prev_dt = self._queue[0]
+        in_flight, prev_start, prev_dt = self._queue[0]
         first_start = self._gpu_free  # the batch in flight ends: new batch 0 starts
         B = len(rank.sched.running)
         step_times = self.step_model.decode_step_times
@@ -225,9 +235,22 @@ class EngineInstance(_Jumps):
         # Applied: the batch in flight and new batches 0 .. k-2.
         applied_durations = [prev_dt, *durations[:k - 1]]
         applied_ends = [first_start, *ends[:k - 1]]
-        finished = rank.apply_stretch(prev_start, applied_durations, applied_ends)
-        self._queue[0] = (rank.in_flight_plan(), applied_ends[-1], durations[-1])
-        self._gpu_free = ends[-1]
+        finishing = finishes and k == limit
+        finished = rank.apply_stretch(prev_start, applied_durations, applied_ends, finishing, in_flight)
+        if not rank.sched.step_in_flight:
+            # Every request stopped on length: the last iteration scheduled nothing.
+            self._queue.clear()
+            self._gpu_free = applied_ends[-1]
+        elif finishing:
+            # The requests that stopped are not in the batch left in flight:
+            # priced as stepping prices it.
+            left = rank.in_flight_plan()
+            dt = self.step_model.step_time(left.shape)
+            self._queue[0] = (left, applied_ends[-1], dt)
+            self._gpu_free = applied_ends[-1] + dt
+        else:
+            self._queue[0] = (None, applied_ends[-1], durations[-1])
+            self._gpu_free = ends[-1]
         if applied_ends[-1] > self.now:
             self.now = applied_ends[-1]
         return finished
@@ -236,8 +259,6 @@ class EngineInstance(_Jumps):
         """A stretch if one of useful length can be taken: how many requests
         finished in it (None: no stretch)."""
         rank = self.rank
-        if not rank.sched.decode_stable:
-            return None  # the cheap precondition first (the core checks it again)
         limit, kv_tokens, finishes = rank.stretch_limit()
         if limit < MIN_STRETCH:
             return None
@@ -363,17 +384,17 @@ class LockstepGroup(_Jumps):
         busy = [r for r in self.ranks if r.sched.running]
         if not busy or any(r.sched.waiting for r in self.ranks if not r.sched.running):
             return None
-        if not all(r.sched.decode_stable for r in busy):
+        # No stretch through a finish: the batch left in flight would be
+        # priced against every rank's new batch (stepped instead).
+        limits = [r.stretch_limit(through_finish=False) for r in busy]
+        limit = min(lim for lim, _, _ in limits)
+        if limit < MIN_STRETCH:
             return None
         # A rank with nothing running must have nothing in flight either (a
         # batch of requests that finished meanwhile still runs and is logged).
         if any(p is not None and not r.sched.running for r, p in zip(self.ranks, self._queue[0][0])):
             return None
-        limits = [r.stretch_limit() for r in busy]
-        limit = min(lim for lim, _, _ in limits)
-        if limit < MIN_STRETCH:
-            return None
-        _, prev_start, prev_dt = self._queue[0]
+        in_flight, prev_start, prev_dt = self._queue[0]
         first_start = self._gpu_free
         # New batch j decodes every request with its context j + 1 ahead.
         new_batch_times = self._decode_times(busy, [kv for _, kv, _ in limits], 1)
@@ -383,8 +404,9 @@ class LockstepGroup(_Jumps):
         applied_durations = [prev_dt, *durations[:k - 1]]
         applied_ends = [first_start, *ends[:k - 1]]
         finished = 0
-        for r in busy:
-            finished += r.apply_stretch(prev_start, applied_durations, applied_ends)
+        for r, p in zip(self.ranks, in_flight):
+            if r.sched.running:
+                finished += r.apply_stretch(prev_start, applied_durations, applied_ends, False, p)
         self._queue[0] = ([r.in_flight_plan() if r.sched.running else None for r in self.ranks],
                           applied_ends[-1], durations[-1])
         self._gpu_free = ends[-1]

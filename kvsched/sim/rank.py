@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from kvsched.config import CacheConfig, SchedulerConfig
-from kvsched.core.fast_forward import decode_stretch_plan
+from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
 from kvsched.core.output import DraftTokenIds, ModelRunnerOutput, SchedulerOutput
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
@@ -112,12 +112,16 @@ class StepTotals:
         self.end = end
 
     def add_decode_stretch(self, ends: list[float], durations: list[float], batch: int,
-                           free_after: list[int]) -> None:
-        """``len(durations)`` decode steps of ``batch`` requests, one token each."""
+                           free_after: list[int], first_tokens: int | None = None,
+                           first_prefill_tokens: int = 0) -> None:
+        """``len(durations)`` decode steps of ``batch`` requests, one token
+        each; or the first step ``first_tokens`` tokens, ``first_prefill_tokens``
+        of them prefill (async: the batch in flight finished a prefill)."""
         k = len(durations)
         self.num_steps += k
         self.num_reqs += batch * k
-        self.num_tokens += batch * k
+        self.num_tokens += batch * k if first_tokens is None else batch * (k - 1) + first_tokens
+        self.prefill_tokens += first_prefill_tokens
         usable = self.usable_blocks
         busy = self.busy
         usage_time = self.kv_usage_time
@@ -574,7 +578,7 @@ class Rank:
                             lv.num_tokens, spec.arrival_time, lv.token_times)
 
     # -- a stretch of decode steps ------------------------------------------------
-    def stretch_limit(self) -> tuple[int, int, bool]:
+    def stretch_limit(self, through_finish: bool = True) -> tuple[int, int, bool]:
         """(most decode steps the scheduler can take with nothing changing
         but, possibly, requests stopping in the last one; the running
         requests' KV tokens; whether they do): the core's rule, plus where
@@ -584,14 +588,17 @@ class Rank:
         def steps_to_eos(r: Request) -> int:
             return live[r.request_id].steps_to_eos(len(r.output_token_ids))
 
-        return decode_stretch_plan(self.sched, steps_to_eos if self.eos_probability > 0 else None)
+        return decode_stretch_plan(self.sched, steps_to_eos if self.eos_probability > 0 else None,
+                                   through_finish)
 
     def apply_stretch(self, start: float, durations: list[float], ends: list[float],
-                      finishing: bool = False) -> int:
+                      finishing: bool = False, in_flight: PlannedStep | None = None) -> int:
         """Advance every running request ``len(durations)`` decode steps of the
         given durations (ending at ``ends``), with all the bookkeeping stepping
         would do; with ``finishing`` the last step is the one ``stretch_limit``
-        said requests stop in. Returns how many finished."""
+        said requests stop in. Async: ``in_flight`` is the batch in flight,
+        the stretch's first step (it may finish prefills: their requests'
+        first tokens). Returns how many finished."""
         sched = self.sched
         running = sched.running
         B = len(running)
@@ -601,18 +608,21 @@ class Rank:
         if finishing:
             # What each samples in the last step: EOS where its model says so.
             last = [lv.token_at(len(r.output_token_ids) + k - 1) for r, lv in zip(running, lives)]
-            free_after, outputs = sched.fast_forward_decode_finishing(
-                k, [lv.token for lv in lives], last)
+            free_after, outputs = fast_forward_decode_finishing(
+                sched, k, [lv.token for lv in lives], last)
             finished = [o.request_id for o in outputs]
         else:
-            free_after = sched.fast_forward_decode(k, [lv.token for lv in lives])
+            free_after = fast_forward_decode(sched, k, [lv.token for lv in lives])
         self.num_ff_steps += k
         itls = self.itls
-        # Step 0: each request's gap from its own previous token.
+        # Step 0: each request's gap from its own previous token (none
+        # before its first).
         end0 = ends[0]
         same_gap = 0
         for lv in lives:
-            if lv.last_token_time == start:
+            if lv.first_token_time < 0.0:
+                lv.first_token_time = end0
+            elif lv.last_token_time == start:
                 same_gap += 1
             else:
                 itls.add(end0 - lv.last_token_time)
@@ -622,7 +632,10 @@ class Rank:
         # (the accumulators' statistics do not depend on how adds are grouped).
         itls.add_repeated(durations[1:], B)
         self.token_times.add_repeated(ends, B)
-        self.totals.add_decode_stretch(ends, durations, B, free_after)
+        first_tokens, first_prefill = B, 0
+        if in_flight is not None:
+            first_tokens, first_prefill = in_flight.shape.num_tokens, in_flight.shape.prefill_tokens
+        self.totals.add_decode_stretch(ends, durations, B, free_after, first_tokens, first_prefill)
         log = self.steps
         if log is not None:
             log.start.append(start)
@@ -631,6 +644,8 @@ class Rank:
             for column, value in ((log.num_reqs, B), (log.num_tokens, B), (log.prefill_tokens, 0),
                                   (log.num_waiting, len(sched.waiting))):
                 column.extend(array("q", (value,)) * k)
+            log.num_tokens[-k] = first_tokens
+            log.prefill_tokens[-k] = first_prefill
             # As stepping logs it: running after the step's finishes.
             log.num_running.extend(array("q", (B,)) * (k - 1))
             log.num_running.append(len(sched.running))

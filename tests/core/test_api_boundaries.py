@@ -11,6 +11,7 @@ import pytest
 from sched_helpers import fake_sample, make_request, make_scheduler, run_step, state_snapshot
 
 from kvsched import ModelRunnerOutput, Request, RequestStatus, SamplingParams, Scheduler
+from kvsched.core.fast_forward import fast_forward_decode
 
 
 def _two_running() -> tuple[Scheduler, Any]:
@@ -87,7 +88,7 @@ def test_tokens_for_a_request_mid_prefill_are_refused() -> None:
     (lambda s, o: s.finish_requests("a", RequestStatus.RUNNING), "not a finished status"),
     (lambda s, o: s.finish_requests(["a", None]), "not a request id"),
     (lambda s, o: s.finish_requests(7), "iterable"),
-    (lambda s, o: s.fast_forward_decode(1, [100, 100]), "has not been applied"),
+    (lambda s, o: fast_forward_decode(s, 1, [100, 100]), "has not been applied"),
 ])
 def test_bad_arguments_are_named(call: Any, match: str) -> None:
     sched, out = _two_running()

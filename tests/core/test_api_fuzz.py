@@ -42,7 +42,7 @@ from kvsched import (
     Scheduler,
     SchedulerConfig,
 )
-from kvsched.core.fast_forward import decode_stretch_plan
+from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode
 from kvsched.core.output import SchedulerOutput
 
 EXAMPLES = int(os.environ.get("KVSCHED_API_FUZZ_EXAMPLES", "0"))
@@ -198,7 +198,7 @@ def _step(data: st.DataObject | None, m: Model, mode: str = "step") -> None:
             for kind, call in _bad_outputs(data, sched, output, good):
                 _refused(m, kind, call)
             _refused(m, "schedule_in_flight", sched.schedule)
-            _refused(m, "fast_forward_in_flight", lambda: sched.fast_forward_decode(1, [GOOD_TOKEN]))
+            _refused(m, "fast_forward_in_flight", lambda: fast_forward_decode(sched, 1, [GOOD_TOKEN]))
         elif mode == "mid":
             victim = data.draw(st.sampled_from(good.req_ids))
             TALLY["finish_requests"] += 1
@@ -222,15 +222,15 @@ def _fast_forward(data: st.DataObject, m: Model) -> None:
     if k > 0:
         steps = data.draw(st.integers(1, k))
         TALLY["fast_forward_decode"] += 1
-        sched.fast_forward_decode(steps, [GOOD_TOKEN] * n)
+        fast_forward_decode(sched, steps, [GOOD_TOKEN] * n)
         m.check()
     bad = [
-        ("ff_zero_steps", lambda: sched.fast_forward_decode(0, [GOOD_TOKEN] * n)),
-        ("ff_str_steps", lambda: sched.fast_forward_decode("2", [GOOD_TOKEN] * n)),  # type: ignore[arg-type]
-        ("ff_token_count", lambda: sched.fast_forward_decode(1, [GOOD_TOKEN] * (n + 1))),
-        ("ff_bad_token", lambda: sched.fast_forward_decode(1, ["x"] * n)),  # type: ignore[list-item]
-        ("ff_negative_token", lambda: sched.fast_forward_decode(1, [-1] * n)),
-        ("ff_too_far", lambda: sched.fast_forward_decode(10**6, [GOOD_TOKEN] * n)),
+        ("ff_zero_steps", lambda: fast_forward_decode(sched, 0, [GOOD_TOKEN] * n)),
+        ("ff_str_steps", lambda: fast_forward_decode(sched, "2", [GOOD_TOKEN] * n)),  # type: ignore[arg-type]
+        ("ff_token_count", lambda: fast_forward_decode(sched, 1, [GOOD_TOKEN] * (n + 1))),
+        ("ff_bad_token", lambda: fast_forward_decode(sched, 1, ["x"] * n)),  # type: ignore[list-item]
+        ("ff_negative_token", lambda: fast_forward_decode(sched, 1, [-1] * n)),
+        ("ff_too_far", lambda: fast_forward_decode(sched, 10**6, [GOOD_TOKEN] * n)),
     ]
     kind, call = data.draw(st.sampled_from(bad))
     if kind == "ff_too_far" and not n:

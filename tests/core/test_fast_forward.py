@@ -1,4 +1,4 @@
-"""Scheduler.fast_forward_decode leaves exactly the state of stepping one by one."""
+"""fast_forward_decode leaves exactly the state of stepping one by one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
-from kvsched.core.fast_forward import decode_stretch_plan
+from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
 
 
 def _state(s: Scheduler) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def _compare(s: Scheduler, tokens: dict[str, int], k: int) -> None:
     for _ in range(k):
         _step(stepped, tokens)
         free_each.append(stepped.kv_cache_manager.block_pool.get_num_free_blocks())
-    assert jumped.fast_forward_decode(k, [tokens[r.request_id] for r in jumped.running]) == free_each
+    assert fast_forward_decode(jumped, k, [tokens[r.request_id] for r in jumped.running]) == free_each
     jumped.check_invariants()
     assert _state(jumped) == _state(stepped)
 
@@ -97,9 +97,9 @@ def test_refuses_a_stretch_that_would_stop_or_preempt() -> None:
     _step(s, {"r0": 5, "r1": 6})
     before = _state(s)
     with pytest.raises(ValueError, match="more blocks"):
-        s.fast_forward_decode(2, [5, 6])
+        fast_forward_decode(s, 2, [5, 6])
     with pytest.raises(ValueError, match="stop"):
-        s.fast_forward_decode(5, [5, 6])
+        fast_forward_decode(s, 5, [5, 6])
     assert _state(s) == before
 
 
@@ -138,7 +138,7 @@ def test_limit_is_zero_until_every_request_has_its_first_token() -> None:
     assert s.decode_stable
     assert decode_stretch_limit(s) == (0, 0)
     with pytest.raises(ValueError, match="not decoding"):
-        s.fast_forward_decode(3, [7, 8])
+        fast_forward_decode(s, 3, [7, 8])
     _step(s, {"a": 7, "b": 8})  # b samples its first token
     assert decode_stretch_limit(s)[0] > 0
 
@@ -150,7 +150,7 @@ def test_limit_is_zero_while_admission_is_unsettled() -> None:
     s.add_request(Request("late", [9, 9], SamplingParams(max_tokens=5, ignore_eos=True)))
     assert not s.decode_stable and decode_stretch_limit(s) == (0, 0)
     with pytest.raises(ValueError, match="not settled"):
-        s.fast_forward_decode(2, [5])
+        fast_forward_decode(s, 2, [5])
     _step(s, {"r0": 5, "late": 6})  # admits it; nothing waits any more
     assert s.decode_stable and not s.waiting
     s.finish_requests("late")  # nothing waits: a freed slot changes no admission
@@ -214,7 +214,7 @@ def _compare_finishing(s: Scheduler, tokens: dict[str, int], last: dict[str, int
         stepped.check_invariants()
         free_each.append(stepped.kv_cache_manager.block_pool.get_num_free_blocks())
     order = [r.request_id for r in jumped.running]
-    free_after, outputs = jumped.fast_forward_decode_finishing(
+    free_after, outputs = fast_forward_decode_finishing(jumped,
         k, [tokens[r] for r in order], [last[r] for r in order])
     jumped.check_invariants()
     assert free_after == free_each
@@ -256,5 +256,5 @@ def test_finishing_stretch_refuses_a_stop_before_its_last_step() -> None:
     _step(s, {"r0": 5})
     before = _state(s)
     with pytest.raises(ValueError, match="stop"):
-        s.fast_forward_decode_finishing(5, [5], [5])
+        fast_forward_decode_finishing(s, 5, [5], [5])
     assert _state(s) == before

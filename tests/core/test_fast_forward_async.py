@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from test_properties import scheduler_configs
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
-from kvsched.core.fast_forward import decode_stretch_plan
+from kvsched.config import BATCH_QUEUE_SIZE
+from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
 from kvsched.core.output import SchedulerOutput
 
 
@@ -63,7 +64,7 @@ def _iteration(s: Scheduler, queue: list[SchedulerOutput], token: int) -> None:
     if s.has_requests():
         out = s.schedule()
         queue.insert(0, out)
-        pop = not (len(queue) < 2 and (out.total_num_scheduled_tokens > 0 or s.has_requests()))
+        pop = not (len(queue) < BATCH_QUEUE_SIZE and (out.total_num_scheduled_tokens > 0 or s.has_requests()))
     if pop:
         out = queue.pop()
         ids = list(out.num_scheduled_tokens)
@@ -112,19 +113,26 @@ def test_async_stretch_equals_stepping(configs: Any, data: st.DataObject) -> Non
     for _ in range(1000):
         if not s.has_requests() and not queue:
             break
-        k, _, finishes = decode_stretch_plan(s)
-        assert not finishes, "an async stretch never runs through a finish"
-        if k > 1 and data.draw(st.integers(0, 3)) > 0:
+        # The token every step samples (100) stops requests whose EOS it is.
+        k, _, finishes = decode_stretch_plan(s, lambda r: 1 if 100 in r.all_stop_ids else 1 << 40)
+        if finishes:
+            assert not s.waiting, "an async stretch ends with a finish only when nothing waits"
+        if k >= 1 and data.draw(st.integers(0, 3)) > 0:
             steps = data.draw(st.integers(1, k))
             stepped = copy.deepcopy(s)
             stepped_queue = [stepped.in_flight_outputs[0]]
             for _ in range(steps):
                 _iteration(stepped, stepped_queue, 100)
-            s.fast_forward_decode(steps, [100] * len(s.running))
+            n = len(s.running)
+            if finishes and steps == k:
+                _, outputs = fast_forward_decode_finishing(s, steps, [100] * n, [100] * n)
+                assert outputs
+            else:
+                fast_forward_decode(s, steps, [100] * n)
             s.check_invariants()
             assert _view(s) == _view(stepped)
             assert queue and len(queue) == 1
-            queue[0] = s.in_flight_outputs[0]
+            queue[:] = list(s.in_flight_outputs)
         _iteration(s, queue, 100)
     assert not s.has_requests() and not queue
 
@@ -134,20 +142,100 @@ def test_an_async_stretch_jumps_and_keeps_one_batch_in_flight() -> None:
                                   async_scheduling=True),
                   CacheConfig(num_gpu_blocks=64, block_size=4, enable_prefix_caching=True))
     for i in range(3):
-        s.add_request(Request(f"r{i}", [i + 1] * 6, SamplingParams(max_tokens=30)))
+        s.add_request(Request(f"r{i}", [i + 1] * 6, SamplingParams(max_tokens=30, eos_token_id=0)))
     queue: list[SchedulerOutput] = []
     for _ in range(4):
         _iteration(s, queue, 100)
     k, _, finishes = decode_stretch_plan(s)
     # Each request has 3 outputs and one more in flight: 30 - 4 iterations
-    # until the next token would be the last one.
-    assert (k, finishes) == (26, False)
+    # until the next token would be the last one, and the one that applies it.
+    assert (k, finishes) == (27, True)
+    assert decode_stretch_plan(s, through_finish=False) == (26, 3 * 9, False)
     stepped = copy.deepcopy(s)
     stepped_queue = [stepped.in_flight_outputs[0]]
     for _ in range(10):
         _iteration(stepped, stepped_queue, 100)
-    s.fast_forward_decode(10, [100] * 3)
+    fast_forward_decode(s, 10, [100] * 3)
     assert _view(s) == _view(stepped)
     assert [len(r.output_token_ids) for r in s.running] == [13, 13, 13]
-    with pytest.raises(ValueError, match="does not run through a finish"):
-        s.fast_forward_decode_finishing(1, [100] * 3, [100] * 3)
+    with pytest.raises(ValueError, match="length stops only"):
+        fast_forward_decode_finishing(s, 1, [100] * 3, [100, 0, 100])  # 0: r1's EOS
+
+
+def _async_scheduler(max_tokens: list[int], prompt_len: int = 6) -> tuple[Scheduler, list[SchedulerOutput]]:
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128,
+                                  async_scheduling=True),
+                  CacheConfig(num_gpu_blocks=64, block_size=4, enable_prefix_caching=True))
+    for i, m in enumerate(max_tokens):
+        s.add_request(Request(f"r{i}", [i + 1] * prompt_len, SamplingParams(max_tokens=m, eos_token_id=0)))
+    return s, []
+
+
+def test_an_async_stretch_runs_through_length_stops_and_leaves_the_rest_in_flight() -> None:
+    s, queue = _async_scheduler([9, 30, 9])
+    for _ in range(4):
+        _iteration(s, queue, 100)
+    # r0 and r2 have 3 outputs and one in flight: the 6th iteration from
+    # here applies their 9th token.
+    assert decode_stretch_plan(s) == (6, 3 * 9, True)
+    assert decode_stretch_plan(s, through_finish=False) == (5, 3 * 9, False)
+    stepped = copy.deepcopy(s)
+    stepped_queue = [stepped.in_flight_outputs[0]]
+    for _ in range(6):
+        _iteration(stepped, stepped_queue, 100)
+    _, outputs = fast_forward_decode_finishing(s, 6, [100] * 3, [100] * 3)
+    assert [(o.request_id, o.finish_reason) for o in outputs] == [("r0", "length"), ("r2", "length")]
+    assert _view(s) == _view(stepped)
+    # The batch left in flight is r1's alone (vLLM schedules nothing for a
+    # request whose batch in flight reaches its max_tokens).
+    assert list(s.in_flight_outputs[0].num_scheduled_tokens) == ["r1"]
+
+
+def test_an_async_stretch_ending_every_request_leaves_nothing_in_flight() -> None:
+    s, queue = _async_scheduler([9, 9])
+    for _ in range(4):
+        _iteration(s, queue, 100)
+    k, _, finishes = decode_stretch_plan(s)
+    assert (k, finishes) == (6, True)
+    stepped = copy.deepcopy(s)
+    stepped_queue = [stepped.in_flight_outputs[0]]
+    for _ in range(6):
+        _iteration(stepped, stepped_queue, 100)
+    fast_forward_decode_finishing(s, 6, [100] * 2, [100] * 2)
+    assert not s.in_flight_outputs and not s.running
+    assert _view(s) == _view(stepped)
+
+
+def test_an_async_stretch_starts_with_a_prefill_in_flight() -> None:
+    s, queue = _async_scheduler([30, 30])
+    for _ in range(4):
+        _iteration(s, queue, 100)
+    s.add_request(Request("late", [7] * 10, SamplingParams(max_tokens=20)))
+    _iteration(s, queue, 100)  # admits it: its prefill is in flight
+    late = s.requests["late"]
+    assert not late.output_token_ids and s.in_flight_outputs[0].num_scheduled_tokens["late"] == 10
+    k, kv_tokens, _ = decode_stretch_plan(s)
+    # late: its first token, 18 more, and the iteration that applies its 20th.
+    assert (k, kv_tokens) == (20, 2 * (6 + 4) + 10), [r.num_tokens for r in s.running]
+    stepped = copy.deepcopy(s)
+    stepped_queue = [stepped.in_flight_outputs[0]]
+    for _ in range(5):
+        _iteration(stepped, stepped_queue, 100)
+    fast_forward_decode(s, 5, [100] * 3)
+    assert _view(s) == _view(stepped)
+    assert len(late.output_token_ids) == 5
+
+
+def test_an_async_stretch_does_not_end_with_a_finish_while_requests_wait() -> None:
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=128,
+                                  async_scheduling=True),
+                  CacheConfig(num_gpu_blocks=64, block_size=4, enable_prefix_caching=True))
+    for i, m in enumerate([9, 30, 9]):
+        s.add_request(Request(f"r{i}", [i + 1] * 6, SamplingParams(max_tokens=m)))
+    queue: list[SchedulerOutput] = []
+    for _ in range(4):
+        _iteration(s, queue, 100)
+    assert [r.request_id for r in s.waiting] == ["r2"] and s.decode_stable
+    assert decode_stretch_plan(s) == (5, 2 * 9, False)
+    with pytest.raises(ValueError, match="nothing waits"):
+        fast_forward_decode_finishing(s, 6, [100] * 2, [100] * 2)

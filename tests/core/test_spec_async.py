@@ -327,7 +327,7 @@ def test_async_keeps_two_steps_in_flight_and_discards_output_after_a_stop() -> N
     second = sched.schedule()  # scheduled before the first step's token is known
     assert first.num_scheduled_tokens == {"a": 3} and second.num_scheduled_tokens == {"a": 1}
     assert sched.requests["a"].num_output_placeholders == 2
-    with pytest.raises(ValueError, match="two steps are in flight"):
+    with pytest.raises(ValueError, match="2 steps are in flight"):
         sched.schedule()
     with pytest.raises(ValueError, match="not the step awaiting"):
         sched.update_from_output(second, ModelRunnerOutput(["a"], [[4]]))

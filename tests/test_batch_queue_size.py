@@ -1,0 +1,51 @@
+"""The async batch queue depth has one owner: kvsched.config.BATCH_QUEUE_SIZE.
+
+vLLM's engine keeps two batches in flight under async scheduling (one on
+the GPU, the next scheduled); the scheduler, the engine, the replayer and
+the simulator must all take that depth from the config, not from a
+literal of their own.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from kvsched.config import BATCH_QUEUE_SIZE, CacheConfig, SchedulerConfig, batch_queue_size
+from kvsched.core.scheduler import Scheduler
+from kvsched.request import Request, SamplingParams
+
+KVSCHED = Path(__file__).resolve().parents[1] / "kvsched"
+USERS = ["replay.py", "engine/core.py", "sim/instance.py", "core/scheduler.py"]
+
+
+def test_the_depth_is_vllms() -> None:
+    assert BATCH_QUEUE_SIZE == 2
+    assert batch_queue_size(True) == 2 and batch_queue_size(False) == 1
+
+
+@pytest.mark.parametrize("path", USERS)
+def test_every_loop_takes_the_depth_from_the_config(path: str) -> None:
+    tree = ast.parse((KVSCHED / path).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module == "kvsched.config" for alias in node.names}
+    assert imported & {"BATCH_QUEUE_SIZE", "batch_queue_size"}, f"{path} does not use the config's depth"
+    own = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assign | ast.AnnAssign)
+           and any(isinstance(t, ast.Name) and t.id == "BATCH_QUEUE_SIZE"
+                   for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
+    assert not own, f"{path} defines its own BATCH_QUEUE_SIZE (line {own})"
+
+
+@pytest.mark.parametrize("async_scheduling, depth", [(True, 2), (False, 1)])
+def test_the_scheduler_keeps_at_most_the_depth_in_flight(async_scheduling: bool, depth: int) -> None:
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64,
+                                  async_scheduling=async_scheduling),
+                  CacheConfig(num_gpu_blocks=32, block_size=4, enable_prefix_caching=False))
+    s.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=10, ignore_eos=True)))
+    for _ in range(depth):
+        s.schedule()
+    assert s.num_steps_in_flight == depth
+    with pytest.raises(ValueError, match=r"in flight|has not been applied"):
+        s.schedule()
