@@ -156,9 +156,9 @@ def test_find_cycles_on_graphs_without_and_with_circles() -> None:
         ["a", "b", "a"], ["c", "d", "c"]]
 
 
-@pytest.mark.parametrize("package", ["core"])
+@pytest.mark.parametrize("package", ["core", "."])
 def test_no_import_circles(package: str) -> None:
-    graph = import_graph(KVSCHED / package)
+    graph = import_graph((KVSCHED / package).resolve())
     assert len(graph) > 5  # the package was found and read
     assert find_cycles(graph) == []
 
@@ -171,3 +171,37 @@ def test_core_layers_run_one_way() -> None:
     assert "kvsched.core.scheduler" in graph["kvsched.core.fast_forward"]
     assert "kvsched.core.scheduler" not in graph["kvsched.core.policies"]
     assert graph["kvsched.core.view"] <= {"kvsched.core.output"}
+
+
+# Each top-level module or subpackage of kvsched and its layer: a module may
+# import from its own layer or lower ones only.
+LAYERS: dict[str, int] = {
+    # shared vocabulary
+    "errors": 0, "jsonfile": 0, "files": 0, "progress": 0, "version": 0,
+    "config": 1, "request": 1, "hf_config": 1, "scheduler_defaults": 1, "engine_flags": 1,
+    # the exact scheduler
+    "core": 2,
+    # what the scheduler drives: the performance model; the real model
+    "perf": 3, "model": 3, "executor": 4, "replay": 3,
+    # the simulator; the engine
+    "sim": 5, "engine": 5,
+    # pages, calibration, validation and the tuner, built on the simulator
+    "report": 6, "calibrate": 6, "validation": 7, "tune": 7,
+    # the subcommands, the command line and the package's front door
+    "commands": 8, "cli": 9, "": 9,
+}
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    key = parts[1] if len(parts) > 1 else ""
+    assert key in LAYERS, f"{module}: give kvsched.{key} a layer in LAYERS"
+    return LAYERS[key]
+
+
+def test_imports_run_down_the_layers() -> None:
+    graph = import_graph(KVSCHED)
+    assert "kvsched.commands.simulate" in graph["kvsched.cli"]  # lazy imports are seen
+    upward = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                    if layer_of(b) > layer_of(a))
+    assert upward == []
