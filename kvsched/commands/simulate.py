@@ -12,17 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.files import read_text
+from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.sim.flags import (
     add_engine_arguments,
     add_output_arguments,
     add_workload_arguments,
+    spec_argv,
     spec_from_args,
 )
 from kvsched.sim.refusals import failure_reasons, format_failures
 from kvsched.sim.results import describe_run, detailed_lists, json_safe, num_gpus
 from kvsched.sim.run import RunResult, prepare, run_prepared
 from kvsched.sim.simulator import stderr_progress
-from kvsched.sim.spec import WorkloadSpec
+from kvsched.sim.spec import RunSpec, WorkloadSpec, spec_from_json, spec_to_json
 from kvsched.sim.workload import Workload
 
 
@@ -35,7 +38,44 @@ def add_simulate_parser(sub: Any) -> None:
     add_engine_arguments(p)
     add_workload_arguments(p)
     add_output_arguments(p)
+    p.add_argument("--run-spec", metavar="FILE.json",
+                   help="run the deployment and workload of a saved run spec (a --save-result file's "
+                        "'run_spec', or a spec of its own; format in docs/simulator.md) instead of "
+                        "engine and workload flags")
     p.set_defaults(func=run_simulate)
+
+
+# A run spec file: a bound on its size (a spec is a few kilobytes; a
+# --save-result file with --save-detailed lists may be large).
+MAX_RUN_SPEC_BYTES = 512 * 2**20
+
+
+def read_run_spec(path: str) -> RunSpec:
+    """The spec in ``path``: a file of :func:`spec_to_json`'s form, or a
+    ``--save-result`` file holding one under ``run_spec``."""
+    text = read_text(path, MAX_RUN_SPEC_BYTES, "a run spec (JSON)",
+                     fix="give a --save-result file or a spec of its own")
+    try:
+        data = strict_loads(text, constants=False)
+    except ValueError as e:
+        raise UserInputError(f"--run-spec={path}: {json_problem(e)}") from None
+    if isinstance(data, dict) and "run_spec" in data:
+        data = data["run_spec"]
+    return spec_from_json(data, f"--run-spec={path}")
+
+
+def spec_of(args: argparse.Namespace) -> RunSpec:
+    """The run spec of a simulate command line: the flags', or --run-spec's
+    deployment and workload with the output flags' options."""
+    flags = spec_from_args(args)
+    if args.run_spec is None:
+        return flags
+    given = spec_argv(RunSpec(flags.deployment, flags.workload))
+    if given:
+        raise UserInputError(f"--run-spec={args.run_spec}: sets the deployment and workload; drop the "
+                             f"engine and workload flags given with it ({' '.join(given[:6])})")
+    saved = read_run_spec(args.run_spec)
+    return RunSpec(saved.deployment, saved.workload, flags.options)
 
 
 def describe_workload(args: WorkloadSpec, workload: Workload) -> str:
@@ -86,7 +126,7 @@ def check_output_paths(args: argparse.Namespace) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     check_output_paths(args)
-    prepared = prepare(spec_from_args(args))
+    prepared = prepare(spec_of(args))
     spec, deployment, workload = prepared.spec, prepared.deployment, prepared.workload
     for remark in prepared.notes:
         print(f"kvsched: note: {remark}", file=sys.stderr, flush=True)
@@ -168,6 +208,8 @@ def result_dict(done: RunResult) -> tuple[dict[str, Any], str | None]:
         # One string per request, "" for success, as vllm bench serve's list:
         # kept without --save-detailed too, so no refusal goes unrecorded.
         "errors": lists["errors"],
+        # The whole run as kvsched took it: kvsched simulate --run-spec FILE repeats it.
+        "run_spec": spec_to_json(spec),
     }
     if result.ranks:
         # Each DP rank's own engine figures (the flat ones above are rank 0's).

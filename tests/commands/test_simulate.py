@@ -415,3 +415,28 @@ def test_a_burst_says_what_it_shows_and_how_to_load_steadily(capsys: pytest.Capt
     assert rate == pytest.approx(0.7 * measured, rel=0.01)
     assert main(["simulate", *SMALL, "--step-time-backend", "roofline", "--request-rate", "5"]) == 0
     assert "Note: all" not in capsys.readouterr().out
+
+
+def test_a_saved_run_repeats_from_its_run_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first, again = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["simulate", *SMALL, "--max-num-seqs", "8", "--request-rate", "20",
+                 "--step-time-backend", "roofline", "--save-result", str(first)]) == 0
+    saved = json.loads(first.read_text())
+    assert saved["run_spec"]["deployment"]["groups"][0]["engine"]["max_num_seqs"] == 8
+    assert saved["run_spec"]["workload"]["num_prompts"] == 40
+    assert main(["simulate", "--run-spec", str(first), "--no-progress", "--save-result", str(again)]) == 0
+    repeated = json.loads(again.read_text())
+    for key in ("mean_ttft_ms", "p99_tpot_ms", "duration", "num_gpu_blocks", "completed", "run_spec"):
+        assert repeated[key] == saved[key], key
+    capsys.readouterr()
+    assert main(["simulate", "--run-spec", str(first), "--max-num-seqs", "4", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--run-spec=" in err and "--max-num-seqs 4" in err
+
+
+def test_a_bad_run_spec_file_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text('{"workload": {"num_prompts": "many"}}')
+    assert main(["simulate", "--run-spec", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvsched: error: ") and "workload.num_prompts='many'" in err, err
