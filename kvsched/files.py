@@ -11,8 +11,26 @@ file, what was expected there and the fix. Parsing is the caller's
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 from kvsched.errors import UserInputError
+
+# Read in pieces: file.read(n) sets aside n bytes before it reads, so one
+# read of a large bound would take that memory whatever the file's size.
+_CHUNK = 1 << 20
+
+
+def _read_at_most(file: BinaryIO, size: int) -> bytes:
+    """Up to ``size`` bytes of ``file``, never holding more than it read."""
+    parts: list[bytes] = []
+    left = size
+    while left > 0:
+        part = file.read(min(left, _CHUNK))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
 
 
 def read_text(path: str | Path, limit: int, what: str, *, fix: str = "check the path",
@@ -27,7 +45,7 @@ def read_text(path: str | Path, limit: int, what: str, *, fix: str = "check the 
     p = Path(path)
     try:
         with p.open("rb") as file:
-            raw = file.read(limit + 1)
+            raw = _read_at_most(file, limit + 1)
     except FileNotFoundError:
         raise UserInputError(f"{p}: no such file (expected {what})") from None
     except IsADirectoryError:

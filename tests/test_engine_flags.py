@@ -60,4 +60,5 @@ def test_the_module_sits_on_the_base_layer() -> None:
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported == {"__future__", "argparse", "dataclasses", "kvsched.config"}
+    assert imported == {"__future__", "argparse", "collections.abc", "dataclasses", "typing",
+                        "kvsched.config"}

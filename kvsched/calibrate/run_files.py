@@ -27,10 +27,10 @@ import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeyError, json_problem, show, strict_loads
 from kvsched.sim.workload import arrival_times_of_rate
 
@@ -399,16 +399,17 @@ def parse_requests(lines: Sequence[tuple[int, object]], source: str) -> Observed
         tpots=tuple((r[2] - r[1]) / (r[4] - 1) if r[4] > 1 else None for r in rows))
 
 
+# A run's file: vllm bench serve's JSON with --save-detailed lists, or
+# per-request JSON lines; 1 GiB is millions of requests.
+MAX_RUN_FILE_BYTES = 2**30
+
+
 def _read(path: str, flag: str) -> str:
-    p = Path(path)
     try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserInputError(f"{flag} {path}: no such file") from None
-    except IsADirectoryError:
-        raise UserInputError(f"{flag} {path}: is a folder; give the run's file") from None
-    except UnicodeDecodeError:
-        raise UserInputError(f"{flag} {path}: not a text file (not UTF-8); give a JSON file") from None
+        return read_text(path, MAX_RUN_FILE_BYTES, f"the run's file for {flag}",
+                         fix="split the run into shorter files")
+    except UserInputError as e:
+        raise UserInputError(f"{flag} {e}") from None
 
 
 def _loads(text: str) -> object:

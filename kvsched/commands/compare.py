@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from kvsched.commands import help_description
 from kvsched.commands.simulate import check_output_paths, describe_workload
 from kvsched.errors import REPORT_HINT, UserInputError, one_line
+from kvsched.files import read_text
 from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.sim.flags import (
     add_engine_arguments,
@@ -133,19 +134,18 @@ def _split_flags(name: str, flags: str, where: str) -> list[str]:
                          "check the quotes") from None
 
 
+# A variants or search-space file: a mapping of a few names to flags.
+MAX_VARIANTS_BYTES = 16 * 2**20
+
+
 def read_variants_file(path: str, flag: str = "--variants") -> object:
     """The YAML/JSON document in ``path``; any problem is one ValueError line
     naming the file (and the line, for a syntax error)."""
     try:
-        raw = Path(path).read_bytes()
-    except OSError as e:
-        raise UserInputError(f"{flag}={path}: cannot read it ({e.strerror or e}); "
-                         "give a YAML or JSON file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserInputError(f"{flag}={path}: not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}); "
-                         "give a YAML or JSON file") from None
+        text = read_text(path, MAX_VARIANTS_BYTES, "a YAML or JSON file",
+                         fix="a variants or space file is a few kilobytes")
+    except UserInputError as e:
+        raise UserInputError(f"{flag}={e}") from None
     if path.endswith((".yaml", ".yml")):
         yaml = importlib.import_module("yaml")
         try:

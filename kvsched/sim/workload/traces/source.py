@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvsched import files
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import json_problem, show, strict_loads
 from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, TOKENS_WHY
@@ -27,16 +28,18 @@ class Source:
         return UserInputError(f"{self.path}, line {line}: {message}")
 
 
+# A trace file is read whole: 2 GiB at most (the largest public traces are
+# a few hundred MB; more would not fit the simulator's memory anyway).
+MAX_TRACE_BYTES = 2**31
+
+
 def read_text(path: str | Path) -> tuple[Path, str]:
-    """The file's text, or an error naming it."""
+    """The file's text (kvsched's one bounded reader), or an error naming it.
+    utf-8-sig: a byte-order mark (common in CSVs saved by spreadsheets) is
+    not data."""
     p = Path(path)
-    try:
-        # utf-8-sig: a byte-order mark (common in CSVs saved by spreadsheets) is not data.
-        return p, p.read_text(encoding="utf-8-sig")
-    except OSError as e:
-        raise UserInputError(f"{p}: cannot read the workload file: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise UserInputError(f"{p}: not UTF-8 text (byte {e.start}): {e.reason}") from None
+    return p, files.read_text(p, MAX_TRACE_BYTES, "a workload trace", encoding="utf-8-sig",
+                              fix="cut the trace into shorter files")
 
 
 _INT_TEXT = re.compile(r"\s*[-+]?[0-9]+\s*")

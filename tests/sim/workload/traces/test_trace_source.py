@@ -18,7 +18,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_missing_and_empty_files(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"nope\.csv: cannot read"):
+    with pytest.raises(ValueError, match=r"nope\.csv: no such file \(expected a workload trace\)"):
         load_azure(tmp_path / "nope.csv")
     with pytest.raises(ValueError, match=r"empty\.csv: empty file"):
         load_azure(write(tmp_path, "empty.csv", ""))
