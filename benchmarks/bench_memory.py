@@ -17,9 +17,9 @@ import resource
 import sys
 import time
 
-from kvsched.sim.deployment import EngineOptions, build_deployment
-from kvsched.sim.simulator import SimConfig, Simulator
-from kvsched.sim.workload import random_workload
+from kvsched.sim.cluster import Cluster
+from kvsched.sim.run import prepare, serve, sim_config
+from kvsched.sim.spec import RunSpec, WorkloadSpec
 
 
 class _Stop(Exception):
@@ -38,12 +38,11 @@ def main() -> int:
     n = args.num_prompts
     base = peak_rss_bytes()
     t0 = time.perf_counter()
-    workload = random_workload(num_prompts=n, request_rate=float("inf"))
+    # vLLM's random dataset defaults (1024 in / 128 out), all at t=0, through kvsched's one runner.
+    prepared = prepare(RunSpec(workload=WorkloadSpec(num_prompts=n)))
     after_workload = peak_rss_bytes()
-    deployment = build_deployment(EngineOptions(model="Llama-3.1-8B", hardware="h100-sxm"))
-    config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model)
-    sim = Simulator(config, workload)
     first_call: list[float] = []
+    last: list[Cluster] = []
 
     def progress(done: int, total: int, now: float) -> None:
         # Called every 0.5 s of wall time once stepping runs (all sends are done).
@@ -52,14 +51,20 @@ def main() -> int:
         elif time.perf_counter() - first_call[0] > args.run_seconds:
             raise _Stop
 
-    sim.progress = progress
+    def keep(cluster: Cluster) -> None:
+        if not last:
+            last.append(cluster)
+
+    d = prepared.deployment
     with contextlib.suppress(_Stop):
-        sim.run()
+        serve(d, prepared.spec.deployment.group, prepared.accepted, sim_config(d, prepared.spec),
+              progress=progress, after_step=keep)
     peak = peak_rss_bytes()
+    sched = last[0].ranks[0].sched
     print(f"{n:,} requests at t=0: workload {(after_workload - base) / n:,.0f} B/request, "
           f"peak RSS {peak / 2**30:.2f} GiB = {(peak - base) / n:,.0f} B/request above the "
-          f"{base / 2**20:.0f} MiB start ({len(sim.sched.waiting):,} waiting, "
-          f"{len(sim.sched.running)} running after {time.perf_counter() - t0:.0f} s)")
+          f"{base / 2**20:.0f} MiB start ({len(sched.waiting):,} waiting, "
+          f"{len(sched.running)} running after {time.perf_counter() - t0:.0f} s)")
     return 0
 
 
