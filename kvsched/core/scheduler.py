@@ -204,7 +204,8 @@ class Scheduler:
         self._priority = scheduler_config.policy == "priority"
         # True while the admission outcome is known to repeat as long as the
         # running requests only decode: set by schedule(), cleared by anything
-        # that changes the queues (fast-forward's precondition).
+        # that changes the queues. A fact fast-forward's rule reads
+        # (kvsched.core.fast_forward.stretch_refusal), not the rule itself.
         self.decode_stable = False
 
     # -- requests in and out --------------------------------------------------
@@ -1098,14 +1099,12 @@ class Scheduler:
                 if (token in request.all_stop_ids or request.num_tokens >= request.stop_len) \
                         and self._check_stop(request, token):
                     kept = 1
-            if not stale:
-                if had_placeholders:
-                    request.num_output_placeholders -= 1
-                    # Blocks whose tokens became known enter the prefix cache.
-                    if caching and was_running and (
-                            (request.num_computed_tokens - request.num_in_flight_tokens) // bs
-                            > num_cached_block.get(rid, 0)):
-                        kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
+            if not stale and had_placeholders:
+                request.num_output_placeholders -= 1
+                # Blocks whose tokens became known enter the prefix cache.
+                known = request.num_computed_tokens - request.num_in_flight_tokens
+                if caching and was_running and known // bs > num_cached_block.get(rid, 0):
+                    kv.cache_blocks(request, known)
             if kept:
                 stopped.append((request, kept))
                 if not was_running:
