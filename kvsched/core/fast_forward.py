@@ -25,7 +25,7 @@ A stretch of ``k`` steps is allowed when all of these hold:
   blocks only shrink while decoding, and blocks filled in the stretch hold
   output tokens unique to their request, so they cannot become a prefix hit),
   and nothing was added, aborted or finished since;
-- every running request is decoding (all but its last token computed) and
+- (synchronous) every running request is decoding (all but its last token computed) and
   has produced its first token: a chunked prefill that leaves exactly one
   prompt token looks like a decode to the scheduler, but the client still
   waits for its first token;

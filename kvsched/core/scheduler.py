@@ -169,6 +169,11 @@ class Scheduler:
         # update take their fast paths (the general ones give the same
         # result; tests/core/test_spec_async.py checks it).
         self._plain = not num_spec and not self.async_scheduling
+        # Async without drafts: the running phase's fast path (placeholders
+        # counted) and an output update of its own; the general paths give
+        # the same result (tests/core/test_spec_async.py checks both).
+        self._fast_running = not num_spec
+        self._async_plain = self.async_scheduling and not num_spec
         # The drafts a request waits for under async scheduling: K -1s
         # (vLLM's _spec_token_placeholders). Shared, never mutated.
         self._spec_placeholders: list[int] = [-1] * num_spec
@@ -200,7 +205,8 @@ class Scheduler:
         self._priority = scheduler_config.policy == "priority"
         # True while the admission outcome is known to repeat as long as the
         # running requests only decode: set by schedule(), cleared by anything
-        # that changes the queues (fast-forward's precondition).
+        # that changes the queues. A fact fast-forward's rule reads
+        # (kvsched.core.fast_forward.stretch_refusal), not the rule itself.
         self.decode_stable = False
 
     # -- requests in and out --------------------------------------------------
@@ -345,7 +351,7 @@ class Scheduler:
         if self._defer_prefill_chunks is not None and self._defer_prefill_chunks(self):
             # Running requests mid-prefill sit this step out (the general path).
             self._schedule_running_preempting(step, threshold, 0, skip_prefill_chunks=True)
-        elif not self.num_spec_tokens:
+        elif self._fast_running:
             self._schedule_running(step, threshold)
         else:
             self._schedule_running_preempting(step, threshold, 0)
@@ -793,6 +799,8 @@ class Scheduler:
         well-typed: its tokens are dropped."""
         self._check_step(scheduler_output, model_runner_output)
         if not self._plain:
+            if self._async_plain:
+                return self._update_from_output_async(scheduler_output, model_runner_output)
             return self._update_from_output_general(scheduler_output, model_runner_output)
         req_ids = model_runner_output.req_ids
         sampled = model_runner_output.sampled_token_ids
@@ -1008,6 +1016,102 @@ class Scheduler:
                     waiting_stops.append(request)
         finished = self._finish_stopped(stopped, waiting_stops) if stopped else []
         return EngineCoreOutputs(model_runner_output, finished, dropped, stats)
+
+    def _update_from_output_async(self, scheduler_output: SchedulerOutput,
+                                  model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """``_update_from_output_general`` without drafts (async scheduling's
+        usual case): every entry of a request that samples is one token.
+        Every entry is checked before anything changes."""
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        req_ids = model_runner_output.req_ids
+        sampled = model_runner_output.sampled_token_ids
+        if req_ids == list(num_scheduled):
+            entries = sampled
+        else:
+            index = {rid: i for i, rid in enumerate(req_ids)}
+            entries = [sampled[index[rid]] for rid in num_scheduled]
+        chunks = scheduler_output.prefill_chunk_req_ids
+        get_request = self.requests.get
+        receives = self._receives_output
+        limit = self.token_limit
+        # Pass 1: check every entry and find its request (None: dropped).
+        targets: list[Request | None] = []
+        len_, type_, list_, int_, running = len, type, list, int, RUNNING
+        for rid, entry in zip(num_scheduled, entries):
+            if not (type_(entry) is list_ and len_(entry) == 1 and type_(entry[0]) is int_
+                    and 0 <= entry[0] < limit):
+                _check_token_list(f"model_runner_output: sampled_token_ids for {rid}", entry, limit)
+                request = get_request(rid)
+                if request is None or (request.status is not running and not receives(request)):
+                    targets.append(None)
+                    continue
+                if rid in chunks:
+                    if entry:
+                        raise ValueError(
+                            f"model_runner_output: {rid} was mid-way through its prefill in this "
+                            f"step and samples no token, got {entry!r:.80}; pass []")
+                    targets.append(request)
+                    continue
+                raise ValueError(
+                    f"model_runner_output: {rid} samples 1 token plus its accepted drafts "
+                    f"(0 were scheduled), so 1 to 1 tokens, got {len(entry)}")
+            request = get_request(rid)
+            if request is None or (request.status is not running and not receives(request)):
+                targets.append(None)
+                continue
+            if rid in chunks:
+                raise ValueError(
+                    f"model_runner_output: {rid} was mid-way through its prefill in this step "
+                    f"and samples no token, got {entry!r:.80}; pass []")
+            targets.append(request)
+        if num_scheduled:
+            self._in_flight.popleft()
+        # Pass 2: apply.
+        stopped: list[tuple[Request, int]] = []
+        waiting_stops: list[Request] = []
+        dropped: list[str] = []
+        kv = self.kv_cache_manager
+        caching = kv.enable_caching
+        num_cached_block = kv.num_cached_block
+        bs = self.block_size
+        for (rid, n_sched), entry, request in zip(num_scheduled.items(), entries, targets):
+            if request is None:
+                if entry:
+                    dropped.append(rid)
+                continue
+            request.num_in_flight_tokens -= n_sched
+            stale = request.num_stale_output_tokens > 0
+            if stale:
+                request.num_stale_output_tokens -= n_sched
+            if not entry:
+                continue
+            had_placeholders = request.num_output_placeholders > 0
+            was_running = request.status is running
+            token = entry[0]
+            kept = 0
+            if request.num_tokens + 1 < request.stop_len and token not in request.all_stop_ids:
+                # One token that cannot stop the request: Request.append_output, inlined.
+                request.output_token_ids.append(token)
+                if not request._outputs_in_all:
+                    request.all_token_ids.append(token)
+                request.num_tokens += 1
+            else:
+                request.append_output(token)
+                if (token in request.all_stop_ids or request.num_tokens >= request.stop_len) \
+                        and self._check_stop(request, token):
+                    kept = 1
+            if not stale and had_placeholders:
+                request.num_output_placeholders -= 1
+                # Blocks whose tokens became known enter the prefix cache.
+                known = request.num_computed_tokens - request.num_in_flight_tokens
+                if caching and was_running and known // bs > num_cached_block.get(rid, 0):
+                    kv.cache_blocks(request, known)
+            if kept:
+                stopped.append((request, kept))
+                if not was_running:
+                    waiting_stops.append(request)
+        finished = self._finish_stopped(stopped, waiting_stops) if stopped else []
+        return EngineCoreOutputs(model_runner_output, finished, dropped)
 
     @staticmethod
     def _check_stop(request: Request, token: int) -> bool:

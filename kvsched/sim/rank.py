@@ -460,6 +460,8 @@ class Rank:
         """``update_from_output()`` for a step of ``dt`` seconds from ``start``,
         and the client-side bookkeeping. Returns how many requests finished."""
         if plan.drafts is not None:
+            if self.speculative is None:
+                return self._complete_async(plan, start, dt)
             return self._complete_general(plan, start, dt)
         sched = self.sched
         out, shape, sampled_ids = plan.output, plan.shape, plan.sampled_ids
@@ -518,6 +520,37 @@ class Rank:
                 spec = out.scheduled_spec_decode_tokens
                 record["spec"] = [[rid, len(spec[rid])] for rid in out.num_scheduled_tokens if rid in spec]
             self.trace_steps.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def _complete_async(self, plan: PlannedStep, start: float, dt: float) -> int:
+        """``_complete_general`` without drafts (async scheduling's usual
+        case): a request that samples gets its one token, unless it
+        finished since this step was scheduled (its token is dropped)."""
+        sched = self.sched
+        out = plan.output
+        ids = list(out.num_scheduled_tokens)
+        requests = sched.requests
+        eos = self.eos_probability > 0.0
+        entries: list[list[int]] = []
+        watched: list[tuple[_Live, Request, int]] = []
+        for rid, lv in zip(ids, plan.lives):
+            if lv is None:
+                entries.append(_NOTHING)
+                continue
+            r = requests.get(rid)
+            if r is None:
+                # Finished on the step before: its token is dropped.
+                entries.append(lv.sample)
+                continue
+            n = len(r.output_token_ids)
+            entries.append([EOS_TOKEN] if eos and n == lv.eos_index else lv.sample)
+            watched.append((lv, r, n))
+        result = sched.update_from_output(out, ModelRunnerOutput(ids, entries))
+        self._deliver([(lv, 1) for lv, r, n in watched if len(r.output_token_ids) > n], start, dt)
+        now = start + dt
+        for o in result.finished:
+            self._finish(o.request_id, now)
+        self._log_step(out, plan.shape, result.finished, start, dt)
+        return len(result.finished)
 
     def _complete_general(self, plan: PlannedStep, start: float, dt: float) -> int:
         """``complete`` with async scheduling or drafts: each request that

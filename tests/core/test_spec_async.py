@@ -31,7 +31,7 @@ from sched_helpers import state_snapshot
 from test_properties import Model, _abort, _add, scheduler_configs
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
-from kvsched.config import LoRAConfig, SpeculativeConfig
+from kvsched.config import BATCH_QUEUE_SIZE, LoRAConfig, SpeculativeConfig
 from kvsched.core.output import DraftTokenIds, EngineCoreOutputs, SchedulerOutput
 from kvsched.core.trace import step_record
 
@@ -243,16 +243,22 @@ class GeneralPathScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plain = False
+        self._fast_running = False
+        self._async_plain = False
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(scheduler_configs(), st.data())
+@given(scheduler_configs(), st.booleans(), st.data())
 def test_general_paths_decide_as_the_fast_paths(configs: tuple[SchedulerConfig, CacheConfig],
-                                                data: st.DataObject) -> None:
+                                                use_async: bool, data: st.DataObject) -> None:
+    """Synchronous, or async with a batch queue of 2 (the async fast paths:
+    placeholders, no drafts)."""
     sched_config, cache_config = configs
+    sched_config = dataclasses.replace(sched_config, async_scheduling=use_async)
     fast = Scheduler(sched_config, cache_config)
     general = GeneralPathScheduler(sched_config, cache_config)
+    queues: dict[int, deque[SchedulerOutput]] = {id(fast): deque(), id(general): deque()}
     usable = (cache_config.num_gpu_blocks - 1) * cache_config.block_size
     max_prompt = min(sched_config.max_model_len - 1, usable)
     arrivals: dict[int, list[tuple[str, list[int], SamplingParams]]] = {}
@@ -269,17 +275,24 @@ def test_general_paths_decide_as_the_fast_paths(configs: tuple[SchedulerConfig, 
             for rid, tokens, params in arrivals.get(step, ()):
                 with contextlib.suppress(ValueError):
                     sched.add_request(Request(rid, list(tokens), params, arrival_time=float(step)))
+            queue = queues[id(sched)]
             output = sched.schedule()
-            sampled = [[] if sched.requests[rid].is_prefill_chunk
-                       else [script[(step + len(rid)) % len(script)]]
-                       for rid in output.num_scheduled_tokens]
-            done = sched.update_from_output(output, ModelRunnerOutput(list(output.num_scheduled_tokens),
-                                                                      sampled))
+            if output.num_scheduled_tokens:
+                queue.appendleft(output)
+            finished = []
+            if queue and (len(queue) == BATCH_QUEUE_SIZE or not use_async
+                          or not output.num_scheduled_tokens):
+                applied = queue.pop()
+                sampled = [[] if rid in applied.prefill_chunk_req_ids
+                           else [script[(step + len(rid)) % len(script)]]
+                           for rid in applied.num_scheduled_tokens]
+                done = sched.update_from_output(applied, ModelRunnerOutput(
+                    list(applied.num_scheduled_tokens), sampled))
+                finished = [[o.request_id, o.finish_reason or ""] for o in done.finished]
             sched.check_invariants()
-            finished = [[o.request_id, o.finish_reason or ""] for o in done.finished]
             records.append(step_record(step, output, finished, sched))
         assert records[0] == records[1], f"step {step}"
-        if step > 6 and not fast.has_unfinished_requests():
+        if step > 6 and not fast.has_unfinished_requests() and not queues[id(fast)]:
             break
     assert not general.has_unfinished_requests()
     assert [(r.request_id, r.num_computed_tokens) for r in fast.running] == \
