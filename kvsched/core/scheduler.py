@@ -1047,12 +1047,12 @@ class Scheduler:
                     continue
                 if rid in chunks:
                     if entry:
-                        raise ValueError(
+                        raise UserInputError(
                             f"model_runner_output: {rid} was mid-way through its prefill in this "
                             f"step and samples no token, got {entry!r:.80}; pass []")
                     targets.append(request)
                     continue
-                raise ValueError(
+                raise UserInputError(
                     f"model_runner_output: {rid} samples 1 token plus its accepted drafts "
                     f"(0 were scheduled), so 1 to 1 tokens, got {len(entry)}")
             request = get_request(rid)
@@ -1060,7 +1060,7 @@ class Scheduler:
                 targets.append(None)
                 continue
             if rid in chunks:
-                raise ValueError(
+                raise UserInputError(
                     f"model_runner_output: {rid} was mid-way through its prefill in this step "
                     f"and samples no token, got {entry!r:.80}; pass []")
             targets.append(request)
