@@ -78,6 +78,9 @@ def test_fast_forward_flag_does_not_change_results(tmp_path: Path) -> None:
     for key in ("simulation_wall_seconds", "fast_forwarded_steps"):
         ra.pop(key)
         rb.pop(key)
+    # The run spec records the flag itself.
+    assert (ra["run_spec"]["options"].pop("fast_forward"), rb["run_spec"]["options"].pop("fast_forward")) == (
+        True, False)
     assert ra == rb
 
 

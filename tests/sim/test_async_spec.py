@@ -386,6 +386,9 @@ def test_no_async_scheduling_keeps_the_synchronous_loop(tmp_path: Path) -> None:
     for key in ("simulation_wall_seconds", "fast_forwarded_steps"):
         sync.pop(key)
         stepped.pop(key)
+    # The run spec records --no-fast-forward itself.
+    assert sync["run_spec"]["options"].pop("fast_forward") is True
+    assert stepped["run_spec"]["options"].pop("fast_forward") is False
     assert sync == stepped
     assert overlap["total_output_tokens"] == sync["total_output_tokens"]
     assert overlap["mean_tpot_ms"] < sync["mean_tpot_ms"]
