@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvsched.sim.deployment import EngineOptions, build_deployment
-from kvsched.sim.simulator import SimConfig, Simulator
+from kvsched.sim.deployment import EngineOptions
+from kvsched.sim.run import build_group_deployment, serve, sim_config
+from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec
 from kvsched.sim.workload import Workload, load_azure, random_workload
 
 TRACE = Path(os.environ.get("KVSCHED_TRACES") or next(
@@ -62,12 +63,13 @@ def run_case(case: str, fast_forward: bool = True, backend: str = "auto",
     """One case in this process (wall and CPU include loading the kernel tables)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     workload = _workload(case)
-    deployment = build_deployment(EngineOptions(model="Llama-3.1-8B", hardware="h100-sxm",
-                                                step_time_backend=backend,
-                                                async_scheduling=async_scheduling))
-    config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
-                       fast_forward=fast_forward, keep_step_log=False)
-    result = Simulator(config, workload).run()
+    # Through kvsched's one runner: the spec's deployment, this case's workload.
+    spec = RunSpec(DeploymentSpec((InstanceGroup(EngineOptions(
+        model="Llama-3.1-8B", hardware="h100-sxm", step_time_backend=backend,
+        async_scheduling=async_scheduling)),)), options=RunOptions(fast_forward=fast_forward))
+    group = spec.deployment.group
+    deployment, _ = build_group_deployment(group)
+    result = serve(deployment, group, workload, sim_config(deployment, spec), spec.options)
     metrics = result.metrics()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     n = len(workload.requests)
