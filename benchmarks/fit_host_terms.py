@@ -21,7 +21,7 @@ Every choice is made on the training rows:
    lowest mean validation objective over the two folds is selected; a tie
    goes to the smaller set.
 2. *Their values.* The selected set is refitted on every ``--stride``-th
-   row of both Hopper GPUs and written to kvsched/perf/data with the
+   row of each Hopper GPU, pooled, and written to kvsched/perf/data with the
    selection and fit figures in its provenance.
 
 Cost bound: a row's simulation time grows with the output tokens its
@@ -146,7 +146,8 @@ def median_abs(errors: Sequence[float]) -> float:
 
 def summary(ttft: Sequence[float], tpot: Sequence[float]) -> str:
     return (f"{len(ttft)} rows: TTFT median |err| {median_abs(ttft):.1%} "
-            f"(bias {statistics.mean(ttft):+.1%}), TPOT median |err| {median_abs(tpot):.1%} (bias {statistics.mean(tpot):+.1%})")
+            f"(bias {statistics.mean(ttft):+.1%}), TPOT median |err| {median_abs(tpot):.1%} "
+            f"(bias {statistics.mean(tpot):+.1%})")
 
 
 def objective(ttft: Sequence[float], tpot: Sequence[float]) -> float:
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="do not write the default file")
     ap.add_argument("--workers", type=int, default=2, help="processes simulating rows (default 2)")
     ap.add_argument("--stride", type=int, default=8,
-                    help="refit the selected terms on every N-th training row (default 8)")
+                    help="refit the selected terms on every N-th training row of each GPU (default 8; "
+                         "equal to --select-stride, the refit reuses the folds' simulations)")
     ap.add_argument("--select-stride", type=int, default=8,
                     help="fit and judge the GPU folds of the selection on every N-th row of each "
                          "GPU (default 8)")
@@ -216,24 +218,33 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ev = Evaluator(Path(tmp), args.workers)
 
-        def scorer(label: str, runs: Sequence[ServingRun]) -> Callable[[dict[str, float]], float]:
-            def score(values: dict[str, float]) -> float:
+        def errors(gpus: Sequence[str], stride: int, values: dict[str, float]) -> Errors:
+            """The errors of every ``stride``-th row of each of ``gpus``, pooled;
+            each GPU's sample is simulated (and remembered) on its own, so the
+            refit reuses what the folds ran."""
+            ttft: list[float] = []
+            tpot: list[float] = []
+            for gpu in gpus:
+                label = f"{gpu} 1/{stride}"
                 fresh = (label, tuple(round(values.get(n, 0.0), 12) for n in TERMS)) not in ev.cache
-                s = objective(*ev.errors(label, runs, values))
+                a, b = ev.errors(label, by_gpu[gpu][::stride], values)
                 if fresh:
-                    print(f"  [{label}, {len(runs)} rows] {describe(values)}: objective {s:.4f} "
+                    print(f"  [{label}, {len(a)} rows] {describe(values)}: objective {objective(a, b):.4f} "
                           f"({time.perf_counter() - t0:,.0f} s)", file=sys.stderr, flush=True)
-                return s
-            return score
+                ttft += a
+                tpot += b
+            return ttft, tpot
+
+        def scorer(gpus: Sequence[str], stride: int) -> Callable[[dict[str, float]], float]:
+            return lambda values: objective(*errors(gpus, stride, values))
 
         # 1. Selection: two folds by GPU, on the training rows only.
-        sample = {gpu: runs[::args.select_stride] for gpu, runs in by_gpu.items()}
         selection: list[tuple[str, float, list[str]]] = []
         for name, terms in CANDIDATES.items():
             notes, validation = [], []
             for fit_gpu, val_gpu in folds:
-                values, fit_score = fit(terms, scorer(f"{fit_gpu} 1/{args.select_stride}", sample[fit_gpu]))
-                val_errors = ev.errors(f"{val_gpu} 1/{args.select_stride}", sample[val_gpu], values)
+                values, fit_score = fit(terms, scorer([fit_gpu], args.select_stride))
+                val_errors = errors([val_gpu], args.select_stride, values)
                 validation.append(objective(*val_errors))
                 notes.append(f"fit on {fit_gpu} ({describe(values)}; objective {fit_score:.3f}), "
                              f"judged on {val_gpu}: {summary(*val_errors)}, objective {validation[-1]:.3f}")
@@ -242,10 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         # min keeps the first of equal scores; CANDIDATES lists the smaller set first.
         chosen = min(selection, key=lambda s: s[1])[0]
         # 2. Refit of the selected set on both Hopper GPUs.
-        rows = train[::args.stride]
-        best, best_score = fit(CANDIDATES[chosen], scorer(f"train 1/{args.stride}", rows))
-        after = summary(*ev.errors(f"train 1/{args.stride}", rows, best))
-        before = summary(*ev.errors(f"train 1/{args.stride}", rows, {}))
+        best, best_score = fit(CANDIDATES[chosen], scorer(TRAIN, args.stride))
+        after = summary(*errors(TRAIN, args.stride, best))
+        before = summary(*errors(TRAIN, args.stride, {}))
         evaluations, sim_seconds = ev.count, ev.seconds
         select_text = "; ".join(
             f"{name}: mean validation objective {score:.3f} ({' / '.join(notes)})"
@@ -259,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Terms selected on the training rows only, by two folds by GPU (fit on one Hopper GPU, "
             f"judged on the other, every {args.select_stride}th row of each): {select_text}. "
             f"Selected: {chosen}; {', '.join(zero)} kept at 0 (dp_sync_s: DP rows on H100 only). "
-            f"Refitted on every {args.stride}th training row: {after} (all terms 0: {before}). "
+            f"Refitted on every {args.stride}th training row of each GPU: {after} (all terms 0: {before}). "
             f"The held-out {'/'.join(HELD_OUT)} rows were not read before these values were written.")
         print("selection (training rows only):")
         for name, score, notes in selection:
@@ -268,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {note}")
         print(f"selected: {chosen}")
         print(f"fitted: {describe(best)} (objective {best_score:.4f})")
-        print(f"train (every {args.stride}th of {'/'.join(TRAIN)}): with    {after}")
-        print(f"                                   without {before}")
+        print(f"train (every {args.stride}th of each of {'/'.join(TRAIN)}): with    {after}")
+        print(f"                                           without {before}")
         print(f"({time.perf_counter() - t0:,.0f} s, {evaluations} evaluations, "
               f"{sim_seconds:,.0f} s simulating)")
         if not args.dry_run:
