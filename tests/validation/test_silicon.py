@@ -132,7 +132,7 @@ def test_saved_runs_merge_into_the_tables_one_run_would_give(tmp_path: Path,
     assert merged.getvalue().splitlines()[1:] == bodies["both"].splitlines()[1:]
     assert "from the runs `python benchmarks/validate_silicon.py" in merged.getvalue().splitlines()[0]
     # A row the measured file lacks cannot be merged silently.
-    with pytest.raises(ValueError, match="row .* has no measured in any file"):
+    with pytest.raises(ValueError, match=r"row .* has no measured in any file"):
         script.main(["--from-json", paths["roofline"], "--from-json", paths["one"]])
     with pytest.raises(SystemExit):
         script.main(["--from-json", paths["roofline"], "--backend", "measured"])
