@@ -63,6 +63,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", action="append", metavar="TEXT",
                    help="only rows whose model_path contains TEXT (any case); repeatable")
     p.add_argument("--limit", type=int, metavar="N", help="only the first N rows after the filters")
+    p.add_argument("--stride", type=int, default=1, metavar="N",
+                   help="only every N-th row after the filters, in the CSV's order (default 1: every row)")
     p.add_argument("--backend", action="append", choices=BACKENDS,
                    help="kvsched step-time backend; repeatable (default: measured and roofline)")
     p.add_argument("--no-aic", action="store_true", help="skip AIConfigurator's estimates")
@@ -74,13 +76,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="simulate nothing: the tables of runs saved with --json, each row's predictions "
                         "merged over the files; repeatable")
     args = p.parse_args(argv)
-    if args.from_json and (args.system or args.model or args.limit or args.backend or args.no_aic
-                           or args.json):
+    if args.from_json and (args.system or args.model or args.limit or args.stride != 1 or args.backend
+                           or args.no_aic or args.json):
         p.error("--from-json takes the rows, backends and AIConfigurator's estimates from the files; "
-                "leave out --system, --model, --limit, --backend, --no-aic and --json")
+                "leave out --system, --model, --limit, --stride, --backend, --no-aic and --json")
     args.backend = list(dict.fromkeys(args.backend or ["measured", "roofline"]))
     if args.limit is not None and args.limit < 1:
         p.error(f"--limit={args.limit}: must be at least 1; leave it out for every row")
+    if args.stride < 1:
+        p.error(f"--stride={args.stride}: must be at least 1 (1: every row)")
     return args
 
 
@@ -96,6 +100,7 @@ def select_rows(rows: list[SiliconRow], args: argparse.Namespace) -> list[Silico
         rows = [r for r in rows if any(w in r.model_path.lower() for w in wanted)]
         if not rows:
             raise ValueError(f"--model={args.model!r}: matches no row's model_path")
+    rows = rows[::args.stride]
     return rows[:args.limit] if args.limit else rows
 
 

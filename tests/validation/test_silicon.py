@@ -22,6 +22,7 @@ from kvsched.validation.silicon_rows import (
     Refusal,
     ServingRun,
     SiliconRow,
+    load_rows,
     map_row,
 )
 
@@ -136,3 +137,14 @@ def test_saved_runs_merge_into_the_tables_one_run_would_give(tmp_path: Path,
         script.main(["--from-json", paths["roofline"], "--from-json", paths["one"]])
     with pytest.raises(SystemExit):
         script.main(["--from-json", paths["roofline"], "--backend", "measured"])
+
+
+def test_stride_keeps_every_nth_row_in_the_csvs_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _script(monkeypatch)
+    rows = load_rows()
+    picked = script.select_rows(rows, script.parse_args(["--system", "b200_sxm", "--stride", "6"]))
+    b200 = [r.id for r in rows if r.system == "b200_sxm"]
+    assert len(b200) == 623 and len(picked) == 104   # rows 0, 6, ..., 618
+    assert [r.id for r in picked] == b200[0:623:6]
+    with pytest.raises(SystemExit), redirect_stderr(io.StringIO()):
+        script.parse_args(["--stride", "0"])
