@@ -22,6 +22,7 @@ from kvsched.validation.silicon_rows import (
     Refusal,
     ServingRun,
     SiliconRow,
+    load_rows,
     map_row,
 )
 
@@ -110,3 +111,40 @@ def test_script_reports_and_updates_the_doc(tmp_path: Path, monkeypatch: pytest.
     assert (tmp_path / "r.json").read_text(encoding="utf-8").count('"mean_ttft_ms"') == 4
     with pytest.raises(ValueError, match="--system='a100_sxm'"):
         script.main(["--system", "a100_sxm", "--no-aic"])
+
+
+def test_saved_runs_merge_into_the_tables_one_run_would_give(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _script(monkeypatch)
+    rows = ["--system", "h100_sxm", "--model", "qwen3-32b", "--no-aic", "--no-progress"]
+    paths = {name: str(tmp_path / f"{name}.json") for name in ("both", "measured", "roofline", "one")}
+    bodies = {}
+    for name, extra in (("both", ["--limit", "2"]), ("measured", ["--limit", "2", "--backend", "measured"]),
+                        ("roofline", ["--limit", "2", "--backend", "roofline"]),
+                        ("one", ["--limit", "1", "--backend", "measured"])):
+        out = io.StringIO()
+        with redirect_stdout(out), redirect_stderr(io.StringIO()):
+            assert script.main([*rows, *extra, "--json", paths[name]]) == 0
+        bodies[name] = out.getvalue()
+    merged = io.StringIO()
+    with redirect_stdout(merged):
+        assert script.main(["--from-json", paths["measured"], "--from-json", paths["roofline"]]) == 0
+    # Everything after the first line (which names the command) is the one run's.
+    assert merged.getvalue().splitlines()[1:] == bodies["both"].splitlines()[1:]
+    assert "from the runs `python benchmarks/validate_silicon.py" in merged.getvalue().splitlines()[0]
+    # A row the measured file lacks cannot be merged silently.
+    with pytest.raises(ValueError, match=r"row .* has no measured in any file"):
+        script.main(["--from-json", paths["roofline"], "--from-json", paths["one"]])
+    with pytest.raises(SystemExit):
+        script.main(["--from-json", paths["roofline"], "--backend", "measured"])
+
+
+def test_stride_keeps_every_nth_row_in_the_csvs_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _script(monkeypatch)
+    rows = load_rows()
+    picked = script.select_rows(rows, script.parse_args(["--system", "b200_sxm", "--stride", "6"]))
+    b200 = [r.id for r in rows if r.system == "b200_sxm"]
+    assert len(b200) == 623 and len(picked) == 104   # rows 0, 6, ..., 618
+    assert [r.id for r in picked] == b200[0:623:6]
+    with pytest.raises(SystemExit), redirect_stderr(io.StringIO()):
+        script.parse_args(["--stride", "0"])
