@@ -22,6 +22,11 @@ POLICIES = ("fcfs", "priority")
 # holds the activations of that many tokens in one step, and no model's
 # context is that long (the longest published is 10M tokens).
 MAX_STEP_LIMIT = 2**24
+# Engine steps a step-counting setting may name (--prefill-schedule-interval,
+# --dp-sync-interval, --adp-*-iters): a million. An engine step takes at
+# least ~1 ms, so that is over a quarter of an hour between the events the
+# setting paces; more is no cadence, only a way to stall a run.
+MAX_STEP_COUNT = 1_000_000
 # vLLM's EngineCore.batch_queue_size under async scheduling: the executor's
 # max_concurrent_batches without pipeline parallelism, one batch running on
 # the GPU while the next is scheduled. The one owner of that depth: the

@@ -128,6 +128,23 @@ class _Step:
     skip_reasons: dict[str, tuple[str, str]] | None = None
 
 
+
+def _entries_in_order(num_scheduled: dict[str, int],
+                      model_runner_output: ModelRunnerOutput) -> list[list[int]]:
+    """The runner's sampled entries in the order the batch was scheduled
+    (the runner may list its requests in another order)."""
+    req_ids = model_runner_output.req_ids
+    sampled = model_runner_output.sampled_token_ids
+    if req_ids == list(num_scheduled):
+        return sampled
+    index = {rid: i for i, rid in enumerate(req_ids)}
+    return [sampled[index[rid]] for rid in num_scheduled]
+
+
+def _mid_prefill_error(rid: str, entry: object) -> UserInputError:
+    return UserInputError(f"model_runner_output: {rid} was mid-way through its prefill in this step "
+                          f"and samples no token, got {entry!r:.80}; pass []")
+
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  admission_policy: AdmissionPolicy | None = None,
@@ -896,13 +913,7 @@ class Scheduler:
         output of a request preempted meanwhile is appended without moving
         its reset counters. Every entry is checked before anything changes."""
         num_scheduled = scheduler_output.num_scheduled_tokens
-        req_ids = model_runner_output.req_ids
-        sampled = model_runner_output.sampled_token_ids
-        if req_ids == list(num_scheduled):
-            entries = sampled
-        else:
-            index = {rid: i for i, rid in enumerate(req_ids)}
-            entries = [sampled[index[rid]] for rid in num_scheduled]
+        entries = _entries_in_order(num_scheduled, model_runner_output)
         spec = scheduler_output.scheduled_spec_decode_tokens
         chunks = scheduler_output.prefill_chunk_req_ids
         get_request = self.requests.get
@@ -924,9 +935,7 @@ class Scheduler:
             targets.append(request)
             if rid in chunks:
                 if entry:
-                    raise UserInputError(
-                        f"model_runner_output: {rid} was mid-way through its prefill in this step "
-                        f"and samples no token, got {entry!r:.80}; pass []")
+                    raise _mid_prefill_error(rid, entry)
                 continue
             n = len_(entry)
             if n != 1 or spec:
@@ -1023,13 +1032,7 @@ class Scheduler:
         usual case): every entry of a request that samples is one token.
         Every entry is checked before anything changes."""
         num_scheduled = scheduler_output.num_scheduled_tokens
-        req_ids = model_runner_output.req_ids
-        sampled = model_runner_output.sampled_token_ids
-        if req_ids == list(num_scheduled):
-            entries = sampled
-        else:
-            index = {rid: i for i, rid in enumerate(req_ids)}
-            entries = [sampled[index[rid]] for rid in num_scheduled]
+        entries = _entries_in_order(num_scheduled, model_runner_output)
         chunks = scheduler_output.prefill_chunk_req_ids
         get_request = self.requests.get
         receives = self._receives_output
@@ -1038,31 +1041,22 @@ class Scheduler:
         targets: list[Request | None] = []
         len_, type_, list_, int_, running = len, type, list, int, RUNNING
         for rid, entry in zip(num_scheduled, entries):
-            if not (type_(entry) is list_ and len_(entry) == 1 and type_(entry[0]) is int_
-                    and 0 <= entry[0] < limit):
+            # One int token in range (the common entry) checked inline.
+            one_token = (type_(entry) is list_ and len_(entry) == 1 and type_(entry[0]) is int_
+                         and 0 <= entry[0] < limit)
+            if not one_token:
                 _check_token_list(f"model_runner_output: sampled_token_ids for {rid}", entry, limit)
-                request = get_request(rid)
-                if request is None or (request.status is not running and not receives(request)):
-                    targets.append(None)
-                    continue
-                if rid in chunks:
-                    if entry:
-                        raise UserInputError(
-                            f"model_runner_output: {rid} was mid-way through its prefill in this "
-                            f"step and samples no token, got {entry!r:.80}; pass []")
-                    targets.append(request)
-                    continue
-                raise UserInputError(
-                    f"model_runner_output: {rid} samples 1 token plus its accepted drafts "
-                    f"(0 were scheduled), so 1 to 1 tokens, got {len(entry)}")
             request = get_request(rid)
             if request is None or (request.status is not running and not receives(request)):
                 targets.append(None)
                 continue
             if rid in chunks:
+                if entry:
+                    raise _mid_prefill_error(rid, entry)
+            elif not one_token:
                 raise UserInputError(
-                    f"model_runner_output: {rid} was mid-way through its prefill in this step "
-                    f"and samples no token, got {entry!r:.80}; pass []")
+                    f"model_runner_output: {rid} samples 1 token plus its accepted drafts "
+                    f"(0 were scheduled), so 1 to 1 tokens, got {len(entry)}")
             targets.append(request)
         if num_scheduled:
             self._in_flight.popleft()

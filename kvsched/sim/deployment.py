@@ -12,6 +12,7 @@ from kvsched.config import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     MAX_BLOCK_SIZE,
     MAX_NUM_GPU_BLOCKS,
+    MAX_STEP_COUNT,
     MAX_STEP_LIMIT,
     POLICIES,
     CacheConfig,
@@ -198,7 +199,7 @@ def validate_engine_options(opts: EngineOptions) -> None:
     check_long_prefill_token_threshold(opts.long_prefill_token_threshold)
     model_dtype(opts.dtype)
     kv_cache_dtype_bytes(opts.kv_cache_dtype)
-    _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval, 1_000_000,
+    _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval, MAX_STEP_COUNT,
                   "a million engine steps is over a quarter of an hour between admissions")
     if opts.quantization is not None and opts.quantization not in QUANTIZATIONS:
         raise UserInputError(f"quantization={opts.quantization!r} (--quantization): kvsched prices "

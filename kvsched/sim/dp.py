@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvsched.config import MAX_STEP_COUNT
 from kvsched.core.policies import AdmissionPolicy, DPPrefillCadence, DPRankStates
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
@@ -36,7 +37,6 @@ DEFAULT_DP_STATS_INTERVAL = 0.1
 DEFAULT_DP_SYNC_INTERVAL = 16
 # Bounds: the stats interval within the simulator's time span, the sync
 # interval at most a million steps (over a quarter of an hour of engine time).
-MAX_DP_SYNC_INTERVAL = 1_000_000
 
 
 def check_dp_intervals(stats_interval: object, sync_interval: object) -> None:
@@ -48,9 +48,9 @@ def check_dp_intervals(stats_interval: object, sync_interval: object) -> None:
                              f"in (0, {MAX_ARRIVAL_TIME:g}] (the simulator's time span); vLLM's is "
                              f"{DEFAULT_DP_STATS_INTERVAL}")
     if (isinstance(sync_interval, bool) or not isinstance(sync_interval, int)
-            or not 1 <= sync_interval <= MAX_DP_SYNC_INTERVAL):
+            or not 1 <= sync_interval <= MAX_STEP_COUNT):
         raise UserInputError(f"--dp-sync-interval={show(sync_interval)}: must be an integer in "
-                             f"[1, {MAX_DP_SYNC_INTERVAL:,}] (steps between the lockstep ranks' "
+                             f"[1, {MAX_STEP_COUNT:,}] (steps between the lockstep ranks' "
                              f"all-reduces; vLLM's is {DEFAULT_DP_SYNC_INTERVAL})")
 
 

@@ -26,6 +26,7 @@ one group of role ``"mixed"`` (every instance prefills and decodes).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -33,9 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kvsched.config import MAX_STEP_COUNT
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
-from kvsched.sim.deployment import EngineOptions
+from kvsched.sim.deployment import EngineOptions, validate_engine_options
 from kvsched.sim.dp import DEFAULT_DP_STATS_INTERVAL, DEFAULT_DP_SYNC_INTERVAL, check_dp_intervals
 from kvsched.sim.workload import (
     DATASET_NAMES,
@@ -56,11 +58,6 @@ ADMISSION_POLICIES = ("none", "balance", "adp-balance", "prefill-cadence")
 BALANCE_THRESHOLDS = ("full", "full-minus-one")
 DP_ROUTINGS = ("vllm", "round-robin", "least-loaded")
 DEFAULT_ADP_TIMEOUT_ITERS = 50
-# Steps a step-counting setting may name (--prefill-schedule-interval,
-# --dp-sync-interval, --adp-*-iters): a million. An engine step takes at
-# least ~1 ms, so that is over a quarter of an hour between events the
-# setting paces; more is no cadence, only a way to stall a run.
-MAX_STEP_COUNT = 1_000_000
 STEPS_WHY = "a million steps is over a quarter of an hour of engine time"
 # The prefill cadence needs an interval of at least 2 to gate anything.
 MIN_CADENCE_INTERVAL = 2
@@ -109,8 +106,8 @@ class InstanceGroup:
         check_dp_intervals(self.dp_stats_interval, self.dp_sync_interval)
         _int_in("adp_timeout_iters", self.adp_timeout_iters, 0, MAX_STEP_COUNT, STEPS_WHY)
         _int_in("adp_batching_wait_iters", self.adp_batching_wait_iters, 0, MAX_STEP_COUNT, STEPS_WHY)
-        _int_in("prefill_schedule_interval", self.engine.prefill_schedule_interval, 1, MAX_STEP_COUNT,
-                STEPS_WHY)
+        # The engine's own arguments first (the cadence policy reads one of them).
+        validate_engine_options(self.engine)
 
     def engine_options(self) -> EngineOptions:
         """The engine arguments as run: the prefill-cadence policy gates
@@ -352,14 +349,9 @@ def spec_from_json(data: object, where: str = "run spec") -> RunSpec:
     return spec
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
+    return typing.get_type_hints(cls)
 
 
 def _from_json(kind: Any, data: object, where: str) -> object:
