@@ -43,7 +43,7 @@ never write it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 from kvsched.core.view import SchedulerView
 from kvsched.errors import UserInputError
@@ -251,7 +251,7 @@ class BalanceGate:
 
     def __init__(self, shared: DPRankStates, rank: int,
                  threshold: BalanceThreshold = "full-minus-one") -> None:
-        if threshold not in ("full", "full-minus-one"):
+        if threshold not in get_args(BalanceThreshold):
             raise UserInputError(f"balance threshold {threshold!r}: must be 'full' or 'full-minus-one'")
         if not 0 <= rank < shared.size:
             raise UserInputError(f"rank {rank}: must be in [0, {shared.size})")

@@ -18,9 +18,9 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from kvsched.core.policies import AdmissionPolicy, AdpBalance, BalanceGate, DPRankStates
+from kvsched.core.policies import AdmissionPolicy, AdpBalance, BalanceGate, BalanceThreshold, DPRankStates
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.cluster import Cluster, Progress
@@ -193,7 +193,9 @@ def build_dp_simulator(deployment: Deployment, group: InstanceGroup, config: Sim
     shared = DPRankStates(dp, group.dp_sync_interval)
     policies: list[AdmissionPolicy | None] = [None] * dp
     if group.admission_policy == "balance":
-        policies = [BalanceGate(shared, r, group.balance_threshold) for r in range(dp)]  # type: ignore[arg-type]
+        # InstanceGroup.check keeps the threshold to BalanceThreshold's names.
+        threshold = cast(BalanceThreshold, group.balance_threshold)
+        policies = [BalanceGate(shared, r, threshold) for r in range(dp)]
     elif group.admission_policy == "adp-balance":
         policies = [AdpBalance(shared, r, group.adp_timeout_iters, group.adp_batching_wait_iters)
                     for r in range(dp)]

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvsched.config import MAX_STEP_COUNT
+from kvsched.core.policies import BalanceThreshold
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.deployment import EngineOptions, validate_engine_options
@@ -55,7 +56,7 @@ from kvsched.sim.workload import (
 # default). Prefill/decode disaggregation adds "prefill" and "decode".
 ROLES = ("mixed",)
 ADMISSION_POLICIES = ("none", "balance", "adp-balance", "prefill-cadence")
-BALANCE_THRESHOLDS = ("full", "full-minus-one")
+BALANCE_THRESHOLDS: tuple[str, ...] = typing.get_args(BalanceThreshold)
 DP_ROUTINGS = ("vllm", "round-robin", "least-loaded")
 DEFAULT_ADP_TIMEOUT_ITERS = 50
 STEPS_WHY = "a million steps is over a quarter of an hour of engine time"
