@@ -41,6 +41,7 @@ from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.run import build_group_deployment, serve, sim_config
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec
 from kvsched.sim.workload import Workload, load_azure, random_workload
+from kvsched.version import build
 
 TRACE = Path(os.environ.get("KVSCHED_TRACES") or next(
     (p for p in (Path(__file__).resolve().parents[2] / "shared" / "traces", Path("/work/shared/traces"))
@@ -74,7 +75,7 @@ def run_case(case: str, fast_forward: bool = True, backend: str = "auto",
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     n = len(workload.requests)
     return {"case": case, "fast_forward": fast_forward, "backend": deployment.step_model.backend,
-            "async_scheduling": async_scheduling,
+            "async_scheduling": async_scheduling, "build": build(),
             "requests": n, "wall_seconds": wall,
             "cpu_seconds": cpu, "requests_per_wall_second": n / wall,
             "cpu_us_per_request": cpu / n * 1e6,
@@ -114,7 +115,8 @@ def async_ratio(case: str, backend: str, repeats: int) -> list[dict[str, Any]]:
 def show(r: dict[str, Any]) -> None:
     m = r["metrics"]
     loop = "async " if r["async_scheduling"] else "sync  "
-    print(f"{r['case']:<22} {r['backend']:<8} {loop}ff={'on ' if r['fast_forward'] else 'off'} "
+    built = r.get("build", "interpreted")[:6]
+    print(f"{r['case']:<22} {r['backend']:<8} {built} {loop}ff={'on ' if r['fast_forward'] else 'off'} "
           f"{r['requests']:>9,} requests: "
           f"{r['wall_seconds']:7.1f} s wall ({r['requests_per_wall_second']:7,.0f} req/s), "
           f"{r['cpu_us_per_request']:5.0f} µs CPU per request, peak RSS {r['peak_rss_mb']:6,.0f} MB  "

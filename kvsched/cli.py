@@ -74,6 +74,10 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvsched", description="vLLM's v1 scheduler, rebuilt: exact, fast, explained.")
     parser.set_defaults(debug=False)
+    from kvsched.version import __version__, build
+
+    parser.add_argument("--version", action="version",
+                        version=f"kvsched {__version__} ({build()} hot path: see setup.py)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     rp = sub.add_parser("replay", help="replay a scheduler scenario with a scripted fake model")
     rp.add_argument("scenario", help="scenario JSON (see docs/scenarios.md)")

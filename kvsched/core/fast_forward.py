@@ -76,7 +76,6 @@ the steps:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 from kvsched.core.output import CachedRequestData, EngineCoreOutput, SchedulerOutput
@@ -165,7 +164,9 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
         return 0, 0, False
     running = sched.running
     lead = _lead(sched)
-    first_stop: float = math.inf  # the earliest step (0-based) in which a request stops
+    # The earliest step (0-based) in which a request stops: an int (every
+    # request has a finite length cap, and the refusal above ensures one runs).
+    first_stop = 1 << 62
     # Under async scheduling a stretch may end with the iteration in which
     # requests stop only if they all stop on length: the scheduler then
     # leaves them out of the batch it schedules in that same iteration (it
@@ -189,7 +190,7 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
             length_stops_only = False
     if lead and (sched.waiting or not length_stops_only):
         through_finish = False
-    k = int(first_stop) + 1 if through_finish else int(first_stop)
+    k = first_stop + 1 if through_finish else first_stop
     if k < 1:
         return 0, 0, False
     finishes = through_finish
@@ -211,27 +212,33 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     return k, kv_tokens, finishes and k > 0
 
 
-def fast_forward_decode(sched: Scheduler, num_steps: int, tokens: Sequence[int]) -> list[int]:
+def fast_forward_decode(sched: Scheduler, num_steps: int, tokens: Sequence[int], *,
+                        planned: bool = False) -> list[int]:
     """Advance every running request of ``sched`` by ``num_steps`` decode
     steps at once, leaving exactly the state that many ``schedule()`` /
     ``update_from_output()`` rounds (async: engine-loop iterations) would;
     ``tokens[i]`` is what running request i samples at each. Returns the
-    free block count after each step."""
-    free_after, _ = _advance(sched, num_steps, tokens)
+    free block count after each step.
+
+    ``planned``: the caller has just asked ``decode_stretch_plan`` about
+    this very state (nothing changed since) and its tokens are ints it made
+    itself (the simulator's), so the refusal and the token-type checks are
+    not repeated; the stretch's own limits still are."""
+    free_after, _ = _advance(sched, num_steps, tokens, planned=planned)
     # The first stretch step would have handed these to its output.
     sched.take_finished_req_ids()
     return free_after
 
 
 def fast_forward_decode_finishing(sched: Scheduler, num_steps: int, tokens: Sequence[int],
-                                  last_tokens: Sequence[int]
+                                  last_tokens: Sequence[int], *, planned: bool = False
                                   ) -> tuple[list[int], list[EngineCoreOutput]]:
     """``fast_forward_decode`` whose last step samples ``last_tokens`` (one
     per running request), after which the stop checks run as in
     ``update_from_output``: requests that stop there finish and are freed.
     Returns the free block count after each step and the finished
     requests' outputs."""
-    free_after, stopped = _advance(sched, num_steps, tokens, last_tokens)
+    free_after, stopped = _advance(sched, num_steps, tokens, last_tokens, planned=planned)
     sched.take_finished_req_ids()
     finished = sched.finish_stopped(stopped)
     free_after[-1] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -239,7 +246,7 @@ def fast_forward_decode_finishing(sched: Scheduler, num_steps: int, tokens: Sequ
 
 
 def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
-             last_tokens: Sequence[int] | None = None
+             last_tokens: Sequence[int] | None = None, planned: bool = False
              ) -> tuple[list[int], list[tuple[Request, int]]]:
     """Advance every running request ``k`` decode steps: ``tokens[i]`` is what
     request i samples at each step, or, given ``last_tokens``, at each step
@@ -248,17 +255,18 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     Returns the free block count after each step (before any finishing) and
     the requests that stopped at the last step with the tokens they kept (for
     ``Scheduler.finish_stopped``); changes nothing if it raises."""
-    why = stretch_refusal(sched)
-    if why is not None:
-        raise UserInputError(f"fast_forward_decode: {why}")
+    if not planned:
+        why = stretch_refusal(sched)
+        if why is not None:
+            raise UserInputError(f"fast_forward_decode: {why}")
+        limit = sched.token_limit
+        check_token_ids("fast_forward_decode: tokens", list(tokens), limit)
+        if last_tokens is not None:
+            check_token_ids("fast_forward_decode: last_tokens", list(last_tokens), limit)
     running = sched.running
     lead = _lead(sched)
     if type(k) is not int:
         raise TypeError(f"fast_forward_decode: num_steps={k!r} must be an int")
-    limit = sched.token_limit
-    check_token_ids("fast_forward_decode: tokens", list(tokens), limit)
-    if last_tokens is not None:
-        check_token_ids("fast_forward_decode: last_tokens", list(last_tokens), limit)
     if k < 1 or len(tokens) != len(running) or (
             last_tokens is not None and len(last_tokens) != len(running)):
         raise UserInputError(f"fast_forward_decode: need num_steps >= 1 and one token per running "
@@ -305,10 +313,9 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
         if last_tokens is None:
             request.extend_output([token] * k)
         else:
-            if quiet:
-                request.extend_output([token] * quiet)
             last = last_tokens[idx]
-            request.append_output(last)
+            # The quiet steps' tokens and the last step's, in one append.
+            request.extend_output([token] * quiet + [last] if quiet else [last])
             # The stop checks of update_from_output, for one sampled token.
             if last in request.all_stop_ids or request.num_tokens >= request.stop_len:
                 stopped.append((request, sched.apply_stop_checks(request, [last])))
@@ -351,8 +358,11 @@ def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
     nothing if they all stop."""
     old = sched.in_flight_outputs[0]
     running = sched.running
-    left_out = set(length_stops)
-    req_ids = [r.request_id for i, r in enumerate(running) if i not in left_out]
+    if length_stops:
+        left_out = set(length_stops)
+        req_ids = [r.request_id for i, r in enumerate(running) if i not in left_out]
+    else:
+        req_ids = [r.request_id for r in running]
     if not req_ids:
         sched.replace_in_flight(None)
         return

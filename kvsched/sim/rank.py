@@ -641,16 +641,20 @@ class Rank:
         if finishing:
             # What each samples in the last step: EOS where its model says so.
             last = [lv.token_at(len(r.output_token_ids) + k - 1) for r, lv in zip(running, lives)]
+            # planned: stretch_limit just asked the core about this state,
+            # and the tokens are the simulator's own ints.
             free_after, outputs = fast_forward_decode_finishing(
-                sched, k, [lv.token for lv in lives], last)
+                sched, k, [lv.token for lv in lives], last, planned=True)
             finished = [o.request_id for o in outputs]
         else:
-            free_after = fast_forward_decode(sched, k, [lv.token for lv in lives])
+            free_after = fast_forward_decode(sched, k, [lv.token for lv in lives], planned=True)
         self.num_ff_steps += k
         itls = self.itls
         # Step 0: each request's gap from its own previous token (none
-        # before its first).
+        # before its first); after the stretch every request's last token
+        # came at its end. One pass: nothing between reads the clients.
         end0 = ends[0]
+        end = ends[-1]
         same_gap = 0
         for lv in lives:
             if lv.first_token_time < 0.0:
@@ -659,6 +663,10 @@ class Rank:
                 same_gap += 1
             else:
                 itls.add(end0 - lv.last_token_time)
+            lv.last_token_time = end
+            lv.num_tokens += k
+            if lv.token_times is not None:
+                lv.token_times.extend(ends)
         if same_gap:
             itls.add(durations[0], same_gap)
         # Steps 1..k-1: every request's gap is the step time. Added per stretch
@@ -683,12 +691,6 @@ class Rank:
             log.num_running.extend(array("q", (B,)) * (k - 1))
             log.num_running.append(len(sched.running))
             log.free_blocks.extend(free_after)
-        end = ends[-1]
-        for lv in lives:
-            lv.last_token_time = end
-            lv.num_tokens += k
-            if lv.token_times is not None:
-                lv.token_times.extend(ends)
         for rid in finished:
             self._finish(rid, end)
         return len(finished)
