@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import socket
 import subprocess
 import threading
@@ -106,12 +107,17 @@ class VllmServer:
                str(self.port), "--enable-logging-iteration-details", *serve_flags]
         env = dict(os.environ)
         env.update(environment)
+        # vLLM logs to stdout, block-buffered into a pipe: unbuffered, each
+        # step's line comes as the step ends, not kilobytes later.
+        env["PYTHONUNBUFFERED"] = "1"
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.tail: deque[str] = deque(maxlen=_LOG_TAIL)
         self._log: TextIO = log_path.open("w", encoding="utf-8")
         self._log.write("$ " + " ".join(cmd) + "\n")
+        # Its own process group: stopping it stops the engine core and
+        # workers it spawned too.
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                     text=True, bufsize=1, errors="replace")
+                                     text=True, bufsize=1, errors="replace", start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.model_name = model
@@ -120,6 +126,7 @@ class VllmServer:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self._log.write(line)
+            self._log.flush()
             self.tail.append(line.rstrip())
             self.lines.put(line)
         self.lines.put(None)  # the server's output ended
@@ -169,12 +176,17 @@ class VllmServer:
                                  f"{max_tokens} output tokens: HTTP {e.code} {detail}") from None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        group = self.proc.pid  # the session leader's id is its group's
+        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
             try:
-                self.proc.wait(timeout=30)
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                break  # the whole group is gone
+            try:
+                self.proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                continue
+            if sig == signal.SIGTERM:
+                time.sleep(1.0)  # its children leave after it; then the group is killed
         self._reader.join(timeout=10)
         self._log.close()

@@ -30,7 +30,7 @@ from kvsched.perf.host import load_host_terms
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
 from kvsched.perf.models import CheckpointFormat, ModelSpec, catalog_match, get_model
-from kvsched.perf.profiled import ProfiledStepTimeModel
+from kvsched.perf.profiled import ProfiledStepTimeModel, check_profile_matches
 from kvsched.perf.step_profile import StepProfile, load_profile
 from kvsched.perf.step_time import (
     ParallelConfig,
@@ -151,7 +151,11 @@ class Deployment:
         dp = self.parallel.data_parallel_size
         ep = f" EP{self.parallel.expert_parallel_size}" if self.parallel.expert_parallel_size > 1 else ""
         dps = f" DP{dp}" if dp > 1 else ""
-        return (f"{self.model.name} ({self.runtime.dtype}) on {tp * dp}x {self.hardware.name} "
+        where = f"{tp * dp}x {self.hardware.name}"
+        if isinstance(self.step_model, ProfiledStepTimeModel):
+            # The profile's machine prices the steps; --hardware only sized defaults.
+            where = f"{self.step_model.profile.hardware.get('name', '?')} (as profiled)"
+        return (f"{self.model.name} ({self.runtime.dtype}) on {where} "
                 f"(TP{tp}{dps}{ep}), "
                 f"max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens {sc.max_num_batched_tokens}, "
                 f"max_model_len {sc.max_model_len}, {cc.num_gpu_blocks} KV blocks of {cc.block_size}"
@@ -350,6 +354,9 @@ def build_deployment(opts: EngineOptions) -> Deployment:
                             async_scheduling=opts.async_scheduling,
                             cudagraph_max_size=min(2 * max_num_seqs * query_len, 512),
                             cudagraph_multiple_of=query_len)
+    if profile is not None:
+        # Before the memory plan: a profile of another model is the error to report.
+        check_profile_matches(profile, model, parallel, runtime)
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, enable_chunked_prefill=opts.enable_chunked_prefill,
