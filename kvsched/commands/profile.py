@@ -8,6 +8,7 @@ from typing import Any
 
 from kvsched.errors import UserInputError
 from kvsched.perf.step_profile import serve_flag
+from kvsched.perf.step_time import FP32_DTYPES
 from kvsched.profile.runner import ProfileRequest, run_profile
 
 # vLLM server flags that change what a step costs, passed on as given
@@ -94,8 +95,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for name in ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--dtype",
                  "--kv-cache-dtype"):
         value = serve_flag(flags, (name,))
-        if value is not None:
-            sim += [name, value]
+        if value is not None and not (name == "--dtype" and value.lower() in FP32_DTYPES):
+            sim += [name, value]  # a float32 profile prices a 16-bit simulation
     if prof.hardware.get("device") == "cpu" and "--async-scheduling" not in flags:
         sim.append("--no-async-scheduling")  # vLLM's CPU platform turns it off
     print("simulate it: " + shlex.join(sim) + " [workload flags]")

@@ -26,6 +26,7 @@ from kvsched.perf.models import ModelSpec
 from kvsched.perf.profile_fit import TERMS, ProfileFit, fit_steps
 from kvsched.perf.step_profile import MODEL_FIELDS, StepProfile, serve_flag
 from kvsched.perf.step_time import (
+    FP32_DTYPES,
     BatchShape,
     ParallelConfig,
     RuntimeConfig,
@@ -55,7 +56,11 @@ def check_profile_matches(profile: StepProfile, model: ModelSpec, parallel: Para
         raise UserInputError(f"{where}: profiled with --tensor-parallel-size {tp}, simulated with "
                              f"{parallel.tensor_parallel_size}; profile with the same -tp")
     dtype = serve_flag(flags, ("--dtype",), "auto")
-    if dtype not in (None, "auto") and model_dtype(dtype) != runtime.dtype:
+    # A float32 profile (a CPU without fast 16-bit GEMMs serves in float32)
+    # prices steps as measured; the simulated 16-bit dtype then only sizes
+    # what the profile does not (its KV cache comes from the profile).
+    if (dtype not in (None, "auto") and dtype.lower() not in FP32_DTYPES
+            and model_dtype(dtype) != runtime.dtype):
         raise UserInputError(f"{where}: profiled with --dtype {dtype}, simulated in {runtime.dtype}; "
                              "give the profiled --dtype (or profile again)")
     kv = serve_flag(flags, ("--kv-cache-dtype",), "auto") or "auto"

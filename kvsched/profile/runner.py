@@ -12,6 +12,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from kvsched.errors import UserInputError
 from kvsched.perf.models import ModelSpec, get_model
@@ -92,11 +93,21 @@ def _start_profile(req: ProfileRequest, spec: ModelSpec, info: dict[str, object]
     return StepProfile(fields, hardware, vllm, list(req.serve_flags), _environment(), path=str(out))
 
 
-class _PointRun:
+class Server(Protocol):
+    """What a point needs of the server (:class:`VllmServer`; a fake in tests)."""
+
+    lines: queue.Queue[str | None]
+
+    def complete(self, prompt: list[int], max_tokens: int) -> None: ...
+
+    def died(self) -> str | None: ...
+
+
+class PointRun:
     """One point against the server: waves sent as the log shows the
     previous ones past their prompts, each logged step attributed."""
 
-    def __init__(self, server: VllmServer, point: Point, vocab: int, first_request: int,
+    def __init__(self, server: Server, point: Point, vocab: int, first_request: int,
                  seen: set[tuple[int, int, int]], pool: ThreadPoolExecutor) -> None:
         self.server, self.point, self.vocab, self.seen, self.pool = server, point, vocab, seen, pool
         self.next_id = first_request
@@ -191,7 +202,7 @@ def run_profile(req: ProfileRequest) -> ProfileOutcome:
             for i, point in enumerate(points):
                 if bar is not None:
                     bar.draw(i, len(points), f"{point.name}  ({len(profile.steps)} steps)")
-                run = _PointRun(server, point, spec.vocab_size, first_request, seen, pool)
+                run = PointRun(server, point, spec.vocab_size, first_request, seen, pool)
                 run.run()
                 first_request = run.next_id
                 profile.steps.extend(run.records)

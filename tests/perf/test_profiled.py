@@ -86,3 +86,15 @@ def test_profile_of_another_deployment_is_refused() -> None:
     with pytest.raises(UserInputError, match="num_layers=8 but tiny_llama has 4"):
         ProfiledStepTimeModel(replace(other, num_layers=4), get_hardware("h100-sxm"), ParallelConfig(),
                               RuntimeConfig(), load_profile(DATA / "tiny_llama_profile.json"))
+
+
+def test_a_float32_profile_prices_a_16_bit_simulation(tmp_path: Path) -> None:
+    # A CPU without fast 16-bit GEMMs serves in float32; the profile still prices.
+    import json
+    data = json.loads((DATA / "tiny_llama_profile.json").read_text())
+    data["serve_flags"][1] = "float32"
+    p = tmp_path / "f32.json"
+    p.write_text(json.dumps(data))
+    sm = ProfiledStepTimeModel(load_model_config(DATA / "tiny_llama"), get_hardware("h100-sxm"),
+                               ParallelConfig(), RuntimeConfig(dtype="bf16"), load_profile(p))
+    assert sm.gpu_time(BatchShape.decode(4, 400)) > 0
