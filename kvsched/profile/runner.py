@@ -66,7 +66,7 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _start_profile(req: ProfileRequest, spec: ModelSpec, info: dict[str, object]) -> StepProfile:
+def start_profile(req: ProfileRequest, spec: ModelSpec, info: dict[str, object]) -> StepProfile:
     fields = model_fields(spec, req.model)
     hardware = {"device": str(info["device"]), "name": str(info["name"]), "cpu": str(info["cpu"]),
                 "cores": info["cores"]}
@@ -173,7 +173,7 @@ def run_profile(req: ProfileRequest) -> ProfileOutcome:
     start = time.monotonic()
     spec = get_model(req.model)
     info = probe_vllm(req.vllm_python)
-    profile = _start_profile(req, spec, info)
+    profile = start_profile(req, spec, info)
     out = Path(req.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     server = VllmServer(req.vllm_python, req.model, list(req.serve_flags),
