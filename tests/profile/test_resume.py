@@ -42,7 +42,7 @@ def test_resume_refuses_other_flags_model_or_vllm(tmp_path: Path) -> None:
     spec = load_model_config(DATA / "tiny_llama")
     with pytest.raises(UserInputError, match="was run with serve flags"):
         start_profile(req(out, FLAGS[:-2]), spec, INFO)
-    with pytest.raises(UserInputError, match="was run with vLLM 0.32.0"):
+    with pytest.raises(UserInputError, match=r"was run with vLLM 0\.32\.0"):
         start_profile(req(out), spec, {**INFO, "version": "0.33.0"})
     from dataclasses import replace
     with pytest.raises(UserInputError, match="profiles another model"):
