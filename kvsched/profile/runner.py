@@ -131,8 +131,9 @@ class PointRun:
         deadline = time.monotonic() + POINT_TIMEOUT_S
         while True:
             for f in self.futures:
-                if f.done() and f.exception() is not None:
-                    raise f.exception()  # type: ignore[misc]
+                error = f.exception() if f.done() else None
+                if error is not None:
+                    raise error  # an HTTP error: vLLM's message
             http_done = all(f.done() for f in self.futures)
             if self.ledger.done and http_done and not pending:
                 return
@@ -168,6 +169,19 @@ class PointRun:
                 self._send(pending.pop(0))
 
 
+def _int_flag(flags: list[str], name: str, default: int) -> int:
+    """A server flag the design sizes by, as an integer (vLLM took it: it
+    is up and serving)."""
+    value = flag_value(flags, (name,), None)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise UserInputError(f"{name} {value}: kvsched profile sizes its batches by it; give a plain "
+                             "integer") from None
+
+
 def run_profile(req: ProfileRequest) -> ProfileOutcome:
     """Profile ``req.model`` on the user's vLLM (see the package docstring)."""
     start = time.monotonic()
@@ -191,9 +205,8 @@ def run_profile(req: ProfileRequest) -> ProfileOutcome:
                 break
             if line is not None and (kv := parse_kv_cache_tokens(line)) is not None:
                 profile.kv_cache_tokens = kv
-        max_len = int(flag_value(profile.serve_flags, ("--max-model-len",), None)
-                      or spec.max_position_embeddings)
-        max_seqs = int(flag_value(profile.serve_flags, ("--max-num-seqs",), None) or DEFAULT_MAX_BATCH)
+        max_len = _int_flag(profile.serve_flags, "--max-model-len", spec.max_position_embeddings)
+        max_seqs = _int_flag(profile.serve_flags, "--max-num-seqs", DEFAULT_MAX_BATCH)
         points = [p for p in design_points(max_len, max_seqs, profile.kv_cache_tokens)
                   if p.name not in profile.points_done or p.name == "warmup"]
         seen: set[tuple[int, int, int]] = set()
