@@ -170,8 +170,7 @@ class PointRun:
 
 
 def _int_flag(flags: list[str], name: str, default: int) -> int:
-    """A server flag the design sizes by, as an integer (vLLM took it: it
-    is up and serving)."""
+    """A server flag the design sizes its batches by, as an integer."""
     value = flag_value(flags, (name,), None)
     if value is None:
         return default
@@ -188,6 +187,8 @@ def run_profile(req: ProfileRequest) -> ProfileOutcome:
     spec = get_model(req.model)
     info = probe_vllm(req.vllm_python)
     profile = start_profile(req, spec, info)
+    max_len = _int_flag(profile.serve_flags, "--max-model-len", spec.max_position_embeddings)
+    max_seqs = _int_flag(profile.serve_flags, "--max-num-seqs", DEFAULT_MAX_BATCH)
     out = Path(req.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     server = VllmServer(req.vllm_python, req.model, list(req.serve_flags),
@@ -205,8 +206,6 @@ def run_profile(req: ProfileRequest) -> ProfileOutcome:
                 break
             if line is not None and (kv := parse_kv_cache_tokens(line)) is not None:
                 profile.kv_cache_tokens = kv
-        max_len = _int_flag(profile.serve_flags, "--max-model-len", spec.max_position_embeddings)
-        max_seqs = _int_flag(profile.serve_flags, "--max-num-seqs", DEFAULT_MAX_BATCH)
         points = [p for p in design_points(max_len, max_seqs, profile.kv_cache_tokens)
                   if p.name not in profile.points_done or p.name == "warmup"]
         seen: set[tuple[int, int, int]] = set()
