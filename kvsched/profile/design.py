@@ -12,8 +12,9 @@ step's batch decided by vLLM's own scheduler:
   sizes at several contexts;
 - **batched prefill** points: B prompts at once, several context requests
   per step;
-- **decode** points: B requests at once with long outputs, at a short and a
-  long prompt: decode batches of B at growing context;
+- **decode** points: B requests at once with long outputs, at a short
+  prompt (B up to 64) and a long one (B up to 16: each long prompt costs its
+  prefill): decode batches of B at growing context;
 - **mixed** points: a decode batch, then single prompts of several sizes
   sent one after another while it decodes: steps with both.
 
@@ -26,11 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREFILL_LENS = (8, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+PREFILL_LENS = (8, 32, 64, 128, 256, 384, 512, 768, 1024, 2048, 3072, 4096, 6144, 8192)
 BATCHED_PREFILLS = ((2, 128), (4, 64), (8, 32), (4, 256))
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-DECODE_OUTPUT = 40
-DECODE_PROMPTS = (16, 1024)
+DECODE_OUTPUT = 32
+# (prompt, widest batch): long prompts cost their prefill, so fewer of them.
+DECODE_PROMPTS = ((16, 64), (1024, 16))
 MIXED_BATCHES = (4, 16)
 MIXED_PREFILLS = (16, 64, 256, 512)
 MIXED_OUTPUT = 160
@@ -74,9 +76,9 @@ def design_points(max_model_len: int, max_num_seqs: int, kv_cache_tokens: int | 
     for b, p in BATCHED_PREFILLS:
         if ok(b, p, 1):
             points.append(Point(f"prefill-{b}x{p}", (Wave(((p, 1),) * b), Wave(((p, 1),) * b))))
-    for p in DECODE_PROMPTS:
+    for p, widest in DECODE_PROMPTS:
         for b in DECODE_BATCHES:
-            if ok(b, p, DECODE_OUTPUT):
+            if b <= widest and ok(b, p, DECODE_OUTPUT):
                 points.append(Point(f"decode-{b}x{p}", (Wave(((p, DECODE_OUTPUT),) * b),)))
     for b in MIXED_BATCHES:
         if ok(b + 1, max(MIXED_PREFILLS), MIXED_OUTPUT):

@@ -10,9 +10,9 @@ def test_points_fit_max_model_len_max_num_seqs_and_the_kv_cache() -> None:
     points = design_points(max_model_len=2048, max_num_seqs=16, kv_cache_tokens=20000)
     names = [p.name for p in points]
     assert names[0] == "warmup"
-    assert "prefill-1536" in names and "prefill-2048" not in names  # 2,048 + 1 output > 2,048
+    assert "prefill-1024" in names and "prefill-2048" not in names  # 2,048 + 1 output > 2,048
     assert "decode-16x16" in names and "decode-32x16" not in names  # max_num_seqs
-    # 16 x (1,024 + 40) = 17,024 > 0.8 x 20,000: would preempt.
+    # 16 x (1,024 + 32) = 16,896 > 0.8 x 20,000: would preempt.
     assert "decode-8x1024" in names and "decode-16x1024" not in names
     for p in points:
         for w in p.waves:
@@ -28,4 +28,6 @@ def test_points_fit_max_model_len_max_num_seqs_and_the_kv_cache() -> None:
 
 def test_unknown_kv_cache_caps_nothing_but_the_limits() -> None:
     names = [p.name for p in design_points(4096, 64, None)]
-    assert "decode-64x1024" in names and "prefill-3072" in names and "prefill-4096" not in names
+    assert "decode-64x16" in names and "prefill-3072" in names and "prefill-4096" not in names
+    # Long prompts decode in batches of 16 at most (each costs its prefill).
+    assert "decode-16x1024" in names and "decode-32x1024" not in names
