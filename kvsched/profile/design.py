@@ -16,7 +16,7 @@ step's batch decided by vLLM's own scheduler:
   prompt (B up to 64) and a long one (B up to 16: each long prompt costs its
   prefill): decode batches of B at growing context;
 - **mixed** points: a decode batch, then single prompts of several sizes
-  sent one after another while it decodes: steps with both.
+  sent one after another (each twice) while it decodes: steps with both.
 
 Sizes are capped so every request fits ``max_model_len``, every batch
 ``max_num_seqs`` and the KV cache (no preemption: the ledger could not
@@ -82,6 +82,7 @@ def design_points(max_model_len: int, max_num_seqs: int, kv_cache_tokens: int | 
                 points.append(Point(f"decode-{b}x{p}", (Wave(((p, DECODE_OUTPUT),) * b),)))
     for b in MIXED_BATCHES:
         if ok(b + 1, max(MIXED_PREFILLS), MIXED_OUTPUT):
-            injects = tuple(Wave(((p, 1),)) for p in MIXED_PREFILLS)
+            # Each prompt twice: the first step of a shape is a warm-up, not fitted.
+            injects = tuple(Wave(((p, 1),)) for p in MIXED_PREFILLS for _ in range(2))
             points.append(Point(f"mixed-{b}", (Wave(((32, MIXED_OUTPUT),) * b), *injects)))
     return points

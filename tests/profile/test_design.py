@@ -23,7 +23,7 @@ def test_points_fit_max_model_len_max_num_seqs_and_the_kv_cache() -> None:
     assert [w.requests for w in single.waves] == [((512, 1),), ((512, 1),)]
     mixed = next(p for p in points if p.name == "mixed-4")
     assert len(mixed.waves[0].requests) == 4 and [w.requests for w in mixed.waves[1:]] == [
-        ((16, 1),), ((64, 1),), ((256, 1),), ((512, 1),)]
+        ((16, 1),), ((16, 1),), ((64, 1),), ((64, 1),), ((256, 1),), ((256, 1),), ((512, 1),), ((512, 1),)]
 
 
 def test_unknown_kv_cache_caps_nothing_but_the_limits() -> None:
