@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvsched.commands.tune import add_tune_parser
 
     add_tune_parser(sub)
+    from kvsched.commands.profile import add_profile_parser
+
+    add_profile_parser(sub)
     from kvsched.engine.command import add_generate_parser
     from kvsched.model.tiny import add_make_tiny_model_parser
 

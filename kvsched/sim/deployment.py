@@ -30,6 +30,8 @@ from kvsched.perf.host import load_host_terms
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
 from kvsched.perf.models import CheckpointFormat, ModelSpec, catalog_match, get_model
+from kvsched.perf.profiled import ProfiledStepTimeModel, check_profile_matches
+from kvsched.perf.step_profile import StepProfile, load_profile
 from kvsched.perf.step_time import (
     ParallelConfig,
     RuntimeConfig,
@@ -67,7 +69,7 @@ def serve_defaults(hardware: Hardware) -> tuple[int, int]:
     return get_batch_defaults(UsageContext.OPENAI_API_SERVER, device_info(hardware, ParallelConfig()))
 
 
-STEP_TIME_BACKENDS = ("auto", "measured", "roofline")
+STEP_TIME_BACKENDS = ("auto", "measured", "roofline", "profiled")
 # vLLM --quantization methods kvsched prices -> (weight dtype, the layers the
 # method quantizes when the checkpoint does not say). fp8 quantizes every
 # linear layer on the fly; modelopt_fp4 names a ModelOpt NVFP4 checkpoint,
@@ -109,8 +111,12 @@ class EngineOptions:
     async_scheduling: bool = True
     prefill_schedule_interval: int = 1
     # How steps are priced: "measured" vLLM kernel tables, the "roofline",
-    # or "auto" (measured where the tables cover the deployment).
+    # "profiled" (step_time_profile), or "auto" (the profile when one is
+    # given, else measured where the tables cover the deployment).
     step_time_backend: str = "auto"
+    # A step profile (`kvsched profile`'s file): steps priced from the
+    # user's own vLLM (kvsched.perf.profiled).
+    step_time_profile: str | None = None
     # A host-terms file (kvsched.perf.host; `kvsched calibrate` writes one)
     # replacing the fitted default of the measured backend.
     calibration: str | None = None
@@ -145,7 +151,11 @@ class Deployment:
         dp = self.parallel.data_parallel_size
         ep = f" EP{self.parallel.expert_parallel_size}" if self.parallel.expert_parallel_size > 1 else ""
         dps = f" DP{dp}" if dp > 1 else ""
-        return (f"{self.model.name} ({self.runtime.dtype}) on {tp * dp}x {self.hardware.name} "
+        where = f"{tp * dp}x {self.hardware.name}"
+        if isinstance(self.step_model, ProfiledStepTimeModel):
+            # The profile's machine prices the steps; --hardware only sized defaults.
+            where = f"{self.step_model.profile.hardware.get('name', '?')} (as profiled)"
+        return (f"{self.model.name} ({self.runtime.dtype}) on {where} "
                 f"(TP{tp}{dps}{ep}), "
                 f"max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens {sc.max_num_batched_tokens}, "
                 f"max_model_len {sc.max_model_len}, {cc.num_gpu_blocks} KV blocks of {cc.block_size}"
@@ -204,14 +214,17 @@ def validate_engine_options(opts: EngineOptions) -> None:
     if opts.quantization is not None and opts.quantization not in QUANTIZATIONS:
         raise UserInputError(f"quantization={opts.quantization!r} (--quantization): kvsched prices "
                          f"{', '.join(QUANTIZATIONS)} (or leave it unset for the checkpoint's own)")
-    if opts.calibration is not None:
-        if opts.step_time_backend == "roofline":
-            raise UserInputError("calibration (--calibration) sets the measured backend's host terms; "
-                             "it has no effect with step_time_backend='roofline': drop one of them")
-        load_host_terms(opts.calibration)  # a bad file is refused before anything is built
     if opts.step_time_backend not in STEP_TIME_BACKENDS:
         raise UserInputError(f"step_time_backend={opts.step_time_backend!r} (--step-time-backend): "
                          f"use one of {', '.join(STEP_TIME_BACKENDS)}")
+    backend = resolved_backend_choice(opts)
+    if opts.calibration is not None:
+        if backend in ("roofline", "profiled"):
+            raise UserInputError("calibration (--calibration) sets the measured backend's host terms; "
+                             f"it has no effect with step_time_backend={backend!r}: drop one of them")
+        load_host_terms(opts.calibration)  # a bad file is refused before anything is built
+    if opts.step_time_profile is not None:
+        load_profile(opts.step_time_profile)  # a bad file is refused before anything is built
     if type(opts.async_scheduling) is not bool:
         raise UserInputError(f"async_scheduling={opts.async_scheduling!r} (--async-scheduling): must be "
                          "True or False")
@@ -256,12 +269,37 @@ def kv_cache_dtype(opts: EngineOptions) -> str:
     return opts.kv_cache_dtype
 
 
-def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
-                    runtime: RuntimeConfig) -> StepTimeModel:
-    """The step-time backend ``opts.step_time_backend`` names. "auto" takes the
-    measured kernels where they cover the deployment and no efficiency file
-    tunes the roofline; otherwise the roofline, saying why."""
+def resolved_backend_choice(opts: EngineOptions) -> str:
+    """``opts.step_time_backend`` with a step profile taken into account: a
+    profile chooses the profiled backend ("auto" or "profiled"); "profiled"
+    needs one; the roofline or measured backend with one is refused (the
+    profile would be ignored). The one owner of that rule."""
     choice = opts.step_time_backend
+    if opts.step_time_profile is not None:
+        if choice not in ("auto", "profiled"):
+            raise UserInputError(f"step_time_profile={opts.step_time_profile!r} (--step-time-profile) "
+                                 f"prices steps from a profile, but step_time_backend={choice!r} "
+                                 "(--step-time-backend) asks for another backend: drop one of them")
+        return "profiled"
+    if choice == "profiled":
+        raise UserInputError("step_time_backend='profiled' (--step-time-backend) needs a step profile: "
+                             "give --step-time-profile FILE (kvsched profile writes one)")
+    return choice
+
+
+def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
+                    runtime: RuntimeConfig, profile: StepProfile | None = None) -> StepTimeModel:
+    """The step-time backend ``opts.step_time_backend`` names. A step profile
+    (``profile``, read from ``opts.step_time_profile``) prices every step
+    from the user's own vLLM. "auto" takes the measured kernels where they
+    cover the deployment and no efficiency file tunes the roofline;
+    otherwise the roofline, saying why."""
+    choice = resolved_backend_choice(opts)
+    if choice == "profiled":
+        if profile is None:
+            assert opts.step_time_profile is not None  # resolved_backend_choice checked it
+            profile = load_profile(opts.step_time_profile)
+        return ProfiledStepTimeModel(model, hardware, parallel, runtime, profile)
     if choice == "roofline":
         return StepTimeModel(model, hardware, parallel, runtime)
     reason = measured_coverage(model, hardware, parallel, runtime)
@@ -300,8 +338,12 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         raise UserInputError(f"quantization={opts.quantization!r} (--quantization): {weights.weights} "
                          f"quantizes MoE experts only and {model.name} is dense; use fp8 or "
                          "modelopt_fp4")
+    profile = load_profile(opts.step_time_profile) if opts.step_time_profile is not None else None
     speculative = None
     if opts.speculative_config is not None:
+        if profile is not None:
+            raise UserInputError("speculative_config (--speculative-config) with --step-time-profile: the "
+                                 "profile holds no drafter or verification steps; drop one of them")
         speculative = parse_speculative_config(opts.speculative_config, model, opts.async_scheduling,
                                                opts.spec_acceptance)
     # vLLM's uniform decode query length: 1 + K with speculative decoding;
@@ -312,6 +354,9 @@ def build_deployment(opts: EngineOptions) -> Deployment:
                             async_scheduling=opts.async_scheduling,
                             cudagraph_max_size=min(2 * max_num_seqs * query_len, 512),
                             cudagraph_multiple_of=query_len)
+    if profile is not None:
+        # Before the memory plan: a profile of another model is the error to report.
+        check_profile_matches(profile, model, parallel, runtime)
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, enable_chunked_prefill=opts.enable_chunked_prefill,
@@ -329,6 +374,10 @@ def build_deployment(opts: EngineOptions) -> Deployment:
                          drafter_kv_layers=drafter.kv_layers if drafter is not None else 0)
     num_blocks = (memory.num_gpu_blocks if opts.num_gpu_blocks_override is None
                   else opts.num_gpu_blocks_override)
+    if opts.num_gpu_blocks_override is None and profile is not None and profile.kv_cache_tokens:
+        # The KV cache the profiled vLLM reported (on CPU, VLLM_CPU_KVCACHE_SPACE's):
+        # the memory plan of --hardware does not describe that machine.
+        num_blocks = profile.kv_cache_tokens // opts.block_size
     if num_blocks * opts.data_parallel_size > MAX_NUM_GPU_BLOCKS:
         # A tiny model (e.g. from a config.json) on a large GPU: refused, not capped.
         raise UserInputError(
@@ -343,7 +392,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
             "raise --gpu-memory-utilization or --tensor-parallel-size")
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=opts.block_size,
                                enable_prefix_caching=opts.enable_prefix_caching)
-    step_model = make_step_model(opts, model, hardware, parallel, runtime)
+    step_model = make_step_model(opts, model, hardware, parallel, runtime, profile)
     if drafter is not None:
         step_model.drafter = Drafter(drafter, step_model)
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,

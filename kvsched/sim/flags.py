@@ -70,6 +70,10 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                    help="how engine steps are priced: measured vLLM kernel latencies "
                         "(aiconfigurator-core's tables), the roofline, or auto: measured where "
                         "the tables cover the model, GPU and precision (default: %(default)s)")
+    g.add_argument("--step-time-profile", metavar="FILE",
+                   help="price steps from a step profile of your own vLLM (kvsched profile writes "
+                        "it): the profiled backend; --hardware then only sizes what the profile "
+                        "does not say")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
                    help="GPUs per engine core, sharding each layer (default: %(default)s)")
     g.add_argument("--data-parallel-size", "-dp", type=int, default=d.data_parallel_size,

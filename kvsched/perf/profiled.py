@@ -1,0 +1,157 @@
+"""The ``profiled`` step-time backend: steps priced from the user's own vLLM.
+
+:class:`ProfiledStepTimeModel` prices a step's forward pass with the cost
+model :mod:`kvsched.perf.profile_fit` fits to a step profile (``kvsched
+profile``'s file): a fixed cost per step, a cost per token, per request, per
+sampled row, per prefill attention pair and per decode KV token, each
+learned from the steps a real vLLM ran on the user's machine. What vLLM's
+iteration time leaves out (scheduling and output processing: its clock
+starts after the step is scheduled and stops before the output is
+processed) stays the host time of :class:`~kvsched.perf.step_time.RuntimeConfig`
+and combines with it as for every backend (:func:`combine_step_time`).
+
+A step larger than any the profile holds (more tokens, requests, prefill
+attention pairs or decode KV) is priced by extrapolating the fit, and
+counted: the result says how many steps and how far past
+(``extrapolated``), as the measured backend lists queries past its tables.
+A profile of another model, tensor-parallel size, dtype or KV-cache dtype
+is refused.
+"""
+
+from __future__ import annotations
+
+from kvsched.errors import UserInputError
+from kvsched.perf.hardware import Hardware
+from kvsched.perf.models import ModelSpec
+from kvsched.perf.profile_fit import TERMS, ProfileFit, fit_steps
+from kvsched.perf.step_profile import MODEL_FIELDS, StepProfile, serve_flag
+from kvsched.perf.step_time import (
+    FP32_DTYPES,
+    BatchShape,
+    ParallelConfig,
+    RuntimeConfig,
+    StepTimeModel,
+    combine_step_time,
+    kv_cache_dtype_bytes,
+    model_dtype,
+)
+
+_PAST_NAMES = ("tokens", "requests", "prefill attention pairs", "decode KV tokens")
+
+
+def check_profile_matches(profile: StepProfile, model: ModelSpec, parallel: ParallelConfig,
+                          runtime: RuntimeConfig) -> None:
+    """Refuse a profile taken on another model or deployment: its step times
+    say nothing about this one."""
+    where = f"--step-time-profile {profile.path!r}"
+    for name in MODEL_FIELDS:
+        have, want = profile.model.get(name), getattr(model, name)
+        if have != want:
+            raise UserInputError(f"{where}: profiled model {profile.model.get('name', '?')!r} has "
+                                 f"{name}={have!r} but {model.name} has {want!r}; profile this model "
+                                 "(kvsched profile --model ...) or simulate the profiled one")
+    flags = profile.serve_flags
+    tp = serve_flag(flags, ("--tensor-parallel-size", "-tp"), "1")
+    if tp != str(parallel.tensor_parallel_size):
+        raise UserInputError(f"{where}: profiled with --tensor-parallel-size {tp}, simulated with "
+                             f"{parallel.tensor_parallel_size}; profile with the same -tp")
+    dtype = serve_flag(flags, ("--dtype",), "auto")
+    # A float32 profile (a CPU without fast 16-bit GEMMs serves in float32)
+    # prices steps as measured; the simulated 16-bit dtype then only sizes
+    # what the profile does not (its KV cache comes from the profile).
+    if (dtype not in (None, "auto") and dtype.lower() not in FP32_DTYPES
+            and model_dtype(dtype) != runtime.dtype):
+        raise UserInputError(f"{where}: profiled with --dtype {dtype}, simulated in {runtime.dtype}; "
+                             "give the profiled --dtype (or profile again)")
+    kv = serve_flag(flags, ("--kv-cache-dtype",), "auto") or "auto"
+    if kv_cache_dtype_bytes(kv) != runtime.kv_bytes:
+        raise UserInputError(f"{where}: profiled with --kv-cache-dtype {kv}, simulated with "
+                             f"{runtime.kv_cache_dtype}; give the profiled --kv-cache-dtype")
+
+
+class ProfiledStepTimeModel(StepTimeModel):
+    """Steps priced by a fit to the user's own vLLM's step times (see the module)."""
+
+    backend = "profiled"
+
+    def __init__(self, model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
+                 runtime: RuntimeConfig, profile: StepProfile, fit: ProfileFit | None = None) -> None:
+        super().__init__(model, hardware, parallel, runtime)
+        check_profile_matches(profile, model, parallel, runtime)
+        self.profile = profile
+        self.fit = fit if fit is not None else fit_steps(profile.fit_steps(),
+                                                         f"step profile {profile.path!r}")
+        self.coef = tuple(self.fit.terms[name] for name in TERMS)
+        # Steps past the profiled range, per aggregate: (count, largest asked).
+        self._past: dict[str, tuple[int, int]] = {}
+
+    def describe_backend(self) -> str:
+        p = self.profile
+        text = (f"profiled from {p.path} (vLLM {p.vllm.get('version', '?')} on "
+                f"{p.hardware.get('name', '?')}; {self.fit.describe()})")
+        if self._past:
+            n = max(count for count, _ in self._past.values())
+            text += f"; {n} step(s) past the profiled range (listed in the saved JSON)"
+        return text
+
+    def _note_past(self, name: str, limit: int, asked: int, count: int) -> None:
+        old = self._past.get(name)
+        if old is not None:
+            self.extrapolated.discard(self._past_text(name, limit, *old))
+            count, asked = old[0] + count, max(old[1], asked)
+        self._past[name] = (count, asked)
+        self.extrapolated.add(self._past_text(name, limit, count, asked))
+
+    @staticmethod
+    def _past_text(name: str, limit: int, count: int, asked: int) -> str:
+        return (f"{count} step(s) past the profiled {name} (profiled up to {limit:,}, largest asked "
+                f"{asked:,}): extrapolated")
+
+    def _check_range(self, shape: BatchShape) -> None:
+        r = self.fit.range
+        values = (shape.num_tokens, shape.num_reqs, shape.prefill_attn_pairs, shape.decode_kv_tokens)
+        limits = (r.num_tokens, r.num_reqs, r.prefill_attn_pairs, r.decode_kv_tokens)
+        for name, value, limit in zip(_PAST_NAMES, values, limits):
+            if value > limit:
+                self._note_past(name, limit, value, 1)
+
+    def gpu_time(self, shape: BatchShape, global_tokens: int | None = None) -> float:
+        """The step's time as vLLM's iteration log measures it, from the fit."""
+        if shape.num_tokens == 0:
+            return 0.0
+        self._check_range(shape)
+        c0, c1, c2, c3, c4, c5 = self.coef
+        # The same additions, in the same order, as decode_step_times.
+        t = c0
+        t += c1 * shape.num_tokens
+        t += c2 * shape.num_reqs
+        t += c3 * (shape.num_sampled + shape.spec_tokens)
+        t += c4 * shape.prefill_attn_pairs
+        t += c5 * shape.decode_kv_tokens
+        return t
+
+    def decode_step_times(self, num_reqs: int, first_kv_tokens: int, kv_step: int, count: int,
+                          global_tokens: int | None = None) -> list[float]:
+        """The one formula of a pure-decode step, as gpu_time's (the same
+        float), plus the host time."""
+        r = self.fit.range
+        if num_reqs > r.num_tokens:
+            self._note_past("tokens", r.num_tokens, num_reqs, count)
+        if num_reqs > r.num_reqs:
+            self._note_past("requests", r.num_reqs, num_reqs, count)
+        last = first_kv_tokens + (count - 1) * kv_step
+        if last > r.decode_kv_tokens:
+            past = count if first_kv_tokens > r.decode_kv_tokens else \
+                (last - r.decode_kv_tokens + kv_step - 1) // kv_step
+            self._note_past("decode KV tokens", r.decode_kv_tokens, last, past)
+        c0, c1, c2, c3, c4, c5 = self.coef
+        base = c0
+        base += c1 * num_reqs
+        base += c2 * num_reqs
+        base += c3 * num_reqs
+        base += c4 * 0
+        cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
+        overlap = self.async_scheduling
+        kvs = range(first_kv_tokens, first_kv_tokens + kv_step * count, kv_step) if kv_step \
+            else (first_kv_tokens,) * count
+        return [combine_step_time(base + c5 * kv, cpu, overlap) for kv in kvs]

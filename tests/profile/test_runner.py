@@ -1,0 +1,80 @@
+"""A point against a scripted server log: waves sent as the log shows the
+earlier ones past their prompts, steps attributed, first-seen shapes marked
+as warm-up. No vLLM: the server is a fake whose log is written up front."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from kvsched.profile.design import Point, Wave
+from kvsched.profile.runner import PointRun
+
+
+def log(i: int, ctx_reqs: int, ctx_tokens: int, gen: int, ms: float) -> str:
+    return (f"(APIServer pid=1) INFO 11-26 11:41:37 [loggers.py:199] Engine 000: Iteration({i}): {ctx_reqs} "
+            f"context requests, {ctx_tokens} context tokens, {gen} generation requests, {gen} generation "
+            f"tokens, iteration elapsed time: {ms:.2f} ms, CPU KV cache usage: 0.1%\n")
+
+
+class FakeServer:
+    """Releases its scripted log lines as the requests that cause them are sent."""
+
+    def __init__(self, script: list[tuple[int, str]]) -> None:
+        # (requests sent before this line can appear, the line)
+        self.script = script
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.sent: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+        self._release()
+
+    def _release(self) -> None:
+        while self.script and self.script[0][0] <= len(self.sent):
+            self.lines.put(self.script.pop(0)[1])
+
+    def complete(self, prompt: list[int], max_tokens: int) -> None:
+        with self.lock:
+            self.sent.append((len(prompt), max_tokens))
+            self._release()
+
+    def died(self) -> str | None:
+        return None
+
+
+def test_mixed_point_injects_after_the_batch_decodes() -> None:
+    point = Point("mixed-2", (Wave(((32, 4), (32, 4))), Wave(((16, 1),))))
+    server = FakeServer([
+        (2, log(0, 2, 64, 0, 30.0)),    # both prompts
+        (2, log(1, 0, 0, 2, 10.0)),     # both decode: the inject may go now
+        (3, log(2, 1, 16, 2, 20.0)),    # the injected prompt beside two decodes
+        (3, log(3, 0, 0, 2, 10.5)),     # the last tokens
+    ])
+    seen: set[tuple[int, int, int]] = {(0, 0, 2)}  # a decode of 2 seen in an earlier point
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        run = PointRun(server, point, 1000, 7, seen, pool)
+        run.run()
+    assert server.sent == [(32, 4), (32, 4), (16, 1)]
+    assert run.next_id == 10  # three fresh prompts
+    recs = run.records
+    assert [(r.num_tokens, r.num_reqs, r.num_sampled) for r in recs] == [(64, 2, 2), (2, 2, 2), (18, 3, 3),
+                                                                         (2, 2, 2)]
+    assert [r.decode_kv_tokens for r in recs] == [0, 2 * 33, 2 * 34, 2 * 35]
+    assert recs[2].prefill_attn_pairs == 16 * 17 // 2
+    # First-seen shapes are warm-ups; the decode of 2 was seen before.
+    assert [r.warmup for r in recs] == [True, False, True, False]
+    assert not run.ledger.problem
+
+
+def test_an_unexplained_step_ends_attribution_but_the_point_finishes() -> None:
+    point = Point("decode-1x8", (Wave(((8, 3),)),))
+    server = FakeServer([
+        (1, log(0, 1, 8, 0, 30.0)),
+        (1, log(1, 0, 0, 2, 10.0)),    # a generation request the point never sent
+        (1, log(2, 0, 0, 1, 10.0)),
+    ])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        run = PointRun(server, point, 1000, 0, set(), pool)
+        run.run()
+    assert len(run.records) == 1
+    assert "iteration 1: 2 generation requests" in run.ledger.problem
