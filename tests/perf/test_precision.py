@@ -10,6 +10,9 @@ OpenAI's gpt-oss model card), not computed by the code under test.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from kvsched.perf import get_hardware, get_model
@@ -17,6 +20,7 @@ from kvsched.perf.kernels import GEMM_DTYPES, MOE_DTYPES, MoeKey, load_tables
 from kvsched.perf.measured import MeasuredStepTimeModel, RooflineGemm
 from kvsched.perf.memory import weight_bytes_per_device
 from kvsched.perf.models import MODELS, CheckpointFormat, catalog_match, quantizes
+from kvsched.perf.roofline_factors import DEFAULT_FILE
 from kvsched.perf.step_time import (
     DTYPE_BYTES,
     ParallelConfig,
@@ -108,13 +112,22 @@ def test_math_each_format_runs_in(dtype: str, hardware: str, math: str) -> None:
     assert math_dtype(dtype, get_hardware(hardware)) == math
 
 
+def _learned_fp8_flops_eff() -> float:
+    """FP8 GEMMs' FLOP efficiency as the shipped factors file holds it (FP4 takes FP8's)."""
+    return float(json.loads(DEFAULT_FILE.read_text())["factors"]["pooled"]["gemm_fp8"]["flops_eff"])
+
+
 def test_the_roofline_prices_nvfp4_at_the_fp4_rate_on_blackwell_only() -> None:
     llama = get_model("Llama-3.1-70B")
-    b200 = StepTimeModel(llama, B200, runtime=RuntimeConfig(dtype="nvfp4"))
+    # The hardware's own efficiencies (a copy: no learned factors) ...
+    b200 = StepTimeModel(llama, dataclasses.replace(B200), runtime=RuntimeConfig(dtype="nvfp4"))
     assert b200.lin_flops == pytest.approx(9000e12 * 0.47)       # B200 fp8_gemm_mfu 0.47
     assert b200.weight_bytes == 0.5625 and b200.dense16_params == 0
     h100 = StepTimeModel(llama, H100, runtime=RuntimeConfig(dtype="nvfp4"))
     assert h100.lin_flops == pytest.approx(989.4e12 * 0.79)      # H100 bf16 x gemm_mfu 0.79
+    # ... and the catalog's B200, at the FP8 GEMM efficiency learned from the tables.
+    learned = StepTimeModel(llama, B200, runtime=RuntimeConfig(dtype="nvfp4"))
+    assert learned.lin_flops == pytest.approx(9000e12 * _learned_fp8_flops_eff())
 
 
 def test_mxfp4_experts_leave_attention_and_router_16_bit() -> None:
@@ -134,7 +147,7 @@ def test_mxfp4_experts_leave_attention_and_router_16_bit() -> None:
 def test_nvfp4_mlp_checkpoint_runs_experts_at_fp4_and_attention_at_bf16() -> None:
     sm = StepTimeModel(get_model("MiniMax-M2.5"), B200,
                        runtime=RuntimeConfig(dtype="nvfp4", quantized_layers="mlp"))
-    assert sm.expert_flops == pytest.approx(9000e12 * 0.47)
+    assert sm.expert_flops == pytest.approx(9000e12 * _learned_fp8_flops_eff())
     assert sm.expert_bytes == 0.5625
     assert sm.dense_params == 0
     # qkv, o, router and its score-correction bias
