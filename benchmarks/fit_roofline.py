@@ -77,6 +77,10 @@ GENERATIONS = {
     "blackwell": ("b200", "gb200"),
     "workstation": ("l40s", "rtx-pro-6000", "rtx-4090", "rtx-6000-ada"),
 }
+# NVIDIA catalog GPUs of no fitted generation: priced with the pooled
+# factors. Others (AMD, Ascend: other kernels, other stacks) keep their
+# hardware efficiencies.
+POOLED_IDS = ("a100-80gb", "a100-40gb")
 # vLLM 0.24's default attention kernels per system (the measured backend's
 # choice; FA2 on the workstation parts, which kvsched's measured backend does
 # not read yet).
@@ -282,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "choices": choices,
         "notes": notes,
         "generations": {g: list(ids) for g, ids in GENERATIONS.items()},
+        "pooled_ids": list(POOLED_IDS),
         "factors": factors,
         "held_out_median_abs_error": folds,
     }

@@ -8,9 +8,10 @@ decided here (:func:`roofline_factors`, the one owner):
 - *learned*: ``data/roofline_factors_vllm-0.24.json``, fitted by
   ``benchmarks/fit_roofline.py`` on aiconfigurator-core's vLLM kernel
   tables and judged on GPUs left out of the fit; per kernel kind, by GPU
-  generation where the fit chose that, pooled otherwise. Used for catalog
-  hardware whose efficiencies nobody overrode. A kind the fit did not ship
-  keeps the hardware's factors.
+  generation where the fit chose that, pooled otherwise. Used for the
+  NVIDIA catalog GPUs the file names (a generation's, or ``pooled_ids``)
+  whose efficiencies nobody overrode. A kind the fit did not ship keeps the
+  hardware's factors.
 - *the hardware's*: its efficiency fields (the catalog's medians, a
   hardware file's, or an ``--efficiency-file``'s) and a fixed latency per
   kernel: the roofline as it was before the fit, for every other device.
@@ -96,7 +97,11 @@ class LearnedFile:
     fitted: str
     vllm_version: str
     generations: dict[str, tuple[str, ...]]
+    pooled_ids: tuple[str, ...]     # devices of no generation that take the pooled factors
     factors: dict[str, dict[str, KernelFactors]]
+
+    def covers(self, hardware_id: str) -> bool:
+        return hardware_id in self.pooled_ids or any(hardware_id in ids for ids in self.generations.values())
 
 
 def _fail(path: Path, what: str) -> UserInputError:
@@ -115,13 +120,16 @@ def load_learned(path: str | Path = DEFAULT_FILE) -> LearnedFile:
         raise _fail(p, f"not JSON: {json_problem(e)}") from None
     if not isinstance(data, dict):
         raise _fail(p, "expected a JSON object")
-    for key in ("fitted", "vllm_version", "generations", "factors"):
+    for key in ("fitted", "vllm_version", "generations", "pooled_ids", "factors"):
         if key not in data:
             raise _fail(p, f"missing {key!r}")
     gens = data["generations"]
     if not isinstance(gens, dict) or not all(isinstance(v, list) and all(isinstance(i, str) for i in v)
                                              for v in gens.values()):
         raise _fail(p, "'generations' must map a generation to a list of hardware ids")
+    pooled_ids = data["pooled_ids"]
+    if not isinstance(pooled_ids, list) or not all(isinstance(i, str) for i in pooled_ids):
+        raise _fail(p, "'pooled_ids' must be a list of hardware ids")
     groups = data["factors"]
     if not isinstance(groups, dict) or "pooled" not in groups:
         raise _fail(p, "'factors' must map 'pooled' (and generations) to kinds")
@@ -142,7 +150,7 @@ def load_learned(path: str | Path = DEFAULT_FILE) -> LearnedFile:
             except UserInputError as e:
                 raise _fail(p, f"factors[{group!r}][{kind!r}]: {e}") from None
     return LearnedFile(str(p), str(data["fitted"]), str(data["vllm_version"]),
-                       {g: tuple(v) for g, v in gens.items()}, factors)
+                       {g: tuple(v) for g, v in gens.items()}, tuple(pooled_ids), factors)
 
 
 @cache
@@ -159,7 +167,10 @@ def is_catalog_hardware(hw: Hardware) -> bool:
 
 def learned_factors(hw: Hardware, learned: LearnedFile) -> RooflineFactors:
     """``learned``'s factors for ``hw``: its generation's where the file has
-    them, pooled otherwise, the hardware's own for kinds the file lacks."""
+    them, pooled otherwise, the hardware's own for kinds the file lacks and
+    for devices it does not cover."""
+    if not learned.covers(hw.id):
+        return hardware_factors(hw)
     gen = next((g for g, ids in learned.generations.items() if hw.id in ids), None)
     own = hardware_factors(hw)
     pooled = learned.factors.get("pooled", {})
