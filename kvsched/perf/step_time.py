@@ -462,8 +462,8 @@ class StepTimeModel:
         """The pricing's short name, for a table row or a candidate: the
         backend, "roofline-fallback" where a better backend was asked for
         ("auto") and could not price the deployment (``backend_note`` says
-        why). The one owner of that label (:func:`kvsched.perf.pricing_label`
-        reads it)."""
+        why). The one owner of that label (:mod:`kvsched.sim.pricing` reads
+        it for results, compare rows and tune candidates)."""
         return "roofline-fallback" if self.backend == "roofline" and self.backend_note else self.backend
 
     def padded_tokens(self, num_tokens: int) -> int:
