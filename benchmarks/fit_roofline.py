@@ -21,6 +21,14 @@ aiconfigurator-core's vLLM tables, the features grounded in the work:
   pair at the 16-bit peak; bytes the KV of the prompts; one latency per call.
 - ``attention_decode``: FLOPs 4 x heads x head_dim per KV token read; bytes
   that KV; one latency per call.
+- ``moe_bf16``, ``moe_fp8``: one MoE layer's routed experts (vLLM's fused
+  MoE, the routing skew the measured backend reads, power law 1.01), by the
+  math they run in (16-bit: BF16 and the weight-only 4-bit formats; FP8:
+  per-tensor and block-scaled). As the roofline counts them: FLOPs
+  2 x tokens x top-k x expert params / shards, bytes the experts the tokens
+  touch under uniform routing, E (1 - (1 - k/E)^tokens), x expert params x
+  weight width / shards (shards: the EP group, else the TP group); one
+  latency per layer.
 - ``allreduce`` (vLLM's custom all-reduce in CUDA graphs): bytes
   2 (n - 1)/n x 2 x elements on the scale-up fabric; one latency.
 
@@ -59,7 +67,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares  # type: ignore[import-untyped]
 
-from kvsched.perf.hardware import get_hardware
+from kvsched.perf.hardware import Hardware, get_hardware
 from kvsched.perf.kernels import VLLM_TABLE_VERSION, aic_data_dir
 from kvsched.perf.roofline_factors import DEFAULT_FILE, KERNEL_LATENCY_S, KINDS, KernelFactors
 
@@ -153,6 +161,7 @@ def load_cells(system: str) -> dict[str, Cells]:
         out[kind] = Cells(a["latency"][sel][keep] * MS, flops, kv * 2 * kvh * d * kvb, hw.bf16_flops,
                           hw.mem_bw,
                           KernelFactors(hw.prefill_attn_mfu, hw.attn_bw_frac, KERNEL_LATENCY_S))
+    out.update(_moe_cells(system, hw))
     rel = f"comm/vllm/{v}/custom_allreduce_perf.parquet"
     if (aic_data_dir() / system / rel).is_file():
         r = _read(system, rel, ["kernel_source", "num_gpus", "message_size", "latency"])
@@ -162,6 +171,42 @@ def load_cells(system: str) -> dict[str, Cells]:
         out["allreduce"] = Cells(r["latency"][sel] * MS, np.zeros_like(size),
                                  2 * (gpus - 1) / gpus * size * 2,
                                  1.0, hw.scaleup_bw, KernelFactors(1.0, hw.comm_bw_frac, hw.comm_latency_s))
+    return out
+
+
+# The fused-MoE tables' weight formats by the math they run in, with bytes
+# per weight (kvsched.perf.step_time.DTYPE_BYTES: mxfp4 0.5 + 1/32, int4
+# 0.5 + 2/32; both weight-only, 16-bit math).
+MOE_FORMATS = {"moe_bf16": {"bfloat16": 2.0, "w4a16_mxfp4": 0.5 + 1 / 32, "int4_wo": 0.5 + 2 / 32},
+               "moe_fp8": {"fp8": 1.0, "fp8_block": 1.0}}
+
+
+def _moe_cells(system: str, hw: Hardware) -> dict[str, Cells]:
+    m = _read(system, f"moe/vllm/{VLLM_TABLE_VERSION}/moe_perf.parquet",
+              ["moe_dtype", "distribution", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+               "moe_tp_size", "moe_ep_size", "latency"])
+    out: dict[str, Cells] = {}
+    for kind, formats in MOE_FORMATS.items():
+        sel = np.flatnonzero(np.isin(m["moe_dtype"], list(formats)) & (m["distribution"] == "power_law_1.01"))
+        if not len(sel):
+            continue
+        t, h, i, k, e, tp, ep = (m[c][sel].astype(np.float64) for c in
+                                 ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+                                  "moe_tp_size", "moe_ep_size"))
+        width = np.array([formats[str(d)] for d in m["moe_dtype"][sel]])
+        keep = _first([t, h, i, k, e, tp, ep, width])
+        t, h, i, k, e, tp, ep, width = (x[keep] for x in (t, h, i, k, e, tp, ep, width))
+        params = 3 * h * i                 # gate, up, down (SwiGLU)
+        shards = np.where(ep > 1, ep, tp)
+        touched = e * (1 - (1 - k / e) ** t)
+        fp8 = kind == "moe_fp8"
+        peak = hw.fp8_flops if fp8 else hw.bf16_flops
+        assert peak is not None
+        # Today: the GEMM factors of the experts' math, two GEMM kernels' latency.
+        today = KernelFactors(hw.fp8_gemm_mfu if fp8 else hw.gemm_mfu, hw.weight_bw_frac,
+                              2 * KERNEL_LATENCY_S)
+        out[kind] = Cells(m["latency"][sel][keep] * MS, 2 * t * k * params / shards,
+                          touched * params * width / shards, peak, hw.mem_bw, today)
     return out
 
 

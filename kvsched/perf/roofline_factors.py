@@ -31,7 +31,7 @@ from kvsched.perf.hardware import HARDWARE, Hardware
 
 DEFAULT_FILE = Path(__file__).resolve().parent / "data" / "roofline_factors_vllm-0.24.json"
 # The kernel kinds a factors file may hold, in the order the fit lists them.
-KINDS = ("gemm_bf16", "gemm_fp8", "attention_prefill", "attention_decode", "allreduce")
+KINDS = ("gemm_bf16", "gemm_fp8", "attention_prefill", "attention_decode", "moe_bf16", "moe_fp8", "allreduce")
 # The hardware factors' latency per kernel: aiconfigurator's mem_empirical_constant_latency.
 KERNEL_LATENCY_S = 3e-6
 MAX_FILE_BYTES = 2**20
@@ -71,6 +71,10 @@ class RooflineFactors:
     gemm_fp8: KernelFactors
     attention_prefill: KernelFactors
     attention_decode: KernelFactors
+    # One MoE layer's routed experts by their math (16-bit, FP8/FP4); the
+    # hardware's: its GEMM factors, their latency in the per-layer kernels.
+    moe_bf16: KernelFactors
+    moe_fp8: KernelFactors
     allreduce: KernelFactors
     # "learned (...)" or "hardware efficiencies": for describe_backend.
     source: str
@@ -85,6 +89,8 @@ def hardware_factors(hw: Hardware) -> RooflineFactors:
         gemm_bf16=KernelFactors(hw.gemm_mfu, hw.weight_bw_frac, KERNEL_LATENCY_S),
         gemm_fp8=KernelFactors(hw.fp8_gemm_mfu, hw.weight_bw_frac, KERNEL_LATENCY_S),
         attention_prefill=attention, attention_decode=attention,
+        moe_bf16=KernelFactors(hw.gemm_mfu, hw.weight_bw_frac, 0.0),
+        moe_fp8=KernelFactors(hw.fp8_gemm_mfu, hw.weight_bw_frac, 0.0),
         allreduce=KernelFactors(1.0, hw.comm_bw_frac, hw.comm_latency_s),
         source="hardware efficiencies")
 

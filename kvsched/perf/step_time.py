@@ -387,8 +387,15 @@ class StepTimeModel:
         self.expert_shards = split.expert_shards
         experts_quantized = split.experts_quantized
         self.expert_bytes = wb if experts_quantized else 2.0
-        self.expert_flops = self.lin_flops if experts_quantized else self.head_flops
-        self.expert_bw = self.lin_bw if experts_quantized else self.weight_bw
+        # Routed experts: their math's MoE factors (learned from the fused-MoE
+        # tables, or the hardware's GEMM factors), one latency per MoE layer.
+        expert_math = self.math if experts_quantized else "bf16"
+        self.expert_kind = "moe_fp8" if expert_math in ("fp4", "fp8") else "moe_bf16"
+        moe = f.moe_fp8 if self.expert_kind == "moe_fp8" else f.moe_bf16
+        peak = {"fp4": hw.fp4_flops, "fp8": hw.fp8_flops}.get(expert_math, hw.bf16_flops)
+        self.expert_flops = (peak or 0.0) * moe.flops_eff
+        self.expert_bw = hw.mem_bw * moe.bw_eff
+        self.expert_latency = moe.latency_s
         self.lm_head_params = m.lm_head_matmul_params() / tp
         self.moe_layers = m.num_moe_layers
         self.expert_params = m.expert_params()
@@ -430,8 +437,12 @@ class StepTimeModel:
         if not f.learned_kinds:
             self.fixed_gpu_s = L * KERNELS_PER_LAYER * KERNEL_LATENCY_S
         else:
-            per_layer = ELEMENTWISE_PER_LAYER * KERNEL_LATENCY_S + GEMMS_PER_LAYER * lin.latency_s
-            self.fixed_gpu_s = L * (per_layer if learned_attention else per_layer + KERNEL_LATENCY_S)
+            # The MLP's two GEMM kernels, but in MoE layers whose experts
+            # carry their own learned latency (_routed_expert_time).
+            mlp_layers = L - self.moe_layers if self.expert_kind in f.learned_kinds else L
+            per_layer = ELEMENTWISE_PER_LAYER * KERNEL_LATENCY_S + (GEMMS_PER_LAYER - 2) * lin.latency_s
+            self.fixed_gpu_s = (L * (per_layer if learned_attention else per_layer + KERNEL_LATENCY_S)
+                                + mlp_layers * 2 * lin.latency_s)
         self.prefill_attn_latency = L * f.attention_prefill.latency_s if learned_attention else 0.0
         self.decode_attn_latency = L * f.attention_decode.latency_s if learned_attention else 0.0
         self.capture_sizes = cudagraph_capture_sizes(runtime.cudagraph_max_size,
@@ -545,7 +556,7 @@ class StepTimeModel:
         else:
             flops = 2.0 * tokens * k * p / shards
             nbytes = touched * p * self.expert_bytes / shards
-        return _roof(flops, self.expert_flops, nbytes, self.expert_bw)
+        return _roof(flops, self.expert_flops, nbytes, self.expert_bw) + self.expert_latency
 
     def _attention_time(self, s: BatchShape) -> float:
         extra = s.spec_query_keys
