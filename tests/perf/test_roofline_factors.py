@@ -49,8 +49,10 @@ def test_each_catalog_gpu_reads_its_generations_factors_or_the_pooled_ones() -> 
     assert h100.attention_prefill == _kind("hopper", "attention_prefill")
     assert h100.attention_decode == _kind("pooled", "attention_decode")
     assert h100.gemm_fp8 == _kind("pooled", "gemm_fp8")
+    assert h100.moe_bf16 == _kind("hopper", "moe_bf16")
     b200 = roofline_factors(get_hardware("b200"))
     assert b200.attention_prefill == _kind("blackwell", "attention_prefill")
+    assert b200.moe_bf16 == _kind("blackwell", "moe_bf16")
     # The RTX 4090 has no tables; it takes the workstation parts' (Ada, FA2).
     assert roofline_factors(get_hardware("rtx-4090")).attention_prefill == \
         _kind("workstation", "attention_prefill")
