@@ -248,6 +248,15 @@ def report(results: list[RowResult], backends: list[str], with_aic: bool, comman
             detail = _example_detail(example, title, reason)
             out.append(f"| {reason} | {n} | {detail} |")
         out.append("")
+    # Which pricing priced each simulated row (a backend asked for by name
+    # prices every row it can; "auto" may fall back).
+    for b in backends:
+        labels = Counter(v.pricing or "not recorded" for r in results
+                         if isinstance(v := r.kvsched.get(b), SimulatedRow))
+        if labels:
+            out.append(f"kvsched {b}: rows by pricing: "
+                       + ", ".join(f"{label} {n}" for label, n in labels.most_common()) + ".")
+            out.append("")
     if not common:
         out.append("No row was priced by every predictor.")
         return "\n".join(out)

@@ -34,6 +34,7 @@ from kvsched.sim.flags import (
     spec_argv,
     spec_from_args,
 )
+from kvsched.sim.pricing import ALLOW_FLAG, Pricing, check_one_pricing, pricing_of
 from kvsched.sim.refusals import format_failures
 from kvsched.sim.results import describe_run, json_safe
 from kvsched.sim.run import PreparedRun, RunResult, run_prepared
@@ -57,7 +58,8 @@ COLUMNS = (
     ("P99 TPOT ms", "p99_tpot_ms", 1.0, "{:.2f}"),
     ("P99 E2EL ms", "p99_e2el_ms", 1.0, "{:.1f}"),
     ("Preempt", "num_preemptions", 1.0, "{:.0f}"),
-    # How the variant's steps were priced (measured kernels or roofline).
+    # How the variant's steps were priced (kvsched.sim.pricing: measured,
+    # roofline, roofline-fallback, ...; "(mixed)" when the set mixes them).
     ("Steps", "step_times", 1.0, "{}"),
 )
 # Shown when --goodput gives SLOs.
@@ -120,6 +122,9 @@ def add_compare_parser(sub: Any) -> None:
     p.add_argument("--variant", action="append", default=[], metavar='"NAME: FLAGS"',
                    help="a variant: its name, a colon, then simulate flags (repeatable)")
     p.add_argument("--variants", metavar="FILE", help="YAML/JSON mapping of variant name -> flags")
+    p.add_argument(ALLOW_FLAG, dest="allow_mixed_pricing", action="store_true",
+                   help="run variants priced by different step-time backends (e.g. measured kernels for "
+                        "one, a roofline fallback for another) instead of refusing them; each row is marked")
     p.add_argument("--preset", choices=sorted(PRESETS),
                    help="a built-in experiment: balance-seed (seed 001's table) or balance-seed-jitter "
                         "(the same with lengths spread ±10 %%); see docs/balance.md")
@@ -257,9 +262,9 @@ def _workload_words(v: Prepared) -> list[str]:
     return [f"{a}={b}" for a, b in zip(words[::2], words[1::2])]
 
 
-def pricing(run: PreparedRun) -> str:
+def pricing(run: PreparedRun) -> Pricing:
     """How a variant's steps are priced, for its table row."""
-    return run.deployment.step_model.backend
+    return pricing_of(run.deployment)
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -285,6 +290,10 @@ def run_compare(args: argparse.Namespace) -> int:
     # not cost the time of the others.
     prepared = [prepare(name, flags, args, parser, origins.get(name, "")) for name, flags in variants]
     check_same_workload(prepared)
+    # Variants priced by different backends are refused before any runs
+    # (or, when allowed, each row is marked).
+    mixed = check_one_pricing([(v.name, pricing(v.run)) for v in prepared], args.allow_mixed_pricing,
+                              "variants")
     done: list[tuple[Prepared, RunResult]] = []
     failed: list[str] = []
     internal = False
@@ -314,7 +323,8 @@ def run_compare(args: argparse.Namespace) -> int:
         m = result.metrics
         m["input_throughput"] = (m.get("total_input_tokens", 0) / m["duration"]
                                  if m.get("duration") else 0.0)
-        m["step_times"] = pricing(v.run)
+        priced = pricing(v.run)
+        m["step_times"] = priced.label + (" (mixed)" if mixed else "")
         for line in format_failures(result.result.failed, len(v.run.workload.requests)):
             print(f"[{v.name}] {line}")
         done.append((v, result))
@@ -322,17 +332,17 @@ def run_compare(args: argparse.Namespace) -> int:
     columns = (*COLUMNS, GOODPUT_COLUMN) if slos else COLUMNS
     if done:
         print(format_comparison([(v.name, r.metrics) for v, r in done], columns))
-        backends = {r.metrics["step_times"] for _, r in done}
-        if len(backends) > 1:
-            print("note: the variants' steps are priced by different backends (column 'Steps'): "
-                  "their differences mix the deployments with the pricing; see docs/validation.md",
-                  file=sys.stderr)
+        if mixed:
+            print(f"warning: {ALLOW_FLAG}: the variants' steps are priced by different backends (column "
+                  "'Steps', marked '(mixed)'): their differences mix the deployments with the pricing; "
+                  "see docs/validation.md", file=sys.stderr)
     if args.preset and args.preset.startswith("balance-seed"):
         print("\nSeed 001's measurement (vllm-ascend; hardware not stated), for reference:")
         print(format_comparison(SEED_001))
     runs = [describe_run(v.run.deployment, v.run.spec, v.run.workload) for v, _ in done]
     if args.save_result and done:
-        out = [{"name": v.name, "flags": v.flags, **r.metrics, **run}
+        out = [{"name": v.name, "flags": v.flags, **r.metrics, **pricing(v.run).to_json(),
+                "mixed_pricing": mixed, **run}
                for (v, r), run in zip(done, runs)]
         Path(args.save_result).write_text(
             json.dumps(json_safe(out), indent=2, allow_nan=False, default=str) + "\n")
@@ -354,8 +364,9 @@ def run_compare(args: argparse.Namespace) -> int:
 def format_comparison(rows: list[tuple[str, dict[str, Any]]],
                       columns: tuple[tuple[str, str, float, str], ...] = COLUMNS) -> str:
     width = max(12, *(len(n) for n, _ in rows)) + 2
-    # At least two spaces between column labels.
-    widths = [max(14, len(label) + 2) for label, *_ in columns]
+    # At least two spaces between columns, labels and text cells alike.
+    widths = [max(14, len(label) + 2, *(len(v) + 2 for _, m in rows if isinstance(v := m.get(key), str)))
+              for label, key, *_ in columns]
     head = f"{'variant':<{width}}" + "".join(f"{label:>{w}}" for (label, *_), w in zip(columns, widths))
     lines = [head, "-" * len(head)]
     base = rows[0][1]

@@ -21,6 +21,7 @@ from kvsched.sim.flags import (
     spec_argv,
     spec_from_args,
 )
+from kvsched.sim.pricing import pricing_of
 from kvsched.sim.refusals import failure_reasons, format_failures
 from kvsched.sim.results import describe_run, detailed_lists, json_safe, num_gpus
 from kvsched.sim.run import RunResult, prepare, run_prepared
@@ -136,6 +137,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     done = run_prepared(prepared, progress)
     print(format_table(done.metrics, spec.options.percentiles, num_gpus(deployment),
                        deployment.parallel.data_parallel_size))
+    priced = pricing_of(deployment)
+    print(f"Steps priced by: {priced.label}: {priced.detail}")
     for line in format_failures(done.result.failed, len(workload.requests)):
         print(line)
     burst = burst_note(spec.workload, done.metrics)
@@ -203,6 +206,8 @@ def result_dict(done: RunResult) -> tuple[dict[str, Any], str | None]:
         "max_num_batched_tokens": deployment.scheduler_config.max_num_batched_tokens,
         "num_gpu_blocks": deployment.cache_config.num_gpu_blocks,
         **metrics,
+        # Which step-time backend priced the run (and why, for a fallback).
+        **pricing_of(deployment).to_json(),
         "failed_reasons": failure_reasons(result.failed),
         **run,
         # One string per request, "" for success, as vllm bench serve's list:

@@ -28,6 +28,7 @@ from kvsched.scheduler_defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_M
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.flags import add_engine_arguments, add_workload_arguments, workload_spec_from_args
 from kvsched.sim.metrics import parse_goodput
+from kvsched.sim.pricing import ALLOW_FLAG, check_one_pricing, is_mixed
 from kvsched.sim.results import json_safe
 from kvsched.sim.run import build_workload
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
@@ -40,7 +41,7 @@ from kvsched.tune.search import (
     Runner,
     Slo,
     TuneResult,
-    prune_by_memory,
+    feasible_with_pricing,
     rank,
     rate_grid,
     search,
@@ -122,6 +123,10 @@ def add_tune_parser(sub: Any) -> None:
     x.add_argument("--report", metavar="FILE.html",
                    help="a self-contained page: the Pareto plot, the ranked table, the commands")
     x.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
+    x.add_argument(ALLOW_FLAG, dest="allow_mixed_pricing", action="store_true",
+                   help="search candidates priced by different step-time backends (e.g. measured kernels "
+                        "for TP8, a roofline fallback for TP16) instead of refusing them; each row says "
+                        "its pricing")
     x.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_tune)
 
@@ -257,11 +262,15 @@ def run_tune(args: argparse.Namespace) -> int:
     if not candidates:
         raise UserInputError("the search space is empty: no combination fits --max-gpus "
                          f"{args.max_gpus}; widen --tp/--dp or raise --max-gpus")
-    feasible, pruned = prune_by_memory(candidates, base_spec)
+    priced, pruned = feasible_with_pricing(candidates, base_spec)
+    feasible = [c for c, _ in priced]
     if not feasible:
         reasons = sorted({why.split(';')[0] for _, why in pruned})
         raise UserInputError(f"no candidate of the {len(candidates)} fits in memory: "
                          f"{'; '.join(reasons[:3])}; allow more GPUs (--max-gpus) or larger ones")
+    # A search over candidates priced by different backends would pick one
+    # for its pricing: refused before anything is simulated, unless allowed.
+    check_one_pricing([(c.label(), p) for c, p in priced], args.allow_mixed_pricing, "candidates")
     problem = Problem(model.name, base_spec, slo, args.objective, prices, is_random, base_rate,
                       file_digest(workload_spec.dataset_path), serve_flags)
     bar = ProgressBar("simulations")
@@ -293,6 +302,11 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def mixed_pricing(result: TuneResult) -> bool:
+    """Whether the answered candidates were priced by more than one backend."""
+    return is_mixed([e.pricing for e in result.ranked if e.pricing is not None])
+
+
 def result_json(problem: Problem, result: TuneResult, args: argparse.Namespace) -> dict[str, Any]:
     m = problem.model
     return {
@@ -306,6 +320,7 @@ def result_json(problem: Problem, result: TuneResult, args: argparse.Namespace) 
         "pruned": [{"label": c.label(), "candidate": c.to_json(), "reason": why} for c, why in result.pruned],
         "failed": [{"label": c.label(), "candidate": c.to_json(), "reason": why} for c, why in result.failed],
         "num_simulations": result.num_simulations, "num_cached": result.num_cached,
+        "mixed_pricing": mixed_pricing(result),
     }
 
 
@@ -320,22 +335,28 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
     head = f"{'#':>3}  {'deployment':42} {'GPUs':>4} {'rate':>7} {'goodput/GPU':>11}"
     for name, _ in slo.targets:
         head += f" {stat + ' ' + name:>12}"
-    head += "  SLO"
+    head += "  SLO     pricing"
     lines.append(head)
     for i, e in enumerate(result.ranked[:args.top], 1):
         rate = (">=" if e.rate_is_lower_bound else "") + (f"{e.rate:.3g}" if e.rate is not None else "-")
         row = f"{i:>3}  {e.candidate.label()[:42]:42} {e.num_gpus:>4} {rate:>7} {e.goodput_per_gpu:>11.3f}"
         for name, _ in slo.targets:
             row += f" {e.metrics.get(slo.key(name), math.nan):>12.1f}"
-        row += "  met" if e.meets_slo else "  missed"
+        row += "  met   " if e.meets_slo else "  missed"
+        row += f"  {e.pricing.label if e.pricing is not None else '-'}"
         lines.append(row)
     capped = [e for e in result.ranked if e.rate_is_lower_bound]
     if capped:
         lines.append(f"({len(capped)} met the SLO at the highest rate searched, marked >=: their limits "
                      "are higher; raise --rate-range HIGH)")
+    if mixed_pricing(result):
+        lines.append(f"warning: {ALLOW_FLAG}: the candidates are priced by different step-time backends "
+                     "(column 'pricing'): the ranking mixes the deployments with the pricing")
     if result.best is not None:
         b = result.best
-        lines += ["", f"Best: {b.candidate.label()} on {b.num_gpus} GPU{'s' if b.num_gpus > 1 else ''}",
+        priced = f", steps priced by {b.pricing.describe()}" if b.pricing is not None else ""
+        lines += ["", f"Best: {b.candidate.label()} on {b.num_gpus} GPU{'s' if b.num_gpus > 1 else ''}"
+                      + priced,
                   f"  {problem.vllm_serve(b.candidate)}",
                   f"  reproduce: kvsched simulate {shlex.join(b.argv)}"]
         if len(result.pareto) > 1:

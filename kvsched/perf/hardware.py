@@ -7,6 +7,9 @@ fractions of those peaks that a real kernel reaches: measured medians from
 aiconfigurator's silicon database where hardware.md gives them (the vLLM
 columns, not the TRT-LLM brackets), otherwise documented defaults named in
 the entry's ``notes``. ``docs/catalogs.md`` has the tables and the reasoning.
+The roofline reads these fields through :mod:`kvsched.perf.roofline_factors`,
+which replaces them, kind by kind, with factors learned from measured kernel
+tables for the NVIDIA catalog GPUs whose efficiencies nobody overrode.
 
 Units are SI throughout: bytes, bytes/s, FLOP/s, seconds (GB = 1e9 B).
 """

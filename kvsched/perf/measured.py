@@ -222,7 +222,7 @@ class MeasuredStepTimeModel(StepTimeModel):
             if quant is None:
                 if part not in unmeasured:
                     unmeasured.append(part)
-                return RooflineGemm(n * k, self.lin_flops, self.weight_bytes, self.weight_bw)
+                return RooflineGemm(n * k, self.lin_flops, self.weight_bytes, self.lin_bw)
             return self._gemm(quant, n, k)
 
         # Attention: the block's GEMMs at the step's tokens, (cost over m,

@@ -44,6 +44,10 @@ from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import HostTerms
 from kvsched.perf.models import ModelSpec, check_quantized_layers, quantizes
 
+# KERNEL_LATENCY_S re-exported: its users import it from here.
+from kvsched.perf.roofline_factors import KERNEL_LATENCY_S as KERNEL_LATENCY_S
+from kvsched.perf.roofline_factors import KernelFactors, RooflineFactors, roofline_factors
+
 # Weight formats, bytes per weight including their scales:
 # - fp8_block: FP8 with a scale per 128 x 128 block (Qwen's, DeepSeek's and
 #   MiniMax's FP8 checkpoints); the scales are 1/16384 of the bytes.
@@ -64,7 +68,8 @@ DTYPE_BYTES: Mapping[str, float] = MappingProxyType({
 # ``resolve_nvfp4_for_system`` also reads it.
 WEIGHT_ONLY_DTYPES = frozenset({"mxfp4", "int4"})
 KERNELS_PER_LAYER = 8          # norm, qkv, attention, o, norm, up/gate, act, down
-KERNEL_LATENCY_S = 3e-6        # aiconfigurator's mem_empirical_constant_latency
+GEMMS_PER_LAYER = 4            # qkv, o, up/gate, down
+ELEMENTWISE_PER_LAYER = 3      # norm, norm, act
 CPU_STEP_S = 0.5e-3            # scheduling + input preparation + output processing, per step
 CPU_PER_REQUEST_S = 4e-6       # per scheduled request (vLLM's scheduler alone is a few µs)
 
@@ -137,16 +142,23 @@ def math_dtype(dtype: str, hardware: Hardware) -> str:
     return "fp8"
 
 
-def gemm_flop_rate(math: str, hardware: Hardware) -> float:
-    """Achieved FLOP/s of a GEMM in ``math`` (see :func:`math_dtype`). FP4
-    takes the FP8 efficiency factor: no FP4 GEMM efficiency is measured in
-    the facts."""
+def gemm_factors(math: str, factors: RooflineFactors) -> KernelFactors:
+    """The roofline factors of a GEMM in ``math`` (see :func:`math_dtype`).
+    FP4 takes the FP8 ones: no FP4 GEMM efficiency is measured in the facts
+    or fitted."""
+    return factors.gemm_fp8 if math in ("fp4", "fp8") else factors.gemm_bf16
+
+
+def gemm_flop_rate(math: str, hardware: Hardware, factors: RooflineFactors | None = None) -> float:
+    """Achieved FLOP/s of a GEMM in ``math``: the peak of ``hardware`` at the
+    efficiency of ``factors`` (default: the roofline's for it)."""
     hw = hardware
+    eff = gemm_factors(math, factors if factors is not None else roofline_factors(hw)).flops_eff
     if math == "fp4":
-        return (hw.fp4_flops or 0.0) * hw.fp8_gemm_mfu
+        return (hw.fp4_flops or 0.0) * eff
     if math == "fp8":
-        return (hw.fp8_flops or 0.0) * hw.fp8_gemm_mfu
-    return hw.bf16_flops * hw.gemm_mfu
+        return (hw.fp8_flops or 0.0) * eff
+    return hw.bf16_flops * eff
 
 
 def cudagraph_capture_sizes(max_size: int, multiple_of: int = 1) -> list[int]:
@@ -353,11 +365,20 @@ class StepTimeModel:
         self.math = math_dtype(runtime.dtype, hw)
         self.weight_bytes = wb
         self.kv_bytes = kvb
-        self.lin_flops = gemm_flop_rate(self.math, hw)
-        self.head_flops = gemm_flop_rate("bf16", hw)
-        self.weight_bw = hw.mem_bw * hw.weight_bw_frac
-        self.attn_bw = hw.mem_bw * hw.attn_bw_frac
-        self.attn_flops = hw.bf16_flops * hw.prefill_attn_mfu
+        # Efficiencies and per-call latencies per kernel kind: learned from
+        # the measured tables, or the hardware's (kvsched.perf.roofline_factors).
+        f = self.factors = roofline_factors(hw)
+        lin = gemm_factors(self.math, f)
+        self.lin_flops = gemm_flop_rate(self.math, hw, f)
+        self.head_flops = gemm_flop_rate("bf16", hw, f)
+        # Weight bandwidth: the 16-bit weights' (LM head, routers, 16-bit
+        # layers) and the quantized layers' (``lin_bw``).
+        self.weight_bw = hw.mem_bw * f.gemm_bf16.bw_eff
+        self.lin_bw = hw.mem_bw * lin.bw_eff
+        self.prefill_attn_bw = hw.mem_bw * f.attention_prefill.bw_eff
+        self.prefill_attn_flops = hw.bf16_flops * f.attention_prefill.flops_eff
+        self.decode_attn_bw = hw.mem_bw * f.attention_decode.bw_eff
+        self.decode_attn_flops = hw.bf16_flops * f.attention_decode.flops_eff
         m = model
         L = m.num_layers
         split = weight_split(m, parallel, runtime.quantized_layers)
@@ -366,7 +387,15 @@ class StepTimeModel:
         self.expert_shards = split.expert_shards
         experts_quantized = split.experts_quantized
         self.expert_bytes = wb if experts_quantized else 2.0
-        self.expert_flops = self.lin_flops if experts_quantized else self.head_flops
+        # Routed experts: their math's MoE factors (learned from the fused-MoE
+        # tables, or the hardware's GEMM factors), one latency per MoE layer.
+        expert_math = self.math if experts_quantized else "bf16"
+        self.expert_kind = "moe_fp8" if expert_math in ("fp4", "fp8") else "moe_bf16"
+        moe = f.moe_fp8 if self.expert_kind == "moe_fp8" else f.moe_bf16
+        peak = {"fp4": hw.fp4_flops, "fp8": hw.fp8_flops}.get(expert_math, hw.bf16_flops)
+        self.expert_flops = (peak or 0.0) * moe.flops_eff
+        self.expert_bw = hw.mem_bw * moe.bw_eff
+        self.expert_latency = moe.latency_s
         self.lm_head_params = m.lm_head_matmul_params() / tp
         self.moe_layers = m.num_moe_layers
         self.expert_params = m.expert_params()
@@ -396,10 +425,26 @@ class StepTimeModel:
         self.num_layers = L
         # TP all-reduces: on the scale-up fabric within its domain, over the
         # scale-out network beyond (refused where the hardware data has none).
-        self.ar_bw = hw.tensor_parallel_bw(tp) * hw.comm_bw_frac if tp > 1 else 0.0
+        self.ar_bw = hw.tensor_parallel_bw(tp) * f.allreduce.bw_eff if tp > 1 else 0.0
+        self.ar_latency = f.allreduce.latency_s
         self.a2a_bw = hw.scaleup_bw_for_group(ep) * hw.comm_bw_frac if ep > 1 else 0.0
         self.comm_latency = hw.comm_latency_s
-        self.fixed_gpu_s = L * KERNELS_PER_LAYER * KERNEL_LATENCY_S
+        # Fixed latency per kernel: with the hardware's factors 3 us for each
+        # of a layer's kernels, every step; with learned attention factors the
+        # attention kernels' own latency, per phase a step runs (a mixed step
+        # runs a prefill and a decode call), and each GEMM its kind's.
+        learned_attention = f.learned_kinds & {"attention_prefill", "attention_decode"}
+        if not f.learned_kinds:
+            self.fixed_gpu_s = L * KERNELS_PER_LAYER * KERNEL_LATENCY_S
+        else:
+            # The MLP's two GEMM kernels, but in MoE layers whose experts
+            # carry their own learned latency (_routed_expert_time).
+            mlp_layers = L - self.moe_layers if self.expert_kind in f.learned_kinds else L
+            per_layer = ELEMENTWISE_PER_LAYER * KERNEL_LATENCY_S + (GEMMS_PER_LAYER - 2) * lin.latency_s
+            self.fixed_gpu_s = (L * (per_layer if learned_attention else per_layer + KERNEL_LATENCY_S)
+                                + mlp_layers * 2 * lin.latency_s)
+        self.prefill_attn_latency = L * f.attention_prefill.latency_s if learned_attention else 0.0
+        self.decode_attn_latency = L * f.attention_decode.latency_s if learned_attention else 0.0
         self.capture_sizes = cudagraph_capture_sizes(runtime.cudagraph_max_size,
                                                      runtime.cudagraph_multiple_of)
         self.async_scheduling = runtime.async_scheduling
@@ -421,7 +466,16 @@ class StepTimeModel:
 
     def describe_backend(self) -> str:
         """Which backend prices the steps, for summaries and saved results."""
-        return "roofline" + (f" ({self.backend_note})" if self.backend_note else "")
+        notes = [n for n in (self.backend_note, f"efficiencies: {self.factors.source}") if n]
+        return "roofline (" + "; ".join(notes) + ")"
+
+    def pricing(self) -> str:
+        """The pricing's short name, for a table row or a candidate: the
+        backend, "roofline-fallback" where a better backend was asked for
+        ("auto") and could not price the deployment (``backend_note`` says
+        why). The one owner of that label (:mod:`kvsched.sim.pricing` reads
+        it for results, compare rows and tune candidates)."""
+        return "roofline-fallback" if self.backend == "roofline" and self.backend_note else self.backend
 
     def padded_tokens(self, num_tokens: int) -> int:
         sizes = self.capture_sizes
@@ -463,7 +517,7 @@ class StepTimeModel:
                           2.0 * self.lm_head_params, self.weight_bw)
         if self.tp > 1:
             msg = T * self.hidden * 2.0
-            rest += 2 * self.num_layers * (self.comm_latency
+            rest += 2 * self.num_layers * (self.ar_latency
                                            + 2.0 * (self.tp - 1) / self.tp * msg / self.ar_bw)
         if self.moe_layers:
             rest += self._all_to_all_time(T)
@@ -483,9 +537,12 @@ class StepTimeModel:
         at theirs, against all their bytes."""
         q, h = self.dense_params, self.dense16_params
         if not h:
-            return _roof(2.0 * T * q, self.lin_flops, q * self.weight_bytes, self.weight_bw)
+            return _roof(2.0 * T * q, self.lin_flops, q * self.weight_bytes, self.lin_bw)
         compute = 2.0 * T * (q / self.lin_flops + h / self.head_flops)
-        memory = (q * self.weight_bytes + h * 2.0) / self.weight_bw
+        if self.lin_bw == self.weight_bw:
+            memory = (q * self.weight_bytes + h * 2.0) / self.weight_bw
+        else:
+            memory = q * self.weight_bytes / self.lin_bw + h * 2.0 / self.weight_bw
         return compute if compute > memory else memory
 
     def _routed_expert_time(self, tokens: int, global_tokens: int) -> float:
@@ -499,7 +556,7 @@ class StepTimeModel:
         else:
             flops = 2.0 * tokens * k * p / shards
             nbytes = touched * p * self.expert_bytes / shards
-        return _roof(flops, self.expert_flops, nbytes, self.weight_bw)
+        return _roof(flops, self.expert_flops, nbytes, self.expert_bw) + self.expert_latency
 
     def _attention_time(self, s: BatchShape) -> float:
         extra = s.spec_query_keys
@@ -515,6 +572,11 @@ class StepTimeModel:
                                        min(s.prefill_attn_pairs, w * s.prefill_tokens),
                                        min(extra, w * s.spec_tokens)
                                        ) * self.sliding_layers
+        # Learned attention latencies, per call (one per layer and phase run).
+        if s.num_decodes:
+            t += self.decode_attn_latency
+        if s.prefill_attn_pairs:
+            t += self.prefill_attn_latency
         return t
 
     def spec_attention_factor(self, decode_kv: int, extra_keys: int) -> float:
@@ -530,11 +592,12 @@ class StepTimeModel:
         t = 0.0
         if decode_kv:
             keys = decode_kv + extra_keys if extra_keys else decode_kv
-            t += _roof(self.decode_flops_per_key * keys, self.attn_flops,
-                       decode_kv * self.kv_bytes_per_layer, self.attn_bw)
+            t += _roof(self.decode_flops_per_key * keys, self.decode_attn_flops,
+                       decode_kv * self.kv_bytes_per_layer, self.decode_attn_bw)
         if pairs:
             flops = self.prefill_flops_per_pair * pairs + self.prefill_flops_per_kv * prefill_kv
-            t += _roof(flops, self.attn_flops, prefill_kv * self.kv_bytes_per_layer, self.attn_bw)
+            t += _roof(flops, self.prefill_attn_flops, prefill_kv * self.kv_bytes_per_layer,
+                       self.prefill_attn_bw)
         return t
 
     def cpu_time(self, shape: BatchShape) -> float:
@@ -590,9 +653,10 @@ class StepTimeModel:
         The one formula of a pure-decode step."""
         lin, rest, cpu = self.decode_batch_parts(num_reqs, global_tokens)
         flops_per_kv = self.decode_flops_per_key
-        attn_flops = self.attn_flops
+        attn_flops = self.decode_attn_flops
         bytes_per_kv = self.kv_bytes_per_layer
-        attn_bw = self.attn_bw
+        attn_bw = self.decode_attn_bw
+        attn_latency = self.decode_attn_latency
         full_layers = self.full_layers
         sliding = self.sliding_layers
         window_kv = self.window * num_reqs if sliding else 0
@@ -611,5 +675,7 @@ class StepTimeModel:
                 attn = 0.0
             if sliding:
                 attn += self._attention_layer(min(kv, window_kv), 0, 0) * sliding
+            if num_reqs:
+                attn += attn_latency
             append(combine_step_time(lin + attn + rest, cpu, overlap))
         return out

@@ -102,6 +102,7 @@ def step_times_dict(d: Deployment) -> dict[str, Any]:
     sm = d.step_model
     host = sm.host
     return {"backend": sm.backend, "requested": d.options.step_time_backend,
+            "pricing": sm.pricing(),
             "description": sm.describe_backend(),
             "host_terms": host.to_json() if host is not None else None,
             "extrapolated": sorted(sm.extrapolated)}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import CannotServe, UserInputError
+from kvsched.sim.pricing import pricing_of
 from kvsched.sim.results import json_safe, num_gpus
 from kvsched.sim.run import prepare, run_prepared
 from kvsched.sim.spec import RunSpec, spec_to_json
@@ -43,7 +44,8 @@ class Job:
 
 def run_job(job: Job) -> dict[str, Any]:
     """``{"metrics": ..., "num_gpus": n}``; ``{"missed": why, "num_gpus": n}``
-    when the guard stopped the run; or ``{"error": why}`` for a
+    when the guard stopped the run (both with the pricing's keys,
+    :meth:`kvsched.sim.pricing.Pricing.to_json`); or ``{"error": why}`` for a
     deployment that cannot be built (it does not fit, say) or cannot serve
     the load (the simulation cannot progress)."""
     spec = job.spec
@@ -51,6 +53,8 @@ def run_job(job: Job) -> dict[str, Any]:
         run = prepare(spec)
     except UserInputError as e:
         return {"error": str(e)}
+    # Which backend prices the candidate's steps travels with every answer.
+    priced = pricing_of(run.deployment).to_json()
     goodput = spec.options.goodput
     guard = None
     if job.guard is not None and goodput:
@@ -58,7 +62,7 @@ def run_job(job: Job) -> dict[str, Any]:
     try:
         done = run_prepared(run, after_step=guard)
     except SloMissed as e:
-        return {"missed": str(e), "num_gpus": num_gpus(run.deployment)}
+        return {"missed": str(e), "num_gpus": num_gpus(run.deployment), **priced}
     except CannotServe as e:
         # The deployment cannot serve the load (e.g. an admission gate that
         # holds every request): an answer about this candidate, not a bug.
@@ -67,7 +71,8 @@ def run_job(job: Job) -> dict[str, Any]:
     # Wall time is the machine's, not the simulation's: kept apart, so a
     # job's metrics are the same wherever and whenever it runs.
     wall = metrics.pop("simulation_wall_seconds", None)
-    return {"metrics": json_safe(metrics), "num_gpus": num_gpus(run.deployment), "wall_seconds": wall}
+    return {"metrics": json_safe(metrics), "num_gpus": num_gpus(run.deployment), "wall_seconds": wall,
+            **priced}
 
 
 def file_digest(path: str | None) -> str:

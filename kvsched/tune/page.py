@@ -161,10 +161,13 @@ def _table(problem: Problem, result: TuneResult) -> str:
             f'<td class="num">{"-" if e.rate is None else f"{e.rate:.3g}"}</td>'
             f'<td class="num">{e.goodput_per_gpu:.3f}</td>{cells}'
             f'<td class="{"met" if e.meets_slo else "missed"}">{"met" if e.meets_slo else "missed"}</td>'
-            f"<td>{esc(e.stopped or '-')}</td></tr>")
+            f"<td>{esc(e.stopped or '-')}</td>"
+            f"<td title=\"{esc(e.pricing.detail if e.pricing else '')}\">"
+            f"{esc(e.pricing.describe() if e.pricing else '-')}</td></tr>")
     return ('<table class="ranked"><thead><tr><th class="num">#</th><th>deployment</th>'
             '<th class="num">GPUs</th><th class="num">rate (req/s)</th>'
-            f'<th class="num">goodput/GPU (req/s)</th>{head}<th>SLO</th><th>stopped early</th></tr>'
+            f'<th class="num">goodput/GPU (req/s)</th>{head}<th>SLO</th><th>stopped early</th>'
+            '<th>step pricing</th></tr>'
             f'</thead><tbody>{"".join(rows)}</tbody></table>')
 
 

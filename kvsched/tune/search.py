@@ -31,6 +31,7 @@ from typing import Any
 from kvsched.errors import UserInputError
 from kvsched.perf.models import ModelSpec, get_model
 from kvsched.sim.flags import spec_argv
+from kvsched.sim.pricing import Pricing, pricing_from_json, pricing_of
 from kvsched.sim.run import build_group_deployment
 from kvsched.sim.spec import RunSpec
 from kvsched.tune.evaluate import Job, ResultCache
@@ -86,6 +87,9 @@ class Evaluated:
     # --find-max-rate: the SLO was met at the grid's highest rate, so the
     # deployment's own limit is at least ``rate``, maybe more.
     rate_is_lower_bound: bool = False
+    # Which step-time backend priced it (None: a cached answer from before
+    # kvsched recorded it).
+    pricing: Pricing | None = None
 
     def to_json(self, problem: Problem) -> dict[str, Any]:
         return {"label": self.candidate.label(), "candidate": self.candidate.to_json(),
@@ -94,6 +98,7 @@ class Evaluated:
                 "cost_per_mtok": self.cost_per_mtok, "stopped_early": self.stopped,
                 "rate_is_lower_bound": self.rate_is_lower_bound,
                 "simulate_args": self.argv,
+                **(self.pricing.to_json() if self.pricing is not None else {"pricing": None}),
                 "vllm_serve": problem.vllm_serve(self.candidate), "metrics": self.metrics}
 
 
@@ -154,10 +159,11 @@ class Problem:
                    self.slo.percentile if self.early_stop else None)
 
     def evaluated(self, c: Candidate, rate: float | None, result: Mapping[str, Any]) -> Evaluated:
+        priced = pricing_from_json(dict(result))
         if "missed" in result:
             return Evaluated(c, rate, self.reproduce(c, rate), {}, int(result["num_gpus"]), False,
                              {name: -math.inf for name, _ in self.slo.targets}, 0.0, None,
-                             str(result["missed"]))
+                             str(result["missed"]), pricing=priced)
         metrics = dict(result["metrics"])
         gpus = int(result["num_gpus"])
         goodput = float(metrics.get("request_goodput", 0.0)) / gpus
@@ -165,7 +171,7 @@ class Problem:
         out_tput = float(metrics.get("output_throughput", 0.0))
         cost = (price * gpus / (out_tput * 3600) * 1e6 if price is not None and out_tput > 0 else None)
         return Evaluated(c, rate, self.reproduce(c, rate), metrics, gpus, self.slo.met(metrics),
-                         self.slo.slack(metrics), goodput, cost)
+                         self.slo.slack(metrics), goodput, cost, pricing=priced)
 
     def score(self, e: Evaluated) -> tuple[float, ...]:
         """Larger is better; ties fall to fewer GPUs, then the candidate's order."""
@@ -190,16 +196,24 @@ def prune_by_memory(candidates: Sequence[Candidate], base: RunSpec
     the model's heads do not split over is no memory question but a bad
     search space: refused with the sizes that do (the deployment builder's
     own check, :meth:`ModelSpec.check_tensor_parallel_size`)."""
+    keep, pruned = feasible_with_pricing(candidates, base)
+    return [c for c, _ in keep], pruned
+
+
+def feasible_with_pricing(candidates: Sequence[Candidate], base: RunSpec
+                          ) -> tuple[list[tuple[Candidate, Pricing]], list[tuple[Candidate, str]]]:
+    """:func:`prune_by_memory`, each candidate kept with the pricing of its
+    steps (from the deployment built to check it)."""
     check_tensor_parallel_sizes(candidates, get_model(base.engine.model))
-    keep: list[Candidate] = []
+    keep: list[tuple[Candidate, Pricing]] = []
     pruned: list[tuple[Candidate, str]] = []
     for c in candidates:
         try:
-            build_group_deployment(c.apply(base).deployment.group)
+            deployment, _ = build_group_deployment(c.apply(base).deployment.group)
         except UserInputError as e:
             pruned.append((c, str(e)))
             continue
-        keep.append(c)
+        keep.append((c, pricing_of(deployment)))
     return keep, pruned
 
 

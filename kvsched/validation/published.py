@@ -340,7 +340,7 @@ def decode_breakdown(sm: StepTimeModel, shape: BatchShape) -> dict[str, float] |
             "attention": sm._attention_time(shape),
             "LM head": max(2.0 * shape.num_sampled * sm.lm_head_params / sm.head_flops,
                            2.0 * sm.lm_head_params / sm.weight_bw),
-            "all-reduce": (2 * sm.num_layers * (sm.comm_latency + 2.0 * (sm.tp - 1) / sm.tp
+            "all-reduce": (2 * sm.num_layers * (sm.ar_latency + 2.0 * (sm.tp - 1) / sm.tp
                                                 * T * sm.hidden * 2.0 / sm.ar_bw)) if sm.tp > 1 else 0.0,
             "fixed kernel latency": sm.fixed_gpu_s,
         }

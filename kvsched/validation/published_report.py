@@ -23,7 +23,7 @@ from pathlib import Path
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.models import ModelSpec, get_model
-from kvsched.perf.step_time import KERNEL_LATENCY_S, KERNELS_PER_LAYER, BatchShape, ParallelConfig
+from kvsched.perf.step_time import BatchShape, ParallelConfig
 from kvsched.validation.errors import rel_err
 from kvsched.validation.published import (
     DSR1,
@@ -374,7 +374,7 @@ def serving_diagnostics() -> str:
         split = (f"The model's step at 4 sequences of {ctx:,} tokens: {sum(parts.values()) * 1e3:.2f} ms = "
                  + " + ".join(f"{name} {t * 1e3:.2f}" for name, t in parts.items()) + " ms.")
     return table(header, rows) + "\n\n" + split + (
-        f" Fixed kernel latency = {layers} layers x {KERNELS_PER_LAYER} kernels x "
-        f"{KERNEL_LATENCY_S * 1e6:.0f} µs; each MoE layer touches ≈{touched:.0f} of {m.num_experts} experts "
-        f"at 4 sequences, each a {slice_mb:.1f} MB FP8 slice per GPU under TP8, streamed at weight_bw_frac "
-        f"{hw.weight_bw_frac} (measured on GEMMs with >= 128 MiB of weights).")
+        f" Fixed kernel latency = {layers} layers x {sm.fixed_gpu_s / layers * 1e6:.0f} µs (the roofline's "
+        f"per-kernel latencies; efficiencies: {sm.factors.source}); each MoE layer touches "
+        f"≈{touched:.0f} of {m.num_experts} experts at 4 sequences, each a {slice_mb:.1f} MB FP8 slice per "
+        f"GPU under TP8, streamed at {sm.expert_bw / hw.mem_bw:.2f} of the memory bandwidth.")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import Deployment, build_deployment
+from kvsched.sim.pricing import pricing_of
 from kvsched.sim.rank import SimResult
 from kvsched.sim.run import accept, serve, sim_config
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
@@ -47,6 +48,9 @@ class SimulatedRow:
     num_gpu_blocks: int
     notes: tuple[str, ...]
     wall_seconds: float
+    # The pricing's short label (kvsched.sim.pricing: measured, roofline,
+    # roofline-fallback); "" in runs saved before it was recorded.
+    pricing: str = ""
 
 
 def build_run_deployment(run: ServingRun, backend: str) -> tuple[Deployment, tuple[str, ...]] | Refusal:
@@ -111,9 +115,9 @@ def simulate_row(run: ServingRun, backend: str = "roofline") -> SimulatedRow | R
     if not result.records:
         return Refusal("no counted request completed", f"{len(result.failed)} failed: {result.failed[0][1]}")
     m = result.metrics()
-    describe = getattr(deployment.step_model, "describe_backend", None)
+    priced = pricing_of(deployment)
     return SimulatedRow(
-        backend=backend, step_times=describe() if callable(describe) else backend,
+        backend=backend, step_times=priced.detail, pricing=priced.label,
         deployment=deployment.describe(), mean_ttft_ms=float(m["mean_ttft_ms"]),
         mean_tpot_ms=float(m["mean_tpot_ms"]), completed=int(m["completed"]), failed=len(result.failed),
         warmups=len(warmup.records), warmup_duration_s=warmup.duration, duration_s=result.duration,

@@ -192,9 +192,14 @@ def test_table_columns_name_duration_and_mean_e2el_and_goodput(
 
 def test_compare_json_and_report_name_each_deployment(tmp_path: Path) -> None:
     out, page = tmp_path / "r.json", tmp_path / "r.html"
-    assert main(["compare", *BASE, "--save-result", str(out), "--report", str(page),
+    # H100 on measured kernels, A100 on the roofline (no tables): allowed, and marked.
+    assert main(["compare", *BASE, "--save-result", str(out), "--report", str(page), "--allow-mixed-pricing",
                  "--variant", "h100:", "--variant", "a100: --hardware a100-80gb --max-num-seqs 64"]) == 0
     rows = json.loads(out.read_text())
+    assert [r["pricing"] for r in rows] == ["measured", "roofline-fallback"]
+    assert [r["mixed_pricing"] for r in rows] == [True, True]
+    assert rows[1]["pricing_reason"] == "measured kernels not used: no measured vLLM tables for a100-80gb"
+    assert [r["deployment"]["step_times"]["pricing"] for r in rows] == ["measured", "roofline-fallback"]
     assert [r["deployment"]["hardware"]["id"] for r in rows] == ["h100-sxm", "a100-80gb"]
     assert [r["deployment"]["scheduler"]["max_num_seqs"] for r in rows] == [1024, 64]
     assert all(r["deployment"]["model"]["name"] == "meta-llama/Llama-3.1-8B" for r in rows)
@@ -224,15 +229,52 @@ def test_a_variant_that_changes_the_workload_is_refused(capsys: pytest.CaptureFi
 
 
 def test_every_row_says_how_its_steps_were_priced(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["compare", *BASE, "--variant", "m:", "--variant",
-                 "r: --step-time-backend roofline"]) == 0
-    captured = capsys.readouterr()
-    lines = captured.out.splitlines()
+    assert main(["compare", *BASE, "--variant", "a:", "--variant", "b: --max-num-seqs 64"]) == 0
+    lines = capsys.readouterr().out.splitlines()
     head = next(line for line in lines if line.startswith("variant"))
     assert head.rstrip().endswith("Steps")
-    rows = {line.split()[0]: line.split()[-1] for line in lines if line.startswith(("m ", "r "))}
-    assert rows == {"m": "measured", "r": "roofline"}
+    rows = {line.split()[0]: line.split()[-1] for line in lines if line.startswith(("a ", "b "))}
+    assert rows == {"a": "measured", "b": "measured"}
+
+
+def test_variants_priced_by_different_backends_are_refused_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: both ran, the difference mixing the deployments with the pricing.
+    assert main(["compare", *BASE, "--variant", "m:", "--variant", "r: --step-time-backend roofline"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and captured.out == "", err
+    assert "measured: 'm'" in err[0] and "roofline: 'r'" in err[0]
+    assert "--step-time-backend" in err[0] and "--allow-mixed-pricing" in err[0]
+
+
+def test_allowed_mixed_pricing_marks_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", *BASE, "--allow-mixed-pricing", "--variant", "m:",
+                 "--variant", "r: --step-time-backend roofline"]) == 0
+    captured = capsys.readouterr()
+    rows = {line.split()[0]: " ".join(line.split()[-2:]) for line in captured.out.splitlines()
+            if line.startswith(("m ", "r "))}
+    assert rows == {"m": "measured (mixed)", "r": "roofline (mixed)"}
     assert "priced by different backends" in captured.err
+
+
+def test_a_tp_size_that_falls_back_to_the_roofline_is_not_compared_silently(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # GB200's tables time all-reduce over 2 and 4 GPUs only: Llama-3.1-70B at
+    # TP4 is priced by measured kernels, at TP8 by the roofline ("auto" falls
+    # back). Before: compared side by side, the step column the only hint.
+    argv = ["compare", *BASE, "--model", "meta-llama/Llama-3.1-70B", "--hardware", "gb200",
+            "--variant", "tp4: --tensor-parallel-size 4", "--variant", "tp8: --tensor-parallel-size 8"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "measured: 'tp4'; roofline-fallback: 'tp8'" in err[0]
+    assert "no measured all-reduce over 8 GPUs on gb200" in err[0]
+    # Forcing one backend prices both alike, and they run.
+    assert main([*argv, "--step-time-backend", "roofline"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[-1] for line in out if line.startswith(("tp4 ", "tp8 "))}
+    assert rows == {"tp4": "roofline", "tp8": "roofline"}
 
 
 def test_compare_help_has_its_whole_first_sentence(capsys: pytest.CaptureFixture[str]) -> None:

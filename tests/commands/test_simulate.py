@@ -443,3 +443,20 @@ def test_a_bad_run_spec_file_names_the_field(tmp_path: Path, capsys: pytest.Capt
     assert main(["simulate", "--run-spec", str(path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("kvsched: error: ") and "workload.num_prompts='many'" in err, err
+
+
+def test_the_summary_and_the_json_say_which_pricing_priced_the_run(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "a100.json"
+    # No measured tables for the A100: "auto" falls back to the roofline, and says so.
+    assert main(["simulate", *SMALL, "--hardware", "a100-80gb", "--save-result", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "Steps priced by: roofline-fallback: roofline (measured kernels not used: no measured vLLM " \
+           "tables for a100-80gb; efficiencies: learned from vLLM 0.24.0 kernel tables" in text
+    saved = json.loads(out.read_text())
+    assert saved["pricing"] == "roofline-fallback"
+    assert saved["pricing_reason"] == "measured kernels not used: no measured vLLM tables for a100-80gb"
+    assert saved["deployment"]["step_times"]["pricing"] == "roofline-fallback"
+    assert main(["simulate", *SMALL, "--save-result", str(out)]) == 0
+    assert "Steps priced by: measured: measured vLLM 0.24.0 kernels" in capsys.readouterr().out
+    assert json.loads(out.read_text())["pricing"] == "measured"

@@ -10,6 +10,9 @@ OpenAI's gpt-oss model card), not computed by the code under test.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from kvsched.perf import get_hardware, get_model
@@ -17,6 +20,7 @@ from kvsched.perf.kernels import GEMM_DTYPES, MOE_DTYPES, MoeKey, load_tables
 from kvsched.perf.measured import MeasuredStepTimeModel, RooflineGemm
 from kvsched.perf.memory import weight_bytes_per_device
 from kvsched.perf.models import MODELS, CheckpointFormat, catalog_match, quantizes
+from kvsched.perf.roofline_factors import DEFAULT_FILE
 from kvsched.perf.step_time import (
     DTYPE_BYTES,
     ParallelConfig,
@@ -108,13 +112,22 @@ def test_math_each_format_runs_in(dtype: str, hardware: str, math: str) -> None:
     assert math_dtype(dtype, get_hardware(hardware)) == math
 
 
+def _learned_fp8_flops_eff() -> float:
+    """FP8 GEMMs' FLOP efficiency as the shipped factors file holds it (FP4 takes FP8's)."""
+    return float(json.loads(DEFAULT_FILE.read_text())["factors"]["pooled"]["gemm_fp8"]["flops_eff"])
+
+
 def test_the_roofline_prices_nvfp4_at_the_fp4_rate_on_blackwell_only() -> None:
     llama = get_model("Llama-3.1-70B")
-    b200 = StepTimeModel(llama, B200, runtime=RuntimeConfig(dtype="nvfp4"))
+    # The hardware's own efficiencies (a copy: no learned factors) ...
+    b200 = StepTimeModel(llama, dataclasses.replace(B200), runtime=RuntimeConfig(dtype="nvfp4"))
     assert b200.lin_flops == pytest.approx(9000e12 * 0.47)       # B200 fp8_gemm_mfu 0.47
     assert b200.weight_bytes == 0.5625 and b200.dense16_params == 0
     h100 = StepTimeModel(llama, H100, runtime=RuntimeConfig(dtype="nvfp4"))
     assert h100.lin_flops == pytest.approx(989.4e12 * 0.79)      # H100 bf16 x gemm_mfu 0.79
+    # ... and the catalog's B200, at the FP8 GEMM efficiency learned from the tables.
+    learned = StepTimeModel(llama, B200, runtime=RuntimeConfig(dtype="nvfp4"))
+    assert learned.lin_flops == pytest.approx(9000e12 * _learned_fp8_flops_eff())
 
 
 def test_mxfp4_experts_leave_attention_and_router_16_bit() -> None:
@@ -126,14 +139,24 @@ def test_mxfp4_experts_leave_attention_and_router_16_bit() -> None:
     assert sm.dense_params == 0
     assert sm.dense16_params == 36 * (attention + router)
     # Decode of one token, memory bound: 4 experts of (3 x 2880 x 2880 + 3 x 2880) per layer at
-    # 0.53125 bytes, read at H100's 3.35 TB/s x 0.87.
-    expected = 4 * (3 * 2880 * 2880 + 3 * 2880) * 0.53125 / (3.35e12 * 0.87)
-    assert sm._routed_expert_time(1, 1) == pytest.approx(expected, rel=1e-9)
+    # 0.53125 bytes, read at H100's 3.35 TB/s x 0.87 (the hardware's own factors, on a copy) ...
+    weights = 4 * (3 * 2880 * 2880 + 3 * 2880) * 0.53125
+    own = StepTimeModel(oss, dataclasses.replace(H100),
+                        runtime=RuntimeConfig(dtype="mxfp4", quantized_layers="experts"))
+    assert own._routed_expert_time(1, 1) == pytest.approx(weights / (3.35e12 * 0.87), rel=1e-9)
+    # ... and for the catalog's H100 at the 16-bit-math MoE factors learned from
+    # Hopper's fused-MoE tables, plus their latency per layer.
+    moe = json.loads(DEFAULT_FILE.read_text())["factors"]["hopper"]["moe_bf16"]
+    assert sm._routed_expert_time(1, 1) == pytest.approx(
+        weights / (3.35e12 * moe["bw_eff"]) + moe["latency_s"], rel=1e-9)
 
 
 def test_nvfp4_mlp_checkpoint_runs_experts_at_fp4_and_attention_at_bf16() -> None:
     sm = StepTimeModel(get_model("MiniMax-M2.5"), B200,
                        runtime=RuntimeConfig(dtype="nvfp4", quantized_layers="mlp"))
+    # FP4 experts take the FP8 MoE factors: the fit did not ship them (they
+    # lost to the catalog's on the B200 held out), so B200's fp8_gemm_mfu 0.47.
+    assert "moe_fp8" not in json.loads(DEFAULT_FILE.read_text())["factors"]["pooled"]
     assert sm.expert_flops == pytest.approx(9000e12 * 0.47)
     assert sm.expert_bytes == 0.5625
     assert sm.dense_params == 0

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.memory import plan_memory, weight_bytes_per_device
+from kvsched.perf.roofline_factors import DEFAULT_FILE
 from kvsched.perf.step_time import (
     KERNEL_LATENCY_S,
     KERNELS_PER_LAYER,
@@ -18,7 +22,10 @@ from kvsched.perf.step_time import (
     weight_split,
 )
 
-H100 = get_hardware("h100-sxm")
+# The roofline on the hardware's own efficiency fields: a copy of the
+# catalog entry is not the catalog's, so it gets no learned factors
+# (kvsched.perf.roofline_factors); the hand physics below is that form.
+H100 = dataclasses.replace(get_hardware("h100-sxm"))
 LLAMA8 = get_model("Llama-3.1-8B")
 NO_CPU = RuntimeConfig(async_scheduling=False, cpu_step_s=0.0, cpu_per_request_s=0.0)
 
@@ -185,3 +192,52 @@ def test_weight_split_of_a_moe_over_tp_and_over_ep() -> None:
     sm = StepTimeModel(qwen, H100, ParallelConfig(2, 2, True), RuntimeConfig(dtype="fp8"))
     assert (sm.dense_params, sm.dense16_params, sm.expert_shards) == (
         QWEN30_ATTENTION / 2, QWEN30_ROUTERS / 2, 4)
+
+
+def _learned(kind: str) -> dict[str, float]:
+    """A kind's learned factors as the shipped file holds them (pooled, or Hopper's)."""
+    data = json.loads(DEFAULT_FILE.read_text())
+    return data["factors"].get("hopper", {}).get(kind) or data["factors"]["pooled"][kind]
+
+
+def test_catalog_h100_decode_of_one_reads_the_learned_attention_factors() -> None:
+    # The catalog's H100 (no override) is priced with the factors
+    # benchmarks/fit_roofline.py learned from the measured tables: decode
+    # attention at its learned bandwidth plus its learned latency per layer,
+    # the 16-bit GEMMs (not shipped: today's factors won) at the catalog's
+    # weight bandwidth, 3 us per elementwise kernel and per GEMM.
+    catalog = get_hardware("h100-sxm")
+    model = StepTimeModel(LLAMA8, catalog, runtime=NO_CPU)
+    assert model.factors.learned_kinds >= {"attention_decode", "attention_prefill"}
+    assert "gemm_bf16" not in model.factors.learned_kinds
+    decode = _learned("attention_decode")
+    weights = (LLAMA8.num_params() - LLAMA8.embedding_params()) * 2
+    kv = 1000 * LLAMA8.kv_bytes_per_token()
+    L = LLAMA8.num_layers
+    expected = (weights / (catalog.mem_bw * catalog.weight_bw_frac)
+                + kv / (catalog.mem_bw * decode["bw_eff"])
+                + L * (3 * 3e-6 + 4 * 3e-6) + L * decode["latency_s"])
+    assert model.gpu_time(BatchShape.decode(1, 1000)) == pytest.approx(expected, rel=1e-3)
+    # Slower than the roofline on the hardware's factors, as the tables are.
+    assert model.gpu_time(BatchShape.decode(1, 1000)) > \
+        StepTimeModel(LLAMA8, H100, runtime=NO_CPU).gpu_time(BatchShape.decode(1, 1000))
+
+
+def test_a_mixed_step_pays_both_attention_latencies_once_per_layer() -> None:
+    catalog = get_hardware("h100-sxm")
+    model = StepTimeModel(LLAMA8, catalog, runtime=NO_CPU)
+    L = LLAMA8.num_layers
+    decode_only = model._attention_time(BatchShape.decode(4, 4000))
+    mixed = BatchShape(4 + 64, 5, 5, 4, 4000, 64, 64, 64 * 65 // 2)
+    prefill_part = model._attention_layer(0, 64, 64 * 65 // 2) * L
+    assert model._attention_time(mixed) == pytest.approx(
+        decode_only + prefill_part + L * _learned("attention_prefill")["latency_s"], rel=1e-12)
+
+
+def test_a_hardware_file_or_an_override_keeps_its_own_efficiencies() -> None:
+    own = StepTimeModel(LLAMA8, H100)
+    assert own.factors.learned_kinds == frozenset()
+    assert own.describe_backend() == "roofline (efficiencies: hardware efficiencies)"
+    assert own.decode_attn_bw == H100.mem_bw * H100.attn_bw_frac
+    learned = StepTimeModel(LLAMA8, get_hardware("h100-sxm"))
+    assert "learned from vLLM 0.24.0 kernel tables" in learned.describe_backend()

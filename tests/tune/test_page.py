@@ -190,6 +190,9 @@ def test_the_commands_and_the_table(full: tuple[Problem, TuneResult]) -> None:
         (1, "h100-sxm TP1 (best)"), (2, "h100-sxm TP2 (Pareto)"), (3, "h100-sxm TP2 seqs 4 (Pareto)"),
         (4, "h100-sxm TP1 seqs 4")]
     assert text.count('<td class="met">met</td>') == 3 and text.count('<td class="missed">missed</td>') == 1
+    # Every row says which backend priced it (H100, Llama-3.1-8B: the measured tables).
+    assert "<th>step pricing</th>" in text
+    assert len(re.findall(r'<td title="measured vLLM 0\.24\.0 kernels[^"]*">measured</td>', text)) == 4
 
 
 def test_page_is_self_contained(full: tuple[Problem, TuneResult]) -> None:

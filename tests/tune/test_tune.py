@@ -272,3 +272,44 @@ def test_speculative_decoding_and_the_loop_reach_both_command_lines(tmp_path: Pa
     assert "--spec-acceptance" not in best["vllm_serve"]
     # The reproducing simulate line runs them: speculative decoding's metrics show.
     assert best["metrics"]["spec_decode_num_drafts"] > 0
+
+
+# GB200's tables time all-reduce over 2 and 4 GPUs only: Llama-3.1-70B at TP4
+# is priced by measured kernels, at TP8 by the roofline ("auto" falls back).
+_MIXED = ["tune", "--model", "meta-llama/Llama-3.1-70B", "--hardware", "gb200", "--max-gpus", "8",
+          "--tp", "4", "8", "--dp", "1", "--max-num-seqs", "default", "--max-num-batched-tokens", "default",
+          *WORKLOAD, "--slo", "ttft:100000", "--no-cache", "--workers", "1", "--no-progress"]
+
+
+def test_candidates_priced_by_different_backends_are_refused_before_simulating(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: TP8's roofline fallback ranked beside TP4's measured kernels, unsaid.
+    assert main(_MIXED) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and captured.out == "", err
+    assert "candidates are priced by different step-time backends" in err[0]
+    assert "measured: 'gb200 TP4" in err[0] and "roofline-fallback: 'gb200 TP8" in err[0]
+    assert "--step-time-backend" in err[0] and "--allow-mixed-pricing" in err[0]
+
+
+def test_every_candidate_says_its_pricing_and_an_allowed_mix_is_flagged(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tune.json"
+    assert main([*_MIXED, "--allow-mixed-pricing", "--save-result", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["mixed_pricing"] is True
+    pricing = {e["candidate"]["tensor_parallel_size"]: (e["pricing"], e["pricing_reason"])
+               for e in data["ranked"]}
+    assert pricing == {4: ("measured", ""),
+                       8: ("roofline-fallback", "measured kernels not used: no measured all-reduce over 8 "
+                                                "GPUs on gb200")}
+    rows = [line for line in printed.splitlines() if "gb200 TP" in line and line.lstrip()[:1].isdigit()]
+    assert {line.split()[-1] for line in rows} == {"measured", "roofline-fallback"}
+    assert "warning: --allow-mixed-pricing" in printed
+    # Forced to one backend, the same space is searched without the flag.
+    assert main([*_MIXED, "--step-time-backend", "roofline", "--save-result", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["mixed_pricing"] is False
+    assert {e["pricing"] for e in data["ranked"]} == {"roofline"}

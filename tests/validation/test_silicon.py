@@ -69,6 +69,8 @@ def test_one_row_simulated_warmups_excluded(by_id: dict[str, SiliconRow]) -> Non
     assert result.warmup_duration_s > 0 and result.duration_s > 0
     assert result.mean_ttft_ms > 0 and result.mean_tpot_ms > 0
     assert result.num_gpu_blocks > 0 and "roofline" in result.step_times
+    # Which pricing priced it: the roofline asked for by name, on the factors learned from the tables.
+    assert result.pricing == "roofline" and "learned from vLLM 0.24.0 kernel tables" in result.step_times
 
 
 # -- concurrency bands -------------------------------------------------------------
@@ -108,6 +110,8 @@ def test_script_reports_and_updates_the_doc(tmp_path: Path, monkeypatch: pytest.
     assert "old" not in text and text.endswith(f"{script.END}\n\nafter\n")
     # Both backends by default: two rows, two predictions each.
     assert "| all | kvsched roofline | 2 |" in text and "| all | kvsched measured | 2 |" in text
+    assert "kvsched roofline: rows by pricing: roofline 2." in text
+    assert "kvsched measured: rows by pricing: measured 2." in text
     assert (tmp_path / "r.json").read_text(encoding="utf-8").count('"mean_ttft_ms"') == 4
     with pytest.raises(ValueError, match="--system='a100_sxm'"):
         script.main(["--system", "a100_sxm", "--no-aic"])
