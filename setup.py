@@ -34,6 +34,7 @@ COMPILED_MODULES = [
     "kvsched/sim/rank.py",
     "kvsched/sim/instance.py",
     "kvsched/sim/cluster.py",
+    "kvsched/sim/client.py",
 ]
 
 
