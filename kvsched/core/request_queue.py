@@ -67,7 +67,10 @@ class PriorityRequestQueue:
         heapq.heappush(self._heap, (request.priority, request.arrival_time,
                                     request.request_id, request))
 
-    prepend_request = add_request
+    def prepend_request(self, request: Request) -> None:
+        # A heap has no front: a request goes back by its key (a method,
+        # not a class-level alias, which mypyc cannot compile).
+        self.add_request(request)
 
     def prepend_requests(self, requests: list[Request]) -> None:
         for request in requests:
