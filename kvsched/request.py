@@ -57,7 +57,9 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     eos_token_id: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
+    # Declared as what users pass (lists, as in vLLM), kept as tuples (see
+    # __post_init__): the compiled build checks a field's declared type.
+    stop_token_ids: Sequence[int] = ()
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off
@@ -67,7 +69,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None  # None: off; k: the sampled token plus the top k
-    stop: tuple[str, ...] = ()
+    stop: str | Sequence[str] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     n: int = 1  # sequences per request: kvsched generates one

@@ -67,7 +67,7 @@ class LLM:
         # extra ones stop a request like stop ids, unless it ignores EOS.
         extra_eos = () if params.ignore_eos else self._extra_eos
         params = replace(params, eos_token_id=self._eos_token_id,
-                         stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + extra_eos)))
+                         stop_token_ids=tuple(dict.fromkeys((*params.stop_token_ids, *extra_eos))))
         rid = request_id if request_id is not None else str(next(self._counter))
         request = Request(rid, token_ids, params, priority=priority, arrival_time=arrival_time)
         # Token ids within the model's vocabulary, lengths, times: the one check.
