@@ -13,10 +13,11 @@ from kvsched.calibrate.loss import DEFAULT_GROUPS, MIN_GROUP
 from kvsched.calibrate.replay import check_run
 from kvsched.calibrate.report import format_report, provenance
 from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
-from kvsched.calibrate.terms import format_term, parse_fit_names
+from kvsched.calibrate.terms import format_term, parse_fit_names, typical_start
 from kvsched.commands.simulate import check_output_path
 from kvsched.errors import UserInputError
-from kvsched.perf.host import DEFAULT_FILE, NO_HOST_TIME, TERMS, HostTerms, load_host_terms, save_host_terms
+from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, load_host_terms, save_host_terms
+from kvsched.sim.deployment import Deployment
 from kvsched.sim.flags import add_engine_arguments, spec_argv, spec_from_args
 from kvsched.sim.run import build_group_deployment
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
@@ -37,7 +38,8 @@ def add_calibrate_parser(sub: Any) -> None:
                     "(measured, roofline or profiled) to serving runs of one deployment, given as "
                     "simulate's engine flags; write a file for simulate/compare --calibration. Here "
                     "--calibration FILE gives the start values (and the terms not fitted; default: "
-                    "the measured backend's fitted file, zero for the others). See "
+                    "the measured backend's fitted file, each term's typical size for the "
+                    "others). See "
                     "docs/calibrate.md.")
     add_engine_arguments(p)
     g = p.add_argument_group("calibration")
@@ -73,15 +75,16 @@ def add_calibrate_parser(sub: Any) -> None:
     p.set_defaults(func=run_calibrate)
 
 
-def start_terms(path: str | None, backend_terms: HostTerms | None) -> tuple[HostTerms, str]:
+def start_terms(path: str | None, deployment: Deployment) -> tuple[HostTerms, str]:
     """The fit's start values and how to name them: ``--calibration FILE``,
-    else the backend's own default (the measured backend's fitted file;
-    none, so zero, for the roofline and the profiled backend)."""
+    else the backend's own terms (the measured backend's fitted file), else
+    (the roofline, the profiled backend: none) each term's typical size."""
     if path:
         return load_host_terms(path), path
-    if backend_terms is not None:
-        return backend_terms, f"the default {DEFAULT_FILE.name}"
-    return NO_HOST_TIME, "zero (the backend's default: no host terms)"
+    own = deployment.step_model.host
+    if own is not None:
+        return own, f"the default {DEFAULT_FILE.name}"
+    return typical_start(deployment.parallel.data_parallel_size), "typical sizes (the backend has none)"
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -107,9 +110,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     held = [load_run(p, "auto", seed=args.seed) for p in args.held_out]
     for run in [*runs, *held]:
         check_run(run, deployment, args.served_model_name)
-    start, start_name = start_terms(args.calibration, deployment.step_model.host)
-    print(f"Calibrating {', '.join(fitted)} for {deployment.describe()}, steps priced by "
-          f"{deployment.step_model.describe_backend()}.", flush=True)
+    start, start_name = start_terms(args.calibration, deployment)
+    print(f"Calibrating {', '.join(fitted)} for {deployment.describe()}.", flush=True)
     print(f"Start: {start_name} ({', '.join(f'{n} {format_term(n, v)}' for n, v in start.terms().items())}).")
     for run in runs:
         print(f"fit on   {run.describe()}")
