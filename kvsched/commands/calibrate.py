@@ -39,8 +39,7 @@ def add_calibrate_parser(sub: Any) -> None:
                     "simulate's engine flags; write a file for simulate/compare --calibration. Here "
                     "--calibration FILE gives the start values (and the terms not fitted; default: "
                     "the measured backend's fitted file, each term's typical size for the "
-                    "others). See "
-                    "docs/calibrate.md.")
+                    "others). See docs/calibrate.md.")
     add_engine_arguments(p)
     g = p.add_argument_group("calibration")
     g.add_argument("--bench", action="append", default=[], metavar="FILE.json",
