@@ -13,7 +13,6 @@ import numpy.typing as npt
 from kvsched.calibrate.run_files import ObservedRun
 from kvsched.errors import CannotServe, UserInputError
 from kvsched.perf.host import HostTerms
-from kvsched.perf.measured import MeasuredStepTimeModel
 from kvsched.perf.models import catalog_match
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.metrics import request_latencies
@@ -61,18 +60,11 @@ def latencies_of(result: SimResult, n: int) -> SimulatedLatencies:
     return SimulatedLatencies(ttfts, tpots)
 
 
-def require_measured(deployment: Deployment) -> None:
-    if not isinstance(deployment.step_model, MeasuredStepTimeModel):
-        raise UserInputError("calibrate fits the measured backend's host terms, but this deployment's "
-                         f"steps are priced by {deployment.step_model.describe_backend()}; calibrate "
-                         "a deployment the measured tables cover (GPUs h100-sxm, h200, b200)")
-
-
 class Replayer:
-    """Replays runs on one deployment with any host terms."""
+    """Replays runs on one deployment, priced by any backend, with any
+    host terms."""
 
     def __init__(self, deployment: Deployment, group: InstanceGroup | None = None) -> None:
-        require_measured(deployment)
         self.deployment = deployment
         # The DP routing and admission settings the runs were served with.
         self.group = group if group is not None else InstanceGroup()
@@ -80,9 +72,10 @@ class Replayer:
         self._workloads: dict[int, tuple[ObservedRun, Workload]] = {}
 
     def deployment_with(self, terms: HostTerms) -> Deployment:
+        # Whichever backend prices the deployment's steps, with these terms
+        # (StepTimeModel.with_host: every backend carries host terms).
         d = self.deployment
-        model = MeasuredStepTimeModel(d.model, d.hardware, d.parallel, d.runtime, terms)
-        return dataclasses.replace(d, step_model=model)
+        return dataclasses.replace(d, step_model=d.step_model.with_host(terms))
 
     def simulate(self, run: ObservedRun, terms: HostTerms) -> SimulatedLatencies:
         # Built once per run; the run is kept with it so that its id is not

@@ -30,6 +30,20 @@ TERM_MEANING: Mapping[str, str] = {
     "per_prompt_token_s": "per prompt token, at arrival (tokenisation)"}
 
 
+def typical_start(data_parallel_size: int) -> HostTerms:
+    """The fit's start for a backend with no host terms of its own (the
+    roofline, the profiled backend): each term at its typical size
+    (TERM_SCALES), ``dp_sync_s`` 0 with one DP rank (no step pays it). Not
+    zero: with no arrival delay at all the requests skip the transit the
+    arrival terms open (a jump in every latency at 0), and the optimiser
+    would start on its bound, where that jump misleads it."""
+    values = {n: TERM_SCALES[n] for n in TERMS}
+    if data_parallel_size == 1:
+        values["dp_sync_s"] = 0.0
+    return HostTerms(vllm_version="any", hardware_class="any",
+                     provenance="typical sizes (kvsched.calibrate.terms.TERM_SCALES)", **values)
+
+
 def parse_fit_names(text: str | None, data_parallel_size: int) -> tuple[str, ...]:
     """The terms to fit: ``--fit a,b`` or every term (``dp_sync_s`` only
     with data parallelism, where a step pays it)."""

@@ -10,13 +10,14 @@ from typing import Any
 
 from kvsched.calibrate.fit import DEFAULT_MAX_ITERATIONS, Calibrator
 from kvsched.calibrate.loss import DEFAULT_GROUPS, MIN_GROUP
-from kvsched.calibrate.replay import check_run, require_measured
+from kvsched.calibrate.replay import check_run
 from kvsched.calibrate.report import format_report, provenance
 from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
-from kvsched.calibrate.terms import format_term, parse_fit_names
+from kvsched.calibrate.terms import format_term, parse_fit_names, typical_start
 from kvsched.commands.simulate import check_output_path
 from kvsched.errors import UserInputError
-from kvsched.perf.host import DEFAULT_FILE, TERMS, load_host_terms, save_host_terms
+from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, load_host_terms, save_host_terms
+from kvsched.sim.deployment import Deployment
 from kvsched.sim.flags import add_engine_arguments, spec_argv, spec_from_args
 from kvsched.sim.run import build_group_deployment
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
@@ -32,11 +33,13 @@ def engine_flags(group: InstanceGroup) -> str:
 
 def add_calibrate_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "calibrate", help="fit the measured backend's host terms to real serving runs",
-        description="Fit the measured step-time backend's host terms (kvsched.perf.host) to serving "
-                    "runs of one deployment, given as simulate's engine flags; write a file for "
-                    "simulate/compare --calibration. Here --calibration FILE gives the start values "
-                    "(and the terms not fitted). See docs/calibrate.md.")
+        "calibrate", help="fit the host terms of any step-time backend to real serving runs",
+        description="Fit the host terms (kvsched.perf.host) of the deployment's step-time backend "
+                    "(measured, roofline or profiled) to serving runs of one deployment, given as "
+                    "simulate's engine flags; write a file for simulate/compare --calibration. Here "
+                    "--calibration FILE gives the start values (and the terms not fitted; default: "
+                    "the measured backend's fitted file, each term's typical size for the "
+                    "others). See docs/calibrate.md.")
     add_engine_arguments(p)
     g = p.add_argument_group("calibration")
     g.add_argument("--bench", action="append", default=[], metavar="FILE.json",
@@ -71,6 +74,18 @@ def add_calibrate_parser(sub: Any) -> None:
     p.set_defaults(func=run_calibrate)
 
 
+def start_terms(path: str | None, deployment: Deployment) -> tuple[HostTerms, str]:
+    """The fit's start values and how to name them: ``--calibration FILE``,
+    else the backend's own terms (the measured backend's fitted file), else
+    (the roofline, the profiled backend: none) each term's typical size."""
+    if path:
+        return load_host_terms(path), path
+    own = deployment.step_model.host
+    if own is not None:
+        return own, f"the default {DEFAULT_FILE.name}"
+    return typical_start(deployment.parallel.data_parallel_size), "typical sizes (the backend has none)"
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     if not args.bench and not args.requests:
         raise UserInputError("calibrate needs a run to fit on: --bench FILE.json (vllm bench serve "
@@ -81,26 +96,22 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise UserInputError(f"--groups={args.groups}: must be at least 1 (1: each run's means)")
     if args.seed < 0:
         raise UserInputError(f"--seed={args.seed}: must be >= 0 (vllm bench serve's --seed)")
-    if args.step_time_backend == "roofline":
-        raise UserInputError("--step-time-backend roofline: calibrate fits the measured backend's host "
-                         "terms; use --step-time-backend measured (or auto)")
     check_output_path("--output", args.output)
-    # auto falls back to the roofline where the tables do not reach; the
-    # Replayer then says why measured kernels cannot price this deployment.
+    # Any backend: auto falls back to the roofline where the tables do not
+    # reach (the note says so), and its host terms are fitted as well.
     group = spec_from_args(args).deployment.group
     deployment, notes = build_group_deployment(group)
     for note in notes:
         print(f"kvsched: note: {note}", file=sys.stderr, flush=True)
-    require_measured(deployment)
     fitted = parse_fit_names(args.fit, deployment.parallel.data_parallel_size)
     runs = [load_run(p, "bench", seed=args.seed) for p in args.bench]
     runs += [load_run(p, "requests", seed=args.seed) for p in args.requests]
     held = [load_run(p, "auto", seed=args.seed) for p in args.held_out]
     for run in [*runs, *held]:
         check_run(run, deployment, args.served_model_name)
-    start = load_host_terms(args.calibration) if args.calibration else load_host_terms(DEFAULT_FILE)
+    start, start_name = start_terms(args.calibration, deployment)
     print(f"Calibrating {', '.join(fitted)} for {deployment.describe()}.", flush=True)
-    print(f"Start: {args.calibration or 'the fitted default'} ({', '.join(f'{n} {format_term(n, v)}' for n, v in start.terms().items())}).")  # noqa: E501
+    print(f"Start: {start_name} ({', '.join(f'{n} {format_term(n, v)}' for n, v in start.terms().items())}).")
     for run in runs:
         print(f"fit on   {run.describe()}")
     for run in held:
@@ -113,7 +124,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         c.terms, hardware_class=deployment.hardware.id,
         vllm_version=args.vllm_version or start.vllm_version,
         provenance=provenance(c, fit_files, args.held_out, engine_flags(group),
-                              args.calibration or f"the default {DEFAULT_FILE.name}"))
+                              start_name))
     print(format_report(c))
     save_host_terms(c.terms, args.output)
     print(f"wrote {args.output}: use it with kvsched simulate/compare --calibration {args.output}")

@@ -6,7 +6,8 @@ depends on how vLLM drives them. Each such term here has a physical meaning
 and a unit, and its value is fitted on real serving runs (never set by hand
 to match one row) and stored with its provenance in one file per vLLM
 version and hardware class (``kvsched/perf/data/host_terms_*.json``);
-``kvsched simulate --calibration FILE`` replaces them with a user's own.
+``kvsched simulate --calibration FILE`` replaces them with a user's own
+(``kvsched calibrate`` fits them for any backend).
 
 Terms (seconds; a file names every one):
 
@@ -28,12 +29,15 @@ Terms (seconds; a file names every one):
 - ``per_prompt_token_s`` (per prompt token, at arrival): tokenisation of the
   prompt in the API server, before the request reaches the scheduler.
 
-The per-step terms are added to every step the measured backend prices (the
-same float in a fast-forward stretch); the arrival terms delay the moment a
-request enters the engine while its TTFT still counts from the send. Host
-time the roofline prices (RuntimeConfig's ``cpu_step_s`` and
+Every step-time backend carries host terms and adds the per-step ones to
+every step it prices, in one place (``StepTimeModel.add_host_gaps`` and
+``add_prefill_host``; the same float in a fast-forward stretch): the
+measured backend its fitted file by default, the roofline and the profiled
+backend none unless ``--calibration FILE`` gives them. The arrival terms
+delay the moment a request enters the engine while its TTFT still counts
+from the send. RuntimeConfig's CPU time (``cpu_step_s`` and
 ``cpu_per_request_s``, overlapped with the forward pass under async
-scheduling) is that backend's own and not fitted.
+scheduling) is apart from these terms and not fitted.
 """
 
 from __future__ import annotations

@@ -186,17 +186,10 @@ class MeasuredStepTimeModel(StepTimeModel):
                  tables: KernelTables | None = None) -> None:
         """``tables``: the system's tables when already loaded (a drafter's
         one-layer model shares its target's)."""
-        super().__init__(model, hardware, parallel, runtime)
-        # Host time around the kernels (kvsched.perf.host): the fitted
-        # default, or a user's calibration.
-        terms = host if host is not None else load_host_terms()
-        self.host = terms
-        self._prefill_host_s = terms.prefill_step_per_layer_s * model.num_layers
-        # The gap between steps every step pays (the DP ranks' agreement
-        # only when there are several), and its part per sampled request.
-        dp = self.parallel.data_parallel_size
-        self._step_host_s = terms.step_s + (terms.dp_sync_s if dp > 1 else 0.0)
-        self._per_sampled_host_s = terms.per_sampled_request_s
+        # Host time around the kernels (kvsched.perf.host, added by the
+        # base class): the fitted default, or a user's calibration.
+        super().__init__(model, hardware, parallel, runtime,
+                         host if host is not None else load_host_terms())
         reason = measured_coverage(model, hardware, self.parallel, self.runtime)
         if reason is not None:
             raise UserInputError(f"step_time_backend='measured': {reason}; use 'roofline'")
@@ -310,20 +303,14 @@ class MeasuredStepTimeModel(StepTimeModel):
         self._head_memo: dict[int, float] = {}
         self._gen_memo: dict[int, tuple[Curve, Curve | None, int]] = {}
 
-    def gpu_time(self, shape: BatchShape, global_tokens: int | None = None) -> float:
-        """The kernels' time, plus the host's per-layer launches of a step
-        outside full CUDA graphs (any step with prefill tokens)."""
-        t = super().gpu_time(shape, global_tokens)
-        if shape.prefill_tokens:
-            t += self._prefill_host_s
-        return t
+    def _rebuilt(self, host: HostTerms) -> MeasuredStepTimeModel:
+        return MeasuredStepTimeModel(self.model, self.hardware, self.parallel, self.runtime, host,
+                                     self.tables)
 
     def describe_backend(self) -> str:
         t = self.tables
         text = f"measured vLLM {t.vllm_version} kernels ({t.system}, aiconfigurator-core tables)"
-        host = self.host
-        assert host is not None  # set in __init__
-        text += f", host terms {host.vllm_version}/{host.hardware_class}"
+        text += ", " + self.host_note()
         if self.roofline_parts:
             text += "; roofline for " + ", ".join(self.roofline_parts)
         if self.extrapolated:
@@ -404,7 +391,7 @@ class MeasuredStepTimeModel(StepTimeModel):
         # step and per sampled request, for decode and mixed steps alike.
         # The LM head runs over every row of logits (verified drafts too).
         rows = num_sampled if num_logits is None or not num_sampled else num_logits
-        rest = self._head_time(rows) + self._step_host_s + self._per_sampled_host_s * num_sampled
+        rest = self.add_host_gaps(self._head_time(rows), num_sampled)
         if self.moe_layers:
             lin += self.moe_layers * self._moe_time(T, global_tokens)
             rest += self._all_to_all_time(T)

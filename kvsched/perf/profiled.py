@@ -8,7 +8,9 @@ learned from the steps a real vLLM ran on the user's machine. What vLLM's
 iteration time leaves out (scheduling and output processing: its clock
 starts after the step is scheduled and stops before the output is
 processed) stays the host time of :class:`~kvsched.perf.step_time.RuntimeConfig`
-and combines with it as for every backend (:func:`combine_step_time`).
+and combines with it as for every backend (:func:`combine_step_time`). Host
+terms (:mod:`kvsched.perf.host`) are none unless ``--calibration FILE``
+gives them (``kvsched calibrate`` fits them for this backend too).
 
 A step larger than any the profile holds (more tokens, requests, prefill
 attention pairs or decode KV) is priced by extrapolating the fit, and
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
+from kvsched.perf.host import HostTerms
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.profile_fit import TERMS, ProfileFit, fit_steps
 from kvsched.perf.step_profile import MODEL_FIELDS, StepProfile, serve_flag
@@ -75,8 +78,9 @@ class ProfiledStepTimeModel(StepTimeModel):
     backend = "profiled"
 
     def __init__(self, model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
-                 runtime: RuntimeConfig, profile: StepProfile, fit: ProfileFit | None = None) -> None:
-        super().__init__(model, hardware, parallel, runtime)
+                 runtime: RuntimeConfig, profile: StepProfile, fit: ProfileFit | None = None,
+                 host: HostTerms | None = None) -> None:
+        super().__init__(model, hardware, parallel, runtime, host)
         check_profile_matches(profile, model, parallel, runtime)
         self.profile = profile
         self.fit = fit if fit is not None else fit_steps(profile.fit_steps(),
@@ -85,10 +89,16 @@ class ProfiledStepTimeModel(StepTimeModel):
         # Steps past the profiled range, per aggregate: (count, largest asked).
         self._past: dict[str, tuple[int, int]] = {}
 
+    def _rebuilt(self, host: HostTerms) -> ProfiledStepTimeModel:
+        return ProfiledStepTimeModel(self.model, self.hardware, self.parallel, self.runtime,
+                                     self.profile, self.fit, host)
+
     def describe_backend(self) -> str:
         p = self.profile
         text = (f"profiled from {p.path} (vLLM {p.vllm.get('version', '?')} on "
                 f"{p.hardware.get('name', '?')}; {self.fit.describe()})")
+        if self.host is not None:
+            text += "; " + self.host_note()
         if self._past:
             n = max(count for count, _ in self._past.values())
             text += f"; {n} step(s) past the profiled range (listed in the saved JSON)"
@@ -128,7 +138,8 @@ class ProfiledStepTimeModel(StepTimeModel):
         t += c3 * (shape.num_sampled + shape.spec_tokens)
         t += c4 * shape.prefill_attn_pairs
         t += c5 * shape.decode_kv_tokens
-        return t
+        # The host terms (none unless calibrated), as decode_step_times adds them.
+        return self.add_prefill_host(self.add_host_gaps(t, shape.num_sampled), shape)
 
     def decode_step_times(self, num_reqs: int, first_kv_tokens: int, kv_step: int, count: int,
                           global_tokens: int | None = None) -> list[float]:
@@ -154,4 +165,5 @@ class ProfiledStepTimeModel(StepTimeModel):
         overlap = self.async_scheduling
         kvs = range(first_kv_tokens, first_kv_tokens + kv_step * count, kv_step) if kv_step \
             else (first_kv_tokens,) * count
-        return [combine_step_time(base + c5 * kv, cpu, overlap) for kv in kvs]
+        return [combine_step_time(self.add_host_gaps(base + c5 * kv, num_reqs), cpu, overlap)
+                for kv in kvs]

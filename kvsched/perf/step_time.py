@@ -26,6 +26,11 @@ bandwidth (the efficiency factors of :class:`~kvsched.perf.hardware.Hardware`).
   scale-up fabric.
 - A fixed latency per kernel and a CPU cost per step and per request; with
   async scheduling the CPU work overlaps the forward pass.
+- Host terms (:mod:`kvsched.perf.host`), the GPU's idle time around a
+  step's kernels: every backend carries them and adds them here, in one
+  place (:meth:`StepTimeModel.add_host_gaps` and ``gpu_time``). The measured
+  backend's default is its fitted file; the roofline's and the profiled
+  backend's is none, unless ``--calibration FILE`` gives them.
 
 Inputs are integer aggregates (``BatchShape``), so the same batch always gives
 the same float: the simulator's fast-forward relies on that.
@@ -41,7 +46,7 @@ from typing import Protocol
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
-from kvsched.perf.host import HostTerms
+from kvsched.perf.host import NO_HOST_TIME, HostTerms
 from kvsched.perf.models import ModelSpec, check_quantized_layers, quantizes
 
 # KERNEL_LATENCY_S re-exported: its users import it from here.
@@ -348,7 +353,7 @@ class StepTimeModel:
 
     def __init__(self, model: ModelSpec, hardware: Hardware,
                  parallel: ParallelConfig | None = None,
-                 runtime: RuntimeConfig | None = None) -> None:
+                 runtime: RuntimeConfig | None = None, host: HostTerms | None = None) -> None:
         parallel = parallel or ParallelConfig()
         runtime = runtime or RuntimeConfig()
         self.model = model
@@ -457,16 +462,57 @@ class StepTimeModel:
         # Queries a table-based backend answered past its tables (the
         # roofline has none).
         self.extrapolated: set[str] = set()
-        # Host terms a table-based backend adds (kvsched.perf.host); the
-        # roofline prices host time with RuntimeConfig's CPU terms only.
-        self.host: HostTerms | None = None
+        # Host terms (kvsched.perf.host): the GPU's idle time around the
+        # kernels, added to every step's forward pass (None: no such time;
+        # RuntimeConfig's CPU terms, which overlap the forward pass under
+        # async scheduling, are apart from them).
+        self.host: HostTerms | None = host
+        terms = host if host is not None else NO_HOST_TIME
+        self._prefill_host_s = terms.prefill_step_per_layer_s * model.num_layers
+        # The gap between steps every step pays (the DP ranks' agreement
+        # only when there are several), and its part per sampled request.
+        self._step_host_s = terms.step_s + (terms.dp_sync_s if parallel.data_parallel_size > 1 else 0.0)
+        self._per_sampled_host_s = terms.per_sampled_request_s
         # Speculative decoding's drafter, priced per step on top of the
         # target's forward pass (kvsched.perf.drafter; None: no drafter).
         self.drafter: DrafterTime | None = None
 
+    def with_host(self, host: HostTerms) -> StepTimeModel:
+        """This backend pricing the same deployment with the host terms
+        ``host`` (calibrate replays a run with each candidate): the same
+        note and drafter, fresh memos."""
+        twin = self._rebuilt(host)
+        twin.backend_note = self.backend_note
+        twin.drafter = self.drafter
+        return twin
+
+    def _rebuilt(self, host: HostTerms) -> StepTimeModel:
+        """A new model of this backend and deployment with ``host``; each
+        backend builds its own."""
+        return StepTimeModel(self.model, self.hardware, self.parallel, self.runtime, host)
+
+    def add_host_gaps(self, t: float, num_sampled: int) -> float:
+        """``t`` plus the host's gap of a step in which ``num_sampled``
+        requests sample: the one owner of how the per-step host terms add
+        (every backend, stepping and fast-forward alike: the same float)."""
+        return t + self._step_host_s + self._per_sampled_host_s * num_sampled
+
+    def add_prefill_host(self, t: float, shape: BatchShape) -> float:
+        """``t`` plus the host's per-layer launches of a step outside full
+        CUDA graphs (any step with prefill tokens; see kvsched.perf.host)."""
+        if shape.prefill_tokens:
+            t += self._prefill_host_s
+        return t
+
+    def host_note(self) -> str:
+        """Whose host terms price the steps ("" when none)."""
+        h = self.host
+        return f"host terms {h.vllm_version}/{h.hardware_class}" if h is not None else ""
+
     def describe_backend(self) -> str:
         """Which backend prices the steps, for summaries and saved results."""
-        notes = [n for n in (self.backend_note, f"efficiencies: {self.factors.source}") if n]
+        notes = [n for n in (self.backend_note, f"efficiencies: {self.factors.source}", self.host_note())
+                 if n]
         return "roofline (" + "; ".join(notes) + ")"
 
     def pricing(self) -> str:
@@ -501,7 +547,7 @@ class StepTimeModel:
                                                                      shape.num_sampled, logits)
         else:
             parts = self._batch_parts(T, global_tokens or T, shape.num_sampled, logits)
-        return parts[0] + self._attention_time(shape) + parts[1]
+        return self.add_prefill_host(parts[0] + self._attention_time(shape) + parts[1], shape)
 
     def _batch_parts(self, T: int, global_tokens: int, num_sampled: int,
                      num_logits: int | None = None) -> tuple[float, float]:
@@ -521,7 +567,7 @@ class StepTimeModel:
                                            + 2.0 * (self.tp - 1) / self.tp * msg / self.ar_bw)
         if self.moe_layers:
             rest += self._all_to_all_time(T)
-        return t, rest
+        return t, self.add_host_gaps(rest, num_sampled)
 
     def _all_to_all_time(self, T: int) -> float:
         """Expert-parallel dispatch and combine of a T-token step, every MoE

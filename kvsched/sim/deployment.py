@@ -118,7 +118,8 @@ class EngineOptions:
     # user's own vLLM (kvsched.perf.profiled).
     step_time_profile: str | None = None
     # A host-terms file (kvsched.perf.host; `kvsched calibrate` writes one)
-    # replacing the fitted default of the measured backend.
+    # added to any backend's steps (replacing the measured backend's fitted
+    # default; the roofline and the profiled backend have none without it).
     calibration: str | None = None
     # vLLM's --speculative-config (its JSON text; None: off), and
     # kvsched's --spec-acceptance (per-position acceptance rates, comma-separated).
@@ -217,11 +218,8 @@ def validate_engine_options(opts: EngineOptions) -> None:
     if opts.step_time_backend not in STEP_TIME_BACKENDS:
         raise UserInputError(f"step_time_backend={opts.step_time_backend!r} (--step-time-backend): "
                          f"use one of {', '.join(STEP_TIME_BACKENDS)}")
-    backend = resolved_backend_choice(opts)
+    resolved_backend_choice(opts)  # a profile that conflicts with the backend is refused
     if opts.calibration is not None:
-        if backend in ("roofline", "profiled"):
-            raise UserInputError("calibration (--calibration) sets the measured backend's host terms; "
-                             f"it has no effect with step_time_backend={backend!r}: drop one of them")
         load_host_terms(opts.calibration)  # a bad file is refused before anything is built
     if opts.step_time_profile is not None:
         load_profile(opts.step_time_profile)  # a bad file is refused before anything is built
@@ -295,23 +293,24 @@ def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, p
     cover the deployment and no efficiency file tunes the roofline;
     otherwise the roofline, saying why."""
     choice = resolved_backend_choice(opts)
+    # A calibration's host terms, for whichever backend prices the steps.
+    host = load_host_terms(opts.calibration) if opts.calibration is not None else None
     if choice == "profiled":
         if profile is None:
             assert opts.step_time_profile is not None  # resolved_backend_choice checked it
             profile = load_profile(opts.step_time_profile)
-        return ProfiledStepTimeModel(model, hardware, parallel, runtime, profile)
+        return ProfiledStepTimeModel(model, hardware, parallel, runtime, profile, host=host)
     if choice == "roofline":
-        return StepTimeModel(model, hardware, parallel, runtime)
+        return StepTimeModel(model, hardware, parallel, runtime, host)
     reason = measured_coverage(model, hardware, parallel, runtime)
     if choice == "auto" and reason is None and opts.efficiency_file:
         reason = "an --efficiency-file tunes the roofline"
     if reason is None:
-        host = load_host_terms(opts.calibration) if opts.calibration is not None else None
         return MeasuredStepTimeModel(model, hardware, parallel, runtime, host)
     if choice == "measured":
         raise UserInputError(f"step_time_backend='measured' (--step-time-backend): {reason}; "
                          "use roofline or auto")
-    fallback = StepTimeModel(model, hardware, parallel, runtime)
+    fallback = StepTimeModel(model, hardware, parallel, runtime, host)
     fallback.backend_note = f"measured kernels not used: {reason}"
     return fallback
 

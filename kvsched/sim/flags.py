@@ -64,8 +64,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                         "ascend-910b, ...) or a YAML/JSON hardware file (default: %(default)s)")
     g.add_argument("--efficiency-file", help="YAML/JSON file overriding the roofline's efficiency factors")
     g.add_argument("--calibration", metavar="FILE",
-                   help="host-time terms for the measured backend (JSON, as kvsched.perf.host "
-                        "describes; default: the terms fitted on real vLLM runs)")
+                   help="host-time terms added to every step, for any backend (JSON, as "
+                        "kvsched.perf.host describes; kvsched calibrate writes one; default: the "
+                        "measured backend's terms fitted on real vLLM runs, none for the others)")
     g.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default=d.step_time_backend,
                    help="how engine steps are priced: measured vLLM kernel latencies "
                         "(aiconfigurator-core's tables), the roofline, or auto: measured where "

@@ -66,8 +66,11 @@ def test_a_calibration_file_reaches_the_step_model(tmp_path: Path,
     d = build_deployment(EngineOptions(calibration=str(path)))
     assert d.step_model.host == load_host_terms(path)
     assert "host terms 0.24/h100-lab" in d.describe()
-    with pytest.raises(ValueError, match=r"calibration \(--calibration\).*roofline"):
-        build_deployment(EngineOptions(calibration=str(path), step_time_backend="roofline"))
+    # Any backend carries the file's terms (the roofline has none without it).
+    roof = build_deployment(EngineOptions(calibration=str(path), step_time_backend="roofline"))
+    assert roof.step_model.backend == "roofline" and roof.step_model.host == load_host_terms(path)
+    assert "host terms 0.24/h100-lab" in roof.step_model.describe_backend()
+    assert build_deployment(EngineOptions(step_time_backend="roofline")).step_model.host is None
     assert main(["simulate", "--num-prompts", "2", "--no-progress", "--calibration",
                  str(tmp_path / "missing.json")]) != 0
     err = capsys.readouterr().err
@@ -137,3 +140,38 @@ def test_a_term_beyond_a_second_is_refused_with_the_file(tmp_path: Path, value: 
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"cal.json.*step_s=.*\[0, 1\]"):
         load_host_terms(path)
+
+
+PROFILE_DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("backend", ["roofline", "profiled"])
+def test_every_backend_adds_the_host_terms_in_one_place(backend: str) -> None:
+    """The roofline and the profiled backend add a calibration's terms as the
+    measured one does: per step, per sampled request, per layer of a step
+    with prefill; stepping and fast-forward give the same float."""
+    from kvsched.perf.step_time import StepTimeModel
+
+    if backend == "roofline":
+        base: StepTimeModel = StepTimeModel(LLAMA_8B, H100)
+        layers = 32
+    else:
+        opts = EngineOptions(str(PROFILE_DATA / "tiny_llama"), step_time_profile=str(
+            PROFILE_DATA / "tiny_llama_profile.json"), async_scheduling=False, max_model_len=4096)
+        base = build_deployment(opts).step_model
+        layers = base.model.num_layers
+    assert base.host is None
+    terms = HostTerms(0.1e-3, "0.24", "nvidia", "test", step_s=0.4e-3, per_sampled_request_s=25e-6)
+    sm = base.with_host(terms)
+    assert sm.backend == base.backend and sm.host == terms
+    decode = BatchShape.decode(16, 16 * 700)
+    assert sm.step_time(decode) - base.step_time(decode) == pytest.approx(0.4e-3 + 16 * 25e-6, rel=1e-6)
+    prefill = BatchShape(512, 1, 1, 0, 0, 512, 512, 512 * 513 // 2)
+    assert sm.gpu_time(prefill) - base.gpu_time(prefill) == pytest.approx(
+        0.4e-3 + 25e-6 + layers * 0.1e-3, rel=1e-6)
+    stretch = sm.decode_step_times(16, 16 * 700, 16, 4)
+    assert stretch == [sm.step_time(BatchShape.decode(16, 16 * 700 + 16 * j)) for j in range(4)]
+    # Zero terms change no float.
+    zero = base.with_host(_terms(0.0))
+    assert zero.step_time(decode) == base.step_time(decode)
+    assert zero.gpu_time(prefill) == base.gpu_time(prefill)
