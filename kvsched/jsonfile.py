@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.files import read_text
 
 
 class DuplicateKeyError(ValueError):
@@ -104,3 +105,17 @@ def json_problem(e: ValueError) -> str:
     if isinstance(e, DuplicateKeyError):
         return str(e)
     return f"not valid JSON ({number_problem(e)[:200]})"  # digits, NaN, nesting
+
+
+def read_json_file(path: str, limit: int, what: str, *, fix: str, label: str) -> Any:
+    """The strict JSON value of the file at ``path`` (at most ``limit``
+    bytes): the one reader of kvsched's own JSON files (host terms, step
+    profiles, roofline factors). ``what`` and ``fix`` as for
+    :func:`kvsched.files.read_text`; ``label`` names the file in the error
+    when it is not JSON (``"calibration file 'x.json'"``)."""
+    text = read_text(path, limit, what, fix=fix)
+    try:
+        return strict_loads(text)
+    except ValueError as e:
+        raise UserInputError(f"{label} is not JSON: {json_problem(e)}") from None
+

@@ -49,8 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
-from kvsched.files import read_text
-from kvsched.jsonfile import json_problem, strict_loads
+from kvsched.jsonfile import read_json_file
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 # The fitted file the measured backend uses by default (vLLM 0.24 tables,
@@ -111,12 +110,9 @@ def load_host_terms(path: str | Path = DEFAULT_FILE) -> HostTerms:
     """Host terms from a JSON file (a fitted default, or ``kvsched
     calibrate``'s output); a clear error naming the file and field."""
     p = Path(path)
-    text = read_text(p, MAX_FILE_BYTES, "a calibration file (host terms, JSON)",
-                     fix="a host-terms file is about a kilobyte: check the path")
-    try:
-        data = strict_loads(text)
-    except ValueError as e:
-        raise UserInputError(f"calibration file {str(p)!r} is not JSON: {json_problem(e)}") from None
+    data = read_json_file(str(p), MAX_FILE_BYTES, "a calibration file (host terms, JSON)",
+                          fix="a host-terms file is about a kilobyte: check the path",
+                          label=f"calibration file {str(p)!r}")
     if not isinstance(data, dict):
         raise UserInputError(f"calibration file {str(p)!r}: expected a JSON object of host terms")
     expected = {"vllm_version", "hardware_class", "provenance", *TERMS}

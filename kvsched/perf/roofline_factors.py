@@ -25,8 +25,7 @@ from functools import cache
 from pathlib import Path
 
 from kvsched.errors import UserInputError
-from kvsched.files import read_text
-from kvsched.jsonfile import json_problem, strict_loads
+from kvsched.jsonfile import read_json_file
 from kvsched.perf.hardware import HARDWARE, Hardware
 
 DEFAULT_FILE = Path(__file__).resolve().parent / "data" / "roofline_factors_vllm-0.24.json"
@@ -118,12 +117,10 @@ def _fail(path: Path, what: str) -> UserInputError:
 def load_learned(path: str | Path = DEFAULT_FILE) -> LearnedFile:
     """A factors file, checked (every factor in range, kinds and groups known)."""
     p = Path(path)
-    text = read_text(p, MAX_FILE_BYTES, "a roofline factors file (JSON)",
-                     fix="a roofline factors file is a few kilobytes: check the path")
-    try:
-        data = strict_loads(text)
-    except ValueError as e:
-        raise _fail(p, f"not JSON: {json_problem(e)}") from None
+    data = read_json_file(str(p), MAX_FILE_BYTES, "a roofline factors file (JSON)",
+                          fix="a roofline factors file is a few kilobytes: check the path",
+                          label=f"roofline factors file {str(p)!r} (regenerate it with "
+                                "benchmarks/fit_roofline.py)")
     if not isinstance(data, dict):
         raise _fail(p, "expected a JSON object")
     for key in ("fitted", "vllm_version", "generations", "pooled_ids", "factors"):

@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
-from kvsched.files import read_text
-from kvsched.jsonfile import json_problem, show, strict_loads
+from kvsched.jsonfile import read_json_file, show
 
 PROFILE_FORMAT = "kvsched-step-profile"
 PROFILE_VERSION = 1
@@ -209,12 +208,9 @@ def profile_from_json(data: object, path: str) -> StepProfile:
 def load_profile(path: str | Path) -> StepProfile:
     """Read and check a step profile file."""
     p = str(path)
-    text = read_text(path, MAX_PROFILE_BYTES, "a kvsched step profile (JSON)",
-                     fix="a profile is at most a few megabytes: check the path")
-    try:
-        data = strict_loads(text)
-    except ValueError as e:
-        raise UserInputError(f"step profile {p!r} is not JSON: {json_problem(e)}") from None
+    data = read_json_file(p, MAX_PROFILE_BYTES, "a kvsched step profile (JSON)",
+                          fix="a profile is at most a few megabytes: check the path",
+                          label=f"step profile {p!r}")
     return profile_from_json(data, p)
 
 
