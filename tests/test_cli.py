@@ -170,6 +170,17 @@ def test_core_simulator_and_cli_import_without_torch() -> None:
     assert r.stdout.strip() == "RequestOutput"
 
 
+def test_the_simulator_imports_no_scipy_until_a_fit_needs_it() -> None:
+    # SciPy is ~50 MB of RSS and half a second: only fits (calibrate, a
+    # step profile's fit) may import it, and the profiled backend is
+    # imported by every simulation.
+    code = ("import sys; import kvsched.cli, kvsched.commands.simulate, kvsched.sim.run, "
+            "kvsched.perf.profiled; print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize("command", ["simulate", "compare"])
 def test_every_flag_has_help(command: str) -> None:
     from kvsched.cli import build_parser

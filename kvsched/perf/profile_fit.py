@@ -31,9 +31,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-# SciPy ships no type stubs (scipy-stubs is a separate package).
-from scipy.optimize import nnls  # type: ignore[import-untyped, unused-ignore]
-
 from kvsched.errors import UserInputError
 from kvsched.perf.step_profile import StepRecord
 
@@ -111,6 +108,11 @@ def _solve(X: NDArray[np.float64], y: NDArray[np.float64]) -> NDArray[np.float64
     W = X / y[:, None]
     scale = np.abs(W).max(axis=0)
     scale[scale == 0] = 1.0
+    # Imported here: SciPy costs ~50 MB and half a second, and every
+    # simulation imports this module (through the profiled backend) while
+    # only a fit needs it. SciPy ships no type stubs.
+    from scipy.optimize import nnls  # type: ignore[import-untyped, unused-ignore]
+
     coef, _ = nnls(W / scale, np.ones_like(y), maxiter=50 * X.shape[1])
     result: NDArray[np.float64] = coef / scale
     return result
