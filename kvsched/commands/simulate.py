@@ -139,6 +139,9 @@ def run_simulate(args: argparse.Namespace) -> int:
                        deployment.parallel.data_parallel_size))
     priced = pricing_of(deployment)
     print(f"Steps priced by: {priced.label}: {priced.detail}")
+    for item in sorted(deployment.step_model.extrapolated):
+        # Steps the backend's data did not cover were priced anyway: say which.
+        print(f"kvsched: warning: {item}", file=sys.stderr, flush=True)
     for line in format_failures(done.result.failed, len(workload.requests)):
         print(line)
     burst = burst_note(spec.workload, done.metrics)

@@ -41,7 +41,7 @@ def test_simulate_with_a_profile_says_profiled_and_from_which_file(
     assert result["mean_ttft_ms"] > 1e3 * (terms["step_s"] + 200 * terms["per_token_s"])
 
 
-def test_steps_past_the_profile_are_listed(tmp_path: Path) -> None:
+def test_steps_past_the_profile_are_listed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "r.json"
     # A token budget of 2,048 over a profile of steps up to 512 tokens.
     assert main(["simulate", *ENGINE, "--max-num-batched-tokens", "2048", "--num-prompts", "8",
@@ -51,6 +51,9 @@ def test_steps_past_the_profile_are_listed(tmp_path: Path) -> None:
     assert any("past the profiled tokens (profiled up to 512, largest asked 2,048)" in e
                for e in st["extrapolated"])
     assert "past the profiled range" in st["description"]
+    # And said at the end of the run, one warning line each.
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert warnings == [f"kvsched: warning: {e}" for e in sorted(st["extrapolated"])]
 
 
 def test_profile_chooses_the_backend_and_conflicts_are_refused() -> None:
