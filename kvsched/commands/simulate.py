@@ -139,9 +139,15 @@ def run_simulate(args: argparse.Namespace) -> int:
                        deployment.parallel.data_parallel_size))
     priced = pricing_of(deployment)
     print(f"Steps priced by: {priced.label}: {priced.detail}")
-    for item in sorted(deployment.step_model.extrapolated):
-        # Steps the backend's data did not cover were priced anyway: say which.
-        print(f"kvsched: warning: {item}", file=sys.stderr, flush=True)
+    past = sorted(deployment.step_model.extrapolated)
+    if past:
+        # Steps the backend's data did not cover were priced anyway: say so
+        # once, with the first few (the measured backend lists every cell).
+        shown = "; ".join(past[:EXTRAPOLATED_SHOWN])
+        more = f"; and {len(past) - EXTRAPOLATED_SHOWN} more" if len(past) > EXTRAPOLATED_SHOWN else ""
+        print(f"kvsched: warning: {len(past)} kind(s) of step priced past the backend's data "
+              f"(all in --save-result's deployment.step_times.extrapolated): {shown}{more}",
+              file=sys.stderr, flush=True)
     for line in format_failures(done.result.failed, len(workload.requests)):
         print(line)
     burst = burst_note(spec.workload, done.metrics)
@@ -160,6 +166,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(f"report: {args.report}")
     return 0
 
+
+# How many of the steps priced past the backend's data the warning names.
+EXTRAPOLATED_SHOWN = 3
 
 # A steady load a server sustains: this share of its throughput under a burst.
 SUSTAINABLE_SHARE = 0.7
