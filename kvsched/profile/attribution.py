@@ -7,14 +7,20 @@ replays the requests of one designed point through the logged steps, in the
 order vLLM's scheduler serves them (running requests first, then waiting
 ones, first come first served; a chunk takes what is left of the step's
 token budget), and gives each step its :class:`~kvsched.perf.step_profile.StepRecord`
-work. Prompts are random tokens never sent twice, so prefix caching finds
-nothing and every prompt token is computed.
+work. The profile's prompts are random tokens never sent twice, so prefix
+caching finds nothing there; a serving run's may repeat a prefix (``vllm
+bench serve``'s random prompts now and then start alike). Given the step's
+token budget (``--max-num-batched-tokens``), the ledger recognises a hit: a
+new request's chunk shorter than its prompt in a step that left budget
+unused was not cut by the budget (vLLM chunks a new prompt only where the
+budget runs out), so the tokens it skipped were found in the cache. The
+hit is its prompt less the chunk; its attention ran over that context.
 
 A logged step that the ledger cannot explain (a generation count that is
 not the number of requests it holds in decode, a context chunk larger than
-a prompt's remainder: a preemption, a threshold on long prefills) makes the
-point *inconsistent*: its later steps are not attributed, and the caller
-says so.
+a prompt's remainder: a preemption, a threshold on long prefills; several
+new prompts short of their lengths in one step) makes the point
+*inconsistent*: its later steps are not attributed, and the caller says so.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ class SentRequest:
     computed: int = 0
     generated: int = 0
     sent: bool = False
+    # Prompt tokens found in the prefix cache when it was admitted (0: none).
+    cached: int = 0
 
     @property
     def finished(self) -> bool:
@@ -52,9 +60,12 @@ class SentRequest:
 class PointLedger:
     """The requests of one point, stepped through vLLM's logged steps."""
 
-    def __init__(self, point: str, requests: list[SentRequest]) -> None:
+    def __init__(self, point: str, requests: list[SentRequest], token_budget: int | None = None) -> None:
         self.point = point
         self.requests = requests
+        # The step's token budget (--max-num-batched-tokens); None: prompts
+        # never hit the prefix cache (a new prompt's short chunk is the budget's).
+        self.token_budget = token_budget
         self.problem = ""  # why the ledger stopped explaining the log ("": it has not)
 
     @property
@@ -82,9 +93,15 @@ class PointLedger:
             self.problem = (f"iteration {line.iteration}: {line.context_requests} context requests logged, "
                             f"{len(prefills)} prompts unfinished")
             return None
+        chosen = prefills[:line.context_requests]
+        hits = self._prefix_hits(line, chosen)
+        if hits is None:
+            return None
         left = line.context_tokens
         pairs = sampled = 0
-        for i, r in enumerate(prefills[:line.context_requests]):
+        for i, r in enumerate(chosen):
+            if hits[i]:
+                r.cached = r.computed = hits[i]
             n = min(r.prompt_len - r.computed, left)
             last = i == line.context_requests - 1
             if n <= 0 or (last and n != left):
@@ -111,3 +128,27 @@ class PointLedger:
             num_tokens=line.context_tokens + line.generation_tokens,
             num_reqs=line.context_requests + line.generation_requests, num_sampled=sampled,
             prefill_tokens=line.context_tokens, prefill_attn_pairs=pairs, decode_kv_tokens=kv)
+
+    def _prefix_hits(self, line: IterationLine, chosen: list[SentRequest]) -> list[int] | None:
+        """The prefix-cache hit of each of ``chosen`` (the step's context
+        requests), in tokens: none unless the step left budget
+        unused and its context tokens fall short of the prompts'
+        remainders; then the one new prompt skipped the shortfall. None
+        (``problem`` set) where that cannot be told apart."""
+        hits = [0] * len(chosen)
+        budget = self.token_budget
+        if budget is None or line.context_tokens + line.generation_tokens >= budget:
+            return hits
+        short = sum(r.prompt_len - r.computed for r in chosen) - line.context_tokens
+        if short <= 0:
+            return hits
+        new = [i for i, r in enumerate(chosen) if r.computed == 0]
+        # A hit leaves at least the prompt's last token to compute.
+        if len(new) != 1 or short >= chosen[new[0]].prompt_len:
+            self.problem = (f"iteration {line.iteration}: {line.context_tokens} context tokens, {short} "
+                            f"short of {line.context_requests} prompts' remainders in a step under the "
+                            f"{budget}-token budget, over {len(new)} new prompts: not one prefix-cache "
+                            "hit the ledger can place")
+            return None
+        hits[new[0]] = short
+        return hits

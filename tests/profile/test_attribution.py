@@ -63,3 +63,50 @@ def test_unsent_requests_are_not_scheduled() -> None:
     first, later = SentRequest(50, 1, sent=True), SentRequest(50, 1)
     ledger = PointLedger("p", [first, later])
     assert ledger.step(line(0, 2, 100, 0)) is None  # only one prompt was sent
+
+
+def test_a_prefix_cache_hit_in_a_step_under_the_budget() -> None:
+    # Run 2's iteration 444-445: a 256-token prompt logged as one context
+    # request of 128 tokens in a step that used 128 of its 512 tokens, then
+    # decoding: its first 128-token block came from the prefix cache.
+    r = SentRequest(256, 3, sent=True)
+    ledger = PointLedger("serve", [r], token_budget=512)
+    s1 = ledger.step(line(444, 1, 128, 0))
+    assert s1 is not None and not ledger.problem
+    assert r.cached == 128
+    assert s1.num_sampled == 1
+    # 128 queries over a context of 128 cached tokens, causal among themselves.
+    assert s1.prefill_attn_pairs == 128 * 128 + 128 * 129 // 2
+    s2 = ledger.step(line(445, 0, 0, 1))
+    assert s2 is not None and s2.decode_kv_tokens == 257
+    s3 = ledger.step(line(446, 0, 0, 1))
+    assert s3 is not None and s3.decode_kv_tokens == 258
+    assert ledger.done and not ledger.problem
+
+
+def test_without_the_budget_a_short_first_chunk_stays_a_chunk() -> None:
+    # The profile's own ledger (fresh prompts, no budget given): the rest of
+    # the prompt is expected in the next step, so a decode then is a problem.
+    r = SentRequest(256, 3, sent=True)
+    ledger = PointLedger("p", [r])
+    assert ledger.step(line(0, 1, 128, 0)) is not None
+    assert r.cached == 0 and r.computed == 128
+    assert ledger.step(line(1, 0, 0, 1)) is None
+    assert "1 generation requests" in ledger.problem
+
+
+def test_a_step_that_fills_the_budget_chunks_without_a_hit() -> None:
+    # 500 prompt tokens and 12 decodes fill the 512 budget: the chunk was cut there.
+    decoding = [SentRequest(4, 5, computed=4, generated=1, sent=True) for _ in range(12)]
+    r = SentRequest(600, 2, sent=True)
+    ledger = PointLedger("p", [*decoding, r], token_budget=512)
+    s = ledger.step(line(0, 1, 500, 12))
+    assert s is not None and r.cached == 0 and r.computed == 500
+    assert s.prefill_attn_pairs == 500 * 501 // 2
+
+
+def test_two_new_prompts_short_in_one_step_are_refused() -> None:
+    a, b = SentRequest(256, 2, sent=True), SentRequest(256, 2, sent=True)
+    ledger = PointLedger("p", [a, b], token_budget=1024)
+    assert ledger.step(line(0, 2, 384, 0)) is None
+    assert "prefix-cache hit" in ledger.problem
