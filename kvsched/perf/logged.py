@@ -1,15 +1,16 @@
 """A step-time pricing that replays a logged sequence of step times.
 
-:class:`LoggedStepTimeModel` prices the simulator's k-th step with the k-th
+:class:`LoggedStepTimeModel` prices each simulated step with the time of a
 step a real vLLM logged (``--enable-logging-iteration-details``: each
-engine step's batch and its time). Replaying a real run with it takes the
-forward pass out of the comparison: what still differs from the real run is
-kvsched's mechanics (the scheduler, the engine loop, the client, queueing)
-and the host time around vLLM's clock, whose iteration time runs from just
-after the step is scheduled to the model's output. That host time is
-RuntimeConfig's CPU terms, added as for every backend
-(:func:`~kvsched.perf.step_time.combine_step_time`), plus host terms where
-given.
+engine step's batch and its time), the logged step of the same batch at
+the same place in the log where there is one (below). Replaying a real run
+with it takes the forward pass out of the comparison: what still differs
+from the real run is kvsched's mechanics (the scheduler, the engine loop,
+the client, queueing) and the host time around vLLM's clock, whose
+iteration time runs from just after the step is scheduled to the model's
+output. That host time is RuntimeConfig's CPU terms, added as for every
+backend (:func:`~kvsched.perf.step_time.combine_step_time`), plus host
+terms where given.
 
 The pricing is stateful (a cursor walks the log), so it prices one step
 at a time: a fast-forwarded decode stretch (several steps priced at once,
@@ -23,10 +24,10 @@ later), the nearest logged step of the same batch within ``window`` steps
 prices it: ahead of the cursor (the simulation skipped the logged steps
 between; the cursor moves past the match), or behind it (the simulation
 ran a step the log has not; the cursor stays). Failing that (and for a
-window above 0), the logged
-step of the same batch nearest the cursor anywhere in the log prices it
-(the cursor stays): the simulation grouped requests as vLLM did not here,
-and a step of that batch cost that much elsewhere. A step whose batch the
+window above 0), the logged step of the same batch nearest the cursor
+anywhere in the log prices it (the cursor stays): the simulation grouped
+requests as vLLM did not here, and a step of that batch cost that much
+elsewhere. With a window of 0 the steps are taken in order. A step whose batch the
 log never ran is priced with the step at the cursor and listed
 (``mismatches``). The counts say how far the replay is from vLLM's own
 sequence. A step past the end of the log is refused.
