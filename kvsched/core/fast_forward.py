@@ -281,8 +281,12 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     # the last step; the last iteration schedules no token for them.
     length_stops: list[int] = []
     firsts = first_new_block_steps(sched)
+    # Known tokens minus one before the stretch, per request (the cache
+    # registrations below count from it).
+    known: list[int] = []
     for idx, (request, token) in enumerate(zip(running, tokens)):
         length = request.num_tokens
+        known.append(length - 1)
         if length + quiet >= request.stop_len or (quiet and token in request.all_stop_ids):
             raise UserInputError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
         steps = k
@@ -305,10 +309,12 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     free = pool.get_num_free_blocks()
     if len(allocs) > free:
         raise UserInputError("fast_forward_decode: the stretch needs more blocks than are free")
-    # Known tokens minus one before the stretch, per request (the cache
-    # registrations below count from it).
-    known = [r.num_tokens - 1 for r in running]
     stopped: list[tuple[Request, int]] = []
+    # Per request, its blocks whose tokens are all known and computed after
+    # the stretch (async: the token in flight is not known yet; a request
+    # stopping on length below has one computed and none in flight less,
+    # the same count).
+    num_full: list[int] = []
     for idx, (request, token) in enumerate(zip(running, tokens)):
         if last_tokens is None:
             request.extend_output([token] * k)
@@ -324,6 +330,7 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
         if lead:
             # One token (the last batch's) in flight, still a placeholder.
             request.num_in_flight_tokens = 1
+        num_full.append((request.num_computed_tokens - request.num_in_flight_tokens) // bs)
     for idx in length_stops:
         # Not scheduled in the last iteration: nothing in flight any more.
         request = running[idx]
@@ -331,11 +338,8 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
         request.num_in_flight_tokens = 0
         request.num_output_placeholders = 0
     allocs.sort()
-    # Blocks whose tokens are all known and computed (async: the token in
-    # flight is not known yet).
     if not kv.enable_caching or not kv.cache_in_bulk(
-            running, [(r.num_computed_tokens - r.num_in_flight_tokens) // bs for r in running],
-            [running[idx].request_id for _, idx in allocs]):
+            running, num_full, [running[idx].request_id for _, idx in allocs]):
         _replay_events(sched, k, allocs, known, length_stops)
     if lead:
         _renew_in_flight(sched, allocs, k, length_stops)

@@ -1,4 +1,11 @@
-"""What the scheduler hands to the model runner, and what comes back."""
+"""What the scheduler hands to the model runner, and what comes back.
+
+The classes made every step are dataclasses with ``init=False`` and their
+own ``__init__``: the compiled build (setup.py) turns a written ``__init__``
+into C, but leaves the one ``dataclass`` generates as Python, which cost 7 %
+of a simulation (py-spy, 100k random requests). Their fields and defaults are
+the dataclass fields' (``repr`` and ``==`` are still generated).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from typing import Any
 from kvsched.request import SamplingParams
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class NewRequestData:
     """A request the runner sees for the first time (its whole prompt).
     ``prompt_token_ids`` and ``block_ids`` are empty when the scheduler was
@@ -19,10 +26,18 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     # What the runner samples with (None: the defaults).
-    sampling_params: SamplingParams | None = None
+    sampling_params: SamplingParams | None
+
+    def __init__(self, req_id: str, prompt_token_ids: list[int], block_ids: list[int],
+                 num_computed_tokens: int, sampling_params: SamplingParams | None = None) -> None:
+        self.req_id = req_id
+        self.prompt_token_ids = prompt_token_ids
+        self.block_ids = block_ids
+        self.num_computed_tokens = num_computed_tokens
+        self.sampling_params = sampling_params
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class CachedRequestData:
     """Requests the runner already holds: running ones, then resumed ones.
 
@@ -33,11 +48,21 @@ class CachedRequestData:
     request has neither a ``new_block_ids`` nor a ``resumed_token_ids`` entry.
     """
 
-    req_ids: list[str] = field(default_factory=list)
-    resumed_req_ids: set[str] = field(default_factory=set)
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
-    num_computed_tokens: dict[str, int] = field(default_factory=dict)
-    resumed_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    req_ids: list[str]
+    resumed_req_ids: set[str]
+    new_block_ids: dict[str, list[int]]
+    num_computed_tokens: dict[str, int]
+    resumed_token_ids: dict[str, list[int]]
+
+    def __init__(self, req_ids: list[str] | None = None, resumed_req_ids: set[str] | None = None,
+                 new_block_ids: dict[str, list[int]] | None = None,
+                 num_computed_tokens: dict[str, int] | None = None,
+                 resumed_token_ids: dict[str, list[int]] | None = None) -> None:
+        self.req_ids = [] if req_ids is None else req_ids
+        self.resumed_req_ids = set() if resumed_req_ids is None else resumed_req_ids
+        self.new_block_ids = {} if new_block_ids is None else new_block_ids
+        self.num_computed_tokens = {} if num_computed_tokens is None else num_computed_tokens
+        self.resumed_token_ids = {} if resumed_token_ids is None else resumed_token_ids
 
 
 @dataclass(slots=True)
@@ -49,7 +74,7 @@ class NotAdmitted:
     detail: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class SchedulerOutput:
     scheduled_new_reqs: list[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
@@ -61,27 +86,50 @@ class SchedulerOutput:
     finished_req_ids: set[str]
     # Why admission stopped this step (a REASON_* of kvsched.core.explain),
     # or None if every waiting request was admitted.
-    admission_stop: str | None = None
+    admission_stop: str | None
     # Filled only when the scheduler was built with explain_admission=True.
-    not_admitted: list[NotAdmitted] | None = None
+    not_admitted: list[NotAdmitted] | None
     # Running requests scheduled and then preempted later in the same step
     # (their tokens went back to the budget); None when there were none.
-    unscheduled_req_ids: list[str] | None = None
+    unscheduled_req_ids: list[str] | None
     # Speculative decoding: request id -> the draft tokens scheduled for
     # verification this step (counted in num_scheduled_tokens). ``-1``
     # entries are placeholders: padding for a request admitted with one
     # token to compute, or (async scheduling) drafts the runner proposes
     # after the step before. Empty without speculative decoding.
-    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    scheduled_spec_decode_tokens: dict[str, list[int]]
     # K: draft tokens the drafter proposes after this step.
-    num_spec_tokens_to_schedule: int = 0
+    num_spec_tokens_to_schedule: int
     # Scheduled requests that are mid-way through their prefill after this
     # step and sample nothing (vLLM's is_prefill_chunk, as of this step: under
     # async scheduling the request's own flag moves on with the next step).
-    prefill_chunk_req_ids: frozenset[str] | set[str] = frozenset()
+    prefill_chunk_req_ids: frozenset[str] | set[str]
+
+    def __init__(self, scheduled_new_reqs: list[NewRequestData],
+                 scheduled_cached_reqs: CachedRequestData, num_scheduled_tokens: dict[str, int],
+                 total_num_scheduled_tokens: int, preempted_req_ids: set[str],
+                 finished_req_ids: set[str], admission_stop: str | None = None,
+                 not_admitted: list[NotAdmitted] | None = None,
+                 unscheduled_req_ids: list[str] | None = None,
+                 scheduled_spec_decode_tokens: dict[str, list[int]] | None = None,
+                 num_spec_tokens_to_schedule: int = 0,
+                 prefill_chunk_req_ids: frozenset[str] | set[str] = frozenset()) -> None:
+        self.scheduled_new_reqs = scheduled_new_reqs
+        self.scheduled_cached_reqs = scheduled_cached_reqs
+        self.num_scheduled_tokens = num_scheduled_tokens
+        self.total_num_scheduled_tokens = total_num_scheduled_tokens
+        self.preempted_req_ids = preempted_req_ids
+        self.finished_req_ids = finished_req_ids
+        self.admission_stop = admission_stop
+        self.not_admitted = not_admitted
+        self.unscheduled_req_ids = unscheduled_req_ids
+        self.scheduled_spec_decode_tokens = ({} if scheduled_spec_decode_tokens is None
+                                             else scheduled_spec_decode_tokens)
+        self.num_spec_tokens_to_schedule = num_spec_tokens_to_schedule
+        self.prefill_chunk_req_ids = prefill_chunk_req_ids
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ModelRunnerOutput:
     """Sampled tokens, aligned with ``req_ids``; an empty list for a request
     that is still mid-way through a chunked prefill."""
@@ -92,7 +140,13 @@ class ModelRunnerOutput:
     # per sampled token (accepted drafts, then the last), or None; the whole
     # list is None when no request asked for logprobs. (Typed loosely:
     # Logprob lives with the torch sampler.)
-    logprobs: list[Any] | None = None
+    logprobs: list[Any] | None
+
+    def __init__(self, req_ids: list[str], sampled_token_ids: list[list[int]],
+                 logprobs: list[Any] | None = None) -> None:
+        self.req_ids = req_ids
+        self.sampled_token_ids = sampled_token_ids
+        self.logprobs = logprobs
 
 
 @dataclass(slots=True)
@@ -130,17 +184,24 @@ class SpecDecodingStats:
             per_pos[i] += 1
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class EngineCoreOutput:
     """New tokens of one request after a step, and its finish reason if done."""
 
     request_id: str
     new_token_ids: list[int]
-    finish_reason: str | None = None
-    stop_reason: int | None = None
+    finish_reason: str | None
+    stop_reason: int | None
+
+    def __init__(self, request_id: str, new_token_ids: list[int], finish_reason: str | None = None,
+                 stop_reason: int | None = None) -> None:
+        self.request_id = request_id
+        self.new_token_ids = new_token_ids
+        self.finish_reason = finish_reason
+        self.stop_reason = stop_reason
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class EngineCoreOutputs:
     """What ``update_from_output`` returns.
 
@@ -155,7 +216,14 @@ class EngineCoreOutputs:
     # Scheduled requests whose tokens were ignored: aborted before the update.
     dropped: list[str]
     # Speculative decoding's counters for this step (None without drafts).
-    spec_decoding_stats: SpecDecodingStats | None = None
+    spec_decoding_stats: SpecDecodingStats | None
+
+    def __init__(self, model_runner_output: ModelRunnerOutput, finished: list[EngineCoreOutput],
+                 dropped: list[str], spec_decoding_stats: SpecDecodingStats | None = None) -> None:
+        self.model_runner_output = model_runner_output
+        self.finished = finished
+        self.dropped = dropped
+        self.spec_decoding_stats = spec_decoding_stats
 
     def outputs(self) -> list[EngineCoreOutput]:
         done = {o.request_id: o for o in self.finished}

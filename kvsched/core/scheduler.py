@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvsched.config import (
     CacheConfig,
@@ -95,37 +95,57 @@ class SchedulerStats:
     num_preemptions: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Step:
-    """Working state of one schedule() call."""
+    """Working state of one schedule() call (its own ``__init__``: see
+    kvsched.core.output's module doc)."""
 
     token_budget: int
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    running_req_ids: list[str] = field(default_factory=list)
-    new_reqs: list[Request] = field(default_factory=list)
-    resumed_reqs: list[Request] = field(default_factory=list)
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
-    preempted: list[Request] = field(default_factory=list)
-    computed_at_admission: dict[str, int] = field(default_factory=dict)
+    num_scheduled_tokens: dict[str, int]
+    running_req_ids: list[str]
+    new_reqs: list[Request]
+    resumed_reqs: list[Request]
+    new_block_ids: dict[str, list[int]]
+    preempted: list[Request]
+    computed_at_admission: dict[str, int]
     # Why admission stopped (a REASON_* of kvsched.core.explain; named apart
     # from Request.stop_reason, the stop token of a finished request), the
     # request it stopped at (or None), and the detail.
-    admission_stop: str | None = None
-    admission_stop_at: str | None = None
-    admission_stop_detail: str = ""
+    admission_stop: str | None
+    admission_stop_at: str | None
+    admission_stop_detail: str
     # Running requests scheduled, then preempted later in the step (rare).
-    unscheduled: list[str] | None = None
+    unscheduled: list[str] | None
     # Speculative decoding: the drafts scheduled per request.
-    spec: dict[str, list[int]] = field(default_factory=dict)
+    spec: dict[str, list[int]]
     # Scheduled requests left mid-prefill (they sample nothing).
-    prefill_chunks: list[str] = field(default_factory=list)
+    prefill_chunks: list[str]
     # A running request scheduled this step was mid-prefill when scheduled
     # (vLLM's prefill_scheduled: no padded admissions then).
-    prefill_scheduled: bool = False
+    prefill_scheduled: bool
     # Waiting requests passed over this step (LoRA cap, output in flight),
     # with why: they keep their place in the queue.
-    skipped: list[Request] | None = None
-    skip_reasons: dict[str, tuple[str, str]] | None = None
+    skipped: list[Request] | None
+    skip_reasons: dict[str, tuple[str, str]] | None
+
+    def __init__(self, token_budget: int) -> None:
+        self.token_budget = token_budget
+        self.num_scheduled_tokens = {}
+        self.running_req_ids = []
+        self.new_reqs = []
+        self.resumed_reqs = []
+        self.new_block_ids = {}
+        self.preempted = []
+        self.computed_at_admission = {}
+        self.admission_stop = None
+        self.admission_stop_at = None
+        self.admission_stop_detail = ""
+        self.unscheduled = None
+        self.spec = {}
+        self.prefill_chunks = []
+        self.prefill_scheduled = False
+        self.skipped = None
+        self.skip_reasons = None
 
 
 

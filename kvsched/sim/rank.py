@@ -229,7 +229,9 @@ def combine_results(ranks: list[SimResult]) -> SimResult:
     return out
 
 
-@dataclass(slots=True)
+# PlannedStep and _Live are made per step and per request: their own
+# ``__init__`` compiles (kvsched.core.output's module doc says why).
+@dataclass(slots=True, init=False)
 class PlannedStep:
     """A scheduled step waiting for its duration (see Rank.plan)."""
 
@@ -241,11 +243,21 @@ class PlannedStep:
     # Async or speculative (Rank.plain False): drafts scheduled per request
     # (aligned with lives), and the requests admitted in this step, whose
     # drafts are padding (never accepted). Outputs are made at completion.
-    drafts: list[int] | None = None
-    admitted: frozenset[str] | set[str] = frozenset()
+    drafts: list[int] | None
+    admitted: frozenset[str] | set[str]
+
+    def __init__(self, output: SchedulerOutput, shape: BatchShape, sampled_ids: list[list[int]],
+                 lives: list[_Live | None], drafts: list[int] | None = None,
+                 admitted: frozenset[str] | set[str] = frozenset()) -> None:
+        self.output = output
+        self.shape = shape
+        self.sampled_ids = sampled_ids
+        self.lives = lives
+        self.drafts = drafts
+        self.admitted = admitted
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Live:
     """Client-side view of one request in flight."""
 
@@ -253,18 +265,29 @@ class _Live:
     send_time: float
     token: int            # the token this request samples (unique to it)
     eos_index: int        # output position of its EOS, or -1
-    sample: list[int] = field(init=False)  # [token], one list reused every step
-    first_token_time: float = -1.0
-    last_token_time: float = -1.0
-    num_tokens: int = 0
-    token_times: list[float] | None = None  # only when detail is kept
+    sample: list[int]     # [token], one list reused every step
+    first_token_time: float
+    last_token_time: float
+    num_tokens: int
+    token_times: list[float] | None  # only when detail is kept
     # Speculative decoding: the request's stream of acceptance draws, and
     # how many of its verifications drew from it.
-    spec_key: int = 0
-    num_verifications: int = 0
+    spec_key: int
+    num_verifications: int
 
-    def __post_init__(self) -> None:
-        self.sample = [self.token]
+    def __init__(self, spec: WorkloadRequest, send_time: float, token: int, eos_index: int,
+                 token_times: list[float] | None = None) -> None:
+        self.spec = spec
+        self.send_time = send_time
+        self.token = token
+        self.eos_index = eos_index
+        self.sample = [token]
+        self.first_token_time = -1.0
+        self.last_token_time = -1.0
+        self.num_tokens = 0
+        self.token_times = token_times
+        self.spec_key = 0
+        self.num_verifications = 0
 
     def token_at(self, num_outputs: int) -> int:
         """What the simulated model samples as output number ``num_outputs``
