@@ -474,6 +474,14 @@ def check_token_ids(what: str, tokens: Sequence[int], limit: int = TOKEN_ID_LIMI
     type, min and max passes: a prompt of thousands of tokens costs tens
     of microseconds)."""
     if type(tokens) is TokenRuns:
+        if not tokens.tail:
+            # A prompt's few runs (checked per request as it is added): one
+            # loop, no lists; anything off is worded by the general path.
+            for token, count in tokens.runs:
+                if not (type(token) is int and 0 <= token < limit and type(count) is int and count >= 1):
+                    break
+            else:
+                return
         values: Sequence[int] = [token for token, _ in tokens.runs] + list(tokens.tail)
         for _, count in tokens.runs:
             if type(count) is not int or count < 1:

@@ -195,14 +195,18 @@ class BlockPool:
         ref_cnt = self.ref_cnt
         front_len = len(self.front)
         front = self.front
-        for b in blocks[num_hashed:]:  # pushed in table order: the last on top
+        # Indexes, not slices: no copy of the table (a request's table is
+        # tens of blocks, freed once per request).
+        for i in range(num_hashed, len(blocks)):  # pushed in table order: the last on top
+            b = blocks[i]
             n = ref_cnt[b] - 1
             ref_cnt[b] = n
             if not n:
                 front.append(b)
         freed = len(front) - front_len
         back = self.back
-        for b in reversed(blocks[:num_hashed]):
+        for i in range(num_hashed - 1, -1, -1):
+            b = blocks[i]
             n = ref_cnt[b] - 1
             ref_cnt[b] = n
             if not n:

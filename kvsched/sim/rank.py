@@ -659,27 +659,24 @@ class Rank:
         running = sched.running
         B = len(running)
         k = len(durations)
-        lives = [self.live[r.request_id] for r in running]
-        finished: list[str] = []
-        if finishing:
-            # What each samples in the last step: EOS where its model says so.
-            last = [lv.token_at(len(r.output_token_ids) + k - 1) for r, lv in zip(running, lives)]
-            # planned: stretch_limit just asked the core about this state,
-            # and the tokens are the simulator's own ints.
-            free_after, outputs = fast_forward_decode_finishing(
-                sched, k, [lv.token for lv in lives], last, planned=True)
-            finished = [o.request_id for o in outputs]
-        else:
-            free_after = fast_forward_decode(sched, k, [lv.token for lv in lives], planned=True)
-        self.num_ff_steps += k
+        live = self.live
         itls = self.itls
-        # Step 0: each request's gap from its own previous token (none
-        # before its first); after the stretch every request's last token
-        # came at its end. One pass: nothing between reads the clients.
+        # One pass over the running requests: what each samples (and, with
+        # ``finishing``, what it samples in the last step: EOS where its
+        # model says so), and its client's view of the stretch. Step 0:
+        # each request's gap from its own previous token (none before its
+        # first); after the stretch every request's last token came at its
+        # end. The clients are read by nothing in the core's advance.
+        tokens: list[int] = []
+        last: list[int] = []
         end0 = ends[0]
         end = ends[-1]
         same_gap = 0
-        for lv in lives:
+        for r in running:
+            lv = live[r.request_id]
+            tokens.append(lv.token)
+            if finishing:
+                last.append(lv.token_at(len(r.output_token_ids) + k - 1))
             if lv.first_token_time < 0.0:
                 lv.first_token_time = end0
             elif lv.last_token_time == start:
@@ -690,6 +687,15 @@ class Rank:
             lv.num_tokens += k
             if lv.token_times is not None:
                 lv.token_times.extend(ends)
+        finished: list[str] = []
+        # planned: stretch_limit just asked the core about this state, and
+        # the tokens are the simulator's own ints.
+        if finishing:
+            free_after, outputs = fast_forward_decode_finishing(sched, k, tokens, last, planned=True)
+            finished = [o.request_id for o in outputs]
+        else:
+            free_after = fast_forward_decode(sched, k, tokens, planned=True)
+        self.num_ff_steps += k
         if same_gap:
             itls.add(durations[0], same_gap)
         # Steps 1..k-1: every request's gap is the step time. Added per stretch
