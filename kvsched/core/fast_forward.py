@@ -287,21 +287,25 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     for idx, (request, token) in enumerate(zip(running, tokens)):
         length = request.num_tokens
         known.append(length - 1)
-        if length + quiet >= request.stop_len or (quiet and token in request.all_stop_ids):
+        stop_ids = request.all_stop_ids
+        # (An empty set is tested for first: with ignore_eos and no stop ids,
+        # the usual benchmark request, that is the whole test.)
+        if length + quiet >= request.stop_len or (quiet and stop_ids and token in stop_ids):
             raise UserInputError(f"fast_forward_decode: {request.request_id} would stop in the stretch")
         steps = k
         if lead and last_tokens is not None:
             if length + k >= request.stop_len:
                 length_stops.append(idx)
                 steps = k - 1
-            elif last_tokens[idx] in request.all_stop_ids:
+            elif stop_ids and last_tokens[idx] in stop_ids:
                 raise UserInputError(
                     f"fast_forward_decode: {request.request_id} would stop on a stop token in the "
                     "last step; under async scheduling a stretch runs through length stops only "
                     "(step the iteration in which it stops)")
         first = firsts[idx]
-        if first < steps:  # most requests take no block in a stretch: no generator for them
-            allocs.extend((step, idx) for step in range(first, steps, bs))
+        if first < steps:  # most requests take no block in a stretch
+            for step in range(first, steps, bs):
+                allocs.append((step, idx))
     if length_stops and sched.waiting:
         raise UserInputError(f"fast_forward_decode: {len(sched.waiting)} requests wait; under async "
                          "scheduling a stretch ends with requests stopping only when nothing waits")
@@ -323,7 +327,8 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
             # The quiet steps' tokens and the last step's, in one append.
             request.extend_output([token] * quiet + [last] if quiet else [last])
             # The stop checks of update_from_output, for one sampled token.
-            if last in request.all_stop_ids or request.num_tokens >= request.stop_len:
+            stop_ids = request.all_stop_ids
+            if request.num_tokens >= request.stop_len or (stop_ids and last in stop_ids):
                 stopped.append((request, sched.apply_stop_checks(request, [last])))
         request.num_computed_tokens += k
         request.is_prefill_chunk = False
