@@ -32,7 +32,7 @@ from kvsched.sim.pricing import ALLOW_FLAG, check_one_pricing, is_mixed
 from kvsched.sim.results import json_safe
 from kvsched.sim.run import build_workload
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
-from kvsched.tune.evaluate import ResultCache, file_digest
+from kvsched.tune.evaluate import ResultCache, inputs_digest
 from kvsched.tune.executors import make_executor
 from kvsched.tune.search import (
     OBJECTIVES,
@@ -51,7 +51,7 @@ from kvsched.tune.space import SearchSpace, check_space_values
 ON_OFF = {"on": True, "off": False}
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "kvsched", "tune")
 # Engine flags every candidate shares (not searched), as simulate names them.
-FIXED_ENGINE = ("max_model_len", "dtype", "quantization", "step_time_backend",
+FIXED_ENGINE = ("max_model_len", "dtype", "quantization", "step_time_backend", "step_time_profile",
                 "gpu_memory_utilization", "block_size", "calibration", "async_scheduling",
                 "speculative_config", "spec_acceptance")
 # Those of them vllm serve takes (the others are kvsched's).
@@ -163,8 +163,11 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
         "max_num_seqs": [None, DEFAULT_MAX_NUM_SEQS],
         "max_num_batched_tokens": [None, DEFAULT_MAX_NUM_BATCHED_TOKENS],
     }
+    tp_given = args.tensor_parallel_size is not None
     if args.space:
-        dims.update(_read_space(args.space))
+        from_file = _read_space(args.space)
+        tp_given = tp_given or "tensor_parallel_size" in from_file
+        dims.update(from_file)
     flags = {"tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size,
              "enable_expert_parallel": [ON_OFF[v] for v in args.expert_parallel] if args.expert_parallel
              else None,
@@ -183,7 +186,34 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
         else:
             dims[name] = list(check_space_values(name, list(raw), f"--{name.replace('_', '-')}"))
     dims["hardware"] = list(check_space_values("hardware", dims["hardware"], "--hardware"))
+    if args.step_time_profile is not None:
+        _pin_to_profile(dims, args.step_time_profile, tp_given)
     return SearchSpace(**{k: tuple(v) for k, v in dims.items()})
+
+
+def _pin_to_profile(dims: dict[str, list[Any]], path: str, tp_given: bool) -> None:
+    """A step profile prices the one machine and TP size it was measured
+    with: the search takes that TP (a --tp list, or a space file's, holding
+    any other size is refused: those candidates could not be priced) and
+    one hardware id (which sizes only what the profile does not say). Other
+    dimensions are searched as usual; steps past the profiled range are
+    warned about per candidate."""
+    from kvsched.perf.profiled import profiled_tensor_parallel_size
+    from kvsched.perf.step_profile import load_profile
+
+    profile = load_profile(path)
+    tp = profiled_tensor_parallel_size(profile)
+    where = f"--step-time-profile {path!r}"
+    others = [n for n in dims["tensor_parallel_size"] if n != tp]
+    if tp_given and others:
+        raise UserInputError(f"{where}: profiled with -tp {tp}, so it cannot price --tp "
+                             f"{' '.join(map(str, others))}; give --tp {tp} (or profile those sizes "
+                             "and tune each)")
+    dims["tensor_parallel_size"] = [tp]
+    if len(dims["hardware"]) != 1:
+        raise UserInputError(f"{where}: a profile prices the machine it was measured on; give one "
+                             f"--hardware (it sizes only what the profile does not say), not "
+                             f"{' '.join(map(str, dims['hardware']))}")
 
 
 def _read_space(path: str) -> dict[str, list[Any]]:
@@ -272,7 +302,8 @@ def run_tune(args: argparse.Namespace) -> int:
     # for its pricing: refused before anything is simulated, unless allowed.
     check_one_pricing([(c.label(), p) for c, p in priced], args.allow_mixed_pricing, "candidates")
     problem = Problem(model.name, base_spec, slo, args.objective, prices, is_random, base_rate,
-                      file_digest(workload_spec.dataset_path), serve_flags)
+                      inputs_digest([workload_spec.dataset_path, args.calibration, args.step_time_profile]),
+                      serve_flags)
     bar = ProgressBar("simulations")
     progress = None
     if not args.no_progress and sys.stderr.isatty():

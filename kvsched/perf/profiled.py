@@ -42,6 +42,17 @@ from kvsched.perf.step_time import (
 _PAST_NAMES = ("tokens", "requests", "prefill attention pairs", "decode KV tokens")
 
 
+def profiled_tensor_parallel_size(profile: StepProfile) -> int:
+    """The -tp the profiled vLLM served with (1 when its flags do not say):
+    the only TP size the profile prices."""
+    tp = serve_flag(profile.serve_flags, ("--tensor-parallel-size", "-tp"), "1") or "1"
+    try:
+        return int(tp)
+    except ValueError:
+        raise UserInputError(f"--step-time-profile {profile.path!r}: its server flags give "
+                             f"--tensor-parallel-size {tp!r}, not an integer; profile again") from None
+
+
 def check_profile_matches(profile: StepProfile, model: ModelSpec, parallel: ParallelConfig,
                           runtime: RuntimeConfig) -> None:
     """Refuse a profile taken on another model or deployment: its step times
@@ -54,8 +65,8 @@ def check_profile_matches(profile: StepProfile, model: ModelSpec, parallel: Para
                                  f"{name}={have!r} but {model.name} has {want!r}; profile this model "
                                  "(kvsched profile --model ...) or simulate the profiled one")
     flags = profile.serve_flags
-    tp = serve_flag(flags, ("--tensor-parallel-size", "-tp"), "1")
-    if tp != str(parallel.tensor_parallel_size):
+    tp = profiled_tensor_parallel_size(profile)
+    if tp != parallel.tensor_parallel_size:
         raise UserInputError(f"{where}: profiled with --tensor-parallel-size {tp}, simulated with "
                              f"{parallel.tensor_parallel_size}; profile with the same -tp")
     dtype = serve_flag(flags, ("--dtype",), "auto")

@@ -4,8 +4,9 @@ where the results are kept.
 A job is its run spec (workload, percentiles and SLOs included) and the
 guard: the same job gives the same metrics wherever it runs (a worker
 process, a Ray node), so results are cached by a digest of the job, the
-kvsched version and the workload file's bytes, and an interrupted or repeated
-search resumes without simulating again.
+kvsched version and the bytes of every file it reads (the trace, a
+calibration, a step profile: the spec names them by path only), and an
+interrupted or repeated search resumes without simulating again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,14 +30,14 @@ from kvsched.tune.guard import SloGuard, SloMissed
 @dataclass(frozen=True, slots=True)
 class Job:
     spec: RunSpec                    # the candidate at one rate, workload, percentiles and SLOs
-    workload_digest: str = ""        # of the trace file's bytes ("" for random)
+    input_digest: str = ""           # of the files the spec reads (inputs_digest)
     # Stop the run once its SLO (the spec's goodput on this statistic: mean,
     # 50, 90, 99) is surely missed (kvsched.tune.guard); None: run to the end.
     guard: str | None = None
 
     def identity(self) -> list[Any]:
         """What the job's result depends on, as JSON values."""
-        return [spec_to_json(self.spec), self.workload_digest, self.guard]
+        return [spec_to_json(self.spec), self.input_digest, self.guard]
 
     def key(self, version: str) -> str:
         text = json.dumps([version, *self.identity()], sort_keys=True)
@@ -83,6 +85,16 @@ def file_digest(path: str | None) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def inputs_digest(paths: Sequence[str | None]) -> str:
+    """One digest of the files a search's jobs read, in order (None: no such
+    file): a file changed under the same path changes every job's key.
+    Empty when there are none (the random dataset with no files)."""
+    digests = [file_digest(p) for p in paths]
+    if not any(digests):
+        return ""
+    return hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
 class ResultCache:

@@ -128,7 +128,7 @@ class Problem:
     prices: Mapping[str, float]         # $ per GPU-hour by hardware id
     is_random: bool                     # random dataset (rate = --request-rate) or a trace
     base_rate: float                    # the workload's own mean rate (req/s)
-    workload_digest: str = ""
+    input_digest: str = ""              # of the files the jobs read (evaluate.inputs_digest)
     serve_flags: Sequence[str] = ()     # the fixed engine settings vllm serve takes, as its flags
     # Stop simulations once the SLO is surely missed (kvsched.tune.guard).
     early_stop: bool = True
@@ -155,7 +155,7 @@ class Problem:
         return [*spec_argv(self.spec(c, rate)), "--goodput", *(f"{n}:{t:g}" for n, t in self.slo.targets)]
 
     def job(self, c: Candidate, rate: float | None) -> Job:
-        return Job(self.spec(c, rate), self.workload_digest,
+        return Job(self.spec(c, rate), self.input_digest,
                    self.slo.percentile if self.early_stop else None)
 
     def evaluated(self, c: Candidate, rate: float | None, result: Mapping[str, Any]) -> Evaluated:
