@@ -35,6 +35,12 @@ from kvsched.config import (
     SpeculativeConfig,
     check_speculative_with_async,
 )
+from kvsched.core.kv_connector import (
+    KV_ROLES,
+    LOAD_FAILURE_POLICIES,
+    KVConnectorOutput,
+    KVTransferConfig,
+)
 from kvsched.core.output import (
     CachedRequestData,
     DraftTokenIds,
@@ -44,11 +50,17 @@ from kvsched.core.output import (
 )
 from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
+from kvsched.core.scripted_connector import (
+    SCRIPTED_REQUEST_KEYS,
+    ScriptedConnector,
+    ScriptedMetadata,
+    ScriptedWorker,
+)
 from kvsched.core.trace import step_record
 from kvsched.errors import CannotServe, UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeys, json_problem, strict_loads
-from kvsched.request import Request, SamplingParams
+from kvsched.request import Request, RequestStatus, SamplingParams
 
 DEFAULT_TOKEN = 100
 # The oracle's defaults for keys a scenario leaves out.
@@ -94,16 +106,22 @@ FILE_SIZE_LIMIT = 64 * 2**20
 # single-scheduler replay refuses data_parallel_size > 1).
 TOP_KEYS = ("scheduler", "cache", "requests", "aborts", "max_steps", "async_scheduling",
             "speculative", "max_loras", "description", "name", "prefill_schedule_interval",
-            "data_parallel_size", "dp_sync_interval")
+            "data_parallel_size", "dp_sync_interval", "kv_connector")
 SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                   "enable_chunked_prefill", "long_prefill_token_threshold", "policy",
                   "scheduler_reserve_full_isl", "prefill_schedule_interval")
 CACHE_KEYS = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
 REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos",
                 "eos_token_id", "stop_token_ids", "priority", "arrival_step", "arrival_time",
-                "sampled_token_ids", "accepted_drafts", "proposed_drafts", "lora_id", "rank")
+                "sampled_token_ids", "accepted_drafts", "proposed_drafts", "lora_id", "rank",
+                "kv_transfer_params", *SCRIPTED_REQUEST_KEYS)
 ABORT_KEYS = ("step", "request_ids")
 SPECULATIVE_KEYS = ("num_speculative_tokens", "method")
+# kv_connector: the oracle's common keys and the scripted connector's own.
+KV_CONNECTOR_KEYS = ("type", "kv_role", "load_failure_policy", "pending_block_frees")
+# The oracle's other connector types: vLLM's OffloadingConnector and
+# NixlConnector, not rebuilt in kvsched yet.
+KV_CONNECTOR_TYPES_LATER = ("offloading", "nixl")
 # The oracle's methods: no drafter model, so no KV slots of their own.
 # The scripted oracle runs n-gram drafts only (kvsched.config owns the names).
 SPEC_METHODS = NGRAM_METHODS
@@ -126,6 +144,8 @@ class Scenario:
     # (Async scheduling is scheduler_config.async_scheduling.)
     speculative_config: SpeculativeConfig | None = None
     lora_config: LoRAConfig | None = None
+    # The scripted KV connector (the scenario's kv_connector, checked), or None.
+    kv_connector: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -287,6 +307,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
                           " (the replay runs every step up to the last arrival or abort)",
                           DEFAULT_MAX_STEPS)
     use_async, speculative, lora = _check_features(c, top)
+    kv_connector = _check_kv_connector(c, top)
 
     sc = c.obj(top.get("scheduler", {}), "scheduler", SCHEDULER_KEYS, "the scheduler's settings")
     if "cache" not in top:
@@ -347,6 +368,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
     seen: set[str] = set()
     for i, r in enumerate(requests):
         rid = _check_request(c, r, f"requests[{i}]", max_steps, max_model_len, dp, lora is not None)
+        _check_kv_request(c, r, f"requests[{i}]", kv_connector is not None)
         if rid in seen:
             c.fail(f"requests[{i}].request_id", rid, "duplicate id", "request ids must be unique")
         seen.add(rid)
@@ -373,7 +395,62 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
                        "request ids are strings")
         aborts.setdefault(step, []).extend(ids)
     return Scenario(scheduler_config, cache_config, requests, aborts, max_steps, interval, source, dp,
-                    speculative, lora)
+                    speculative, lora, kv_connector)
+
+
+def _check_kv_connector(c: _Checker, top: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The oracle's ``kv_connector`` (SCENARIO_FORMAT.md, "KV connectors");
+    kvsched has the scripted connector."""
+    if "kv_connector" not in top:
+        return None
+    kvc = c.obj(top["kv_connector"], "kv_connector", KV_CONNECTOR_KEYS, "a KV connector")
+    kind = kvc.get("type")
+    if kind in KV_CONNECTOR_TYPES_LATER:
+        c.fail("kv_connector.type", kind, "kvsched does not rebuild this connector yet (it has the "
+               "oracle's scripted connector)", "use \"scripted\"")
+    if kind != "scripted":
+        c.fail("kv_connector.type", kind, "unknown connector type", "use \"scripted\"")
+    role = kvc.get("kv_role", "kv_both")
+    if role not in KV_ROLES:
+        c.fail("kv_connector.kv_role", role, "unknown role", f"use one of {', '.join(KV_ROLES)}")
+    policy = kvc.get("load_failure_policy", "fail")
+    if policy not in LOAD_FAILURE_POLICIES:
+        c.fail("kv_connector.load_failure_policy", policy, "unknown policy",
+               f"use one of {', '.join(LOAD_FAILURE_POLICIES)}")
+    c.boolean(kvc, "pending_block_frees", "kv_connector", False)
+    return kvc
+
+
+def _check_kv_request(c: _Checker, r: Mapping[str, Any], where: str, has_connector: bool) -> None:
+    """The scripted connector's per-request keys: a value, or a list with
+    one entry per load (SCENARIO_FORMAT.md)."""
+    keys = [k for k in (*SCRIPTED_REQUEST_KEYS, "kv_transfer_params") if k in r]
+    if keys and not has_connector:
+        c.fail(_join(where, keys[0]), r[keys[0]], "needs a KV connector: the scenario sets no "
+               "kv_connector", "add \"kv_connector\": {\"type\": \"scripted\"} or remove the key")
+    if "kv_transfer_params" in r:
+        c.fail(_join(where, "kv_transfer_params"), r["kv_transfer_params"], "only the nixl connector "
+               "reads it, and kvsched does not rebuild that one yet", "remove the key")
+
+    def each(key: str, ok: Callable[[Any], bool], what: str) -> None:
+        if key not in r:
+            return
+        value = r[key]
+        for i, v in enumerate(value if isinstance(value, list) else [value]):
+            if not ok(v):
+                path = _join(where, key) + (f"[{i}]" if isinstance(value, list) else "")
+                c.fail(path, v, f"must be {what}", f"give {what}, or a list of them (one per load)")
+
+    def count(lo: int) -> Callable[[Any], bool]:
+        return lambda v: type(v) is int and lo <= v < INT32_LIMIT
+
+    each("external_hit_tokens", count(0), "an integer >= 0")
+    each("load_async", lambda v: type(v) is bool, "true or false")
+    each("load_steps", count(1), "an integer >= 1 (batches)")
+    each("load_fail", lambda v: v is None or v == "request" or count(0)(v),
+         "\"request\", a block index >= 0 or null")
+    if "send_steps" in r and r["send_steps"] is not None:
+        c.integer(r, "send_steps", where, 1, INT32_LIMIT - 1, "")
 
 
 def _check_features(c: _Checker, top: Mapping[str, Any]
@@ -522,9 +599,58 @@ def _build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | Non
     try:
         return Scheduler(scenario.scheduler_config, scenario.cache_config, admission_policy,
                          explain_admission=explain, speculative_config=scenario.speculative_config,
-                         lora_config=scenario.lora_config)
+                         lora_config=scenario.lora_config, kv_connector=_make_connector(scenario))
     except ValueError as e:
         raise UserInputError(f"{scenario.source}: {e}") from None
+
+
+def _make_connector(scenario: Scenario) -> ScriptedConnector | None:
+    kvc = scenario.kv_connector
+    if kvc is None:
+        return None
+    config = KVTransferConfig(kvc.get("kv_role", "kv_both"), kvc.get("load_failure_policy", "fail"))
+    scripts = {r["request_id"]: {k: r[k] for k in SCRIPTED_REQUEST_KEYS if k in r}
+               for r in scenario.requests}
+    return ScriptedConnector(config, scripts, scenario.cache_config.block_size,
+                             bool(kvc.get("pending_block_frees", False)))
+
+
+def _kv_fields(sched: Scheduler, output: SchedulerOutput | None,
+               report: tuple[ModelRunnerOutput, set[str]] | None) -> dict[str, Any]:
+    """The KV connector's trace keys for one step: ``output`` the batch
+    scheduled in it (or None), ``report`` the processed output and the ids
+    whose load failed in it (or None)."""
+    requests = sched.requests.values()
+    kvo = report[0].kv_connector_output if report is not None else None
+    loads = output.kv_loads if output is not None and output.kv_loads else {}
+    return {
+        "waiting_for_remote_kvs": sorted(r.request_id for r in requests
+                                         if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS),
+        "kv_load": {rid: [n, is_async] for rid, (n, is_async) in loads.items()},
+        "finished_recving": sorted(kvo.finished_recving) if kvo is not None else [],
+        "finished_sending": sorted(kvo.finished_sending) if kvo is not None else [],
+        "load_failed": sorted(report[1]) if report is not None else [],
+        "delayed_free": sorted(r.request_id for r in requests if r.is_finished()),
+    }
+
+
+# The worker's report for a batch and the ids whose load failed in it.
+_KVReport = tuple[KVConnectorOutput, set[str]]
+
+
+def _meta(output: SchedulerOutput) -> ScriptedMetadata:
+    meta = output.kv_connector_metadata
+    assert isinstance(meta, ScriptedMetadata)
+    return meta
+
+
+def _kv_report(worker: ScriptedWorker, output: SchedulerOutput,
+               runner_output: ModelRunnerOutput) -> tuple[ModelRunnerOutput, set[str]]:
+    """The worker runs the batch (synchronous loop): its report goes with
+    the batch's output."""
+    kv_output, failed = worker.capture(_meta(output))
+    runner_output.kv_connector_output = kv_output
+    return runner_output, failed
 
 
 # One scheduled request as the fake model saw it: id, the request, whether it
@@ -637,17 +763,23 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     use_async = scenario.scheduler_config.async_scheduling
     use_spec = scenario.speculative_config is not None
     model = FakeModel(specs)
-    # Async scheduling: vLLM's EngineCore.batch_queue, newest first.
-    batch_queue: deque[tuple[int, SchedulerOutput, list[_Entry]]] = deque()
-    # A caller's policy or hook may count steps: those see every step.
-    skip = skip_idle and on_step is None and admission_policy is None
+    # The KV connector's worker side sees every executed batch, in order.
+    worker = ScriptedWorker() if scenario.kv_connector is not None else None
+    use_kv = worker is not None
+    # Async scheduling: vLLM's EngineCore.batch_queue, newest first, with the
+    # worker's report for each batch.
+    batch_queue: deque[tuple[int, SchedulerOutput, list[_Entry], _KVReport | None]] = deque()
+    # A caller's policy or hook may count steps: those see every step. With
+    # a connector idle steps poll the worker: none is skipped.
+    skip = skip_idle and on_step is None and admission_policy is None and not use_kv
     requests = sched.requests
     perf = time.perf_counter
     seconds = 0.0
     step = 0
     idle_tail: str | None = None  # the previous idle step's trace line after its step number
     scheduled_steps = 0
-    while step <= last_event or sched.has_unfinished_requests() or batch_queue:
+    while step <= last_event or batch_queue or (
+            sched.has_requests() if use_kv else sched.has_unfinished_requests()):
         if step >= max_steps:
             raise CannotServe(f"{scenario.source}: the scenario did not finish within "
                                f"max_steps={max_steps}")
@@ -665,7 +797,8 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
         for spec in arrivals.get(step, ()):
             sched.add_request(make_request(spec))
         finished: list[list[str]] = []
-        live = [rid for rid in aborts.get(step, ()) if rid in requests]
+        # (A finished request whose blocks a connector still holds is ignored.)
+        live = [rid for rid in aborts.get(step, ()) if rid in requests and not requests[rid].is_finished()]
         if live:
             sched.finish_requests(live)
             finished.extend([rid, "abort"] for rid in live)
@@ -673,14 +806,18 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
         processed: int | None = None
         results: EngineCoreOutputs | None = None
         output: SchedulerOutput | None = None
-        if not use_async:
-            # EngineCore.step(), then post_step() hands the drafts over.
+        report: tuple[ModelRunnerOutput, set[str]] | None = None
+        if not use_async and (not use_kv or sched.has_requests()):
+            # EngineCore.step() (with a connector it skips schedule() when
+            # has_requests() is false), then post_step() hands the drafts over.
             t0 = perf()
             output = sched.schedule()
             t1 = perf()
             scheduled_steps += 1
             batch = model.capture(sched, output)
             runner_output = model.output(batch)
+            if worker is not None:
+                report = _kv_report(worker, output, runner_output)
             t2 = perf()
             results = sched.update_from_output(output, runner_output)
             t3 = perf()
@@ -690,7 +827,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
                 t4 = perf()
                 sched.update_draft_token_ids(drafts)
                 seconds += perf() - t4
-        else:
+        elif use_async:
             # EngineCore.step_with_batch_queue(): schedule the next batch;
             # collect the oldest once the queue is full or nothing is left
             # to schedule.
@@ -700,12 +837,16 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
                 output = sched.schedule()
                 seconds += perf() - t0
                 scheduled_steps += 1
-                batch_queue.appendleft((step, output, model.capture(sched, output)))
+                batch_queue.appendleft((step, output, model.capture(sched, output),
+                                        worker.capture(_meta(output)) if worker is not None else None))
                 pop = not (len(batch_queue) < BATCH_QUEUE_SIZE and (
                     output.total_num_scheduled_tokens > 0 or sched.has_requests()))
             if pop:
-                processed, done_output, done_batch = batch_queue.pop()
+                processed, done_output, done_batch, kv_report = batch_queue.pop()
                 runner_output = model.output(done_batch)
+                if kv_report is not None:
+                    runner_output.kv_connector_output = kv_report[0]
+                    report = (runner_output, kv_report[1])
                 t2 = perf()
                 results = sched.update_from_output(done_output, runner_output)
                 seconds += perf() - t2
@@ -719,6 +860,8 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
                               if rid in spec_tokens]
         if use_async:
             record["processed"] = processed
+        if use_kv:
+            record.update(_kv_fields(sched, output, report))
         idle_tail = None
         if trace_out is not None:
             line = json.dumps(record, separators=(",", ":"))

@@ -14,14 +14,19 @@ from kvsched.errors import UserInputError
 
 
 class RequestStatus(enum.IntEnum):
-    """Lifecycle of a request; every status after PREEMPTED is a finished one."""
+    """Lifecycle of a request; every status after PREEMPTED is a finished one.
+    WAITING_FOR_REMOTE_KVS: admitted to an asynchronous KV-connector load and
+    waiting for it (blocks held, not running); FINISHED_ERROR: a failed KV
+    load under the ``fail`` policy (vLLM's names and order)."""
 
     WAITING = 1
-    RUNNING = 2
-    PREEMPTED = 3
-    FINISHED_STOPPED = 4
-    FINISHED_LENGTH_CAPPED = 5
-    FINISHED_ABORTED = 6
+    WAITING_FOR_REMOTE_KVS = 2
+    RUNNING = 3
+    PREEMPTED = 4
+    FINISHED_STOPPED = 5
+    FINISHED_LENGTH_CAPPED = 6
+    FINISHED_ABORTED = 7
+    FINISHED_ERROR = 8
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
@@ -33,6 +38,7 @@ FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -338,6 +344,13 @@ class Request:
     # Tokens in flight when the request was preempted: their output still
     # arrives and is appended, but must not move the reset counters.
     num_stale_output_tokens: int
+    # KV connector with a producer role: the stale output of a preemption is
+    # dropped rather than appended (vLLM's drop_stale_output).
+    drop_stale_output: bool
+    # The scheduler's step sequence of the last batch that scheduled it (a
+    # consumer connector under async scheduling defers freeing its blocks
+    # until that batch is processed; vLLM's last_sched_seq).
+    last_sched_seq: int
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
                  sampling_params: SamplingParams | None = None, priority: int = 0,
@@ -384,6 +397,8 @@ class Request:
         self.num_output_placeholders = 0
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
+        self.drop_stale_output = False
+        self.last_sched_seq = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:

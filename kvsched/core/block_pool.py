@@ -282,6 +282,13 @@ class BlockPool:
             if not dups:
                 del self.dup_cached[h]
 
+    def uncache_blocks(self, blocks: list[int]) -> None:
+        """Forget the hashes of held blocks (vLLM's evict_blocks)."""
+        for b in blocks:
+            h = self.hash_of_block.pop(b, None)
+            if h is not None:
+                self._evict(b, h)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible when no block is in use."""
         if self.num_free != self.num_gpu_blocks - 1:

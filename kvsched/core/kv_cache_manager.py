@@ -182,7 +182,10 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[int] = _NO_BLOCKS,
                        full_sequence_must_fit: bool = False,
-                       num_lookahead_tokens: int = 0) -> list[int] | None:
+                       num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False,
+                       reserved_blocks: int = 0) -> list[int] | None:
         """Give ``request`` KV slots for ``num_new_tokens`` more tokens, after
         adopting ``new_computed_blocks`` (a prefix hit). Returns the newly
         allocated block ids, or None (changing nothing) if the pool is short.
@@ -192,13 +195,18 @@ class KVCacheManager:
         ``num_lookahead_tokens``: slots past the new tokens for a drafter's
         own positions (speculative decoding with a drafter model). Only
         known tokens are cached: drafts and async placeholders are not.
+        KV connector: ``num_external_computed_tokens`` past the hit are
+        loaded by the connector (fresh blocks, counted as computed);
+        ``delay_cache_blocks`` leaves the new blocks out of the prefix cache
+        (an asynchronous load fills them later); ``reserved_blocks`` of the
+        free ones must stay free for other in-flight prefills.
         """
         bs = self.block_size
         max_model_len = self.max_model_len
         rid = request.request_id
         blocks = self.req_to_blocks.get(rid)
         num_blocks = len(blocks) if blocks is not None else 0
-        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
         if num_computed > max_model_len:
             num_computed = max_model_len
         pool = self.block_pool
@@ -226,7 +234,7 @@ class KVCacheManager:
         need = -(-num_tokens // bs) - have
         if need < 0:
             need = 0
-        if need + num_evictable > num_free:
+        if need + num_evictable > num_free - reserved_blocks:
             return None
 
         if blocks is None:
@@ -239,7 +247,7 @@ class KVCacheManager:
         if new_blocks:
             blocks.extend(new_blocks)
 
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache_blocks:
             num_full = num_computed + num_new_tokens
             total = request.num_tokens
             if num_full > total:
@@ -347,6 +355,29 @@ class KVCacheManager:
         todo = [i for i in range(num_cached) if blocks[i] not in hash_of_block]
         if todo:
             self.block_pool.cache_blocks([blocks[i] for i in todo], [keys[i] for i in todo])
+
+    def pop_blocks_for_free(self, request: Request) -> tuple[list[int], int]:
+        """Take a request's blocks (and how many lead its table cached) out of
+        its table without freeing them: a consumer KV connector under async
+        scheduling returns them to the pool (``free_popped``) only once the
+        batches that may still write them are processed."""
+        blocks = self.req_to_blocks.pop(request.request_id, None) or []
+        return blocks, self.num_cached_block.pop(request.request_id, 0)
+
+    def free_popped(self, blocks: list[int], num_cached: int) -> None:
+        """Free blocks taken by ``pop_blocks_for_free``, tail first."""
+        if blocks:
+            self.block_pool.free_table(blocks, num_cached)
+
+    def evict_request_blocks(self, request: Request, first: int) -> None:
+        """Drop the request's blocks from ``first`` on out of the prefix cache
+        (a KV load into them failed under the ``fail`` policy); the request
+        keeps holding them."""
+        rid = request.request_id
+        num_cached = self.num_cached_block.get(rid, 0)
+        if num_cached > first:
+            self.block_pool.uncache_blocks(self.req_to_blocks[rid][first:num_cached])
+            self.num_cached_block[rid] = first
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return list(self.req_to_blocks.get(request_id, _NO_BLOCKS))

@@ -104,6 +104,12 @@ class SchedulerOutput:
     # step and sample nothing (vLLM's is_prefill_chunk, as of this step: under
     # async scheduling the request's own flag moves on with the next step).
     prefill_chunk_req_ids: frozenset[str] | set[str]
+    # KV connector: what its worker side gets with this batch
+    # (build_connector_meta); None without a connector.
+    kv_connector_metadata: Any
+    # KV connector: the loads this schedule() started, {request id:
+    # (external tokens, asynchronous)}; None without a connector.
+    kv_loads: dict[str, tuple[int, bool]] | None
 
     def __init__(self, scheduled_new_reqs: list[NewRequestData],
                  scheduled_cached_reqs: CachedRequestData, num_scheduled_tokens: dict[str, int],
@@ -127,6 +133,25 @@ class SchedulerOutput:
                                              else scheduled_spec_decode_tokens)
         self.num_spec_tokens_to_schedule = num_spec_tokens_to_schedule
         self.prefill_chunk_req_ids = prefill_chunk_req_ids
+        self.kv_connector_metadata = None
+        self.kv_loads = None
+
+
+@dataclass(slots=True)
+class KVConnectorOutput:
+    """What the worker-side connector reports with a batch's output (vLLM's
+    KVConnectorOutput): requests whose blocks were sent or received, loads
+    that failed as a whole (``failed_recving``) and blocks whose load failed
+    (``invalid_block_ids``)."""
+
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
+    invalid_block_ids: set[int] = field(default_factory=set)
+
+    def is_empty(self) -> bool:
+        return not (self.finished_sending or self.finished_recving or self.failed_recving
+                    or self.invalid_block_ids)
 
 
 @dataclass(slots=True, init=False)
@@ -141,12 +166,16 @@ class ModelRunnerOutput:
     # list is None when no request asked for logprobs. (Typed loosely:
     # Logprob lives with the torch sampler.)
     logprobs: list[Any] | None
+    # KV connector: the worker side's report for this batch, or None.
+    kv_connector_output: KVConnectorOutput | None
 
     def __init__(self, req_ids: list[str], sampled_token_ids: list[list[int]],
-                 logprobs: list[Any] | None = None) -> None:
+                 logprobs: list[Any] | None = None,
+                 kv_connector_output: KVConnectorOutput | None = None) -> None:
         self.req_ids = req_ids
         self.sampled_token_ids = sampled_token_ids
         self.logprobs = logprobs
+        self.kv_connector_output = kv_connector_output
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ from kvsched.config import (
 )
 from kvsched.core import explain
 from kvsched.core.kv_cache_manager import KVCacheManager
+from kvsched.core.kv_connector import KVConnectorBase, KVConnectorOutput
 from kvsched.core.output import (
     CachedRequestData,
     DraftTokenIds,
@@ -43,7 +44,7 @@ from kvsched.core.output import (
     SpecDecodingStats,
 )
 from kvsched.core.policies import AdmissionPolicy
-from kvsched.core.request_queue import create_request_queue
+from kvsched.core.request_queue import RequestQueue, create_request_queue
 from kvsched.errors import UserInputError
 from kvsched.request import (
     FINISH_REASONS,
@@ -55,6 +56,7 @@ from kvsched.request import (
 )
 
 RUNNING = RequestStatus.RUNNING
+WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 # "Allocated nothing" (read only).
 _NO_NEW_BLOCKS: list[int] = []
 PREEMPTED = RequestStatus.PREEMPTED
@@ -127,6 +129,8 @@ class _Step:
     # with why: they keep their place in the queue.
     skipped: list[Request] | None
     skip_reasons: dict[str, tuple[str, str]] | None
+    # KV connector: the loads this step started, {id: (tokens, asynchronous)}.
+    kv_loads: dict[str, tuple[int, bool]] | None
 
     def __init__(self, token_budget: int) -> None:
         self.token_budget = token_budget
@@ -146,6 +150,7 @@ class _Step:
         self.prefill_scheduled = False
         self.skipped = None
         self.skip_reasons = None
+        self.kv_loads = None
 
 
 
@@ -171,7 +176,8 @@ class Scheduler:
                  explain_admission: bool = False, runner_inputs: bool = True,
                  vocab_size: int | None = None,
                  speculative_config: SpeculativeConfig | None = None,
-                 lora_config: LoRAConfig | None = None) -> None:
+                 lora_config: LoRAConfig | None = None,
+                 kv_connector: KVConnectorBase | None = None) -> None:
         """``runner_inputs``: put in each SchedulerOutput what a model runner
         needs to run the step - new requests' prompts and block tables,
         resumed requests' block tables and tokens. A simulator runs no model
@@ -182,7 +188,9 @@ class Scheduler:
         ``speculative_config``: speculative decoding (drafts scheduled for
         verification, rejected ones rolled back); ``lora_config``: the cap on
         distinct LoRA adapters among running requests. Async scheduling is
-        ``scheduler_config.async_scheduling``."""
+        ``scheduler_config.async_scheduling``. ``kv_connector``: a KV
+        connector's scheduler side (kvsched.core.kv_connector); its work runs
+        inside the usual phases, and without one they run as before."""
         if vocab_size is not None and (type(vocab_size) is not int or not 0 < vocab_size <= TOKEN_ID_LIMIT):
             raise UserInputError(f"vocab_size={vocab_size!r}: must be an int in [1, {TOKEN_ID_LIMIT}] "
                              "(the model's vocabulary size), or None")
@@ -191,6 +199,9 @@ class Scheduler:
                             "SpeculativeConfig or None")
         if lora_config is not None and not isinstance(lora_config, LoRAConfig):
             raise TypeError(f"lora_config={lora_config!r:.80}: must be a kvsched LoRAConfig or None")
+        if kv_connector is not None and not isinstance(kv_connector, KVConnectorBase):
+            raise TypeError(f"kv_connector={kv_connector!r:.80}: must be a kvsched KVConnectorBase "
+                            "(kvsched.core.kv_connector) or None")
         check_speculative_settings(scheduler_config, speculative_config)
         num_spec = speculative_config.num_speculative_tokens if speculative_config else 0
         self.scheduler_config = scheduler_config
@@ -245,6 +256,40 @@ class Scheduler:
         # that changes the queues. A fact fast-forward's rule reads
         # (kvsched.core.fast_forward.stretch_refusal), not the rule itself.
         self.decode_stable = False
+        self._init_connector(kv_connector)
+
+    def _init_connector(self, connector: KVConnectorBase | None) -> None:
+        """The KV connector's state (vLLM's names). Waiting requests that hold
+        blocks (an asynchronous load, or promoted after one) wait in
+        ``kv_holding_waiting``, scanned before ``waiting``."""
+        self.connector = connector
+        self.kv_holding_waiting = create_request_queue(self.scheduler_config.policy)
+        # Loads reported done (or failed, recompute policy) not yet promoted.
+        self.finished_recving_kv_req_ids: set[str] = set()
+        self.failed_recving_kv_req_ids: set[str] = set()
+        # Requests still prefilling or loading: their remaining blocks are
+        # reserved against an asynchronous load's admission.
+        self._inflight_prefills: dict[str, Request] = {}
+        self.recompute_kv_load_failures = True
+        self.defer_block_free = False
+        self.requires_kv_delivery = False
+        # Batches scheduled / processed, to fence deferred frees.
+        self.sched_step_seq = 0
+        self.processed_step_seq = 0
+        self.deferred_frees: deque[tuple[int, list[int], int]] = deque()
+        if connector is None:
+            return
+        config = connector.kv_transfer_config
+        self.recompute_kv_load_failures = config.kv_load_failure_policy == "recompute"
+        # Two batches in flight (async scheduling): a consumer's load could
+        # fill a freed block a batch in flight still writes.
+        self.defer_block_free = self.async_scheduling and config.is_kv_consumer
+        self.requires_kv_delivery = connector.requires_kv_delivery
+        # The connector's work sits in update_from_output's general path.
+        self._plain = False
+        self._async_plain = False
+        num_spec_step = 1 + self.num_spec_tokens + self.num_lookahead_tokens if self.num_spec_tokens else 0
+        self._spec_decode_step_blocks = -(-num_spec_step // self.block_size)
 
     # -- requests in and out --------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -304,9 +349,14 @@ class Scheduler:
         seen: set[str] = set()
         for rid in request_ids:
             request = self.requests.get(rid)
-            if request is not None and rid not in seen:
+            # A finished request whose blocks a KV connector still holds
+            # stays known; finishing it again does nothing.
+            if request is not None and rid not in seen and not request.is_finished():
                 seen.add(rid)
                 done.append(request)
+        if self.connector is not None:
+            self._finish_requests_connector(done, finished_status)
+            return done
         running = [r for r in done if r.status == RUNNING]
         if running:
             drop = set(map(id, running))
@@ -322,9 +372,92 @@ class Scheduler:
         return done
 
     def _free_request(self, request: Request) -> None:
+        if self.connector is not None:
+            self._free_request_connector(request)
+            return
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+
+    # -- the KV connector's bookkeeping ---------------------------------------
+    def _finish_requests_connector(self, done: list[Request], finished_status: RequestStatus) -> None:
+        """finish_requests with a connector: requests leave every queue; one
+        aborted during its asynchronous load keeps its blocks until the
+        load is reported done (unless that was reported already)."""
+        running = [r for r in done if r.status == RUNNING]
+        if running:
+            drop = set(map(id, running))
+            self.running = [r for r in self.running if id(r) not in drop]
+        waiting = [r for r in done if r.status != RUNNING]
+        if waiting:
+            plain = [r for r in waiting if r in self.waiting]
+            if plain:
+                self.waiting.remove_requests(plain)
+            holding = [r for r in waiting if r in self.kv_holding_waiting]
+            if holding:
+                self.kv_holding_waiting.remove_requests(holding)
+        for request in done:
+            rid = request.request_id
+            delay = False
+            if request.status == WAITING_FOR_REMOTE_KVS:
+                delay = rid not in self.finished_recving_kv_req_ids
+                self.finished_recving_kv_req_ids.discard(rid)
+                self.failed_recving_kv_req_ids.discard(rid)
+            request.status = finished_status
+            self._free_request_connector(request, delay)
+        self.decode_stable = False
+
+    def _free_request_connector(self, request: Request, delay_free_blocks: bool = False) -> None:
+        """A finished request with a connector: the connector may hold its
+        blocks (``request_finished``) until ``finished_sending``; until its
+        blocks are freed it stays in ``requests``."""
+        assert self.connector is not None
+        rid = request.request_id
+        self._inflight_prefills.pop(rid, None)
+        delay, _ = self.connector.request_finished(request, self.kv_cache_manager.get_block_ids(rid))
+        self.finished_req_ids.add(rid)
+        if not (delay or delay_free_blocks):
+            self._free_blocks(request)
+
+    def _free_blocks(self, request: Request) -> None:
+        self._free_request_blocks(request)
+        del self.requests[request.request_id]
+
+    def _free_request_blocks(self, request: Request) -> None:
+        """Free a request's blocks, or, while a batch in flight may still
+        write them (a consumer connector under async scheduling), hold them
+        back until that batch is processed."""
+        if not self.defer_block_free or request.last_sched_seq <= self.processed_step_seq:
+            self.kv_cache_manager.free(request)
+            return
+        blocks, num_cached = self.kv_cache_manager.pop_blocks_for_free(request)
+        if blocks:
+            self.deferred_frees.append((self.sched_step_seq, blocks, num_cached))
+
+    def _drain_deferred_frees(self) -> None:
+        """Return deferred blocks whose batch has been processed, in order."""
+        frees = self.deferred_frees
+        while frees and frees[0][0] <= self.processed_step_seq:
+            _, blocks, num_cached = frees.popleft()
+            self.kv_cache_manager.free_popped(blocks, num_cached)
+
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        """Blocks the requests still prefilling or loading need to finish
+        (vLLM's reservation against an asynchronous load)."""
+        held = self.kv_cache_manager.req_to_blocks
+        bs = self.block_size
+        extra = 1 + self.num_spec_tokens + self.num_lookahead_tokens if self.num_spec_tokens else 0
+        total = 0
+        for rid, request in self._inflight_prefills.items():
+            need = -(-(min(request.num_tokens, self.max_model_len) + extra) // bs) - len(held.get(rid, ()))
+            if need > 0:
+                total += need
+        return total
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting): waiting counts the requests holding KV blocks
+        while they wait (kv_holding_waiting) too."""
+        return len(self.running), len(self.waiting) + len(self.kv_holding_waiting)
 
     @property
     def step_in_flight(self) -> bool:
@@ -344,14 +477,21 @@ class Scheduler:
 
     def has_requests(self) -> bool:
         """Unfinished requests, or finished ones the next schedule() has
-        still to report (vLLM's has_requests: the engine keeps stepping)."""
+        still to report (vLLM's has_requests: the engine keeps stepping);
+        with a KV connector also finished requests whose blocks it holds
+        and its pending work."""
+        if self.connector is not None:
+            return (self.has_unfinished_requests() or bool(self.finished_req_ids)
+                    or len(self.requests) > len(self.running) + len(self.waiting)
+                    + len(self.kv_holding_waiting)
+                    or self.connector.has_pending_push_work())
         return bool(self.running) or bool(self.waiting) or bool(self.finished_req_ids)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running) or bool(self.waiting)
+        return bool(self.running) or bool(self.waiting) or bool(self.kv_holding_waiting)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
@@ -383,7 +523,7 @@ class Scheduler:
         # The threshold keeps one long prefill from starving the others; with
         # a single request there is nobody to starve (vLLM 0.33 drops it then).
         threshold = self.scheduler_config.long_prefill_token_threshold
-        if len(self.running) + len(self.waiting) <= 1:
+        if len(self.running) + len(self.waiting) + len(self.kv_holding_waiting) <= 1:
             threshold = 0
         if self._defer_prefill_chunks is not None and self._defer_prefill_chunks(self):
             # Running requests mid-prefill sit this step out (the general path).
@@ -395,17 +535,21 @@ class Scheduler:
         if step.preempted:
             step.admission_stop = explain.REASON_PREEMPTION
             step.admission_stop_detail = "a running request was preempted this step; no admissions"
+        elif self.connector is not None:
+            self._schedule_waiting_connector(step, threshold)
         else:
             self._schedule_waiting(step, threshold)
         output = self._make_output(step)
         if not self._plain:
             self._update_after_schedule(output)
+        if self.connector is not None:
+            self._connector_after_schedule(output, step)
         # Pure decode (every running request scheduled for exactly one token,
         # nobody admitted, resumed or preempted) with admission held for a
         # stable reason, or nothing waiting: the next steps admit nothing.
         # (Fast-forward covers placeholders, not drafts.)
         n = len(self.running)
-        self.decode_stable = not self.num_spec_tokens and (not self.waiting or (
+        self.decode_stable = not self.num_spec_tokens and self.connector is None and (not self.waiting or (
             output.total_num_scheduled_tokens == n and len(output.num_scheduled_tokens) == n
             and not step.new_reqs and not step.resumed_reqs and not step.preempted
             and step.admission_stop in _STABLE_STOPS and step.skipped is None))
@@ -561,7 +705,13 @@ class Scheduler:
                 new_blocks = allocate_slots(request, num_new, num_lookahead_tokens=lookahead)
                 if new_blocks is not None:
                     break
+                if self.connector is not None and self._connector_blocks_preemption():
+                    break
                 victim = self._pick_victim()
+                if self.defer_block_free and victim.last_sched_seq > self.processed_step_seq:
+                    # A batch in flight still writes its blocks: preempting
+                    # it would free nothing now.
+                    break
                 if self._priority:
                     victim_index = running.index(victim)
                     del running[victim_index]
@@ -626,7 +776,15 @@ class Scheduler:
         """Recompute-style preemption: drop the KV, requeue at the head. A
         step still in flight for it (async) delivers its tokens later as
         "stale" output, which moves no counter."""
-        self.kv_cache_manager.free(request)
+        if self.connector is not None:
+            self._free_request_blocks(request)
+            self._inflight_prefills.pop(request.request_id, None)
+            # A producer drops the stale output (its blocks are gone); a
+            # dropped share not yet drained stays dropped.
+            request.drop_stale_output = self.requires_kv_delivery or (
+                request.drop_stale_output and request.num_stale_output_tokens > 0)
+        else:
+            self.kv_cache_manager.free(request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
         if request.spec_token_ids:
@@ -745,6 +903,207 @@ class Scheduler:
             # Back at the head, in their order (vLLM's prepend_requests).
             waiting.prepend_requests(step.skipped)
 
+    def _connector_blocks_preemption(self) -> bool:
+        """A delayed free in flight will give blocks back: wait for it
+        rather than preempt."""
+        assert self.connector is not None
+        return self.connector.has_pending_block_frees()
+
+    def _schedule_waiting_connector(self, step: _Step, threshold: int) -> None:
+        """Phase 2 with a KV connector (vLLM's waiting scan with its
+        connector calls): waiting requests holding blocks first
+        (``kv_holding_waiting``), then the rest. A request whose
+        asynchronous load finished is promoted; a fresh admission asks the
+        connector for tokens beyond the local hit; an asynchronous load
+        gets its blocks and waits in WAITING_FOR_REMOTE_KVS; a synchronous
+        one is admitted at once with the loaded tokens computed."""
+        connector = self.connector
+        assert connector is not None
+        holding = self.kv_holding_waiting
+        waiting = self.waiting
+        running = self.running
+        kv = self.kv_cache_manager
+        policy = self.admission_policy
+        chunked = self.scheduler_config.enable_chunked_prefill
+        reserve_full = self.scheduler_config.scheduler_reserve_full_isl
+        max_running = self.max_num_running_reqs
+        num_spec = self.num_spec_tokens
+        lookahead = self.num_lookahead_tokens
+        max_loras = self.max_loras
+        loras = ({r.lora_id for r in running if r.lora_id} if max_loras else None)
+        skipped_holding: list[Request] = []
+        skipped_waiting: list[Request] = []
+        loads: dict[str, tuple[int, bool]] = {}
+
+        def skip(queue: RequestQueue) -> None:
+            request = queue.pop_request()
+            if request.num_computed_tokens > 0 or request.status == WAITING_FOR_REMOTE_KVS:
+                skipped_holding.append(request)
+            else:
+                skipped_waiting.append(request)
+
+        budget = step.token_budget
+        while budget > 0:
+            queue = holding if holding else waiting
+            if not queue:
+                break
+            if len(running) >= max_running:
+                step.admission_stop = explain.REASON_MAX_NUM_SEQS
+                step.admission_stop_detail = f"{len(running)} requests running, max_num_seqs={max_running}"
+                break
+            request = queue.peek_request()
+            rid = request.request_id
+            if request.status == WAITING_FOR_REMOTE_KVS:
+                if rid not in self.finished_recving_kv_req_ids:
+                    skip(queue)
+                    continue
+                self._promote_loaded(request)
+            if request.num_stale_output_tokens and not request.drop_stale_output:
+                skip(queue)
+                continue
+            if loras is not None and request.lora_id and (
+                    len(loras) == max_loras and request.lora_id not in loras):
+                skip(queue)
+                continue
+            if policy is not None:
+                hold = policy.hold_reason(self, request)
+                if hold is not None:
+                    self._stop_at(step, explain.REASON_ADMISSION_POLICY, request, hold)
+                    break
+            num_external = 0
+            load_async = False
+            looked_up = request.num_computed_tokens == 0
+            if looked_up:
+                hit_blocks, num_local = kv.get_computed_blocks(request)
+                ext, load_async = connector.get_num_new_matched_tokens(request, num_local)
+                if ext is None:
+                    skip(queue)
+                    continue
+                num_external = ext
+                num_computed = num_local + ext
+            else:
+                hit_blocks, num_local = _NO_NEW_BLOCKS, 0
+                num_computed = request.num_computed_tokens
+            num_tokens = request.num_tokens
+            padded = False
+            if load_async:
+                num_new = 0
+            else:
+                num_new = num_tokens - num_computed
+                if num_new == 1 and num_spec and not step.prefill_scheduled and (
+                        step.running_req_ids or num_computed) and (
+                        num_computed + num_spec + 2 <= self.max_model_len):
+                    # vLLM's padding of a one-token admission (see _schedule_waiting).
+                    if 1 + num_spec > budget:
+                        self._stop_at(step, explain.REASON_TOKEN_BUDGET, request,
+                                      f"needs {1 + num_spec} tokens (1 + {num_spec} padding drafts), "
+                                      f"{budget} left in the budget")
+                        break
+                    num_new = 1 + num_spec
+                    padded = True
+                if 0 < threshold < num_new:
+                    num_new = threshold
+                if num_new > budget:
+                    if not chunked:
+                        self._stop_at(step, explain.REASON_CHUNKED_PREFILL_OFF, request,
+                                      f"needs {num_new} tokens at once, {budget} left in the budget "
+                                      "and chunked prefill is off")
+                        break
+                    num_new = budget
+            reserved = (self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks
+                        if load_async else 0)
+            if kv.allocate_slots(request, num_new, num_local, hit_blocks,
+                                 full_sequence_must_fit=reserve_full,
+                                 num_lookahead_tokens=0 if load_async else lookahead,
+                                 num_external_computed_tokens=num_external,
+                                 delay_cache_blocks=load_async,
+                                 reserved_blocks=reserved) is None:
+                self._stop_at(step, explain.REASON_KV_BLOCKS, request, "")
+                break
+            connector.update_state_after_alloc(request, kv.get_block_ids(rid), num_external)
+            if num_external:
+                loads[rid] = (num_external, load_async)
+            if looked_up:
+                kv.record_prefix_cache_stats(request, num_local)
+            if load_async:
+                request.status = WAITING_FOR_REMOTE_KVS
+                request.num_computed_tokens = num_computed
+                self._inflight_prefills[rid] = request
+                skip(queue)
+                continue
+            queue.pop_request()
+            running.append(request)
+            if request.status == WAITING:
+                step.new_reqs.append(request)
+            else:
+                step.resumed_reqs.append(request)
+            step.num_scheduled_tokens[rid] = num_new
+            step.computed_at_admission[rid] = num_computed
+            budget -= num_new
+            request.status = RUNNING
+            if loras is not None and request.lora_id:
+                loras.add(request.lora_id)
+            if padded:
+                step.spec[rid] = self._spec_placeholders
+            end = num_computed + num_new
+            request.num_computed_tokens = end
+            if end < num_tokens:
+                request.is_prefill_chunk = True
+                step.prefill_chunks.append(rid)
+                self._inflight_prefills[rid] = request
+            else:
+                request.is_prefill_chunk = False
+        if budget <= 0 and step.admission_stop is None and (holding or waiting):
+            step.admission_stop = explain.REASON_TOKEN_BUDGET
+            step.admission_stop_detail = f"token budget of {self.max_num_scheduled_tokens} used up"
+        step.token_budget = budget
+        # Back at the head of their queues, in their order.
+        if skipped_holding:
+            holding.prepend_requests(skipped_holding)
+        if skipped_waiting:
+            waiting.prepend_requests(skipped_waiting)
+        step.kv_loads = loads
+
+    def _promote_loaded(self, request: Request) -> None:
+        """An asynchronous load reported done: cache what it loaded (after a
+        failure, what is valid; with nothing valid its blocks are freed and
+        it is looked up again), and leave the last token to compute when it
+        loaded everything. It waits (or, once preempted, is resumed) as
+        any other request from here on."""
+        rid = request.request_id
+        kv = self.kv_cache_manager
+        if rid in self.failed_recving_kv_req_ids:
+            self.failed_recving_kv_req_ids.remove(rid)
+            if request.num_computed_tokens:
+                kv.cache_blocks(request, request.num_computed_tokens)
+            else:
+                kv.free(request)
+        else:
+            kv.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        self.finished_recving_kv_req_ids.remove(rid)
+        request.status = PREEMPTED if request.num_preemptions else WAITING
+
+    def _connector_after_schedule(self, output: SchedulerOutput, step: _Step) -> None:
+        """After a schedule() with a connector: the loads it started, the
+        worker's metadata, the fence of deferred frees, and which requests
+        are still prefilling."""
+        assert self.connector is not None
+        output.kv_loads = step.kv_loads
+        output.kv_connector_metadata = self.connector.build_connector_meta(output)
+        requests = self.requests
+        if self.defer_block_free and output.total_num_scheduled_tokens > 0:
+            self.sched_step_seq += 1
+            seq = self.sched_step_seq
+            for rid in output.num_scheduled_tokens:
+                requests[rid].last_sched_seq = seq
+        inflight = self._inflight_prefills
+        if inflight:
+            for rid in output.num_scheduled_tokens:
+                if not requests[rid].is_prefill_chunk:
+                    inflight.pop(rid, None)
+
     def _skip(self, step: _Step, reason: str, detail: str) -> None:
         """Pass over the head of the waiting queue for this step."""
         request = self.waiting.pop_request()
@@ -835,6 +1194,8 @@ class Scheduler:
         vocabulary. A request aborted after schedule() may have anything
         well-typed: its tokens are dropped."""
         self._check_step(scheduler_output, model_runner_output)
+        if self.connector is not None:
+            return self._update_from_output_connector(scheduler_output, model_runner_output)
         if not self._plain:
             if self._async_plain:
                 return self._update_from_output_async(scheduler_output, model_runner_output)
@@ -925,13 +1286,15 @@ class Scheduler:
             request.status is PREEMPTED and request.num_stale_output_tokens > 0))
 
     def _update_from_output_general(self, scheduler_output: SchedulerOutput,
-                                    model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+                                    model_runner_output: ModelRunnerOutput,
+                                    skip: set[str] | None = None) -> EngineCoreOutputs:
         """update_from_output with drafts or placeholders (vLLM's loop):
         accepted drafts are appended with the sampled token and rejected ones
         roll num_computed_tokens (and placeholders) back; under async
         scheduling the batch's tokens leave the in-flight count, and the
         output of a request preempted meanwhile is appended without moving
-        its reset counters. Every entry is checked before anything changes."""
+        its reset counters. Every entry is checked before anything changes.
+        ``skip``: requests whose output is discarded (a failed KV load)."""
         num_scheduled = scheduler_output.num_scheduled_tokens
         entries = _entries_in_order(num_scheduled, model_runner_output)
         spec = scheduler_output.scheduled_spec_decode_tokens
@@ -988,6 +1351,10 @@ class Scheduler:
                 if request.num_stale_output_tokens > 0:
                     stale = True
                     request.num_stale_output_tokens -= n_sched
+                    if request.drop_stale_output:
+                        continue  # a producer connector's preemption drops it
+            if skip and rid in skip:
+                continue
             if not entry:
                 continue
             drafts = spec.get(rid) if spec else None
@@ -1045,6 +1412,120 @@ class Scheduler:
                     waiting_stops.append(request)
         finished = self._finish_stopped(stopped, waiting_stops) if stopped else []
         return EngineCoreOutputs(model_runner_output, finished, dropped, stats)
+
+    def _update_from_output_connector(self, scheduler_output: SchedulerOutput,
+                                      model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """update_from_output with a KV connector: failed loads first (their
+        requests' computed tokens cut, their output discarded), then the
+        usual update, then the error finishes (``fail`` policy) and the
+        transfers the worker reported done."""
+        kv_output = model_runner_output.kv_connector_output
+        if self.defer_block_free and scheduler_output.total_num_scheduled_tokens > 0:
+            self.processed_step_seq += 1
+            self._drain_deferred_frees()
+        failed: set[str] = set()
+        if kv_output is not None:
+            if kv_output.failed_recving:
+                failed |= self._handle_failed_recving(kv_output.failed_recving)
+            if kv_output.invalid_block_ids:
+                failed |= self._handle_invalid_blocks(kv_output.invalid_block_ids,
+                                                      scheduler_output.num_scheduled_tokens)
+        results = self._update_from_output_general(scheduler_output, model_runner_output, failed)
+        if failed and not self.recompute_kv_load_failures:
+            for request in self.finish_requests(sorted(failed), RequestStatus.FINISHED_ERROR):
+                results.finished.append(EngineCoreOutput(
+                    request.request_id, [], FINISH_REASONS[request.status], None))
+        if kv_output is not None:
+            self._update_from_kv_xfer_finished(kv_output)
+        return results
+
+    def _handle_failed_recving(self, failed_req_ids: set[str]) -> set[str]:
+        """Loads that failed as a whole (only asynchronous ones count):
+        under ``recompute`` nothing of them is computed; under ``fail``
+        their ids are returned (they finish with an error)."""
+        affected: set[str] = set()
+        for rid in sorted(failed_req_ids):
+            request = self.requests.get(rid)
+            if request is not None and request.status == WAITING_FOR_REMOTE_KVS:
+                affected.add(rid)
+                if self.recompute_kv_load_failures:
+                    request.num_computed_tokens = 0
+                    self.failed_recving_kv_req_ids.add(rid)
+        return set() if self.recompute_kv_load_failures else affected
+
+    def _handle_invalid_blocks(self, invalid_block_ids: set[int],
+                               num_scheduled: dict[str, int]) -> set[str]:
+        """Blocks whose load failed: each affected request's computed tokens
+        are cut to its first invalid block. Returns the requests whose
+        output is discarded: under ``fail`` all affected (they finish with
+        an error, the invalid blocks and those after them leave the prefix
+        cache), under ``recompute`` the running ones (asynchronous loads
+        keep their valid prefix when promoted)."""
+        loading = [r for r in self.kv_holding_waiting if r.status == WAITING_FOR_REMOTE_KVS]
+        async_ids, _ = self._cut_at_invalid_blocks(loading, invalid_block_ids, num_scheduled)
+        sync_ids, evict = self._cut_at_invalid_blocks(self.running, invalid_block_ids, num_scheduled)
+        if not async_ids and not sync_ids:
+            return set()
+        if not self.recompute_kv_load_failures:
+            for request, first in evict:
+                self.kv_cache_manager.evict_request_blocks(request, first)
+            return async_ids | sync_ids
+        self.failed_recving_kv_req_ids |= async_ids
+        return sync_ids
+
+    def _cut_at_invalid_blocks(self, requests: Iterable[Request], invalid_block_ids: set[int],
+                               num_scheduled: dict[str, int]
+                               ) -> tuple[set[str], list[tuple[Request, int]]]:
+        """Cut each request's computed tokens (before the processed batch) at
+        its first invalid block; a block shared with an earlier request of
+        the list is recomputed by that one. Returns the affected ids and,
+        per request cut, the index of its first invalid block."""
+        affected: set[str] = set()
+        cuts: list[tuple[Request, int]] = []
+        marked: set[int] = set()
+        bs = self.block_size
+        table = self.kv_cache_manager.req_to_blocks
+        for request in requests:
+            rid = request.request_id
+            computed = request.num_computed_tokens - num_scheduled.get(rid, 0)
+            blocks = table.get(rid, _NO_NEW_BLOCKS)
+            hit = False
+            cut = False
+            for idx, block in enumerate(blocks[:-(-computed // bs)]):
+                if block not in invalid_block_ids:
+                    continue
+                hit = True
+                if block in marked:
+                    continue
+                marked.add(block)
+                if cut:
+                    continue
+                cut = True
+                request.num_computed_tokens = idx * bs
+                cuts.append((request, idx))
+            if hit:
+                if not cut:
+                    request.num_computed_tokens = computed
+                affected.add(rid)
+        return affected, cuts
+
+    def _update_from_kv_xfer_finished(self, kv_output: KVConnectorOutput) -> None:
+        """Transfers the worker reported done: a finished load lets its
+        request be promoted by the next schedule() (or, if the request was
+        aborted meanwhile, frees its blocks); a finished send frees the
+        blocks a finished request's connector held."""
+        assert self.connector is not None
+        self.connector.update_connector_output(kv_output)
+        requests = self.requests
+        for rid in sorted(kv_output.finished_recving):
+            request = requests[rid]
+            if request.status == WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(rid)
+            else:
+                assert request.is_finished(), f"{rid} reported loaded while {request.status.name}"
+                self._free_blocks(request)
+        for rid in sorted(kv_output.finished_sending):
+            self._free_blocks(requests[rid])
 
     def _update_from_output_async(self, scheduler_output: SchedulerOutput,
                                   model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:

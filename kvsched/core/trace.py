@@ -13,6 +13,12 @@ TRACE_FIELDS = ("scheduled", "new", "resumed", "preempted", "computed_at_admissi
 # Written only with speculative decoding / async scheduling; compared
 # whenever either trace has them.
 OPTIONAL_FIELDS = ("spec", "processed")
+# Written only with a KV connector; compared whenever either trace has them
+# (the id lists as sets).
+KV_CONNECTOR_FIELDS = ("waiting_for_remote_kvs", "kv_load", "finished_recving", "finished_sending",
+                       "load_failed", "delayed_free")
+_ID_SETS = ("resumed", "preempted", "waiting_for_remote_kvs", "finished_recving",
+            "finished_sending", "load_failed", "delayed_free")
 
 
 def step_record(step: int, output: SchedulerOutput, finished: list[list[str]],
@@ -32,7 +38,8 @@ def step_record(step: int, output: SchedulerOutput, finished: list[list[str]],
         "finished": finished,
         "num_free_blocks": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
         "num_running": len(scheduler.running),
-        "num_waiting": len(scheduler.waiting),
+        # vLLM's get_request_counts(): waiting requests holding KV blocks too.
+        "num_waiting": len(scheduler.waiting) + len(scheduler.kv_holding_waiting),
     }
 
 
@@ -40,7 +47,8 @@ def first_difference(expected: list[dict[str, Any]], actual: list[dict[str, Any]
     """The first step and field where two traces differ, or None if identical.
     ``finished``, ``resumed`` and ``preempted`` compare as sets."""
     for i, (e, a) in enumerate(zip(expected, actual)):
-        names = TRACE_FIELDS + tuple(n for n in OPTIONAL_FIELDS if n in e or n in a)
+        names = TRACE_FIELDS + tuple(n for n in OPTIONAL_FIELDS + KV_CONNECTOR_FIELDS
+                                     if n in e or n in a)
         for name in names:
             ev, av = _normalise(name, e.get(name)), _normalise(name, a.get(name))
             if ev != av:
@@ -54,6 +62,6 @@ def first_difference(expected: list[dict[str, Any]], actual: list[dict[str, Any]
 def _normalise(name: str, value: Any) -> Any:
     if name == "finished":
         return sorted(map(tuple, value or ()))
-    if name in ("resumed", "preempted"):
+    if name in _ID_SETS:
         return sorted(value or ())
     return value
