@@ -541,3 +541,51 @@ def test_a_refused_request_names_the_file_and_index(tmp_path: Path) -> None:
     path = _file(tmp_path, scenario)
     with pytest.raises(ValueError, match=rf"^{path}: requests\[1\]: "):
         replay(load_scenario(path))
+
+
+# -- kv_connector ------------------------------------------------------------------
+
+
+def _kv_scenario(connector: Any, **request_fields: Any) -> dict[str, Any]:
+    scenario = _scenario()
+    scenario["kv_connector"] = connector
+    scenario["requests"][0].update(request_fields)
+    return scenario
+
+
+def test_scripted_connector_scenario_traces_its_keys() -> None:
+    scenario = _kv_scenario({"type": "scripted"}, external_hit_tokens=[16], load_async=True)
+    scenario["requests"] = scenario["requests"][:1]
+    scenario["requests"][0]["prompt_token_ids"] = list(range(1, 21))
+    scenario["cache"]["block_size"] = 16
+    out = io.StringIO()
+    replay(parse_scenario(scenario), out)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines[0]["kv_load"] == {"a": [16, True]}
+    assert lines[0]["waiting_for_remote_kvs"] == ["a"] and lines[0]["scheduled"] == []
+    assert lines[0]["finished_recving"] == ["a"]
+    assert lines[1]["scheduled"] == [["a", 4]]
+    assert lines[1]["computed_at_admission"] == {"a": 16}
+
+
+@pytest.mark.parametrize(("connector", "fields", "words"), [
+    ({"type": "offloading"}, {}, ("kv_connector.type", "does not rebuild", "scripted")),
+    ({"type": "nixl"}, {}, ("kv_connector.type", "does not rebuild")),
+    ({"type": "magic"}, {}, ("kv_connector.type", "unknown connector type")),
+    ({"type": "scripted", "kv_role": "kv_sideways"}, {}, ("kv_connector.kv_role", "unknown role")),
+    ({"type": "scripted", "load_failure_policy": "retry"}, {}, ("load_failure_policy",)),
+    ({"type": "scripted", "num_cpu_blocks": 4}, {}, ("num_cpu_blocks", "unknown key")),
+    ({"type": "scripted"}, {"load_steps": 0}, ("load_steps", "an integer >= 1")),
+    ({"type": "scripted"}, {"load_fail": "block"}, ("load_fail", "\"request\"")),
+    ({"type": "scripted"}, {"external_hit_tokens": [16, -1]}, ("external_hit_tokens[1]", ">= 0")),
+    ({"type": "scripted"}, {"send_steps": 0}, ("send_steps", ">= 1")),
+    ({"type": "scripted"}, {"kv_transfer_params": {}}, ("kv_transfer_params", "nixl")),
+])
+def test_bad_kv_connector_settings_are_named(connector: dict[str, Any], fields: dict[str, Any],
+                                             words: tuple[str, ...]) -> None:
+    _rejects(_kv_scenario(connector, **fields), *words)
+
+
+def test_connector_request_keys_need_a_connector() -> None:
+    _rejects(_with_request_field("external_hit_tokens", 16), "external_hit_tokens",
+             "needs a KV connector")

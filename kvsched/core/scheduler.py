@@ -1767,7 +1767,16 @@ class Scheduler:
         assert len(set(running_ids)) == len(running_ids), "a request runs twice"
         assert len(set(waiting_ids)) == len(waiting_ids), "a request waits twice"
         assert not set(running_ids) & set(waiting_ids), "a request both runs and waits"
-        assert set(running_ids) | set(waiting_ids) == set(self.requests), "a request was lost"
+        # KV connector: waiting requests holding blocks, and finished ones
+        # whose blocks it holds (delayed frees).
+        holding_ids = [r.request_id for r in self.kv_holding_waiting]
+        held_ids = {rid for rid, r in self.requests.items() if r.is_finished()}
+        assert not set(holding_ids) & (set(running_ids) | set(waiting_ids)), "a request waits twice"
+        assert set(running_ids) | set(waiting_ids) | set(holding_ids) | held_ids == set(self.requests), (
+            "a request was lost")
+        for r in self.kv_holding_waiting:
+            assert r.status in (WAITING, PREEMPTED, WAITING_FOR_REMOTE_KVS), (
+                f"{r.request_id} holds KV blocks while waiting as {r.status.name}")
         assert len(self.running) <= self.max_num_running_reqs, "max_num_seqs exceeded"
         # Drafts of the steps in flight are computed but not yet verified.
         unverified = self.num_spec_tokens * len(self._in_flight)
@@ -1788,5 +1797,7 @@ class Scheduler:
             assert r.request_id not in self.kv_cache_manager.req_to_blocks, (
                 f"waiting {r.request_id} holds KV blocks")
         self.waiting.check_invariants()
+        if self.deferred_frees:
+            return  # blocks on their way back are in no table
         self.kv_cache_manager.check_invariants(
             set(self.requests), {rid for rid, r in self.requests.items() if r.private})

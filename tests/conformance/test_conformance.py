@@ -2,7 +2,8 @@
 
 Every scenario under scenarios/ (hand-written), random/ (generated),
 features/ (the oracle's examples of async scheduling, speculative decoding
-and the LoRA cap) and random_features/ (generated with those features) has
+and the LoRA cap), kv_connector/ (the oracle's scripted KV connector
+examples) and random_features/ (generated with those features) has
 a golden trace NAME.vllm.jsonl from
 ../shared/reference/vllm_replay.py; every field of every step must be
 identical.
@@ -20,7 +21,8 @@ from kvsched.core.trace import first_difference
 from kvsched.replay import load_scenario, replay
 
 HERE = Path(__file__).parent
-SCENARIOS = [path for folder in ("scenarios", "random", "features", "random_features")
+SCENARIOS = [path for folder in ("scenarios", "random", "features", "kv_connector",
+                                 "random_features")
              for path in sorted((HERE / folder).glob("*.json"))]
 
 
@@ -32,6 +34,8 @@ def test_corpus_is_complete() -> None:
     hand_written = list((HERE / "scenarios").glob("*.json"))
     assert len(hand_written) >= 40, "the acceptance bar is at least 40 hand-written scenarios"
     assert len(list((HERE / "features").glob("*.json"))) == 8, "the oracle's 8 feature examples"
+    assert len(list((HERE / "kv_connector").glob("kvconn_*.json"))) == 10, (
+        "the oracle's 10 scripted KV connector examples")
     missing = [p.name for p in SCENARIOS if not _golden(p).exists()]
     assert not missing, f"scenarios without a golden trace: {missing}"
 
