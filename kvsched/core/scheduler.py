@@ -1329,6 +1329,10 @@ class Scheduler:
                         f"({num_drafts} were scheduled), so 1 to {1 + num_drafts} tokens, got {n}")
         if num_scheduled:
             self._in_flight.popleft()
+        if skip:
+            # Discarded as an aborted request's would be (the caller moves
+            # their in-flight counts): one pass here, none per request below.
+            targets = [None if t is not None and t.request_id in skip else t for t in targets]
         stats: SpecDecodingStats | None = None
         per_pos: list[int] = []
         stopped: list[tuple[Request, int]] = []
@@ -1353,8 +1357,6 @@ class Scheduler:
                     request.num_stale_output_tokens -= n_sched
                     if request.drop_stale_output:
                         continue  # a producer connector's preemption drops it
-            if skip and rid in skip:
-                continue
             if not entry:
                 continue
             drafts = spec.get(rid) if spec else None
@@ -1430,7 +1432,14 @@ class Scheduler:
             if kv_output.invalid_block_ids:
                 failed |= self._handle_invalid_blocks(kv_output.invalid_block_ids,
                                                       scheduler_output.num_scheduled_tokens)
+        if failed and self.async_scheduling:
+            requests = self.requests
+            for rid, n in scheduler_output.num_scheduled_tokens.items():
+                if rid in failed and rid in requests:
+                    requests[rid].num_in_flight_tokens -= n
         results = self._update_from_output_general(scheduler_output, model_runner_output, failed)
+        if failed and results.dropped:
+            results.dropped = [rid for rid in results.dropped if rid not in failed]
         if failed and not self.recompute_kv_load_failures:
             for request in self.finish_requests(sorted(failed), RequestStatus.FINISHED_ERROR):
                 results.finished.append(EngineCoreOutput(
