@@ -403,11 +403,13 @@ def _check_kv_connector(c: _Checker, top: Mapping[str, Any]) -> dict[str, Any] |
     kvsched has the scripted connector."""
     if "kv_connector" not in top:
         return None
-    kvc = c.obj(top["kv_connector"], "kv_connector", KV_CONNECTOR_KEYS, "a KV connector")
-    kind = kvc.get("type")
+    raw = top["kv_connector"]
+    # The type first: the other types' keys are unknown to the scripted one.
+    kind = raw.get("type") if isinstance(raw, dict) else None
     if kind in KV_CONNECTOR_TYPES_LATER:
         c.fail("kv_connector.type", kind, "kvsched does not rebuild this connector yet (it has the "
                "oracle's scripted connector)", "use \"scripted\"")
+    kvc = c.obj(raw, "kv_connector", KV_CONNECTOR_KEYS, "a KV connector")
     if kind != "scripted":
         c.fail("kv_connector.type", kind, "unknown connector type", "use \"scripted\"")
     role = kvc.get("kv_role", "kv_both")

@@ -571,6 +571,7 @@ def test_scripted_connector_scenario_traces_its_keys() -> None:
 @pytest.mark.parametrize(("connector", "fields", "words"), [
     ({"type": "offloading"}, {}, ("kv_connector.type", "does not rebuild", "scripted")),
     ({"type": "nixl"}, {}, ("kv_connector.type", "does not rebuild")),
+    ({"type": "offloading", "num_cpu_blocks": 8}, {}, ("kv_connector.type", "does not rebuild")),
     ({"type": "magic"}, {}, ("kv_connector.type", "unknown connector type")),
     ({"type": "scripted", "kv_role": "kv_sideways"}, {}, ("kv_connector.kv_role", "unknown role")),
     ({"type": "scripted", "load_failure_policy": "retry"}, {}, ("load_failure_policy",)),
