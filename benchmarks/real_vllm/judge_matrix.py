@@ -33,6 +33,7 @@ steps have the same batch at the same index.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import statistics
@@ -48,6 +49,8 @@ import run_matrix as rm
 from compare_steps import compositions
 
 from kvsched.calibrate.run_files import parse_bench
+from kvsched.perf.host import HostTerms, load_host_terms
+from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel
 from kvsched.profile.iteration_log import parse_iteration_line
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.run import build_group_deployment, serve, sim_config
@@ -62,6 +65,7 @@ HARDWARE = HERE / "cpu-epyc-1core.yaml"
 BLOCK_SIZE = 128              # vLLM's CPU platform default
 OWN_TOKEN_BASE = 500_000      # each prompt's own tokens (below kvsched's reserved bases)
 PERCENTILES = (50.0, 99.0)
+LOGGED_WINDOW = 4             # logged steps either side a simulated step's batch is looked for
 NOISE_CONFIG, NOISE_RUNS = "llama-base", ("poisson1", "poisson1_r2", "poisson1_r3")
 CALIBRATION_RUNS = NOISE_RUNS[1:]
 METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_itl_ms", "p99_itl_ms",
@@ -82,10 +86,12 @@ def calibration_path(arch: str) -> Path:
 
 
 def flag_value(flags: Sequence[str], name: str) -> str | None:
+    """The flag's value as vLLM's parser takes it: the last one given."""
+    value = None
     for i, f in enumerate(flags):
         if f == name:
-            return flags[i + 1]
-    return None
+            value = flags[i + 1]
+    return value
 
 
 def engine_options(config: rm.ServerConfig, server: dict[str, Any], pricing: str) -> EngineOptions:
@@ -102,7 +108,11 @@ def engine_options(config: rm.ServerConfig, server: dict[str, Any], pricing: str
         enable_chunked_prefill="--no-enable-chunked-prefill" not in flags,
         enable_prefix_caching="--no-enable-prefix-caching" not in flags,
         long_prefill_token_threshold=int(flag_value(flags, "--long-prefill-token-threshold") or 0),
-        block_size=BLOCK_SIZE, num_gpu_blocks_override=kv_tokens // BLOCK_SIZE,
+        # vLLM's "KV cache size: N tokens" counts every block, the null
+        # block too, as kvsched's override does.
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks_override=int(flag_value(flags, "--num-gpu-blocks-override")
+                                    or kv_tokens // BLOCK_SIZE),
         async_scheduling=False)  # vLLM's CPU platform turns async scheduling off
     if pricing == "roofline":
         return EngineOptions(**common, hardware=str(HARDWARE), step_time_backend="roofline")
@@ -179,13 +189,22 @@ def sim_metrics(result: SimResult) -> dict[str, float]:
     return out
 
 
-def simulate(options: EngineOptions, workload: Workload) -> tuple[SimResult, list[dict[str, Any]]]:
+def simulate(options: EngineOptions, workload: Workload, logged: Sequence[LoggedStep] = (),
+             host: HostTerms | None = None, source: str = "") -> tuple[SimResult, list[dict[str, Any]]]:
+    """kvsched's run of ``workload``: its result and step trace; with
+    ``logged`` steps, each step priced with vLLM's logged step of the same
+    batch (the mechanics alone)."""
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = Path(tmp) / "steps.jsonl"
         spec = RunSpec(DeploymentSpec((InstanceGroup(engine=options),)),
                        options=RunOptions(fast_forward=False, percentiles=PERCENTILES,
                                           trace_steps=str(trace_path)))
         deployment, _ = build_group_deployment(spec.deployment.group)
+        if logged:
+            d = deployment
+            model = LoggedStepTimeModel(d.model, d.hardware, d.parallel, d.runtime, logged, source=source,
+                                        host=host, window=LOGGED_WINDOW)
+            deployment = dataclasses.replace(deployment, step_model=model)
         config = sim_config(deployment, spec)
         result = serve(deployment, spec.deployment.group, workload, config, spec.options)
         trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
@@ -206,8 +225,23 @@ def judge_run(config: rm.ServerConfig, server: dict[str, Any], path: Path,
     real_comp = [(it.context_requests, it.context_tokens, it.generation_requests, it.generation_tokens)
                  for it in logged]
     prompt_lens = {r.request_id: r.num_prompt_tokens for r in workload.requests}
+    steps = [LoggedStep(c[1] + c[3], c[0] + c[2], it.elapsed_ms / 1e3) for c, it in zip(real_comp, logged)]
+    # Steps a replay runs past the log (its steps diverged) are priced at
+    # the log's median, as compare_steps.py does.
+    if steps:
+        steps += [LoggedStep(1, 1, statistics.median(x.elapsed_s for x in steps))] * len(steps)
     for pricing in pricings:
-        result, trace = simulate(engine_options(config, server, pricing), workload)
+        if pricing.startswith("logged"):
+            if not steps:
+                continue
+            cal = calibration_path(config.model)
+            host = load_host_terms(cal) if pricing == "logged+cal" else None
+            # The deployment the logged steps replace the pricing of (its
+            # CPU time per step is kvsched's, as for every backend).
+            result, trace = simulate(engine_options(config, server, "roofline"), workload, steps, host,
+                                     str(path.with_suffix(".server.log.gz").relative_to(HERE)))
+        else:
+            result, trace = simulate(engine_options(config, server, pricing), workload)
         sim = sim_metrics(result)
         errors = {k: 100 * (sim[k] / real[k] - 1) for k in METRICS}
         entry: dict[str, Any] = {"metrics": sim, "error_pct": errors}
@@ -232,7 +266,7 @@ def calibrate(config: rm.ServerConfig, server: dict[str, Any]) -> None:
            str(o.step_time_profile), "--max-num-seqs", str(o.max_num_seqs), "--max-num-batched-tokens",
            str(o.max_num_batched_tokens), "--max-model-len", str(o.max_model_len), "--block-size",
            str(BLOCK_SIZE), "--num-gpu-blocks-override", str(o.num_gpu_blocks_override),
-           "--no-async-scheduling", "-o", str(out)]
+           "--no-async-scheduling", "--max-iterations", "40", "-o", str(out)]
     for run in CALIBRATION_RUNS:
         cmd += ["--bench", str(rm.RESULTS / config.name / f"{run}.json")]
     print("$ " + " ".join(cmd), flush=True)
@@ -297,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calibrate", action="store_true",
                    help="(re)fit the host terms on the noise repeats first (kvsched calibrate)")
-    p.add_argument("--pricings", default="profiled,profiled+cal,roofline")
+    p.add_argument("--pricings", default="profiled,profiled+cal,roofline,logged,logged+cal")
     p.add_argument("--output", type=Path, default=rm.RESULTS / "judged.json")
     args = p.parse_args(argv)
     configs = {c.name: c for c in rm.CONFIGS}
@@ -315,8 +349,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         for path in sorted((rm.RESULTS / name).glob("*.json")):
             if path.name in ("server.json",) or path.name.endswith(".prompts.json") or path.stem == "warmup":
                 continue
-            pricings = [x for x in wanted if x != "profiled+cal" or calibration_path(config.model).exists()]
-            pricings = [x for x in pricings if x == "roofline" or PROFILES[config.model].exists()]
+            cal = calibration_path(config.model).exists()
+            pricings = [x for x in wanted if not x.endswith("+cal") or cal]
+            have_profile = PROFILES[config.model].exists()
+            pricings = [x for x in pricings if not x.startswith("profiled") or have_profile]
             j = judge_run(config, server, path, pricings)
             j["judged"] = not (name == NOISE_CONFIG and path.stem in CALIBRATION_RUNS)
             report["runs"].append(j)

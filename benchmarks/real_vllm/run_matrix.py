@@ -135,10 +135,11 @@ CONFIGS: tuple[ServerConfig, ...] = (
     ServerConfig("llama-nochunk-noprefix", "llama",
                  ("--max-num-seqs", "32", "--max-num-batched-tokens", "2048", "--no-enable-chunked-prefill",
                   "--no-enable-prefix-caching"), BASE4),
-    # 24 blocks of 128 tokens: a few requests fill it, so vLLM preempts.
-    ServerConfig("llama-kv24", "llama",
+    # 12 blocks of 128 tokens (the null block among them): three or four
+    # requests fill it, so requests queue for KV and vLLM preempts.
+    ServerConfig("llama-kv12", "llama",
                  ("--max-num-seqs", "32", "--max-num-batched-tokens", "512", "--num-gpu-blocks-override",
-                  "24"), BASE4),
+                  "12", "--max-model-len", "1024"), BASE4),
     ServerConfig("llama-lpt128", "llama",
                  ("--max-num-seqs", "32", "--max-num-batched-tokens", "512", "--long-prefill-token-threshold",
                   "128"), BASE4),
