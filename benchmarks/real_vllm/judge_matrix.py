@@ -315,8 +315,9 @@ def markdown(report: dict[str, Any], pricings: Sequence[str]) -> str:
         lines.append("| noise floor (3 repeats: max-min / mean) | 3 | "
                      + " | ".join(f"{sp[k]:.1f} %" for k in METRICS) + " |")
     lines += ["", "Per run (errors of the " + pricings[0] + " pricing; real values in ms, tok/s):", "",
-              "| run | steps real / sim / same | " + " | ".join(SHORT[k] for k in METRICS) + " |",
-              "| --- | --- | " + " | ".join("---" for _ in METRICS) + " |"]
+              "| run | steps real / sim / same | preemptions real / sim | prefix hits real / sim | "
+              + " | ".join(SHORT[k] for k in METRICS) + " |",
+              "| --- | --- | --- | --- | " + " | ".join("---" for _ in METRICS) + " |"]
     for j in report["runs"]:
         e = j.get(pricings[0])
         if e is None:
@@ -324,8 +325,14 @@ def markdown(report: dict[str, Any], pricings: Sequence[str]) -> str:
         st = e["steps"]
         cells = [f"{j['real'][k]:.1f} ({e['error_pct'][k]:+.1f} %)" for k in METRICS]
         mark = "" if j["judged"] else " (calibration)"
+        c = j["real_counters"]
+        queries = c.get("prefix_cache_queries_total", 0.0)
+        real_hits = f"{100 * c['prefix_cache_hits_total'] / queries:.0f} %" if queries else "?"
+        real_pre = f"{c['num_preemptions_total']:.0f}" if c else "?"
+        m = e["metrics"]
         lines.append(f"| {j['config']}/{j['run']}{mark} | {j['real_steps']} / {st['sim']} / "
-                     f"{st['same_batch_same_index']} | " + " | ".join(cells) + " |")
+                     f"{st['same_batch_same_index']} | {real_pre} / {m['num_preemptions']:.0f} | "
+                     f"{real_hits} / {100 * m['prefix_cache_hit_rate']:.0f} % | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
