@@ -280,8 +280,8 @@ def spread(values: Sequence[float]) -> float:
     return 100 * (max(values) - min(values)) / statistics.fmean(values)
 
 
-def noise_floor() -> dict[str, Any] | None:
-    paths = [rm.RESULTS / NOISE_CONFIG / f"{r}.json" for r in NOISE_RUNS]
+def noise_floor(config: str = NOISE_CONFIG) -> dict[str, Any] | None:
+    paths = [rm.RESULTS / config / f"{r}.json" for r in NOISE_RUNS]
     if not all(p.exists() for p in paths):
         return None
     ms = [real_metrics(json.loads(p.read_text())) for p in paths]
@@ -310,10 +310,11 @@ def markdown(report: dict[str, Any], pricings: Sequence[str]) -> str:
                      + " | ".join(f"{agg['median_abs_pct'][k]:.1f} %" for k in METRICS) + " |")
         lines.append(f"| {pricing} median signed | | "
                      + " | ".join(f"{agg['median_signed_pct'][k]:+.1f} %" for k in METRICS) + " |")
-    if report["noise_floor"]:
-        sp = report["noise_floor"]["spread_pct"]
-        lines.append("| noise floor (3 repeats: max-min / mean) | 3 | "
-                     + " | ".join(f"{sp[k]:.1f} %" for k in METRICS) + " |")
+    for key, label in (("noise_floor", "pinned"), ("noise_floor_unpinned", "unpinned")):
+        if report[key]:
+            sp = report[key]["spread_pct"]
+            lines.append(f"| noise floor, {label} (3 repeats: max-min / mean) | 3 | "
+                         + " | ".join(f"{sp[k]:.1f} %" for k in METRICS) + " |")
     lines += ["", "Per run (errors of the " + pricings[0] + " pricing; real values in ms, tok/s):", "",
               "| run | steps real / sim / same | preemptions real / sim | prefix hits real / sim | "
               + " | ".join(SHORT[k] for k in METRICS) + " |",
@@ -371,6 +372,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     judged = [j for j in report["runs"] if j["judged"]]
     report["aggregate"] = aggregate(judged, wanted)
     report["noise_floor"] = noise_floor()
+    report["noise_floor_unpinned"] = noise_floor("llama-base-nopin")
     args.output.write_text(json.dumps(report, indent=1) + "\n")
     table = markdown(report, wanted)
     args.output.with_suffix(".md").write_text(table)

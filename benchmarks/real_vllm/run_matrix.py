@@ -87,6 +87,7 @@ class ServerConfig:
     model: str                      # a key of MODELS
     flags: tuple[str, ...]          # beyond COMMON_FLAGS
     runs: tuple[str, ...]           # workload names; "name#k" is the k-th repeat
+    pin: bool = True                # see the module; False: vLLM's own placement only
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,6 +152,9 @@ CONFIGS: tuple[ServerConfig, ...] = (
     ServerConfig("qwen3-s8-b384-noprefix-lpt256", "qwen3",
                  ("--max-num-seqs", "8", "--max-num-batched-tokens", "384", "--no-enable-prefix-caching",
                   "--long-prefill-token-threshold", "256"), BASE4),
+    # The noise floor again without the pinning (vLLM's own placement only).
+    ServerConfig("llama-base-nopin", "llama", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
+                 ("poisson1", "poisson1#2", "poisson1#3"), pin=False),
 )
 
 
@@ -362,6 +366,7 @@ def result_path(config: ServerConfig, run: str) -> Path:
 
 
 def run_config(config: ServerConfig, pin: bool) -> None:
+    pin = pin and config.pin
     todo = [r for r in config.runs if not result_path(config, r).exists()]
     if not todo:
         print(f"{config.name}: all {len(config.runs)} runs exist", flush=True)
