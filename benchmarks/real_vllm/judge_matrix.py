@@ -18,7 +18,14 @@ loop), priced by:
   not judged);
 - ``roofline``: the roofline as shipped, with a hardware file for this CPU
   (``cpu-epyc-1core.yaml``: one core's FP32 rate as its 16-bit rate, half
-  its memory bandwidth so 16-bit bytes take FP32's time).
+  its memory bandwidth so 16-bit bytes take FP32's time);
+- ``logged`` and ``logged+cal``: the mechanics alone: each simulated step
+  priced with vLLM's own logged step of the same batch
+  (:class:`kvsched.perf.logged.LoggedStepTimeModel`, nearest within 4 steps,
+  else anywhere in the run's log), with kvsched's own host time or the
+  calibrated host terms;
+- ``profiled-earlier`` (the Llama only): the profile taken four hours
+  before the runs (``../profiles/llama-tiny-f32-cpu.json``), a contrast.
 
 Per run and in aggregate (median |error| over the judged runs): mean,
 median and p99 TTFT, mean TPOT, median and p99 ITL, mean and p99 E2E,
@@ -59,8 +66,11 @@ from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec
 from kvsched.sim.workload import Workload, WorkloadRequest
 
 HERE = rm.HERE
-PROFILES = {"llama": HERE / "profiles" / "llama-tiny-f32-cpu.json",
-            "qwen3": HERE / "profiles" / "qwen3-tiny-f32-cpu.json"}
+# Each architecture's profile, taken right before its runs (run_all.sh).
+PROFILES = {"llama": HERE / "profiles" / "llama-tiny-f32-cpu-matrix.json",
+            "qwen3": HERE / "profiles" / "qwen3-tiny-f32-cpu-matrix.json"}
+# The Llama's earlier profile (12:19 UTC, 4 hours before the runs), a contrast.
+EARLIER_PROFILE = HERE / "profiles" / "llama-tiny-f32-cpu.json"
 HARDWARE = HERE / "cpu-epyc-1core.yaml"
 BLOCK_SIZE = 128              # vLLM's CPU platform default
 OWN_TOKEN_BASE = 500_000      # each prompt's own tokens (below kvsched's reserved bases)
@@ -116,7 +126,7 @@ def engine_options(config: rm.ServerConfig, server: dict[str, Any], pricing: str
         async_scheduling=False)  # vLLM's CPU platform turns async scheduling off
     if pricing == "roofline":
         return EngineOptions(**common, hardware=str(HARDWARE), step_time_backend="roofline")
-    profile = PROFILES[config.model]
+    profile = EARLIER_PROFILE if pricing == "profiled-earlier" else PROFILES[config.model]
     cal = calibration_path(config.model)
     return EngineOptions(**common, step_time_backend="profiled", step_time_profile=str(profile),
                          calibration=str(cal) if pricing == "profiled+cal" else None)
@@ -341,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calibrate", action="store_true",
                    help="(re)fit the host terms on the noise repeats first (kvsched calibrate)")
-    p.add_argument("--pricings", default="profiled,profiled+cal,roofline,logged,logged+cal")
+    p.add_argument("--pricings", default="profiled,profiled+cal,roofline,logged,logged+cal,profiled-earlier")
     p.add_argument("--output", type=Path, default=rm.RESULTS / "judged.json")
     args = p.parse_args(argv)
     configs = {c.name: c for c in rm.CONFIGS}
@@ -363,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             pricings = [x for x in wanted if not x.endswith("+cal") or cal]
             have_profile = PROFILES[config.model].exists()
             pricings = [x for x in pricings if not x.startswith("profiled") or have_profile]
+            pricings = [x for x in pricings if x != "profiled-earlier" or config.model == "llama"]
             j = judge_run(config, server, path, pricings)
             j["judged"] = not (name == NOISE_CONFIG and path.stem in CALIBRATION_RUNS)
             report["runs"].append(j)
