@@ -18,7 +18,7 @@ finds another's prompts. Per run it keeps, under
 
 and per configuration ``server.json`` (flags, environment, the KV cache the
 server logged, start-up time, which processes were pinned where) and
-``server.log.gz`` (the whole log). A run whose result exists is skipped, and
+``server-HHMMSS.log.gz`` (the whole log of each server start). A run whose result exists is skipped, and
 a configuration whose runs all exist starts no server, so the script
 resumes where it stopped.
 
@@ -377,7 +377,8 @@ def run_config(config: ServerConfig, pin: bool) -> None:
     if not Path(model_dir, "config.json").exists():
         sys.exit(f"{model_dir}: no checkpoint; make it with kvsched make-tiny-model "
                  f"{' '.join(MODELS[config.model][1])} {model_dir}")
-    log_path = out_dir / "server.log"
+    # One log per server start (a resumed configuration keeps the earlier one).
+    log_path = out_dir / f"server-{datetime.now():%H%M%S}.log"
     server = Server(config, log_path, free_port())
     try:
         startup = server.wait_ready()
@@ -400,7 +401,7 @@ def run_config(config: ServerConfig, pin: bool) -> None:
             print("  " + json.dumps(run_client(server, config, run, out_dir, pin)), flush=True)
     finally:
         server.stop()
-        with log_path.open("rb") as f, gzip.open(out_dir / "server.log.gz", "wb") as g:
+        with log_path.open("rb") as f, gzip.open(log_path.with_suffix(".log.gz"), "wb") as g:
             g.write(f.read())
         log_path.unlink()
 
