@@ -259,6 +259,16 @@ def judge_run(config: rm.ServerConfig, server: dict[str, Any], path: Path,
         entry: dict[str, Any] = {"metrics": sim, "error_pct": errors}
         comp = compositions(trace, prompt_lens)
         same = sum(a == b for a, b in zip(real_comp, comp))
+        # Step time where the batch is vLLM's at the same index (kvsched's
+        # step duration holds its CPU time per step too: ~0.5 ms).
+        ratios = [t["duration"] / (it.elapsed_ms / 1e3) - 1
+                  for t, it, a, b in zip(trace, logged, real_comp, comp) if a == b and it.elapsed_ms > 0]
+        entry["step_time"] = {
+            "same_batch_steps": len(ratios),
+            "median_signed_pct": 100 * statistics.median(ratios) if ratios else None,
+            "median_abs_pct": 100 * statistics.median(map(abs, ratios)) if ratios else None,
+            "median_step_ms_real_sim": [statistics.median(it.elapsed_ms for it in logged) if logged else None,
+                                        1e3 * statistics.median(t["duration"] for t in trace)]}
         entry["steps"] = {"sim": len(comp), "same_batch_same_index": same,
                           "first_divergence": next((i for i, (a, b) in enumerate(zip(real_comp, comp))
                                                     if a != b), None)}
@@ -326,9 +336,9 @@ def markdown(report: dict[str, Any], pricings: Sequence[str]) -> str:
             lines.append(f"| noise floor, {label} (3 repeats: max-min / mean) | 3 | "
                          + " | ".join(f"{sp[k]:.1f} %" for k in METRICS) + " |")
     lines += ["", "Per run (errors of the " + pricings[0] + " pricing; real values in ms, tok/s):", "",
-              "| run | steps real / sim / same | preemptions real / sim | prefix hits real / sim | "
-              + " | ".join(SHORT[k] for k in METRICS) + " |",
-              "| --- | --- | --- | --- | " + " | ".join("---" for _ in METRICS) + " |"]
+              "| run | steps real / sim / same | step time, same batches | preemptions real / sim | "
+              "prefix hits real / sim | " + " | ".join(SHORT[k] for k in METRICS) + " |",
+              "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in METRICS) + " |"]
     for j in report["runs"]:
         e = j.get(pricings[0])
         if e is None:
@@ -341,8 +351,11 @@ def markdown(report: dict[str, Any], pricings: Sequence[str]) -> str:
         real_hits = f"{100 * c['prefix_cache_hits_total'] / queries:.0f} %" if queries else "?"
         real_pre = f"{c['num_preemptions_total']:.0f}" if c else "?"
         m = e["metrics"]
+        sig = e["step_time"]["median_signed_pct"]
+        step_err = "" if sig is None else f"{sig:+.1f} % (abs {e['step_time']['median_abs_pct']:.1f} %)"
         lines.append(f"| {j['config']}/{j['run']}{mark} | {j['real_steps']} / {st['sim']} / "
-                     f"{st['same_batch_same_index']} | {real_pre} / {m['num_preemptions']:.0f} | "
+                     f"{st['same_batch_same_index']} | {step_err} | "
+                     f"{real_pre} / {m['num_preemptions']:.0f} | "
                      f"{real_hits} / {100 * m['prefix_cache_hit_rate']:.0f} % | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
