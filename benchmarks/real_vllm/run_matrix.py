@@ -267,7 +267,8 @@ class Server:
         """Every thread of the server's processes to OTHER_CORE, except the
         process whose threads vLLM bound to the worker's core (its model
         worker). Returns what was done, per process."""
-        done = []
+        done: list[dict[str, Any]] = []
+        procs = []
         for pid in self.group_pids():
             try:
                 comm = (Path(f"/proc/{pid}") / "comm").read_text().strip()
@@ -275,6 +276,14 @@ class Server:
                 masks = {tid: os.sched_getaffinity(tid) for tid in tids}
             except OSError:
                 continue
+            procs.append((pid, comm, tids, masks))
+        if not any(m == {WORKER_CORE} for _, _, _, masks in procs for m in masks.values()):
+            # Without the worker found, pinning could put it on OTHER_CORE too.
+            print(f"  warning: no thread of the server is bound to core {WORKER_CORE}; nothing pinned",
+                  flush=True)
+            return [{"pid": pid, "comm": comm, "threads": len(tids), "left": "no worker found"}
+                    for pid, comm, tids, _ in procs]
+        for pid, comm, tids, masks in procs:
             if any(m == {WORKER_CORE} for m in masks.values()):
                 done.append({"pid": pid, "comm": comm, "threads": len(tids),
                              "left": f"worker (core {WORKER_CORE})"})
