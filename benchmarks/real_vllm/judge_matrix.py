@@ -19,11 +19,12 @@ loop), priced by:
 - ``roofline``: the roofline as shipped, with a hardware file for this CPU
   (``cpu-epyc-1core.yaml``: one core's FP32 rate as its 16-bit rate, half
   its memory bandwidth so 16-bit bytes take FP32's time);
-- ``logged`` and ``logged+cal``: the mechanics alone: each simulated step
+- ``logged`` and ``logged+host``: the mechanics alone: each simulated step
   priced with vLLM's own logged step of the same batch
   (:class:`kvsched.perf.logged.LoggedStepTimeModel`, nearest within 4 steps,
-  else anywhere in the run's log), with kvsched's own host time or the
-  calibrated host terms;
+  else anywhere in the run's log), with kvsched's own host time, or with
+  the host time read off the run's own timestamps (``host_read_off``; where
+  the log can be attributed);
 - ``profiled-earlier`` (the Llama only): the profile taken four hours
   before the runs (``../profiles/llama-tiny-f32-cpu.json``), a contrast.
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gzip
+import itertools
 import json
 import statistics
 import subprocess
@@ -53,10 +55,10 @@ from typing import Any
 
 import numpy as np
 import run_matrix as rm
-from compare_steps import compositions
+from compare_steps import RealRun, attribute, compositions, measured_host_terms
 
 from kvsched.calibrate.run_files import parse_bench
-from kvsched.perf.host import HostTerms, load_host_terms
+from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel
 from kvsched.profile.iteration_log import parse_iteration_line
 from kvsched.sim.deployment import EngineOptions
@@ -221,6 +223,30 @@ def simulate(options: EngineOptions, workload: Workload, logged: Sequence[Logged
     return result, trace
 
 
+def host_read_off(data: dict[str, Any], logged: list[Any], config: rm.ServerConfig,
+                  server: dict[str, Any]) -> tuple[HostTerms | None, Any]:
+    """The host time around vLLM's iteration clock read off the run's own
+    timestamps (``compare_steps.measured_host_terms``: the client's gaps
+    between back-to-back steps less their logged times; the delay from send
+    to engine at an idle engine), where the log can be attributed to the
+    requests (not with preemptions or a long-prefill threshold); else None
+    and why."""
+    starts = data["start_times"]
+    if any(b < a for a, b in itertools.pairwise(starts)):
+        return None, "start_times not in send order"
+    options = engine_options(config, server, "roofline")
+    runtime = build_group_deployment(InstanceGroup(engine=options))[0].runtime
+    run = RealRun(list(data["input_lens"]), list(data["output_lens"]), [t - starts[0] for t in starts], data,
+                  logged)
+    try:
+        att = attribute(run, options.max_num_batched_tokens or 0)
+        return measured_host_terms(run, att, runtime.cpu_step_s, runtime.cpu_per_request_s)
+    except SystemExit as e:  # compare_steps says why it cannot attribute the log
+        return None, str(e)
+    except (ValueError, TypeError, np.linalg.LinAlgError) as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
 def judge_run(config: rm.ServerConfig, server: dict[str, Any], path: Path,
               pricings: Sequence[str]) -> dict[str, Any]:
     data = json.loads(path.read_text())
@@ -246,8 +272,12 @@ def judge_run(config: rm.ServerConfig, server: dict[str, Any], path: Path,
         if pricing.startswith("logged"):
             if not steps:
                 continue
-            cal = calibration_path(config.model)
-            host = load_host_terms(cal) if pricing == "logged+cal" else None
+            host = None
+            if pricing == "logged+host":
+                host, note = host_read_off(data, logged, config, server)
+                out["host_read_off_the_run"] = note
+                if host is None:
+                    continue
             # The deployment the logged steps replace the pricing of (its
             # CPU time per step is kvsched's, as for every backend).
             result, trace = simulate(engine_options(config, server, "roofline"), workload, steps, host,
@@ -322,6 +352,25 @@ def aggregate(judged: list[dict[str, Any]], pricings: Sequence[str]) -> dict[str
     return out
 
 
+# Issue 21's bars on the median |error| over the judged runs, or twice the
+# measured spread of repeated runs where that is larger.
+BARS = {"mean_tpot_ms": 5.0, "mean_ttft_ms": 10.0, "p99_ttft_ms": 15.0}
+
+
+def acceptance(report: dict[str, Any]) -> dict[str, Any]:
+    noise = report["noise_floor"]
+    out: dict[str, Any] = {}
+    for pricing, agg in report["aggregate"].items():
+        rows = {}
+        for k, bar in BARS.items():
+            floor = 2 * noise["spread_pct"][k] if noise else 0.0
+            limit = max(bar, floor)
+            rows[k] = {"median_abs_pct": agg["median_abs_pct"][k], "bar_pct": limit,
+                       "met": agg["median_abs_pct"][k] <= limit}
+        out[pricing] = rows
+    return out
+
+
 def markdown(report: dict[str, Any], pricings: Sequence[str]) -> str:
     lines = ["| pricing | runs | " + " | ".join(SHORT[k] for k in METRICS) + " |",
              "| --- | --- | " + " | ".join("---" for _ in METRICS) + " |"]
@@ -335,6 +384,13 @@ def markdown(report: dict[str, Any], pricings: Sequence[str]) -> str:
             sp = report[key]["spread_pct"]
             lines.append(f"| noise floor, {label} (3 repeats: max-min / mean) | 3 | "
                          + " | ".join(f"{sp[k]:.1f} %" for k in METRICS) + " |")
+    lines += ["", "Issue 21's bars (median |error|; or twice the noise floor's spread where larger):", "",
+              "| pricing | " + " | ".join(SHORT[k] for k in BARS) + " |",
+              "| --- | " + " | ".join("---" for _ in BARS) + " |"]
+    for pricing, rows in report["acceptance"].items():
+        lines.append(f"| {pricing} | " + " | ".join(
+            f"{r['median_abs_pct']:.1f} % vs {r['bar_pct']:.1f} %: {'met' if r['met'] else 'not met'}"
+            for r in rows.values()) + " |")
     lines += ["", "Per run (errors of the " + pricings[0] + " pricing; real values in ms, tok/s):", "",
               "| run | steps real / sim / same | step time, same batches | preemptions real / sim | "
               "prefix hits real / sim | " + " | ".join(SHORT[k] for k in METRICS) + " |",
@@ -364,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calibrate", action="store_true",
                    help="(re)fit the host terms on the noise repeats first (kvsched calibrate)")
-    p.add_argument("--pricings", default="profiled,profiled+cal,roofline,logged,logged+cal,profiled-earlier")
+    p.add_argument("--pricings", default="profiled,profiled+cal,roofline,logged,logged+host,profiled-earlier")
     p.add_argument("--output", type=Path, default=rm.RESULTS / "judged.json")
     args = p.parse_args(argv)
     configs = {c.name: c for c in rm.CONFIGS}
@@ -397,6 +453,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     report["aggregate"] = aggregate(judged, wanted)
     report["noise_floor"] = noise_floor()
     report["noise_floor_unpinned"] = noise_floor("llama-base-nopin")
+    report["acceptance"] = acceptance(report)
     args.output.write_text(json.dumps(report, indent=1) + "\n")
     table = markdown(report, wanted)
     args.output.with_suffix(".md").write_text(table)
