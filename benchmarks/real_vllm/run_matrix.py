@@ -119,7 +119,7 @@ WORKLOADS: dict[str, ClientWorkload] = {w.name: w for w in (
     # The warm-up before every configuration's runs (not judged).
     ClientWorkload("warmup", ("--dataset-name", "random", "--random-range-ratio", "0.9", "--ignore-eos",
                               "--random-input-len", "300", "--random-output-len", "16", "--num-prompts",
-                              "24", "--max-concurrency", "8"), 99),
+                              "12", "--max-concurrency", "8"), 99),
 )}
 # The Azure slice: 30 requests from this line of the trace on, their gaps
 # stretched AZURE_TIME_SCALE times (the CPU serves a tiny model ~10x slower than
@@ -147,8 +147,7 @@ CONFIGS: tuple[ServerConfig, ...] = (
     ServerConfig("llama-lpt128", "llama",
                  ("--max-num-seqs", "32", "--max-num-batched-tokens", "512", "--long-prefill-token-threshold",
                   "128"), BASE4),
-    ServerConfig("qwen3-base", "qwen3", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
-                 (*BASE4, "azureconv")),
+    ServerConfig("qwen3-base", "qwen3", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"), BASE4),
     ServerConfig("qwen3-s8-b384-noprefix-lpt256", "qwen3",
                  ("--max-num-seqs", "8", "--max-num-batched-tokens", "384", "--no-enable-prefix-caching",
                   "--long-prefill-token-threshold", "256"), BASE4),
