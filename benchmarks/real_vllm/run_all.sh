@@ -17,6 +17,9 @@ profile() {  # $1 model dir, $2 output
 profile /work/tiny/llama-tiny-f32 benchmarks/real_vllm/profiles/llama-tiny-f32-cpu-matrix.json
 $PY benchmarks/real_vllm/run_matrix.py run --only llama-base
 profile /work/tiny/qwen3-tiny-f32 benchmarks/real_vllm/profiles/qwen3-tiny-f32-cpu-matrix.json
-$PY benchmarks/real_vllm/run_matrix.py run --only qwen3-base llama-kv12 llama-nochunk-noprefix \
-    llama-s16-b256 llama-lpt128 qwen3-s8-b384-noprefix-lpt256 llama-base-nopin
+for c in qwen3-base llama-kv12 llama-nochunk-noprefix qwen3-s8-b384-noprefix-lpt256 llama-lpt128 \
+         llama-s16-b256; do
+  $PY benchmarks/real_vllm/run_matrix.py run --only $c
+done
+# Not run on 2026-11-26 (time): llama-base-nopin (the noise floor without pinning).
 $PY benchmarks/real_vllm/judge_matrix.py --calibrate
