@@ -379,7 +379,8 @@ def markdown(report: dict[str, Any], pricings: Sequence[str]) -> str:
                      + " | ".join(f"{agg['median_abs_pct'][k]:.1f} %" for k in METRICS) + " |")
         lines.append(f"| {pricing} median signed | | "
                      + " | ".join(f"{agg['median_signed_pct'][k]:+.1f} %" for k in METRICS) + " |")
-    for key, label in (("noise_floor", "pinned"), ("noise_floor_unpinned", "unpinned")):
+    for key, label in (("noise_floor", "pinned"), ("noise_floor_repeat", "pinned, later"),
+                       ("noise_floor_unpinned", "unpinned")):
         if report[key]:
             sp = report[key]["spread_pct"]
             lines.append(f"| noise floor, {label} (3 repeats: max-min / mean) | 3 | "
@@ -452,6 +453,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     judged = [j for j in report["runs"] if j["judged"]]
     report["aggregate"] = aggregate(judged, wanted)
     report["noise_floor"] = noise_floor()
+    report["noise_floor_repeat"] = noise_floor("llama-base-repeat")
     report["noise_floor_unpinned"] = noise_floor("llama-base-nopin")
     report["acceptance"] = acceptance(report)
     args.output.write_text(json.dumps(report, indent=1) + "\n")

@@ -151,6 +151,10 @@ CONFIGS: tuple[ServerConfig, ...] = (
     ServerConfig("qwen3-s8-b384-noprefix-lpt256", "qwen3",
                  ("--max-num-seqs", "8", "--max-num-batched-tokens", "384", "--no-enable-prefix-caching",
                   "--long-prefill-token-threshold", "256"), BASE4),
+    # The noise floor again, pinned, later (the first was taken while other
+    # jobs ran on the machine).
+    ServerConfig("llama-base-repeat", "llama", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
+                 ("poisson1", "poisson1#2", "poisson1#3")),
     # The noise floor again without the pinning (vLLM's own placement only).
     ServerConfig("llama-base-nopin", "llama", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
                  ("poisson1", "poisson1#2", "poisson1#3"), pin=False),
