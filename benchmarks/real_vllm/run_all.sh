@@ -17,9 +17,8 @@ profile() {  # $1 model dir, $2 output
 profile /work/tiny/llama-tiny-f32 benchmarks/real_vllm/profiles/llama-tiny-f32-cpu-matrix.json
 $PY benchmarks/real_vllm/run_matrix.py run --only llama-base
 profile /work/tiny/qwen3-tiny-f32 benchmarks/real_vllm/profiles/qwen3-tiny-f32-cpu-matrix.json
-for c in qwen3-base llama-kv12 llama-nochunk-noprefix qwen3-s8-b384-noprefix-lpt256 llama-lpt128 \
-         llama-s16-b256; do
+for c in qwen3-base llama-kv12 llama-nochunk-noprefix qwen3-s8-b384-noprefix-lpt256 llama-base-repeat; do
   $PY benchmarks/real_vllm/run_matrix.py run --only $c
 done
-# Not run on 2026-11-26 (time): llama-base-nopin (the noise floor without pinning).
+# Not run on 2026-11-26 (time): llama-lpt128, llama-s16-b256, llama-base-nopin.
 $PY benchmarks/real_vllm/judge_matrix.py --calibrate
