@@ -803,10 +803,8 @@ class Scheduler:
         running = self.running
         kv = self.kv_cache_manager
         policy = self.admission_policy
-        chunked = self.scheduler_config.enable_chunked_prefill
         reserve_full = self.scheduler_config.scheduler_reserve_full_isl
         max_running = self.max_num_running_reqs
-        num_spec = self.num_spec_tokens
         lookahead = self.num_lookahead_tokens
         max_loras = self.max_loras
         loras = ({r.lora_id for r in running if r.lora_id} if max_loras else None)
@@ -840,30 +838,10 @@ class Scheduler:
                     break
             hit_blocks, num_computed = kv.get_computed_blocks(request)
             num_tokens = request.num_tokens
-            num_new = num_tokens - num_computed
-            padded = False
-            if num_new == 1 and num_spec and not step.prefill_scheduled and (
-                    step.running_req_ids or num_computed) and (
-                    num_computed + num_spec + 2 <= self.max_model_len):
-                # One token to compute: vLLM pads it with K placeholder drafts
-                # so the batch stays a uniform decode batch, and would rather
-                # not admit it than admit it unpadded.
-                if 1 + num_spec > budget:
-                    self._stop_at(step, explain.REASON_TOKEN_BUDGET, request,
-                                  f"needs {1 + num_spec} tokens (1 + {num_spec} padding drafts), "
-                                  f"{budget} left in the budget")
-                    break
-                num_new = 1 + num_spec
-                padded = True
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if num_new > budget:
-                if not chunked:
-                    self._stop_at(step, explain.REASON_CHUNKED_PREFILL_OFF, request,
-                                  f"needs {num_new} tokens at once, {budget} left in the budget "
-                                  "and chunked prefill is off")
-                    break
-                num_new = budget
+            tokens = self._admission_tokens(step, request, num_computed, budget, threshold)
+            if tokens is None:
+                break
+            num_new, padded = tokens
             if kv.allocate_slots(request, num_new, num_computed, hit_blocks,
                                  full_sequence_must_fit=reserve_full,
                                  num_lookahead_tokens=lookahead) is None:
@@ -903,6 +881,41 @@ class Scheduler:
             # Back at the head, in their order (vLLM's prepend_requests).
             waiting.prepend_requests(step.skipped)
 
+    def _admission_tokens(self, step: _Step, request: Request, num_computed: int, budget: int,
+                          threshold: int) -> tuple[int, bool] | None:
+        """Tokens to schedule for a waiting request being admitted with
+        ``num_computed`` tokens already there (prefix hit, loaded KV), and
+        whether they are padded with placeholder drafts; None when admission
+        stops at it (the stop recorded). The one owner of the admission's
+        token count, with or without a KV connector: a one-token admission
+        under speculative decoding is padded with K placeholder drafts (vLLM
+        keeps the batch a uniform decode batch, and would rather not admit it
+        than admit it unpadded), then the long-prefill threshold, then the
+        budget (chunked, or a stop when chunked prefill is off)."""
+        num_spec = self.num_spec_tokens
+        num_new = request.num_tokens - num_computed
+        padded = False
+        if num_new == 1 and num_spec and not step.prefill_scheduled and (
+                step.running_req_ids or num_computed) and (
+                num_computed + num_spec + 2 <= self.max_model_len):
+            if 1 + num_spec > budget:
+                self._stop_at(step, explain.REASON_TOKEN_BUDGET, request,
+                              f"needs {1 + num_spec} tokens (1 + {num_spec} padding drafts), "
+                              f"{budget} left in the budget")
+                return None
+            num_new = 1 + num_spec
+            padded = True
+        if 0 < threshold < num_new:
+            num_new = threshold
+        if num_new > budget:
+            if not self.scheduler_config.enable_chunked_prefill:
+                self._stop_at(step, explain.REASON_CHUNKED_PREFILL_OFF, request,
+                              f"needs {num_new} tokens at once, {budget} left in the budget "
+                              "and chunked prefill is off")
+                return None
+            num_new = budget
+        return num_new, padded
+
     def _connector_blocks_preemption(self) -> bool:
         """A delayed free in flight will give blocks back: wait for it
         rather than preempt."""
@@ -924,10 +937,8 @@ class Scheduler:
         running = self.running
         kv = self.kv_cache_manager
         policy = self.admission_policy
-        chunked = self.scheduler_config.enable_chunked_prefill
         reserve_full = self.scheduler_config.scheduler_reserve_full_isl
         max_running = self.max_num_running_reqs
-        num_spec = self.num_spec_tokens
         lookahead = self.num_lookahead_tokens
         max_loras = self.max_loras
         loras = ({r.lora_id for r in running if r.lora_id} if max_loras else None)
@@ -989,27 +1000,10 @@ class Scheduler:
             if load_async:
                 num_new = 0
             else:
-                num_new = num_tokens - num_computed
-                if num_new == 1 and num_spec and not step.prefill_scheduled and (
-                        step.running_req_ids or num_computed) and (
-                        num_computed + num_spec + 2 <= self.max_model_len):
-                    # vLLM's padding of a one-token admission (see _schedule_waiting).
-                    if 1 + num_spec > budget:
-                        self._stop_at(step, explain.REASON_TOKEN_BUDGET, request,
-                                      f"needs {1 + num_spec} tokens (1 + {num_spec} padding drafts), "
-                                      f"{budget} left in the budget")
-                        break
-                    num_new = 1 + num_spec
-                    padded = True
-                if 0 < threshold < num_new:
-                    num_new = threshold
-                if num_new > budget:
-                    if not chunked:
-                        self._stop_at(step, explain.REASON_CHUNKED_PREFILL_OFF, request,
-                                      f"needs {num_new} tokens at once, {budget} left in the budget "
-                                      "and chunked prefill is off")
-                        break
-                    num_new = budget
+                tokens = self._admission_tokens(step, request, num_computed, budget, threshold)
+                if tokens is None:
+                    break
+                num_new, padded = tokens
             reserved = (self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks
                         if load_async else 0)
             if kv.allocate_slots(request, num_new, num_local, hit_blocks,
