@@ -837,7 +837,6 @@ class Scheduler:
                     self._stop_at(step, explain.REASON_ADMISSION_POLICY, request, hold)
                     break
             hit_blocks, num_computed = kv.get_computed_blocks(request)
-            num_tokens = request.num_tokens
             tokens = self._admission_tokens(step, request, num_computed, budget, threshold)
             if tokens is None:
                 break
@@ -855,31 +854,40 @@ class Scheduler:
                 break
             kv.record_prefix_cache_stats(request, num_computed)
             waiting.pop_request()
-            running.append(request)
-            if request.status == WAITING:
-                step.new_reqs.append(request)
-            else:
-                step.resumed_reqs.append(request)
-            rid = request.request_id
-            step.num_scheduled_tokens[rid] = num_new
-            step.computed_at_admission[rid] = num_computed
+            self._admit(step, request, num_new, num_computed, padded, loras)
             budget -= num_new
-            request.status = RUNNING
-            if loras is not None and request.lora_id:
-                loras.add(request.lora_id)
-            if padded:
-                step.spec[rid] = self._spec_placeholders
-            end = num_computed + num_new
-            request.num_computed_tokens = end
-            if end < num_tokens:
-                request.is_prefill_chunk = True
-                step.prefill_chunks.append(rid)
-            else:
-                request.is_prefill_chunk = False
         step.token_budget = budget
         if step.skipped:
             # Back at the head, in their order (vLLM's prepend_requests).
             waiting.prepend_requests(step.skipped)
+
+    def _admit(self, step: _Step, request: Request, num_new: int, num_computed: int, padded: bool,
+               loras: set[int] | None) -> bool:
+        """A waiting request (already taken off its queue) joins the running
+        ones with ``num_new`` tokens scheduled on top of ``num_computed``:
+        the one owner of an admission's bookkeeping, with or without a KV
+        connector. True when it is left mid-prefill (a chunk)."""
+        self.running.append(request)
+        if request.status == WAITING:
+            step.new_reqs.append(request)
+        else:
+            step.resumed_reqs.append(request)
+        rid = request.request_id
+        step.num_scheduled_tokens[rid] = num_new
+        step.computed_at_admission[rid] = num_computed
+        request.status = RUNNING
+        if loras is not None and request.lora_id:
+            loras.add(request.lora_id)
+        if padded:
+            step.spec[rid] = self._spec_placeholders
+        end = num_computed + num_new
+        request.num_computed_tokens = end
+        if end < request.num_tokens:
+            request.is_prefill_chunk = True
+            step.prefill_chunks.append(rid)
+            return True
+        request.is_prefill_chunk = False
+        return False
 
     def _admission_tokens(self, step: _Step, request: Request, num_computed: int, budget: int,
                           threshold: int) -> tuple[int, bool] | None:
@@ -995,7 +1003,6 @@ class Scheduler:
             else:
                 hit_blocks, num_local = _NO_NEW_BLOCKS, 0
                 num_computed = request.num_computed_tokens
-            num_tokens = request.num_tokens
             padded = False
             if load_async:
                 num_new = 0
@@ -1026,27 +1033,9 @@ class Scheduler:
                 skip(queue)
                 continue
             queue.pop_request()
-            running.append(request)
-            if request.status == WAITING:
-                step.new_reqs.append(request)
-            else:
-                step.resumed_reqs.append(request)
-            step.num_scheduled_tokens[rid] = num_new
-            step.computed_at_admission[rid] = num_computed
-            budget -= num_new
-            request.status = RUNNING
-            if loras is not None and request.lora_id:
-                loras.add(request.lora_id)
-            if padded:
-                step.spec[rid] = self._spec_placeholders
-            end = num_computed + num_new
-            request.num_computed_tokens = end
-            if end < num_tokens:
-                request.is_prefill_chunk = True
-                step.prefill_chunks.append(rid)
+            if self._admit(step, request, num_new, num_computed, padded, loras):
                 self._inflight_prefills[rid] = request
-            else:
-                request.is_prefill_chunk = False
+            budget -= num_new
         if budget <= 0 and step.admission_stop is None and (holding or waiting):
             step.admission_stop = explain.REASON_TOKEN_BUDGET
             step.admission_stop_detail = f"token budget of {self.max_num_scheduled_tokens} used up"
