@@ -35,6 +35,7 @@ COMPILED_MODULES = [
     "kvsched/sim/instance.py",
     "kvsched/sim/cluster.py",
     "kvsched/sim/client.py",
+    "kvsched/sim/samples.py",
 ]
 
 

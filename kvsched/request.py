@@ -428,6 +428,23 @@ class Request:
                 ids.pop()
         self.num_tokens -= 1
 
+    def append_repeated(self, token: int, count: int) -> None:
+        """``count`` copies of one sampled token (a decode stretch: a
+        simulated request samples the same token every step), with no
+        temporary list when it is one."""
+        if count == 1:
+            self.output_token_ids.append(token)
+            if not self._outputs_in_all:
+                self.all_token_ids.append(token)
+        elif count > 1:
+            tokens = [token] * count
+            self.output_token_ids.extend(tokens)
+            if not self._outputs_in_all:
+                self.all_token_ids.extend(tokens)
+        else:
+            return
+        self.num_tokens += count
+
     def extend_output(self, tokens: list[int]) -> None:
         self.output_token_ids.extend(tokens)
         if not self._outputs_in_all:

@@ -119,11 +119,23 @@ def stretch_refusal(sched: Scheduler) -> str | None:
     batch = sched.in_flight_outputs[0].num_scheduled_tokens
     if len(batch) != len(running):
         return "the batch in flight is not one step of exactly the running requests; step once first"
-    for r in running:
-        n = batch.get(r.request_id)
-        if n is None or n != r.num_in_flight_tokens or (
+    # The batch lists the running requests in running order (the order
+    # schedule() visits them, new ones last) unless requests were taken out
+    # of running since: walk both together, and look ids up only then.
+    in_order = True
+    for r, (rid, n) in zip(running, batch.items()):
+        if rid is not r.request_id and rid != r.request_id:
+            in_order = False
+            break
+        if n != r.num_in_flight_tokens or (
                 r.num_computed_tokens != r.num_tokens or r.num_output_placeholders != 1):
             return f"{r.request_id} is not decoding"
+    if not in_order:
+        for r in running:
+            m = batch.get(r.request_id)
+            if m is None or m != r.num_in_flight_tokens or (
+                    r.num_computed_tokens != r.num_tokens or r.num_output_placeholders != 1):
+                return f"{r.request_id} is not decoding"
     return None
 
 
@@ -265,6 +277,10 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
             check_token_ids("fast_forward_decode: last_tokens", list(last_tokens), limit)
     running = sched.running
     lead = _lead(sched)
+    # Lists, so the loops below index them directly (mypyc).
+    tokens = tokens if type(tokens) is list else list(tokens)
+    if last_tokens is not None and type(last_tokens) is not list:
+        last_tokens = list(last_tokens)
     if type(k) is not int:
         raise TypeError(f"fast_forward_decode: num_steps={k!r} must be an int")
     if k < 1 or len(tokens) != len(running) or (
@@ -281,12 +297,9 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     # the last step; the last iteration schedules no token for them.
     length_stops: list[int] = []
     firsts = first_new_block_steps(sched)
-    # Known tokens minus one before the stretch, per request (the cache
-    # registrations below count from it).
-    known: list[int] = []
-    for idx, (request, token) in enumerate(zip(running, tokens)):
+    for idx, request in enumerate(running):
+        token = tokens[idx]
         length = request.num_tokens
-        known.append(length - 1)
         stop_ids = request.all_stop_ids
         # (An empty set is tested for first: with ignore_eos and no stop ids,
         # the usual benchmark request, that is the whole test.)
@@ -302,10 +315,12 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
                     f"fast_forward_decode: {request.request_id} would stop on a stop token in the "
                     "last step; under async scheduling a stretch runs through length stops only "
                     "(step the iteration in which it stops)")
-        first = firsts[idx]
-        if first < steps:  # most requests take no block in a stretch
-            for step in range(first, steps, bs):
-                allocs.append((step, idx))
+        step = firsts[idx]
+        # Most requests take no block in a stretch. (A while loop: mypyc
+        # compiles range() with a variable step as a Python object.)
+        while step < steps:
+            allocs.append((step, idx))
+            step += bs
     if length_stops and sched.waiting:
         raise UserInputError(f"fast_forward_decode: {len(sched.waiting)} requests wait; under async "
                          "scheduling a stretch ends with requests stopping only when nothing waits")
@@ -319,13 +334,15 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     # stopping on length below has one computed and none in flight less,
     # the same count).
     num_full: list[int] = []
-    for idx, (request, token) in enumerate(zip(running, tokens)):
+    for idx, request in enumerate(running):
+        token = tokens[idx]
         if last_tokens is None:
-            request.extend_output([token] * k)
+            request.append_repeated(token, k)
         else:
             last = last_tokens[idx]
-            # The quiet steps' tokens and the last step's, in one append.
-            request.extend_output([token] * quiet + [last] if quiet else [last])
+            # The quiet steps' tokens, then the last step's.
+            request.append_repeated(token, quiet)
+            request.append_repeated(last, 1)
             # The stop checks of update_from_output, for one sampled token.
             stop_ids = request.all_stop_ids
             if request.num_tokens >= request.stop_len or (stop_ids and last in stop_ids):
@@ -345,6 +362,9 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     allocs.sort()
     if not kv.enable_caching or not kv.cache_in_bulk(
             running, num_full, [running[idx].request_id for _, idx in allocs]):
+        # Known tokens minus one before the stretch, per request (each
+        # request has k more now): the registrations count from it.
+        known = [request.num_tokens - k - 1 for request in running]
         _replay_events(sched, k, allocs, known, length_stops)
     if lead:
         _renew_in_flight(sched, allocs, k, length_stops)
@@ -367,14 +387,11 @@ def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
     nothing if they all stop."""
     old = sched.in_flight_outputs[0]
     running = sched.running
-    if length_stops:
-        left_out = set(length_stops)
-        req_ids = [r.request_id for i, r in enumerate(running) if i not in left_out]
-    else:
-        req_ids = [r.request_id for r in running]
-    if not req_ids:
+    if len(length_stops) == len(running):
         sched.replace_in_flight(None)
         return
+    num_scheduled = _one_token_each(old.num_scheduled_tokens, running, length_stops)
+    req_ids = list(num_scheduled)
     new_block_ids: dict[str, list[int]] = {}
     req_to_blocks = sched.kv_cache_manager.req_to_blocks
     for step, idx in allocs:
@@ -383,13 +400,40 @@ def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
             new_block_ids[rid] = [req_to_blocks[rid][-1]]
     output = SchedulerOutput(
         scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(req_ids, set(), new_block_ids),
-        num_scheduled_tokens=dict.fromkeys(req_ids, 1), total_num_scheduled_tokens=len(req_ids),
+        num_scheduled_tokens=num_scheduled, total_num_scheduled_tokens=len(req_ids),
         # The first iteration's schedule() reports the finishes before the
         # stretch: in this output only if it is that iteration's.
         preempted_req_ids=set(), finished_req_ids=sched.finished_req_ids if k == 1 else set(),
         admission_stop=old.admission_stop)
     output.num_spec_tokens_to_schedule = old.num_spec_tokens_to_schedule
     sched.replace_in_flight(output)
+
+
+def _one_token_each(before: dict[str, int], running: list[Request],
+                    left_out: list[int]) -> dict[str, int]:
+    """The batch map of the running requests (but the running indexes
+    ``left_out``) scheduling one token each, in running order. The batch
+    before (``before``) held every running request: when it listed them in
+    running order (as schedule() and stretches list them) its map is copied
+    (one memory copy) and fixed where it differs, instead of built key by
+    key."""
+    fix: list[str] = []
+    if len(before) != len(running):
+        raise AssertionError("a stretch starts with exactly the running requests in flight")
+    for r, (rid, n) in zip(running, before.items()):
+        if rid is not r.request_id and rid != r.request_id:
+            # Another order: build it in running order.
+            out = dict.fromkeys([q.request_id for q in running], 1)
+            break
+        if n != 1:
+            fix.append(rid)
+    else:
+        out = before.copy()
+        for rid in fix:
+            out[rid] = 1
+    for idx in left_out:
+        del out[running[idx].request_id]
+    return out
 
 
 def _replay_events(sched: Scheduler, k: int, allocs: list[tuple[int, int]], known: list[int],

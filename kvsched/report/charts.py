@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvsched.sim.metrics import SampleAccumulator, e2el, tpot, ttft
+from kvsched.sim.metrics import e2el, tpot, ttft
+from kvsched.sim.samples import SampleAccumulator
 from kvsched.sim.simulator import SimResult
 
 FloatArray = npt.NDArray[np.float64]

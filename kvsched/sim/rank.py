@@ -24,7 +24,6 @@ import json
 import math
 import random
 from array import array
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -36,8 +35,9 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
-from kvsched.sim.metrics import RecordTable, SampleAccumulator, benchmark_duration, compute_metrics
+from kvsched.sim.metrics import RecordTable, benchmark_duration, compute_metrics
 from kvsched.sim.refusals import too_long_error
+from kvsched.sim.samples import SampleAccumulator
 from kvsched.sim.speculative import SpecOptions, SpecStats, combine_stats, request_key, uniform
 from kvsched.sim.workload import WorkloadRequest
 
@@ -341,6 +341,8 @@ class Rank:
         # keeps those below 2**62): never in a prompt.
         self._next_token = OUTPUT_TOKEN_BASE
         self._params: dict[int, SamplingParams] = {}  # by _sampling_params' key
+        # Async: the plan of the batch the last stretch left in flight.
+        self._stretch_plan: PlannedStep | None = None
 
     # -- requests in -----------------------------------------------------------
     def receive(self, spec: WorkloadRequest, send_time: float) -> bool:
@@ -492,22 +494,29 @@ class Rank:
         now = start + dt
         runner_output = ModelRunnerOutput(list(num_sched), sampled_ids)
         result = sched.update_from_output(out, runner_output)
-        self._deliver(((lv, 1) for lv in plan.lives if lv is not None), start, dt)
+        self._deliver(plan.lives, None, start, dt)
         for o in result.finished:
             self._finish(o.request_id, now)
         self._log_step(out, shape, result.finished, start, dt)
         return len(result.finished)
 
-    def _deliver(self, chunks: Iterable[tuple[_Live, int]], start: float, dt: float) -> None:
+    def _deliver(self, lives: list[_Live | None], counts: list[int] | None, start: float,
+                 dt: float) -> None:
         """Tokens reaching their clients at the end of a step (``start`` +
-        ``dt``): each (request, k) is one chunk of k tokens, one gap in the
-        ITLs as ``vllm bench serve`` measures them (the step time when the
-        request's previous chunk came at the step's start)."""
+        ``dt``): ``lives[i]`` gets one chunk of ``counts[i]`` tokens (one each
+        without ``counts``; None: nothing), one gap in the ITLs as ``vllm
+        bench serve`` measures them (the step time when the request's
+        previous chunk came at the step's start)."""
         now = start + dt
         itls = self.itls
         same_gap = 0
         delivered = 0
-        for lv, k in chunks:
+        k = 1
+        for i, lv in enumerate(lives):
+            if lv is None:
+                continue
+            if counts is not None:
+                k = counts[i]
             delivered += k
             lv.num_tokens += k
             if lv.first_token_time < 0.0:
@@ -554,21 +563,31 @@ class Rank:
         requests = sched.requests
         eos = self.eos_probability > 0.0
         entries: list[list[int]] = []
-        watched: list[tuple[_Live, Request, int]] = []
+        # Per scheduled request, whose client may get a token (None: none)
+        # and the request's output count before the step.
+        watched: list[_Live | None] = []
+        reqs: list[Request | None] = []
+        before: list[int] = []
         for rid, lv in zip(ids, plan.lives):
-            if lv is None:
-                entries.append(_NOTHING)
-                continue
-            r = requests.get(rid)
-            if r is None:
-                # Finished on the step before: its token is dropped.
-                entries.append(lv.sample)
+            r = None if lv is None else requests.get(rid)
+            if lv is None or r is None:
+                # Mid-prefill, or finished on the step before: its token is dropped.
+                entries.append(_NOTHING if lv is None else lv.sample)
+                watched.append(None)
+                reqs.append(None)
+                before.append(0)
                 continue
             n = len(r.output_token_ids)
             entries.append([EOS_TOKEN] if eos and n == lv.eos_index else lv.sample)
-            watched.append((lv, r, n))
+            watched.append(lv)
+            reqs.append(r)
+            before.append(n)
         result = sched.update_from_output(out, ModelRunnerOutput(ids, entries))
-        self._deliver([(lv, 1) for lv, r, n in watched if len(r.output_token_ids) > n], start, dt)
+        for i, r in enumerate(reqs):
+            # The scheduler dropped the token of a request it no longer runs.
+            if r is not None and len(r.output_token_ids) == before[i]:
+                watched[i] = None
+        self._deliver(watched, None, start, dt)
         now = start + dt
         for o in result.finished:
             self._finish(o.request_id, now)
@@ -614,8 +633,13 @@ class Rank:
         if result.spec_decoding_stats is not None:
             assert self.spec_stats is not None
             self.spec_stats.add(result.spec_decoding_stats)
-        self._deliver(((lv, len(r.output_token_ids) - n) for lv, r, n in watched
-                       if len(r.output_token_ids) > n), start, dt)
+        got: list[_Live | None] = []
+        counts: list[int] = []
+        for lv, r, n in watched:
+            if len(r.output_token_ids) > n:
+                got.append(lv)
+                counts.append(len(r.output_token_ids) - n)
+        self._deliver(got, counts, start, dt)
         for o in result.finished:
             self._finish(o.request_id, now)
         if self._drafts is not None:
@@ -669,11 +693,15 @@ class Rank:
         # end. The clients are read by nothing in the core's advance.
         tokens: list[int] = []
         last: list[int] = []
+        # The client views in running order: the plan of the batch an async
+        # stretch leaves in flight is made from them (in_flight_plan).
+        lives: list[_Live | None] = []
         end0 = ends[0]
         end = ends[-1]
         same_gap = 0
         for r in running:
             lv = live[r.request_id]
+            lives.append(lv)
             tokens.append(lv.token)
             if finishing:
                 last.append(lv.token_at(len(r.output_token_ids) + k - 1))
@@ -691,10 +719,15 @@ class Rank:
         # planned: stretch_limit just asked the core about this state, and
         # the tokens are the simulator's own ints.
         if finishing:
+            before = running[:]  # finishing may take requests out of running in place
             free_after, outputs = fast_forward_decode_finishing(sched, k, tokens, last, planned=True)
             finished = [o.request_id for o in outputs]
+            if outputs:
+                lives = [lv for r, lv in zip(before, lives) if not r.is_finished()]
         else:
             free_after = fast_forward_decode(sched, k, tokens, planned=True)
+        if sched.async_scheduling and sched.step_in_flight:
+            self._stretch_plan = self._decode_plan(sched.in_flight_outputs[0], sched.running, lives)
         self.num_ff_steps += k
         if same_gap:
             itls.add(durations[0], same_gap)
@@ -727,15 +760,23 @@ class Rank:
     def in_flight_plan(self) -> PlannedStep:
         """Async: the plan of the batch an async stretch left in flight
         (``Scheduler.in_flight_outputs[0]``), as ``plan`` would have made
-        it: every running request decoding one token."""
+        it: every running request decoding one token. The stretch made it
+        (``apply_stretch``: the batch is the running requests, in order)."""
         out = self.sched.in_flight_outputs[0]
-        requests = self.sched.requests
-        live = self.live
-        ids = list(out.num_scheduled_tokens)
-        n = len(ids)
-        kv = sum(requests[rid].num_computed_tokens for rid in ids)
-        shape = BatchShape(n, n, n, n, kv, 0, 0, 0)
-        return PlannedStep(out, shape, [], [live[rid] for rid in ids], [0] * n)
+        plan = self._stretch_plan
+        if plan is None or plan.output is not out:
+            raise AssertionError("in_flight_plan: the batch in flight was not left by a stretch")
+        return plan
+
+    @staticmethod
+    def _decode_plan(out: SchedulerOutput, requests: list[Request], lives: list[_Live | None]) -> PlannedStep:
+        """The plan of ``out``, a batch of ``requests`` decoding one token each
+        (``lives``: their client views, in the same order)."""
+        n = len(requests)
+        kv = 0
+        for r in requests:
+            kv += r.num_computed_tokens
+        return PlannedStep(out, BatchShape(n, n, n, n, kv, 0, 0, 0), [], lives, [0] * n)
 
     def result(self, wall_seconds: float) -> SimResult:
         stats = self.sched.kv_cache_manager.prefix_cache_stats

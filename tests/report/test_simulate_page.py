@@ -33,7 +33,8 @@ from kvsched.report.simulate_page import (
     render_report,
     write_report,
 )
-from kvsched.sim.metrics import RequestRecord, SampleAccumulator
+from kvsched.sim.metrics import RequestRecord
+from kvsched.sim.samples import SampleAccumulator
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator, StepLog
 from kvsched.sim.workload import random_workload
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvsched.errors import UserInputError
 from kvsched.sim.metrics import (
     RecordTable,
     RequestRecord,
-    SampleAccumulator,
     benchmark_duration,
     compute_metrics,
     e2el,
@@ -22,6 +22,7 @@ from kvsched.sim.metrics import (
     tpot,
     ttft,
 )
+from kvsched.sim.samples import SampleAccumulator
 
 # Three requests, times in seconds:
 #   a: sent 0.0, first token 0.5, done 2.5, 10 prompt / 5 output tokens,
@@ -191,11 +192,13 @@ def test_weighted_percentiles_equal_numpy_on_the_flattened_list() -> None:
         assert acc.std() == pytest.approx(float(np.std(flat)), rel=1e-9, abs=1e-15)
 
 
-def test_accumulator_chunks_and_flattening() -> None:
-    class Small(SampleAccumulator):
-        FLUSH_AT = 3  # exercise the list -> array flushes and merges
+def test_accumulator_flush_at_must_be_positive() -> None:
+    with pytest.raises(UserInputError, match="flush_at=0"):
+        SampleAccumulator(flush_at=0)
 
-    acc = Small()
+
+def test_accumulator_chunks_and_flattening() -> None:
+    acc = SampleAccumulator(flush_at=3)  # exercise the list -> array flushes and merges
     expected: list[float] = []
     rng = np.random.default_rng(9)
     for step in range(50):

@@ -54,6 +54,22 @@ class WorkloadRequest:
         object.__setattr__(self, "prompt_runs", runs)
         object.__setattr__(self, "num_prompt_tokens", num_prompt_tokens)
 
+    @classmethod
+    def checked_elsewhere(cls, request_id: str, arrival_time: float, prompt_runs: PromptRuns,
+                          output_len: int, num_prompt_tokens: int) -> WorkloadRequest:
+        """A request built from values its maker has already checked as
+        ``__post_init__`` would (:class:`RandomRequests` checks its columns
+        once, when built): a million requests are built one by one as they
+        are sent, and the checks cost more than the rest of sending one."""
+        self = object.__new__(cls)
+        put = object.__setattr__
+        put(self, "request_id", request_id)
+        put(self, "arrival_time", arrival_time)
+        put(self, "prompt_runs", prompt_runs)
+        put(self, "output_len", output_len)
+        put(self, "num_prompt_tokens", num_prompt_tokens)
+        return self
+
     def prompt_token_ids(self) -> list[int]:
         """The prompt as a token list (``[token] * count`` per run, C speed)."""
         tokens: list[int] = []
@@ -126,6 +142,44 @@ class RandomRequests(Sequence[WorkloadRequest]):
         self.prefix_len = prefix_len
         self.start = start
         self.stop = len(arrivals) if stop is None else stop
+        self._check_columns()
+
+    def _check_columns(self) -> None:
+        """What ``WorkloadRequest.__post_init__`` checks of one request, for
+        every request at once (``__getitem__`` then builds them unchecked),
+        each failure naming the first request it finds."""
+        lo, hi = self.start, self.stop
+        if not (0 <= lo <= hi <= len(self.arrivals) == len(self.input_lens) == len(self.output_lens)):
+            raise UserInputError(f"RandomRequests: columns of {len(self.arrivals)}, {len(self.input_lens)} "
+                                 f"and {len(self.output_lens)} requests, rows [{lo}, {hi}): give equal "
+                                 "columns and rows inside them")
+        if not is_int(self.prefix_len) or not 0 <= self.prefix_len <= MAX_REQUEST_TOKENS:
+            raise UserInputError(f"RandomRequests: prefix_len={show(self.prefix_len)} must be an integer "
+                                 "in [0, 2**40]")
+        if lo == hi:
+            return
+        # NaN fails every comparison, so it is refused too.
+        if not all(0.0 <= t <= MAX_ARRIVAL_TIME for t in self.arrivals[lo:hi]):
+            i = next(i for i in range(lo, hi) if not 0.0 <= self.arrivals[i] <= MAX_ARRIVAL_TIME)
+            self._request(i)  # raises, naming the request and the bound
+            raise AssertionError(f"RandomRequests: row {i} passed WorkloadRequest's checks")
+        inputs, outputs = self.input_lens[lo:hi], self.output_lens[lo:hi]
+        if min(inputs) < 0 or self.prefix_len + max(inputs) > MAX_REQUEST_TOKENS or (
+                self.prefix_len + min(inputs) < 1) or min(outputs) < 1 or max(outputs) > MAX_REQUEST_TOKENS:
+            i = next(i for i in range(lo, hi) if not (
+                self.input_lens[i] >= 0 and 1 <= self.prefix_len + self.input_lens[i] <= MAX_REQUEST_TOKENS
+                and 1 <= self.output_lens[i] <= MAX_REQUEST_TOKENS))
+            self._request(i)
+            raise AssertionError(f"RandomRequests: row {i} passed WorkloadRequest's checks")
+
+    def _request(self, i: int) -> WorkloadRequest:
+        """Request ``i`` of the columns (not of this slice), checked one by one."""
+        runs = []
+        if self.prefix_len:
+            runs.append((RANDOM_PREFIX_TOKEN, self.prefix_len))
+        if self.input_lens[i]:
+            runs.append((UNIQUE_TOKEN_BASE + i, self.input_lens[i]))
+        return WorkloadRequest(f"random-{i}", self.arrivals[i], tuple(runs), self.output_lens[i])
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -148,12 +202,15 @@ class RandomRequests(Sequence[WorkloadRequest]):
         if not 0 <= i < n:
             raise IndexError("RandomRequests index out of range")
         i += self.start
-        runs = []
-        if self.prefix_len:
-            runs.append((RANDOM_PREFIX_TOKEN, self.prefix_len))
-        if self.input_lens[i]:
-            runs.append((UNIQUE_TOKEN_BASE + i, self.input_lens[i]))
-        return WorkloadRequest(f"random-{i}", self.arrivals[i], tuple(runs), self.output_lens[i])
+        prefix, own = self.prefix_len, self.input_lens[i]
+        # The columns were checked when built (_check_columns).
+        if prefix:
+            runs: PromptRuns = ((RANDOM_PREFIX_TOKEN, prefix), (UNIQUE_TOKEN_BASE + i, own)) if own \
+                else ((RANDOM_PREFIX_TOKEN, prefix),)
+        else:
+            runs = ((UNIQUE_TOKEN_BASE + i, own),)
+        return WorkloadRequest.checked_elsewhere(f"random-{i}", self.arrivals[i], runs, self.output_lens[i],
+                                                 prefix + own)
 
     def arrival_times(self) -> Sequence[float]:
         return self.arrivals[self.start:self.stop]

@@ -4,10 +4,13 @@ prompts kept as runs, and the random dataset's requests built on demand."""
 from __future__ import annotations
 
 import math
+import re
+from array import array
 
 import pytest
 
 from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.errors import UserInputError
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.step_time import StepTimeModel
 from kvsched.request import SamplingParams
@@ -117,3 +120,32 @@ def test_random_requests_are_built_on_demand_as_listed() -> None:
     assert [r.arrival_time for r in half.requests] == [r.arrival_time * 0.5 for r in listed]
     with pytest.raises(IndexError):
         reqs[50]
+
+
+def test_random_requests_build_what_the_checked_constructor_builds() -> None:
+    """Built unchecked from its columns, each request equals the one
+    WorkloadRequest's own checks accept, its prompt length included."""
+    reqs = RandomRequests(array("d", [0.0, 0.5, 2.0]), array("q", [3, 0, 7]), array("q", [1, 4, 9]),
+                          prefix_len=5)
+    for i, got in enumerate(reqs):
+        runs = [(RANDOM_PREFIX_TOKEN, 5)] + ([(UNIQUE_TOKEN_BASE + i, reqs.input_lens[i])]
+                                            if reqs.input_lens[i] else [])
+        want = WorkloadRequest(f"random-{i}", reqs.arrivals[i], tuple(runs), reqs.output_lens[i])
+        assert got == want
+        assert got.num_prompt_tokens == want.num_prompt_tokens == 5 + reqs.input_lens[i]
+    sliced = RandomRequests(array("d", [0.0, 1.0]), array("q", [2, 3]), array("q", [1, 1]), 0)[1:]
+    assert sliced[0] == WorkloadRequest("random-1", 1.0, ((UNIQUE_TOKEN_BASE + 1, 3),), 1)
+
+
+@pytest.mark.parametrize(("arrivals", "inputs", "outputs", "prefix", "message"), [
+    ([0.0, float("nan")], [1, 1], [1, 1], 0, "random-1: arrival_time=nan"),
+    ([0.0, 2e8], [1, 1], [1, 1], 0, "random-1: arrival_time="),
+    ([0.0, 1.0], [1, 1], [1, 0], 0, "random-1: output_len=0"),
+    ([0.0, 1.0], [0, 1], [1, 1], 0, "random-0: prompt_runs"),
+    ([0.0, 1.0], [1, 2**40], [1, 1], 1, "random-1: 1099511627777 prompt tokens"),
+    ([0.0, 1.0], [1, 1], [1], 0, "columns of 2, 2 and 1 requests"),
+])
+def test_random_requests_refuse_bad_columns_naming_the_request(
+        arrivals: list[float], inputs: list[int], outputs: list[int], prefix: int, message: str) -> None:
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        RandomRequests(array("d", arrivals), array("q", inputs), array("q", outputs), prefix)
