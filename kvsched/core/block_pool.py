@@ -193,26 +193,36 @@ class BlockPool:
         manager's invariant): those go to the back, the rest to the front,
         by position instead of by a lookup per block."""
         ref_cnt = self.ref_cnt
-        front_len = len(self.front)
-        front = self.front
-        # Indexes, not slices: no copy of the table (a request's table is
-        # tens of blocks, freed once per request).
-        for i in range(num_hashed, len(blocks)):  # pushed in table order: the last on top
+        size = len(blocks)
+        # The references first, counting the blocks they free; then the
+        # blocks move in one slice when all of them are freed (the usual
+        # case: nothing shared), which spares boxing each block id again
+        # (mypyc holds them unboxed).
+        tail_freed = 0
+        for i in range(num_hashed, size):
             b = blocks[i]
             n = ref_cnt[b] - 1
             ref_cnt[b] = n
             if not n:
-                front.append(b)
-        freed = len(front) - front_len
-        back = self.back
-        for i in range(num_hashed - 1, -1, -1):
+                tail_freed += 1
+        head_freed = 0
+        for i in range(num_hashed):
             b = blocks[i]
             n = ref_cnt[b] - 1
             ref_cnt[b] = n
             if not n:
-                back.append(b)
-                freed += 1
-        self.num_free += freed
+                head_freed += 1
+        # The uncached tail to the front, pushed in table order (the last on
+        # top); the cached head to the back, last block first.
+        if tail_freed == size - num_hashed:
+            self.front += blocks[num_hashed:]
+        elif tail_freed:
+            self.front += [b for b in blocks[num_hashed:] if not ref_cnt[b]]
+        if head_freed == num_hashed:
+            self.back += blocks[num_hashed - 1::-1] if num_hashed else []
+        elif head_freed:
+            self.back += [b for b in blocks[num_hashed - 1::-1] if not ref_cnt[b]]
+        self.num_free += tail_freed + head_freed
 
     # -- prefix cache ---------------------------------------------------------
     def get_cached_block(self, block_hash: int) -> int | None:

@@ -146,14 +146,20 @@ def _lead(sched: Scheduler) -> int:
     return 1 if sched.async_scheduling else 0
 
 
+def first_new_block_step(num_blocks: int, request: Request, block_size: int) -> int:
+    """The first decode step (0-based) in which ``request``, holding
+    ``num_blocks`` blocks, needs a new block: step j computes position
+    c + j, which starts a block when it is the first position past the
+    request's blocks (then every block_size steps). The one place that
+    arithmetic lives."""
+    return num_blocks * block_size - request.num_computed_tokens
+
+
 def first_new_block_steps(sched: Scheduler) -> list[int]:
-    """Per running request, the first decode step (0-based) that needs a new
-    block: step j computes position c + j, which starts a block when it is the
-    first position past the request's blocks (then every block_size steps).
-    The one place that arithmetic lives."""
+    """``first_new_block_step`` of every running request, in order."""
     req_to_blocks = sched.kv_cache_manager.req_to_blocks
     bs = sched.block_size
-    return [len(req_to_blocks[r.request_id]) * bs - r.num_computed_tokens for r in sched.running]
+    return [first_new_block_step(len(req_to_blocks[r.request_id]), r, bs) for r in sched.running]
 
 
 def _blocks_needed(firsts: Sequence[int], k: int, bs: int) -> int:
@@ -296,7 +302,7 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     # Async: the running indexes of the requests that reach their length in
     # the last step; the last iteration schedules no token for them.
     length_stops: list[int] = []
-    firsts = first_new_block_steps(sched)
+    req_to_blocks = kv.req_to_blocks
     for idx, request in enumerate(running):
         token = tokens[idx]
         length = request.num_tokens
@@ -315,7 +321,7 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
                     f"fast_forward_decode: {request.request_id} would stop on a stop token in the "
                     "last step; under async scheduling a stretch runs through length stops only "
                     "(step the iteration in which it stops)")
-        step = firsts[idx]
+        step = first_new_block_step(len(req_to_blocks[request.request_id]), request, bs)
         # Most requests take no block in a stretch. (A while loop: mypyc
         # compiles range() with a variable step as a Python object.)
         while step < steps:

@@ -39,10 +39,9 @@ from kvsched.sim.metrics import RecordTable, benchmark_duration, compute_metrics
 from kvsched.sim.refusals import too_long_error
 from kvsched.sim.samples import SampleAccumulator
 from kvsched.sim.speculative import SpecOptions, SpecStats, combine_stats, request_key, uniform
-from kvsched.sim.workload import WorkloadRequest
+from kvsched.sim.workload import OUTPUT_TOKEN_BASE, WorkloadRequest
 
 EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)
-OUTPUT_TOKEN_BASE = 2**62
 _NOTHING: list[int] = []  # a prefill chunk samples nothing (shared: never mutated)
 
 
@@ -338,7 +337,7 @@ class Rank:
         self.steps = StepLog() if keep_step_log else None
         self.num_ff_steps = 0
         # Output tokens start above every prompt token (kvsched.sim.workload
-        # keeps those below 2**62): never in a prompt.
+        # keeps those below OUTPUT_TOKEN_BASE): never in a prompt.
         self._next_token = OUTPUT_TOKEN_BASE
         self._params: dict[int, SamplingParams] = {}  # by _sampling_params' key
         # Async: the plan of the batch the last stretch left in flight.
@@ -430,15 +429,14 @@ class Rank:
         spec fields), each scheduled request's client view (None: it samples
         nothing, mid-prefill) and its drafts."""
         num_sched = out.num_scheduled_tokens
-        requests = self.sched.requests
         live = self.live
         spec = out.scheduled_spec_decode_tokens
         chunks = out.prefill_chunk_req_ids
         decodes = decode_kv = prefill = prefill_kv = pairs = sampled = spec_tokens = spec_keys = 0
         lives: list[_Live | None] = []
         drafts: list[int] = []
-        for rid, n_new in num_sched.items():
-            c = requests[rid].num_computed_tokens - n_new
+        for request, (rid, n_new) in zip(self.sched.scheduled_requests(out), num_sched.items()):
+            c = request.num_computed_tokens - n_new
             d = len(spec[rid]) if spec and rid in spec else 0
             if d:
                 decodes += 1

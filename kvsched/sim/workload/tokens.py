@@ -15,8 +15,9 @@ scheme makes two prompts share exactly the tokens the source says they share:
   block of a prompt is cut to the tokens that remain of ``input_length``.
   Blocks of 512 tokens stay aligned with any KV block size that divides 512.
 
-Ids ``0`` and ``2 .. HASH_BLOCK_TOKEN_BASE - 1`` are never used in prompts, so
-a simulator can pick its output token ids there.
+Ids ``0``, ``2 .. HASH_BLOCK_TOKEN_BASE - 1`` and ``OUTPUT_TOKEN_BASE`` up are
+never used in prompts, so a simulator can pick its output token ids there
+(kvsched's simulator samples ``OUTPUT_TOKEN_BASE + i`` for its i-th request).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ UNIQUE_TOKEN_BASE = 1_000_000_000
 # The largest Mooncake hash id whose token id stays below the request-unique range.
 MAX_HASH_ID = UNIQUE_TOKEN_BASE - HASH_BLOCK_TOKEN_BASE - 1
 MOONCAKE_BLOCK_TOKENS = 512
-# Random prompt i starts with token UNIQUE_TOKEN_BASE + i: keep it an int64.
-MAX_RANDOM_PROMPTS = 2**62 - UNIQUE_TOKEN_BASE
+# Every prompt token id is below this; a simulator's output tokens start
+# here. Below 2**62 all of them are ints the compiled build (mypyc) holds
+# unboxed: ids from 2**62 up are heap objects that every comparison, hash
+# and list store goes through the interpreter's generic paths for.
+OUTPUT_TOKEN_BASE = 2**61
+# Random prompt i starts with token UNIQUE_TOKEN_BASE + i: below OUTPUT_TOKEN_BASE.
+MAX_RANDOM_PROMPTS = OUTPUT_TOKEN_BASE - UNIQUE_TOKEN_BASE
 
 PromptRuns = tuple[tuple[int, int], ...]
