@@ -36,7 +36,8 @@ DEFAULT_MAX_ITERATIONS = 40
 # The optimiser's settings (see bounded_least_squares), in the terms' latency
 # units (terms.latency_units): the first and last difference steps, how a
 # step shrinks, the largest move of one iteration, the relative loss drop an
-# iteration must make, and the loss under which the runs count as reproduced.
+# iteration must make, and the loss under which the runs count as
+# reproduced; DIFF_STEP: trust_region_fit's relative difference step.
 FIRST_STEP = 0.25
 LAST_STEP = 1e-6
 SHRINK = 0.25
@@ -80,15 +81,18 @@ def bounded_least_squares(fun: Callable[[FloatArray], FloatArray], x0: FloatArra
     stopped 20x short of the optimum on real CPU runs. Here the Jacobian is
     the secant over a stencil of ``h`` either side of ``x`` (one-sided at a
     bound), starting at ``first_step`` (a quarter of each latency: the slope
-    through many stairs); each iteration takes the bounded Gauss-Newton step
+    through many stairs). Each iteration takes the bounded Gauss-Newton step
     of that Jacobian (at most MAX_MOVE a term), halved up to twice until the
-    loss drops by ``tolerance`` of itself, else the stencil's best point if
-    it is lower; when neither is, the stencil has found no descent at this
-    scale and ``h`` shrinks by SHRINK. Done when ``h`` falls under
-    ``last_step`` (converged), the loss under ``loss_floor`` (the runs are
-    reproduced), or after ``max_iterations`` iterations. Deterministic:
-    same ``fun``, same path. The minimum is local to the scale the stencil
-    ends at: see docs/calibrate.md for runs that make it the only one.
+    loss drops by ``tolerance`` of itself; ``h`` shrinks by SHRINK when the
+    step lands nearer than ``h`` (a closer stencil reads the slope there
+    better) or fails (the secant model does not predict at this scale; the
+    stencil's best point is taken if it is lower). When ``h`` falls under
+    ``last_step`` the search restarts at ``first_step``, and is done
+    (converged) when a whole pass gained nothing; also done when the loss is
+    under ``loss_floor`` (the runs are reproduced) or after
+    ``max_iterations`` iterations. Deterministic: same ``fun``, same path.
+    The minimum is local: see docs/calibrate.md for runs that make it the
+    only one.
     """
     # SciPy ships no type stubs (scipy-stubs is a separate package).
     from scipy.optimize import lsq_linear  # type: ignore[import-untyped, unused-ignore]
@@ -149,6 +153,7 @@ def bounded_least_squares(fun: Callable[[FloatArray], FloatArray], x0: FloatArra
         upper_move = np.minimum(hi - x, MAX_MOVE)
         moved = False
         if np.any(jac):
+            # (lsq_linear wants lower < upper: a term at 0 whose bound is 0.)
             step = np.asarray(lsq_linear(jac, -r, bounds=(lower_move, upper_move + 1e-300)).x, dtype=float)
             step = np.clip(step, lower_move, upper_move)
             for _ in range(3):
@@ -186,9 +191,10 @@ def trust_region_fit(fun: Callable[[FloatArray], FloatArray], x0: FloatArray, *,
     1) with SciPy's trust-region reflective least squares.
 
     The Jacobian is taken by central differences of ``diff_step * max(1,
-    |x|)``, coarse on purpose: a simulated latency moves in small jumps (a
-    request reaches the engine just before a step begins, or just after) and
-    a coarse central difference reads the slope through them. Done when a
+    |x|)``: coarse next to a GPU's stairs in typical-size units, too fine
+    for a CPU's 50 ms steps (see bounded_least_squares), so calibrate runs
+    it beside implicit filtering and keeps the lower loss; it settles closer
+    where the latencies are smooth near the optimum. Done when a
     step lowers the loss by less than ``tolerance`` of it, the loss falls
     under ``loss_floor`` (the runs are reproduced), or after
     ``max_iterations`` steps tried. Deterministic: same ``fun``, same path.
