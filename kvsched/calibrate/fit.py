@@ -295,13 +295,17 @@ class Calibrator:
         the slope through a replay's stairs from however far off, and SciPy's
         trust-region fit with fine differences in each term's typical size
         (trust_region_fit), which settles closer on runs whose latencies are
-        smooth near the optimum. Measured: neither alone reaches the other's
-        loss on every run set (docs/calibrate.md)."""
+        smooth near the optimum (skipped when the first reproduces the runs).
+        Measured: neither alone reaches the other's loss on every run set
+        (docs/calibrate.md)."""
         # No term lasts a second (HostTerms' own bound).
         upper = MAX_TERM_S / self.scales
         self.out("  implicit filtering, in units of the runs' latencies:")
         filtering = bounded_least_squares(fun, x0, upper=upper, max_iterations=max_iterations,
                                           progress=progress)
+        self.fit_losses = {"implicit filtering": filtering.loss}
+        if filtering.loss <= LOSS_FLOOR:
+            return filtering  # the runs are reproduced: nothing for the other fit to gain
         # The trust-region fit's unit of each term: its typical size.
         typical = np.array([TERM_SCALES[n] for n in self.fitted]) / self.scales
 
@@ -317,7 +321,7 @@ class Calibrator:
         region.x = np.minimum(region.x * typical, upper)
         if region.jacobian is not None:
             region.jacobian = region.jacobian / typical
-        self.fit_losses = {"implicit filtering": filtering.loss, "trust region": region.loss}
+        self.fit_losses["trust region"] = region.loss
         return filtering if filtering.loss <= region.loss else region
 
     def run(self, max_iterations: int = DEFAULT_MAX_ITERATIONS) -> Calibration:
