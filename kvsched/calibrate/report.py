@@ -50,11 +50,12 @@ def pooled(errors: Sequence[RunErrors]) -> RunErrors:
 
 
 def format_report(c: Calibration) -> str:
-    lines = ["", f"{'term':<26}{'start':>12}{'fitted':>12}   meaning"]
+    # 13 wide: a term fitted to ~0 prints as "7.951e-11 ms" (12 characters).
+    lines = ["", f"{'term':<26}{'start':>13}{'fitted':>13}   meaning"]
     for name in TERMS:
         mark = "" if name in c.fitted else "  (not fitted)"
-        lines.append(f"{name:<26}{format_term(name, getattr(c.start, name)):>12}"
-                     f"{format_term(name, getattr(c.terms, name)):>12}   {TERM_MEANING[name]}{mark}")
+        lines.append(f"{name:<26}{format_term(name, getattr(c.start, name)):>13}"
+                     f" {format_term(name, getattr(c.terms, name)):>12}   {TERM_MEANING[name]}{mark}")
     lines.append("")
     lines.append(f"Fit error (relative; {c.fit.iterations} iterations, loss {c.fit.loss:.4g}, "
                  f"{c.simulations} simulations in {c.wall_seconds:.1f} s):")

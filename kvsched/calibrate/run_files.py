@@ -89,6 +89,36 @@ class ObservedRun:
     def per_request(self) -> bool:
         return self.ttfts is not None
 
+    def mean_ttft(self) -> float:
+        """The run's mean TTFT (seconds), per request or as the file gives it."""
+        if self.ttfts is not None:
+            return float(sum(self.ttfts) / len(self.ttfts)) if self.ttfts else 0.0
+        assert self.mean_ttft_s is not None
+        return self.mean_ttft_s
+
+    def mean_tpot(self) -> float | None:
+        """The run's mean TPOT (seconds) over requests with more than one
+        output token, as vLLM's; None when no request has one."""
+        if self.tpots is not None:
+            values = [t for t in self.tpots if t is not None and t > 0]
+            return sum(values) / len(values) if values else None
+        return self.mean_tpot_s
+
+    def decode_concurrency(self) -> float:
+        """How many requests decode at once on average (Little's law: the
+        requests' decode time over the run's span; at least 1); 1 without
+        per-request times."""
+        if self.ttfts is None or self.tpots is None or not self.ttfts:
+            return 1.0
+        decoding = 0.0
+        end = 0.0
+        for t, ttft, tpot, out in zip(self.arrivals, self.ttfts, self.tpots, self.output_lens):
+            d = (tpot or 0.0) * max(out - 1, 0)
+            decoding += d
+            end = max(end, t + ttft + d)
+        span = end - min(self.arrivals)
+        return max(1.0, decoding / span) if span > 0 else 1.0
+
     def describe(self) -> str:
         kind = "per-request" if self.per_request else "means only"
         failed = f", {self.failed} failed left out" if self.failed else ""

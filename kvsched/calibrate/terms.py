@@ -4,15 +4,17 @@ with some replaced."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvsched.calibrate.run_files import ObservedRun
 from kvsched.errors import UserInputError
 from kvsched.perf.host import TERMS, HostTerms
 
-# How each term is printed (unit, factor from seconds) and its typical size,
-# the optimiser's unit for it: one unit moves a run's latencies by a
-# comparable, small amount whichever the term.
+# How each term is printed (unit, factor from seconds) and its typical size
+# on a data-centre GPU (the start for a backend with no terms of its own; the
+# optimiser's units come from the runs instead: latency_units).
 TERM_UNITS: Mapping[str, tuple[str, float]] = {
     "prefill_step_per_layer_s": ("ms", 1e3), "step_s": ("ms", 1e3),
     "per_sampled_request_s": ("us", 1e6), "dp_sync_s": ("ms", 1e3),
@@ -42,6 +44,35 @@ def typical_start(data_parallel_size: int) -> HostTerms:
         values["dp_sync_s"] = 0.0
     return HostTerms(vllm_version="any", hardware_class="any",
                      provenance="typical sizes (kvsched.calibrate.terms.TERM_SCALES)", **values)
+
+
+def latency_units(runs: Sequence[ObservedRun], num_layers: int) -> dict[str, float]:
+    """Each term's unit in the optimiser, read off the runs themselves: the
+    value at which the term alone would make up the latency it is part of
+    (a step's terms the runs' mean TPOT: ``step_s`` all of it,
+    ``prefill_step_per_layer_s`` over the model's layers,
+    ``per_sampled_request_s`` over the requests decoding at once; the
+    arrival terms their mean TTFT, ``per_prompt_token_s`` over the mean
+    prompt). In these units a term's effect is comparable whichever the
+    term and whatever the hardware (a GPU's 20 ms step and a CPU's 50 ms
+    alike), so a finite difference of a fixed fraction of a unit moves the
+    latencies by a few per cent: far above the jumps of a replay (a request
+    landing one step later), which a difference sized to a GPU's typical
+    term (0.1 ms in a 50 ms CPU step) drowns in. A run without the metric
+    falls back to the typical size (TERM_SCALES)."""
+    tpots = [t for t in (run.mean_tpot() for run in runs) if t is not None and t > 0]
+    ttfts = [t for t in (run.mean_ttft() for run in runs) if t > 0]
+    prompts = [sum(run.input_lens) / len(run.input_lens) for run in runs if run.input_lens]
+    units = dict(TERM_SCALES)
+    if tpots:
+        tpot = statistics.median(tpots)
+        concurrency = statistics.median(run.decode_concurrency() for run in runs)
+        units.update(step_s=tpot, dp_sync_s=tpot, prefill_step_per_layer_s=tpot / max(num_layers, 1),
+                     per_sampled_request_s=tpot / concurrency)
+    if ttfts:
+        ttft = statistics.median(ttfts)
+        units.update(arrival_s=ttft, per_prompt_token_s=ttft / max(statistics.median(prompts), 1.0))
+    return units
 
 
 def parse_fit_names(text: str | None, data_parallel_size: int) -> tuple[str, ...]:

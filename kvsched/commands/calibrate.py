@@ -61,7 +61,8 @@ def add_calibrate_parser(sub: Any) -> None:
                         f"requests of similar length per run, of {MIN_GROUP} requests at least "
                         "(1: each run's means; default: %(default)s)")
     g.add_argument("--max-iterations", type=int, default=DEFAULT_MAX_ITERATIONS,
-                   help="optimiser steps tried at most (default: %(default)s)")
+                   help="iterations of each of the two fits at most (docs/calibrate.md; default: "
+                        "%(default)s)")
     g.add_argument("--seed", type=int, default=VLLM_DEFAULT_SEED,
                    help="the runs' vllm bench serve --seed, to redraw the arrival times of a finite "
                         "--request-rate run whose file has neither start_times nor a seed "

@@ -13,7 +13,7 @@ import pytest
 from calibrate_runs import ENGINE, MODEL, TRUTH, terms_file
 
 from kvsched.calibrate import Calibrator, load_run
-from kvsched.calibrate.fit import bounded_least_squares
+from kvsched.calibrate.fit import FloatArray, bounded_least_squares, trust_region_fit
 from kvsched.cli import main
 from kvsched.perf.host import HostTerms, load_host_terms
 from kvsched.sim.deployment import EngineOptions, build_deployment
@@ -123,3 +123,23 @@ def test_the_optimiser_fits_a_bounded_linear_model() -> None:
     # One step allowed: stopped before the minimum, and said so.
     fit = bounded_least_squares(lambda x: a @ x - b, np.array([1.0, 1.0]), max_iterations=1)
     assert fit.iterations == 1 and not fit.converged
+
+
+def test_the_optimiser_reads_the_slope_through_stairs() -> None:
+    """A linear model seen through a staircase (each coordinate rounded to
+    0.01, as a replay's latencies jump when a term moves an arrival across
+    a step): differences finer than a stair see no slope and the
+    trust-region fit with them stays where it started; implicit filtering's
+    coarse secants find the stair of the minimum."""
+    a = np.array([[1.0, 2.0], [3.0, 1.0], [0.5, 4.0]])
+    truth = np.array([2.0, 0.5])
+
+    def stairs(x: FloatArray) -> FloatArray:
+        return np.asarray(a @ (np.round(x / 0.01) * 0.01) - a @ truth, dtype=np.float64)
+
+    start = np.array([0.2, 0.2])
+    fine = trust_region_fit(stairs, start, diff_step=1e-3)
+    assert fine.x == pytest.approx(start, abs=0.01)
+    fit = bounded_least_squares(stairs, start)
+    assert fit.x == pytest.approx(truth, abs=0.005)
+    assert fit.loss == 0.0 and fit.converged
