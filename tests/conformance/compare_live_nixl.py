@@ -1,0 +1,137 @@
+"""Fresh random prefill/decode (NixlConnector) scenarios through vLLM's oracle
+and kvsched, compared live.
+
+    nice -n 19 python tests/conformance/compare_live_nixl.py --seeds 0-199
+
+Each scenario is random_scenarios.py's scenario for the seed (small caches
+that preempt, chunked prefill, priorities, aborts) with vLLM's NixlConnector
+on one side of a P/D pair, prefix caching on two times in three, async
+scheduling one time in three, n-gram drafts one time in six:
+
+- decode side (``kv_consumer``, sometimes ``kv_both``): most requests carry
+  ``do_remote_prefill`` (reads of 1-4 batches, some failing, under either
+  load-failure policy), some are plain; a copy of an earlier prompt with a
+  longer tail gives local prefix hits that shorten the read;
+- prefill side (``kv_producer``, sometimes ``kv_both``): most requests carry
+  ``do_remote_decode``, usually with ``max_tokens`` 1 as a P/D proxy sends
+  them, their blocks held for 1-4 batches after they finish;
+- mixed (``kv_both``): requests of both kinds in one instance.
+
+Needs the reference environment (``bash ../shared/reference/setup.sh``);
+prints the counts, exits 1 on any difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from compare_live_kv import _ORACLE_LOOP, MAX_STEPS, compare  # noqa: E402
+from random_scenarios import parse_seeds, random_scenario  # noqa: E402
+from regenerate import ReferenceMissing, reference_paths  # noqa: E402
+
+
+def _decode_request(rng: random.Random, r: dict[str, Any]) -> None:
+    r["kv_transfer_params"] = {"do_remote_prefill": True}
+    if rng.random() < 0.6:
+        r["load_steps"] = rng.randint(1, 4)
+    if rng.random() < 0.15:
+        r["load_fail"] = True
+
+
+def _prefill_request(rng: random.Random, r: dict[str, Any]) -> None:
+    r["kv_transfer_params"] = {"do_remote_decode": True}
+    if rng.random() < 0.7:
+        r["max_tokens"] = 1
+        r.pop("min_tokens", None)
+    if rng.random() < 0.7:
+        r["send_steps"] = rng.randint(1, 4)
+
+
+def random_nixl_scenario(seed: int) -> dict[str, Any]:
+    scenario: dict[str, Any] = random_scenario(seed)
+    rng = random.Random(seed * 104729 + 7)
+    side = rng.choice(["decode", "decode", "prefill", "prefill", "mixed"])
+    if side == "decode":
+        role = "kv_both" if rng.random() < 0.2 else "kv_consumer"
+    elif side == "prefill":
+        role = "kv_both" if rng.random() < 0.2 else "kv_producer"
+    else:
+        role = "kv_both"
+    scenario["kv_connector"] = {"type": "nixl", "kv_role": role,
+                                "load_failure_policy": rng.choice(["fail", "recompute"])}
+    scenario["cache"]["enable_prefix_caching"] = rng.random() < 0.67
+    if rng.random() < 0.35:
+        scenario["async_scheduling"] = True
+    elif rng.random() < 0.2:
+        scenario["speculative"] = {"num_speculative_tokens": rng.randint(1, 3)}
+    requests = scenario["requests"]
+    max_len = scenario["scheduler"]["max_model_len"]
+    # A later request repeating an earlier prompt with a longer tail: a
+    # local prefix hit (with prefix caching) next to the remote read.
+    if len(requests) >= 2 and rng.random() < 0.5:
+        src, dst = rng.sample(range(len(requests)), 2)
+        prompt = list(requests[src]["prompt_token_ids"])
+        prompt += [7 + i for i in range(rng.randint(1, 20))]
+        if len(prompt) < max_len:
+            requests[dst]["prompt_token_ids"] = prompt
+    for r in requests:
+        if rng.random() < 0.2:
+            continue  # a plain request
+        if side == "decode" or (side == "mixed" and rng.random() < 0.5):
+            _decode_request(rng, r)
+        else:
+            _prefill_request(rng, r)
+    scenario["max_steps"] = MAX_STEPS
+    scenario.pop("description", None)
+    return scenario
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--seeds", default="0-99", help="seed range, e.g. 0-99 (default)")
+    ap.add_argument("--keep", help="write the scenarios and vLLM's traces to this folder")
+    args = ap.parse_args(argv)
+    try:
+        python, oracle = reference_paths()
+    except ReferenceMissing as e:
+        print(e, file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(args.keep) if args.keep else Path(tmp_dir)
+        tmp.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for seed in parse_seeds(args.seeds):
+            path = tmp / f"nixl_random_{seed}.json"
+            path.write_text(json.dumps(random_nixl_scenario(seed)))
+            paths.append(path)
+        proc = subprocess.run([str(python), "-c", _ORACLE_LOOP, str(oracle.parent), str(tmp)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode:
+            sys.stderr.write(proc.stderr[-4000:])
+            return 2
+        counts = {"finished": 0, "stuck": 0}
+        failures = 0
+        for path in paths:
+            kind, diff = compare(path)
+            if diff is None:
+                counts[kind] += 1
+            else:
+                failures += 1
+                print(f"{path.name}: {diff}")
+    print(f"{counts['finished']} identical, {counts['stuck']} identical up to max_steps={MAX_STEPS} "
+          f"(vLLM never finishes them), {failures} different")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
