@@ -110,7 +110,9 @@ def random_nixl_scenario(seed: int) -> dict[str, Any]:
         src, dst = rng.sample(range(len(requests)), 2)
         prompt = list(requests[src]["prompt_token_ids"])
         prompt += [7 + i for i in range(rng.randint(1, 20))]
-        if len(prompt) < max_len:
+        # Only where the request still fits the cache as the longest did.
+        longest = max(len(r["prompt_token_ids"]) + r["max_tokens"] for r in requests)
+        if len(prompt) < max_len and len(prompt) + requests[dst]["max_tokens"] <= longest:
             requests[dst]["prompt_token_ids"] = prompt
     for r in requests:
         if rng.random() < 0.2:
