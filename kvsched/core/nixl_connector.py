@@ -105,7 +105,7 @@ def check_nixl_extra_config(extra: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise UserInputError(f"kv_connector_extra_config.{key}={value!r}: must be a number >= 0 "
                                  f"(vLLM's default: {EXTRA_DEFAULTS[key]})")
-    if settings["bidirectional_kv_xfer"] is not False:
+    if settings["bidirectional_kv_xfer"]:
         raise UserInputError(f"kv_connector_extra_config.bidirectional_kv_xfer="
                              f"{settings['bidirectional_kv_xfer']!r}: kvsched does not model "
                              "bidirectional NIXL transfers; remove it or set it to false")
