@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn, Protocol, TextIO
 
 from kvsched.config import (
     BATCH_QUEUE_SIZE,
@@ -38,8 +38,15 @@ from kvsched.config import (
 from kvsched.core.kv_connector import (
     KV_ROLES,
     LOAD_FAILURE_POLICIES,
+    KVConnectorBase,
     KVConnectorOutput,
     KVTransferConfig,
+)
+from kvsched.core.nixl_connector import (
+    NIXL_REQUEST_KEYS,
+    NixlConnector,
+    NixlScriptedWorker,
+    replay_kv_transfer_params,
 )
 from kvsched.core.output import (
     CachedRequestData,
@@ -53,7 +60,6 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.core.scripted_connector import (
     SCRIPTED_REQUEST_KEYS,
     ScriptedConnector,
-    ScriptedMetadata,
     ScriptedWorker,
 )
 from kvsched.core.trace import step_record
@@ -117,11 +123,15 @@ REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "i
                 "kv_transfer_params", *SCRIPTED_REQUEST_KEYS)
 ABORT_KEYS = ("step", "request_ids")
 SPECULATIVE_KEYS = ("num_speculative_tokens", "method")
-# kv_connector: the oracle's common keys and the scripted connector's own.
-KV_CONNECTOR_KEYS = ("type", "kv_role", "load_failure_policy", "pending_block_frees")
-# The oracle's other connector types: vLLM's OffloadingConnector and
-# NixlConnector, not rebuilt in kvsched yet.
-KV_CONNECTOR_TYPES_LATER = ("offloading", "nixl")
+# kv_connector: the oracle's common keys and each connector type's own.
+_KV_COMMON_KEYS = ("type", "kv_role", "load_failure_policy")
+KV_CONNECTOR_KEYS: dict[str, tuple[str, ...]] = {
+    "scripted": (*_KV_COMMON_KEYS, "pending_block_frees"),
+    "nixl": _KV_COMMON_KEYS,
+}
+# The oracle's other connector type: vLLM's OffloadingConnector, not
+# rebuilt in kvsched yet.
+KV_CONNECTOR_TYPES_LATER = ("offloading",)
 # The oracle's methods: no drafter model, so no KV slots of their own.
 # The scripted oracle runs n-gram drafts only (kvsched.config owns the names).
 SPEC_METHODS = NGRAM_METHODS
@@ -144,7 +154,7 @@ class Scenario:
     # (Async scheduling is scheduler_config.async_scheduling.)
     speculative_config: SpeculativeConfig | None = None
     lora_config: LoRAConfig | None = None
-    # The scripted KV connector (the scenario's kv_connector, checked), or None.
+    # The KV connector (the scenario's kv_connector, checked), or None.
     kv_connector: dict[str, Any] | None = None
 
 
@@ -368,7 +378,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
     seen: set[str] = set()
     for i, r in enumerate(requests):
         rid = _check_request(c, r, f"requests[{i}]", max_steps, max_model_len, dp, lora is not None)
-        _check_kv_request(c, r, f"requests[{i}]", kv_connector is not None)
+        _check_kv_request(c, r, f"requests[{i}]", kv_connector["type"] if kv_connector else None)
         if rid in seen:
             c.fail(f"requests[{i}].request_id", rid, "duplicate id", "request ids must be unique")
         seen.add(rid)
@@ -400,18 +410,19 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
 
 def _check_kv_connector(c: _Checker, top: Mapping[str, Any]) -> dict[str, Any] | None:
     """The oracle's ``kv_connector`` (SCENARIO_FORMAT.md, "KV connectors");
-    kvsched has the scripted connector."""
+    kvsched has the scripted connector and NixlConnector."""
     if "kv_connector" not in top:
         return None
     raw = top["kv_connector"]
     # The type first: the other types' keys are unknown to the scripted one.
     kind = raw.get("type") if isinstance(raw, dict) else None
     if kind in KV_CONNECTOR_TYPES_LATER:
-        c.fail("kv_connector.type", kind, "kvsched does not rebuild this connector yet (it has the "
-               "oracle's scripted connector)", "use \"scripted\"")
-    kvc = c.obj(raw, "kv_connector", KV_CONNECTOR_KEYS, "a KV connector")
-    if kind != "scripted":
-        c.fail("kv_connector.type", kind, "unknown connector type", "use \"scripted\"")
+        c.fail("kv_connector.type", kind, "kvsched does not rebuild this connector yet",
+               f"use one of {', '.join(KV_CONNECTOR_KEYS)}")
+    if kind not in KV_CONNECTOR_KEYS:
+        c.fail("kv_connector.type", kind, "unknown connector type",
+               f"use one of {', '.join(KV_CONNECTOR_KEYS)}")
+    kvc = c.obj(raw, "kv_connector", KV_CONNECTOR_KEYS[kind], "a KV connector")
     role = kvc.get("kv_role", "kv_both")
     if role not in KV_ROLES:
         c.fail("kv_connector.kv_role", role, "unknown role", f"use one of {', '.join(KV_ROLES)}")
@@ -423,16 +434,21 @@ def _check_kv_connector(c: _Checker, top: Mapping[str, Any]) -> dict[str, Any] |
     return kvc
 
 
-def _check_kv_request(c: _Checker, r: Mapping[str, Any], where: str, has_connector: bool) -> None:
-    """The scripted connector's per-request keys: a value, or a list with
-    one entry per load (SCENARIO_FORMAT.md)."""
+def _check_kv_request(c: _Checker, r: Mapping[str, Any], where: str, kind: str | None) -> None:
+    """The connector's per-request keys (SCENARIO_FORMAT.md): the scripted
+    connector's take a value, or a list with one entry per load; NIXL's
+    worker reads ``load_steps``, ``load_fail`` and ``send_steps`` (single
+    values) and the connector the ``kv_transfer_params``."""
     keys = [k for k in (*SCRIPTED_REQUEST_KEYS, "kv_transfer_params") if k in r]
-    if keys and not has_connector:
+    if keys and kind is None:
         c.fail(_join(where, keys[0]), r[keys[0]], "needs a KV connector: the scenario sets no "
                "kv_connector", "add \"kv_connector\": {\"type\": \"scripted\"} or remove the key")
+    if kind == "nixl":
+        _check_nixl_request(c, r, where)
+        return
     if "kv_transfer_params" in r:
         c.fail(_join(where, "kv_transfer_params"), r["kv_transfer_params"], "only the nixl connector "
-               "reads it, and kvsched does not rebuild that one yet", "remove the key")
+               "reads it", "remove the key, or use \"kv_connector\": {\"type\": \"nixl\"}")
 
     def each(key: str, ok: Callable[[Any], bool], what: str) -> None:
         if key not in r:
@@ -453,6 +469,25 @@ def _check_kv_request(c: _Checker, r: Mapping[str, Any], where: str, has_connect
          "\"request\", a block index >= 0 or null")
     if "send_steps" in r and r["send_steps"] is not None:
         c.integer(r, "send_steps", where, 1, INT32_LIMIT - 1, "")
+
+
+def _check_nixl_request(c: _Checker, r: Mapping[str, Any], where: str) -> None:
+    for key in ("external_hit_tokens", "load_async"):
+        if key in r:
+            c.fail(_join(where, key), r[key], "is the scripted connector's; NixlConnector reads the "
+                   "whole prompt asynchronously", "remove the key")
+    for key in ("load_steps", "send_steps"):
+        if r.get(key) is not None:
+            c.integer(r, key, where, 1, INT32_LIMIT - 1, " (batches; NIXL reads a request once)")
+    fail = r.get("load_fail")
+    if fail is not None and type(fail) is not bool:
+        c.fail(_join(where, "load_fail"), fail, "must be true or false (NIXL reads a request once)",
+               "give true for a failed read")
+    params = r.get("kv_transfer_params")
+    if params is not None and not isinstance(params, dict):
+        c.fail(_join(where, "kv_transfer_params"), params, f"must be an object, not {_type_name(params)}",
+               "give {\"do_remote_prefill\": true} (decode side) or {\"do_remote_decode\": true} "
+               "(prefill side)")
 
 
 def _check_features(c: _Checker, top: Mapping[str, Any]
@@ -606,11 +641,16 @@ def _build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | Non
         raise UserInputError(f"{scenario.source}: {e}") from None
 
 
-def _make_connector(scenario: Scenario) -> ScriptedConnector | None:
+def _make_connector(scenario: Scenario) -> KVConnectorBase | None:
     kvc = scenario.kv_connector
     if kvc is None:
         return None
     config = KVTransferConfig(kvc.get("kv_role", "kv_both"), kvc.get("load_failure_policy", "fail"))
+    block_size = scenario.cache_config.block_size
+    if kvc["type"] == "nixl":
+        return NixlConnector(config, block_size, {
+            r["request_id"]: params for r in scenario.requests
+            if (params := replay_kv_transfer_params(r, block_size)) is not None})
     scripts = {r["request_id"]: {k: r[k] for k in SCRIPTED_REQUEST_KEYS if k in r}
                for r in scenario.requests}
     return ScriptedConnector(config, scripts, scenario.cache_config.block_size,
@@ -640,17 +680,28 @@ def _kv_fields(sched: Scheduler, output: SchedulerOutput | None,
 _KVReport = tuple[KVConnectorOutput, set[str]]
 
 
-def _meta(output: SchedulerOutput) -> ScriptedMetadata:
-    meta = output.kv_connector_metadata
-    assert isinstance(meta, ScriptedMetadata)
-    return meta
+class _KVWorker(Protocol):
+    """A connector's scripted worker side: one call per executed batch, in
+    order, with the batch's connector metadata."""
+
+    def capture(self, meta: Any) -> _KVReport: ...
 
 
-def _kv_report(worker: ScriptedWorker, output: SchedulerOutput,
+def _make_worker(scenario: Scenario) -> _KVWorker | None:
+    kvc = scenario.kv_connector
+    if kvc is None:
+        return None
+    if kvc["type"] == "nixl":
+        return NixlScriptedWorker({r["request_id"]: {k: r[k] for k in NIXL_REQUEST_KEYS if k in r}
+                                   for r in scenario.requests})
+    return ScriptedWorker()
+
+
+def _kv_report(worker: _KVWorker, output: SchedulerOutput,
                runner_output: ModelRunnerOutput) -> tuple[ModelRunnerOutput, set[str]]:
     """The worker runs the batch (synchronous loop): its report goes with
     the batch's output."""
-    kv_output, failed = worker.capture(_meta(output))
+    kv_output, failed = worker.capture(output.kv_connector_metadata)
     runner_output.kv_connector_output = kv_output
     return runner_output, failed
 
@@ -766,7 +817,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     use_spec = scenario.speculative_config is not None
     model = FakeModel(specs)
     # The KV connector's worker side sees every executed batch, in order.
-    worker = ScriptedWorker() if scenario.kv_connector is not None else None
+    worker = _make_worker(scenario)
     use_kv = worker is not None
     # Async scheduling: vLLM's EngineCore.batch_queue, newest first, with the
     # worker's report for each batch.
@@ -839,8 +890,9 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
                 output = sched.schedule()
                 seconds += perf() - t0
                 scheduled_steps += 1
-                batch_queue.appendleft((step, output, model.capture(sched, output),
-                                        worker.capture(_meta(output)) if worker is not None else None))
+                new_report = (worker.capture(output.kv_connector_metadata) if worker is not None
+                              else None)
+                batch_queue.appendleft((step, output, model.capture(sched, output), new_report))
                 pop = not (len(batch_queue) < BATCH_QUEUE_SIZE and (
                     output.total_num_scheduled_tokens > 0 or sched.has_requests()))
             if pop:

@@ -15,14 +15,17 @@ which ``Scheduler.update_from_output`` processes.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.core.output import KVConnectorOutput, SchedulerOutput
 from kvsched.errors import UserInputError
 from kvsched.request import Request
 
-__all__ = ["KVConnectorBase", "KVConnectorOutput", "KVTransferConfig"]
+__all__ = ["KVConnectorBase", "KVConnectorOutput", "KVTransferConfig", "parse_kv_transfer_config"]
 
 # vLLM's kv_role values; producers hand KV off when a request completes,
 # consumers load it.
@@ -34,12 +37,32 @@ _CONSUMERS = ("kv_both", "kv_consumer")
 LOAD_FAILURE_POLICIES = ("fail", "recompute")
 
 
+# The connectors kvsched rebuilds, by vLLM's factory names (NixlConnector is
+# vLLM's alias of the pull-mode NixlPullConnector).
+KV_CONNECTORS = ("NixlConnector", "NixlPullConnector")
+# vLLM's KVTransferConfig fields (it refuses others) and the JSON types each
+# takes; the ones kvsched models are kept, the rest only checked.
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "kv_connector": (str, type(None)), "engine_id": (str, type(None)),
+    "kv_buffer_device": (str,), "kv_role": (str, type(None)), "kv_port": (int,),
+    "kv_connector_extra_config": (dict,), "kv_connector_module_path": (str, type(None)),
+    "enable_permute_local_kv": (bool,), "kv_load_failure_policy": (str,),
+}
+
+
 @dataclass(slots=True, frozen=True)
 class KVTransferConfig:
-    """The parts of vLLM's KVTransferConfig the scheduler reads."""
+    """The parts of vLLM's KVTransferConfig the scheduler reads.
+    ``kv_connector`` (vLLM's factory name) and ``kv_connector_extra_config``
+    are set when the config came from a user's ``--kv-transfer-config``
+    (:func:`parse_kv_transfer_config`); the replay's connectors leave them
+    unset."""
 
     kv_role: str = "kv_both"
     kv_load_failure_policy: str = "fail"
+    kv_connector: str | None = None
+    kv_connector_extra_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    engine_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.kv_role not in KV_ROLES:
@@ -48,6 +71,9 @@ class KVTransferConfig:
             raise UserInputError(f"kv_load_failure_policy={self.kv_load_failure_policy!r}: unknown "
                                  f"policy; use one of {LOAD_FAILURE_POLICIES}")
 
+    def get_from_extra_config(self, key: str, default: Any) -> Any:
+        return self.kv_connector_extra_config.get(key, default)
+
     @property
     def is_kv_producer(self) -> bool:
         return self.kv_role in _PRODUCERS
@@ -55,6 +81,63 @@ class KVTransferConfig:
     @property
     def is_kv_consumer(self) -> bool:
         return self.kv_role in _CONSUMERS
+
+
+def parse_kv_transfer_config(value: str | Mapping[str, Any],
+                             where: str = "--kv-transfer-config") -> KVTransferConfig:
+    """A user's ``--kv-transfer-config`` (a JSON object as vLLM's ``vllm
+    serve`` takes it, or the object already decoded) as a KVTransferConfig.
+    Every field vLLM refuses is refused here too (unknown fields, wrong
+    types, a connector without ``kv_role``), and so are the connectors
+    kvsched does not rebuild; each error names the field, the value and the
+    fix. The connector's own ``kv_connector_extra_config`` keys are checked
+    when the connector is built."""
+    if isinstance(value, str):
+        try:
+            obj = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise UserInputError(f"{where}: not valid JSON ({e}); give an object such as "
+                                 '\'{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}\'') from None
+    else:
+        obj = value
+    if not isinstance(obj, Mapping):
+        raise UserInputError(f"{where}: must be a JSON object, not {type(obj).__name__}; give "
+                             '{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}')
+    for key, val in obj.items():
+        types = _FIELD_TYPES.get(key)
+        if types is None:
+            close = difflib.get_close_matches(str(key), _FIELD_TYPES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UserInputError(f"{where}: unknown field {key!r} (vLLM's KVTransferConfig refuses "
+                                 f"it); {hint}valid fields: {', '.join(_FIELD_TYPES)}")
+        # bool is an int in Python; vLLM's kv_port takes no true/false.
+        if not isinstance(val, types) or (key == "kv_port" and isinstance(val, bool)):
+            names = " or ".join("null" if t is type(None) else {"str": "a string", "int": "an integer",
+                                "dict": "an object", "bool": "true or false"}[t.__name__] for t in types)
+            raise UserInputError(f"{where}: {key}={val!r}: must be {names}")
+    connector = obj.get("kv_connector")
+    role = obj.get("kv_role")
+    if connector is None:
+        raise UserInputError(f"{where}: kv_connector is missing or null: kvsched models a KV "
+                             f"connector's scheduler side; give one of {', '.join(KV_CONNECTORS)}")
+    if connector not in KV_CONNECTORS:
+        raise UserInputError(f"{where}: kv_connector={connector!r}: kvsched does not rebuild this "
+                             f"connector; use one of {', '.join(KV_CONNECTORS)}")
+    if obj.get("kv_connector_module_path") is not None:
+        raise UserInputError(f"{where}: kv_connector_module_path={obj['kv_connector_module_path']!r}: "
+                             "kvsched cannot load a connector from a module; remove the field")
+    if role is None:
+        raise UserInputError(f"{where}: kv_role is missing: vLLM needs it with a kv_connector; give "
+                             f"one of {', '.join(KV_ROLES)}")
+    if role not in KV_ROLES:
+        raise UserInputError(f"{where}: kv_role={role!r}: unknown role; use one of {', '.join(KV_ROLES)}")
+    policy = obj.get("kv_load_failure_policy", "fail")
+    if policy not in LOAD_FAILURE_POLICIES:
+        raise UserInputError(f"{where}: kv_load_failure_policy={policy!r}: unknown policy; use one of "
+                             f"{', '.join(LOAD_FAILURE_POLICIES)}")
+    return KVTransferConfig(kv_role=role, kv_load_failure_policy=policy, kv_connector=connector,
+                            kv_connector_extra_config=dict(obj.get("kv_connector_extra_config", {})),
+                            engine_id=obj.get("engine_id"))
 
 
 class KVConnectorBase(abc.ABC):

@@ -1671,8 +1671,14 @@ class Scheduler:
                                  f"num_speculative_tokens is {k}; propose at most {k}")
             request = get_request(rid)
             if request is not None and request.status is not RUNNING:
-                raise UserInputError(f"draft_token_ids: {rid} is not running ({request.status.name}); "
-                                 "drafts are for the requests of the step just applied")
+                if request.is_finished():
+                    # Finished in the step just applied, its blocks held by
+                    # a KV connector (a delayed free): skipped, as in vLLM.
+                    request = None
+                else:
+                    raise UserInputError(f"draft_token_ids: {rid} is not running "
+                                         f"({request.status.name}); drafts are for the requests "
+                                         "of the step just applied")
             targets.append(request)
         for request, tokens in zip(targets, drafts):
             if request is None:
