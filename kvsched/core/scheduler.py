@@ -570,36 +570,15 @@ class Scheduler:
             return
         spec = output.scheduled_spec_decode_tokens
         placeholders = self._spec_placeholders
-        for request, (rid, n) in zip(self.scheduled_requests(output), output.num_scheduled_tokens.items()):
+        requests = self.requests
+        for rid, n in output.num_scheduled_tokens.items():
+            request = requests[rid]
             request.num_in_flight_tokens += n
             if request.is_prefill_chunk:
                 continue
             drafts = spec.get(rid)
             request.num_output_placeholders += 1 + (len(drafts) if drafts else 0)
             request.spec_token_ids = placeholders
-
-    def scheduled_requests(self, output: SchedulerOutput) -> list[Request]:
-        """The Requests of ``output.num_scheduled_tokens``, in its order.
-        schedule() lists the running requests it scheduled in running order
-        and the admitted ones last, as ``running`` appends them: they are read
-        off ``running`` while the two agree, and looked up by id from the
-        first difference on (a preemption, or a batch older than the last
-        change of ``running``)."""
-        out: list[Request] = []
-        running = self.running
-        n = len(running)
-        i = 0
-        requests = self.requests
-        for rid in output.num_scheduled_tokens:
-            if i < n:
-                request = running[i]
-                if request.request_id is rid or request.request_id == rid:
-                    out.append(request)
-                    i += 1
-                    continue
-                i = n
-            out.append(requests[rid])
-        return out
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
         """Phase 1, fast path (no drafts; synchronous, or async with its

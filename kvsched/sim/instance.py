@@ -83,7 +83,7 @@ def stretch_times(start: float, limit: int, bound: float,
     prev = -math.inf
     # Stretches between arrivals are short (about 3 steps at 20 req/s on
     # an H100): price a few steps first, then 4x more each round.
-    chunk = 2
+    chunk = 4
     while len(durations) < limit:
         j = len(durations)
         more = step_times(j, min(chunk, limit - j))

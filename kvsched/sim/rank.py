@@ -429,14 +429,15 @@ class Rank:
         spec fields), each scheduled request's client view (None: it samples
         nothing, mid-prefill) and its drafts."""
         num_sched = out.num_scheduled_tokens
+        requests = self.sched.requests
         live = self.live
         spec = out.scheduled_spec_decode_tokens
         chunks = out.prefill_chunk_req_ids
         decodes = decode_kv = prefill = prefill_kv = pairs = sampled = spec_tokens = spec_keys = 0
         lives: list[_Live | None] = []
         drafts: list[int] = []
-        for request, (rid, n_new) in zip(self.sched.scheduled_requests(out), num_sched.items()):
-            c = request.num_computed_tokens - n_new
+        for rid, n_new in num_sched.items():
+            c = requests[rid].num_computed_tokens - n_new
             d = len(spec[rid]) if spec and rid in spec else 0
             if d:
                 decodes += 1
