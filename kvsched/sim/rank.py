@@ -342,6 +342,9 @@ class Rank:
         self._params: dict[int, SamplingParams] = {}  # by _sampling_params' key
         # Async: the plan of the batch the last stretch left in flight.
         self._stretch_plan: PlannedStep | None = None
+        # The running requests and their client views at the last stretch
+        # (_running_lives).
+        self._aligned: tuple[list[Request], list[_Live | None]] = ([], [])
 
     # -- requests in -----------------------------------------------------------
     def receive(self, spec: WorkloadRequest, send_time: float) -> bool:
@@ -682,7 +685,6 @@ class Rank:
         running = sched.running
         B = len(running)
         k = len(durations)
-        live = self.live
         itls = self.itls
         # One pass over the running requests: what each samples (and, with
         # ``finishing``, what it samples in the last step: EOS where its
@@ -694,13 +696,15 @@ class Rank:
         last: list[int] = []
         # The client views in running order: the plan of the batch an async
         # stretch leaves in flight is made from them (in_flight_plan).
-        lives: list[_Live | None] = []
+        lives = self._running_lives()
         end0 = ends[0]
         end = ends[-1]
         same_gap = 0
-        for r in running:
-            lv = live[r.request_id]
-            lives.append(lv)
+        for i in range(B):
+            r = running[i]
+            lv = lives[i]
+            if lv is None:
+                raise AssertionError(f"{r.request_id} runs without a client")
             tokens.append(lv.token)
             if finishing:
                 last.append(lv.token_at(len(r.output_token_ids) + k - 1))
@@ -755,6 +759,29 @@ class Rank:
         for rid in finished:
             self._finish(rid, end)
         return len(finished)
+
+    def _running_lives(self) -> list[_Live | None]:
+        """Every running request's client view, in running order. ``running``
+        changes by removals, which keep its order, and by requests appended
+        at its end, so the last call's list is walked along with it and only
+        the requests not found there are looked up by id (all of them, from
+        the first one out of order: slower, never wrong)."""
+        running = self.sched.running
+        old_reqs, old_lives = self._aligned
+        n = len(old_reqs)
+        live = self.live
+        out: list[_Live | None] = []
+        j = 0
+        for r in running:
+            while j < n and old_reqs[j] is not r:
+                j += 1
+            if j < n:
+                out.append(old_lives[j])
+                j += 1
+            else:
+                out.append(live[r.request_id])
+        self._aligned = (running[:], out)
+        return out
 
     def in_flight_plan(self) -> PlannedStep:
         """Async: the plan of the batch an async stretch left in flight
