@@ -668,7 +668,7 @@ def _build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | Non
     except ValueError as e:
         raise UserInputError(f"{scenario.source}: {e}") from None
     if isinstance(sched.connector, OffloadingConnector):
-        sched.connector.bind_block_hasher(sched.kv_cache_manager.block_hashes)
+        sched.connector.bind_kv_cache_manager(sched.kv_cache_manager)
     return sched
 
 

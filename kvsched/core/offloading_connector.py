@@ -32,10 +32,11 @@ tiered backends; kvsched's n-gram drafters need none of the EAGLE rules.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsched.core.kv_cache_manager import KVCacheManager
 from kvsched.core.kv_connector import KVConnectorBase, KVConnectorOutput, KVTransferConfig
 from kvsched.core.offloading_manager import CPUOffloadingManager, LookupResult, RequestAccess
 from kvsched.core.output import SchedulerOutput
@@ -44,10 +45,6 @@ from kvsched.request import Request, RequestStatus
 
 __all__ = ["OffloadJob", "OffloadingConnector", "OffloadingKVConnectorOutput", "OffloadingMetadata",
            "OffloadingWorker"]
-
-# (request, number of full blocks) -> the request's prefix-cache hashes of
-# at least that many blocks (KVCacheManager.block_hashes).
-BlockHasher = Callable[[Request, int], Sequence[int]]
 
 
 @dataclass(slots=True)
@@ -116,8 +113,9 @@ def _token_cap(params: Mapping[str, Any] | None, key: str) -> int | None:
 
 
 class OffloadingConnector(KVConnectorBase):
-    """The scheduler side. ``block_hasher`` (bind_block_hasher) gives the
-    requests' prefix-cache hashes; ``kv_transfer_params``: per request id."""
+    """The scheduler side. It reads the scheduler's KV cache manager (bound
+    with bind_kv_cache_manager): the requests' prefix-cache hashes and which
+    GPU blocks are cached. ``kv_transfer_params``: per request id."""
 
     def __init__(self, config: KVTransferConfig, block_size: int, num_cpu_blocks: int,
                  blocks_per_chunk: int = 1, eviction_policy: str = "lru", store_threshold: int = 0,
@@ -134,7 +132,7 @@ class OffloadingConnector(KVConnectorBase):
         self.sync_load_budget = sync_load_budget_tokens
         self.manager = CPUOffloadingManager(num_cpu_blocks, eviction_policy, store_threshold)
         self.params = kv_transfer_params or {}
-        self.block_hasher: BlockHasher | None = None
+        self.kv_cache_manager: KVCacheManager | None = None
         self.reqs: dict[str, _ReqState] = {}
         self.jobs: dict[int, _Job] = {}
         self.next_job_id = 0
@@ -153,8 +151,8 @@ class OffloadingConnector(KVConnectorBase):
         # A best-effort cache: a dropped store is a later miss.
         return False
 
-    def bind_block_hasher(self, hasher: BlockHasher) -> None:
-        self.block_hasher = hasher
+    def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
+        self.kv_cache_manager = kv_cache_manager
 
     # -- per-request state ---------------------------------------------------
     def _state(self, request: Request) -> _ReqState:
@@ -169,14 +167,14 @@ class OffloadingConnector(KVConnectorBase):
 
     def _update_keys(self, state: _ReqState) -> None:
         """Keys for every complete chunk of the request's tokens."""
-        assert self.block_hasher is not None, "bind_block_hasher first"
+        assert self.kv_cache_manager is not None, "bind_kv_cache_manager first"
         bpc = self.blocks_per_chunk
         req = state.req
         num_blocks = req.num_tokens // self.block_size
         have = len(state.keys)
         if (num_blocks // bpc) <= have:
             return
-        hashes = self.block_hasher(req, num_blocks)
+        hashes = self.kv_cache_manager.block_hashes(req, num_blocks)
         positions = state.access.positions
         for i in range(have, num_blocks // bpc):
             key = hashes[i * bpc + bpc - 1]
@@ -258,8 +256,16 @@ class OffloadingConnector(KVConnectorBase):
         local = state.num_local_tokens
         cached = local + num_external_tokens
         num_blocks = -(-cached // bs)
-        # The blocks past the local hit are fresh: the load fills them all.
+        # The load fills the blocks past the local hit from the first one
+        # not in the prefix cache (a synchronous load: the first one). A
+        # block is cached already when a request whose load completed
+        # comes back with its last token to recompute.
         start = -(-local // bs)
+        if not sync:
+            assert self.kv_cache_manager is not None
+            cached_blocks = self.kv_cache_manager.block_pool.hash_of_block
+            while start < num_blocks and block_ids[start] in cached_blocks:
+                start += 1
         num_chunks = -(-cached // self.tokens_per_chunk)
         keys = state.keys[start // self.blocks_per_chunk:num_chunks] if num_blocks > start else []
         state.next_stored_chunk = num_chunks
@@ -338,9 +344,10 @@ class OffloadingConnector(KVConnectorBase):
             elif req.is_finished():
                 after = max(req.num_prompt_tokens, req.num_tokens - 1)
             else:
-                # vLLM advanced num_computed_tokens before building the
-                # metadata, and adds the batch's tokens again: kept as is.
-                after = req.num_computed_tokens + so.num_scheduled_tokens[rid]
+                # vLLM builds the metadata before it counts the batch's
+                # tokens as computed and adds them here; kvsched's scheduler
+                # counted them already.
+                after = req.num_computed_tokens
             num_chunks = min(self._offloadable_tokens(state, after) // self.tokens_per_chunk,
                              len(state.block_ids) // bpc, len(state.keys))
             first = state.next_stored_chunk
