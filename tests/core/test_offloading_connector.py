@@ -12,8 +12,8 @@ from kvsched.core.offloading_connector import (
     OffloadingConnector,
     OffloadingKVConnectorOutput,
     OffloadingMetadata,
-    OffloadJob,
     OffloadingWorker,
+    OffloadJob,
 )
 from kvsched.errors import UserInputError
 
