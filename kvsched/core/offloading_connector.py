@@ -293,7 +293,9 @@ class OffloadingConnector(KVConnectorBase):
                 if bid in fences:
                     self.jobs_to_flush.update(fences[bid])
         meta = OffloadingMetadata(self.load_jobs, self._build_store_jobs(so), self.jobs_to_flush)
-        for rid in so.finished_req_ids:
+        # vLLM walks its finished set in hash order (per process); kvsched
+        # sorts, so that a replay is deterministic.
+        for rid in sorted(so.finished_req_ids):
             state = self.reqs.get(rid)
             if state is None:
                 continue
@@ -334,7 +336,7 @@ class OffloadingConnector(KVConnectorBase):
     def _build_store_jobs(self, so: SchedulerOutput) -> dict[int, OffloadJob]:
         bpc = self.blocks_per_chunk
         jobs: dict[int, OffloadJob] = {}
-        for rid in [*so.num_scheduled_tokens, *so.finished_req_ids]:
+        for rid in [*so.num_scheduled_tokens, *sorted(so.finished_req_ids)]:
             state = self.reqs.get(rid)
             if state is None:
                 continue
