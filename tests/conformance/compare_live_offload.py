@@ -3,7 +3,9 @@ compared live.
 
     python tests/conformance/compare_live_offload.py --seeds 0-199
 
-Each scenario is random_scenarios.py's scenario for the seed plus vLLM's
+Each scenario is random_scenarios.py's scenario for the seed (one seed in
+four: random_features.py's, with async scheduling, n-gram speculative
+decoding or the LoRA cap) plus vLLM's
 OffloadingConnector (SCENARIO_FORMAT.md, "`offloading`"): a CPU cache of 1
 to 64 chunks of 1 to 4 GPU blocks, LRU or ARC eviction, stores and
 asynchronous loads of 1-3 batches, sometimes a store threshold or a
@@ -40,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 from compare_live_kv import _ORACLE_LOOP, MAX_STEPS, compare  # noqa: E402
+from random_features import random_feature_scenario  # noqa: E402
 from random_scenarios import parse_seeds, random_scenario  # noqa: E402
 from regenerate import ReferenceMissing, reference_paths  # noqa: E402
 
@@ -48,7 +51,7 @@ OTHER_HASH_SEEDS = range(1, 5)
 
 
 def random_offload_scenario(seed: int) -> dict[str, Any]:
-    scenario: dict[str, Any] = random_scenario(seed)
+    scenario: dict[str, Any] = random_feature_scenario(seed) if seed % 4 == 3 else random_scenario(seed)
     rng = random.Random(seed * 7919 + 5)
     block_size = int(scenario["cache"].get("block_size", 16))
     kvc: dict[str, Any] = {
@@ -62,7 +65,7 @@ def random_offload_scenario(seed: int) -> dict[str, Any]:
     if rng.random() < 0.3:
         kvc["sync_load_budget_tokens"] = rng.choice([block_size, 4 * block_size, 64, 256])
     scenario["kv_connector"] = kvc
-    if rng.random() < 0.35:
+    if rng.random() < 0.35 and "speculative" not in scenario:
         scenario["async_scheduling"] = True
     requests = scenario["requests"]
     for i, r in enumerate(requests):
