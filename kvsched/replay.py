@@ -475,8 +475,9 @@ def _check_kv_request(c: _Checker, r: Mapping[str, Any], where: str, kind: str |
                    f"must be an object, not {_type_name(params)}", "give {\"max_load_tokens\": 64}")
         return
     if "kv_transfer_params" in r:
-        c.fail(_join(where, "kv_transfer_params"), r["kv_transfer_params"], "only the nixl and "
-               "offloading connectors read it", "remove the key, or use \"kv_connector\": {\"type\": \"nixl\"}")
+        c.fail(_join(where, "kv_transfer_params"), r["kv_transfer_params"],
+               "only the nixl and offloading connectors read it",
+               "remove the key, or use \"kv_connector\": {\"type\": \"nixl\"}")
 
     def each(key: str, ok: Callable[[Any], bool], what: str) -> None:
         if key not in r:
