@@ -413,7 +413,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
 
 def _check_kv_connector(c: _Checker, top: Mapping[str, Any]) -> dict[str, Any] | None:
     """The oracle's ``kv_connector`` (SCENARIO_FORMAT.md, "KV connectors");
-    kvsched has the scripted connector and NixlConnector."""
+    kvsched has the scripted connector, NixlConnector and OffloadingConnector."""
     if "kv_connector" not in top:
         return None
     raw = top["kv_connector"]
