@@ -48,6 +48,8 @@ from kvsched.core.nixl_connector import (
     NixlScriptedWorker,
     replay_kv_transfer_params,
 )
+from kvsched.core.offloading_connector import OffloadingConnector, OffloadingWorker
+from kvsched.core.offloading_manager import EVICTION_POLICIES
 from kvsched.core.output import (
     CachedRequestData,
     DraftTokenIds,
@@ -128,10 +130,11 @@ _KV_COMMON_KEYS = ("type", "kv_role", "load_failure_policy")
 KV_CONNECTOR_KEYS: dict[str, tuple[str, ...]] = {
     "scripted": (*_KV_COMMON_KEYS, "pending_block_frees"),
     "nixl": _KV_COMMON_KEYS,
+    "offloading": (*_KV_COMMON_KEYS, "num_cpu_blocks", "block_size_factor", "load_steps",
+                   "store_steps", "eviction_policy", "store_threshold", "sync_load_budget_tokens"),
 }
-# The oracle's other connector type: vLLM's OffloadingConnector, not
-# rebuilt in kvsched yet.
-KV_CONNECTOR_TYPES_LATER = ("offloading",)
+# The oracle's connector types kvsched does not rebuild yet.
+KV_CONNECTOR_TYPES_LATER: tuple[str, ...] = ()
 # The oracle's methods: no drafter model, so no KV slots of their own.
 # The scripted oracle runs n-gram drafts only (kvsched.config owns the names).
 SPEC_METHODS = NGRAM_METHODS
@@ -410,7 +413,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
 
 def _check_kv_connector(c: _Checker, top: Mapping[str, Any]) -> dict[str, Any] | None:
     """The oracle's ``kv_connector`` (SCENARIO_FORMAT.md, "KV connectors");
-    kvsched has the scripted connector and NixlConnector."""
+    kvsched has the scripted connector, NixlConnector and OffloadingConnector."""
     if "kv_connector" not in top:
         return None
     raw = top["kv_connector"]
@@ -431,7 +434,23 @@ def _check_kv_connector(c: _Checker, top: Mapping[str, Any]) -> dict[str, Any] |
         c.fail("kv_connector.load_failure_policy", policy, "unknown policy",
                f"use one of {', '.join(LOAD_FAILURE_POLICIES)}")
     c.boolean(kvc, "pending_block_frees", "kv_connector", False)
+    if kind == "offloading":
+        _check_offloading(c, kvc)
     return kvc
+
+
+def _check_offloading(c: _Checker, kvc: Mapping[str, Any]) -> None:
+    """The offloading connector's keys (SCENARIO_FORMAT.md, "`offloading`")."""
+    where = "kv_connector"
+    c.integer(kvc, "num_cpu_blocks", where, 1, INT32_LIMIT - 1, " (CPU chunks; vLLM refuses 0)")
+    for key in ("block_size_factor", "load_steps", "store_steps"):
+        c.integer(kvc, key, where, 1, INT32_LIMIT - 1, "", 1)
+    for key in ("store_threshold", "sync_load_budget_tokens"):
+        c.integer(kvc, key, where, 0, INT32_LIMIT - 1, "", 0)
+    policy = kvc.get("eviction_policy", "lru")
+    if policy not in EVICTION_POLICIES:
+        c.fail("kv_connector.eviction_policy", policy, "unknown policy",
+               f"use one of {', '.join(EVICTION_POLICIES)}")
 
 
 def _check_kv_request(c: _Checker, r: Mapping[str, Any], where: str, kind: str | None) -> None:
@@ -446,9 +465,19 @@ def _check_kv_request(c: _Checker, r: Mapping[str, Any], where: str, kind: str |
     if kind == "nixl":
         _check_nixl_request(c, r, where)
         return
+    if kind == "offloading":
+        if keys and keys[0] != "kv_transfer_params":
+            c.fail(_join(where, keys[0]), r[keys[0]], "is the scripted connector's; the offloading "
+                   "connector's loads and stores are vLLM's decisions", "remove the key")
+        params = r.get("kv_transfer_params")
+        if params is not None and not isinstance(params, dict):
+            c.fail(_join(where, "kv_transfer_params"), params,
+                   f"must be an object, not {_type_name(params)}", "give {\"max_load_tokens\": 64}")
+        return
     if "kv_transfer_params" in r:
-        c.fail(_join(where, "kv_transfer_params"), r["kv_transfer_params"], "only the nixl connector "
-               "reads it", "remove the key, or use \"kv_connector\": {\"type\": \"nixl\"}")
+        c.fail(_join(where, "kv_transfer_params"), r["kv_transfer_params"],
+               "only the nixl and offloading connectors read it",
+               "remove the key, or use \"kv_connector\": {\"type\": \"nixl\"}")
 
     def each(key: str, ok: Callable[[Any], bool], what: str) -> None:
         if key not in r:
@@ -634,11 +663,14 @@ def check_requests(scenario: Scenario) -> None:
 def _build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | None = None,
                      explain: bool = False) -> Scheduler:
     try:
-        return Scheduler(scenario.scheduler_config, scenario.cache_config, admission_policy,
-                         explain_admission=explain, speculative_config=scenario.speculative_config,
-                         lora_config=scenario.lora_config, kv_connector=_make_connector(scenario))
+        sched = Scheduler(scenario.scheduler_config, scenario.cache_config, admission_policy,
+                          explain_admission=explain, speculative_config=scenario.speculative_config,
+                          lora_config=scenario.lora_config, kv_connector=_make_connector(scenario))
     except ValueError as e:
         raise UserInputError(f"{scenario.source}: {e}") from None
+    if isinstance(sched.connector, OffloadingConnector):
+        sched.connector.bind_kv_cache_manager(sched.kv_cache_manager)
+    return sched
 
 
 def _make_connector(scenario: Scenario) -> KVConnectorBase | None:
@@ -647,6 +679,13 @@ def _make_connector(scenario: Scenario) -> KVConnectorBase | None:
         return None
     config = KVTransferConfig(kvc.get("kv_role", "kv_both"), kvc.get("load_failure_policy", "fail"))
     block_size = scenario.cache_config.block_size
+    if kvc["type"] == "offloading":
+        return OffloadingConnector(
+            config, block_size, kvc["num_cpu_blocks"], kvc.get("block_size_factor", 1),
+            kvc.get("eviction_policy", "lru"), kvc.get("store_threshold", 0),
+            kvc.get("sync_load_budget_tokens", 0), scenario.cache_config.enable_prefix_caching,
+            {r["request_id"]: r["kv_transfer_params"] for r in scenario.requests
+             if r.get("kv_transfer_params") is not None})
     if kvc["type"] == "nixl":
         return NixlConnector(config, block_size, {
             r["request_id"]: params for r in scenario.requests
@@ -673,7 +712,8 @@ def _kv_fields(sched: Scheduler, output: SchedulerOutput | None,
         "finished_sending": sorted(kvo.finished_sending) if kvo is not None else [],
         "load_failed": sorted(report[1]) if report is not None else [],
         "delayed_free": sorted(r.request_id for r in requests if r.is_finished()),
-    }
+    } | ({"offload": sched.connector.trace_fields(output.kv_connector_metadata if output else None, kvo)}
+         if isinstance(sched.connector, OffloadingConnector) else {})
 
 
 # The worker's report for a batch and the ids whose load failed in it.
@@ -691,6 +731,8 @@ def _make_worker(scenario: Scenario) -> _KVWorker | None:
     kvc = scenario.kv_connector
     if kvc is None:
         return None
+    if kvc["type"] == "offloading":
+        return OffloadingWorker(kvc.get("load_steps", 1), kvc.get("store_steps", 1))
     if kvc["type"] == "nixl":
         return NixlScriptedWorker({r["request_id"]: {k: r[k] for k in NIXL_REQUEST_KEYS if k in r}
                                    for r in scenario.requests})

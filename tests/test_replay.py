@@ -569,7 +569,15 @@ def test_scripted_connector_scenario_traces_its_keys() -> None:
 
 
 @pytest.mark.parametrize(("connector", "fields", "words"), [
-    ({"type": "offloading"}, {}, ("kv_connector.type", "does not rebuild", "scripted")),
+    ({"type": "offloading"}, {}, ("kv_connector.num_cpu_blocks", "missing")),
+    ({"type": "offloading", "num_cpu_blocks": 0}, {}, ("kv_connector.num_cpu_blocks",)),
+    ({"type": "offloading", "num_cpu_blocks": 8, "eviction_policy": "fifo"}, {},
+     ("kv_connector.eviction_policy", "unknown policy", "arc")),
+    ({"type": "offloading", "num_cpu_blocks": 8, "store_steps": 0}, {}, ("kv_connector.store_steps",)),
+    ({"type": "offloading", "num_cpu_blocks": 8}, {"external_hit_tokens": 16},
+     ("external_hit_tokens", "scripted connector's")),
+    ({"type": "offloading", "num_cpu_blocks": 8}, {"kv_transfer_params": 3},
+     ("kv_transfer_params", "must be an object")),
     ({"type": "nixl", "pending_block_frees": True}, {}, ("pending_block_frees", "unknown key")),
     ({"type": "nixl"}, {"external_hit_tokens": 16}, ("external_hit_tokens", "scripted connector's")),
     ({"type": "nixl"}, {"load_async": True}, ("load_async", "scripted connector's")),
@@ -577,7 +585,6 @@ def test_scripted_connector_scenario_traces_its_keys() -> None:
     ({"type": "nixl"}, {"load_steps": [1, 2]}, ("load_steps",)),
     ({"type": "nixl"}, {"send_steps": 0}, ("send_steps", ">= 1")),
     ({"type": "nixl"}, {"kv_transfer_params": [True]}, ("kv_transfer_params", "must be an object")),
-    ({"type": "offloading", "num_cpu_blocks": 8}, {}, ("kv_connector.type", "does not rebuild")),
     ({"type": "magic"}, {}, ("kv_connector.type", "unknown connector type")),
     ({"type": "scripted", "kv_role": "kv_sideways"}, {}, ("kv_connector.kv_role", "unknown role")),
     ({"type": "scripted", "load_failure_policy": "retry"}, {}, ("load_failure_policy",)),

@@ -3,7 +3,8 @@
 Every scenario under scenarios/ (hand-written), random/ (generated),
 features/ (the oracle's examples of async scheduling, speculative decoding
 and the LoRA cap), kv_connector/ (the oracle's KV connector examples:
-the scripted connector and NixlConnector) and random_features/ (generated with those features) has
+the scripted connector, NixlConnector and OffloadingConnector) and
+random_features/ (generated with those features) has
 a golden trace NAME.vllm.jsonl from
 ../shared/reference/vllm_replay.py; every field of every step must be
 identical.
@@ -38,6 +39,8 @@ def test_corpus_is_complete() -> None:
         "the oracle's 10 scripted KV connector examples")
     assert len(list((HERE / "kv_connector").glob("pd_*.json"))) == 2, (
         "the oracle's 2 NixlConnector (P/D) examples")
+    assert len(list((HERE / "kv_connector").glob("offload_*.json"))) == 3, (
+        "the oracle's 3 OffloadingConnector examples")
     missing = [p.name for p in SCENARIOS if not _golden(p).exists()]
     assert not missing, f"scenarios without a golden trace: {missing}"
 
