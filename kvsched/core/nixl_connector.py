@@ -36,6 +36,7 @@ from typing import Any
 
 from kvsched.core.kv_connector import KVConnectorBase, KVConnectorOutput, KVTransferConfig
 from kvsched.core.output import SchedulerOutput
+from kvsched.core.scripted_connector import DueCompletions
 from kvsched.errors import UserInputError
 from kvsched.request import Request, RequestStatus
 
@@ -255,14 +256,6 @@ def replay_kv_transfer_params(spec: Mapping[str, Any], block_size: int) -> dict[
     return params
 
 
-@dataclass(slots=True)
-class _Due:
-    recv: set[str] = field(default_factory=set)
-    send: set[str] = field(default_factory=set)
-    failed: set[str] = field(default_factory=set)
-    invalid: set[int] = field(default_factory=set)
-
-
 class NixlScriptedWorker:
     """The oracle's NIXL worker side: ``capture`` is called once per
     executed batch, in order, and returns the batch's report and the ids
@@ -276,7 +269,7 @@ class NixlScriptedWorker:
     def __init__(self, specs: Mapping[str, Mapping[str, Any]]) -> None:
         self.specs = specs
         self.batch = -1
-        self.due: dict[int, _Due] = defaultdict(_Due)
+        self.due: dict[int, DueCompletions] = defaultdict(DueCompletions)
 
     def _steps(self, rid: str, key: str) -> int:
         steps = self.specs.get(rid, {}).get(key)
@@ -296,5 +289,5 @@ class NixlScriptedWorker:
                 d.invalid.update(recv.local_block_ids)
         for rid in meta.reqs_to_send:
             self.due[b + self._steps(rid, "send_steps") - 1].send.add(rid)
-        d = self.due.pop(b) if b in self.due else _Due()
+        d = self.due.pop(b) if b in self.due else DueCompletions()
         return KVConnectorOutput(d.send, d.recv, d.failed, d.invalid), set(d.failed)

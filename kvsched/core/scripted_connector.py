@@ -144,7 +144,10 @@ class ScriptedConnector(KVConnectorBase):
 
 
 @dataclass(slots=True)
-class _Due:
+class DueCompletions:
+    """What a scripted worker reports at one batch (the scripted connectors'
+    worker side: this one's and nixl_connector's)."""
+
     recv: set[str] = field(default_factory=set)
     send: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
@@ -161,7 +164,7 @@ class ScriptedWorker:
 
     def __init__(self) -> None:
         self.batch = -1
-        self.due: dict[int, _Due] = defaultdict(_Due)
+        self.due: dict[int, DueCompletions] = defaultdict(DueCompletions)
 
     def capture(self, meta: ScriptedMetadata) -> tuple[KVConnectorOutput, set[str]]:
         self.batch += 1
@@ -178,5 +181,5 @@ class ScriptedWorker:
                 d.load_failed.add(load.req_id)
         for rid, steps in meta.sends:
             self.due[b + steps - 1].send.add(rid)
-        d = self.due.pop(b) if b in self.due else _Due()
+        d = self.due.pop(b) if b in self.due else DueCompletions()
         return KVConnectorOutput(d.send, d.recv, d.failed, d.invalid), d.load_failed
