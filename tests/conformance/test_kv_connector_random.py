@@ -58,6 +58,17 @@ def test_trace_matches_vllm(seed: int) -> None:
     assert diff is None, diff
 
 
+# Hand-kept scenarios from earlier draws that exercised a fix, with vLLM's trace
+# (stable across oracle hash seeds); each file's description says what it pins.
+REGRESSIONS = HERE / "kv_connector_regressions"
+
+
+@pytest.mark.parametrize("path", sorted(REGRESSIONS.glob("*.json")), ids=lambda p: p.stem)
+def test_regression_matches_vllm(path: Path) -> None:
+    _, diff = compare_with_golden(path)
+    assert diff is None, diff
+
+
 # Live seeds kvsched cannot replay yet, kept with vLLM's trace (compare_live_kv.py
 # --seeds N --keep): under the fail policy a request shares the blocks of a failed
 # load (evicted from the prefix cache by id) and keeps cached blocks of its own
