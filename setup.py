@@ -36,6 +36,7 @@ COMPILED_MODULES = [
     "kvsched/sim/cluster.py",
     "kvsched/sim/client.py",
     "kvsched/sim/samples.py",
+    "kvsched/perf/decode_steps.py",
 ]
 
 

@@ -45,6 +45,8 @@ from types import MappingProxyType
 from typing import Protocol
 
 from kvsched.errors import UserInputError
+from kvsched.perf.decode_steps import combine_step_time as combine_step_time
+from kvsched.perf.decode_steps import roofline_decode_times
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import NO_HOST_TIME, HostTerms
 from kvsched.perf.models import ModelSpec, check_quantized_layers, quantizes
@@ -287,17 +289,6 @@ def weight_split(model: ModelSpec, parallel: ParallelConfig, quantized_layers: s
     experts = m.num_moe_layers * m.num_experts * m.expert_params()
     return WeightSplit(parallel.tensor_parallel_size, parallel.expert_shards, quantized, linear16, experts,
                        m.num_params() - experts - quantized, quantizes(quantized_layers, "routed_experts"))
-
-
-def combine_step_time(gpu: float, cpu: float, async_scheduling: bool) -> float:
-    """A step's wall seconds from its forward pass (``gpu``) and its host
-    work (``cpu``): with async scheduling the CPU work of scheduling the next
-    step overlaps this forward pass, so the longer of the two; without, one
-    after the other. The one owner of that rule, for every backend and for
-    stepping and fast-forward alike (the same float)."""
-    if async_scheduling:
-        return gpu if gpu > cpu else cpu
-    return gpu + cpu
 
 
 @dataclass(slots=True)
@@ -698,6 +689,13 @@ class StepTimeModel:
         (a decode stretch: every request's context grows by one per step).
         The one formula of a pure-decode step."""
         lin, rest, cpu = self.decode_batch_parts(num_reqs, global_tokens)
+        if not self.sliding_layers:
+            # The loop compiled (kvsched.perf.decode_steps): a stretch prices
+            # every step it may take.
+            return roofline_decode_times(lin, rest, cpu, self.decode_flops_per_key, self.decode_attn_flops,
+                                         self.kv_bytes_per_layer, self.decode_attn_bw,
+                                         self.decode_attn_latency, self.full_layers, num_reqs,
+                                         first_kv_tokens, kv_step, count, self.async_scheduling)
         flops_per_kv = self.decode_flops_per_key
         attn_flops = self.decode_attn_flops
         bytes_per_kv = self.kv_bytes_per_layer
