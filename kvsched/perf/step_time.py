@@ -689,37 +689,17 @@ class StepTimeModel:
         (a decode stretch: every request's context grows by one per step).
         The one formula of a pure-decode step."""
         lin, rest, cpu = self.decode_batch_parts(num_reqs, global_tokens)
-        if not self.sliding_layers:
-            # The loop compiled (kvsched.perf.decode_steps): a stretch prices
-            # every step it may take.
-            return roofline_decode_times(lin, rest, cpu, self.decode_flops_per_key, self.decode_attn_flops,
-                                         self.kv_bytes_per_layer, self.decode_attn_bw,
-                                         self.decode_attn_latency, self.full_layers, num_reqs,
-                                         first_kv_tokens, kv_step, count, self.async_scheduling)
-        flops_per_kv = self.decode_flops_per_key
-        attn_flops = self.decode_attn_flops
-        bytes_per_kv = self.kv_bytes_per_layer
-        attn_bw = self.decode_attn_bw
-        attn_latency = self.decode_attn_latency
-        full_layers = self.full_layers
+        # Sliding-window layers read at most the window per request: their
+        # attention per step, added to the full layers' in the loop.
         sliding = self.sliding_layers
-        window_kv = self.window * num_reqs if sliding else 0
-        overlap = self.async_scheduling
-        out: list[float] = []
-        append = out.append
-        for kv in range(first_kv_tokens, first_kv_tokens + kv_step * count, kv_step) if kv_step \
-                else (first_kv_tokens,) * count:
-            # _attention_layer(kv, 0, 0), inlined: the same operations, so the
-            # same float.
-            if kv:
-                flops = flops_per_kv * kv / attn_flops
-                nbytes = kv * bytes_per_kv / attn_bw
-                attn = (flops if flops > nbytes else nbytes) * full_layers
-            else:
-                attn = 0.0
-            if sliding:
-                attn += self._attention_layer(min(kv, window_kv), 0, 0) * sliding
-            if num_reqs:
-                attn += attn_latency
-            append(combine_step_time(lin + attn + rest, cpu, overlap))
-        return out
+        extra = None
+        if sliding:
+            window_kv = self.window * num_reqs
+            extra = [self._attention_layer(min(first_kv_tokens + j * kv_step, window_kv), 0, 0) * sliding
+                     for j in range(count)]
+        # The loop itself is compiled (kvsched.perf.decode_steps): a stretch
+        # prices every step it may take.
+        return roofline_decode_times(lin, rest, cpu, self.decode_flops_per_key, self.decode_attn_flops,
+                                     self.kv_bytes_per_layer, self.decode_attn_bw,
+                                     self.decode_attn_latency, self.full_layers, num_reqs,
+                                     first_kv_tokens, kv_step, count, self.async_scheduling, extra)
