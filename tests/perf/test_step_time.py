@@ -100,11 +100,17 @@ def test_async_scheduling_overlaps_cpu_with_the_forward_pass() -> None:
     assert overlap.step_time(shape) == pytest.approx(max(gpu, cpu))
 
 
-def test_decode_fast_path_equals_the_general_formula() -> None:
-    model = StepTimeModel(get_model("gpt-oss-20b"), H100)
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "Llama-3.1-8B"])  # with and without sliding-window layers
+def test_decode_fast_path_equals_the_general_formula(name: str) -> None:
+    model = StepTimeModel(get_model(name), H100)
     for b, kv in ((1, 10), (7, 7000), (300, 90000)):
         general = model.gpu_time(BatchShape.decode(b, kv))
         assert model.decode_step_time(b, kv) == max(general, model.cpu_time(BatchShape.decode(b, kv)))
+        # A stretch's steps, each its context b tokens further, priced in one call.
+        stretch = model.decode_step_times(b, kv, b, 5)
+        for j, t in enumerate(stretch):
+            shape = BatchShape.decode(b, kv + j * b)
+            assert t == max(model.gpu_time(shape), model.cpu_time(shape))
 
 
 def test_fp8_needs_hardware_with_fp8() -> None:
