@@ -22,7 +22,7 @@ What it does, rebuilt from vLLM's behaviour (one full-attention KV group):
   stores whose GPU blocks were handed out again this batch, are listed in
   ``jobs_to_flush`` (the worker waits for them before the batch runs).
 - The worker reports completed job ids (vLLM's OffloadingWorkerMetadata)
-  in :class:`OffloadingKVConnectorOutput`.
+  in :class:`OffloadingWorkerMeta`.
 
 Not rebuilt: several KV groups (sliding window, Mamba, EAGLE drafter
 groups and the partial-tail loads they enable), ``offload_prompt_only``
@@ -43,8 +43,14 @@ from kvsched.core.output import SchedulerOutput
 from kvsched.errors import UserInputError
 from kvsched.request import Request, RequestStatus
 
-__all__ = ["OffloadJob", "OffloadingConnector", "OffloadingKVConnectorOutput", "OffloadingMetadata",
-           "OffloadingWorker"]
+__all__ = [
+    "OffloadJob",
+    "OffloadingConnector",
+    "OffloadingMetadata",
+    "OffloadingWorker",
+    "OffloadingWorkerMeta",
+    "completed_jobs",
+]
 
 
 @dataclass(slots=True)
@@ -69,14 +75,17 @@ class OffloadingMetadata:
 
 
 @dataclass(slots=True)
-class OffloadingKVConnectorOutput(KVConnectorOutput):
-    """The worker's report with the job ids it completed in the batch
-    (vLLM's kv_connector_worker_meta)."""
+class OffloadingWorkerMeta:
+    """The job ids the worker completed in the batch: its
+    ``KVConnectorOutput.kv_connector_worker_meta`` (vLLM's), never empty."""
 
-    completed_jobs: set[int] = field(default_factory=set)
+    completed_jobs: set[int]
 
-    def is_empty(self) -> bool:
-        return not self.completed_jobs and KVConnectorOutput.is_empty(self)
+
+def completed_jobs(output: KVConnectorOutput | None) -> set[int]:
+    """The jobs a worker's report says it completed (none if it says nothing)."""
+    meta = output.kv_connector_worker_meta if output is not None else None
+    return meta.completed_jobs if isinstance(meta, OffloadingWorkerMeta) else set()
 
 
 @dataclass(slots=True)
@@ -394,9 +403,7 @@ class OffloadingConnector(KVConnectorBase):
 
     # -- the worker's reports ---------------------------------------------------
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        if not isinstance(connector_output, OffloadingKVConnectorOutput):
-            return
-        for job_id in sorted(connector_output.completed_jobs):
+        for job_id in sorted(completed_jobs(connector_output)):
             job = self.jobs.pop(job_id)
             state = self.reqs[job.req_id]
             if job.is_store:
@@ -439,7 +446,7 @@ class OffloadingConnector(KVConnectorBase):
         completed, and the CPU slots in use."""
         def row(job_id: int, job: OffloadJob) -> list[Any]:
             return [job_id, job.req_id, job.gpu_start, len(job.gpu_block_ids)]
-        done = output.completed_jobs if isinstance(output, OffloadingKVConnectorOutput) else set()
+        done = completed_jobs(output)
         return {
             "store": [row(j, e) for j, e in sorted(meta.store_jobs.items())] if meta else [],
             "load": [[*row(j, e), e.sync] for j, e in sorted(meta.load_jobs.items())] if meta else [],
@@ -501,4 +508,5 @@ class OffloadingWorker:
             rid = self.async_loads.pop(job_id, None)
             if rid is not None:
                 recv.add(rid)
-        return OffloadingKVConnectorOutput(finished_recving=recv, completed_jobs=done), set()
+        return KVConnectorOutput(finished_recving=recv,
+                                 kv_connector_worker_meta=OffloadingWorkerMeta(done) if done else None), set()

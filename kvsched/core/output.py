@@ -148,10 +148,15 @@ class KVConnectorOutput:
     finished_recving: set[str] = field(default_factory=set)
     failed_recving: set[str] = field(default_factory=set)
     invalid_block_ids: set[int] = field(default_factory=set)
+    # A connector's own report, None when it has nothing to say (vLLM's
+    # kv_connector_worker_meta: the offloading connector's completed jobs).
+    # A field, not a subclass: this class is compiled (setup.py), and an
+    # interpreted class cannot extend a compiled one.
+    kv_connector_worker_meta: Any = None
 
     def is_empty(self) -> bool:
         return not (self.finished_sending or self.finished_recving or self.failed_recving
-                    or self.invalid_block_ids)
+                    or self.invalid_block_ids) and self.kv_connector_worker_meta is None
 
 
 @dataclass(slots=True, init=False)

@@ -10,10 +10,10 @@ import pytest
 from kvsched.core.kv_connector import KVTransferConfig
 from kvsched.core.offloading_connector import (
     OffloadingConnector,
-    OffloadingKVConnectorOutput,
     OffloadingMetadata,
     OffloadingWorker,
     OffloadJob,
+    completed_jobs,
 )
 from kvsched.errors import UserInputError
 
@@ -24,8 +24,8 @@ def job(rid: str, sync: bool = False) -> OffloadJob:
 
 def done(worker: OffloadingWorker, meta: OffloadingMetadata) -> tuple[list[int], list[str]]:
     out, failed = worker.capture(meta)
-    assert isinstance(out, OffloadingKVConnectorOutput) and not failed
-    return sorted(out.completed_jobs), sorted(out.finished_recving)
+    assert not failed
+    return sorted(completed_jobs(out)), sorted(out.finished_recving)
 
 
 def test_worker_timing() -> None:
