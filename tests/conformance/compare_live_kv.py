@@ -17,11 +17,15 @@ scenario kind), exits 1 on any difference.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -43,9 +47,10 @@ from regenerate import ReferenceMissing, reference_paths  # noqa: E402
 CORPUS = HERE / "kv_connector_random"
 # Run in the reference environment: every scenario of a folder through the
 # oracle in one process (vLLM takes ~20 s to start); a scenario that hits
-# max_steps keeps its partial trace as NAME.vllm.jsonl.stuck.
+# max_steps keeps its partial trace as NAME.vllm.jsonl.stuck, one on which
+# vLLM itself fails an assertion leaves NAME.vllm.crash with the error.
 _ORACLE_LOOP = """
-import glob, json, os, sys
+import glob, json, os, sys, traceback
 sys.path.insert(0, sys.argv[1])
 import vllm_replay
 for path in sorted(glob.glob(sys.argv[2] + "/*.json")):
@@ -57,16 +62,49 @@ for path in sorted(glob.glob(sys.argv[2] + "/*.json")):
         if "did not finish" not in str(e):
             raise
         os.rename(out, out + ".stuck")
+    except AssertionError:
+        os.remove(out)
+        with open(path[:-5] + ".vllm.crash", "w") as f:
+            f.write(traceback.format_exc())
 """
 
 
-def run_oracle(folder: Path) -> None:
+def run_oracle(folder: Path, hash_seed: int = 0) -> bool:
+    """vLLM's traces for every scenario in ``folder``, its Python hash seed
+    pinned (vLLM frees some sets in hash order); False, with its error
+    printed, if the oracle failed. The one oracle runner of the live
+    connector drivers (compare_live_nixl.py, compare_live_offload.py)."""
     python, oracle = reference_paths()
     proc = subprocess.run([str(python), "-c", _ORACLE_LOOP, str(oracle.parent), str(folder)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONHASHSEED": str(hash_seed)})
     if proc.returncode:
         sys.stderr.write(proc.stderr[-4000:])
-        raise RuntimeError(f"the oracle failed on {folder} (exit {proc.returncode})")
+    return proc.returncode == 0
+
+
+def compare(path: Path) -> tuple[str, str | None]:
+    """("finished" | "stuck", None when kvsched's replay of the scenario at
+    ``path`` equals vLLM's trace beside it, else the first difference): the
+    live drivers' view of ``compare_with_golden``."""
+    stuck, diff = compare_with_golden(path)
+    return ("stuck" if stuck else "finished"), diff
+
+
+def write_scenarios(folder: Path, prefix: str, seeds: list[int],
+                    make: Callable[[int], dict[str, Any]]) -> list[Path]:
+    """``make(seed)`` as ``folder/PREFIX_SEED.json`` for every seed, in order."""
+    paths = []
+    for seed in seeds:
+        path = folder / f"{prefix}_{seed}.json"
+        path.write_text(json.dumps(make(seed)))
+        paths.append(path)
+    return paths
+
+
+def crashed(paths: list[Path]) -> list[str]:
+    """The scenarios on which vLLM failed an assertion (nothing to compare)."""
+    return [p.name for p in paths if p.with_suffix(".vllm.crash").exists()]
 
 
 def compare_folder(folder: Path, seeds: list[int]) -> int:
@@ -108,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         write_kv_scenarios(folder, seeds)
-        run_oracle(folder)
+        if not run_oracle(folder):
+            return 2
         failures = compare_folder(folder, seeds)
         keep = CORPUS if args.write_corpus else args.keep
         if keep is not None:

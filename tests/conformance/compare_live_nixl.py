@@ -30,10 +30,7 @@ prints the counts, exits 1 on any difference.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,32 +39,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from compare_live_kv import MAX_STEPS, compare  # noqa: E402
+from compare_live_kv import compare, crashed, run_oracle, write_scenarios  # noqa: E402
+from random_kv_connector import MAX_STEPS  # noqa: E402
 from random_scenarios import parse_seeds, random_scenario  # noqa: E402
 from regenerate import ReferenceMissing, reference_paths  # noqa: E402
-
-# Run in the reference environment: every scenario of a folder through the
-# oracle in one process (vLLM takes ~20 s to start); a scenario that hits
-# max_steps keeps its partial trace as NAME.vllm.jsonl.stuck, one on which
-# vLLM itself fails an assertion leaves NAME.vllm.crash with the error.
-_ORACLE_LOOP = """
-import glob, json, os, sys, traceback
-sys.path.insert(0, sys.argv[1])
-import vllm_replay
-for path in sorted(glob.glob(sys.argv[2] + "/*.json")):
-    out = path[:-5] + ".vllm.jsonl"
-    try:
-        with open(out, "w") as f:
-            vllm_replay.replay(json.load(open(path)), f)
-    except RuntimeError as e:
-        if "did not finish" not in str(e):
-            raise
-        os.rename(out, out + ".stuck")
-    except AssertionError:
-        os.remove(out)
-        with open(path[:-5] + ".vllm.crash", "w") as f:
-            f.write(traceback.format_exc())
-"""
 
 
 def _decode_request(rng: random.Random, r: dict[str, Any]) -> None:
@@ -142,30 +117,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="PYTHONHASHSEED values (0..N-1) to rerun vLLM with on a difference")
     args = ap.parse_args(argv)
     try:
-        python, oracle = reference_paths()
+        reference_paths()
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(args.keep) if args.keep else Path(tmp_dir)
         tmp.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for seed in parse_seeds(args.seeds):
-            path = tmp / f"nixl_random_{seed}.json"
-            path.write_text(json.dumps(random_nixl_scenario(seed)))
-            paths.append(path)
-        proc = subprocess.run([str(python), "-c", _ORACLE_LOOP, str(oracle.parent), str(tmp)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if proc.returncode:
-            sys.stderr.write(proc.stderr[-4000:])
+        paths = write_scenarios(tmp, "nixl_random", parse_seeds(args.seeds), random_nixl_scenario)
+        if not run_oracle(tmp):
             return 2
         counts = {"finished": 0, "stuck": 0}
-        crashed = [p.name for p in paths if p.with_suffix(".vllm.crash").exists()]
-        for name in crashed:
+        crashes = crashed(paths)
+        for name in crashes:
             print(f"{name}: vLLM failed an assertion (not compared)")
         different: dict[Path, str] = {}
         for path in paths:
-            if path.name in crashed:
+            if path.name in crashes:
                 continue
             kind, diff = compare(path)
             if diff is None:
@@ -187,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             again.mkdir(exist_ok=True)
             for p in pending:
                 (again / p.name).write_text(p.read_text())
-            subprocess.run([str(python), "-c", _ORACLE_LOOP, str(oracle.parent), str(again)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-                           env={**os.environ, "PYTHONHASHSEED": str(hash_seed)})
+            run_oracle(again, hash_seed)
             for p in pending:
                 if compare(again / p.name)[1] is None:
                     by_seed[p] = hash_seed
@@ -203,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{counts['finished']} identical, {counts['stuck']} identical up to max_steps={MAX_STEPS} "
           f"(vLLM never finishes them), {len(by_seed)} identical to vLLM under another "
           f"PYTHONHASHSEED (its order of frees in one output), {failures} different, "
-          f"{len(crashed)} not compared (vLLM failed an assertion)")
+          f"{len(crashes)} not compared (vLLM failed an assertion)")
     return 1 if failures else 0
 
 

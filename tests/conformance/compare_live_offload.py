@@ -28,11 +28,8 @@ difference.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -41,8 +38,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from compare_live_kv import _ORACLE_LOOP, MAX_STEPS, compare  # noqa: E402
+from compare_live_kv import compare, run_oracle, write_scenarios  # noqa: E402
 from random_features import random_feature_scenario  # noqa: E402
+from random_kv_connector import MAX_STEPS  # noqa: E402
 from random_scenarios import parse_seeds, random_scenario  # noqa: E402
 from regenerate import ReferenceMissing, reference_paths  # noqa: E402
 
@@ -84,35 +82,21 @@ def random_offload_scenario(seed: int) -> dict[str, Any]:
     return scenario
 
 
-def run_oracle(python: Path, oracle: Path, folder: Path, hash_seed: int) -> bool:
-    """vLLM's traces for every scenario in ``folder`` (False: it failed)."""
-    proc = subprocess.run([str(python), "-c", _ORACLE_LOOP, str(oracle.parent), str(folder)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "PYTHONHASHSEED": str(hash_seed)})
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-4000:])
-    return proc.returncode == 0
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seeds", default="0-199", help="seed range, e.g. 0-199 (default)")
     ap.add_argument("--keep", help="also write the scenarios and vLLM's traces to this folder")
     args = ap.parse_args(argv)
     try:
-        python, oracle = reference_paths()
+        reference_paths()
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(args.keep) if args.keep else Path(tmp_dir)
         tmp.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for seed in parse_seeds(args.seeds):
-            path = tmp / f"offload_random_{seed}.json"
-            path.write_text(json.dumps(random_offload_scenario(seed)))
-            paths.append(path)
-        if not run_oracle(python, oracle, tmp, 0):
+        paths = write_scenarios(tmp, "offload_random", parse_seeds(args.seeds), random_offload_scenario)
+        if not run_oracle(tmp):
             return 2
         counts = {"finished": 0, "stuck": 0}
         differing: dict[Path, str] = {}
@@ -130,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(rerun, ignore_errors=True)
             rerun.mkdir()
             copies = {path: Path(shutil.copy(path, rerun)) for path in differing}
-            if not run_oracle(python, oracle, rerun, hash_seed):
+            if not run_oracle(rerun, hash_seed):
                 return 2
             for path, copy in copies.items():
                 if compare(copy)[1] is None:
