@@ -19,6 +19,8 @@ loop), priced by:
 - ``roofline``: the roofline as shipped, with a hardware file for this CPU
   (``cpu-epyc-1core.yaml``: one core's FP32 rate as its 16-bit rate, half
   its memory bandwidth so 16-bit bytes take FP32's time);
+- ``roofline+cal``: the same with host terms ``kvsched calibrate`` fitted on
+  the same two repeats (what a user with no profile can do);
 - ``logged`` and ``logged+host``: the mechanics alone: each simulated step
   priced with vLLM's own logged step of the same batch
   (:class:`kvsched.perf.logged.LoggedStepTimeModel`, nearest within 4 steps,
@@ -87,10 +89,23 @@ SHORT = {"mean_ttft_ms": "mean TTFT", "median_ttft_ms": "median TTFT", "p99_ttft
          "mean_e2el_ms": "mean E2E", "p99_e2el_ms": "p99 E2E", "output_throughput": "throughput"}
 
 
-def calibration_path(arch: str) -> Path:
-    # Host terms are the machine's (API server, client, engine loop), fitted
-    # once on the Llama's runs and used for both architectures.
-    return rm.RESULTS / "calibration-llama.json"
+@dataclasses.dataclass(frozen=True, slots=True)
+class Matrix:
+    """One matrix's directory (run_matrix.py --results) and the files judged with it."""
+
+    results: Path
+
+    def profile(self, arch: str) -> Path:
+        """The architecture's profile: the matrix's own (``profiles/<arch>.json``,
+        taken right before its runs) where it has one, else :data:`PROFILES`."""
+        own = self.results / "profiles" / f"{arch}.json"
+        return own if own.exists() else PROFILES[arch]
+
+    def calibration(self, backend: str) -> Path:
+        # Host terms are the machine's (API server, client, engine loop), fitted
+        # once on the Llama's runs and used for both architectures.
+        return self.results / ("calibration-llama.json" if backend == "profiled"
+                               else f"calibration-{backend}-llama.json")
 
 
 # ---------------------------------------------------------------------------
@@ -106,7 +121,8 @@ def flag_value(flags: Sequence[str], name: str) -> str | None:
     return value
 
 
-def engine_options(config: rm.ServerConfig, server: dict[str, Any], pricing: str) -> EngineOptions:
+def engine_options(matrix: Matrix, config: rm.ServerConfig, server: dict[str, Any],
+                   pricing: str) -> EngineOptions:
     """kvsched's engine arguments for ``config`` as served (and logged)."""
     flags = (*rm.COMMON_FLAGS, *config.flags)
     kv_tokens = server["kv_cache_tokens"]
@@ -126,10 +142,12 @@ def engine_options(config: rm.ServerConfig, server: dict[str, Any], pricing: str
         num_gpu_blocks_override=int(flag_value(flags, "--num-gpu-blocks-override")
                                     or kv_tokens // BLOCK_SIZE),
         async_scheduling=False)  # vLLM's CPU platform turns async scheduling off
-    if pricing == "roofline":
-        return EngineOptions(**common, hardware=str(HARDWARE), step_time_backend="roofline")
-    profile = EARLIER_PROFILE if pricing == "profiled-earlier" else PROFILES[config.model]
-    cal = calibration_path(config.model)
+    if pricing.startswith("roofline"):
+        cal_path = matrix.calibration("roofline")
+        return EngineOptions(**common, hardware=str(HARDWARE), step_time_backend="roofline",
+                             calibration=str(cal_path) if pricing == "roofline+cal" else None)
+    profile = EARLIER_PROFILE if pricing == "profiled-earlier" else matrix.profile(config.model)
+    cal = matrix.calibration("profiled")
     return EngineOptions(**common, step_time_backend="profiled", step_time_profile=str(profile),
                          calibration=str(cal) if pricing == "profiled+cal" else None)
 
@@ -223,7 +241,7 @@ def simulate(options: EngineOptions, workload: Workload, logged: Sequence[Logged
     return result, trace
 
 
-def host_read_off(data: dict[str, Any], logged: list[Any], config: rm.ServerConfig,
+def host_read_off(matrix: Matrix, data: dict[str, Any], logged: list[Any], config: rm.ServerConfig,
                   server: dict[str, Any]) -> tuple[HostTerms | None, Any]:
     """The host time around vLLM's iteration clock read off the run's own
     timestamps (``compare_steps.measured_host_terms``: the client's gaps
@@ -234,7 +252,7 @@ def host_read_off(data: dict[str, Any], logged: list[Any], config: rm.ServerConf
     starts = data["start_times"]
     if any(b < a for a, b in itertools.pairwise(starts)):
         return None, "start_times not in send order"
-    options = engine_options(config, server, "roofline")
+    options = engine_options(matrix, config, server, "roofline")
     runtime = build_group_deployment(InstanceGroup(engine=options))[0].runtime
     run = RealRun(list(data["input_lens"]), list(data["output_lens"]), [t - starts[0] for t in starts], data,
                   logged)
@@ -247,7 +265,7 @@ def host_read_off(data: dict[str, Any], logged: list[Any], config: rm.ServerConf
         return None, f"{type(e).__name__}: {e}"
 
 
-def judge_run(config: rm.ServerConfig, server: dict[str, Any], path: Path,
+def judge_run(matrix: Matrix, config: rm.ServerConfig, server: dict[str, Any], path: Path,
               pricings: Sequence[str]) -> dict[str, Any]:
     data = json.loads(path.read_text())
     prompts = json.loads(path.with_suffix(".prompts.json").read_text())
@@ -274,16 +292,17 @@ def judge_run(config: rm.ServerConfig, server: dict[str, Any], path: Path,
                 continue
             host = None
             if pricing == "logged+host":
-                host, note = host_read_off(data, logged, config, server)
+                host, note = host_read_off(matrix, data, logged, config, server)
                 out["host_read_off_the_run"] = note
                 if host is None:
                     continue
             # The deployment the logged steps replace the pricing of (its
             # CPU time per step is kvsched's, as for every backend).
-            result, trace = simulate(engine_options(config, server, "roofline"), workload, steps, host,
+            options = engine_options(matrix, config, server, "roofline")
+            result, trace = simulate(options, workload, steps, host,
                                      str(path.with_suffix(".server.log.gz").relative_to(HERE)))
         else:
-            result, trace = simulate(engine_options(config, server, pricing), workload)
+            result, trace = simulate(engine_options(matrix, config, server, pricing), workload)
         sim = sim_metrics(result)
         errors = {k: 100 * (sim[k] / real[k] - 1) for k in METRICS}
         entry: dict[str, Any] = {"metrics": sim, "error_pct": errors}
@@ -310,17 +329,19 @@ def judge_run(config: rm.ServerConfig, server: dict[str, Any], path: Path,
 # Calibration, noise, aggregate
 
 
-def calibrate(config: rm.ServerConfig, server: dict[str, Any]) -> None:
-    """``kvsched calibrate`` (profiled backend) on the two noise repeats."""
-    o = engine_options(config, server, "profiled")
-    out = calibration_path(config.model)
-    cmd = [sys.executable, "-m", "kvsched.cli", "calibrate", "--model", o.model, "--step-time-profile",
-           str(o.step_time_profile), "--max-num-seqs", str(o.max_num_seqs), "--max-num-batched-tokens",
+def calibrate(matrix: Matrix, config: rm.ServerConfig, server: dict[str, Any], backend: str) -> None:
+    """``kvsched calibrate`` (``backend``: profiled or roofline) on the two noise repeats."""
+    o = engine_options(matrix, config, server, backend)
+    out = matrix.calibration(backend)
+    pricing = (["--step-time-profile", str(o.step_time_profile)] if backend == "profiled"
+               else ["--hardware", str(o.hardware), "--step-time-backend", "roofline"])
+    cmd = [sys.executable, "-m", "kvsched.cli", "calibrate", "--model", o.model, *pricing,
+           "--max-num-seqs", str(o.max_num_seqs), "--max-num-batched-tokens",
            str(o.max_num_batched_tokens), "--max-model-len", str(o.max_model_len), "--block-size",
            str(BLOCK_SIZE), "--num-gpu-blocks-override", str(o.num_gpu_blocks_override),
            "--no-async-scheduling", "--max-iterations", "40", "-o", str(out)]
     for run in CALIBRATION_RUNS:
-        cmd += ["--bench", str(rm.RESULTS / config.name / f"{run}.json")]
+        cmd += ["--bench", str(matrix.results / config.name / f"{run}.json")]
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
@@ -330,8 +351,8 @@ def spread(values: Sequence[float]) -> float:
     return 100 * (max(values) - min(values)) / statistics.fmean(values)
 
 
-def noise_floor(config: str = NOISE_CONFIG) -> dict[str, Any] | None:
-    paths = [rm.RESULTS / config / f"{r}.json" for r in NOISE_RUNS]
+def noise_floor(matrix: Matrix, config: str = NOISE_CONFIG) -> dict[str, Any] | None:
+    paths = [matrix.results / config / f"{r}.json" for r in NOISE_RUNS]
     if not all(p.exists() for p in paths):
         return None
     ms = [real_metrics(json.loads(p.read_text())) for p in paths]
@@ -421,30 +442,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calibrate", action="store_true",
                    help="(re)fit the host terms on the noise repeats first (kvsched calibrate)")
-    p.add_argument("--pricings", default="profiled,profiled+cal,roofline,logged,logged+host,profiled-earlier")
-    p.add_argument("--output", type=Path, default=rm.RESULTS / "judged.json")
+    p.add_argument("--pricings", default="profiled,profiled+cal,roofline,roofline+cal,logged,logged+host,"
+                                         "profiled-earlier")
+    p.add_argument("--results", type=Path, default=rm.RESULTS,
+                   help="the matrix's directory (run_matrix.py --results)")
+    p.add_argument("--output", type=Path, help="default: judged.json in the matrix's directory")
     args = p.parse_args(argv)
+    matrix = Matrix(args.results)
+    output: Path = args.output or matrix.results / "judged.json"
     configs = {c.name: c for c in rm.CONFIGS}
     servers = {}
     for name in configs:
-        meta = rm.RESULTS / name / "server.json"
+        meta = matrix.results / name / "server.json"
         if meta.exists():
             servers[name] = json.loads(meta.read_text())
     if args.calibrate:
-        calibrate(configs[NOISE_CONFIG], servers[NOISE_CONFIG])
+        for backend in ("profiled", "roofline"):
+            calibrate(matrix, configs[NOISE_CONFIG], servers[NOISE_CONFIG], backend)
     wanted = args.pricings.split(",")
     report: dict[str, Any] = {"runs": []}
     for name, server in servers.items():
         config = configs[name]
-        for path in sorted((rm.RESULTS / name).glob("*.json")):
+        for path in sorted((matrix.results / name).glob("*.json")):
             if path.name in ("server.json",) or path.name.endswith(".prompts.json") or path.stem == "warmup":
                 continue
-            cal = calibration_path(config.model).exists()
-            pricings = [x for x in wanted if not x.endswith("+cal") or cal]
-            have_profile = PROFILES[config.model].exists()
+            pricings = [x for x in wanted if not x.endswith("+cal")
+                        or matrix.calibration(x.split("+")[0]).exists()]
+            have_profile = matrix.profile(config.model).exists()
             pricings = [x for x in pricings if not x.startswith("profiled") or have_profile]
             pricings = [x for x in pricings if x != "profiled-earlier" or config.model == "llama"]
-            j = judge_run(config, server, path, pricings)
+            j = judge_run(matrix, config, server, path, pricings)
             j["judged"] = not (name == NOISE_CONFIG and path.stem in CALIBRATION_RUNS)
             report["runs"].append(j)
             e = j.get(pricings[0], {}).get("error_pct", {})
@@ -452,13 +479,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                   flush=True)
     judged = [j for j in report["runs"] if j["judged"]]
     report["aggregate"] = aggregate(judged, wanted)
-    report["noise_floor"] = noise_floor()
-    report["noise_floor_repeat"] = noise_floor("llama-base-repeat")
-    report["noise_floor_unpinned"] = noise_floor("llama-base-nopin")
+    report["noise_floor"] = noise_floor(matrix)
+    report["noise_floor_repeat"] = noise_floor(matrix, "llama-base-repeat")
+    report["noise_floor_unpinned"] = noise_floor(matrix, "llama-base-nopin")
     report["acceptance"] = acceptance(report)
-    args.output.write_text(json.dumps(report, indent=1) + "\n")
+    output.write_text(json.dumps(report, indent=1) + "\n")
     table = markdown(report, wanted)
-    args.output.with_suffix(".md").write_text(table)
+    output.with_suffix(".md").write_text(table)
     print(table)
 
 

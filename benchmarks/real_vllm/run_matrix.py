@@ -116,6 +116,11 @@ WORKLOADS: dict[str, ClientWorkload] = {w.name: w for w in (
     # A slice of the Azure LLM conversation trace at its own timestamps,
     # time-scaled (see azure_slice).
     ClientWorkload("azureconv", ("--dataset-name", "timed_trace", "--num-prompts", "30"), 15),
+    # The same from the Azure code trace (longer prompts, shorter outputs).
+    ClientWorkload("azurecode", ("--dataset-name", "timed_trace", "--num-prompts", "30"), 16),
+    # Mooncake's conversation trace: whole conversations, so later turns
+    # reuse the earlier turns' blocks (see mooncake_slice).
+    ClientWorkload("mooncake", ("--dataset-name", "timed_trace", "--num-prompts", "40"), 17),
     # The warm-up before every configuration's runs (not judged).
     ClientWorkload("warmup", ("--dataset-name", "random", "--random-range-ratio", "0.9", "--ignore-eos",
                               "--random-input-len", "300", "--random-output-len", "16", "--num-prompts",
@@ -128,12 +133,29 @@ WORKLOADS: dict[str, ClientWorkload] = {w.name: w for w in (
 AZURE_FIRST_LINE, AZURE_COUNT, AZURE_TIME_SCALE = 1000, 30, 8.0
 AZURE_MAX_INPUT, AZURE_MAX_OUTPUT = 1024, 64
 AZURE_CHUNK = 16
+AZURE_CODE = Path("/work/shared/traces/azure_llm_2023_code.csv")
+# The code trace arrives ~4x less often than the conversation trace: its
+# slice is stretched less, so both run about as long.
+AZURE_CODE_TIME_SCALE = 2.0
+# The Mooncake slice: the conversations that start in the trace's first
+# MOONCAKE_WINDOW_S seconds and have a later turn in it (a conversation's
+# turns repeat its first non-system block id), every turn of them in that
+# window, until MOONCAKE_COUNT requests; lengths scaled by 1/MOONCAKE_SCALE
+# (Mooncake's prompts average ~10k tokens) with its 512-token blocks becoming
+# 512/MOONCAKE_SCALE-token chunks, so the prefixes shared stay the ones its
+# hash_ids say; time compressed MOONCAKE_TIME_DIVISOR times (the selection
+# keeps ~1 request in 20).
+MOONCAKE = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
+MOONCAKE_WINDOW_S, MOONCAKE_COUNT, MOONCAKE_SCALE, MOONCAKE_TIME_DIVISOR = 300.0, 40, 16, 4.0
+MOONCAKE_MAX_INPUT, MOONCAKE_MAX_OUTPUT = 1024, 64
+MOONCAKE_CHUNK = 512 // MOONCAKE_SCALE
 
 BASE4 = ("poisson1", "prefix1.5", "gamma1.5", "closed8")
 CONFIGS: tuple[ServerConfig, ...] = (
     # The profile's own flags; poisson1 three times back to back (noise floor).
     ServerConfig("llama-base", "llama", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
-                 ("poisson1", "poisson1#2", "poisson1#3", "prefix1.5", "gamma1.5", "closed8", "azureconv")),
+                 ("poisson1", "poisson1#2", "poisson1#3", "prefix1.5", "gamma1.5", "closed8", "azureconv",
+                  "azurecode", "mooncake")),
     ServerConfig("llama-s16-b256", "llama", ("--max-num-seqs", "16", "--max-num-batched-tokens", "256"),
                  BASE4),
     ServerConfig("llama-nochunk-noprefix", "llama",
@@ -147,7 +169,8 @@ CONFIGS: tuple[ServerConfig, ...] = (
     ServerConfig("llama-lpt128", "llama",
                  ("--max-num-seqs", "32", "--max-num-batched-tokens", "512", "--long-prefill-token-threshold",
                   "128"), BASE4),
-    ServerConfig("qwen3-base", "qwen3", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"), BASE4),
+    ServerConfig("qwen3-base", "qwen3", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
+                 (*BASE4, "azureconv", "mooncake")),
     ServerConfig("qwen3-s8-b384-noprefix-lpt256", "qwen3",
                  ("--max-num-seqs", "8", "--max-num-batched-tokens", "384", "--no-enable-prefix-caching",
                   "--long-prefill-token-threshold", "256"), BASE4),
@@ -165,11 +188,11 @@ def workload_of_run(run: str) -> ClientWorkload:
     return WORKLOADS[run.split("#")[0]]
 
 
-def azure_slice(path: Path) -> Path:
-    """The Azure conversation slice as vllm bench's timed-trace JSON lines
+def azure_slice(path: Path, name: str, time_scale: float) -> Path:
+    """An Azure trace's slice as vllm bench's timed-trace JSON lines
     (timestamp, input_length, output_length, hash_ids: one unique id per
     16-token chunk, so no two prompts share a block)."""
-    out = RESULTS / "azureconv.jsonl"
+    out = RESULTS / f"{name}.jsonl"
     if out.exists():
         return out
     with path.open() as f:
@@ -177,7 +200,7 @@ def azure_slice(path: Path) -> Path:
     t0 = datetime.fromisoformat(rows[0]["TIMESTAMP"][:26])
     lines = []
     for i, row in enumerate(rows):
-        t = (datetime.fromisoformat(row["TIMESTAMP"][:26]) - t0).total_seconds() * AZURE_TIME_SCALE
+        t = (datetime.fromisoformat(row["TIMESTAMP"][:26]) - t0).total_seconds() * time_scale
         n_in = min(int(row["ContextTokens"]), AZURE_MAX_INPUT)
         n_out = max(1, min(int(row["GeneratedTokens"]), AZURE_MAX_OUTPUT))
         chunks = -(-n_in // AZURE_CHUNK)
@@ -188,11 +211,54 @@ def azure_slice(path: Path) -> Path:
     return out
 
 
+def mooncake_slice(path: Path) -> Path:
+    """The Mooncake slice (see MOONCAKE_WINDOW_S) as timed-trace JSON lines."""
+    out = RESULTS / "mooncake.jsonl"
+    if out.exists():
+        return out
+    window_ms = MOONCAKE_WINDOW_S * 1e3
+    rows = []
+    with path.open() as f:
+        for line in f:
+            row = json.loads(line)
+            if row["timestamp"] >= window_ms:
+                break
+            rows.append(row)
+    turns: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        if len(row["hash_ids"]) > 1:  # block 0 is the system prompt every request shares
+            turns.setdefault(row["hash_ids"][1], []).append(i)
+    chosen: list[int] = []
+    for ids in sorted((v for v in turns.values() if len(v) > 1), key=lambda v: v[0]):
+        if len(chosen) + len(ids) > MOONCAKE_COUNT:
+            break
+        chosen += ids
+    chosen.sort()
+    t0 = rows[chosen[0]]["timestamp"]
+    lines = []
+    for i in chosen:
+        row = rows[i]
+        n_in = min(max(1, row["input_length"] // MOONCAKE_SCALE), MOONCAKE_MAX_INPUT,
+                   len(row["hash_ids"]) * MOONCAKE_CHUNK)
+        n_out = max(1, min(row["output_length"] // MOONCAKE_SCALE, MOONCAKE_MAX_OUTPUT))
+        lines.append(json.dumps({"timestamp": round((row["timestamp"] - t0) / 1e3 / MOONCAKE_TIME_DIVISOR, 4),
+                                 "input_length": n_in, "output_length": n_out,
+                                 "hash_ids": row["hash_ids"][:-(-n_in // MOONCAKE_CHUNK)]}))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
 def client_flags(w: ClientWorkload) -> list[str]:
     flags = list(w.flags)
-    if w.name == "azureconv":
-        flags += ["--dataset-path", str(azure_slice(AZURE_CONV)),
+    if w.name in ("azureconv", "azurecode"):
+        trace, scale = (AZURE_CONV, AZURE_TIME_SCALE) if w.name == "azureconv" else \
+            (AZURE_CODE, AZURE_CODE_TIME_SCALE)
+        flags += ["--dataset-path", str(azure_slice(trace, w.name, scale)),
                   "--timed-trace-chunk-hash-size", str(AZURE_CHUNK)]
+    elif w.name == "mooncake":
+        flags += ["--dataset-path", str(mooncake_slice(MOONCAKE)),
+                  "--timed-trace-chunk-hash-size", str(MOONCAKE_CHUNK)]
     return [*flags, "--seed", str(w.seed)]
 
 
@@ -335,6 +401,7 @@ def run_client(server: Server, config: ServerConfig, run: str, out_dir: Path, pi
     server.reset_prefix_cache()
     log_start = server.log_path.stat().st_size
     before = server.counters()
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     cmd = [VLLM_PYTHON, str(HERE / "bench_client.py"), "--backend", "vllm", "--base-url", server.base,
            "--model", MODELS[config.model][0], *client_flags(w), "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed", "--result-dir",
@@ -365,7 +432,11 @@ def run_client(server: Server, config: ServerConfig, run: str, out_dir: Path, pi
                             "client_flags": client_flags(w), "wall_s": round(wall, 2),
                             "server_counters": {k.removeprefix("vllm:"): after[k] - before[k]
                                                 for k in COUNTERS},
-                            "finished": datetime.now().isoformat(timespec="seconds")}
+                            "finished": datetime.now().isoformat(timespec="seconds"),
+                            # How busy the machine was (1/5/15-minute load averages): a
+                            # quiet run starts below 1 with only this run's processes.
+                            "loadavg_before_after": [load_before,
+                                                     Path("/proc/loadavg").read_text().split()[:3]]}
     path.write_text(json.dumps(result) + "\n")
     (out_dir / f"{stem}.client.log").unlink()
     return {"run": f"{config.name}/{run}", "wall_s": round(wall, 1),
@@ -373,17 +444,17 @@ def run_client(server: Server, config: ServerConfig, run: str, out_dir: Path, pi
             "mean_tpot_ms": round(result["mean_tpot_ms"], 2), "completed": result["completed"]}
 
 
-def result_path(config: ServerConfig, run: str) -> Path:
-    return RESULTS / config.name / f"{run.replace('#', '_r')}.json"
+def result_path(results: Path, config: ServerConfig, run: str) -> Path:
+    return results / config.name / f"{run.replace('#', '_r')}.json"
 
 
-def run_config(config: ServerConfig, pin: bool) -> None:
+def run_config(results: Path, config: ServerConfig, pin: bool) -> None:
     pin = pin and config.pin
-    todo = [r for r in config.runs if not result_path(config, r).exists()]
+    todo = [r for r in config.runs if not result_path(results, config, r).exists()]
     if not todo:
         print(f"{config.name}: all {len(config.runs)} runs exist", flush=True)
         return
-    out_dir = RESULTS / config.name
+    out_dir = results / config.name
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = MODELS[config.model][0]
     if not Path(model_dir, "config.json").exists():
@@ -424,17 +495,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--only", nargs="*", help="configurations to run (default: all, in order)")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                    help="the server's non-worker threads and the client on core 1 (default: on)")
+    p.add_argument("--results", type=Path, default=RESULTS,
+                   help=f"the matrix's directory (default: {RESULTS.relative_to(HERE)}); a re-run of the "
+                        "whole matrix goes to a directory of its own")
     args = p.parse_args(argv)
     configs = [c for c in CONFIGS if not args.only or c.name in args.only]
     if args.only and len(configs) != len(args.only):
         sys.exit(f"--only: unknown configuration in {args.only}; known: {[c.name for c in CONFIGS]}")
     if args.command == "list":
         for c in configs:
-            done = sum(result_path(c, r).exists() for r in c.runs)
+            done = sum(result_path(args.results, c, r).exists() for r in c.runs)
             print(f"{c.name:34s} {done}/{len(c.runs)} runs  {' '.join(c.flags)}")
         return
     for c in configs:
-        run_config(c, args.pin)
+        run_config(args.results, c, args.pin)
 
 
 if __name__ == "__main__":
