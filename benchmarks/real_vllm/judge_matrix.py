@@ -448,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="the matrix's directory (run_matrix.py --results)")
     p.add_argument("--output", type=Path, help="default: judged.json in the matrix's directory")
     args = p.parse_args(argv)
-    matrix = Matrix(args.results)
+    matrix = Matrix(args.results.resolve())
     output: Path = args.output or matrix.results / "judged.json"
     configs = {c.name: c for c in rm.CONFIGS}
     servers = {}
