@@ -34,7 +34,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for rate in args.rates:
         flags = (*COMMON, "--num-prompts", str(args.num_prompts), "--request-rate", str(rate))
-        for name, extra in (("colocated DP2 x TP4", ("-dp", "2")), ("1P1D, TP4 each", ("--disaggregation", "1P1D"))):
+        for name, extra in (("colocated DP2 x TP4", ("-dp", "2")),
+                            ("1P1D, TP4 each", ("--disaggregation", "1P1D"))):
             m = run(parse_spec([*flags, *extra])).metrics
             kv = m.get("kv_transfer")
             split = m.get("ttft_split_ms")

@@ -131,11 +131,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     spec, deployment, workload = prepared.spec, prepared.deployment, prepared.workload
     for remark in prepared.notes:
         print(f"kvsched: note: {remark}", file=sys.stderr, flush=True)
-    print(f"Simulating {describe_deployment(prepared)}; serving {describe_workload(spec.workload, workload)}.",
+    print(f"Simulating {describe_deployment(prepared)}; "
+          f"serving {describe_workload(spec.workload, workload)}.",
           flush=True)
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
     done = run_prepared(prepared, progress)
-    gpus = num_gpus(deployment) + (num_gpus(prepared.prefill_deployment) if prepared.prefill_deployment else 0)
+    prefill = prepared.prefill_deployment
+    gpus = num_gpus(deployment) + (num_gpus(prefill) if prefill is not None else 0)
     print(format_table(done.metrics, spec.options.percentiles, gpus, deployment.parallel.data_parallel_size))
     priced = pricing_of(deployment)
     print(f"Steps priced by: {priced.label}: {priced.detail}")
@@ -325,7 +327,8 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
                 rows.append((label, f"{kv[key]:.2f}"))
         rows.append(("Path:", "+".join(kv.get("paths", ()))))
         split = m.get("ttft_split_ms") or {}
-        for label, key in (("TTFT: prefill leg (ms):", "prefill_leg_ms"), ("TTFT: hop to decode (ms):", "hop_ms"),
+        for label, key in (("TTFT: prefill leg (ms):", "prefill_leg_ms"),
+                           ("TTFT: hop to decode (ms):", "hop_ms"),
                            ("TTFT: KV read (ms):", "kv_read_ms"),
                            ("TTFT: first decode step (ms):", "decode_first_step_ms")):
             if key in split:

@@ -40,7 +40,6 @@ from kvsched.sim.spec import PD_ROUTERS
 from kvsched.sim.workload import Workload
 
 
-
 def parse_disaggregation(text: str) -> tuple[int, int]:
     """``xPyD`` (e.g. ``1P2D``) as (prefill instances, decode instances)."""
     t = text.strip().upper()
@@ -104,13 +103,15 @@ class DisaggregatedSimulator:
                  kv_transfer_config: KVTransferConfig | None = None,
                  router: str = "round-robin", progress: Progress | None = None) -> None:
         if router not in PD_ROUTERS:
-            raise UserInputError(f"--router={router!r}: with --disaggregation use one of {', '.join(PD_ROUTERS)}")
+            raise UserInputError(f"--router={router!r}: with --disaggregation use one of "
+                                 f"{', '.join(PD_ROUTERS)}")
         block_size = prefill.sim.cache_config.block_size
         if decode.sim.cache_config.block_size != block_size:
             raise UserInputError(f"--block-size: prefill instances use {block_size}, decode instances "
                                  f"{decode.sim.cache_config.block_size}; give both roles the same block size")
         config = kv_transfer_config or KVTransferConfig(kv_role="kv_both", kv_connector="NixlConnector")
-        sizes = [prefill.tensor_parallel_size] * prefill.instances + [decode.tensor_parallel_size] * decode.instances
+        sizes = ([prefill.tensor_parallel_size] * prefill.instances
+                 + [decode.tensor_parallel_size] * decode.instances)
         nodes = node_of_instances(sizes, hardware.scaleup_domain)
         paths = {(i, j): transfer_path(hardware, nodes[i] == nodes[j])
                  for i in range(prefill.instances) for j in range(prefill.instances, len(sizes))}
@@ -173,7 +174,8 @@ class DisaggregatedSimulator:
         reads: dict[str, tuple[float, float]] = {}
         for i in range(self.num_prefill, len(self.ranks)):
             reads.update(self.workers[i].reads)
-        parts: dict[str, list[float]] = {"prefill_leg_ms": [], "hop_ms": [], "kv_read_ms": [], "decode_first_step_ms": []}
+        parts: dict[str, list[float]] = {"prefill_leg_ms": [], "hop_ms": [], "kv_read_ms": [],
+                                         "decode_first_step_ms": []}
         for result in decode:
             for rec in result.records:
                 legs = self.proxy.legs.get(rec.request_id)

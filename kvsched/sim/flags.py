@@ -262,7 +262,8 @@ def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp
         for flag, value in (("--prefill-tensor-parallel-size", prefill_tp),
                             ("--decode-tensor-parallel-size", decode_tp)):
             if value is not None:
-                raise UserInputError(f"{flag}={value}: only with --disaggregation xPyD; add it or drop {flag}")
+                raise UserInputError(f"{flag}={value}: only with --disaggregation xPyD; add it or drop "
+                                     f"{flag}")
         return DeploymentSpec((group,), kv_transfer_config, router)
     x, y = parse_disaggregation(disaggregation)
     if group.engine.data_parallel_size != 1:

@@ -37,11 +37,11 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
+from kvsched.sim.kv_transfer import NixlTimedWorker
 from kvsched.sim.metrics import RecordTable, benchmark_duration, compute_metrics
 from kvsched.sim.refusals import too_long_error
 from kvsched.sim.samples import SampleAccumulator
 from kvsched.sim.speculative import SpecOptions, SpecStats, combine_stats, request_key, uniform
-from kvsched.sim.kv_transfer import NixlTimedWorker
 from kvsched.sim.workload import OUTPUT_TOKEN_BASE, WorkloadRequest
 
 EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)

@@ -26,9 +26,9 @@ from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.deployment import Deployment, build_deployment
+from kvsched.sim.disagg import DisaggregatedSimulator, DisaggResult, RoleConfig
 from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.refusals import split_refused
-from kvsched.sim.disagg import DisaggregatedSimulator, DisaggResult, RoleConfig
 from kvsched.sim.results import num_gpus, per_gpu_metrics
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator
 from kvsched.sim.spec import InstanceGroup, RunOptions, RunSpec, WorkloadSpec
@@ -183,7 +183,7 @@ def serve_disaggregated(prefill: Deployment, decode: Deployment, spec: RunSpec, 
     roles = [RoleConfig(sim_config(d, spec), d.parallel.tensor_parallel_size, g.engine.data_parallel_size)
              for d, g in ((prefill, groups[0]), (decode, groups[1]))]
     sim = DisaggregatedSimulator(roles[0], roles[1], workload, model=decode.model, hardware=decode.hardware,
-                                 kv_dtype_bytes=decode.runtime.kv_bytes(), kv_transfer_config=config,
+                                 kv_dtype_bytes=decode.runtime.kv_bytes, kv_transfer_config=config,
                                  router=spec.deployment.router, progress=progress)
     return sim.run()
 
@@ -255,7 +255,8 @@ def run_prepared(prepared: PreparedRun, progress: Progress | None = None,
     if prepared.prefill_deployment is not None:
         if after_step is not None or spec.options.trace_steps:
             raise UserInputError("--trace-steps: not supported with --disaggregation yet; drop it")
-        disagg = serve_disaggregated(prepared.prefill_deployment, deployment, spec, prepared.accepted, progress)
+        disagg = serve_disaggregated(prepared.prefill_deployment, deployment, spec, prepared.accepted,
+                                     progress)
         result = disagg.combined
     else:
         result = serve(deployment, spec.deployment.group, prepared.accepted, sim_config(deployment, spec),

@@ -144,13 +144,14 @@ class DeploymentSpec:
     def check(self) -> None:
         roles = tuple(g.role for g in self.groups)
         if roles not in (("mixed",), ("prefill", "decode")):
-            raise UserInputError(f"deployment.groups: roles {list(roles)}; a deployment is one group of role "
-                                 "'mixed', or a 'prefill' group then a 'decode' group (--disaggregation xPyD)")
+            raise UserInputError(f"deployment.groups: roles {list(roles)}; a deployment is one group of "
+                                 "role 'mixed', or a 'prefill' group then a 'decode' group "
+                                 "(--disaggregation xPyD)")
         _choice("router", self.router, PD_ROUTERS)
         if not self.disaggregated and (self.kv_transfer_config is not None or self.router != "round-robin"):
             flag = "--kv-transfer-config" if self.kv_transfer_config is not None else "--router"
-            raise UserInputError(f"{flag}: only with prefill/decode disaggregation; add --disaggregation xPyD "
-                                 f"(e.g. 1P1D) or drop {flag}")
+            raise UserInputError(f"{flag}: only with prefill/decode disaggregation; add --disaggregation "
+                                 f"xPyD (e.g. 1P1D) or drop {flag}")
         for group in self.groups:
             group.check()
         if self.kv_transfer_config is not None:
