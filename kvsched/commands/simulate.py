@@ -24,7 +24,7 @@ from kvsched.sim.flags import (
 from kvsched.sim.pricing import pricing_of
 from kvsched.sim.refusals import failure_reasons, format_failures
 from kvsched.sim.results import describe_run, detailed_lists, json_safe, num_gpus
-from kvsched.sim.run import RunResult, prepare, run_prepared
+from kvsched.sim.run import PreparedRun, RunResult, prepare, run_prepared
 from kvsched.sim.simulator import stderr_progress
 from kvsched.sim.spec import RunSpec, WorkloadSpec, spec_from_json, spec_to_json
 from kvsched.sim.workload import Workload
@@ -131,12 +131,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     spec, deployment, workload = prepared.spec, prepared.deployment, prepared.workload
     for remark in prepared.notes:
         print(f"kvsched: note: {remark}", file=sys.stderr, flush=True)
-    print(f"Simulating {deployment.describe()}; serving {describe_workload(spec.workload, workload)}.",
+    print(f"Simulating {describe_deployment(prepared)}; "
+          f"serving {describe_workload(spec.workload, workload)}.",
           flush=True)
     progress = None if args.no_progress or not sys.stderr.isatty() else stderr_progress
     done = run_prepared(prepared, progress)
-    print(format_table(done.metrics, spec.options.percentiles, num_gpus(deployment),
-                       deployment.parallel.data_parallel_size))
+    prefill = prepared.prefill_deployment
+    gpus = num_gpus(deployment) + (num_gpus(prefill) if prefill is not None else 0)
+    print(format_table(done.metrics, spec.options.percentiles, gpus, deployment.parallel.data_parallel_size))
     priced = pricing_of(deployment)
     print(f"Steps priced by: {priced.label}: {priced.detail}")
     past = sorted(deployment.step_model.extrapolated)
@@ -174,6 +176,16 @@ EXTRAPOLATED_SHOWN = 3
 SUSTAINABLE_SHARE = 0.7
 
 
+def describe_deployment(prepared: PreparedRun) -> str:
+    """One line for the deployment; both roles of a disaggregated one."""
+    prefill, decode = prepared.prefill_deployment, prepared.deployment
+    if prefill is None:
+        return decode.describe()
+    x, y = prefill.parallel.data_parallel_size, decode.parallel.data_parallel_size
+    return (f"{x}P{y}D disaggregated (NixlConnector, proxy routing {prepared.spec.deployment.router}): "
+            f"prefill instances {prefill.describe()}; decode instances {decode.describe()}")
+
+
 def burst_note(workload: WorkloadSpec, metrics: dict[str, Any]) -> str | None:
     """What a run of every request at t=0 shows, and the flag for a steady
     load: vllm bench serve's default --request-rate inf measures a burst,
@@ -208,7 +220,11 @@ def result_dict(done: RunResult) -> tuple[dict[str, Any], str | None]:
         "hardware": deployment.hardware.id,
         "tensor_parallel_size": deployment.parallel.tensor_parallel_size,
         "data_parallel_size": deployment.parallel.data_parallel_size,
-        "num_gpus": num_gpus(deployment),
+        "num_gpus": num_gpus(deployment) + (num_gpus(done.prepared.prefill_deployment)
+                                            if done.prepared.prefill_deployment is not None else 0),
+        "disaggregation": (f"{done.prepared.prefill_deployment.parallel.data_parallel_size}P"
+                           f"{deployment.parallel.data_parallel_size}D"
+                           if done.prepared.prefill_deployment is not None else None),
         "dataset_name": args.dataset_name,
         "num_prompts": len(result.records) + len(result.failed),
         "request_rate": args.request_rate if args.dataset_name == "random" else None,
@@ -300,6 +316,23 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
         add("Mean acceptance length:", "spec_decode_mean_acceptance_length")
         for i, rate in enumerate(m.get("spec_decode_acceptance_rate_per_position", ())):
             rows.append((f"Acceptance rate, position {i}:", f"{rate:.3f}"))
+    kv = m.get("kv_transfer")
+    if kv:
+        rows.append(("-- KV transfer (prefill -> decode) --", ""))
+        rows.append(("KV reads:", f"{kv['count']}"))
+        rows.append(("KV read (GB, all ranks):", f"{kv['bytes'] / 1e9:.2f}"))
+        for label, key in (("Mean KV read (ms):", "mean_ms"), ("P99 KV read (ms):", "p99_ms"),
+                           ("Mean wait for a busy link (ms):", "mean_queued_ms")):
+            if key in kv:
+                rows.append((label, f"{kv[key]:.2f}"))
+        rows.append(("Path:", "+".join(kv.get("paths", ()))))
+        split = m.get("ttft_split_ms") or {}
+        for label, key in (("TTFT: prefill leg (ms):", "prefill_leg_ms"),
+                           ("TTFT: hop to decode (ms):", "hop_ms"),
+                           ("TTFT: KV read (ms):", "kv_read_ms"),
+                           ("TTFT: first decode step (ms):", "decode_first_step_ms")):
+            if key in split:
+                rows.append((label, f"{split[key]:.2f}"))
     add("Simulation wall time (s):", "simulation_wall_seconds")
     width = 50
     lines = ["{s:{c}^{n}}".format(s=" Simulated Serving Benchmark Result ", n=width, c="=")]

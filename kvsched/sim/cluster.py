@@ -39,6 +39,7 @@ from kvsched.errors import UserInputError
 from kvsched.perf.host import HostTerms
 from kvsched.sim.client import Client
 from kvsched.sim.instance import EngineInstance, LockstepGroup
+from kvsched.sim.proxy import Proxy
 from kvsched.sim.rank import Rank, SimResult
 from kvsched.sim.router import Router
 from kvsched.sim.workload import WorkloadRequest
@@ -50,7 +51,8 @@ Progress = Callable[[int, int, float], None]
 
 class Cluster:
     def __init__(self, instances: Sequence[Instance], client: Client, router: Router | None = None,
-                 *, progress: Progress | None = None, arrival: HostTerms | None = None) -> None:
+                 *, progress: Progress | None = None, arrival: HostTerms | None = None,
+                 proxy: Proxy | None = None) -> None:
         if not instances:
             raise UserInputError("a cluster needs at least one engine instance")
         self.instances = list(instances)
@@ -62,7 +64,14 @@ class Cluster:
         if router.size != len(self.ranks):
             raise UserInputError(f"router for {router.size} ranks, cluster has {len(self.ranks)}")
         self.router = router
+        # Prefill/decode disaggregation: the proxy routes each request to a
+        # prefill rank, then its decode leg to a decode rank (None: the
+        # router places every request once).
+        self.proxy = proxy
+        self._hands_off = [any(r.hands_off for r in inst.ranks) for inst in self.instances]
         self.routed = [0] * len(self.ranks)
+        # Instances a send woke earlier than they were queued for (_send).
+        self._rewoken: list[int] = []
         self.progress = progress
         # Called after every step or stretch of any instance (e.g. to publish
         # the ranks' load to DP admission policies).
@@ -92,6 +101,8 @@ class Cluster:
         last_report = wall0
         iterations = 0
         transit = self._transit
+        proxy = self.proxy
+        hands_off = self._hands_off
         # Open loop with a delay: a send is not an event for the engines.
         # No request reaches an engine sooner than arrival_s after its send:
         # an open-loop client's send changes nothing before then.
@@ -101,30 +112,46 @@ class Cluster:
             if transit and transit[0][0] < t_send:
                 # The next thing from outside is a request reaching the engine.
                 t_send = transit[0][0]
+            if proxy is not None and proxy.next_decode_leg() < t_send:
+                t_send = proxy.next_decode_leg()
             t_step = heap[0][0] if heap else math.inf
             if t_send <= t_step and t_send < math.inf:
                 for i in self._send(t_send):
                     if not queued[i] and instances[i].busy():
                         queued[i] = True
                         heapq.heappush(heap, (instances[i].now, i))
+                for i in self._rewoken:
+                    # Its clock moved back: its queued time is stale (skipped when popped).
+                    queued[i] = True
+                    heapq.heappush(heap, (instances[i].now, i))
+                self._rewoken.clear()
                 continue
             if not heap:
                 if client.done and not transit:
                     break
                 raise RuntimeError("the client waits for responses but no engine has work; "
                                    "nothing would ever progress")
-            _, i = heapq.heappop(heap)
+            t_queued, i = heapq.heappop(heap)
             inst = instances[i]
+            if t_queued != inst.now:
+                continue  # stale: the instance was woken earlier and queued again
             bound = t_send
             if floor:
                 bound = t_client + floor
                 if transit and transit[0][0] < bound:
                     bound = transit[0][0]
-            if heap and client.waits_on_responses():
+                if proxy is not None and proxy.next_decode_leg() < bound:
+                    bound = proxy.next_decode_leg()
+            if heap and (proxy is not None or client.waits_on_responses()):
                 # Another instance's finish could free a slot and send a request
-                # here: no jump past its next step.
+                # here (or hand a decode leg here): no jump past its next step.
                 bound = min(bound, heap[0][0])
             finished = inst.advance(bound)
+            if proxy is not None and hands_off[i]:
+                # Finished prefill legs become decode legs; the client sees no finish.
+                for r in inst.ranks:
+                    proxy.collect(self.ranks.index(r), r)
+                finished = 0
             if finished:
                 client.release(finished, inst.now)
             for hook in hooks:
@@ -168,15 +195,35 @@ class Cluster:
             else:
                 arrived = [(t, spec) for spec in due]
             refused = 0
+            proxy = self.proxy
             for sent, spec in arrived:
-                index = self.router.choose(self.ranks, t)
+                if proxy is None:
+                    index = self.router.choose(self.ranks, t)
+                else:
+                    index = proxy.route_arrival(self.ranks, t)
                 owner = self._instance_of[index]
-                self.instances[owner].wake(t)
-                if self.ranks[index].receive(spec, sent):
+                if self.instances[owner].wake(t):
+                    self._rewoken.append(owner)
+                if proxy is None:
+                    ok = self.ranks[index].receive(spec, sent)
+                else:
+                    ok = self.ranks[index].receive_leg(spec, sent, t, 1, proxy.prefill_params(spec, sent))
+                if ok:
                     self.routed[index] += 1
                     touched.append(owner)
                 else:
                     refused += 1
+            if proxy is not None:
+                for _, _, sent, spec, params in proxy.due_decode_legs(t):
+                    index = proxy.route_decode(self.ranks, t)
+                    owner = self._instance_of[index]
+                    if self.instances[owner].wake(t):
+                        self._rewoken.append(owner)
+                    if self.ranks[index].receive_leg(spec, sent, t, spec.output_len, params):
+                        self.routed[index] += 1
+                        touched.append(owner)
+                    else:
+                        refused += 1
             if not refused:
                 return touched
             client.refused(refused)  # their slots go to the next in the queue

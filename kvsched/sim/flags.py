@@ -11,6 +11,7 @@ this module sees an argparse ``Namespace``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import fields
@@ -24,11 +25,13 @@ from kvsched.engine_flags import (
 )
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
+from kvsched.sim.disagg import parse_disaggregation
 from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.spec import (
     ADMISSION_POLICIES,
     BALANCE_THRESHOLDS,
     DP_ROUTINGS,
+    PD_ROUTERS,
     DeploymentSpec,
     InstanceGroup,
     RunOptions,
@@ -111,6 +114,20 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
     g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, help="auto (16 bits) or fp8")
     g.add_argument("--prefill-schedule-interval", type=int, default=d.prefill_schedule_interval,
                    help="admit prefill only every K engine steps (vLLM's prefill cadence)")
+    g.add_argument("--disaggregation", metavar="xPyD",
+                   help="prefill/decode disaggregation: x prefill and y decode instances (e.g. 1P2D) "
+                        "joined by vLLM's NixlConnector behind vLLM's P/D proxy; each instance "
+                        "-tp GPUs unless --prefill/--decode-tensor-parallel-size say otherwise")
+    g.add_argument("--prefill-tensor-parallel-size", type=int, metavar="N",
+                   help="with --disaggregation: GPUs per prefill instance (default: -tp)")
+    g.add_argument("--decode-tensor-parallel-size", type=int, metavar="N",
+                   help="with --disaggregation: GPUs per decode instance (default: -tp)")
+    g.add_argument("--kv-transfer-config", metavar="JSON",
+                   help="vLLM's --kv-transfer-config with --disaggregation (default: "
+                        '\'{"kv_connector": "NixlConnector", "kv_role": "kv_both"}\')')
+    g.add_argument("--router", choices=list(PD_ROUTERS), default=DeploymentSpec().router,
+                   help="with --disaggregation: how the proxy picks an instance of each role "
+                        "(default: %(default)s, as vLLM's proxy)")
     g.add_argument("--spec-acceptance", metavar="R0,R1,...",
                    help="speculative decoding: acceptance rate per draft position as vLLM's metrics "
                         "report it (accepted at position i / drafts), e.g. 0.8,0.6,0.45 "
@@ -216,6 +233,11 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
                               if hasattr(args, name)})
     group = InstanceGroup(engine, **{name: getattr(args, name) for name in _GROUP_FIELDS
                                      if hasattr(args, name)})
+    deployment = deployment_spec(group, getattr(args, "disaggregation", None),
+                                 getattr(args, "prefill_tensor_parallel_size", None),
+                                 getattr(args, "decode_tensor_parallel_size", None),
+                                 getattr(args, "kv_transfer_config", None),
+                                 getattr(args, "router", DeploymentSpec().router))
     workload = workload_spec_from_args(args)
     options = RunOptions()
     if hasattr(args, "metric_percentiles"):
@@ -227,7 +249,33 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
             # The step log grows with the run; only the report plots it.
             keep_step_log=bool(args.report),
             trace_steps=args.trace_steps)
-    return RunSpec(DeploymentSpec((group,)), workload, options)
+    return RunSpec(deployment, workload, options)
+
+
+def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp: int | None,
+                    decode_tp: int | None, kv_transfer_config: str | None, router: str) -> DeploymentSpec:
+    """The deployment of the flags: ``group`` alone, or with
+    ``--disaggregation xPyD`` a prefill group of x instances and a decode
+    group of y (each instance an engine core: a group's
+    ``data_parallel_size``), both with ``group``'s settings but their TP."""
+    if disaggregation is None:
+        for flag, value in (("--prefill-tensor-parallel-size", prefill_tp),
+                            ("--decode-tensor-parallel-size", decode_tp)):
+            if value is not None:
+                raise UserInputError(f"{flag}={value}: only with --disaggregation xPyD; add it or drop "
+                                     f"{flag}")
+        return DeploymentSpec((group,), kv_transfer_config, router)
+    x, y = parse_disaggregation(disaggregation)
+    if group.engine.data_parallel_size != 1:
+        raise UserInputError(f"--data-parallel-size={group.engine.data_parallel_size} with --disaggregation: "
+                             "give the instances of each role as xPyD (each instance one engine core)")
+    tp = group.engine.tensor_parallel_size
+    roles = []
+    for role, n, role_tp in (("prefill", x, prefill_tp), ("decode", y, decode_tp)):
+        engine = dataclasses.replace(group.engine, tensor_parallel_size=tp if role_tp is None else role_tp,
+                                     data_parallel_size=n)
+        roles.append(dataclasses.replace(group, engine=engine, role=role))
+    return DeploymentSpec(tuple(roles), kv_transfer_config, router)
 
 
 def parse_spec(argv: Sequence[str], prog: str = "kvsched simulate") -> RunSpec:
@@ -252,10 +300,24 @@ def spec_argv(spec: RunSpec) -> list[str]:
     """``kvsched simulate``'s flags for ``spec``'s deployment and workload
     (only values that differ from the defaults; the output options are the
     command's own), such that :func:`parse_spec` gives the spec back."""
-    group = spec.deployment.group
+    deployment = spec.deployment
+    group = deployment.group
     d_engine, d_group, d_workload = EngineOptions(), InstanceGroup(), WorkloadSpec()
     out: list[str] = []
+    skip: tuple[str, ...] = ()
+    if deployment.disaggregated:
+        prefill, decode = deployment.groups
+        pe, de = prefill.engine, decode.engine
+        out += ["--disaggregation", f"{pe.data_parallel_size}P{de.data_parallel_size}D",
+                "--prefill-tensor-parallel-size", str(pe.tensor_parallel_size),
+                "--decode-tensor-parallel-size", str(de.tensor_parallel_size)]
+        if deployment.kv_transfer_config is not None:
+            out += ["--kv-transfer-config", deployment.kv_transfer_config]
+        out += _words("router", deployment.router, DeploymentSpec().router)
+        skip = ("tensor_parallel_size", "data_parallel_size")
     for name in _ENGINE_FIELDS:
+        if name in skip:
+            continue
         out += _words(name, getattr(group.engine, name), getattr(d_engine, name))
     for name in _GROUP_FIELDS:
         out += _words(name, getattr(group, name), getattr(d_group, name))

@@ -145,8 +145,9 @@ class EngineInstance(_Jumps):
         self.rank = rank
         self.step_model = step_model
         self.async_scheduling = rank.async_scheduling
-        # Fast-forward covers plain decode, synchronous or async (no drafts).
-        self.fast_forward = fast_forward and rank.trace_steps is None and (
+        # Fast-forward covers plain decode, synchronous or async (no drafts,
+        # no KV connector: the core refuses stretches with one).
+        self.fast_forward = fast_forward and rank.trace_steps is None and rank.kv_worker is None and (
             rank.plain or (rank.async_scheduling and rank.speculative is None))
         self.now = 0.0
         # Async: batches in flight, newest first: (plan, GPU start, duration);
@@ -154,19 +155,37 @@ class EngineInstance(_Jumps):
         # (the next stretch, if one follows, replaces it unseen).
         self._queue: deque[tuple[PlannedStep | None, float, float]] = deque()
         self._gpu_free = 0.0  # when the GPU finishes the last batch launched
+        # With a KV connector: waiting (clock set ahead) for the worker's next report.
+        self.sleeping = False
 
     def busy(self) -> bool:
         return self.rank.busy() or bool(self._queue)
 
-    def wake(self, t: float) -> None:
-        """Work arrives at ``t``: an idle engine starts its next step then."""
+    def wake(self, t: float) -> bool:
+        """Work arrives at ``t``: an idle engine starts its next step then.
+        With a KV connector it first reports what its worker finished while
+        it sat idle (vLLM's engine keeps stepping while a connector holds
+        blocks: sent blocks are freed before the new work is scheduled).
+        Returns True when an engine waiting for its worker's next report
+        (see ``_advance_kv``) is woken earlier: its clock moved back to
+        ``t``, so the loop must queue it at ``t``."""
+        if self.sleeping and t < self.now:
+            self.now = t
+            self.sleeping = False
+            return True
         if self.now < t and not self.busy():
             self.now = t
+        rank = self.rank
+        if rank.kv_worker is not None and not self.busy() and rank.sched.has_requests():
+            rank.plan_kv(self.now, not self._queue)
+        return False
 
     def advance(self, bound: float) -> int:
         """One step, or a stretch; returns how many requests finished (at
         ``self.now`` afterwards)."""
         rank = self.rank
+        if rank.kv_worker is not None:
+            return self._advance_kv(bound)
         finished = self._jump(bound)
         if finished is not None:
             return finished
@@ -181,6 +200,49 @@ class EngineInstance(_Jumps):
         finished = rank.complete(plan, start, dt)
         self.now = start + dt
         return finished
+
+    def _advance_kv(self, bound: float) -> int:
+        """``advance`` with a KV connector: one step, or one iteration of the
+        async loop, whose batch's connector metadata reaches the worker as it
+        is scheduled. When nothing can be computed (requests wait for KV)
+        and nothing is in flight, the engine reports what the worker has
+        done and, if that changes nothing, waits until the worker's next
+        report falls due, or until ``bound`` (anything from outside)."""
+        rank = self.rank
+        queue = self._queue
+        now = self.now
+        self.sleeping = False
+        plan, reported = rank.plan_kv(now, not queue) if rank.sched.has_requests() else (None, False)
+        if plan is not None:
+            dt = self.step_model.step_time(plan.shape)
+            if not self.async_scheduling:
+                self.now = now + dt
+                return rank.complete(plan, now, dt)
+            start = now if now > self._gpu_free else self._gpu_free
+            self._gpu_free = start + dt
+            queue.appendleft((plan, start, dt))
+            if len(queue) < BATCH_QUEUE_SIZE:
+                return 0
+        if queue:
+            oldest, start, dt = queue.pop()
+            assert oldest is not None
+            if start + dt > now:
+                self.now = start + dt
+            return rank.complete(oldest, start, dt)
+        if not reported and rank.busy():
+            # Nothing ran and nothing changed: wait for the worker's next
+            # report (a read done). Anything from outside before then wakes
+            # the engine early (wake).
+            due = rank.kv_worker.next_due() if rank.kv_worker is not None else math.inf
+            if due == math.inf:
+                if bound == math.inf:
+                    raise CannotServe(f"no request could be scheduled at t={now:.3f}s with "
+                                      f"{len(rank.sched.waiting)} waiting and no KV transfer in flight; "
+                                      "nothing would ever progress")
+                due = bound
+            self.now = max(now, due)
+            self.sleeping = True
+        return 0
 
     def _iterate(self) -> int:
         """One iteration of vLLM's async engine loop (see the module doc);
@@ -305,10 +367,11 @@ class LockstepGroup(_Jumps):
     def _has_work(self) -> bool:
         return any(r.busy() for r in self.ranks)
 
-    def wake(self, t: float) -> None:
+    def wake(self, t: float) -> bool:
         # Ranks still running dummy batches take new work at their next step.
         if self.now < t and not self.busy():
             self.now = t
+        return False
 
     def advance(self, bound: float) -> int:
         self.engines_running = True

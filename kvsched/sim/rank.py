@@ -29,12 +29,15 @@ from typing import Any, TextIO
 
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
-from kvsched.core.output import DraftTokenIds, ModelRunnerOutput, SchedulerOutput
+from kvsched.core.kv_connector import KVConnectorBase
+from kvsched.core.nixl_connector import NixlConnector
+from kvsched.core.output import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
+from kvsched.sim.kv_transfer import NixlTimedWorker
 from kvsched.sim.metrics import RecordTable, benchmark_duration, compute_metrics
 from kvsched.sim.refusals import too_long_error
 from kvsched.sim.samples import SampleAccumulator
@@ -305,17 +308,30 @@ class Rank:
                  workload_name: str, eos_probability: float = 0.0, seed: int = 0,
                  admission_policy: AdmissionPolicy | None = None,
                  trace_steps: TextIO | None = None, keep_token_times: bool = False,
-                 keep_step_log: bool = True, speculative: SpecOptions | None = None) -> None:
+                 keep_step_log: bool = True, speculative: SpecOptions | None = None,
+                 kv_connector: KVConnectorBase | None = None, kv_worker: NixlTimedWorker | None = None,
+                 hands_off: bool = False) -> None:
         # No model runs: skip the runner's copies of prompts and block tables.
         self.sched = Scheduler(scheduler_config, cache_config, admission_policy=admission_policy,
                                runner_inputs=False,
-                               speculative_config=speculative.core_config() if speculative else None)
+                               speculative_config=speculative.core_config() if speculative else None,
+                               kv_connector=kv_connector)
+        # A KV connector's scheduler side (in the scheduler) and its worker
+        # side in simulated time (kvsched.sim.kv_transfer); both or neither.
+        if (kv_connector is None) != (kv_worker is None):
+            raise ValueError("a rank takes a KV connector and its worker together")
+        self.kv_connector = kv_connector
+        self.kv_worker = kv_worker
+        # A prefill instance of a disaggregated deployment: every request it
+        # finishes is handed to a decode instance (the proxy reads handoffs).
+        self.hands_off = hands_off
+        self.handoffs: list[tuple[WorkloadRequest, float, float]] = []
         self.speculative = speculative
         self.seed = seed
         # vLLM's async engine loop (kvsched.sim.instance drives it).
         self.async_scheduling = scheduler_config.async_scheduling
-        # Neither async scheduling nor drafts: the fast paths.
-        self.plain = speculative is None and not self.async_scheduling
+        # Neither async scheduling nor drafts nor a KV connector: the fast paths.
+        self.plain = speculative is None and not self.async_scheduling and kv_connector is None
         self.spec_stats = SpecStats(speculative.num_speculative_tokens) if speculative else None
         # Synchronous speculative decoding: the drafts proposed after each
         # step (the scheduler reads only how many).
@@ -353,19 +369,31 @@ class Rank:
         refused as vLLM's API server refuses it (HTTP 400 to vllm bench
         serve), not cut short as the engine alone would: the simulator never
         silently caps an output length."""
-        if spec.num_prompt_tokens + spec.output_len > self.sched.max_model_len:
+        return self.receive_leg(spec, send_time, send_time, spec.output_len, None)
+
+    def receive_leg(self, spec: WorkloadRequest, send_time: float, arrival_time: float, max_tokens: int,
+                    kv_transfer_params: dict[str, Any] | None) -> bool:
+        """``receive`` for one leg of a disaggregated request: the client
+        sent it at ``send_time`` (its latencies count from then), it reaches
+        this engine at ``arrival_time`` asking for ``max_tokens`` tokens
+        (a prefill leg: 1), with the proxy's ``kv_transfer_params``."""
+        if spec.num_prompt_tokens + max_tokens > self.sched.max_model_len:
             self.failed.append((spec.request_id, too_long_error(spec, self.sched.max_model_len)))
             return False
         eos_index = -1
         p = self.eos_probability
-        if p > 0.0:
+        if p > 0.0 and max_tokens == spec.output_len:
             # Geometric draw of the EOS position, truncated by max_tokens.
             u = self.rng.random()
             pos = int(math.log1p(-u) / math.log1p(-p))
             if pos < spec.output_len - 1:
                 eos_index = pos
-        params = self._sampling_params(spec.output_len, eos_index >= 0)
-        request = spec.to_request(params, send_time)
+        params = self._sampling_params(max_tokens, eos_index >= 0)
+        request = spec.to_request(params, arrival_time)
+        if kv_transfer_params is not None:
+            if not isinstance(self.kv_connector, NixlConnector):
+                raise ValueError(f"request {spec.request_id}: kv_transfer_params need a NixlConnector rank")
+            self.kv_connector.set_kv_transfer_params(spec.request_id, kv_transfer_params)
         try:
             self.sched.add_request(request)
         except ValueError as e:
@@ -425,6 +453,36 @@ class Rank:
             else:
                 sampled_ids.append(lv.sample)
         return PlannedStep(out, shape, sampled_ids, lives)
+
+    def plan_kv(self, now: float, idle: bool) -> tuple[PlannedStep | None, bool]:
+        """``plan`` with a KV connector: the batch's connector metadata goes
+        to the worker as it is scheduled at ``now`` (its reads start). An
+        empty batch (requests waiting for KV, nothing to compute) runs no
+        model; when nothing is in flight (``idle``) the worker's report due
+        by ``now`` is processed at once, as vLLM's engine loop, stepping
+        with nothing to compute, does. Returns the batch (None if empty)
+        and whether a report was processed."""
+        sched = self.sched
+        worker = self.kv_worker
+        assert worker is not None
+        out = sched.schedule()
+        worker.start(out.kv_connector_metadata, now)
+        if out.num_scheduled_tokens:
+            return self._plan_general(out), False
+        if idle:
+            report = worker.report(now)
+            if report is not None:
+                result = sched.update_from_output(out, ModelRunnerOutput([], [], None, report))
+                for o in result.finished:
+                    self._finish(o.request_id, now)
+                return None, True
+        return None, False
+
+    def _kv_report(self, end: float) -> KVConnectorOutput | None:
+        """The KV worker's report with a batch that ends at ``end`` (None
+        without a connector)."""
+        worker = self.kv_worker
+        return None if worker is None else worker.report(end)
 
     def _batch(self, out: SchedulerOutput) -> tuple[BatchShape, list[_Live | None], list[int]]:
         """The step's batch: its shape for the step-time model (a request
@@ -584,7 +642,8 @@ class Rank:
             watched.append(lv)
             reqs.append(r)
             before.append(n)
-        result = sched.update_from_output(out, ModelRunnerOutput(ids, entries))
+        result = sched.update_from_output(out, ModelRunnerOutput(ids, entries, None,
+                                                                 self._kv_report(start + dt)))
         for i, r in enumerate(reqs):
             # The scheduler dropped the token of a request it no longer runs.
             if r is not None and len(r.output_token_ids) == before[i]:
@@ -631,7 +690,8 @@ class Rank:
             else:
                 entries.append([lv.token_at(n + j) for j in range(1 + a)])
             watched.append((lv, r, n))
-        result = sched.update_from_output(out, ModelRunnerOutput(ids, entries))
+        result = sched.update_from_output(out, ModelRunnerOutput(ids, entries, None,
+                                                                 self._kv_report(now)))
         if result.spec_decoding_stats is not None:
             assert self.spec_stats is not None
             self.spec_stats.add(result.spec_decoding_stats)
@@ -656,6 +716,8 @@ class Rank:
     def _finish(self, rid: str, now: float) -> None:
         lv = self.live.pop(rid)
         spec = lv.spec
+        if self.hands_off:
+            self.handoffs.append((spec, lv.send_time, now))
         self.records.append(rid, lv.send_time, lv.first_token_time, now, spec.num_prompt_tokens,
                             lv.num_tokens, spec.arrival_time, lv.token_times)
 

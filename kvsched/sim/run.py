@@ -20,14 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from kvsched.core.kv_connector import parse_kv_transfer_config
 from kvsched.core.policies import AdmissionPolicy, AdpBalance, BalanceGate, BalanceThreshold, DPRankStates
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.deployment import Deployment, build_deployment
+from kvsched.sim.disagg import DisaggregatedSimulator, DisaggResult, RoleConfig
 from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.refusals import split_refused
-from kvsched.sim.results import per_gpu_metrics
+from kvsched.sim.results import num_gpus, per_gpu_metrics
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator
 from kvsched.sim.spec import InstanceGroup, RunOptions, RunSpec, WorkloadSpec
 from kvsched.sim.workload import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, Workload, load_workload
@@ -46,6 +48,9 @@ class PreparedRun:
     refused: list[tuple[str, str]]     # (request id, why) of the others
     # What the user should know (e.g. a setting with no effect).
     notes: list[str] = dataclasses.field(default_factory=list)
+    # Disaggregated: the prefill instances' deployment (``deployment`` is
+    # then the decode instances').
+    prefill_deployment: Deployment | None = None
 
 
 @dataclass(slots=True)
@@ -144,9 +149,43 @@ def prepare(spec: RunSpec) -> PreparedRun:
     spec.check()
     spec = dataclasses.replace(spec, workload=spec.workload.resolved())
     deployment, notes = build_group_deployment(spec.deployment.group)
+    prefill = None
+    if spec.deployment.disaggregated:
+        prefill, more = build_group_deployment(spec.deployment.groups[0])
+        notes += [n for n in more if n not in notes]
+        check_roles_match(prefill, deployment)
     workload = build_workload(spec.workload)
     accepted, refused = accept(deployment, workload, workload_source(spec.workload))
-    return PreparedRun(spec, deployment, workload, accepted, refused, notes)
+    return PreparedRun(spec, deployment, workload, accepted, refused, notes, prefill)
+
+
+def check_roles_match(prefill: Deployment, decode: Deployment) -> None:
+    """What both roles of a disaggregated deployment must share: the model,
+    the hardware, the KV layout (block size, KV dtype) and max_model_len."""
+    pairs = (("model", prefill.model.name, decode.model.name),
+             ("hardware", prefill.hardware.name, decode.hardware.name),
+             ("block_size", prefill.cache_config.block_size, decode.cache_config.block_size),
+             ("kv_cache_dtype", prefill.runtime.kv_cache_dtype, decode.runtime.kv_cache_dtype),
+             ("max_model_len", prefill.scheduler_config.max_model_len, decode.scheduler_config.max_model_len))
+    for name, p, d in pairs:
+        if p != d:
+            raise UserInputError(f"deployment.groups: the prefill instances' {name} is {show(p)}, the decode "
+                                 f"instances' {show(d)}; NIXL moves KV between identical layouts: give both "
+                                 "roles the same")
+
+
+def serve_disaggregated(prefill: Deployment, decode: Deployment, spec: RunSpec, workload: Workload,
+                        progress: Progress | None = None) -> DisaggResult:
+    """Simulate ``workload`` on a disaggregated deployment (:mod:`kvsched.sim.disagg`)."""
+    groups = spec.deployment.groups
+    config = (parse_kv_transfer_config(spec.deployment.kv_transfer_config)
+              if spec.deployment.kv_transfer_config is not None else None)
+    roles = [RoleConfig(sim_config(d, spec), d.parallel.tensor_parallel_size, g.engine.data_parallel_size)
+             for d, g in ((prefill, groups[0]), (decode, groups[1]))]
+    sim = DisaggregatedSimulator(roles[0], roles[1], workload, model=decode.model, hardware=decode.hardware,
+                                 kv_dtype_bytes=decode.runtime.kv_bytes, kv_transfer_config=config,
+                                 router=spec.deployment.router, progress=progress)
+    return sim.run()
 
 
 def sim_config(deployment: Deployment, spec: RunSpec) -> SimConfig:
@@ -212,12 +251,27 @@ def run_prepared(prepared: PreparedRun, progress: Progress | None = None,
     failures, as vllm bench serve records them) and vllm bench serve's
     metrics plus per-GPU throughputs."""
     spec, deployment = prepared.spec, prepared.deployment
-    result = serve(deployment, spec.deployment.group, prepared.accepted, sim_config(deployment, spec),
-                   spec.options, progress, after_step)
+    disagg = None
+    if prepared.prefill_deployment is not None:
+        if after_step is not None or spec.options.trace_steps:
+            raise UserInputError("--trace-steps: not supported with --disaggregation yet; drop it")
+        disagg = serve_disaggregated(prepared.prefill_deployment, deployment, spec, prepared.accepted,
+                                     progress)
+        result = disagg.combined
+    else:
+        result = serve(deployment, spec.deployment.group, prepared.accepted, sim_config(deployment, spec),
+                       spec.options, progress, after_step)
     result.failed.extend(prepared.refused)
     goodput = dict(spec.options.goodput) or None
     metrics = result.metrics(spec.options.percentiles, goodput)
-    metrics.update(per_gpu_metrics(metrics, deployment))
+    if disagg is not None and prepared.prefill_deployment is not None:
+        gpus = num_gpus(prepared.prefill_deployment) + num_gpus(deployment)
+        metrics.update({f"{key}_per_gpu": metrics[key] / gpus
+                        for key in ("output_throughput", "total_token_throughput") if key in metrics})
+        metrics["kv_transfer"] = disagg.kv_transfer
+        metrics["ttft_split_ms"] = disagg.ttft_split
+    else:
+        metrics.update(per_gpu_metrics(metrics, deployment))
     return RunResult(prepared, result, metrics)
 
 

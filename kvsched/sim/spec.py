@@ -18,9 +18,11 @@ jobs, ``calibrate``, the validation harnesses) and hands it to
 cached and repeated. Command-line flags map onto it in
 :mod:`kvsched.sim.flags`, and nowhere else.
 
-A deployment holds a tuple of groups so that later roles (prefill and
-decode instances joined by a KV connector) extend it; today a deployment is
-one group of role ``"mixed"`` (every instance prefills and decodes).
+A deployment is one group of role ``"mixed"`` (every instance prefills and
+decodes), or, disaggregated, a ``"prefill"`` group and a ``"decode"`` group
+(each group's ``data_parallel_size`` is its number of instances) joined by
+vLLM's NixlConnector (``kv_transfer_config``) behind a proxy that routes
+within each role by ``router`` (:mod:`kvsched.sim.disagg`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvsched.config import MAX_STEP_COUNT
+from kvsched.core.kv_connector import parse_kv_transfer_config
 from kvsched.core.policies import BalanceThreshold
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
@@ -53,8 +56,11 @@ from kvsched.sim.workload import (
 )
 
 # Instance roles. "mixed": prefill and decode on the same engine (vLLM's
-# default). Prefill/decode disaggregation adds "prefill" and "decode".
-ROLES = ("mixed",)
+# default); "prefill" and "decode": the two halves of a disaggregated
+# deployment.
+ROLES = ("mixed", "prefill", "decode")
+# The proxy's choice among the instances of a role.
+PD_ROUTERS = ("round-robin", "least-loaded")
 ADMISSION_POLICIES = ("none", "balance", "adp-balance", "prefill-cadence")
 BALANCE_THRESHOLDS: tuple[str, ...] = typing.get_args(BalanceThreshold)
 DP_ROUTINGS = ("vllm", "round-robin", "least-loaded")
@@ -100,7 +106,7 @@ class InstanceGroup:
     def check(self) -> None:
         """Every setting of the group on its own (the engine's own are
         checked when the deployment is built)."""
-        _choice("role", self.role, ROLES, "prefill/decode roles come with KV connectors")
+        _choice("role", self.role, ROLES)
         _choice("dp_routing", self.dp_routing, DP_ROUTINGS)
         _choice("admission_policy", self.admission_policy, ADMISSION_POLICIES)
         _choice("balance_threshold", self.balance_threshold, BALANCE_THRESHOLDS)
@@ -127,21 +133,45 @@ def _choice(dest: str, value: object, allowed: tuple[str, ...], why: str = "") -
 
 @dataclass(frozen=True, slots=True)
 class DeploymentSpec:
-    """What is deployed: its instance groups."""
+    """What is deployed: its instance groups; with prefill and decode
+    groups, vLLM's ``--kv-transfer-config`` (JSON; None: NixlConnector,
+    ``kv_both``) and the proxy's ``router`` within each role."""
 
     groups: tuple[InstanceGroup, ...] = (InstanceGroup(),)
+    kv_transfer_config: str | None = None
+    router: str = "round-robin"
 
     def check(self) -> None:
-        if len(self.groups) != 1:
-            raise UserInputError(f"deployment.groups: {len(self.groups)} groups given; a deployment is "
-                                 "one group of role 'mixed' until prefill/decode roles arrive")
+        roles = tuple(g.role for g in self.groups)
+        if roles not in (("mixed",), ("prefill", "decode")):
+            raise UserInputError(f"deployment.groups: roles {list(roles)}; a deployment is one group of "
+                                 "role 'mixed', or a 'prefill' group then a 'decode' group "
+                                 "(--disaggregation xPyD)")
+        _choice("router", self.router, PD_ROUTERS)
+        if not self.disaggregated and (self.kv_transfer_config is not None or self.router != "round-robin"):
+            flag = "--kv-transfer-config" if self.kv_transfer_config is not None else "--router"
+            raise UserInputError(f"{flag}: only with prefill/decode disaggregation; add --disaggregation "
+                                 f"xPyD (e.g. 1P1D) or drop {flag}")
         for group in self.groups:
             group.check()
+        if self.kv_transfer_config is not None:
+            parse_kv_transfer_config(self.kv_transfer_config)
+        if self.disaggregated:
+            for group in self.groups:
+                if group.engine.enable_expert_parallel:
+                    raise UserInputError(f"--enable-expert-parallel with --disaggregation: the {group.role} "
+                                         "instances' lockstep expert-parallel ranks are not simulated yet; "
+                                         "drop one of them")
+
+    @property
+    def disaggregated(self) -> bool:
+        return len(self.groups) == 2
 
     @property
     def group(self) -> InstanceGroup:
-        """The one group of a deployment without roles."""
-        return self.groups[0]
+        """The one group of a deployment without roles (the decode group of a
+        disaggregated one)."""
+        return self.groups[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,12 +336,16 @@ class RunSpec:
 
     def with_engine(self, **changes: Any) -> RunSpec:
         """A copy with the one group's engine arguments changed."""
+        if self.deployment.disaggregated:
+            raise ValueError("with_engine: a disaggregated deployment has two groups")
         group = self.deployment.group
         group = dataclasses.replace(group, engine=dataclasses.replace(group.engine, **changes))
         return dataclasses.replace(self, deployment=DeploymentSpec((group,)))
 
     def with_group(self, **changes: Any) -> RunSpec:
         """A copy with the one group's routing/admission settings changed."""
+        if self.deployment.disaggregated:
+            raise ValueError("with_group: a disaggregated deployment has two groups")
         group = dataclasses.replace(self.deployment.group, **changes)
         return dataclasses.replace(self, deployment=DeploymentSpec((group,)))
 

@@ -123,8 +123,18 @@ def test_a_bad_json_spec_names_the_field(data: object, words: list[str]) -> None
 
 
 @pytest.mark.parametrize("spec, words", [
-    (RunSpec(DeploymentSpec((InstanceGroup(), InstanceGroup()))), ["deployment.groups", "2 groups"]),
-    (RunSpec(DeploymentSpec((InstanceGroup(role="prefill"),))), ["--role='prefill'", "mixed"]),
+    (RunSpec(DeploymentSpec((InstanceGroup(), InstanceGroup()))),
+     ["deployment.groups", "['mixed', 'mixed']"]),
+    (RunSpec(DeploymentSpec((InstanceGroup(role="prefill"),))), ["deployment.groups", "['prefill']"]),
+    (RunSpec(DeploymentSpec((InstanceGroup(role="drafter"),))), ["deployment.groups", "['drafter']"]),
+    (RunSpec(DeploymentSpec(kv_transfer_config='{"kv_connector": "NixlConnector"}')),
+     ["--kv-transfer-config", "--disaggregation"]),
+    (RunSpec(DeploymentSpec((InstanceGroup(role="prefill"), InstanceGroup(role="decode")),
+                            kv_transfer_config='{"kv_connector": "LMCacheConnectorV1", '
+                                               '"kv_role": "kv_both"}')),
+     ["kv_connector='LMCacheConnectorV1'", "NixlConnector"]),
+    (RunSpec(DeploymentSpec((InstanceGroup(role="prefill"), InstanceGroup(role="decode")), router="random")),
+     ["--router='random'", "least-loaded"]),
     (RunSpec().with_group(dp_routing="random"), ["--dp-routing='random'", "least-loaded"]),
     (RunSpec().with_group(dp_sync_interval=0), ["--dp-sync-interval=0", "vLLM's is 16"]),
     (RunSpec().with_group(dp_stats_interval=0.0), ["--dp-stats-interval=0.0", "vLLM's is 0.1"]),
