@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=300)
     args = p.parse_args()
     print("| rate (req/s) | deployment | mean TTFT (ms) | p99 TTFT (ms) | mean TPOT (ms) | p99 TPOT (ms) | "
-          "KV read mean / p99 (ms) | TTFT split: prefill leg / hop / read / first step (ms) | "
+          "KV read mean / p99 (ms) | TTFT split: prefill leg / hop / wait + read / first step (ms) | "
           "output tok/s per GPU |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for rate in args.rates:
@@ -40,7 +40,7 @@ def main() -> None:
             kv = m.get("kv_transfer")
             split = m.get("ttft_split_ms")
             read = f"{kv['mean_ms']:.1f} / {kv['p99_ms']:.1f}" if kv else "-"
-            parts = (" / ".join(f"{split[k]:.0f}" for k in ("prefill_leg_ms", "hop_ms", "kv_read_ms",
+            parts = (" / ".join(f"{split[k]:.0f}" for k in ("prefill_leg_ms", "hop_ms", "kv_wait_and_read_ms",
                                                           "decode_first_step_ms")) if split else "-")
             print(f"| {rate:g} | {name} | {m['mean_ttft_ms']:.0f} | {m['p99_ttft_ms']:.0f} | "
                   f"{m['mean_tpot_ms']:.1f} | {m['p99_tpot_ms']:.1f} | {read} | {parts} | "

@@ -197,7 +197,12 @@ def measured_host_terms(run: RealRun, att: Attribution, cpu_step_s: float,
     idle = []
     for i, k in first_step.items():
         prev = ends[k - 1] if k else None
-        if its[k].generation_requests == 0 and (prev is None or prev < run.send_times[i]):
+        # Idle: the step before ended before the send. A step the client saw
+        # no token of (a prefill chunk, maybe this request's own first one)
+        # has no end: such an arrival is not counted (its first token came
+        # after several steps, and counting it read ~550 ms "arrival delays"
+        # off the Azure runs' 1,024-token prompts).
+        if its[k].generation_requests == 0 and (k == 0 or (prev is not None and prev < run.send_times[i])):
             gap = (intercept + slope * len(att.sampled[k]) + cpu_step_s
                    + cpu_per_request_s * its[k].context_requests)
             idle.append(run.result["ttfts"][i] - its[k].elapsed_ms / 1e3 - gap)

@@ -329,7 +329,7 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
         split = m.get("ttft_split_ms") or {}
         for label, key in (("TTFT: prefill leg (ms):", "prefill_leg_ms"),
                            ("TTFT: hop to decode (ms):", "hop_ms"),
-                           ("TTFT: KV read (ms):", "kv_read_ms"),
+                           ("TTFT: wait + KV read (ms):", "kv_wait_and_read_ms"),
                            ("TTFT: first decode step (ms):", "decode_first_step_ms")):
             if key in split:
                 rows.append((label, f"{split[key]:.2f}"))
