@@ -284,7 +284,9 @@ _CATALOG: tuple[Hardware, ...] = (
         scaleup_bw=450 * _GB, scaleup_kind="nvlink4",
         gemm_mfu=0.79, fp8_gemm_mfu=0.53, weight_bw_frac=0.87, attn_bw_frac=0.87,
         prefill_attn_mfu=0.56,
-        source="[SMI] [DS-H100] [GK-H100] [AIC]",
+        # A DGX/HGX node: 8 single-port ConnectX-7 NICs of 400 Gb/s, one per GPU [DGX-RA].
+        scaleout_bw=50 * _GB,
+        source="[SMI] [DS-H100] [GK-H100] [AIC] [DGX-RA]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")),
     Hardware(id="h100-pcie", name="NVIDIA H100 PCIe 80GB",
         memory_bytes=81559 * _MIB, mem_bw=2.0 * _TB_S,
@@ -303,7 +305,9 @@ _CATALOG: tuple[Hardware, ...] = (
         scaleup_bw=450 * _GB, scaleup_kind="nvlink4",
         gemm_mfu=0.77, fp8_gemm_mfu=0.60, weight_bw_frac=0.82, attn_bw_frac=0.82,
         prefill_attn_mfu=0.56,
-        source="[SMI] [DS-H200] [AIC]",
+        # A DGX/HGX node: 8 single-port ConnectX-7 NICs of 400 Gb/s, one per GPU [DGX-RA].
+        scaleout_bw=50 * _GB,
+        source="[SMI] [DS-H200] [AIC] [DGX-RA]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")),
     Hardware(id="a100-80gb", name="NVIDIA A100 SXM 80GB",
         memory_bytes=81920 * _MIB, mem_bw=2.039 * _TB_S,
@@ -329,7 +333,9 @@ _CATALOG: tuple[Hardware, ...] = (
         scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
         gemm_mfu=0.69, fp8_gemm_mfu=0.47, weight_bw_frac=0.80, attn_bw_frac=0.84,
         prefill_attn_mfu=0.49,
-        source="[SMI] [DS-BW] [AIC]",
+        # A DGX/HGX node: 8 single-port ConnectX-7 NICs of 400 Gb/s, one per GPU [DGX-RA].
+        scaleout_bw=50 * _GB,
+        source="[SMI] [DS-BW] [AIC] [DGX-RA]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")),
     Hardware(id="gb200", name="NVIDIA GB200 (NVL72, per GPU)",
         memory_bytes=189471 * _MIB, mem_bw=8.0 * _TB_S,

@@ -31,7 +31,7 @@ from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.refusals import split_refused
 from kvsched.sim.results import num_gpus, per_gpu_metrics
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator
-from kvsched.sim.spec import InstanceGroup, RunOptions, RunSpec, WorkloadSpec
+from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec, WorkloadSpec
 from kvsched.sim.workload import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, Workload, load_workload
 
 AfterStep = Callable[[Cluster], None]
@@ -148,15 +148,28 @@ def prepare(spec: RunSpec) -> PreparedRun:
     workload, the refusals."""
     spec.check()
     spec = dataclasses.replace(spec, workload=spec.workload.resolved())
-    deployment, notes = build_group_deployment(spec.deployment.group)
+    deployment, notes = build_role_deployment(spec.deployment, spec.deployment.group)
     prefill = None
     if spec.deployment.disaggregated:
-        prefill, more = build_group_deployment(spec.deployment.groups[0])
+        prefill, more = build_role_deployment(spec.deployment, spec.deployment.groups[0])
         notes += [n for n in more if n not in notes]
         check_roles_match(prefill, deployment)
     workload = build_workload(spec.workload)
     accepted, refused = accept(deployment, workload, workload_source(spec.workload))
     return PreparedRun(spec, deployment, workload, accepted, refused, notes, prefill)
+
+
+def build_role_deployment(deployment: DeploymentSpec, group: InstanceGroup) -> tuple[Deployment, list[str]]:
+    """``build_group_deployment``, its errors naming the role of a
+    disaggregated deployment's group (the two roles differ in TP size)."""
+    if not deployment.disaggregated:
+        return build_group_deployment(group)
+    try:
+        return build_group_deployment(group)
+    except UserInputError as e:
+        flag = f"--{group.role}-tensor-parallel-size"
+        raise UserInputError(f"the {group.role} instances ({flag}="
+                             f"{group.engine.tensor_parallel_size}): {e}") from None
 
 
 def check_roles_match(prefill: Deployment, decode: Deployment) -> None:

@@ -348,13 +348,16 @@ def test_scale_up_domains(hw_id: str, domain: int) -> None:
 def test_tp_past_the_nvlink_domain_is_refused_without_a_scale_out_figure() -> None:
     from kvsched.sim.deployment import EngineOptions, build_deployment
 
-    h100 = get_hardware("h100-sxm")
-    assert h100.tensor_parallel_bw(8) == 450e9
+    a100 = get_hardware("a100-80gb")
+    assert a100.tensor_parallel_bw(8) == 300e9
     with pytest.raises(ValueError, match=r"tensor_parallel_size=16 \(--tensor-parallel-size\): NVIDIA "
-                                         r"H100 SXM5 80GB's nvlink4 joins 8 devices.*use at most 8"):
-        h100.tensor_parallel_bw(16)
+                                         r"A100 SXM 80GB's nvlink3 joins 8 devices.*use at most 8"):
+        a100.tensor_parallel_bw(16)
     with pytest.raises(ValueError, match=r"tensor_parallel_size=64 .*joins 8 devices"):
-        build_deployment(EngineOptions(model="Llama-3.1-405B", hardware="h100", tensor_parallel_size=64))
+        build_deployment(EngineOptions(model="Llama-3.1-405B", hardware="a100-80gb", tensor_parallel_size=64))
+    # H100, H200, B200: a DGX node's NIC per GPU (400 Gb/s ConnectX-7, docs/catalogs.md [DGX-RA]).
+    for gpu in ("h100-sxm", "h200", "b200"):
+        assert get_hardware(gpu).tensor_parallel_bw(16) == 50e9
     # GB200 NVL72: TP16 is within its NVLink domain.
     d = build_deployment(EngineOptions(model="Llama-3.1-70B", hardware="gb200", tensor_parallel_size=16,
                                        step_time_backend="roofline"))
