@@ -176,17 +176,18 @@ def test_a_run_that_only_scores_equals_a_run_that_does_not() -> None:
 
 
 def test_shared_prompts_hit_the_cache_more_with_prefix_aware_routing() -> None:
-    # 4 replicas, 3 system prompts, a cache of 400 blocks per replica: under
-    # round-robin every replica has to compute every system prompt once
-    # (12 misses of 20 blocks); prefix-aware sends a prompt back where it is
-    # cached unless that replica is much busier.
+    # 4 replicas, 3 system prompts of 20 blocks, 80 requests of 384 tokens,
+    # 400 blocks per replica (nothing is ever evicted). Round-robin: every
+    # replica computes every system prompt once, 12 misses; prefix-aware on
+    # replicas this lightly loaded: each system prompt computed once, 3.
     wl = _groups_workload(80)
     config = SimConfig(SC, CC, DENSE)
     rates = {}
     for router in ("round-robin", "prefix-aware"):
         result = DPSimulator(config, wl, DPOptions(4, router=router)).run().combined().metrics()
         rates[router] = result["prefix_cache_hit_rate"]
-    assert rates["prefix-aware"] > rates["round-robin"]
+    assert rates["round-robin"] == pytest.approx((80 - 12) * 320 / (80 * 384))
+    assert rates["prefix-aware"] == pytest.approx((80 - 3) * 320 / (80 * 384))
 
 
 def test_prefix_aware_needs_the_request() -> None:
