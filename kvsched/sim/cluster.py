@@ -198,9 +198,9 @@ class Cluster:
             proxy = self.proxy
             for sent, spec in arrived:
                 if proxy is None:
-                    index = self.router.choose(self.ranks, t)
+                    index = self.router.choose(self.ranks, t, spec)
                 else:
-                    index = proxy.route_arrival(self.ranks, t)
+                    index = proxy.route_arrival(self.ranks, t, spec)
                 owner = self._instance_of[index]
                 if self.instances[owner].wake(t):
                     self._rewoken.append(owner)
@@ -215,7 +215,7 @@ class Cluster:
                     refused += 1
             if proxy is not None:
                 for _, _, sent, spec, params in proxy.due_decode_legs(t):
-                    index = proxy.route_decode(self.ranks, t)
+                    index = proxy.route_decode(self.ranks, t, spec)
                     owner = self._instance_of[index]
                     if self.instances[owner].wake(t):
                         self._rewoken.append(owner)

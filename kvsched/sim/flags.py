@@ -87,7 +87,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                         "no effect on a dense model")
     g.add_argument("--dp-routing", choices=list(DP_ROUTINGS), default=g0.dp_routing,
                    help="how arrivals pick a DP rank (vllm: vLLM's load score on stale stats and "
-                        "its own in-flight counts)")
+                        "its own in-flight counts; prefix-aware: llm-d's precise prefix-cache "
+                        "scorer with its queue and KV-usage scorers)")
     g.add_argument("--dp-stats-interval", type=float, default=g0.dp_stats_interval,
                    help="seconds between the load stats the vllm router sees (default 0.1)")
     g.add_argument("--dp-sync-interval", type=int, default=g0.dp_sync_interval,

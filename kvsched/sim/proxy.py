@@ -76,13 +76,13 @@ class Proxy:
         if self.arrival is not None and not self.arrival.delays_arrivals:
             self.arrival = None
 
-    def route_arrival(self, ranks: Sequence[Rank], now: float) -> int:
+    def route_arrival(self, ranks: Sequence[Rank], now: float, spec: WorkloadRequest) -> int:
         """The cluster index of the prefill rank a new request goes to."""
-        return self.prefill[self.prefill_router.choose([ranks[i] for i in self.prefill], now)]
+        return self.prefill[self.prefill_router.choose([ranks[i] for i in self.prefill], now, spec)]
 
-    def route_decode(self, ranks: Sequence[Rank], now: float) -> int:
+    def route_decode(self, ranks: Sequence[Rank], now: float, spec: WorkloadRequest) -> int:
         """The cluster index of the decode rank a decode leg goes to."""
-        return self.decode[self.decode_router.choose([ranks[i] for i in self.decode], now)]
+        return self.decode[self.decode_router.choose([ranks[i] for i in self.decode], now, spec)]
 
     def prefill_params(self, spec: WorkloadRequest, sent: float) -> dict[str, Any]:
         self.legs[spec.request_id] = LegTimes(sent)

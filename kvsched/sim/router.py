@@ -13,8 +13,19 @@
 - ``round-robin``: ranks in turn.
 - ``least-loaded``: the lowest :func:`vllm_score` on exact, current counts;
   ties to the lowest rank.
+- ``prefix-aware``: llm-d's precise prefix-cache scorer with its load
+  scorers (llm-d-inference-scheduler's ``precise-prefix-cache-scorer``,
+  ``queue-scorer``, ``kv-cache-utilization-scorer``, ``max-score-picker``;
+  docs/simulator.md, "Prefix-aware routing", has the sources). Each rank
+  scores :data:`PREFIX_WEIGHT` × its prefix score + :data:`QUEUE_WEIGHT` ×
+  its queue score + :data:`KV_WEIGHT` × (1 - KV cache usage), all on exact,
+  current state (llm-d reads KV events and scraped metrics a little late);
+  see :func:`prefix_aware_scores`. The highest total wins; ties go to the
+  first in a scan that starts one rank further each request (llm-d shuffles
+  before picking: a rotation is the deterministic spread).
 
-A router reads the ranks; it changes nothing in them.
+A router reads the ranks; it changes nothing in them (the prefix scorer
+hashes a throwaway copy of the prompt and only looks blocks up).
 """
 
 from __future__ import annotations
@@ -22,11 +33,24 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
+from kvsched.core.kv_cache_manager import KVCacheManager
+from kvsched.core.scheduler import Scheduler
 from kvsched.errors import UserInputError
+from kvsched.request import SamplingParams
+from kvsched.sim.workload import WorkloadRequest
 
-ROUTERS = ("vllm", "round-robin", "least-loaded")
+ROUTERS = ("vllm", "round-robin", "least-loaded", "prefix-aware")
+
+# llm-d's documented weights for precise prefix-cache routing (the
+# precise-prefix-cache-aware guide's scheduling profile): the prefix match
+# counts most, the two load scorers equally.
+PREFIX_WEIGHT = 3.0
+QUEUE_WEIGHT = 2.0
+KV_WEIGHT = 2.0
+# A throwaway request's parameters (only its prompt is hashed).
+_PROBE_PARAMS = SamplingParams(max_tokens=1, ignore_eos=True)
 
 
 def vllm_score(waiting: float, running: float, kv_cache_usage: float, in_flight: int) -> float:
@@ -55,6 +79,60 @@ class Routable(Protocol):
         ...
 
 
+class PrefixRoutable(Routable, Protocol):
+    """What the prefix-aware router also reads: the rank's scheduler, for
+    its prefix cache."""
+
+    @property
+    def sched(self) -> Scheduler: ...
+
+
+def prompt_block_keys(spec: WorkloadRequest, manager: KVCacheManager) -> Sequence[int]:
+    """The prefix-cache keys of the prompt's full blocks, as ``manager``
+    would key them (llm-d's token processor keys every full block of the
+    prompt). Empty for a prompt that can share nothing (a private request's
+    keys are unique to it, and handing them out would change the manager)."""
+    probe = spec.to_request(_PROBE_PARAMS, 0.0)
+    num_blocks = spec.num_prompt_tokens // manager.block_size
+    if probe.private or not manager.enable_caching or num_blocks == 0:
+        return ()
+    # The hashes land on the probe, never on the manager or its pool.
+    return manager.block_hashes(probe, num_blocks)[:num_blocks]
+
+
+def cached_prefix_blocks(manager: KVCacheManager, keys: Sequence[int]) -> int:
+    """How many of ``keys``, from the first, the manager's cache holds (llm-d's
+    longest-prefix match over the pod's blocks); a lookup only."""
+    cached = manager.block_pool.cached
+    n = 0
+    for key in keys:
+        if key not in cached:
+            break
+        n += 1
+    return n
+
+
+def prefix_aware_scores(matched: Sequence[int], waiting: Sequence[int],
+                        usage: Sequence[float]) -> list[float]:
+    """Each rank's total as llm-d's scheduling profile sums it.
+
+    - prefix (precise-prefix-cache-scorer): the ranks with at least one
+      matched block are min-max normalised among themselves (all equal: 1),
+      ranks with none score 0;
+    - queue (queue-scorer): ``(max - waiting) / (max - min)`` over all ranks,
+      1 when all queues are equal;
+    - KV (kv-cache-utilization-scorer): ``1 - usage``."""
+    hits = [m for m in matched if m > 0]
+    lo_hit, hi_hit = (min(hits), max(hits)) if hits else (0, 0)
+    lo_q, hi_q = min(waiting), max(waiting)
+    out = []
+    for m, w, u in zip(matched, waiting, usage, strict=True):
+        prefix = 0.0 if m <= 0 else 1.0 if hi_hit == lo_hit else (m - lo_hit) / (hi_hit - lo_hit)
+        queue = 1.0 if hi_q == lo_q else (hi_q - w) / (hi_q - lo_q)
+        out.append(PREFIX_WEIGHT * prefix + QUEUE_WEIGHT * queue + KV_WEIGHT * (1.0 - u))
+    return out
+
+
 @dataclass(slots=True)
 class Router:
     kind: str
@@ -74,9 +152,15 @@ class Router:
         if not self.stats_interval > 0:
             raise UserInputError(f"dp_stats_interval={self.stats_interval!r}: must be > 0 seconds")
 
-    def choose(self, ranks: Sequence[Routable], now: float) -> int:
+    def choose(self, ranks: Sequence[Routable], now: float, spec: WorkloadRequest | None = None) -> int:
+        """The rank (index into ``ranks``) that gets ``spec``, arriving at
+        ``now``; only ``prefix-aware`` reads the request (and needs it)."""
         if self.size == 1:
             return 0
+        if self.kind == "prefix-aware":
+            if spec is None:
+                raise ValueError("the prefix-aware router needs the request it routes")
+            return self._choose_prefix_aware(cast(Sequence[PrefixRoutable], ranks), spec)
         if self.kind == "round-robin":
             rank = self.next_rank
             self.next_rank = (rank + 1) % self.size
@@ -102,5 +186,29 @@ class Router:
                 best = score
                 rank = idx
         self.counts[rank][0] += 1  # one more waiting request, as far as the front end knows
+        self.next_rank = (self.next_rank + 1) % n
+        return rank
+
+    def _choose_prefix_aware(self, ranks: Sequence[PrefixRoutable], spec: WorkloadRequest) -> int:
+        keys_by_block_size: dict[int, Sequence[int]] = {}
+        matched: list[int] = []
+        waiting: list[int] = []
+        usage: list[float] = []
+        for r in ranks:
+            manager = r.sched.kv_cache_manager
+            keys = keys_by_block_size.get(manager.block_size)
+            if keys is None:
+                keys = keys_by_block_size[manager.block_size] = prompt_block_keys(spec, manager)
+            matched.append(cached_prefix_blocks(manager, keys) if manager.enable_caching else 0)
+            w, _, u = r.load_stats()
+            waiting.append(w)
+            usage.append(u)
+        scores = prefix_aware_scores(matched, waiting, usage)
+        n = self.size
+        rank = self.next_rank
+        for i in range(1, n):  # strict: the first highest in scan order wins
+            idx = (self.next_rank + i) % n
+            if scores[idx] > scores[rank]:
+                rank = idx
         self.next_rank = (self.next_rank + 1) % n
         return rank

@@ -60,10 +60,10 @@ from kvsched.sim.workload import (
 # deployment.
 ROLES = ("mixed", "prefill", "decode")
 # The proxy's choice among the instances of a role.
-PD_ROUTERS = ("round-robin", "least-loaded")
+PD_ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
 ADMISSION_POLICIES = ("none", "balance", "adp-balance", "prefill-cadence")
 BALANCE_THRESHOLDS: tuple[str, ...] = typing.get_args(BalanceThreshold)
-DP_ROUTINGS = ("vllm", "round-robin", "least-loaded")
+DP_ROUTINGS = ("vllm", "round-robin", "least-loaded", "prefix-aware")
 DEFAULT_ADP_TIMEOUT_ITERS = 50
 STEPS_WHY = "a million steps is over a quarter of an hour of engine time"
 # The prefill cadence needs an interval of at least 2 to gate anything.
