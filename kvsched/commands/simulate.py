@@ -334,7 +334,8 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
     if off:
         tiers = m.get("prefix_cache_hit_rate_by_tier") or {}
         rows.append(("-- KV offloading to CPU --", ""))
-        rows.append(("CPU KV blocks (all ranks):" if ranks > 1 else "CPU KV blocks:", f"{off['num_cpu_blocks']}"))
+        rows.append(("CPU KV blocks (all ranks):" if ranks > 1 else "CPU KV blocks:",
+                     f"{off['num_cpu_blocks']}"))
         for label, key in (("Prefix hit rate, GPU:", "gpu"), ("Prefix hit rate, CPU:", "cpu"),
                            ("Prefix hit rate, total:", "total")):
             if key in tiers:

@@ -168,8 +168,9 @@ class OffloadConfig:
                                 kv_connector_extra_config={"cpu_bytes_to_use": self.size_gib * GIB})
 
 
-def make_offload_config(size_gib: float | None, model: ModelSpec, hardware: Hardware, tensor_parallel_size: int,
-                        bytes_per_block: float, drafter_kv_layers: int = 0) -> OffloadConfig | None:
+def make_offload_config(size_gib: float | None, model: ModelSpec, hardware: Hardware,
+                        tensor_parallel_size: int, bytes_per_block: float,
+                        drafter_kv_layers: int = 0) -> OffloadConfig | None:
     """The offloading of a deployment (None without ``--kv-offloading-size``):
     what the core's connector cannot rebuild is refused here, by name."""
     if size_gib is None:

@@ -183,7 +183,7 @@ def serve_disaggregated(prefill: Deployment, decode: Deployment, spec: RunSpec, 
     roles = [RoleConfig(sim_config(d, spec), d.parallel.tensor_parallel_size, g.engine.data_parallel_size)
              for d, g in ((prefill, groups[0]), (decode, groups[1]))]
     sim = DisaggregatedSimulator(roles[0], roles[1], workload, model=decode.model, hardware=decode.hardware,
-                                 kv_dtype_bytes=decode.runtime.kv_bytes(), kv_transfer_config=config,
+                                 kv_dtype_bytes=decode.runtime.kv_bytes, kv_transfer_config=config,
                                  router=spec.deployment.router, progress=progress)
     return sim.run()
 

@@ -30,7 +30,12 @@ from kvsched.progress import draw_progress
 from kvsched.sim.client import Client
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.instance import MIN_STRETCH, EngineInstance, stretch_times
-from kvsched.sim.offload_transfer import OffloadConfig, OffloadStats, OffloadTimedWorker, SimOffloadingConnector
+from kvsched.sim.offload_transfer import (
+    OffloadConfig,
+    OffloadStats,
+    OffloadTimedWorker,
+    SimOffloadingConnector,
+)
 from kvsched.sim.rank import EOS_TOKEN, PlannedStep, Rank, SimResult, StepLog
 from kvsched.sim.speculative import SpecOptions
 from kvsched.sim.workload import Workload
