@@ -202,3 +202,14 @@ def test_hardware_without_a_host_link_is_refused_naming_the_field(tmp_path: obje
     path.write_text(path.read_text() + "host_link_bw: 64e9\nhost_link_kind: pcie5\n")
     hw = load_hardware_file(path)
     assert (hw.host_link_bw, hw.host_link_kind) == (64e9, "pcie5")
+
+
+def test_simulate_prints_the_offloading_section() -> None:
+    from kvsched.commands.simulate import format_table
+    m = {"prefix_cache_hit_rate_by_tier": {"gpu": 0.25, "cpu": 0.125, "total": 0.375},
+         "kv_offload": {"num_cpu_blocks": 512, "stores": 3, "loads": 1, "store_bytes": 2e9, "load_bytes": 1e9,
+                        "mean_load_ms": 1.5, "p99_load_ms": 2.5}}
+    table = format_table(m, (99.0,))
+    for line in ("CPU KV blocks:", "Prefix hit rate, CPU:", "12.5%", "Prefix hit rate, total:", "37.5%",
+                 "3 / 1", "2.00 / 1.00", "P99 load (ms):"):
+        assert line in table
