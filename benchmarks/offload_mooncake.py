@@ -36,7 +36,8 @@ def main() -> None:
                         "the whole rate of 14k-token prompts)")
     args = p.parse_args()
     common = ["--model", "meta-llama/Llama-3.1-8B", "--hardware", "h100-sxm",
-              "--dataset-name", "mooncake", "--dataset-path", args.trace, "--num-prompts", str(args.num_prompts),
+              "--dataset-name", "mooncake", "--dataset-path", args.trace,
+              "--num-prompts", str(args.num_prompts),
               "--num-gpu-blocks-override", str(args.gpu_blocks), "--max-model-len", str(args.max_model_len),
               "--time-scale", repr(args.time_scale)]
     print("| offloading (GiB) | CPU blocks | hit rate GPU / CPU / total | mean TTFT (ms) | p99 TTFT (ms) | "
