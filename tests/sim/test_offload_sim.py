@@ -213,3 +213,16 @@ def test_simulate_prints_the_offloading_section() -> None:
     for line in ("CPU KV blocks:", "Prefix hit rate, CPU:", "12.5%", "Prefix hit rate, total:", "37.5%",
                  "3 / 1", "2.00 / 1.00", "P99 load (ms):"):
         assert line in table
+
+
+def test_every_dp_replica_gets_its_own_cpu_cache() -> None:
+    spec = parse_spec(["--model", MODEL, "--hardware", "h100-sxm", "--step-time-backend", "roofline",
+                       "--num-prompts", "8", "--random-input-len", "256", "--random-output-len", "8",
+                       "--max-model-len", "1024", "--num-gpu-blocks-override", "80", "-dp", "2",
+                       "--dp-routing", "round-robin", "--kv-offloading-size", "0.5"])
+    from kvsched.sim.run import run
+    m = run(spec).metrics
+    # 0.5 GiB of 2 MiB blocks on each of the two engine cores.
+    assert m["kv_offload"]["num_cpu_blocks"] == 2 * 256
+    # Every prompt's 16 full blocks stored once, on its own replica.
+    assert m["kv_offload"]["store_bytes"] == 8 * 16 * 2 * MIB
