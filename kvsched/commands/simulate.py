@@ -333,6 +333,23 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
                            ("TTFT: first decode step (ms):", "decode_first_step_ms")):
             if key in split:
                 rows.append((label, f"{split[key]:.2f}"))
+    off = m.get("kv_offload")
+    if off:
+        tiers = m.get("prefix_cache_hit_rate_by_tier") or {}
+        rows.append(("-- KV offloading to CPU --", ""))
+        rows.append(("CPU KV blocks (all ranks):" if ranks > 1 else "CPU KV blocks:",
+                     f"{off['num_cpu_blocks']}"))
+        for label, key in (("Prefix hit rate, GPU:", "gpu"), ("Prefix hit rate, CPU:", "cpu"),
+                           ("Prefix hit rate, total:", "total")):
+            if key in tiers:
+                rows.append((label, f"{tiers[key]:.1%}"))
+        rows.append(("Stores / loads:", f"{off['stores']} / {off['loads']}"))
+        rows.append(("Stored / loaded (GB, all ranks):",
+                     f"{off['store_bytes'] / 1e9:.2f} / {off['load_bytes'] / 1e9:.2f}"))
+        for label, key in (("Mean load (ms):", "mean_load_ms"), ("P99 load (ms):", "p99_load_ms"),
+                           ("Mean store (ms):", "mean_store_ms")):
+            if key in off:
+                rows.append((label, f"{off[key]:.2f}"))
     add("Simulation wall time (s):", "simulation_wall_seconds")
     width = 50
     lines = ["{s:{c}^{n}}".format(s=" Simulated Serving Benchmark Result ", n=width, c="=")]

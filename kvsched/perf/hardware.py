@@ -90,6 +90,9 @@ _RATE_BOUNDS: Mapping[str, tuple[float, float, str]] = MappingProxyType({
     "scaleup_link_bw": (1e8, 1e15, "bytes/s per direction: links have 8-900 GB/s"),
     # Scale-out NICs are 10-800 Gb/s (1.25-100 GB/s) per device per direction.
     "scaleout_bw": (1e8, 1e15, "bytes/s per direction: NICs have 1-100 GB/s"),
+    # A GPU's link to host memory: PCIe Gen3 x16 (16 GB/s) to NVLink-C2C
+    # (450 GB/s per direction on GH200) per direction.
+    "host_link_bw": (1e8, 1e15, "bytes/s per direction: host links have 8-450 GB/s"),
     # A collective's fixed cost is microseconds; 0.1 s is 10,000x that.
     "comm_latency_s": (0.0, 0.1, "seconds: a collective's fixed cost is a few microseconds"),
 })
@@ -169,7 +172,10 @@ class Hardware:
     fabric joins (an HGX board or host: 8; GB200 NVL72: 72); beyond it
     collectives cross the scale-out network (InfiniBand, RoCE), whose
     per-device, per-direction rate is ``scaleout_bw`` (None: not in the
-    hardware data), see :meth:`tensor_parallel_bw`.
+    hardware data), see :meth:`tensor_parallel_bw`. ``host_link_bw`` is one
+    device's link to host (CPU) memory, per direction (``host_link_kind``:
+    PCIe Gen4/Gen5 x16, or NVLink-C2C on Grace systems); KV offloading to
+    CPU memory moves its blocks over it (None: not in the hardware data).
     """
 
     id: str
@@ -193,6 +199,8 @@ class Hardware:
     fp4_flops: float | None = None
     scaleup_domain: int = DEFAULT_SCALEUP_DOMAIN
     scaleout_bw: float | None = None
+    host_link_bw: float | None = None
+    host_link_kind: str | None = None
     source: str = ""
     notes: str = ""
 
@@ -219,11 +227,16 @@ class Hardware:
         if isinstance(domain, bool) or not isinstance(domain, int) or not 1 <= domain <= MAX_SCALEUP_DOMAIN:
             raise _fail(hid, "scaleup_domain", domain, f"must be an integer from 1 to {MAX_SCALEUP_DOMAIN}",
                         "give the devices one scale-up fabric joins (8 for an HGX board)")
-        for name in ("fp8_flops", "scaleup_link_bw", "fp4_flops", "scaleout_bw"):
+        for name in ("fp8_flops", "scaleup_link_bw", "fp4_flops", "scaleout_bw", "host_link_bw"):
             if getattr(self, name) is not None:
                 _require_range(hid, name, getattr(self, name))
         for name in EFFICIENCY_FIELDS:
             check_efficiency(hid, name, getattr(self, name))
+        kind = self.host_link_kind
+        if kind is not None and (not isinstance(kind, str) or not kind or len(kind) > _MAX_LABEL
+                                 or not kind.isprintable()):
+            raise _fail(hid, "host_link_kind", kind, f"must be a non-empty one-line string of at most "
+                        f"{_MAX_LABEL} characters", "name the link, e.g. pcie5 or nvlink-c2c")
         if self.scaleup_link_bw is not None and self.scaleup_link_bw > self.scaleup_bw:
             raise _fail(hid, "scaleup_link_bw", self.scaleup_link_bw,
                         f"cannot exceed scaleup_bw ({self.scaleup_bw!r})",
@@ -277,6 +290,18 @@ _ALL_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Hardware
 
 _MEASURED_NOTE = "efficiencies: aiconfigurator silicon-DB medians, vLLM {ver} [AIC]"
 
+# Host links (host_link_bw, per GPU and direction; KV offloading's stores and
+# loads): PCIe Gen5 x16 = 64 GB/s, Gen4 x16 = 32 GB/s per direction, as
+# hardware.md's scale-up column lists them for H100 SXM/PCIe, A100, L40S,
+# RTX 4090, RTX PRO 6000, RTX 6000 Ada and MI300X; H200 and B200 from
+# MLCommons system descriptions ("accelerator_host_interconnect": "PCIe Gen5
+# x16": inference_results_v4.1 closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ
+# .json, inference_results_v6.0 closed/Nebius/systems/nebius_b200_n1.json);
+# GB200: NVLink-C2C (inference_results_v6.1 closed/Crusoe/systems/
+# GB200-NVL72_GB200-186GB_aarch64x16_Dynamo.json), 900 GB/s bidirectional
+# between one Grace CPU and its two Blackwell GPUs (NVIDIA), i.e. 225 GB/s
+# per GPU per direction (approx.: the split between the two GPUs is ours).
+# The Ascend entries have none in the facts. docs/catalogs.md lists them.
 _CATALOG: tuple[Hardware, ...] = (
     Hardware(id="h100-sxm", name="NVIDIA H100 SXM5 80GB",
         memory_bytes=81559 * _MIB, mem_bw=3.35 * _TB_S,
@@ -286,6 +311,7 @@ _CATALOG: tuple[Hardware, ...] = (
         prefill_attn_mfu=0.56,
         # A DGX/HGX node: 8 single-port ConnectX-7 NICs of 400 Gb/s, one per GPU [DGX-RA].
         scaleout_bw=50 * _GB,
+        host_link_bw=64 * _GB, host_link_kind="pcie5",
         source="[SMI] [DS-H100] [GK-H100] [AIC] [DGX-RA]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")),
     Hardware(id="h100-pcie", name="NVIDIA H100 PCIe 80GB",
@@ -294,6 +320,7 @@ _CATALOG: tuple[Hardware, ...] = (
         scaleup_bw=64 * _GB, scaleup_kind="pcie5",
         gemm_mfu=0.79, fp8_gemm_mfu=0.53, weight_bw_frac=0.87, attn_bw_frac=0.87,
         prefill_attn_mfu=0.56, comm_latency_s=PCIE_COMM_LATENCY_S,
+        host_link_bw=64 * _GB, host_link_kind="pcie5",
         source="[PB-H100P] [AIC]",
         notes="visible memory approx.: assumed same 81559 MiB as SXM (not checked); "
               "scale-up is PCIe5 x16 because the optional NVLink bridge (300 GB/s/dir) "
@@ -307,6 +334,7 @@ _CATALOG: tuple[Hardware, ...] = (
         prefill_attn_mfu=0.56,
         # A DGX/HGX node: 8 single-port ConnectX-7 NICs of 400 Gb/s, one per GPU [DGX-RA].
         scaleout_bw=50 * _GB,
+        host_link_bw=64 * _GB, host_link_kind="pcie5",
         source="[SMI] [DS-H200] [AIC] [DGX-RA]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")),
     Hardware(id="a100-80gb", name="NVIDIA A100 SXM 80GB",
@@ -314,6 +342,7 @@ _CATALOG: tuple[Hardware, ...] = (
         bf16_flops=312 * _TFLOPS, fp8_flops=None,
         scaleup_bw=300 * _GB, scaleup_kind="nvlink3",
         gemm_mfu=0.91, weight_bw_frac=0.73, attn_bw_frac=0.74, prefill_attn_mfu=0.54,
+        host_link_bw=32 * _GB, host_link_kind="pcie4",
         source="[SMI] [DS-A100] [AIC]",
         notes=_MEASURED_NOTE.format(ver="0.14.0") + "; no FP8 path"),
     Hardware(id="a100-40gb", name="NVIDIA A100 SXM4 40GB",
@@ -321,6 +350,7 @@ _CATALOG: tuple[Hardware, ...] = (
         bf16_flops=312 * _TFLOPS, fp8_flops=None,
         scaleup_bw=300 * _GB, scaleup_kind="nvlink3",
         gemm_mfu=0.91, weight_bw_frac=0.73, attn_bw_frac=0.74, prefill_attn_mfu=0.54,
+        host_link_bw=32 * _GB, host_link_kind="pcie4",
         source="[SMI] [GK-A100]",
         notes="SXM4 variant (the PCIe card has PCIe4 x16 32 GB/s/dir scale-up: define a "
               "hardware file for it); efficiencies copied from a100-80gb (same GA100 chip, "
@@ -335,6 +365,7 @@ _CATALOG: tuple[Hardware, ...] = (
         prefill_attn_mfu=0.49,
         # A DGX/HGX node: 8 single-port ConnectX-7 NICs of 400 Gb/s, one per GPU [DGX-RA].
         scaleout_bw=50 * _GB,
+        host_link_bw=64 * _GB, host_link_kind="pcie5",
         source="[SMI] [DS-BW] [AIC] [DGX-RA]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")),
     Hardware(id="gb200", name="NVIDIA GB200 (NVL72, per GPU)",
@@ -346,6 +377,7 @@ _CATALOG: tuple[Hardware, ...] = (
         gemm_mfu=0.51, fp8_gemm_mfu=0.46, weight_bw_frac=0.79, attn_bw_frac=0.83,
         prefill_attn_mfu=0.46,
         scaleup_domain=72,
+        host_link_bw=225 * _GB, host_link_kind="nvlink-c2c",
         source="[AIC-gb200] [DS-BW] [AIC]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")
               + "; NVLink5 bandwidth holds within the 72-GPU domain"),
@@ -355,6 +387,7 @@ _CATALOG: tuple[Hardware, ...] = (
         scaleup_bw=32 * _GB, scaleup_kind="pcie4",
         gemm_mfu=0.61, fp8_gemm_mfu=0.50, weight_bw_frac=0.83, attn_bw_frac=0.81,
         prefill_attn_mfu=0.45, comm_latency_s=PCIE_COMM_LATENCY_S,
+        host_link_bw=32 * _GB, host_link_kind="pcie4",
         source="[AIC-l40s] [DS-L40S] [AIC]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")
               + "; visible memory approx. (ECC-on likely); FP8 is the dense 733, "
@@ -365,6 +398,7 @@ _CATALOG: tuple[Hardware, ...] = (
         scaleup_bw=32 * _GB, scaleup_kind="pcie4",
         gemm_mfu=0.61, fp8_gemm_mfu=0.50, weight_bw_frac=0.83, attn_bw_frac=0.81,
         prefill_attn_mfu=0.45, comm_latency_s=PCIE_COMM_LATENCY_S,
+        host_link_bw=32 * _GB, host_link_kind="pcie4",
         source="[SMI] [WP-ADA] [WDB]",
         notes="peaks are the FP32-accumulate rates (GeForce runs them at half the "
               "FP16-accumulate rate; serving stacks accumulate in FP32); efficiencies "
@@ -375,6 +409,7 @@ _CATALOG: tuple[Hardware, ...] = (
         scaleup_bw=64 * _GB, scaleup_kind="pcie5",
         gemm_mfu=0.80, fp8_gemm_mfu=0.72, weight_bw_frac=0.83, attn_bw_frac=0.82,
         prefill_attn_mfu=0.53, comm_latency_s=PCIE_COMM_LATENCY_S,
+        host_link_bw=64 * _GB, host_link_kind="pcie5",
         source="[AIC-rtxpro] [DS-RTXPRO] [HMC] [AIC]",
         notes=_MEASURED_NOTE.format(ver="0.24.0")
               + " (Server edition, relative to 503.8); peaks approx. from a 3rd-party "
@@ -385,6 +420,7 @@ _CATALOG: tuple[Hardware, ...] = (
         scaleup_bw=32 * _GB, scaleup_kind="pcie4",
         gemm_mfu=0.61, fp8_gemm_mfu=0.50, weight_bw_frac=0.83, attn_bw_frac=0.81,
         prefill_attn_mfu=0.45, comm_latency_s=PCIE_COMM_LATENCY_S,
+        host_link_bw=32 * _GB, host_link_kind="pcie4",
         source="[SMI] [DS-6000A]",
         notes="peaks approx. (datasheet 1457 FP8-sparse /2 and /4; FP32-accumulate at "
               "full rate); visible memory approx. (ECC-off likely); efficiencies copied "
@@ -393,6 +429,7 @@ _CATALOG: tuple[Hardware, ...] = (
         memory_bytes=205_822_885_888, mem_bw=5.3 * _TB_S,
         bf16_flops=1307.4 * _TFLOPS, fp8_flops=2614.9 * _TFLOPS,
         scaleup_bw=448 * _GB, scaleup_kind="infinity-fabric", scaleup_link_bw=64 * _GB,
+        host_link_bw=64 * _GB, host_link_kind="pcie5",
         source="[ROCM] [DS-MI300X] [MLP]",
         notes="scale-up approx.: 7 Infinity Fabric links, 896 GB/s aggregate bidir -> "
               "448/dir total, 64/dir per peer (switchless mesh); no measured efficiencies "
@@ -560,7 +597,7 @@ def load_hardware_file(path: str | Path) -> Hardware:
     Required: id, name, memory_bytes, mem_bw, bf16_flops, fp8_flops (``null``
     when there is no FP8 path), scaleup_bw, scaleup_kind. Efficiency fields,
     scaleup_link_bw, fp4_flops, scaleup_domain (default 8), scaleout_bw,
-    source and notes are optional. Unknown keys are errors.
+    host_link_bw, host_link_kind, source and notes are optional. Unknown keys are errors.
     """
     p = Path(path)
     data = _read_mapping(p)
@@ -574,7 +611,7 @@ def load_hardware_file(path: str | Path) -> Hardware:
                              f"(required: {', '.join(_REQUIRED_FIELDS)})")
     fields = dict(data)
     for key, value in data.items():
-        if key in ("id", "name", "scaleup_kind", "source", "notes") or value is None:
+        if key in ("id", "name", "scaleup_kind", "host_link_kind", "source", "notes") or value is None:
             continue
         fields[key] = _coerce_number(p, key, value)
     mem = fields["memory_bytes"]

@@ -46,6 +46,7 @@ from kvsched.scheduler_defaults import (
     get_batch_defaults,
     resolve_scheduler_limits,
 )
+from kvsched.sim.offload_transfer import OffloadConfig, check_offloading_options, make_offload_config
 from kvsched.sim.speculative import SpecOptions, parse_speculative_config
 
 # vLLM 0.33's CUDA attention backends take a block size that is a multiple of
@@ -125,6 +126,10 @@ class EngineOptions:
     # kvsched's --spec-acceptance (per-position acceptance rates, comma-separated).
     speculative_config: str | None = None
     spec_acceptance: str | None = None
+    # vLLM's --kv-offloading-size (GiB of CPU KV cache per engine core, summed
+    # over its TP ranks; None: off) and --kv-offloading-backend.
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,8 @@ class Deployment:
     step_model: StepTimeModel
     # Speculative decoding (None: off).
     speculative: SpecOptions | None = None
+    # KV offloading to CPU memory (None: off).
+    offload: OffloadConfig | None = None
 
     @property
     def lockstep(self) -> bool:
@@ -165,6 +172,8 @@ class Deployment:
                 + (f", {self.speculative.describe()}" if self.speculative is not None else "")
                 + (f", prefill every {k} steps" if (k := self.options.prefill_schedule_interval) > 1
                    else "")
+                + (f", KV offloading {o.size_gib:g} GiB ({o.num_cpu_blocks} CPU blocks)"
+                   if (o := self.offload) is not None else "")
                 + f"; step times: {self.step_model.describe_backend()}")
 
 
@@ -226,6 +235,7 @@ def validate_engine_options(opts: EngineOptions) -> None:
     if type(opts.async_scheduling) is not bool:
         raise UserInputError(f"async_scheduling={opts.async_scheduling!r} (--async-scheduling): must be "
                          "True or False")
+    check_offloading_options(opts.kv_offloading_size, opts.kv_offloading_backend)
     if opts.spec_acceptance is not None and opts.speculative_config is None:
         raise UserInputError(f"--spec-acceptance={opts.spec_acceptance}: sets the acceptance rates of "
                          "speculative decoding; give --speculative-config too")
@@ -391,8 +401,11 @@ def build_deployment(opts: EngineOptions) -> Deployment:
             "raise --gpu-memory-utilization or --tensor-parallel-size")
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=opts.block_size,
                                enable_prefix_caching=opts.enable_prefix_caching)
+    offload = make_offload_config(opts.kv_offloading_size, model, hardware, opts.tensor_parallel_size,
+                                  memory.bytes_per_block,
+                                  drafter_kv_layers=drafter.kv_layers if drafter is not None else 0)
     step_model = make_step_model(opts, model, hardware, parallel, runtime, profile)
     if drafter is not None:
         step_model.drafter = Drafter(drafter, step_model)
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,
-                      memory, step_model, speculative)
+                      memory, step_model, speculative, offload)

@@ -88,6 +88,10 @@ class DPSimulator:
                  shared: DPRankStates | None = None, progress: Progress | None = None) -> None:
         if policies is not None and len(policies) != options.size:
             raise UserInputError(f"{len(policies)} admission policies for {options.size} ranks")
+        if options.lockstep and config.offload is not None:
+            raise UserInputError("--kv-offloading-size with --enable-expert-parallel on an MoE model: its "
+                                 "lockstep data-parallel ranks are not simulated with a KV connector yet; "
+                                 "drop one of them")
         self.options = options
         self.workload = workload
         # What the ranks share; the lockstep group advances its step counter.

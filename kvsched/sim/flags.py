@@ -129,6 +129,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
     g.add_argument("--router", choices=list(PD_ROUTERS), default=DeploymentSpec().router,
                    help="with --disaggregation: how the proxy picks an instance of each role "
                         "(default: %(default)s, as vLLM's proxy)")
+    g.add_argument("--kv-offloading-size", type=float, metavar="GIB", default=d.kv_offloading_size,
+                   help="KV offloading to CPU memory, as vLLM's flag: GiB of CPU KV cache per engine "
+                        "core, summed over its TP ranks (vLLM's OffloadingConnector; stores and loads "
+                        "priced over the GPU's host link; default: off)")
+    g.add_argument("--kv-offloading-backend", default=d.kv_offloading_backend,
+                   help="with --kv-offloading-size: vLLM's backend; kvsched simulates native only "
+                        "(default: %(default)s)")
     g.add_argument("--spec-acceptance", metavar="R0,R1,...",
                    help="speculative decoding: acceptance rate per draft position as vLLM's metrics "
                         "report it (accepted at position i / drafts), e.g. 0.8,0.6,0.45 "

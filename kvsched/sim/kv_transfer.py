@@ -31,12 +31,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvsched.core.kv_connector import KVConnectorOutput
 from kvsched.core.nixl_connector import NixlMetadata
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.models import ModelSpec
+
+
+class KVWorker(Protocol):
+    """A KV connector's worker side in simulated time, as a rank drives it:
+    ``start`` when a batch is scheduled, ``report`` at each batch end or
+    idle step, ``next_due`` for when an idle engine should look again
+    (:class:`NixlTimedWorker`; the offloading one in
+    kvsched.sim.offload_transfer)."""
+
+    def start(self, meta: object, now: float) -> None: ...
+
+    def report(self, end: float) -> KVConnectorOutput | None: ...
+
+    def next_due(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)

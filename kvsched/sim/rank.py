@@ -31,14 +31,16 @@ from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
 from kvsched.core.kv_connector import KVConnectorBase
 from kvsched.core.nixl_connector import NixlConnector
+from kvsched.core.offloading_connector import OffloadingConnector
 from kvsched.core.output import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
-from kvsched.sim.kv_transfer import NixlTimedWorker
+from kvsched.sim.kv_transfer import KVWorker
 from kvsched.sim.metrics import RecordTable, benchmark_duration, compute_metrics
+from kvsched.sim.offload_transfer import OffloadStats, OffloadTimedWorker, combine_offload_stats
 from kvsched.sim.refusals import too_long_error
 from kvsched.sim.samples import SampleAccumulator
 from kvsched.sim.speculative import SpecOptions, SpecStats, combine_stats, request_key, uniform
@@ -176,6 +178,8 @@ class SimResult:
     ranks: list[SimResult] = field(default_factory=list)
     # Speculative decoding's counters (None without it).
     spec_stats: SpecStats | None = None
+    # KV offloading's CPU hits and traffic (None without it).
+    kv_offload: OffloadStats | None = None
 
     @property
     def duration(self) -> float:
@@ -205,6 +209,8 @@ class SimResult:
                "simulation_wall_seconds": self.wall_seconds}
         if self.spec_stats is not None:
             out.update(self.spec_stats.metrics())
+        if self.kv_offload is not None:
+            out.update(self.kv_offload.metrics(self.prefix_cache_queries, self.prefix_cache_hits))
         return out
 
 
@@ -224,7 +230,8 @@ def combine_results(ranks: list[SimResult]) -> SimResult:
         prefix_cache_hits=sum(r.prefix_cache_hits for r in ranks),
         num_fast_forwarded_steps=sum(r.num_fast_forwarded_steps for r in ranks),
         wall_seconds=max(r.wall_seconds for r in ranks), ranks=list(ranks),
-        spec_stats=combine_stats([r.spec_stats for r in ranks]))
+        spec_stats=combine_stats([r.spec_stats for r in ranks]),
+        kv_offload=combine_offload_stats([r.kv_offload for r in ranks]))
     for res in ranks:
         out.itls.merge(res.itls)
         out.token_times.merge(res.token_times)
@@ -309,11 +316,13 @@ class Rank:
                  admission_policy: AdmissionPolicy | None = None,
                  trace_steps: TextIO | None = None, keep_token_times: bool = False,
                  keep_step_log: bool = True, speculative: SpecOptions | None = None,
-                 kv_connector: KVConnectorBase | None = None, kv_worker: NixlTimedWorker | None = None,
+                 kv_connector: KVConnectorBase | None = None, kv_worker: KVWorker | None = None,
                  hands_off: bool = False) -> None:
-        # No model runs: skip the runner's copies of prompts and block tables.
+        # No model runs: skip the runner's copies of prompts and block tables,
+        # but for the offloading connector, which reads the batch's block
+        # tables (new and resumed requests') to build its store jobs.
         self.sched = Scheduler(scheduler_config, cache_config, admission_policy=admission_policy,
-                               runner_inputs=False,
+                               runner_inputs=isinstance(kv_connector, OffloadingConnector),
                                speculative_config=speculative.core_config() if speculative else None,
                                kv_connector=kv_connector)
         # A KV connector's scheduler side (in the scheduler) and its worker
@@ -876,4 +885,5 @@ class Rank:
             prefix_cache_queries=stats.queries + stats.preempted_queries,
             prefix_cache_hits=stats.hits + stats.preempted_hits,
             num_fast_forwarded_steps=self.num_ff_steps, wall_seconds=wall_seconds,
-            spec_stats=self.spec_stats)
+            spec_stats=self.spec_stats,
+            kv_offload=self.kv_worker.stats if isinstance(self.kv_worker, OffloadTimedWorker) else None)

@@ -209,7 +209,7 @@ def sim_config(deployment: Deployment, spec: RunSpec) -> SimConfig:
                      fast_forward=o.fast_forward,
                      prefill_schedule_interval=deployment.options.prefill_schedule_interval,
                      keep_token_times=o.keep_token_times, keep_step_log=o.keep_step_log,
-                     speculative=deployment.speculative)
+                     speculative=deployment.speculative, offload=deployment.offload)
 
 
 def serve(deployment: Deployment, group: InstanceGroup, workload: Workload, config: SimConfig,

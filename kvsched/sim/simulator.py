@@ -30,6 +30,12 @@ from kvsched.progress import draw_progress
 from kvsched.sim.client import Client
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.instance import MIN_STRETCH, EngineInstance, stretch_times
+from kvsched.sim.offload_transfer import (
+    OffloadConfig,
+    OffloadStats,
+    OffloadTimedWorker,
+    SimOffloadingConnector,
+)
 from kvsched.sim.rank import EOS_TOKEN, PlannedStep, Rank, SimResult, StepLog
 from kvsched.sim.speculative import SpecOptions
 from kvsched.sim.workload import Workload
@@ -56,6 +62,9 @@ class SimConfig:
     # Speculative decoding (None: off). Async scheduling is
     # scheduler_config.async_scheduling.
     speculative: SpecOptions | None = None
+    # KV offloading to CPU memory (None: off): every rank gets vLLM's
+    # OffloadingConnector and a timed worker (kvsched.sim.offload_transfer).
+    offload: OffloadConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eos_probability < 1.0:
@@ -68,11 +77,21 @@ class SimConfig:
         unless a policy is given)."""
         policy = admission_policy or (PrefillCadence(self.prefill_schedule_interval)
                                       if self.prefill_schedule_interval > 1 else None)
-        return Rank(self.scheduler_config, self.cache_config, workload_name=workload.name,
+        connector = worker = None
+        if self.offload is not None:
+            stats = OffloadStats()
+            cc = self.cache_config
+            connector = SimOffloadingConnector(self.offload, cc.block_size, cc.enable_prefix_caching, stats)
+            worker = OffloadTimedWorker(self.offload, stats, self.scheduler_config.async_scheduling)
+        rank = Rank(self.scheduler_config, self.cache_config, workload_name=workload.name,
                     eos_probability=self.eos_probability,
                     seed=self.seed if seed is None else seed, admission_policy=policy,
                     trace_steps=trace_steps, keep_token_times=self.keep_token_times,
-                    keep_step_log=self.keep_step_log, speculative=self.speculative)
+                    keep_step_log=self.keep_step_log, speculative=self.speculative,
+                    kv_connector=connector, kv_worker=worker)
+        if connector is not None:
+            connector.bind_kv_cache_manager(rank.sched.kv_cache_manager)
+        return rank
 
 
 class Simulator:

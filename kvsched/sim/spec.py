@@ -158,6 +158,10 @@ class DeploymentSpec:
             parse_kv_transfer_config(self.kv_transfer_config)
         if self.disaggregated:
             for group in self.groups:
+                if group.engine.kv_offloading_size is not None:
+                    raise UserInputError(f"--kv-offloading-size with --disaggregation: the {group.role} "
+                                         "instances would need vLLM's MultiConnector (NIXL + offloading), "
+                                         "which is not simulated yet; drop one of them")
                 if group.engine.enable_expert_parallel:
                     raise UserInputError(f"--enable-expert-parallel with --disaggregation: the {group.role} "
                                          "instances' lockstep expert-parallel ranks are not simulated yet; "
