@@ -69,6 +69,8 @@ class Cluster:
         # router places every request once).
         self.proxy = proxy
         self._hands_off = [any(r.hands_off for r in inst.ranks) for inst in self.instances]
+        # The index of each instance's first rank in ``ranks`` (an instance's ranks are consecutive).
+        self._first_rank = [self._instance_of.index(i) for i in range(len(self.instances))]
         self.routed = [0] * len(self.ranks)
         # Instances a send woke earlier than they were queued for (_send).
         self._rewoken: list[int] = []
@@ -149,8 +151,8 @@ class Cluster:
             finished = inst.advance(bound)
             if proxy is not None and hands_off[i]:
                 # Finished prefill legs become decode legs; the client sees no finish.
-                for r in inst.ranks:
-                    proxy.collect(self.ranks.index(r), r)
+                for k, r in enumerate(inst.ranks):
+                    proxy.collect(self._first_rank[i] + k, r)
                 finished = 0
             if finished:
                 client.release(finished, inst.now)
