@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsched.calibrate.iteration_replay import IterationReplay, iteration_counts, replay_iteration_log
 from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel
 from kvsched.perf.step_profile import StepRecord
@@ -54,7 +55,7 @@ from kvsched.profile.attribution import PointLedger, SentRequest
 from kvsched.profile.iteration_log import IterationLine, parse_iteration_line
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.run import build_group_deployment, serve, sim_config
-from kvsched.sim.simulator import SimResult
+from kvsched.sim.simulator import SimConfig, SimResult
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec
 from kvsched.sim.workload import Workload, WorkloadRequest, load_workload
 from kvsched.sim.workload.tokens import HASH_BLOCK_TOKEN_BASE, UNIQUE_TOKEN_BASE
@@ -144,6 +145,39 @@ def attribute(run: RealRun, token_budget: int) -> Attribution:
         for i in got:
             last_step[i] = k
     return Attribution([r.cached for r in requests], records, first_step, last_step, sampled, token_index)
+
+
+def attribute_by_replay(run: RealRun, config: SimConfig,
+                        workload: Workload) -> tuple[Attribution, IterationReplay]:
+    """Every logged step attributed to the requests by kvsched's own
+    scheduler (:func:`kvsched.calibrate.iteration_replay.replay_iteration_log`:
+    chunking, prefix-cache hits, preemption and the long-prefill threshold
+    are the scheduler's decisions; only arrivals are read off the log).
+    ``workload`` holds the run's requests in send order as the server got
+    them (their shared prefixes included)."""
+    first_token = [t + ttft for t, ttft in zip(run.send_times, run.result["ttfts"])]
+    rep = replay_iteration_log(config, workload, run.iterations, first_token)
+    if not rep.complete:
+        sys.exit(f"kvsched's scheduler cannot explain the server log: {rep.reason}")
+    records = []
+    for it, st in zip(run.iterations, rep.steps):
+        sh = st.shape
+        records.append(StepRecord(
+            point="serving run", iteration=it.iteration, context_requests=it.context_requests,
+            context_tokens=it.context_tokens, generation_requests=it.generation_requests,
+            generation_tokens=it.generation_tokens, elapsed_ms=it.elapsed_ms, num_tokens=sh.num_tokens,
+            num_reqs=sh.num_reqs, num_sampled=sh.num_sampled, prefill_tokens=sh.prefill_tokens,
+            prefill_attn_pairs=sh.prefill_attn_pairs, decode_kv_tokens=sh.decode_kv_tokens))
+    n = len(run.prompt_lens)
+    first_step, last_step = [-1] * n, [-1] * n
+    for k, st in enumerate(rep.steps):
+        for i in st.scheduled:
+            if first_step[i] < 0:
+                first_step[i] = k
+        for i in st.sampled:
+            last_step[i] = k
+    return Attribution([0] * n, records, first_step, last_step, [st.sampled for st in rep.steps],
+                       [st.token_index for st in rep.steps]), rep
 
 
 def client_step_ends(run: RealRun, att: Attribution) -> list[float | None]:
@@ -302,22 +336,22 @@ def simulate(args: argparse.Namespace, workload: Workload, backend: str,
 
 
 def compositions(trace: list[dict[str, Any]], prompt_lens: dict[str, int]) -> list[Composition]:
-    """Each simulated step's batch as vLLM's iteration log counts it: a
+    """Each simulated step's batch as vLLM's iteration log counts it
+    (:func:`kvsched.calibrate.iteration_replay.iteration_counts`): a
     context request has produced no output token yet (a prompt chunk, its
-    last one included), every other a generation request."""
+    last one included), every other a generation request (a preempted one
+    recomputing its prompt too)."""
     computed: dict[str, int] = {}
+    outputs: dict[str, int] = {}
     out: list[Composition] = []
     for step in trace:
         computed.update(step["computed_at_admission"])
-        cr = ct = gr = gt = 0
-        for rid, n in step["scheduled"]:
-            c = computed[rid]
-            if c < prompt_lens[rid]:
-                cr, ct = cr + 1, ct + n
-            else:
-                gr, gt = gr + 1, gt + n
-            computed[rid] = c + n
-        out.append((cr, ct, gr, gt))
+        scheduled = dict(step["scheduled"])
+        out.append(iteration_counts(scheduled, {rid: outputs.get(rid, 0) for rid in scheduled}))
+        for rid, n in scheduled.items():
+            computed[rid] += n
+            if computed[rid] >= prompt_lens[rid]:
+                outputs[rid] = outputs.get(rid, 0) + 1
     return out
 
 

@@ -28,7 +28,15 @@ loop), priced by:
   the host time read off the run's own timestamps (``host_read_off``; where
   the log can be attributed);
 - ``profiled-earlier`` (the Llama only): the profile taken four hours
-  before the runs (``../profiles/llama-tiny-f32-cpu.json``), a contrast.
+  before the runs (``../profiles/llama-tiny-f32-cpu.json``), a contrast;
+- ``profiled+anchor`` and ``profiled+cal+anchor``: the profile re-anchored
+  on the configuration's warm-up (``kvsched.calibrate.reanchor``: the
+  warm-up's logged steps, tied to their batches by kvsched's scheduler,
+  against the profile's prices; every profiled step time scaled by the
+  median ratio), without and with the host terms. The warm-up runs right
+  after the server starts, before the configuration's judged runs, and is
+  never judged: what a user does by sending a short run before trusting a
+  profile taken earlier on a shared machine.
 
 Per run and in aggregate (median |error| over the judged runs): mean,
 median and p99 TTFT, mean TPOT, median and p99 ITL, mean and p99 E2E,
@@ -57,11 +65,15 @@ from typing import Any
 
 import numpy as np
 import run_matrix as rm
-from compare_steps import RealRun, attribute, compositions, measured_host_terms
+from compare_steps import RealRun, attribute_by_replay, compositions, measured_host_terms
 
+from kvsched.calibrate.iteration_replay import replay_iteration_log
+from kvsched.calibrate.reanchor import measure_drift, reanchored
 from kvsched.calibrate.run_files import parse_bench
 from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel
+from kvsched.perf.profiled import ProfiledStepTimeModel
+from kvsched.perf.step_profile import save_profile
 from kvsched.profile.iteration_log import parse_iteration_line
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.run import build_group_deployment, serve, sim_config
@@ -146,10 +158,43 @@ def engine_options(matrix: Matrix, config: rm.ServerConfig, server: dict[str, An
         cal_path = matrix.calibration("roofline")
         return EngineOptions(**common, hardware=str(HARDWARE), step_time_backend="roofline",
                              calibration=str(cal_path) if pricing == "roofline+cal" else None)
-    profile = EARLIER_PROFILE if pricing == "profiled-earlier" else matrix.profile(config.model)
+    if pricing == "profiled-earlier":
+        profile = EARLIER_PROFILE
+    elif pricing.endswith("+anchor"):
+        profile = anchored_profile(matrix, config, server, EngineOptions(
+            **common, step_time_backend="profiled", step_time_profile=str(matrix.profile(config.model))))
+    else:
+        profile = matrix.profile(config.model)
     cal = matrix.calibration("profiled")
     return EngineOptions(**common, step_time_backend="profiled", step_time_profile=str(profile),
-                         calibration=str(cal) if pricing == "profiled+cal" else None)
+                         calibration=str(cal) if pricing.startswith("profiled+cal") else None)
+
+
+def anchored_profile(matrix: Matrix, config: rm.ServerConfig, server: dict[str, Any],
+                     options: EngineOptions) -> Path:
+    """The architecture's profile re-anchored on ``config``'s warm-up
+    (written once under ``profiles/anchored/``)."""
+    out = matrix.results / "profiles" / "anchored" / f"{config.name}.json"
+    if out.exists():
+        return out
+    warm = matrix.results / config.name / "warmup.json"
+    data = json.loads(warm.read_text())
+    prompts = json.loads(warm.with_suffix(".prompts.json").read_text())
+    workload, _ = workload_of(data, prompts, str(warm.relative_to(HERE)))
+    logged = read_log(warm.with_suffix(".server.log.gz"))
+    spec = RunSpec(DeploymentSpec((InstanceGroup(engine=options),)), options=RunOptions(fast_forward=False))
+    deployment, _ = build_group_deployment(spec.deployment.group)
+    starts = data["start_times"]
+    first_token = [t - starts[0] + ttft for t, ttft in zip(starts, data["ttfts"])]
+    rep = replay_iteration_log(sim_config(deployment, spec), workload, logged, first_token)
+    model = deployment.step_model
+    assert isinstance(model, ProfiledStepTimeModel)
+    drift = measure_drift(model, rep, logged)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_profile(reanchored(model.profile, drift, str(warm.relative_to(HERE))), out)
+    print(f"{config.name}: profile re-anchored on its warm-up: x{drift.factor:.3f} over {drift.steps} steps "
+          f"(prefill {drift.prefill_factor}, decode {drift.decode_factor})", flush=True)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -242,23 +287,27 @@ def simulate(options: EngineOptions, workload: Workload, logged: Sequence[Logged
 
 
 def host_read_off(matrix: Matrix, data: dict[str, Any], logged: list[Any], config: rm.ServerConfig,
-                  server: dict[str, Any]) -> tuple[HostTerms | None, Any]:
+                  server: dict[str, Any], workload: Workload) -> tuple[HostTerms | None, Any]:
     """The host time around vLLM's iteration clock read off the run's own
     timestamps (``compare_steps.measured_host_terms``: the client's gaps
     between back-to-back steps less their logged times; the delay from send
-    to engine at an idle engine), where the log can be attributed to the
-    requests (not with preemptions or a long-prefill threshold); else None
-    and why."""
+    to engine at an idle engine), with the log tied to the requests by
+    kvsched's own scheduler (``compare_steps.attribute_by_replay``); None
+    and why where it cannot be."""
     starts = data["start_times"]
     if any(b < a for a, b in itertools.pairwise(starts)):
         return None, "start_times not in send order"
     options = engine_options(matrix, config, server, "roofline")
-    runtime = build_group_deployment(InstanceGroup(engine=options))[0].runtime
+    spec = RunSpec(DeploymentSpec((InstanceGroup(engine=options),)), options=RunOptions(fast_forward=False))
+    deployment, _ = build_group_deployment(spec.deployment.group)
+    runtime = deployment.runtime
     run = RealRun(list(data["input_lens"]), list(data["output_lens"]), [t - starts[0] for t in starts], data,
                   logged)
     try:
-        att = attribute(run, options.max_num_batched_tokens or 0)
-        return measured_host_terms(run, att, runtime.cpu_step_s, runtime.cpu_per_request_s)
+        att, rep = attribute_by_replay(run, sim_config(deployment, spec), workload)
+        terms, info = measured_host_terms(run, att, runtime.cpu_step_s, runtime.cpu_per_request_s)
+        info["replay"] = {"steps_explained": len(rep.steps), "restarts": rep.restarts}
+        return terms, info
     except SystemExit as e:  # compare_steps says why it cannot attribute the log
         return None, str(e)
     except (ValueError, TypeError, np.linalg.LinAlgError) as e:
@@ -292,7 +341,7 @@ def judge_run(matrix: Matrix, config: rm.ServerConfig, server: dict[str, Any], p
                 continue
             host = None
             if pricing == "logged+host":
-                host, note = host_read_off(matrix, data, logged, config, server)
+                host, note = host_read_off(matrix, data, logged, config, server, workload)
                 out["host_read_off_the_run"] = note
                 if host is None:
                     continue
@@ -442,8 +491,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calibrate", action="store_true",
                    help="(re)fit the host terms on the noise repeats first (kvsched calibrate)")
-    p.add_argument("--pricings", default="profiled,profiled+cal,roofline,roofline+cal,logged,logged+host,"
-                                         "profiled-earlier")
+    p.add_argument("--pricings", default="profiled,profiled+cal,profiled+anchor,profiled+cal+anchor,roofline,"
+                                         "roofline+cal,logged,logged+host,profiled-earlier")
     p.add_argument("--results", type=Path, default=rm.RESULTS,
                    help="the matrix's directory (run_matrix.py --results)")
     p.add_argument("--output", type=Path, help="default: judged.json in the matrix's directory")

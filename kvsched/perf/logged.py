@@ -27,8 +27,10 @@ ran a step the log has not; the cursor stays). Failing that (and for a
 window above 0), the logged step of the same batch nearest the cursor
 anywhere in the log prices it (the cursor stays): the simulation grouped
 requests as vLLM did not here, and a step of that batch cost that much
-elsewhere. With a window of 0 the steps are taken in order. A step whose batch the
-log never ran is priced with the step at the cursor and listed
+elsewhere. With a window of 0 the steps are taken in order. A step whose
+batch the log never ran is priced by a line fitted to the log's own steps
+(seconds against tokens and requests: a 350-token prefill is not priced as
+the decode step at the cursor), moves the cursor on, and is listed
 (``mismatches``). The counts say how far the replay is from vLLM's own
 sequence. A step past the end of the log is refused.
 """
@@ -38,6 +40,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
@@ -63,6 +67,17 @@ class LoggedStep:
                                  "a step runs at least one token of each request it schedules")
         if not self.elapsed_s >= 0.0:
             raise UserInputError(f"logged step: elapsed_s={self.elapsed_s!r}: must be a time >= 0 s")
+
+
+def _fit_line(steps: Sequence[LoggedStep]) -> tuple[float, float, float]:
+    """Least squares of the logged seconds on (1, tokens, requests); with
+    too few distinct batches for three terms, the mean step."""
+    x = np.array([(1.0, s.num_tokens, s.num_reqs) for s in steps])
+    y = np.array([s.elapsed_s for s in steps])
+    if len({(s.num_tokens, s.num_reqs) for s in steps}) < 3 or np.linalg.matrix_rank(x) < 3:
+        return float(y.mean()), 0.0, 0.0
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    return float(coef[0]), float(coef[1]), float(coef[2])
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +118,7 @@ class LoggedStepTimeModel(StepTimeModel):
         self._where: dict[tuple[int, int], list[int]] = {}
         for i, step in enumerate(self.steps):
             self._where.setdefault((step.num_tokens, step.num_reqs), []).append(i)
+        self._line = _fit_line(self.steps)
 
     def _rebuilt(self, host: HostTerms) -> LoggedStepTimeModel:
         return LoggedStepTimeModel(self.model, self.hardware, self.parallel, self.runtime, self.steps,
@@ -148,7 +164,8 @@ class LoggedStepTimeModel(StepTimeModel):
         if len(self.mismatches) < MAX_MISMATCHES_KEPT:
             self.mismatches.append(StepMismatch(k, (steps[k].num_tokens, steps[k].num_reqs), batch))
         self.next_index = k + 1
-        return steps[k].elapsed_s
+        a, b, c = self._line
+        return max(0.0, a + b * num_tokens + c * num_reqs)
 
     def gpu_time(self, shape: BatchShape, global_tokens: int | None = None) -> float:
         """The logged time of the next step, plus the host terms (none

@@ -57,11 +57,14 @@ def test_host_terms_add_to_the_logged_time() -> None:
 
 def test_a_different_batch_in_order_is_priced_and_listed() -> None:
     sm = replay([LoggedStep(1, 1, 0.040), LoggedStep(257, 2, 0.340)])
-    assert sm.gpu_time(decode(2)) == 0.040
+    # Two batches are too few for a line: the mean logged step prices it.
+    assert sm.gpu_time(decode(2)) == pytest.approx(0.190)
     assert sm.num_mismatches == 1
     assert sm.mismatches == [StepMismatch(0, (1, 1), (2, 2))]
-    assert sm.gpu_time(prefill(256)) == 0.340  # the cursor moved on regardless
+    assert sm.gpu_time(prefill(256)) == pytest.approx(0.190)  # the cursor moved on regardless
     assert sm.num_mismatches == 2
+    with pytest.raises(UserInputError, match="past the log's 2 steps"):
+        sm.gpu_time(decode(1))
 
 
 def test_the_window_finds_the_step_a_boundary_moved() -> None:
@@ -82,20 +85,24 @@ def test_the_window_finds_the_step_a_boundary_moved() -> None:
 
 
 def test_a_batch_outside_the_window_takes_its_nearest_logged_step() -> None:
-    log = [LoggedStep(1, 1, 0.040), LoggedStep(2, 2, 0.045), LoggedStep(2, 2, 0.046), LoggedStep(2, 2, 0.047),
-           LoggedStep(258, 3, 0.300), LoggedStep(3, 3, 0.050)]
+    # Times on the line 10 ms + 1 ms per token + 5 ms per request, but the
+    # (258, 3) step, 40 ms above it.
+    log = [LoggedStep(1, 1, 0.016), LoggedStep(2, 2, 0.022), LoggedStep(2, 2, 0.022), LoggedStep(2, 2, 0.022),
+           LoggedStep(258, 3, 0.323), LoggedStep(3, 3, 0.028)]
     sm = replay(log, window=1)
-    assert sm.gpu_time(decode(1)) == 0.040
+    assert sm.gpu_time(decode(1)) == 0.016
     # (258, 3) is 3 steps ahead, outside the window: priced from there, the cursor stays.
-    assert sm.gpu_time(BatchShape(258, 3, 3, 2, 200, 256, 256, 256 * 257 // 2)) == 0.300
+    assert sm.gpu_time(BatchShape(258, 3, 3, 2, 200, 256, 256, 256 * 257 // 2)) == 0.323
     assert (sm.num_elsewhere, sm.next_index, sm.num_mismatches) == (1, 1, 0)
-    # A batch the log never ran: the step at the cursor, listed.
-    assert sm.gpu_time(decode(5)) == 0.045
-    assert sm.mismatches == [StepMismatch(1, (2, 2), (5, 5))]
-    # In order (window 0) nothing is looked for.
+    # A batch the log never ran: priced by the line through the log's
+    # steps (not the 22 ms decode at the cursor), listed, the cursor on.
+    line_5x5 = sm.gpu_time(decode(5))
+    assert 0.030 < line_5x5 < 0.050
+    assert sm.mismatches == [StepMismatch(1, (2, 2), (5, 5))] and sm.next_index == 2
+    # In order (window 0) nothing is looked for: the same line prices it.
     sm = replay(log)
     sm.gpu_time(decode(1))
-    assert sm.gpu_time(BatchShape(258, 3, 3, 2, 200, 256, 256, 256 * 257 // 2)) == 0.045
+    assert sm.gpu_time(BatchShape(5, 5, 5, 5, 100, 0, 0, 0)) == pytest.approx(line_5x5)
     assert (sm.num_elsewhere, sm.num_mismatches) == (0, 1)
 
 

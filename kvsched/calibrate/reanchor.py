@@ -1,0 +1,91 @@
+"""A step profile carried to the machine as it runs now, from one logged run.
+
+A profile (``kvsched profile``) holds step times as the machine gave them
+while it was measured. On a shared host they move: on issue 21's testbed the
+same batch took 15-80 % longer an hour later (other tenants of the VM's
+host; docs/validation.md). Profiling again takes minutes of an idle server;
+re-anchoring takes a run the server already served with
+``--enable-logging-iteration-details`` (a warm-up, a short bench run):
+
+1. the run's log is tied to its requests by kvsched's own scheduler
+   (:func:`~kvsched.calibrate.iteration_replay.replay_iteration_log`), so
+   every logged step's batch is known exactly;
+2. :func:`measure_drift` sets each logged step time against the profile's
+   price of the same batch; the median ratio is the drift (one factor: the
+   host slows every kernel alike, measured as prefill and decode ratios
+   within a few per cent of each other on the testbed);
+3. :func:`reanchored` is the profile with every step time times that
+   factor, saying so in its notes; the profiled backend fits it as any.
+
+The run used to re-anchor is then spent: judge the profile on other runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvsched.calibrate.iteration_replay import IterationReplay
+from kvsched.errors import UserInputError
+from kvsched.perf.profiled import ProfiledStepTimeModel
+from kvsched.perf.step_profile import StepProfile
+from kvsched.profile.iteration_log import IterationLine
+
+# Fewer logged steps than this say too little about the machine's speed.
+MIN_DRIFT_STEPS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """Logged step time over the profile's price of the same batch."""
+
+    factor: float         # the median ratio
+    steps: int            # the steps it is taken over
+    p10: float            # the ratio's spread
+    p90: float
+    prefill_factor: float | None   # the median over steps with prompt tokens
+    decode_factor: float | None    # over pure-decode steps
+
+
+def measure_drift(model: ProfiledStepTimeModel, replay: IterationReplay,
+                  log: Sequence[IterationLine]) -> Drift:
+    """The drift of ``model``'s profile on the logged run ``log``, whose
+    steps ``replay`` tied to their batches. ``model`` must carry no host
+    terms: the log's iteration time is the forward pass alone, as the
+    profile's."""
+    if model.host is not None:
+        raise ValueError("measure_drift: a profiled model without host terms (the iteration log "
+                         "times the forward pass only)")
+    if not replay.complete:
+        raise UserInputError(f"the logged run cannot re-anchor a profile: {replay.reason}")
+    ratios: list[float] = []
+    prefill: list[float] = []
+    decode: list[float] = []
+    for step, line in zip(replay.steps, log):
+        price = model.gpu_time(step.shape)
+        if price <= 0.0 or line.elapsed_ms <= 0.0:
+            continue
+        r = line.elapsed_ms / 1e3 / price
+        ratios.append(r)
+        (prefill if step.shape.prefill_tokens else decode).append(r)
+    if len(ratios) < MIN_DRIFT_STEPS:
+        raise UserInputError(f"the logged run has {len(ratios)} timed steps; re-anchoring needs at least "
+                             f"{MIN_DRIFT_STEPS} (send more requests)")
+    q = statistics.quantiles(ratios, n=10)
+    return Drift(statistics.median(ratios), len(ratios), q[0], q[-1],
+                 statistics.median(prefill) if prefill else None,
+                 statistics.median(decode) if decode else None)
+
+
+def reanchored(profile: StepProfile, drift: Drift, source: str) -> StepProfile:
+    """``profile`` with every step time scaled by ``drift.factor`` (its fit
+    dropped: the backend refits from the steps), the change in its notes."""
+    if not 0.0 < drift.factor < 100.0:
+        raise UserInputError(f"drift factor {drift.factor!r}: not a speed change a host makes "
+                             "(the logged run is another model or machine?)")
+    steps = [dataclasses.replace(s, elapsed_ms=s.elapsed_ms * drift.factor) for s in profile.steps]
+    note = (f"re-anchored on {source}: every step time x{drift.factor:.3f} (median logged/profiled over "
+            f"{drift.steps} steps; p10-p90 {drift.p10:.3f}-{drift.p90:.3f})")
+    return dataclasses.replace(profile, steps=steps, fit=None, notes=[*profile.notes, note])
