@@ -6,7 +6,7 @@ prints the published figure next to kvsched's. docs/published_pd.md records
 the sources, the set-ups, what differs and the table this script printed.
 
     PYTHONPATH=. python benchmarks/published_pd.py \
-        [--sections distserve splitwise llmd offload-ttft offload-tput]
+        [--sections distserve splitwise vllm-docs llmd offload-ttft offload-tput]
 
 Sections (about 1 minute of CPU in all):
   distserve     DistServe (OSDI'24) Figure 1: a 13B model on one A100, 512-token prompts, 64-token
@@ -14,6 +14,8 @@ Sections (about 1 minute of CPU in all):
                 colocated vs 2P1D.
   splitwise     Splitwise (ISCA'24) section VI-A: the KV-cache transfer's share of the prompt time and of
                 E2E, coding trace, one request at a time, two H100 machines.
+  vllm-docs     vLLM's disaggregated-prefill docs: P/D does not raise throughput, it controls tail ITL
+                (Llama-3.1-70B, 8 H100s, 8k-token prompts: colocated DP2 x TP4 vs 1P1D TP4).
   llmd          llm-d-kv-cache-manager benchmark "37-capacity": 4 vLLM pods of Llama-3.1-70B, 83 shared
                 8k-token prefixes, precise prefix-cache routing vs random / load routing.
   offload-ttft  vLLM blog "KV offloading connector" (2026-01-08) Figure 1: one request's TTFT when its KV
@@ -131,7 +133,9 @@ def splitwise(num_prompts: int) -> None:
     kv, split = pd["kv_transfer"], pd["ttft_split_ms"]
     read_ms = kv["mean_ms"]
     rows = [
-        ["mean prompt tokens", "(coding trace)", f"{pd['total_input_tokens'] / pd['completed']:.0f}"],
+        ["requests / mean prompt tokens", "(coding trace)",
+         f"{pd['completed']} ({pd['failed']} refused: over Llama-2's 4,096 context) / "
+         f"{pd['total_input_tokens'] / pd['completed']:.0f}"],
         ["KV read mean / p99 (ms)", "serialized: grows with the prompt; per-layer: ~5 ms not overlapped",
          f"{read_ms:.2f} / {kv['p99_ms']:.2f} ({', '.join(kv['paths'])})"],
         ["KV transfer / prompt computation", "< 7 %", f"{read_ms / split['prefill_leg_ms']:.1%}"],
@@ -141,7 +145,42 @@ def splitwise(num_prompts: int) -> None:
          f"+{pd['mean_e2el_ms'] / base['mean_e2el_ms'] - 1:.1%} "
          f"(hop {split['hop_ms']:.1f} ms, read {split['kv_wait_and_read_ms']:.1f} ms)"],
     ]
+    # Splitwise's "large prompts": 4,000 tokens (Llama-2-70B's context is 4,096), 13 output tokens (the
+    # coding trace's median).
+    long = ["--model", "meta-llama/Llama-2-70b-hf", "--hardware", "h100-sxm", "-tp", "8",
+            "--dataset-name", "random", "--random-input-len", "4000", "--random-output-len", "13",
+            "--num-prompts", "20", "--max-concurrency", "1"]
+    long_base = simulate(long)
+    long_pd = simulate([*long, "--disaggregation", "1P1D"])
+    long_read = long_pd["kv_transfer"]["mean_ms"]
+    rows += [
+        ["4K-token prompt: KV read (ms)", "-", f"{long_read:.2f}"],
+        ["4K-token prompt: serialized transfer / E2E", "up to 3 %",
+         f"{long_read / long_pd['mean_e2el_ms']:.1%}"],
+        ["4K-token prompt: P/D E2E over colocated, all costs", "-",
+         f"+{long_pd['mean_e2el_ms'] / long_base['mean_e2el_ms'] - 1:.1%}"],
+    ]
     table(["Splitwise VI-A", "published", "kvsched (vLLM NixlConnector: serialized pull)"], rows)
+
+
+# --- vLLM docs: disaggregated prefilling --------------------------------------------------------------
+
+def vllm_docs(num_prompts: int) -> None:
+    print("## vLLM docs: P/D does not improve throughput; it controls tail ITL "
+          "(benchmarks/pd_shape.py's set-up)\n")
+    common = ["--model", "meta-llama/Llama-3.1-70B", "--hardware", "h100-sxm", "-tp", "4",
+              "--dataset-name", "random", "--random-input-len", "8000", "--random-output-len", "256",
+              "--random-range-ratio", "0.2", "--seed", "1", "--num-prompts", str(num_prompts)]
+    rows = []
+    for rate in (0.5, 1.0, 1.5):
+        for name, extra in (("colocated DP2 x TP4", ["-dp", "2"]),
+                            ("1P1D, TP4 each", ["--disaggregation", "1P1D"])):
+            m = simulate([*common, *extra, "--request-rate", repr(rate)])
+            rows.append([f"{rate:g}", name, f"{m['output_throughput_per_gpu']:.1f}",
+                         f"{m['mean_tpot_ms']:.1f}", f"{m['p99_tpot_ms']:.1f}", f"{m['p99_itl_ms']:.1f}",
+                         f"{m['mean_ttft_ms']:.0f}"])
+    table(["req/s", "8 H100s as", "output tok/s per GPU", "mean TPOT (ms)", "p99 TPOT (ms)", "p99 ITL (ms)",
+           "mean TTFT (ms)"], rows)
 
 
 # --- llm-d precise prefix-cache routing ---------------------------------------------------------------
@@ -291,6 +330,7 @@ def main() -> None:
     sections: dict[str, Callable[[argparse.Namespace], None]] = {
         "distserve": lambda a: distserve(a.num_prompts),
         "splitwise": lambda a: splitwise(a.num_prompts),
+        "vllm-docs": lambda a: vllm_docs(150),
         "llmd": lambda a: llmd(),
         "offload-ttft": lambda a: offload_ttft(),
         "offload-tput": lambda a: offload_tput(a.offload_requests),
