@@ -222,6 +222,8 @@ def _serve_flags(c: Candidate) -> list[str]:
         flags += ["--kv-cache-dtype", c.kv_cache_dtype]
     if c.scheduling_policy != "fcfs":
         flags += ["--scheduling-policy", c.scheduling_policy]
+    if c.kv_offloading_size is not None:  # vLLM's backend, native, is the default
+        flags += ["--kv-offloading-size", f"{c.kv_offloading_size:g}"]
     return flags
 
 

@@ -64,6 +64,16 @@ def test_pd_is_not_crossed_with_what_it_does_not_simulate() -> None:
     assert len(colocated) == 4 and {c.router for c in colocated} == {"round-robin"}
 
 
+def test_offloading_is_a_colocated_dimension() -> None:
+    space = SearchSpace(("h100-sxm",), (1,), (1,), kv_offloading_size=(None, 4.0))
+    off, on = sorted(space.candidates(1, is_moe=False), key=lambda c: c.order_key())
+    assert (off.kv_offloading_size, on.kv_offloading_size) == (None, 4.0)
+    base = parse_spec(["--model", MODEL, *WORKLOAD])
+    assert on.apply(base) == parse_spec(["--model", MODEL, *WORKLOAD, "--kv-offloading-size", "4"])
+    assert shlex.split(on.vllm_serve(MODEL))[-2:] == ["--kv-offloading-size", "4"]
+    assert on.label() == "h100-sxm TP1 offload 4GiB"
+
+
 def test_apply_builds_the_deployment_simulate_builds() -> None:
     c = Candidate("h100-sxm", 4, 2, prefill_instances=1, prefill_tensor_parallel_size=2,
                   router="least-loaded")
