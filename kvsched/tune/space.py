@@ -201,9 +201,12 @@ class Candidate:
         return asdict(self)
 
     def order_key(self) -> tuple[Any, ...]:
-        """A total order (vLLM's default, None, before any value): the
-        search's tie-break, so its answer does not depend on arrival order."""
-        return tuple((0, 0) if v is None else (1, v) for v in (getattr(self, f.name) for f in fields(self)))
+        """A total order (vLLM's default, None, before any value; the
+        proxy's router likewise, vLLM's round-robin first): the search's
+        tie-break, so its answer does not depend on arrival order."""
+        values = (None if f.name == "router" and v == DeploymentSpec().router else v
+                  for f, v in ((f, getattr(self, f.name)) for f in fields(self)))
+        return tuple((0, 0) if v is None else (1, v) for v in values)
 
 
 def _serve_flags(c: Candidate) -> list[str]:

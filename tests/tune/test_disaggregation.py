@@ -4,6 +4,7 @@ lines, and the pick against brute force (every shape simulated through
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -72,6 +73,15 @@ def test_offloading_is_a_colocated_dimension() -> None:
     assert on.apply(base) == parse_spec(["--model", MODEL, *WORKLOAD, "--kv-offloading-size", "4"])
     assert shlex.split(on.vllm_serve(MODEL))[-2:] == ["--kv-offloading-size", "4"]
     assert on.label() == "h100-sxm TP1 offload 4GiB"
+
+
+def test_ties_go_to_vllms_proxy() -> None:
+    # Equal answers rank by the candidate order: vLLM's round-robin proxy
+    # before the other routers, whatever their names.
+    rr = Candidate("h100-sxm", 1, 1, prefill_instances=1, prefill_tensor_parallel_size=1)
+    for router in ("least-loaded", "prefix-aware"):
+        other = dataclasses.replace(rr, router=router)
+        assert rr.order_key() < other.order_key()
 
 
 def test_apply_builds_the_deployment_simulate_builds() -> None:
@@ -211,6 +221,10 @@ def test_cli_answers_with_every_role_and_the_proxy(tmp_path: Path,
     assert serve.count("vllm serve") == 3 and serve.count("--kv-transfer-config") == 3
     assert "--prefiller-ports 8100 8101 --decoder-hosts localhost --decoder-ports 8200" in serve
     assert pd["simulate_args"][:2] == ["--disaggregation", "2P1D"]
+    # The reproducing line builds the same two roles.
+    groups = parse_spec(pd["simulate_args"]).deployment.groups
+    assert [(g.role, g.engine.data_parallel_size, g.engine.tensor_parallel_size) for g in groups] == [
+        ("prefill", 2, 1), ("decode", 1, 1)]
     printed = capsys.readouterr().out
     assert "shape" in printed.splitlines()[1]
     best = data["best"]
