@@ -6,7 +6,10 @@
 
 Every candidate is a run spec (``kvsched simulate``'s); the winners are
 printed with the ``vllm serve`` line that runs them and the ``kvsched
-simulate`` line that reproduces their numbers.
+simulate`` line that reproduces their numbers. ``--disaggregation auto``
+adds prefill/decode disaggregated candidates (every xPyD split of the GPU
+budget, per-role TP from --tp), answered with a ``vllm serve`` line per
+instance and the proxy's command.
 """
 
 from __future__ import annotations
@@ -111,6 +114,17 @@ def add_tune_parser(sub: Any) -> None:
     s.add_argument("--admission-policy", nargs="+", metavar="POLICY",
                    help="kvsched's admission policies to try: none, balance, prefill-cadence "
                         "(default: none)")
+    s.add_argument("--disaggregation", choices=["off", "auto"], default="off",
+                   help="auto: also every prefill/decode disaggregated split xPyD of --max-gpus (x "
+                        "prefill and y decode instances, per-role TP from --tp, joined by vLLM's "
+                        "NixlConnector behind its P/D proxy) beside the colocated candidates "
+                        "(default: off)")
+    s.add_argument("--router", nargs="+", metavar="ROUTER",
+                   help="with --disaggregation auto: how the P/D proxy picks an instance of each role, "
+                        "round-robin (vLLM's proxy), least-loaded, prefix-aware (default: round-robin)")
+    s.add_argument("--kv-offloading-size", nargs="+", metavar="GIB",
+                   help="vLLM's --kv-offloading-size values to try on the colocated candidates (GiB of "
+                        "CPU KV cache per engine core), or 'off' (default: off)")
     add_engine_arguments(p, FIXED_ENGINE, title="engine settings every candidate shares")
     add_workload_arguments(p)
     x = p.add_argument_group("execution and output")
@@ -177,7 +191,8 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
              "enable_prefix_caching": [ON_OFF[v] for v in args.prefix_caching] if args.prefix_caching
              else None,
              "kv_cache_dtype": args.kv_cache_dtype, "scheduling_policy": args.scheduling_policy,
-             "admission_policy": args.admission_policy}
+             "admission_policy": args.admission_policy, "router": args.router,
+             "kv_offloading_size": _offloading_sizes(args.kv_offloading_size)}
     for name, raw in flags.items():
         if raw is None:
             continue
@@ -188,7 +203,28 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
     dims["hardware"] = list(check_space_values("hardware", dims["hardware"], "--hardware"))
     if args.step_time_profile is not None:
         _pin_to_profile(dims, args.step_time_profile, tp_given)
-    return SearchSpace(**{k: tuple(v) for k, v in dims.items()})
+    disaggregation = args.disaggregation == "auto"
+    if not disaggregation and dims.get("router", ["round-robin"]) != ["round-robin"]:
+        raise UserInputError(f"--router {' '.join(map(str, dims['router']))}: the proxy's router only "
+                             "matters with prefill/decode disaggregation; add --disaggregation auto or "
+                             "drop --router")
+    return SearchSpace(**{k: tuple(v) for k, v in dims.items()}, disaggregation=disaggregation)
+
+
+def _offloading_sizes(raw: list[str] | None) -> list[float | str] | None:
+    """--kv-offloading-size's words: GiB numbers or 'off'."""
+    if raw is None:
+        return None
+    out: list[float | str] = []
+    for v in raw:
+        if v == "off":
+            out.append(v)
+            continue
+        try:
+            out.append(float(v))
+        except ValueError:
+            raise UserInputError(f"--kv-offloading-size={v!r}: give GiB numbers or 'off'") from None
+    return out
 
 
 def _pin_to_profile(dims: dict[str, list[Any]], path: str, tp_given: bool) -> None:
@@ -363,14 +399,20 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
              + (f", {len(result.failed)} could not serve the load (in the saved JSON)"
                 if result.failed else "")
              + "."]
+    # With P/D candidates each row also says its shape (colocated or xPyD, and the TPs).
+    shapes = any(e.candidate.disaggregated for e in result.ranked)
     head = f"{'#':>3}  {'deployment':42} {'GPUs':>4} {'rate':>7} {'goodput/GPU':>11}"
+    if shapes:
+        head = f"{'#':>3}  {'deployment':42} {'shape':26} {'GPUs':>4} {'rate':>7} {'goodput/GPU':>11}"
     for name, _ in slo.targets:
         head += f" {stat + ' ' + name:>12}"
     head += "  SLO     pricing"
     lines.append(head)
     for i, e in enumerate(result.ranked[:args.top], 1):
         rate = (">=" if e.rate_is_lower_bound else "") + (f"{e.rate:.3g}" if e.rate is not None else "-")
-        row = f"{i:>3}  {e.candidate.label()[:42]:42} {e.num_gpus:>4} {rate:>7} {e.goodput_per_gpu:>11.3f}"
+        shape = f" {e.candidate.shape():26}" if shapes else ""
+        row = (f"{i:>3}  {e.candidate.label()[:42]:42}{shape} {e.num_gpus:>4} {rate:>7} "
+               f"{e.goodput_per_gpu:>11.3f}")
         for name, _ in slo.targets:
             row += f" {e.metrics.get(slo.key(name), math.nan):>12.1f}"
         row += "  met   " if e.meets_slo else "  missed"
@@ -388,7 +430,7 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
         priced = f", steps priced by {b.pricing.describe()}" if b.pricing is not None else ""
         lines += ["", f"Best: {b.candidate.label()} on {b.num_gpus} GPU{'s' if b.num_gpus > 1 else ''}"
                       + priced,
-                  f"  {problem.vllm_serve(b.candidate)}",
+                  _indent(problem.vllm_serve(b.candidate)),
                   f"  reproduce: kvsched simulate {shlex.join(b.argv)}"]
         if len(result.pareto) > 1:
             lines.append(f"Pareto front (goodput/GPU vs {slo.key(slo.targets[0][0])}): "
@@ -401,5 +443,10 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
                            for (n, t), s in zip(slo.targets, c.slack_ms.values()) if s < 0)
         lines += ["", f"No deployment meets the SLO; the closest is {c.candidate.label()} on "
                       f"{c.num_gpus} GPU{'s' if c.num_gpus > 1 else ''} ({misses})",
-                  f"  {problem.vllm_serve(c.candidate)}"]
+                  _indent(problem.vllm_serve(c.candidate))]
     return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    """Every line of ``text`` two spaces in (a P/D answer is several lines)."""
+    return "\n".join(f"  {line}" for line in text.splitlines())

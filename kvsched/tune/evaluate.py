@@ -57,6 +57,9 @@ def run_job(job: Job) -> dict[str, Any]:
         return {"error": str(e)}
     # Which backend prices the candidate's steps travels with every answer.
     priced = pricing_of(run.deployment).to_json()
+    # Every GPU the deployment holds: a disaggregated one's prefill instances too.
+    gpus = num_gpus(run.deployment) + (num_gpus(run.prefill_deployment)
+                                       if run.prefill_deployment is not None else 0)
     goodput = spec.options.goodput
     guard = None
     if job.guard is not None and goodput:
@@ -64,7 +67,7 @@ def run_job(job: Job) -> dict[str, Any]:
     try:
         done = run_prepared(run, after_step=guard)
     except SloMissed as e:
-        return {"missed": str(e), "num_gpus": num_gpus(run.deployment), **priced}
+        return {"missed": str(e), "num_gpus": gpus, **priced}
     except CannotServe as e:
         # The deployment cannot serve the load (e.g. an admission gate that
         # holds every request): an answer about this candidate, not a bug.
@@ -73,7 +76,7 @@ def run_job(job: Job) -> dict[str, Any]:
     # Wall time is the machine's, not the simulation's: kept apart, so a
     # job's metrics are the same wherever and whenever it runs.
     wall = metrics.pop("simulation_wall_seconds", None)
-    return {"metrics": json_safe(metrics), "num_gpus": num_gpus(run.deployment), "wall_seconds": wall,
+    return {"metrics": json_safe(metrics), "num_gpus": gpus, "wall_seconds": wall,
             **priced}
 
 

@@ -29,7 +29,8 @@ MET, MISSED, FRONT, BEST, TARGET = PALETTE[0], PALETTE[3], "#1f2430", PALETTE[1]
 LOG_SPAN = 20.0
 _EXTRA_CSS = """
 code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", monospace;
-  font-size: 12.5px; background: #f0f2f5; padding: 2px 5px; border-radius: 4px; overflow-wrap: anywhere; }
+  font-size: 12.5px; background: #f0f2f5; padding: 2px 5px; border-radius: 4px; overflow-wrap: anywhere;
+  white-space: pre-wrap; }  /* a P/D answer: one line per instance, then the proxy */
 dl.cmds dt { font-weight: 600; margin-top: 10px; } dl.cmds dd { margin: 3px 0 0 0; }
 tr.best td { background: #fff4e0; } td.met { color: #2f7d32; } td.missed { color: #b3261e; }
 svg.chart .callout-label { fill: var(--fg); font-weight: 600; }

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.perf.hardware import get_hardware
 from kvsched.perf.models import ModelSpec, get_model
 from kvsched.sim.flags import spec_argv
 from kvsched.sim.pricing import Pricing, pricing_from_json, pricing_of
-from kvsched.sim.run import build_group_deployment
+from kvsched.sim.run import build_role_deployment, check_roles_match
 from kvsched.sim.spec import RunSpec
 from kvsched.tune.evaluate import Job, ResultCache
 from kvsched.tune.executors import Executor
@@ -92,7 +93,8 @@ class Evaluated:
     pricing: Pricing | None = None
 
     def to_json(self, problem: Problem) -> dict[str, Any]:
-        return {"label": self.candidate.label(), "candidate": self.candidate.to_json(),
+        return {"label": self.candidate.label(), "shape": self.candidate.shape(),
+                "candidate": self.candidate.to_json(),
                 "num_gpus": self.num_gpus, "rate": self.rate, "meets_slo": self.meets_slo,
                 "slack_ms": self.slack_ms, "goodput_per_gpu": self.goodput_per_gpu,
                 "cost_per_mtok": self.cost_per_mtok, "stopped_early": self.stopped,
@@ -146,8 +148,11 @@ class Problem:
         return spec
 
     def vllm_serve(self, c: Candidate) -> str:
-        """The candidate's ``vllm serve`` line, with the shared flags."""
-        return c.vllm_serve(self.model, self.serve_flags)
+        """The candidate's ``vllm serve`` line, with the shared flags (a
+        disaggregated one: a line per instance, placed on the hardware's
+        nodes, and the proxy's)."""
+        domain = get_hardware(c.hardware).scaleup_domain if c.disaggregated else 8
+        return c.vllm_serve(self.model, self.serve_flags, domain)
 
     def reproduce(self, c: Candidate, rate: float | None) -> list[str]:
         """The ``kvsched simulate`` arguments that reproduce an answer, the
@@ -155,8 +160,9 @@ class Problem:
         return [*spec_argv(self.spec(c, rate)), "--goodput", *(f"{n}:{t:g}" for n, t in self.slo.targets)]
 
     def job(self, c: Candidate, rate: float | None) -> Job:
-        return Job(self.spec(c, rate), self.input_digest,
-                   self.slo.percentile if self.early_stop else None)
+        # The disaggregated simulator takes no per-step hook: its runs go to the end.
+        early = self.early_stop and not c.disaggregated
+        return Job(self.spec(c, rate), self.input_digest, self.slo.percentile if early else None)
 
     def evaluated(self, c: Candidate, rate: float | None, result: Mapping[str, Any]) -> Evaluated:
         priced = pricing_from_json(dict(result))
@@ -208,18 +214,32 @@ def feasible_with_pricing(candidates: Sequence[Candidate], base: RunSpec
     keep: list[tuple[Candidate, Pricing]] = []
     pruned: list[tuple[Candidate, str]] = []
     for c in candidates:
+        deployment = c.apply(base).deployment
         try:
-            deployment, _ = build_group_deployment(c.apply(base).deployment.group)
+            # Every role must fit (a disaggregated candidate: the prefill and
+            # the decode instances, as the runner builds them).
+            built = [build_role_deployment(deployment, g)[0] for g in deployment.groups]
+            if len(built) == 2:
+                check_roles_match(built[0], built[1])
         except UserInputError as e:
             pruned.append((c, str(e)))
             continue
-        keep.append((c, pricing_of(deployment)))
+        priced = [pricing_of(d) for d in built]
+        if len({p.backend for p in priced}) > 1:
+            pruned.append((c, f"the prefill instances' steps would be priced by {priced[0].describe()}, "
+                              f"the decode instances' by {priced[1].describe()}: one deployment priced "
+                              "two ways; give --tp sizes one backend prices"))
+            continue
+        # The decode instances' pricing stands for the candidate's (as run_job records it).
+        keep.append((c, priced[-1]))
     return keep, pruned
 
 
 def check_tensor_parallel_sizes(candidates: Sequence[Candidate], model: ModelSpec) -> None:
     """Every candidate's TP size splits ``model``'s heads, as vLLM requires."""
-    for tp in sorted({c.tensor_parallel_size for c in candidates}):
+    sizes = {c.tensor_parallel_size for c in candidates}
+    sizes |= {c.prefill_tensor_parallel_size for c in candidates if c.disaggregated}
+    for tp in sorted(sizes):
         try:
             model.check_tensor_parallel_size(tp)
         except UserInputError as e:

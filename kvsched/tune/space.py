@@ -1,18 +1,28 @@
 """The deployments ``kvsched tune`` searches: one :class:`Candidate` per
 combination of hardware, parallelism and scheduler settings, each written as
-``kvsched simulate`` flags and as the ``vllm serve`` line that runs it."""
+``kvsched simulate`` flags and as the ``vllm serve`` line that runs it.
+
+With ``--disaggregation auto`` the space also holds prefill/decode
+disaggregated candidates: every xPyD split of the GPU budget with per-role
+TP sizes from the space's TP choices, each answered with one ``vllm serve``
+line per instance (vLLM's NixlConnector) and the proxy in front of them.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import itertools
+import json
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from kvsched.errors import UserInputError
-from kvsched.sim.spec import RunSpec
+from kvsched.sim.disagg import node_of_instances
+from kvsched.sim.flags import deployment_spec
+from kvsched.sim.spec import PD_ROUTERS, DeploymentSpec, RunSpec
 
 # vLLM's scheduler defaults, left to vLLM (None): the flag is then not passed.
 DEFAULT = None
@@ -36,19 +46,55 @@ class Candidate:
     # kvsched's admission hooks (not vLLM flags): none, balance (seed 001's
     # data-parallel gate), prefill-cadence.
     admission_policy: str = "none"
+    # vLLM's --kv-offloading-size (GiB of CPU KV cache per engine core; None: off).
+    kv_offloading_size: float | None = None
+    # Prefill/decode disaggregation (--disaggregation auto): this many
+    # prefill instances of prefill_tensor_parallel_size GPUs each, and then
+    # tensor_parallel_size and data_parallel_size are the decode instances'
+    # TP and count (as the run spec's decode group holds them). 0: colocated.
+    prefill_instances: int = 0
+    prefill_tensor_parallel_size: int = 0
+    # How the P/D proxy picks an instance of each role (colocated: unused).
+    router: str = "round-robin"
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_instances > 0
 
     @property
     def num_gpus(self) -> int:
-        return self.tensor_parallel_size * self.data_parallel_size
+        return (self.tensor_parallel_size * self.data_parallel_size
+                + self.prefill_instances * self.prefill_tensor_parallel_size)
+
+    def shape(self) -> str:
+        """Colocated ``DPn`` or ``xPyD`` with each role's TP, for tables."""
+        if self.disaggregated:
+            return (f"{self.prefill_instances}P{self.data_parallel_size}D "
+                    f"P-TP{self.prefill_tensor_parallel_size} D-TP{self.tensor_parallel_size}")
+        return f"colocated DP{self.data_parallel_size} TP{self.tensor_parallel_size}"
 
     def apply(self, base: RunSpec) -> RunSpec:
         """``base`` (model, shared engine settings, workload) deployed as this candidate."""
-        engine = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "admission_policy"}
-        return base.with_engine(**engine).with_group(admission_policy=self.admission_policy)
+        engine = {f.name: getattr(self, f.name) for f in fields(self) if f.name in ENGINE_FIELDS}
+        if not self.disaggregated:
+            return base.with_engine(**engine).with_group(admission_policy=self.admission_policy)
+        # simulate's own --disaggregation rule builds the two groups: one
+        # engine core per instance, the roles' TP sizes, the proxy's router.
+        one = base.with_engine(**{**engine, "data_parallel_size": 1}).with_group(
+            admission_policy=self.admission_policy)
+        deployment = deployment_spec(one.deployment.group,
+                                     f"{self.prefill_instances}P{self.data_parallel_size}D",
+                                     self.prefill_tensor_parallel_size, self.tensor_parallel_size,
+                                     None, self.router)
+        return dataclasses.replace(one, deployment=deployment)
 
-    def vllm_serve(self, model: str, fixed: Sequence[str] = ()) -> str:
+    def vllm_serve(self, model: str, fixed: Sequence[str] = (), scaleup_domain: int = 8) -> str:
         """The ``vllm serve`` command line (vLLM's flags) of this deployment;
-        ``fixed``: vLLM flags every candidate shares."""
+        ``fixed``: vLLM flags every candidate shares. Disaggregated: one
+        line per instance (:meth:`role_commands`), then the proxy's."""
+        if self.disaggregated:
+            return "\n".join([*self.role_commands(model, fixed, scaleup_domain),
+                              self.proxy_command(scaleup_domain)])
         parts = ["vllm", "serve", model, "--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.data_parallel_size > 1:
             parts += ["--data-parallel-size", str(self.data_parallel_size)]
@@ -63,10 +109,72 @@ class Candidate:
             line += "  # plus prefill_schedule_interval 2 in the scheduler config"
         return line
 
+    def placement(self, scaleup_domain: int) -> list[tuple[str, int, int, list[int]]]:
+        """Each instance of a disaggregated deployment as (role, its index
+        in the role, node, GPUs on that node), placed as the simulator
+        places them (:func:`kvsched.sim.disagg.node_of_instances`: prefill
+        first, filling nodes in order, none straddling two)."""
+        roles = ([("prefill", self.prefill_tensor_parallel_size)] * self.prefill_instances
+                 + [("decode", self.tensor_parallel_size)] * self.data_parallel_size)
+        nodes = node_of_instances([tp for _, tp in roles], scaleup_domain)
+        used: dict[int, int] = {}
+        seen: dict[str, int] = {}
+        out = []
+        for (role, tp), node in zip(roles, nodes):
+            first = used.get(node, 0)
+            used[node] = first + tp
+            index = seen.get(role, 0)
+            seen[role] = index + 1
+            out.append((role, index, node, list(range(first, first + tp))))
+        return out
+
+    def role_commands(self, model: str, fixed: Sequence[str] = (), scaleup_domain: int = 8) -> list[str]:
+        """One ``vllm serve`` line per instance of a disaggregated
+        deployment, as vLLM's NixlConnector guide starts them: the
+        instance's GPUs, its own NIXL side-channel port, an HTTP port
+        (prefill 8100 + i, decode 8200 + j) and ``--kv-transfer-config``
+        (NixlConnector, kv_role kv_both: the proxy, not the flag, decides
+        the roles)."""
+        config = json.dumps(KV_TRANSFER_CONFIG, separators=(",", ":"))
+        lines = []
+        for n, (role, index, node, gpus) in enumerate(self.placement(scaleup_domain)):
+            tp = self.prefill_tensor_parallel_size if role == "prefill" else self.tensor_parallel_size
+            env = [f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))}",
+                   f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + n}"]
+            parts = ["vllm", "serve", model, "--port", str(role_port(role, index)),
+                     "--tensor-parallel-size", str(tp), *_serve_flags(self), *fixed,
+                     "--kv-transfer-config", config]
+            lines.append(f"# {role} instance {index + 1} of "
+                         f"{self.prefill_instances if role == 'prefill' else self.data_parallel_size}, "
+                         f"on node{node}\n" + " ".join(env) + " " + shlex.join(parts))
+        return lines
+
+    def proxy_command(self, scaleup_domain: int = 8) -> str:
+        """How to run the proxy in front of the instances, in words and a command."""
+        places = self.placement(scaleup_domain)
+        single = all(node == 0 for _, _, node, _ in places)
+
+        def hosts(role: str) -> list[str]:
+            return ["localhost" if single else f"node{node}" for r, _, node, _ in places if r == role]
+
+        def ports(role: str) -> list[str]:
+            return [str(role_port(r, i)) for r, i, _, _ in places if r == role]
+
+        command = shlex.join(["python", "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py",
+                              "--port", "8192", "--prefiller-hosts", *hosts("prefill"),
+                              "--prefiller-ports", *ports("prefill"), "--decoder-hosts", *hosts("decode"),
+                              "--decoder-ports", *ports("decode")])
+        where = "" if single else " (nodeK: the address of node K)"
+        return f"# proxy ({PROXY_WORDS[self.router]}){where}\n{command}"
+
     def label(self) -> str:
         """A short name for tables."""
-        parts = [f"{self.hardware} TP{self.tensor_parallel_size}"]
-        if self.data_parallel_size > 1:
+        if self.disaggregated:
+            parts = [f"{self.hardware} {self.prefill_instances}P{self.data_parallel_size}D "
+                     f"TP{self.prefill_tensor_parallel_size}/{self.tensor_parallel_size}"]
+        else:
+            parts = [f"{self.hardware} TP{self.tensor_parallel_size}"]
+        if self.data_parallel_size > 1 and not self.disaggregated:
             parts.append(f"DP{self.data_parallel_size}")
         if self.enable_expert_parallel:
             parts.append("EP")
@@ -83,15 +191,22 @@ class Candidate:
             parts.append(self.scheduling_policy)
         if self.admission_policy != "none":
             parts.append(self.admission_policy)
+        if self.kv_offloading_size is not None:
+            parts.append(f"offload {self.kv_offloading_size:g}GiB")
+        if self.router != DeploymentSpec().router:
+            parts.append(self.router)
         return " ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     def order_key(self) -> tuple[Any, ...]:
-        """A total order (vLLM's default, None, before any value): the
-        search's tie-break, so its answer does not depend on arrival order."""
-        return tuple((0, 0) if v is None else (1, v) for v in (getattr(self, f.name) for f in fields(self)))
+        """A total order (vLLM's default, None, before any value; the
+        proxy's router likewise, vLLM's round-robin first): the search's
+        tie-break, so its answer does not depend on arrival order."""
+        values = (None if f.name == "router" and v == DeploymentSpec().router else v
+                  for f, v in ((f, getattr(self, f.name)) for f in fields(self)))
+        return tuple((0, 0) if v is None else (1, v) for v in values)
 
 
 def _serve_flags(c: Candidate) -> list[str]:
@@ -110,12 +225,49 @@ def _serve_flags(c: Candidate) -> list[str]:
         flags += ["--kv-cache-dtype", c.kv_cache_dtype]
     if c.scheduling_policy != "fcfs":
         flags += ["--scheduling-policy", c.scheduling_policy]
+    if c.kv_offloading_size is not None:  # vLLM's backend, native, is the default
+        flags += ["--kv-offloading-size", f"{c.kv_offloading_size:g}"]
     return flags
 
 
-# The dimensions a space file or the flags may list, with their types.
-DIMENSIONS: Mapping[str, type] = {f.name: (bool if f.type == "bool" else str if f.type == "str" else int)
-                                  for f in fields(Candidate)}
+# What vLLM's NixlConnector guide passes to every instance: the proxy, not
+# kv_role, decides which instance prefills and which decodes.
+KV_TRANSFER_CONFIG: Mapping[str, str] = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+NIXL_SIDE_CHANNEL_PORT = 5600  # vLLM's default VLLM_NIXL_SIDE_CHANNEL_PORT
+# The proxy for each router (kvsched.sim.proxy simulates vLLM's; the other
+# two pick as llm-d's endpoint picker does, docs/simulator.md).
+PROXY_WORDS: Mapping[str, str] = {
+    "round-robin": "vLLM's NixlConnector proxy, toy_proxy_server.py from vLLM's repository: each request "
+                   "goes to a prefill instance with max_tokens 1 and kv_transfer_params do_remote_decode, "
+                   "then with the returned params to a decode instance, instances of a role in turn",
+    "least-loaded": "the same two legs, each to the instance of the role with the fewest requests waiting "
+                    "and running (e.g. llm-d's P/D inference scheduler with its queue scorer); vLLM's toy "
+                    "proxy below is round-robin, so replace its instance choice",
+    "prefix-aware": "the same two legs through llm-d's P/D inference scheduler with the "
+                    "precise-prefix-cache, queue and kv-cache-utilization scorers (weights 3/2/2); vLLM's "
+                    "toy proxy below shows the legs and ports, not this choice",
+}
+
+
+def role_port(role: str, index: int) -> int:
+    """The HTTP port of instance ``index`` of ``role`` (vLLM's guide: prefill 8100, decode 8200)."""
+    return (8100 if role == "prefill" else 8200) + index
+
+
+# Candidate fields that are the engine's arguments (EngineOptions' names).
+ENGINE_FIELDS = frozenset(f.name for f in fields(Candidate)) - {
+    "admission_policy", "prefill_instances", "prefill_tensor_parallel_size", "router"}
+# The dimensions a space file or the flags may list, with their types (the
+# P/D shape is no dimension: --disaggregation auto enumerates it).
+DIMENSIONS: Mapping[str, type] = {
+    f.name: (bool if f.type == "bool" else str if f.type == "str" else float if "float" in str(f.type)
+             else int)
+    for f in fields(Candidate) if f.name not in ("prefill_instances", "prefill_tensor_parallel_size")}
+# Dimensions only one kind of candidate has: the router only P/D (its
+# proxy), offloading only colocated (P/D with offloading needs vLLM's
+# MultiConnector, not simulated yet).
+PD_ONLY = ("router",)
+COLOCATED_ONLY = ("kv_offloading_size",)
 ADMISSION_POLICIES = ("none", "balance", "prefill-cadence")
 KV_CACHE_DTYPES = ("auto", "fp8")
 POLICIES = ("fcfs", "priority")
@@ -139,9 +291,13 @@ class SearchSpace:
     kv_cache_dtype: tuple[str, ...] = ("auto",)
     scheduling_policy: tuple[str, ...] = ("fcfs",)
     admission_policy: tuple[str, ...] = ("none",)
+    kv_offloading_size: tuple[float | None, ...] = (None,)
+    router: tuple[str, ...] = ("round-robin",)
+    # Also every xPyD split of the budget (--disaggregation auto).
+    disaggregation: bool = False
 
     def candidates(self, max_gpus: int, is_moe: bool) -> Iterator[Candidate]:
-        names = [f.name for f in fields(Candidate)]
+        names = [n for n in DIMENSIONS if n not in PD_ONLY]
         for values in itertools.product(*(getattr(self, n) for n in names)):
             c = Candidate(**dict(zip(names, values)))
             if c.num_gpus > max_gpus or (c.enable_expert_parallel and not is_moe):
@@ -149,6 +305,25 @@ class SearchSpace:
             if c.admission_policy == "balance" and c.data_parallel_size == 1:
                 continue  # the gate balances ranks: with one there is nothing to do
             yield c
+        if self.disaggregation:
+            yield from self.disaggregated(max_gpus)
+
+    def disaggregated(self, max_gpus: int) -> Iterator[Candidate]:
+        """Every x prefill and y decode instances (each at least 1) with
+        per-role TP sizes from the space's, x * TP_p + y * TP_d <= the
+        budget, for each value of the scheduler dimensions. Not crossed with
+        what the simulator does not disaggregate: data parallelism within an
+        instance, expert parallelism, admission policies, offloading."""
+        names = [n for n in DIMENSIONS if n not in COLOCATED_ONLY
+                 and n not in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel",
+                               "admission_policy")]
+        for tp_p, tp_d in itertools.product(self.tensor_parallel_size, repeat=2):
+            for x in range(1, (max_gpus - tp_d) // tp_p + 1):
+                for y in range(1, (max_gpus - x * tp_p) // tp_d + 1):
+                    for values in itertools.product(*(getattr(self, n) for n in names)):
+                        yield Candidate(**dict(zip(names, values)), tensor_parallel_size=tp_d,
+                                        data_parallel_size=y, prefill_instances=x,
+                                        prefill_tensor_parallel_size=tp_p)
 
 
 def check_space_values(name: str, values: Sequence[object], where: str) -> tuple[Any, ...]:
@@ -165,8 +340,15 @@ def check_space_values(name: str, values: Sequence[object], where: str) -> tuple
         if name in ("max_num_seqs", "max_num_batched_tokens") and v in (None, "default"):
             out.append(None)
             continue
+        if name == "kv_offloading_size" and v in (None, "off"):
+            out.append(None)
+            continue
         kind = DIMENSIONS[name]
-        if kind is bool:
+        if kind is float:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 2**20:
+                raise UserInputError(f"{where}: {name}={v!r}: must be GiB in (0, 2**20], or off")
+            v = float(v)
+        elif kind is bool:
             if not isinstance(v, bool):
                 raise UserInputError(f"{where}: {name}={v!r}: must be true or false")
         elif kind is int:
@@ -175,7 +357,7 @@ def check_space_values(name: str, values: Sequence[object], where: str) -> tuple
         elif not isinstance(v, str):
             raise UserInputError(f"{where}: {name}={v!r}: must be a string")
         choices = {"admission_policy": ADMISSION_POLICIES, "kv_cache_dtype": KV_CACHE_DTYPES,
-                   "scheduling_policy": POLICIES}.get(name)
+                   "scheduling_policy": POLICIES, "router": PD_ROUTERS}.get(name)
         if choices is not None and v not in choices:
             raise UserInputError(f"{where}: {name}={v!r}: choose from {', '.join(choices)}")
         out.append(v)
