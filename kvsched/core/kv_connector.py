@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsched.core.kv_cache_manager import KVCacheManager
 from kvsched.core.output import KVConnectorOutput, SchedulerOutput
 from kvsched.errors import UserInputError
 from kvsched.request import Request
@@ -154,6 +155,11 @@ class KVConnectorBase(abc.ABC):
         drops that batch's output (it is recomputed rather than handing off
         blocks the preemption freed). vLLM's default: producer roles."""
         return self.kv_transfer_config.is_kv_producer
+
+    def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
+        """The scheduler's KV cache manager, for a connector that reads the
+        requests' prefix-cache hashes (vLLM's default: nothing to do)."""
+        return None
 
     @abc.abstractmethod
     def get_num_new_matched_tokens(self, request: Request,
