@@ -42,13 +42,13 @@ from kvsched.core.kv_connector import (
     KVConnectorOutput,
     KVTransferConfig,
 )
+from kvsched.core.multi_connector import MultiConnector, MultiKVConnectorWorkerMetadata, MultiScriptedWorker
 from kvsched.core.nixl_connector import (
     NIXL_REQUEST_KEYS,
     NixlConnector,
     NixlScriptedWorker,
     replay_kv_transfer_params,
 )
-from kvsched.core.multi_connector import MultiConnector, MultiKVConnectorWorkerMetadata, MultiScriptedWorker
 from kvsched.core.offloading_connector import OffloadingConnector, OffloadingWorker
 from kvsched.core.offloading_manager import EVICTION_POLICIES
 from kvsched.core.output import (

@@ -32,12 +32,12 @@ reads its own (a NIXL child's role decides ``requires_kv_delivery``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from kvsched.core.kv_cache_manager import KVCacheManager
-from kvsched.core.kv_connector import KVConnectorBase, KVTransferConfig, parse_kv_transfer_config
+from kvsched.core.kv_connector import KVConnectorBase, KVTransferConfig, multi_child_configs
 from kvsched.core.output import KVConnectorOutput, SchedulerOutput
 from kvsched.errors import UserInputError
 from kvsched.request import Request
@@ -48,12 +48,11 @@ __all__ = [
     "MultiKVConnectorWorkerMetadata",
     "MultiScriptedWorker",
     "combine_reports",
+    "connector_of_type",
     "multi_child_configs",
 ]
 
-# vLLM's factory name.
-MULTI_CONNECTOR = "MultiConnector"
-
+_C = TypeVar("_C", bound=KVConnectorBase)
 
 @dataclass(slots=True)
 class MultiKVConnectorMetadata:
@@ -71,38 +70,6 @@ class MultiKVConnectorWorkerMetadata:
     nothing to say), in order."""
 
     metadata: tuple[Any, ...]
-
-
-def multi_child_configs(config: KVTransferConfig) -> list[KVTransferConfig]:
-    """The children of a MultiConnector's ``kv_transfer_config``
-    (``kv_connector_extra_config.connectors``, each a KVTransferConfig JSON
-    object), each checked as a ``--kv-transfer-config`` of its own; a child
-    without ``engine_id`` takes the parent's, as vLLM does."""
-    raw = config.kv_connector_extra_config.get("connectors")
-    where = "kv_connector_extra_config.connectors"
-    if not isinstance(raw, list) or not raw:
-        raise UserInputError(f"{where}={raw!r:.80}: MultiConnector needs a non-empty list of connector "
-                             'configs, e.g. [{"kv_connector": "NixlConnector", "kv_role": "kv_both"}, '
-                             '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both", '
-                             '"kv_connector_extra_config": {"cpu_bytes_to_use": 8589934592}}]')
-    unknown = [k for k in config.kv_connector_extra_config if k != "connectors"]
-    if unknown:
-        raise UserInputError(f"kv_connector_extra_config.{unknown[0]}: MultiConnector reads only "
-                             "'connectors'; move the setting into the child connector's own "
-                             "kv_connector_extra_config")
-    children = []
-    for i, child in enumerate(raw):
-        if not isinstance(child, Mapping):
-            raise UserInputError(f"{where}[{i}]={child!r:.80}: must be a KVTransferConfig object")
-        if child.get("kv_connector") == MULTI_CONNECTOR:
-            raise UserInputError(f"{where}[{i}].kv_connector='MultiConnector': nest no MultiConnector "
-                                 "in another; list its connectors in the outer one")
-        parsed = parse_kv_transfer_config(child, where=f"--kv-transfer-config {where}[{i}]")
-        if parsed.engine_id is None and config.engine_id is not None:
-            parsed = KVTransferConfig(parsed.kv_role, parsed.kv_load_failure_policy, parsed.kv_connector,
-                                      parsed.kv_connector_extra_config, config.engine_id)
-        children.append(parsed)
-    return children
 
 
 class MultiConnector(KVConnectorBase):
@@ -204,6 +171,17 @@ class MultiConnector(KVConnectorBase):
 
     def has_pending_push_work(self) -> bool:
         return any(c.has_pending_push_work() for c in self._connectors)
+
+
+def connector_of_type(connector: KVConnectorBase | None, kind: type[_C]) -> _C | None:
+    """``connector`` if it is a ``kind``, else a MultiConnector's first child
+    that is one (None: neither): where a NIXL connector takes a request's
+    transfer parameters, or an offloading connector keeps its CPU tier."""
+    if isinstance(connector, kind):
+        return connector
+    if isinstance(connector, MultiConnector):
+        return next((c for c in connector.sub_connectors if isinstance(c, kind)), None)
+    return None
 
 
 def combine_reports(reports: Sequence[KVConnectorOutput | None], pending_saves: dict[str, int]

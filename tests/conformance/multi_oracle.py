@@ -157,14 +157,15 @@ def multi_support(rc: ModuleType) -> Iterator[None]:
             manager = self.sched.connector.sub_connectors[i].connector_scheduler.manager
             rec["offload"] = {
                 "store": [rc._job(j, e) for j, e in sorted(meta.store_jobs.items())] if meta else [],
-                "load": [rc._job(j, e) + [e.sync] for j, e in sorted(meta.load_jobs.items())] if meta else [],
+                "load": [[*rc._job(j, e), e.sync] for j, e in sorted(meta.load_jobs.items())] if meta else [],
                 "flush": sorted(meta.jobs_to_flush or ()) if meta else [],
                 "done": sorted(wm.completed_jobs) if wm is not None else [],
                 "cpu_chunks": manager._num_allocated_chunks - len(manager._free_list),
             }
             return rec
 
-    rc.kv_transfer_config, rc.make_kv_worker, rc.KVObserver = kv_transfer_config, make_kv_worker, MultiObserver
+    rc.kv_transfer_config, rc.make_kv_worker = kv_transfer_config, make_kv_worker
+    rc.KVObserver = MultiObserver
     try:
         yield
     finally:
