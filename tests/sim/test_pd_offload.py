@@ -132,3 +132,21 @@ def test_a_bad_multiconnector_is_refused_by_name(config: str, words: list[str]) 
                     prompts=1))
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+def test_simulate_prints_each_roles_cpu_tier() -> None:
+    from kvsched.commands.simulate import format_table
+
+    def part(cpu: float, loads: int) -> dict[str, Any]:
+        return {"prefix_cache_hit_rate_by_tier": {"gpu": 0.5, "cpu": cpu, "total": 0.5 + cpu},
+                "kv_offload": {"num_cpu_blocks": 64, "stores": 4, "loads": loads, "store_bytes": 1e9,
+                               "load_bytes": 0.0}}
+    m = {"kv_offload": part(0.0, 0)["kv_offload"], "kv_offload_by_role": {
+        "prefill": part(0.25, 2), "decode": part(0.0, 0)}}
+    lines = format_table(m, (99.0,)).splitlines()
+    prefill = next(i for i, line in enumerate(lines) if "KV offloading to CPU (prefill)" in line)
+    decode = next(i for i, line in enumerate(lines) if "KV offloading to CPU (decode)" in line)
+    assert prefill < decode
+    assert any("Prefix hit rate, CPU:" in line and "25.0%" in line for line in lines[prefill:decode])
+    assert any("Stores / loads:" in line and "4 / 0" in line for line in lines[decode:])
+    assert not any(line.strip("- ") == "KV offloading to CPU" for line in lines)
