@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"rewrite {CORPUS.name}/ (seeds {MULTI_CORPUS_SEEDS}, those identical under "
                     "PYTHONHASHSEED=0) with the oracle's traces")
     ap.add_argument("--keep", type=Path, help="write the scenarios and vLLM's traces to this folder")
-    ap.add_argument("--hash-seeds", type=int, default=5,
+    ap.add_argument("--hash-seeds", type=int, default=12,
                     help="PYTHONHASHSEED values (0..N-1) to rerun vLLM with on a difference")
     args = ap.parse_args(argv)
     try:
