@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,9 @@ if str(HERE) not in sys.path:
 from compare_live_multi import CORPUS, FILE_PREFIX, MULTI_CORPUS_SEEDS, random_multi_scenario  # noqa: E402
 from random_kv_connector import compare_with_golden, golden_of, read_trace  # noqa: E402
 from random_scenarios import format_scenario, parse_seeds  # noqa: E402
+
+from kvsched.errors import UserInputError  # noqa: E402
+from kvsched.replay import load_scenario  # noqa: E402
 
 PATHS = sorted(CORPUS.glob(f"{FILE_PREFIX}*.json"))
 # The task's bar: at least 20 committed scenarios.
@@ -57,3 +61,22 @@ def test_generator_reproduces_the_corpus() -> None:
 def test_trace_matches_vllm(path: Path) -> None:
     _, diff = compare_with_golden(path)
     assert diff is None, diff
+
+
+@pytest.mark.parametrize("connectors, words", [
+    ([{"type": "nixl"}, {"type": "nixl"}], ["connectors[1].type", "repeated"]),
+    ([{"type": "scripted"}], ["connectors[0].type", "nixl, offloading"]),
+    ([], ["kv_connector.connectors", "1 to 2"]),
+    ([{"type": "offloading"}], ["num_cpu_blocks"]),
+    ([{"type": "nixl", "load_failure_policy": "fail"}], ["load_failure_policy"]),
+])
+def test_a_bad_multi_scenario_is_refused_by_name(tmp_path: Path, connectors: list[Any],
+                                                 words: list[str]) -> None:
+    scenario = json.loads(PATHS[0].read_text())
+    scenario["kv_connector"]["connectors"] = connectors
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(scenario))
+    with pytest.raises(UserInputError) as e:
+        load_scenario(str(path))
+    for w in words:
+        assert w in str(e.value), str(e.value)
