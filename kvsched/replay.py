@@ -42,6 +42,7 @@ from kvsched.core.kv_connector import (
     KVConnectorOutput,
     KVTransferConfig,
 )
+from kvsched.core.multi_connector import MultiConnector, MultiKVConnectorWorkerMetadata, MultiScriptedWorker
 from kvsched.core.nixl_connector import (
     NIXL_REQUEST_KEYS,
     NixlConnector,
@@ -132,7 +133,12 @@ KV_CONNECTOR_KEYS: dict[str, tuple[str, ...]] = {
     "nixl": _KV_COMMON_KEYS,
     "offloading": (*_KV_COMMON_KEYS, "num_cpu_blocks", "block_size_factor", "load_steps",
                    "store_steps", "eviction_policy", "store_threshold", "sync_load_budget_tokens"),
+    # vLLM's MultiConnector of the types above (tests/conformance/compare_live_multi.py).
+    "multi": (*_KV_COMMON_KEYS, "connectors"),
 }
+# A MultiConnector's children: a NIXL and an offloading connector, in either
+# order (the scheduler reads the policy from the MultiConnector's config).
+MULTI_CHILD_TYPES = ("nixl", "offloading")
 # The oracle's connector types kvsched does not rebuild yet.
 KV_CONNECTOR_TYPES_LATER: tuple[str, ...] = ()
 # The oracle's methods: no drafter model, so no KV slots of their own.
@@ -381,7 +387,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
     seen: set[str] = set()
     for i, r in enumerate(requests):
         rid = _check_request(c, r, f"requests[{i}]", max_steps, max_model_len, dp, lora is not None)
-        _check_kv_request(c, r, f"requests[{i}]", kv_connector["type"] if kv_connector else None)
+        _check_kv_request(c, r, f"requests[{i}]", _request_keys_kind(kv_connector))
         if rid in seen:
             c.fail(f"requests[{i}].request_id", rid, "duplicate id", "request ids must be unique")
         seen.add(rid)
@@ -436,12 +442,53 @@ def _check_kv_connector(c: _Checker, top: Mapping[str, Any]) -> dict[str, Any] |
     c.boolean(kvc, "pending_block_frees", "kv_connector", False)
     if kind == "offloading":
         _check_offloading(c, kvc)
+    if kind == "multi":
+        _check_multi(c, kvc)
     return kvc
 
 
-def _check_offloading(c: _Checker, kvc: Mapping[str, Any]) -> None:
+def _check_multi(c: _Checker, kvc: Mapping[str, Any]) -> None:
+    """A MultiConnector's ``connectors``: one to two children of distinct
+    MULTI_CHILD_TYPES, each with its own ``kv_role``."""
+    where = "kv_connector.connectors"
+    children = kvc.get("connectors")
+    if type(children) is not list or not 1 <= len(children) <= len(MULTI_CHILD_TYPES):
+        c.fail(where, children, f"must be a list of 1 to {len(MULTI_CHILD_TYPES)} connectors",
+               'give [{"type": "nixl"}, {"type": "offloading", "num_cpu_blocks": 8}]')
+    seen: set[str] = set()
+    for i, child in enumerate(children):
+        kind = child.get("type") if isinstance(child, dict) else None
+        if kind not in MULTI_CHILD_TYPES or kind in seen:
+            c.fail(f"{where}[{i}].type", kind, "unknown or repeated child type",
+                   f"use each of {', '.join(MULTI_CHILD_TYPES)} at most once")
+        seen.add(kind)
+        keys = [k for k in KV_CONNECTOR_KEYS[kind] if k != "load_failure_policy"]
+        obj = c.obj(child, f"{where}[{i}]", keys, "a child connector")
+        role = obj.get("kv_role", "kv_both")
+        if role not in KV_ROLES:
+            c.fail(f"{where}[{i}].kv_role", role, "unknown role", f"use one of {', '.join(KV_ROLES)}")
+        if kind == "offloading":
+            _check_offloading(c, obj, f"{where}[{i}]")
+
+
+def _multi_child(kvc: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    """A MultiConnector scenario's child of ``kind`` (None: it has none)."""
+    return next((ch for ch in kvc.get("connectors", ()) if ch["type"] == kind), None)
+
+
+def _request_keys_kind(kvc: Mapping[str, Any] | None) -> str | None:
+    """Whose per-request keys a scenario's requests carry: a MultiConnector's
+    are its NIXL child's (which also takes the offloading child's
+    ``kv_transfer_params``), else its offloading child's."""
+    if kvc is None:
+        return None
+    if kvc["type"] != "multi":
+        return str(kvc["type"])
+    return "nixl" if _multi_child(kvc, "nixl") is not None else "offloading"
+
+
+def _check_offloading(c: _Checker, kvc: Mapping[str, Any], where: str = "kv_connector") -> None:
     """The offloading connector's keys (SCENARIO_FORMAT.md, "`offloading`")."""
-    where = "kv_connector"
     c.integer(kvc, "num_cpu_blocks", where, 1, INT32_LIMIT - 1, " (CPU chunks; vLLM refuses 0)")
     for key in ("block_size_factor", "load_steps", "store_steps"):
         c.integer(kvc, key, where, 1, INT32_LIMIT - 1, "", 1)
@@ -449,7 +496,7 @@ def _check_offloading(c: _Checker, kvc: Mapping[str, Any]) -> None:
         c.integer(kvc, key, where, 0, INT32_LIMIT - 1, "", 0)
     policy = kvc.get("eviction_policy", "lru")
     if policy not in EVICTION_POLICIES:
-        c.fail("kv_connector.eviction_policy", policy, "unknown policy",
+        c.fail(f"{where}.eviction_policy", policy, "unknown policy",
                f"use one of {', '.join(EVICTION_POLICIES)}")
 
 
@@ -668,7 +715,7 @@ def _build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | Non
                           lora_config=scenario.lora_config, kv_connector=_make_connector(scenario))
     except ValueError as e:
         raise UserInputError(f"{scenario.source}: {e}") from None
-    if isinstance(sched.connector, OffloadingConnector):
+    if sched.connector is not None:
         sched.connector.bind_kv_cache_manager(sched.kv_cache_manager)
     return sched
 
@@ -677,7 +724,17 @@ def _make_connector(scenario: Scenario) -> KVConnectorBase | None:
     kvc = scenario.kv_connector
     if kvc is None:
         return None
-    config = KVTransferConfig(kvc.get("kv_role", "kv_both"), kvc.get("load_failure_policy", "fail"))
+    policy = kvc.get("load_failure_policy", "fail")
+    config = KVTransferConfig(kvc.get("kv_role", "kv_both"), policy)
+    if kvc["type"] == "multi":
+        return MultiConnector(config, [
+            _make_child_connector(scenario, child, KVTransferConfig(child.get("kv_role", "kv_both"), policy))
+            for child in kvc["connectors"]])
+    return _make_child_connector(scenario, kvc, config)
+
+
+def _make_child_connector(scenario: Scenario, kvc: Mapping[str, Any],
+                          config: KVTransferConfig) -> KVConnectorBase:
     block_size = scenario.cache_config.block_size
     if kvc["type"] == "offloading":
         return OffloadingConnector(
@@ -712,8 +769,27 @@ def _kv_fields(sched: Scheduler, output: SchedulerOutput | None,
         "finished_sending": sorted(kvo.finished_sending) if kvo is not None else [],
         "load_failed": sorted(report[1]) if report is not None else [],
         "delayed_free": sorted(r.request_id for r in requests if r.is_finished()),
-    } | ({"offload": sched.connector.trace_fields(output.kv_connector_metadata if output else None, kvo)}
-         if isinstance(sched.connector, OffloadingConnector) else {})
+    } | _offload_fields(sched.connector, output.kv_connector_metadata if output else None, kvo)
+
+
+def _offload_fields(connector: KVConnectorBase | None, meta: Any,
+                    kvo: KVConnectorOutput | None) -> dict[str, Any]:
+    """The ``offload`` trace key when the connector is (or a MultiConnector
+    holds) an OffloadingConnector: its own metadata and worker report."""
+    if isinstance(connector, OffloadingConnector):
+        return {"offload": connector.trace_fields(meta, kvo)}
+    if not isinstance(connector, MultiConnector):
+        return {}
+    for i, child in enumerate(connector.sub_connectors):
+        if isinstance(child, OffloadingConnector):
+            child_kvo = None
+            if kvo is not None:
+                worker_meta = kvo.kv_connector_worker_meta
+                child_kvo = KVConnectorOutput(kv_connector_worker_meta=worker_meta.metadata[i]
+                                              if isinstance(worker_meta, MultiKVConnectorWorkerMetadata)
+                                              else None)
+            return {"offload": child.trace_fields(meta.metadata[i] if meta is not None else None, child_kvo)}
+    return {}
 
 
 # The worker's report for a batch and the ids whose load failed in it.
@@ -731,6 +807,12 @@ def _make_worker(scenario: Scenario) -> _KVWorker | None:
     kvc = scenario.kv_connector
     if kvc is None:
         return None
+    if kvc["type"] == "multi":
+        return MultiScriptedWorker([_make_child_worker(scenario, child) for child in kvc["connectors"]])
+    return _make_child_worker(scenario, kvc)
+
+
+def _make_child_worker(scenario: Scenario, kvc: Mapping[str, Any]) -> _KVWorker:
     if kvc["type"] == "offloading":
         return OffloadingWorker(kvc.get("load_steps", 1), kvc.get("store_steps", 1))
     if kvc["type"] == "nixl":

@@ -333,11 +333,15 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
                            ("TTFT: first decode step (ms):", "decode_first_step_ms")):
             if key in split:
                 rows.append((label, f"{split[key]:.2f}"))
-    off = m.get("kv_offload")
-    if off:
-        tiers = m.get("prefix_cache_hit_rate_by_tier") or {}
-        rows.append(("-- KV offloading to CPU --", ""))
-        rows.append(("CPU KV blocks (all ranks):" if ranks > 1 else "CPU KV blocks:",
+    # Disaggregated: each role's CPU tier (the top-level figures are the decode role's).
+    by_role = m.get("kv_offload_by_role") or {}
+    sections = ([(f" ({role})", part["kv_offload"], part["prefix_cache_hit_rate_by_tier"])
+                 for role, part in by_role.items()] if by_role
+                else [("", m["kv_offload"], m.get("prefix_cache_hit_rate_by_tier") or {})]
+                if m.get("kv_offload") else [])
+    for suffix, off, tiers in sections:
+        rows.append((f"-- KV offloading to CPU{suffix} --", ""))
+        rows.append(("CPU KV blocks (all ranks):" if ranks > 1 or by_role else "CPU KV blocks:",
                      f"{off['num_cpu_blocks']}"))
         for label, key in (("Prefix hit rate, GPU:", "gpu"), ("Prefix hit rate, CPU:", "cpu"),
                            ("Prefix hit rate, total:", "total")):

@@ -21,11 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsched.core.kv_cache_manager import KVCacheManager
 from kvsched.core.output import KVConnectorOutput, SchedulerOutput
 from kvsched.errors import UserInputError
 from kvsched.request import Request
 
-__all__ = ["KVConnectorBase", "KVConnectorOutput", "KVTransferConfig", "parse_kv_transfer_config"]
+__all__ = ["KVConnectorBase", "KVConnectorOutput", "KVTransferConfig", "multi_child_configs",
+           "parse_kv_transfer_config"]
 
 # vLLM's kv_role values; producers hand KV off when a request completes,
 # consumers load it.
@@ -37,9 +39,14 @@ _CONSUMERS = ("kv_both", "kv_consumer")
 LOAD_FAILURE_POLICIES = ("fail", "recompute")
 
 
-# The connectors kvsched rebuilds, by vLLM's factory names (NixlConnector is
-# vLLM's alias of the pull-mode NixlPullConnector).
-KV_CONNECTORS = ("NixlConnector", "NixlPullConnector")
+# The connectors a user's --kv-transfer-config may name, by vLLM's factory
+# names (NixlConnector is vLLM's alias of the pull-mode NixlPullConnector;
+# MultiConnector lists several in kv_connector_extra_config.connectors).
+KV_CONNECTORS = ("NixlConnector", "NixlPullConnector", "MultiConnector")
+MULTI_CONNECTOR = "MultiConnector"
+# The connectors a MultiConnector may hold (offloading: vLLM's native
+# OffloadingConnector, which --kv-offloading-size also makes).
+MULTI_CHILD_CONNECTORS = ("NixlConnector", "NixlPullConnector", "OffloadingConnector")
 # vLLM's KVTransferConfig fields (it refuses others) and the JSON types each
 # takes; the ones kvsched models are kept, the rest only checked.
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -83,15 +90,17 @@ class KVTransferConfig:
         return self.kv_role in _CONSUMERS
 
 
-def parse_kv_transfer_config(value: str | Mapping[str, Any],
-                             where: str = "--kv-transfer-config") -> KVTransferConfig:
+def parse_kv_transfer_config(value: str | Mapping[str, Any], where: str = "--kv-transfer-config",
+                             allowed: tuple[str, ...] = KV_CONNECTORS) -> KVTransferConfig:
     """A user's ``--kv-transfer-config`` (a JSON object as vLLM's ``vllm
     serve`` takes it, or the object already decoded) as a KVTransferConfig.
     Every field vLLM refuses is refused here too (unknown fields, wrong
     types, a connector without ``kv_role``), and so are the connectors
     kvsched does not rebuild; each error names the field, the value and the
     fix. The connector's own ``kv_connector_extra_config`` keys are checked
-    when the connector is built."""
+    when the connector is built, except a MultiConnector's ``connectors``,
+    each checked here as a config of its own (``allowed``: the connector
+    names accepted)."""
     if isinstance(value, str):
         try:
             obj = json.loads(value)
@@ -119,10 +128,10 @@ def parse_kv_transfer_config(value: str | Mapping[str, Any],
     role = obj.get("kv_role")
     if connector is None:
         raise UserInputError(f"{where}: kv_connector is missing or null: kvsched models a KV "
-                             f"connector's scheduler side; give one of {', '.join(KV_CONNECTORS)}")
-    if connector not in KV_CONNECTORS:
+                             f"connector's scheduler side; give one of {', '.join(allowed)}")
+    if connector not in allowed:
         raise UserInputError(f"{where}: kv_connector={connector!r}: kvsched does not rebuild this "
-                             f"connector; use one of {', '.join(KV_CONNECTORS)}")
+                             f"connector here; use one of {', '.join(allowed)}")
     if obj.get("kv_connector_module_path") is not None:
         raise UserInputError(f"{where}: kv_connector_module_path={obj['kv_connector_module_path']!r}: "
                              "kvsched cannot load a connector from a module; remove the field")
@@ -135,9 +144,43 @@ def parse_kv_transfer_config(value: str | Mapping[str, Any],
     if policy not in LOAD_FAILURE_POLICIES:
         raise UserInputError(f"{where}: kv_load_failure_policy={policy!r}: unknown policy; use one of "
                              f"{', '.join(LOAD_FAILURE_POLICIES)}")
-    return KVTransferConfig(kv_role=role, kv_load_failure_policy=policy, kv_connector=connector,
-                            kv_connector_extra_config=dict(obj.get("kv_connector_extra_config", {})),
-                            engine_id=obj.get("engine_id"))
+    config = KVTransferConfig(kv_role=role, kv_load_failure_policy=policy, kv_connector=connector,
+                              kv_connector_extra_config=dict(obj.get("kv_connector_extra_config", {})),
+                              engine_id=obj.get("engine_id"))
+    if connector == MULTI_CONNECTOR:
+        multi_child_configs(config, where)
+    return config
+
+
+def multi_child_configs(config: KVTransferConfig,
+                        where: str = "--kv-transfer-config") -> list[KVTransferConfig]:
+    """The children of a MultiConnector's config (vLLM's JSON:
+    ``kv_connector_extra_config.connectors``, a list of KVTransferConfig
+    objects), each checked as a config of its own, in order; a child without
+    ``engine_id`` takes the parent's, as vLLM does."""
+    raw = config.kv_connector_extra_config.get("connectors")
+    path = f"{where}: kv_connector_extra_config.connectors"
+    if not isinstance(raw, list) or not raw:
+        raise UserInputError(f"{path}={raw!r:.80}: MultiConnector needs a non-empty list of connector "
+                             'configs, e.g. [{"kv_connector": "NixlConnector", "kv_role": "kv_both"}, '
+                             '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both", '
+                             '"kv_connector_extra_config": {"cpu_bytes_to_use": 8589934592}}]')
+    unknown = [k for k in config.kv_connector_extra_config if k != "connectors"]
+    if unknown:
+        raise UserInputError(f"{where}: kv_connector_extra_config.{unknown[0]}: MultiConnector reads only "
+                             "'connectors'; move the setting into a child connector's own "
+                             "kv_connector_extra_config")
+    children = []
+    for i, child in enumerate(raw):
+        child_where = f"{where}: kv_connector_extra_config.connectors[{i}]"
+        if not isinstance(child, Mapping):
+            raise UserInputError(f"{child_where}={child!r:.80}: must be a KVTransferConfig object")
+        parsed = parse_kv_transfer_config(child, child_where, MULTI_CHILD_CONNECTORS)
+        if parsed.engine_id is None and config.engine_id is not None:
+            parsed = KVTransferConfig(parsed.kv_role, parsed.kv_load_failure_policy, parsed.kv_connector,
+                                      parsed.kv_connector_extra_config, config.engine_id)
+        children.append(parsed)
+    return children
 
 
 class KVConnectorBase(abc.ABC):
@@ -154,6 +197,11 @@ class KVConnectorBase(abc.ABC):
         drops that batch's output (it is recomputed rather than handing off
         blocks the preemption freed). vLLM's default: producer roles."""
         return self.kv_transfer_config.is_kv_producer
+
+    def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
+        """The scheduler's KV cache manager, for a connector that reads the
+        requests' prefix-cache hashes (vLLM's default: nothing to do)."""
+        return None
 
     @abc.abstractmethod
     def get_num_new_matched_tokens(self, request: Request,

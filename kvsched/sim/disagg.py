@@ -8,6 +8,17 @@ its own scheduler (kvsched's exact core, with the NixlConnector's scheduler
 side), its own step-time model, and a NIXL worker in simulated time
 (:mod:`kvsched.sim.kv_transfer`) whose reads the transfer fabric prices.
 
+With KV offloading (``--kv-offloading-size``, or a MultiConnector
+``--kv-transfer-config`` with an OffloadingConnector child) every instance
+runs vLLM's MultiConnector of NIXL and offloading (NIXL first unless the
+JSON says otherwise: the first connector with a hit loads), with the
+offloading worker of :mod:`kvsched.sim.offload_transfer` beside the NIXL
+one (:class:`kvsched.sim.kv_transfer.MultiTimedWorker`). With NIXL first a
+decode instance loads every prompt over NIXL, so its CPU tier stores but
+never loads; a prefill instance's CPU hits shorten its prefills. vLLM's own
+``--kv-offloading-size`` replaces a ``--kv-transfer-config`` connector
+rather than adding to it: a real deployment needs the MultiConnector JSON.
+
 Placement: instances fill scale-up domains (nodes) in order, prefill first;
 an instance never straddles two domains. Two instances in one domain read
 each other's KV over its scale-up fabric (NVLink), others over the
@@ -25,13 +36,21 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsched.core.kv_connector import KVTransferConfig
+from kvsched.core.kv_connector import MULTI_CONNECTOR, KVConnectorBase, KVTransferConfig, multi_child_configs
+from kvsched.core.multi_connector import MultiConnector
 from kvsched.core.nixl_connector import NixlConnector
 from kvsched.errors import UserInputError
 from kvsched.sim.client import Client
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.instance import EngineInstance
-from kvsched.sim.kv_transfer import NixlTimedWorker, TransferFabric, transfer_path
+from kvsched.sim.kv_transfer import KVWorker, MultiTimedWorker, NixlTimedWorker, TransferFabric, transfer_path
+from kvsched.sim.offload_transfer import (
+    OffloadStats,
+    OffloadTimedWorker,
+    SimOffloadingConnector,
+    combine_offload_stats,
+    transfer_config_offloading_gib,
+)
 from kvsched.sim.proxy import Proxy, prefill_engine_id
 from kvsched.sim.rank import Rank, SimResult, combine_results
 from kvsched.sim.router import Router
@@ -57,6 +76,41 @@ def parse_disaggregation(text: str) -> tuple[int, int]:
 
 
 @dataclass(frozen=True, slots=True)
+class PDConnectors:
+    """What each instance's connector is, from ``--kv-transfer-config``:
+    ``config`` the instance's own (role, load-failure policy), ``nixl`` the
+    NIXL connector's, whether an offloading child comes before NIXL, and
+    the CPU GiB the JSON's offloading child asks for (None: none; then
+    ``--kv-offloading-size`` decides)."""
+
+    config: KVTransferConfig
+    nixl: KVTransferConfig
+    offload_first: bool = False
+    offload_gib: float | None = None
+
+
+def pd_connectors(config: KVTransferConfig | None) -> PDConnectors:
+    """The connectors of a disaggregated deployment's instances (None:
+    NixlConnector, ``kv_both``): a NixlConnector, or a MultiConnector of
+    exactly one NixlConnector and at most one OffloadingConnector. The one
+    owner of that rule."""
+    if config is None:
+        config = KVTransferConfig(kv_role="kv_both", kv_connector="NixlConnector")
+    if config.kv_connector != MULTI_CONNECTOR:
+        return PDConnectors(config, config)
+    children = multi_child_configs(config)
+    names = [c.kv_connector for c in children]
+    nixl = [i for i, name in enumerate(names) if name in ("NixlConnector", "NixlPullConnector")]
+    offload = [i for i, name in enumerate(names) if name == "OffloadingConnector"]
+    if len(nixl) != 1 or len(offload) > 1:
+        raise UserInputError(f"--kv-transfer-config: a MultiConnector of {names}: with --disaggregation "
+                             "give exactly one NixlConnector (the P/D transfer) and at most one "
+                             "OffloadingConnector")
+    return PDConnectors(config, children[nixl[0]], bool(offload) and offload[0] < nixl[0],
+                        transfer_config_offloading_gib(config))
+
+
+@dataclass(frozen=True, slots=True)
 class RoleConfig:
     """One role's engine as simulated: its settings, its instances' TP
     size, and how many instances."""
@@ -76,6 +130,8 @@ class DisaggResult:
     combined: SimResult
     kv_transfer: dict[str, Any] = field(default_factory=dict)
     ttft_split: dict[str, float] = field(default_factory=dict)
+    # With offloading: each role's prefix-cache hit rate by tier and traffic.
+    kv_offload_by_role: dict[str, Any] = field(default_factory=dict)
 
 
 def node_of_instances(sizes: list[int], domain: int) -> list[int]:
@@ -109,7 +165,8 @@ class DisaggregatedSimulator:
         if decode.sim.cache_config.block_size != block_size:
             raise UserInputError(f"--block-size: prefill instances use {block_size}, decode instances "
                                  f"{decode.sim.cache_config.block_size}; give both roles the same block size")
-        config = kv_transfer_config or KVTransferConfig(kv_role="kv_both", kv_connector="NixlConnector")
+        layout = pd_connectors(kv_transfer_config)
+        config, nixl_config = layout.config, layout.nixl
         sizes = ([prefill.tensor_parallel_size] * prefill.instances
                  + [decode.tensor_parallel_size] * decode.instances)
         nodes = node_of_instances(sizes, hardware.scaleup_domain)
@@ -123,17 +180,34 @@ class DisaggregatedSimulator:
         for i, role in enumerate([prefill] * prefill.instances + [decode] * decode.instances):
             is_prefill = i < prefill.instances
             engine_id = prefill_engine_id(i) if is_prefill else f"decode-{i - prefill.instances}"
-            connector = NixlConnector(KVTransferConfig(
-                kv_role=config.kv_role, kv_load_failure_policy=config.kv_load_failure_policy,
-                kv_connector="NixlConnector", kv_connector_extra_config=config.kv_connector_extra_config,
+            nixl = NixlConnector(KVTransferConfig(
+                kv_role=nixl_config.kv_role, kv_load_failure_policy=config.kv_load_failure_policy,
+                kv_connector="NixlConnector", kv_connector_extra_config=nixl_config.kv_connector_extra_config,
                 engine_id=engine_id), block_size)
-            worker = workers[i] = NixlTimedWorker(i, block_size, self.fabric, engines, workers)
+            nixl_worker = workers[i] = NixlTimedWorker(i, block_size, self.fabric, engines, workers)
             sim = role.sim
+            connector: KVConnectorBase = nixl
+            worker: KVWorker = nixl_worker
+            if sim.offload is not None:
+                # vLLM's MultiConnector of NIXL and offloading, in the configured order.
+                stats = OffloadStats()
+                offload = SimOffloadingConnector(sim.offload, block_size,
+                                                 sim.cache_config.enable_prefix_caching, stats)
+                offload_worker = OffloadTimedWorker(sim.offload, stats,
+                                                    sim.scheduler_config.async_scheduling)
+                first = layout.offload_first
+                connector = MultiConnector(KVTransferConfig(
+                    kv_role=config.kv_role, kv_load_failure_policy=config.kv_load_failure_policy,
+                    kv_connector=MULTI_CONNECTOR, engine_id=engine_id),
+                    [offload, nixl] if first else [nixl, offload])
+                worker = MultiTimedWorker([offload_worker, nixl_worker] if first
+                                          else [nixl_worker, offload_worker])
             rank = Rank(sim.scheduler_config, sim.cache_config, workload_name=workload.name,
                         eos_probability=sim.eos_probability, seed=sim.seed + i,
                         keep_token_times=sim.keep_token_times, keep_step_log=sim.keep_step_log,
                         speculative=sim.speculative, kv_connector=connector, kv_worker=worker,
                         hands_off=is_prefill)
+            connector.bind_kv_cache_manager(rank.sched.kv_cache_manager)
             ranks.append(rank)
             instances.append(EngineInstance(rank, sim.step_model, sim.fast_forward))
         self.ranks = ranks
@@ -152,7 +226,13 @@ class DisaggregatedSimulator:
         for r in prefill:
             # Requests a prefill instance refused never reached a decode one.
             combined.failed.extend(r.failed)
-        return DisaggResult(prefill, decode, combined, self._transfers(), self._ttft_split(decode))
+        by_role = {}
+        for name, results in (("prefill", prefill), ("decode", decode)):
+            stats = combine_offload_stats([r.kv_offload for r in results])
+            if stats is not None:
+                by_role[name] = stats.metrics(sum(r.prefix_cache_queries for r in results),
+                                              sum(r.prefix_cache_hits for r in results))
+        return DisaggResult(prefill, decode, combined, self._transfers(), self._ttft_split(decode), by_role)
 
     def _transfers(self) -> dict[str, Any]:
         stats = self.fabric.stats

@@ -125,14 +125,16 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                    help="with --disaggregation: GPUs per decode instance (default: -tp)")
     g.add_argument("--kv-transfer-config", metavar="JSON",
                    help="vLLM's --kv-transfer-config with --disaggregation (default: "
-                        '\'{"kv_connector": "NixlConnector", "kv_role": "kv_both"}\')')
+                        '\'{"kv_connector": "NixlConnector", "kv_role": "kv_both"}\'; a MultiConnector '
+                        "of NixlConnector and OffloadingConnector adds CPU offloading)")
     g.add_argument("--router", choices=list(PD_ROUTERS), default=DeploymentSpec().router,
                    help="with --disaggregation: how the proxy picks an instance of each role "
                         "(default: %(default)s, as vLLM's proxy)")
     g.add_argument("--kv-offloading-size", type=float, metavar="GIB", default=d.kv_offloading_size,
                    help="KV offloading to CPU memory, as vLLM's flag: GiB of CPU KV cache per engine "
                         "core, summed over its TP ranks (vLLM's OffloadingConnector; stores and loads "
-                        "priced over the GPU's host link; default: off)")
+                        "priced over the GPU's host link; with --disaggregation every instance gets "
+                        "vLLM's MultiConnector of NIXL and offloading; default: off)")
     g.add_argument("--kv-offloading-backend", default=d.kv_offloading_backend,
                    help="with --kv-offloading-size: vLLM's backend; kvsched simulates native only "
                         "(default: %(default)s)")

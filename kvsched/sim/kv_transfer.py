@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvsched.core.kv_connector import KVConnectorOutput
+from kvsched.core.multi_connector import MultiKVConnectorMetadata, combine_reports
 from kvsched.core.nixl_connector import NixlMetadata
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
@@ -52,6 +53,31 @@ class KVWorker(Protocol):
     def report(self, end: float) -> KVConnectorOutput | None: ...
 
     def next_due(self) -> float: ...
+
+
+class MultiTimedWorker:
+    """The worker side of vLLM's MultiConnector in simulated time: each
+    child's timed worker (NIXL, offloading) gets its own metadata of every
+    batch, and their reports are combined as vLLM's worker-side
+    MultiConnector combines them (kvsched.core.multi_connector.combine_reports)."""
+
+    def __init__(self, workers: list[KVWorker]) -> None:
+        self.workers = workers
+        self._pending_saves: dict[str, int] = {}
+
+    def start(self, meta: object, now: float) -> None:
+        if not isinstance(meta, MultiKVConnectorMetadata):
+            return
+        if meta.extra_async_saves:
+            self._pending_saves.update(meta.extra_async_saves)
+        for worker, child_meta in zip(self.workers, meta.metadata, strict=True):
+            worker.start(child_meta, now)
+
+    def report(self, end: float) -> KVConnectorOutput | None:
+        return combine_reports([w.report(end) for w in self.workers], self._pending_saves)
+
+    def next_due(self) -> float:
+        return min(w.next_due() for w in self.workers)
 
 
 @dataclass(frozen=True, slots=True)

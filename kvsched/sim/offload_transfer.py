@@ -60,7 +60,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsched.core.kv_connector import KVTransferConfig
+from kvsched.core.kv_connector import MULTI_CONNECTOR, KVTransferConfig, multi_child_configs
 from kvsched.core.offloading_connector import OffloadingConnector, OffloadingMetadata, OffloadingWorkerMeta
 from kvsched.core.output import KVConnectorOutput
 from kvsched.errors import UserInputError
@@ -81,6 +81,7 @@ __all__ = [
     "host_link_bandwidth",
     "make_offload_config",
     "num_cpu_blocks",
+    "transfer_config_offloading_gib",
 ]
 
 # vLLM's --kv-offloading-backend values; kvsched simulates the native one.
@@ -111,6 +112,33 @@ def check_offloading_options(size: object, backend: object) -> None:
         raise UserInputError("kv_offloading_backend='lmcache' (--kv-offloading-backend): kvsched simulates "
                              "vLLM's native OffloadingConnector only (LMCache runs its own server and "
                              "policies); use --kv-offloading-backend native")
+
+
+def transfer_config_offloading_gib(config: KVTransferConfig) -> float | None:
+    """The CPU offloading a ``--kv-transfer-config`` asks for: its
+    MultiConnector's OffloadingConnector child's ``cpu_bytes_to_use`` in GiB
+    (None: no such child). The simulator prices vLLM's defaults for the
+    child's other settings, so any other setting is refused by name."""
+    if config.kv_connector != MULTI_CONNECTOR:
+        return None
+    for i, child in enumerate(multi_child_configs(config)):
+        if child.kv_connector != "OffloadingConnector":
+            continue
+        where = f"--kv-transfer-config: kv_connector_extra_config.connectors[{i}].kv_connector_extra_config"
+        extra = child.kv_connector_extra_config
+        for key in extra:
+            if key != "cpu_bytes_to_use":
+                raise UserInputError(f"{where}.{key}: kvsched simulates the OffloadingConnector with vLLM's "
+                                     "defaults and cpu_bytes_to_use only; remove the setting")
+        size = extra.get("cpu_bytes_to_use")
+        if isinstance(size, bool) or not isinstance(size, int | float) or not size > 0:
+            raise UserInputError(f"{where}.cpu_bytes_to_use={show(size)}: give the CPU KV cache's bytes "
+                                 "(vLLM refuses an OffloadingConnector without it), e.g. 8589934592 "
+                                 "for 8 GiB")
+        gib = float(size) / GIB
+        check_offloading_options(gib, "native")
+        return gib
+    return None
 
 
 def num_cpu_blocks(size_gib: float, bytes_per_block_per_rank: int, world_size: int,

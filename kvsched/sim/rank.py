@@ -30,6 +30,7 @@ from typing import Any, TextIO
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
 from kvsched.core.kv_connector import KVConnectorBase
+from kvsched.core.multi_connector import connector_of_type
 from kvsched.core.nixl_connector import NixlConnector
 from kvsched.core.offloading_connector import OffloadingConnector
 from kvsched.core.output import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
@@ -40,7 +41,7 @@ from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
 from kvsched.sim.kv_transfer import KVWorker
 from kvsched.sim.metrics import RecordTable, benchmark_duration, compute_metrics
-from kvsched.sim.offload_transfer import OffloadStats, OffloadTimedWorker, combine_offload_stats
+from kvsched.sim.offload_transfer import OffloadStats, SimOffloadingConnector, combine_offload_stats
 from kvsched.sim.refusals import too_long_error
 from kvsched.sim.samples import SampleAccumulator
 from kvsched.sim.speculative import SpecOptions, SpecStats, combine_stats, request_key, uniform
@@ -322,7 +323,7 @@ class Rank:
         # but for the offloading connector, which reads the batch's block
         # tables (new and resumed requests') to build its store jobs.
         self.sched = Scheduler(scheduler_config, cache_config, admission_policy=admission_policy,
-                               runner_inputs=isinstance(kv_connector, OffloadingConnector),
+                               runner_inputs=connector_of_type(kv_connector, OffloadingConnector) is not None,
                                speculative_config=speculative.core_config() if speculative else None,
                                kv_connector=kv_connector)
         # A KV connector's scheduler side (in the scheduler) and its worker
@@ -400,9 +401,10 @@ class Rank:
         params = self._sampling_params(max_tokens, eos_index >= 0)
         request = spec.to_request(params, arrival_time)
         if kv_transfer_params is not None:
-            if not isinstance(self.kv_connector, NixlConnector):
+            nixl = connector_of_type(self.kv_connector, NixlConnector)
+            if nixl is None:
                 raise ValueError(f"request {spec.request_id}: kv_transfer_params need a NixlConnector rank")
-            self.kv_connector.set_kv_transfer_params(spec.request_id, kv_transfer_params)
+            nixl.set_kv_transfer_params(spec.request_id, kv_transfer_params)
         try:
             self.sched.add_request(request)
         except ValueError as e:
@@ -877,6 +879,8 @@ class Rank:
 
     def result(self, wall_seconds: float) -> SimResult:
         stats = self.sched.kv_cache_manager.prefix_cache_stats
+        # The CPU tier's hits and traffic (its own connector, or a MultiConnector's child).
+        offload = connector_of_type(self.kv_connector, SimOffloadingConnector)
         return SimResult(
             workload=self.workload_name, records=self.records, failed=self.failed, itls=self.itls,
             token_times=self.token_times, totals=self.totals, steps=self.steps,
@@ -886,4 +890,4 @@ class Rank:
             prefix_cache_hits=stats.hits + stats.preempted_hits,
             num_fast_forwarded_steps=self.num_ff_steps, wall_seconds=wall_seconds,
             spec_stats=self.spec_stats,
-            kv_offload=self.kv_worker.stats if isinstance(self.kv_worker, OffloadTimedWorker) else None)
+            kv_offload=offload.stats if offload is not None else None)

@@ -26,7 +26,7 @@ from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.deployment import Deployment, build_deployment
-from kvsched.sim.disagg import DisaggregatedSimulator, DisaggResult, RoleConfig
+from kvsched.sim.disagg import DisaggregatedSimulator, DisaggResult, RoleConfig, pd_connectors
 from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.refusals import split_refused
 from kvsched.sim.results import num_gpus, per_gpu_metrics
@@ -148,15 +148,33 @@ def prepare(spec: RunSpec) -> PreparedRun:
     workload, the refusals."""
     spec.check()
     spec = dataclasses.replace(spec, workload=spec.workload.resolved())
-    deployment, notes = build_role_deployment(spec.deployment, spec.deployment.group)
+    # The spec stays as given (it is saved and read back); only the groups built differ.
+    built = with_transfer_offloading(spec.deployment)
+    deployment, notes = build_role_deployment(built, built.group)
     prefill = None
-    if spec.deployment.disaggregated:
-        prefill, more = build_role_deployment(spec.deployment, spec.deployment.groups[0])
+    if built.disaggregated:
+        prefill, more = build_role_deployment(built, built.groups[0])
         notes += [n for n in more if n not in notes]
         check_roles_match(prefill, deployment)
     workload = build_workload(spec.workload)
     accepted, refused = accept(deployment, workload, workload_source(spec.workload))
     return PreparedRun(spec, deployment, workload, accepted, refused, notes, prefill)
+
+
+def with_transfer_offloading(deployment: DeploymentSpec) -> DeploymentSpec:
+    """A disaggregated deployment whose ``--kv-transfer-config`` is a
+    MultiConnector with an OffloadingConnector: its ``cpu_bytes_to_use`` as
+    every group's ``kv_offloading_size`` (the connectors' layout checked)."""
+    if not deployment.disaggregated:
+        return deployment
+    config = (parse_kv_transfer_config(deployment.kv_transfer_config)
+              if deployment.kv_transfer_config is not None else None)
+    gib = pd_connectors(config).offload_gib
+    if gib is None:
+        return deployment
+    groups = tuple(dataclasses.replace(g, engine=dataclasses.replace(g.engine, kv_offloading_size=gib))
+                   for g in deployment.groups)
+    return dataclasses.replace(deployment, groups=groups)
 
 
 def build_role_deployment(deployment: DeploymentSpec, group: InstanceGroup) -> tuple[Deployment, list[str]]:
@@ -283,6 +301,8 @@ def run_prepared(prepared: PreparedRun, progress: Progress | None = None,
                         for key in ("output_throughput", "total_token_throughput") if key in metrics})
         metrics["kv_transfer"] = disagg.kv_transfer
         metrics["ttft_split_ms"] = disagg.ttft_split
+        if disagg.kv_offload_by_role:
+            metrics["kv_offload_by_role"] = disagg.kv_offload_by_role
     else:
         metrics.update(per_gpu_metrics(metrics, deployment))
     return RunResult(prepared, result, metrics)

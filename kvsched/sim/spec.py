@@ -21,8 +21,9 @@ cached and repeated. Command-line flags map onto it in
 A deployment is one group of role ``"mixed"`` (every instance prefills and
 decodes), or, disaggregated, a ``"prefill"`` group and a ``"decode"`` group
 (each group's ``data_parallel_size`` is its number of instances) joined by
-vLLM's NixlConnector (``kv_transfer_config``) behind a proxy that routes
-within each role by ``router`` (:mod:`kvsched.sim.disagg`).
+vLLM's NixlConnector (``kv_transfer_config``; or its MultiConnector of NIXL
+and CPU offloading, also made by ``kv_offloading_size``) behind a proxy that
+routes within each role by ``router`` (:mod:`kvsched.sim.disagg`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.deployment import EngineOptions, validate_engine_options
 from kvsched.sim.dp import DEFAULT_DP_STATS_INTERVAL, DEFAULT_DP_SYNC_INTERVAL, check_dp_intervals
+from kvsched.sim.offload_transfer import transfer_config_offloading_gib
 from kvsched.sim.workload import (
     DATASET_NAMES,
     DEFAULT_INPUT_LEN,
@@ -155,13 +157,16 @@ class DeploymentSpec:
         for group in self.groups:
             group.check()
         if self.kv_transfer_config is not None:
-            parse_kv_transfer_config(self.kv_transfer_config)
+            config = parse_kv_transfer_config(self.kv_transfer_config)
+            if transfer_config_offloading_gib(config) is not None:
+                for group in self.groups:
+                    if group.engine.kv_offloading_size is not None:
+                        raise UserInputError("--kv-offloading-size with a --kv-transfer-config whose "
+                                             "MultiConnector has an OffloadingConnector: two CPU cache "
+                                             "sizes; give it once (cpu_bytes_to_use, or "
+                                             "--kv-offloading-size)")
         if self.disaggregated:
             for group in self.groups:
-                if group.engine.kv_offloading_size is not None:
-                    raise UserInputError(f"--kv-offloading-size with --disaggregation: the {group.role} "
-                                         "instances would need vLLM's MultiConnector (NIXL + offloading), "
-                                         "which is not simulated yet; drop one of them")
                 if group.engine.enable_expert_parallel:
                     raise UserInputError(f"--enable-expert-parallel with --disaggregation: the {group.role} "
                                          "instances' lockstep expert-parallel ranks are not simulated yet; "

@@ -183,8 +183,11 @@ def test_the_flags_round_trip() -> None:
     (("--kv-offloading-size", "nan"), r"--kv-offloading-size"),
     (("--kv-offloading-size", "4", "--kv-offloading-backend", "lmcache"), r"--kv-offloading-backend.*native"),
     (("--kv-offloading-size", "4", "--kv-offloading-backend", "fancy"), r"--kv-offloading-backend"),
-    (("--kv-offloading-size", "4", "--disaggregation", "1P1D"),
-     r"--kv-offloading-size with --disaggregation"),
+    (("--kv-offloading-size", "4", "--disaggregation", "1P1D", "--kv-transfer-config",
+      '{"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"connectors": ['
+      '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}, {"kv_connector": "OffloadingConnector", '
+      '"kv_role": "kv_both", "kv_connector_extra_config": {"cpu_bytes_to_use": 1073741824}}]}}'),
+     r"two CPU cache sizes"),
 ])
 def test_bad_offloading_flags_are_refused_by_name(extra: tuple[str, ...], match: str) -> None:
     with pytest.raises(UserInputError, match=match):
