@@ -11,18 +11,23 @@ re-anchoring takes a run the server already served with
    (:func:`~kvsched.calibrate.iteration_replay.replay_iteration_log`), so
    every logged step's batch is known exactly;
 2. :func:`measure_drift` sets each logged step time against the profile's
-   price of the same batch; the median ratio is the drift (one factor: the
-   host slows every kernel alike, measured as prefill and decode ratios
-   within a few per cent of each other on the testbed);
-3. :func:`reanchored` is the profile with every step time times that
-   factor, saying so in its notes; the profiled backend fits it as any.
+   price of the same batch; the median ratio is the drift, taken apart for
+   steps with prompt tokens and pure decode steps: the host does not slow
+   them alike (on the testbed a slow hour stretched decode steps 1.5-1.7x
+   and prefill steps 1.2-1.4x: a decode step is mostly the engine's own
+   Python, a prefill step mostly matrix products);
+3. :func:`reanchored` is the profile with each step time times its kind's
+   factor (the overall one where the run had no step of that kind), saying
+   so in its notes; the profiled backend fits it as any.
 
 The run used to re-anchor is then spent: judge the profile on other runs.
+``kvsched calibrate --reanchor`` is the command line (docs/calibrate.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +36,7 @@ from kvsched.calibrate.iteration_replay import IterationReplay
 from kvsched.errors import UserInputError
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.step_profile import StepProfile
-from kvsched.profile.iteration_log import IterationLine
+from kvsched.profile.iteration_log import IterationLine, parse_iteration_line
 
 # Fewer logged steps than this say too little about the machine's speed.
 MIN_DRIFT_STEPS = 20
@@ -80,12 +85,34 @@ def measure_drift(model: ProfiledStepTimeModel, replay: IterationReplay,
 
 
 def reanchored(profile: StepProfile, drift: Drift, source: str) -> StepProfile:
-    """``profile`` with every step time scaled by ``drift.factor`` (its fit
-    dropped: the backend refits from the steps), the change in its notes."""
-    if not 0.0 < drift.factor < 100.0:
-        raise UserInputError(f"drift factor {drift.factor!r}: not a speed change a host makes "
-                             "(the logged run is another model or machine?)")
-    steps = [dataclasses.replace(s, elapsed_ms=s.elapsed_ms * drift.factor) for s in profile.steps]
-    note = (f"re-anchored on {source}: every step time x{drift.factor:.3f} (median logged/profiled over "
-            f"{drift.steps} steps; p10-p90 {drift.p10:.3f}-{drift.p90:.3f})")
+    """``profile`` with each step time scaled by its kind's factor (steps
+    with prompt tokens, pure decode steps; the overall factor for a kind the
+    logged run did not have), its fit dropped (the backend refits from the
+    steps), the change in its notes."""
+    prefill = drift.prefill_factor if drift.prefill_factor is not None else drift.factor
+    decode = drift.decode_factor if drift.decode_factor is not None else drift.factor
+    for name, value in (("factor", drift.factor), ("prefill factor", prefill), ("decode factor", decode)):
+        if not 0.0 < value < 100.0:
+            raise UserInputError(f"drift {name} {value!r}: not a speed change a host makes "
+                                 "(the logged run is another model or machine?)")
+    steps = [dataclasses.replace(s, elapsed_ms=s.elapsed_ms * (prefill if s.prefill_tokens else decode))
+             for s in profile.steps]
+    note = (f"re-anchored on {source}: step times x{prefill:.3f} with prompt tokens, x{decode:.3f} pure "
+            f"decode (median logged/profiled over {drift.steps} steps; overall x{drift.factor:.3f}, "
+            f"p10-p90 {drift.p10:.3f}-{drift.p90:.3f})")
     return dataclasses.replace(profile, steps=steps, fit=None, notes=[*profile.notes, note])
+
+
+def read_iteration_log(path: str) -> list[IterationLine]:
+    """The engine steps a vLLM server log holds (``--enable-logging-iteration-details``;
+    plain or gzip), in order; a clear error if it has none."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            lines = [it for it in map(parse_iteration_line, f) if it is not None]
+    except OSError as e:
+        raise UserInputError(f"--server-log {path!r}: cannot read it ({e.strerror or e})") from None
+    if not lines:
+        raise UserInputError(f"--server-log {path!r}: no engine iteration lines (start vllm serve with "
+                             "--enable-logging-iteration-details and keep its log)")
+    return lines

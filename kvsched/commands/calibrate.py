@@ -9,17 +9,21 @@ import sys
 from typing import Any
 
 from kvsched.calibrate.fit import DEFAULT_MAX_ITERATIONS, Calibrator
+from kvsched.calibrate.iteration_replay import replay_iteration_log
 from kvsched.calibrate.loss import DEFAULT_GROUPS, MIN_GROUP
-from kvsched.calibrate.replay import check_run
+from kvsched.calibrate.reanchor import measure_drift, read_iteration_log, reanchored
+from kvsched.calibrate.replay import check_run, workload_of
 from kvsched.calibrate.report import format_report, provenance
 from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
 from kvsched.calibrate.terms import format_term, parse_fit_names, typical_start
 from kvsched.commands.simulate import check_output_path
 from kvsched.errors import UserInputError
 from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, load_host_terms, save_host_terms
+from kvsched.perf.profiled import ProfiledStepTimeModel
+from kvsched.perf.step_profile import save_profile
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.flags import add_engine_arguments, spec_argv, spec_from_args
-from kvsched.sim.run import build_group_deployment
+from kvsched.sim.run import build_group_deployment, sim_config
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 
 DEFAULT_OUTPUT = "calibration.json"
@@ -72,6 +76,14 @@ def add_calibrate_parser(sub: Any) -> None:
                         "taken as the deployment's model")
     g.add_argument("--vllm-version", help="the vLLM version of the runs, recorded in the file "
                                           "(default: the start file's)")
+    r = p.add_argument_group("re-anchoring a step profile (docs/calibrate.md)")
+    r.add_argument("--reanchor", action="store_true",
+                   help="instead of fitting host terms: scale --step-time-profile to the machine as it "
+                        "ran the one --bench run, from that run's --server-log, and write the new "
+                        "profile to --output")
+    r.add_argument("--server-log", metavar="FILE",
+                   help="the log of the vllm serve (--enable-logging-iteration-details) that served "
+                        "the --bench run, holding that run's steps only (plain or .gz)")
     p.set_defaults(func=run_calibrate)
 
 
@@ -87,7 +99,48 @@ def start_terms(path: str | None, deployment: Deployment) -> tuple[HostTerms, st
     return typical_start(deployment.parallel.data_parallel_size), "typical sizes (the backend has none)"
 
 
+def run_reanchor(args: argparse.Namespace) -> int:
+    """``--reanchor``: the profile scaled to the machine as one logged run found it."""
+    if len(args.bench) != 1 or args.requests or args.held_out:
+        raise UserInputError("--reanchor takes exactly one --bench FILE.json (the run the --server-log "
+                             "logged) and no --requests or --held-out")
+    if args.server_log is None:
+        raise UserInputError("--reanchor needs --server-log FILE: the vllm serve log of the --bench run")
+    if args.calibration is not None:
+        raise UserInputError("--reanchor re-anchors the forward pass alone: drop --calibration (apply "
+                             "it to the new profile in simulate)")
+    check_output_path("--output", args.output)
+    spec = spec_from_args(args)
+    deployment, _ = build_group_deployment(spec.deployment.group)
+    model = deployment.step_model
+    if not isinstance(model, ProfiledStepTimeModel):
+        raise UserInputError("--reanchor re-anchors a step profile: give --step-time-profile FILE "
+                             "(kvsched profile's output)")
+    run = load_run(args.bench[0], "bench", seed=args.seed)
+    check_run(run, deployment, args.served_model_name)
+    if run.ttfts is None:
+        raise UserInputError(f"--bench {args.bench[0]!r}: no per-request TTFTs (save it with "
+                             "vllm bench serve --save-detailed)")
+    log = read_iteration_log(args.server_log)
+    first_token = [t + ttft for t, ttft in zip(run.arrivals, run.ttfts)]
+    replay = replay_iteration_log(sim_config(deployment, spec), workload_of(run), log, first_token)
+    drift = measure_drift(model, replay, log)
+    profile = reanchored(model.profile, drift, f"{args.bench[0]} + {args.server_log}")
+    save_profile(profile, args.output)
+    kinds = ", ".join(f"{name} x{value:.3f}" for name, value in
+                      (("with prompt tokens", drift.prefill_factor), ("pure decode", drift.decode_factor))
+                      if value is not None)
+    print(f"{len(log)} logged steps explained by kvsched's scheduler; logged/profiled over {drift.steps} "
+          f"steps: x{drift.factor:.3f} (p10-p90 {drift.p10:.3f}-{drift.p90:.3f}; {kinds})")
+    print(f"wrote {args.output}: use it with --step-time-profile {args.output}")
+    return 0
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
+    if args.reanchor:
+        return run_reanchor(args)
+    if args.server_log is not None:
+        raise UserInputError("--server-log is read with --reanchor only")
     if not args.bench and not args.requests:
         raise UserInputError("calibrate needs a run to fit on: --bench FILE.json (vllm bench serve "
                          "--save-result --save-detailed) or --requests FILE.jsonl")

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from kvsched.calibrate.iteration_replay import iteration_counts, replay_iteration_log
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.models import get_model
@@ -24,9 +25,9 @@ from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, StepTimeModel
 from kvsched.profile.iteration_log import IterationLine
 from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import Workload, WorkloadRequest
-from kvsched.calibrate.iteration_replay import iteration_counts, replay_iteration_log
 
-STEP = StepTimeModel(get_model("Qwen/Qwen3-0.6B"), get_hardware("h100-sxm"), ParallelConfig(), RuntimeConfig())
+STEP = StepTimeModel(get_model("Qwen/Qwen3-0.6B"), get_hardware("h100-sxm"), ParallelConfig(),
+                     RuntimeConfig())
 
 
 def config(budget: int = 512, max_num_seqs: int = 8, num_blocks: int = 400, threshold: int = 0,
@@ -165,7 +166,7 @@ def check_replay(cfg: SimConfig, wl: Workload, times: Sequence[float] | None) ->
     assert rep.complete, rep.reason
     index = {r.request_id: i for i, r in enumerate(wl.requests)}
     assert [s.scheduled for s in rep.steps] == [{index[r]: n for r, n in step["scheduled"]} for step in trace]
-    first = {}
+    first: dict[int, int] = {}
     for k, step in enumerate(trace):
         for rid, _ in step["scheduled"]:
             first.setdefault(index[rid], k)
