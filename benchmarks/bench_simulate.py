@@ -7,6 +7,10 @@
     python benchmarks/bench_simulate.py --step-time-backend measured --step-time-backend roofline
     python benchmarks/bench_simulate.py --async-ratio 3 --step-time-backend roofline
                                                          # async vs synchronous loop, same run
+    python benchmarks/bench_simulate.py --model tests/perf/data/tiny_llama \
+        --step-time-profile benchmarks/real_vllm/results/matrix-quiet/profiles/llama.json \
+        --step-time-backend profiled --step-time-backend roofline
+                                                         # a step profile's speed beside the roofline's
 
 Cases (each runs in a fresh process, so its peak RSS is its own):
 
@@ -60,13 +64,15 @@ def _workload(case: str) -> Workload:
 
 
 def run_case(case: str, fast_forward: bool = True, backend: str = "auto",
-             async_scheduling: bool = True) -> dict[str, Any]:
+             async_scheduling: bool = True, model: str = "Llama-3.1-8B",
+             profile: str | None = None) -> dict[str, Any]:
     """One case in this process (wall and CPU include loading the kernel tables)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     workload = _workload(case)
     # Through kvsched's one runner: the spec's deployment, this case's workload.
     spec = RunSpec(DeploymentSpec((InstanceGroup(EngineOptions(
-        model="Llama-3.1-8B", hardware="h100-sxm", step_time_backend=backend,
+        model=model, hardware="h100-sxm", step_time_backend=backend,
+        step_time_profile=profile if backend == "profiled" else None,
         async_scheduling=async_scheduling)),)), options=RunOptions(fast_forward=fast_forward))
     group = spec.deployment.group
     deployment, _ = build_group_deployment(group)
@@ -84,9 +90,11 @@ def run_case(case: str, fast_forward: bool = True, backend: str = "auto",
 
 
 def run_isolated(case: str, fast_forward: bool = True, backend: str = "auto",
-                 async_scheduling: bool = True) -> dict[str, Any]:
+                 async_scheduling: bool = True, model: str = "Llama-3.1-8B",
+                 profile: str | None = None) -> dict[str, Any]:
     """One case in a fresh interpreter (its own peak RSS)."""
-    cmd = ([sys.executable, __file__, "--child", case, "--step-time-backend", backend]
+    cmd = ([sys.executable, __file__, "--child", case, "--step-time-backend", backend, "--model", model]
+           + (["--step-time-profile", profile] if profile else [])
            + ([] if async_scheduling else ["--no-async-scheduling"])
            + ([] if fast_forward else ["--no-fast-forward"]))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -132,7 +140,11 @@ def main() -> int:
     ap.add_argument("--case", action="append", help="azure or random:N:RATE (repeatable)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--no-fast-forward", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--step-time-backend", action="append", choices=["auto", "measured", "roofline"],
+    ap.add_argument("--model", default="Llama-3.1-8B", help="the model (default: %(default)s)")
+    ap.add_argument("--step-time-profile", metavar="FILE",
+                    help="the step profile the profiled backend prices from (the model must match it)")
+    ap.add_argument("--step-time-backend", action="append",
+                    choices=["auto", "measured", "roofline", "profiled"],
                     help="price steps with this backend (repeatable: each case runs with each; "
                          "default auto)")
     ap.add_argument("--no-async-scheduling", action="store_true",
@@ -145,7 +157,7 @@ def main() -> int:
     use_async = not args.no_async_scheduling
     if args.child:
         r = run_case(args.child, not args.no_fast_forward, (args.step_time_backend or ["auto"])[0],
-                     use_async)
+                     use_async, args.model, args.step_time_profile)
         print(json.dumps(r, default=lambda v: None if isinstance(v, float) and math.isinf(v) else str(v)))
         return 0
     cases = args.case or (["random:10000:20", "random:100000:20", "random:1000000:20",
@@ -157,11 +169,15 @@ def main() -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(runs, indent=2, default=str) + "\n")
         return 0
+    if "profiled" in (args.step_time_backend or []) and not args.step_time_profile:
+        raise SystemExit("--step-time-backend profiled needs --step-time-profile FILE")
     for case, backend in [(c, b) for c in cases for b in args.step_time_backend or ["auto"]]:
-        runs.append(run_isolated(case, backend=backend, async_scheduling=use_async))
+        runs.append(run_isolated(case, backend=backend, async_scheduling=use_async, model=args.model,
+                                 profile=args.step_time_profile))
         show(runs[-1])
         if args.compare:
-            runs.append(run_isolated(case, fast_forward=False, backend=backend, async_scheduling=use_async))
+            runs.append(run_isolated(case, fast_forward=False, backend=backend, async_scheduling=use_async,
+                                     model=args.model, profile=args.step_time_profile))
             show(runs[-1])
             a, b = (dict(r["metrics"]) for r in runs[-2:])
             for key in ("simulation_wall_seconds", "fast_forwarded_steps"):
