@@ -17,13 +17,14 @@ scenario kind), exits 1 on any difference.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,70 @@ def write_scenarios(folder: Path, prefix: str, seeds: list[int],
 def crashed(paths: list[Path]) -> list[str]:
     """The scenarios on which vLLM failed an assertion (nothing to compare)."""
     return [p.name for p in paths if p.with_suffix(".vllm.crash").exists()]
+
+
+@dataclasses.dataclass
+class LiveOutcome:
+    """A live run's verdicts (see :func:`compare_live`)."""
+
+    counts: dict[str, int]                 # "finished" / "stuck": identical
+    identical: list[Path]                  # identical under PYTHONHASHSEED=0
+    different: dict[Path, str]             # not identical under any hash seed tried
+    by_seed: dict[Path, int]               # identical only under this other hash seed
+    crashes: list[str]                     # vLLM failed an assertion: not compared
+
+    def summary(self) -> str:
+        return (f"{self.counts['finished']} identical, {self.counts['stuck']} identical up to max_steps "
+                f"(vLLM never finishes them), {len(self.by_seed)} identical to vLLM under another "
+                f"PYTHONHASHSEED (its order of frees in one output), {len(self.different)} different, "
+                f"{len(self.crashes)} not compared (vLLM failed an assertion)")
+
+
+def compare_live(folder: Path, paths: list[Path], oracle: Callable[[Path, int], bool],
+                 hash_seeds: Iterable[int]) -> LiveOutcome | None:
+    """Compare every scenario of ``paths`` (their vLLM traces written beside
+    them by ``oracle(folder, 0)``) with kvsched's replay; rerun those that
+    differ through ``oracle`` under each of ``hash_seeds`` in turn (vLLM
+    frees the requests of one output in set order, which follows Python's
+    string hash: with prefix caching or a CPU cache the order decides which
+    blocks go first; kvsched frees them in sorted order), counting apart
+    those some seed reproduces. Prints each crash and difference; None if
+    the oracle failed."""
+    outcome = LiveOutcome({"finished": 0, "stuck": 0}, [], {}, {}, crashed(paths))
+    for name in outcome.crashes:
+        print(f"{name}: vLLM failed an assertion (not compared)")
+    first: dict[Path, str] = {}
+    for path in paths:
+        if path.name in outcome.crashes:
+            continue
+        kind, diff = compare(path)
+        if diff is None:
+            outcome.counts[kind] += 1
+            outcome.identical.append(path)
+        else:
+            first[path] = diff
+    pending = dict(first)
+    for hash_seed in hash_seeds:
+        if not pending:
+            break
+        again = folder / f"hashseed_{hash_seed}"
+        shutil.rmtree(again, ignore_errors=True)
+        again.mkdir()
+        copies = {path: Path(shutil.copy(path, again)) for path in pending}
+        if not oracle(again, hash_seed):
+            return None
+        for path, copy in copies.items():
+            if compare(copy)[1] is None:
+                outcome.by_seed[path] = hash_seed
+                del pending[path]
+    outcome.different = pending
+    for path, diff in first.items():
+        if path in outcome.by_seed:
+            print(f"{path.name}: identical to vLLM under PYTHONHASHSEED={outcome.by_seed[path]} "
+                  f"(first run: {diff.splitlines()[0]})")
+        else:
+            print(f"{path.name}: {diff}")
+    return outcome
 
 
 def compare_folder(folder: Path, seeds: list[int]) -> int:

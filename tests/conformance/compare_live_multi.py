@@ -41,8 +41,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from compare_live_kv import compare, crashed  # noqa: E402
+from compare_live_kv import compare_live  # noqa: E402
 from compare_live_nixl import random_nixl_scenario  # noqa: E402
+from compare_live_offload import offload_connector, share_prompt_prefixes  # noqa: E402
 from random_kv_connector import gzip_trace  # noqa: E402
 from random_scenarios import format_scenario, parse_seeds  # noqa: E402
 from regenerate import ReferenceMissing, reference_paths  # noqa: E402
@@ -61,32 +62,11 @@ def random_multi_scenario(seed: int) -> dict[str, Any]:
     nixl = dict(scenario["kv_connector"])
     policy = nixl.pop("load_failure_policy")
     block_size = int(scenario["cache"].get("block_size", 16))
-    offload: dict[str, Any] = {
-        "type": "offloading", "kv_role": "kv_both",
-        "num_cpu_blocks": rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 32, 64]),
-        "block_size_factor": rng.choice([1, 1, 1, 2, 3, 4]),
-        "load_steps": rng.randint(1, 3), "store_steps": rng.randint(1, 3),
-        "eviction_policy": rng.choice(["lru", "arc"])}
-    if rng.random() < 0.2:
-        offload["store_threshold"] = rng.choice([2, 3])
-    if rng.random() < 0.3:
-        offload["sync_load_budget_tokens"] = rng.choice([block_size, 4 * block_size, 64, 256])
+    offload = offload_connector(rng, block_size, "kv_both")
     children = [nixl, offload] if rng.random() < 0.5 else [offload, nixl]
     scenario["kv_connector"] = {"type": "multi", "kv_role": rng.choice([nixl["kv_role"], "kv_both"]),
                                 "load_failure_policy": policy, "connectors": children}
-    requests = scenario["requests"]
-    for i, r in enumerate(requests):
-        prompt = r["prompt_token_ids"]
-        if i and rng.random() < 0.5:
-            donor = requests[rng.randrange(i)]["prompt_token_ids"]
-            k = min(len(prompt), len(donor))
-            if rng.random() < 0.5:
-                k = rng.randint(0, k)
-            prompt[:k] = donor[:k]
-        if rng.random() < 0.1:
-            key = rng.choice(["max_load_tokens", "max_offload_tokens"])
-            params = r.setdefault("kv_transfer_params", {})
-            params[key] = rng.choice([0, block_size, 3 * block_size, 100])
+    share_prompt_prefixes(rng, scenario["requests"], block_size)
     return scenario
 
 
@@ -134,56 +114,19 @@ def main(argv: list[str] | None = None) -> int:
         paths = write_multi_scenarios(tmp, seeds)
         if not run_multi_oracle(tmp):
             return 2
-        counts = {"finished": 0, "stuck": 0}
-        crashes = crashed(paths)
-        for name in crashes:
-            print(f"{name}: vLLM failed an assertion (not compared)")
-        identical: list[Path] = []
-        different: dict[Path, str] = {}
-        for path in paths:
-            if path.name in crashes:
-                continue
-            kind, diff = compare(path)
-            if diff is None:
-                counts[kind] += 1
-                identical.append(path)
-            else:
-                different[path] = diff
-        by_seed: dict[Path, int] = {}
-        for hash_seed in range(1, args.hash_seeds if different else 0):
-            pending = [p for p in different if p not in by_seed]
-            if not pending:
-                break
-            again = tmp / f"hashseed_{hash_seed}"
-            again.mkdir(exist_ok=True)
-            for p in pending:
-                shutil.copy(p, again / p.name)
-            if not run_multi_oracle(again, hash_seed):
-                return 2
-            for p in pending:
-                if compare(again / p.name)[1] is None:
-                    by_seed[p] = hash_seed
-        for path, diff in different.items():
-            if path in by_seed:
-                print(f"{path.name}: identical to vLLM under PYTHONHASHSEED={by_seed[path]} "
-                      f"(first run: {diff.splitlines()[0]})")
-            else:
-                print(f"{path.name}: {diff}")
+        outcome = compare_live(tmp, paths, run_multi_oracle, range(1, args.hash_seeds))
+        if outcome is None:
+            return 2
         if args.write_corpus:
             CORPUS.mkdir(parents=True, exist_ok=True)
             for old in CORPUS.glob(f"{FILE_PREFIX}*"):
                 old.unlink()
-            for path in identical:
+            for path in outcome.identical:
                 shutil.copy(path, CORPUS / path.name)
                 for trace in tmp.glob(f"{path.stem}.vllm.jsonl*"):
                     gzip_trace(trace, CORPUS)
-    failures = len(different) - len(by_seed)
-    print(f"{len(seeds)} scenarios: {counts['finished']} identical, {counts['stuck']} identical up to "
-          f"max_steps (vLLM never finishes them), {len(by_seed)} identical to vLLM under another "
-          f"PYTHONHASHSEED (its order of frees in one output), {failures} different, "
-          f"{len(crashes)} not compared (vLLM failed an assertion)")
-    return 1 if failures else 0
-
+    print(f"{len(seeds)} scenarios: {outcome.summary()}")
+    return 1 if outcome.different else 0
 
 if __name__ == "__main__":
     sys.exit(main())

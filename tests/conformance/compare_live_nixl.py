@@ -39,7 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from compare_live_kv import compare, crashed, run_oracle, write_scenarios  # noqa: E402
+from compare_live_kv import compare_live, run_oracle, write_scenarios  # noqa: E402
 from random_kv_connector import MAX_STEPS  # noqa: E402
 from random_scenarios import parse_seeds, random_scenario  # noqa: E402
 from regenerate import ReferenceMissing, reference_paths  # noqa: E402
@@ -127,51 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         paths = write_scenarios(tmp, "nixl_random", parse_seeds(args.seeds), random_nixl_scenario)
         if not run_oracle(tmp):
             return 2
-        counts = {"finished": 0, "stuck": 0}
-        crashes = crashed(paths)
-        for name in crashes:
-            print(f"{name}: vLLM failed an assertion (not compared)")
-        different: dict[Path, str] = {}
-        for path in paths:
-            if path.name in crashes:
-                continue
-            kind, diff = compare(path)
-            if diff is None:
-                counts[kind] += 1
-            else:
-                different[path] = diff
-        # vLLM frees the requests of one output's finished_sending /
-        # finished_recving in set order, which follows Python's string hash
-        # (random per process): with prefix caching the order decides which
-        # cached blocks are evicted first. kvsched frees them in sorted
-        # order. A difference is rerun under fixed hash seeds; one vLLM
-        # reproduces under some seed is counted apart.
-        by_seed: dict[Path, int] = {}
-        for hash_seed in range(args.hash_seeds if different else 0):
-            pending = [p for p in different if p not in by_seed]
-            if not pending:
-                break
-            again = tmp / f"hashseed_{hash_seed}"
-            again.mkdir(exist_ok=True)
-            for p in pending:
-                (again / p.name).write_text(p.read_text())
-            run_oracle(again, hash_seed)
-            for p in pending:
-                if compare(again / p.name)[1] is None:
-                    by_seed[p] = hash_seed
-        for path, diff in different.items():
-            if path in by_seed:
-                print(f"{path.name}: identical to vLLM under PYTHONHASHSEED={by_seed[path]} "
-                      f"(first run: {diff.splitlines()[0]})")
-            else:
-                print(f"{path.name}: {diff}")
-    failures = len(different) - len(by_seed)
-    print(f"{counts['finished']} identical, {counts['stuck']} identical up to max_steps={MAX_STEPS} "
-          f"(vLLM never finishes them), {len(by_seed)} identical to vLLM under another "
-          f"PYTHONHASHSEED (its order of frees in one output), {failures} different, "
-          f"{len(crashes)} not compared (vLLM failed an assertion)")
-    return 1 if failures else 0
-
+        outcome = compare_live(tmp, paths, run_oracle, range(args.hash_seeds))
+        if outcome is None:
+            return 2
+    print(outcome.summary())
+    return 1 if outcome.different else 0
 
 if __name__ == "__main__":
     sys.exit(main())

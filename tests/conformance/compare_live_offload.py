@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from compare_live_kv import compare, run_oracle, write_scenarios  # noqa: E402
+from compare_live_kv import compare_live, run_oracle, write_scenarios  # noqa: E402
 from random_features import random_feature_scenario  # noqa: E402
 from random_kv_connector import MAX_STEPS  # noqa: E402
 from random_scenarios import parse_seeds, random_scenario  # noqa: E402
@@ -48,12 +47,11 @@ from regenerate import ReferenceMissing, reference_paths  # noqa: E402
 OTHER_HASH_SEEDS = range(1, 5)
 
 
-def random_offload_scenario(seed: int) -> dict[str, Any]:
-    scenario: dict[str, Any] = random_feature_scenario(seed) if seed % 4 == 3 else random_scenario(seed)
-    rng = random.Random(seed * 7919 + 5)
-    block_size = int(scenario["cache"].get("block_size", 16))
+def offload_connector(rng: random.Random, block_size: int, kv_role: str) -> dict[str, Any]:
+    """A random OffloadingConnector (the scenario's ``kv_connector`` or a
+    MultiConnector's child)."""
     kvc: dict[str, Any] = {
-        "type": "offloading", "kv_role": rng.choice(["kv_both", "kv_producer", "kv_consumer"]),
+        "type": "offloading", "kv_role": kv_role,
         "num_cpu_blocks": rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 32, 64]),
         "block_size_factor": rng.choice([1, 1, 1, 2, 3, 4]),
         "load_steps": rng.randint(1, 3), "store_steps": rng.randint(1, 3),
@@ -62,10 +60,13 @@ def random_offload_scenario(seed: int) -> dict[str, Any]:
         kvc["store_threshold"] = rng.choice([2, 3])
     if rng.random() < 0.3:
         kvc["sync_load_budget_tokens"] = rng.choice([block_size, 4 * block_size, 64, 256])
-    scenario["kv_connector"] = kvc
-    if rng.random() < 0.35 and "speculative" not in scenario:
-        scenario["async_scheduling"] = True
-    requests = scenario["requests"]
+    return kvc
+
+
+def share_prompt_prefixes(rng: random.Random, requests: list[dict[str, Any]], block_size: int) -> None:
+    """About half the requests start with (part of) an earlier one's prompt,
+    so that the CPU cache has hits; a few carry ``max_load_tokens`` /
+    ``max_offload_tokens`` (beside any transfer parameters they have)."""
     for i, r in enumerate(requests):
         prompt = r["prompt_token_ids"]
         if i and rng.random() < 0.5:
@@ -76,7 +77,18 @@ def random_offload_scenario(seed: int) -> dict[str, Any]:
             prompt[:k] = donor[:k]
         if rng.random() < 0.1:
             key = rng.choice(["max_load_tokens", "max_offload_tokens"])
-            r["kv_transfer_params"] = {key: rng.choice([0, block_size, 3 * block_size, 100])}
+            r.setdefault("kv_transfer_params", {})[key] = rng.choice([0, block_size, 3 * block_size, 100])
+
+
+def random_offload_scenario(seed: int) -> dict[str, Any]:
+    scenario: dict[str, Any] = random_feature_scenario(seed) if seed % 4 == 3 else random_scenario(seed)
+    rng = random.Random(seed * 7919 + 5)
+    block_size = int(scenario["cache"].get("block_size", 16))
+    role = rng.choice(["kv_both", "kv_producer", "kv_consumer"])
+    scenario["kv_connector"] = offload_connector(rng, block_size, role)
+    if rng.random() < 0.35 and "speculative" not in scenario:
+        scenario["async_scheduling"] = True
+    share_prompt_prefixes(rng, scenario["requests"], block_size)
     scenario["max_steps"] = MAX_STEPS
     scenario.pop("description", None)
     return scenario
@@ -98,36 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         paths = write_scenarios(tmp, "offload_random", parse_seeds(args.seeds), random_offload_scenario)
         if not run_oracle(tmp):
             return 2
-        counts = {"finished": 0, "stuck": 0}
-        differing: dict[Path, str] = {}
-        for path in paths:
-            kind, diff = compare(path)
-            if diff is None:
-                counts[kind] += 1
-            else:
-                differing[path] = diff
-        order_only = 0
-        for hash_seed in OTHER_HASH_SEEDS:
-            if not differing:
-                break
-            rerun = tmp / f"hash_seed_{hash_seed}"
-            shutil.rmtree(rerun, ignore_errors=True)
-            rerun.mkdir()
-            copies = {path: Path(shutil.copy(path, rerun)) for path in differing}
-            if not run_oracle(rerun, hash_seed):
-                return 2
-            for path, copy in copies.items():
-                if compare(copy)[1] is None:
-                    print(f"{path.name}: identical to vLLM under PYTHONHASHSEED={hash_seed}")
-                    del differing[path]
-                    order_only += 1
-        for path, diff in differing.items():
-            print(f"{path.name}: {diff}")
-    print(f"{counts['finished']} identical, {counts['stuck']} identical up to max_steps={MAX_STEPS} "
-          f"(vLLM never finishes them), {order_only} identical to vLLM under another hash seed "
-          f"(its finished-set order), {len(differing)} different")
-    return 1 if differing else 0
-
+        outcome = compare_live(tmp, paths, run_oracle, OTHER_HASH_SEEDS)
+        if outcome is None:
+            return 2
+    print(outcome.summary())
+    return 1 if outcome.different else 0
 
 if __name__ == "__main__":
     sys.exit(main())
