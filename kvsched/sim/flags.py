@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import fields
 from typing import NoReturn
 
@@ -39,6 +39,14 @@ from kvsched.sim.spec import (
     WorkloadSpec,
 )
 from kvsched.sim.workload import DATASET_NAMES, DEFAULT_INPUT_LEN, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LEN
+
+# The roles of a disaggregated deployment, and the scheduler settings each
+# can set apart (--prefill-max-num-seqs, --decode-max-num-batched-tokens, ...:
+# in vLLM each role is its own vllm serve with its own flags).
+ROLES = ("prefill", "decode")
+ROLE_SCHEDULER_FLAGS = {"max_num_seqs": "requests in a batch at most",
+                        "max_num_batched_tokens": "tokens in a step at most",
+                        "long_prefill_token_threshold": "prompt tokens of one request in a step at most"}
 
 # How simulate's scheduler and cache flags differ from the engine's (they
 # model vllm serve on GPUs).
@@ -123,6 +131,12 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                    help="with --disaggregation: GPUs per prefill instance (default: -tp)")
     g.add_argument("--decode-tensor-parallel-size", type=int, metavar="N",
                    help="with --disaggregation: GPUs per decode instance (default: -tp)")
+    for role in ROLES:
+        for name, what in ROLE_SCHEDULER_FLAGS.items():
+            g.add_argument(f"--{role}-{name.replace('_', '-')}", type=int, metavar="N",
+                           dest=f"{role}_{name}",
+                           help=f"with --disaggregation: the {role} instances' --{name.replace('_', '-')} "
+                                f"({what}; default: the one given for every instance)")
     g.add_argument("--kv-transfer-config", metavar="JSON",
                    help="vLLM's --kv-transfer-config with --disaggregation (default: "
                         '\'{"kv_connector": "NixlConnector", "kv_role": "kv_both"}\'; a MultiConnector '
@@ -247,7 +261,10 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
                                  getattr(args, "prefill_tensor_parallel_size", None),
                                  getattr(args, "decode_tensor_parallel_size", None),
                                  getattr(args, "kv_transfer_config", None),
-                                 getattr(args, "router", DeploymentSpec().router))
+                                 getattr(args, "router", DeploymentSpec().router),
+                                 role_scheduler={role: {name: getattr(args, f"{role}_{name}", None)
+                                                        for name in ROLE_SCHEDULER_FLAGS}
+                                                 for role in ROLES})
     workload = workload_spec_from_args(args)
     options = RunOptions()
     if hasattr(args, "metric_percentiles"):
@@ -263,17 +280,29 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
 
 
 def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp: int | None,
-                    decode_tp: int | None, kv_transfer_config: str | None, router: str) -> DeploymentSpec:
+                    decode_tp: int | None, kv_transfer_config: str | None, router: str, *,
+                    role_scheduler: Mapping[str, Mapping[str, int | None]] | None = None) -> DeploymentSpec:
     """The deployment of the flags: ``group`` alone, or with
     ``--disaggregation xPyD`` a prefill group of x instances and a decode
     group of y (each instance an engine core: a group's
-    ``data_parallel_size``), both with ``group``'s settings but their TP."""
+    ``data_parallel_size``), both with ``group``'s settings but their TP and
+    the scheduler settings ``role_scheduler[role]`` gives (None: the
+    group's; :data:`ROLE_SCHEDULER_FLAGS`)."""
+    given = {(role, name): value for role, names in (role_scheduler or {}).items()
+             for name, value in names.items() if value is not None}
+    for (role, name), value in given.items():
+        least = 0 if name == "long_prefill_token_threshold" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            flag = f"--{role}-{name.replace('_', '-')}"
+            raise UserInputError(f"{flag}={value!r}: must be an integer >= {least} (leave it out for the "
+                                 "value every instance gets)")
     if disaggregation is None:
-        for flag, value in (("--prefill-tensor-parallel-size", prefill_tp),
-                            ("--decode-tensor-parallel-size", decode_tp)):
-            if value is not None:
-                raise UserInputError(f"{flag}={value}: only with --disaggregation xPyD; add it or drop "
-                                     f"{flag}")
+        alone: list[tuple[str, int | None]] = [("--prefill-tensor-parallel-size", prefill_tp),
+                                                ("--decode-tensor-parallel-size", decode_tp)]
+        alone += [(f"--{role}-{name.replace('_', '-')}", v) for (role, name), v in given.items()]
+        for flag, v in alone:
+            if v is not None:
+                raise UserInputError(f"{flag}={v}: only with --disaggregation xPyD; add it or drop {flag}")
         return DeploymentSpec((group,), kv_transfer_config, router)
     x, y = parse_disaggregation(disaggregation)
     if group.engine.data_parallel_size != 1:
@@ -282,8 +311,11 @@ def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp
     tp = group.engine.tensor_parallel_size
     roles = []
     for role, n, role_tp in (("prefill", x, prefill_tp), ("decode", y, decode_tp)):
+        own: dict[str, object] = {name: value for (r, name), value in given.items() if r == role}
         engine = dataclasses.replace(group.engine, tensor_parallel_size=tp if role_tp is None else role_tp,
                                      data_parallel_size=n)
+        # The role's own scheduler settings, checked as every engine option is.
+        engine = EngineOptions(**{**{f.name: getattr(engine, f.name) for f in fields(EngineOptions)}, **own})
         roles.append(dataclasses.replace(group, engine=engine, role=role))
     return DeploymentSpec(tuple(roles), kv_transfer_config, router)
 
@@ -321,10 +353,17 @@ def spec_argv(spec: RunSpec) -> list[str]:
         out += ["--disaggregation", f"{pe.data_parallel_size}P{de.data_parallel_size}D",
                 "--prefill-tensor-parallel-size", str(pe.tensor_parallel_size),
                 "--decode-tensor-parallel-size", str(de.tensor_parallel_size)]
+        # Scheduler settings the roles do not share: each role's own flag
+        # (none where a role keeps the default), not the shared one.
+        differ = tuple(name for name in ROLE_SCHEDULER_FLAGS if getattr(pe, name) != getattr(de, name))
+        for name in differ:
+            for role, e in (("prefill", pe), ("decode", de)):
+                if getattr(e, name) is not None:
+                    out += [f"--{role}-{name.replace('_', '-')}", str(getattr(e, name))]
         if deployment.kv_transfer_config is not None:
             out += ["--kv-transfer-config", deployment.kv_transfer_config]
         out += _words("router", deployment.router, DeploymentSpec().router)
-        skip = ("tensor_parallel_size", "data_parallel_size")
+        skip = ("tensor_parallel_size", "data_parallel_size", *differ)
     for name in _ENGINE_FIELDS:
         if name in skip:
             continue
