@@ -16,6 +16,7 @@ the request finishes (``on_request_finished``), head-of-prompt most recent.
 from __future__ import annotations
 
 import abc
+import heapq
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -119,7 +120,14 @@ class LRUPolicy(CachePolicy):
     """Least recently used first. A rank orders chunks (smaller: evicted
     first). A running request holds one provisional rank for all its keys,
     the tail of its prompt before its head; when it finishes its keys get
-    fresh ranks, tail first, so its head is the most recent."""
+    fresh ranks, tail first, so its head is the most recent.
+
+    Eviction takes the evictable chunks in (rank, key) order, from a
+    min-heap of (rank, key) entries instead of a sort of the cache per
+    eviction: an entry is pushed whenever an evictable key gets a rank or a
+    key becomes evictable, it is live while its key is evictable at exactly
+    that rank, and entries gone stale are dropped when they surface (or
+    when they outnumber the live ones, by a rebuild)."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
@@ -127,12 +135,29 @@ class LRUPolicy(CachePolicy):
         self.ranks: dict[OffloadKey, tuple[int, int]] = {}
         self.evictable: set[OffloadKey] = set()
         self.next_rank = 0
+        # (rank, key) of every evictable key, plus stale entries.
+        self.heap: list[tuple[tuple[int, int], OffloadKey]] = []
 
     def _request_rank(self, access: RequestAccess) -> int:
         if access.lru_rank is None:
             self.next_rank += 1
             access.lru_rank = self.next_rank
         return access.lru_rank
+
+    def _set_rank(self, key: OffloadKey, rank: tuple[int, int]) -> None:
+        self.ranks[key] = rank
+        if key in self.evictable:
+            self._push(key)
+
+    def _push(self, key: OffloadKey) -> None:
+        """An entry for evictable ``key`` at its rank."""
+        heap = self.heap
+        heapq.heappush(heap, (self.ranks[key], key))
+        if len(heap) > 2 * len(self.evictable) + 64:
+            # Mostly stale entries: rebuild from the live ones.
+            ranks = self.ranks
+            heap[:] = [(ranks[k], k) for k in self.evictable]
+            heapq.heapify(heap)
 
     def get(self, key: OffloadKey) -> CPUChunk | None:
         return self.chunks.get(key)
@@ -142,45 +167,67 @@ class LRUPolicy(CachePolicy):
         position = access.positions.get(key)
         if position is None:
             self.next_rank += 1
-            self.ranks[key] = (self.next_rank, 0)
+            rank = (self.next_rank, 0)
         else:
-            self.ranks[key] = (self._request_rank(access), -position)
+            rank = (self._request_rank(access), -position)
         if chunk.ref_cnt == 0:
             self.evictable.add(key)
+        self._set_rank(key, rank)
 
     def on_request_access(self, keys: Sequence[OffloadKey], access: RequestAccess) -> None:
         rank = self._request_rank(access)
+        ranks = self.ranks
         for key in keys:
             position = access.positions.get(key)
             if position is None or key not in self.chunks:
                 continue
             # A rank only moves forward (a chunk another request ranked later
             # keeps its rank).
-            self.ranks[key] = max(self.ranks[key], (rank, -position))
+            new = (rank, -position)
+            if new > ranks[key]:
+                self._set_rank(key, new)
 
     def on_request_finished(self, keys: Sequence[OffloadKey], inserted_only: set[OffloadKey],
                             reused: set[OffloadKey], access: RequestAccess) -> None:
         for key in reversed(keys):
             if key in self.chunks:
                 self.next_rank += 1
-                self.ranks[key] = (self.next_rank, 0)
+                self._set_rank(key, (self.next_rank, 0))
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, CPUChunk]] | None:
         if n == 0:
             return []
+        heap = self.heap
         ranks = self.ranks
-        order = sorted((k for k in self.evictable if k not in protected), key=lambda k: (ranks[k], k))
-        if len(order) < n:
+        evictable = self.evictable
+        taken: list[tuple[tuple[int, int], OffloadKey]] = []
+        kept: list[tuple[tuple[int, int], OffloadKey]] = []
+        popped: set[OffloadKey] = set()
+        while len(taken) < n and heap:
+            entry = heapq.heappop(heap)
+            rank, key = entry
+            # Stale (another rank now, or not evictable), or a copy of an
+            # entry already popped (a key back at a rank it held before).
+            if key in popped or key not in evictable or ranks[key] != rank:
+                continue
+            popped.add(key)
+            (kept if key in protected else taken).append(entry)
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        if len(taken) < n:
+            for entry in taken:
+                heapq.heappush(heap, entry)
             return None
         out = []
-        for key in order[:n]:
-            self.evictable.remove(key)
+        for _, key in taken:
+            evictable.remove(key)
             del ranks[key]
             out.append((key, self.chunks.pop(key)))
         return out
 
     def mark_evictable(self, key: OffloadKey) -> None:
         self.evictable.add(key)
+        self._push(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self.evictable.remove(key)
