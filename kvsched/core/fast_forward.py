@@ -77,6 +77,7 @@ the steps:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from kvsched.core.output import CachedRequestData, EngineCoreOutput, SchedulerOutput
 from kvsched.core.scheduler import Scheduler
@@ -107,6 +108,10 @@ def stretch_refusal(sched: Scheduler) -> str | None:
         return "nothing is running"
     if len(running) > sched.max_num_scheduled_tokens:
         return "the running requests exceed the token budget"
+    if sched.connector is not None:
+        why = _connector_refusal(sched)
+        if why is not None:
+            return why
     if not sched.async_scheduling:
         for r in running:
             # Decoding, and its first token is out (module doc).
@@ -137,6 +142,34 @@ def stretch_refusal(sched: Scheduler) -> str | None:
                     r.num_computed_tokens != r.num_tokens or r.num_output_placeholders != 1):
                 return f"{r.request_id} is not decoding"
     return None
+
+
+def _connector_refusal(sched: Scheduler) -> str | None:
+    """``stretch_refusal``'s conditions with a KV connector: each step of
+    the stretch must leave the connector's path with nothing to do. The
+    connector is asked about waiting requests at every step, reads the
+    finishes the next step reports, and frees held blocks when its worker
+    reports: so nothing waits holding blocks, admission stops before the
+    connector is asked (``Scheduler.decode_stable``), no finish is
+    unreported, no finished request's blocks are held, no request is still
+    a prefill the connector tracks, and no free is deferred (a consumer
+    under async scheduling fences them by batch; the stretch counts its
+    batches: ``Scheduler.count_fenced_batches``). The connector's own
+    state is its ``decode_stretch_refusal``'s. The caller promises that the
+    worker side reports nothing during the stretch (it has nothing in
+    flight: the simulator's rank checks its worker)."""
+    connector = sched.connector
+    assert connector is not None
+    if sched.kv_holding_waiting:
+        return "with a KV connector, requests wait holding blocks (a load); step until they run"
+    if sched.finished_req_ids or sched.finished_recving_kv_req_ids or sched.failed_recving_kv_req_ids:
+        return "with a KV connector, finishes or loads are still to be reported; step once first"
+    if len(sched.requests) != len(sched.running) or sched.has_inflight_prefills():
+        return ("with a KV connector, a finished request's blocks are held or a prefill is tracked; "
+                "step until they are released")
+    if sched.deferred_frees:
+        return "blocks of a finished request wait for a batch in flight (deferred free)"
+    return connector.decode_stretch_refusal(sched.running)
 
 
 def _lead(sched: Scheduler) -> int:
@@ -372,8 +405,30 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
         # request has k more now): the registrations count from it.
         known = [request.num_tokens - k - 1 for request in running]
         _replay_events(sched, k, allocs, known, length_stops)
+    meta = None
+    connector = sched.connector
+    if connector is not None and sched.defer_block_free:
+        # Every batch was processed; the last iteration scheduled one unless
+        # every request stopped on length. A request stopping on length
+        # was last scheduled one batch before the others.
+        all_stop = len(length_stops) == len(running)
+        seq = sched.count_fenced_batches(k - 1 if all_stop else k, k)
+        for request in running:
+            request.last_sched_seq = seq
+        for idx in length_stops:
+            running[idx].last_sched_seq = seq if all_stop else seq - 1
+    if connector is not None:
+        # Each step's build_connector_meta saw its batch's new blocks, in
+        # order: per request, the blocks it took in the stretch.
+        num_new = [0] * len(running)
+        for _, idx in allocs:
+            num_new[idx] += 1
+        new_blocks = [req_to_blocks[r.request_id][len(req_to_blocks[r.request_id]) - n:] if n else []
+                      for r, n in zip(running, num_new)]
+        connector.advance_decode_stretch(running, new_blocks)
+        meta = connector.idle_metadata()
     if lead:
-        _renew_in_flight(sched, allocs, k, length_stops)
+        _renew_in_flight(sched, allocs, k, length_stops, meta)
     # Free blocks after each step: only allocations change the count.
     per_step = [0] * k
     for step, _ in allocs:
@@ -386,11 +441,12 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
 
 
 def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
-                     length_stops: list[int]) -> None:
+                     length_stops: list[int], connector_meta: Any = None) -> None:
     """Async: the stretch's last batch is in flight in place of the one
     before it: every running request but those stopping on length for one
     token (what the last iteration's schedule() would have returned), or
-    nothing if they all stop."""
+    nothing if they all stop. With a KV connector the batch carries the
+    connector's (empty) metadata ``connector_meta`` and no loads."""
     old = sched.in_flight_outputs[0]
     running = sched.running
     if len(length_stops) == len(running):
@@ -412,6 +468,9 @@ def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
         preempted_req_ids=set(), finished_req_ids=sched.finished_req_ids if k == 1 else set(),
         admission_stop=old.admission_stop)
     output.num_spec_tokens_to_schedule = old.num_spec_tokens_to_schedule
+    if sched.connector is not None:
+        output.kv_loads = {}
+        output.kv_connector_metadata = connector_meta
     sched.replace_in_flight(output)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,3 +240,24 @@ class KVConnectorBase(abc.ABC):
     def has_pending_push_work(self) -> bool:
         """Connector work in flight that keeps the engine stepping."""
         return False
+
+    def decode_stretch_refusal(self, running: Sequence[Request]) -> str | None:
+        """Why a pure-decode stretch of ``running`` (nothing waiting, every
+        request decoding) may not be taken in one jump with this connector,
+        or None when each of its steps provably leaves the connector with
+        nothing to do but what ``advance_decode_stretch`` does. The
+        connector's part of ``kvsched.core.fast_forward.stretch_refusal``;
+        a connector that does not say refuses."""
+        return f"{type(self).__name__} does not say when a decode step leaves it idle"
+
+    def advance_decode_stretch(self, running: Sequence[Request], new_blocks: Sequence[list[int]]) -> None:
+        """What ``build_connector_meta`` of the stretch's steps did to the
+        connector's state (``decode_stretch_refusal`` said None before it):
+        ``new_blocks[i]``, the blocks running request i took in the stretch,
+        in order; each request's tokens are as after the stretch."""
+        raise NotImplementedError(f"{type(self).__name__} takes no decode stretch")
+
+    def idle_metadata(self) -> Any:
+        """The metadata a step of a decode stretch gives the worker (one
+        that starts nothing)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no decode stretch")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +208,21 @@ class NixlConnector(KVConnectorBase):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         return None
+
+    def decode_stretch_refusal(self, running: Sequence[Request]) -> str | None:
+        """Reads start at admission and hand-offs at a finish: a decode step
+        with neither pending in this batch leaves the connector idle."""
+        meta = self._meta
+        if meta.reqs_to_recv or meta.reqs_to_send or meta.reqs_in_batch or meta.reqs_not_processed:
+            return "the NIXL connector has reads or hand-offs for the next batch"
+        return None
+
+    def advance_decode_stretch(self, running: Sequence[Request], new_blocks: Sequence[list[int]]) -> None:
+        """Nothing changes: each step's metadata was empty."""
+        return None
+
+    def idle_metadata(self) -> NixlMetadata:
+        return NixlMetadata()
 
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:

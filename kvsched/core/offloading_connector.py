@@ -32,7 +32,7 @@ tiered backends; kvsched's n-gram drafters need none of the EAGLE rules.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,12 +174,13 @@ class OffloadingConnector(KVConnectorBase):
                                                max_offload_tokens=_token_cap(params, "max_offload_tokens"))
         return state
 
-    def _update_keys(self, state: _ReqState) -> None:
-        """Keys for every complete chunk of the request's tokens."""
+    def _update_keys(self, state: _ReqState, num_tokens: int | None = None) -> None:
+        """Keys for every complete chunk of the request's tokens (of its
+        first ``num_tokens``, if given)."""
         assert self.kv_cache_manager is not None, "bind_kv_cache_manager first"
         bpc = self.blocks_per_chunk
         req = state.req
-        num_blocks = req.num_tokens // self.block_size
+        num_blocks = (req.num_tokens if num_tokens is None else num_tokens) // self.block_size
         have = len(state.keys)
         if (num_blocks // bpc) <= have:
             return
@@ -342,6 +343,12 @@ class OffloadingConnector(KVConnectorBase):
         n = min(num_tokens, req.num_tokens, req.num_prompt_tokens)
         return n if state.max_offload_tokens is None else min(n, state.max_offload_tokens)
 
+    def _num_store_chunks(self, state: _ReqState, after: int) -> int:
+        """The chunks a store may cover once ``after`` tokens are computed:
+        whole offloadable chunks with blocks and keys."""
+        return min(self._offloadable_tokens(state, after) // self.tokens_per_chunk,
+                   len(state.block_ids) // self.blocks_per_chunk, len(state.keys))
+
     def _build_store_jobs(self, so: SchedulerOutput) -> dict[int, OffloadJob]:
         bpc = self.blocks_per_chunk
         jobs: dict[int, OffloadJob] = {}
@@ -359,8 +366,7 @@ class OffloadingConnector(KVConnectorBase):
                 # tokens as computed and adds them here; kvsched's scheduler
                 # counted them already.
                 after = req.num_computed_tokens
-            num_chunks = min(self._offloadable_tokens(state, after) // self.tokens_per_chunk,
-                             len(state.block_ids) // bpc, len(state.keys))
+            num_chunks = self._num_store_chunks(state, after)
             first = state.next_stored_chunk
             offered = [k for i, k in enumerate(state.keys[first:num_chunks], first)
                        if all(state.block_ids[i * bpc + b] != 0 for b in range(bpc))]
@@ -400,6 +406,42 @@ class OffloadingConnector(KVConnectorBase):
 
     def has_pending_push_work(self) -> bool:
         return bool(self.jobs)
+
+    # -- decode stretches ---------------------------------------------------------
+    def decode_stretch_refusal(self, running: Sequence[Request]) -> str | None:
+        """Only prompt tokens are stored, so a decoding request has offered
+        every chunk it ever will once its stores are placed: a decode step
+        then starts no job. With no job in flight (nothing completes, no
+        fence) and none pending in this batch, each step only extends the
+        requests' keys and block tables (``advance_decode_stretch``)."""
+        if self.jobs or self.block_fences or self.load_jobs or self.jobs_to_flush or self.sync_loads:
+            return "the offloading connector has transfers in flight"
+        reqs = self.reqs
+        for r in running:
+            state = reqs.get(r.request_id)
+            # Every prompt token is computed when decoding: the chunk count
+            # is final (see _num_store_chunks).
+            if state is not None and state.next_stored_chunk < self._num_store_chunks(
+                    state, r.num_computed_tokens):
+                return f"{r.request_id} has prompt chunks not stored yet (a store is offered again)"
+        return None
+
+    def advance_decode_stretch(self, running: Sequence[Request], new_blocks: Sequence[list[int]]) -> None:
+        """Each step's _update_block_tables for the running requests: keys
+        for the chunks the tokens of the last step's schedule() complete (one
+        token fewer than now: keys depend only on the final count), and the
+        new blocks appended to their tables."""
+        reqs = self.reqs
+        for r, blocks in zip(running, new_blocks):
+            state = reqs.get(r.request_id)
+            if state is None:
+                continue
+            self._update_keys(state, r.num_tokens - 1)
+            if blocks:
+                state.block_ids.extend(blocks)
+
+    def idle_metadata(self) -> OffloadingMetadata:
+        return OffloadingMetadata()
 
     # -- the worker's reports ---------------------------------------------------
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:

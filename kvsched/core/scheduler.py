@@ -67,6 +67,8 @@ LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
 # (see kvsched.core.fast_forward).
 _STABLE_STOPS = frozenset({None, explain.REASON_MAX_NUM_SEQS, explain.REASON_KV_BLOCKS,
                            explain.REASON_TOKEN_BUDGET, explain.REASON_CHUNKED_PREFILL_OFF})
+# The stable stops the waiting scan meets before it asks a KV connector.
+_STOPS_BEFORE_LOOKUP = frozenset({explain.REASON_MAX_NUM_SEQS, explain.REASON_TOKEN_BUDGET})
 
 
 def _check_token_list(what: str, tokens: object, limit: int) -> None:
@@ -434,6 +436,16 @@ class Scheduler:
         if blocks:
             self.deferred_frees.append((self.sched_step_seq, blocks, num_cached))
 
+    def count_fenced_batches(self, scheduled: int, processed: int) -> int:
+        """A decode stretch (kvsched.core.fast_forward) scheduled
+        ``scheduled`` batches and processed ``processed``: count them for
+        the deferred-free fence (nothing is deferred then, so nothing
+        drains). Returns the last scheduled batch's sequence number."""
+        assert not self.deferred_frees, "a stretch starts with no deferred free"
+        self.sched_step_seq += scheduled
+        self.processed_step_seq += processed
+        return self.sched_step_seq
+
     def _drain_deferred_frees(self) -> None:
         """Return deferred blocks whose batch has been processed, in order."""
         frees = self.deferred_frees
@@ -489,6 +501,11 @@ class Scheduler:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
+
+    def has_inflight_prefills(self) -> bool:
+        """With a KV connector: requests still prefilling or loading whose
+        remaining blocks are reserved against an asynchronous load."""
+        return bool(self._inflight_prefills)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or bool(self.waiting) or bool(self.kv_holding_waiting)
@@ -548,11 +565,14 @@ class Scheduler:
         # nobody admitted, resumed or preempted) with admission held for a
         # stable reason, or nothing waiting: the next steps admit nothing.
         # (Fast-forward covers placeholders, not drafts.)
+        # With a KV connector only stops met before the connector is asked
+        # about the head of the queue count (its answer may change).
         n = len(self.running)
-        self.decode_stable = not self.num_spec_tokens and self.connector is None and (not self.waiting or (
+        self.decode_stable = not self.num_spec_tokens and (not self.waiting or (
             output.total_num_scheduled_tokens == n and len(output.num_scheduled_tokens) == n
             and not step.new_reqs and not step.resumed_reqs and not step.preempted
-            and step.admission_stop in _STABLE_STOPS and step.skipped is None))
+            and step.admission_stop in (_STABLE_STOPS if self.connector is None else _STOPS_BEFORE_LOOKUP)
+            and step.skipped is None))
         if self._end_step is not None:
             self._end_step(self, output)
         if output.num_scheduled_tokens:

@@ -145,10 +145,12 @@ class EngineInstance(_Jumps):
         self.rank = rank
         self.step_model = step_model
         self.async_scheduling = rank.async_scheduling
-        # Fast-forward covers plain decode, synchronous or async (no drafts,
-        # no KV connector: the core refuses stretches with one).
-        self.fast_forward = fast_forward and rank.trace_steps is None and rank.kv_worker is None and (
-            rank.plain or (rank.async_scheduling and rank.speculative is None))
+        # Fast-forward covers plain decode, synchronous or async, with or
+        # without a KV connector (no drafts; with a connector the core takes
+        # only stretches that leave it idle, and the rank only while its
+        # worker has nothing in flight).
+        self.fast_forward = fast_forward and rank.trace_steps is None and (rank.plain or (
+            rank.speculative is None and (rank.async_scheduling or rank.kv_worker is not None)))
         self.now = 0.0
         # Async: batches in flight, newest first: (plan, GPU start, duration);
         # None for the batch a stretch left in flight until it is needed
@@ -184,9 +186,12 @@ class EngineInstance(_Jumps):
         """One step, or a stretch; returns how many requests finished (at
         ``self.now`` afterwards)."""
         rank = self.rank
-        if rank.kv_worker is not None:
-            return self._advance_kv(bound)
         finished = self._jump(bound)
+        if rank.kv_worker is not None:
+            if finished is not None:
+                self.sleeping = False
+                return finished
+            return self._advance_kv(bound)
         if finished is not None:
             return finished
         if self.async_scheduling:
@@ -212,6 +217,11 @@ class EngineInstance(_Jumps):
         queue = self._queue
         now = self.now
         self.sleeping = False
+        if queue and queue[-1][0] is None:
+            # The batch a stretch left in flight: its plan, before the next
+            # schedule() moves the counters it reads.
+            _, start, dt = queue.pop()
+            queue.append((rank.in_flight_plan(), start, dt))
         plan, reported = rank.plan_kv(now, not queue) if rank.sched.has_requests() else (None, False)
         if plan is not None:
             dt = self.step_model.step_time(plan.shape)
@@ -301,6 +311,8 @@ class EngineInstance(_Jumps):
         applied_ends = [first_start, *ends[:k - 1]]
         finishing = finishes and k == limit
         finished = rank.apply_stretch(prev_start, applied_durations, applied_ends, finishing, in_flight)
+        # Iteration 0 schedules now, iteration j when new batch j-1 starts.
+        rank.idle_kv_batches([self.now, *applied_ends[:k - 1]], applied_ends)
         if not rank.sched.step_in_flight:
             # Every request stopped on length: the last iteration scheduled nothing.
             self._queue.clear()
@@ -333,6 +345,7 @@ class EngineInstance(_Jumps):
         if len(durations) < MIN_STRETCH:
             return None
         finished = rank.apply_stretch(self.now, durations, ends, finishes and len(durations) == limit)
+        rank.idle_kv_batches([self.now, *ends[:-1]], ends)
         self.now = ends[-1]
         return finished
 

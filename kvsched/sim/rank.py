@@ -739,6 +739,10 @@ class Rank:
         requests' KV tokens; whether they do): the core's rule, plus where
         this rank's simulated model samples EOS."""
         live = self.live
+        worker = self.kv_worker
+        if worker is not None and worker.next_due() != math.inf:
+            # Its report would change the scheduler mid-stretch.
+            return 0, 0, False
 
         def steps_to_eos(r: Request) -> int:
             return live[r.request_id].steps_to_eos(len(r.output_token_ids))
@@ -832,6 +836,21 @@ class Rank:
         for rid in finished:
             self._finish(rid, end)
         return len(finished)
+
+    def idle_kv_batches(self, scheduled: list[float], processed: list[float]) -> None:
+        """With a KV connector, the worker's side of a stretch's batches:
+        batch j was scheduled at ``scheduled[j]`` with the connector's idle
+        metadata and processed at ``processed[j]``, when the worker (nothing
+        in flight: ``stretch_limit``) reports nothing."""
+        worker = self.kv_worker
+        connector = self.kv_connector
+        if worker is None or connector is None:
+            return
+        meta = connector.idle_metadata()
+        for t_sched, t_done in zip(scheduled, processed):
+            worker.start(meta, t_sched)
+            if worker.report(t_done) is not None:
+                raise AssertionError("a KV worker with nothing in flight reported during a decode stretch")
 
     def _running_lives(self) -> list[_Live | None]:
         """Every running request's client view, in running order. ``running``

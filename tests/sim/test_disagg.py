@@ -4,10 +4,11 @@ KV read's price, the TTFT split, the flags, and P/D's known shape."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 from kvsched.errors import UserInputError
@@ -16,6 +17,9 @@ from kvsched.sim.disagg import node_of_instances, parse_disaggregation
 from kvsched.sim.flags import parse_spec, spec_argv
 from kvsched.sim.run import run
 from kvsched.sim.spec import RunSpec, spec_from_json, spec_to_json
+
+# CI replays the same examples; KVSCHED_FUZZ_SEED=N draws a fresh set.
+FUZZ_SEED = os.environ.get("KVSCHED_FUZZ_SEED")
 
 MODEL = "meta-llama/Llama-3.1-8B"
 # Llama-3.1-8B's KV per token: 32 layers x 8 KV heads x 128 x (K, V) x 2 bytes.
@@ -156,18 +160,42 @@ def test_pd_has_its_known_shape_against_colocated_serving_on_the_same_gpus() -> 
     assert p["ttft_split_ms"]["kv_wait_and_read_ms"] > 0
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=int(os.environ.get("KVSCHED_FUZZ_EXAMPLES", "15")), deadline=None,
+          derandomize=FUZZ_SEED is None, database=None)
+@seed(int(FUZZ_SEED or 0))
 @given(x=st.integers(1, 2), y=st.integers(1, 3), async_scheduling=st.booleans(),
-       prefix=st.sampled_from(["0", "512"]), seed=st.integers(0, 3))
+       prefix=st.sampled_from(["0", "512"]), seed_=st.integers(0, 3),
+       max_num_seqs=st.sampled_from(["2", "8"]), offload=st.sampled_from(["", "", "0.05", "1"]))
 def test_fast_forward_never_changes_a_disaggregated_run(x: int, y: int, async_scheduling: bool, prefix: str,
-                                                       seed: int) -> None:
-    """A connector keeps every instance stepping (the core refuses stretches
-    with one): fast-forward on and off give the same run."""
-    argv = ["--disaggregation", f"{x}P{y}D", "--random-prefix-len", prefix, "--seed", str(seed),
-            "--async-scheduling" if async_scheduling else "--no-async-scheduling", "--max-num-seqs", "8"]
+                                                       seed_: int, max_num_seqs: str, offload: str) -> None:
+    """Prefill and decode instances (NIXL connectors), or as many
+    colocated replicas with KV offloading (the OffloadingConnector), jump
+    only where their connectors and workers are idle: fast-forward on and
+    off give the same run."""
+    argv = ["--random-prefix-len", prefix, "--seed", str(seed_), "--max-num-seqs", max_num_seqs,
+            "--async-scheduling" if async_scheduling else "--no-async-scheduling"]
+    if offload:
+        # A CPU cache too small for one prompt (stores retried) or roomy.
+        argv += ["-dp", str(x + y), "--kv-offloading-size", offload, "--enable-prefix-caching"]
+    else:
+        argv += ["--disaggregation", f"{x}P{y}D"]
     on = run(pd_spec(*argv, prompts=12, rate="20", input_len="700", output_len="20"))
     off = run(pd_spec(*argv, "--no-fast-forward", prompts=12, rate="20", input_len="700",
                       output_len="20"))
-    wall = "simulation_wall_seconds"
-    assert ({k: v for k, v in on.metrics.items() if k != wall}
-            == {k: v for k, v in off.metrics.items() if k != wall})
+    skip = ("simulation_wall_seconds", "fast_forwarded_steps")
+    assert off.metrics["fast_forwarded_steps"] == 0
+    assert ({k: v for k, v in on.metrics.items() if k not in skip}
+            == {k: v for k, v in off.metrics.items() if k not in skip})
+
+
+def test_disaggregated_decode_instances_fast_forward() -> None:
+    """The decode side jumps once its reads are done (the fuzzer above
+    would pass with no jump at all)."""
+    argv = ["--disaggregation", "1P1D", "--seed", "0", "--max-num-seqs", "8"]
+    for mode in ("--async-scheduling", "--no-async-scheduling"):
+        on = run(pd_spec(*argv, mode, prompts=12, rate="20", input_len="700", output_len="60"))
+        off = run(pd_spec(*argv, mode, "--no-fast-forward", prompts=12, rate="20", input_len="700",
+                          output_len="60"))
+        assert on.metrics["fast_forwarded_steps"] > 0, mode
+        assert on.metrics["mean_tpot_ms"] == off.metrics["mean_tpot_ms"]
+        assert on.metrics["kv_transfer"] == off.metrics["kv_transfer"]

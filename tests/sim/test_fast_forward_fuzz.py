@@ -26,6 +26,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.core.offloading_connector import OffloadingConnector
+from kvsched.core.offloading_manager import LRUPolicy
 from kvsched.core.policies import AdpBalance, BalanceGate, DPRankStates
 from kvsched.core.scheduler import Scheduler
 from kvsched.perf import get_hardware, get_model
@@ -33,6 +35,7 @@ from kvsched.perf.host import HostTerms
 from kvsched.perf.measured import MeasuredStepTimeModel
 from kvsched.perf.step_time import ParallelConfig, StepTimeModel
 from kvsched.sim.dp import DPOptions, DPSimulator
+from kvsched.sim.offload_transfer import OffloadConfig
 from kvsched.sim.rank import SimResult
 from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import (
@@ -104,6 +107,7 @@ class Case:
     seed: int
     workload: Workload
     backend: str = "roofline"  # "roofline", "measured" or "measured-host" (host terms on)
+    offload: OffloadConfig | None = None  # KV offloading to CPU (vLLM's OffloadingConnector)
 
 
 @st.composite
@@ -139,8 +143,15 @@ def cases(draw: st.DrawFn) -> Case:
     eos = draw(st.sampled_from([0.0, 0.0, 0.02, 0.2]))
     if policy == "balance-1" and max_num_seqs < 2:
         policy = "balance"  # a threshold of 0 running would hold admission forever
+    offload = None
+    if kind != "lockstep" and draw(st.integers(0, 2)) == 0:
+        # A CPU cache from one chunk (evicting at every store) to roomy, and
+        # a host link from slow (jobs in flight over many steps) to fast.
+        offload = OffloadConfig(size_gib=1.0, num_cpu_blocks=draw(st.sampled_from([1, 4, 16, 64, 512])),
+                                bytes_per_block=draw(st.sampled_from([1 << 14, 1 << 17, 1 << 21])),
+                                tensor_parallel_size=1, host_link_bw=draw(st.sampled_from([1e9, 5e10])))
     return Case(kind, size, router, policy, interval, sched, cache, eos, draw(st.integers(0, 99)),
-                draw(workloads()), draw(st.sampled_from(["roofline", "measured", "measured-host"])))
+                draw(workloads()), draw(st.sampled_from(["roofline", "measured", "measured-host"])), offload)
 
 
 def _lockstep_model(size: int, backend: str) -> StepTimeModel:
@@ -157,9 +168,21 @@ def _dense_model(backend: str) -> StepTimeModel:
 def _kv_state(sched: Scheduler) -> tuple[Any, ...]:
     sched.check_invariants()
     pool = sched.kv_cache_manager.block_pool
+    connector = sched.connector
+    offload: tuple[Any, ...] = ()
+    if isinstance(connector, OffloadingConnector):
+        # The CPU cache (slots, readiness, LRU ranks) and the connector's
+        # view of every request it still tracks.
+        policy = connector.manager.policy
+        assert isinstance(policy, LRUPolicy)
+        offload = ({k: (c.chunk_id, c.ref_cnt) for k, c in policy.chunks.items()}, dict(policy.ranks),
+                   connector.next_job_id, sched.sched_step_seq, sched.processed_step_seq,
+                   {rid: (list(st.keys), list(st.block_ids), st.next_stored_chunk, st.num_local_tokens,
+                          dict(st.access.positions))
+                    for rid, st in connector.reqs.items()})
     return (list(pool.free_queue), list(pool.ref_cnt), dict(pool.hash_of_block), dict(pool.cached),
             dict(pool.dup_cached),
-            {rid: list(b) for rid, b in sched.kv_cache_manager.req_to_blocks.items()})
+            {rid: list(b) for rid, b in sched.kv_cache_manager.req_to_blocks.items()}, offload)
 
 
 def _snapshot(result: SimResult) -> dict[str, Any]:
@@ -179,7 +202,7 @@ def run_case(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
         config = SimConfig(case.sched, case.cache, _dense_model(case.backend), eos_probability=case.eos,
                            seed=case.seed,
                            fast_forward=fast_forward, prefill_schedule_interval=case.interval,
-                           keep_token_times=True)
+                           keep_token_times=True, offload=case.offload)
         sim = Simulator(config, case.workload)
         result = sim.run()
         state = {"result": _snapshot(result), "kv": _kv_state(sim.sched), "clock": sim.now}
@@ -188,7 +211,7 @@ def run_case(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
     model = _lockstep_model(case.size, case.backend) if lockstep else _dense_model(case.backend)
     config = SimConfig(case.sched, case.cache, model, eos_probability=case.eos, seed=case.seed,
                        fast_forward=fast_forward, prefill_schedule_interval=case.interval,
-                       keep_token_times=True)
+                       keep_token_times=True, offload=case.offload)
     shared = DPRankStates(case.size)
     policies: list[Any] | None = None
     if case.policy in ("balance", "balance-1"):
@@ -235,3 +258,19 @@ def test_the_fuzzer_reaches_fast_forward() -> None:
         assert jumps > 0, (kind, config.async_scheduling)
         assert jumped == stepped
         assert jumped == stepped, kind
+    # With KV offloading (its connector and timed worker) too, with a CPU
+    # cache small enough to evict.
+    offload = OffloadConfig(size_gib=1.0, num_cpu_blocks=8, bytes_per_block=1 << 17, tensor_parallel_size=1,
+                            host_link_bw=5e10)
+    prefixed = random_workload(num_prompts=12, input_len=100, output_len=80, request_rate=50.0, seed=1,
+                               prefix_len=40)
+    for kind, size, config in (("single", 1, sched), ("dense-dp", 3, sched), ("single", 1, async_sched),
+                               ("dense-dp", 2, async_sched)):
+        cached = dataclasses.replace(cache, enable_prefix_caching=True)
+        case = Case(kind, size, "round-robin", "none", 1, config, cached, 0.0, 0, prefixed, offload=offload)
+        stepped, _ = run_case(case, fast_forward=False)
+        jumped, jumps = run_case(case, fast_forward=True)
+        assert jumps > 0, ("offload", kind, config.async_scheduling)
+        assert jumped == stepped, ("offload", kind, config.async_scheduling)
+        # The CPU cache was used: chunks are stored.
+        assert stepped["kv"][-1][0] if kind == "single" else stepped["kv"][0][-1][0]
