@@ -164,12 +164,39 @@ def _connector_refusal(sched: Scheduler) -> str | None:
         return "with a KV connector, requests wait holding blocks (a load); step until they run"
     if sched.finished_req_ids or sched.finished_recving_kv_req_ids or sched.failed_recving_kv_req_ids:
         return "with a KV connector, finishes or loads are still to be reported; step once first"
-    if len(sched.requests) != len(sched.running) or sched.has_inflight_prefills():
+    if len(sched.requests) != len(sched.running) + len(sched.waiting) or sched.has_inflight_prefills():
         return ("with a KV connector, a finished request's blocks are held or a prefill is tracked; "
                 "step until they are released")
     if sched.deferred_frees:
         return "blocks of a finished request wait for a batch in flight (deferred free)"
     return connector.decode_stretch_refusal(sched.running)
+
+
+def _lookup_pop_limit(sched: Scheduler) -> int:
+    """With a KV connector and requests waiting: how many blocks a stretch
+    may take from the free queue. Each step asks the connector about the
+    waiting head (not yet computed) with its local prefix hit, and the
+    connector's answer depends on where that hit ends (an offloaded hit
+    starts there): the stretch must evict none of the hit's blocks, so that
+    every step sees the lookup of the step before it (the connector's
+    bookkeeping of it then repeats itself) and its admission, needing as
+    many blocks as before from a pool that only shrinks, fails again. The
+    hit's blocks in use by running requests cannot be evicted; the free
+    ones are taken in free-queue order."""
+    head = sched.waiting.peek_request()
+    kv = sched.kv_cache_manager
+    if head.num_computed_tokens or not kv.enable_caching:
+        return 1 << 62
+    hit_blocks, _ = kv.get_computed_blocks(head)
+    pool = kv.block_pool
+    ref_cnt = pool.ref_cnt
+    free_hits = {b for b in hit_blocks if not ref_cnt[b]}
+    if not free_hits:
+        return 1 << 62
+    for position, block in enumerate(pool.free_queue):
+        if block in free_hits:
+            return position
+    raise AssertionError("a block with no reference is not in the free queue")
 
 
 def _lead(sched: Scheduler) -> int:
@@ -247,6 +274,9 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     finishes = through_finish
     bs = sched.block_size
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    if sched.connector is not None and sched.waiting:
+        # The stretch may take blocks only up to the waiting head's hit.
+        free = min(free, _lookup_pop_limit(sched))
     # A request takes at most ceil(k / bs) blocks in k steps: with that many
     # free for all (the usual case) there is nothing to count.
     if len(running) * ((k - 1) // bs + 1) > free and _blocks_needed(

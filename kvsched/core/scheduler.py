@@ -67,8 +67,6 @@ LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
 # (see kvsched.core.fast_forward).
 _STABLE_STOPS = frozenset({None, explain.REASON_MAX_NUM_SEQS, explain.REASON_KV_BLOCKS,
                            explain.REASON_TOKEN_BUDGET, explain.REASON_CHUNKED_PREFILL_OFF})
-# The stable stops the waiting scan meets before it asks a KV connector.
-_STOPS_BEFORE_LOOKUP = frozenset({explain.REASON_MAX_NUM_SEQS, explain.REASON_TOKEN_BUDGET})
 
 
 def _check_token_list(what: str, tokens: object, limit: int) -> None:
@@ -131,8 +129,11 @@ class _Step:
     # with why: they keep their place in the queue.
     skipped: list[Request] | None
     skip_reasons: dict[str, tuple[str, str]] | None
-    # KV connector: the loads this step started, {id: (tokens, asynchronous)}.
+    # KV connector: the loads this step started, {id: (tokens, asynchronous)},
+    # and whether its waiting scan passed over a request (its lookup said
+    # "ask again", or it waits for a load).
     kv_loads: dict[str, tuple[int, bool]] | None
+    kv_skipped: bool
 
     def __init__(self, token_budget: int) -> None:
         self.token_budget = token_budget
@@ -153,6 +154,7 @@ class _Step:
         self.skipped = None
         self.skip_reasons = None
         self.kv_loads = None
+        self.kv_skipped = False
 
 
 
@@ -565,14 +567,11 @@ class Scheduler:
         # nobody admitted, resumed or preempted) with admission held for a
         # stable reason, or nothing waiting: the next steps admit nothing.
         # (Fast-forward covers placeholders, not drafts.)
-        # With a KV connector only stops met before the connector is asked
-        # about the head of the queue count (its answer may change).
         n = len(self.running)
         self.decode_stable = not self.num_spec_tokens and (not self.waiting or (
             output.total_num_scheduled_tokens == n and len(output.num_scheduled_tokens) == n
             and not step.new_reqs and not step.resumed_reqs and not step.preempted
-            and step.admission_stop in (_STABLE_STOPS if self.connector is None else _STOPS_BEFORE_LOOKUP)
-            and step.skipped is None))
+            and step.admission_stop in _STABLE_STOPS and step.skipped is None and not step.kv_skipped))
         if self._end_step is not None:
             self._end_step(self, output)
         if output.num_scheduled_tokens:
@@ -1065,6 +1064,7 @@ class Scheduler:
             holding.prepend_requests(skipped_holding)
         if skipped_waiting:
             waiting.prepend_requests(skipped_waiting)
+        step.kv_skipped = bool(skipped_holding or skipped_waiting)
         step.kv_loads = loads
 
     def _promote_loaded(self, request: Request) -> None:

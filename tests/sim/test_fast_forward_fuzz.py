@@ -30,6 +30,7 @@ from kvsched.core.offloading_connector import OffloadingConnector
 from kvsched.core.offloading_manager import LRUPolicy
 from kvsched.core.policies import AdpBalance, BalanceGate, DPRankStates
 from kvsched.core.scheduler import Scheduler
+from kvsched.errors import CannotServe
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.host import HostTerms
 from kvsched.perf.measured import MeasuredStepTimeModel
@@ -236,10 +237,20 @@ def run_case(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
 @seed(int(FUZZ_SEED or 0))
 @given(cases())
 def test_fast_forward_is_exact_on_random_configs(case: Case) -> None:
-    stepped, stepped_jumps = run_case(case, fast_forward=False)
-    jumped, _ = run_case(case, fast_forward=True)
+    stepped, stepped_jumps = _outcome(case, fast_forward=False)
+    jumped, _ = _outcome(case, fast_forward=True)
     assert stepped_jumps == 0
     assert jumped == stepped
+
+
+def _outcome(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
+    """``run_case``, or the simulator's refusal to go on (a run no request
+    of which can ever be scheduled again, as some offloading runs on tiny
+    caches are): both modes must then stop with the same words."""
+    try:
+        return run_case(case, fast_forward)
+    except CannotServe as e:
+        return {"cannot_serve": str(e)}, 0
 
 
 def test_the_fuzzer_reaches_fast_forward() -> None:
