@@ -58,6 +58,25 @@ the scheduler cannot foresee, is stepped, and so is a finish while
 requests wait (the token that request leaves in the budget could admit
 one).
 
+With a KV connector (``Scheduler.connector``) a stretch is taken only
+where each of its steps provably leaves the connector's path with nothing
+to do (``_connector_refusal``, part of ``stretch_refusal``): nothing waits
+holding blocks, no finish or load is unreported, no finished request's
+blocks are held or freed late, and the connector itself says it is idle
+(``KVConnectorBase.decode_stretch_refusal``: offloading with no job in
+flight and every prompt chunk placed, since only prompt tokens are
+stored; NIXL with no read or hand-off pending). The caller promises the
+worker side reports nothing meanwhile (the simulator's rank checks its
+worker has nothing in flight, and drives it through the stretch's idle
+batches). With requests waiting, each step asks the connector about the
+head of the queue: the stretch takes blocks only up to the first free
+block of the head's local prefix hit (``_lookup_pop_limit``), so the
+lookup repeats itself and the admission fails again. The stretch's
+effect on the connector (keys of newly complete chunks, block tables) is
+its ``advance_decode_stretch``; under a deferred-free fence (a consumer
+under async scheduling) its batches are counted
+(``Scheduler.count_fenced_batches``).
+
 Stepping one by one, step j visits the running requests in order: a request
 that starts a new block takes one from the front of the free queue (evicting
 whatever hash it carried), and a request that fills a block registers it in
