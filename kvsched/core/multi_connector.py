@@ -169,6 +169,23 @@ class MultiConnector(KVConnectorBase):
     def has_pending_block_frees(self) -> bool:
         return any(c.has_pending_block_frees() for c in self._connectors)
 
+    def decode_stretch_refusal(self, running: Sequence[Request]) -> str | None:
+        """Idle when every child is and no extra holder waits to be sent."""
+        if self._extra_async_saves:
+            return "the MultiConnector has extra holders for the next batch"
+        for c in self._connectors:
+            why = c.decode_stretch_refusal(running)
+            if why is not None:
+                return why
+        return None
+
+    def advance_decode_stretch(self, running: Sequence[Request], new_blocks: Sequence[list[int]]) -> None:
+        for c in self._connectors:
+            c.advance_decode_stretch(running, new_blocks)
+
+    def idle_metadata(self) -> MultiKVConnectorMetadata:
+        return MultiKVConnectorMetadata(tuple(c.idle_metadata() for c in self._connectors))
+
     def has_pending_push_work(self) -> bool:
         return any(c.has_pending_push_work() for c in self._connectors)
 
