@@ -333,6 +333,13 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
                            ("TTFT: first decode step (ms):", "decode_first_step_ms")):
             if key in split:
                 rows.append((label, f"{split[key]:.2f}"))
+    for role, use in (m.get("role_utilisation") or {}).items():
+        rows.append((f"-- Utilisation ({role}, {use['engine_cores']} engine cores) --", ""))
+        rows.append(("Busy fraction:", f"{use['busy_fraction']:.1%}"))
+        rows.append(("Mean batch size (requests):", f"{use['mean_batch_size']:.2f}"))
+        rows.append(("Mean tokens per step:", f"{use['mean_tokens_per_step']:.2f}"))
+        rows.append(("Mean / max KV cache usage:",
+                     f"{use['mean_kv_cache_usage']:.1%} / {use['max_kv_cache_usage']:.1%}"))
     # Disaggregated: each role's CPU tier (the top-level figures are the decode role's).
     by_role = m.get("kv_offload_by_role") or {}
     sections = ([(f" ({role})", part["kv_offload"], part["prefix_cache_hit_rate_by_tier"])

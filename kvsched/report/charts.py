@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -747,3 +747,58 @@ def scatter_chart(chart_id: str, marks: Sequence[Mark], x_axis: Axis, y_axis: Ax
                    f'text-anchor="{"end" if flip else "start"}">{esc(text)}</text>')
     out.append("</g>")
     return _close_chart(out, bool(marks), left, top, pw, ph, height, x_axis.label, y_axis.label)
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One horizontal bar of a :func:`bar_chart`: its label and its parts
+    ``(name, value)``, stacked left to right in the order given."""
+
+    label: str
+    parts: tuple[tuple[str, float], ...]
+
+
+def bar_chart(chart_id: str, bars: Sequence[Bar], colors: Mapping[str, str], unit: str, *,
+              width: int = 1080, description: str = "") -> str:
+    """An inline ``<svg>`` of horizontal stacked bars on one linear axis from
+    zero (``unit`` its label), a legend of the part names above, and each
+    part's value in its hover ``<title>`` and as ``data-value``."""
+    legend = [LegendEntry(name, c, area=True) for name, c in colors.items()]
+    legend_svg, legend_h = _legend_svg(legend, 150.0, 8.0, width - 170.0)
+    left, right, top, bottom, row = 150.0, 26.0, 14.0 + legend_h, 46.0, 30.0
+    pw = width - left - right
+    height = int(top + row * max(1, len(bars)) + bottom)
+    totals = [sum(max(0.0, v) for _, v in b.parts) for b in bars]
+    hi = max(totals, default=0.0)
+    top_value, ticks, step = _linear_range(0.0, hi if hi > 0 else 1.0, 6, True)
+
+    def sx(v: float) -> float:
+        return left + v / top_value * pw
+
+    title = f"<title>{esc(description)}</title>" if description else ""
+    out = [f'<svg class="chart" data-chart="{esc(chart_id)}" viewBox="0 0 {width} {height}" '
+           f'width="{width}" height="{height}" role="img" aria-label="{esc(description)}">{title}',
+           legend_svg, '<g class="grid">']
+    out += [f'<line x1="{sx(t):.1f}" y1="{top:.1f}" x2="{sx(t):.1f}" y2="{height - bottom:.1f}"/>'
+            for t in ticks]
+    out.append('</g><g class="ticks">')
+    out += [f'<text x="{sx(t):.1f}" y="{height - bottom + 18:.1f}" text-anchor="middle">'
+            f"{esc(_tick_label(t, step))}</text>" for t in ticks]
+    out.append("</g><g class=\"data\">")
+    for i, b in enumerate(bars):
+        y = top + row * i
+        out.append(f'<text x="{left - 8:.1f}" y="{y + row / 2 + 4:.1f}" text-anchor="end">'
+                   f"{esc(b.label)}</text>")
+        x = 0.0
+        for name, value in b.parts:
+            v = max(0.0, value)
+            out.append(f'<rect class="bar" data-part="{esc(name)}" data-value="{value:.6g}" '
+                       f'x="{sx(x):.1f}" y="{y + 5:.1f}" width="{sx(x + v) - sx(x):.1f}" '
+                       f'height="{row - 10:.1f}" '
+                       f'fill="{esc(colors.get(name, MUTED_COLOR))}"><title>{esc(b.label)}: {esc(name)} '
+                       f"{value:,.2f} {esc(unit)}</title></rect>")
+            x += v
+    out.append("</g>")
+    out.append(f'<text class="axis-label" x="{left + pw / 2:.1f}" y="{height - 8:.1f}" '
+               f'text-anchor="middle">{esc(unit)}</text></svg>')
+    return "".join(out)

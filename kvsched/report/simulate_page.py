@@ -5,7 +5,9 @@
 other, one colour per result): the configuration lines given by the caller, a
 table of ``vllm bench serve``'s metrics and the engine statistics (one column
 per result), latency CDFs (TTFT, TPOT, ITL, E2E latency) and time series of
-output throughput, batch composition, KV cache usage and queue lengths.
+output throughput, batch composition, KV cache usage and queue lengths; with
+prefill/decode disaggregation or KV offloading, their sections
+(:mod:`kvsched.report.pd_sections`).
 
 This module assembles the page; :mod:`kvsched.report.charts` draws the charts
 (inline SVG, data reduced with numpy first). The page opens offline: no
@@ -35,6 +37,7 @@ from kvsched.report.charts import (
     text_width,
 )
 from kvsched.report.charts import esc as _esc
+from kvsched.report.pd_sections import offload_section, pd_section
 from kvsched.report.style import STYLESHEET
 from kvsched.sim.refusals import failure_reasons
 from kvsched.sim.simulator import SimResult
@@ -347,6 +350,8 @@ def render_report(results: Sequence[tuple[str, SimResult]], title: str, config_l
         f"requests (of output tokens for ITL) at or below each latency.</p>"
         f'<div class="grid2">{"".join(cdf_html)}</div></section>',
         f'<section class="card"><h2>Over time</h2>{"".join(time_html)}</section>',
+        pd_section(labels, metrics),
+        offload_section(labels, metrics),
         f'<section class="card"><h2>Summary</h2><p class="note">vllm bench serve\'s metric names; '
         f"latencies in milliseconds, percentiles as numpy computes them.</p>"
         f"{_metrics_tables(labels, metrics)}</section>",

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from kvsched.sim.deployment import Deployment
+from kvsched.sim.rank import SimResult
 from kvsched.sim.spec import InstanceGroup, RunSpec, WorkloadSpec
 from kvsched.sim.workload import Workload, WorkloadRequest
 
@@ -234,3 +235,31 @@ def detailed_lists(requests: Sequence[WorkloadRequest], records: Sequence[Comple
         del out["itls"]
         return out, ITLS_MISSING
     return out, None
+
+
+def role_utilisation(roles: Mapping[str, Sequence[SimResult]]) -> dict[str, dict[str, Any]]:
+    """Each role's engines (``roles``: role -> its instances' results, data-
+    parallel ranks inside each) over the whole run, from 0 to the last step
+    of any role: ``busy_fraction`` (the share of that span its engine cores
+    were stepping, averaged over them), ``mean_batch_size`` and
+    ``mean_tokens_per_step`` (requests and tokens per step, over all its
+    steps), ``mean_kv_cache_usage`` (time-weighted over busy time) and
+    ``max_kv_cache_usage`` (the highest of any core), and the counts."""
+    cores = {role: [rank for res in results for rank in (res.ranks or [res])]
+             for role, results in roles.items()}
+    span = max((rank.totals.end for ranks in cores.values() for rank in ranks), default=0.0)
+    out: dict[str, dict[str, Any]] = {}
+    for role, ranks in cores.items():
+        totals = [rank.totals for rank in ranks]
+        steps = sum(t.num_steps for t in totals)
+        busy = sum(t.busy for t in totals)
+        out[role] = {
+            "engine_cores": len(ranks),
+            "num_steps": steps,
+            "busy_fraction": busy / (span * len(ranks)) if span and ranks else 0.0,
+            "mean_batch_size": sum(t.num_reqs for t in totals) / steps if steps else 0.0,
+            "mean_tokens_per_step": sum(t.num_tokens for t in totals) / steps if steps else 0.0,
+            "mean_kv_cache_usage": sum(t.kv_usage_time for t in totals) / busy if busy else 0.0,
+            "max_kv_cache_usage": max((t.engine_stats()["max_kv_cache_usage"] for t in totals), default=0.0),
+        }
+    return out

@@ -29,7 +29,7 @@ from kvsched.sim.deployment import Deployment, build_deployment
 from kvsched.sim.disagg import DisaggregatedSimulator, DisaggResult, RoleConfig, pd_connectors
 from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.refusals import split_refused
-from kvsched.sim.results import num_gpus, per_gpu_metrics
+from kvsched.sim.results import num_gpus, per_gpu_metrics, role_utilisation
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec, WorkloadSpec
 from kvsched.sim.workload import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, Workload, load_workload
@@ -301,6 +301,7 @@ def run_prepared(prepared: PreparedRun, progress: Progress | None = None,
                         for key in ("output_throughput", "total_token_throughput") if key in metrics})
         metrics["kv_transfer"] = disagg.kv_transfer
         metrics["ttft_split_ms"] = disagg.ttft_split
+        metrics["role_utilisation"] = role_utilisation({"prefill": disagg.prefill, "decode": disagg.decode})
         if disagg.kv_offload_by_role:
             metrics["kv_offload_by_role"] = disagg.kv_offload_by_role
     else:
