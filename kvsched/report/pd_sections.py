@@ -50,7 +50,7 @@ def _table(labels: Sequence[str], rows: Sequence[tuple[str, str, str, Formatter]
             continue
         cells = "".join(
             f'<td class="num" data-key="{esc(prefix)}.{esc(key)}" data-result="{i}">'
-            f'{esc(fmt(v[key]) if v is not None and key in v else "-")}</td>'
+            f'<span class="v">{esc(fmt(v[key]) if v is not None and key in v else "-")}</span></td>'
             for i, v in enumerate(values))
         body.append(f'<tr><td class="key" title="{esc(description)}">{esc(key)}</td>'
                     f'<td class="unit">{esc(unit)}</td>{cells}</tr>')
