@@ -40,3 +40,19 @@ def test_busy_fraction_batch_and_kv_usage_per_role() -> None:
 def test_a_role_that_never_stepped_is_idle() -> None:
     use = role_utilisation({"prefill": [core(StepTotals(usable_blocks=10))]})
     assert use["prefill"]["busy_fraction"] == 0.0 and use["prefill"]["num_steps"] == 0
+
+
+def test_simulate_prints_each_roles_utilisation() -> None:
+    from kvsched.commands.simulate import format_table
+
+    def role(cores: int, busy: float) -> dict[str, float]:
+        return {"engine_cores": cores, "num_steps": 10, "busy_fraction": busy, "mean_batch_size": 3.5,
+                "mean_tokens_per_step": 700.0, "mean_kv_cache_usage": 0.25, "max_kv_cache_usage": 0.5}
+    lines = format_table({"role_utilisation": {"prefill": role(1, 0.2), "decode": role(2, 0.75)}},
+                         (99.0,)).splitlines()
+    prefill = next(i for i, line in enumerate(lines) if "Utilisation (prefill, 1 engine cores)" in line)
+    decode = next(i for i, line in enumerate(lines) if "Utilisation (decode, 2 engine cores)" in line)
+    assert prefill < decode
+    assert any("Busy fraction:" in line and "20.0%" in line for line in lines[prefill:decode])
+    assert any("Busy fraction:" in line and "75.0%" in line for line in lines[decode:])
+    assert any("Mean / max KV cache usage:" in line and "25.0% / 50.0%" in line for line in lines[decode:])
