@@ -275,9 +275,11 @@ class Scheduler:
         # Requests still prefilling or loading: their remaining blocks are
         # reserved against an asynchronous load's admission.
         self._inflight_prefills: dict[str, Request] = {}
-        # The request whose asynchronous load did not fit in the last
-        # waiting scan (livelock() reads it).
+        # livelock()'s evidence: the request whose asynchronous load did
+        # not fit in the last waiting scan while nothing else could free
+        # blocks, and the one-token prompts already loaded whole once.
         self._kv_blocked_load: str | None = None
+        self._whole_one_token_loads: set[str] = set()
         self.recompute_kv_load_failures = True
         self.defer_block_free = False
         self.requires_kv_delivery = False
@@ -422,6 +424,7 @@ class Scheduler:
         assert self.connector is not None
         rid = request.request_id
         self._inflight_prefills.pop(rid, None)
+        self._whole_one_token_loads.discard(rid)
         delay, _ = self.connector.request_finished(request, self.kv_cache_manager.get_block_ids(rid))
         self.finished_req_ids.add(rid)
         if not (delay or delay_free_blocks):
@@ -1060,7 +1063,9 @@ class Scheduler:
                                  reserved_blocks=reserved) is None:
                 self._stop_at(step, explain.REASON_KV_BLOCKS, request,
                               self._kv_blocks_detail(reserved) if explaining else "")
-                if load_async:
+                if load_async and not running and not self._in_flight and all(
+                        r is request for r in holding) and not connector.has_pending_block_frees() and not any(
+                        r.is_finished() for r in self.requests.values()):
                     self._kv_blocked_load = rid
                 break
             connector.update_state_after_alloc(request, kv.get_block_ids(rid), num_external)
@@ -1109,21 +1114,26 @@ class Scheduler:
         ever; the caller decides what to do (replay --explain says so, the
         simulator stops the engine). Exact, not a guess from idle steps:
 
-        - a request loading its only token (a one-token prompt, async,
-          loaded whole) will be reset to 0 computed tokens and looked up
-          again once the load lands, and so on;
+        - a one-token prompt loading its only token again, after a first
+          whole load reset it to 0 computed tokens: the connector answered
+          the same lookup the same way, and will again once this load lands;
         - the last waiting scan stopped at an asynchronous load that did not
-          fit while nothing runs, no step is in flight, no other request
-          holds blocks or loads and no delayed free is pending: the next
-          scan sees the same free blocks and stops there again (a failed
-          load under recompute that still counts its own reservation, or
-          another remote read that never fits).
+          fit while nothing ran, no step was in flight, no other request
+          held blocks or loaded and no delayed free was pending, and nothing
+          has run since: the next scan sees the same free blocks and stops
+          there again (a failed load under recompute that still counts its
+          own reservation, or a remote read that never fits, as NIXL with
+          drafts).
+
+        A load the worker fails every time (a script) is not recognised: it
+        depends on the worker, not on the scheduler's state.
         """
         if self.connector is None:
             return None
+        again = self._whole_one_token_loads
         whole = tuple(r.request_id for r in self.kv_holding_waiting
-                      if r.status == WAITING_FOR_REMOTE_KVS and r.num_tokens == 1
-                      and r.num_computed_tokens == 1
+                      if r.request_id in again and r.status == WAITING_FOR_REMOTE_KVS
+                      and r.num_tokens == 1 and r.num_computed_tokens == 1
                       and r.request_id not in self.failed_recving_kv_req_ids)
         if whole:
             return explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, whole)
@@ -1157,6 +1167,8 @@ class Scheduler:
         else:
             kv.cache_blocks(request, request.num_computed_tokens)
         if request.num_computed_tokens == request.num_tokens:
+            if request.num_tokens == 1:
+                self._whole_one_token_loads.add(rid)
             request.num_computed_tokens = request.num_tokens - 1
         self.finished_recving_kv_req_ids.remove(rid)
         request.status = PREEMPTED if request.num_preemptions else WAITING
