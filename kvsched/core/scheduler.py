@@ -1063,9 +1063,7 @@ class Scheduler:
                                  reserved_blocks=reserved) is None:
                 self._stop_at(step, explain.REASON_KV_BLOCKS, request,
                               self._kv_blocks_detail(reserved) if explaining else "")
-                if load_async and not running and not self._in_flight and all(
-                        r is request for r in holding) and not connector.has_pending_block_frees() and not any(
-                        r.is_finished() for r in self.requests.values()):
+                if load_async and self._nothing_frees_blocks(request):
                     self._kv_blocked_load = rid
                 break
             connector.update_state_after_alloc(request, kv.get_block_ids(rid), num_external)
@@ -1108,6 +1106,17 @@ class Scheduler:
                          "(delayed free)")
         return "; ".join(parts)
 
+    def _nothing_frees_blocks(self, request: Request) -> bool:
+        """Nothing but ``request`` could change the free blocks: none
+        running, no step in flight, no other request holding blocks while
+        it waits or loads, none finished holding its blocks (delayed free),
+        no pending block frees."""
+        assert self.connector is not None
+        return (not self.running and not self._in_flight
+                and all(r is request for r in self.kv_holding_waiting)
+                and not self.connector.has_pending_block_frees()
+                and not any(r.is_finished() for r in self.requests.values()))
+
     def livelock(self) -> explain.Livelock | None:
         """The vLLM 0.33.0 livelock this scheduler is in, read from its
         state (None when it is in none). vLLM keeps stepping in these for
@@ -1138,13 +1147,9 @@ class Scheduler:
         if whole:
             return explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, whole)
         rid = self._kv_blocked_load
-        if (rid is None or self.running or self._in_flight
-                or any(r.request_id != rid for r in self.kv_holding_waiting)
-                or self.connector.has_pending_block_frees()
-                or any(r.is_finished() for r in self.requests.values())):
-            return None
-        request = self.requests.get(rid)
-        if request is None or request.status not in (WAITING, PREEMPTED):
+        request = self.requests.get(rid) if rid is not None else None
+        if (request is None or request.status not in (WAITING, PREEMPTED)
+                or not self._nothing_frees_blocks(request)):
             return None
         kind = (explain.LIVELOCK_FAILED_LOAD_SELF_RESERVED if rid in self._inflight_prefills
                 else explain.LIVELOCK_REMOTE_READ_NEVER_FITS)

@@ -68,6 +68,7 @@ def test_one_token_prompt_loaded_whole_is_a_livelock_from_its_second_load() -> N
         assert output.num_scheduled_tokens == {} and output.kv_loads == {"a": (1, True)}
         lock = sched.livelock()
         assert lock == explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, ("a",))
+    assert lock is not None
     assert lock.message().startswith("vLLM 0.33 livelock (whole_one_token_load): a: a one-token prompt")
 
 
