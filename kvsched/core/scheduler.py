@@ -1151,6 +1151,7 @@ class Scheduler:
         if (request is None or request.status not in (WAITING, PREEMPTED)
                 or not self._nothing_frees_blocks(request)):
             return None
+        rid = request.request_id
         kind = (explain.LIVELOCK_FAILED_LOAD_SELF_RESERVED if rid in self._inflight_prefills
                 else explain.LIVELOCK_REMOTE_READ_NEVER_FITS)
         return explain.Livelock(kind, (rid,))
