@@ -42,6 +42,9 @@ def _explain_step(step: int, output: SchedulerOutput, record: dict[str, Any],
         groups.setdefault((item.reason, item.detail), []).append(item.request_id)
     for (reason, detail), ids in groups.items():
         print(f"      not admitted {_format_ids(ids, 8)}: {reason} - {detail}")
+    lock = sched.livelock()
+    if lock is not None:
+        print(f"      stuck: {lock.message()}")
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:

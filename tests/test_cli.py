@@ -191,3 +191,30 @@ def test_every_flag_has_help(command: str) -> None:
     assert len(actions) > 30  # the walk sees the engine, workload and output groups
     missing = [a.option_strings[0] for a in actions if not (a.help or "").strip()]
     assert missing == [], f"kvsched {command}: flags without help: {missing}"
+
+
+# A one-token prompt the connector loads whole, asynchronously: after each
+# load it has nothing left to compute, is reset and looked up again (vLLM
+# 0.33's livelock). The first load is not yet a loop; the second is.
+WHOLE_ONE_TOKEN_LOAD: dict[str, Any] = {
+    "kv_connector": {"type": "scripted", "load_failure_policy": "recompute"},
+    "scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 64},
+    "cache": {"block_size": 16, "num_gpu_blocks": 8, "enable_prefix_caching": True},
+    "max_steps": 5,
+    "requests": [{"request_id": "a", "prompt_token_ids": [5], "max_tokens": 2, "ignore_eos": True,
+                  "external_hit_tokens": 1, "load_async": True}],
+}
+
+
+def test_explain_says_when_the_run_is_stuck_in_a_vllm_livelock(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(_write(tmp_path, WHOLE_ONE_TOKEN_LOAD)), "--explain"]) != 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    steps = [i for i, line in enumerate(lines) if line.startswith("step")]
+    assert len(steps) == 5
+    stuck = [i for i, line in enumerate(lines) if line.strip().startswith("stuck:")]
+    assert stuck and stuck[0] > steps[1] and stuck[0] < steps[2]
+    assert "vLLM 0.33 livelock (whole_one_token_load): a:" in lines[stuck[0]]
+    assert "waiting_for_remote_kvs" in lines[steps[0] + 1]
+    assert "max_steps=5" in captured.err

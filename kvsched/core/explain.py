@@ -10,6 +10,7 @@ into a line per waiting request, only when asked.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from kvsched.core.output import NotAdmitted
 from kvsched.request import Request
@@ -25,9 +26,48 @@ REASON_PREEMPTION = "preemption"
 REASON_MAX_LORAS = "max_loras"
 REASON_OUTPUT_IN_FLIGHT = "output_in_flight"
 
+# KV connector (passed over too): an asynchronous load in flight (vLLM's
+# WAITING_FOR_REMOTE_KVS: the remote KV not yet received), a failed one that
+# will be recomputed, and a lookup the connector answered "ask again" (None).
+REASON_WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
+REASON_KV_LOAD_FAILED = "kv_load_failed"
+REASON_KV_LOOKUP_PENDING = "kv_lookup_pending"
+
 REASONS = (REASON_TOKEN_BUDGET, REASON_MAX_NUM_SEQS, REASON_KV_BLOCKS,
            REASON_CHUNKED_PREFILL_OFF, REASON_ADMISSION_POLICY, REASON_PREEMPTION,
-           REASON_MAX_LORAS, REASON_OUTPUT_IN_FLIGHT)
+           REASON_MAX_LORAS, REASON_OUTPUT_IN_FLIGHT, REASON_WAITING_FOR_REMOTE_KVS,
+           REASON_KV_LOAD_FAILED, REASON_KV_LOOKUP_PENDING)
+
+# vLLM 0.33.0's livelocks with a KV connector (it spins for ever in them;
+# SCENARIO_FORMAT.md's notes). Scheduler.livelock() recognises them.
+LIVELOCK_WHOLE_ONE_TOKEN_LOAD = "whole_one_token_load"
+LIVELOCK_FAILED_LOAD_SELF_RESERVED = "failed_load_self_reserved"
+LIVELOCK_REMOTE_READ_NEVER_FITS = "remote_read_never_fits"
+
+_LIVELOCK_TEXT = {
+    LIVELOCK_WHOLE_ONE_TOKEN_LOAD: (
+        "a one-token prompt loaded whole: once loaded it has no token left to compute, "
+        "is reset to 0 computed tokens and asks the connector again, for ever"),
+    LIVELOCK_FAILED_LOAD_SELF_RESERVED: (
+        "an asynchronous load that failed under kv_load_failure_policy=recompute keeps its "
+        "own reservation for in-flight prefills, so its new load needs its blocks twice; "
+        "with nothing else to free blocks it is never readmitted"),
+    LIVELOCK_REMOTE_READ_NEVER_FITS: (
+        "an asynchronous remote read does not fit the free blocks (with the in-flight "
+        "reservations and draft slots) and nothing running or loading will free any"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Livelock:
+    """A state vLLM 0.33.0 never leaves (it keeps stepping): which, and who."""
+
+    kind: str  # a LIVELOCK_* constant
+    request_ids: tuple[str, ...]
+
+    def message(self) -> str:
+        return (f"vLLM 0.33 livelock ({self.kind}): {', '.join(self.request_ids)}: "
+                f"{_LIVELOCK_TEXT[self.kind]}")
 
 
 def explain_waiting(waiting: Iterable[Request], reason: str | None, detail: str,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from kvsched.config import (
     CacheConfig,
@@ -274,6 +275,11 @@ class Scheduler:
         # Requests still prefilling or loading: their remaining blocks are
         # reserved against an asynchronous load's admission.
         self._inflight_prefills: dict[str, Request] = {}
+        # livelock()'s evidence: the request whose asynchronous load did
+        # not fit in the last waiting scan while nothing else could free
+        # blocks, and the one-token prompts already loaded whole once.
+        self._kv_blocked_load: str | None = None
+        self._whole_one_token_loads: set[str] = set()
         self.recompute_kv_load_failures = True
         self.defer_block_free = False
         self.requires_kv_delivery = False
@@ -418,6 +424,7 @@ class Scheduler:
         assert self.connector is not None
         rid = request.request_id
         self._inflight_prefills.pop(rid, None)
+        self._whole_one_token_loads.discard(rid)
         delay, _ = self.connector.request_finished(request, self.kv_cache_manager.get_block_ids(rid))
         self.finished_req_ids.add(rid)
         if not (delay or delay_free_blocks):
@@ -973,12 +980,19 @@ class Scheduler:
         skipped_waiting: list[Request] = []
         loads: dict[str, tuple[int, bool]] = {}
 
-        def skip(queue: RequestQueue) -> None:
+        explaining = self.explain_admission
+        self._kv_blocked_load = None
+
+        def skip(queue: RequestQueue, reason: str, detail: str) -> None:
             request = queue.pop_request()
             if request.num_computed_tokens > 0 or request.status == WAITING_FOR_REMOTE_KVS:
                 skipped_holding.append(request)
             else:
                 skipped_waiting.append(request)
+            if explaining:
+                if step.skip_reasons is None:
+                    step.skip_reasons = {}
+                step.skip_reasons[request.request_id] = (reason, detail)
 
         budget = step.token_budget
         while budget > 0:
@@ -993,15 +1007,23 @@ class Scheduler:
             rid = request.request_id
             if request.status == WAITING_FOR_REMOTE_KVS:
                 if rid not in self.finished_recving_kv_req_ids:
-                    skip(queue)
+                    if rid in self.failed_recving_kv_req_ids:
+                        skip(queue, explain.REASON_KV_LOAD_FAILED,
+                             "its asynchronous KV load failed; under kv_load_failure_policy="
+                             "recompute it is looked up again once the worker reports it done")
+                    else:
+                        skip(queue, explain.REASON_WAITING_FOR_REMOTE_KVS,
+                             "WAITING_FOR_REMOTE_KVS: its asynchronous KV load is in flight")
                     continue
                 self._promote_loaded(request)
             if request.num_stale_output_tokens and not request.drop_stale_output:
-                skip(queue)
+                skip(queue, explain.REASON_OUTPUT_IN_FLIGHT,
+                     "preempted while a step of its is in flight")
                 continue
             if loras is not None and request.lora_id and (
                     len(loras) == max_loras and request.lora_id not in loras):
-                skip(queue)
+                skip(queue, explain.REASON_MAX_LORAS,
+                     f"LoRA {request.lora_id}: {max_loras} adapters in the batch, max_loras={max_loras}")
                 continue
             if policy is not None:
                 hold = policy.hold_reason(self, request)
@@ -1015,7 +1037,8 @@ class Scheduler:
                 hit_blocks, num_local = kv.get_computed_blocks(request)
                 ext, load_async = connector.get_num_new_matched_tokens(request, num_local)
                 if ext is None:
-                    skip(queue)
+                    skip(queue, explain.REASON_KV_LOOKUP_PENDING,
+                         "the connector's get_num_new_matched_tokens said to ask again")
                     continue
                 num_external = ext
                 num_computed = num_local + ext
@@ -1038,7 +1061,10 @@ class Scheduler:
                                  num_external_computed_tokens=num_external,
                                  delay_cache_blocks=load_async,
                                  reserved_blocks=reserved) is None:
-                self._stop_at(step, explain.REASON_KV_BLOCKS, request, "")
+                self._stop_at(step, explain.REASON_KV_BLOCKS, request,
+                              self._kv_blocks_detail(reserved) if explaining else "")
+                if load_async and self._nothing_frees_blocks(request):
+                    self._kv_blocked_load = rid
                 break
             connector.update_state_after_alloc(request, kv.get_block_ids(rid), num_external)
             if num_external:
@@ -1049,7 +1075,8 @@ class Scheduler:
                 request.status = WAITING_FOR_REMOTE_KVS
                 request.num_computed_tokens = num_computed
                 self._inflight_prefills[rid] = request
-                skip(queue)
+                skip(queue, explain.REASON_WAITING_FOR_REMOTE_KVS,
+                     f"WAITING_FOR_REMOTE_KVS: asynchronous KV load of {num_external} tokens started")
                 continue
             queue.pop_request()
             if self._admit(step, request, num_new, num_computed, padded, loras):
@@ -1066,6 +1093,68 @@ class Scheduler:
             waiting.prepend_requests(skipped_waiting)
         step.kv_skipped = bool(skipped_holding or skipped_waiting)
         step.kv_loads = loads
+
+    def _kv_blocks_detail(self, reserved: int) -> str:
+        """What holds the KV blocks an admission with a connector did not
+        get (``--explain`` only)."""
+        parts = [f"{self.kv_cache_manager.block_pool.get_num_free_blocks()} blocks free"]
+        if reserved:
+            parts.append(f"{reserved} reserved for prefills and loads in flight")
+        held = [rid for rid, r in self.requests.items() if r.is_finished()]
+        if held:
+            parts.append(f"finished {', '.join(held)} hold theirs until their KV is sent "
+                         "(delayed free)")
+        return "; ".join(parts)
+
+    def _nothing_frees_blocks(self, request: Request) -> bool:
+        """Nothing but ``request`` could change the free blocks: none
+        running, no step in flight, no other request holding blocks while
+        it waits or loads, none finished holding its blocks (delayed free),
+        no pending block frees."""
+        assert self.connector is not None
+        return (not self.running and not self._in_flight
+                and all(r is request for r in self.kv_holding_waiting)
+                and not self.connector.has_pending_block_frees()
+                and not any(r.is_finished() for r in self.requests.values()))
+
+    def livelock(self) -> explain.Livelock | None:
+        """The vLLM 0.33.0 livelock this scheduler is in, read from its
+        state (None when it is in none). vLLM keeps stepping in these for
+        ever; the caller decides what to do (replay --explain says so, the
+        simulator stops the engine). Exact, not a guess from idle steps:
+
+        - a one-token prompt loading its only token again, after a first
+          whole load reset it to 0 computed tokens: the connector answered
+          the same lookup the same way, and will again once this load lands;
+        - the last waiting scan stopped at an asynchronous load that did not
+          fit while nothing ran, no step was in flight, no other request
+          held blocks or loaded and no delayed free was pending, and nothing
+          has run since: the next scan sees the same free blocks and stops
+          there again (a failed load under recompute that still counts its
+          own reservation, or a remote read that never fits, as NIXL with
+          drafts).
+
+        A load the worker fails every time (a script) is not recognised: it
+        depends on the worker, not on the scheduler's state.
+        """
+        if self.connector is None:
+            return None
+        again = self._whole_one_token_loads
+        whole = tuple(r.request_id for r in self.kv_holding_waiting
+                      if r.request_id in again and r.status == WAITING_FOR_REMOTE_KVS
+                      and r.num_tokens == 1 and r.num_computed_tokens == 1
+                      and r.request_id not in self.failed_recving_kv_req_ids)
+        if whole:
+            return explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, whole)
+        rid = self._kv_blocked_load
+        request = self.requests.get(rid) if rid is not None else None
+        if (request is None or request.status not in (WAITING, PREEMPTED)
+                or not self._nothing_frees_blocks(request)):
+            return None
+        rid = request.request_id
+        kind = (explain.LIVELOCK_FAILED_LOAD_SELF_RESERVED if rid in self._inflight_prefills
+                else explain.LIVELOCK_REMOTE_READ_NEVER_FITS)
+        return explain.Livelock(kind, (rid,))
 
     def _promote_loaded(self, request: Request) -> None:
         """An asynchronous load reported done: cache what it loaded (after a
@@ -1084,6 +1173,8 @@ class Scheduler:
         else:
             kv.cache_blocks(request, request.num_computed_tokens)
         if request.num_computed_tokens == request.num_tokens:
+            if request.num_tokens == 1:
+                self._whole_one_token_loads.add(rid)
             request.num_computed_tokens = request.num_tokens - 1
         self.finished_recving_kv_req_ids.remove(rid)
         request.status = PREEMPTED if request.num_preemptions else WAITING
@@ -1175,8 +1266,10 @@ class Scheduler:
             head = step.admission_stop_at if step.admission_stop in (
                 explain.REASON_KV_BLOCKS, explain.REASON_CHUNKED_PREFILL_OFF,
                 explain.REASON_ADMISSION_POLICY) else None
+            queued: Iterable[Request] = (self.waiting if self.connector is None
+                                         else chain(self.kv_holding_waiting, self.waiting))
             output.not_admitted = explain.explain_waiting(
-                self.waiting, step.admission_stop, step.admission_stop_detail, head,
+                queued, step.admission_stop, step.admission_stop_detail, head,
                 step.skip_reasons)
         self.finished_req_ids = set()
         return output

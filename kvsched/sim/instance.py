@@ -239,6 +239,9 @@ class EngineInstance(_Jumps):
             if start + dt > now:
                 self.now = start + dt
             return rank.complete(oldest, start, dt)
+        lock = rank.sched.livelock()
+        if lock is not None:  # vLLM would step for ever: stop with its requests named
+            raise CannotServe(f"at t={now:.3f}s, {lock.message()}; the simulation stops there")
         if not reported and rank.busy():
             # Nothing ran and nothing changed: wait for the worker's next
             # report (a read done). Anything from outside before then wakes
