@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import itertools
 import json
 import statistics
@@ -47,12 +46,13 @@ from typing import Any
 import numpy as np
 
 from kvsched.calibrate.iteration_replay import IterationReplay, iteration_counts, replay_iteration_log
+from kvsched.calibrate.reanchor import read_iteration_log
 from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel
 from kvsched.perf.step_profile import StepRecord
 from kvsched.perf.step_time import BatchShape
 from kvsched.profile.attribution import PointLedger, SentRequest
-from kvsched.profile.iteration_log import IterationLine, parse_iteration_line
+from kvsched.profile.iteration_log import IterationLine
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.run import build_group_deployment, serve, sim_config
 from kvsched.sim.simulator import SimConfig, SimResult
@@ -90,12 +90,7 @@ def schedule_origin(result: dict[str, Any], seed: int) -> float:
 
 def read_run(result_path: Path, log_path: Path, seed: int) -> RealRun:
     result = json.loads(result_path.read_text())
-    opener = gzip.open if log_path.suffix == ".gz" else open
-    with opener(log_path, "rt") as f:
-        iterations = [it for it in map(parse_iteration_line, f) if it is not None]
-    if not iterations:
-        sys.exit(f"{log_path}: no iteration lines (was the server run with "
-                 "--enable-logging-iteration-details?)")
+    iterations = read_iteration_log(str(log_path))
     starts = result["start_times"]
     if any(b < a for a, b in itertools.pairwise(starts)):
         sys.exit(f"{result_path}: start_times are not in send order")

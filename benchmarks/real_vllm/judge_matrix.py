@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import itertools
 import json
 import statistics
@@ -65,16 +64,15 @@ from typing import Any
 
 import numpy as np
 import run_matrix as rm
-from compare_steps import RealRun, attribute_by_replay, compositions, measured_host_terms
+from compare_steps import Attribution, RealRun, attribute_by_replay, compositions, measured_host_terms
 
-from kvsched.calibrate.iteration_replay import replay_iteration_log
-from kvsched.calibrate.reanchor import measure_drift, reanchored
+from kvsched.calibrate.iteration_replay import IterationReplay
+from kvsched.calibrate.reanchor import measure_drift, read_iteration_log, reanchored
 from kvsched.calibrate.run_files import parse_bench
 from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.step_profile import save_profile
-from kvsched.profile.iteration_log import parse_iteration_line
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.run import build_group_deployment, serve, sim_config
 from kvsched.sim.simulator import SimResult
@@ -170,6 +168,20 @@ def engine_options(matrix: Matrix, config: rm.ServerConfig, server: dict[str, An
                          calibration=str(cal) if pricing.startswith("profiled+cal") else None)
 
 
+def replayed(options: EngineOptions, data: dict[str, Any], workload: Workload,
+             logged: list[Any]) -> tuple[Any, RealRun, Attribution, IterationReplay]:
+    """The deployment of ``options``, the recorded run, and its log tied to
+    its requests by kvsched's own scheduler (``compare_steps.attribute_by_replay``;
+    exits with why where it cannot)."""
+    spec = RunSpec(DeploymentSpec((InstanceGroup(engine=options),)), options=RunOptions(fast_forward=False))
+    deployment, _ = build_group_deployment(spec.deployment.group)
+    starts = data["start_times"]
+    run = RealRun(list(data["input_lens"]), list(data["output_lens"]), [t - starts[0] for t in starts], data,
+                  logged)
+    att, rep = attribute_by_replay(run, sim_config(deployment, spec), workload)
+    return deployment, run, att, rep
+
+
 def anchored_profile(matrix: Matrix, config: rm.ServerConfig, server: dict[str, Any],
                      options: EngineOptions) -> Path:
     """The architecture's profile re-anchored on ``config``'s warm-up
@@ -182,11 +194,7 @@ def anchored_profile(matrix: Matrix, config: rm.ServerConfig, server: dict[str, 
     prompts = json.loads(warm.with_suffix(".prompts.json").read_text())
     workload, _ = workload_of(data, prompts, str(warm.relative_to(HERE)))
     logged = read_log(warm.with_suffix(".server.log.gz"))
-    spec = RunSpec(DeploymentSpec((InstanceGroup(engine=options),)), options=RunOptions(fast_forward=False))
-    deployment, _ = build_group_deployment(spec.deployment.group)
-    starts = data["start_times"]
-    first_token = [t - starts[0] + ttft for t, ttft in zip(starts, data["ttfts"])]
-    rep = replay_iteration_log(sim_config(deployment, spec), workload, logged, first_token)
+    deployment, _, _, rep = replayed(options, data, workload, logged)
     model = deployment.step_model
     assert isinstance(model, ProfiledStepTimeModel)
     drift = measure_drift(model, rep, logged)
@@ -202,8 +210,7 @@ def anchored_profile(matrix: Matrix, config: rm.ServerConfig, server: dict[str, 
 
 
 def read_log(path: Path) -> list[Any]:
-    with gzip.open(path, "rt", errors="replace") as f:
-        return [it for it in map(parse_iteration_line, f) if it is not None]
+    return read_iteration_log(str(path))
 
 
 def truncated(runs: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
@@ -297,14 +304,10 @@ def host_read_off(matrix: Matrix, data: dict[str, Any], logged: list[Any], confi
     starts = data["start_times"]
     if any(b < a for a, b in itertools.pairwise(starts)):
         return None, "start_times not in send order"
-    options = engine_options(matrix, config, server, "roofline")
-    spec = RunSpec(DeploymentSpec((InstanceGroup(engine=options),)), options=RunOptions(fast_forward=False))
-    deployment, _ = build_group_deployment(spec.deployment.group)
-    runtime = deployment.runtime
-    run = RealRun(list(data["input_lens"]), list(data["output_lens"]), [t - starts[0] for t in starts], data,
-                  logged)
     try:
-        att, rep = attribute_by_replay(run, sim_config(deployment, spec), workload)
+        deployment, run, att, rep = replayed(engine_options(matrix, config, server, "roofline"), data,
+                                             workload, logged)
+        runtime = deployment.runtime
         terms, info = measured_host_terms(run, att, runtime.cpu_step_s, runtime.cpu_per_request_s)
         info["replay"] = {"steps_explained": len(rep.steps), "restarts": rep.restarts}
         return terms, info

@@ -15,7 +15,7 @@ import dataclasses
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import fields
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kvsched.engine_flags import (
     SCHEDULER_CACHE_FLAGS,
@@ -311,11 +311,9 @@ def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp
     tp = group.engine.tensor_parallel_size
     roles = []
     for role, n, role_tp in (("prefill", x, prefill_tp), ("decode", y, decode_tp)):
-        own: dict[str, object] = {name: value for (r, name), value in given.items() if r == role}
+        own: dict[str, Any] = {name: value for (r, name), value in given.items() if r == role}
         engine = dataclasses.replace(group.engine, tensor_parallel_size=tp if role_tp is None else role_tp,
-                                     data_parallel_size=n)
-        # The role's own scheduler settings, checked as every engine option is.
-        engine = EngineOptions(**{**{f.name: getattr(engine, f.name) for f in fields(EngineOptions)}, **own})
+                                     data_parallel_size=n, **own)
         roles.append(dataclasses.replace(group, engine=engine, role=role))
     return DeploymentSpec(tuple(roles), kv_transfer_config, router)
 
