@@ -35,15 +35,15 @@ from kvsched.request import SamplingParams
 VOCAB = 2048
 
 
-def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
+def workload(n: int, seed: int, vocab: int = VOCAB) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
-    return [([rng.randrange(4, VOCAB) for _ in range(rng.randint(16, 512))], rng.randint(16, 256))
+    return [([rng.randrange(4, vocab) for _ in range(rng.randint(16, 512))], rng.randint(16, 256))
             for _ in range(n)]
 
 
-def run_kvsched(path: Path, reqs: list[tuple[list[int], int]],
-                max_num_seqs: int) -> tuple[float, list[list[int]]]:
-    llm = LLM(str(path), max_num_seqs=max_num_seqs, kv_cache_memory="2GiB")
+def run_kvsched(path: Path, reqs: list[tuple[list[int], int]], max_num_seqs: int,
+                device: str = "cpu", dtype: str = "float32") -> tuple[float, list[list[int]]]:
+    llm = LLM(str(path), max_num_seqs=max_num_seqs, kv_cache_memory="2GiB", device=device, dtype=dtype)
     prompts = [{"prompt_token_ids": p} for p, _ in reqs]
     params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for _, m in reqs]
     t0 = time.perf_counter()
@@ -52,19 +52,20 @@ def run_kvsched(path: Path, reqs: list[tuple[list[int], int]],
     return elapsed, [o.outputs[0].token_ids for o in outs]
 
 
-def run_hf(path: Path, reqs: list[tuple[list[int], int]], batch_size: int) -> tuple[float, list[list[int]]]:
+def run_hf(path: Path, reqs: list[tuple[list[int], int]], batch_size: int, device: str = "cpu",
+           dtype: torch.dtype = torch.float32) -> tuple[float, list[list[int]]]:
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     pad = model.generation_config.pad_token_id or 3
     outputs: list[list[int]] = []
     t0 = time.perf_counter()
     for start in range(0, len(reqs), batch_size):
         batch = reqs[start:start + batch_size]
         width = max(len(p) for p, _ in batch)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
         longest = max(m for _, m in batch)
         with torch.no_grad():
             out = model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
