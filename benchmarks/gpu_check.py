@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="small sizes: check the script itself")
     ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32", "bfloat16"])
+    ap.add_argument("--parts", nargs="+", choices=["parity", "variants", "speed"],
+                    default=["parity", "variants", "speed"])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -217,11 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         result["gpu"] = torch.cuda.get_device_name(args.device)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        result["parity"] = parity(Path(tmp), ["llama", "qwen3", "mistral"], n, max_len, max_tokens,
-                                  args.device, dtypes)
-        result["variants"] = variants(Path(tmp), n, max_len, max_tokens, args.device, dtypes)
-        result["speed"] = speed(Path(tmp), 16 if args.quick else 256, args.device,
-                                4 if args.quick else 64, args.quick)
+        if "parity" in args.parts:
+            result["parity"] = parity(Path(tmp), ["llama", "qwen3", "mistral"], n, max_len, max_tokens,
+                                      args.device, dtypes)
+        if "variants" in args.parts:
+            result["variants"] = variants(Path(tmp), n, max_len, max_tokens, args.device, dtypes)
+        if "speed" in args.parts:
+            result["speed"] = speed(Path(tmp), 16 if args.quick else 256, args.device,
+                                    4 if args.quick else 64, args.quick)
     result["seconds"] = time.perf_counter() - t0
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
