@@ -123,8 +123,9 @@ def add_tune_parser(sub: Any) -> None:
                    help="with --disaggregation auto: how the P/D proxy picks an instance of each role, "
                         "round-robin (vLLM's proxy), least-loaded, prefix-aware (default: round-robin)")
     s.add_argument("--kv-offloading-size", nargs="+", metavar="GIB",
-                   help="vLLM's --kv-offloading-size values to try on the colocated candidates (GiB of "
-                        "CPU KV cache per engine core), or 'off' (default: off)")
+                   help="vLLM's --kv-offloading-size values to try (GiB of CPU KV cache per engine core), "
+                        "or 'off'; a P/D candidate's instances get it as vLLM's MultiConnector of NIXL and "
+                        "offloading in --kv-transfer-config (default: off)")
     add_engine_arguments(p, FIXED_ENGINE, title="engine settings every candidate shares")
     add_workload_arguments(p)
     x = p.add_argument_group("execution and output")

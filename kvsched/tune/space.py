@@ -5,7 +5,9 @@ combination of hardware, parallelism and scheduler settings, each written as
 With ``--disaggregation auto`` the space also holds prefill/decode
 disaggregated candidates: every xPyD split of the GPU budget with per-role
 TP sizes from the space's TP choices, each answered with one ``vllm serve``
-line per instance (vLLM's NixlConnector) and the proxy in front of them.
+line per instance (vLLM's NixlConnector; with ``--kv-offloading-size``
+vLLM's MultiConnector of NIXL and CPU offloading on every instance) and the
+proxy in front of them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from kvsched.errors import UserInputError
 from kvsched.sim.disagg import node_of_instances
 from kvsched.sim.flags import deployment_spec
+from kvsched.sim.offload_transfer import GIB
 from kvsched.sim.spec import PD_ROUTERS, DeploymentSpec, RunSpec
 
 # vLLM's scheduler defaults, left to vLLM (None): the flag is then not passed.
@@ -80,12 +83,16 @@ class Candidate:
             return base.with_engine(**engine).with_group(admission_policy=self.admission_policy)
         # simulate's own --disaggregation rule builds the two groups: one
         # engine core per instance, the roles' TP sizes, the proxy's router.
-        one = base.with_engine(**{**engine, "data_parallel_size": 1}).with_group(
+        # Offloading travels as the instances' MultiConnector JSON, the very
+        # string the serve lines carry, not as --kv-offloading-size (which in
+        # vLLM replaces NIXL rather than adding to it).
+        one = base.with_engine(**{**engine, "data_parallel_size": 1, "kv_offloading_size": None}).with_group(
             admission_policy=self.admission_policy)
+        config = self.kv_transfer_config() if self.kv_offloading_size is not None else None
         deployment = deployment_spec(one.deployment.group,
                                      f"{self.prefill_instances}P{self.data_parallel_size}D",
                                      self.prefill_tensor_parallel_size, self.tensor_parallel_size,
-                                     None, self.router)
+                                     config, self.router)
         return dataclasses.replace(one, deployment=deployment)
 
     def vllm_serve(self, model: str, fixed: Sequence[str] = (), scaleup_domain: int = 8) -> str:
@@ -108,6 +115,26 @@ class Candidate:
         elif self.admission_policy == "prefill-cadence":
             line += "  # plus prefill_schedule_interval 2 in the scheduler config"
         return line
+
+    def kv_transfer_config(self) -> str:
+        """Every instance's ``--kv-transfer-config`` of a disaggregated
+        deployment, compact JSON: vLLM's NixlConnector alone, or with
+        ``kv_offloading_size`` vLLM's MultiConnector of it and the native
+        OffloadingConnector (NIXL first, so a decode instance reads each
+        prompt from its prefill instance and its CPU tier only stores; a
+        prefill instance's CPU hits shorten its prefills) with
+        ``cpu_bytes_to_use`` the GiB in bytes (what ``--kv-offloading-size``
+        sets, per engine core summed over its TP ranks). The one owner of
+        the P/D candidates' connector JSON: the serve lines and the
+        simulated deployment both read it."""
+        config: Mapping[str, Any] = KV_TRANSFER_CONFIG
+        if self.kv_offloading_size is not None:
+            size = round(self.kv_offloading_size * GIB)
+            offload = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                       "kv_connector_extra_config": {"cpu_bytes_to_use": size}}
+            config = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                      "kv_connector_extra_config": {"connectors": [dict(KV_TRANSFER_CONFIG), offload]}}
+        return json.dumps(config, separators=(",", ":"))
 
     def placement(self, scaleup_domain: int) -> list[tuple[str, int, int, list[int]]]:
         """Each instance of a disaggregated deployment as (role, its index
@@ -133,9 +160,10 @@ class Candidate:
         deployment, as vLLM's NixlConnector guide starts them: the
         instance's GPUs, its own NIXL side-channel port, an HTTP port
         (prefill 8100 + i, decode 8200 + j) and ``--kv-transfer-config``
-        (NixlConnector, kv_role kv_both: the proxy, not the flag, decides
-        the roles)."""
-        config = json.dumps(KV_TRANSFER_CONFIG, separators=(",", ":"))
+        (:meth:`kv_transfer_config`: NixlConnector, kv_role kv_both, the
+        proxy, not the flag, decides the roles; with offloading vLLM's
+        MultiConnector of it and the OffloadingConnector)."""
+        config = self.kv_transfer_config()
         lines = []
         for n, (role, index, node, gpus) in enumerate(self.placement(scaleup_domain)):
             tp = self.prefill_tensor_parallel_size if role == "prefill" else self.tensor_parallel_size
@@ -225,7 +253,9 @@ def _serve_flags(c: Candidate) -> list[str]:
         flags += ["--kv-cache-dtype", c.kv_cache_dtype]
     if c.scheduling_policy != "fcfs":
         flags += ["--scheduling-policy", c.scheduling_policy]
-    if c.kv_offloading_size is not None:  # vLLM's backend, native, is the default
+    # vLLM's backend, native, is the default. A P/D instance's offloading is
+    # in its --kv-transfer-config (vLLM's flag would replace NIXL).
+    if c.kv_offloading_size is not None and not c.disaggregated:
         flags += ["--kv-offloading-size", f"{c.kv_offloading_size:g}"]
     return flags
 
@@ -264,10 +294,10 @@ DIMENSIONS: Mapping[str, type] = {
              else int)
     for f in fields(Candidate) if f.name not in ("prefill_instances", "prefill_tensor_parallel_size")}
 # Dimensions only one kind of candidate has: the router only P/D (its
-# proxy), offloading only colocated (P/D with offloading needs vLLM's
-# MultiConnector, not simulated yet).
+# proxy). Offloading is both kinds' (P/D: every instance's MultiConnector of
+# NIXL and offloading, :meth:`Candidate.kv_transfer_config`).
 PD_ONLY = ("router",)
-COLOCATED_ONLY = ("kv_offloading_size",)
+COLOCATED_ONLY: tuple[str, ...] = ()
 ADMISSION_POLICIES = ("none", "balance", "prefill-cadence")
 KV_CACHE_DTYPES = ("auto", "fp8")
 POLICIES = ("fcfs", "priority")
@@ -313,7 +343,8 @@ class SearchSpace:
         per-role TP sizes from the space's, x * TP_p + y * TP_d <= the
         budget, for each value of the scheduler dimensions. Not crossed with
         what the simulator does not disaggregate: data parallelism within an
-        instance, expert parallelism, admission policies, offloading."""
+        instance, expert parallelism, admission policies. Offloading is
+        crossed: the same CPU GiB on every instance of both roles."""
         names = [n for n in DIMENSIONS if n not in COLOCATED_ONLY
                  and n not in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel",
                                "admission_policy")]

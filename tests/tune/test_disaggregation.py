@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from kvsched.cli import main
+from kvsched.core.kv_connector import parse_kv_transfer_config
+from kvsched.sim.disagg import pd_connectors
 from kvsched.sim.flags import parse_spec
-from kvsched.sim.run import run
+from kvsched.sim.run import run, with_transfer_offloading
 from kvsched.tune.evaluate import ResultCache
 from kvsched.tune.executors import LocalExecutor
 from kvsched.tune.search import Problem, Runner, Slo, prune_by_memory, rank, search
@@ -58,11 +60,50 @@ def test_pd_is_not_crossed_with_what_it_does_not_simulate() -> None:
     cands = list(space.candidates(4, is_moe=False))
     pd = [c for c in cands if c.disaggregated]
     colocated = [c for c in cands if not c.disaggregated]
-    # 1P1D TP2/TP2 is the only split of 4 GPUs; once per router.
-    assert sorted(c.router for c in pd) == ["prefix-aware", "round-robin"]
-    assert {(c.admission_policy, c.kv_offloading_size) for c in pd} == {("none", None)}
+    # 1P1D TP2/TP2 is the only split of 4 GPUs; once per router and offloading size.
+    assert sorted((c.router, c.kv_offloading_size or 0.0) for c in pd) == [
+        ("prefix-aware", 0.0), ("prefix-aware", 8.0), ("round-robin", 0.0), ("round-robin", 8.0)]
+    assert {c.admission_policy for c in pd} == {"none"}
     # Colocated: TP2 with both admission policies and both offloading sizes, the router unused.
     assert len(colocated) == 4 and {c.router for c in colocated} == {"round-robin"}
+
+
+def test_a_pd_candidate_offloads_through_vllms_multiconnector() -> None:
+    c = Candidate("h100-sxm", 2, 2, prefill_instances=1, prefill_tensor_parallel_size=4,
+                  kv_offloading_size=8.0)
+    lines = c.role_commands(MODEL, ["--max-model-len", "8192"], scaleup_domain=8)
+    assert len(lines) == 3
+    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    expected = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"connectors": [
+                    nixl, {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"cpu_bytes_to_use": 8 * 2**30}}]}}
+    base = parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192"])
+    by_flag = parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192", "--disaggregation", "1P2D",
+                          "--prefill-tensor-parallel-size", "4", "--decode-tensor-parallel-size", "2",
+                          "--kv-offloading-size", "8"])
+    for line in lines:
+        words = shlex.split(line.split("\n")[1])
+        # vLLM's --kv-offloading-size would replace NIXL: the JSON carries it.
+        assert "--kv-offloading-size" not in words
+        raw = words[words.index("--kv-transfer-config") + 1]
+        assert json.loads(raw) == expected
+        # kvsched's own reader: NIXL first, 8 GiB of CPU cache per instance.
+        layout = pd_connectors(parse_kv_transfer_config(raw))
+        assert (layout.nixl.kv_connector, layout.offload_first, layout.offload_gib) == ("NixlConnector",
+                                                                                      False, 8.0)
+        # The line's JSON given to simulate is the candidate's deployment,
+        # and builds the groups --kv-offloading-size 8 builds.
+        spec = parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192", "--disaggregation", "1P2D",
+                           "--prefill-tensor-parallel-size", "4", "--decode-tensor-parallel-size", "2",
+                           "--kv-transfer-config", raw])
+        assert spec == c.apply(base)
+        assert with_transfer_offloading(spec.deployment).groups == by_flag.deployment.groups
+    assert c.label() == "h100-sxm 1P2D TP4/2 offload 8GiB"
+    # Without offloading: NixlConnector alone, as before.
+    plain = dataclasses.replace(c, kv_offloading_size=None)
+    assert json.loads(plain.kv_transfer_config()) == nixl
+    assert plain.apply(base).deployment.kv_transfer_config is None
 
 
 def test_offloading_is_a_colocated_dimension() -> None:
@@ -244,3 +285,80 @@ def test_router_needs_disaggregation(capsys: pytest.CaptureFixture[str]) -> None
     assert "--router prefix-aware: the proxy's router only matters" in capsys.readouterr().err
     assert main([*base, "--kv-offloading-size", "x"]) != 0
     assert "--kv-offloading-size='x': give GiB numbers or 'off'" in capsys.readouterr().err
+
+
+# Offloading on P/D: six documents of 2048 tokens (four Mooncake hash blocks)
+# visited four times in turn, each visit with its own 200-token question; a
+# GPU cache of 400 blocks holds about two documents, so a revisit misses the
+# GPU cache and hits a 2 GiB CPU cache.
+DOCS, VISITS, GAP_MS = 6, 4, 150
+OFFLOAD_BASE = ["--model", MODEL, "--dataset-name", "mooncake", "--num-gpu-blocks-override", "400",
+                "--max-model-len", "4096"]
+
+
+def _doc_trace(tmp_path: Path) -> str:
+    path = tmp_path / "docs.jsonl"
+    rows = [{"timestamp": n * GAP_MS, "input_length": 4 * 512 + 200, "output_length": 40,
+             "hash_ids": [d * 4 + i for i in range(4)] + [1000 + n]}
+            for n, d in enumerate(d for _ in range(VISITS) for d in range(DOCS))]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+# (TP, DP) colocated or (x, TP_p, y, TP_d) disaggregated, and the CPU GiB (0: off).
+OffloadShape = tuple[Shape, float]
+
+
+def _brute_force_offloading(trace: str, slo: tuple[float, float]
+                            ) -> dict[OffloadShape, tuple[bool, float, int]]:
+    """Every shape of 2 GPUs of TP1, with and without 2 GiB of offloading,
+    simulated from ``kvsched simulate``'s flags (offloading by
+    --kv-offloading-size, P/D included: the simulator's own path, not the
+    tuner's MultiConnector JSON); per shape as :func:`_brute_force`."""
+    ttft, tpot = slo
+    shapes: list[tuple[Shape, list[str], int]] = [
+        ((1, 1), ["-dp", "1"], 1), ((1, 2), ["-dp", "2"], 2), ((1, 1, 1, 1), ["--disaggregation", "1P1D"], 2)]
+    out: dict[OffloadShape, tuple[bool, float, int]] = {}
+    for shape, flags, gpus in shapes:
+        for gib in (0.0, 2.0):
+            offload = ["--kv-offloading-size", "2"] if gib else []
+            m = run(parse_spec([*OFFLOAD_BASE, "--dataset-path", trace, *flags, *offload,
+                                "--goodput", f"ttft:{ttft:g}", f"tpot:{tpot:g}"])).metrics
+            meets = m["p99_ttft_ms"] <= ttft and m["p99_tpot_ms"] <= tpot
+            out[(shape, gib)] = (meets, m["request_goodput"] / gpus, gpus)
+    return out
+
+
+@pytest.mark.parametrize("slo", [(300.0, 12.0), (150.0, 7.0)])
+def test_pick_with_offloading_on_pd_equals_brute_force(tmp_path: Path, slo: tuple[float, float]) -> None:
+    trace = _doc_trace(tmp_path)
+    base = parse_spec([*OFFLOAD_BASE, "--dataset-path", trace])
+    problem = Problem(MODEL, base, Slo((("ttft", slo[0]), ("tpot", slo[1])), "99"), "goodput-per-gpu", {},
+                      is_random=False, base_rate=DOCS * VISITS / (DOCS * VISITS * GAP_MS / 1000))
+    space = SearchSpace(("h100-sxm",), (1,), (1, 2), kv_offloading_size=(None, 2.0), disaggregation=True)
+    candidates = sorted(space.candidates(2, is_moe=False), key=lambda c: c.order_key())
+    feasible, pruned = prune_by_memory(candidates, base)
+    assert not pruned
+    runner = Runner(LocalExecutor(1), ResultCache(None, "test"))
+    answers, failed = search(problem, feasible, runner, None)
+    result = rank(problem, answers, pruned, runner, failed)
+    brute = _brute_force_offloading(trace, slo)
+
+    def key(c: Candidate) -> OffloadShape:
+        return _shape(c), c.kv_offloading_size or 0.0
+
+    assert sorted(key(c) for c in candidates) == sorted(brute)
+    assert not failed
+    for e in result.ranked:
+        meets, goodput, gpus = brute[key(e.candidate)]
+        assert (e.meets_slo, e.num_gpus) == (meets, gpus)
+        if meets:
+            assert e.goodput_per_gpu == pytest.approx(goodput)
+    ok = {s: v for s, v in brute.items() if v[0]}
+    top = max((g, -n) for _, g, n in ok.values())
+    winners = {s for s, (_, g, n) in ok.items() if (g, -n) == top}
+    assert result.best is not None and key(result.best.candidate) in winners
+    # The brute force alone: offloading decides the answer under both SLOs
+    # (one TP1 engine with a CPU tier under the loose one; 1P1D with one
+    # under the tight TPOT, which no colocated shape meets).
+    assert winners == {((1, 1), 2.0)} if slo[1] == 12.0 else winners == {((1, 1, 1, 1), 2.0)}
