@@ -15,7 +15,7 @@ import pytest
 from kvsched.cli import main
 from kvsched.core.kv_connector import parse_kv_transfer_config
 from kvsched.sim.disagg import pd_connectors
-from kvsched.sim.flags import parse_spec
+from kvsched.sim.flags import parse_spec, spec_argv
 from kvsched.sim.run import run, with_transfer_offloading
 from kvsched.tune.evaluate import ResultCache
 from kvsched.tune.executors import LocalExecutor
@@ -68,42 +68,69 @@ def test_pd_is_not_crossed_with_what_it_does_not_simulate() -> None:
     assert len(colocated) == 4 and {c.router for c in colocated} == {"round-robin"}
 
 
-def test_a_pd_candidate_offloads_through_vllms_multiconnector() -> None:
+NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+MULTI_8GIB = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"connectors": [
+                  NIXL, {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                         "kv_connector_extra_config": {"cpu_bytes_to_use": 8 * 2**30}}]}}
+PD_1P2D = ["--disaggregation", "1P2D", "--prefill-tensor-parallel-size", "4",
+           "--decode-tensor-parallel-size", "2"]
+
+
+@pytest.mark.parametrize(("roles", "flag"), [("both", "--kv-offloading-size"),
+                                             ("prefill", "--prefill-kv-offloading-size"),
+                                             ("decode", "--decode-kv-offloading-size")])
+def test_a_pd_candidate_offloads_through_vllms_multiconnector(roles: str, flag: str) -> None:
     c = Candidate("h100-sxm", 2, 2, prefill_instances=1, prefill_tensor_parallel_size=4,
-                  kv_offloading_size=8.0)
+                  kv_offloading_size=8.0, kv_offloading_roles=roles)
     lines = c.role_commands(MODEL, ["--max-model-len", "8192"], scaleup_domain=8)
-    assert len(lines) == 3
-    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    expected = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
-                "kv_connector_extra_config": {"connectors": [
-                    nixl, {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                           "kv_connector_extra_config": {"cpu_bytes_to_use": 8 * 2**30}}]}}
+    assert [line.split(" instance")[0] for line in lines] == ["# prefill", "# decode", "# decode"]
     base = parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192"])
-    by_flag = parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192", "--disaggregation", "1P2D",
-                          "--prefill-tensor-parallel-size", "4", "--decode-tensor-parallel-size", "2",
-                          "--kv-offloading-size", "8"])
+    spec = c.apply(base)
+    # The candidate is simulate's own flag for the roles that offload.
+    assert spec == parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192", *PD_1P2D, flag, "8"])
+    assert parse_spec(spec_argv(spec)) == spec
+    groups = {g.role: g for g in spec.deployment.groups}
     for line in lines:
+        role = line.split()[1]
         words = shlex.split(line.split("\n")[1])
         # vLLM's --kv-offloading-size would replace NIXL: the JSON carries it.
         assert "--kv-offloading-size" not in words
         raw = words[words.index("--kv-transfer-config") + 1]
-        assert json.loads(raw) == expected
-        # kvsched's own reader: NIXL first, 8 GiB of CPU cache per instance.
+        offloads = roles in ("both", role)
+        assert json.loads(raw) == (MULTI_8GIB if offloads else NIXL)
+        # kvsched's own reader: NIXL first, and this role's CPU cache per instance.
         layout = pd_connectors(parse_kv_transfer_config(raw))
-        assert (layout.nixl.kv_connector, layout.offload_first, layout.offload_gib) == ("NixlConnector",
-                                                                                      False, 8.0)
-        # The line's JSON given to simulate is the candidate's deployment,
-        # and builds the groups --kv-offloading-size 8 builds.
-        spec = parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192", "--disaggregation", "1P2D",
-                           "--prefill-tensor-parallel-size", "4", "--decode-tensor-parallel-size", "2",
-                           "--kv-transfer-config", raw])
-        assert spec == c.apply(base)
-        assert with_transfer_offloading(spec.deployment).groups == by_flag.deployment.groups
-    assert c.label() == "h100-sxm 1P2D TP4/2 offload 8GiB"
-    # Without offloading: NixlConnector alone, as before.
-    plain = dataclasses.replace(c, kv_offloading_size=None)
-    assert json.loads(plain.kv_transfer_config()) == nixl
-    assert plain.apply(base).deployment.kv_transfer_config is None
+        assert (layout.nixl.kv_connector, layout.offload_first) == ("NixlConnector", False)
+        assert layout.offload_gib == (8.0 if offloads else None)
+        assert groups[role].engine.kv_offloading_size == layout.offload_gib
+        # Every instance given this line's JSON builds this role's group as the candidate does.
+        by_json = parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192", *PD_1P2D,
+                              "--kv-transfer-config", raw])
+        built = {g.role: g for g in with_transfer_offloading(by_json.deployment).groups}
+        assert built[role] == groups[role]
+    assert c.label() == "h100-sxm 1P2D TP4/2 offload 8GiB" + ("" if roles == "both" else f" on {roles}")
+
+
+def test_without_offloading_a_pd_candidate_runs_nixl_alone() -> None:
+    c = Candidate("h100-sxm", 2, 2, prefill_instances=1, prefill_tensor_parallel_size=4)
+    base = parse_spec(["--model", MODEL, *WORKLOAD])
+    for role in ("prefill", "decode"):
+        assert json.loads(c.kv_transfer_config(role)) == NIXL
+    spec = c.apply(base)
+    assert spec.deployment.kv_transfer_config is None
+    assert {g.engine.kv_offloading_size for g in spec.deployment.groups} == {None}
+
+
+def test_offloading_roles_are_crossed_once_per_size() -> None:
+    space = SearchSpace(("h100-sxm",), (1,), (1,), kv_offloading_size=(None, 4.0),
+                        kv_offloading_roles=("both", "prefill", "decode"), disaggregation=True)
+    pd = [c for c in space.candidates(2, is_moe=False) if c.disaggregated]
+    # 1P1D: without offloading once (on no role), with 4 GiB on each choice of roles.
+    assert sorted((c.kv_offloading_size or 0.0, c.kv_offloading_roles) for c in pd) == [
+        (0.0, "both"), (4.0, "both"), (4.0, "decode"), (4.0, "prefill")]
+    colocated = [c for c in space.candidates(2, is_moe=False) if not c.disaggregated]
+    assert {c.kv_offloading_roles for c in colocated} == {"both"}
 
 
 def test_offloading_is_a_colocated_dimension() -> None:
@@ -285,6 +312,10 @@ def test_router_needs_disaggregation(capsys: pytest.CaptureFixture[str]) -> None
     assert "--router prefix-aware: the proxy's router only matters" in capsys.readouterr().err
     assert main([*base, "--kv-offloading-size", "x"]) != 0
     assert "--kv-offloading-size='x': give GiB numbers or 'off'" in capsys.readouterr().err
+    assert main([*base, "--kv-offloading-size", "8", "--kv-offloading-roles", "prefill"]) != 0
+    assert "--kv-offloading-roles prefill: which roles offload only matters" in capsys.readouterr().err
+    assert main([*base, "--disaggregation", "auto", "--kv-offloading-roles", "all"]) != 0
+    assert "kv_offloading_roles='all': choose from both, prefill, decode" in capsys.readouterr().err
 
 
 # Offloading on P/D: six documents of 2048 tokens (four Mooncake hash blocks)
@@ -305,27 +336,33 @@ def _doc_trace(tmp_path: Path) -> str:
     return str(path)
 
 
-# (TP, DP) colocated or (x, TP_p, y, TP_d) disaggregated, and the CPU GiB (0: off).
-OffloadShape = tuple[Shape, float]
+# (TP, DP) colocated or (x, TP_p, y, TP_d) disaggregated, the CPU GiB (0:
+# off) and the roles that offload (colocated: both).
+OffloadShape = tuple[Shape, float, str]
+ROLE_FLAGS = {"both": "--kv-offloading-size", "prefill": "--prefill-kv-offloading-size",
+              "decode": "--decode-kv-offloading-size"}
 
 
 def _brute_force_offloading(trace: str, slo: tuple[float, float]
                             ) -> dict[OffloadShape, tuple[bool, float, int]]:
-    """Every shape of 2 GPUs of TP1, with and without 2 GiB of offloading,
-    simulated from ``kvsched simulate``'s flags (offloading by
-    --kv-offloading-size, P/D included: the simulator's own path, not the
-    tuner's MultiConnector JSON); per shape as :func:`_brute_force`."""
+    """Every shape of 2 GPUs of TP1, without and with 2 GiB of offloading
+    (P/D: on both roles, the prefill or the decode instance), simulated from
+    ``kvsched simulate``'s flags; per shape as :func:`_brute_force`."""
     ttft, tpot = slo
-    shapes: list[tuple[Shape, list[str], int]] = [
-        ((1, 1), ["-dp", "1"], 1), ((1, 2), ["-dp", "2"], 2), ((1, 1, 1, 1), ["--disaggregation", "1P1D"], 2)]
+    runs: list[tuple[OffloadShape, list[str], int]] = []
+    for shape, flags, gpus in (((1, 1), ["-dp", "1"], 1), ((1, 2), ["-dp", "2"], 2)):
+        runs += [((shape, 0.0, "both"), flags, gpus),
+                 ((shape, 2.0, "both"), [*flags, "--kv-offloading-size", "2"], gpus)]
+    pd: Shape = (1, 1, 1, 1)
+    runs.append(((pd, 0.0, "both"), ["--disaggregation", "1P1D"], 2))
+    runs += [((pd, 2.0, roles), ["--disaggregation", "1P1D", flag, "2"], 2)
+             for roles, flag in ROLE_FLAGS.items()]
     out: dict[OffloadShape, tuple[bool, float, int]] = {}
-    for shape, flags, gpus in shapes:
-        for gib in (0.0, 2.0):
-            offload = ["--kv-offloading-size", "2"] if gib else []
-            m = run(parse_spec([*OFFLOAD_BASE, "--dataset-path", trace, *flags, *offload,
-                                "--goodput", f"ttft:{ttft:g}", f"tpot:{tpot:g}"])).metrics
-            meets = m["p99_ttft_ms"] <= ttft and m["p99_tpot_ms"] <= tpot
-            out[(shape, gib)] = (meets, m["request_goodput"] / gpus, gpus)
+    for key, flags, gpus in runs:
+        m = run(parse_spec([*OFFLOAD_BASE, "--dataset-path", trace, *flags,
+                            "--goodput", f"ttft:{ttft:g}", f"tpot:{tpot:g}"])).metrics
+        meets = m["p99_ttft_ms"] <= ttft and m["p99_tpot_ms"] <= tpot
+        out[key] = (meets, m["request_goodput"] / gpus, gpus)
     return out
 
 
@@ -335,7 +372,8 @@ def test_pick_with_offloading_on_pd_equals_brute_force(tmp_path: Path, slo: tupl
     base = parse_spec([*OFFLOAD_BASE, "--dataset-path", trace])
     problem = Problem(MODEL, base, Slo((("ttft", slo[0]), ("tpot", slo[1])), "99"), "goodput-per-gpu", {},
                       is_random=False, base_rate=DOCS * VISITS / (DOCS * VISITS * GAP_MS / 1000))
-    space = SearchSpace(("h100-sxm",), (1,), (1, 2), kv_offloading_size=(None, 2.0), disaggregation=True)
+    space = SearchSpace(("h100-sxm",), (1,), (1, 2), kv_offloading_size=(None, 2.0),
+                        kv_offloading_roles=("both", "prefill", "decode"), disaggregation=True)
     candidates = sorted(space.candidates(2, is_moe=False), key=lambda c: c.order_key())
     feasible, pruned = prune_by_memory(candidates, base)
     assert not pruned
@@ -345,7 +383,7 @@ def test_pick_with_offloading_on_pd_equals_brute_force(tmp_path: Path, slo: tupl
     brute = _brute_force_offloading(trace, slo)
 
     def key(c: Candidate) -> OffloadShape:
-        return _shape(c), c.kv_offloading_size or 0.0
+        return _shape(c), c.kv_offloading_size or 0.0, c.kv_offloading_roles
 
     assert sorted(key(c) for c in candidates) == sorted(brute)
     assert not failed
@@ -359,6 +397,12 @@ def test_pick_with_offloading_on_pd_equals_brute_force(tmp_path: Path, slo: tupl
     winners = {s for s, (_, g, n) in ok.items() if (g, -n) == top}
     assert result.best is not None and key(result.best.candidate) in winners
     # The brute force alone: offloading decides the answer under both SLOs
-    # (one TP1 engine with a CPU tier under the loose one; 1P1D with one
-    # under the tight TPOT, which no colocated shape meets).
-    assert winners == {((1, 1), 2.0)} if slo[1] == 12.0 else winners == {((1, 1, 1, 1), 2.0)}
+    # (one TP1 engine with a CPU tier under the loose one; 1P1D with a CPU
+    # tier on its prefill instance under the tight TPOT, which no colocated
+    # shape meets: the decode instance's tier, behind NIXL, never loads here,
+    # so offloading on both roles ties with the prefill instance alone).
+    if slo[1] == 12.0:
+        assert winners == {((1, 1), 2.0, "both")}
+    else:
+        assert winners == {((1, 1, 1, 1), 2.0, "both"), ((1, 1, 1, 1), 2.0, "prefill")}
+        assert result.best.candidate.kv_offloading_roles == "both"  # the tie: the candidates' order
