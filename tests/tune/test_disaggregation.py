@@ -300,6 +300,25 @@ def test_cli_answers_with_every_role_and_the_proxy(tmp_path: Path,
         assert f"  {line}" in printed
 
 
+def test_cli_answers_pd_with_offloading(tmp_path: Path) -> None:
+    out = tmp_path / "tune.json"
+    assert main(["tune", "--model", MODEL, "--max-gpus", "2", "--tp", "1", "--dp", "1",
+                 "--max-num-seqs", "default", "--max-num-batched-tokens", "default", *WORKLOAD,
+                 "--num-prompts", "8", "--target-rate", str(RATE), "--slo", "ttft:1000", "tpot:8",
+                 "--disaggregation", "auto", "--kv-offloading-size", "off", "4",
+                 "--kv-offloading-roles", "both", "prefill", "--no-cache", "--workers", "1", "--no-progress",
+                 "--save-result", str(out)]) == 0
+    rows = {r["label"]: r for r in json.loads(out.read_text())["ranked"]}
+    assert set(rows) == {"h100-sxm TP1", "h100-sxm TP1 offload 4GiB", "h100-sxm 1P1D TP1/1",
+                         "h100-sxm 1P1D TP1/1 offload 4GiB", "h100-sxm 1P1D TP1/1 offload 4GiB on prefill"}
+    serve = rows["h100-sxm 1P1D TP1/1 offload 4GiB on prefill"]["vllm_serve"].split("\n")
+    prefill, decode = (shlex.split(serve[i]) for i in (1, 3))
+    assert json.loads(prefill[prefill.index("--kv-transfer-config") + 1])["kv_connector"] == "MultiConnector"
+    assert json.loads(decode[decode.index("--kv-transfer-config") + 1]) == NIXL
+    args = rows["h100-sxm 1P1D TP1/1 offload 4GiB on prefill"]["simulate_args"]
+    assert args[args.index("--prefill-kv-offloading-size") + 1] == "4.0"
+
+
 def test_cli_without_the_flag_has_no_pd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = _tune(tmp_path)
     assert {r["shape"] for r in data["ranked"]} == {"colocated DP1 TP1"}
