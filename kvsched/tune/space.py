@@ -6,8 +6,8 @@ With ``--disaggregation auto`` the space also holds prefill/decode
 disaggregated candidates: every xPyD split of the GPU budget with per-role
 TP sizes from the space's TP choices, each answered with one ``vllm serve``
 line per instance (vLLM's NixlConnector; with ``--kv-offloading-size``
-vLLM's MultiConnector of NIXL and CPU offloading on every instance) and the
-proxy in front of them.
+vLLM's MultiConnector of NIXL and CPU offloading on the instances of the
+roles ``kv_offloading_roles`` names) and the proxy in front of them.
 """
 
 from __future__ import annotations
