@@ -123,8 +123,13 @@ def add_tune_parser(sub: Any) -> None:
                    help="with --disaggregation auto: how the P/D proxy picks an instance of each role, "
                         "round-robin (vLLM's proxy), least-loaded, prefix-aware (default: round-robin)")
     s.add_argument("--kv-offloading-size", nargs="+", metavar="GIB",
-                   help="vLLM's --kv-offloading-size values to try on the colocated candidates (GiB of "
-                        "CPU KV cache per engine core), or 'off' (default: off)")
+                   help="vLLM's --kv-offloading-size values to try (GiB of CPU KV cache per engine core), "
+                        "or 'off'; a P/D candidate's instances get it as vLLM's MultiConnector of NIXL and "
+                        "offloading in --kv-transfer-config (default: off)")
+    s.add_argument("--kv-offloading-roles", nargs="+", metavar="ROLES",
+                   help="with --disaggregation auto and --kv-offloading-size: which roles of a P/D "
+                        "candidate offload, both, prefill, decode (the others run NixlConnector alone; "
+                        "default: both)")
     add_engine_arguments(p, FIXED_ENGINE, title="engine settings every candidate shares")
     add_workload_arguments(p)
     x = p.add_argument_group("execution and output")
@@ -192,7 +197,8 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
              else None,
              "kv_cache_dtype": args.kv_cache_dtype, "scheduling_policy": args.scheduling_policy,
              "admission_policy": args.admission_policy, "router": args.router,
-             "kv_offloading_size": _offloading_sizes(args.kv_offloading_size)}
+             "kv_offloading_size": _offloading_sizes(args.kv_offloading_size),
+             "kv_offloading_roles": args.kv_offloading_roles}
     for name, raw in flags.items():
         if raw is None:
             continue
@@ -208,6 +214,10 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
         raise UserInputError(f"--router {' '.join(map(str, dims['router']))}: the proxy's router only "
                              "matters with prefill/decode disaggregation; add --disaggregation auto or "
                              "drop --router")
+    if not disaggregation and dims.get("kv_offloading_roles", ["both"]) != ["both"]:
+        raise UserInputError(f"--kv-offloading-roles {' '.join(map(str, dims['kv_offloading_roles']))}: "
+                             "which roles offload only matters with prefill/decode disaggregation; add "
+                             "--disaggregation auto or drop --kv-offloading-roles")
     return SearchSpace(**{k: tuple(v) for k, v in dims.items()}, disaggregation=disaggregation)
 
 

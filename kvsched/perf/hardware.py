@@ -267,6 +267,17 @@ class Hardware:
             return self.scaleup_bw
         return min(self.scaleup_bw, (group_size - 1) * self.scaleup_link_bw)
 
+    def copy_bw(self, link_bw: float) -> float:
+        """Bytes/s of a DMA copy between this device's memory and a link of
+        ``link_bw`` (a KV read over NVLink or RDMA, a store or load over the
+        host link): every byte is read from or written into the device's
+        memory, so the copy runs no faster than ``mem_bw``, the slower of the
+        two. On every device in the catalog the link is the slower (at most
+        a quarter of ``mem_bw``); a hardware file may say otherwise. The one
+        owner of that floor (docs/simulator.md, "KV copies and GPU memory
+        bandwidth")."""
+        return min(link_bw, self.mem_bw)
+
     def tensor_parallel_bw(self, tensor_parallel_size: int) -> float:
         """Per-direction bandwidth one device has in a tensor-parallel
         all-reduce over ``tensor_parallel_size`` devices: the scale-up fabric

@@ -149,6 +149,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                         "core, summed over its TP ranks (vLLM's OffloadingConnector; stores and loads "
                         "priced over the GPU's host link; with --disaggregation every instance gets "
                         "vLLM's MultiConnector of NIXL and offloading; default: off)")
+    for role in ROLES:
+        g.add_argument(f"--{role}-kv-offloading-size", type=float, metavar="GIB",
+                       dest=f"{role}_kv_offloading_size",
+                       help=f"with --disaggregation: CPU offloading on the {role} instances only, GiB per "
+                            "instance (in vLLM: a MultiConnector --kv-transfer-config of NIXL and offloading "
+                            "on those instances, NixlConnector alone on the others; default: "
+                            "--kv-offloading-size's)")
     g.add_argument("--kv-offloading-backend", default=d.kv_offloading_backend,
                    help="with --kv-offloading-size: vLLM's backend; kvsched simulates native only "
                         "(default: %(default)s)")
@@ -264,7 +271,9 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
                                  getattr(args, "router", DeploymentSpec().router),
                                  role_scheduler={role: {name: getattr(args, f"{role}_{name}", None)
                                                         for name in ROLE_SCHEDULER_FLAGS}
-                                                 for role in ROLES})
+                                                 for role in ROLES},
+                                 role_offloading={role: getattr(args, f"{role}_kv_offloading_size", None)
+                                                  for role in ROLES})
     workload = workload_spec_from_args(args)
     options = RunOptions()
     if hasattr(args, "metric_percentiles"):
@@ -281,15 +290,19 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
 
 def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp: int | None,
                     decode_tp: int | None, kv_transfer_config: str | None, router: str, *,
-                    role_scheduler: Mapping[str, Mapping[str, int | None]] | None = None) -> DeploymentSpec:
+                    role_scheduler: Mapping[str, Mapping[str, int | None]] | None = None,
+                    role_offloading: Mapping[str, float | None] | None = None) -> DeploymentSpec:
     """The deployment of the flags: ``group`` alone, or with
     ``--disaggregation xPyD`` a prefill group of x instances and a decode
     group of y (each instance an engine core: a group's
-    ``data_parallel_size``), both with ``group``'s settings but their TP and
+    ``data_parallel_size``), both with ``group``'s settings but their TP,
     the scheduler settings ``role_scheduler[role]`` gives (None: the
-    group's; :data:`ROLE_SCHEDULER_FLAGS`)."""
+    group's; :data:`ROLE_SCHEDULER_FLAGS`) and the CPU offloading
+    ``role_offloading[role]`` gives (``--prefill-kv-offloading-size``;
+    None: the group's ``kv_offloading_size``)."""
     given = {(role, name): value for role, names in (role_scheduler or {}).items()
              for name, value in names.items() if value is not None}
+    offloading = {role: gib for role, gib in (role_offloading or {}).items() if gib is not None}
     for (role, name), value in given.items():
         least = 0 if name == "long_prefill_token_threshold" else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -297,9 +310,10 @@ def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp
             raise UserInputError(f"{flag}={value!r}: must be an integer >= {least} (leave it out for the "
                                  "value every instance gets)")
     if disaggregation is None:
-        alone: list[tuple[str, int | None]] = [("--prefill-tensor-parallel-size", prefill_tp),
+        alone: list[tuple[str, float | None]] = [("--prefill-tensor-parallel-size", prefill_tp),
                                                 ("--decode-tensor-parallel-size", decode_tp)]
         alone += [(f"--{role}-{name.replace('_', '-')}", v) for (role, name), v in given.items()]
+        alone += [(f"--{role}-kv-offloading-size", v) for role, v in offloading.items()]
         for flag, v in alone:
             if v is not None:
                 raise UserInputError(f"{flag}={v}: only with --disaggregation xPyD; add it or drop {flag}")
@@ -312,6 +326,8 @@ def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp
     roles = []
     for role, n, role_tp in (("prefill", x, prefill_tp), ("decode", y, decode_tp)):
         own: dict[str, Any] = {name: value for (r, name), value in given.items() if r == role}
+        if role in offloading:
+            own["kv_offloading_size"] = offloading[role]
         engine = dataclasses.replace(group.engine, tensor_parallel_size=tp if role_tp is None else role_tp,
                                      data_parallel_size=n, **own)
         roles.append(dataclasses.replace(group, engine=engine, role=role))
@@ -358,6 +374,12 @@ def spec_argv(spec: RunSpec) -> list[str]:
             for role, e in (("prefill", pe), ("decode", de)):
                 if getattr(e, name) is not None:
                     out += [f"--{role}-{name.replace('_', '-')}", str(getattr(e, name))]
+        # CPU offloading the roles do not share: each role's own flag.
+        if pe.kv_offloading_size != de.kv_offloading_size:
+            differ += ("kv_offloading_size",)
+            for role, e in (("prefill", pe), ("decode", de)):
+                if e.kv_offloading_size is not None:
+                    out += [f"--{role}-kv-offloading-size", repr(e.kv_offloading_size)]
         if deployment.kv_transfer_config is not None:
             out += ["--kv-transfer-config", deployment.kv_transfer_config]
         out += _words("router", deployment.router, DeploymentSpec().router)

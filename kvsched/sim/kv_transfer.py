@@ -22,9 +22,20 @@ module is the worker side, in simulated time:
   the prefill side it reports blocks sent (``finished_sending``) once the
   decode side's read is done or the lease (``kv_lease_duration``) ran out.
 
+A read is a DMA copy (NIXL over UCX: GPUDirect RDMA, the NIC reading and
+writing GPU memory; CUDA IPC copies over NVLink within a node): it reads
+the prefill GPU's memory and writes the decode GPU's, so it runs no faster
+than either memory (:meth:`kvsched.perf.hardware.Hardware.copy_bw`, a floor
+that no catalog device reaches: its links are at most a quarter of its
+memory bandwidth).
+
 Not modelled: load failures (every read succeeds), a read that overlaps the
 prefill still being computed (vLLM reads only finished requests), the
-transfer's own use of the GPU's memory bandwidth.
+memory bandwidth a read takes from the steps that run beside it on either
+GPU (at most the link's share of it while the read runs: 13 % on H100 SXM's
+NVLink, 1.5 % on its 50 GB/s NIC; no published measurement of a DMA copy's
+effect on an LLM step to calibrate it; docs/simulator.md, "KV copies and
+GPU memory bandwidth").
 """
 
 from __future__ import annotations
@@ -93,17 +104,21 @@ class TransferPath:
 def transfer_path(hardware: Hardware, same_domain: bool) -> TransferPath:
     """The path between two instances on ``hardware``: its scale-up fabric
     when both lie in one scale-up domain, else its scale-out network (the
-    hardware data's per-GPU ``scaleout_bw``). The one owner of that rule."""
+    hardware data's per-GPU ``scaleout_bw``), at the rate a copy between the
+    two GPUs' memories reaches over it (:meth:`Hardware.copy_bw`). The one
+    owner of that rule."""
     latency = hardware.comm_latency_s
+    # A read moves bytes from one GPU's memory into another's: no faster
+    # than either memory (Hardware.copy_bw; both roles run on one hardware).
     if same_domain:
-        return TransferPath(hardware.scaleup_kind, hardware.scaleup_bw, latency)
+        return TransferPath(hardware.scaleup_kind, hardware.copy_bw(hardware.scaleup_bw), latency)
     if hardware.scaleout_bw is None:
         raise UserInputError(
             f"{hardware.name}: the prefill and decode instances do not fit in one "
             f"{hardware.scaleup_kind} domain of {hardware.scaleup_domain} devices, so their KV "
             "crosses the scale-out network, and the hardware data gives no scale-out bandwidth; use "
             "a hardware file with scaleout_bw (bytes/s per GPU per direction), or fewer instances")
-    return TransferPath("rdma", hardware.scaleout_bw, latency)
+    return TransferPath("rdma", hardware.copy_bw(hardware.scaleout_bw), latency)
 
 
 def transfer_bytes_per_rank(model: ModelSpec, kv_dtype_bytes: float, tensor_parallel_size: int,

@@ -46,10 +46,13 @@ itself.
 Not modelled: the time a flush or a synchronous load adds to its step
 (vLLM's worker waits for them before the forward pass; here the step takes
 its usual time, the copies only occupy their queue), a fixed per-job
-latency, the copies' use of the GPU's memory bandwidth, the host link's
-achievable fraction of its peak (the catalog's peak is used), host memory
-bandwidth, and several TP ranks sharing one host link (each rank has its
-own).
+latency, the memory bandwidth the copies take from the steps beside them
+(at most the host link's share of the GPU's memory bandwidth while a copy
+runs: 1.9 % on H100 SXM; the copy itself runs no faster than the GPU's
+memory, :meth:`Hardware.copy_bw`, a floor no catalog device reaches), the
+host link's achievable fraction of its peak (the catalog's peak is used),
+host memory bandwidth, and several TP ranks sharing one host link (each
+rank has its own).
 """
 
 from __future__ import annotations
@@ -156,14 +159,16 @@ def num_cpu_blocks(size_gib: float, bytes_per_block_per_rank: int, world_size: i
 
 def host_link_bandwidth(hardware: Hardware) -> float:
     """Bytes/s one GPU moves to or from host memory (per direction): the
-    hardware data's ``host_link_bw``, refused when it has none."""
+    hardware data's ``host_link_bw`` at the rate a copy from or into the
+    GPU's memory reaches over it (:meth:`Hardware.copy_bw`), refused when
+    it has none."""
     if hardware.host_link_bw is None:
         raise UserInputError(
             f"--kv-offloading-size: {hardware.name} ({hardware.id}) has no host_link_bw in the hardware "
             "data, so KV stores and loads to CPU memory cannot be priced; use a hardware file with "
             "host_link_bw (bytes/s per GPU per direction: PCIe Gen4 x16 32e9, Gen5 x16 64e9) or drop "
             "--kv-offloading-size")
-    return hardware.host_link_bw
+    return hardware.copy_bw(hardware.host_link_bw)
 
 
 @dataclass(frozen=True, slots=True)

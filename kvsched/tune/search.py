@@ -33,7 +33,7 @@ from kvsched.perf.hardware import get_hardware
 from kvsched.perf.models import ModelSpec, get_model
 from kvsched.sim.flags import spec_argv
 from kvsched.sim.pricing import Pricing, pricing_from_json, pricing_of
-from kvsched.sim.run import build_role_deployment, check_roles_match
+from kvsched.sim.run import build_role_deployment, check_roles_match, with_transfer_offloading
 from kvsched.sim.spec import RunSpec
 from kvsched.tune.evaluate import Job, ResultCache
 from kvsched.tune.executors import Executor
@@ -214,7 +214,9 @@ def feasible_with_pricing(candidates: Sequence[Candidate], base: RunSpec
     keep: list[tuple[Candidate, Pricing]] = []
     pruned: list[tuple[Candidate, str]] = []
     for c in candidates:
-        deployment = c.apply(base).deployment
+        # The groups as the runner builds them (a P/D candidate's CPU
+        # offloading comes from its MultiConnector JSON).
+        deployment = with_transfer_offloading(c.apply(base).deployment)
         try:
             # Every role must fit (a disaggregated candidate: the prefill and
             # the decode instances, as the runner builds them).

@@ -5,7 +5,9 @@ combination of hardware, parallelism and scheduler settings, each written as
 With ``--disaggregation auto`` the space also holds prefill/decode
 disaggregated candidates: every xPyD split of the GPU budget with per-role
 TP sizes from the space's TP choices, each answered with one ``vllm serve``
-line per instance (vLLM's NixlConnector) and the proxy in front of them.
+line per instance (vLLM's NixlConnector; with ``--kv-offloading-size``
+vLLM's MultiConnector of NIXL and CPU offloading on the instances of the
+roles ``kv_offloading_roles`` names) and the proxy in front of them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from kvsched.errors import UserInputError
 from kvsched.sim.disagg import node_of_instances
 from kvsched.sim.flags import deployment_spec
+from kvsched.sim.offload_transfer import GIB
 from kvsched.sim.spec import PD_ROUTERS, DeploymentSpec, RunSpec
 
 # vLLM's scheduler defaults, left to vLLM (None): the flag is then not passed.
@@ -56,6 +59,11 @@ class Candidate:
     prefill_tensor_parallel_size: int = 0
     # How the P/D proxy picks an instance of each role (colocated: unused).
     router: str = "round-robin"
+    # Which roles of a P/D deployment get kv_offloading_size's CPU cache:
+    # both, prefill or decode (the others run NixlConnector alone; in vLLM
+    # each instance has its own --kv-transfer-config). Colocated, or
+    # without offloading: both (unused).
+    kv_offloading_roles: str = "both"
 
     @property
     def disaggregated(self) -> bool:
@@ -79,13 +87,18 @@ class Candidate:
         if not self.disaggregated:
             return base.with_engine(**engine).with_group(admission_policy=self.admission_policy)
         # simulate's own --disaggregation rule builds the two groups: one
-        # engine core per instance, the roles' TP sizes, the proxy's router.
-        one = base.with_engine(**{**engine, "data_parallel_size": 1}).with_group(
+        # engine core per instance, the roles' TP sizes, the proxy's router,
+        # each role's CPU offloading (simulate's --kv-offloading-size or
+        # --prefill-/--decode-kv-offloading-size: every instance that has it
+        # runs vLLM's MultiConnector of NIXL first and offloading, as the
+        # serve lines' JSON says).
+        one = base.with_engine(**{**engine, "data_parallel_size": 1, "kv_offloading_size": None}).with_group(
             admission_policy=self.admission_policy)
         deployment = deployment_spec(one.deployment.group,
                                      f"{self.prefill_instances}P{self.data_parallel_size}D",
                                      self.prefill_tensor_parallel_size, self.tensor_parallel_size,
-                                     None, self.router)
+                                     None, self.router,
+                                     role_offloading={role: self.offloading_gib(role) for role in PD_ROLES})
         return dataclasses.replace(one, deployment=deployment)
 
     def vllm_serve(self, model: str, fixed: Sequence[str] = (), scaleup_domain: int = 8) -> str:
@@ -108,6 +121,34 @@ class Candidate:
         elif self.admission_policy == "prefill-cadence":
             line += "  # plus prefill_schedule_interval 2 in the scheduler config"
         return line
+
+    def offloading_gib(self, role: str) -> float | None:
+        """The CPU offloading (GiB per instance) of a disaggregated
+        deployment's ``role`` instances (None: none)."""
+        if self.kv_offloading_roles in ("both", role):
+            return self.kv_offloading_size
+        return None
+
+    def kv_transfer_config(self, role: str) -> str:
+        """The ``--kv-transfer-config`` of a disaggregated deployment's
+        ``role`` instances, compact JSON: vLLM's NixlConnector alone, or
+        with offloading on that role (:meth:`offloading_gib`) vLLM's
+        MultiConnector of it and the native OffloadingConnector, NIXL first
+        (a decode instance then reads each prompt from its prefill instance
+        and its CPU tier serves what it recomputes after a preemption; a
+        prefill instance's CPU hits shorten its prefills), with
+        ``cpu_bytes_to_use`` the GiB in bytes (what ``--kv-offloading-size``
+        sets, per engine core summed over its TP ranks). The one owner of
+        the P/D candidates' connector JSON."""
+        config: Mapping[str, Any] = KV_TRANSFER_CONFIG
+        gib = self.offloading_gib(role)
+        if gib is not None:
+            size = round(gib * GIB)
+            offload = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                       "kv_connector_extra_config": {"cpu_bytes_to_use": size}}
+            config = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                      "kv_connector_extra_config": {"connectors": [dict(KV_TRANSFER_CONFIG), offload]}}
+        return json.dumps(config, separators=(",", ":"))
 
     def placement(self, scaleup_domain: int) -> list[tuple[str, int, int, list[int]]]:
         """Each instance of a disaggregated deployment as (role, its index
@@ -133,11 +174,12 @@ class Candidate:
         deployment, as vLLM's NixlConnector guide starts them: the
         instance's GPUs, its own NIXL side-channel port, an HTTP port
         (prefill 8100 + i, decode 8200 + j) and ``--kv-transfer-config``
-        (NixlConnector, kv_role kv_both: the proxy, not the flag, decides
-        the roles)."""
-        config = json.dumps(KV_TRANSFER_CONFIG, separators=(",", ":"))
+        (:meth:`kv_transfer_config`: NixlConnector, kv_role kv_both, the
+        proxy, not the flag, decides the roles; with offloading vLLM's
+        MultiConnector of it and the OffloadingConnector)."""
         lines = []
         for n, (role, index, node, gpus) in enumerate(self.placement(scaleup_domain)):
+            config = self.kv_transfer_config(role)
             tp = self.prefill_tensor_parallel_size if role == "prefill" else self.tensor_parallel_size
             env = [f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))}",
                    f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + n}"]
@@ -193,6 +235,8 @@ class Candidate:
             parts.append(self.admission_policy)
         if self.kv_offloading_size is not None:
             parts.append(f"offload {self.kv_offloading_size:g}GiB")
+            if self.disaggregated and self.kv_offloading_roles != "both":
+                parts.append(f"on {self.kv_offloading_roles}")
         if self.router != DeploymentSpec().router:
             parts.append(self.router)
         return " ".join(parts)
@@ -225,7 +269,9 @@ def _serve_flags(c: Candidate) -> list[str]:
         flags += ["--kv-cache-dtype", c.kv_cache_dtype]
     if c.scheduling_policy != "fcfs":
         flags += ["--scheduling-policy", c.scheduling_policy]
-    if c.kv_offloading_size is not None:  # vLLM's backend, native, is the default
+    # vLLM's backend, native, is the default. A P/D instance's offloading is
+    # in its --kv-transfer-config (vLLM's flag would replace NIXL).
+    if c.kv_offloading_size is not None and not c.disaggregated:
         flags += ["--kv-offloading-size", f"{c.kv_offloading_size:g}"]
     return flags
 
@@ -256,18 +302,21 @@ def role_port(role: str, index: int) -> int:
 
 # Candidate fields that are the engine's arguments (EngineOptions' names).
 ENGINE_FIELDS = frozenset(f.name for f in fields(Candidate)) - {
-    "admission_policy", "prefill_instances", "prefill_tensor_parallel_size", "router"}
+    "admission_policy", "prefill_instances", "prefill_tensor_parallel_size", "router", "kv_offloading_roles"}
 # The dimensions a space file or the flags may list, with their types (the
 # P/D shape is no dimension: --disaggregation auto enumerates it).
 DIMENSIONS: Mapping[str, type] = {
     f.name: (bool if f.type == "bool" else str if f.type == "str" else float if "float" in str(f.type)
              else int)
     for f in fields(Candidate) if f.name not in ("prefill_instances", "prefill_tensor_parallel_size")}
-# Dimensions only one kind of candidate has: the router only P/D (its
-# proxy), offloading only colocated (P/D with offloading needs vLLM's
-# MultiConnector, not simulated yet).
-PD_ONLY = ("router",)
-COLOCATED_ONLY = ("kv_offloading_size",)
+# Dimensions only one kind of candidate has: the router and which roles
+# offload only P/D. Offloading's size is both kinds' (P/D: the offloading
+# instances' MultiConnector of NIXL and offloading,
+# :meth:`Candidate.kv_transfer_config`).
+PD_ONLY = ("router", "kv_offloading_roles")
+COLOCATED_ONLY: tuple[str, ...] = ()
+PD_ROLES = ("prefill", "decode")
+OFFLOADING_ROLES = ("both", *PD_ROLES)
 ADMISSION_POLICIES = ("none", "balance", "prefill-cadence")
 KV_CACHE_DTYPES = ("auto", "fp8")
 POLICIES = ("fcfs", "priority")
@@ -293,6 +342,7 @@ class SearchSpace:
     admission_policy: tuple[str, ...] = ("none",)
     kv_offloading_size: tuple[float | None, ...] = (None,)
     router: tuple[str, ...] = ("round-robin",)
+    kv_offloading_roles: tuple[str, ...] = ("both",)
     # Also every xPyD split of the budget (--disaggregation auto).
     disaggregation: bool = False
 
@@ -313,17 +363,24 @@ class SearchSpace:
         per-role TP sizes from the space's, x * TP_p + y * TP_d <= the
         budget, for each value of the scheduler dimensions. Not crossed with
         what the simulator does not disaggregate: data parallelism within an
-        instance, expert parallelism, admission policies, offloading."""
+        instance, expert parallelism, admission policies. Offloading is
+        crossed: each size on the roles ``kv_offloading_roles`` lists."""
         names = [n for n in DIMENSIONS if n not in COLOCATED_ONLY
                  and n not in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel",
                                "admission_policy")]
+        seen: set[Candidate] = set()
         for tp_p, tp_d in itertools.product(self.tensor_parallel_size, repeat=2):
             for x in range(1, (max_gpus - tp_d) // tp_p + 1):
                 for y in range(1, (max_gpus - x * tp_p) // tp_d + 1):
                     for values in itertools.product(*(getattr(self, n) for n in names)):
-                        yield Candidate(**dict(zip(names, values)), tensor_parallel_size=tp_d,
-                                        data_parallel_size=y, prefill_instances=x,
-                                        prefill_tensor_parallel_size=tp_p)
+                        c = Candidate(**dict(zip(names, values)), tensor_parallel_size=tp_d,
+                                      data_parallel_size=y, prefill_instances=x,
+                                      prefill_tensor_parallel_size=tp_p)
+                        if c.kv_offloading_size is None:  # no offloading: on no role
+                            c = dataclasses.replace(c, kv_offloading_roles="both")
+                        if c not in seen:
+                            seen.add(c)
+                            yield c
 
 
 def check_space_values(name: str, values: Sequence[object], where: str) -> tuple[Any, ...]:
@@ -357,7 +414,8 @@ def check_space_values(name: str, values: Sequence[object], where: str) -> tuple
         elif not isinstance(v, str):
             raise UserInputError(f"{where}: {name}={v!r}: must be a string")
         choices = {"admission_policy": ADMISSION_POLICIES, "kv_cache_dtype": KV_CACHE_DTYPES,
-                   "scheduling_policy": POLICIES, "router": PD_ROUTERS}.get(name)
+                   "scheduling_policy": POLICIES, "router": PD_ROUTERS,
+                   "kv_offloading_roles": OFFLOADING_ROLES}.get(name)
         if choices is not None and v not in choices:
             raise UserInputError(f"{where}: {name}={v!r}: choose from {', '.join(choices)}")
         out.append(v)

@@ -20,6 +20,7 @@ from kvsched.core.kv_connector import KVTransferConfig, parse_kv_transfer_config
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import build_deployment
 from kvsched.sim.disagg import DisaggregatedSimulator, DisaggResult, RoleConfig
+from kvsched.sim.flags import parse_spec, spec_argv
 from kvsched.sim.run import run
 from kvsched.sim.simulator import SimConfig
 
@@ -158,3 +159,20 @@ def test_simulate_prints_each_roles_cpu_tier() -> None:
     assert any("Prefix hit rate, CPU:" in line and "25.0%" in line for line in lines[prefill:decode])
     assert any("Stores / loads:" in line and "4 / 0" in line for line in lines[decode:])
     assert not any(line.strip("- ") == "KV offloading to CPU" for line in lines)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_one_role_offloads_with_its_own_flag(role: str) -> None:
+    """--prefill-kv-offloading-size / --decode-kv-offloading-size: only
+    that role's instances get the MultiConnector (in vLLM: their own
+    --kv-transfer-config); the flag round-trips and needs --disaggregation."""
+    spec = pd_spec("--disaggregation", "1P1D", f"--{role}-kv-offloading-size", "8", "--max-model-len", "4096",
+                   prompts=6, rate="8", input_len="1500")
+    assert {g.role: g.engine.kv_offloading_size for g in spec.deployment.groups} == {
+        "prefill": 8.0 if role == "prefill" else None, "decode": 8.0 if role == "decode" else None}
+    assert parse_spec(spec_argv(spec)) == spec
+    m = run(spec).metrics
+    assert set(m["kv_offload_by_role"]) == {role}
+    assert m["kv_offload_by_role"][role]["kv_offload"]["stores"] > 0
+    with pytest.raises(UserInputError, match=f"--{role}-kv-offloading-size=8.0: only with --disaggregation"):
+        pd_spec(f"--{role}-kv-offloading-size", "8")

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from kvsched.cli import main
-from kvsched.sim.flags import parse_spec
-from kvsched.sim.run import run
+from kvsched.core.kv_connector import parse_kv_transfer_config
+from kvsched.sim.disagg import pd_connectors
+from kvsched.sim.flags import parse_spec, spec_argv
+from kvsched.sim.run import run, with_transfer_offloading
 from kvsched.tune.evaluate import ResultCache
 from kvsched.tune.executors import LocalExecutor
 from kvsched.tune.search import Problem, Runner, Slo, prune_by_memory, rank, search
@@ -58,11 +60,77 @@ def test_pd_is_not_crossed_with_what_it_does_not_simulate() -> None:
     cands = list(space.candidates(4, is_moe=False))
     pd = [c for c in cands if c.disaggregated]
     colocated = [c for c in cands if not c.disaggregated]
-    # 1P1D TP2/TP2 is the only split of 4 GPUs; once per router.
-    assert sorted(c.router for c in pd) == ["prefix-aware", "round-robin"]
-    assert {(c.admission_policy, c.kv_offloading_size) for c in pd} == {("none", None)}
+    # 1P1D TP2/TP2 is the only split of 4 GPUs; once per router and offloading size.
+    assert sorted((c.router, c.kv_offloading_size or 0.0) for c in pd) == [
+        ("prefix-aware", 0.0), ("prefix-aware", 8.0), ("round-robin", 0.0), ("round-robin", 8.0)]
+    assert {c.admission_policy for c in pd} == {"none"}
     # Colocated: TP2 with both admission policies and both offloading sizes, the router unused.
     assert len(colocated) == 4 and {c.router for c in colocated} == {"round-robin"}
+
+
+NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+MULTI_8GIB = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"connectors": [
+                  NIXL, {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                         "kv_connector_extra_config": {"cpu_bytes_to_use": 8 * 2**30}}]}}
+PD_1P2D = ["--disaggregation", "1P2D", "--prefill-tensor-parallel-size", "4",
+           "--decode-tensor-parallel-size", "2"]
+
+
+@pytest.mark.parametrize(("roles", "flag"), [("both", "--kv-offloading-size"),
+                                             ("prefill", "--prefill-kv-offloading-size"),
+                                             ("decode", "--decode-kv-offloading-size")])
+def test_a_pd_candidate_offloads_through_vllms_multiconnector(roles: str, flag: str) -> None:
+    c = Candidate("h100-sxm", 2, 2, prefill_instances=1, prefill_tensor_parallel_size=4,
+                  kv_offloading_size=8.0, kv_offloading_roles=roles)
+    lines = c.role_commands(MODEL, ["--max-model-len", "8192"], scaleup_domain=8)
+    assert [line.split(" instance")[0] for line in lines] == ["# prefill", "# decode", "# decode"]
+    base = parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192"])
+    spec = c.apply(base)
+    # The candidate is simulate's own flag for the roles that offload.
+    assert spec == parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192", *PD_1P2D, flag, "8"])
+    assert parse_spec(spec_argv(spec)) == spec
+    groups = {g.role: g for g in spec.deployment.groups}
+    for line in lines:
+        role = line.split()[1]
+        words = shlex.split(line.split("\n")[1])
+        # vLLM's --kv-offloading-size would replace NIXL: the JSON carries it.
+        assert "--kv-offloading-size" not in words
+        raw = words[words.index("--kv-transfer-config") + 1]
+        offloads = roles in ("both", role)
+        assert json.loads(raw) == (MULTI_8GIB if offloads else NIXL)
+        # kvsched's own reader: NIXL first, and this role's CPU cache per instance.
+        layout = pd_connectors(parse_kv_transfer_config(raw))
+        assert (layout.nixl.kv_connector, layout.offload_first) == ("NixlConnector", False)
+        assert layout.offload_gib == (8.0 if offloads else None)
+        assert groups[role].engine.kv_offloading_size == layout.offload_gib
+        # Every instance given this line's JSON builds this role's group as the candidate does.
+        by_json = parse_spec(["--model", MODEL, *WORKLOAD, "--max-model-len", "8192", *PD_1P2D,
+                              "--kv-transfer-config", raw])
+        built = {g.role: g for g in with_transfer_offloading(by_json.deployment).groups}
+        assert built[role] == groups[role]
+    assert c.label() == "h100-sxm 1P2D TP4/2 offload 8GiB" + ("" if roles == "both" else f" on {roles}")
+
+
+def test_without_offloading_a_pd_candidate_runs_nixl_alone() -> None:
+    c = Candidate("h100-sxm", 2, 2, prefill_instances=1, prefill_tensor_parallel_size=4)
+    base = parse_spec(["--model", MODEL, *WORKLOAD])
+    for role in ("prefill", "decode"):
+        assert json.loads(c.kv_transfer_config(role)) == NIXL
+    spec = c.apply(base)
+    assert spec.deployment.kv_transfer_config is None
+    assert {g.engine.kv_offloading_size for g in spec.deployment.groups} == {None}
+
+
+def test_offloading_roles_are_crossed_once_per_size() -> None:
+    space = SearchSpace(("h100-sxm",), (1,), (1,), kv_offloading_size=(None, 4.0),
+                        kv_offloading_roles=("both", "prefill", "decode"), disaggregation=True)
+    pd = [c for c in space.candidates(2, is_moe=False) if c.disaggregated]
+    # 1P1D: without offloading once (on no role), with 4 GiB on each choice of roles.
+    assert sorted((c.kv_offloading_size or 0.0, c.kv_offloading_roles) for c in pd) == [
+        (0.0, "both"), (4.0, "both"), (4.0, "decode"), (4.0, "prefill")]
+    colocated = [c for c in space.candidates(2, is_moe=False) if not c.disaggregated]
+    assert {c.kv_offloading_roles for c in colocated} == {"both"}
 
 
 def test_offloading_is_a_colocated_dimension() -> None:
@@ -232,6 +300,25 @@ def test_cli_answers_with_every_role_and_the_proxy(tmp_path: Path,
         assert f"  {line}" in printed
 
 
+def test_cli_answers_pd_with_offloading(tmp_path: Path) -> None:
+    out = tmp_path / "tune.json"
+    assert main(["tune", "--model", MODEL, "--max-gpus", "2", "--tp", "1", "--dp", "1",
+                 "--max-num-seqs", "default", "--max-num-batched-tokens", "default", *WORKLOAD,
+                 "--num-prompts", "8", "--target-rate", str(RATE), "--slo", "ttft:1000", "tpot:8",
+                 "--disaggregation", "auto", "--kv-offloading-size", "off", "4",
+                 "--kv-offloading-roles", "both", "prefill", "--no-cache", "--workers", "1", "--no-progress",
+                 "--save-result", str(out)]) == 0
+    rows = {r["label"]: r for r in json.loads(out.read_text())["ranked"]}
+    assert set(rows) == {"h100-sxm TP1", "h100-sxm TP1 offload 4GiB", "h100-sxm 1P1D TP1/1",
+                         "h100-sxm 1P1D TP1/1 offload 4GiB", "h100-sxm 1P1D TP1/1 offload 4GiB on prefill"}
+    serve = rows["h100-sxm 1P1D TP1/1 offload 4GiB on prefill"]["vllm_serve"].split("\n")
+    prefill, decode = (shlex.split(serve[i]) for i in (1, 3))
+    assert json.loads(prefill[prefill.index("--kv-transfer-config") + 1])["kv_connector"] == "MultiConnector"
+    assert json.loads(decode[decode.index("--kv-transfer-config") + 1]) == NIXL
+    args = rows["h100-sxm 1P1D TP1/1 offload 4GiB on prefill"]["simulate_args"]
+    assert args[args.index("--prefill-kv-offloading-size") + 1] == "4.0"
+
+
 def test_cli_without_the_flag_has_no_pd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = _tune(tmp_path)
     assert {r["shape"] for r in data["ranked"]} == {"colocated DP1 TP1"}
@@ -244,3 +331,97 @@ def test_router_needs_disaggregation(capsys: pytest.CaptureFixture[str]) -> None
     assert "--router prefix-aware: the proxy's router only matters" in capsys.readouterr().err
     assert main([*base, "--kv-offloading-size", "x"]) != 0
     assert "--kv-offloading-size='x': give GiB numbers or 'off'" in capsys.readouterr().err
+    assert main([*base, "--kv-offloading-size", "8", "--kv-offloading-roles", "prefill"]) != 0
+    assert "--kv-offloading-roles prefill: which roles offload only matters" in capsys.readouterr().err
+    assert main([*base, "--disaggregation", "auto", "--kv-offloading-roles", "all"]) != 0
+    assert "kv_offloading_roles='all': choose from both, prefill, decode" in capsys.readouterr().err
+
+
+# Offloading on P/D: six documents of 2048 tokens (four Mooncake hash blocks)
+# visited four times in turn, each visit with its own 200-token question; a
+# GPU cache of 400 blocks holds about two documents, so a revisit misses the
+# GPU cache and hits a 2 GiB CPU cache.
+DOCS, VISITS, GAP_MS = 6, 4, 150
+OFFLOAD_BASE = ["--model", MODEL, "--dataset-name", "mooncake", "--num-gpu-blocks-override", "400",
+                "--max-model-len", "4096"]
+
+
+def _doc_trace(tmp_path: Path) -> str:
+    path = tmp_path / "docs.jsonl"
+    rows = [{"timestamp": n * GAP_MS, "input_length": 4 * 512 + 200, "output_length": 40,
+             "hash_ids": [d * 4 + i for i in range(4)] + [1000 + n]}
+            for n, d in enumerate(d for _ in range(VISITS) for d in range(DOCS))]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+# (TP, DP) colocated or (x, TP_p, y, TP_d) disaggregated, the CPU GiB (0:
+# off) and the roles that offload (colocated: both).
+OffloadShape = tuple[Shape, float, str]
+ROLE_FLAGS = {"both": "--kv-offloading-size", "prefill": "--prefill-kv-offloading-size",
+              "decode": "--decode-kv-offloading-size"}
+
+
+def _brute_force_offloading(trace: str, slo: tuple[float, float]
+                            ) -> dict[OffloadShape, tuple[bool, float, int]]:
+    """Every shape of 2 GPUs of TP1, without and with 2 GiB of offloading
+    (P/D: on both roles, the prefill or the decode instance), simulated from
+    ``kvsched simulate``'s flags; per shape as :func:`_brute_force`."""
+    ttft, tpot = slo
+    runs: list[tuple[OffloadShape, list[str], int]] = []
+    for shape, flags, gpus in (((1, 1), ["-dp", "1"], 1), ((1, 2), ["-dp", "2"], 2)):
+        runs += [((shape, 0.0, "both"), flags, gpus),
+                 ((shape, 2.0, "both"), [*flags, "--kv-offloading-size", "2"], gpus)]
+    pd: Shape = (1, 1, 1, 1)
+    runs.append(((pd, 0.0, "both"), ["--disaggregation", "1P1D"], 2))
+    runs += [((pd, 2.0, roles), ["--disaggregation", "1P1D", flag, "2"], 2)
+             for roles, flag in ROLE_FLAGS.items()]
+    out: dict[OffloadShape, tuple[bool, float, int]] = {}
+    for key, flags, gpus in runs:
+        m = run(parse_spec([*OFFLOAD_BASE, "--dataset-path", trace, *flags,
+                            "--goodput", f"ttft:{ttft:g}", f"tpot:{tpot:g}"])).metrics
+        meets = m["p99_ttft_ms"] <= ttft and m["p99_tpot_ms"] <= tpot
+        out[key] = (meets, m["request_goodput"] / gpus, gpus)
+    return out
+
+
+@pytest.mark.parametrize("slo", [(300.0, 12.0), (150.0, 7.0)])
+def test_pick_with_offloading_on_pd_equals_brute_force(tmp_path: Path, slo: tuple[float, float]) -> None:
+    trace = _doc_trace(tmp_path)
+    base = parse_spec([*OFFLOAD_BASE, "--dataset-path", trace])
+    problem = Problem(MODEL, base, Slo((("ttft", slo[0]), ("tpot", slo[1])), "99"), "goodput-per-gpu", {},
+                      is_random=False, base_rate=DOCS * VISITS / (DOCS * VISITS * GAP_MS / 1000))
+    space = SearchSpace(("h100-sxm",), (1,), (1, 2), kv_offloading_size=(None, 2.0),
+                        kv_offloading_roles=("both", "prefill", "decode"), disaggregation=True)
+    candidates = sorted(space.candidates(2, is_moe=False), key=lambda c: c.order_key())
+    feasible, pruned = prune_by_memory(candidates, base)
+    assert not pruned
+    runner = Runner(LocalExecutor(1), ResultCache(None, "test"))
+    answers, failed = search(problem, feasible, runner, None)
+    result = rank(problem, answers, pruned, runner, failed)
+    brute = _brute_force_offloading(trace, slo)
+
+    def key(c: Candidate) -> OffloadShape:
+        return _shape(c), c.kv_offloading_size or 0.0, c.kv_offloading_roles
+
+    assert sorted(key(c) for c in candidates) == sorted(brute)
+    assert not failed
+    for e in result.ranked:
+        meets, goodput, gpus = brute[key(e.candidate)]
+        assert (e.meets_slo, e.num_gpus) == (meets, gpus)
+        if meets:
+            assert e.goodput_per_gpu == pytest.approx(goodput)
+    ok = {s: v for s, v in brute.items() if v[0]}
+    top = max((g, -n) for _, g, n in ok.values())
+    winners = {s for s, (_, g, n) in ok.items() if (g, -n) == top}
+    assert result.best is not None and key(result.best.candidate) in winners
+    # The brute force alone: offloading decides the answer under both SLOs
+    # (one TP1 engine with a CPU tier under the loose one; 1P1D with a CPU
+    # tier on its prefill instance under the tight TPOT, which no colocated
+    # shape meets: the decode instance's tier, behind NIXL, never loads here,
+    # so offloading on both roles ties with the prefill instance alone).
+    if slo[1] == 12.0:
+        assert winners == {((1, 1), 2.0, "both")}
+    else:
+        assert winners == {((1, 1, 1, 1), 2.0, "both"), ((1, 1, 1, 1), 2.0, "prefill")}
+        assert result.best.candidate.kv_offloading_roles == "both"  # the tie: the candidates' order
