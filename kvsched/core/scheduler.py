@@ -1108,14 +1108,28 @@ class Scheduler:
 
     def _nothing_frees_blocks(self, request: Request) -> bool:
         """Nothing but ``request`` could change the free blocks: none
-        running, no step in flight, no other request holding blocks while
-        it waits or loads, none finished holding its blocks (delayed free),
-        no pending block frees."""
+        running, no step in flight, none finished holding its blocks
+        (delayed free), no pending block frees, and every other request
+        holding blocks while it waits queued behind ``request`` (the scan
+        stops at ``request`` and never reaches them) with nothing left to
+        report (its load, if any, already reported done: a load failing
+        later could free its blocks)."""
         assert self.connector is not None
-        return (not self.running and not self._in_flight
-                and all(r is request for r in self.kv_holding_waiting)
-                and not self.connector.has_pending_block_frees()
-                and not any(r.is_finished() for r in self.requests.values()))
+        if (self.running or self._in_flight or self.connector.has_pending_block_frees()
+                or any(r.is_finished() for r in self.requests.values())):
+            return False
+        ahead = True
+        for r in self.kv_holding_waiting:
+            if r is request:
+                ahead = False
+            elif ahead or (r.status == WAITING_FOR_REMOTE_KVS
+                           and r.request_id not in self.finished_recving_kv_req_ids):
+                return False
+        return True
+
+    def _held_behind(self, request: Request) -> tuple[str, ...]:
+        """The requests holding blocks while they wait behind ``request``."""
+        return tuple(r.request_id for r in self.kv_holding_waiting if r is not request)
 
     def livelock(self) -> explain.Livelock | None:
         """The vLLM 0.33.0 livelock this scheduler is in, read from its
@@ -1127,12 +1141,14 @@ class Scheduler:
           whole load reset it to 0 computed tokens: the connector answered
           the same lookup the same way, and will again once this load lands;
         - the last waiting scan stopped at an asynchronous load that did not
-          fit while nothing ran, no step was in flight, no other request
-          held blocks or loaded and no delayed free was pending, and nothing
-          has run since: the next scan sees the same free blocks and stops
-          there again (a failed load under recompute that still counts its
-          own reservation, or a remote read that never fits, as NIXL with
-          drafts).
+          fit while nothing ran, no step was in flight, no delayed free was
+          pending, every other request holding blocks waited behind it with
+          its load reported, and nothing has run since: the next scan sees
+          the same free blocks and stops there again (a failed load under
+          recompute that still counts its own reservation, or a remote read
+          that never fits, as NIXL with drafts). The requests behind it are
+          named too: the blocks they hold are the ones it lacks, and the
+          scan never reaches them to let them run and free them.
 
         A load the worker fails every time (a script) is not recognised: it
         depends on the worker, not on the scheduler's state.
@@ -1154,7 +1170,7 @@ class Scheduler:
         rid = request.request_id
         kind = (explain.LIVELOCK_FAILED_LOAD_SELF_RESERVED if rid in self._inflight_prefills
                 else explain.LIVELOCK_REMOTE_READ_NEVER_FITS)
-        return explain.Livelock(kind, (rid,))
+        return explain.Livelock(kind, (rid, *self._held_behind(request)))
 
     def _promote_loaded(self, request: Request) -> None:
         """An asynchronous load reported done: cache what it loaded (after a
