@@ -61,7 +61,8 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, Any]:
 def to_text(data: dict[str, Any]) -> str:
     """JSON with one flag a line (a new vLLM's changes read as a short diff)."""
     lines = ["{", f' "vllm_version": {json.dumps(data["vllm_version"])},',
-             f' "written_by": {json.dumps(data["written_by"])},']
+             f' "written_by": {json.dumps(data["written_by"])},',
+             f' "serve_default_model": {json.dumps(data["serve_default_model"])},']
     for i, command in enumerate(("serve", "bench")):
         part = data[command]
         lines.append(f' "{command}": {{"positionals": {json.dumps(part["positionals"])}, "flags": [')
@@ -88,8 +89,11 @@ def main() -> int:
     missing = sorted(a.dest for a in engine._actions if a.dest not in serve_dests)
     if missing:
         raise SystemExit(f"engine flags missing from vllm serve's parser: {missing}")
+    # vllm serve without a model serves --model's default.
+    default_model = next(a.default for a in serve._actions if a.dest == "model")
     data = {"vllm_version": vllm.__version__,
             "written_by": "benchmarks/real_vllm/list_vllm_flags.py",
+            "serve_default_model": default_model,
             "serve": flags_of(serve), "bench": flags_of(bench)}
     OUT.write_text(to_text(data))
     print(f"{OUT}: vLLM {vllm.__version__}: {len(data['serve']['flags'])} serve flags, "

@@ -27,6 +27,7 @@ from kvsched.errors import UserInputError
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
 from kvsched.sim.disagg import parse_disaggregation
 from kvsched.sim.metrics import parse_goodput
+from kvsched.sim.serve_line import KvschedFlags, Pasted, paste
 from kvsched.sim.spec import (
     ADMISSION_POLICIES,
     BALANCE_THRESHOLDS,
@@ -37,6 +38,7 @@ from kvsched.sim.spec import (
     RunOptions,
     RunSpec,
     WorkloadSpec,
+    flag_name,
 )
 from kvsched.sim.workload import DATASET_NAMES, DEFAULT_INPUT_LEN, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LEN
 
@@ -72,7 +74,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                         "model directory / config.json (default: %(default)s)")
     g.add_argument("--hardware", default=d.hardware,
                    help="accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, "
-                        "ascend-910b, ...) or a YAML/JSON hardware file (default: %(default)s)")
+                        f"ascend-910b, ...) or a YAML/JSON hardware file (default: {d.hardware}; "
+                        "none with --serve, whose line names no GPU)")
     g.add_argument("--efficiency-file", help="YAML/JSON file overriding the roofline's efficiency factors")
     g.add_argument("--calibration", metavar="FILE",
                    help="host-time terms added to every step, for any backend (JSON, as "
@@ -208,6 +211,57 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-fast-forward", action="store_true",
                    help="step through pure-decode stretches one by one (same results, slower)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def add_paste_arguments(p: argparse.ArgumentParser) -> None:
+    """--serve and --bench: a vllm serve line and a vllm bench serve line as
+    written (kvsched.sim.serve_line reads them)."""
+    g = p.add_argument_group("pasted vLLM command lines")
+    g.add_argument("--serve", metavar='"vllm serve ..."',
+                   help="a vllm serve command line as you run it (quoted): its engine flags become "
+                        "kvsched's; flags that do not affect the prediction are listed as ignored, "
+                        "those kvsched cannot model are refused; give the GPU with --hardware")
+    g.add_argument("--bench", metavar='"vllm bench serve ..."',
+                   help="a vllm bench serve command line as you run it (quoted): its workload flags "
+                        "become kvsched's")
+    # A serve line names no GPU: --hardware must then be given (None: not given).
+    p.set_defaults(hardware=None)
+
+
+def with_pasted(args: argparse.Namespace) -> tuple[argparse.Namespace, Pasted]:
+    """``args`` with the flags of its --serve and --bench lines merged in (a
+    flag given both ways with different values is an error naming both),
+    and what the lines said (:class:`~kvsched.sim.serve_line.Pasted`). A
+    flag given beside the lines at kvsched's default value is taken as not
+    given. Also fills --hardware's default where no serve line is given."""
+    serve, bench = getattr(args, "serve", None), getattr(args, "bench", None)
+    out = argparse.Namespace(**vars(args))
+    if serve is None and bench is None:
+        if out.hardware is None:
+            out.hardware = EngineOptions().hardware
+        return out, Pasted()
+    parser = simulate_flag_parser()
+    pasted = paste(serve, bench, KvschedFlags(parser))
+    if pasted.has_serve and out.hardware is None:
+        raise UserInputError("--serve: a vllm serve line names no GPU; give kvsched's --hardware too "
+                             f"(e.g. --hardware {EngineOptions().hardware}; ids: h100-sxm, h200, a100-80gb, "
+                             "b200, l40s, mi300x, ...)")
+    if out.hardware is None:
+        out.hardware = EngineOptions().hardware
+    defaults = parser.parse_args([])
+    got = parser.parse_args(list(pasted.argv))
+    for dest, origin in pasted.origins:
+        mine, theirs = getattr(args, dest, None), getattr(got, dest)
+        if mine != getattr(defaults, dest) and mine != theirs:
+            flag = flag_name(dest)
+            raise UserInputError(f"{flag}={_show_value(mine)} and {origin} disagree; give {flag} once "
+                                 "(on the pasted line or beside it)")
+        setattr(out, dest, theirs)
+    return out, pasted
+
+
+def _show_value(value: object) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 class FlagParser(argparse.ArgumentParser):
