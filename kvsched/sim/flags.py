@@ -249,7 +249,11 @@ def with_pasted(args: argparse.Namespace) -> tuple[argparse.Namespace, Pasted]:
     if out.hardware is None:
         out.hardware = EngineOptions().hardware
     defaults = parser.parse_args([])
-    got = parser.parse_args(list(pasted.argv))
+    try:
+        got = parser.parse_args(list(pasted.argv))
+    except (UserInputError, argparse.ArgumentError) as e:
+        lines = " and ".join(f for f, line in (("--serve", serve), ("--bench", bench)) if line is not None)
+        raise UserInputError(f"{lines}: {e}") from None
     for dest, origin in pasted.origins:
         mine, theirs = getattr(args, dest, None), getattr(got, dest)
         if mine != getattr(defaults, dest) and mine != theirs:

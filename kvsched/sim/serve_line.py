@@ -471,7 +471,9 @@ def human_int(text: str) -> str:
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _CONTINUATION = re.compile(r"\\[ \t]*\r?\n")
 _SHELL_STOP = ("|", "||", "&&", ";", "&")
-_REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?")
+# A shell redirection: `> out.log`, `2>&1`, `>>log`, `&> log`, `< in` (not a
+# `<placeholder>` of a guide's line).
+_REDIRECT = re.compile(r"^(\d*(>>?|<)|&>|\d*>&\d+|(\d*>>?|&>)[^<>]+)$")
 def _after_command(command: str, words: list[str]) -> int | None:
     """Where the flags start: after ``vllm serve`` / ``vllm bench serve``,
     or the older ``python -m vllm.entrypoints.openai.api_server`` /
@@ -555,11 +557,12 @@ def read_flags(command: str, words: Sequence[str]) -> tuple[list[Given], list[st
         name, eq, inline = word.partition("=")
         # vLLM's parser takes --max_num_seqs as --max-num-seqs, -O3 as
         # --optimization-level 3, and --json-arg.key value as one key of it.
-        if name.startswith("--"):
-            name = "--" + name[2:].replace("_", "-")
         if name.startswith("-O") and not name.startswith("--") and name != "-O":
             name, eq, inline = "--optimization-level", "=", name[2:]
         base, dot, key = name.partition(".")
+        if base.startswith("--"):
+            base = "--" + base[2:].replace("_", "-")
+        name = base + dot + key
         hit = known.get(base)
         if hit is None:
             if base in RETIRED:
@@ -592,13 +595,18 @@ def read_flags(command: str, words: Sequence[str]) -> tuple[list[Given], list[st
 
 
 def merge_dotted(given: list[Given]) -> list[Given]:
-    """``--json-arg.key value`` flags of one JSON flag as one JSON object
-    (each value read as JSON where it parses, as vLLM's parser does)."""
+    """``given`` as vLLM's parser leaves it: a flag given twice counts
+    once, as the last one says, and ``--json-arg.key value`` flags of one
+    JSON flag make one JSON object (each value read as JSON where it
+    parses)."""
     out: list[Given] = []
     objects: dict[str, dict[str, object]] = {}
-    for g in given:
+    # A flag given twice: the last one counts, as in argparse.
+    last = {g.flag.dest: i for i, g in enumerate(given) if not isinstance(g.value, dict)}
+    for i, g in enumerate(given):
         if not isinstance(g.value, dict):
-            out.append(g)
+            if last[g.flag.dest] == i:
+                out.append(g)
             continue
         obj = objects.get(g.flag.dest)
         if obj is None:
