@@ -70,7 +70,8 @@ def test_classification_of_familiar_flags() -> None:
                                      "uvicorn_log_level", "tokenizer_mode", "chat_template", "seed")] == \
         [NO_EFFECT] * 9
     assert [kind(SERVE, d) for d in ("tensor_parallel_size", "max_num_seqs", "gpu_memory_utilization",
-                                     "enable_prefix_caching", "speculative_config", "model_tag")] == [USED] * 6
+                                     "enable_prefix_caching", "speculative_config", "model_tag")] \
+        == [USED] * 6
     assert [kind(SERVE, d) for d in ("pipeline_parallel_size", "enforce_eager", "enable_lora",
                                      "attention_backend", "cpu_offload_gb")] == [REFUSED] * 5
     assert [kind(BENCH, d) for d in ("backend", "endpoint", "host", "temperature", "save_result")] == \
@@ -164,7 +165,8 @@ def test_paste_spec_flags_merge_into_speculative_config() -> None:
     assert json.loads(pasted.argv[i + 1]) == {"prompt_lookup_max": 4, "method": "ngram",
                                               "num_speculative_tokens": 3}
     with pytest.raises(UserInputError, match="both set method"):
-        paste("""vllm serve m --spec-method ngram --speculative-config '{"method": "eagle"}'""", None, KVSCHED)
+        paste("""vllm serve m --spec-method ngram --speculative-config '{"method": "eagle"}'""", None,
+              KVSCHED)
 
 
 def test_paste_without_a_model_serves_vllms_default() -> None:
