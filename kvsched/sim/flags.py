@@ -71,7 +71,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
     g = group if names is None else OnlyFlags(group, names)
     g.add_argument("--model", default=d.model,
                    help="catalog name, with or without the organisation, or a Hugging Face "
-                        "model directory / config.json (default: %(default)s)")
+                        f"model directory / config.json (default: {d.model})")
     g.add_argument("--hardware", default=d.hardware,
                    help="accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, "
                         f"ascend-910b, ...) or a YAML/JSON hardware file (default: {d.hardware}; "
@@ -213,6 +213,11 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
+# Flags whose default a command with --serve/--bench leaves unset, to tell
+# a value given from the default (filled in by with_pasted).
+PASTE_UNSET = ("model", "hardware")
+
+
 def add_paste_arguments(p: argparse.ArgumentParser) -> None:
     """--serve and --bench: a vllm serve line and a vllm bench serve line as
     written (kvsched.sim.serve_line reads them)."""
@@ -224,8 +229,9 @@ def add_paste_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bench", metavar='"vllm bench serve ..."',
                    help="a vllm bench serve command line as you run it (quoted): its workload flags "
                         "become kvsched's")
-    # A serve line names no GPU: --hardware must then be given (None: not given).
-    p.set_defaults(hardware=None)
+    # None: not given. A serve line names no GPU, so --hardware must then be
+    # given; and a --model beside a serve line is told apart from the default.
+    p.set_defaults(**{dest: None for dest in PASTE_UNSET})
 
 
 def with_pasted(args: argparse.Namespace) -> tuple[argparse.Namespace, Pasted]:
@@ -233,22 +239,25 @@ def with_pasted(args: argparse.Namespace) -> tuple[argparse.Namespace, Pasted]:
     flag given both ways with different values is an error naming both),
     and what the lines said (:class:`~kvsched.sim.serve_line.Pasted`). A
     flag given beside the lines at kvsched's default value is taken as not
-    given. Also fills --hardware's default where no serve line is given."""
+    given (except :data:`PASTE_UNSET`'s, left unset by the parser). Fills
+    the defaults of those left unset."""
     serve, bench = getattr(args, "serve", None), getattr(args, "bench", None)
     out = argparse.Namespace(**vars(args))
+    unset = EngineOptions()
     if serve is None and bench is None:
-        if out.hardware is None:
-            out.hardware = EngineOptions().hardware
+        for dest in PASTE_UNSET:
+            if getattr(out, dest, None) is None:
+                setattr(out, dest, getattr(unset, dest))
         return out, Pasted()
     parser = simulate_flag_parser()
     pasted = paste(serve, bench, KvschedFlags(parser))
     if pasted.has_serve and out.hardware is None:
         raise UserInputError("--serve: a vllm serve line names no GPU; give kvsched's --hardware too "
-                             f"(e.g. --hardware {EngineOptions().hardware}; ids: h100-sxm, h200, a100-80gb, "
+                             f"(e.g. --hardware {unset.hardware}; ids: h100-sxm, h200, a100-80gb, "
                              "b200, l40s, mi300x, ...)")
-    if out.hardware is None:
-        out.hardware = EngineOptions().hardware
     defaults = parser.parse_args([])
+    for dest in PASTE_UNSET:  # None (not given) never equals a pasted value
+        setattr(defaults, dest, None)
     try:
         got = parser.parse_args(list(pasted.argv))
     except (UserInputError, argparse.ArgumentError) as e:
@@ -261,6 +270,9 @@ def with_pasted(args: argparse.Namespace) -> tuple[argparse.Namespace, Pasted]:
             raise UserInputError(f"{flag}={_show_value(mine)} and {origin} disagree; give {flag} once "
                                  "(on the pasted line or beside it)")
         setattr(out, dest, theirs)
+    for dest in PASTE_UNSET:
+        if getattr(out, dest) is None:
+            setattr(out, dest, getattr(unset, dest))
     return out, pasted
 
 

@@ -155,6 +155,9 @@ def test_docs_pairs_kvsched_cannot_run_are_refused_by_name(
     (["--serve", CUSTOM_SERVE], "--serve: a vllm serve line names no GPU; give kvsched's --hardware"),
     (["--hardware", "h200", "--max-num-seqs", "64", "--serve", f"{CUSTOM_SERVE} --max-num-seqs 32"],
      "--max-num-seqs=64 and --serve's --max-num-seqs 32 disagree"),
+    # kvsched's default model, given: told apart from not given.
+    (["--hardware", "h200", "--model", "meta-llama/Llama-3.1-8B", "--serve", RESPONSES_SERVE],
+     "--model=meta-llama/Llama-3.1-8B and --serve's model openai/gpt-oss-20b disagree"),
     (["--hardware", "h200", "--num-prompts", "5", "--bench", SWEEP_BENCH],
      "--num-prompts=5 and --bench's --num-prompts 20 disagree"),
     (["--hardware", "h200", "--serve", f"{CUSTOM_SERVE} --step-time-backend roofline"],
