@@ -641,13 +641,14 @@ class Pasted:
 
     ``argv``: kvsched simulate's flags; ``origins``: for each kvsched dest
     they set, how the line gave it (for a conflict's message); ``ignored``:
-    the flags and words that do not affect the prediction; ``notes``: what
+    the flags and words that do not affect the prediction, with the line
+    (``--serve``/``--bench``) each came in; ``notes``: what
     the user should know about the rest.
     """
 
     argv: tuple[str, ...] = ()
     origins: tuple[tuple[str, str], ...] = ()
-    ignored: tuple[str, ...] = ()
+    ignored: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     has_serve: bool = False
 
@@ -655,7 +656,11 @@ class Pasted:
         """The lines to print before the run."""
         out = [f"note: {n}" for n in self.notes]
         if self.ignored:
-            out.append("ignored (does not affect the prediction): " + ", ".join(self.ignored))
+            by_line: dict[str, list[str]] = {}
+            for where, what in self.ignored:
+                by_line.setdefault(where, []).append(what)
+            out.append("ignored (does not affect the prediction): "
+                       + "; ".join(f"{where} {', '.join(whats)}" for where, whats in by_line.items()))
         return out
 
 
@@ -664,7 +669,7 @@ class _Builder:
     kvsched: KvschedFlags
     argv: list[str] = field(default_factory=list)
     origins: dict[str, str] = field(default_factory=dict)
-    ignored: list[str] = field(default_factory=list)
+    ignored: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def set(self, dest: str, value: object, origin: str) -> None:
@@ -710,8 +715,8 @@ def paste(serve: str | None, bench: str | None, kvsched: KvschedFlags) -> Pasted
         words, env, shell = split_line(command, line)
         given, positional = read_flags(command, words)
         given = merge_dotted(given)
-        b.ignored += [f"{w} (environment)" for w in env]
-        b.ignored += [" ".join(shell)] if shell else []
+        b.ignored += [(where, f"{w} (environment)") for w in env]
+        b.ignored += [(where, " ".join(shell))] if shell else []
         if command == SERVE:
             if len(positional) > 1:
                 raise UserInputError(f"{where}: vllm serve takes one model; got {' '.join(positional)}")
@@ -750,24 +755,24 @@ def _apply(b: _Builder, command: str, g: Given, dataset: str, spec: dict[str, ob
     dest = g.flag.dest
     origin = f"{where}'s {_shown(g)}"
     if dest.startswith("retired:"):
-        b.ignored.append(f"{g.spelled} ({RETIRED[g.spelled]}; vLLM {vllm_flags().version} no longer "
-                         "takes it)")
+        b.ignored.append((where, f"{g.spelled} ({RETIRED[g.spelled]}; vLLM {vllm_flags().version} no "
+                                 "longer takes it)"))
         return
     verdict = classify(command, dest, b.kvsched)
     if verdict is None:
         raise AssertionError(f"{command} flag {dest}: not classified (see kvsched.sim.serve_line)")
     if verdict.kind == NO_EFFECT:
-        b.ignored.append(g.spelled)
+        b.ignored.append((where, g.spelled))
         return
     if verdict.kind == REFUSED:
         refusal = verdict.refusal
         assert refusal is not None
         datasets = dataset_of_flag(dest) if command == BENCH else None
         if datasets is not None and dataset not in datasets:
-            b.ignored.append(f"{g.spelled} (applies to --dataset-name {'/'.join(datasets)} only)")
+            b.ignored.append((where, f"{g.spelled} (applies to --dataset-name {'/'.join(datasets)} only)"))
             return
         if _harmless(g.value, refusal):
-            b.ignored.append(g.spelled)
+            b.ignored.append((where, g.spelled))
             return
         raise UserInputError(f"{where}: {_shown(g)}: {refusal.reason}; {refusal.fix}")
     # Used.

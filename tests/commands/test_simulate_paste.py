@@ -104,8 +104,8 @@ def test_docs_pair_runs_and_matches_the_same_run_given_as_kvsched_flags(
                  "--no-progress", "--save-result", str(pasted)]) == 0
     out, err = capsys.readouterr()
     assert "Simulated Serving Benchmark Result" in out and "Successful requests:" in out
-    assert ("kvsched: ignored (does not affect the prediction): --enable-auto-tool-choice, "
-            "--tool-call-parser, --reasoning-parser, --backend, --endpoint") in err
+    assert ("kvsched: ignored (does not affect the prediction): --serve --enable-auto-tool-choice, "
+            "--tool-call-parser, --reasoning-parser; --bench --backend, --endpoint") in err
     assert "--bench has no --ignore-eos" in err
     assert main(["simulate", "--hardware", "h100-sxm", "--model", "openai/gpt-oss-20b", "--dataset-name",
                  "random", "--random-input-len", "1024", "--random-output-len", "1024", "--num-prompts",
@@ -132,7 +132,8 @@ def test_users_sweep_pair_runs_unchanged(capsys: pytest.CaptureFixture[str]) -> 
                  "--no-progress"]) == 0
     out, err = capsys.readouterr()
     assert "Successful requests:                            20" in out
-    assert "--metadata, --save-result, --result-filename" in err
+    assert "ignored (does not affect the prediction): --bench --metadata, --save-result, --result-filename" \
+        in err
     assert "no --ignore-eos" not in err
 
 

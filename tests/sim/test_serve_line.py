@@ -149,11 +149,16 @@ def test_paste_maps_used_flags_and_lists_the_rest() -> None:
         "--max-model-len", "32000", "--no-enable-prefix-caching",
         "--dataset-name", "random", "--random-input-len", "512", "--random-output-len", "64",
         "--num-prompts", "10", "--request-rate", "4", "--seed", "3", "--goodput", "ttft:500", "tpot:50"]
-    assert pasted.ignored == (
-        "CUDA_VISIBLE_DEVICES=0,1 (environment)", "--host", "--port", "--api-key", "--served-model-name",
-        "--pipeline-parallel-size",
-        "--disable-log-requests (request logging (now --no-enable-log-requests, vLLM's default); "
-        "vLLM 0.32.0 no longer takes it)", "--seed", "--backend")
+    serve_ignored = ("CUDA_VISIBLE_DEVICES=0,1 (environment)", "--host", "--port", "--api-key",
+                     "--served-model-name", "--pipeline-parallel-size",
+                     "--disable-log-requests (request logging (now --no-enable-log-requests, vLLM's "
+                     "default); vLLM 0.32.0 no longer takes it)", "--seed")
+    assert pasted.ignored == (*(("--serve", w) for w in serve_ignored), ("--bench", "--backend"))
+    assert pasted.report() == [
+        "ignored (does not affect the prediction): --serve CUDA_VISIBLE_DEVICES=0,1 (environment), --host, "
+        "--port, --api-key, --served-model-name, --pipeline-parallel-size, --disable-log-requests (request "
+        "logging (now --no-enable-log-requests, vLLM's default); vLLM 0.32.0 no longer takes it), --seed; "
+        "--bench --backend"]
     assert pasted.notes == ()  # --ignore-eos given
     assert dict(pasted.origins)["max_num_seqs"] == "--serve's --max-num-seqs 64"
 
@@ -196,8 +201,9 @@ def test_paste_refuses_what_kvsched_cannot_model(serve: str | None, bench: str |
 def test_paste_ignores_another_datasets_flags_and_vllms_defaults() -> None:
     pasted = paste("vllm serve m --enforce-eager --no-enforce-eager -O2 --runner generate",
                    "vllm bench serve --sharegpt-output-len 5 --model m --ignore-eos", KVSCHED)
-    assert pasted.ignored == ("--no-enforce-eager", "--optimization-level", "--runner",
-                              "--sharegpt-output-len (applies to --dataset-name sharegpt only)")
+    assert pasted.ignored == (("--serve", "--no-enforce-eager"), ("--serve", "--optimization-level"),
+                              ("--serve", "--runner"),
+                              ("--bench", "--sharegpt-output-len (applies to --dataset-name sharegpt only)"))
     assert list(pasted.argv) == ["--model", "m"]
 
 
