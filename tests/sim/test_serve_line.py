@@ -3,7 +3,9 @@ classification, and the kvsched flags a line becomes."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +43,18 @@ def test_flag_list_is_vllm_0_32_and_complete_enough() -> None:
     switch = {f.dest: f for f in flags.serve}["enable_prefix_caching"]
     assert (switch.arity, switch.negations) == ("none", ("--no-enable-prefix-caching",))
     assert {f.dest: f for f in flags.serve}["api_key"].arity == "many"
+
+
+def test_flag_file_is_as_its_script_writes_it() -> None:
+    """The committed list is the script's output, not edited by hand (the
+    script needs vLLM, so only its writer is run here)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "real_vllm" / "list_vllm_flags.py"
+    spec = importlib.util.spec_from_file_location("list_vllm_flags", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = sl.FLAGS_FILE.read_text(encoding="utf-8")
+    assert script.to_text(json.loads(text)) == text
 
 
 @pytest.mark.parametrize("command", [SERVE, BENCH])
