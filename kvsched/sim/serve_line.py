@@ -374,7 +374,6 @@ RETIRED: dict[str, str] = {
     "--swap-space": "V0's CPU swap space (V1 preempts by recomputing)",
     "--use-v2-block-manager": "V0's block manager switch",
     "--num-scheduler-steps": "V0's multi-step scheduling",
-    "--disable-log-stats": "stats logging",
 }
 
 
@@ -778,7 +777,13 @@ def _apply(b: _Builder, command: str, g: Given, dataset: str, spec: dict[str, ob
     # Used.
     if command == SERVE and dest in ("spec_method", "spec_model", "spec_tokens"):
         key = {"spec_method": "method", "spec_model": "model", "spec_tokens": "num_speculative_tokens"}[dest]
-        spec[key] = int(str(g.value)) if key == "num_speculative_tokens" else g.value
+        if key == "num_speculative_tokens":
+            try:
+                spec[key] = int(str(g.value))
+            except ValueError:
+                raise UserInputError(f"{where}: {_shown(g)}: give a whole number of draft tokens") from None
+        else:
+            spec[key] = g.value
         return
     if command == BENCH and dest == "model":
         if model is None:

@@ -3,6 +3,7 @@ classification, and the kvsched flags a line becomes."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -232,3 +233,29 @@ def test_human_int_as_vllm_reads_it() -> None:
         ["4096", "1000", "25600", "32768", "1048576", "2000000000"]
     with pytest.raises(UserInputError, match="whole number"):
         human_int("1.5K")
+
+
+# Values of every kind a flag may be given (none for a switch).
+ANY_VALUES = ("", "1", "0", "auto", "{}", "x y")
+
+
+@pytest.mark.parametrize("command", [SERVE, BENCH])
+def test_any_single_flag_with_any_value_is_taken_or_one_clear_error(command: str) -> None:
+    """Every vLLM flag, with values of each kind: kvsched flags its own
+    parser takes, or a UserInputError; never another exception."""
+    parser = simulate_flag_parser()
+    outcomes = {"taken": 0, "refused": 0}
+    for flag in vllm_flags().of(command):
+        for value in ANY_VALUES:
+            if flag.arity == "none" and value:
+                continue
+            words = f"{flag.options[0]} {value}".strip()
+            line = f"vllm serve m {words}" if command == SERVE else f"vllm bench serve {words}"
+            try:
+                pasted = paste(line, None, KVSCHED) if command == SERVE else paste(None, line, KVSCHED)
+                parser.parse_args(list(pasted.argv))
+            except (UserInputError, argparse.ArgumentError):
+                outcomes["refused"] += 1
+            else:
+                outcomes["taken"] += 1
+    assert outcomes["taken"] > 100 and outcomes["refused"] > 100
