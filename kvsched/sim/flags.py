@@ -74,8 +74,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                         f"model directory / config.json (default: {d.model})")
     g.add_argument("--hardware", default=d.hardware,
                    help="accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, "
-                        f"ascend-910b, ...) or a YAML/JSON hardware file (default: {d.hardware}; "
-                        "none with --serve, whose line names no GPU)")
+                        f"ascend-910b, ...) or a YAML/JSON hardware file (default: {d.hardware})")
     g.add_argument("--efficiency-file", help="YAML/JSON file overriding the roofline's efficiency factors")
     g.add_argument("--calibration", metavar="FILE",
                    help="host-time terms added to every step, for any backend (JSON, as "
@@ -225,7 +224,8 @@ def add_paste_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--serve", metavar='"vllm serve ..."',
                    help="a vllm serve command line as you run it (quoted): its engine flags become "
                         "kvsched's; flags that do not affect the prediction are listed as ignored, "
-                        "those kvsched cannot model are refused; give the GPU with --hardware")
+                        "those kvsched cannot model are refused; a serve line names no GPU, so "
+                        "--hardware is required with it")
     g.add_argument("--bench", metavar='"vllm bench serve ..."',
                    help="a vllm bench serve command line as you run it (quoted): its workload flags "
                         "become kvsched's")

@@ -407,10 +407,9 @@ def classify(command: str, dest: str, kvsched: KvschedFlags) -> Verdict | None:
     if command == BENCH:
         datasets = dataset_of_flag(dest)
         if datasets is not None:
-            return Verdict(REFUSED, f"a flag of vLLM's {'/'.join(datasets)} dataset kvsched does not "
-                                    "take yet", Refusal(
-                                        f"a flag of vLLM's {'/'.join(datasets)} dataset kvsched does not "
-                                        "take yet", "drop it or use a dataset kvsched takes"))
+            why = Refusal(f"a flag of vLLM's {'/'.join(datasets)} dataset kvsched does not take yet",
+                          "drop it or use a dataset kvsched takes")
+            return Verdict(REFUSED, why.reason, why)
     return None
 
 
@@ -470,9 +469,13 @@ def human_int(text: str) -> str:
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _CONTINUATION = re.compile(r"\\[ \t]*\r?\n")
 _SHELL_STOP = ("|", "||", "&&", ";", "&")
+# $MODEL, ${C}, $((C*20)), $(cmd): left for the shell to fill in.
+_SHELL_VARIABLE = re.compile(r"\$[{(A-Za-z_]")
 # A shell redirection: `> out.log`, `2>&1`, `>>log`, `&> log`, `< in` (not a
 # `<placeholder>` of a guide's line).
 _REDIRECT = re.compile(r"^(\d*(>>?|<)|&>|\d*>&\d+|(\d*>>?|&>)[^<>]+)$")
+
+
 def _after_command(command: str, words: list[str]) -> int | None:
     """Where the flags start: after ``vllm serve`` / ``vllm bench serve``,
     or the older ``python -m vllm.entrypoints.openai.api_server`` /
@@ -513,7 +516,7 @@ def split_line(command: str, line: str) -> tuple[list[str], list[str], list[str]
         if w in _SHELL_STOP or _REDIRECT.match(w):
             words, shell = words[:i], words[i:]
             break
-    unexpanded = [w for w in words if "$" in w]
+    unexpanded = [w for w in words if _SHELL_VARIABLE.search(w)]
     if unexpanded:
         raise UserInputError(f"{where}: {unexpanded[0]} is a shell variable or expression; paste the line "
                              "with its value")
