@@ -17,9 +17,11 @@ from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.sim.flags import (
     add_engine_arguments,
     add_output_arguments,
+    add_paste_arguments,
     add_workload_arguments,
     spec_argv,
     spec_from_args,
+    with_pasted,
 )
 from kvsched.sim.pricing import pricing_of
 from kvsched.sim.refusals import failure_reasons, format_failures
@@ -39,6 +41,7 @@ def add_simulate_parser(sub: Any) -> None:
     add_engine_arguments(p)
     add_workload_arguments(p)
     add_output_arguments(p)
+    add_paste_arguments(p)
     p.add_argument("--run-spec", metavar="FILE.json",
                    help="run the deployment and workload of a saved run spec (a --save-result file's "
                         "'run_spec', or a spec of its own; format in docs/simulator.md) instead of "
@@ -126,7 +129,10 @@ def check_output_paths(args: argparse.Namespace) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    args, pasted = with_pasted(args)
     check_output_paths(args)
+    for line in pasted.report():
+        print(f"kvsched: {line}", file=sys.stderr, flush=True)
     prepared = prepare(spec_of(args))
     spec, deployment, workload = prepared.spec, prepared.deployment, prepared.workload
     for remark in prepared.notes:

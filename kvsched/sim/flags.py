@@ -27,6 +27,7 @@ from kvsched.errors import UserInputError
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
 from kvsched.sim.disagg import parse_disaggregation
 from kvsched.sim.metrics import parse_goodput
+from kvsched.sim.serve_line import KvschedFlags, Pasted, paste
 from kvsched.sim.spec import (
     ADMISSION_POLICIES,
     BALANCE_THRESHOLDS,
@@ -37,6 +38,7 @@ from kvsched.sim.spec import (
     RunOptions,
     RunSpec,
     WorkloadSpec,
+    flag_name,
 )
 from kvsched.sim.workload import DATASET_NAMES, DEFAULT_INPUT_LEN, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LEN
 
@@ -69,10 +71,10 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
     g = group if names is None else OnlyFlags(group, names)
     g.add_argument("--model", default=d.model,
                    help="catalog name, with or without the organisation, or a Hugging Face "
-                        "model directory / config.json (default: %(default)s)")
+                        f"model directory / config.json (default: {d.model})")
     g.add_argument("--hardware", default=d.hardware,
                    help="accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, "
-                        "ascend-910b, ...) or a YAML/JSON hardware file (default: %(default)s)")
+                        f"ascend-910b, ...) or a YAML/JSON hardware file (default: {d.hardware})")
     g.add_argument("--efficiency-file", help="YAML/JSON file overriding the roofline's efficiency factors")
     g.add_argument("--calibration", metavar="FILE",
                    help="host-time terms added to every step, for any backend (JSON, as "
@@ -215,6 +217,74 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-fast-forward", action="store_true",
                    help="step through pure-decode stretches one by one (same results, slower)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+# Flags whose default a command with --serve/--bench leaves unset, to tell
+# a value given from the default (filled in by with_pasted).
+PASTE_UNSET = ("model", "hardware")
+
+
+def add_paste_arguments(p: argparse.ArgumentParser) -> None:
+    """--serve and --bench: a vllm serve line and a vllm bench serve line as
+    written (kvsched.sim.serve_line reads them)."""
+    g = p.add_argument_group("pasted vLLM command lines")
+    g.add_argument("--serve", metavar='"vllm serve ..."',
+                   help="a vllm serve command line as you run it (quoted): its engine flags become "
+                        "kvsched's; flags that do not affect the prediction are listed as ignored, "
+                        "those kvsched cannot model are refused; a serve line names no GPU, so "
+                        "--hardware is required with it")
+    g.add_argument("--bench", metavar='"vllm bench serve ..."',
+                   help="a vllm bench serve command line as you run it (quoted): its workload flags "
+                        "become kvsched's")
+    # None: not given. A serve line names no GPU, so --hardware must then be
+    # given; and a --model beside a serve line is told apart from the default.
+    p.set_defaults(**{dest: None for dest in PASTE_UNSET})
+
+
+def with_pasted(args: argparse.Namespace) -> tuple[argparse.Namespace, Pasted]:
+    """``args`` with the flags of its --serve and --bench lines merged in (a
+    flag given both ways with different values is an error naming both),
+    and what the lines said (:class:`~kvsched.sim.serve_line.Pasted`). A
+    flag given beside the lines at kvsched's default value is taken as not
+    given (except :data:`PASTE_UNSET`'s, left unset by the parser). Fills
+    the defaults of those left unset."""
+    serve, bench = getattr(args, "serve", None), getattr(args, "bench", None)
+    out = argparse.Namespace(**vars(args))
+    unset = EngineOptions()
+    if serve is None and bench is None:
+        for dest in PASTE_UNSET:
+            if getattr(out, dest, None) is None:
+                setattr(out, dest, getattr(unset, dest))
+        return out, Pasted()
+    parser = simulate_flag_parser()
+    pasted = paste(serve, bench, KvschedFlags(parser))
+    if pasted.has_serve and out.hardware is None:
+        raise UserInputError("--serve: a vllm serve line names no GPU; give kvsched's --hardware too "
+                             f"(e.g. --hardware {unset.hardware}; ids: h100-sxm, h200, a100-80gb, "
+                             "b200, l40s, mi300x, ...)")
+    defaults = parser.parse_args([])
+    for dest in PASTE_UNSET:  # None (not given) never equals a pasted value
+        setattr(defaults, dest, None)
+    try:
+        got = parser.parse_args(list(pasted.argv))
+    except (UserInputError, argparse.ArgumentError) as e:
+        lines = " and ".join(f for f, line in (("--serve", serve), ("--bench", bench)) if line is not None)
+        raise UserInputError(f"{lines}: {e}") from None
+    for dest, origin in pasted.origins:
+        mine, theirs = getattr(args, dest, None), getattr(got, dest)
+        if mine != getattr(defaults, dest) and mine != theirs:
+            flag = flag_name(dest)
+            raise UserInputError(f"{flag}={_show_value(mine)} and {origin} disagree; give {flag} once "
+                                 "(on the pasted line or beside it)")
+        setattr(out, dest, theirs)
+    for dest in PASTE_UNSET:
+        if getattr(out, dest) is None:
+            setattr(out, dest, getattr(unset, dest))
+    return out, pasted
+
+
+def _show_value(value: object) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 class FlagParser(argparse.ArgumentParser):

@@ -1,0 +1,261 @@
+"""A pasted vllm serve / vllm bench serve line: vLLM's flag list, its
+classification, and the kvsched flags a line becomes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsched.errors import UserInputError
+from kvsched.sim import serve_line as sl
+from kvsched.sim.flags import simulate_flag_parser
+from kvsched.sim.serve_line import (
+    BENCH,
+    NO_EFFECT,
+    REFUSED,
+    SERVE,
+    USED,
+    KvschedFlags,
+    classify,
+    human_int,
+    paste,
+    read_flags,
+    split_line,
+    vllm_flags,
+)
+
+KVSCHED = KvschedFlags(simulate_flag_parser())
+
+
+def test_flag_list_is_vllm_0_32_and_complete_enough() -> None:
+    flags = vllm_flags()
+    assert flags.version == "0.32.0"
+    assert flags.serve_default_model == "Qwen/Qwen3-0.6B"
+    serve = {o for f in flags.serve for o in f.options}
+    bench = {o for f in flags.bench for o in f.options}
+    # Written from vLLM's parsers: their counts then, and flags every user passes.
+    assert (len(flags.serve), len(flags.bench)) == (316, 101)
+    assert {"--host", "--port", "--api-key", "--served-model-name", "-tp", "--max-num-seqs"} <= serve
+    assert {"--dataset-name", "--request-rate", "--backend", "--endpoint"} <= bench
+    switch = {f.dest: f for f in flags.serve}["enable_prefix_caching"]
+    assert (switch.arity, switch.negations) == ("none", ("--no-enable-prefix-caching",))
+    assert {f.dest: f for f in flags.serve}["api_key"].arity == "many"
+
+
+def test_flag_file_is_as_its_script_writes_it() -> None:
+    """The committed list is the script's output, not edited by hand (the
+    script needs vLLM, so only its writer is run here)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "real_vllm" / "list_vllm_flags.py"
+    spec = importlib.util.spec_from_file_location("list_vllm_flags", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = sl.FLAGS_FILE.read_text(encoding="utf-8")
+    assert script.to_text(json.loads(text)) == text
+
+
+@pytest.mark.parametrize("command", [SERVE, BENCH])
+def test_every_vllm_flag_is_classified(command: str) -> None:
+    """No vLLM flag is "unknown": each is used, of no effect, or refused."""
+    unclassified = [f.dest for f in vllm_flags().of(command) if classify(command, f.dest, KVSCHED) is None]
+    assert unclassified == []
+
+
+@pytest.mark.parametrize("command", [SERVE, BENCH])
+def test_tables_name_only_vllm_flags_once(command: str) -> None:
+    dests = {f.dest for f in vllm_flags().of(command)}
+    no_effect = sl.SERVE_NO_EFFECT if command == SERVE else sl.BENCH_NO_EFFECT
+    refused = sl.SERVE_REFUSED if command == SERVE else sl.BENCH_REFUSED
+    listed = [d for group in no_effect.values() for d in group] + list(refused)
+    assert sorted(set(listed) - dests) == []  # no stale name
+    assert len(listed) == len(set(listed))  # each flag has one rule
+
+
+def test_classification_of_familiar_flags() -> None:
+    def kind(command: str, dest: str) -> str:
+        verdict = classify(command, dest, KVSCHED)
+        assert verdict is not None
+        return verdict.kind
+
+    assert [kind(SERVE, d) for d in ("host", "port", "api_key", "served_model_name", "enable_log_requests",
+                                     "uvicorn_log_level", "tokenizer_mode", "chat_template", "seed")] == \
+        [NO_EFFECT] * 9
+    assert [kind(SERVE, d) for d in ("tensor_parallel_size", "max_num_seqs", "gpu_memory_utilization",
+                                     "enable_prefix_caching", "speculative_config", "model_tag")] \
+        == [USED] * 6
+    assert [kind(SERVE, d) for d in ("pipeline_parallel_size", "enforce_eager", "enable_lora",
+                                     "attention_backend", "cpu_offload_gb")] == [REFUSED] * 5
+    assert [kind(BENCH, d) for d in ("backend", "endpoint", "host", "temperature", "save_result")] == \
+        [NO_EFFECT] * 5
+    assert [kind(BENCH, d) for d in ("num_prompts", "request_rate", "max_concurrency", "seed", "goodput",
+                                     "input_len", "ignore_eos")] == [USED] * 7
+    assert [kind(BENCH, d) for d in ("use_beam_search", "ramp_up_strategy", "sharegpt_output_len")] == \
+        [REFUSED] * 3
+
+
+def test_split_line_continuations_env_quotes_and_shell_words() -> None:
+    line = ("CUDA_VISIBLE_DEVICES=0,1 vllm serve m \\\n  --a 1 \\  \n  --b $'{\"x\":\n 1}' "
+            "> out.log 2>&1 &")
+    assert split_line(SERVE, line) == (["m", "--a", "1", "--b", '{"x":\n 1}'],
+                                       ["CUDA_VISIBLE_DEVICES=0,1"], [">", "out.log", "2>&1", "&"])
+    # A guide's <placeholder> is a word, not a redirection.
+    assert split_line(BENCH, "vllm bench serve --dataset-path <your path>/x.json")[0] == \
+        ["--dataset-path", "<your", "path>/x.json"]
+    assert split_line(SERVE, "python3 -m vllm.entrypoints.openai.api_server --model m")[0] == ["--model", "m"]
+    assert split_line(BENCH, "python benchmarks/benchmark_serving.py --num-prompts 5")[0] == \
+        ["--num-prompts", "5"]
+    assert split_line(SERVE, "m -tp 2")[0] == ["m", "-tp", "2"]  # flags alone
+
+
+@pytest.mark.parametrize("command, line, message", [
+    (SERVE, "vllm bench serve --num-prompts 5", "that is a vllm bench serve line; give it to --bench"),
+    (BENCH, "vllm serve m", "that is a vllm serve line; give it to --serve"),
+    (SERVE, "vllm chat --url x", "expected a line that runs `vllm serve`"),
+    (SERVE, "vllm serve $MODEL -tp 2", "$MODEL is a shell variable"),
+    (SERVE, "vllm serve m --chat-template 'x", "cannot split the line"),
+])
+def test_split_line_errors(command: str, line: str, message: str) -> None:
+    with pytest.raises(UserInputError, match=message.replace("$", r"\$")):
+        split_line(command, line)
+
+
+def test_read_flags_as_vllms_parser_reads_them() -> None:
+    given, positional = read_flags(SERVE, [
+        "m", "--max_num_seqs=8", "-tp", "2", "--no-enable-prefix-caching", "--api-key", "a", "b",
+        "-O3", "--speculative-config.method", "ngram", "--hf-token"])
+    assert positional == ["m"]
+    assert [(g.flag.dest, g.value) for g in given] == [
+        ("max_num_seqs", "8"), ("tensor_parallel_size", "2"), ("enable_prefix_caching", False),
+        ("api_key", ["a", "b"]), ("optimization_level", "3"), ("speculative_config", {"method": "ngram"}),
+        ("hf_token", True)]
+    given, _ = read_flags(BENCH, ["--request-rate", "-1", "--metadata", "a=1", "b=2", "--ignore-eos"])
+    assert [(g.flag.dest, g.value) for g in given] == [
+        ("request_rate", "-1"), ("metadata", ["a=1", "b=2"]), ("ignore_eos", True)]
+
+
+@pytest.mark.parametrize("command, words, message", [
+    (SERVE, ["m", "--max-num-seq", "8"], "--max-num-seq is not a vllm serve flag of vLLM 0.32.0; did you "
+                                         "mean --max-num-seqs"),
+    (SERVE, ["m", "--kvsched-only"], "--kvsched-only is not a vllm serve flag"),
+    (SERVE, ["m", "--max-model-len"], "--max-model-len needs a value"),
+    (SERVE, ["m", "--port", "--host", "x"], "--port needs a value"),
+    (SERVE, ["m", "--enforce-eager=1"], "--enforce-eager is a switch and takes no value"),
+    (BENCH, ["--num-promts", "5"], "did you mean --num-prompts"),
+])
+def test_read_flags_errors(command: str, words: list[str], message: str) -> None:
+    with pytest.raises(UserInputError, match=message):
+        read_flags(command, words)
+
+
+def test_paste_maps_used_flags_and_lists_the_rest() -> None:
+    pasted = paste(
+        "CUDA_VISIBLE_DEVICES=0,1 vllm serve Qwen/Qwen3-8B --host 0.0.0.0 --port 8001 --api-key k "
+        "--served-model-name qwen -tp 2 --max-num-seqs 64 --max-model-len 32k --no-enable-prefix-caching "
+        "--pipeline-parallel-size 1 --disable-log-requests --seed 7",
+        "vllm bench serve --backend openai --model qwen --dataset-name random --input-len 512 "
+        "--output-len 64 --num-prompts 10 --request-rate 4 --ignore-eos --seed 3 --goodput ttft:500 tpot:50",
+        KVSCHED)
+    assert list(pasted.argv) == [
+        "--model", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2", "--max-num-seqs", "64",
+        "--max-model-len", "32000", "--no-enable-prefix-caching",
+        "--dataset-name", "random", "--random-input-len", "512", "--random-output-len", "64",
+        "--num-prompts", "10", "--request-rate", "4", "--seed", "3", "--goodput", "ttft:500", "tpot:50"]
+    serve_ignored = ("CUDA_VISIBLE_DEVICES=0,1 (environment)", "--host", "--port", "--api-key",
+                     "--served-model-name", "--pipeline-parallel-size",
+                     "--disable-log-requests (request logging (now --no-enable-log-requests, vLLM's "
+                     "default); vLLM 0.32.0 no longer takes it)", "--seed")
+    assert pasted.ignored == (*(("--serve", w) for w in serve_ignored), ("--bench", "--backend"))
+    assert pasted.report() == [
+        "ignored (does not affect the prediction): --serve CUDA_VISIBLE_DEVICES=0,1 (environment), --host, "
+        "--port, --api-key, --served-model-name, --pipeline-parallel-size, --disable-log-requests (request "
+        "logging (now --no-enable-log-requests, vLLM's default); vLLM 0.32.0 no longer takes it), --seed; "
+        "--bench --backend"]
+    assert pasted.notes == ()  # --ignore-eos given
+    assert dict(pasted.origins)["max_num_seqs"] == "--serve's --max-num-seqs 64"
+
+
+def test_paste_spec_flags_merge_into_speculative_config() -> None:
+    pasted = paste("vllm serve m --spec-method ngram --spec-tokens 3 "
+                   "--speculative-config.prompt_lookup_max 4", None, KVSCHED)
+    i = pasted.argv.index("--speculative-config")
+    assert json.loads(pasted.argv[i + 1]) == {"prompt_lookup_max": 4, "method": "ngram",
+                                              "num_speculative_tokens": 3}
+    with pytest.raises(UserInputError, match="both set method"):
+        paste("""vllm serve m --spec-method ngram --speculative-config '{"method": "eagle"}'""", None,
+              KVSCHED)
+
+
+def test_paste_without_a_model_serves_vllms_default() -> None:
+    pasted = paste("vllm serve --port 8000", None, KVSCHED)
+    assert pasted.argv[:2] == ("--model", "Qwen/Qwen3-0.6B")
+    assert pasted.notes == ("--serve: no model given: vLLM 0.32.0 serves Qwen/Qwen3-0.6B",)
+
+
+@pytest.mark.parametrize("serve, bench, message", [
+    ("vllm serve m --enforce-eager", None, "--serve: --enforce-eager: no CUDA graphs"),
+    ("vllm serve m -pp 2", None, "--serve: -pp 2: pipeline parallelism"),
+    ("vllm serve m --enable-lora --lora-modules a=b", None, "--enable-lora: LoRA adapters"),
+    ("vllm serve m --attention-backend FLASHINFER", None, "a kernel or compilation choice"),
+    ("vllm serve m --compilation-config.mode 3", None, "a kernel or compilation choice"),
+    ("vllm serve m --model n", None, "the model m and --model n differ"),
+    ("vllm serve m n", None, "takes one model"),
+    ("vllm serve m", "vllm bench serve --model other", "--model other is not the model --serve serves"),
+    (None, "vllm bench serve --ramp-up-strategy linear", "a ramped request rate"),
+    (None, "vllm bench serve --dataset-name sharegpt --sharegpt-output-len 5", "sharegpt dataset kvsched"),
+    (None, "vllm bench serve --num-prompts 5 extra", "takes no positional words"),
+])
+def test_paste_refuses_what_kvsched_cannot_model(serve: str | None, bench: str | None, message: str) -> None:
+    with pytest.raises(UserInputError, match=message):
+        paste(serve, bench, KVSCHED)
+
+
+def test_paste_ignores_another_datasets_flags_and_vllms_defaults() -> None:
+    pasted = paste("vllm serve m --enforce-eager --no-enforce-eager -O2 --runner generate",
+                   "vllm bench serve --sharegpt-output-len 5 --model m --ignore-eos", KVSCHED)
+    assert pasted.ignored == (("--serve", "--no-enforce-eager"), ("--serve", "--optimization-level"),
+                              ("--serve", "--runner"),
+                              ("--bench", "--sharegpt-output-len (applies to --dataset-name sharegpt only)"))
+    assert list(pasted.argv) == ["--model", "m"]
+
+
+def test_paste_bench_without_ignore_eos_notes_it() -> None:
+    pasted = paste(None, "vllm bench serve --model m --num-prompts 3", KVSCHED)
+    assert list(pasted.argv) == ["--model", "m", "--num-prompts", "3"]
+    assert len(pasted.notes) == 1 and "no --ignore-eos" in pasted.notes[0]
+
+
+def test_human_int_as_vllm_reads_it() -> None:
+    assert [human_int(t) for t in ("4096", "1k", "25.6k", "32K", "1M", "2g")] == \
+        ["4096", "1000", "25600", "32768", "1048576", "2000000000"]
+    with pytest.raises(UserInputError, match="whole number"):
+        human_int("1.5K")
+
+
+# Values of every kind a flag may be given (none for a switch).
+ANY_VALUES = ("", "1", "0", "auto", "{}", "x y")
+
+
+@pytest.mark.parametrize("command", [SERVE, BENCH])
+def test_any_single_flag_with_any_value_is_taken_or_one_clear_error(command: str) -> None:
+    """Every vLLM flag, with values of each kind: kvsched flags its own
+    parser takes, or a UserInputError; never another exception."""
+    parser = simulate_flag_parser()
+    outcomes = {"taken": 0, "refused": 0}
+    for flag in vllm_flags().of(command):
+        for value in ANY_VALUES:
+            if flag.arity == "none" and value:
+                continue
+            words = f"{flag.options[0]} {value}".strip()
+            line = f"vllm serve m {words}" if command == SERVE else f"vllm bench serve {words}"
+            try:
+                pasted = paste(line, None, KVSCHED) if command == SERVE else paste(None, line, KVSCHED)
+                parser.parse_args(list(pasted.argv))
+            except (UserInputError, argparse.ArgumentError):
+                outcomes["refused"] += 1
+            else:
+                outcomes["taken"] += 1
+    assert outcomes["taken"] > 100 and outcomes["refused"] > 100
