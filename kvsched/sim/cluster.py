@@ -207,7 +207,7 @@ class Cluster:
                 if self.instances[owner].wake(t):
                     self._rewoken.append(owner)
                 if proxy is None:
-                    ok = self.ranks[index].receive(spec, sent)
+                    ok = self.ranks[index].receive(spec, sent, t)
                 else:
                     ok = self.ranks[index].receive_leg(spec, sent, t, 1, proxy.prefill_params(spec, sent))
                 if ok:

@@ -56,6 +56,7 @@ from kvsched.sim.rank import Rank, SimResult, combine_results
 from kvsched.sim.router import Router
 from kvsched.sim.simulator import SimConfig
 from kvsched.sim.spec import PD_ROUTERS
+from kvsched.sim.ttft_parts import FloatArray, disaggregated_parts
 from kvsched.sim.workload import Workload
 
 
@@ -132,6 +133,9 @@ class DisaggResult:
     ttft_split: dict[str, float] = field(default_factory=dict)
     # With offloading: each role's prefix-cache hit rate by tier and traffic.
     kv_offload_by_role: dict[str, Any] = field(default_factory=dict)
+    # Each completed request's TTFT parts in seconds, aligned with
+    # ``combined.records`` (kvsched.sim.ttft_parts).
+    ttft_parts: dict[str, FloatArray] = field(default_factory=dict)
 
 
 def node_of_instances(sizes: list[int], domain: int) -> list[int]:
@@ -232,7 +236,11 @@ class DisaggregatedSimulator:
             if stats is not None:
                 by_role[name] = stats.metrics(sum(r.prefix_cache_queries for r in results),
                                               sum(r.prefix_cache_hits for r in results))
-        return DisaggResult(prefill, decode, combined, self._transfers(), self._ttft_split(decode), by_role)
+        legs = combine_results(prefill)
+        parts = disaggregated_parts(combined.records, combined.phases, legs.records, legs.phases,
+                                    offloading=bool(by_role))
+        return DisaggResult(prefill, decode, combined, self._transfers(), self._ttft_split(decode), by_role,
+                            parts)
 
     def _transfers(self) -> dict[str, Any]:
         stats = self.fabric.stats

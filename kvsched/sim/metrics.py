@@ -297,6 +297,12 @@ def _array_stats(values: FloatArray, percentiles: Sequence[float]) -> tuple[floa
             [float(np.percentile(data, p)) for p in percentiles])
 
 
+def distribution(values: FloatArray, percentiles: Sequence[float]) -> tuple[float, float, float, list[float]]:
+    """(mean, median, std, percentiles) of ``values`` as vllm bench serve
+    computes them (numpy's; zeros when empty), for figures beside its own."""
+    return _array_stats(values, _check_percentiles(percentiles))
+
+
 def _accumulator_stats(acc: SampleAccumulator, percentiles: Sequence[float]
                        ) -> tuple[float, float, float, list[float]]:
     if len(acc) == 0:

@@ -339,6 +339,9 @@ class OffloadTimedWorker:
         self._with_batch: set[int] = set()
         # Asynchronous loads in flight: job id -> request id.
         self._recv: dict[int, str] = {}
+        # Each request's first asynchronous load: request id -> (start, done)
+        # (the TTFT split's load, kvsched.sim.ttft_parts).
+        self.loads: dict[str, tuple[float, float]] = {}
 
     def next_due(self) -> float:
         """The earliest time this worker has something to report (inf: none)."""
@@ -386,6 +389,7 @@ class OffloadTimedWorker:
             else:
                 self._due[job_id] = done
                 self._recv[job_id] = job.req_id
+                self.loads.setdefault(job.req_id, (now, done))
 
     def report(self, end: float) -> KVConnectorOutput | None:
         """What is done by ``end`` (None: nothing). The stores of batches

@@ -45,6 +45,7 @@ from kvsched.sim.offload_transfer import OffloadStats, SimOffloadingConnector, c
 from kvsched.sim.refusals import too_long_error
 from kvsched.sim.samples import SampleAccumulator
 from kvsched.sim.speculative import SpecOptions, SpecStats, combine_stats, request_key, uniform
+from kvsched.sim.ttft_parts import NO_TIME, PhaseTable, kv_load_times
 from kvsched.sim.workload import OUTPUT_TOKEN_BASE, WorkloadRequest
 
 EOS_TOKEN = 0  # never used in workload prompts (see kvsched.sim.workload)
@@ -181,6 +182,8 @@ class SimResult:
     spec_stats: SpecStats | None = None
     # KV offloading's CPU hits and traffic (None without it).
     kv_offload: OffloadStats | None = None
+    # Each record's phases for the TTFT split (aligned with ``records``).
+    phases: PhaseTable = field(default_factory=PhaseTable)
 
     @property
     def duration(self) -> float:
@@ -232,7 +235,8 @@ def combine_results(ranks: list[SimResult]) -> SimResult:
         num_fast_forwarded_steps=sum(r.num_fast_forwarded_steps for r in ranks),
         wall_seconds=max(r.wall_seconds for r in ranks), ranks=list(ranks),
         spec_stats=combine_stats([r.spec_stats for r in ranks]),
-        kv_offload=combine_offload_stats([r.kv_offload for r in ranks]))
+        kv_offload=combine_offload_stats([r.kv_offload for r in ranks]),
+        phases=PhaseTable.concat([r.phases for r in ranks]))
     for res in ranks:
         out.itls.merge(res.itls)
         out.token_times.merge(res.token_times)
@@ -284,11 +288,17 @@ class _Live:
     # how many of its verifications drew from it.
     spec_key: int
     num_verifications: int
+    # The TTFT split's times: when it reached this engine, and when the
+    # step computing its first prompt tokens started (-1: not yet).
+    reached: float
+    started: float
 
     def __init__(self, spec: WorkloadRequest, send_time: float, token: int, eos_index: int,
-                 token_times: list[float] | None = None) -> None:
+                 token_times: list[float] | None = None, reached: float = 0.0) -> None:
         self.spec = spec
         self.send_time = send_time
+        self.reached = reached
+        self.started = -1.0
         self.token = token
         self.eos_index = eos_index
         self.sample = [token]
@@ -357,6 +367,9 @@ class Rank:
         self.live: dict[str, _Live] = {}
         self.records = RecordTable()
         self.failed: list[tuple[str, str]] = []
+        self.phases = PhaseTable()
+        # Where the worker keeps each request's KV load (the TTFT split's).
+        self._kv_loads = kv_load_times(kv_worker)
         self.itls = SampleAccumulator()
         self.token_times = SampleAccumulator()
         self.totals = StepTotals(cache_config.num_gpu_blocks - 1)
@@ -373,20 +386,23 @@ class Rank:
         self._aligned: tuple[list[Request], list[_Live | None]] = ([], [])
 
     # -- requests in -----------------------------------------------------------
-    def receive(self, spec: WorkloadRequest, send_time: float) -> bool:
-        """A request sent at ``send_time``; False if the server or the engine
+    def receive(self, spec: WorkloadRequest, send_time: float, reached: float | None = None) -> bool:
+        """A request sent at ``send_time`` (reaching the engine at ``reached``,
+        after the API server: None, at once); False if the server or the engine
         refuses it (recorded in ``failed``). Prompt + output > max_model_len is
         refused as vLLM's API server refuses it (HTTP 400 to vllm bench
         serve), not cut short as the engine alone would: the simulator never
         silently caps an output length."""
-        return self.receive_leg(spec, send_time, send_time, spec.output_len, None)
+        return self.receive_leg(spec, send_time, send_time, spec.output_len, None, reached)
 
     def receive_leg(self, spec: WorkloadRequest, send_time: float, arrival_time: float, max_tokens: int,
-                    kv_transfer_params: dict[str, Any] | None) -> bool:
+                    kv_transfer_params: dict[str, Any] | None, reached: float | None = None) -> bool:
         """``receive`` for one leg of a disaggregated request: the client
         sent it at ``send_time`` (its latencies count from then), it reaches
         this engine at ``arrival_time`` asking for ``max_tokens`` tokens
-        (a prefill leg: 1), with the proxy's ``kv_transfer_params``."""
+        (a prefill leg: 1), with the proxy's ``kv_transfer_params``.
+        ``reached``: when it reached the engine, for the TTFT split, if not
+        ``arrival_time`` (a colocated request keeps its send as its arrival)."""
         if spec.num_prompt_tokens + max_tokens > self.sched.max_model_len:
             self.failed.append((spec.request_id, too_long_error(spec, self.sched.max_model_len)))
             return False
@@ -411,7 +427,8 @@ class Rank:
             self.failed.append((spec.request_id, str(e)))
             return False
         live = self.live[spec.request_id] = _Live(spec, send_time, self._next_token, eos_index,
-                                                  token_times=[] if self.keep_token_times else None)
+                                                  [] if self.keep_token_times else None,
+                                                  arrival_time if reached is None else reached)
         if self.speculative is not None:
             live.spec_key = request_key(self.seed, spec.request_id)
         self._next_token += 1
@@ -555,6 +572,8 @@ class Rank:
     def complete(self, plan: PlannedStep, start: float, dt: float) -> int:
         """``update_from_output()`` for a step of ``dt`` seconds from ``start``,
         and the client-side bookkeeping. Returns how many requests finished."""
+        if plan.output.scheduled_new_reqs:
+            self._note_started(plan.output, start)
         if plan.drafts is not None:
             if self.speculative is None:
                 return self._complete_async(plan, start, dt)
@@ -570,6 +589,16 @@ class Rank:
             self._finish(o.request_id, now)
         self._log_step(out, shape, result.finished, start, dt)
         return len(result.finished)
+
+    def _note_started(self, out: SchedulerOutput, start: float) -> None:
+        """The requests whose first prompt tokens a step starting at
+        ``start`` computes (a request is new to the runner once, resumed
+        after a preemption)."""
+        live = self.live
+        for new in out.scheduled_new_reqs:
+            lv = live.get(new.req_id)
+            if lv is not None and lv.started < 0.0:
+                lv.started = start
 
     def _deliver(self, lives: list[_Live | None], counts: list[int] | None, start: float,
                  dt: float) -> None:
@@ -731,6 +760,14 @@ class Rank:
             self.handoffs.append((spec, lv.send_time, now))
         self.records.append(rid, lv.send_time, lv.first_token_time, now, spec.num_prompt_tokens,
                             lv.num_tokens, spec.arrival_time, lv.token_times)
+        load_start = load_end = NO_TIME
+        for loads in self._kv_loads:
+            load = loads.get(rid)
+            # Its load before its first step (not one after a preemption).
+            if load is not None and load[1] <= lv.started:
+                load_start, load_end = load
+                break
+        self.phases.append(rid, lv.reached, lv.started, load_start, load_end)
 
     # -- a stretch of decode steps ------------------------------------------------
     def stretch_limit(self, through_finish: bool = True) -> tuple[int, int, bool]:
@@ -818,6 +855,8 @@ class Rank:
         first_tokens, first_prefill = B, 0
         if in_flight is not None:
             first_tokens, first_prefill = in_flight.shape.num_tokens, in_flight.shape.prefill_tokens
+            if in_flight.output.scheduled_new_reqs:
+                self._note_started(in_flight.output, start)
         self.totals.add_decode_stretch(ends, durations, B, free_after, first_tokens, first_prefill)
         log = self.steps
         if log is not None:
@@ -909,4 +948,4 @@ class Rank:
             prefix_cache_hits=stats.hits + stats.preempted_hits,
             num_fast_forwarded_steps=self.num_ff_steps, wall_seconds=wall_seconds,
             spec_stats=self.spec_stats,
-            kv_offload=offload.stats if offload is not None else None)
+            kv_offload=offload.stats if offload is not None else None, phases=self.phases)

@@ -32,6 +32,7 @@ from kvsched.sim.refusals import split_refused
 from kvsched.sim.results import num_gpus, per_gpu_metrics, role_utilisation
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec, WorkloadSpec
+from kvsched.sim.ttft_parts import colocated_parts, summary
 from kvsched.sim.workload import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, Workload, load_workload
 
 AfterStep = Callable[[Cluster], None]
@@ -306,6 +307,11 @@ def run_prepared(prepared: PreparedRun, progress: Progress | None = None,
             metrics["kv_offload_by_role"] = disagg.kv_offload_by_role
     else:
         metrics.update(per_gpu_metrics(metrics, deployment))
+    parts = (disagg.ttft_parts if disagg is not None
+             else colocated_parts(result.records, result.phases, result.kv_offload is not None))
+    split = summary(parts)
+    if split:
+        metrics["ttft_parts_ms"] = split
     return RunResult(prepared, result, metrics)
 
 
