@@ -1,8 +1,9 @@
-"""The report's prefill/decode and KV offloading sections, drawn from the
-results' ``ttft_split_ms``, ``kv_transfer``, ``role_utilisation``,
-``kv_offload`` / ``prefix_cache_hit_rate_by_tier`` and ``kv_offload_by_role``
-keys (see :func:`kvsched.sim.run.run_prepared`). Each section is empty when
-no run has its keys, so a plain run's page has neither."""
+"""The report's TTFT split, prefill/decode and KV offloading sections, drawn
+from the results' ``ttft_parts_ms``, ``ttft_split_ms``, ``kv_transfer``,
+``role_utilisation``, ``kv_offload`` / ``prefix_cache_hit_rate_by_tier`` and
+``kv_offload_by_role`` keys (see :func:`kvsched.sim.run.run_prepared`). Each
+section is empty when no run has its keys, so a plain run's page has only
+the TTFT split."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ TTFT_PARTS = (("prefill_leg_ms", "prefill leg"), ("hop_ms", "hop to decode"),
 TTFT_COLORS = {"prefill leg": "#f28e2b", "hop to decode": "#b07aa1", "wait + KV read": "#e15759",
                "first decode step": "#4e79a7"}
 TIER_COLORS = {"GPU": "#4e79a7", "CPU": "#59a14f"}
+# ttft_parts_ms (kvsched.sim.ttft_parts), in the order a request meets them:
+# key -> (name, colour, what it is).
+TTFT_PART_NAMES: dict[str, tuple[str, str, str]] = {
+    "arrival": ("arrival", "#bab0ac", "client send to the engine: API server handling and tokenisation"),
+    "queue": ("queue", "#edc948", "waiting for the first prompt chunk's step (a slot, KV blocks)"),
+    "offload_load": ("CPU load", "#59a14f", "loading the prompt's CPU hit over the host link"),
+    "prefill": ("prefill", "#f28e2b", "first prompt chunk to the prompt done (preemptions included)"),
+    "hop": ("hop to decode", "#b07aa1", "prefill leg's end to the decode instance (proxy, API server)"),
+    "transfer": ("KV transfer", "#e15759", "the decode instance's KV read, waiting for the link included"),
+    "decode_queue": ("decode queue", "#9c755f", "waiting on the decode instance before and after the read"),
+    "first_token_step": ("first decode step", "#4e79a7", "the decode instance's first step"),
+}
+TTFT_STATISTICS = ("mean", "median", "p90", "p99")
 
 Formatter = Callable[[Any], str]
 
@@ -96,15 +110,62 @@ OFFLOAD_ROWS: tuple[tuple[str, str, str, Formatter], ...] = (
 )
 
 
+def _part(key: str) -> tuple[str, str, str]:
+    return TTFT_PART_NAMES.get(key, (key, "#79706e", key))
+
+
+def ttft_section(labels: Sequence[str], metrics: Sequence[Mapping[str, Any]]) -> str:
+    """The TTFT split card: each part's mean as stacked bars (one per run)
+    and each part's mean, median, p90 and p99 (a table per run; cells carry
+    ``data-key="ttft_parts_ms.{part}.{statistic}"``); "" when no run has it."""
+    splits: list[Mapping[str, Mapping[str, float]]] = [m.get("ttft_parts_ms") or {} for m in metrics]
+    if not any(splits):
+        return ""
+    known = list(TTFT_PART_NAMES)
+    # Known parts in a request's order, any other after them.
+    keys = sorted({k for s in splits for k in s},
+                  key=lambda k: (known.index(k) if k in known else len(known), k))
+    colors = {_part(k)[0]: _part(k)[1] for k in keys}
+    bars = [Bar(label, tuple((_part(k)[0], float(s[k]["mean"])) for k in keys if k in s))
+            for label, s in zip(labels, splits) if s]
+    chart = bar_chart("ttft-parts", bars, colors, "mean time to first token (ms)",
+                      description="mean TTFT split into the parts a request meets, per run")
+    head = "".join(f'<th class="num">{esc(stat)}</th>' for stat in TTFT_STATISTICS)
+    tables = []
+    for i, (label, split) in enumerate(zip(labels, splits)):
+        if not split:
+            continue
+        rows = "".join(
+            f'<tr><td class="key" title="{esc(_part(k)[2])}">{esc(_part(k)[0])}</td><td class="unit">ms</td>'
+            + "".join(f'<td class="num" data-key="ttft_parts_ms.{esc(k)}.{stat}" data-result="{i}">'
+                      f'<span class="v">{esc(_num(split[k][stat]) if stat in split[k] else "-")}</span></td>'
+                      for stat in TTFT_STATISTICS) + "</tr>"
+            for k in keys if k in split)
+        title = f'<h3><span class="swatch" style="background:{color(i)}"></span>{esc(label)}</h3>' \
+            if len(labels) > 1 else ""
+        tables.append(f'{title}<table class="metrics"><thead><tr><th>part</th><th>unit</th>{head}</tr>'
+                      f"</thead><tbody>{rows}</tbody></table>")
+    return (f'<section class="card" data-section="ttft"><h2>Time to first token, split</h2>'
+            f'<p class="note">Each request\'s TTFT (client send to first token) in the parts it meets; '
+            f"per request they add up to its TTFT, so the means add up to the mean TTFT (the percentiles "
+            f"do not add up). Under P/D the first parts are on the prefill instance, the rest on the decode "
+            f"instance.</p><figure><h3>Mean TTFT split</h3>{chart}</figure>{''.join(tables)}</section>")
+
+
 def pd_section(labels: Sequence[str], metrics: Sequence[Mapping[str, Any]]) -> str:
-    """The P/D card: the mean TTFT split as stacked bars (one per run), the
-    KV transfers and each role's utilisation; "" when no run is disaggregated."""
+    """The P/D card: the KV transfers and each role's utilisation, and the
+    four-part TTFT means (``ttft_split_ms``) as a table, or as stacked bars
+    too for results without ``ttft_parts_ms`` (saved before it; else
+    :func:`ttft_section` draws the split); "" when no run is disaggregated."""
     if not any("ttft_split_ms" in m for m in metrics):
         return ""
-    bars = [Bar(label, tuple((name, float(m["ttft_split_ms"].get(key, 0.0))) for key, name in TTFT_PARTS))
-            for label, m in zip(labels, metrics) if "ttft_split_ms" in m]
-    chart = bar_chart("ttft-split", bars, TTFT_COLORS, "mean time to first token (ms)",
-                      description="mean TTFT split into its four parts, per run")
+    chart = ""
+    if not any("ttft_parts_ms" in m for m in metrics):
+        bars = [Bar(label, tuple((name, float(m["ttft_split_ms"].get(key, 0.0))) for key, name in TTFT_PARTS))
+                for label, m in zip(labels, metrics) if "ttft_split_ms" in m]
+        chart = bar_chart("ttft-split", bars, TTFT_COLORS, "mean time to first token (ms)",
+                          description="mean TTFT split into its four parts, per run")
+        chart = f"<figure><h3>TTFT split</h3>{chart}</figure>"
     split = _table(labels, SPLIT_ROWS, [m.get("ttft_split_ms") for m in metrics], "ttft_split_ms")
     transfer = _table(labels, TRANSFER_ROWS, [m.get("kv_transfer") for m in metrics], "kv_transfer")
     roles = sorted({role for m in metrics for role in m.get("role_utilisation", {})},
@@ -118,7 +179,7 @@ def pd_section(labels: Sequence[str], metrics: Sequence[Mapping[str, Any]]) -> s
             f'<p class="note">Time to first token of a request: its prefill instance\'s leg (queue and '
             f"prefill), the hop to a decode instance, the wait for and read of its KV cache, and the "
             f"decode instance's first step; means over completed requests.</p>"
-            f"<figure><h3>TTFT split</h3>{chart}</figure>{split}"
+            f"{chart}{split}"
             f"<h3>KV transfer (prefill &rarr; decode)</h3>{transfer}"
             f"<h3>Utilisation by role</h3>"
             f'<p class="note">Busy: share of the run (0 to the last step of any role) its engine cores '

@@ -37,7 +37,7 @@ from kvsched.report.charts import (
     text_width,
 )
 from kvsched.report.charts import esc as _esc
-from kvsched.report.pd_sections import offload_section, pd_section
+from kvsched.report.pd_sections import offload_section, pd_section, ttft_section
 from kvsched.report.style import STYLESHEET
 from kvsched.sim.refusals import failure_reasons
 from kvsched.sim.simulator import SimResult
@@ -350,6 +350,7 @@ def render_report(results: Sequence[tuple[str, SimResult]], title: str, config_l
         f"requests (of output tokens for ITL) at or below each latency.</p>"
         f'<div class="grid2">{"".join(cdf_html)}</div></section>',
         f'<section class="card"><h2>Over time</h2>{"".join(time_html)}</section>',
+        ttft_section(labels, metrics),
         pd_section(labels, metrics),
         offload_section(labels, metrics),
         f'<section class="card"><h2>Summary</h2><p class="note">vllm bench serve\'s metric names; '

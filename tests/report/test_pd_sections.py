@@ -105,20 +105,49 @@ def check_cell(page: Page, key: str, value: float, result: int = 0) -> None:
         assert parse_number(text) == pytest.approx(value, abs=0.006 if "%" not in text else 6e-5), key
 
 
+PD_PARTS = (("arrival", "arrival"), ("queue", "queue"), ("offload_load", "CPU load"), ("prefill", "prefill"),
+            ("hop", "hop to decode"), ("transfer", "KV transfer"), ("decode_queue", "decode queue"),
+            ("first_token_step", "first decode step"))
+STATISTICS = ("mean", "median", "p90", "p99")
+
+
+def chart_bars(page: Page, chart: str) -> list[tuple[str, float]]:
+    """(part, value) of every bar of one chart, in drawing order."""
+    out, inside = [], False
+    for tag, a in page.tags:
+        if tag == "svg":
+            inside = a.get("data-chart") == chart
+        elif inside and tag == "rect" and a.get("class") == "bar":
+            out.append((str(a["data-part"]), float(str(a["data-value"]))))
+    return out
+
+
+def check_ttft_parts(page: Page, m: dict[str, Any], parts: tuple[tuple[str, str], ...],
+                     result: int = 0) -> None:
+    """The TTFT card: one bar per part (its mean) in a request's order, and
+    every part's four statistics in the table, as the JSON has them."""
+    split = m["ttft_parts_ms"]
+    assert list(split) == [key for key, _ in parts]
+    assert chart_bars(page, "ttft-parts") == [(name, pytest.approx(split[key]["mean"], rel=1e-5))
+                                              for key, name in parts]
+    for key, _ in parts:
+        for stat in STATISTICS:
+            check_cell(page, f"ttft_parts_ms.{key}.{stat}", split[key][stat], result)
+
+
 def test_pd_section_shows_the_split_transfers_and_utilisation(pd: tuple[RunResult, dict[str, Any]]) -> None:
     r, m = pd
     text = render_report([("pd", r.result)], "P/D", metrics=[m])
     assert not Balance(text).errors and not Balance(text).stack
-    assert sections(text) == ["pd", "offload"]
+    assert sections(text) == ["ttft", "pd", "offload"]
     page = Page(text)
-    # The TTFT split's four bars carry the JSON's means, in the order a request meets them.
-    bars = [(a["data-part"], float(str(a["data-value"]))) for tag, a in page.tags
-            if tag == "rect" and a.get("class") == "bar" and a.get("data-part") in
-            ("prefill leg", "hop to decode", "wait + KV read", "first decode step")]
+    # The TTFT split's eight bars carry the JSON's means, in the order a request meets them.
+    check_ttft_parts(page, m, PD_PARTS)
+    assert m["ttft_parts_ms"]["prefill"]["mean"] > 0 and m["ttft_parts_ms"]["transfer"]["p99"] > 0
+    # The means add up to the mean TTFT; the old four-part chart is not drawn twice.
+    assert sum(p["mean"] for p in m["ttft_parts_ms"].values()) == pytest.approx(m["mean_ttft_ms"], rel=1e-9)
+    assert "ttft-split" not in page.charts
     split = m["ttft_split_ms"]
-    assert bars == [(name, pytest.approx(split[key], rel=1e-5)) for key, name in (
-        ("prefill_leg_ms", "prefill leg"), ("hop_ms", "hop to decode"),
-        ("kv_wait_and_read_ms", "wait + KV read"), ("decode_first_step_ms", "first decode step"))]
     assert split["prefill_leg_ms"] > 0 and split["kv_wait_and_read_ms"] > 0
     for key, value in split.items():
         check_cell(page, f"ttft_split_ms.{key}", value)
@@ -147,6 +176,19 @@ def test_pd_section_shows_the_split_transfers_and_utilisation(pd: tuple[RunResul
                      for rate in rates for tier in ("GPU", "CPU")]
 
 
+def test_results_saved_without_the_parts_get_the_four_part_chart(
+        pd: tuple[RunResult, dict[str, Any]]) -> None:
+    r, saved = pd
+    m = {k: v for k, v in saved.items() if k != "ttft_parts_ms"}
+    text = render_report([("pd", r.result)], "P/D", metrics=[m])
+    assert sections(text) == ["pd", "offload"]
+    page = Page(text)
+    split = m["ttft_split_ms"]
+    assert chart_bars(page, "ttft-split") == [(name, pytest.approx(split[key], rel=1e-5)) for key, name in (
+        ("prefill_leg_ms", "prefill leg"), ("hop_ms", "hop to decode"),
+        ("kv_wait_and_read_ms", "wait + KV read"), ("decode_first_step_ms", "first decode step"))]
+
+
 def test_offload_section_alone_for_a_colocated_run(offload: tuple[SimResult, dict[str, Any]]) -> None:
     r, m = offload
     text = render_report([("offload", r)], "Offload", metrics=[m])
@@ -162,11 +204,15 @@ def test_offload_section_alone_for_a_colocated_run(offload: tuple[SimResult, dic
         check_cell(page, f"kv_offload.{key}", m["kv_offload"][key])
 
 
-def test_a_plain_run_has_neither_section() -> None:
+def test_a_plain_run_has_only_the_ttft_split() -> None:
     r = simulate()
-    text = render_report([("plain", r.result)], "Plain", metrics=[as_saved(r)])
-    assert sections(text) == []
+    m = as_saved(r)
+    text = render_report([("plain", r.result)], "Plain", metrics=[m])
+    assert sections(text) == ["ttft"]
     assert "ttft-split" not in text and "offload-hit-rate" not in text
+    page = Page(text)
+    check_ttft_parts(page, m, (("arrival", "arrival"), ("queue", "queue"), ("prefill", "prefill")))
+    assert m["ttft_parts_ms"]["queue"]["p99"] > 0  # 12 prompts of 1,500 tokens at 8/s queue
 
 
 def test_two_runs_one_disaggregated_share_the_sections(pd: tuple[RunResult, dict[str, Any]],
@@ -174,8 +220,26 @@ def test_two_runs_one_disaggregated_share_the_sections(pd: tuple[RunResult, dict
     text = render_report([("pd", pd[0].result), ("offload", offload[0])], "Both",
                          metrics=[pd[1], offload[1]])
     assert not Balance(text).errors
-    assert sections(text) == ["pd", "offload"]
+    assert sections(text) == ["ttft", "pd", "offload"]
     page = Page(text)
     # The colocated run has no P/D figures: its cells say so.
     assert page.cells[("kv_transfer.count", 1)] == "-"
     check_cell(page, "kv_transfer.count", pd[1]["kv_transfer"]["count"], 0)
+    # Only the P/D run has a split here (the other's metrics come from SimResult.metrics()).
+    check_ttft_parts(page, pd[1], PD_PARTS, 0)
+    assert not any(result == 1 for key, result in page.cells if key.startswith("ttft_parts_ms."))
+
+
+def test_two_runs_with_splits_get_a_bar_and_a_table_each(pd: tuple[RunResult, dict[str, Any]]) -> None:
+    plain = simulate()
+    text = render_report([("pd", pd[0].result), ("plain", plain.result)], "Both",
+                         metrics=[pd[1], as_saved(plain)])
+    page = Page(text)
+    bars = chart_bars(page, "ttft-parts")
+    colocated = (("arrival", "arrival"), ("queue", "queue"), ("prefill", "prefill"))
+    split = as_saved(plain)["ttft_parts_ms"]
+    assert bars[len(PD_PARTS):] == [(name, pytest.approx(split[key]["mean"], rel=1e-5))
+                                    for key, name in colocated]
+    for key, _ in colocated:
+        for stat in STATISTICS:
+            check_cell(page, f"ttft_parts_ms.{key}.{stat}", split[key][stat], 1)
