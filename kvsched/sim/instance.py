@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -112,6 +112,19 @@ def async_stretch_times(first_start: float, limit: int, bound: float,
     j-1 starts: only iterations before ``bound`` are kept (stretch_times
     keeps batches that *start* before it, so one more)."""
     return stretch_times(first_start, limit, bound, step_times, lag=1)
+
+
+def cannot_serve(ranks: Sequence[Rank], now: float, detail: str) -> CannotServe:
+    """Why an instance cannot go on at ``now``: the vLLM 0.33 livelock one of
+    its ranks' schedulers is in, named with its requests (vLLM would step
+    for ever there), else ``detail``. The one owner of that message, for
+    every stepping path (one engine, DP replicas, lockstep DP ranks)."""
+    for i, rank in enumerate(ranks):
+        lock = rank.sched.livelock()
+        if lock is not None:
+            where = f"DP rank {i}: " if len(ranks) > 1 else ""
+            return CannotServe(f"{where}at t={now:.3f}s, {lock.message()}; the simulation stops there")
+    return CannotServe(detail)
 
 
 class _Jumps:
@@ -198,8 +211,9 @@ class EngineInstance(_Jumps):
             return self._iterate()
         plan = rank.plan()
         if plan is None:
-            raise CannotServe(f"no request could be scheduled at t={self.now:.3f}s with "
-                               f"{len(rank.sched.waiting)} waiting; nothing would ever progress")
+            raise cannot_serve(self.ranks, self.now, "no request could be scheduled at "
+                               f"t={self.now:.3f}s with {len(rank.sched.waiting)} waiting; nothing would "
+                               "ever progress")
         dt = self.step_model.step_time(plan.shape)
         start = self.now
         finished = rank.complete(plan, start, dt)
@@ -239,9 +253,8 @@ class EngineInstance(_Jumps):
             if start + dt > now:
                 self.now = start + dt
             return rank.complete(oldest, start, dt)
-        lock = rank.sched.livelock()
-        if lock is not None:  # vLLM would step for ever: stop with its requests named
-            raise CannotServe(f"at t={now:.3f}s, {lock.message()}; the simulation stops there")
+        if rank.sched.livelock() is not None:  # vLLM would step for ever: stop with its requests named
+            raise cannot_serve(self.ranks, now, "")
         if not reported and rank.busy():
             # Nothing ran and nothing changed: wait for the worker's next
             # report (a read done). Anything from outside before then wakes
@@ -249,7 +262,7 @@ class EngineInstance(_Jumps):
             due = rank.kv_worker.next_due() if rank.kv_worker is not None else math.inf
             if due == math.inf:
                 if bound == math.inf:
-                    raise CannotServe(f"no request could be scheduled at t={now:.3f}s with "
+                    raise cannot_serve(self.ranks, now, f"no request could be scheduled at t={now:.3f}s with "
                                       f"{len(rank.sched.waiting)} waiting and no KV transfer in flight; "
                                       "nothing would ever progress")
                 due = bound
@@ -278,7 +291,7 @@ class EngineInstance(_Jumps):
                     return 0  # no blocking: schedule the next batch at once
             elif not queue:
                 if rank.sched.has_unfinished_requests():
-                    raise CannotServe(f"no request could be scheduled at t={now:.3f}s with "
+                    raise cannot_serve(self.ranks, now, f"no request could be scheduled at t={now:.3f}s with "
                                        f"{len(rank.sched.waiting)} waiting; nothing would ever progress")
                 return 0
         if not queue:
@@ -418,8 +431,8 @@ class LockstepGroup(_Jumps):
                 if len(queue) < BATCH_QUEUE_SIZE:
                     return 0
             elif not queue and self._has_work():
-                raise CannotServe(f"no request could be scheduled on any DP rank at t={now:.3f}s; "
-                                   "nothing would ever progress")
+                raise cannot_serve(ranks, now, "no request could be scheduled on any DP rank at "
+                                   f"t={now:.3f}s; nothing would ever progress")
         if queue:
             slot, start, dt = queue.pop()
             end = start + dt
@@ -506,8 +519,8 @@ class LockstepGroup(_Jumps):
             dt = max(model.step_time(p.shape if p is not None else self._dummy, global_tokens)
                      for p in plans)
         elif self._has_work():
-            raise CannotServe(f"no request could be scheduled on any DP rank at t={self.now:.3f}s; "
-                               "nothing would ever progress")
+            raise cannot_serve(self.ranks, self.now, "no request could be scheduled on any DP rank at "
+                               f"t={self.now:.3f}s; nothing would ever progress")
         else:
             # Every rank idle, waiting for the finish-sync: dummy batches only
             # (each rank's one token reaches the experts).
