@@ -29,6 +29,7 @@ from kvsched.sim.results import describe_run, detailed_lists, json_safe, num_gpu
 from kvsched.sim.run import PreparedRun, RunResult, prepare, run_prepared
 from kvsched.sim.simulator import stderr_progress
 from kvsched.sim.spec import RunSpec, WorkloadSpec, spec_from_json, spec_to_json
+from kvsched.sim.ttft_parts import PART_NAMES
 from kvsched.sim.workload import Workload
 
 
@@ -303,6 +304,12 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
         for p in percentiles:
             label = f"{p:g}"
             add(f"P{label} {name.upper()} (ms):", f"p{label}_{name}_ms")
+    parts = m.get("ttft_parts_ms") or {}
+    if parts:
+        rows.append(("-- TTFT split: mean / p99 (ms) --", ""))
+        for key, stats in parts.items():
+            name = PART_NAMES.get(key, (key,))[0]
+            rows.append((f"{name[:1].upper()}{name[1:]}:", f"{stats['mean']:.2f} / {stats['p99']:.2f}"))
     rows.append(("-- Engine (rank 0) --" if ranks > 1 else "-- Engine --", ""))
     add("Steps:", "num_steps", "{}")
     add("Mean batch size (requests):", "mean_batch_size")

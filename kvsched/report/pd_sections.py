@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvsched.report.charts import Bar, bar_chart, color, esc
+from kvsched.sim.ttft_parts import PART_NAMES
 
 # The TTFT split's parts, in the order a request meets them: (key, name).
 TTFT_PARTS = (("prefill_leg_ms", "prefill leg"), ("hop_ms", "hop to decode"),
@@ -18,18 +19,11 @@ TTFT_PARTS = (("prefill_leg_ms", "prefill leg"), ("hop_ms", "hop to decode"),
 TTFT_COLORS = {"prefill leg": "#f28e2b", "hop to decode": "#b07aa1", "wait + KV read": "#e15759",
                "first decode step": "#4e79a7"}
 TIER_COLORS = {"GPU": "#4e79a7", "CPU": "#59a14f"}
-# ttft_parts_ms (kvsched.sim.ttft_parts), in the order a request meets them:
-# key -> (name, colour, what it is).
-TTFT_PART_NAMES: dict[str, tuple[str, str, str]] = {
-    "arrival": ("arrival", "#bab0ac", "client send to the engine: API server handling and tokenisation"),
-    "queue": ("queue", "#edc948", "waiting for the first prompt chunk's step (a slot, KV blocks)"),
-    "offload_load": ("CPU load", "#59a14f", "loading the prompt's CPU hit over the host link"),
-    "prefill": ("prefill", "#f28e2b", "first prompt chunk to the prompt done (preemptions included)"),
-    "hop": ("hop to decode", "#b07aa1", "prefill leg's end to the decode instance (proxy, API server)"),
-    "transfer": ("KV transfer", "#e15759", "the decode instance's KV read, waiting for the link included"),
-    "decode_queue": ("decode queue", "#9c755f", "waiting on the decode instance before and after the read"),
-    "first_token_step": ("first decode step", "#4e79a7", "the decode instance's first step"),
-}
+# ttft_parts_ms's parts (kvsched.sim.ttft_parts names them), in the order a
+# request meets them: their colours.
+TTFT_PART_COLORS = {"arrival": "#bab0ac", "queue": "#edc948", "offload_load": "#59a14f", "prefill": "#f28e2b",
+                    "hop": "#b07aa1", "transfer": "#e15759", "decode_queue": "#9c755f",
+                    "first_token_step": "#4e79a7"}
 TTFT_STATISTICS = ("mean", "median", "p90", "p99")
 
 Formatter = Callable[[Any], str]
@@ -111,7 +105,9 @@ OFFLOAD_ROWS: tuple[tuple[str, str, str, Formatter], ...] = (
 
 
 def _part(key: str) -> tuple[str, str, str]:
-    return TTFT_PART_NAMES.get(key, (key, "#79706e", key))
+    """(name, colour, description) of a TTFT part (an unknown key: itself, muted)."""
+    name, description = PART_NAMES.get(key, (key, key))
+    return name, TTFT_PART_COLORS.get(key, "#79706e"), description
 
 
 def ttft_section(labels: Sequence[str], metrics: Sequence[Mapping[str, Any]]) -> str:
@@ -121,7 +117,7 @@ def ttft_section(labels: Sequence[str], metrics: Sequence[Mapping[str, Any]]) ->
     splits: list[Mapping[str, Mapping[str, float]]] = [m.get("ttft_parts_ms") or {} for m in metrics]
     if not any(splits):
         return ""
-    known = list(TTFT_PART_NAMES)
+    known = list(PART_NAMES)
     # Known parts in a request's order, any other after them.
     keys = sorted({k for s in splits for k in s},
                   key=lambda k: (known.index(k) if k in known else len(known), k))

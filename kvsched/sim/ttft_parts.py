@@ -56,6 +56,17 @@ FloatArray = npt.NDArray[np.float64]
 COLOCATED_PARTS = ("arrival", "queue", "offload_load", "prefill")
 DISAGGREGATED_PARTS = ("arrival", "queue", "offload_load", "prefill", "hop", "transfer", "decode_queue",
                        "first_token_step")
+# Each part's name for people and what it is (the report and the text table).
+PART_NAMES: dict[str, tuple[str, str]] = {
+    "arrival": ("arrival", "client send to the engine: API server handling and tokenisation"),
+    "queue": ("queue", "waiting for the first prompt chunk's step (a slot, KV blocks)"),
+    "offload_load": ("CPU load", "loading the prompt's CPU hit over the host link"),
+    "prefill": ("prefill", "first prompt chunk to the prompt done (preemptions included)"),
+    "hop": ("hop to decode", "prefill leg's end to the decode instance (proxy, API server)"),
+    "transfer": ("KV transfer", "the decode instance's KV read, waiting for the link included"),
+    "decode_queue": ("decode queue", "waiting on the decode instance before and after the read"),
+    "first_token_step": ("first decode step", "the decode instance's first step"),
+}
 # The statistics of each part: (key, percentile).
 STATISTICS = (("mean", None), ("median", 50.0), ("p90", 90.0), ("p99", 99.0))
 NO_TIME = -1.0  # a time not reached (no load)
