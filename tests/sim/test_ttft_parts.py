@@ -195,3 +195,12 @@ def test_misaligned_phases_are_a_bug_not_a_silent_split() -> None:
     records.append("a", 0.0, 1.0, 2.0, 10, 2, 0.0)
     with pytest.raises(AssertionError, match="not aligned"):
         colocated_parts(records, PhaseTable(), False)
+
+
+@pytest.mark.parametrize("extra", [(), ("--async-scheduling",), ("--disaggregation", "1P1D"),
+                                   ("--kv-offloading-size", "4")], ids=["sync", "async", "1P1D", "offload"])
+def test_fast_forward_keeps_every_part(extra: tuple[str, ...]) -> None:
+    # Stretches of decode steps change no request's phases: the same floats.
+    fast = run(parse_spec(flags(*extra, prompts=16))).metrics["ttft_parts_ms"]
+    stepped = run(parse_spec(flags(*extra, "--no-fast-forward", prompts=16))).metrics["ttft_parts_ms"]
+    assert fast == stepped
