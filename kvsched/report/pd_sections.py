@@ -22,8 +22,8 @@ TIER_COLORS = {"GPU": "#4e79a7", "CPU": "#59a14f"}
 # ttft_parts_ms's parts (kvsched.sim.ttft_parts names them), in the order a
 # request meets them: their colours.
 TTFT_PART_COLORS = {"arrival": "#bab0ac", "queue": "#edc948", "offload_load": "#59a14f", "prefill": "#f28e2b",
-                    "hop": "#b07aa1", "transfer": "#e15759", "decode_queue": "#9c755f",
-                    "first_token_step": "#4e79a7"}
+                    "hop": "#b07aa1", "decode_admission": "#ff9da7", "transfer": "#e15759",
+                    "decode_queue": "#9c755f", "first_token_step": "#4e79a7"}
 TTFT_STATISTICS = ("mean", "median", "p90", "p99")
 
 Formatter = Callable[[Any], str]

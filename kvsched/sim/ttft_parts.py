@@ -26,11 +26,13 @@ finishes), then
 
 - ``hop``: the prefill leg's end to the decode leg reaching a decode
   instance (the proxy and the decode API server);
+- ``decode_admission``: the decode leg reaching its instance to its KV read
+  starting: the decode engine scheduling it and allocating its blocks;
 - ``transfer``: the decode instance's KV read, waiting for a busy link
   included (with offloading first and a CPU hit there: that CPU load);
-- ``decode_queue``: the rest of the decode leg's wait before its first step:
-  for the decode engine to schedule it and allocate its blocks, and after
-  the KV arrived, for the engine to see it and schedule the step;
+- ``decode_queue``: the KV arrived (or, nothing read, the decode leg
+  reaching its instance) to the start of its first step: the engine sees a
+  read done at its next batch's end, then schedules the step;
 - ``first_token_step``: the decode instance's first step (the prompt's last
   token, sampling the first output token).
 
@@ -54,8 +56,8 @@ from kvsched.sim.offload_transfer import OffloadTimedWorker
 FloatArray = npt.NDArray[np.float64]
 
 COLOCATED_PARTS = ("arrival", "queue", "offload_load", "prefill")
-DISAGGREGATED_PARTS = ("arrival", "queue", "offload_load", "prefill", "hop", "transfer", "decode_queue",
-                       "first_token_step")
+DISAGGREGATED_PARTS = ("arrival", "queue", "offload_load", "prefill", "hop", "decode_admission", "transfer",
+                       "decode_queue", "first_token_step")
 # Each part's name for people and what it is (the report and the text table).
 PART_NAMES: dict[str, tuple[str, str]] = {
     "arrival": ("arrival", "client send to the engine: API server handling and tokenisation"),
@@ -63,8 +65,10 @@ PART_NAMES: dict[str, tuple[str, str]] = {
     "offload_load": ("CPU load", "loading the prompt's CPU hit over the host link"),
     "prefill": ("prefill", "first prompt chunk to the prompt done (preemptions included)"),
     "hop": ("hop to decode", "prefill leg's end to the decode instance (proxy, API server)"),
+    "decode_admission": ("decode admission", "reaching the decode instance to its KV read starting "
+                                             "(scheduled, blocks allocated)"),
     "transfer": ("KV transfer", "the decode instance's KV read, waiting for the link included"),
-    "decode_queue": ("decode queue", "waiting on the decode instance before and after the read"),
+    "decode_queue": ("decode queue", "the KV arrived to the first decode step's start"),
     "first_token_step": ("first decode step", "the decode instance's first step"),
 }
 # The statistics of each part: (key, percentile).
@@ -169,10 +173,15 @@ def disaggregated_parts(records: RecordTable, decode: PhaseTable, prefill_record
     p_done = np.array(prefill_records.finish_time, dtype=np.float64)[at]
     d_reached = np.array(decode.reached, dtype=np.float64)
     d_started = np.array(decode.started, dtype=np.float64)
-    d_load = decode.load_seconds()
+    d_load_start = np.array(decode.load_start, dtype=np.float64)
+    d_load_end = np.array(decode.load_end, dtype=np.float64)
+    read = d_load_start >= 0.0
     parts = {"arrival": p_reached - send, "queue": p_started - p_reached - p_load, "offload_load": p_load,
-             "prefill": p_done - p_started, "hop": d_reached - p_done, "transfer": d_load,
-             "decode_queue": d_started - d_reached - d_load, "first_token_step": first - d_started}
+             "prefill": p_done - p_started, "hop": d_reached - p_done,
+             "decode_admission": np.where(read, d_load_start - d_reached, 0.0),
+             "transfer": np.where(read, d_load_end - d_load_start, 0.0),
+             "decode_queue": np.where(read, d_started - d_load_end, d_started - d_reached),
+             "first_token_step": first - d_started}
     return {k: v for k, v in parts.items() if offloading or k != "offload_load"}
 
 

@@ -106,8 +106,8 @@ def check_cell(page: Page, key: str, value: float, result: int = 0) -> None:
 
 
 PD_PARTS = (("arrival", "arrival"), ("queue", "queue"), ("offload_load", "CPU load"), ("prefill", "prefill"),
-            ("hop", "hop to decode"), ("transfer", "KV transfer"), ("decode_queue", "decode queue"),
-            ("first_token_step", "first decode step"))
+            ("hop", "hop to decode"), ("decode_admission", "decode admission"), ("transfer", "KV transfer"),
+            ("decode_queue", "decode queue"), ("first_token_step", "first decode step"))
 STATISTICS = ("mean", "median", "p90", "p99")
 
 
@@ -141,7 +141,7 @@ def test_pd_section_shows_the_split_transfers_and_utilisation(pd: tuple[RunResul
     assert not Balance(text).errors and not Balance(text).stack
     assert sections(text) == ["ttft", "pd", "offload"]
     page = Page(text)
-    # The TTFT split's eight bars carry the JSON's means, in the order a request meets them.
+    # The TTFT split's nine bars carry the JSON's means, in the order a request meets them.
     check_ttft_parts(page, m, PD_PARTS)
     assert m["ttft_parts_ms"]["prefill"]["mean"] > 0 and m["ttft_parts_ms"]["transfer"]["p99"] > 0
     # The means add up to the mean TTFT; the old four-part chart is not drawn twice.

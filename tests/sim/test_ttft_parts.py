@@ -161,7 +161,7 @@ def test_disaggregated_parts_add_up_per_request(extra: tuple[str, ...]) -> None:
     prefill_leg = sum(new[p] for p in ("arrival", "queue", "offload_load", "prefill") if p in new)
     assert old["prefill_leg_ms"] == pytest.approx(prefill_leg, rel=1e-9)
     assert old["hop_ms"] == pytest.approx(new["hop"], rel=1e-9, abs=1e-9)
-    rest = new["transfer"] + new["decode_queue"] + new["first_token_step"]
+    rest = new["decode_admission"] + new["transfer"] + new["decode_queue"] + new["first_token_step"]
     assert old["kv_wait_and_read_ms"] + old["decode_first_step_ms"] == pytest.approx(rest, rel=1e-9)
     saved = metrics["ttft_parts_ms"]
     assert {k: v["mean"] for k, v in saved.items()} == pytest.approx(new, rel=1e-12, abs=1e-12)
@@ -173,7 +173,8 @@ def test_a_lone_pd_request_reads_its_kv_at_the_links_price() -> None:
     assert_adds_up(parts, result.combined.records)
     # Alone: no queue on either side before the read; the hop pays the decode
     # API server's handling (host terms).
-    assert parts["queue"].tolist() == [0.0] and parts["hop"][0] > 0 and parts["arrival"][0] > 0
+    assert parts["queue"].tolist() == parts["decode_admission"].tolist() == [0.0]
+    assert parts["hop"][0] > 0 and parts["arrival"][0] > 0
     tokens = result.combined.records.num_prompt_tokens[0]
     blocks = -(-tokens // 16)
     h100_bytes = blocks * 16 * KV_BYTES_PER_TOKEN
