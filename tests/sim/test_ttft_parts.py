@@ -155,6 +155,11 @@ def test_disaggregated_parts_add_up_per_request(extra: tuple[str, ...]) -> None:
     assert tuple(parts) == tuple(p for p in DISAGGREGATED_PARTS if offloading or p != "offload_load")
     assert_adds_up(parts, result.combined.records)
     assert np.all(parts["transfer"] > 0) and np.all(parts["first_token_step"] > 0)
+    if "--num-gpu-blocks-override" in extra:
+        # 300 blocks on the decode instance: legs wait for blocks before their read starts.
+        assert parts["decode_admission"].max() > 0.1
+    elif extra == ("--disaggregation", "1P1D"):
+        assert parts["decode_admission"].max() > 0  # one behind another's step
     # The old four-part means (ttft_split_ms) are sums of the new parts.
     old = metrics["ttft_split_ms"]
     new = {name: 1e3 * float(np.mean(v)) for name, v in parts.items()}
