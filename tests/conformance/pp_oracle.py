@@ -39,7 +39,6 @@ import queue
 import random
 import sys
 from collections import deque
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ for folder in (str(REFERENCE), str(HERE)):
         sys.path.insert(0, folder)
 
 import check_engine_loop as cel  # noqa: E402
+import torch  # noqa: E402
 import vllm_replay as vr  # noqa: E402
 from random_scenarios import format_scenario, parse_seeds, random_scenario  # noqa: E402
 from vllm.config import (  # noqa: E402
@@ -68,8 +68,6 @@ from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
-
-import torch  # noqa: E402
 
 PP_SIZES = (2, 4)
 FILE_PREFIX = "pp_"
