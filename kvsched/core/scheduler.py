@@ -226,7 +226,8 @@ class Scheduler:
         # steps before its next decode (vLLM's decode stagger); 0 otherwise.
         self._decode_stagger = self.pipeline_parallel_size if (
             self.async_scheduling and self.pipeline_parallel_size > 1) else 0
-        # schedule() calls so far (vLLM's current_step; the stagger counts them).
+        # schedule() calls so far (vLLM's current_step; only the stagger reads
+        # it, and fast-forward, which PP never takes, does not count its steps).
         self.current_step = 0
         self.lora_config = lora_config
         self.max_loras = lora_config.max_loras if lora_config is not None else 0
@@ -610,7 +611,8 @@ class Scheduler:
                 for rid, n in output.num_scheduled_tokens.items():
                     requests[rid].num_in_flight_tokens += n
             return
-        eligible = self.current_step + self._decode_stagger
+        stagger = self._decode_stagger
+        eligible = self.current_step + stagger
         spec = output.scheduled_spec_decode_tokens
         placeholders = self._spec_placeholders
         requests = self.requests
@@ -622,7 +624,8 @@ class Scheduler:
             drafts = spec.get(rid)
             request.num_output_placeholders += 1 + (len(drafts) if drafts else 0)
             request.spec_token_ids = placeholders
-            request.next_decode_eligible_step = eligible
+            if stagger:
+                request.next_decode_eligible_step = eligible
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
         """Phase 1, fast path (no drafts; synchronous, or async with its
