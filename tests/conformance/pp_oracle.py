@@ -42,7 +42,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+# regenerate.py's default (../shared/reference from the repository root) or KVSCHED_REFERENCE_DIR.
+REFERENCE = Path(os.environ.get("KVSCHED_REFERENCE_DIR",
+                                Path(__file__).resolve().parents[3] / "shared" / "reference"))
 HERE = Path(__file__).resolve().parent
 for folder in (str(REFERENCE), str(HERE)):
     if folder not in sys.path:
