@@ -9,7 +9,7 @@ from kvsched.errors import UserInputError
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.pipeline import PipelineStages
 from kvsched.perf.step_time import BatchShape, StepTimeModel
-from kvsched.sim.flags import parse_spec
+from kvsched.sim.flags import parse_spec, spec_argv
 from kvsched.sim.results import num_gpus
 from kvsched.sim.run import run
 from kvsched.sim.simulator import SimConfig, Simulator
@@ -94,3 +94,9 @@ def test_the_flag_reaches_the_deployment_and_the_gpu_count() -> None:
 def test_what_pp_cannot_run_with_is_refused(flags: tuple[str, ...], match: str) -> None:
     with pytest.raises(UserInputError, match=match):
         run(_spec(*flags))
+
+
+def test_the_spec_round_trips_through_simulates_flags() -> None:
+    spec = _spec("-tp", "2", "-pp", "4")
+    assert "--pipeline-parallel-size" in spec_argv(spec)
+    assert parse_spec(spec_argv(spec)).deployment == spec.deployment
