@@ -721,6 +721,7 @@ class Scheduler:
         new_block_ids = step.new_block_ids
         budget = step.token_budget
         current_step = self.current_step
+        staggered = self._decode_stagger > 0
         while req_index < len(running) and budget > 0:
             request = running[req_index]
             if skip_prefill_chunks and request.is_prefill_chunk:
@@ -733,7 +734,7 @@ class Scheduler:
                 # draft is rejected; another step would be wasted.
                 req_index += 1
                 continue
-            if current_step < request.next_decode_eligible_step:
+            if staggered and current_step < request.next_decode_eligible_step:
                 # Async with PP: its last decode is PP steps back at most.
                 req_index += 1
                 continue
