@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.core.trace import first_difference
-from kvsched.replay import load_scenario, replay
+from kvsched.replay import load_scenario, parse_scenario, replay
 
 HERE = Path(__file__).parent
 SCENARIOS = sorted((HERE / "pp").glob("*.json"))
@@ -45,3 +45,29 @@ def test_trace_matches_vllm(path: Path) -> None:
     actual = [json.loads(line) for line in out.getvalue().splitlines()]
     diff = first_difference(expected, actual)
     assert diff is None, diff
+
+
+def _scenario(**extra: object) -> dict[str, object]:
+    return {"scheduler": {"max_num_seqs": 2, "max_num_batched_tokens": 16, "max_model_len": 64},
+            "cache": {"num_gpu_blocks": 16, "block_size": 4},
+            "requests": [{"request_id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 2}], **extra}
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"pipeline_parallel_size": 0}, "pipeline_parallel_size"),
+    ({"pipeline_parallel_size": 17}, "pipeline_parallel_size"),
+    ({"pipeline_parallel_size": 2, "speculative": {"num_speculative_tokens": 2}}, "pipeline_parallel_size"),
+])
+def test_the_replay_refuses_what_it_cannot_run(extra: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_scenario(_scenario(**extra))
+
+
+def test_every_pp_trace_line_says_which_batch_it_processed() -> None:
+    out = io.StringIO()
+    replay(parse_scenario(_scenario(pipeline_parallel_size=2)), out)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    # Sync PP 2: the prompt at step 0, nothing at step 1 (its output is in
+    # the pipeline), which fills the queue: step 1 processes step 0's batch.
+    assert [line["processed"] for line in lines[:2]] == [None, 0]
+    assert lines[0]["scheduled"] == [["a", 3]] and lines[1]["scheduled"] == []
