@@ -38,8 +38,11 @@ Pipeline parallelism (the step model's ``pipeline``, kvsched.perf.pipeline)
 runs the same loop with the engine's deeper queue (``batch_queue_size``: PP
 batches, PP + 1 under async scheduling; synchronous scheduling too): a
 batch enters the first stage when it is free and passes every stage in
-order (``PipelineClock``), so several batches are on the GPUs at once; its
-tokens reach the clients when it leaves the last stage, and the engine's
+order (``PipelineClock``), so several batches are on the GPUs at once; a
+batch that decodes a request enters the first stage only once that
+request's last token has left the last stage (async scheduling schedules it
+before: vLLM's V2 runner hands the token from the last stage to the first);
+its tokens reach the clients when it leaves the last stage, and the engine's
 busy time counts its time on one stage. No stretches: the core takes none
 with PP.
 
@@ -186,6 +189,8 @@ class EngineInstance(_Jumps):
         # that scheduled nothing.
         self._pp_queue: deque[tuple[PlannedStep, float, float, float] | None] = deque()
         self._empty_schedules = 0
+        # PP: when each request's last token in flight leaves the pipeline.
+        self._sampled_at: dict[str, float] = {}
         # With a KV connector: waiting (clock set ahead) for the worker's next report.
         self.sleeping = False
 
@@ -344,7 +349,21 @@ class EngineInstance(_Jumps):
                 self._empty_schedules = 0
                 dt = self.step_model.step_time(plan.shape)
                 tokens = plan.shape.num_tokens
-                start, end = pipeline.run(self.now, dt, tokens)
+                # Async: a request's next decode is scheduled before its last
+                # token is out (a placeholder); the batch cannot enter the
+                # first stage before that token has left the last one.
+                sampled_at = self._sampled_at
+                ready = self.now
+                ids = plan.output.num_scheduled_tokens
+                if sampled_at:
+                    for rid in ids:
+                        t = sampled_at.get(rid)
+                        if t is not None and t > ready:
+                            ready = t
+                start, end = pipeline.run(ready, dt, tokens)
+                for rid, lv in zip(ids, plan.lives):
+                    if lv is not None:
+                        sampled_at[rid] = end
                 queue.appendleft((plan, start, end - start, pipeline.stages.stage_times(dt, tokens)[0]))
             if len(queue) < self.batch_queue_size and (plan is not None or rank.sched.has_requests()):
                 return 0
@@ -357,6 +376,10 @@ class EngineInstance(_Jumps):
         end = start + dt
         if end > self.now:
             self.now = end
+        sampled_at = self._sampled_at
+        for rid, lv in zip(plan.output.num_scheduled_tokens, plan.lives):
+            if lv is not None and sampled_at.get(rid) == end:
+                del sampled_at[rid]  # no later batch of it is in flight
         return rank.complete(plan, start, dt, busy)
 
     def _async_stretch(self, bound: float) -> int | None:

@@ -36,11 +36,15 @@ def _simulate(requests: list[WorkloadRequest], budget: int, async_scheduling: bo
     return Simulator(SimConfig(sc, cc, _model()), Workload("pp", tuple(requests))).run()
 
 
-def test_one_request_pays_every_stage_and_every_hand_off() -> None:
-    # Alone in a 2-stage pipeline, synchronous: each step's batch passes both
-    # stages (its whole step time plus one hand-off), one after the other.
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_one_request_pays_every_stage_and_every_hand_off(async_scheduling: bool) -> None:
+    # Alone in a 2-stage pipeline: each step's batch passes both stages (its
+    # whole step time plus one hand-off), one after the other. Under async
+    # scheduling the next decode is scheduled early, but cannot enter the
+    # pipeline before the token it decodes has left it.
     model = _model()
-    result = _simulate([WorkloadRequest("only", 0.0, ((5, 100),), 4)], budget=2048)
+    result = _simulate([WorkloadRequest("only", 0.0, ((5, 100),), 4)], budget=2048,
+                       async_scheduling=async_scheduling)
     prefill = model.step_time(_prefill(100)) + STAGES.transfer_time(100)
     decodes = [model.step_time(BatchShape.decode(1, 100 + i + 1)) + STAGES.transfer_time(1)
                for i in range(3)]
