@@ -1,13 +1,16 @@
 """Fresh pipeline-parallel scenarios through vLLM's engine loop and kvsched, compared live.
 
     python tests/conformance/compare_live_pp.py --seeds 1000-1119
+    python tests/conformance/compare_live_pp.py --features --seeds 1000-1099
 
 Needs the reference environment (``bash ../shared/reference/setup.sh``).
 pp_oracle.py (run in that environment) writes each seed's scenario (PP 2 or 4,
 async scheduling on or off) and vLLM's trace from ``EngineCore.step_with_batch_queue``;
-kvsched replays the scenario and the two traces must be identical. The committed
-corpus (pp/) holds seeds PP_CORPUS_SEEDS; this checks any other range and prints how
-many traces were identical, per PP size and scheduling mode.
+kvsched replays the scenario and the two traces must be identical. ``--features``
+takes random_features.py's scenarios without drafts (async scheduling, the LoRA cap)
+instead of plain ones. The committed corpus (pp/) holds seeds PP_CORPUS_SEEDS and
+feature seeds PP_FEATURE_CORPUS_SEEDS; this checks any other range and prints how many
+traces were identical, per PP size and scheduling mode.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from regenerate import ReferenceMissing, reference_paths  # noqa: E402
 
 # The seeds whose scenarios and goldens are committed under pp/.
 PP_CORPUS_SEEDS = "0-39"
+PP_FEATURE_CORPUS_SEEDS = "0-19"
 DEFAULT_SEEDS = "1000-1119"
 
 
@@ -35,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seeds", default=DEFAULT_SEEDS,
                     help=f"seed range (default {DEFAULT_SEEDS}; the corpus holds {PP_CORPUS_SEEDS})")
+    ap.add_argument("--features", action="store_true",
+                    help="random_features.py scenarios without drafts (async, the LoRA cap)")
     args = ap.parse_args(argv)
     try:
         python, _ = reference_paths()
@@ -42,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([str(python), str(HERE / "pp_oracle.py"), tmp, "--seeds", args.seeds],
+        proc = subprocess.run([str(python), str(HERE / "pp_oracle.py"), tmp, "--seeds", args.seeds,
+                               *(["--features"] if args.features else [])],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr[-4000:])
@@ -55,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in paths:
             scenario = json.loads(path.read_text())
             kind = (f"PP{scenario['pipeline_parallel_size']} "
-                    f"{'async' if scenario.get('async_scheduling') else 'sync'}")
+                    f"{'async' if scenario.get('async_scheduling') else 'sync'}"
+                    f"{' LoRA' if 'max_loras' in scenario else ''}")
             kinds[kind] += 1
             diff = compare(path)
             if diff is None:

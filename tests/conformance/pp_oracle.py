@@ -53,9 +53,11 @@ for folder in (str(REFERENCE), str(HERE)):
 import check_engine_loop as cel  # noqa: E402
 import torch  # noqa: E402
 import vllm_replay as vr  # noqa: E402
+from random_features import random_feature_scenario  # noqa: E402
 from random_scenarios import format_scenario, parse_seeds, random_scenario  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
+    LoRAConfig,
     ModelConfig,
     ObservabilityConfig,
     ParallelConfig,
@@ -73,6 +75,10 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 PP_SIZES = (2, 4)
 FILE_PREFIX = "pp_"
+FEATURE_PREFIX = "ppf_"
+# random_features.py's mixes without speculative decoding (seed % 7: async,
+# lora, lora_async), which kvsched does not run with PP.
+FEATURE_OFFSETS = (0, 3, 4)
 
 
 def pp_scenario(seed: int) -> dict[str, Any]:
@@ -86,14 +92,25 @@ def pp_scenario(seed: int) -> dict[str, Any]:
     return scenario
 
 
+def pp_feature_scenario(seed: int) -> dict[str, Any]:
+    """A random_features.py scenario without drafts (async scheduling, the LoRA cap,
+    or both; tight caches, prefix hits, aborts while batches are in flight) with a
+    pipeline of 2 or 4 stages. Seed s takes feature seed 7 (s // 3) + (0, 3, 4)[s % 3]."""
+    scenario = random_feature_scenario(7 * (seed // 3) + FEATURE_OFFSETS[seed % 3])
+    assert "speculative" not in scenario
+    scenario["pipeline_parallel_size"] = random.Random(f"ppf-{seed}").choice(PP_SIZES)
+    scenario["name"] = f"{FEATURE_PREFIX}{seed}"
+    return scenario
+
+
 def build_scheduler(scenario: dict[str, Any]) -> Scheduler:
     """vLLM's scheduler for the scenario, with ParallelConfig(pipeline_parallel_size=N)."""
     sc, cc = scenario.get("scheduler", {}), scenario["cache"]
     use_async = bool(scenario.get("async_scheduling", False))
     pp = int(scenario.get("pipeline_parallel_size", 1))
-    if scenario.get("speculative") or scenario.get("kv_connector") or "max_loras" in scenario:
-        raise ValueError("this driver replays PP scenarios without speculative decoding, LoRA "
-                         "or a KV connector")
+    if scenario.get("speculative") or scenario.get("kv_connector"):
+        raise ValueError("this driver replays PP scenarios without speculative decoding or a KV "
+                         "connector")
     # Read by VllmConfig.use_v2_model_runner each time it is asked.
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if use_async else "0"
     max_model_len = int(sc.get("max_model_len", 8192))
@@ -115,10 +132,13 @@ def build_scheduler(scenario: dict[str, Any]) -> Scheduler:
     num_blocks = int(cc["num_gpu_blocks"])
     cache_config = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                                enable_prefix_caching=bool(cc.get("enable_prefix_caching", False)))
+    extra: dict[str, Any] = {}
+    if "max_loras" in scenario:
+        extra["lora_config"] = LoRAConfig(max_loras=int(scenario["max_loras"]))
     vllm_config = VllmConfig(
         scheduler_config=SchedulerConfig(**kwargs), model_config=model_config,
         cache_config=cache_config, parallel_config=ParallelConfig(pipeline_parallel_size=pp),
-        observability_config=ObservabilityConfig())
+        observability_config=ObservabilityConfig(), **extra)
     if use_async:
         # As vllm_replay.py: the CPU platform turns async scheduling off after
         # validation; on a GPU it stays on.
@@ -190,7 +210,7 @@ def engine_trace(scenario: dict[str, Any], out) -> int:
         if step >= max_steps:
             raise RuntimeError(f"scenario did not finish within {max_steps} steps")
         for r in arrivals.get(step, []):
-            engine.add_request(vr.make_request(r, hasher))
+            engine.add_request(vr.make_request(r, hasher, "max_loras" in scenario, scenario))
         finished = []
         live = vr.live_aborts(sched, aborts.get(step, []))
         if live:
@@ -234,11 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="where pp_SEED.json and its trace go")
     ap.add_argument("--seeds", help="write fresh scenarios for these seeds first (e.g. 0-39)")
+    ap.add_argument("--features", action="store_true",
+                    help="with --seeds: feature scenarios (pp_feature_scenario) instead of plain ones")
     args = ap.parse_args(argv)
     args.folder.mkdir(parents=True, exist_ok=True)
     if args.seeds:
+        make, prefix = (pp_feature_scenario, FEATURE_PREFIX) if args.features else (pp_scenario, FILE_PREFIX)
         for seed in parse_seeds(args.seeds):
-            (args.folder / f"{FILE_PREFIX}{seed}.json").write_text(format_scenario(pp_scenario(seed)))
+            (args.folder / f"{prefix}{seed}.json").write_text(format_scenario(make(seed)))
     for path in sorted(args.folder.glob("*.json")):
         steps = trace_file(path)
         print(json.dumps({"scenario": path.name, "steps": steps}), flush=True)

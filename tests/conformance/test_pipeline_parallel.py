@@ -1,7 +1,9 @@
 """kvsched's step traces with pipeline parallelism against vLLM 0.33.0's engine loop.
 
-pp/ holds random scenarios (random_scenarios.py seeds PP_CORPUS_SEEDS) with a
-pipeline of 2 or 4 stages, synchronous or async, and their golden traces from
+pp/ holds random scenarios (random_scenarios.py seeds PP_CORPUS_SEEDS, pp_*) with a
+pipeline of 2 or 4 stages, synchronous or async, and random_features.py scenarios
+without drafts (PP_FEATURE_CORPUS_SEEDS, ppf_*: async scheduling, the LoRA cap, tight
+caches, aborts while batches are in flight), and their golden traces from
 vLLM's own ``EngineCore.step_with_batch_queue`` on a scheduler built with
 ``ParallelConfig(pipeline_parallel_size=N)`` (pp_oracle.py, run in the
 reference environment). Every field of every step must be identical.
@@ -22,11 +24,14 @@ HERE = Path(__file__).parent
 SCENARIOS = sorted((HERE / "pp").glob("*.json"))
 
 
-def test_corpus_covers_both_depths_and_both_loops() -> None:
-    kinds = {(s["pipeline_parallel_size"], s.get("async_scheduling", False))
-             for s in (json.loads(p.read_text()) for p in SCENARIOS)}
-    assert kinds == {(2, False), (2, True), (4, False), (4, True)}
-    assert len(SCENARIOS) == 40
+def test_corpus_covers_both_depths_both_loops_and_the_lora_cap() -> None:
+    scenarios = [json.loads(p.read_text()) for p in SCENARIOS]
+    kinds = {(s["pipeline_parallel_size"], s.get("async_scheduling", False), "max_loras" in s)
+             for s in scenarios}
+    assert {(pp, a) for pp, a, _ in kinds} == {(2, False), (2, True), (4, False), (4, True)}
+    assert {(pp, lora) for pp, _, lora in kinds} >= {(2, True), (4, True)}
+    assert len([p for p in SCENARIOS if p.name.startswith("pp_")]) == 40
+    assert len([p for p in SCENARIOS if p.name.startswith("ppf_")]) == 20
 
 
 def test_corpus_preempts_with_batches_in_flight() -> None:
