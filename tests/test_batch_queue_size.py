@@ -1,8 +1,10 @@
-"""The async batch queue depth has one owner: kvsched.config.BATCH_QUEUE_SIZE.
+"""The batch queue depth has one owner: kvsched.config.batch_queue_size
+(BATCH_QUEUE_SIZE without pipeline parallelism).
 
 vLLM's engine keeps two batches in flight under async scheduling (one on
-the GPU, the next scheduled); the scheduler, the engine, the replayer and
-the simulator must all take that depth from the config, not from a
+the GPU, the next scheduled), and with pipeline parallelism one per stage
+(plus one under async scheduling); the scheduler, the engine, the replayer
+and the simulator must all take that depth from the config, not from a
 literal of their own.
 """
 
