@@ -34,10 +34,30 @@ MAX_STEP_COUNT = 1_000_000
 BATCH_QUEUE_SIZE = 2
 
 
-def batch_queue_size(async_scheduling: bool) -> int:
-    """How many scheduled batches vLLM's engine keeps in flight: the batch
-    queue under async scheduling, one step at a time otherwise."""
+# Pipeline stages kvsched takes (vLLM's pipeline_parallel_size): a model's
+# layers split over more than 16 stages leaves a handful of layers a stage,
+# and no published deployment goes past 16.
+MAX_PIPELINE_PARALLEL_SIZE = 16
+
+
+def batch_queue_size(async_scheduling: bool, pipeline_parallel_size: int = 1) -> int:
+    """How many scheduled batches vLLM's engine keeps in flight
+    (VllmConfig.max_concurrent_batches): one step at a time when synchronous
+    without pipeline parallelism; the async batch queue; with PP one batch
+    per stage to fill the pipeline. Async scheduling with PP runs only on
+    vLLM's V2 model runner (the V1 runner refuses the pair), which adds the
+    batch being scheduled: PP + 1."""
+    if pipeline_parallel_size > 1:
+        return pipeline_parallel_size + 1 if async_scheduling else pipeline_parallel_size
     return BATCH_QUEUE_SIZE if async_scheduling else 1
+
+
+def check_pipeline_parallel_size(value: object) -> None:
+    """vLLM's ``pipeline_parallel_size``: 1 (no PP) to MAX_PIPELINE_PARALLEL_SIZE."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PIPELINE_PARALLEL_SIZE:
+        raise _fail("pipeline_parallel_size", value,
+                    f"must be an integer in [1, {MAX_PIPELINE_PARALLEL_SIZE}]",
+                    "use 1 for no pipeline parallelism, or the number of pipeline stages")
 
 # vLLM's engine defaults that every entry point (generate, simulate, tune)
 # starts from: SchedulerConfig's class defaults for the step limits (what
@@ -120,11 +140,17 @@ class SchedulerConfig:
     # known (output placeholders). vLLM turns it on by default on GPUs; the
     # scheduler core defaults to the synchronous one, as vLLM's class does.
     async_scheduling: bool = False
+    # vLLM's ParallelConfig.pipeline_parallel_size, the one parallel setting
+    # the scheduler and the engine loop read: PP stages keep that many
+    # batches in flight (batch_queue_size), and under async scheduling a
+    # request decodes at most once every PP steps (vLLM's decode stagger).
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if type(self.async_scheduling) is not bool:
             raise _fail("async_scheduling", self.async_scheduling, "must be True or False",
                         "pass a bool")
+        check_pipeline_parallel_size(self.pipeline_parallel_size)
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
                      "max_num_partial_prefills", "max_long_partial_prefills"):
             _require_positive(name, getattr(self, name))
@@ -321,6 +347,11 @@ def check_speculative_settings(config: SchedulerConfig, speculative: Speculative
     scheduling (:func:`check_speculative_with_async`)."""
     if speculative is None:
         return
+    if config.pipeline_parallel_size > 1:
+        raise _fail("pipeline_parallel_size", config.pipeline_parallel_size,
+                    "kvsched does not model speculative decoding with pipeline parallelism "
+                    "(the drafts of batches still in the pipeline)",
+                    "use pipeline_parallel_size=1 with speculative decoding")
     check_speculative_with_async(speculative, config.async_scheduling)
     k = speculative.num_speculative_tokens
     if config.max_num_batched_tokens < 1 + k:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, TextIO
 
 from kvsched.config import (
-    BATCH_QUEUE_SIZE,
+    MAX_PIPELINE_PARALLEL_SIZE,
     MAX_SPECULATIVE_TOKENS,
     MAX_STEP_LIMIT,
     NGRAM_METHODS,
@@ -33,6 +33,7 @@ from kvsched.config import (
     LoRAConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    batch_queue_size,
     check_speculative_with_async,
 )
 from kvsched.core.kv_connector import (
@@ -115,7 +116,7 @@ FILE_SIZE_LIMIT = 64 * 2**20
 # single-scheduler replay refuses data_parallel_size > 1).
 TOP_KEYS = ("scheduler", "cache", "requests", "aborts", "max_steps", "async_scheduling",
             "speculative", "max_loras", "description", "name", "prefill_schedule_interval",
-            "data_parallel_size", "dp_sync_interval", "kv_connector")
+            "data_parallel_size", "dp_sync_interval", "kv_connector", "pipeline_parallel_size")
 SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                   "enable_chunked_prefill", "long_prefill_token_threshold", "policy",
                   "scheduler_reserve_full_isl", "prefill_schedule_interval")
@@ -327,6 +328,11 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
                           DEFAULT_MAX_STEPS)
     use_async, speculative, lora = _check_features(c, top)
     kv_connector = _check_kv_connector(c, top)
+    # vLLM's ParallelConfig.pipeline_parallel_size (tests/conformance/pp_oracle.py).
+    pp = c.integer(top, "pipeline_parallel_size", "", 1, MAX_PIPELINE_PARALLEL_SIZE, "", 1)
+    if pp > 1 and (speculative is not None or kv_connector is not None):
+        c.fail("pipeline_parallel_size", pp, "kvsched replays pipeline parallelism without "
+               "speculative decoding or a KV connector", "drop one of them")
 
     sc = c.obj(top.get("scheduler", {}), "scheduler", SCHEDULER_KEYS, "the scheduler's settings")
     if "cache" not in top:
@@ -351,7 +357,8 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=budget, max_num_seqs=seqs, max_model_len=max_model_len,
             enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
-            policy=policy, scheduler_reserve_full_isl=reserve, async_scheduling=use_async)
+            policy=policy, scheduler_reserve_full_isl=reserve, async_scheduling=use_async,
+            pipeline_parallel_size=pp)
     except (ValueError, TypeError) as e:
         raise UserInputError(f"{source}: scheduler.{e}") from None
 
@@ -938,6 +945,10 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     last_event = max([*events, 0])
     max_steps = scenario.max_steps
     use_async = scenario.scheduler_config.async_scheduling
+    # vLLM's engine runs step_with_batch_queue whenever its queue is deeper
+    # than one batch (async scheduling, pipeline parallelism).
+    queue_size = batch_queue_size(use_async, scenario.scheduler_config.pipeline_parallel_size)
+    overlap = queue_size > 1
     use_spec = scenario.speculative_config is not None
     model = FakeModel(specs)
     # The KV connector's worker side sees every executed batch, in order.
@@ -961,7 +972,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
             raise CannotServe(f"{scenario.source}: the scenario did not finish within "
                                f"max_steps={max_steps}")
         quiet = (step not in arrivals and step not in aborts and not sched.has_unfinished_requests()
-                 and not batch_queue and not (use_async and sched.has_requests()))
+                 and not batch_queue and not (overlap and sched.has_requests()))
         if quiet and idle_tail is not None and skip:
             # Up to the next event (there is one: step <= last_event here).
             stop = min(events[bisect.bisect_right(events, step)], max_steps)
@@ -984,7 +995,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
         results: EngineCoreOutputs | None = None
         output: SchedulerOutput | None = None
         report: tuple[ModelRunnerOutput, set[str]] | None = None
-        if not use_async and (not use_kv or sched.has_requests()):
+        if not overlap and (not use_kv or sched.has_requests()):
             # EngineCore.step() (with a connector it skips schedule() when
             # has_requests() is false), then post_step() hands the drafts over.
             t0 = perf()
@@ -1004,7 +1015,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
                 t4 = perf()
                 sched.update_draft_token_ids(drafts)
                 seconds += perf() - t4
-        elif use_async:
+        elif overlap:
             # EngineCore.step_with_batch_queue(): schedule the next batch;
             # collect the oldest once the queue is full or nothing is left
             # to schedule.
@@ -1017,7 +1028,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
                 new_report = (worker.capture(output.kv_connector_metadata) if worker is not None
                               else None)
                 batch_queue.appendleft((step, output, model.capture(sched, output), new_report))
-                pop = not (len(batch_queue) < BATCH_QUEUE_SIZE and (
+                pop = not (len(batch_queue) < queue_size and (
                     output.total_num_scheduled_tokens > 0 or sched.has_requests()))
             if pop:
                 processed, done_output, done_batch, kv_report = batch_queue.pop()
@@ -1036,7 +1047,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
             spec_tokens = output.scheduled_spec_decode_tokens if output is not None else {}
             record["spec"] = [[rid, len(spec_tokens[rid])] for rid in record_ids(record)
                               if rid in spec_tokens]
-        if use_async:
+        if overlap:
             record["processed"] = processed
         if use_kv:
             record.update(_kv_fields(sched, output, report))

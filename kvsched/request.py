@@ -351,6 +351,10 @@ class Request:
     # consumer connector under async scheduling defers freeing its blocks
     # until that batch is processed; vLLM's last_sched_seq).
     last_sched_seq: int
+    # Async scheduling with pipeline parallelism: the scheduler step from
+    # which the request may be scheduled to decode again, PP steps after its
+    # last one (vLLM's next_decode_eligible_step).
+    next_decode_eligible_step: int
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
                  sampling_params: SamplingParams | None = None, priority: int = 0,
@@ -399,6 +403,7 @@ class Request:
         self.num_stale_output_tokens = 0
         self.drop_stale_output = False
         self.last_sched_seq = 0
+        self.next_decode_eligible_step = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:

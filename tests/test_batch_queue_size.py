@@ -1,8 +1,10 @@
-"""The async batch queue depth has one owner: kvsched.config.BATCH_QUEUE_SIZE.
+"""The batch queue depth has one owner: kvsched.config.batch_queue_size
+(BATCH_QUEUE_SIZE without pipeline parallelism).
 
 vLLM's engine keeps two batches in flight under async scheduling (one on
-the GPU, the next scheduled); the scheduler, the engine, the replayer and
-the simulator must all take that depth from the config, not from a
+the GPU, the next scheduled), and with pipeline parallelism one per stage
+(plus one under async scheduling); the scheduler, the engine, the replayer
+and the simulator must all take that depth from the config, not from a
 literal of their own.
 """
 
@@ -26,6 +28,14 @@ def test_the_depth_is_vllms() -> None:
     assert batch_queue_size(True) == 2 and batch_queue_size(False) == 1
 
 
+@pytest.mark.parametrize("async_scheduling, pp, depth", [(False, 2, 2), (False, 4, 4), (True, 2, 3),
+                                                         (True, 4, 5), (True, 1, 2), (False, 1, 1)])
+def test_the_pipeline_depth_is_vllms(async_scheduling: bool, pp: int, depth: int) -> None:
+    # VllmConfig.max_concurrent_batches: PP stages, plus one under async
+    # scheduling (the V2 model runner, the only one running PP with async).
+    assert batch_queue_size(async_scheduling, pp) == depth
+
+
 @pytest.mark.parametrize("path", USERS)
 def test_every_loop_takes_the_depth_from_the_config(path: str) -> None:
     tree = ast.parse((KVSCHED / path).read_text())
@@ -38,12 +48,16 @@ def test_every_loop_takes_the_depth_from_the_config(path: str) -> None:
     assert not own, f"{path} defines its own BATCH_QUEUE_SIZE (line {own})"
 
 
-@pytest.mark.parametrize("async_scheduling, depth", [(True, 2), (False, 1)])
-def test_the_scheduler_keeps_at_most_the_depth_in_flight(async_scheduling: bool, depth: int) -> None:
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64,
-                                  async_scheduling=async_scheduling),
+@pytest.mark.parametrize("async_scheduling, pp, depth", [(True, 1, 2), (False, 1, 1), (False, 3, 3),
+                                                         (True, 3, 4)])
+def test_the_scheduler_keeps_at_most_the_depth_in_flight(async_scheduling: bool, pp: int,
+                                                         depth: int) -> None:
+    # A prompt of 5 chunks: every step has tokens to schedule (a request that
+    # waits for its output would leave a PP step empty).
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4, max_model_len=64,
+                                  async_scheduling=async_scheduling, pipeline_parallel_size=pp),
                   CacheConfig(num_gpu_blocks=32, block_size=4, enable_prefix_caching=False))
-    s.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=10, ignore_eos=True)))
+    s.add_request(Request("a", list(range(1, 21)), SamplingParams(max_tokens=10, ignore_eos=True)))
     for _ in range(depth):
         s.schedule()
     assert s.num_steps_in_flight == depth

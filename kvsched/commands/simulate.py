@@ -226,6 +226,7 @@ def result_dict(done: RunResult) -> tuple[dict[str, Any], str | None]:
         "model_id": deployment.model.name,
         "hardware": deployment.hardware.id,
         "tensor_parallel_size": deployment.parallel.tensor_parallel_size,
+        "pipeline_parallel_size": deployment.parallel.pipeline_parallel_size,
         "data_parallel_size": deployment.parallel.data_parallel_size,
         "num_gpus": num_gpus(deployment) + (num_gpus(done.prepared.prefill_deployment)
                                             if done.prepared.prefill_deployment is not None else 0),

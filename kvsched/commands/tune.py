@@ -93,6 +93,9 @@ def add_tune_parser(sub: Any) -> None:
     s.add_argument("--space", metavar="FILE", help="YAML/JSON mapping of dimension -> list of values")
     s.add_argument("--tp", "--tensor-parallel-size", dest="tensor_parallel_size", type=int, nargs="+",
                    metavar="N", help="tensor-parallel sizes to try (default: 1 2 4 8 within --max-gpus)")
+    s.add_argument("--pp", "--pipeline-parallel-size", dest="pipeline_parallel_size", type=int, nargs="+",
+                   metavar="N", help="pipeline-parallel sizes to try, each candidate's GPUs TP x PP x DP "
+                                     "within --max-gpus (default: 1)")
     s.add_argument("--dp", "--data-parallel-size", dest="data_parallel_size", type=int, nargs="+",
                    metavar="N", help="data-parallel sizes to try (default: 1 2 4 ... within --max-gpus)")
     s.add_argument("--expert-parallel", nargs="+", choices=list(ON_OFF),
@@ -188,6 +191,7 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
         tp_given = tp_given or "tensor_parallel_size" in from_file
         dims.update(from_file)
     flags = {"tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size,
+             "pipeline_parallel_size": args.pipeline_parallel_size,
              "enable_expert_parallel": [ON_OFF[v] for v in args.expert_parallel] if args.expert_parallel
              else None,
              "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,

@@ -113,6 +113,8 @@ def stretch_refusal(sched: Scheduler) -> str | None:
     running = sched.running
     if sched.num_spec_tokens:
         return "a stretch covers plain decode, not speculative decoding"
+    if sched.pipeline_parallel_size > 1:
+        return "a stretch covers one or two batches in flight, not a pipeline's PP batches"
     if not sched.async_scheduling:
         if sched.step_in_flight:
             return ("the last step's SchedulerOutput has not been applied; call "

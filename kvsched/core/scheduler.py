@@ -216,16 +216,29 @@ class Scheduler:
         self.num_spec_tokens = num_spec
         self.num_lookahead_tokens = speculative_config.num_lookahead_tokens if speculative_config else 0
         self.async_scheduling = scheduler_config.async_scheduling
+        self.pipeline_parallel_size = scheduler_config.pipeline_parallel_size
+        self.max_steps_in_flight = batch_queue_size(self.async_scheduling, self.pipeline_parallel_size)
+        # Batches overlap (async scheduling or PP; vLLM's max_concurrent_batches
+        # > 1): tokens in flight are counted and a preempted request's
+        # output still arrives ("stale").
+        self._overlap = self.max_steps_in_flight > 1
+        # Async with PP (vLLM's V2 runner): a request that samples waits PP
+        # steps before its next decode (vLLM's decode stagger); 0 otherwise.
+        self._decode_stagger = self.pipeline_parallel_size if (
+            self.async_scheduling and self.pipeline_parallel_size > 1) else 0
+        # schedule() calls so far (vLLM's current_step; only the stagger reads
+        # it, and fast-forward, which PP never takes, does not count its steps).
+        self.current_step = 0
         self.lora_config = lora_config
         self.max_loras = lora_config.max_loras if lora_config is not None else 0
         # Neither drafts nor placeholders: the running phase and the output
         # update take their fast paths (the general ones give the same
         # result; tests/core/test_spec_async.py checks it).
-        self._plain = not num_spec and not self.async_scheduling
+        self._plain = not num_spec and not self._overlap
         # Async without drafts: the running phase's fast path (placeholders
         # counted) and an output update of its own; the general paths give
         # the same result (tests/core/test_spec_async.py checks both).
-        self._fast_running = not num_spec
+        self._fast_running = not num_spec and not self._decode_stagger
         self._async_plain = self.async_scheduling and not num_spec
         # The drafts a request waits for under async scheduling: K -1s
         # (vLLM's _spec_token_placeholders). Shared, never mutated.
@@ -254,7 +267,6 @@ class Scheduler:
         # runs one step at a time, its async engine keeps its batch queue
         # full; each output is applied exactly once, in order.
         self._in_flight: deque[SchedulerOutput] = deque()
-        self.max_steps_in_flight = batch_queue_size(self.async_scheduling)
         self._priority = scheduler_config.policy == "priority"
         # True while the admission outcome is known to repeat as long as the
         # running requests only decode: set by schedule(), cleared by anything
@@ -293,7 +305,7 @@ class Scheduler:
         self.recompute_kv_load_failures = config.kv_load_failure_policy == "recompute"
         # Two batches in flight (async scheduling): a consumer's load could
         # fill a freed block a batch in flight still writes.
-        self.defer_block_free = self.async_scheduling and config.is_kv_consumer
+        self.defer_block_free = self._overlap and config.is_kv_consumer
         self.requires_kv_delivery = connector.requires_kv_delivery
         # The connector's work sits in update_from_output's general path.
         self._plain = False
@@ -536,13 +548,14 @@ class Scheduler:
     # -- the step -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         if len(self._in_flight) >= self.max_steps_in_flight:
-            if self.async_scheduling:
+            if self._overlap:
                 raise UserInputError(f"schedule(): {len(self._in_flight)} steps are in flight; call "
                                  "update_from_output() on the oldest first (vLLM's async engine "
                                  f"keeps at most {self.max_steps_in_flight} batches in its queue)")
             raise UserInputError("schedule(): the previous step's SchedulerOutput has not been applied; "
                              "call update_from_output(scheduler_output, model_runner_output) first "
                              "(vLLM's synchronous engine runs one step at a time)")
+        self.current_step += 1
         step = _Step(self.max_num_scheduled_tokens)
         if self._begin_step is not None:
             self._begin_step(self)
@@ -593,7 +606,13 @@ class Scheduler:
         for its next step."""
         output.num_spec_tokens_to_schedule = self.num_spec_tokens
         if not self.async_scheduling:
+            if self._overlap:  # synchronous PP: no placeholders, tokens in flight
+                requests = self.requests
+                for rid, n in output.num_scheduled_tokens.items():
+                    requests[rid].num_in_flight_tokens += n
             return
+        stagger = self._decode_stagger
+        eligible = self.current_step + stagger
         spec = output.scheduled_spec_decode_tokens
         placeholders = self._spec_placeholders
         requests = self.requests
@@ -605,6 +624,8 @@ class Scheduler:
             drafts = spec.get(rid)
             request.num_output_placeholders += 1 + (len(drafts) if drafts else 0)
             request.spec_token_ids = placeholders
+            if stagger:
+                request.next_decode_eligible_step = eligible
 
     def _schedule_running(self, step: _Step, threshold: int) -> None:
         """Phase 1, fast path (no drafts; synchronous, or async with its
@@ -699,6 +720,8 @@ class Scheduler:
         scheduled = step.running_req_ids
         new_block_ids = step.new_block_ids
         budget = step.token_budget
+        current_step = self.current_step
+        staggered = self._decode_stagger > 0
         while req_index < len(running) and budget > 0:
             request = running[req_index]
             if skip_prefill_chunks and request.is_prefill_chunk:
@@ -709,6 +732,10 @@ class Scheduler:
                                  >= request.num_prompt_tokens + request.max_tokens):
                 # Async: the steps in flight reach max_tokens even if every
                 # draft is rejected; another step would be wasted.
+                req_index += 1
+                continue
+            if staggered and current_step < request.next_decode_eligible_step:
+                # Async with PP: its last decode is PP steps back at most.
                 req_index += 1
                 continue
             num_new = self._num_running_tokens(request, budget, threshold)
@@ -1450,7 +1477,7 @@ class Scheduler:
         stopped: list[tuple[Request, int]] = []
         waiting_stops: list[Request] = []
         dropped: list[str] = []
-        track_flight = self.async_scheduling
+        track_flight = self._overlap
         num_spec = self.num_spec_tokens
         kv = self.kv_cache_manager
         caching = kv.enable_caching
@@ -1544,7 +1571,7 @@ class Scheduler:
             if kv_output.invalid_block_ids:
                 failed |= self._handle_invalid_blocks(kv_output.invalid_block_ids,
                                                       scheduler_output.num_scheduled_tokens)
-        if failed and self.async_scheduling:
+        if failed and self._overlap:
             requests = self.requests
             for rid, n in scheduler_output.num_scheduled_tokens.items():
                 if rid in failed and rid in requests:

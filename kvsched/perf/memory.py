@@ -17,6 +17,13 @@ buffers). We estimate the same three terms from the architecture:
 - with speculative decoding, the drafter's weights (kvsched.perf.drafter);
   its attention layers share the target's block tables, so each KV block
   holds their KV too.
+
+With pipeline parallelism each stage's GPUs hold the weights and the KV of
+that stage's layers only (kvsched.perf.pipeline.stage_layers), the first
+stage also the embedding, the last the LM head (a copy of a tied
+embedding). Every stage plans its own memory as above (activations and
+non-torch memory as one GPU's); vLLM takes the fewest blocks any stage's
+workers report, so the stage with the least KV room sets ``num_gpu_blocks``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from kvsched.config import check_gpu_memory_utilization
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.models import ModelSpec
+from kvsched.perf.pipeline import stage_layers
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes, weight_split
 
 GIB = 2**30
@@ -48,10 +56,16 @@ class MemoryPlan:
     num_gpu_blocks: int
     # Speculative decoding's drafter weights (0 without a drafter model).
     drafter_bytes: float = 0.0
+    # Pipeline parallelism: the stages, and the one whose GPUs hold the
+    # fewest KV blocks (the figures above are that stage's).
+    pipeline_parallel_size: int = 1
+    stage: int = 0
 
     def describe(self) -> str:
         drafter = f" - {self.drafter_bytes / GIB:.1f} drafter" if self.drafter_bytes else ""
-        return (f"{self.num_gpu_blocks} KV blocks: {self.budget_bytes / GIB:.1f} GiB budget - "
+        where = (f"PP stage {self.stage + 1} of {self.pipeline_parallel_size}, "
+                 if self.pipeline_parallel_size > 1 else "")
+        return (f"{self.num_gpu_blocks} KV blocks: {where}{self.budget_bytes / GIB:.1f} GiB budget - "
                 f"{self.weight_bytes / GIB:.1f} weights{drafter} - {self.activation_bytes / GIB:.2f} "
                 f"activations - {self.non_torch_bytes / GIB:.1f} other = "
                 f"{self.kv_cache_bytes / GIB:.1f} GiB for KV")
@@ -87,6 +101,9 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     check_gpu_memory_utilization(gpu_memory_utilization)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise UserInputError(f"block_size={block_size!r}: must be a positive integer")
+    if parallel.pipeline_parallel_size > 1:
+        return _plan_pipeline(model, hardware, parallel, runtime, block_size, gpu_memory_utilization,
+                              max_num_batched_tokens, max_num_seqs)
     kvb = runtime.kv_bytes
     tp = parallel.tensor_parallel_size
     budget = gpu_memory_utilization * hardware.memory_bytes
@@ -112,4 +129,46 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
             f"{model.name} does not fit on {hardware.name} with tensor_parallel_size={tp}: "
             f"{plan.describe()}. Raise --tensor-parallel-size or --gpu-memory-utilization, "
             "use --quantization fp8, or lower --max-num-batched-tokens")
+    return plan
+
+
+def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
+                   runtime: RuntimeConfig, block_size: int, gpu_memory_utilization: float,
+                   max_num_batched_tokens: int, max_num_seqs: int) -> MemoryPlan:
+    """plan_memory with PP stages (module doc): each stage's plan, and the
+    one with the fewest blocks. A hybrid model's sliding-window layers are
+    taken as spread evenly over the stages."""
+    kvb = runtime.kv_bytes
+    tp = parallel.tensor_parallel_size
+    pp = parallel.pipeline_parallel_size
+    m = model
+    budget = gpu_memory_utilization * hardware.memory_bytes
+    whole = weight_bytes_per_device(m, parallel, runtime.dtype, runtime.quantized_layers)
+    # 16-bit embedding and LM head, per TP rank; the layers share the rest.
+    embedding = m.embedding_params() * 2.0 / tp
+    lm_head = m.lm_head_matmul_params() * 2.0 / tp
+    per_layer_weights = (whole - embedding - m.lm_head_params() * 2.0 / tp) / m.num_layers
+    activations = activation_peak_bytes(m, parallel, max_num_batched_tokens, max_num_seqs)
+    per_layer = m.kv_bytes_per_layer_per_rank(kvb, tp)
+    plans: list[MemoryPlan] = []
+    for i, n in enumerate(stage_layers(m.num_layers, pp)):
+        weights = per_layer_weights * n + (embedding if i == 0 else 0.0) + (lm_head if i == pp - 1 else 0.0)
+        sliding_layers = -(-m.num_sliding_layers * n // m.num_layers)
+        full_layers = n - sliding_layers
+        bytes_per_block = block_size * full_layers * per_layer
+        if not bytes_per_block > 0:
+            raise UserInputError(f"{m.name}: PP stage {i + 1} of {pp} has no full-attention layer "
+                                 f"({n} layers); kvsched sizes the KV cache of stages with full attention")
+        sliding = max_num_seqs * sliding_layers * m.sliding_window * per_layer
+        kv = budget - weights - activations - NON_TORCH_BYTES - sliding
+        blocks = int(kv // bytes_per_block) if kv > 0 else 0
+        plans.append(MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
+                                bytes_per_block, blocks, 0.0, pp, i))
+    plan = min(plans, key=lambda p: p.num_gpu_blocks)
+    if plan.num_gpu_blocks < 2:
+        raise UserInputError(
+            f"{m.name} does not fit on {hardware.name} with tensor_parallel_size={tp} and "
+            f"pipeline_parallel_size={pp}: {plan.describe()}. Raise --tensor-parallel-size, "
+            "--pipeline-parallel-size or --gpu-memory-utilization, use --quantization fp8, or lower "
+            "--max-num-batched-tokens")
     return plan

@@ -50,6 +50,7 @@ from kvsched.perf.decode_steps import roofline_decode_times
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import NO_HOST_TIME, HostTerms
 from kvsched.perf.models import ModelSpec, check_quantized_layers, quantizes
+from kvsched.perf.pipeline import PipelineStages
 
 # KERNEL_LATENCY_S re-exported: its users import it from here.
 from kvsched.perf.roofline_factors import KERNEL_LATENCY_S as KERNEL_LATENCY_S
@@ -187,9 +188,12 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    # Stages of TP GPUs each (kvsched.perf.pipeline prices them); the step
+    # backends price the whole model on one TP group.
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "data_parallel_size"):
+        for name in ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserInputError(f"{name}={value!r}: must be a positive integer")
@@ -467,6 +471,9 @@ class StepTimeModel:
         # Speculative decoding's drafter, priced per step on top of the
         # target's forward pass (kvsched.perf.drafter; None: no drafter).
         self.drafter: DrafterTime | None = None
+        # Pipeline parallelism's stages (kvsched.perf.pipeline; None: one
+        # stage): the simulator splits each step's price over them.
+        self.pipeline: PipelineStages | None = None
 
     def with_host(self, host: HostTerms) -> StepTimeModel:
         """This backend pricing the same deployment with the host terms
@@ -475,6 +482,7 @@ class StepTimeModel:
         twin = self._rebuilt(host)
         twin.backend_note = self.backend_note
         twin.drafter = self.drafter
+        twin.pipeline = self.pipeline
         return twin
 
     def _rebuilt(self, host: HostTerms) -> StepTimeModel:

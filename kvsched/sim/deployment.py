@@ -12,6 +12,7 @@ from kvsched.config import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     MAX_BLOCK_SIZE,
     MAX_NUM_GPU_BLOCKS,
+    MAX_PIPELINE_PARALLEL_SIZE,
     MAX_STEP_COUNT,
     MAX_STEP_LIMIT,
     POLICIES,
@@ -30,6 +31,7 @@ from kvsched.perf.host import load_host_terms
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
 from kvsched.perf.models import CheckpointFormat, ModelSpec, catalog_match, get_model
+from kvsched.perf.pipeline import PipelineStages
 from kvsched.perf.profiled import ProfiledStepTimeModel, check_profile_matches
 from kvsched.perf.step_profile import StepProfile, load_profile
 from kvsched.perf.step_time import (
@@ -62,7 +64,7 @@ MAX_DATA_PARALLEL_SIZE = 1024
 def device_info(hardware: Hardware, parallel: ParallelConfig) -> DeviceInfo:
     """One simulated rank's device as vLLM's platform reports it."""
     return DeviceInfo("gpu", int(hardware.memory_bytes), hardware.name,
-                      world_size=parallel.tensor_parallel_size)
+                      world_size=parallel.tensor_parallel_size * parallel.pipeline_parallel_size)
 
 
 def serve_defaults(hardware: Hardware) -> tuple[int, int]:
@@ -94,6 +96,8 @@ class EngineOptions:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    # vLLM's --pipeline-parallel-size: stages of TP GPUs each (kvsched.perf.pipeline).
+    pipeline_parallel_size: int = 1
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
@@ -157,14 +161,16 @@ class Deployment:
         sc, cc = self.scheduler_config, self.cache_config
         tp = self.parallel.tensor_parallel_size
         dp = self.parallel.data_parallel_size
+        pp = self.parallel.pipeline_parallel_size
         ep = f" EP{self.parallel.expert_parallel_size}" if self.parallel.expert_parallel_size > 1 else ""
         dps = f" DP{dp}" if dp > 1 else ""
-        where = f"{tp * dp}x {self.hardware.name}"
+        pps = f" PP{pp}" if pp > 1 else ""
+        where = f"{tp * pp * dp}x {self.hardware.name}"
         if isinstance(self.step_model, ProfiledStepTimeModel):
             # The profile's machine prices the steps; --hardware only sized defaults.
             where = f"{self.step_model.profile.hardware.get('name', '?')} (as profiled)"
         return (f"{self.model.name} ({self.runtime.dtype}) on {where} "
-                f"(TP{tp}{dps}{ep}), "
+                f"(TP{tp}{pps}{dps}{ep}), "
                 f"max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens {sc.max_num_batched_tokens}, "
                 f"max_model_len {sc.max_model_len}, {cc.num_gpu_blocks} KV blocks of {cc.block_size}"
                 f"{', prefix caching' if cc.enable_prefix_caching else ''}"
@@ -193,6 +199,15 @@ def validate_engine_options(opts: EngineOptions) -> None:
                   "it must divide the model's attention heads, a few hundred at most")
     _positive_int("--data-parallel-size", opts.data_parallel_size, MAX_DATA_PARALLEL_SIZE,
                   "each engine core is a whole scheduler and KV cache in the simulator")
+    _positive_int("--pipeline-parallel-size", opts.pipeline_parallel_size, MAX_PIPELINE_PARALLEL_SIZE,
+                  "a model split over more stages keeps a handful of layers a stage")
+    if opts.pipeline_parallel_size > 1:
+        for flag, value in (("--speculative-config", opts.speculative_config),
+                            ("--kv-offloading-size", opts.kv_offloading_size)):
+            if value is not None:
+                raise UserInputError(f"pipeline_parallel_size={opts.pipeline_parallel_size} "
+                                     f"(--pipeline-parallel-size) with {flag}: kvsched does not simulate "
+                                     "pipeline parallelism with it; drop one of them")
     for field in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         check_optional_limit(field, getattr(opts, field))
     for field in ("max_num_seqs", "max_num_batched_tokens"):
@@ -332,7 +347,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     if opts.efficiency_file:
         hardware = load_efficiency_overrides(opts.efficiency_file, hardware)
     parallel = ParallelConfig(opts.tensor_parallel_size, opts.data_parallel_size,
-                              opts.enable_expert_parallel)
+                              opts.enable_expert_parallel, opts.pipeline_parallel_size)
     model.check_tensor_parallel_size(opts.tensor_parallel_size)
     limits = resolve_scheduler_limits(
         UsageContext.OPENAI_API_SERVER, device_info(hardware, parallel),
@@ -370,7 +385,8 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len, enable_chunked_prefill=opts.enable_chunked_prefill,
         long_prefill_token_threshold=opts.long_prefill_token_threshold,
-        policy=opts.scheduling_policy, async_scheduling=opts.async_scheduling)
+        policy=opts.scheduling_policy, async_scheduling=opts.async_scheduling,
+        pipeline_parallel_size=opts.pipeline_parallel_size)
     drafter = None
     drafter_bytes = 0.0
     if speculative is not None:
@@ -398,7 +414,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         raise UserInputError(
             f"max_model_len={max_model_len} needs {max_model_len} tokens of KV but the cache holds "
             f"{(num_blocks - 1) * opts.block_size} ({memory.describe()}); lower --max-model-len, "
-            "raise --gpu-memory-utilization or --tensor-parallel-size")
+            "raise --gpu-memory-utilization, --tensor-parallel-size or --pipeline-parallel-size")
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=opts.block_size,
                                enable_prefix_caching=opts.enable_prefix_caching)
     offload = make_offload_config(opts.kv_offloading_size, model, hardware, opts.tensor_parallel_size,
@@ -407,5 +423,8 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     step_model = make_step_model(opts, model, hardware, parallel, runtime, profile)
     if drafter is not None:
         step_model.drafter = Drafter(drafter, step_model)
+    if opts.pipeline_parallel_size > 1:
+        step_model.pipeline = PipelineStages.build(hardware, model.hidden_size, opts.tensor_parallel_size,
+                                                   opts.pipeline_parallel_size)
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,
                       memory, step_model, speculative, offload)

@@ -90,6 +90,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                         "does not say")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
                    help="GPUs per engine core, sharding each layer (default: %(default)s)")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=d.pipeline_parallel_size,
+                   help="pipeline stages per engine core, each -tp GPUs holding its share of the "
+                        "layers; the engine keeps that many batches in flight (default: %(default)s)")
     g.add_argument("--data-parallel-size", "-dp", type=int, default=d.data_parallel_size,
                    help="engine cores, each with its own scheduler and KV cache (default: %(default)s)")
     g.add_argument("--enable-expert-parallel", action="store_true",

@@ -34,6 +34,18 @@ loop reaches its next iteration when the batch it blocks on ends. So batch
 N+1 is scheduled as batch N starts, from the requests that arrived by then,
 and batch N's tokens reach the clients when N ends.
 
+Pipeline parallelism (the step model's ``pipeline``, kvsched.perf.pipeline)
+runs the same loop with the engine's deeper queue (``batch_queue_size``: PP
+batches, PP + 1 under async scheduling; synchronous scheduling too): a
+batch enters the first stage when it is free and passes every stage in
+order (``PipelineClock``), so several batches are on the GPUs at once; a
+batch that decodes a request enters the first stage only once that
+request's last token has left the last stage (async scheduling schedules it
+before: vLLM's V2 runner hands the token from the last stage to the first);
+its tokens reach the clients when it leaves the last stage, and the engine's
+busy time counts its time on one stage. No stretches: the core takes none
+with PP.
+
 An async stretch starts where one batch of every running request is in
 flight (decodes, or prefills that complete) and ``decode_stretch_plan``
 allows k iterations: the batch in flight and the k-1 next ones are applied
@@ -53,9 +65,10 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any
 
-from kvsched.config import BATCH_QUEUE_SIZE
+from kvsched.config import BATCH_QUEUE_SIZE, batch_queue_size
 from kvsched.core.policies import DPRankStates
-from kvsched.errors import CannotServe
+from kvsched.errors import CannotServe, UserInputError
+from kvsched.perf.pipeline import PipelineClock
 from kvsched.perf.step_time import BatchShape, StepTimeModel
 from kvsched.sim.rank import PlannedStep, Rank
 
@@ -158,23 +171,44 @@ class EngineInstance(_Jumps):
         self.rank = rank
         self.step_model = step_model
         self.async_scheduling = rank.async_scheduling
+        sc = rank.sched.scheduler_config
+        # vLLM's batch queue (async scheduling or PP); 1: one step at a time.
+        self.batch_queue_size = batch_queue_size(sc.async_scheduling, sc.pipeline_parallel_size)
+        pipeline = step_model.pipeline
+        if (pipeline is None) != (sc.pipeline_parallel_size == 1) or (
+                pipeline is not None and pipeline.pipeline_parallel_size != sc.pipeline_parallel_size):
+            raise ValueError("the step model's pipeline and the scheduler's pipeline_parallel_size differ")
+        if pipeline is not None and rank.kv_worker is not None:
+            raise UserInputError(f"pipeline_parallel_size={sc.pipeline_parallel_size}: kvsched does not "
+                                 "simulate pipeline parallelism with a KV connector (P/D "
+                                 "disaggregation, KV offloading); use pipeline_parallel_size=1 there")
+        self._pipeline = PipelineClock(pipeline) if pipeline is not None else None
         # Fast-forward covers plain decode, synchronous or async, with or
         # without a KV connector (no drafts; with a connector the core takes
         # only stretches that leave it idle, and the rank only while its
         # worker has nothing in flight).
-        self.fast_forward = fast_forward and rank.trace_steps is None and (rank.plain or (
-            rank.speculative is None and (rank.async_scheduling or rank.kv_worker is not None)))
+        self.fast_forward = (fast_forward and rank.trace_steps is None and pipeline is None
+                             and (rank.plain or (rank.speculative is None and (
+                                 rank.async_scheduling or rank.kv_worker is not None))))
         self.now = 0.0
         # Async: batches in flight, newest first: (plan, GPU start, duration);
         # None for the batch a stretch left in flight until it is needed
         # (the next stretch, if one follows, replaces it unseen).
         self._queue: deque[tuple[PlannedStep | None, float, float]] = deque()
         self._gpu_free = 0.0  # when the GPU finishes the last batch launched
+        # PP: the batches in flight, newest first: (plan, start on the first
+        # stage, time through the pipeline, time on one stage), None for a
+        # batch that scheduled nothing; and the schedule() calls in a row
+        # that scheduled nothing.
+        self._pp_queue: deque[tuple[PlannedStep, float, float, float] | None] = deque()
+        self._empty_schedules = 0
+        # PP: when each request's last token in flight leaves the pipeline.
+        self._sampled_at: dict[str, float] = {}
         # With a KV connector: waiting (clock set ahead) for the worker's next report.
         self.sleeping = False
 
     def busy(self) -> bool:
-        return self.rank.busy() or bool(self._queue)
+        return self.rank.busy() or bool(self._queue) or bool(self._pp_queue)
 
     def wake(self, t: float) -> bool:
         """Work arrives at ``t``: an idle engine starts its next step then.
@@ -207,6 +241,8 @@ class EngineInstance(_Jumps):
             return self._advance_kv(bound)
         if finished is not None:
             return finished
+        if self._pipeline is not None:
+            return self._iterate_pipelined()
         if self.async_scheduling:
             return self._iterate()
         plan = rank.plan()
@@ -303,6 +339,62 @@ class EngineInstance(_Jumps):
             self.now = end
         return rank.complete(oldest, start, dt)
 
+    def _iterate_pipelined(self) -> int:
+        """One iteration of vLLM's engine loop with PP (see the module doc):
+        as ``_iterate``, but a batch with nothing scheduled (every request
+        waits for its output, or for its decode stagger) takes a queue slot,
+        as in vLLM, and costs no time."""
+        rank = self.rank
+        pipeline = self._pipeline
+        queue = self._pp_queue
+        assert pipeline is not None
+        if rank.sched.has_requests():
+            plan = rank.plan()
+            if plan is None:
+                queue.appendleft(None)
+                self._empty_schedules += 1
+                if self._empty_schedules > 2 * self.batch_queue_size and not any(queue):
+                    # Nothing in flight and nothing schedulable for longer
+                    # than the stagger lasts: it never will be.
+                    raise CannotServe(f"no request could be scheduled at t={self.now:.3f}s with "
+                                      f"{len(rank.sched.waiting)} waiting; nothing would ever progress")
+            else:
+                self._empty_schedules = 0
+                dt = self.step_model.step_time(plan.shape)
+                tokens = plan.shape.num_tokens
+                # Async: a request's next decode is scheduled before its last
+                # token is out (a placeholder); the batch cannot enter the
+                # first stage before that token has left the last one.
+                sampled_at = self._sampled_at
+                ready = self.now
+                ids = plan.output.num_scheduled_tokens
+                if sampled_at:
+                    for rid in ids:
+                        t = sampled_at.get(rid)
+                        if t is not None and t > ready:
+                            ready = t
+                start, end = pipeline.run(ready, dt, tokens)
+                for rid, lv in zip(ids, plan.lives):
+                    if lv is not None:
+                        sampled_at[rid] = end
+                queue.appendleft((plan, start, end - start, pipeline.stages.stage_times(dt, tokens)[0]))
+            if len(queue) < self.batch_queue_size and (plan is not None or rank.sched.has_requests()):
+                return 0
+        if not queue:
+            return 0
+        oldest = queue.pop()
+        if oldest is None:
+            return 0  # the empty batch's output: nothing
+        plan, start, dt, busy = oldest
+        end = start + dt
+        if end > self.now:
+            self.now = end
+        sampled_at = self._sampled_at
+        for rid, lv in zip(plan.output.num_scheduled_tokens, plan.lives):
+            if lv is not None and sampled_at.get(rid) == end:
+                del sampled_at[rid]  # no later batch of it is in flight
+        return rank.complete(plan, start, dt, busy)
+
     def _async_stretch(self, bound: float) -> int | None:
         """Async: a stretch of iterations if one can be taken (see the
         module doc); how many requests finished in it (none: an async
@@ -371,6 +463,10 @@ class LockstepGroup(_Jumps):
 
     def __init__(self, ranks: list[Rank], step_model: StepTimeModel, shared: DPRankStates,
                  fast_forward: bool = True) -> None:
+        if step_model.pipeline is not None:
+            raise UserInputError(f"pipeline_parallel_size={step_model.pipeline.pipeline_parallel_size}: "
+                                 "kvsched does not simulate pipeline parallelism for data-parallel ranks "
+                                 "that step together (expert parallelism); use pipeline_parallel_size=1")
         self.ranks = ranks
         self.step_model = step_model
         self.shared = shared

@@ -350,8 +350,10 @@ class Rank:
         self.seed = seed
         # vLLM's async engine loop (kvsched.sim.instance drives it).
         self.async_scheduling = scheduler_config.async_scheduling
-        # Neither async scheduling nor drafts nor a KV connector: the fast paths.
-        self.plain = speculative is None and not self.async_scheduling and kv_connector is None
+        # Neither async scheduling nor drafts nor a KV connector nor PP's
+        # batches in flight: the fast paths.
+        self.plain = (speculative is None and not self.async_scheduling and kv_connector is None
+                      and self.sched.max_steps_in_flight == 1)
         self.spec_stats = SpecStats(speculative.num_speculative_tokens) if speculative else None
         # Synchronous speculative decoding: the drafts proposed after each
         # step (the scheduler reads only how many).
@@ -569,15 +571,18 @@ class Rank:
         lv.num_verifications = n + 1
         return self.speculative.acceptance.accepted(uniform(lv.spec_key, n), num_drafts)
 
-    def complete(self, plan: PlannedStep, start: float, dt: float) -> int:
+    def complete(self, plan: PlannedStep, start: float, dt: float, busy: float | None = None) -> int:
         """``update_from_output()`` for a step of ``dt`` seconds from ``start``,
-        and the client-side bookkeeping. Returns how many requests finished."""
+        and the client-side bookkeeping. Returns how many requests finished.
+        ``busy``: the engine's busy time the step counts when it is not
+        ``dt`` (pipeline parallelism: a batch's time on one stage, while it
+        takes all the stages' times to come out)."""
         if plan.output.scheduled_new_reqs:
             self._note_started(plan.output, start)
         if plan.drafts is not None:
             if self.speculative is None:
-                return self._complete_async(plan, start, dt)
-            return self._complete_general(plan, start, dt)
+                return self._complete_async(plan, start, dt, busy)
+            return self._complete_general(plan, start, dt, busy)
         sched = self.sched
         out, shape, sampled_ids = plan.output, plan.shape, plan.sampled_ids
         num_sched = out.num_scheduled_tokens
@@ -634,12 +639,13 @@ class Rank:
             self.token_times.add(now, delivered)
 
     def _log_step(self, out: SchedulerOutput, shape: BatchShape, finished: list[Any],
-                  start: float, dt: float) -> None:
+                  start: float, dt: float, busy: float | None = None) -> None:
         sched = self.sched
         num_reqs = len(out.num_scheduled_tokens)
         now = start + dt
         free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-        self.totals.add(now, dt, num_reqs, shape.num_tokens, shape.prefill_tokens, free)
+        self.totals.add(now, dt if busy is None else busy, num_reqs, shape.num_tokens,
+                        shape.prefill_tokens, free)
         if self.steps is not None:
             self.steps.append(start, dt, num_reqs, shape.num_tokens, shape.prefill_tokens, free,
                               len(sched.running), len(sched.waiting))
@@ -653,7 +659,7 @@ class Rank:
                 record["spec"] = [[rid, len(spec[rid])] for rid in out.num_scheduled_tokens if rid in spec]
             self.trace_steps.write(json.dumps(record, separators=(",", ":")) + "\n")
 
-    def _complete_async(self, plan: PlannedStep, start: float, dt: float) -> int:
+    def _complete_async(self, plan: PlannedStep, start: float, dt: float, busy: float | None = None) -> int:
         """``_complete_general`` without drafts (async scheduling's usual
         case): a request that samples gets its one token, unless it
         finished since this step was scheduled (its token is dropped)."""
@@ -692,10 +698,11 @@ class Rank:
         now = start + dt
         for o in result.finished:
             self._finish(o.request_id, now)
-        self._log_step(out, plan.shape, result.finished, start, dt)
+        self._log_step(out, plan.shape, result.finished, start, dt, busy)
         return len(result.finished)
 
-    def _complete_general(self, plan: PlannedStep, start: float, dt: float) -> int:
+    def _complete_general(self, plan: PlannedStep, start: float, dt: float,
+                          busy: float | None = None) -> int:
         """``complete`` with async scheduling or drafts: each request that
         samples gets its token and, verifying drafts (not the padding of
         the step that admitted it), the accepted ones; under async
@@ -750,7 +757,7 @@ class Rank:
             k_drafts = self._drafts
             sched.update_draft_token_ids(DraftTokenIds(
                 ids, [[] if lv is None else k_drafts for lv in plan.lives]))
-        self._log_step(out, plan.shape, result.finished, start, dt)
+        self._log_step(out, plan.shape, result.finished, start, dt, busy)
         return len(result.finished)
 
     def _finish(self, rid: str, now: float) -> None:

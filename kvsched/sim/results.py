@@ -29,13 +29,13 @@ PER_RANK_NOTES = {
                       "num_preemptions and prefix_cache_hit_rate cover all ranks; the list under "
                       "'ranks' gives every rank's own engine figures",
     "per_gpu": "output_throughput_per_gpu and total_token_throughput_per_gpu divide by num_gpus "
-               "(tensor_parallel_size x data_parallel_size)",
+               "(tensor_parallel_size x pipeline_parallel_size x data_parallel_size)",
 }
 
 
 def num_gpus(deployment: Deployment) -> int:
     p = deployment.parallel
-    return p.tensor_parallel_size * p.data_parallel_size
+    return p.tensor_parallel_size * p.pipeline_parallel_size * p.data_parallel_size
 
 
 def deployment_dict(deployment: Deployment, group: InstanceGroup) -> dict[str, Any]:
@@ -61,6 +61,7 @@ def deployment_dict(deployment: Deployment, group: InstanceGroup) -> dict[str, A
         scheduler["adp_batching_wait_iters"] = group.adp_batching_wait_iters
     parallel: dict[str, Any] = {
         "tensor_parallel_size": p.tensor_parallel_size,
+        "pipeline_parallel_size": p.pipeline_parallel_size,
         "data_parallel_size": p.data_parallel_size,
         "enable_expert_parallel": p.enable_expert_parallel,
         # vLLM shards experts only where there are experts.

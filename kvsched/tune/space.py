@@ -40,6 +40,9 @@ class Candidate:
     tensor_parallel_size: int
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    # vLLM's --pipeline-parallel-size: stages of tensor_parallel_size GPUs
+    # per engine core (colocated only).
+    pipeline_parallel_size: int = 1
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
@@ -71,7 +74,7 @@ class Candidate:
 
     @property
     def num_gpus(self) -> int:
-        return (self.tensor_parallel_size * self.data_parallel_size
+        return (self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
                 + self.prefill_instances * self.prefill_tensor_parallel_size)
 
     def shape(self) -> str:
@@ -79,7 +82,8 @@ class Candidate:
         if self.disaggregated:
             return (f"{self.prefill_instances}P{self.data_parallel_size}D "
                     f"P-TP{self.prefill_tensor_parallel_size} D-TP{self.tensor_parallel_size}")
-        return f"colocated DP{self.data_parallel_size} TP{self.tensor_parallel_size}"
+        pp = f" PP{self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else ""
+        return f"colocated DP{self.data_parallel_size} TP{self.tensor_parallel_size}{pp}"
 
     def apply(self, base: RunSpec) -> RunSpec:
         """``base`` (model, shared engine settings, workload) deployed as this candidate."""
@@ -109,6 +113,8 @@ class Candidate:
             return "\n".join([*self.role_commands(model, fixed, scaleup_domain),
                               self.proxy_command(scaleup_domain)])
         parts = ["vllm", "serve", model, "--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.pipeline_parallel_size > 1:
+            parts += ["--pipeline-parallel-size", str(self.pipeline_parallel_size)]
         if self.data_parallel_size > 1:
             parts += ["--data-parallel-size", str(self.data_parallel_size)]
         if self.enable_expert_parallel:
@@ -216,6 +222,8 @@ class Candidate:
                      f"TP{self.prefill_tensor_parallel_size}/{self.tensor_parallel_size}"]
         else:
             parts = [f"{self.hardware} TP{self.tensor_parallel_size}"]
+        if self.pipeline_parallel_size > 1:
+            parts.append(f"PP{self.pipeline_parallel_size}")
         if self.data_parallel_size > 1 and not self.disaggregated:
             parts.append(f"DP{self.data_parallel_size}")
         if self.enable_expert_parallel:
@@ -314,7 +322,8 @@ DIMENSIONS: Mapping[str, type] = {
 # instances' MultiConnector of NIXL and offloading,
 # :meth:`Candidate.kv_transfer_config`).
 PD_ONLY = ("router", "kv_offloading_roles")
-COLOCATED_ONLY: tuple[str, ...] = ()
+# The simulator runs PP without a KV connector: colocated only.
+COLOCATED_ONLY = ("pipeline_parallel_size",)
 PD_ROLES = ("prefill", "decode")
 OFFLOADING_ROLES = ("both", *PD_ROLES)
 ADMISSION_POLICIES = ("none", "balance", "prefill-cadence")
@@ -333,6 +342,7 @@ class SearchSpace:
     tensor_parallel_size: tuple[int, ...]
     data_parallel_size: tuple[int, ...]
     enable_expert_parallel: tuple[bool, ...] = (False,)
+    pipeline_parallel_size: tuple[int, ...] = (1,)
     max_num_seqs: tuple[int | None, ...] = (None,)
     max_num_batched_tokens: tuple[int | None, ...] = (None,)
     enable_chunked_prefill: tuple[bool, ...] = (True,)
@@ -354,6 +364,9 @@ class SearchSpace:
                 continue
             if c.admission_policy == "balance" and c.data_parallel_size == 1:
                 continue  # the gate balances ranks: with one there is nothing to do
+            if c.pipeline_parallel_size > 1 and (c.kv_offloading_size is not None
+                                                  or c.enable_expert_parallel):
+                continue  # the simulator runs PP without offloading or lockstep MoE ranks
             yield c
         if self.disaggregation:
             yield from self.disaggregated(max_gpus)

@@ -275,7 +275,7 @@ def test_saved_json_and_report_describe_the_whole_deployment(tmp_path: Path) -> 
                           "dtype": "bf16", "quantization": None, "kv_cache_dtype": "fp8",
                           "moe": False}
     assert d["hardware"]["id"] == "h100-sxm" and d["hardware"]["name"] == "NVIDIA H100 SXM5 80GB"
-    assert d["parallel"] == {"tensor_parallel_size": 2, "data_parallel_size": 2,
+    assert d["parallel"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "data_parallel_size": 2,
                              "enable_expert_parallel": False, "expert_parallel_size": 1, "num_gpus": 4,
                              "dp_routing": "vllm", "dp_stats_interval": 0.1}
     assert d["scheduler"] == {"max_num_seqs": 48, "max_num_batched_tokens": 4096, "max_model_len": 4096,
