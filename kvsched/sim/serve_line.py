@@ -229,8 +229,6 @@ SERVE_REFUSED: dict[str, Refusal] = {
                              "leave out", "drop --enforce-eager to predict vLLM's default", (False,)),
     "enable_lora": Refusal(_LORA.reason, _LORA.fix, (False,)),
     "lora_modules": _LORA,
-    "pipeline_parallel_size": Refusal(f"pipeline parallelism: {_NOT_SIMULATED} yet",
-                                      "use --tensor-parallel-size", ("1",)),
     "decode_context_parallel_size": Refusal(f"decode context parallelism: {_NOT_SIMULATED}",
                                             "drop it", ("1",)),
     "prefill_context_parallel_size": Refusal(f"prefill context parallelism: {_NOT_SIMULATED}",

@@ -75,6 +75,18 @@ def test_tables_name_only_vllm_flags_once(command: str) -> None:
     assert len(listed) == len(set(listed))  # each flag has one rule
 
 
+@pytest.mark.parametrize("command", [SERVE, BENCH])
+def test_no_rule_shadowed_by_a_kvsched_flag(command: str) -> None:
+    """A flag kvsched's parser takes is forwarded before any table is read:
+    a refusal or no-effect reason left for it (say, once the feature lands)
+    is dead and misleads the reader."""
+    no_effect = sl.SERVE_NO_EFFECT if command == SERVE else sl.BENCH_NO_EFFECT
+    refused = sl.SERVE_REFUSED if command == SERVE else sl.BENCH_REFUSED
+    listed = [d for group in no_effect.values() for d in group] + list(refused)
+    shadowed = [d for d in listed if d not in sl.NOT_FORWARDED[command] and KVSCHED.action(d) is not None]
+    assert shadowed == []
+
+
 def test_classification_of_familiar_flags() -> None:
     def kind(command: str, dest: str) -> str:
         verdict = classify(command, dest, KVSCHED)
@@ -85,10 +97,10 @@ def test_classification_of_familiar_flags() -> None:
                                      "uvicorn_log_level", "tokenizer_mode", "chat_template", "seed")] == \
         [NO_EFFECT] * 9
     assert [kind(SERVE, d) for d in ("tensor_parallel_size", "max_num_seqs", "gpu_memory_utilization",
-                                     "enable_prefix_caching", "speculative_config", "model_tag")] \
-        == [USED] * 6
-    assert [kind(SERVE, d) for d in ("pipeline_parallel_size", "enforce_eager", "enable_lora",
-                                     "attention_backend", "cpu_offload_gb")] == [REFUSED] * 5
+                                     "enable_prefix_caching", "speculative_config", "model_tag",
+                                     "pipeline_parallel_size")] == [USED] * 7
+    assert [kind(SERVE, d) for d in ("enforce_eager", "enable_lora",
+                                     "attention_backend", "cpu_offload_gb")] == [REFUSED] * 4
     assert [kind(BENCH, d) for d in ("backend", "endpoint", "host", "temperature", "save_result")] == \
         [NO_EFFECT] * 5
     assert [kind(BENCH, d) for d in ("num_prompts", "request_rate", "max_concurrency", "seed", "goodput",
@@ -161,17 +173,17 @@ def test_paste_maps_used_flags_and_lists_the_rest() -> None:
         KVSCHED)
     assert list(pasted.argv) == [
         "--model", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2", "--max-num-seqs", "64",
-        "--max-model-len", "32000", "--no-enable-prefix-caching",
+        "--max-model-len", "32000", "--no-enable-prefix-caching", "--pipeline-parallel-size", "1",
         "--dataset-name", "random", "--random-input-len", "512", "--random-output-len", "64",
         "--num-prompts", "10", "--request-rate", "4", "--seed", "3", "--goodput", "ttft:500", "tpot:50"]
     serve_ignored = ("CUDA_VISIBLE_DEVICES=0,1 (environment)", "--host", "--port", "--api-key",
-                     "--served-model-name", "--pipeline-parallel-size",
+                     "--served-model-name",
                      "--disable-log-requests (request logging (now --no-enable-log-requests, vLLM's "
                      "default); vLLM 0.32.0 no longer takes it)", "--seed")
     assert pasted.ignored == (*(("--serve", w) for w in serve_ignored), ("--bench", "--backend"))
     assert pasted.report() == [
         "ignored (does not affect the prediction): --serve CUDA_VISIBLE_DEVICES=0,1 (environment), --host, "
-        "--port, --api-key, --served-model-name, --pipeline-parallel-size, --disable-log-requests (request "
+        "--port, --api-key, --served-model-name, --disable-log-requests (request "
         "logging (now --no-enable-log-requests, vLLM's default); vLLM 0.32.0 no longer takes it), --seed; "
         "--bench --backend"]
     assert pasted.notes == ()  # --ignore-eos given
@@ -197,7 +209,6 @@ def test_paste_without_a_model_serves_vllms_default() -> None:
 
 @pytest.mark.parametrize("serve, bench, message", [
     ("vllm serve m --enforce-eager", None, "--serve: --enforce-eager: no CUDA graphs"),
-    ("vllm serve m -pp 2", None, "--serve: -pp 2: pipeline parallelism"),
     ("vllm serve m --enable-lora --lora-modules a=b", None, "--enable-lora: LoRA adapters"),
     ("vllm serve m --attention-backend FLASHINFER", None, "a kernel or compilation choice"),
     ("vllm serve m --compilation-config.mode 3", None, "a kernel or compilation choice"),
