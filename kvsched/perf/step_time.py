@@ -318,6 +318,10 @@ class BatchShape:
     # pairs its extra queries add over one query per KV token read.
     spec_tokens: int = 0
     spec_query_keys: int = 0
+    # LoRA: GPU seconds its adapter loads and kernels add to the step
+    # (kvsched.perf.lora prices them; the simulator's rank keeps the
+    # adapter caches they depend on).
+    lora_gpu_s: float = 0.0
 
     @classmethod
     def decode(cls, num_reqs: int, decode_kv_tokens: int) -> BatchShape:
@@ -659,10 +663,10 @@ class StepTimeModel:
         scheduling the next step overlaps this forward pass (and the
         drafter's passes, with speculative decoding)."""
         drafter = self.drafter
-        if (drafter is None and not shape.spec_tokens and shape.prefill_tokens == 0
+        if (drafter is None and not shape.spec_tokens and shape.prefill_tokens == 0 and not shape.lora_gpu_s
                 and shape.num_decodes == shape.num_reqs == shape.num_sampled):
             return self.decode_step_time(shape.num_reqs, shape.decode_kv_tokens, global_tokens)
-        gpu = self.gpu_time(shape, global_tokens)
+        gpu = self.gpu_time(shape, global_tokens) + shape.lora_gpu_s
         cpu = self.cpu_time(shape)
         if drafter is not None:
             gpu += drafter.gpu_time(shape, global_tokens)

@@ -28,6 +28,14 @@ from kvsched.jsonfile import show
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.host import load_host_terms
+from kvsched.perf.lora import (
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    LoraCost,
+    check_lora_options,
+    lora_cost,
+    parse_lora_modules,
+)
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
 from kvsched.perf.models import CheckpointFormat, ModelSpec, catalog_match, get_model
@@ -134,6 +142,15 @@ class EngineOptions:
     # over its TP ranks; None: off) and --kv-offloading-backend.
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
+    # vLLM's LoRA flags (kvsched.perf.lora owns their defaults and rules):
+    # --enable-lora, --max-loras, --max-lora-rank, --max-cpu-loras (None:
+    # max_loras), --fully-sharded-loras, --lora-modules NAME=PATH ...
+    enable_lora: bool = False
+    max_loras: int = DEFAULT_MAX_LORAS
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    max_cpu_loras: int | None = None
+    fully_sharded_loras: bool = False
+    lora_modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +168,10 @@ class Deployment:
     speculative: SpecOptions | None = None
     # KV offloading to CPU memory (None: off).
     offload: OffloadConfig | None = None
+    # LoRA (None: --enable-lora not given); its adapters are the
+    # --lora-modules ones (the workload may add synthetic ones, see
+    # kvsched.sim.workload.lora).
+    lora: LoraCost | None = None
 
     @property
     def lockstep(self) -> bool:
@@ -180,6 +201,7 @@ class Deployment:
                    else "")
                 + (f", KV offloading {o.size_gib:g} GiB ({o.num_cpu_blocks} CPU blocks)"
                    if (o := self.offload) is not None else "")
+                + (f", {lo.describe()}" if (lo := self.lora) is not None else "")
                 + f"; step times: {self.step_model.describe_backend()}")
 
 
@@ -251,6 +273,8 @@ def validate_engine_options(opts: EngineOptions) -> None:
         raise UserInputError(f"async_scheduling={opts.async_scheduling!r} (--async-scheduling): must be "
                          "True or False")
     check_offloading_options(opts.kv_offloading_size, opts.kv_offloading_backend)
+    check_lora_options(opts.enable_lora, opts.max_loras, opts.max_lora_rank, opts.max_cpu_loras,
+                       opts.fully_sharded_loras, opts.lora_modules)
     if opts.spec_acceptance is not None and opts.speculative_config is None:
         raise UserInputError(f"--spec-acceptance={opts.spec_acceptance}: sets the acceptance rates of "
                          "speculative decoding; give --speculative-config too")
@@ -426,5 +450,10 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     if opts.pipeline_parallel_size > 1:
         step_model.pipeline = PipelineStages.build(hardware, model.hidden_size, opts.tensor_parallel_size,
                                                    opts.pipeline_parallel_size)
+    lora = None
+    if opts.enable_lora:
+        lora = lora_cost(model, hardware, opts.tensor_parallel_size, opts.max_loras, opts.max_lora_rank,
+                         opts.max_cpu_loras, opts.fully_sharded_loras,
+                         parse_lora_modules(opts.lora_modules, opts.max_lora_rank))
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,
-                      memory, step_model, speculative, offload)
+                      memory, step_model, speculative, offload, lora)

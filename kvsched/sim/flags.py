@@ -41,6 +41,7 @@ from kvsched.sim.spec import (
     flag_name,
 )
 from kvsched.sim.workload import DATASET_NAMES, DEFAULT_INPUT_LEN, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LEN
+from kvsched.sim.workload.lora import LORA_ASSIGNMENTS
 
 # The roles of a disaggregated deployment, and the scheduler settings each
 # can set apart (--prefill-max-num-seqs, --decode-max-num-batched-tokens, ...:
@@ -164,6 +165,24 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
     g.add_argument("--kv-offloading-backend", default=d.kv_offloading_backend,
                    help="with --kv-offloading-size: vLLM's backend; kvsched simulates native only "
                         "(default: %(default)s)")
+    g.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters, as vLLM's flag: the scheduler's max_loras cap, adapter "
+                        "loads and the LoRA kernels priced (docs/lora.md)")
+    g.add_argument("--max-loras", type=int, default=d.max_loras,
+                   help="with --enable-lora: adapters in one batch at most, each a GPU slot "
+                        "(default: %(default)s)")
+    g.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank,
+                   help="with --enable-lora: the slots' rank, one of vLLM's 1, 8, 16, 32, 64, 128, 256, 320, "
+                        "512 (default: %(default)s)")
+    g.add_argument("--max-cpu-loras", type=int, default=d.max_cpu_loras,
+                   help="with --enable-lora: adapters kept in CPU memory, LRU (default: --max-loras)")
+    g.add_argument("--fully-sharded-loras", action="store_true",
+                   help="with --enable-lora and TP > 1: shard the LoRA weights' replicated halves too "
+                        "(less GPU memory and kernel traffic per GPU, a small collective per layer)")
+    g.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", default=list(d.lora_modules),
+                   help="with --enable-lora: the adapters, as vllm serve's flag (NAME=PATH or JSON); each "
+                        "adapter's rank is its PATH/adapter_config.json's r when present, else "
+                        "--max-lora-rank; requests use them per --lora-share")
     g.add_argument("--spec-acceptance", metavar="R0,R1,...",
                    help="speculative decoding: acceptance rate per draft position as vLLM's metrics "
                         "report it (accepted at position i / drafts), e.g. 0.8,0.6,0.45 "
@@ -199,6 +218,18 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
                    help="multiply arrival times (0.5 = twice the request rate; default 1)")
     g.add_argument("--duration", type=float,
                    help="keep only requests arriving before this many seconds")
+    g.add_argument("--lora-share", type=float,
+                   help="with --enable-lora: share of requests that name an adapter (default 1, as vllm "
+                        "bench serve with --lora-modules; 0: every request runs the base model)")
+    g.add_argument("--lora-assignment", choices=list(LORA_ASSIGNMENTS), default=w.lora_assignment,
+                   help="how a request picks its adapter, as vllm bench serve's flag: random (uniform, "
+                        "or Zipf with --lora-zipf-alpha) or round-robin (default: %(default)s)")
+    g.add_argument("--lora-zipf-alpha", type=float,
+                   help="with --lora-assignment random: adapter k (1-based, in --lora-modules order) drawn "
+                        "with weight 1/k^alpha (default: uniform)")
+    g.add_argument("--num-lora-adapters", type=int,
+                   help="with --enable-lora and no --lora-modules: N synthetic adapters lora-1..lora-N of "
+                        "--max-lora-rank on every module")
     g.add_argument("--eos-probability", type=float, default=w.eos_probability,
                    help="per-token EOS probability; 0 (default) generates each request's output "
                         "length, as ignore_eos does")
@@ -330,10 +361,15 @@ def workload_spec_from_args(args: argparse.Namespace) -> WorkloadSpec:
     return WorkloadSpec(**{name: getattr(args, name) for name in _WORKLOAD_FIELDS if hasattr(args, name)})
 
 
+def _field_value(name: str, value: Any) -> Any:
+    # argparse's nargs="+" gives a list; the spec keeps tuples.
+    return tuple(value) if isinstance(value, list) else value
+
+
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     """The run spec a parsed command line describes (engine, workload and,
     where present, output flags)."""
-    engine = EngineOptions(**{name: getattr(args, name) for name in _ENGINE_FIELDS
+    engine = EngineOptions(**{name: _field_value(name, getattr(args, name)) for name in _ENGINE_FIELDS
                               if hasattr(args, name)})
     group = InstanceGroup(engine, **{name: getattr(args, name) for name in _GROUP_FIELDS
                                      if hasattr(args, name)})
@@ -422,6 +458,8 @@ def _words(name: str, value: object, default: object) -> list[str]:
         return [flag] if value else ["--no-" + name.replace("_", "-")]
     if isinstance(value, float):
         return [flag, "inf" if math.isinf(value) else repr(value)]
+    if isinstance(value, tuple):  # an nargs="+" flag (--lora-modules)
+        return [flag, *map(str, value)] if value else []
     return [flag, str(value)]
 
 

@@ -187,7 +187,9 @@ class EngineInstance(_Jumps):
         # without a KV connector (no drafts; with a connector the core takes
         # only stretches that leave it idle, and the rank only while its
         # worker has nothing in flight).
+        # LoRA steps carry per-step adapter work a stretch does not price: stepped.
         self.fast_forward = (fast_forward and rank.trace_steps is None and pipeline is None
+                             and rank.lora is None
                              and (rank.plain or (rank.speculative is None and (
                                  rank.async_scheduling or rank.kv_worker is not None))))
         self.now = 0.0
@@ -473,6 +475,7 @@ class LockstepGroup(_Jumps):
         # Policies decide per step from shared state: no jumps with them;
         # nor with drafts.
         self.fast_forward = fast_forward and all(r.sched.admission_policy is None and r.speculative is None
+                                                 and r.lora is None
                                                  for r in ranks)
         self.async_scheduling = any(r.async_scheduling for r in ranks)
         self.now = 0.0

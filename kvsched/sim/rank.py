@@ -27,7 +27,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.config import CacheConfig, LoRAConfig, SchedulerConfig
 from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
 from kvsched.core.kv_connector import KVConnectorBase
 from kvsched.core.multi_connector import connector_of_type
@@ -37,6 +37,7 @@ from kvsched.core.output import DraftTokenIds, KVConnectorOutput, ModelRunnerOut
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
+from kvsched.perf.lora import LoraPricer
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
 from kvsched.sim.kv_transfer import KVWorker
@@ -328,14 +329,18 @@ class Rank:
                  trace_steps: TextIO | None = None, keep_token_times: bool = False,
                  keep_step_log: bool = True, speculative: SpecOptions | None = None,
                  kv_connector: KVConnectorBase | None = None, kv_worker: KVWorker | None = None,
-                 hands_off: bool = False) -> None:
+                 hands_off: bool = False, lora: LoraPricer | None = None) -> None:
         # No model runs: skip the runner's copies of prompts and block tables,
         # but for the offloading connector, which reads the batch's block
         # tables (new and resumed requests') to build its store jobs.
         self.sched = Scheduler(scheduler_config, cache_config, admission_policy=admission_policy,
                                runner_inputs=connector_of_type(kv_connector, OffloadingConnector) is not None,
                                speculative_config=speculative.core_config() if speculative else None,
-                               kv_connector=kv_connector)
+                               kv_connector=kv_connector,
+                               lora_config=LoRAConfig(lora.cost.max_loras) if lora is not None else None)
+        # LoRA: the adapter caches and the GPU seconds each step adds
+        # (kvsched.perf.lora); None: off.
+        self.lora = lora
         # A KV connector's scheduler side (in the scheduler) and its worker
         # side in simulated time (kvsched.sim.kv_transfer); both or neither.
         if (kv_connector is None) != (kv_worker is None):
@@ -551,7 +556,22 @@ class Rank:
                 lives.append(live[rid])
         shape = BatchShape(out.total_num_scheduled_tokens, len(num_sched), sampled, decodes,
                            decode_kv, prefill, prefill_kv, pairs, spec_tokens, spec_keys)
+        if self.lora is not None:
+            shape.lora_gpu_s = self._lora_seconds(num_sched)
         return shape, lives, drafts
+
+    def _lora_seconds(self, num_sched: dict[str, int]) -> float:
+        """GPU seconds LoRA adds to a batch: its adapters' loads and kernels
+        over the tokens of requests with an adapter (in batch order, as the
+        worker activates them)."""
+        assert self.lora is not None
+        requests = self.sched.requests
+        tokens: dict[int, int] = {}
+        for rid, n_new in num_sched.items():
+            lid = requests[rid].lora_id
+            if lid:
+                tokens[lid] = tokens.get(lid, 0) + n_new
+        return self.lora.step_seconds(tokens)
 
     def _plan_general(self, out: SchedulerOutput) -> PlannedStep:
         """``plan`` with async scheduling or drafts: the outputs wait for

@@ -24,6 +24,7 @@ from kvsched.core.kv_connector import parse_kv_transfer_config
 from kvsched.core.policies import AdmissionPolicy, AdpBalance, BalanceGate, BalanceThreshold, DPRankStates
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
+from kvsched.perf.lora import synthetic_adapters
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.deployment import Deployment, build_deployment
 from kvsched.sim.disagg import DisaggregatedSimulator, DisaggResult, RoleConfig, pd_connectors
@@ -34,6 +35,7 @@ from kvsched.sim.simulator import SimConfig, SimResult, Simulator
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec, WorkloadSpec
 from kvsched.sim.ttft_parts import colocated_parts, summary
 from kvsched.sim.workload import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, Workload, load_workload
+from kvsched.sim.workload.lora import DEFAULT_LORA_SHARE, assign_loras
 
 AfterStep = Callable[[Cluster], None]
 
@@ -121,6 +123,36 @@ def build_workload(spec: WorkloadSpec) -> Workload:
     return workload
 
 
+def with_loras(deployment: Deployment, spec: WorkloadSpec, workload: Workload) -> tuple[Deployment, Workload]:
+    """The deployment's adapters (--lora-modules, or --num-lora-adapters
+    synthetic ones) and the workload with them assigned (--lora-share,
+    --lora-assignment, --lora-zipf-alpha); the LoRA workload flags need
+    --enable-lora."""
+    lora = deployment.lora
+    if lora is None:
+        if spec.uses_lora():
+            raise UserInputError("--lora-share, --lora-assignment, --lora-zipf-alpha and --num-lora-adapters "
+                                 "assign LoRA adapters to requests; add --enable-lora (and --lora-modules "
+                                 "or --num-lora-adapters) or drop them")
+        return deployment, workload
+    if spec.num_lora_adapters is not None:
+        if lora.adapters:
+            raise UserInputError(f"--num-lora-adapters={spec.num_lora_adapters} with --lora-modules: the "
+                                 "adapters are named twice; give one of them")
+        lora = dataclasses.replace(lora, adapters=synthetic_adapters(spec.num_lora_adapters,
+                                                                     lora.max_lora_rank))
+        deployment = dataclasses.replace(deployment, lora=lora)
+    share = DEFAULT_LORA_SHARE if spec.lora_share is None else spec.lora_share
+    if share == 0:
+        return deployment, workload
+    if not lora.adapters:
+        raise UserInputError("--enable-lora: no adapters for the requests to use; name them with "
+                             "--lora-modules NAME=PATH ... or --num-lora-adapters N (or --lora-share 0 "
+                             "for the base model only)")
+    return deployment, assign_loras(workload, len(lora.adapters), share, spec.lora_assignment,
+                                    spec.lora_zipf_alpha, spec.seed)
+
+
 def workload_source(spec: WorkloadSpec) -> str:
     """Where the requests come from, for a message: the trace file, or the flags."""
     if spec.dataset_name != "random" and spec.dataset_path:
@@ -158,6 +190,7 @@ def prepare(spec: RunSpec) -> PreparedRun:
         notes += [n for n in more if n not in notes]
         check_roles_match(prefill, deployment)
     workload = build_workload(spec.workload)
+    deployment, workload = with_loras(deployment, spec.workload, workload)
     accepted, refused = accept(deployment, workload, workload_source(spec.workload))
     return PreparedRun(spec, deployment, workload, accepted, refused, notes, prefill)
 
@@ -228,7 +261,7 @@ def sim_config(deployment: Deployment, spec: RunSpec) -> SimConfig:
                      fast_forward=o.fast_forward,
                      prefill_schedule_interval=deployment.options.prefill_schedule_interval,
                      keep_token_times=o.keep_token_times, keep_step_log=o.keep_step_log,
-                     speculative=deployment.speculative, offload=deployment.offload)
+                     speculative=deployment.speculative, offload=deployment.offload, lora=deployment.lora)
 
 
 def serve(deployment: Deployment, group: InstanceGroup, workload: Workload, config: SimConfig,

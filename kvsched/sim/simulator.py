@@ -25,6 +25,7 @@ from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.core.policies import AdmissionPolicy, PrefillCadence
 from kvsched.core.scheduler import Scheduler
 from kvsched.errors import UserInputError
+from kvsched.perf.lora import LoraCost, LoraPricer
 from kvsched.perf.step_time import StepTimeModel
 from kvsched.progress import draw_progress
 from kvsched.sim.client import Client
@@ -65,6 +66,9 @@ class SimConfig:
     # KV offloading to CPU memory (None: off): every rank gets vLLM's
     # OffloadingConnector and a timed worker (kvsched.sim.offload_transfer).
     offload: OffloadConfig | None = None
+    # LoRA (None: off): every rank gets vLLM's max_loras cap and its own
+    # adapter caches, its steps priced with kvsched.perf.lora.
+    lora: LoraCost | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eos_probability < 1.0:
@@ -88,7 +92,8 @@ class SimConfig:
                     seed=self.seed if seed is None else seed, admission_policy=policy,
                     trace_steps=trace_steps, keep_token_times=self.keep_token_times,
                     keep_step_log=self.keep_step_log, speculative=self.speculative,
-                    kv_connector=connector, kv_worker=worker)
+                    kv_connector=connector, kv_worker=worker,
+                    lora=LoraPricer(self.lora) if self.lora is not None else None)
         if connector is not None:
             connector.bind_kv_cache_manager(rank.sched.kv_cache_manager)
         return rank

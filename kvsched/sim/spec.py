@@ -56,6 +56,7 @@ from kvsched.sim.workload import (
     MAX_SEED,
     MIN_BURSTINESS,
 )
+from kvsched.sim.workload.lora import check_lora_workload
 
 # Instance roles. "mixed": prefill and decode on the same engine (vLLM's
 # default); "prefill" and "decode": the two halves of a disaggregated
@@ -167,6 +168,9 @@ class DeploymentSpec:
                                              "--kv-offloading-size)")
         if self.disaggregated:
             for group in self.groups:
+                if group.engine.enable_lora:
+                    raise UserInputError(f"--enable-lora with --disaggregation: LoRA on the {group.role} "
+                                         "instances is not simulated yet; drop one of them")
                 if group.engine.enable_expert_parallel:
                     raise UserInputError(f"--enable-expert-parallel with --disaggregation: the {group.role} "
                                          "instances' lockstep expert-parallel ranks are not simulated yet; "
@@ -208,6 +212,14 @@ class WorkloadSpec:
     # Per-token EOS probability (0: every request's output length, as
     # ignore_eos does).
     eos_probability: float = 0.0
+    # LoRA (kvsched.sim.workload.lora): the share of requests naming an
+    # adapter (None: 1 with --enable-lora), vllm bench's --lora-assignment,
+    # a Zipf skew over the adapters, and synthetic adapters when
+    # --lora-modules names none.
+    lora_share: float | None = None
+    lora_assignment: str = "random"
+    lora_zipf_alpha: float | None = None
+    num_lora_adapters: int | None = None
 
     def check(self) -> None:
         """Every number in its stated range."""
@@ -252,6 +264,13 @@ class WorkloadSpec:
         if not (_is_number(p) and 0 <= p < 1):
             raise UserInputError(f"--eos-probability={show(p)}: must be in [0, 1) (the chance each output "
                                  "token is EOS; 0 generates every request's output length)")
+        check_lora_workload(self.lora_share, self.lora_assignment, self.lora_zipf_alpha,
+                            self.num_lora_adapters)
+
+    def uses_lora(self) -> bool:
+        """Whether any LoRA workload setting is given (they need --enable-lora)."""
+        return (self.lora_share is not None or self.lora_zipf_alpha is not None
+                or self.num_lora_adapters is not None or self.lora_assignment != "random")
 
     def resolved(self) -> WorkloadSpec:
         """This spec checked, its fields checked against the dataset, and

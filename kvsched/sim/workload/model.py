@@ -23,13 +23,15 @@ from kvsched.sim.workload.tokens import RANDOM_PREFIX_TOKEN, UNIQUE_TOKEN_BASE, 
 @dataclass(slots=True, frozen=True)
 class WorkloadRequest:
     """One request of a workload: when it arrives (seconds from the start of
-    the workload), its prompt as ``(token_id, count)`` runs, and how many
-    tokens it generates."""
+    the workload), its prompt as ``(token_id, count)`` runs, how many
+    tokens it generates, and the LoRA adapter it names (vLLM's
+    ``lora_int_id``; 0: the base model; :mod:`kvsched.sim.workload.lora`)."""
 
     request_id: str
     arrival_time: float
     prompt_runs: PromptRuns
     output_len: int
+    lora_id: int = 0
     num_prompt_tokens: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -45,6 +47,9 @@ class WorkloadRequest:
         if not is_int(self.output_len) or not 1 <= self.output_len <= MAX_REQUEST_TOKENS:
             raise UserInputError(f"{where}: output_len={show(self.output_len)} must be an integer in "
                              f"[1, 2**40]")
+        if not is_int(self.lora_id) or not 0 <= self.lora_id < 2**31:
+            raise UserInputError(f"{where}: lora_id={show(self.lora_id)} must be an integer in [0, 2**31) "
+                                 "(0: the base model)")
         runs = _checked_runs(where, self.prompt_runs)
         num_prompt_tokens = sum(count for _, count in runs)
         if num_prompt_tokens > MAX_REQUEST_TOKENS:
@@ -67,6 +72,7 @@ class WorkloadRequest:
         put(self, "arrival_time", arrival_time)
         put(self, "prompt_runs", prompt_runs)
         put(self, "output_len", output_len)
+        put(self, "lora_id", 0)
         put(self, "num_prompt_tokens", num_prompt_tokens)
         return self
 
@@ -83,7 +89,7 @@ class WorkloadRequest:
         :func:`prompt_shares_nothing` says so."""
         return Request(self.request_id, TokenRuns(self.prompt_runs, None, self.num_prompt_tokens),
                        params, arrival_time=arrival_time,
-                       private=prompt_shares_nothing(self.prompt_runs))
+                       private=prompt_shares_nothing(self.prompt_runs), lora_id=self.lora_id)
 
 
 def prompt_shares_nothing(runs: PromptRuns) -> bool:
@@ -340,7 +346,7 @@ class Workload:
         if isinstance(self.requests, RandomRequests):
             return Workload(self.name, self.requests.scaled(time_scale), self.max_concurrency)
         requests = tuple(
-            WorkloadRequest(r.request_id, r.arrival_time * time_scale, r.prompt_runs, r.output_len)
+            WorkloadRequest(r.request_id, r.arrival_time * time_scale, r.prompt_runs, r.output_len, r.lora_id)
             for r in self.requests)
         return Workload(self.name, requests, self.max_concurrency)
 
