@@ -330,6 +330,13 @@ def format_table(m: dict[str, Any], percentiles: tuple[float, ...], gpus: int = 
         add("Mean acceptance length:", "spec_decode_mean_acceptance_length")
         for i, rate in enumerate(m.get("spec_decode_acceptance_rate_per_position", ())):
             rows.append((f"Acceptance rate, position {i}:", f"{rate:.3f}"))
+    lora = m.get("lora")
+    if lora:
+        rows.append(("-- LoRA (all ranks) --" if ranks > 1 else "-- LoRA --", ""))
+        rows.append(("Adapter loads from CPU:", f"{lora['loads_from_cpu']}"))
+        rows.append(("Adapter loads from disk:", f"{lora['loads_from_disk']}"))
+        rows.append(("Adapter load time (s):", f"{lora['load_seconds']:.3f}"))
+        rows.append(("LoRA kernel time (s):", f"{lora['kernel_seconds']:.3f}"))
     kv = m.get("kv_transfer")
     if kv:
         rows.append(("-- KV transfer (prefill -> decode) --", ""))

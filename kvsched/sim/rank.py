@@ -37,7 +37,7 @@ from kvsched.core.output import DraftTokenIds, KVConnectorOutput, ModelRunnerOut
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
-from kvsched.perf.lora import LoraPricer
+from kvsched.perf.lora import LoraPricer, LoraStats
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
 from kvsched.sim.kv_transfer import KVWorker
@@ -185,6 +185,8 @@ class SimResult:
     kv_offload: OffloadStats | None = None
     # Each record's phases for the TTFT split (aligned with ``records``).
     phases: PhaseTable = field(default_factory=PhaseTable)
+    # LoRA's adapter loads and GPU seconds (None without --enable-lora).
+    lora: LoraStats | None = None
 
     @property
     def duration(self) -> float:
@@ -216,6 +218,8 @@ class SimResult:
             out.update(self.spec_stats.metrics())
         if self.kv_offload is not None:
             out.update(self.kv_offload.metrics(self.prefix_cache_queries, self.prefix_cache_hits))
+        if self.lora is not None:
+            out["lora"] = self.lora.to_json()
         return out
 
 
@@ -237,11 +241,23 @@ def combine_results(ranks: list[SimResult]) -> SimResult:
         wall_seconds=max(r.wall_seconds for r in ranks), ranks=list(ranks),
         spec_stats=combine_stats([r.spec_stats for r in ranks]),
         kv_offload=combine_offload_stats([r.kv_offload for r in ranks]),
-        phases=PhaseTable.concat([r.phases for r in ranks]))
+        phases=PhaseTable.concat([r.phases for r in ranks]),
+        lora=_combined_lora([r.lora for r in ranks]))
     for res in ranks:
         out.itls.merge(res.itls)
         out.token_times.merge(res.token_times)
     return out
+
+
+def _combined_lora(stats: list[LoraStats | None]) -> LoraStats | None:
+    """Every rank's LoRA figures summed (None without LoRA)."""
+    given = [s for s in stats if s is not None]
+    if not given:
+        return None
+    total = LoraStats()
+    for s in given:
+        total.add(s)
+    return total
 
 
 # PlannedStep and _Live are made per step and per request: their own
@@ -975,4 +991,5 @@ class Rank:
             prefix_cache_hits=stats.hits + stats.preempted_hits,
             num_fast_forwarded_steps=self.num_ff_steps, wall_seconds=wall_seconds,
             spec_stats=self.spec_stats,
-            kv_offload=offload.stats if offload is not None else None, phases=self.phases)
+            kv_offload=offload.stats if offload is not None else None, phases=self.phases,
+            lora=self.lora.stats if self.lora is not None else None)
