@@ -60,9 +60,12 @@ class MemoryPlan:
     # fewest KV blocks (the figures above are that stage's).
     pipeline_parallel_size: int = 1
     stage: int = 0
+    # LoRA's GPU slots (kvsched.perf.lora.LoraCost.slot_bytes; 0 without LoRA).
+    lora_bytes: float = 0.0
 
     def describe(self) -> str:
         drafter = f" - {self.drafter_bytes / GIB:.1f} drafter" if self.drafter_bytes else ""
+        drafter += f" - {self.lora_bytes / GIB:.2f} LoRA slots" if self.lora_bytes else ""
         where = (f"PP stage {self.stage + 1} of {self.pipeline_parallel_size}, "
                  if self.pipeline_parallel_size > 1 else "")
         return (f"{self.num_gpu_blocks} KV blocks: {where}{self.budget_bytes / GIB:.1f} GiB budget - "
@@ -94,10 +97,12 @@ def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
 def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
                 runtime: RuntimeConfig, block_size: int, gpu_memory_utilization: float,
                 max_num_batched_tokens: int, max_num_seqs: int, *, drafter_bytes: float = 0.0,
-                drafter_kv_layers: int = 0) -> MemoryPlan:
+                drafter_kv_layers: int = 0, lora_bytes: float = 0.0) -> MemoryPlan:
     """``drafter_bytes``: a speculative drafter's weights per device;
     ``drafter_kv_layers``: its attention layers, whose KV every block holds
-    beside the target's full-attention layers."""
+    beside the target's full-attention layers; ``lora_bytes``: LoRA's GPU
+    slots per device (allocated with the model, before vLLM sizes the KV
+    cache)."""
     check_gpu_memory_utilization(gpu_memory_utilization)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise UserInputError(f"block_size={block_size!r}: must be a positive integer")
@@ -121,9 +126,11 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     kv = budget - weights - activations - NON_TORCH_BYTES - sliding
     if drafter_bytes:
         kv -= drafter_bytes
+    if lora_bytes:
+        kv -= lora_bytes
     blocks = int(kv // bytes_per_block) if kv > 0 else 0
     plan = MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
-                      bytes_per_block, blocks, drafter_bytes)
+                      bytes_per_block, blocks, drafter_bytes, lora_bytes=lora_bytes)
     if blocks < 2:
         raise UserInputError(
             f"{model.name} does not fit on {hardware.name} with tensor_parallel_size={tp}: "

@@ -275,6 +275,9 @@ def validate_engine_options(opts: EngineOptions) -> None:
     check_offloading_options(opts.kv_offloading_size, opts.kv_offloading_backend)
     check_lora_options(opts.enable_lora, opts.max_loras, opts.max_lora_rank, opts.max_cpu_loras,
                        opts.fully_sharded_loras, opts.lora_modules)
+    if opts.enable_lora and opts.pipeline_parallel_size > 1:
+        raise UserInputError(f"--enable-lora with --pipeline-parallel-size={opts.pipeline_parallel_size}: LoRA "
+                             "on pipeline stages is not priced by kvsched yet; drop one of them")
     if opts.spec_acceptance is not None and opts.speculative_config is None:
         raise UserInputError(f"--spec-acceptance={opts.spec_acceptance}: sets the acceptance rates of "
                          "speculative decoding; give --speculative-config too")
@@ -417,10 +420,16 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         check_speculative_settings(scheduler_config, speculative.core_config())
         drafter = drafter_shape(speculative.method, speculative.num_speculative_tokens, model)
         drafter_bytes = drafter_weight_bytes(drafter, model, parallel, runtime)
+    lora = None
+    if opts.enable_lora:
+        lora = lora_cost(model, hardware, opts.tensor_parallel_size, opts.max_loras, opts.max_lora_rank,
+                         opts.max_cpu_loras, opts.fully_sharded_loras,
+                         parse_lora_modules(opts.lora_modules, opts.max_lora_rank))
     memory = plan_memory(model, hardware, parallel, runtime, opts.block_size,
                          opts.gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
                          drafter_bytes=drafter_bytes,
-                         drafter_kv_layers=drafter.kv_layers if drafter is not None else 0)
+                         drafter_kv_layers=drafter.kv_layers if drafter is not None else 0,
+                         lora_bytes=lora.slot_bytes() if lora is not None else 0.0)
     num_blocks = (memory.num_gpu_blocks if opts.num_gpu_blocks_override is None
                   else opts.num_gpu_blocks_override)
     if opts.num_gpu_blocks_override is None and profile is not None and profile.kv_cache_tokens:
@@ -450,10 +459,5 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     if opts.pipeline_parallel_size > 1:
         step_model.pipeline = PipelineStages.build(hardware, model.hidden_size, opts.tensor_parallel_size,
                                                    opts.pipeline_parallel_size)
-    lora = None
-    if opts.enable_lora:
-        lora = lora_cost(model, hardware, opts.tensor_parallel_size, opts.max_loras, opts.max_lora_rank,
-                         opts.max_cpu_loras, opts.fully_sharded_loras,
-                         parse_lora_modules(opts.lora_modules, opts.max_lora_rank))
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,
                       memory, step_model, speculative, offload, lora)

@@ -123,3 +123,4 @@ def test_pricer_counts_each_load_once() -> None:
 def test_moe_refused_with_the_reason() -> None:
     with pytest.raises(UserInputError, match="MoE experts"):
         lora_cost(get_model("Qwen/Qwen3-30B-A3B"), get_hardware("h100-sxm"), 1, 1, 16, None, False, ())
+

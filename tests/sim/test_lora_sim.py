@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvsched.errors import UserInputError
+from kvsched.sim.deployment import EngineOptions, build_deployment
 from kvsched.sim.flags import parse_spec, spec_argv
 from kvsched.sim.run import prepare, run
 from kvsched.sim.spec import spec_from_json, spec_to_json
@@ -73,3 +74,12 @@ def test_flags_round_trip_through_spec_argv_and_json() -> None:
 def test_bad_settings_refused_by_name(argv: list[str], match: str) -> None:
     with pytest.raises(UserInputError, match=match):
         prepare(parse_spec([*argv, "--num-prompts", "4"]))
+
+
+def test_slots_take_kv_cache_memory() -> None:
+    base = build_deployment(EngineOptions(step_time_backend="roofline"))
+    lora = build_deployment(EngineOptions(step_time_backend="roofline", enable_lora=True, max_loras=8))
+    # 8 slots of rank 16 on Llama-3.1-8B: 8 x 83.9 MB = 671 MB less KV.
+    assert lora.memory.lora_bytes == 8 * 16 * 81920 * 32 * 2
+    assert base.memory.kv_cache_bytes - lora.memory.kv_cache_bytes == lora.memory.lora_bytes
+    assert lora.cache_config.num_gpu_blocks < base.cache_config.num_gpu_blocks
