@@ -118,7 +118,8 @@ class Adapter:
 
 
 def check_lora_options(enable_lora: bool, max_loras: int, max_lora_rank: int, max_cpu_loras: int | None,
-                       fully_sharded_loras: bool, lora_modules: Sequence[str]) -> None:
+                       fully_sharded_loras: bool, lora_modules: Sequence[str],
+                       target_modules: Sequence[str] = ()) -> None:
     """vLLM's rules for its LoRA flags (LoRAConfig's validators), each
     failure naming the flag, the value and the fix. The one owner."""
     if type(enable_lora) is not bool or type(fully_sharded_loras) is not bool:
@@ -138,12 +139,15 @@ def check_lora_options(enable_lora: bool, max_loras: int, max_lora_rank: int, ma
                              "smaller than the GPU slots); leave it out for max_loras")
     if not isinstance(lora_modules, tuple) or not all(isinstance(m, str) for m in lora_modules):
         raise UserInputError(f"lora_modules={lora_modules!r}: must be a list of NAME=PATH strings")
+    if not isinstance(target_modules, tuple) or not all(isinstance(m, str) and m for m in target_modules):
+        raise UserInputError(f"lora_target_modules={target_modules!r}: must be a list of module names")
     if not enable_lora:
         given = [flag for flag, on in (("--max-loras", max_loras != DEFAULT_MAX_LORAS),
                                        ("--max-lora-rank", max_lora_rank != DEFAULT_MAX_LORA_RANK),
                                        ("--max-cpu-loras", max_cpu_loras is not None),
                                        ("--fully-sharded-loras", fully_sharded_loras),
-                                       ("--lora-modules", bool(lora_modules))) if on]
+                                       ("--lora-modules", bool(lora_modules)),
+                                       ("--lora-target-modules", bool(target_modules))) if on]
         if given:
             raise UserInputError(f"{given[0]}: a LoRA setting without --enable-lora; add --enable-lora "
                                  f"or drop {given[0]}")
@@ -319,11 +323,26 @@ def _b_height(layer: LoraLayer, out: int, tp: int, fully_sharded: bool) -> float
     return float(out)
 
 
+def targeted_layers(layers: tuple[LoraLayer, ...], target_modules: Sequence[str]) -> tuple[LoraLayer, ...]:
+    """vLLM's ``--lora-target-modules``: the layers whose name or one of
+    whose packed slices' PEFT names is listed (empty: every layer); a list
+    that names none is refused."""
+    if not target_modules:
+        return layers
+    wanted = set(target_modules)
+    kept = tuple(layer for layer in layers if layer.name in wanted or wanted & set(layer.peft_names))
+    if not kept:
+        names = sorted({layer.name for layer in layers} | {n for layer in layers for n in layer.peft_names})
+        raise UserInputError(f"--lora-target-modules {' '.join(target_modules)}: names no LoRA layer of the "
+                             f"model; use some of {', '.join(names)} (or leave it out for all)")
+    return kept
+
+
 def lora_cost(model: ModelSpec, hardware: Hardware, tensor_parallel_size: int, max_loras: int,
               max_lora_rank: int, max_cpu_loras: int | None, fully_sharded: bool,
-              adapters: Sequence[Adapter]) -> LoraCost:
+              adapters: Sequence[Adapter], target_modules: Sequence[str] = ()) -> LoraCost:
     """The LoRA price of a deployment (refused where it cannot be priced)."""
-    layers = lora_layers(model)
+    layers = targeted_layers(lora_layers(model), target_modules)
     tp = tensor_parallel_size
     r = max_lora_rank
     shrink_in = sum(_a_width(layer, tp, False) for layer in layers)

@@ -151,6 +151,8 @@ class EngineOptions:
     max_cpu_loras: int | None = None
     fully_sharded_loras: bool = False
     lora_modules: tuple[str, ...] = ()
+    # vLLM's --lora-target-modules: the LoRA layers kept (empty: all).
+    lora_target_modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +276,7 @@ def validate_engine_options(opts: EngineOptions) -> None:
                          "True or False")
     check_offloading_options(opts.kv_offloading_size, opts.kv_offloading_backend)
     check_lora_options(opts.enable_lora, opts.max_loras, opts.max_lora_rank, opts.max_cpu_loras,
-                       opts.fully_sharded_loras, opts.lora_modules)
+                       opts.fully_sharded_loras, opts.lora_modules, opts.lora_target_modules)
     if opts.enable_lora and opts.pipeline_parallel_size > 1:
         raise UserInputError(f"--enable-lora with --pipeline-parallel-size={opts.pipeline_parallel_size}: LoRA "
                              "on pipeline stages is not priced by kvsched yet; drop one of them")
@@ -424,7 +426,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     if opts.enable_lora:
         lora = lora_cost(model, hardware, opts.tensor_parallel_size, opts.max_loras, opts.max_lora_rank,
                          opts.max_cpu_loras, opts.fully_sharded_loras,
-                         parse_lora_modules(opts.lora_modules, opts.max_lora_rank))
+                         parse_lora_modules(opts.lora_modules, opts.max_lora_rank), opts.lora_target_modules)
     memory = plan_memory(model, hardware, parallel, runtime, opts.block_size,
                          opts.gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
                          drafter_bytes=drafter_bytes,

@@ -183,6 +183,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                    help="with --enable-lora: the adapters, as vllm serve's flag (NAME=PATH or JSON); each "
                         "adapter's rank is its PATH/adapter_config.json's r when present, else "
                         "--max-lora-rank; requests use them per --lora-share")
+    g.add_argument("--lora-target-modules", nargs="+", metavar="MODULE", default=list(d.lora_target_modules),
+                   help="with --enable-lora: only these LoRA layers, as vLLM's flag (qkv_proj, o_proj, "
+                        "gate_up_proj, down_proj, or a slice's name such as q_proj; default: all)")
     g.add_argument("--spec-acceptance", metavar="R0,R1,...",
                    help="speculative decoding: acceptance rate per draft position as vLLM's metrics "
                         "report it (accepted at position i / drafts), e.g. 0.8,0.6,0.45 "

@@ -124,3 +124,13 @@ def test_moe_refused_with_the_reason() -> None:
     with pytest.raises(UserInputError, match="MoE experts"):
         lora_cost(get_model("Qwen/Qwen3-30B-A3B"), get_hardware("h100-sxm"), 1, 1, 16, None, False, ())
 
+
+
+def test_target_modules_keep_only_those_layers() -> None:
+    c = lora_cost(get_model(LLAMA), get_hardware("h100-sxm"), 1, 2, 16, None, False, (), ("q_proj", "o_proj"))
+    # q_proj keeps the whole packed qkv_proj layer, as vLLM wraps it: (12288 + 6144) + (4096 + 4096) x r.
+    assert [layer.name for layer in c.layers] == ["qkv_proj", "o_proj"]
+    assert c.adapter_bytes(Adapter("a", "", 16)) == 16 * (12288 + 6144 + 8192) * 32 * 2
+    assert c.kernel_seconds(8192, 1) < cost().kernel_seconds(8192, 1)
+    with pytest.raises(UserInputError, match="names no LoRA layer"):
+        lora_cost(get_model(LLAMA), get_hardware("h100-sxm"), 1, 2, 16, None, False, (), ("lm_head",))

@@ -48,10 +48,12 @@ def test_lora_costs_time_over_the_base_model() -> None:
 def test_flags_round_trip_through_spec_argv_and_json() -> None:
     spec = parse_spec(["--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--max-cpu-loras", "8",
                        "--fully-sharded-loras", "--lora-modules", "a=/x/a", "b=/x/b", "--lora-share", "0.5",
+                       "--lora-target-modules", "qkv_proj", "o_proj",
                        "--lora-zipf-alpha", "1.2", "--num-prompts", "10", "-tp", "2"])
     e, w = spec.engine, spec.workload
     assert (e.enable_lora, e.max_loras, e.max_lora_rank, e.max_cpu_loras, e.fully_sharded_loras,
             e.lora_modules) == (True, 4, 64, 8, True, ("a=/x/a", "b=/x/b"))
+    assert e.lora_target_modules == ("qkv_proj", "o_proj")
     assert (w.lora_share, w.lora_zipf_alpha, w.lora_assignment) == (0.5, 1.2, "random")
     assert parse_spec(spec_argv(spec)) == spec
     assert spec_from_json(spec_to_json(spec)) == spec
