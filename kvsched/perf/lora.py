@@ -404,7 +404,9 @@ class AdapterCaches:
 
     def activate(self, lora_ids: Iterable[int]) -> list[tuple[int, bool]]:
         """Make the batch's adapters active, in order: the ones loaded, each
-        with whether it came from disk (in no CPU cache)."""
+        with whether it came from disk (in no CPU cache). vLLM walks a set
+        of the batch's LoRA requests, in no defined order; the simulator
+        takes batch order (it only decides LRU ties within one batch)."""
         loads: list[tuple[int, bool]] = []
         for lid in lora_ids:
             cpu, gpu = self.cpu, self.gpu
