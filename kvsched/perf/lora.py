@@ -300,6 +300,17 @@ class LoraCost:
         padded slots per layer (vLLM allocates them at start-up)."""
         return self.max_loras * self.num_layers * self.slot_elems_per_layer * LORA_DTYPE_BYTES
 
+    def to_json(self) -> dict[str, object]:
+        """The settings as simulated (vLLM's names, defaults resolved), with
+        the adapters and the slots' memory."""
+        return {"max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
+                "max_cpu_loras": self.max_cpu_loras, "fully_sharded_loras": self.fully_sharded,
+                "lora_layers": [layer.name for layer in self.layers],
+                "slot_gib_per_gpu": round(self.slot_bytes() / 2**30, 4),
+                "adapters": [{"name": a.name, "path": a.path, "rank": a.rank,
+                              "modules": sorted(a.modules) if a.modules is not None else None}
+                             for a in self.adapters]}
+
     def describe(self) -> str:
         return (f"LoRA: max_loras {self.max_loras}, max_lora_rank {self.max_lora_rank}, max_cpu_loras "
                 f"{self.max_cpu_loras}{', fully sharded' if self.fully_sharded else ''}, "

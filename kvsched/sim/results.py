@@ -12,7 +12,8 @@ from typing import Any, Protocol
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.rank import SimResult
 from kvsched.sim.spec import InstanceGroup, RunSpec, WorkloadSpec
-from kvsched.sim.workload import Workload, WorkloadRequest
+from kvsched.sim.workload import RandomRequests, Workload, WorkloadRequest
+from kvsched.sim.workload.lora import adapter_counts
 
 GIB = 2**30
 
@@ -96,6 +97,8 @@ def deployment_dict(deployment: Deployment, group: InstanceGroup) -> dict[str, A
             spec["drafter"] = drafter.describe()
         spec["drafter_weight_gib"] = round(d.memory.drafter_bytes / GIB, 3)
         out["speculative_config"] = spec
+    if d.lora is not None:
+        out["lora"] = d.lora.to_json()
     return out
 
 
@@ -127,6 +130,13 @@ def workload_dict(spec: WorkloadSpec, workload: Workload) -> dict[str, Any]:
     out.update({"max_concurrency": spec.max_concurrency, "time_scale": spec.time_scale,
                 "duration": spec.duration, "seed": spec.seed,
                 "eos_probability": spec.eos_probability})
+    # The random dataset's requests stay columns unless adapters were assigned.
+    counts = ({0: len(workload)} if isinstance(workload.requests, RandomRequests)
+              else adapter_counts(workload))
+    if spec.uses_lora() or set(counts) != {0}:
+        out["lora"] = {"lora_share": spec.lora_share, "lora_assignment": spec.lora_assignment,
+                       "lora_zipf_alpha": spec.lora_zipf_alpha, "num_lora_adapters": spec.num_lora_adapters,
+                       "requests_per_adapter": {str(k): v for k, v in counts.items()}}
     return out
 
 

@@ -8,6 +8,7 @@ import pytest
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import EngineOptions, build_deployment
 from kvsched.sim.flags import parse_spec, spec_argv
+from kvsched.sim.results import describe_run
 from kvsched.sim.run import prepare, run
 from kvsched.sim.spec import spec_from_json, spec_to_json
 
@@ -85,3 +86,13 @@ def test_slots_take_kv_cache_memory() -> None:
     assert lora.memory.lora_bytes == 8 * 16 * 81920 * 32 * 2
     assert base.memory.kv_cache_bytes - lora.memory.kv_cache_bytes == lora.memory.lora_bytes
     assert lora.cache_config.num_gpu_blocks < base.cache_config.num_gpu_blocks
+
+
+def test_saved_description_names_the_adapters_and_the_mix() -> None:
+    done = run(parse_spec([*BASE, "--max-loras", "2"]))
+    saved = describe_run(done.prepared.deployment, done.prepared.spec, done.prepared.workload)
+    lora = saved["deployment"]["lora"]
+    assert (lora["max_loras"], lora["max_cpu_loras"], len(lora["adapters"])) == (2, 4, 4)
+    assert saved["workload"]["lora"]["requests_per_adapter"] == {"1": 8, "2": 8, "3": 8, "4": 8}
+    # LoRA runs are stepped, not fast-forwarded.
+    assert done.metrics["fast_forwarded_steps"] == 0
