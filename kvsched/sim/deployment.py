@@ -278,8 +278,8 @@ def validate_engine_options(opts: EngineOptions) -> None:
     check_lora_options(opts.enable_lora, opts.max_loras, opts.max_lora_rank, opts.max_cpu_loras,
                        opts.fully_sharded_loras, opts.lora_modules, opts.lora_target_modules)
     if opts.enable_lora and opts.pipeline_parallel_size > 1:
-        raise UserInputError(f"--enable-lora with --pipeline-parallel-size={opts.pipeline_parallel_size}: LoRA "
-                             "on pipeline stages is not priced by kvsched yet; drop one of them")
+        raise UserInputError(f"--enable-lora with --pipeline-parallel-size={opts.pipeline_parallel_size}: "
+                             "LoRA on pipeline stages is not priced by kvsched yet; drop one of them")
     if opts.spec_acceptance is not None and opts.speculative_config is None:
         raise UserInputError(f"--spec-acceptance={opts.spec_acceptance}: sets the acceptance rates of "
                          "speculative decoding; give --speculative-config too")

@@ -230,6 +230,9 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-zipf-alpha", type=float,
                    help="with --lora-assignment random: adapter k (1-based, in --lora-modules order) drawn "
                         "with weight 1/k^alpha (default: uniform)")
+    g.add_argument("--lora-names", nargs="+", metavar="NAME", default=list(w.lora_names),
+                   help="with --enable-lora: the adapters requests pick from, by name (vllm bench serve's "
+                        "--lora-modules; default: every adapter)")
     g.add_argument("--num-lora-adapters", type=int,
                    help="with --enable-lora and no --lora-modules: N synthetic adapters lora-1..lora-N of "
                         "--max-lora-rank on every module")
@@ -361,7 +364,8 @@ _WORKLOAD_FIELDS = tuple(f.name for f in fields(WorkloadSpec))
 
 def workload_spec_from_args(args: argparse.Namespace) -> WorkloadSpec:
     """The workload flags of a parsed command line."""
-    return WorkloadSpec(**{name: getattr(args, name) for name in _WORKLOAD_FIELDS if hasattr(args, name)})
+    return WorkloadSpec(**{name: _field_value(name, getattr(args, name)) for name in _WORKLOAD_FIELDS
+                           if hasattr(args, name)})
 
 
 def _field_value(name: str, value: Any) -> Any:

@@ -35,7 +35,7 @@ from kvsched.sim.simulator import SimConfig, SimResult, Simulator
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec, WorkloadSpec
 from kvsched.sim.ttft_parts import colocated_parts, summary
 from kvsched.sim.workload import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, Workload, load_workload
-from kvsched.sim.workload.lora import DEFAULT_LORA_SHARE, assign_loras
+from kvsched.sim.workload.lora import DEFAULT_LORA_SHARE, adapter_ids_by_name, assign_loras
 
 AfterStep = Callable[[Cluster], None]
 
@@ -131,9 +131,9 @@ def with_loras(deployment: Deployment, spec: WorkloadSpec, workload: Workload) -
     lora = deployment.lora
     if lora is None:
         if spec.uses_lora():
-            raise UserInputError("--lora-share, --lora-assignment, --lora-zipf-alpha and --num-lora-adapters "
-                                 "assign LoRA adapters to requests; add --enable-lora (and --lora-modules "
-                                 "or --num-lora-adapters) or drop them")
+            raise UserInputError("--lora-share, --lora-assignment, --lora-zipf-alpha, --lora-names and "
+                                 "--num-lora-adapters assign LoRA adapters to requests; add --enable-lora "
+                                 "(and --lora-modules or --num-lora-adapters) or drop them")
         return deployment, workload
     if spec.num_lora_adapters is not None:
         if lora.adapters:
@@ -149,8 +149,9 @@ def with_loras(deployment: Deployment, spec: WorkloadSpec, workload: Workload) -
         raise UserInputError("--enable-lora: no adapters for the requests to use; name them with "
                              "--lora-modules NAME=PATH ... or --num-lora-adapters N (or --lora-share 0 "
                              "for the base model only)")
-    return deployment, assign_loras(workload, len(lora.adapters), share, spec.lora_assignment,
-                                    spec.lora_zipf_alpha, spec.seed)
+    ids = adapter_ids_by_name(spec.lora_names, [a.name for a in lora.adapters])
+    return deployment, assign_loras(workload, ids, share, spec.lora_assignment, spec.lora_zipf_alpha,
+                                    spec.seed)
 
 
 def workload_source(spec: WorkloadSpec) -> str:

@@ -133,6 +133,8 @@ BENCH_MAPPED = {
     "output_len": "vLLM maps it to every dataset's output length (--random-output-len, ...)",
     "ignore_eos": "every request generates its whole output length: kvsched's default "
                   "(--eos-probability 0)",
+    "lora_modules": "the adapters requests pick from, by name: kvsched's --lora-names (--serve's "
+                    "--lora-modules NAME=PATH declares them)",
 }
 # Same name, another meaning: not forwarded (the tables below say why).
 NOT_FORWARDED = {SERVE: ("seed",), BENCH: ("save_result", "save_detailed")}
@@ -201,10 +203,12 @@ SERVE_NO_EFFECT: dict[str, tuple[str, ...]] = {
         "mamba_cache_philox_rounds", "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_block_size",
         "mamba_cache_mode", "enable_mamba_shared_prefix_checkpoint", "replayssm_buffer_len", "use_replayssm",
         "prefix_match_unit", "gdn_prefill_backend", "kda_prefill_backend", "kda_decode_backend"),
-    "settings of a feature kvsched refuses when on (LoRA, context parallel, DBO, EPLB, elastic EP)": (
-        "max_loras", "max_lora_rank", "lora_dtype", "max_cpu_loras", "fully_sharded_loras",
-        "lora_target_modules", "specialize_active_lora", "enable_mixed_moe_lora_format",
-        "enable_moe_shared_loras", "max_lora_cls_labels", "dcp_comm_backend", "dcp_q_replicate",
+    "LoRA details that do not change its price (16-bit LoRA weights either way; CUDA graphs per "
+    "active-adapter count; MoE and classifier LoRA layouts, on models kvsched refuses LoRA for)": (
+        "lora_dtype", "specialize_active_lora", "enable_mixed_moe_lora_format", "enable_moe_shared_loras",
+        "max_lora_cls_labels"),
+    "settings of a feature kvsched refuses when on (context parallel, DBO, EPLB, elastic EP)": (
+        "dcp_comm_backend", "dcp_q_replicate",
         "dcp_kv_cache_interleave_size", "cp_kv_cache_interleave_size", "dbo_decode_token_threshold",
         "dbo_prefill_token_threshold", "eplb_config", "elastic_ep_max_dp_size"),
     "prefix-cache hashing: the hash function, not which blocks hit": ("prefix_caching_hash_algo",),
@@ -214,8 +218,6 @@ SERVE_NO_EFFECT: dict[str, tuple[str, ...]] = {
 
 _KERNELS = Refusal("a kernel or compilation choice: kvsched prices vLLM's default kernels and CUDA graphs",
                    "drop it, or price your own vLLM's steps with kvsched profile and --step-time-profile")
-_LORA = Refusal("LoRA adapters: kvsched does not price LoRA kernels or adapter loading yet",
-                "drop it to predict the base model")
 _NOT_SIMULATED = "kvsched does not simulate it"
 SERVE_REFUSED: dict[str, Refusal] = {
     **{d: _KERNELS for d in (
@@ -227,8 +229,6 @@ SERVE_REFUSED: dict[str, Refusal] = {
     "performance_mode": Refusal(_KERNELS.reason, _KERNELS.fix, ("balanced",)),
     "enforce_eager": Refusal("no CUDA graphs: every decode step pays kernel launches kvsched's prices "
                              "leave out", "drop --enforce-eager to predict vLLM's default", (False,)),
-    "enable_lora": Refusal(_LORA.reason, _LORA.fix, (False,)),
-    "lora_modules": _LORA,
     "decode_context_parallel_size": Refusal(f"decode context parallelism: {_NOT_SIMULATED}",
                                             "drop it", ("1",)),
     "prefill_context_parallel_size": Refusal(f"prefill context parallelism: {_NOT_SIMULATED}",
@@ -337,10 +337,6 @@ BENCH_NO_EFFECT: dict[str, tuple[str, ...]] = {
 BENCH_REFUSED: dict[str, Refusal] = {
     "use_beam_search": Refusal("beam search: kvsched simulates one sequence per request", "drop it",
                                (False,)),
-    "lora_modules": Refusal("requests to LoRA adapters: kvsched does not simulate adapters yet",
-                            "drop it to predict the base model"),
-    "lora_assignment": Refusal("requests to LoRA adapters: kvsched does not simulate adapters yet",
-                               "drop it to predict the base model"),
     "ramp_up_strategy": Refusal("a ramped request rate: kvsched's arrivals have one rate",
                                 "give --request-rate"),
     "ramp_up_start_rps": Refusal("a ramped request rate: kvsched's arrivals have one rate",
@@ -797,6 +793,9 @@ def _apply(b: _Builder, command: str, g: Given, dataset: str, spec: dict[str, ob
         return  # kvsched's default
     if command == BENCH and dest == "input_len":
         b.set("random_input_len", g.value, origin)
+        return
+    if command == BENCH and dest == "lora_modules":
+        b.set("lora_names", g.value, origin)
         return
     if command == BENCH and dest == "output_len":
         for target in ("random_output_len", f"{dataset.replace('-', '_')}_output_len"):

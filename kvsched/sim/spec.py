@@ -220,6 +220,9 @@ class WorkloadSpec:
     lora_assignment: str = "random"
     lora_zipf_alpha: float | None = None
     num_lora_adapters: int | None = None
+    # vllm bench serve's --lora-modules: the adapters requests pick from, by
+    # name (empty: every adapter the server has).
+    lora_names: tuple[str, ...] = ()
 
     def check(self) -> None:
         """Every number in its stated range."""
@@ -266,11 +269,15 @@ class WorkloadSpec:
                                  "token is EOS; 0 generates every request's output length)")
         check_lora_workload(self.lora_share, self.lora_assignment, self.lora_zipf_alpha,
                             self.num_lora_adapters)
+        names = self.lora_names
+        if not isinstance(names, tuple) or not all(isinstance(n, str) and n for n in names):
+            raise UserInputError(f"--lora-names={self.lora_names!r}: give adapter names")
 
     def uses_lora(self) -> bool:
         """Whether any LoRA workload setting is given (they need --enable-lora)."""
         return (self.lora_share is not None or self.lora_zipf_alpha is not None
-                or self.num_lora_adapters is not None or self.lora_assignment != "random")
+                or self.num_lora_adapters is not None or self.lora_assignment != "random"
+                or bool(self.lora_names))
 
     def resolved(self) -> WorkloadSpec:
         """This spec checked, its fields checked against the dataset, and

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from kvsched.cli import build_parser
+from kvsched.commands.simulate import spec_of
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import EngineOptions, build_deployment
-from kvsched.sim.flags import parse_spec, spec_argv
+from kvsched.sim.flags import parse_spec, spec_argv, with_pasted
 from kvsched.sim.results import describe_run
 from kvsched.sim.run import prepare, run
 from kvsched.sim.spec import spec_from_json, spec_to_json
@@ -50,12 +52,12 @@ def test_flags_round_trip_through_spec_argv_and_json() -> None:
     spec = parse_spec(["--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--max-cpu-loras", "8",
                        "--fully-sharded-loras", "--lora-modules", "a=/x/a", "b=/x/b", "--lora-share", "0.5",
                        "--lora-target-modules", "qkv_proj", "o_proj",
-                       "--lora-zipf-alpha", "1.2", "--num-prompts", "10", "-tp", "2"])
+                       "--lora-zipf-alpha", "1.2", "--num-prompts", "10", "-tp", "2", "--lora-names", "b"])
     e, w = spec.engine, spec.workload
     assert (e.enable_lora, e.max_loras, e.max_lora_rank, e.max_cpu_loras, e.fully_sharded_loras,
             e.lora_modules) == (True, 4, 64, 8, True, ("a=/x/a", "b=/x/b"))
     assert e.lora_target_modules == ("qkv_proj", "o_proj")
-    assert (w.lora_share, w.lora_zipf_alpha, w.lora_assignment) == (0.5, 1.2, "random")
+    assert (w.lora_share, w.lora_zipf_alpha, w.lora_assignment, w.lora_names) == (0.5, 1.2, "random", ("b",))
     assert parse_spec(spec_argv(spec)) == spec
     assert spec_from_json(spec_to_json(spec)) == spec
     # vLLM's defaults: off, 1 slot, rank 16, CPU cache = max_loras.
@@ -96,3 +98,21 @@ def test_saved_description_names_the_adapters_and_the_mix() -> None:
     assert saved["workload"]["lora"]["requests_per_adapter"] == {"1": 8, "2": 8, "3": 8, "4": 8}
     # LoRA runs are stepped, not fast-forwarded.
     assert done.metrics["fast_forwarded_steps"] == 0
+
+
+def test_a_pasted_lora_serve_and_bench_pair_runs() -> None:
+    # vLLM's docs' form: adapters declared on the serve line, picked by name on the bench line.
+    argv = ["--hardware", "h100-sxm",
+            "--serve", "vllm serve meta-llama/Llama-3.1-8B --enable-lora --max-loras 2 --max-lora-rank 16 "
+            "--lora-modules sql=/adapters/sql chat=/adapters/chat code=/adapters/code",
+            "--bench", "vllm bench serve --model meta-llama/Llama-3.1-8B --lora-modules sql code "
+            "--lora-assignment round-robin --num-prompts 8 --random-input-len 64 --random-output-len 8"]
+    args, _ = with_pasted(build_parser().parse_args(["simulate", *argv]))
+    spec = spec_of(args)
+    assert (spec.engine.enable_lora, spec.engine.max_loras) == (True, 2)
+    assert spec.engine.lora_modules == ("sql=/adapters/sql", "chat=/adapters/chat", "code=/adapters/code")
+    assert spec.workload.lora_names == ("sql", "code")
+    done = run(spec)
+    # sql is adapter 1, code adapter 3; round-robin over them.
+    assert [r.lora_id for r in done.prepared.workload.requests] == [1, 3] * 4
+    assert done.metrics["completed"] == 8

@@ -99,14 +99,27 @@ def test_classification_of_familiar_flags() -> None:
     assert [kind(SERVE, d) for d in ("tensor_parallel_size", "max_num_seqs", "gpu_memory_utilization",
                                      "enable_prefix_caching", "speculative_config", "model_tag",
                                      "pipeline_parallel_size")] == [USED] * 7
-    assert [kind(SERVE, d) for d in ("enforce_eager", "enable_lora",
-                                     "attention_backend", "cpu_offload_gb")] == [REFUSED] * 4
+    assert [kind(SERVE, d) for d in ("enforce_eager", "attention_backend", "cpu_offload_gb")] == \
+        [REFUSED] * 3
     assert [kind(BENCH, d) for d in ("backend", "endpoint", "host", "temperature", "save_result")] == \
         [NO_EFFECT] * 5
     assert [kind(BENCH, d) for d in ("num_prompts", "request_rate", "max_concurrency", "seed", "goodput",
                                      "input_len", "ignore_eos")] == [USED] * 7
     assert [kind(BENCH, d) for d in ("use_beam_search", "ramp_up_strategy", "sharegpt_output_len")] == \
         [REFUSED] * 3
+
+
+def test_lora_flags_are_used() -> None:
+    def kind(command: str, dest: str) -> str:
+        verdict = classify(command, dest, KVSCHED)
+        assert verdict is not None
+        return verdict.kind
+
+    assert [kind(SERVE, d) for d in ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras",
+                                     "fully_sharded_loras", "lora_modules", "lora_target_modules")] == \
+        [USED] * 7
+    assert [kind(BENCH, d) for d in ("lora_modules", "lora_assignment")] == [USED] * 2
+    assert kind(SERVE, "lora_dtype") == NO_EFFECT
 
 
 def test_split_line_continuations_env_quotes_and_shell_words() -> None:
@@ -209,7 +222,6 @@ def test_paste_without_a_model_serves_vllms_default() -> None:
 
 @pytest.mark.parametrize("serve, bench, message", [
     ("vllm serve m --enforce-eager", None, "--serve: --enforce-eager: no CUDA graphs"),
-    ("vllm serve m --enable-lora --lora-modules a=b", None, "--enable-lora: LoRA adapters"),
     ("vllm serve m --attention-backend FLASHINFER", None, "a kernel or compilation choice"),
     ("vllm serve m --compilation-config.mode 3", None, "a kernel or compilation choice"),
     ("vllm serve m --model n", None, "the model m and --model n differ"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Sequence
 
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
@@ -49,20 +50,23 @@ def check_lora_workload(share: float | None, assignment: str, zipf_alpha: float 
                              f"{MAX_LORA_ADAPTERS}]")
 
 
-def assign_loras(workload: Workload, num_adapters: int, share: float, assignment: str,
+def assign_loras(workload: Workload, adapter_ids: Sequence[int], share: float, assignment: str,
                  zipf_alpha: float | None, seed: int) -> Workload:
-    """``workload`` with adapters 1..``num_adapters`` named by a ``share`` of
-    its requests. ``random``: each request (in arrival order) draws whether
-    it names one (skipped at share 1, so a full share draws as vLLM's bench,
+    """``workload`` with the adapters ``adapter_ids`` (vLLM's ids, in the
+    order the draw ranks them) named by a ``share`` of its requests.
+    ``random``: each request (in arrival order) draws whether it names one
+    (skipped at share 1, so a full share draws as vLLM's bench,
     ``random.choice`` per request from a generator seeded with ``seed``)
     and which: uniform, or Zipf with ``zipf_alpha``. ``round-robin``: the
     requests that name one are spread evenly (request i does when
     ``floor((i + 1) * share) > floor(i * share)``) and cycle through the
     adapters."""
+    num_adapters = len(adapter_ids)
     check_lora_workload(share, assignment, zipf_alpha, num_adapters)
-    ids = range(1, num_adapters + 1)
+    ids = tuple(adapter_ids)
     rng = random.Random(seed)
-    cum = list(itertools.accumulate(1.0 / math.pow(k, zipf_alpha) for k in ids)) if zipf_alpha else None
+    cum = (list(itertools.accumulate(1.0 / math.pow(k, zipf_alpha) for k in range(1, num_adapters + 1)))
+           if zipf_alpha else None)
     out: list[WorkloadRequest] = []
     next_rr = 0
     for i, r in enumerate(workload.requests):
@@ -75,6 +79,22 @@ def assign_loras(workload: Workload, num_adapters: int, share: float, assignment
             lid = rng.choices(ids, cum_weights=cum)[0] if cum is not None else rng.choice(ids)
         out.append(WorkloadRequest(r.request_id, r.arrival_time, r.prompt_runs, r.output_len, lid))
     return Workload(workload.name, tuple(out), workload.max_concurrency)
+
+
+def adapter_ids_by_name(names: Sequence[str], adapters: Sequence[str]) -> tuple[int, ...]:
+    """vllm bench serve's ``--lora-modules NAME ...`` (kvsched's
+    ``--lora-names``): the ids of the named adapters among the server's
+    (``adapters``, ids 1..N in order); every adapter when none is named."""
+    if not names:
+        return tuple(range(1, len(adapters) + 1))
+    ids = []
+    for name in names:
+        if name not in adapters:
+            raise UserInputError(f"--lora-names {name}: the server has no adapter of that name (it has "
+                                 f"{', '.join(adapters) or 'none'}); name one of them, as vllm bench serve's "
+                                 "--lora-modules must")
+        ids.append(adapters.index(name) + 1)
+    return tuple(ids)
 
 
 def adapter_counts(workload: Workload) -> dict[int, int]:
