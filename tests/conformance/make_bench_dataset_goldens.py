@@ -38,11 +38,14 @@ OUT = Path(__file__).resolve().parent / "bench_datasets"
 
 # name -> the dataset flags of a vllm bench serve line (paths relative to DATA).
 CASES: dict[str, str] = {
-    "random_plain": "--dataset-name random --num-prompts 12 --random-input-len 40 --random-output-len 9",
+    "random_plain": ("--dataset-name random --num-prompts 12 --random-input-len 40 "
+                     "--random-output-len 9"),
     "random_ratio_prefix": ("--dataset-name random --num-prompts 20 --random-input-len 64 "
-                            "--random-output-len 16 --random-range-ratio 0.5 --random-prefix-len 10 --seed 7"),
+                            "--random-output-len 16 --random-range-ratio 0.5 --random-prefix-len 10 "
+                            "--seed 7"),
     "random_ratio_dict": ("--dataset-name random --num-prompts 15 --random-input-len 30 "
-                          "--random-output-len 50 --random-range-ratio '{\"input\":0.3,\"output\":0.9}' --seed 3"),
+                          "--random-output-len 50 "
+                          "--random-range-ratio '{\"input\":0.3,\"output\":0.9}' --seed 3"),
     "sharegpt": "--dataset-name sharegpt --dataset-path sharegpt.json --num-prompts 20",
     "sharegpt_oversample": "--dataset-name sharegpt --dataset-path sharegpt.json --num-prompts 45 --seed 11",
     "sharegpt_output_len": ("--dataset-name sharegpt --dataset-path sharegpt.json --num-prompts 25 "
@@ -51,11 +54,13 @@ CASES: dict[str, str] = {
                             "--disable-shuffle"),
     "burstgpt": "--dataset-name burstgpt --dataset-path burstgpt.csv --num-prompts 15",
     "burstgpt_replace": "--dataset-name burstgpt --dataset-path burstgpt.csv --num-prompts 50 --seed 4",
-    "prefix_repetition": ("--dataset-name prefix_repetition --num-prompts 20 --prefix-repetition-prefix-len 24 "
-                          "--prefix-repetition-suffix-len 12 --prefix-repetition-num-prefixes 3 "
+    "prefix_repetition": ("--dataset-name prefix_repetition --num-prompts 20 "
+                          "--prefix-repetition-prefix-len 24 --prefix-repetition-suffix-len 12 "
+                          "--prefix-repetition-num-prefixes 3 "
                           "--prefix-repetition-output-len 10"),
-    "prefix_repetition_seed": ("--dataset-name prefix_repetition --num-prompts 9 --prefix-repetition-prefix-len 40 "
-                               "--prefix-repetition-suffix-len 7 --prefix-repetition-num-prefixes 2 "
+    "prefix_repetition_seed": ("--dataset-name prefix_repetition --num-prompts 9 "
+                               "--prefix-repetition-prefix-len 40 --prefix-repetition-suffix-len 7 "
+                               "--prefix-repetition-num-prefixes 2 "
                                "--prefix-repetition-output-len 33 --seed 5"),
     "custom": "--dataset-name custom --dataset-path custom.jsonl --num-prompts 10",
     "custom_file_output": ("--dataset-name custom --dataset-path custom.jsonl --num-prompts 30 "
@@ -66,9 +71,9 @@ CASES: dict[str, str] = {
 
 
 def numpy_state_fingerprint() -> dict[str, object]:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"pos": int(pos), "keys_sha256": hashlib.sha256(np.asarray(keys, dtype=np.uint32).tobytes()).hexdigest(),
-            "has_gauss": int(has_gauss)}
+    _, keys, pos, has_gauss, _ = np.random.get_state()
+    digest = hashlib.sha256(np.asarray(keys, dtype=np.uint32).tobytes()).hexdigest()
+    return {"pos": int(pos), "keys_sha256": digest, "has_gauss": int(has_gauss)}
 
 
 def run_case(flags: str, tokenizer_dir: Path) -> dict[str, object]:

@@ -10,12 +10,16 @@ scheme makes two prompts share exactly the tokens the source says they share:
   generation order for the random dataset). No other request has that id.
 * The random dataset's shared prefix (``prefix_len``) is one run of
   ``RANDOM_PREFIX_TOKEN``.
+* Text that several requests of one of vLLM's benchmark datasets share (a
+  prefix_repetition prefix, sonnet's fixed lines, a prompt that
+  oversampling repeats) is one run of ``SHARED_TEXT_TOKEN_BASE + k``, ``k``
+  numbering the shared texts of the workload (below ``HASH_BLOCK_TOKEN_BASE``).
 * A Mooncake hash id ``h`` names a block of ``MOONCAKE_BLOCK_TOKENS`` (512)
   tokens; the block is one run of ``HASH_BLOCK_TOKEN_BASE + h``, and the last
   block of a prompt is cut to the tokens that remain of ``input_length``.
   Blocks of 512 tokens stay aligned with any KV block size that divides 512.
 
-Ids ``0``, ``2 .. HASH_BLOCK_TOKEN_BASE - 1`` and ``OUTPUT_TOKEN_BASE`` up are
+Id ``0`` and ``OUTPUT_TOKEN_BASE`` up are
 never used in prompts, so a simulator can pick its output token ids there
 (kvsched's simulator samples ``OUTPUT_TOKEN_BASE + i`` for its i-th request).
 """
@@ -23,8 +27,11 @@ never used in prompts, so a simulator can pick its output token ids there
 from __future__ import annotations
 
 RANDOM_PREFIX_TOKEN = 1
+SHARED_TEXT_TOKEN_BASE = 2
 HASH_BLOCK_TOKEN_BASE = 1_000_000
 UNIQUE_TOKEN_BASE = 1_000_000_000
+# How many shared texts one workload may have.
+MAX_SHARED_TEXTS = 1_000_000 - SHARED_TEXT_TOKEN_BASE
 # The largest Mooncake hash id whose token id stays below the request-unique range.
 MAX_HASH_ID = UNIQUE_TOKEN_BASE - HASH_BLOCK_TOKEN_BASE - 1
 MOONCAKE_BLOCK_TOKENS = 512

@@ -76,7 +76,7 @@ def make_burstgpt(rng: random.Random) -> None:
 
 def make_custom(rng: random.Random) -> None:
     out = []
-    for i in range(25):
+    for _ in range(25):
         row = {"prompt": text(rng, rng.choice([1, 2, 4, 7]))}
         row["output_tokens"] = rng.randint(1, 300)
         out.append(json.dumps(row))
