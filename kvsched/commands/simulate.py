@@ -95,8 +95,10 @@ def describe_workload(args: WorkloadSpec, workload: Workload) -> str:
                 f"{f', range ratio {args.random_range_ratio:g}' if args.random_range_ratio else ''}"
                 f"{f', shared prefix {args.random_prefix_len}' if args.random_prefix_len else ''}"
                 f", {rate}{scale}{conc})")
-    return (f"{n} requests of {args.dataset_path} over {workload.last_arrival_time:,.0f} s"
-            f"{scale}{conc}")
+    paced = (f" at {args.request_rate:g} req/s (--request-rate)" if args.request_rate is not None
+             and not math.isinf(args.request_rate) else "")
+    return (f"{n} requests of {args.dataset_path or args.dataset_name}{paced} over "
+            f"{workload.last_arrival_time:,.0f} s{scale}{conc}")
 
 
 OUTPUT_FLAGS = (("--save-result", "save_result"), ("--report", "report"),

@@ -196,10 +196,43 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload (vllm bench serve's arguments)")
     w = WorkloadSpec()
     g.add_argument("--dataset-name", choices=DATASET_NAMES, default=w.dataset_name,
-                   help="random (synthetic) or a trace: azure, mooncake, jsonl (default: random)")
-    g.add_argument("--dataset-path", help="trace file for azure, mooncake or jsonl")
+                   help="vllm bench serve's datasets (random, sharegpt, burstgpt, sonnet, prefix_repetition, "
+                        "custom), sampled as vLLM samples them, or a trace replayed: azure, mooncake, jsonl "
+                        "(default: random)")
+    g.add_argument("--dataset-path", help="the file of sharegpt (JSON), burstgpt (CSV), sonnet (text), "
+                                          "custom (JSONL of prompts) or a trace")
     g.add_argument("--num-prompts", type=int,
-                   help=f"prompts to send (random: default {DEFAULT_NUM_PROMPTS}; traces: default all)")
+                   help=f"prompts to send (vllm bench serve's datasets: default {DEFAULT_NUM_PROMPTS}; "
+                        "traces: default all)")
+    g.add_argument("--tokenizer", help="the tokenizer the datasets count tokens with: a directory with "
+                                       "tokenizer.json, or a Hugging Face id in the local cache (default: "
+                                       "the model's where on disk, else ~4 bytes a token, with a warning)")
+    g.add_argument("--sharegpt-output-len", type=int,
+                   help="sharegpt: every request's output length (default: the conversation's reply)")
+    g.add_argument("--custom-output-len", type=int,
+                   help="custom: every request's output length; -1: each line's output_tokens (default 256)")
+    g.add_argument("--skip-chat-template", action="store_true",
+                   help="custom: count the prompt as written, not through the chat template")
+    g.add_argument("--sonnet-input-len", type=int, help="sonnet: prompt tokens at most (default 550)")
+    g.add_argument("--sonnet-output-len", type=int, help="sonnet: output tokens (default 150)")
+    g.add_argument("--sonnet-prefix-len", type=int,
+                   help="sonnet: tokens of the prefix every prompt shares (default 200)")
+    g.add_argument("--prefix-repetition-prefix-len", type=int,
+                   help="prefix_repetition: tokens of each shared prefix (default 256)")
+    g.add_argument("--prefix-repetition-suffix-len", type=int,
+                   help="prefix_repetition: tokens of each prompt's own suffix (default 256)")
+    g.add_argument("--prefix-repetition-num-prefixes", type=int,
+                   help="prefix_repetition: prefixes, each shared by num_prompts // num_prefixes prompts "
+                        "(default 10)")
+    g.add_argument("--prefix-repetition-output-len", type=int,
+                   help="prefix_repetition: output tokens (default 128)")
+    g.add_argument("--disable-shuffle", action="store_true",
+                   help="sharegpt, custom, prefix_repetition: keep the file's (generation's) order")
+    g.add_argument("--no-oversample", action="store_true",
+                   help="sharegpt, custom: send only the rows there are, not --num-prompts")
+    g.add_argument("--burstgpt-timestamps", action="store_true",
+                   help="burstgpt (kvsched's): replay the GPT-4 rows in file order at their own "
+                        "Timestamp instead of sampling them as vLLM does")
     g.add_argument("--random-input-len", type=int,
                    help=f"random: prompt tokens per request (default {DEFAULT_INPUT_LEN})")
     g.add_argument("--random-output-len", type=int,
@@ -209,10 +242,10 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--random-prefix-len", type=int,
                    help="random: tokens of a prefix shared by every prompt (default 0)")
     g.add_argument("--request-rate", type=float,
-                   help="random: requests/s (default inf: all at once); a trace keeps its own "
-                        "arrival times, rescale them with --time-scale")
+                   help="requests/s with vllm bench serve's gamma arrivals (default inf: all at once); a "
+                        "trace keeps its own arrival times unless this re-paces it (lengths kept)")
     g.add_argument("--burstiness", type=float,
-                   help="random: gamma shape of the arrival gaps, 1 = Poisson (default 1)")
+                   help="gamma shape of the arrival gaps, 1 = Poisson (default 1)")
     g.add_argument("--max-concurrency", type=int,
                    help="most requests in flight; later ones wait at the client (default: no limit)")
     g.add_argument("--seed", type=int, default=w.seed,

@@ -34,7 +34,16 @@ from kvsched.sim.results import num_gpus, per_gpu_metrics, role_utilisation
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunOptions, RunSpec, WorkloadSpec
 from kvsched.sim.ttft_parts import colocated_parts, summary
-from kvsched.sim.workload import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, Workload, load_workload
+from kvsched.sim.workload import (
+    BENCH_DATASETS,
+    MAX_ARRIVAL_TIME,
+    MAX_REQUEST_TOKENS,
+    BenchDatasetOptions,
+    Workload,
+    load_tokenizer,
+    load_workload,
+    repaced,
+)
 from kvsched.sim.workload.lora import DEFAULT_LORA_SHARE, adapter_ids_by_name, assign_loras
 
 AfterStep = Callable[[Cluster], None]
@@ -82,9 +91,27 @@ def build_group_deployment(group: InstanceGroup) -> tuple[Deployment, list[str]]
     return deployment, notes
 
 
-def build_workload(spec: WorkloadSpec) -> Workload:
-    """The requests of a resolved workload spec (:meth:`WorkloadSpec.resolved`)."""
-    if spec.dataset_name == "random":
+def build_workload(spec: WorkloadSpec, model: str | None = None,
+                   notes: list[str] | None = None) -> Workload:
+    """The requests of a resolved workload spec (:meth:`WorkloadSpec.resolved`).
+    vllm bench serve's datasets count tokens with ``spec.tokenizer``, else
+    ``model``'s tokenizer where one is on disk, else an approximation (a
+    warning then goes to ``notes``)."""
+    tokenizer = None
+    if spec.dataset_name in BENCH_DATASETS or spec.tokenizer is not None or (
+            spec.dataset_name == "random" and model is not None):
+        tokenizer, warning = load_tokenizer(model or "", spec.tokenizer)
+        if warning is not None and spec.dataset_name in BENCH_DATASETS and notes is not None:
+            notes.append(warning)
+    if spec.dataset_name in BENCH_DATASETS:
+        assert spec.num_prompts is not None or spec.burstgpt_timestamps
+        assert spec.burstiness is not None and tokenizer is not None
+        workload = load_workload(
+            spec.dataset_name, spec.dataset_path, tokenizer=tokenizer,
+            num_prompts=-1 if spec.num_prompts is None else spec.num_prompts, seed=spec.seed,
+            request_rate=spec.request_rate, burstiness=spec.burstiness,
+            max_concurrency=spec.max_concurrency, options=bench_options(spec))
+    elif spec.dataset_name == "random":
         assert spec.num_prompts is not None and spec.request_rate is not None
         assert spec.random_input_len is not None and spec.random_range_ratio is not None
         assert spec.random_prefix_len is not None
@@ -104,10 +131,16 @@ def build_workload(spec: WorkloadSpec) -> Workload:
             "random", None, num_prompts=spec.num_prompts, input_len=spec.random_input_len,
             output_len=spec.random_output_len, range_ratio=spec.random_range_ratio,
             prefix_len=spec.random_prefix_len, request_rate=spec.request_rate,
-            burstiness=spec.burstiness, max_concurrency=spec.max_concurrency, seed=spec.seed)
+            burstiness=spec.burstiness, max_concurrency=spec.max_concurrency, seed=spec.seed,
+            tokenizer=tokenizer)
     else:
         workload = load_workload(spec.dataset_name, spec.dataset_path,
                                  max_concurrency=spec.max_concurrency)
+        if spec.num_prompts is not None:
+            workload = workload.truncated(num_requests=spec.num_prompts)
+        if spec.request_rate is not None:
+            assert spec.burstiness is not None
+            workload = repaced(workload, spec.request_rate, spec.burstiness, spec.seed)
     if spec.time_scale != 1.0:
         last = workload.last_arrival_time * spec.time_scale
         if last > MAX_ARRIVAL_TIME:
@@ -116,7 +149,7 @@ def build_workload(spec: WorkloadSpec) -> Workload:
                 f"the simulator's time span of {MAX_ARRIVAL_TIME:g} s; use --time-scale <= "
                 f"{MAX_ARRIVAL_TIME / workload.last_arrival_time:.4g}")
         workload = workload.scaled(spec.time_scale)
-    if spec.dataset_name != "random" and spec.num_prompts is not None:
+    if spec.burstgpt_timestamps and spec.num_prompts is not None:
         workload = workload.truncated(num_requests=spec.num_prompts)
     if spec.duration is not None:
         workload = workload.truncated(duration=spec.duration)
@@ -154,11 +187,17 @@ def with_loras(deployment: Deployment, spec: WorkloadSpec, workload: Workload) -
                                     spec.seed)
 
 
+def bench_options(spec: WorkloadSpec) -> BenchDatasetOptions:
+    """The dataset flags of a workload spec, as the benchmark datasets take them."""
+    names = [f.name for f in dataclasses.fields(BenchDatasetOptions)]
+    return BenchDatasetOptions(**{name: getattr(spec, name) for name in names})
+
+
 def workload_source(spec: WorkloadSpec) -> str:
     """Where the requests come from, for a message: the trace file, or the flags."""
-    if spec.dataset_name != "random" and spec.dataset_path:
+    if spec.dataset_path:
         return f"--dataset-path={spec.dataset_path}"
-    return "--dataset-name random"
+    return f"--dataset-name {spec.dataset_name}"
 
 
 def accept(deployment: Deployment, workload: Workload,
@@ -190,7 +229,7 @@ def prepare(spec: RunSpec) -> PreparedRun:
         prefill, more = build_role_deployment(built, built.groups[0])
         notes += [n for n in more if n not in notes]
         check_roles_match(prefill, deployment)
-    workload = build_workload(spec.workload)
+    workload = build_workload(spec.workload, spec.engine.model, notes)
     deployment, workload = with_loras(deployment, spec.workload, workload)
     accepted, refused = accept(deployment, workload, workload_source(spec.workload))
     return PreparedRun(spec, deployment, workload, accepted, refused, notes, prefill)

@@ -46,10 +46,12 @@ from kvsched.sim.deployment import EngineOptions, validate_engine_options
 from kvsched.sim.dp import DEFAULT_DP_STATS_INTERVAL, DEFAULT_DP_SYNC_INTERVAL, check_dp_intervals
 from kvsched.sim.offload_transfer import transfer_config_offloading_gib
 from kvsched.sim.workload import (
+    BENCH_DATASETS,
     DATASET_NAMES,
     DEFAULT_INPUT_LEN,
     DEFAULT_NUM_PROMPTS,
     DEFAULT_OUTPUT_LEN,
+    FILE_DATASETS,
     MAX_BURSTINESS,
     MAX_NUM_PROMPTS,
     MAX_REQUEST_TOKENS,
@@ -223,6 +225,26 @@ class WorkloadSpec:
     # vllm bench serve's --lora-modules: the adapters requests pick from, by
     # name (empty: every adapter the server has).
     lora_names: tuple[str, ...] = ()
+    # The tokenizer the benchmark datasets count tokens with (a directory
+    # with tokenizer.json, or a Hugging Face id in the local cache; None:
+    # the model's, else an approximation with a warning).
+    tokenizer: str | None = None
+    # vllm bench serve's dataset flags (None: vLLM's default), each only for
+    # its dataset (DATASET_FLAGS).
+    sharegpt_output_len: int | None = None
+    custom_output_len: int | None = None
+    skip_chat_template: bool = False
+    sonnet_input_len: int | None = None
+    sonnet_output_len: int | None = None
+    sonnet_prefix_len: int | None = None
+    prefix_repetition_prefix_len: int | None = None
+    prefix_repetition_suffix_len: int | None = None
+    prefix_repetition_num_prefixes: int | None = None
+    prefix_repetition_output_len: int | None = None
+    disable_shuffle: bool = False
+    no_oversample: bool = False
+    # kvsched's: replay a BurstGPT file at its own timestamps (vLLM samples it).
+    burstgpt_timestamps: bool = False
 
     def check(self) -> None:
         """Every number in its stated range."""
@@ -281,13 +303,20 @@ class WorkloadSpec:
 
     def resolved(self) -> WorkloadSpec:
         """This spec checked, its fields checked against the dataset, and
-        the random dataset's defaults filled in (trace datasets keep None)."""
+        vllm bench serve's defaults filled in for the random dataset and the
+        benchmark datasets (num_prompts, request_rate, burstiness); a trace
+        keeps None: all its requests at its own times unless
+        ``request_rate`` re-paces it."""
         self.check()
+        self._check_dataset_flags()
+        if self.dataset_name in BENCH_DATASETS:
+            return self._resolved_bench()
         if self.dataset_name == "random":
             if self.dataset_path is not None:
                 raise UserInputError(
                     f"--dataset-path={self.dataset_path}: --dataset-name is random (the default), "
-                    "which reads no file; add --dataset-name azure, mooncake or jsonl to replay the trace")
+                    "which reads no file; add --dataset-name sharegpt, burstgpt, sonnet, custom, azure, "
+                    "mooncake or jsonl for the file's format")
             filled = {dest: default for dest, default in RANDOM_DEFAULTS.items()
                       if getattr(self, dest) is None}
             if self.num_prompts is None:
@@ -296,24 +325,91 @@ class WorkloadSpec:
         if not self.dataset_path:
             raise UserInputError(f"--dataset-name {self.dataset_name}: needs --dataset-path, the trace "
                                  "file to replay")
-        for dest in ("request_rate", "burstiness"):
-            value = getattr(self, dest)
-            if value is not None:
-                raise UserInputError(
-                    f"{flag_name(dest)}={value:g}: the {self.dataset_name} dataset replays the trace's "
-                    "own arrival times; rescale them with --time-scale (0.5 = twice the rate) instead")
-        for dest in RANDOM_DEFAULTS:
+        if self.burstiness is not None and self.request_rate is None:
+            raise UserInputError(
+                f"--burstiness={self.burstiness:g}: the {self.dataset_name} trace keeps its own arrival "
+                "times unless --request-rate re-paces it; add --request-rate or drop --burstiness")
+        for dest in RANDOM_ONLY:
             value = getattr(self, dest)
             if value is not None:
                 raise UserInputError(
                     f"{flag_name(dest)}={value:g}: only for --dataset-name random; the "
                     f"{self.dataset_name} dataset takes each request's lengths from the trace, drop the flag")
+        if self.request_rate is not None:
+            # Re-paced: the trace's lengths and order at vllm bench serve's arrivals.
+            if self.time_scale != 1.0:
+                raise UserInputError(f"--time-scale={self.time_scale:g} with --request-rate: the rate "
+                                     "replaces the trace's times; give one of them")
+            return dataclasses.replace(self, burstiness=1.0 if self.burstiness is None else self.burstiness)
         return self
+
+    def _check_dataset_flags(self) -> None:
+        """Every dataset flag given belongs to the dataset named."""
+        for dest, datasets in DATASET_FLAGS.items():
+            value = getattr(self, dest)
+            if value is not None and value is not False and self.dataset_name not in datasets:
+                raise UserInputError(f"{flag_name(dest)}: only for --dataset-name {' or '.join(datasets)}; "
+                                     f"--dataset-name is {self.dataset_name}, drop the flag")
+        for dest in ("sharegpt_output_len", "sonnet_input_len", "sonnet_output_len", "sonnet_prefix_len",
+                     "prefix_repetition_prefix_len", "prefix_repetition_suffix_len",
+                     "prefix_repetition_num_prefixes", "prefix_repetition_output_len"):
+            least = 0 if dest in ("sonnet_prefix_len", "prefix_repetition_prefix_len",
+                                  "prefix_repetition_suffix_len", "sharegpt_output_len") else 1
+            _int_in(dest, getattr(self, dest), least, MAX_REQUEST_TOKENS,
+                    "2**40 tokens: far beyond any context")
+        out = self.custom_output_len
+        if out is not None and out != -1:
+            _int_in("custom_output_len", out, 1, MAX_REQUEST_TOKENS,
+                    "-1 takes each line's output_tokens; 2**40 is far beyond any context")
+
+    def _resolved_bench(self) -> WorkloadSpec:
+        name = self.dataset_name
+        if name in FILE_DATASETS and not self.dataset_path:
+            raise UserInputError(f"--dataset-name {name}: needs --dataset-path, the file vllm bench serve "
+                                 "samples it from")
+        if name not in FILE_DATASETS and self.dataset_path is not None:
+            raise UserInputError(f"--dataset-path={self.dataset_path}: --dataset-name {name} is synthetic "
+                                 "and reads no file; drop --dataset-path")
+        for dest in RANDOM_ONLY:
+            value = getattr(self, dest)
+            if value is not None:
+                raise UserInputError(f"{flag_name(dest)}={value:g}: only for --dataset-name random; drop it")
+        timed = self.burstgpt_timestamps and self.request_rate is None
+        if timed and self.burstiness is not None:
+            raise UserInputError("--burstiness with --burstgpt-timestamps: the rows keep their own times "
+                                 "unless --request-rate re-paces them; add --request-rate or drop "
+                                 "--burstiness")
+        if not timed and self.time_scale != 1.0:
+            raise UserInputError(f"--time-scale={self.time_scale:g}: --dataset-name {name} sends at "
+                                 "--request-rate; scale that instead")
+        filled: dict[str, Any] = {"burstiness": 1.0 if self.burstiness is None else self.burstiness}
+        if not timed and self.request_rate is None:
+            filled["request_rate"] = math.inf
+        if self.num_prompts is None and not timed:
+            filled["num_prompts"] = DEFAULT_NUM_PROMPTS
+        return dataclasses.replace(self, **filled)
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
+
+# Each dataset flag and the datasets it belongs to.
+DATASET_FLAGS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
+    "sharegpt_output_len": ("sharegpt",),
+    "custom_output_len": ("custom",),
+    "skip_chat_template": ("custom",),
+    "sonnet_input_len": ("sonnet",),
+    "sonnet_output_len": ("sonnet",),
+    "sonnet_prefix_len": ("sonnet",),
+    "prefix_repetition_prefix_len": ("prefix_repetition",),
+    "prefix_repetition_suffix_len": ("prefix_repetition",),
+    "prefix_repetition_num_prefixes": ("prefix_repetition",),
+    "prefix_repetition_output_len": ("prefix_repetition",),
+    "disable_shuffle": ("sharegpt", "custom", "prefix_repetition"),
+    "no_oversample": ("sharegpt", "custom"),
+    "burstgpt_timestamps": ("burstgpt",),
+})
 
 # The random dataset's defaults (vllm bench serve's, but the rate: all at once).
 RANDOM_DEFAULTS: Mapping[str, Any] = types.MappingProxyType({
@@ -324,6 +420,8 @@ RANDOM_DEFAULTS: Mapping[str, Any] = types.MappingProxyType({
     "request_rate": math.inf,
     "burstiness": 1.0,
 })
+# The random dataset's own flags (the rate and burstiness pace any dataset).
+RANDOM_ONLY = tuple(dest for dest in RANDOM_DEFAULTS if dest not in ("request_rate", "burstiness"))
 
 
 @dataclass(frozen=True, slots=True)

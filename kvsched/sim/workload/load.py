@@ -8,30 +8,39 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.sim.workload.bench.load import BENCH_DATASETS, load_bench_dataset
 from kvsched.sim.workload.model import Workload
 from kvsched.sim.workload.random_dataset import random_workload
 from kvsched.sim.workload.traces.azure import load_azure
 from kvsched.sim.workload.traces.jsonl import load_jsonl
 from kvsched.sim.workload.traces.mooncake import load_mooncake
 
-DATASET_NAMES = ("random", "azure", "mooncake", "jsonl")
+# vllm bench serve's datasets, then the traces kvsched replays.
+DATASET_NAMES = ("random", *BENCH_DATASETS, "azure", "mooncake", "jsonl")
 
 _RANDOM_KWARGS = ("num_prompts", "input_len", "output_len", "range_ratio", "prefix_len", "request_rate",
-                  "burstiness", "max_concurrency", "seed")
+                  "burstiness", "max_concurrency", "seed", "tokenizer")
+_BENCH_KWARGS = ("tokenizer", "num_prompts", "seed", "request_rate", "burstiness", "max_concurrency",
+                 "options")
 _TRACE_LOADERS: dict[str, Callable[..., Workload]] = {
     "azure": load_azure, "mooncake": load_mooncake, "jsonl": load_jsonl}
 
 
 def load_workload(dataset_name: str, dataset_path: str | Path | None = None, **kwargs: Any) -> Workload:
     """Build a workload by dataset name, as ``vllm bench serve --dataset-name``:
-    ``random`` (keyword arguments of :func:`random_workload`, no path) or
-    ``azure`` / ``mooncake`` / ``jsonl`` (a path; ``max_concurrency`` optional)."""
+    ``random`` (keyword arguments of :func:`random_workload`, no path), one
+    of vllm bench serve's datasets (keyword arguments of
+    :func:`~kvsched.sim.workload.bench.load_bench_dataset`) or ``azure`` /
+    ``mooncake`` / ``jsonl`` (a path; ``max_concurrency`` optional)."""
     if dataset_name == "random":
         if dataset_path is not None:
             raise UserInputError("dataset 'random' is synthetic and reads no file; "
                              f"got dataset_path={dataset_path!r}")
         _check_kwargs(dataset_name, kwargs, _RANDOM_KWARGS)
         return random_workload(**kwargs)
+    if dataset_name in BENCH_DATASETS:
+        _check_kwargs(dataset_name, kwargs, _BENCH_KWARGS)
+        return load_bench_dataset(dataset_name, dataset_path, **kwargs)
     loader = _TRACE_LOADERS.get(dataset_name)
     if loader is None:
         raise UserInputError(f"unknown dataset name {dataset_name!r}; "

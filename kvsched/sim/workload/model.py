@@ -16,6 +16,7 @@ from typing import overload
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.request import Request, SamplingParams, TokenRuns
+from kvsched.sim.workload.arrivals import arrival_times_of_rate
 from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, is_int, is_real
 from kvsched.sim.workload.tokens import RANDOM_PREFIX_TOKEN, UNIQUE_TOKEN_BASE, PromptRuns
 
@@ -371,3 +372,26 @@ class Workload:
                                      f"duration={duration!r} s "
                                  f"(the first arrives at {self.requests[0].arrival_time} s)")
         return Workload(self.name, requests, self.max_concurrency)
+
+
+def repaced(workload: Workload, request_rate: float, burstiness: float, seed: int) -> Workload:
+    """``workload``'s requests, lengths, prompts and order kept, sent at
+    ``vllm bench serve --request-rate`` arrivals instead of their own times:
+    gamma gaps (``burstiness`` 1 = Poisson, inf = constant) from numpy's
+    ``RandomState(seed)``, rescaled to end at n / rate; inf: all at once."""
+    if not is_real(request_rate) or not request_rate > 0:
+        raise UserInputError(f"--request-rate={show(request_rate)}: must be a number > 0 (inf: all at once)")
+    n = len(workload.requests)
+    if n / request_rate > MAX_ARRIVAL_TIME:
+        raise UserInputError(f"--request-rate={show(request_rate)}: {n} requests at that rate arrive over "
+                             f"{n / request_rate:.4g} s, beyond the simulator's time span of "
+                             f"{MAX_ARRIVAL_TIME:.0e} s; use a rate >= {n / MAX_ARRIVAL_TIME:.4g} req/s")
+    times = arrival_times_of_rate(n, float(request_rate), float(burstiness), seed)
+    if isinstance(workload.requests, RandomRequests):
+        r = workload.requests
+        lo, hi = r.start, r.stop
+        columns = RandomRequests(array("d", times), r.input_lens[lo:hi], r.output_lens[lo:hi], r.prefix_len)
+        return Workload(workload.name, columns, workload.max_concurrency)
+    requests = tuple(WorkloadRequest(r.request_id, t, r.prompt_runs, r.output_len)
+                     for r, t in zip(workload.requests, times))
+    return Workload(workload.name, requests, workload.max_concurrency)

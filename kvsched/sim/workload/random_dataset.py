@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.workload.arrivals import arrival_times_of_rate
+from kvsched.sim.workload.bench.random_text import random_lengths
 from kvsched.sim.workload.limits import (
     MAX_ARRIVAL_TIME,
     MAX_BURSTINESS,
@@ -21,6 +22,7 @@ from kvsched.sim.workload.limits import (
     is_real,
 )
 from kvsched.sim.workload.model import RandomRequests, Workload
+from kvsched.sim.workload.tokenizer import TextTokenizer
 
 # vllm bench serve's defaults for --dataset-name random.
 DEFAULT_NUM_PROMPTS = 1000
@@ -61,6 +63,7 @@ def random_workload(
     burstiness: float = 1.0,
     max_concurrency: int | None = None,
     seed: int = 0,
+    tokenizer: TextTokenizer | None = None,
 ) -> Workload:
     """``vllm bench serve --dataset-name random``, same semantics and defaults.
 
@@ -69,8 +72,12 @@ def random_workload(
     the output length from ``[max(1, floor(output_len*(1-r))), max(1, ceil(output_len*(1+r)))]``.
     The lengths come from ``numpy.random.default_rng(seed)`` drawn in vLLM's
     order (all input lengths, then all output lengths), so they equal vLLM's
-    for the same seed when the tokenizer adds no special tokens (vLLM subtracts
-    those from ``input_len``; we have no tokenizer).
+    for the same seed when the tokenizer adds no special tokens. With the
+    model's ``tokenizer`` (an exact one) they are vLLM's for any tokenizer
+    (:func:`~kvsched.sim.workload.bench.random_text.random_lengths`: the
+    special tokens come off ``input_len``, prompts are decoded and
+    re-encoded); each prompt is then the special tokens and the prefix
+    (shared), and its own tokens, as the server sees it.
 
     Arrivals follow vLLM's ``get_request``: with ``request_rate`` infinite all
     arrive at 0; otherwise the gaps are gamma(shape=burstiness,
@@ -115,6 +122,15 @@ def random_workload(
 
     import numpy as np  # only the random dataset needs numpy here; trace loading does not
 
+    if tokenizer is not None and tokenizer.exact:
+        lengths = random_lengths(tokenizer, num_prompts, input_len, output_len, (input_ratio, output_ratio),
+                                 prefix_len, seed)
+        prefix = lengths.prefix_tokens - lengths.special_tokens  # the prefix as re-encoded
+        arrivals = array("d", arrival_times_of_rate(num_prompts, float(request_rate), float(burstiness),
+                                                    seed))
+        return Workload("random", RandomRequests(
+            arrivals, array("q", [max(0, n - prefix) for n in lengths.prompt_lens]),
+            array("q", lengths.output_lens), lengths.prefix_tokens), max_concurrency)
     rng = np.random.default_rng(seed)
     input_lens = array("q", rng.integers(input_low, input_high + 1, size=num_prompts).tolist())
     output_lens = array("q", rng.integers(output_low, output_high + 1, size=num_prompts).tolist())

@@ -38,7 +38,8 @@ def test_load_workload_dispatch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "kwargs", "message"), [
-    (("sharegpt", "x.json"), {}, "unknown dataset name 'sharegpt'"),
+    (("vision-arena", "x.json"), {}, "unknown dataset name 'vision-arena'"),
+    (("sharegpt", "x.json"), {"input_len": 5}, "unknown option"),
     (("azure",), {}, "needs dataset_path"),
     (("random", "x.csv"), {}, "reads no file"),
     (("random",), {"random_input_len": 5}, "unknown option"),
