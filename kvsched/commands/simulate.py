@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,14 @@ from kvsched.sim.flags import (
     add_output_arguments,
     add_paste_arguments,
     add_workload_arguments,
+    result_file_from_args,
     spec_argv,
     spec_from_args,
     with_pasted,
 )
 from kvsched.sim.pricing import pricing_of
 from kvsched.sim.refusals import failure_reasons, format_failures
-from kvsched.sim.results import describe_run, detailed_lists, json_safe, num_gpus
+from kvsched.sim.results import ResultFile, describe_run, detailed_lists, num_gpus, write_result
 from kvsched.sim.run import PreparedRun, RunResult, prepare, run_prepared
 from kvsched.sim.simulator import stderr_progress
 from kvsched.sim.spec import RunSpec, WorkloadSpec, spec_from_json, spec_to_json
@@ -41,7 +42,7 @@ def add_simulate_parser(sub: Any) -> None:
                     "parallelism, scheduler settings and traffic.")
     add_engine_arguments(p)
     add_workload_arguments(p)
-    add_output_arguments(p)
+    add_output_arguments(p, result_files=True)
     add_paste_arguments(p)
     p.add_argument("--run-spec", metavar="FILE.json",
                    help="run the deployment and workload of a saved run spec (a --save-result file's "
@@ -124,11 +125,12 @@ def check_output_path(flag: str, path: str) -> None:
 def check_output_paths(args: argparse.Namespace) -> None:
     for flag, dest in OUTPUT_FLAGS:
         path = getattr(args, dest, None)
-        if path is not None:
+        # --save-result without a name, or inside --result-dir: named and made when saved.
+        if path is not None and not (dest == "save_result" and (path == "" or args.result_dir)):
             check_output_path(flag, path)
-    if args.save_detailed and not args.save_result:
+    if args.save_detailed and args.save_result is None and not args.append_result:
         raise UserInputError("--save-detailed: adds per-request lists to --save-result's file; "
-                         "give --save-result FILE.json too")
+                         "give --save-result too")
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -164,8 +166,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     burst = burst_note(spec.workload, done.metrics)
     if burst:
         print(burst)
-    if args.save_result:
-        note = save_result(args.save_result, done)
+    target = result_file_from_args(args)
+    if target.saves:
+        w = spec.workload
+        date = datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = target.path(deployment.options.model, w.request_rate, w.max_concurrency, date)
+        note = save_result(path, done, target, date)
+        print(f"result: {path}")
         if note:
             print(f"kvsched: note: --save-detailed: {note}", file=sys.stderr)
     if args.report:
@@ -237,7 +244,7 @@ def result_dict(done: RunResult) -> tuple[dict[str, Any], str | None]:
                            if done.prepared.prefill_deployment is not None else None),
         "dataset_name": args.dataset_name,
         "num_prompts": len(result.records) + len(result.failed),
-        "request_rate": args.request_rate if args.dataset_name == "random" else None,
+        "request_rate": args.request_rate,
         "burstiness": args.burstiness,
         "max_concurrency": args.max_concurrency,
         "max_num_seqs": deployment.scheduler_config.max_num_seqs,
@@ -268,12 +275,13 @@ def result_dict(done: RunResult) -> tuple[dict[str, Any], str | None]:
     return out, note if save_detailed else None
 
 
-def save_result(path: str, done: RunResult) -> str | None:
-    """Write :func:`result_dict` to ``path``; returns its note, if any."""
+def save_result(path: str, done: RunResult, target: ResultFile | None = None, date: str = "") -> str | None:
+    """Write :func:`result_dict` to ``path`` (with ``target``'s date, label
+    and metadata first, as vllm bench serve); returns its note, if any."""
     out, note = result_dict(done)
-    with open(path, "w") as f:
-        json.dump(json_safe(out), f, indent=2, allow_nan=False)
-        f.write("\n")
+    if target is not None:
+        out = {**target.header(date), **out}
+    write_result(path, out, target is not None and target.append_result)
     return note
 
 

@@ -26,7 +26,8 @@ from kvsched.engine_flags import (
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
 from kvsched.sim.disagg import parse_disaggregation
-from kvsched.sim.metrics import parse_goodput
+from kvsched.sim.metrics import DEFAULT_PERCENTILE_METRICS, PERCENTILE_METRICS, parse_goodput
+from kvsched.sim.results import RESULT_BACKEND, ResultFile, parse_metadata
 from kvsched.sim.serve_line import KvschedFlags, Pasted, paste
 from kvsched.sim.spec import (
     ADMISSION_POLICIES,
@@ -274,10 +275,29 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
                         "length, as ignore_eos does")
 
 
-def add_output_arguments(p: argparse.ArgumentParser) -> None:
+def add_output_arguments(p: argparse.ArgumentParser, result_files: bool = False) -> None:
+    """The output flags; ``result_files``: also vllm bench serve's result-file
+    flags, ``--save-result`` then taking its file name as optional."""
     g = p.add_argument_group("output")
-    g.add_argument("--save-result", metavar="FILE.json",
-                   help="results with vllm bench's keys, plus the deployment and workload")
+    if result_files:
+        g.add_argument("--save-result", metavar="FILE.json", nargs="?", const="",
+                       help="results with vllm bench's keys, plus the deployment and workload; "
+                            "without FILE, named as vllm bench serve names it "
+                            "({label}-{rate}qps-{model}-{date}.json)")
+        g.add_argument("--append-result", action="store_true",
+                       help="add the result to the file as one more JSON line, as vllm bench serve")
+        g.add_argument("--result-dir", metavar="DIR", help="folder of the result file (made if missing)")
+        g.add_argument("--result-filename", metavar="NAME", help="name of the result file")
+        g.add_argument("--label", help=f"the result's label (default: {RESULT_BACKEND}), in its file name")
+        g.add_argument("--metadata", metavar="KEY=VALUE", nargs="*",
+                       help="pairs saved in the result JSON, as vllm bench serve's")
+        g.add_argument("--percentile-metrics", metavar="METRICS",
+                       help="comma-separated metrics to report percentiles of: "
+                            f"{', '.join(PERCENTILE_METRICS)} "
+                            f"(default: {','.join(DEFAULT_PERCENTILE_METRICS)})")
+    else:
+        g.add_argument("--save-result", metavar="FILE.json",
+                       help="results with vllm bench's keys, plus the deployment and workload")
     g.add_argument("--save-detailed", action="store_true",
                    help="with --save-result: also vllm bench's per-request lists and records")
     g.add_argument("--report", metavar="FILE.html", help="a self-contained page with plots")
@@ -376,8 +396,29 @@ def simulate_flag_parser(prog: str = "kvsched simulate") -> argparse.ArgumentPar
     p = FlagParser(prog)
     add_engine_arguments(p)
     add_workload_arguments(p)
-    add_output_arguments(p)
+    add_output_arguments(p, result_files=True)
     return p
+
+
+def parse_percentile_metrics(text: str | None) -> tuple[str, ...]:
+    """``--percentile-metrics`` (None: kvsched's default)."""
+    if text is None:
+        return DEFAULT_PERCENTILE_METRICS
+    names = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in names if m not in PERCENTILE_METRICS]
+    if not names or unknown:
+        raise UserInputError(f"--percentile-metrics={text!r}: choose from {','.join(PERCENTILE_METRICS)}")
+    return names
+
+
+def result_file_from_args(args: argparse.Namespace) -> ResultFile:
+    """vllm bench serve's result-file flags of a parsed command line."""
+    return ResultFile(save_result=args.save_result,
+                      append_result=bool(getattr(args, "append_result", False)),
+                      result_dir=getattr(args, "result_dir", None),
+                      result_filename=getattr(args, "result_filename", None),
+                      label=getattr(args, "label", None),
+                      metadata=parse_metadata(getattr(args, "metadata", None)))
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
@@ -429,6 +470,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         options = RunOptions(
             fast_forward=not args.no_fast_forward,
             percentiles=parse_percentiles(args.metric_percentiles),
+            percentile_metrics=parse_percentile_metrics(getattr(args, "percentile_metrics", None)),
             goodput=tuple(parse_goodput(args.goodput).items()) if args.goodput else (),
             keep_token_times=bool(args.save_detailed),
             # The step log grows with the run; only the report plots it.

@@ -41,7 +41,7 @@ from kvsched.perf.lora import LoraPricer, LoraStats
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, SamplingParams
 from kvsched.sim.kv_transfer import KVWorker
-from kvsched.sim.metrics import RecordTable, benchmark_duration, compute_metrics
+from kvsched.sim.metrics import DEFAULT_PERCENTILE_METRICS, RecordTable, benchmark_duration, compute_metrics
 from kvsched.sim.offload_transfer import OffloadStats, SimOffloadingConnector, combine_offload_stats
 from kvsched.sim.refusals import too_long_error
 from kvsched.sim.samples import SampleAccumulator
@@ -193,13 +193,14 @@ class SimResult:
         return benchmark_duration(self.records) if self.records else 0.0
 
     def metrics(self, percentiles: tuple[float, ...] = (50.0, 90.0, 99.0),
-                goodput_slos: dict[str, float] | None = None) -> dict[str, Any]:
+                goodput_slos: dict[str, float] | None = None,
+                percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS) -> dict[str, Any]:
         """vllm bench serve's keys, plus the engine-side figures."""
         out: dict[str, Any] = {}
         if self.records:
             out.update(compute_metrics(self.records, self.itls, self.duration, percentiles,
                                        goodput_slos, failed=len(self.failed),
-                                       token_times=self.token_times))
+                                       token_times=self.token_times, percentile_metrics=percentile_metrics))
         else:
             out["completed"] = 0
             out["failed"] = len(self.failed)

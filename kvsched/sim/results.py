@@ -1,14 +1,20 @@
 """What ``simulate`` and ``compare`` save: the whole deployment and workload
 described once (:func:`describe_run`, used by the JSON and the HTML report),
-per-GPU throughput, and ``vllm bench serve --save-detailed``'s per-request
-lists."""
+per-GPU throughput, ``vllm bench serve --save-detailed``'s per-request
+lists, and where the file goes (:class:`ResultFile`: ``--save-result``,
+``--result-dir``, ``--result-filename``, ``--append-result``, ``--label``,
+``--metadata``, named and written as vllm bench serve does)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kvsched.errors import UserInputError
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.rank import SimResult
 from kvsched.sim.spec import InstanceGroup, RunSpec, WorkloadSpec
@@ -274,3 +280,73 @@ def role_utilisation(roles: Mapping[str, Sequence[SimResult]]) -> dict[str, dict
             "max_kv_cache_usage": max((t.engine_stats()["max_kv_cache_usage"] for t in totals), default=0.0),
         }
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ResultFile:
+    """Where and how ``--save-result`` writes, as vllm bench serve names
+    and writes its file: ``save_result`` None (not saved), "" (saved under
+    vLLM's name: ``{label}-{request_rate}qps[-concurrency{N}]-{model}-{date}.json``)
+    or a file name; ``result_filename`` replaces the name, ``result_dir``
+    is the folder (made if missing); ``append_result`` adds a line to the
+    file instead of replacing it; ``label`` (default: the backend,
+    ``kvsched-simulate``) and ``metadata`` (KEY=VALUE pairs) go into the
+    JSON as vLLM puts them."""
+
+    save_result: str | None = None
+    append_result: bool = False
+    result_dir: str | None = None
+    result_filename: str | None = None
+    label: str | None = None
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def saves(self) -> bool:
+        return self.save_result is not None or self.append_result
+
+    def path(self, model: str, request_rate: float | None, max_concurrency: int | None, date: str) -> str:
+        """The file to write (vLLM's ``compute_result_filename``); ``date``
+        is vLLM's ``%Y%m%d-%H%M%S`` of now. A trace replayed at its own
+        times has no rate: ``trace`` stands in the name."""
+        label = self.label or RESULT_BACKEND
+        rate = "trace" if request_rate is None else str(float(request_rate))
+        concurrency = f"-concurrency{max_concurrency}" if max_concurrency is not None else ""
+        name = f"{label}-{rate}qps{concurrency}-{model.split('/')[-1]}-{date}.json"
+        if self.save_result:
+            name = self.save_result
+        if self.result_filename:
+            name = self.result_filename
+        if self.result_dir:
+            os.makedirs(self.result_dir, exist_ok=True)
+            name = os.path.join(self.result_dir, name)
+        return name
+
+    def header(self, date: str) -> dict[str, Any]:
+        """The keys vllm bench serve writes first: date, label and the metadata."""
+        return {"date": date, "label": self.label or RESULT_BACKEND, **dict(self.metadata)}
+
+
+# The "backend" of kvsched simulate's results (vLLM's default label is its backend).
+RESULT_BACKEND = "kvsched-simulate"
+
+
+def parse_metadata(items: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
+    """``--metadata KEY=VALUE ...`` as vLLM reads it (split at the first =, stripped)."""
+    out = []
+    for item in items or ():
+        if "=" not in item:
+            raise UserInputError(f"--metadata {item!r}: use KEY=VALUE (e.g. --metadata version=0.3.3 tp=1)")
+        key, value = item.split("=", 1)
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
+
+
+def write_result(path: str, result: Mapping[str, Any], append: bool) -> None:
+    """The result JSON to ``path`` (standard JSON: infinities as "inf");
+    ``append``: one more JSON document on a new line, as ``--append-result``."""
+    with open(path, "a+" if append else "w", encoding="utf-8") as f:
+        if append and f.tell() != 0:
+            f.write("\n")
+        json.dump(json_safe(result), f, indent=None if append else 2, allow_nan=False)
+        if not append:
+            f.write("\n")

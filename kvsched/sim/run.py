@@ -368,7 +368,7 @@ def run_prepared(prepared: PreparedRun, progress: Progress | None = None,
                        spec.options, progress, after_step)
     result.failed.extend(prepared.refused)
     goodput = dict(spec.options.goodput) or None
-    metrics = result.metrics(spec.options.percentiles, goodput)
+    metrics = result.metrics(spec.options.percentiles, goodput, spec.options.percentile_metrics)
     if disagg is not None and prepared.prefill_deployment is not None:
         gpus = num_gpus(prepared.prefill_deployment) + num_gpus(deployment)
         metrics.update({f"{key}_per_gpu": metrics[key] / gpus

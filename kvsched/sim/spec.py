@@ -44,6 +44,7 @@ from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.deployment import EngineOptions, validate_engine_options
 from kvsched.sim.dp import DEFAULT_DP_STATS_INTERVAL, DEFAULT_DP_SYNC_INTERVAL, check_dp_intervals
+from kvsched.sim.metrics import DEFAULT_PERCENTILE_METRICS, PERCENTILE_METRICS
 from kvsched.sim.offload_transfer import transfer_config_offloading_gib
 from kvsched.sim.workload import (
     BENCH_DATASETS,
@@ -432,6 +433,8 @@ class RunOptions:
     fast_forward: bool = True
     # Percentiles of the latency metrics.
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
+    # Which metrics get percentiles (vllm bench serve's --percentile-metrics).
+    percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
     # SLOs in ms (vllm bench's --goodput keys: ttft, tpot, e2el).
     goodput: tuple[tuple[str, float], ...] = ()
     # Keep every request's token times (--save-detailed's lists).
@@ -445,6 +448,10 @@ class RunOptions:
         if not self.percentiles or any(not (_is_number(p) and 0 <= p <= 100) for p in self.percentiles):
             raise UserInputError(f"--metric-percentiles={','.join(map(str, self.percentiles))}: each must "
                                  "be in [0, 100]")
+        unknown = [m for m in self.percentile_metrics if m not in PERCENTILE_METRICS]
+        if not self.percentile_metrics or unknown:
+            given = ",".join(map(str, self.percentile_metrics))
+            raise UserInputError(f"--percentile-metrics={given}: choose from {','.join(PERCENTILE_METRICS)}")
         for name, target in self.goodput:
             if name not in ("ttft", "tpot", "e2el") or not (_is_number(target) and target >= 0):
                 raise UserInputError(f"--goodput {name}:{show(target)}: use ttft, tpot or e2el with a "
