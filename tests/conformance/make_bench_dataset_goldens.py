@@ -18,6 +18,14 @@ files):
 
 kvsched's tests (tests/sim/workload/test_bench_datasets.py) compare its own
 sampling to these files; they need no vLLM.
+
+vLLM 0.32 no longer has the sonnet dataset. Its cases (``sonnet*``) run the
+``SonnetDataset`` class of an older vLLM release, read from the file given
+with ``--sonnet-source`` (an older ``vllm/benchmarks/datasets.py``, or a
+file with just that class; it is not part of kvsched), on top of vLLM 0.32's
+``BenchmarkDataset``, as that release's ``vllm bench serve`` called it on
+the completions endpoint (``return_prompt_formatted=True``, after
+``random.seed(--seed)``).
 """
 
 from __future__ import annotations
@@ -70,6 +78,52 @@ CASES: dict[str, str] = {
 }
 
 
+# The sonnet cases: --sonnet-input-len, --sonnet-output-len, --sonnet-prefix-len, --num-prompts, --seed.
+SONNET_CASES: dict[str, tuple[int, int, int, int, int]] = {
+    "sonnet": (300, 40, 100, 12, 0),
+    "sonnet_seed": (200, 17, 0, 9, 5),
+    "sonnet_long_prefix": (400, 20, 250, 6, 3),
+}
+
+
+def load_sonnet_class(source: Path) -> type:
+    """SonnetDataset from an older vLLM's source file, its base classes from
+    the installed vLLM."""
+    import ast
+
+    from vllm.benchmarks.datasets import BenchmarkDataset, SampleRequest
+
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SonnetDataset"]
+    namespace: dict[str, object] = {"BenchmarkDataset": BenchmarkDataset, "SampleRequest": SampleRequest,
+                                    "random": random, "deprecated": lambda message: (lambda cls: cls),
+                                    "TokenizerLike": object, "Optional": object}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(source), "exec"), namespace)
+    cls = namespace["SonnetDataset"]
+    assert isinstance(cls, type)
+    return cls
+
+
+def run_sonnet_case(case: tuple[int, int, int, int, int], tokenizer_dir: Path,
+                    sonnet: type) -> dict[str, object]:
+    from vllm.tokenizers import get_tokenizer
+
+    input_len, output_len, prefix_len, num_prompts, seed = case
+    random.seed(seed)
+    np.random.seed(seed)
+    tokenizer = get_tokenizer(str(tokenizer_dir))
+    samples = sonnet(dataset_path=str(DATA / "sonnet.txt")).sample(
+        num_requests=num_prompts, input_len=input_len, output_len=output_len, prefix_len=prefix_len,
+        tokenizer=tokenizer, return_prompt_formatted=True)
+    flags = (f"--dataset-name sonnet --dataset-path sonnet.txt --num-prompts {num_prompts} "
+             f"--sonnet-input-len {input_len} --sonnet-output-len {output_len} "
+             f"--sonnet-prefix-len {prefix_len} --seed {seed}")
+    requests = [{"request_id": s.request_id, "prompt_len": s.prompt_len,
+                 "expected_output_len": s.expected_output_len,
+                 "server_prompt_len": len(tokenizer(s.prompt).input_ids)} for s in samples]
+    return {"flags": flags, "requests": requests, "numpy_state_after": numpy_state_fingerprint()}
+
+
 def numpy_state_fingerprint() -> dict[str, object]:
     _, keys, pos, has_gauss, _ = np.random.get_state()
     digest = hashlib.sha256(np.asarray(keys, dtype=np.uint32).tobytes()).hexdigest()
@@ -106,12 +160,21 @@ def run_case(flags: str, tokenizer_dir: Path) -> dict[str, object]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cases", nargs="*", help="case names (default: all)")
+    p.add_argument("--sonnet-source", type=Path,
+                   help="a Python file with an older vLLM's SonnetDataset class (for the sonnet cases)")
     a = p.parse_args()
     import vllm
 
     OUT.mkdir(exist_ok=True)
-    for name in a.cases or CASES:
-        result = run_case(CASES[name], DATA / "tokenizer")
+    sonnet = load_sonnet_class(a.sonnet_source) if a.sonnet_source else None
+    for name in a.cases or [*CASES, *(SONNET_CASES if sonnet else ())]:
+        if name in SONNET_CASES:
+            if sonnet is None:
+                p.error(f"{name}: give --sonnet-source")
+            result = run_sonnet_case(SONNET_CASES[name], DATA / "tokenizer", sonnet)
+            result["sonnet_source"] = "SonnetDataset of an older vLLM release (vLLM 0.32 has none)"
+        else:
+            result = run_case(CASES[name], DATA / "tokenizer")
         result["vllm_version"] = vllm.__version__
         (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(name, len(result["requests"]), "requests")  # type: ignore[arg-type]

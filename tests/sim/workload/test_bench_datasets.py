@@ -1,7 +1,8 @@
 """kvsched's sampling of vllm bench serve's datasets against the outputs of
 vLLM's own dataset code (tests/conformance/make_bench_dataset_goldens.py ran
 vLLM 0.32's get_samples on the files in tests/data/benchdatasets with the
-420-token tokenizer there): every request's prompt_len, expected_output_len
+420-token tokenizer there; sonnet, which vLLM 0.32 dropped, an older
+release's SonnetDataset): every request's prompt_len, expected_output_len
 and the server's token count of its prompt, in order, and the state
 vLLM's arrival draws start from."""
 
@@ -21,6 +22,7 @@ from kvsched.sim.workload.bench.custom import sample_custom
 from kvsched.sim.workload.bench.prefix_repetition import sample_prefix_repetition
 from kvsched.sim.workload.bench.random_text import random_lengths
 from kvsched.sim.workload.bench.sharegpt import sample_sharegpt
+from kvsched.sim.workload.bench.sonnet import sample_sonnet
 from kvsched.sim.workload.random_dataset import _split_range_ratio
 from kvsched.sim.workload.tokenizer import HFTokenizer, read_tokenizer
 
@@ -75,6 +77,9 @@ def _kvsched(case: dict[str, Any], tok: HFTokenizer) -> tuple[list[tuple[int, in
         samples = sample_sharegpt(path, tok, n, seed, None if out is None else int(out), shuffle_off)
     elif name == "burstgpt":
         samples = sample_burstgpt(path, tok, n, seed)
+    elif name == "sonnet":
+        samples = sample_sonnet(path, tok, n, seed, int(f["sonnet_input_len"]), int(f["sonnet_output_len"]),
+                                int(f["sonnet_prefix_len"]))
     elif name == "custom":
         samples = sample_custom(path, tok, n, seed, int(f.get("custom_output_len", 256)),
                                 bool(f.get("skip_chat_template", False)), shuffle_off)
@@ -87,7 +92,7 @@ def _kvsched(case: dict[str, Any], tok: HFTokenizer) -> tuple[list[tuple[int, in
 
 def test_goldens_cover_every_dataset() -> None:
     names = {_flags(json.loads(p.read_text())["flags"])["dataset_name"] for p in GOLDENS}
-    assert names == {"random", "sharegpt", "burstgpt", "prefix_repetition", "custom"}
+    assert names == {"random", "sharegpt", "burstgpt", "sonnet", "prefix_repetition", "custom"}
 
 
 @pytest.mark.parametrize("golden", GOLDENS, ids=[p.stem for p in GOLDENS])
