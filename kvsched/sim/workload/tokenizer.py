@@ -80,6 +80,12 @@ class TextTokenizer(Protocol):
         length is ``target`` or the retries run out; the final ids."""
         ...
 
+    def settle_many(self, seqs: Sequence[list[int]], targets: Sequence[int],
+                    extra: Callable[[int], list[int]]) -> list[list[int]]:
+        """:meth:`settle` of each sequence in order (the same draws from
+        ``extra``, in the same order)."""
+        ...
+
 
 @dataclass(slots=True)
 class HFTokenizer:
@@ -119,7 +125,9 @@ class HFTokenizer:
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        text: str = self.backend.decode(list(ids), skip_special_tokens=False)
+        return self._cleaned(self.backend.decode(list(ids), skip_special_tokens=False))
+
+    def _cleaned(self, text: str) -> str:
         if self.config.get("clean_up_tokenization_spaces") and type(self.backend.model).__name__ != "BPE":
             for old, new in _CLEANUP:
                 text = text.replace(old, new)
@@ -147,16 +155,26 @@ class HFTokenizer:
         return rendered
 
     def settle(self, ids: list[int], target: int, extra: Callable[[int], list[int]]) -> list[int]:
+        return self._settled(self.encode(self.decode(ids), add_special_tokens=False), target, extra)
+
+    def settle_many(self, seqs: Sequence[list[int]], targets: Sequence[int],
+                    extra: Callable[[int], list[int]]) -> list[list[int]]:
+        # The first round draws nothing, so all sequences take it at once
+        # (tokenizers' batch calls run in parallel); the rounds after it draw
+        # padding from the shared stream, so they go one sequence at a time.
+        texts = [self._cleaned(t) for t in self.backend.decode_batch([list(q) for q in seqs],
+                                                                     skip_special_tokens=False)]
+        first = [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+        return [self._settled(ids, target, extra) for ids, target in zip(first, targets)]
+
+    def _settled(self, ids: list[int], target: int, extra: Callable[[int], list[int]]) -> list[int]:
+        """The rest of vLLM's loop, from the first re-encoding ``ids``."""
         tries = DECODE_RETRIES
-        while True:
-            ids = self.encode(self.decode(ids), add_special_tokens=False)
-            if tries <= 0 or len(ids) == target:
-                return ids
-            if len(ids) < target:
-                ids = ids + extra(target - len(ids))
-            else:
-                ids = ids[:target]
+        while tries > 0 and len(ids) != target:
+            ids = ids + extra(target - len(ids)) if len(ids) < target else ids[:target]
             tries -= 1
+            ids = self.encode(self.decode(ids), add_special_tokens=False)
+        return ids
 
 
 def _token_text(value: object) -> str | None:
@@ -209,6 +227,10 @@ class ApproximateTokenizer:
 
     def settle(self, ids: list[int], target: int, extra: Callable[[int], list[int]]) -> list[int]:
         return ids
+
+    def settle_many(self, seqs: Sequence[list[int]], targets: Sequence[int],
+                    extra: Callable[[int], list[int]]) -> list[list[int]]:
+        return list(seqs)
 
 
 def find_tokenizer(model: str, tokenizer: str | None = None) -> Path | None:

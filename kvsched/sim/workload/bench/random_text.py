@@ -62,8 +62,8 @@ def random_lengths(tokenizer: TextTokenizer, num_requests: int, input_len: int, 
     if prefix_len > 0:
         prefix = tokenizer.settle(allowed[rng.integers(0, len(allowed), size=prefix_len)].tolist(),
                                   prefix_len, pad)
-    prompt_lens = []
-    for i in range(num_requests):
-        inner: list[int] = allowed[(offsets[i] + i + np.arange(input_lens[i])) % len(allowed)].tolist()
-        prompt_lens.append(len(tokenizer.settle(prefix + inner, prefix_len + input_lens[i], pad)))
+    seqs = [prefix + allowed[(offsets[i] + i + np.arange(input_lens[i])) % len(allowed)].tolist()
+            for i in range(num_requests)]
+    settled = tokenizer.settle_many(seqs, [prefix_len + n for n in input_lens], pad)
+    prompt_lens = [len(ids) for ids in settled]
     return RandomLengths(prompt_lens, output_lens, specials + len(prefix), specials)
