@@ -126,9 +126,10 @@ def check_output_paths(args: argparse.Namespace) -> None:
     for flag, dest in OUTPUT_FLAGS:
         path = getattr(args, dest, None)
         # --save-result without a name, or inside --result-dir: named and made when saved.
-        if path is not None and not (dest == "save_result" and (path == "" or args.result_dir)):
+        named_later = dest == "save_result" and (path == "" or getattr(args, "result_dir", None))
+        if path is not None and not named_later:
             check_output_path(flag, path)
-    if args.save_detailed and args.save_result is None and not args.append_result:
+    if args.save_detailed and args.save_result is None and not getattr(args, "append_result", False):
         raise UserInputError("--save-detailed: adds per-request lists to --save-result's file; "
                          "give --save-result too")
 
