@@ -314,8 +314,10 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.target_rate is not None and not 0 < args.target_rate < 1e6:
         raise UserInputError(f"--target-rate={args.target_rate}: must be a rate in (0, 1e6) req/s")
     workload_spec = workload_spec_from_args(args).resolved()
-    workload = build_workload(workload_spec)
-    is_random = workload_spec.dataset_name == "random"
+    workload = build_workload(workload_spec, args.model)
+    # Paced by --request-rate (random, vllm bench serve's datasets, a re-paced
+    # trace: resolved, they have a rate) or by the trace's own times.
+    is_random = workload_spec.request_rate is not None
     if is_random and (args.target_rate is not None or args.find_max_rate) and args.request_rate is not None:
         raise UserInputError("--request-rate with --target-rate/--find-max-rate: give one rate")
     span = workload.last_arrival_time
