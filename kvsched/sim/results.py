@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.rank import SimResult
-from kvsched.sim.spec import InstanceGroup, RunSpec, WorkloadSpec
+from kvsched.sim.spec import DATASET_FLAGS, InstanceGroup, RunSpec, WorkloadSpec
 from kvsched.sim.workload import RandomRequests, Workload, WorkloadRequest
 from kvsched.sim.workload.lora import adapter_counts
 
@@ -133,6 +133,15 @@ def workload_dict(spec: WorkloadSpec, workload: Workload) -> dict[str, Any]:
                     "random_range_ratio": spec.random_range_ratio,
                     "random_prefix_len": spec.random_prefix_len,
                     "request_rate": spec.request_rate, "burstiness": spec.burstiness})
+    else:
+        # vllm bench serve's dataset flags given for this dataset, and the
+        # pacing where it has one (a trace at its own times has none).
+        out.update({dest: getattr(spec, dest) for dest, names in DATASET_FLAGS.items()
+                    if spec.dataset_name in names and getattr(spec, dest) not in (None, False)})
+        if spec.request_rate is not None:
+            out.update({"request_rate": spec.request_rate, "burstiness": spec.burstiness})
+    if spec.tokenizer is not None:
+        out["tokenizer"] = spec.tokenizer
     out.update({"max_concurrency": spec.max_concurrency, "time_scale": spec.time_scale,
                 "duration": spec.duration, "seed": spec.seed,
                 "eos_probability": spec.eos_probability})

@@ -145,3 +145,14 @@ def test_bad_dataset_flags_are_refused(argv: list[str], words: list[str]) -> Non
     with pytest.raises(UserInputError) as info:
         build_workload(parse_spec(argv).workload.resolved())
     assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_the_saved_workload_names_the_dataset_flags_and_pacing() -> None:
+    from kvsched.sim.results import workload_dict
+
+    spec = parse_spec(["--dataset-name", "sonnet", "--dataset-path", str(DATA / "sonnet.txt"),
+                       "--sonnet-input-len", "300", "--sonnet-prefix-len", "100", "--num-prompts", "4",
+                       "--tokenizer", str(DATA / "tokenizer")]).workload.resolved()
+    saved = workload_dict(spec, build_workload(spec))
+    assert (saved["sonnet_input_len"], saved["sonnet_prefix_len"], saved["request_rate"]) == (300, 100, math.inf)
+    assert "sonnet_output_len" not in saved and saved["tokenizer"] == str(DATA / "tokenizer")
