@@ -154,5 +154,6 @@ def test_the_saved_workload_names_the_dataset_flags_and_pacing() -> None:
                        "--sonnet-input-len", "300", "--sonnet-prefix-len", "100", "--num-prompts", "4",
                        "--tokenizer", str(DATA / "tokenizer")]).workload.resolved()
     saved = workload_dict(spec, build_workload(spec))
-    assert (saved["sonnet_input_len"], saved["sonnet_prefix_len"], saved["request_rate"]) == (300, 100, math.inf)
+    given = (saved["sonnet_input_len"], saved["sonnet_prefix_len"], saved["request_rate"])
+    assert given == (300, 100, math.inf)
     assert "sonnet_output_len" not in saved and saved["tokenizer"] == str(DATA / "tokenizer")
