@@ -149,8 +149,6 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
                 f"the simulator's time span of {MAX_ARRIVAL_TIME:g} s; use --time-scale <= "
                 f"{MAX_ARRIVAL_TIME / workload.last_arrival_time:.4g}")
         workload = workload.scaled(spec.time_scale)
-    if spec.burstgpt_timestamps and spec.num_prompts is not None:
-        workload = workload.truncated(num_requests=spec.num_prompts)
     if spec.duration is not None:
         workload = workload.truncated(duration=spec.duration)
     return workload
