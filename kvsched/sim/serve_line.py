@@ -137,7 +137,11 @@ BENCH_MAPPED = {
                     "--lora-modules NAME=PATH declares them)",
 }
 # Same name, another meaning: not forwarded (the tables below say why).
-NOT_FORWARDED = {SERVE: ("seed",), BENCH: ("save_result", "save_detailed")}
+# vllm bench serve's result-file flags name where the real benchmark writes;
+# kvsched takes the same flags, but a pasted line's must not make the
+# prediction overwrite a measurement.
+NOT_FORWARDED = {SERVE: ("seed",), BENCH: ("save_result", "save_detailed", "append_result", "result_dir",
+                                           "result_filename", "metadata", "label")}
 
 SERVE_NO_EFFECT: dict[str, tuple[str, ...]] = {
     "the API server's address, TLS, CORS and HTTP settings, not the engine": (
@@ -760,13 +764,14 @@ def _apply(b: _Builder, command: str, g: Given, dataset: str, spec: dict[str, ob
     if verdict.kind == NO_EFFECT:
         b.ignored.append((where, g.spelled))
         return
+    # Another dataset's flag has no effect in vLLM, whether kvsched takes it or not.
+    datasets = dataset_of_flag(dest) if command == BENCH else None
+    if datasets is not None and dataset not in datasets:
+        b.ignored.append((where, f"{g.spelled} (applies to --dataset-name {'/'.join(datasets)} only)"))
+        return
     if verdict.kind == REFUSED:
         refusal = verdict.refusal
         assert refusal is not None
-        datasets = dataset_of_flag(dest) if command == BENCH else None
-        if datasets is not None and dataset not in datasets:
-            b.ignored.append((where, f"{g.spelled} (applies to --dataset-name {'/'.join(datasets)} only)"))
-            return
         if _harmless(g.value, refusal):
             b.ignored.append((where, g.spelled))
             return

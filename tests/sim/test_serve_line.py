@@ -105,8 +105,10 @@ def test_classification_of_familiar_flags() -> None:
         [NO_EFFECT] * 5
     assert [kind(BENCH, d) for d in ("num_prompts", "request_rate", "max_concurrency", "seed", "goodput",
                                      "input_len", "ignore_eos")] == [USED] * 7
-    assert [kind(BENCH, d) for d in ("use_beam_search", "ramp_up_strategy", "sharegpt_output_len")] == \
+    assert [kind(BENCH, d) for d in ("use_beam_search", "ramp_up_strategy", "spec_bench_output_len")] == \
         [REFUSED] * 3
+    assert [kind(BENCH, d) for d in ("sharegpt_output_len", "prefix_repetition_num_prefixes",
+                                     "percentile_metrics", "disable_shuffle")] == [USED] * 4
 
 
 def test_lora_flags_are_used() -> None:
@@ -228,7 +230,8 @@ def test_paste_without_a_model_serves_vllms_default() -> None:
     ("vllm serve m n", None, "takes one model"),
     ("vllm serve m", "vllm bench serve --model other", "--model other is not the model --serve serves"),
     (None, "vllm bench serve --ramp-up-strategy linear", "a ramped request rate"),
-    (None, "vllm bench serve --dataset-name sharegpt --sharegpt-output-len 5", "sharegpt dataset kvsched"),
+    (None, "vllm bench serve --dataset-name spec_bench --spec-bench-output-len 5",
+     "spec_bench dataset kvsched"),
     (None, "vllm bench serve --num-prompts 5 extra", "takes no positional words"),
 ])
 def test_paste_refuses_what_kvsched_cannot_model(serve: str | None, bench: str | None, message: str) -> None:

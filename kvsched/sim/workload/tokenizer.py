@@ -237,7 +237,9 @@ def find_tokenizer(model: str, tokenizer: str | None = None) -> Path | None:
     """The ``tokenizer.json`` vLLM would load for ``model`` (or
     ``--tokenizer``) without a network: a directory or file given, the model
     directory, or the Hugging Face cache (``HF_HUB_CACHE``, ``HF_HOME/hub``
-    or ``~/.cache/huggingface/hub``, the newest snapshot). None if none."""
+    or ``~/.cache/huggingface/hub``, the newest snapshot). None if none (a
+    ``--tokenizer`` that is a path without one is an error; a Hugging Face
+    id not in the cache is not: nothing is downloaded)."""
     if tokenizer is not None:
         given = Path(tokenizer)
         file = given if given.name == "tokenizer.json" else given / "tokenizer.json"
@@ -246,8 +248,11 @@ def find_tokenizer(model: str, tokenizer: str | None = None) -> Path | None:
         cached = _cached(tokenizer)
         if cached is not None:
             return cached
-        raise UserInputError(f"--tokenizer={tokenizer}: no tokenizer.json there nor in the Hugging Face "
-                             "cache; give a directory with tokenizer.json (and tokenizer_config.json)")
+        if given.exists() or tokenizer.count("/") != 1:
+            raise UserInputError(f"--tokenizer={tokenizer}: no tokenizer.json there nor in the Hugging "
+                                 "Face cache; give a directory with tokenizer.json (and "
+                                 "tokenizer_config.json)")
+        return None  # a Hugging Face id not downloaded: the approximation, with its warning
     path = Path(model)
     if path.is_dir() and (path / "tokenizer.json").is_file():
         return path / "tokenizer.json"
@@ -306,8 +311,8 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> tuple[TextTokeni
     file = find_tokenizer(model, tokenizer)
     if file is None:
         return ApproximateTokenizer(), (
-            f"no tokenizer for {model} (no tokenizer.json in the model directory or the Hugging Face "
-            "cache; give --tokenizer DIR): token counts of the dataset's text are approximated at "
-            f"{APPROX_BYTES_PER_TOKEN} UTF-8 bytes a token plus {APPROX_SPECIAL_TOKENS} special token, "
-            "so prompt lengths are estimates, not vllm bench serve's")
+            f"no tokenizer for {tokenizer or model} (no tokenizer.json in the model directory or the "
+            "Hugging Face cache; give --tokenizer DIR): token counts of the dataset's text are "
+            f"approximated at {APPROX_BYTES_PER_TOKEN} UTF-8 bytes a token plus {APPROX_SPECIAL_TOKENS} "
+            "special token, so prompt lengths are estimates, not vllm bench serve's")
     return read_tokenizer(file), None

@@ -157,3 +157,12 @@ def test_the_saved_workload_names_the_dataset_flags_and_pacing() -> None:
     given = (saved["sonnet_input_len"], saved["sonnet_prefix_len"], saved["request_rate"])
     assert given == (300, 100, math.inf)
     assert "sonnet_output_len" not in saved and saved["tokenizer"] == str(DATA / "tokenizer")
+
+
+def test_a_tokenizer_id_not_downloaded_is_the_approximation_a_missing_path_an_error(tmp_path: Path) -> None:
+    from kvsched.sim.workload import load_tokenizer
+
+    tok, warning = load_tokenizer("m", "no-such-org/no-such-model")
+    assert not tok.exact and warning is not None and "no-such-org/no-such-model" in warning
+    with pytest.raises(UserInputError, match="--tokenizer"):
+        load_tokenizer("m", str(tmp_path))
