@@ -355,7 +355,7 @@ class WorkloadSpec:
                      "prefix_repetition_prefix_len", "prefix_repetition_suffix_len",
                      "prefix_repetition_num_prefixes", "prefix_repetition_output_len"):
             least = 0 if dest in ("sonnet_prefix_len", "prefix_repetition_prefix_len",
-                                  "prefix_repetition_suffix_len", "sharegpt_output_len") else 1
+                                  "prefix_repetition_suffix_len") else 1
             _int_in(dest, getattr(self, dest), least, MAX_REQUEST_TOKENS,
                     "2**40 tokens: far beyond any context")
         out = self.custom_output_len
