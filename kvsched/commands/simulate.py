@@ -281,7 +281,8 @@ def save_result(path: str, done: RunResult, target: ResultFile | None = None, da
     and metadata first, as vllm bench serve); returns its note, if any."""
     out, note = result_dict(done)
     if target is not None:
-        out = {**target.header(date), **out}
+        spec = done.prepared.spec
+        out = {**target.header(date, spec.workload.tokenizer or spec.engine.model), **out}
     write_result(path, out, target is not None and target.append_result)
     return note
 

@@ -330,9 +330,11 @@ class ResultFile:
             name = os.path.join(self.result_dir, name)
         return name
 
-    def header(self, date: str) -> dict[str, Any]:
-        """The keys vllm bench serve writes first: date, label and the metadata."""
-        return {"date": date, "label": self.label or RESULT_BACKEND, **dict(self.metadata)}
+    def header(self, date: str, tokenizer_id: str) -> dict[str, Any]:
+        """The keys vllm bench serve writes first: date, endpoint type,
+        label, tokenizer and the metadata."""
+        return {"date": date, "endpoint_type": RESULT_BACKEND, "label": self.label or RESULT_BACKEND,
+                "tokenizer_id": tokenizer_id, **dict(self.metadata)}
 
 
 # The "backend" of kvsched simulate's results (vLLM's default label is its backend).

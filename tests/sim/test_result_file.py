@@ -31,8 +31,10 @@ def test_vllms_name_for_the_result_file(tmp_path: Path) -> None:
 def test_metadata_and_header() -> None:
     pairs = parse_metadata(["version=0.3.3", " tp = 1 ", "note=a=b"])
     assert pairs == (("version", "0.3.3"), ("tp", "1"), ("note", "a=b"))
-    assert ResultFile(metadata=pairs).header(DATE) == {"date": DATE, "label": "kvsched-simulate",
-                                                       "version": "0.3.3", "tp": "1", "note": "a=b"}
+    assert ResultFile(metadata=pairs).header(DATE, "org/m") == {
+        "date": DATE, "endpoint_type": "kvsched-simulate", "label": "kvsched-simulate",
+        "tokenizer_id": "org/m",
+        "version": "0.3.3", "tp": "1", "note": "a=b"}
     with pytest.raises(UserInputError, match="KEY=VALUE"):
         parse_metadata(["tp1"])
 
