@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import fields
@@ -238,8 +239,12 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"random: prompt tokens per request (default {DEFAULT_INPUT_LEN})")
     g.add_argument("--random-output-len", type=int,
                    help=f"random: output tokens per request (default {DEFAULT_OUTPUT_LEN})")
-    g.add_argument("--random-range-ratio", type=float,
-                   help="random: lengths drawn uniformly within +-ratio of the above (default 0)")
+    g.add_argument("--random-range-ratio", type=parse_range_ratio,
+                   help="random: lengths drawn uniformly within +-ratio of the above (default 0); "
+                        'vLLM\'s \'{"input": 0.3, "output": 0.5}\' sets the two apart')
+    g.add_argument("--random-output-range-ratio", type=float,
+                   help="random: the output lengths' own ratio (what the 'output' key of "
+                        "--random-range-ratio's JSON form sets; default: --random-range-ratio's)")
     g.add_argument("--random-prefix-len", type=int,
                    help="random: tokens of a prefix shared by every prompt (default 0)")
     g.add_argument("--request-rate", type=float,
@@ -436,10 +441,34 @@ _GROUP_FIELDS = tuple(f.name for f in fields(InstanceGroup) if f.name not in ("e
 _WORKLOAD_FIELDS = tuple(f.name for f in fields(WorkloadSpec))
 
 
+def parse_range_ratio(text: str) -> float | tuple[float, float]:
+    """``--random-range-ratio`` as vLLM takes it: a number, or a JSON object
+    ``{"input": a, "output": b}``."""
+    if not text.strip().startswith("{"):
+        return float(text)
+    # argparse reports an ArgumentTypeError's message with the flag's name.
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON; give a number or "
+                                         '\'{"input": 0.3, "output": 0.5}\'') from None
+    if not isinstance(value, dict) or set(value) != {"input", "output"} or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()):
+        raise argparse.ArgumentTypeError(f"{text!r}: the JSON form is an object with the numbers "
+                                         '"input" and "output" exactly')
+    return float(value["input"]), float(value["output"])
+
+
 def workload_spec_from_args(args: argparse.Namespace) -> WorkloadSpec:
     """The workload flags of a parsed command line."""
-    return WorkloadSpec(**{name: _field_value(name, getattr(args, name)) for name in _WORKLOAD_FIELDS
-                           if hasattr(args, name)})
+    given = {name: _field_value(name, getattr(args, name)) for name in _WORKLOAD_FIELDS if hasattr(args, name)}
+    ratio = given.get("random_range_ratio")
+    if isinstance(ratio, tuple):
+        if given.get("random_output_range_ratio") is not None:
+            raise UserInputError("--random-output-range-ratio with --random-range-ratio's JSON form: give "
+                                 "the output ratio once")
+        given["random_range_ratio"], given["random_output_range_ratio"] = ratio
+    return WorkloadSpec(**given)
 
 
 def _field_value(name: str, value: Any) -> Any:

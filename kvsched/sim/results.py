@@ -133,6 +133,8 @@ def workload_dict(spec: WorkloadSpec, workload: Workload) -> dict[str, Any]:
                     "random_range_ratio": spec.random_range_ratio,
                     "random_prefix_len": spec.random_prefix_len,
                     "request_rate": spec.request_rate, "burstiness": spec.burstiness})
+        if spec.random_output_range_ratio is not None:
+            out["random_output_range_ratio"] = spec.random_output_range_ratio
     else:
         # vllm bench serve's dataset flags given for this dataset, and the
         # pacing where it has one (a trace at its own times has none).

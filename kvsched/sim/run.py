@@ -129,7 +129,9 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
                 "tokens: must be at most 2**40 (far beyond any context window)")
         workload = load_workload(
             "random", None, num_prompts=spec.num_prompts, input_len=spec.random_input_len,
-            output_len=spec.random_output_len, range_ratio=spec.random_range_ratio,
+            output_len=spec.random_output_len, range_ratio=(
+                spec.random_range_ratio if spec.random_output_range_ratio is None else
+                {"input": spec.random_range_ratio, "output": spec.random_output_range_ratio}),
             prefix_len=spec.random_prefix_len, request_rate=spec.request_rate,
             burstiness=spec.burstiness, max_concurrency=spec.max_concurrency, seed=spec.seed,
             tokenizer=tokenizer)

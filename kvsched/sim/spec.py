@@ -203,6 +203,9 @@ class WorkloadSpec:
     random_input_len: int | None = None
     random_output_len: int | None = None
     random_range_ratio: float | None = None
+    # The output lengths' own ratio (vLLM's --random-range-ratio
+    # '{"input": a, "output": b}'); None: random_range_ratio's.
+    random_output_range_ratio: float | None = None
     random_prefix_len: int | None = None
     request_rate: float | None = None
     burstiness: float | None = None
@@ -260,10 +263,11 @@ class WorkloadSpec:
                       "max_model_len anyway")
         for dest in ("random_input_len", "random_output_len", "random_prefix_len"):
             _int_in(dest, getattr(self, dest), 0, MAX_REQUEST_TOKENS, tokens_why)
-        ratio = self.random_range_ratio
-        if ratio is not None and not (_is_number(ratio) and 0 <= ratio < 1):
-            raise UserInputError(f"--random-range-ratio={show(ratio)}: must be in [0, 1) (lengths are "
-                                 "drawn within +-ratio of --random-input-len / --random-output-len)")
+        for dest in ("random_range_ratio", "random_output_range_ratio"):
+            ratio = getattr(self, dest)
+            if ratio is not None and not (_is_number(ratio) and 0 <= ratio < 1):
+                raise UserInputError(f"{flag_name(dest)}={show(ratio)}: must be in [0, 1) (lengths are "
+                                     "drawn within +-ratio of --random-input-len / --random-output-len)")
         rate = self.request_rate
         if rate is not None and not (_is_number(rate) and rate > 0):
             raise UserInputError(f"--request-rate={show(rate)}: must be > 0 requests/s; inf (the "
@@ -422,7 +426,8 @@ RANDOM_DEFAULTS: Mapping[str, Any] = types.MappingProxyType({
     "burstiness": 1.0,
 })
 # The random dataset's own flags (the rate and burstiness pace any dataset).
-RANDOM_ONLY = tuple(dest for dest in RANDOM_DEFAULTS if dest not in ("request_rate", "burstiness"))
+RANDOM_ONLY = (*(dest for dest in RANDOM_DEFAULTS if dest not in ("request_rate", "burstiness")),
+               "random_output_range_ratio")
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ the run spec, and the refusals."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -166,3 +167,17 @@ def test_a_tokenizer_id_not_downloaded_is_the_approximation_a_missing_path_an_er
     assert not tok.exact and warning is not None and "no-such-org/no-such-model" in warning
     with pytest.raises(UserInputError, match="--tokenizer"):
         load_tokenizer("m", str(tmp_path))
+
+
+def test_the_json_range_ratio_sets_input_and_output_apart() -> None:
+    golden = json.loads((GOLDENS / "random_ratio_dict.json").read_text())["requests"]
+    spec = parse_spec(["--num-prompts", "15", "--random-input-len", "30", "--random-output-len", "50",
+                       "--random-range-ratio", '{"input": 0.3, "output": 0.9}', "--seed", "3",
+                       "--tokenizer", str(DATA / "tokenizer")])
+    assert (spec.workload.random_range_ratio, spec.workload.random_output_range_ratio) == (0.3, 0.9)
+    assert parse_spec(spec_argv(spec)) == spec
+    w = build_workload(spec.workload.resolved())
+    assert [r.output_len for r in w.requests] == [g["expected_output_len"] for g in golden]
+    assert [r.num_prompt_tokens for r in w.requests] == [g["server_prompt_len"] for g in golden]
+    with pytest.raises((UserInputError, argparse.ArgumentError), match="exactly"):
+        parse_spec(["--random-range-ratio", '{"input": 0.3}'])
