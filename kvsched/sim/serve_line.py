@@ -140,8 +140,11 @@ BENCH_MAPPED = {
 # vllm bench serve's result-file flags name where the real benchmark writes;
 # kvsched takes the same flags, but a pasted line's must not make the
 # prediction overwrite a measurement.
-NOT_FORWARDED = {SERVE: ("seed",), BENCH: ("save_result", "save_detailed", "append_result", "result_dir",
-                                           "result_filename", "metadata", "label")}
+# vllm serve's --tokenizer is the server's; the datasets count with the bench
+# line's (vLLM's client tokenizer, the model's unless its --tokenizer says).
+NOT_FORWARDED = {SERVE: ("seed", "tokenizer"),
+                 BENCH: ("save_result", "save_detailed", "append_result", "result_dir", "result_filename",
+                         "metadata", "label")}
 
 SERVE_NO_EFFECT: dict[str, tuple[str, ...]] = {
     "the API server's address, TLS, CORS and HTTP settings, not the engine": (
@@ -324,8 +327,7 @@ BENCH_NO_EFFECT: dict[str, tuple[str, ...]] = {
         "backend", "base_url", "host", "port", "endpoint", "header", "insecure", "ready_check_timeout_sec",
         "served_model_name", "request_id_prefix", "extra_body", "chat_template_kwargs", "label"),
     "the client's tokenizer and prompt text (kvsched's datasets give token counts)": (
-        "tokenizer", "tokenizer_mode", "trust_remote_code", "skip_tokenizer_init", "skip_chat_template",
-        "enable_multimodal_chat", "no_stream"),
+        "tokenizer_mode", "trust_remote_code", "skip_tokenizer_init", "enable_multimodal_chat", "no_stream"),
     "sampling parameters: priced alike, and the output lengths are the dataset's": (
         "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
         "repetition_penalty", "logprobs"),
@@ -333,10 +335,7 @@ BENCH_NO_EFFECT: dict[str, tuple[str, ...]] = {
     "prediction)": (
         "save_result", "save_detailed", "append_result", "result_dir", "result_filename", "metadata",
         "plot_timeline", "timeline_itl_thresholds", "plot_dataset_stats", "disable_tqdm", "profile"),
-    "which metrics the real benchmark prints: kvsched reports all of them": ("percentile_metrics",),
     "warm-up requests sent before the measured run": ("num_warmups",),
-    "dataset order and oversampling: kvsched's datasets keep their order and size": (
-        "disable_shuffle", "no_oversample"),
 }
 BENCH_REFUSED: dict[str, Refusal] = {
     "use_beam_search": Refusal("beam search: kvsched simulates one sequence per request", "drop it",

@@ -238,8 +238,9 @@ def find_tokenizer(model: str, tokenizer: str | None = None) -> Path | None:
     ``--tokenizer``) without a network: a directory or file given, the model
     directory, or the Hugging Face cache (``HF_HUB_CACHE``, ``HF_HOME/hub``
     or ``~/.cache/huggingface/hub``, the newest snapshot). None if none (a
-    ``--tokenizer`` that is a path without one is an error; a Hugging Face
-    id not in the cache is not: nothing is downloaded)."""
+    ``--tokenizer`` directory without one is an error; a Hugging Face id not
+    in the cache, or a path not on this machine, is not: nothing is
+    downloaded)."""
     if tokenizer is not None:
         given = Path(tokenizer)
         file = given if given.name == "tokenizer.json" else given / "tokenizer.json"
@@ -248,11 +249,12 @@ def find_tokenizer(model: str, tokenizer: str | None = None) -> Path | None:
         cached = _cached(tokenizer)
         if cached is not None:
             return cached
-        if given.exists() or tokenizer.count("/") != 1:
-            raise UserInputError(f"--tokenizer={tokenizer}: no tokenizer.json there nor in the Hugging "
-                                 "Face cache; give a directory with tokenizer.json (and "
-                                 "tokenizer_config.json)")
-        return None  # a Hugging Face id not downloaded: the approximation, with its warning
+        if given.exists():
+            raise UserInputError(f"--tokenizer={tokenizer}: no tokenizer.json there; give a directory "
+                                 "with tokenizer.json (and tokenizer_config.json)")
+        # A Hugging Face id not downloaded, or a path of another machine (a
+        # pasted line's): the approximation, with its warning.
+        return None
     path = Path(model)
     if path.is_dir() and (path / "tokenizer.json").is_file():
         return path / "tokenizer.json"

@@ -165,6 +165,8 @@ def test_a_tokenizer_id_not_downloaded_is_the_approximation_a_missing_path_an_er
 
     tok, warning = load_tokenizer("m", "no-such-org/no-such-model")
     assert not tok.exact and warning is not None and "no-such-org/no-such-model" in warning
+    # A pasted line's path of another machine too.
+    assert not load_tokenizer("m", "/models/elsewhere/llama")[0].exact
     with pytest.raises(UserInputError, match="--tokenizer"):
         load_tokenizer("m", str(tmp_path))
 
