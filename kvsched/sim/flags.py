@@ -461,7 +461,8 @@ def parse_range_ratio(text: str) -> float | tuple[float, float]:
 
 def workload_spec_from_args(args: argparse.Namespace) -> WorkloadSpec:
     """The workload flags of a parsed command line."""
-    given = {name: _field_value(name, getattr(args, name)) for name in _WORKLOAD_FIELDS if hasattr(args, name)}
+    given = {name: _field_value(name, getattr(args, name)) for name in _WORKLOAD_FIELDS
+             if hasattr(args, name)}
     ratio = given.get("random_range_ratio")
     if isinstance(ratio, tuple):
         if given.get("random_output_range_ratio") is not None:
