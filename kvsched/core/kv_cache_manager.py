@@ -394,6 +394,16 @@ class KVCacheManager:
         else:
             self.block_pool.free_table(blocks, num_cached)
 
+    def popped_after_eviction(self, blocks: list[int], num_cached: int, block_ids: set[int]) -> int:
+        """The ``num_cached`` to free blocks popped by ``pop_blocks_for_free``
+        with, once ``block_ids`` were evicted before they went back: vLLM
+        looks each block's hash up when it frees them, so a counted block
+        that lost its hash makes the table holed. (A private request's
+        blocks are only ever evicted while it runs, before they are popped.)"""
+        if num_cached > 0 and not block_ids.isdisjoint(blocks[:num_cached]):
+            return _HOLED
+        return num_cached
+
     def evict_blocks(self, block_ids: set[int], requests: Mapping[str, Request]) -> None:
         """Drop blocks from the prefix cache by id (vLLM's evict_blocks: a KV
         load into them failed under the ``fail`` policy); their holders keep

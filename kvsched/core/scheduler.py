@@ -1573,12 +1573,17 @@ class Scheduler:
             return set()
         if not self.recompute_kv_load_failures:
             # The failed blocks and those after them, in every table cut,
-            # leave the prefix cache by id (also where other tables share them).
-            table = self.kv_cache_manager.req_to_blocks
+            # leave the prefix cache by id (also where other tables or
+            # blocks waiting for a deferred free share them).
+            manager = self.kv_cache_manager
             evicted: set[int] = set()
             for request, first in evict:
-                evicted.update(table[request.request_id][first:])
-            self.kv_cache_manager.evict_blocks(evicted, self.requests)
+                evicted.update(manager.req_to_blocks[request.request_id][first:])
+            manager.evict_blocks(evicted, self.requests)
+            frees = self.deferred_frees
+            for i in range(len(frees)):
+                seq, blocks, num_cached = frees[i]
+                frees[i] = (seq, blocks, manager.popped_after_eviction(blocks, num_cached, evicted))
             return async_ids | sync_ids
         self.failed_recving_kv_req_ids |= async_ids
         return sync_ids

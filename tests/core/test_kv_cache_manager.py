@@ -269,3 +269,22 @@ def test_a_private_requests_evicted_blocks_end_its_counted_run() -> None:
     kv.check_invariants(private_ids={"p"})
     kv.free(p)  # tail first: 6, 5, 4, 3 to the front (last freed first), 2 and 1 to the back
     assert list(kv.block_pool.free_queue) == [6, 5, 4, 3, 7, 2, 1]
+
+
+def test_blocks_popped_for_a_deferred_free_are_freed_by_their_hash_after_an_eviction() -> None:
+    """vLLM looks each deferred block's hash up when it finally frees it: a
+    block evicted in between goes to the front, not where its position said."""
+    kv = _kv(16)
+    a, c = _req("a", A_PROMPT), _req("c", C_PROMPT)
+    _admit(kv, a)                                    # [1..6], 1-5 cached
+    _admit(kv, c)                                    # [1, 2, 7, 8, 9, 10], 7-9 cached
+    blocks, num_cached = kv.pop_blocks_for_free(c)   # c finished; its free waits
+    assert (blocks, num_cached) == ([1, 2, 7, 8, 9, 10], 5)
+    assert kv.popped_after_eviction(blocks, num_cached, {6}) == 5   # none of its cached ones
+    kv.evict_blocks({2, 3, 4, 5, 6}, {"a": a})
+    num_cached = kv.popped_after_eviction(blocks, num_cached, {2, 3, 4, 5, 6})
+    kv.free(a)  # 6, 5, 4, 3 to the front; 2 and 1 wait in c's deferred free
+    assert list(kv.block_pool.free_queue) == [6, 5, 4, 3, 11, 12, 13, 14, 15]
+    kv.free_popped(blocks, num_cached)  # 10 and the evicted 2 to the front, 9, 8, 7, 1 back
+    assert list(kv.block_pool.free_queue) == [10, 2, 6, 5, 4, 3, 11, 12, 13, 14, 15, 9, 8, 7, 1]
+    kv.check_invariants()
