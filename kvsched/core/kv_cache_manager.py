@@ -274,6 +274,11 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         rid = request.request_id
+        # Only known tokens' blocks have a hash (vLLM caps at the request's
+        # block hashes): computed tokens can run ahead of the known ones, as
+        # after a KV load recomputed while drafts were in flight.
+        if num_tokens > request.num_tokens:
+            num_tokens = request.num_tokens
         num_full = num_tokens // self.block_size
         num_cached = self.num_cached_block.get(rid, 0)
         if num_full > num_cached:

@@ -288,3 +288,14 @@ def test_blocks_popped_for_a_deferred_free_are_freed_by_their_hash_after_an_evic
     kv.free_popped(blocks, num_cached)  # 10 and the evicted 2 to the front, 9, 8, 7, 1 back
     assert list(kv.block_pool.free_queue) == [10, 2, 6, 5, 4, 3, 11, 12, 13, 14, 15, 9, 8, 7, 1]
     kv.check_invariants()
+
+
+def test_cache_blocks_caches_only_blocks_of_known_tokens() -> None:
+    """Computed tokens can run ahead of known ones (a recomputed KV load
+    with drafts in flight): vLLM caches no block past the known tokens."""
+    kv = _kv(16)
+    r = _req("r", BASE[:9])                          # 9 known tokens: 2 full blocks
+    assert kv.allocate_slots(r, 9) == [1, 2, 3]       # caches blocks 1 and 2
+    kv.cache_blocks(r, 12)
+    assert kv.num_cached_block["r"] == 2
+    assert kv.block_pool.block_hash[3] is None
