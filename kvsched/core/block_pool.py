@@ -292,8 +292,9 @@ class BlockPool:
             if not dups:
                 del self.dup_cached[h]
 
-    def uncache_blocks(self, blocks: list[int]) -> None:
-        """Forget the hashes of held blocks (vLLM's evict_blocks)."""
+    def uncache_blocks(self, blocks: Iterable[int]) -> None:
+        """Forget the hashes of held blocks (vLLM's evict_blocks; in any
+        order: a hash's remaining blocks keep their order)."""
         for b in blocks:
             h = self.hash_of_block.pop(b, None)
             if h is not None:

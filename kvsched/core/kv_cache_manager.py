@@ -9,7 +9,7 @@ are evicted only when a new block is needed.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -23,6 +23,9 @@ _NO_BLOCKS: list[int] = []
 # Private requests' keys (see KVCacheManager._private_keys): 2**40 blocks per
 # request, far beyond any max_model_len.
 _PRIVATE_KEY_SPAN = 1 << 40
+# ``num_cached`` of a popped table with holes (KVCacheManager.holed): freeing
+# it looks each block's hash up instead of splitting the table by position.
+_HOLED = -1
 
 
 @dataclass(slots=True)
@@ -40,7 +43,8 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     __slots__ = ("block_size", "max_model_len", "enable_caching", "block_pool",
-                 "req_to_blocks", "num_cached_block", "prefix_cache_stats", "num_private")
+                 "req_to_blocks", "num_cached_block", "prefix_cache_stats", "num_private",
+                 "holed")
 
     def __init__(self, cache_config: CacheConfig, max_model_len: int) -> None:
         self.block_size = cache_config.block_size
@@ -53,6 +57,11 @@ class KVCacheManager:
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         self.num_private = 0  # private requests given keys so far
+        # Requests among whose first num_cached_block blocks some lost their
+        # hash: a failed KV load's blocks, evicted by id (evict_blocks), that
+        # the table shares. Empty unless a connector fails a load under the
+        # fail policy; only free() treats these tables apart.
+        self.holed: set[str] = set()
 
     @property
     def usage(self) -> float:
@@ -265,6 +274,11 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         rid = request.request_id
+        # Only known tokens' blocks have a hash (vLLM caps at the request's
+        # block hashes): computed tokens can run ahead of the known ones, as
+        # after a KV load recomputed while drafts were in flight.
+        if num_tokens > request.num_tokens:
+            num_tokens = request.num_tokens
         num_full = num_tokens // self.block_size
         num_cached = self.num_cached_block.get(rid, 0)
         if num_full > num_cached:
@@ -335,10 +349,15 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first, so its prefix is evicted
         last. Its first ``num_cached_block`` blocks are exactly its cached
-        ones (registered, or counted for a private request)."""
+        ones (registered, or counted for a private request), unless some
+        lost their hash (``holed``)."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
         num_cached = self.num_cached_block.pop(rid, 0)
+        if self.holed and rid in self.holed:
+            self.holed.discard(rid)
+            self.free_popped(blocks or [], _HOLED)
+            return
         if blocks:
             if request.private and num_cached and not request.is_finished():
                 # Preempted: re-admitted, it looks its blocks up (see cache_full_blocks).
@@ -361,23 +380,56 @@ class KVCacheManager:
         its table without freeing them: a consumer KV connector under async
         scheduling returns them to the pool (``free_popped``) only once the
         batches that may still write them are processed."""
-        blocks = self.req_to_blocks.pop(request.request_id, None) or []
-        return blocks, self.num_cached_block.pop(request.request_id, 0)
+        rid = request.request_id
+        blocks = self.req_to_blocks.pop(rid, None) or []
+        num_cached = self.num_cached_block.pop(rid, 0)
+        if self.holed and rid in self.holed:
+            self.holed.discard(rid)
+            num_cached = _HOLED
+        return blocks, num_cached
 
     def free_popped(self, blocks: list[int], num_cached: int) -> None:
-        """Free blocks taken by ``pop_blocks_for_free``, tail first."""
-        if blocks:
+        """Free blocks taken by ``pop_blocks_for_free``, tail first. A table
+        with holes goes block by block, each to the queue's back if it still
+        has its hash, else to the front (as vLLM's free_blocks decides)."""
+        if not blocks:
+            return
+        if num_cached == _HOLED:
+            self.block_pool.free_blocks(reversed(blocks))
+        else:
             self.block_pool.free_table(blocks, num_cached)
 
-    def evict_request_blocks(self, request: Request, first: int) -> None:
-        """Drop the request's blocks from ``first`` on out of the prefix cache
-        (a KV load into them failed under the ``fail`` policy); the request
-        keeps holding them."""
-        rid = request.request_id
-        num_cached = self.num_cached_block.get(rid, 0)
-        if num_cached > first:
-            self.block_pool.uncache_blocks(self.req_to_blocks[rid][first:num_cached])
-            self.num_cached_block[rid] = first
+    def popped_after_eviction(self, blocks: list[int], num_cached: int, block_ids: set[int]) -> int:
+        """The ``num_cached`` to free blocks popped by ``pop_blocks_for_free``
+        with, once ``block_ids`` were evicted before they went back: vLLM
+        looks each block's hash up when it frees them, so a counted block
+        that lost its hash makes the table holed. (A private request's
+        blocks are only ever evicted while it runs, before they are popped.)"""
+        if num_cached > 0 and not block_ids.isdisjoint(blocks[:num_cached]):
+            return _HOLED
+        return num_cached
+
+    def evict_blocks(self, block_ids: set[int], requests: Mapping[str, Request]) -> None:
+        """Drop blocks from the prefix cache by id (vLLM's evict_blocks: a KV
+        load into them failed under the ``fail`` policy); their holders keep
+        them. As in vLLM no table's ``num_cached_block`` changes, so a table
+        sharing them (a local prefix hit) keeps its later blocks cached and
+        never caches these again: it is ``holed`` until freed. A private
+        request's blocks are nobody else's and only its own failure evicts
+        them, its tail from its first failed block: its count is cut there
+        (free() puts its counted blocks at the back, entry or not)."""
+        self.block_pool.uncache_blocks(block_ids)
+        num_cached_block = self.num_cached_block
+        for rid, blocks in self.req_to_blocks.items():
+            num_cached = num_cached_block.get(rid, 0)
+            first = next((i for i in range(num_cached) if blocks[i] in block_ids), None)
+            if first is None:
+                continue
+            if requests[rid].private:
+                assert block_ids.issuperset(blocks[first:num_cached]), f"{rid}: evicted mid-table"
+                num_cached_block[rid] = first
+            else:
+                self.holed.add(rid)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return list(self.req_to_blocks.get(request_id, _NO_BLOCKS))
@@ -402,12 +454,14 @@ class KVCacheManager:
         for rid, n in self.num_cached_block.items():
             assert n <= len(self.req_to_blocks.get(rid, ())), f"{rid} caches more blocks than it holds"
         # free() relies on it: a table's cached blocks are its first
-        # num_cached_block (a private request's may lack their entry).
+        # num_cached_block (a private request's may lack their entry; a
+        # holed one's lost some).
         hashed = pool.hash_of_block
+        assert self.holed <= self.req_to_blocks.keys(), "a freed request is still holed"
         for rid, blocks in self.req_to_blocks.items():
             n = self.num_cached_block.get(rid, 0)
             assert not any(b in hashed for b in blocks[n:]), f"{rid} has a cached block past {n}"
-            assert rid in private_ids or all(b in hashed for b in blocks[:n]), (
+            assert rid in private_ids or rid in self.holed or all(b in hashed for b in blocks[:n]), (
                 f"{rid}: one of its first {n} blocks is not cached")
         in_use = sum(1 for b in range(1, pool.num_gpu_blocks) if pool.ref_cnt[b] > 0)
         assert in_use + pool.get_num_free_blocks() == pool.num_gpu_blocks - 1, "blocks lost"

@@ -1615,34 +1615,21 @@ class Scheduler:
         if not async_ids and not sync_ids:
             return set()
         if not self.recompute_kv_load_failures:
+            # The failed blocks and those after them, in every table cut,
+            # leave the prefix cache by id (also where other tables or
+            # blocks waiting for a deferred free share them).
             manager = self.kv_cache_manager
             evicted: set[int] = set()
             for request, first in evict:
                 evicted.update(manager.req_to_blocks[request.request_id][first:])
-                manager.evict_request_blocks(request, first)
-            self._uncache_shared_blocks(evicted)
+            manager.evict_blocks(evicted, self.requests)
+            frees = self.deferred_frees
+            for i in range(len(frees)):
+                seq, blocks, num_cached = frees[i]
+                frees[i] = (seq, blocks, manager.popped_after_eviction(blocks, num_cached, evicted))
             return async_ids | sync_ids
         self.failed_recving_kv_req_ids |= async_ids
         return sync_ids
-
-    def _uncache_shared_blocks(self, evicted: set[int]) -> None:
-        """vLLM evicts the failed blocks by id, so a request sharing them (a
-        local prefix hit on them, its own invalid block already marked by an
-        earlier request) loses their hashes too: its cached run ends at the
-        first of them, which decides where its blocks go when freed."""
-        manager = self.kv_cache_manager
-        for rid, blocks in manager.req_to_blocks.items():
-            num_cached = manager.num_cached_block.get(rid, 0)
-            first = next((i for i in range(num_cached) if blocks[i] in evicted), None)
-            if first is None:
-                continue
-            if not evicted.issuperset(blocks[first:num_cached]):
-                # Cached blocks after evicted ones: the manager keeps cached
-                # blocks as a prefix of each table and cannot hold this.
-                raise NotImplementedError(
-                    f"{rid} shares blocks whose KV load failed (fail policy) but keeps cached "
-                    "blocks after them; kvsched does not model that block state")
-            manager.evict_request_blocks(self.requests[rid], first)
 
     def _cut_at_invalid_blocks(self, requests: Iterable[Request], invalid_block_ids: set[int],
                                num_scheduled: dict[str, int]

@@ -68,18 +68,3 @@ def test_regression_matches_vllm(path: Path) -> None:
     _, diff = compare_with_golden(path)
     assert diff is None, diff
 
-
-# Live seeds kvsched cannot replay yet, kept with vLLM's trace (compare_live_kv.py
-# --seeds N --keep): under the fail policy a request shares the blocks of a failed
-# load (evicted from the prefix cache by id) and keeps cached blocks of its own
-# after them; kvsched's KV cache manager holds each table's cached blocks as a
-# prefix and refuses that state (Scheduler._uncache_shared_blocks).
-KNOWN_GAPS = HERE / "kv_connector_known_gaps"
-
-
-@pytest.mark.parametrize("path", sorted(KNOWN_GAPS.glob("*.json")), ids=lambda p: p.stem)
-def test_known_gap_is_refused_clearly(path: Path) -> None:
-    """kvsched stops with its error rather than diverging silently; when the
-    state is modelled, move the scenario into a corpus compared for equality."""
-    _, diff = compare_with_golden(path)
-    assert diff is not None and "does not model that block state" in diff, diff

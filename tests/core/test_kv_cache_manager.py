@@ -213,3 +213,89 @@ def test_usage() -> None:
     kv.check_invariants()
     # A cached block in the free queue is free: it does not count as used.
     assert kv.usage == pytest.approx(0.5)
+
+
+# A failed KV load under the fail policy: vLLM evicts its blocks from the
+# prefix cache by id (evict_blocks), also where another table shares them.
+A_PROMPT = list(range(1, 22))                        # 21 tokens: blocks 1-6, 1-5 full
+C_PROMPT = [*A_PROMPT[:8], *range(100, 113)]         # shares a's first 2 blocks
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["free", "pop_then_free_popped"])
+def test_a_table_sharing_evicted_blocks_keeps_its_later_blocks_cached(deferred: bool) -> None:
+    kv = _kv(16)  # blocks 1-15
+    a, c = _req("a", A_PROMPT), _req("c", C_PROMPT)
+    _admit(kv, a)                                    # [1..6], 1-5 cached
+    assert _admit(kv, c)[:2] == ([1, 2], 8)          # [1, 2, 7, 8, 9, 10], 7-9 cached
+    # a's load into its second block failed: that block and those after it go.
+    kv.evict_blocks({2, 3, 4, 5, 6}, {"a": a, "c": c})
+    assert kv.holed == {"a", "c"}
+    # vLLM leaves num_cached_block alone: c's blocks 7-9 stay cached after the hole.
+    assert kv.num_cached_block == {"a": 5, "c": 5}
+    assert [b for b in range(1, 11) if kv.block_pool.block_hash[b] is not None] == [1, 7, 8, 9]
+    kv.check_invariants()
+    assert kv.get_computed_blocks(_req("probe", C_PROMPT)) == ([1], 4)
+    # c fills its sixth block: only that one is cached; block 2 never is again.
+    c.num_computed_tokens = 21
+    c.extend_output([7, 7, 7])
+    assert kv.allocate_slots(c, 3) == []
+    assert kv.num_cached_block["c"] == 6
+    assert [b for b in range(1, 11) if kv.block_pool.block_hash[b] is not None] == [1, 7, 8, 9, 10]
+
+    def release(request: Request) -> None:
+        if deferred:
+            kv.free_popped(*kv.pop_blocks_for_free(request))
+        else:
+            kv.free(request)
+
+    release(a)  # tail first: 6, 5, 4, 3 lost their hash (front); c still holds 1, 2
+    assert list(kv.block_pool.free_queue) == [6, 5, 4, 3, 11, 12, 13, 14, 15]
+    release(c)  # each block by its own hash: the hole 2 to the front, the rest to the back
+    assert list(kv.block_pool.free_queue) == [2, 6, 5, 4, 3, 11, 12, 13, 14, 15, 10, 9, 8, 7, 1]
+    assert not kv.holed
+    kv.check_invariants()
+
+
+def test_a_private_requests_evicted_blocks_end_its_counted_run() -> None:
+    """A private request's blocks carry no entry (only counted), and only its
+    own failed load evicts them, from its first failed block on: its count
+    ends there, so freeing puts those blocks to the front, the rest to the back."""
+    kv = _kv(8)  # blocks 1-7
+    p = Request("p", A_PROMPT, SamplingParams(max_tokens=8), private=True)
+    assert kv.allocate_slots(p, 21) == [1, 2, 3, 4, 5, 6]
+    assert kv.num_cached_block["p"] == 5
+    kv.evict_blocks({3, 4, 5, 6}, {"p": p})
+    assert kv.num_cached_block["p"] == 2 and not kv.holed
+    kv.check_invariants(private_ids={"p"})
+    kv.free(p)  # tail first: 6, 5, 4, 3 to the front (last freed first), 2 and 1 to the back
+    assert list(kv.block_pool.free_queue) == [6, 5, 4, 3, 7, 2, 1]
+
+
+def test_blocks_popped_for_a_deferred_free_are_freed_by_their_hash_after_an_eviction() -> None:
+    """vLLM looks each deferred block's hash up when it finally frees it: a
+    block evicted in between goes to the front, not where its position said."""
+    kv = _kv(16)
+    a, c = _req("a", A_PROMPT), _req("c", C_PROMPT)
+    _admit(kv, a)                                    # [1..6], 1-5 cached
+    _admit(kv, c)                                    # [1, 2, 7, 8, 9, 10], 7-9 cached
+    blocks, num_cached = kv.pop_blocks_for_free(c)   # c finished; its free waits
+    assert (blocks, num_cached) == ([1, 2, 7, 8, 9, 10], 5)
+    assert kv.popped_after_eviction(blocks, num_cached, {6}) == 5   # none of its cached ones
+    kv.evict_blocks({2, 3, 4, 5, 6}, {"a": a})
+    num_cached = kv.popped_after_eviction(blocks, num_cached, {2, 3, 4, 5, 6})
+    kv.free(a)  # 6, 5, 4, 3 to the front; 2 and 1 wait in c's deferred free
+    assert list(kv.block_pool.free_queue) == [6, 5, 4, 3, 11, 12, 13, 14, 15]
+    kv.free_popped(blocks, num_cached)  # 10 and the evicted 2 to the front, 9, 8, 7, 1 back
+    assert list(kv.block_pool.free_queue) == [10, 2, 6, 5, 4, 3, 11, 12, 13, 14, 15, 9, 8, 7, 1]
+    kv.check_invariants()
+
+
+def test_cache_blocks_caches_only_blocks_of_known_tokens() -> None:
+    """Computed tokens can run ahead of known ones (a recomputed KV load
+    with drafts in flight): vLLM caches no block past the known tokens."""
+    kv = _kv(16)
+    r = _req("r", BASE[:9])                          # 9 known tokens: 2 full blocks
+    assert kv.allocate_slots(r, 9) == [1, 2, 3]       # caches blocks 1 and 2
+    kv.cache_blocks(r, 12)
+    assert kv.num_cached_block["r"] == 2
+    assert kv.block_pool.block_hash[3] is None
