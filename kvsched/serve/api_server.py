@@ -117,7 +117,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         rid = f"cmpl-{uuid.uuid4().hex}"
         engine_prompt: PromptType = {"prompt_token_ids": token_ids, "prompt": text}
         stream = engine.submit(rid, engine_prompt, params)
-        chunks = _CompletionChunks(rid, config.served_model_name, llm, num_logprobs)
+        chunks = _CompletionChunks(rid, config.served_model_name, llm, num_logprobs,
+                                   _return_token_ids(body))
         if stream_settings.stream:
             first = await _first_output(request, engine, stream)
             return _sse(engine, stream, first, chunks, stream_settings.include_usage)
@@ -147,7 +148,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         stream_settings = read_stream(body)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = engine.submit(rid, {"prompt_token_ids": token_ids, "prompt": prompt}, params)
-        chunks = _ChatChunks(rid, config.served_model_name, llm, num_logprobs)
+        chunks = _ChatChunks(rid, config.served_model_name, llm, num_logprobs, _return_token_ids(body))
         if stream_settings.stream:
             first = await _first_output(request, engine, stream)
             return _sse(engine, stream, first, chunks, stream_settings.include_usage)
@@ -166,6 +167,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     return body
+
+
+def _return_token_ids(body: dict[str, Any]) -> bool:
+    return bool(field(body, "return_token_ids", (bool,), "true or false"))
 
 
 def _params(llm: LLM, body: dict[str, Any], max_tokens_field: str, num_logprobs: int | None,
@@ -266,8 +271,10 @@ class _Chunks:
     object_name = ""
     chunk_object_name = ""
 
-    def __init__(self, request_id: str, model: str, llm: LLM, num_logprobs: int | None) -> None:
+    def __init__(self, request_id: str, model: str, llm: LLM, num_logprobs: int | None,
+                 return_token_ids: bool) -> None:
         self.request_id = request_id
+        self.return_token_ids = return_token_ids
         self.model = model
         self.llm = llm
         self.num_logprobs = num_logprobs
@@ -294,6 +301,7 @@ class _Chunks:
         choice = self._choice_delta(text, self._logprobs(c.logprobs, c.token_ids, start))
         choice["finish_reason"] = c.finish_reason
         choice["stop_reason"] = c.stop_reason
+        self._token_ids(choice, out, start)
         chunk = {**self._head(self.chunk_object_name), "choices": [choice]}
         if include_usage:
             chunk["usage"] = None
@@ -304,7 +312,16 @@ class _Chunks:
         choice = self._choice_whole(c.text, self._logprobs(c.logprobs, c.token_ids, 0))
         choice["finish_reason"] = c.finish_reason
         choice["stop_reason"] = c.stop_reason
+        self._token_ids(choice, out, 0)
         return {**self._head(self.object_name), "choices": [choice], "usage": _usage(out)}
+
+    def _token_ids(self, choice: dict[str, Any], out: RequestOutput, start: int) -> None:
+        """vLLM's ``return_token_ids``: the prompt's ids with the first chunk,
+        each chunk's new ids."""
+        if self.return_token_ids:
+            if start == 0:
+                choice["prompt_token_ids"] = list(out.prompt_token_ids)
+            choice["token_ids"] = out.outputs[0].token_ids[start:]
 
     def _choice_delta(self, text: str, logprobs: Any) -> dict[str, Any]:
         raise NotImplementedError

@@ -12,6 +12,7 @@ it waits on a condition, never polls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -37,10 +38,9 @@ class RequestStream:
 
     def put(self, item: RequestOutput | BaseException) -> None:
         """From the engine thread."""
-        try:
+        # RuntimeError: the loop has closed, nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the loop has closed: nobody is listening any more
-            pass
 
     async def next(self) -> RequestOutput:
         item = await self._queue.get()

@@ -145,7 +145,7 @@ def sampling_params(body: dict[str, Any], defaults: SamplingParams, max_tokens_f
 
 def completion_logprobs(body: dict[str, Any]) -> int | None:
     """Completions' ``logprobs``: the number of top tokens per position."""
-    n = field(body, "logprobs", (int,), "an integer")
+    n: int | None = field(body, "logprobs", (int,), "an integer")
     if n is not None and not 0 <= n <= MAX_LOGPROBS:
         raise ApiError(f"logprobs={n}: must be in [0, {MAX_LOGPROBS}]", param="logprobs")
     return n
