@@ -10,6 +10,7 @@ from typing import Any
 
 from kvsched.engine.command import add_engine_flags, engine_kwargs
 from kvsched.errors import UserInputError
+from kvsched.scheduler_defaults import UsageContext
 
 # vLLM's --port default.
 DEFAULT_PORT = 8000
@@ -97,7 +98,9 @@ def build_server(settings: ServeSettings, **engine_args: Any) -> Server:
     from kvsched.serve.metrics import ServerMetrics
 
     template = load_chat_template(Path(settings.tokenizer or settings.model), settings.chat_template)
-    llm = LLM(settings.model, tokenizer=settings.tokenizer, **engine_args)
+    # vLLM's API server's batch defaults, not its LLM class's.
+    llm = LLM(settings.model, tokenizer=settings.tokenizer,
+              usage_context=UsageContext.OPENAI_API_SERVER, **engine_args)
     metrics = ServerMetrics(settings.served_model_name, llm.engine.scheduler_config.max_model_len)
     engine = AsyncEngine(llm, metrics, settings.max_pending_requests)
     app = build_app(engine, ServerConfig(settings.served_model_name, settings.model, settings.api_key,

@@ -271,3 +271,9 @@ def test_api_key_and_missing_chat_template(one_slot: Running) -> None:
                        {"messages": [{"role": "user", "content": "hi"}]},
                        {"Authorization": "Bearer sesame"})
     assert code == 400 and "--chat-template" in reply["error"]["message"]
+
+
+def test_served_engine_takes_vllm_api_server_batch_defaults(served: Running, offline: LLM) -> None:
+    # vLLM on CPU: 2048 batched tokens served (SchedulerConfig's default), 4096 offline.
+    assert served.server.engine.llm.engine.scheduler_config.max_num_batched_tokens == 2048
+    assert offline.engine.scheduler_config.max_num_batched_tokens == 4096
