@@ -47,11 +47,13 @@ class Running:
         self._sock.close()
 
 
-def start_server(model: Path, **overrides: Any) -> Running:
+def start_server(model: Path, engine_args: dict[str, Any] | None = None, **overrides: Any) -> Running:
+    """``kvsched serve`` on ``model`` with ENGINE_ARGS (``engine_args`` added) and
+    the server settings ``overrides`` changes."""
     settings = dict(model=str(model), tokenizer=None, served_model_name="tiny", api_key=None,
                     chat_template=None, max_pending_requests=64)
     settings.update(overrides)
-    server = build_server(ServeSettings(**settings), **ENGINE_ARGS)
+    server = build_server(ServeSettings(**settings), **{**ENGINE_ARGS, **(engine_args or {})})
     # Listening before uvicorn starts: clients connect at once, no wait for readiness.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

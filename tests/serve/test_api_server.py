@@ -122,6 +122,57 @@ def test_concurrent_requests_match_offline_engine(served: Running, offline: LLM)
     assert asyncio.run(run_all()) == expected
 
 
+@pytest.mark.parametrize("engine_args", [
+    {"async_scheduling": True},
+    {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+    {"enable_prefix_caching": False, "max_num_batched_tokens": 16},
+], ids=["async_scheduling", "ngram", "chunked_no_prefix_cache"])
+def test_engine_flags_keep_outputs(chat_model: Path, offline: LLM, engine_args: dict[str, Any]) -> None:
+    """vLLM's engine flags reach the served engine, and greedy outputs stay the
+    offline engine's (default flags) token for token."""
+    prompts = [f"again {i}" + " and again" * (3 * i) for i in range(4)]
+    expected = reference(offline, prompts, 12)
+    running = start_server(chat_model, engine_args)
+    try:
+        config = running.server.engine.llm.engine
+        assert config.async_scheduling == engine_args.get("async_scheduling", False)
+        aclient = openai.AsyncOpenAI(base_url=running.base_url, api_key="none", max_retries=0,
+                                     timeout=120)
+
+        async def one(prompt: str) -> list[int]:
+            r = await aclient.completions.create(
+                model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                extra_body={"ignore_eos": True, "return_token_ids": True})
+            return list(r.choices[0].model_extra["token_ids"])
+
+        async def run_all() -> list[list[int]]:
+            return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+        assert asyncio.run(run_all()) == expected
+    finally:
+        running.stop()
+
+
+def test_stop_strings_and_stop_token_ids(served: Running, offline: LLM) -> None:
+    [full] = reference_outputs(offline, ["stop me"], 12)
+    stop_id = full.token_ids[5]
+    cut = full.token_ids.index(stop_id)  # the first time it comes
+    r = client(served).completions.create(
+        model="tiny", prompt="stop me", max_tokens=12, temperature=0,
+        extra_body={"ignore_eos": True, "stop_token_ids": [stop_id], "return_token_ids": True})
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop" and choice.model_extra["stop_reason"] == stop_id
+    assert choice.model_extra["token_ids"] == full.token_ids[:cut + 1]
+    text = full.text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop])
+    [want] = offline.generate(["stop me"], params, use_tqdm=False)
+    r = client(served).completions.create(model="tiny", prompt="stop me", max_tokens=12,
+                                          temperature=0, stop=stop, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].text == want.outputs[0].text
+    assert not r.choices[0].text.endswith(stop)
+
+
 def test_chat_uses_the_chat_template(served: Running, offline: LLM) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
     # What the template in conftest renders, written out by hand.
@@ -225,12 +276,13 @@ def test_malformed_json_and_unknown_route(served: Running) -> None:
     assert err.value.status_code == 400
 
 
-@pytest.fixture()
-def one_slot(tiny: Callable[..., Path]) -> Iterator[Running]:
+@pytest.fixture(params=[False, True], ids=["sync", "async_scheduling"])
+def one_slot(tiny: Callable[..., Path], request: pytest.FixtureRequest) -> Iterator[Running]:
     """A server holding one request at most, with an API key, on a checkpoint
-    without a chat template."""
-    running = start_server(tiny(max_position_embeddings=8192), max_pending_requests=1,
-                           api_key="sesame")
+    without a chat template; synchronous or async scheduling (an abort may
+    find a batch in flight)."""
+    running = start_server(tiny(max_position_embeddings=8192), {"async_scheduling": request.param},
+                           max_pending_requests=1, api_key="sesame")
     yield running
     running.stop()
 
