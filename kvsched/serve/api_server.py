@@ -30,6 +30,7 @@ from kvsched.serve.errors import ApiError, error_body
 from kvsched.serve.protocol import (
     chat_logprobs,
     check_model,
+    check_response_format,
     completion_logprobs,
     field,
     read_completion_prompt,
@@ -40,8 +41,12 @@ from kvsched.serve.protocol import (
 
 T = TypeVar("T")
 
-_COMPLETION_UNSUPPORTED = ("echo", "suffix", "logit_bias", "prompt_logprobs")
-_CHAT_UNSUPPORTED = ("tools", "functions", "logit_bias", "prompt_logprobs", "continue_final_message")
+# Structured output (OpenAI's response_format, vLLM's guided_* and
+# structured_outputs) needs a grammar engine kvsched does not have.
+_STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_COMPLETION_UNSUPPORTED = ("echo", "suffix", "logit_bias", "prompt_logprobs", *_STRUCTURED)
+_CHAT_UNSUPPORTED = ("tools", "functions", "logit_bias", "prompt_logprobs", "continue_final_message",
+                     *_STRUCTURED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         body = await _json_body(request)
         check_model(body, config.served_model_name)
         refuse_unsupported(body, _COMPLETION_UNSUPPORTED)
+        check_response_format(body)
         prompt = read_completion_prompt(body)
         token_ids = prompt if isinstance(prompt, list) else llm.tokenizer.encode(prompt).ids
         text = prompt if isinstance(prompt, str) else None
@@ -130,6 +136,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         body = await _json_body(request)
         check_model(body, config.served_model_name)
         refuse_unsupported(body, _CHAT_UNSUPPORTED)
+        check_response_format(body)
         if config.chat_template is None:
             raise ApiError("this model has no chat template (tokenizer_config.json has no "
                            "chat_template); start the server with --chat-template FILE, or use "

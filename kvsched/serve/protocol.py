@@ -75,6 +75,15 @@ def refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
         raise ApiError(f"{name}: not supported by kvsched serve; leave it out", param=name)
 
 
+def check_response_format(body: dict[str, Any]) -> None:
+    """``response_format``: plain text only (JSON modes need structured output)."""
+    fmt = field(body, "response_format", (dict,), "an object")
+    if fmt is not None and fmt.get("type", "text") != "text":
+        raise ApiError(f"response_format.type={fmt.get('type')!r:.40}: kvsched serve has no "
+                       "structured output; leave response_format out or use {'type': 'text'}",
+                       param="response_format")
+
+
 def read_completion_prompt(body: dict[str, Any]) -> str | list[int]:
     """``prompt``: one text, or one list of token ids (a list holding a single
     one of either is taken too); several prompts in one request are refused."""

@@ -247,6 +247,7 @@ def test_models_health_and_metrics_count_requests(served: Running) -> None:
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ({"prompt": "x", "n": 2}, 400, "n"),
     ({"prompt": "x", "echo": True}, 400, "echo"),
+    ({"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json"),
     ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
     ({"prompt": ["a", "b"]}, 400, "prompt"),

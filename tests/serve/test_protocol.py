@@ -11,6 +11,7 @@ from kvsched.serve.errors import ApiError
 from kvsched.serve.protocol import (
     chat_logprobs,
     check_model,
+    check_response_format,
     read_completion_prompt,
     read_stream,
     sampling_params,
@@ -92,6 +93,13 @@ def test_stream_options_and_model_and_chat_logprobs() -> None:
     assert chat_logprobs({"logprobs": True, "top_logprobs": 4}) == 4
     with pytest.raises(ApiError, match="needs logprobs=true"):
         chat_logprobs({"top_logprobs": 4})
+
+
+def test_response_format_text_only() -> None:
+    check_response_format({"response_format": {"type": "text"}})
+    with pytest.raises(ApiError) as err:
+        check_response_format({"response_format": {"type": "json_object"}})
+    assert err.value.param == "response_format"
 
 
 def test_error_body_is_openais_shape() -> None:
