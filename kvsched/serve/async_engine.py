@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from kvsched.engine.llm import LLM, PromptType
@@ -50,10 +50,6 @@ class RequestStream:
         if item.finished:
             self.finished = True
         return item
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        while not self.finished:
-            yield await self.next()
 
 
 @dataclass(slots=True)
@@ -151,14 +147,16 @@ class AsyncEngine:
         try:
             while self._run_once():
                 pass
-        except BaseException as err:  # the engine is broken: fail every request, say so
+        except Exception as err:
+            # The engine is broken: fail every request, say so in the log and
+            # on /health (500), refuse new requests (500).
+            logging.getLogger(__name__).exception("kvsched serve: the engine failed")
             with self._cond:
                 self._error = err
                 self._cond.notify_all()
             for stream in self._streams.values():
                 stream.put(ApiError(f"the engine failed: {type(err).__name__}: {err}", status=500))
             self._streams.clear()
-            raise
         finally:
             for stream in self._streams.values():
                 stream.put(ApiError("the server is shutting down", status=503))
