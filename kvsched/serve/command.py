@@ -122,13 +122,16 @@ def run_serve(args: argparse.Namespace) -> int:
         sock.close()
         raise UserInputError(f"--host={args.host or '0.0.0.0'} --port={args.port}: cannot listen "
                              f"there ({err.strerror}); pick another port") from None
-    server = build_server(settings, **engine_kwargs(args))
     try:
-        config = uvicorn.Config(server.app, log_level=args.uvicorn_log_level, timeout_keep_alive=5)
-        host, port = sock.getsockname()[:2]
-        print(f"kvsched serve: {settings.served_model_name} on http://{host}:{port}/v1", flush=True)
-        uvicorn.Server(config).run(sockets=[sock])
+        server = build_server(settings, **engine_kwargs(args))
+        try:
+            # vLLM's keep-alive timeout (VLLM_HTTP_TIMEOUT_KEEP_ALIVE).
+            config = uvicorn.Config(server.app, log_level=args.uvicorn_log_level, timeout_keep_alive=5)
+            host, port = sock.getsockname()[:2]
+            print(f"kvsched serve: {settings.served_model_name} on http://{host}:{port}/v1", flush=True)
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            server.close()
     finally:
-        server.close()
         sock.close()
     return 0
