@@ -122,7 +122,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         stream_settings = read_stream(body)
         rid = f"cmpl-{uuid.uuid4().hex}"
         engine_prompt: PromptType = {"prompt_token_ids": token_ids, "prompt": text}
-        stream = engine.submit(rid, engine_prompt, params)
+        stream = engine.submit(rid, engine_prompt, params, _priority(body))
         chunks = _CompletionChunks(rid, config.served_model_name, llm, num_logprobs,
                                    _return_token_ids(body))
         if stream_settings.stream:
@@ -154,7 +154,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         params = _params(llm, body, "max_completion_tokens", num_logprobs, len(token_ids))
         stream_settings = read_stream(body)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = engine.submit(rid, {"prompt_token_ids": token_ids, "prompt": prompt}, params)
+        stream = engine.submit(rid, {"prompt_token_ids": token_ids, "prompt": prompt}, params,
+                               _priority(body))
         chunks = _ChatChunks(rid, config.served_model_name, llm, num_logprobs, _return_token_ids(body))
         if stream_settings.stream:
             first = await _first_output(request, engine, stream)
@@ -174,6 +175,12 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     return body
+
+
+def _priority(body: dict[str, Any]) -> int:
+    """vLLM's ``priority`` field (lower runs first under --scheduling-policy priority)."""
+    value: int | None = field(body, "priority", (int,), "an integer")
+    return 0 if value is None else value
 
 
 def _return_token_ids(body: dict[str, Any]) -> bool:

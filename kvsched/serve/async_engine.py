@@ -57,6 +57,7 @@ class _Submitted:
     request_id: str
     prompt: PromptType
     params: SamplingParams
+    priority: int
     stream: RequestStream
 
 
@@ -109,8 +110,10 @@ class AsyncEngine:
         with self._cond:
             return self._num_pending
 
-    def submit(self, request_id: str, prompt: PromptType, params: SamplingParams) -> RequestStream:
-        """Queue a request for the next step; its stream yields its outputs."""
+    def submit(self, request_id: str, prompt: PromptType, params: SamplingParams,
+               priority: int = 0) -> RequestStream:
+        """Queue a request for the next step; its stream yields its outputs.
+        ``priority`` orders it under --scheduling-policy priority (lower first)."""
         if self._error is not None:
             raise ApiError(f"the engine has stopped: {self._error}", status=500)
         stream = RequestStream(request_id, asyncio.get_running_loop())
@@ -123,7 +126,7 @@ class AsyncEngine:
                                f"{self.max_pending_requests}); retry later", status=503)
             self._num_pending += 1
             self._idle = False
-            self._inbox.submitted.append(_Submitted(request_id, prompt, params, stream))
+            self._inbox.submitted.append(_Submitted(request_id, prompt, params, priority, stream))
             self._cond.notify_all()
         return stream
 
@@ -180,7 +183,8 @@ class AsyncEngine:
                 done += 1
                 continue
             try:
-                llm.add_request(sub.prompt, sub.params, request_id=sub.request_id)
+                llm.add_request(sub.prompt, sub.params, request_id=sub.request_id,
+                                priority=sub.priority)
             except UserInputError as err:  # the prompt's length or token ids
                 sub.stream.put(ApiError(str(err)))
                 done += 1

@@ -250,6 +250,7 @@ def test_models_health_and_metrics_count_requests(served: Running) -> None:
     ({"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json"),
     ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "x", "priority": "high"}, 400, "priority"),
     ({"prompt": ["a", "b"]}, 400, "prompt"),
     ({"prompt": [1, 10**9]}, 400, None),  # a token id outside the vocabulary
     ({"prompt": list(range(8192))}, 400, "prompt"),  # longer than max_model_len
