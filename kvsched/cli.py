@@ -104,8 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     from kvsched.engine.command import add_generate_parser
     from kvsched.model.tiny import add_make_tiny_model_parser
+    from kvsched.serve.command import add_serve_parser
 
     add_generate_parser(sub)
+    add_serve_parser(sub)
     add_make_tiny_model_parser(sub)
     return parser
 
@@ -116,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 3
 EXIT_INTERRUPTED = 130
-_ENGINE_COMMANDS = ("generate", "make-tiny-model")
+_ENGINE_COMMANDS = ("generate", "make-tiny-model", "serve")
+# What `kvsched serve` needs beyond the engine (the "serve" extra).
+_SERVE_MODULES = ("fastapi", "starlette", "uvicorn", "prometheus_client", "jinja2")
 
 
 def _error(message: str) -> None:
@@ -141,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as e:
         if debug:
             raise
-        if args.command in _ENGINE_COMMANDS:
+        if args.command == "serve" and e.name in _SERVE_MODULES:
+            _error(f"serve needs the {e.name} package; install the server's extras with: "
+                   "pip install 'kvsched[serve]'")
+        elif args.command in _ENGINE_COMMANDS:
             _error(f"{args.command} needs the {e.name} package; install the engine's extras with: "
                    "pip install torch==2.13.0 && pip install 'kvsched[torch]'")
         else:

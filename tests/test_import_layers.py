@@ -186,6 +186,8 @@ LAYERS: dict[str, int] = {
     # the simulator; the engine
     "sim": 5, "engine": 5,
     # pages, calibration, validation and the tuner, built on the simulator
+    # the engine behind an HTTP API
+    "serve": 6,
     "report": 6, "calibrate": 6, "profile": 6, "validation": 7, "tune": 7,
     # the subcommands, the command line and the package's front door
     "commands": 8, "cli": 9, "": 9,

@@ -22,7 +22,7 @@ from kvsched.config import (
 )
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
-from kvsched.scheduler_defaults import check_optional_limit
+from kvsched.scheduler_defaults import UsageContext, check_optional_limit
 
 # vLLM's CPU backend reserves 4 GiB for the KV cache unless told otherwise.
 # The engine zeroes its cache (every page is touched), so the default is
@@ -143,6 +143,9 @@ class EngineArgs:
     # applied. Off by default here: on CPU the model runs each step to the
     # end before the next is scheduled, so it buys no overlap.
     async_scheduling: bool = False
+    # The entry point, which picks vLLM's batch defaults: kvsched.LLM is
+    # vLLM's LLM class; `kvsched serve` is its API server.
+    usage_context: UsageContext = UsageContext.LLM_CLASS
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -179,6 +182,9 @@ class EngineArgs:
         if self.seed is None:
             raise UserInputError("seed=None: must be an integer (vLLM's default is 0)")
         check_seed("seed", self.seed)
+        if not isinstance(self.usage_context, UsageContext):
+            raise UserInputError(f"usage_context={self.usage_context!r}: must be a kvsched "
+                                 "UsageContext (LLM_CLASS or OPENAI_API_SERVER)")
         if type(self.async_scheduling) is not bool:
             raise UserInputError(f"async_scheduling={self.async_scheduling!r}: must be True or False")
         self.speculative_config = engine_speculative_config(self.speculative_config,

@@ -60,17 +60,38 @@ def add_generate_parser(sub: Any) -> None:
     s.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     s.add_argument("--ignore-eos", action="store_true", help="generate past the model's EOS tokens")
     s.add_argument("--logprobs", type=int, help="return this many top logprobs per token")
-    e = p.add_argument_group("engine (vLLM's engine arguments)")
-    add_scheduler_cache_flags(e, ENGINE_FLAG_DEFAULTS)
-    e.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
-    e.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory",
-                   help="KV cache size, e.g. 512MiB, at most what the machine has available "
-                        "(default on CPU: 4 GiB as vLLM's CPU backend, capped at what max_num_seqs x "
-                        "max_model_len tokens can fill; on CUDA: --gpu-memory-utilization's share)")
+    add_engine_flags(p.add_argument_group("engine (vLLM's engine arguments)"))
     o = p.add_argument_group("output")
     o.add_argument("--output-json", help="write every output (text, token ids, timings) here")
     o.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_generate)
+
+
+def add_engine_flags(group: argparse._ArgumentGroup) -> None:
+    """The engine's flags (vLLM's names), for every command that loads a
+    checkpoint (``generate``, ``serve``); :func:`engine_kwargs` reads them."""
+    add_scheduler_cache_flags(group, ENGINE_FLAG_DEFAULTS)
+    group.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
+    group.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory",
+                       help="KV cache size, e.g. 512MiB, at most what the machine has available "
+                            "(default on CPU: 4 GiB as vLLM's CPU backend, capped at what max_num_seqs "
+                            "x max_model_len tokens can fill; on CUDA: --gpu-memory-utilization's "
+                            "share)")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``LLM``'s keyword arguments from the flags :func:`add_engine_flags` adds."""
+    return dict(dtype=args.dtype, device=args.device, seed=args.seed,
+                max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                enable_chunked_prefill=args.enable_chunked_prefill,
+                enable_prefix_caching=args.enable_prefix_caching,
+                long_prefill_token_threshold=args.long_prefill_token_threshold,
+                scheduling_policy=args.scheduling_policy, block_size=args.block_size,
+                num_gpu_blocks_override=args.num_gpu_blocks_override,
+                kv_cache_memory=args.kv_cache_memory,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                speculative_config=args.speculative_config, async_scheduling=args.async_scheduling)
 
 
 def read_prompts(args: argparse.Namespace, max_file_bytes: int = MAX_PROMPTS_FILE_BYTES,
@@ -144,16 +165,7 @@ def run_generate(args: argparse.Namespace) -> int:
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, seed=args.sampling_seed, stop=tuple(args.stop),
         ignore_eos=args.ignore_eos, logprobs=args.logprobs)
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_chunked_prefill=args.enable_chunked_prefill,
-              enable_prefix_caching=args.enable_prefix_caching,
-              long_prefill_token_threshold=args.long_prefill_token_threshold,
-              scheduling_policy=args.scheduling_policy, block_size=args.block_size,
-              num_gpu_blocks_override=args.num_gpu_blocks_override,
-              kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
-              speculative_config=args.speculative_config, async_scheduling=args.async_scheduling)
+    llm = LLM(args.model, **engine_kwargs(args))
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
     elapsed = time.perf_counter() - t0

@@ -44,7 +44,7 @@ from kvsched.model.config import ModelConfig, load_model_config
 from kvsched.model.llama import LlamaForCausalLM
 from kvsched.model.loader import checkpoint_tensor_shapes, load_model, resolve_dtype
 from kvsched.request import Request, RequestStatus
-from kvsched.scheduler_defaults import DeviceInfo, UsageContext, resolve_scheduler_limits
+from kvsched.scheduler_defaults import DeviceInfo, resolve_scheduler_limits
 
 
 def resolve_device(name: str) -> torch.device:
@@ -235,7 +235,7 @@ class EngineCore:
         self.dtype = resolve_dtype(args.dtype, config, self.device)
         # Every setting is checked before the weights load (a bad flag fails fast).
         limits = resolve_scheduler_limits(
-            UsageContext.LLM_CLASS, device_info(self.device), max_num_seqs=args.max_num_seqs,
+            args.usage_context, device_info(self.device), max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
             max_position_embeddings=config.max_position_embeddings,
             enable_chunked_prefill=args.enable_chunked_prefill)

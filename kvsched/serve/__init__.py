@@ -1,0 +1,1 @@
+"""``kvsched serve``: the engine behind an OpenAI-compatible HTTP API."""
