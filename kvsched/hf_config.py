@@ -24,7 +24,7 @@ from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import json_problem, show, strict_loads
 
-LLAMA_FAMILY = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
+LLAMA_FAMILY = ("llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen3_moe")
 
 # model_type -> transformers' class defaults for keys a config.json may omit:
 # (head_dim, num_key_value_heads, max_position_embeddings); a None head_dim is
@@ -34,6 +34,9 @@ _CLASS_DEFAULTS: dict[str, tuple[int | None, int | None, int]] = {
     "llama": (None, None, 2048),
     "mistral": (None, 8, 131072),
     "mixtral": (None, 8, 131072),
+    # Phi-3/Phi-4: Llama's layout with fused qkv and gate_up projections (the
+    # same weights, no biases); partial rotary changes no cost.
+    "phi3": (None, None, 4096),
     "qwen2": (None, 32, 32768),
     "qwen3": (128, 32, 32768),
     "qwen3_moe": (None, 4, 32768),
@@ -118,6 +121,24 @@ def parse_json(path: Path, text: str, fix: str) -> object:
         return strict_loads(text)
     except ValueError as err:
         raise UserInputError(f"{path}: {json_problem(err)}; {fix}") from None
+
+
+# Multimodal wrappers whose language model sits in ``text_config``, with the
+# text model_type transformers gives it when the nested config omits one.
+TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"gemma3": "gemma3_text"})
+
+
+def language_model_config(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
+    """(the mapping that describes the language model, its model_type): a
+    multimodal wrapper's ``text_config`` (:data:`TEXT_CONFIG_TYPES`), else
+    ``data`` itself. The vision tower is not read."""
+    model_type = data.get("model_type")
+    if isinstance(model_type, str) and model_type in TEXT_CONFIG_TYPES:
+        text = data.get("text_config")
+        if isinstance(text, dict):
+            inner = text.get("model_type", TEXT_CONFIG_TYPES[model_type])
+            return text, inner if isinstance(inner, str) else None
+    return data, model_type if isinstance(model_type, str) else None
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
@@ -323,7 +344,7 @@ def _sliding(cfg: HFConfig, model_type: str, num_layers: int) -> tuple[int, int]
         window = cfg.get_int("sliding_window", default=0)
         first = cfg.get_int("max_window_layers", default=QWEN_MAX_WINDOW_LAYERS)
         sliding = cfg.count_sliding_layers(window, num_layers, max(0, num_layers - first))
-    elif model_type in ("mistral", "mixtral"):
+    elif model_type in ("mistral", "mixtral", "phi3"):
         # An absent window reads as none (transformers' class default, 4096, is
         # spelled out by the checkpoints that use it).
         window = cfg.get_int("sliding_window", default=0)
@@ -344,7 +365,7 @@ def read_llama_family(cfg: HFConfig, model_type: str) -> LlamaFamilyConfig:
     head_dim, kv_heads = _head_dim_and_kv_heads(cfg, model_type, hidden, heads)
     if model_type == "qwen2":
         qkv_bias, o_bias = True, False  # hard-wired on q/k/v in Qwen2, never on o
-    elif model_type in ("mistral", "mixtral"):
+    elif model_type in ("mistral", "mixtral", "phi3"):
         qkv_bias = o_bias = False
     else:
         qkv_bias = o_bias = cfg.get_bool("attention_bias", False)  # llama/qwen3: q, k, v and o
