@@ -468,6 +468,76 @@ _CATALOG: tuple[Hardware, ...] = (
               "UB ~196 GB/s per die per dir -> 392 per package (a roadmap quotes 784), joining "
               "the supernode's 384 packages; no "
               "FP8 (INT8 path); bandwidth fractions = Ascend fork's 0.85, others defaults"),
+    # Added for issue 23: not in hardware.md. Each entry's `source` names the
+    # public pages (docs/catalogs.md, "Sources of the added GPUs", has the
+    # links); peaks are dense (a datasheet's sparse figure halved). No
+    # measured kernels for any of them: efficiencies are the defaults.
+    Hardware(id="a10g", name="NVIDIA A10G (AWS G5)",
+        memory_bytes=23028 * _MIB, mem_bw=0.600 * _TB_S,
+        bf16_flops=70 * _TFLOPS, fp8_flops=None,
+        scaleup_bw=32 * _GB, scaleup_kind="pcie4", comm_latency_s=PCIE_COMM_LATENCY_S,
+        host_link_bw=32 * _GB, host_link_kind="pcie4",
+        source="[AWS-G5] [BT-A10G]",
+        notes="approx. values: BF16 70 dense is Baseten's A10G figure (AWS publishes no tensor "
+              "peak; the A10 card is 125); visible memory approx. (24 GiB, ECC on); no FP8 "
+              "(Ampere); efficiencies are defaults"),
+    Hardware(id="l4", name="NVIDIA L4",
+        memory_bytes=23034 * _MIB, mem_bw=0.300 * _TB_S,
+        bf16_flops=121 * _TFLOPS, fp8_flops=242.5 * _TFLOPS,
+        scaleup_bw=32 * _GB, scaleup_kind="pcie4", comm_latency_s=PCIE_COMM_LATENCY_S,
+        host_link_bw=32 * _GB, host_link_kind="pcie4",
+        source="[DS-L4]",
+        notes="datasheet 242 BF16 / 485 FP8 with sparsity, halved; visible memory approx. "
+              "(24 GiB, ECC on); efficiencies are defaults"),
+    Hardware(id="h20", name="NVIDIA H20 96GB",
+        memory_bytes=97871 * _MIB, mem_bw=4.0 * _TB_S,
+        bf16_flops=148 * _TFLOPS, fp8_flops=296 * _TFLOPS,
+        scaleup_bw=450 * _GB, scaleup_kind="nvlink4",
+        host_link_bw=64 * _GB, host_link_kind="pcie5",
+        source="[H20]",
+        notes="approx. values from third-party listings of NVIDIA's H20 sheet (148 BF16 / 296 "
+              "FP8 dense, 4.0 TB/s, NVLink 900 GB/s bidirectional); visible memory approx. "
+              "(96 GiB HBM3); efficiencies are defaults"),
+    Hardware(id="mi325x", name="AMD Instinct MI325X",
+        memory_bytes=274_877_906_944, mem_bw=6.0 * _TB_S,
+        bf16_flops=1307.4 * _TFLOPS, fp8_flops=2614.9 * _TFLOPS,
+        scaleup_bw=448 * _GB, scaleup_kind="infinity-fabric", scaleup_link_bw=64 * _GB,
+        host_link_bw=64 * _GB, host_link_kind="pcie5",
+        source="[DS-MI325X]",
+        notes="MI300X's CDNA 3 compute and Infinity Fabric (7 links, 64 GB/s/dir per peer) with "
+              "256 GB HBM3E at 6 TB/s; visible memory approx. (256 GiB); efficiencies are "
+              "defaults, unvalidated on AMD"),
+    Hardware(id="mi355x", name="AMD Instinct MI355X",
+        memory_bytes=309_237_645_312, mem_bw=8.0 * _TB_S,
+        bf16_flops=2516.6 * _TFLOPS, fp8_flops=5033.2 * _TFLOPS, fp4_flops=10066.3 * _TFLOPS,
+        scaleup_bw=537.6 * _GB, scaleup_kind="infinity-fabric", scaleup_link_bw=76.8 * _GB,
+        host_link_bw=64 * _GB, host_link_kind="pcie5",
+        source="[DS-MI355X] [HC-MI355X]",
+        notes="CDNA 4, 288 GB HBM3E at 8 TB/s; dense peaks (MXFP4 10.1 PF); scale-up approx.: 7 "
+              "Infinity Fabric links of 153.6 GB/s bidirectional -> 76.8/dir per peer, 537.6/dir "
+              "total (switchless mesh); visible memory approx. (288 GiB); efficiencies are "
+              "defaults, unvalidated on AMD"),
+    Hardware(id="b300", name="NVIDIA B300 (HGX, per GPU)",
+        memory_bytes=270 * 10**9, mem_bw=8.0 * _TB_S,
+        bf16_flops=2250 * _TFLOPS, fp8_flops=4500 * _TFLOPS, fp4_flops=13500 * _TFLOPS,
+        scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
+        # One ConnectX-8 SuperNIC of 800 Gb/s per GPU.
+        scaleout_bw=100 * _GB,
+        source="[HGX-B300] [VERDA-BU]",
+        notes="Blackwell Ultra on an HGX board: HGX B300 sheet 108 PF dense FP4 / 72 PF sparse FP8 "
+              "/ 36 PF sparse BF16 per 8 GPUs; visible memory approx. (Verda lists 270 GB of the "
+              "288 GB); host link not in the data; efficiencies are defaults"),
+    Hardware(id="gb300", name="NVIDIA GB300 (NVL72, per GPU)",
+        memory_bytes=279 * 10**9, mem_bw=8.0 * _TB_S,
+        bf16_flops=2500 * _TFLOPS, fp8_flops=5000 * _TFLOPS, fp4_flops=15000 * _TFLOPS,
+        scaleup_bw=900 * _GB, scaleup_kind="nvlink5", scaleup_domain=72,
+        scaleout_bw=100 * _GB,
+        host_link_bw=225 * _GB, host_link_kind="nvlink-c2c",
+        source="[GB300-NVL72] [VERDA-BU]",
+        notes="GB300 NVL72 sheet / 72: 1080 PF dense FP4, 360 PF FP8, 180 PF BF16; 20 TB HBM3e "
+              "at 576 TB/s; visible memory approx. (Verda lists 279 GB of the 288 GB); Grace's "
+              "NVLink-C2C split between its two GPUs as gb200; one 800 Gb/s ConnectX-8 per GPU; "
+              "efficiencies are defaults"),
 )
 
 HARDWARE: Mapping[str, Hardware] = MappingProxyType({hw.id: hw for hw in _CATALOG})
@@ -484,6 +554,8 @@ _ALIASES: Mapping[str, str] = MappingProxyType({
     "rtx6000-ada": "rtx-6000-ada",
     "mi300": "mi300x",
     "910b": "ascend-910b", "910c": "ascend-910c",
+    "nvidia-a10g": "a10g", "nvidia-l4": "l4", "h20-96gb": "h20",
+    "mi325": "mi325x", "mi355": "mi355x", "b300-sxm": "b300", "gb300-nvl72": "gb300",
 })
 
 

@@ -28,6 +28,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvsched.errors import UserInputError
 
@@ -95,21 +96,20 @@ def bundled_model_ids() -> dict[str, Path]:
     return found
 
 
-def _hub() -> object | None:
+def _hub() -> Any:
+    """huggingface_hub, imported on first use; None when not installed."""
     if importlib.util.find_spec("huggingface_hub") is None:
         return None
     return importlib.import_module("huggingface_hub")
 
 
-def _from_cache(hub: object, repo_id: str, cache: Path) -> Path | None:
-    lookup = getattr(hub, "try_to_load_from_cache")
-    hit = lookup(repo_id, "config.json", cache_dir=str(cache))
-    return Path(hit) if isinstance(hit, str) else None
+def _from_cache(hub: Any, repo_id: str, cache: Path) -> Path | None:
+    hit = hub.try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache))
+    return Path(hit) if isinstance(hit, str) else None  # None or a "known missing" marker: not cached
 
 
-def _download(hub: object, repo_id: str, cache: Path) -> Path:
-    download = getattr(hub, "hf_hub_download")
-    return Path(download(repo_id, "config.json", cache_dir=str(cache)))
+def _download(hub: Any, repo_id: str, cache: Path) -> Path:
+    return Path(hub.hf_hub_download(repo_id, "config.json", cache_dir=str(cache)))
 
 
 def _likeness(probe: str, candidate: str) -> float:

@@ -957,7 +957,7 @@ def load_model_config(path: str | Path, name: str | None = None) -> ModelSpec:
         raise UserInputError(f"{config_path}: missing required field 'model_type'")
     text, model_type = language_model_config(data)
     label = name or _name_from_path(config_path)
-    if model_type in REFUSED_MODEL_TYPES:
+    if model_type is not None and model_type in REFUSED_MODEL_TYPES:
         raise UserInputError(f"{label}: model_type={model_type!r} is not supported: "
                              f"{REFUSED_MODEL_TYPES[model_type]} ({config_path})")
     parser = _PARSERS.get(model_type) if model_type is not None else None

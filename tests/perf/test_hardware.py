@@ -29,7 +29,20 @@ from kvsched.perf.hardware import (
 )
 
 IDS = ("h100-sxm", "h100-pcie", "h200", "a100-80gb", "a100-40gb", "b200", "gb200", "l40s", "rtx-4090",
-       "rtx-pro-6000", "rtx-6000-ada", "mi300x", "ascend-910b", "ascend-910c")
+       "rtx-pro-6000", "rtx-6000-ada", "mi300x", "ascend-910b", "ascend-910c",
+       "a10g", "l4", "h20", "mi325x", "mi355x", "b300", "gb300")
+
+# Issue 23's GPUs, from their public datasheets (docs/catalogs.md, "Sources of
+# the added GPUs"): mem BW TB/s, dense BF16 / FP8 / FP4 TFLOP/s, scale-up GB/s/dir.
+ADDED: dict[str, tuple[float, float, float | None, float | None, float]] = {
+    "a10g": (0.6, 70, None, None, 32),
+    "l4": (0.3, 121, 242.5, None, 32),        # 242 / 485 with sparsity
+    "h20": (4.0, 148, 296, None, 450),        # NVLink 900 bidirectional
+    "mi325x": (6.0, 1307.4, 2614.9, None, 448),
+    "mi355x": (8.0, 2516.6, 5033.2, 10066.3, 537.6),
+    "b300": (8.0, 2250, 4500, 13500, 900),    # HGX B300: 108 PF dense FP4 / 8
+    "gb300": (8.0, 2500, 5000, 15000, 900),   # NVL72: 1080 PF dense FP4 / 72
+}
 
 # hardware.md main table: visible GB, mem BW TB/s, BF16 TFLOP/s, FP8 TFLOP/s (None), scale-up GB/s/dir.
 TABLE: dict[str, tuple[float, float, float, float | None, float]] = {
@@ -87,6 +100,18 @@ def _raises_naming(fn: object, *needles: str) -> str:
 
 # -- catalog ------------------------------------------------------------------
 
+@pytest.mark.parametrize("hw_id", sorted(ADDED))
+def test_added_gpus_carry_their_datasheet_peaks(hw_id: str) -> None:
+    bw, bf16, fp8, fp4, scaleup = ADDED[hw_id]
+    hw = get_hardware(hw_id)
+    assert hw.mem_bw == pytest.approx(bw * 1e12)
+    assert hw.bf16_flops == pytest.approx(bf16 * 1e12)
+    assert hw.fp8_flops == (None if fp8 is None else pytest.approx(fp8 * 1e12))
+    assert hw.fp4_flops == (None if fp4 is None else pytest.approx(fp4 * 1e12))
+    assert hw.scaleup_bw == pytest.approx(scaleup * 1e9)
+    assert "approx" in hw.notes or "sheet" in hw.notes  # every added entry says where it stands
+
+
 def test_catalog_has_exactly_the_listed_ids() -> None:
     assert tuple(HARDWARE) == IDS
     for hw_id, hw in HARDWARE.items():
@@ -95,7 +120,7 @@ def test_catalog_has_exactly_the_listed_ids() -> None:
         assert hw.source and hw.notes, hw_id
 
 
-@pytest.mark.parametrize("hw_id", IDS)
+@pytest.mark.parametrize("hw_id", sorted(TABLE))
 def test_peaks_match_hardware_md(hw_id: str) -> None:
     hw = HARDWARE[hw_id]
     gb, bw, bf16, fp8, scaleup = TABLE[hw_id]
