@@ -94,6 +94,31 @@ def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
     return max_num_batched_tokens * per_token + logits
 
 
+def _kv_layout(model: ModelSpec, per_layer: float, block_size: int, drafter_kv_layers: int,
+               max_num_seqs: int, free: float) -> tuple[float, float]:
+    """(bytes of one KV block, bytes set aside for the sliding-window layers).
+
+    vLLM's hybrid allocator keeps the full-attention and sliding-window
+    layers in one block pool: a request's sliding layers take a block for
+    each block of full attention until it passes the window, then no more.
+    The scheduler here counts full-attention blocks only, so the sliding
+    layers are sized one of two ways, whichever leaves more blocks: a
+    window for each of ``max_num_seqs`` sequences set aside (right for small
+    windows: gpt-oss's 128 tokens), or the sliding layers charged in every
+    block like full attention (exact below the window, conservative beyond
+    it: Gemma's 1024-4096-token windows; the only way when every layer
+    slides, Phi-3-mini-4k). The one owner of that rule."""
+    full_layers = model.num_full_attention_layers + drafter_kv_layers
+    shared_block = block_size * (full_layers + model.num_sliding_layers) * per_layer
+    if not model.num_sliding_layers or not full_layers:
+        return shared_block, 0.0
+    reserve = max_num_seqs * model.num_sliding_layers * model.sliding_window * per_layer
+    full_block = block_size * full_layers * per_layer
+    if (free - reserve) / full_block >= free / shared_block:
+        return full_block, reserve
+    return shared_block, 0.0
+
+
 def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
                 runtime: RuntimeConfig, block_size: int, gpu_memory_utilization: float,
                 max_num_batched_tokens: int, max_num_seqs: int, *, drafter_bytes: float = 0.0,
@@ -115,19 +140,9 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     weights = weight_bytes_per_device(model, parallel, runtime.dtype, runtime.quantized_layers)
     activations = activation_peak_bytes(model, parallel, max_num_batched_tokens, max_num_seqs)
     per_layer = model.kv_bytes_per_layer_per_rank(kvb, tp)
-    bytes_per_block = block_size * (model.num_full_attention_layers + drafter_kv_layers) * per_layer
-    if not bytes_per_block > 0:  # no full-attention layer, or a zero head size: no block to count
-        raise UserInputError(f"{model.name}: a KV block of {block_size} tokens takes {bytes_per_block} bytes "
-                         f"({model.num_full_attention_layers} full-attention layers x {per_layer} bytes "
-                         "per token); kvsched sizes the KV cache of models with full attention only")
-    # Sliding-window layers hold at most a window per sequence; we reserve that
-    # for max_num_seqs sequences (vLLM's hybrid allocator pages them instead).
-    sliding = max_num_seqs * model.num_sliding_layers * model.sliding_window * per_layer
-    kv = budget - weights - activations - NON_TORCH_BYTES - sliding
-    if drafter_bytes:
-        kv -= drafter_bytes
-    if lora_bytes:
-        kv -= lora_bytes
+    free = budget - weights - activations - NON_TORCH_BYTES - drafter_bytes - lora_bytes
+    bytes_per_block, sliding = _kv_layout(model, per_layer, block_size, drafter_kv_layers, max_num_seqs, free)
+    kv = free - sliding
     blocks = int(kv // bytes_per_block) if kv > 0 else 0
     plan = MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
                       bytes_per_block, blocks, drafter_bytes, lora_bytes=lora_bytes)

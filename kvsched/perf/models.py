@@ -650,6 +650,11 @@ def catalog_match(name: str) -> tuple[str, CheckpointFormat | None] | None:
             base = base[: -len(variant)]
     full = _LOOKUP.get(base)
     if full is None:
+        # A variant word before a version (Mixtral-8x7B-Instruct-v0.1 of Mixtral-8x7B-v0.1).
+        for variant in _VARIANT_SUFFIXES:
+            if full is None and f"{variant}-" in base:
+                full = _LOOKUP.get(base.replace(f"{variant}-", "-", 1))
+    if full is None:
         return None
     return full, fmt if fmt is not None else _NATIVE_FORMATS.get(full)
 

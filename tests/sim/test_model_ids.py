@@ -1,0 +1,99 @@
+"""Issue 23's acceptance: 30 model ids users run (vLLM's supported-models page,
+the traces' papers) each simulate a short run through the run spec, or are
+refused with the reason. Offline: the catalog, aiconfigurator-core's bundled
+configs, and a fake local Hugging Face cache holding the published configs of
+tests/perf/data/hf_configs (HF_HUB_OFFLINE=1: no network). docs/catalogs.md
+lists the same 30 with their outcome."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvsched.sim.run import run
+from kvsched.sim.spec import RunSpec, WorkloadSpec
+
+CONFIGS = Path(__file__).parents[1] / "perf" / "data" / "hf_configs"
+
+# id: (where its config comes from, hardware, tensor-parallel size, None or a
+# phrase of the refusal). Sources: catalog (kvsched.perf.models), bundled
+# (aiconfigurator-core's model_configs/), cache (the fake HF cache).
+MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
+    "meta-llama/Llama-3.1-8B-Instruct": ("catalog", "h100", 1, None),
+    "meta-llama/Llama-3.1-70B-Instruct": ("catalog", "h100", 4, None),
+    "meta-llama/Llama-3.3-70B-Instruct": ("cache", "mi325x", 1, None),
+    "meta-llama/Llama-3.2-3B-Instruct": ("cache", "l4", 1, None),
+    "meta-llama/Meta-Llama-3-8B-Instruct": ("cache", "a10g", 1, None),
+    "meta-llama/Llama-2-70b-hf": ("catalog", "a100-80gb", 4, None),
+    "mistralai/Mistral-7B-Instruct-v0.3": ("cache", "a10g", 1, None),
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": ("catalog", "h100", 2, None),
+    "mistralai/Mixtral-8x22B-v0.1": ("bundled", "h200", 4, None),
+    "Qwen/Qwen2.5-7B-Instruct": ("catalog", "l40s", 1, None),
+    "Qwen/Qwen2.5-72B-Instruct": ("cache", "h20", 2, None),
+    "Qwen/Qwen3-8B": ("catalog", "h100", 1, None),
+    "Qwen/Qwen3-30B-A3B": ("catalog", "h100", 1, None),
+    "Qwen/Qwen3-235B-A22B": ("catalog", "mi355x", 2, None),
+    "Qwen/Qwen3-Coder-480B-A35B-Instruct": ("bundled", "b300", 8, None),
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": ("cache", "h200", 1, "hybrid linear attention"),
+    "google/gemma-2-9b-it": ("cache", "l4", 1, None),
+    "google/gemma-2-27b-it": ("cache", "h100", 1, None),
+    "google/gemma-3-27b-it": ("cache", "h100", 1, None),
+    "microsoft/Phi-3-mini-4k-instruct": ("cache", "l4", 1, None),  # every layer slides: charged as full
+    "microsoft/Phi-3-mini-128k-instruct": ("cache", "l4", 1, None),
+    "microsoft/phi-4": ("cache", "h100", 1, None),
+    "THUDM/glm-4-9b-chat-hf": ("cache", "h100", 1, None),
+    "zai-org/GLM-4.5": ("cache", "gb300", 4, None),
+    "deepseek-ai/DeepSeek-V3": ("catalog", "h200", 8, None),
+    "deepseek-ai/DeepSeek-R1": ("catalog", "b300", 8, None),
+    "deepseek-ai/DeepSeek-V3.2": ("bundled", "h200", 8, "lightning indexer"),
+    "openai/gpt-oss-20b": ("catalog", "h100", 1, None),
+    "openai/gpt-oss-120b": ("catalog", "h100", 1, None),
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": ("bundled", "h100", 8, "chunked local attention"),
+}
+needs_extras = pytest.mark.skipif(
+    importlib.util.find_spec("aiconfigurator_core") is None or importlib.util.find_spec("huggingface_hub") is None,
+    reason="the bundled configs ([measured]) and huggingface_hub are both needed")
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Hugging Face hub cache holding every config of tests/perf/data/hf_configs, offline."""
+    cache = tmp_path / "hub"
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    for path in sorted(CONFIGS.glob("*.json")):
+        repo = cache / f"models--{path.stem}"
+        (repo / "snapshots" / rev).mkdir(parents=True)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(rev)
+        shutil.copy(path, repo / "snapshots" / rev / "config.json")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def test_the_list_has_thirty_ids_and_counts_its_outcomes() -> None:
+    assert len(MODEL_IDS) == 30
+    refused = [m for m, (_, _, _, why) in MODEL_IDS.items() if why is not None]
+    assert (30 - len(refused), len(refused)) == (27, 3)
+    cached = {p.stem.replace("--", "/", 1) for p in CONFIGS.glob("*.json")}
+    assert {m for m, (src, *_) in MODEL_IDS.items() if src == "cache"} <= cached
+
+
+@needs_extras
+@pytest.mark.parametrize("model_id", list(MODEL_IDS))
+def test_each_model_id_simulates_or_is_refused_with_its_reason(model_id: str, hub_cache: Path) -> None:
+    _, hardware, tp, refusal = MODEL_IDS[model_id]
+    spec = RunSpec(workload=WorkloadSpec(num_prompts=4, random_input_len=256, random_output_len=8,
+                                         seed=0)).with_engine(model=model_id, hardware=hardware,
+                                                              tensor_parallel_size=tp, max_model_len=4096)
+    if refusal is not None:
+        with pytest.raises(ValueError) as info:
+            run(spec)
+        assert refusal in str(info.value), str(info.value)
+        return
+    result = run(spec)
+    assert result.metrics["completed"] == 4
+    assert result.prepared.deployment.model.num_params() > 1e9
