@@ -135,19 +135,22 @@ def suggestions(name: str, known: Iterable[str], n: int = 3) -> list[str]:
     return [full for full, _ in ranked[:n]]
 
 
-def find_config(name: str, known: Iterable[str]) -> ConfigSource:
+def find_config(name: str, catalog: Iterable[str]) -> ConfigSource:
     """The config.json of model ``name`` (a Hub id ``ORG/NAME``), from the
     hub cache, aiconfigurator-core's bundled configs or the Hub (see the
-    module doc). ``known``: the catalog's names, for the did-you-mean.
-    Raises UserInputError naming the model and the fix."""
+    module doc). ``catalog``: the built-in models' names, for the
+    did-you-mean (or, with nothing close, the list of them). Raises
+    UserInputError naming the model and the fix."""
     bundled = bundled_model_ids()
-    close = suggestions(name, [*known, *bundled])
-    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    names = tuple(catalog)
+    close = suggestions(name, [*names, *bundled])
+    hint = (f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close
+            else f" (built in: {', '.join(names)})")
     repo_id = name.strip()
     if not _REPO_ID.fullmatch(repo_id):
         raise UserInputError(
             f"unknown model {name!r}: not in the catalog, not a Hugging Face id (ORG/NAME) and no such "
-            f"file or directory{hint} Pass a catalog name, a Hugging Face id, or a local directory "
+            f"file or directory{hint}. Pass a catalog name, a Hugging Face id, or a local directory "
             "holding config.json")
     hub = _hub()
     cache = hub_cache_dir()
@@ -164,12 +167,12 @@ def find_config(name: str, known: Iterable[str]) -> ConfigSource:
     if hub is None:
         raise UserInputError(
             f"model {repo_id!r}: not in the catalog nor in aiconfigurator-core's bundled configs, and "
-            f"huggingface_hub is not installed to look it up{hint} Install it (pip install "
+            f"huggingface_hub is not installed to look it up{hint}. Install it (pip install "
             f"'kvsched[hub]') or {fix}")
     if hub_offline():
         raise UserInputError(
             f"model {repo_id!r}: not in the catalog, the Hugging Face cache ({cache}) nor "
-            f"aiconfigurator-core's bundled configs, and HF_HUB_OFFLINE is set{hint} Unset HF_HUB_OFFLINE "
+            f"aiconfigurator-core's bundled configs, and HF_HUB_OFFLINE is set{hint}. Unset HF_HUB_OFFLINE "
             f"or {fix}")
     try:
         path = _download(hub, repo_id, cache)
@@ -177,5 +180,5 @@ def find_config(name: str, known: Iterable[str]) -> ConfigSource:
         raise UserInputError(
             f"model {repo_id!r}: not in the catalog, the Hugging Face cache ({cache}) nor "
             f"aiconfigurator-core's bundled configs, and the Hub lookup failed ({type(err).__name__}: "
-            f"unreachable, unknown or gated){hint} Check the id or {fix}") from None
+            f"unreachable, unknown or gated){hint}. Check the id or {fix}") from None
     return ConfigSource(path, repo_id, "hub")

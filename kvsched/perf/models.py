@@ -677,7 +677,7 @@ def get_model(name_or_path: str) -> ModelSpec:
     if path.exists():
         return load_model_config(path)
     # A Hub id: the local HF cache, aiconfigurator-core's bundled configs, the Hub.
-    source = find_config(name_or_path, (*MODELS, *_ALIASES))
+    source = find_config(name_or_path, MODELS)
     return load_model_config(source.path, source.model_id)
 
 

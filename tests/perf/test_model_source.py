@@ -19,7 +19,8 @@ from kvsched.perf.models import MODELS, get_model, load_model_config
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 HAS_BUNDLED = importlib.util.find_spec("aiconfigurator_core") is not None
-needs_bundled = pytest.mark.skipif(not HAS_BUNDLED, reason="aiconfigurator-core (the [measured] extra) absent")
+needs_bundled = pytest.mark.skipif(not HAS_BUNDLED,
+                                   reason="aiconfigurator-core (the [measured] extra) absent")
 needs_hub = pytest.mark.skipif(importlib.util.find_spec("huggingface_hub") is None,
                                reason="huggingface_hub absent")
 
@@ -65,7 +66,8 @@ def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
 
 @needs_hub
 def test_a_cached_hub_id_resolves_offline(offline_cache: Path) -> None:
-    install(offline_cache, "mistralai/Mistral-7B-Instruct-v0.3", CONFIGS / "mistralai--Mistral-7B-Instruct-v0.3.json")
+    install(offline_cache, "mistralai/Mistral-7B-Instruct-v0.3",
+            CONFIGS / "mistralai--Mistral-7B-Instruct-v0.3.json")
     spec = get_model("mistralai/Mistral-7B-Instruct-v0.3")
     assert spec.name == "mistralai/Mistral-7B-Instruct-v0.3"
     # 32 x (attention 41,943,040 + MLP 176,160,768 + 2 norms of 4096) + 2 x 32768 x 4096 + final norm
@@ -80,8 +82,8 @@ def test_offline_and_not_cached_is_one_line_naming_the_fix(offline_cache: Path) 
         get_model("acme/NoSuch-7B")
     message = str(info.value)
     assert "\n" not in message
-    for needle in ("'acme/NoSuch-7B'", "HF_HUB_OFFLINE", "huggingface-cli download acme/NoSuch-7B config.json",
-                   "local directory", str(offline_cache)):
+    for needle in ("'acme/NoSuch-7B'", "HF_HUB_OFFLINE", "local directory", str(offline_cache),
+                   "huggingface-cli download acme/NoSuch-7B config.json"):
         assert needle in message, message
 
 

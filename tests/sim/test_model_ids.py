@@ -54,7 +54,7 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "meta-llama/Llama-4-Scout-17B-16E-Instruct": ("bundled", "h100", 8, "chunked local attention"),
 }
 needs_extras = pytest.mark.skipif(
-    importlib.util.find_spec("aiconfigurator_core") is None or importlib.util.find_spec("huggingface_hub") is None,
+    any(importlib.util.find_spec(pkg) is None for pkg in ("aiconfigurator_core", "huggingface_hub")),
     reason="the bundled configs ([measured]) and huggingface_hub are both needed")
 
 
