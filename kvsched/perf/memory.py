@@ -98,25 +98,26 @@ def _kv_layout(model: ModelSpec, per_layer: float, block_size: int, drafter_kv_l
                max_num_seqs: int, free: float) -> tuple[float, float]:
     """(bytes of one KV block, bytes set aside for the sliding-window layers).
 
-    vLLM's hybrid allocator keeps the full-attention and sliding-window
-    layers in one block pool: a request's sliding layers take a block for
-    each block of full attention until it passes the window, then no more.
-    The scheduler here counts full-attention blocks only, so the sliding
-    layers are sized one of two ways, whichever leaves more blocks: a
-    window for each of ``max_num_seqs`` sequences set aside (right for small
-    windows: gpt-oss's 128 tokens), or the sliding layers charged in every
-    block like full attention (exact below the window, conservative beyond
-    it: Gemma's 1024-4096-token windows; the only way when every layer
-    slides, Phi-3-mini-4k). The one owner of that rule."""
+    vLLM's hybrid allocator keeps full-attention and sliding-window layers
+    in one block pool: a request's sliding layers take a block for each
+    block of full attention until it passes the window, then no more. The
+    scheduler here counts full-attention blocks only, so a window of the
+    sliding layers is set aside per sequence that can be past its window at
+    once: ``max_num_seqs``, but never more than the memory holds sequences
+    of a window's tokens in every layer (a Gemma window of 4096 tokens
+    leaves room for a few dozen, not 1024). When every layer slides
+    (Phi-3-mini-4k), the sliding layers are charged in each block like full
+    attention: exact below the window, conservative beyond it. The one
+    owner of that rule."""
     full_layers = model.num_full_attention_layers + drafter_kv_layers
-    shared_block = block_size * (full_layers + model.num_sliding_layers) * per_layer
-    if not model.num_sliding_layers or not full_layers:
-        return shared_block, 0.0
-    reserve = max_num_seqs * model.num_sliding_layers * model.sliding_window * per_layer
-    full_block = block_size * full_layers * per_layer
-    if (free - reserve) / full_block >= free / shared_block:
-        return full_block, reserve
-    return shared_block, 0.0
+    if not model.num_sliding_layers:
+        return block_size * full_layers * per_layer, 0.0
+    if not full_layers:
+        return block_size * model.num_sliding_layers * per_layer, 0.0
+    window_tokens = model.sliding_window * per_layer  # one layer's window, one sequence
+    past_window = int(max(free, 0.0) // (window_tokens * (full_layers + model.num_sliding_layers)))
+    reserve = min(max_num_seqs, past_window) * model.num_sliding_layers * window_tokens
+    return block_size * full_layers * per_layer, reserve
 
 
 def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
