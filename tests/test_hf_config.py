@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvsched.hf_config import HFConfig, read_llama_family, read_rope
+from kvsched.hf_config import HFConfig, language_model_config, read_llama_family, read_rope
 from kvsched.model.config import load_model_config as load_engine_config
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.models import load_model_config as load_sim_spec
@@ -122,6 +122,30 @@ def test_sliding_window_is_read_once_and_judged_by_each_consumer(tmp_path: Path)
     assert (spec.sliding_window, spec.num_sliding_layers) == (1024, 2)
     with pytest.raises(ValueError, match="sliding_window=1024: sliding-window attention is not supported"):
         load_engine_config(directory)
+
+
+def test_phi3_reads_as_llama_for_the_simulator_and_stays_refused_by_the_engine(tmp_path: Path) -> None:
+    # Phi3Config's defaults: KV heads = heads (absent key), every layer slides when a window is set.
+    config = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", **BASE, "sliding_window": 2047,
+              "max_position_embeddings": 4096}
+    config.pop("num_key_value_heads", None)
+    fields = read_llama_family(HFConfig(config), "phi3")
+    assert (fields.num_key_value_heads, fields.attention_bias, fields.o_proj_bias) == (
+        config["num_attention_heads"], False, False)
+    assert (fields.sliding_window, fields.num_sliding_layers) == (2047, config["num_hidden_layers"])
+    directory = _write(tmp_path, "phi3", config)
+    assert load_sim_spec(directory).num_sliding_layers == config["num_hidden_layers"]
+    with pytest.raises(ValueError, match=r"architectures=\['Phi3ForCausalLM'\]: unsupported architecture"):
+        load_engine_config(directory)
+
+
+def test_a_multimodal_wrapper_is_read_through_its_text_config() -> None:
+    text = {"hidden_size": 64, "num_hidden_layers": 2}
+    assert language_model_config({"model_type": "gemma3", "text_config": text}) == (text, "gemma3_text")
+    named = {"model_type": "gemma3", "text_config": {**text, "model_type": "x"}}
+    assert language_model_config(named)[1] == "x"
+    plain = {"model_type": "llama", "text_config": text}   # only the listed wrappers are unwrapped
+    assert language_model_config(plain) == (plain, "llama")
 
 
 @pytest.mark.parametrize(("config", "expected"), [
