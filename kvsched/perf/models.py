@@ -659,6 +659,47 @@ def catalog_match(name: str) -> tuple[str, CheckpointFormat | None] | None:
     return full, fmt if fmt is not None else _NATIVE_FORMATS.get(full)
 
 
+def config_checkpoint_format(data: Mapping[str, Any]) -> CheckpointFormat | None:
+    """The weight format a config.json's own ``quantization_config`` names,
+    as vLLM loads it: ``fp8`` with ``weight_block_size`` is block FP8
+    (DeepSeek, Kimi-K2, Qwen -FP8, GLM -FP8), without it per-tensor FP8;
+    ``mxfp4`` covers the experts (gpt-oss); ModelOpt's ``FP8`` / ``NVFP4``
+    every linear layer, with an FP8 KV cache when ``kv_cache_quant_algo``
+    says so. None: a 16-bit checkpoint, or a method kvsched does not price
+    (compressed-tensors, AWQ, GPTQ, ModelOpt's MIXED_PRECISION), which is then
+    priced in --dtype."""
+    quant = data.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "fp8":
+        return CheckpointFormat("fp8_block" if quant.get("weight_block_size") else "fp8")
+    if method == "mxfp4":
+        return CheckpointFormat("mxfp4", layers="experts")
+    if method == "modelopt":
+        kv = "fp8" if str(quant.get("kv_cache_quant_algo", "")).upper() == "FP8" else None
+        algo = str(quant.get("quant_algo", "")).upper()
+        if algo in ("FP8", "NVFP4"):
+            return CheckpointFormat(algo.lower(), kv)
+    return None
+
+
+def checkpoint_format(name_or_path: str) -> CheckpointFormat | None:
+    """The format a checkpoint brings without --quantization: a catalog
+    name's (:func:`catalog_match`), else its config.json's
+    (:func:`config_checkpoint_format`; a Hub id is resolved as
+    :func:`get_model` resolves it). The one owner of that rule."""
+    match = catalog_match(name_or_path)
+    if match is not None:
+        return match[1]
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        config = path / "config.json" if path.is_dir() else path
+    else:
+        config = find_config(name_or_path, MODELS).path
+    return config_checkpoint_format(read_config_json(config))
+
+
 def get_model(name_or_path: str) -> ModelSpec:
     """A catalog model by HF id (with or without the org, any case; fine-tune
     and quantized variants by their base, see :func:`catalog_match`), a

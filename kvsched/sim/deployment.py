@@ -38,7 +38,7 @@ from kvsched.perf.lora import (
 )
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
-from kvsched.perf.models import CheckpointFormat, ModelSpec, catalog_match, get_model
+from kvsched.perf.models import CheckpointFormat, ModelSpec, checkpoint_format, get_model
 from kvsched.perf.pipeline import PipelineStages
 from kvsched.perf.profiled import ProfiledStepTimeModel, check_profile_matches
 from kvsched.perf.step_profile import StepProfile, load_profile
@@ -292,8 +292,7 @@ def weight_format(opts: EngineOptions) -> CheckpointFormat:
     checkpoint), else the checkpoint's own format
     (``Qwen/Qwen3-235B-A22B-FP8``: block FP8; ``openai/gpt-oss-120b``:
     MXFP4 experts), else --dtype over every layer."""
-    match = catalog_match(opts.model)
-    own = match[1] if match is not None else None
+    own = checkpoint_format(opts.model)
     if opts.quantization is not None:
         method = QUANTIZATION_FORMATS[opts.quantization]
         # vLLM's fp8 method loads a block-FP8 checkpoint as it is stored.

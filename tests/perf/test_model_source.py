@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from kvsched.perf.model_source import bundled_model_ids, find_config, hub_cache_dir, suggestions
-from kvsched.perf.models import MODELS, get_model, load_model_config
+from kvsched.perf.models import (
+    MODELS,
+    catalog_match,
+    checkpoint_format,
+    config_checkpoint_format,
+    get_model,
+    load_model_config,
+)
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 HAS_BUNDLED = importlib.util.find_spec("aiconfigurator_core") is not None
@@ -165,3 +172,31 @@ def test_refused_architectures_say_why(model_id: str, needle: str) -> None:
 def test_deepseek_v32_is_refused_for_its_sparse_attention() -> None:
     with pytest.raises(ValueError, match=r"DeepSeek-V3.2: model_type='deepseek_v32'.*lightning indexer"):
         get_model("deepseek-ai/DeepSeek-V3.2")
+
+
+# -- the checkpoint's own format -----------------------------------------------------
+
+@pytest.mark.parametrize(("quant", "expected"), [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, ("fp8_block", None, "all")),
+    ({"quant_method": "fp8"}, ("fp8", None, "all")),
+    ({"quant_method": "mxfp4"}, ("mxfp4", None, "experts")),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"},
+     ("nvfp4", "fp8", "all")),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, ("fp8", None, "all")),
+    ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}, None),   # not priced: --dtype
+    ({"quant_method": "awq", "bits": 4}, None),
+])
+def test_a_config_names_its_own_weight_format(quant: dict[str, object],
+                                              expected: tuple[str, str | None, str] | None) -> None:
+    fmt = config_checkpoint_format({"model_type": "llama", "quantization_config": quant})
+    assert (None if fmt is None else (fmt.weights, fmt.kv_cache, fmt.layers)) == expected
+    assert config_checkpoint_format({"model_type": "llama"}) is None
+
+
+@needs_bundled
+def test_a_resolved_checkpoint_is_priced_in_its_own_format(offline_cache: Path) -> None:
+    kimi = checkpoint_format("moonshotai/Kimi-K2-Instruct")   # bundled config: block FP8
+    assert kimi is not None and kimi.weights == "fp8_block"
+    assert checkpoint_format("Qwen/Qwen3-Coder-480B-A35B-Instruct") is None   # a 16-bit checkpoint
+    native = catalog_match("openai/gpt-oss-20b")   # the catalog's own rule comes first
+    assert native is not None and checkpoint_format("openai/gpt-oss-20b") == native[1]
