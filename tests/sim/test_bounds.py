@@ -160,11 +160,14 @@ def test_block_size_zero_and_a_model_without_kv_are_one_line(capsys: pytest.Capt
     refused(["simulate", "--block-size", "0", *FAST], capsys, "--block-size", "multiple of 16")
     refused(["simulate", "--block-size", "8192", *FAST], capsys, "--block-size", "4096")
     model = get_model("Qwen/Qwen3-0.6B")
-    # Every layer sliding-window (e.g. from a config.json): no full-attention
-    # KV per block, which divided by zero.
-    no_kv = dataclasses.replace(model, sliding_window=4096, num_sliding_layers=model.num_layers)
-    with pytest.raises(ValueError, match="KV block of 16 tokens takes 0"):
-        plan_memory(no_kv, get_hardware("h100-sxm"), ParallelConfig(), RuntimeConfig(), 16, 0.9, 2048, 8)
+    # Every layer sliding-window (e.g. Phi-3-mini-4k's config.json): no
+    # full-attention KV per block once divided by zero; since issue 23 the
+    # sliding layers are charged in each block as full attention.
+    all_sliding = dataclasses.replace(model, sliding_window=4096, num_sliding_layers=model.num_layers)
+    plan = plan_memory(all_sliding, get_hardware("h100-sxm"), ParallelConfig(), RuntimeConfig(), 16, 0.9,
+                       2048, 8)
+    assert plan.bytes_per_block == 16 * model.num_layers * model.kv_bytes_per_layer_per_token(2)
+    assert plan.sliding_window_bytes == 0 and plan.num_gpu_blocks > 2
 
 
 def test_a_tiny_request_rate_is_refused_for_its_time_span(capsys: pytest.CaptureFixture[str]) -> None:
