@@ -86,14 +86,16 @@ _POSITIONS = (1, MAX_POSITIONS, "the longest published context is 10,485,760 tok
 # (lowest, highest, why) per config.json field, by the name the file uses.
 INT_BOUNDS: Mapping[str, tuple[int, int, str]] = MappingProxyType({
     "hidden_size": _WIDTH, "n_embed": _WIDTH,
-    "num_hidden_layers": _LAYER_COUNT, "n_layer": _LAYER_COUNT,
+    "num_hidden_layers": _LAYER_COUNT, "n_layer": _LAYER_COUNT, "num_layers": _LAYER_COUNT,
     "num_attention_heads": _HEADS, "n_head": _HEADS, "num_key_value_heads": _HEADS,
+    "multi_query_group_num": _HEADS, "kv_channels": _HEAD_DIM,
     "head_dim": _HEAD_DIM, "qk_nope_head_dim": _HEAD_DIM, "qk_rope_head_dim": _HEAD_DIM,
     "v_head_dim": _HEAD_DIM,
     "q_lora_rank": (0, MAX_HIDDEN_SIZE, "a latent rank is below the model width; 0 or null: none"),
     "kv_lora_rank": (1, MAX_HIDDEN_SIZE, "a latent rank is below the model width"),
-    "intermediate_size": _MLP, "moe_intermediate_size": _MLP,
+    "intermediate_size": _MLP, "moe_intermediate_size": _MLP, "ffn_hidden_size": _MLP,
     "vocab_size": (1, MAX_VOCAB_SIZE, "the largest published vocabularies are ~256K tokens"),
+    "padded_vocab_size": (1, MAX_VOCAB_SIZE, "the largest published vocabularies are ~256K tokens"),
     "max_position_embeddings": _POSITIONS, "seq_length": _POSITIONS,
     "sliding_window": (0, MAX_POSITIONS, "a window is at most the context; 0 or null: none"),
     "num_experts": _EXPERTS, "num_local_experts": _EXPERTS, "n_routed_experts": _EXPERTS,

@@ -724,9 +724,9 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 # -- config.json reader ---------------------------------------------------------
 
-SUPPORTED_MODEL_TYPES = ("bloom", "deepseek_v2", "deepseek_v3", "gemma2", "gemma3_text", "glm4", "glm4_moe",
-                         "gpt_oss", "kimi_k2", "llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3",
-                         "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "gemma2", "gemma3_text", "glm4",
+                         "glm4_moe", "gpt_oss", "kimi_k2", "llama", "mistral", "mixtral", "phi3", "qwen2",
+                         "qwen3", "qwen3_moe")
 
 # Architectures vLLM serves that kvsched refuses, and why: what the KV cache
 # or the step price would get wrong. The one owner of those reasons.
@@ -911,6 +911,31 @@ def _parse_glm4(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     }
 
 
+def _parse_chatglm(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """ChatGLM's own config (THUDM/glm-4-9b, chatglm3-6b; vLLM's ChatGLM
+    model): GLM-4's layers under Megatron-style names — ``num_layers``,
+    ``ffn_hidden_size`` (fused gate/up), ``kv_channels`` (head dim),
+    ``multi_query_group_num`` KV heads when ``multi_query_attention``,
+    ``padded_vocab_size``, ``seq_length``; q/k/v bias per ``add_qkv_bias``,
+    the other linear biases per ``add_bias_linear``; two norms per layer."""
+    hidden = cfg.get_int("hidden_size")
+    heads = cfg.get_int("num_attention_heads")
+    grouped = cfg.get_bool("multi_query_attention", False)
+    linear_bias = cfg.get_bool("add_bias_linear", False)
+    return {
+        "hidden_size": hidden, "num_layers": cfg.get_int("num_layers", "num_hidden_layers"),
+        "num_heads": heads, "num_kv_heads": cfg.get_int("multi_query_group_num") if grouped else heads,
+        "head_dim": cfg.get_int("kv_channels") if cfg.data.get("kv_channels") is not None
+        else split_heads(cfg, hidden, heads),
+        "intermediate_size": cfg.get_int("ffn_hidden_size"),
+        "vocab_size": cfg.get_int("padded_vocab_size", "vocab_size"),
+        "max_position_embeddings": cfg.get_int("seq_length", "max_position_embeddings"),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+        "attention_bias": cfg.get_bool("add_qkv_bias", False), "attention_out_bias": linear_bias,
+        "mlp_bias": linear_bias, "norm_kind": "rmsnorm" if cfg.get_bool("rmsnorm", True) else "layernorm",
+    }
+
+
 def _parse_glm4_moe(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     """GLM-4.5/4.6 (glm4_moe): grouped-query attention (q/k/v biases when
     ``attention_bias``, optional per-head q/k norm) over DeepSeek-style MoE
@@ -969,6 +994,7 @@ _PARSERS = {
     # Kimi K2's model_type names DeepSeek-V3's architecture (its config says so).
     "deepseek_v2": _parse_deepseek, "deepseek_v3": _parse_deepseek, "kimi_k2": _parse_deepseek,
     "gemma2": _parse_gemma, "gemma3_text": _parse_gemma, "glm4": _parse_glm4, "glm4_moe": _parse_glm4_moe,
+    "chatglm": _parse_chatglm,
     "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
 }
 assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES

@@ -134,6 +134,7 @@ NEW: dict[str, tuple[float, int, int, int]] = {
     "microsoft/Phi-3-mini-128k-instruct": (3.82, 0, 0, 32 * 2 * 32 * 96 * 2),  # window > context
     "microsoft/Phi-3-mini-4k-instruct": (3.82, 32, 2047, 0),               # every layer slides
     "THUDM/glm-4-9b-chat-hf": (9.40, 0, 0, 40 * 2 * 2 * 128 * 2),
+    "THUDM/glm-4-9b": (9.40, 0, 0, 40 * 2 * 2 * 128 * 2),                 # chatglm's own names
     "meta-llama/Llama-3.2-3B-Instruct": (3.21, 0, 0, 28 * 2 * 8 * 128 * 2),
     "Qwen/Qwen2.5-72B-Instruct": (72.7, 0, 0, 80 * 2 * 8 * 128 * 2),
 }

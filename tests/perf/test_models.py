@@ -312,7 +312,8 @@ def test_supported_model_types() -> None:
     assert set(SUPPORTED_MODEL_TYPES) == {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral",
                                           "deepseek_v2", "deepseek_v3", "gpt_oss", "bloom",
                                           # issue 23
-                                          "phi3", "gemma2", "gemma3_text", "glm4", "glm4_moe", "kimi_k2"}
+                                          "phi3", "gemma2", "gemma3_text", "glm4", "glm4_moe", "kimi_k2",
+                                          "chatglm"}
 
 
 # -- spec validation ---------------------------------------------------------------

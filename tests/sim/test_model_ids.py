@@ -42,9 +42,9 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "google/gemma-2-27b-it": ("cache", "h100", 1, None),
     "google/gemma-3-27b-it": ("cache", "h100", 1, None),
     "microsoft/Phi-3-mini-4k-instruct": ("cache", "l4", 1, None),  # every layer slides: charged as full
-    "microsoft/Phi-3-mini-128k-instruct": ("cache", "l4", 1, None),
     "microsoft/phi-4": ("cache", "h100", 1, None),
-    "THUDM/glm-4-9b-chat-hf": ("cache", "h100", 1, None),
+    "THUDM/glm-4-9b": ("cache", "a10g", 1, None),            # ChatGLM's own config (chatglm)
+    "THUDM/glm-4-9b-chat-hf": ("cache", "h100", 1, None),    # the transformers port (glm4)
     "zai-org/GLM-4.5": ("cache", "gb300", 4, None),
     "deepseek-ai/DeepSeek-V3": ("catalog", "h200", 8, None),
     "deepseek-ai/DeepSeek-R1": ("catalog", "b300", 8, None),
