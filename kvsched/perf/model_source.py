@@ -98,9 +98,10 @@ def bundled_model_ids() -> dict[str, Path]:
 
 def _hub() -> Any:
     """huggingface_hub, imported on first use; None when not installed."""
-    if importlib.util.find_spec("huggingface_hub") is None:
+    try:
+        return importlib.import_module("huggingface_hub")
+    except ImportError:
         return None
-    return importlib.import_module("huggingface_hub")
 
 
 def _from_cache(hub: Any, repo_id: str, cache: Path) -> Path | None:

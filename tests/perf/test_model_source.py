@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,21 @@ def test_bundled_configs_answer_offline_and_the_cache_comes_first(offline_cache:
     bundled = json.loads(bundled_model_ids()["mistralai/Mixtral-8x22B-v0.1"].read_text())
     install(offline_cache, "mistralai/Mixtral-8x22B-v0.1", {**bundled, "num_hidden_layers": 2})
     assert get_model("mistralai/Mixtral-8x22B-v0.1").num_layers == 2
+
+
+@needs_bundled
+def test_without_huggingface_hub_the_bundled_configs_still_answer(tmp_path: Path) -> None:
+    # A fresh interpreter where huggingface_hub cannot be imported.
+    code = ("import sys; sys.modules['huggingface_hub'] = None\n"
+            "from kvsched.perf.models import get_model\n"
+            "print(get_model('mistralai/Mixtral-8x22B-v0.1').num_layers)\n"
+            "try:\n    get_model('acme/NoSuch-7B')\nexcept ValueError as err:\n    print(err)\n")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    layers, message = out.stdout.strip().split("\n")
+    assert layers == "56"
+    assert "huggingface_hub is not installed" in message and "pip install 'kvsched[hub]'" in message
+    assert "huggingface-cli download acme/NoSuch-7B config.json" in message
 
 
 def test_typos_get_a_did_you_mean() -> None:
