@@ -94,9 +94,12 @@ def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
     return max_num_batched_tokens * per_token + logits
 
 
-def _kv_layout(model: ModelSpec, per_layer: float, block_size: int, drafter_kv_layers: int,
-               max_num_seqs: int, free: float) -> tuple[float, float]:
-    """(bytes of one KV block, bytes set aside for the sliding-window layers).
+def kv_layout(full_layers: int, sliding_layers: int, window: int, per_layer: float, block_size: int,
+              max_num_seqs: int, free: float) -> tuple[float, float]:
+    """(bytes of one KV block, bytes set aside for the sliding-window
+    layers) of ``full_layers`` full-attention and ``sliding_layers``
+    sliding-window layers (a whole model, or one PP stage) with ``free``
+    bytes left for KV.
 
     vLLM's hybrid allocator keeps full-attention and sliding-window layers
     in one block pool: a request's sliding layers take a block for each
@@ -109,14 +112,13 @@ def _kv_layout(model: ModelSpec, per_layer: float, block_size: int, drafter_kv_l
     (Phi-3-mini-4k), the sliding layers are charged in each block like full
     attention: exact below the window, conservative beyond it. The one
     owner of that rule."""
-    full_layers = model.num_full_attention_layers + drafter_kv_layers
-    if not model.num_sliding_layers:
+    if not sliding_layers:
         return block_size * full_layers * per_layer, 0.0
     if not full_layers:
-        return block_size * model.num_sliding_layers * per_layer, 0.0
-    window_tokens = model.sliding_window * per_layer  # one layer's window, one sequence
-    past_window = int(max(free, 0.0) // (window_tokens * (full_layers + model.num_sliding_layers)))
-    reserve = min(max_num_seqs, past_window) * model.num_sliding_layers * window_tokens
+        return block_size * sliding_layers * per_layer, 0.0
+    window_bytes = window * per_layer  # one layer's window, one sequence
+    past_window = int(max(free, 0.0) // (window_bytes * (full_layers + sliding_layers)))
+    reserve = min(max_num_seqs, past_window) * sliding_layers * window_bytes
     return block_size * full_layers * per_layer, reserve
 
 
@@ -142,7 +144,9 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     activations = activation_peak_bytes(model, parallel, max_num_batched_tokens, max_num_seqs)
     per_layer = model.kv_bytes_per_layer_per_rank(kvb, tp)
     free = budget - weights - activations - NON_TORCH_BYTES - drafter_bytes - lora_bytes
-    bytes_per_block, sliding = _kv_layout(model, per_layer, block_size, drafter_kv_layers, max_num_seqs, free)
+    bytes_per_block, sliding = kv_layout(model.num_full_attention_layers + drafter_kv_layers,
+                                         model.num_sliding_layers, model.sliding_window, per_layer,
+                                         block_size, max_num_seqs, free)
     kv = free - sliding
     blocks = int(kv // bytes_per_block) if kv > 0 else 0
     plan = MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
@@ -177,13 +181,10 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
     for i, n in enumerate(stage_layers(m.num_layers, pp)):
         weights = per_layer_weights * n + (embedding if i == 0 else 0.0) + (lm_head if i == pp - 1 else 0.0)
         sliding_layers = -(-m.num_sliding_layers * n // m.num_layers)
-        full_layers = n - sliding_layers
-        bytes_per_block = block_size * full_layers * per_layer
-        if not bytes_per_block > 0:
-            raise UserInputError(f"{m.name}: PP stage {i + 1} of {pp} has no full-attention layer "
-                                 f"({n} layers); kvsched sizes the KV cache of stages with full attention")
-        sliding = max_num_seqs * sliding_layers * m.sliding_window * per_layer
-        kv = budget - weights - activations - NON_TORCH_BYTES - sliding
+        free = budget - weights - activations - NON_TORCH_BYTES
+        bytes_per_block, sliding = kv_layout(n - sliding_layers, sliding_layers, m.sliding_window, per_layer,
+                                             block_size, max_num_seqs, free)
+        kv = free - sliding
         blocks = int(kv // bytes_per_block) if kv > 0 else 0
         plans.append(MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
                                 bytes_per_block, blocks, 0.0, pp, i))
