@@ -183,3 +183,21 @@ def test_the_json_range_ratio_sets_input_and_output_apart() -> None:
     assert [r.num_prompt_tokens for r in w.requests] == [g["server_prompt_len"] for g in golden]
     with pytest.raises((UserInputError, argparse.ArgumentError), match="exactly"):
         parse_spec(["--random-range-ratio", '{"input": 0.3}'])
+
+
+def test_the_run_spec_carries_every_dataset_option_with_the_same_default() -> None:
+    """WorkloadSpec repeats BenchDatasetOptions' fields (the run spec is flat,
+    as vllm bench serve's flags are) and kvsched.sim.run.bench_options copies
+    them across by name: a field added to one and not the other, or a default
+    that drifts, would change a run silently."""
+    import dataclasses
+
+    from kvsched.sim.run import bench_options
+    from kvsched.sim.spec import WorkloadSpec
+    from kvsched.sim.workload import BenchDatasetOptions
+
+    spec_fields = {f.name: f.default for f in dataclasses.fields(WorkloadSpec)}
+    for f in dataclasses.fields(BenchDatasetOptions):
+        assert f.name in spec_fields, f.name
+        assert spec_fields[f.name] == f.default, f.name
+    assert bench_options(WorkloadSpec()) == BenchDatasetOptions()
