@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -226,6 +228,29 @@ class StepResult:
     core_outputs: EngineCoreOutputs | None
 
 
+@dataclass(frozen=True, slots=True)
+class IterationDetails:
+    """One model execution as vLLM's ``--enable-logging-iteration-details``
+    reports it: a *context* request has produced no output token before the
+    step (a prompt chunk, the last one included), every other is a
+    *generation* request; ``elapsed_s`` is the model's execution alone
+    (scheduling and output processing are outside it, as in vLLM's clock)."""
+
+    iteration: int
+    context_requests: int
+    context_tokens: int
+    generation_requests: int
+    generation_tokens: int
+    elapsed_s: float
+
+    def log_line(self, kv_cache_usage: float) -> str:
+        """vLLM's line, which ``kvsched.profile.iteration_log`` parses."""
+        return (f"Engine 000: Iteration({self.iteration}): {self.context_requests} context requests, "
+                f"{self.context_tokens} context tokens, {self.generation_requests} generation "
+                f"requests, {self.generation_tokens} generation tokens, iteration elapsed time: "
+                f"{self.elapsed_s * 1e3:.2f} ms, CPU KV cache usage: {kv_cache_usage * 100:.1f}%")
+
+
 class EngineCore:
     """One scheduler, one model runner; ``step()`` is vLLM's engine step."""
 
@@ -288,6 +313,10 @@ class EngineCore:
         self.batch_queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
         # Speculative decoding's counters summed over every step so far.
         self.spec_decoding_stats: SpecDecodingStats | None = None
+        # Told about every model execution (the server's per-step log); the
+        # count numbers them as vLLM's Iteration(N) does.
+        self.iteration_observer: Callable[[IterationDetails], None] | None = None
+        self.num_iterations = 0
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -299,11 +328,34 @@ class EngineCore:
         """Requests to finish, or (async) a batch whose output is still to apply."""
         return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
+    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the model on a scheduled batch; tell ``iteration_observer``
+        (when set) what ran and how long it took."""
+        observer = self.iteration_observer
+        if observer is None or scheduler_output.total_num_scheduled_tokens == 0:
+            return self.runner.execute_model(scheduler_output)
+        requests = self.scheduler.requests
+        ctx_reqs = ctx_tokens = gen_reqs = gen_tokens = 0
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            if requests[rid].num_output_tokens:
+                gen_reqs += 1
+                gen_tokens += n
+            else:
+                ctx_reqs += 1
+                ctx_tokens += n
+        start = time.perf_counter()
+        runner_output = self.runner.execute_model(scheduler_output)
+        elapsed = time.perf_counter() - start
+        self.num_iterations += 1
+        observer(IterationDetails(self.num_iterations, ctx_reqs, ctx_tokens, gen_reqs, gen_tokens,
+                                  elapsed))
+        return runner_output
+
     def step(self) -> StepResult:
         if self.async_scheduling:
             return self._step_with_batch_queue()
         scheduler_output = self.scheduler.schedule()
-        runner_output = self.runner.execute_model(scheduler_output)
+        runner_output = self._execute(scheduler_output)
         core_outputs = self._apply(scheduler_output, runner_output)
         if self.speculative_config is not None and scheduler_output.total_num_scheduled_tokens > 0:
             # vLLM's post_step: the drafts proposed after this step.
@@ -320,7 +372,7 @@ class EngineCore:
         scheduled = None
         if self.scheduler.has_requests():
             scheduled = self.scheduler.schedule()
-            queue.appendleft((scheduled, self.runner.execute_model(scheduled)))
+            queue.appendleft((scheduled, self._execute(scheduled)))
             if len(queue) < BATCH_QUEUE_SIZE and (
                     scheduled.total_num_scheduled_tokens > 0 or self.scheduler.has_requests()):
                 return StepResult(scheduled, None, None, None)

@@ -17,6 +17,7 @@ from torch import nn
 
 from kvsched.model.attention import Attention
 from kvsched.model.config import ModelConfig
+from kvsched.model.cpu_gemm import CpuGemm
 
 # Our fused module -> transformers' modules stacked in it along the output dim.
 PACKED_MODULES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -80,8 +81,18 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
                      if bias else None)
+        self.gemm: CpuGemm | None = None
+
+    def use_cpu_gemm(self) -> None:
+        """Multiply through :class:`CpuGemm` from now on. ``weight`` becomes
+        a view of its transposed copy, so the layer holds two layouts, not three."""
+        gemm = CpuGemm(self.weight)
+        self.weight = nn.Parameter(gemm.transposed.t(), requires_grad=False)
+        self.gemm = gemm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemm is not None:
+            return self.gemm(x, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -212,6 +223,18 @@ class LlamaForCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype,
                                   device=device)
+        self.logits_gemm: CpuGemm | None = None
+
+    def use_cpu_gemm(self) -> None:
+        """Every linear layer and the logits through :class:`CpuGemm` (call
+        once the weights are loaded; see ``cpu_gemm.use_cpu_gemm``). Tied
+        embeddings keep their row-major table for the lookup and get the two
+        layouts beside it."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.use_cpu_gemm()
+        if self.lm_head is None:
+            self.logits_gemm = CpuGemm(self.model.embed_tokens.weight)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: Attention) -> torch.Tensor:
@@ -220,5 +243,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden_size] -> [N, vocab_size] float32 (matmul in the model's dtype)."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()  # type: ignore[no-any-return]
+        if self.logits_gemm is not None:
+            return self.logits_gemm(hidden).float()
+        return F.linear(hidden, self.model.embed_tokens.weight).float()

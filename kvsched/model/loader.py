@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 from kvsched.errors import UserInputError
 from kvsched.model.config import ModelConfig, load_model_config
+from kvsched.model.cpu_gemm import use_cpu_gemm
 from kvsched.model.llama import PACKED_MODULES, LlamaForCausalLM
 
 DTYPES: dict[str, torch.dtype] = {
@@ -183,4 +184,6 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype,
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     model.eval()
+    if use_cpu_gemm(dtype, device):
+        model.use_cpu_gemm()
     return config, model

@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+
+import torch
 
 from kvsched.engine.llm import LLM, PromptType
 from kvsched.engine.outputs import RequestOutput
@@ -77,8 +80,12 @@ class AsyncEngine:
     (submitted and not finished); one more is refused with 503 at once, so
     overload is answered, never queued without bound."""
 
-    def __init__(self, llm: LLM, metrics: ServerMetrics, max_pending_requests: int) -> None:
+    def __init__(self, llm: LLM, metrics: ServerMetrics, max_pending_requests: int,
+                 engine_cpus: list[int] | None = None) -> None:
+        """``engine_cpus``: bind the engine thread to these CPUs and run
+        that many torch threads (see ``cpu_binding``); None leaves both alone."""
         self.llm = llm
+        self.engine_cpus = engine_cpus
         self.metrics = metrics
         self.max_pending_requests = max_pending_requests
         self._cond = threading.Condition()
@@ -148,6 +155,11 @@ class AsyncEngine:
     # -- the engine thread ----------------------------------------------------------
     def _run(self) -> None:
         try:
+            if self.engine_cpus is not None:
+                # This thread only (Linux applies the mask per thread); torch's
+                # pool, started from here on first use, inherits it.
+                os.sched_setaffinity(0, self.engine_cpus)
+                torch.set_num_threads(len(self.engine_cpus))
             while self._run_once():
                 pass
         except Exception as err:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,9 @@ from typing import Any
 from kvsched.engine.command import add_engine_flags, engine_kwargs
 from kvsched.errors import UserInputError
 from kvsched.scheduler_defaults import UsageContext
+from kvsched.serve.cpu_binding import BIND_VAR, engine_cpus
+
+_log = logging.getLogger("kvsched.serve")
 
 # vLLM's --port default.
 DEFAULT_PORT = 8000
@@ -40,6 +45,9 @@ def add_serve_parser(sub: Any) -> None:
     s.add_argument("--max-pending-requests", type=int, default=DEFAULT_MAX_PENDING_REQUESTS,
                    help="requests held at once; more are answered 503 (kvsched's; default: "
                         "%(default)s)")
+    s.add_argument("--enable-logging-iteration-details", action="store_true",
+                   help="log every engine step as vLLM does: its context and generation requests "
+                        "and tokens and the model's execution time")
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="uvicorn's log level (default: %(default)s)")
@@ -57,6 +65,9 @@ class ServeSettings:
     api_key: str | None
     chat_template: str | None
     max_pending_requests: int
+    log_iteration_details: bool = False
+    # CPUs for the engine thread on a CPU device (``cpu_binding``); None: the OS places it.
+    engine_cpus: list[int] | None = None
 
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:
@@ -75,7 +86,9 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     if args.api_key is not None and not args.api_key:
         raise UserInputError("--api-key: empty; give a key, or leave the flag out")
     return ServeSettings(model, args.tokenizer, args.served_model_name or model, args.api_key,
-                         args.chat_template, args.max_pending_requests)
+                         args.chat_template, args.max_pending_requests,
+                         args.enable_logging_iteration_details,
+                         engine_cpus(os.environ, os.sched_getaffinity(0)))
 
 
 @dataclass(slots=True)
@@ -101,8 +114,20 @@ def build_server(settings: ServeSettings, **engine_args: Any) -> Server:
     # vLLM's API server's batch defaults, not its LLM class's.
     llm = LLM(settings.model, tokenizer=settings.tokenizer,
               usage_context=UsageContext.OPENAI_API_SERVER, **engine_args)
-    metrics = ServerMetrics(settings.served_model_name, llm.engine.scheduler_config.max_model_len)
-    engine = AsyncEngine(llm, metrics, settings.max_pending_requests)
+    core = llm.engine
+    # vLLM's start-up line, which log readers (kvsched profile) parse.
+    _log.info("%s KV cache size: %s tokens", core.device.type.upper(),
+              f"{core.cache_config.num_gpu_blocks * core.cache_config.block_size:,}")
+    if settings.log_iteration_details:
+        usage = core.scheduler.kv_cache_manager
+        core.iteration_observer = lambda d: _log.info(d.log_line(usage.usage))
+    metrics = ServerMetrics(settings.served_model_name, core.scheduler_config.max_model_len)
+    # vLLM's CPU-backend variables place CPU engines only.
+    cpus = settings.engine_cpus if core.device.type == "cpu" else None
+    if cpus is not None:
+        _log.info("engine thread on CPUs %s, %d torch threads (%s)", ",".join(map(str, cpus)), len(cpus),
+                  BIND_VAR)
+    engine = AsyncEngine(llm, metrics, settings.max_pending_requests, cpus)
     app = build_app(engine, ServerConfig(settings.served_model_name, settings.model, settings.api_key,
                                          template))
     engine.start()
@@ -113,6 +138,12 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = serve_settings(args)
+    # The server's own lines (start-up, per-step details) on stderr beside uvicorn's.
+    if not _log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(message)s"))
+        _log.addHandler(handler)
+        _log.setLevel(logging.INFO)
     # Bind before loading the model: a port in use fails in a second, not after the load.
     sock = socket.socket(socket.AF_INET6 if args.host and ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
