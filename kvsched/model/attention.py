@@ -13,7 +13,7 @@ class Attention(Protocol):
     """Attention of one step for one layer.
 
     ``q``: [T, num_attention_heads, head_dim]; ``k``, ``v``: [T, num_key_value_heads,
-    head_dim], after rotary embedding (and Qwen3's q/k norm), contiguous. Returns
+    head_dim], after rotary embedding (and Qwen3's q/k norm), possibly strided views. Returns
     [T, num_attention_heads, head_dim]. Softmax scale is head_dim ** -0.5. The T
     tokens may belong to many requests; the implementation knows which."""
 

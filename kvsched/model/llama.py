@@ -56,18 +56,24 @@ class RotaryEmbedding:
         self.inv_freq = rope_inv_freq(config)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, 1, D] each, broadcast over heads: cos twice, and -sin then sin
+        (the rotate-half convention as one product, see ``apply``)."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        # [T, 1, D/2]: broadcast over heads.
-        return freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        return torch.cat((cos, cos), -1)[:, None, :], torch.cat((-sin, sin), -1)[:, None, :]
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate [T, heads, D] by the neox (rotate-half) convention."""
+        """Rotate [T, heads, D] by the neox (rotate-half) convention:
+        (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin). Rolling x by D/2 gives
+        (x2, x1), so the whole is x * cos + roll(x) * (-sin, sin): three
+        element-wise ops instead of six, each element's arithmetic unchanged
+        (x1 cos + x2 (-sin) rounds as x1 cos - x2 sin), so bit for bit the same."""
         xf = x.float()
-        x1, x2 = xf.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        out = xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin
+        return out.to(x.dtype)
 
 
 class Linear(nn.Module):
@@ -116,6 +122,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            # torch's fused kernel, the same arithmetic in float32 (one op, not six).
+            return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32, cast back, then scale: transformers' order.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -144,14 +153,17 @@ class LlamaAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention: Attention) -> torch.Tensor:
         t = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
+        qkv = self.qkv_proj(hidden)
+        v = qkv[:, self.q_size + self.kv_size:].reshape(t, self.num_kv_heads, self.head_dim).contiguous()
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = RotaryEmbedding.apply(q, cos, sin)
-        k = RotaryEmbedding.apply(k, cos, sin)
+            q, k = qkv[:, :self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=-1)
+            q = RotaryEmbedding.apply(self.q_norm(q.reshape(t, self.num_heads, self.head_dim)), cos, sin)
+            k = RotaryEmbedding.apply(self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)), cos, sin)
+        else:
+            # q's and k's heads side by side: one rotation for both.
+            qk = qkv[:, :self.q_size + self.kv_size].reshape(t, self.num_heads + self.num_kv_heads,
+                                                             self.head_dim)
+            q, k = RotaryEmbedding.apply(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         out = attention(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(t, self.q_size))  # type: ignore[no-any-return]
 
