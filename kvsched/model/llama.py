@@ -163,7 +163,8 @@ class LlamaAttention(nn.Module):
             # q's and k's heads side by side: one rotation for both.
             qk = qkv[:, :self.q_size + self.kv_size].reshape(t, self.num_heads + self.num_kv_heads,
                                                              self.head_dim)
-            q, k = RotaryEmbedding.apply(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+            rotated = RotaryEmbedding.apply(qk, cos, sin)
+            q, k = rotated[:, :self.num_heads], rotated[:, self.num_heads:]
         out = attention(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(t, self.q_size))  # type: ignore[no-any-return]
 
