@@ -45,7 +45,11 @@ class DecodeGroup:
     token_idx: Tensor  # [n] rows of the flat batch
     block_ids: Tensor  # [n * num_blocks] the rows' block tables, padded with null block 0
     num_blocks: int
-    key_mask: Tensor  # [n, 1, 1, num_blocks * block_size]: True inside the row's context
+    # Keys attended: the longest row's context (the gathered blocks' tail
+    # past it is left out; with vLLM's CPU block size of 128 that tail can
+    # be most of a block per row).
+    num_keys: int
+    key_mask: Tensor  # [n, 1, 1, num_keys]: True inside the row's context
 
 
 @dataclass(slots=True)
@@ -109,11 +113,13 @@ class AttentionMetadata:
         decode_rows = np.flatnonzero(q_lens == 1)
         for rows in _group_decode_rows(decode_rows, blocks_needed, group_keys // block_size):
             nb = int(blocks_needed[rows[-1]])  # rows come sorted by length
-            mask = np.arange(nb * block_size)[None, :] < s_lens[rows][:, None]
+            num_keys = int(s_lens[rows].max())
+            mask = np.arange(num_keys)[None, :] < s_lens[rows][:, None]
             groups.append(DecodeGroup(
                 token_idx=_to(cu[rows], device),
                 block_ids=_to(table[rows, :nb].reshape(-1), device),
                 num_blocks=nb,
+                num_keys=num_keys,
                 key_mask=_to(mask[:, None, None, :], device)))
         chunks = []
         offsets = np.arange(block_size)
@@ -234,8 +240,8 @@ class PagedAttention:
             vg = torch.index_select(v_blocks, 0, g.block_ids, out=v_buf[:size * block_numel]
                                     .view(size, block_numel))
             # [n, H_kv, keys, D]; a kv head's query heads ride as `group` query rows.
-            kg = kg.view(n, keys, num_kv_heads, head_dim).transpose(1, 2)
-            vg = vg.view(n, keys, num_kv_heads, head_dim).transpose(1, 2)
+            kg = kg.view(n, keys, num_kv_heads, head_dim)[:, :g.num_keys].transpose(1, 2)
+            vg = vg.view(n, keys, num_kv_heads, head_dim)[:, :g.num_keys].transpose(1, 2)
             qg = q.index_select(0, g.token_idx).view(n, num_kv_heads, group, head_dim)
             og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.key_mask, scale=scale)
             out.index_copy_(0, g.token_idx, og.reshape(n, num_heads, head_dim))
