@@ -163,7 +163,8 @@ def workload_table(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     """One workload's markdown table: per metric, each engine's median
     [min-max] over its repeats and kvsched/vLLM of the medians."""
     counts = {e: len(results.get(e, [])) for e in ENGINES}
-    lines = [f"| metric | vLLM ({counts['vllm']} runs) | kvsched ({counts['kvsched']} runs) | kvsched/vLLM |",
+    lines = [f"| metric | vLLM (runs: {counts['vllm']}) | kvsched (runs: {counts['kvsched']}) "
+             "| kvsched/vLLM |",
              "| --- | --- | --- | --- |"]
     for key, label in METRICS:
         cells, medians = [], {}
@@ -369,8 +370,11 @@ class Server:
                 moved += 1
             except OSError:
                 pass
+        names: dict[str, int] = {}
+        for _, _, name in workers:
+            names[name] = names.get(name, 0) + 1
         return {"pinned": True, "threads": len(threads), "moved_to_core_1": moved,
-                "worker_threads": [{"pid": p, "tid": t, "name": n} for p, t, n in workers]}
+                "left_on_core_0": {"pids": sorted({p for p, _, _ in workers}), "threads_by_name": names}}
 
     def idle_cpu_percent(self, seconds: float = IDLE_SAMPLE_S) -> float:
         """The group's CPU use while nothing is sent, percent of one core."""
@@ -574,7 +578,9 @@ def cmd_report(args: argparse.Namespace) -> None:
     tag_dir = RESULTS / args.tag
     lines = [f"# kvsched serve vs vLLM {args.tag}", "",
              "Made by `benchmarks/engine_vs_vllm.py report`; each cell the median [min-max] over "
-             "repeats, measured by `vllm bench serve`.", ""]
+             "repeats, measured by `vllm bench serve`. kvsched/vLLM above 1 is better for kvsched on "
+             "throughput, worse on latency. Load: the 1-minute load average before each run (min-max); "
+             "a quiet machine reads below 1.", ""]
     for model_dir in sorted(p for p in tag_dir.iterdir() if p.is_dir()):
         for e in ENGINES:
             meta_path = model_dir / f"{e}.server.json"
@@ -591,8 +597,11 @@ def cmd_report(args: argparse.Namespace) -> None:
             if not any(results.values()):
                 continue
             prompts = {r["completed"] for rs in results.values() for r in rs}
-            lines += [f"## {model_dir.name} / {w} ({'/'.join(map(str, sorted(prompts)))} requests completed)",
-                      "", *workload_table(results), ""]
+            loads = [float(r["engine_vs_vllm"]["loadavg_before_after"][0][0])
+                     for rs in results.values() for r in rs if "engine_vs_vllm" in r]
+            load = f", load {min(loads):.2f}-{max(loads):.2f}" if loads else ""
+            lines += [f"## {model_dir.name} / {w} ({'/'.join(map(str, sorted(prompts)))} requests "
+                      f"completed{load})", "", *workload_table(results), ""]
     text = "\n".join(lines) + "\n"
     (tag_dir / "README.md").write_text(text)
     print(text)

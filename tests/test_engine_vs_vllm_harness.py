@@ -42,7 +42,7 @@ def test_workload_table_medians_ranges_and_ratio(harness: ModuleType) -> None:
     kvsched = [{"output_throughput": x, "mean_ttft_ms": t} for x, t in ((90.0, 80.0), (70.0, 100.0),
                                                                          (80.0, 90.0))]
     lines = harness.workload_table({"vllm": vllm, "kvsched": kvsched})
-    assert lines[0] == "| metric | vLLM (3 runs) | kvsched (3 runs) | kvsched/vLLM |"
+    assert lines[0] == "| metric | vLLM (runs: 3) | kvsched (runs: 3) | kvsched/vLLM |"
     rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines[2:]}
     # Medians 110 and 80: 80 / 110 = 0.727...
     assert rows["output tok/s"] == "| output tok/s | 110 [100-120] | 80.0 [70.0-90.0] | 0.73 |"
