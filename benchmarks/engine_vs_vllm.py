@@ -206,6 +206,8 @@ class Completion:
 
     token_ids: list[int]
     top: list[dict[str, float]]
+    # The logprob of each chosen token.
+    logprobs: list[float] = dataclasses.field(default_factory=list)
 
 
 def first_difference(a: Completion, b: Completion) -> int | None:
@@ -221,8 +223,13 @@ def first_difference(a: Completion, b: Completion) -> int | None:
 def compare(prompt_len: int, outs: dict[str, Completion]) -> dict[str, Any]:
     """One prompt's verdict: identical, or where the engines part and each
     one's top-2 there (and its gap, the margin of its choice)."""
-    pos = first_difference(outs["vllm"], outs["kvsched"])
+    a, b = outs["vllm"], outs["kvsched"]
+    pos = first_difference(a, b)
     row: dict[str, Any] = {"prompt_len": prompt_len, "identical": pos is None}
+    # How far the two engines' numbers are apart where they agree on the tokens.
+    same = len(a.token_ids) if pos is None else pos
+    diffs = [abs(x - y) for x, y in zip(a.logprobs[:same], b.logprobs[:same])]
+    row["max_abs_logprob_diff"] = round(max(diffs), 8) if diffs else None
     if pos is None:
         return row
     row["position"] = pos
@@ -644,7 +651,10 @@ def complete(server: Server, prompt: list[int], names: TokenNames) -> tuple[Comp
     ids = [int(t) for t in choice["token_ids"]]
     top = [{names(key): float(lp) for key, lp in entry.items()}
            for entry in choice["logprobs"]["top_logprobs"]]
-    return Completion(ids, top), reply
+    if len(ids) != PARITY_MAX_TOKENS:
+        raise SystemExit(f"{server.engine}: {len(ids)} tokens back, not {PARITY_MAX_TOKENS} "
+                         "(ignore_eos, max_tokens)")
+    return Completion(ids, top, [float(x) for x in choice["logprobs"]["token_logprobs"]]), reply
 
 
 def run_parity_mode(server: Server, prompts: list[list[int]], concurrent_: bool, names: TokenNames
@@ -690,8 +700,14 @@ def cmd_parity(args: argparse.Namespace) -> None:
         same = sum(r["identical"] for r in rows)
         self_same = {e: sum(first_difference(outs["sequential"][e][i], outs["concurrent"][e][i]) is None
                             for i in range(len(prompts))) for e in ENGINES}
-        report["modes"][mode] = {"identical": same, "rows": rows}
-        md += [f"## {mode}: {same}/{len(prompts)} identical", ""]
+        lp_diff = max((r["max_abs_logprob_diff"] or 0.0) for r in rows)
+        unnamed = sum(k.startswith("?") for c in by_engine["kvsched"] for t in c.top for k in t)
+        report["modes"][mode] = {"identical": same, "max_abs_logprob_diff": lp_diff,
+                                 "kvsched_top_keys_unnamed": unnamed, "rows": rows}
+        md += [f"## {mode}: {same}/{len(prompts)} identical", "",
+               f"Largest |vLLM - kvsched| of a chosen token's logprob where the tokens agree: {lp_diff:.2e}. "
+               f"kvsched's top-logprob keys (text) that the tokenizer could not name as one id: {unnamed}.",
+               ""]
         diffs = [(i, r) for i, r in enumerate(rows) if not r["identical"]]
         if diffs:
             md += ["| prompt | len | position | vLLM top-2 (token: logprob) | vLLM gap | kvsched top-2 | "

@@ -73,10 +73,14 @@ def test_first_difference_and_compare(harness: ModuleType) -> None:
     same = c([1, 2, 3], [{"1": -0.1}, {"2": -0.2}, {"3": -0.3}])
     assert harness.first_difference(same, same) is None
     assert harness.first_difference(same, c([1, 2], [])) == 2
-    other = c([1, 5, 3], [{"1": -0.1}, {"5": -0.5, "2": -0.6, "9": -3.0}, {"3": -0.3}])
-    mine = c([1, 2, 3], [{"1": -0.1}, {"2": -0.55, "5": -0.58}, {"3": -0.3}])
+    other = c([1, 5, 3], [{"1": -0.1}, {"5": -0.5, "2": -0.6, "9": -3.0}, {"3": -0.3}], [-0.1, -0.5, -0.3])
+    mine = c([1, 2, 3], [{"1": -0.15}, {"2": -0.55, "5": -0.58}, {"3": -0.3}], [-0.15, -0.55, -0.3])
     row = harness.compare(10, {"vllm": other, "kvsched": mine})
     assert row["identical"] is False and row["position"] == 1
+    # Only position 0 agrees: |-0.1 - -0.15|.
+    assert row["max_abs_logprob_diff"] == pytest.approx(0.05)
+    assert harness.compare(3, {"vllm": same, "kvsched": same}) == {
+        "prompt_len": 3, "identical": True, "max_abs_logprob_diff": None}
     assert row["vllm"] == {"token": 5, "top2": [["5", -0.5], ["2", -0.6]], "gap": 0.1}
     assert row["kvsched"]["top2"] == [["2", -0.55], ["5", -0.58]]
     assert row["kvsched"]["gap"] == pytest.approx(0.03)
