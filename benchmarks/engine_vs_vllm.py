@@ -29,7 +29,7 @@ Subcommands:
     token ids (some sharing prefixes), 64 tokens each, ``logprobs: 5``, sent
     to both servers one at a time and then all at once. Per prompt: identical,
     or the first position where they differ with both engines' top-2 there.
-    ``<tag>/parity.json`` and ``<tag>/parity.md``.
+    ``<tag>/parity.json`` and ``<tag>/parity.md`` (one entry per model).
 
 **CPU placement** (2 cores), the same for both servers: the model's compute
 on core 0 alone, everything else on core 1. vLLM's CPU worker binds its
@@ -91,7 +91,9 @@ SERVER_FLAGS = ("--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs
 BLOCK_SIZE = 128
 VLLM_KV_GIB = 1
 START_TIMEOUT_S = 600.0
-IDLE_SAMPLE_S = 5.0
+# Idle CPU: IDLE_WINDOWS consecutive windows of IDLE_SAMPLE_S after the
+# warm-up (vLLM spins for a while after its last request, then sleeps).
+IDLE_SAMPLE_S, IDLE_WINDOWS = 5.0, 3
 MAX_IDLE_LOAD = 0.5
 MODELS = {name: dir_ for name, (dir_, _) in rm.MODELS.items()}
 
@@ -272,18 +274,20 @@ def group_threads(leader: int) -> list[tuple[int, int, str]]:
     return out
 
 
-def cpu_seconds(leader: int) -> float:
-    """User + system CPU time of every process of the group so far."""
+def cpu_seconds(leader: int) -> dict[str, float]:
+    """User + system CPU time so far of each process of the group, by
+    "name(pid)"."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    out = {}
     for pid in group_pids(leader):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        out[f"{name}({pid})"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def load1() -> float:
@@ -383,11 +387,18 @@ class Server:
         return {"pinned": True, "threads": len(threads), "moved_to_core_1": moved,
                 "left_on_core_0": {"pids": sorted({p for p, _, _ in workers}), "threads_by_name": names}}
 
-    def idle_cpu_percent(self, seconds: float = IDLE_SAMPLE_S) -> float:
-        """The group's CPU use while nothing is sent, percent of one core."""
+    def idle_cpu_percent(self, seconds: float = IDLE_SAMPLE_S, windows: int = IDLE_WINDOWS
+                         ) -> list[dict[str, float]]:
+        """Each process's CPU use while nothing is sent, percent of one core,
+        in consecutive windows."""
+        out = []
         before = cpu_seconds(self.proc.pid)
-        time.sleep(seconds)
-        return 100.0 * (cpu_seconds(self.proc.pid) - before) / seconds
+        for _ in range(windows):
+            time.sleep(seconds)
+            now = cpu_seconds(self.proc.pid)
+            out.append({k: round(100.0 * (v - before.get(k, 0.0)) / seconds, 1) for k, v in now.items()})
+            before = now
+        return out
 
     def kv_tokens_logged(self) -> int | None:
         """vLLM's "CPU KV cache size: N tokens" line."""
@@ -476,10 +487,10 @@ def start_pair(model: str, out_dir: Path, warm: Callable[[Server], None]) -> Pai
             warm(s)
             meta[e] |= {"engine": e, "model": model, "model_dir": s.model_dir, "command": s.cmd,
                         "environment": s.env_extra, "pinning": s.pin(),
-                        "idle_cpu_percent": round(s.idle_cpu_percent(), 2),
+                        "idle_cpu_percent": s.idle_cpu_percent(),
                         "started": datetime.now().isoformat(timespec="seconds")}
-            print(f"  {e}: warmed; idle CPU {meta[e]['idle_cpu_percent']} % of a core over "
-                  f"{IDLE_SAMPLE_S:.0f} s; pinning {meta[e]['pinning']}", flush=True)
+            print(f"  {e}: warmed; idle CPU {meta[e]['idle_cpu_percent']} % of a core in "
+                  f"{IDLE_SAMPLE_S:.0f}-s windows; pinning {meta[e]['pinning']}", flush=True)
             (out_dir / f"{e}.server.json").write_text(json.dumps(meta[e], indent=1) + "\n")
     except BaseException:
         pair.stop()
@@ -581,6 +592,14 @@ def check_quiet(allow_busy: bool) -> None:
 # report
 
 
+def idle_totals(windows: Any) -> Any:
+    """Each idle window's CPU summed over the server's processes (files of
+    an older harness hold one number)."""
+    if isinstance(windows, list):
+        return [round(sum(w.values()), 1) for w in windows]
+    return windows
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     tag_dir = RESULTS / args.tag
     lines = [f"# kvsched serve vs vLLM {args.tag}", "",
@@ -595,7 +614,9 @@ def cmd_report(args: argparse.Namespace) -> None:
                 m = json.loads(meta_path.read_text())
                 lines.append(f"- {model_dir.name} {e}: start-up {m['startup_s']} s, "
                              f"{m['kv_cache_tokens']:,} KV tokens ({m['kv_cache_tokens_source']}), "
-                             f"idle CPU {m['idle_cpu_percent']} %, pinned: {m['pinning']['pinned']}")
+                             f"idle CPU {idle_totals(m['idle_cpu_percent'])} % of a core "
+                             f"({IDLE_SAMPLE_S:.0f}-s windows "
+                             f"after the warm-up), pinned: {m['pinning']['pinned']}")
         lines.append("")
         for w in WORKLOADS:
             results: dict[str, list[dict[str, Any]]] = {}
@@ -723,8 +744,13 @@ def cmd_parity(args: argparse.Namespace) -> None:
             md += [f"Each engine against itself, sequential vs concurrent: "
                    f"vLLM {self_same['vllm']}/{len(prompts)}, kvsched {self_same['kvsched']}/{len(prompts)}",
                    ""]
-    (tag_dir / "parity.json").write_text(json.dumps(report, indent=1) + "\n")
-    (tag_dir / "parity.md").write_text("\n".join(md) + "\n")
+    # One file for every model checked under this tag: this model's entry replaced.
+    path = tag_dir / "parity.json"
+    every = json.loads(path.read_text()) if path.exists() else {}
+    every[model] = {**report, "markdown": md}
+    path.write_text(json.dumps(every, indent=1) + "\n")
+    lines = [line for m in every.values() for line in m["markdown"]]
+    (tag_dir / "parity.md").write_text("\n".join(lines) + "\n")
     print("\n".join(md))
 
 
