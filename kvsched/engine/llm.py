@@ -96,6 +96,12 @@ class LLM:
     def has_unfinished_requests(self) -> bool:
         return self.engine.has_unfinished_requests()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block hash, so no later request hits (vLLM's
+        ``LLM.reset_prefix_cache``, for benchmarks). False, and nothing
+        forgotten, while a request holds blocks."""
+        return self.engine.scheduler.reset_prefix_cache()
+
     def step(self) -> list[RequestOutput]:
         """One engine step: outputs of the requests that got tokens or finished.
         Under async scheduling a step may only schedule a batch (and return

@@ -101,6 +101,16 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request) -> dict[str, bool]:
+        # vLLM's dev endpoint (VLLM_SERVER_DEV_MODE), for benchmarks: {"success": false}
+        # while a request holds blocks (retry once it has finished).
+        for name in ("reset_running_requests", "reset_external"):
+            if request.query_params.get(name, "false").lower() not in ("false", "0"):
+                raise ApiError(f"{name}={request.query_params[name]}: kvsched serve resets only "
+                               "an idle prefix cache; leave it out", param=name)
+        return {"success": await engine.reset_prefix_cache()}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{

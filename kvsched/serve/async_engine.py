@@ -12,6 +12,7 @@ it waits on a condition, never polls.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -70,6 +71,8 @@ class _Inbox:
 
     submitted: list[_Submitted] = field(default_factory=list)
     aborts: set[str] = field(default_factory=set)
+    # POST /reset_prefix_cache: answered between two steps.
+    resets: list[concurrent.futures.Future[bool]] = field(default_factory=list)
     stopping: bool = False
 
 
@@ -145,6 +148,17 @@ class AsyncEngine:
             self._idle = False
             self._cond.notify_all()
 
+    async def reset_prefix_cache(self) -> bool:
+        """vLLM's dev endpoint: forget the prefix cache between two steps;
+        False while a request holds blocks."""
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        with self._cond:
+            if self._inbox.stopping or self._error is not None:
+                raise ApiError("the engine has stopped", status=503)
+            self._inbox.resets.append(done)
+            self._cond.notify_all()
+        return await asyncio.wrap_future(done)
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every submitted request has finished or been aborted
         and the engine holds nothing (for shutdown and tests); False if
@@ -175,12 +189,15 @@ class AsyncEngine:
         finally:
             for stream in self._streams.values():
                 stream.put(ApiError("the server is shutting down", status=503))
+            with self._cond:
+                for reset in self._inbox.resets:
+                    reset.set_exception(ApiError("the server is shutting down", status=503))
 
     def _run_once(self) -> bool:
         llm = self.llm
         with self._cond:
             while not (self._inbox.stopping or self._inbox.submitted or self._inbox.aborts
-                       or llm.has_unfinished_requests()):
+                       or self._inbox.resets or llm.has_unfinished_requests()):
                 self._idle = True
                 self._cond.notify_all()
                 self._cond.wait()
@@ -188,6 +205,7 @@ class AsyncEngine:
                 return False
             submitted, self._inbox.submitted = self._inbox.submitted, []
             aborts, self._inbox.aborts = self._inbox.aborts, set()
+            resets, self._inbox.resets = self._inbox.resets, []
         done = 0
         for sub in submitted:
             if sub.request_id in aborts:  # gone before it reached the engine
@@ -204,6 +222,8 @@ class AsyncEngine:
             self._streams[sub.request_id] = sub.stream
         known = [rid for rid in aborts if rid in self._streams]
         outputs = llm.abort(known) if known else []
+        for reset in resets:  # after the aborts: their blocks are free
+            reset.set_result(llm.reset_prefix_cache())
         if llm.has_unfinished_requests():
             outputs += llm.step()
         now = time.time()

@@ -331,3 +331,43 @@ def test_served_engine_takes_vllm_api_server_batch_defaults(served: Running, off
     # vLLM on CPU: 2048 batched tokens served (SchedulerConfig's default), 4096 offline.
     assert served.server.engine.llm.engine.scheduler_config.max_num_batched_tokens == 2048
     assert offline.engine.scheduler_config.max_num_batched_tokens == 4096
+
+
+def test_reset_prefix_cache_forgets_hits_and_fails_while_blocks_are_held(served: Running) -> None:
+    """vLLM's dev endpoint: {"success": true} when idle, after which a repeated
+    prompt finds nothing cached; {"success": false} while a request holds blocks."""
+    c = client(served)
+    prompt = list(range(100, 164))  # 64 tokens: 4 blocks of 16
+
+    def hits_of_one_request() -> float:
+        before = metrics(served)[("vllm:prefix_cache_hits_total", ())]
+        c.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0,
+                             extra_body={"ignore_eos": True})
+        return metrics(served)[("vllm:prefix_cache_hits_total", ())] - before
+
+    assert post(served, "/reset_prefix_cache", b"") == (200, {"success": True})
+    assert hits_of_one_request() == 0
+    # The last prompt token is always computed: 3 of its 4 blocks hit.
+    assert hits_of_one_request() == 48
+    assert post(served, "/reset_prefix_cache", b"") == (200, {"success": True})
+    assert hits_of_one_request() == 0
+    stream = c.completions.create(model="tiny", prompt="a long one", max_tokens=4000, stream=True,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    next(iter(stream))  # running: it holds blocks
+    assert post(served, "/reset_prefix_cache", b"") == (200, {"success": False})
+    stream.close()
+    assert served.server.engine.wait_idle(timeout=120)
+    assert post(served, "/reset_prefix_cache", b"") == (200, {"success": True})
+    code, reply = post(served, "/reset_prefix_cache?reset_running_requests=true", b"")
+    assert code == 400 and reply["error"]["param"] == "reset_running_requests"
+
+
+def test_llm_reset_prefix_cache_only_when_no_request_holds_blocks(offline: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    offline.add_request({"prompt_token_ids": list(range(200, 240))}, params, request_id="held")
+    offline.step()  # scheduled: its blocks are allocated
+    assert offline.reset_prefix_cache() is False
+    while offline.has_unfinished_requests():
+        offline.step()
+    assert offline.reset_prefix_cache() is True
+    assert offline.engine.scheduler.kv_cache_manager.block_pool.cached == {}
