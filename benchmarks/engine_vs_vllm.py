@@ -306,8 +306,10 @@ class Server:
         self.model_dir = MODELS[model]
         self.port = rm.free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        # Both log every step (vLLM's line; kvsched serve writes the same), so
+        # the runs' step times can be compared beside the client's figures.
         common = [*SERVER_FLAGS, "--block-size", str(BLOCK_SIZE), "--host", "127.0.0.1",
-                  "--port", str(self.port)]
+                  "--port", str(self.port), "--enable-logging-iteration-details"]
         env_extra: dict[str, str] = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                                      "VLLM_CPU_OMP_THREADS_BIND": "auto"}
         if engine == "vllm":
