@@ -76,9 +76,14 @@ class LLM:
         return request, text
 
     def add_request(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, priority: int = 0) -> str:
+                    request_id: str | None = None, priority: int = 0,
+                    arrival_time: float | None = None) -> str:
+        """``arrival_time`` (``time.time()``): when the request reached the
+        front end (a server's handler), so its metrics and FCFS order count
+        from there, as vLLM's front end stamps it; default: now."""
         params = sampling_params or self.default_sampling_params
-        request, text = self._make_request(prompt, params, priority, request_id, time.time())
+        request, text = self._make_request(prompt, params, priority, request_id,
+                                           time.time() if arrival_time is None else arrival_time)
         self._add(request, text)
         return request.request_id
 

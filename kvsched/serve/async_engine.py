@@ -63,6 +63,7 @@ class _Submitted:
     params: SamplingParams
     priority: int
     stream: RequestStream
+    arrival_time: float  # time.time() when the handler submitted it
 
 
 @dataclass(slots=True)
@@ -136,7 +137,8 @@ class AsyncEngine:
                                f"{self.max_pending_requests}); retry later", status=503)
             self._num_pending += 1
             self._idle = False
-            self._inbox.submitted.append(_Submitted(request_id, prompt, params, priority, stream))
+            self._inbox.submitted.append(_Submitted(request_id, prompt, params, priority, stream,
+                                                    time.time()))
             self._cond.notify_all()
         return stream
 
@@ -214,7 +216,7 @@ class AsyncEngine:
                 continue
             try:
                 llm.add_request(sub.prompt, sub.params, request_id=sub.request_id,
-                                priority=sub.priority)
+                                priority=sub.priority, arrival_time=sub.arrival_time)
             except UserInputError as err:  # the prompt's length or token ids
                 sub.stream.put(ApiError(str(err)))
                 done += 1

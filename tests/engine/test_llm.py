@@ -250,3 +250,17 @@ def test_generation_config_defaults_take_vllms_keys_and_skip_nulls(tmp_path: Pat
     (tmp_path / "generation_config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match=r"generation_config\.json: top level must be a JSON object"):
         default_sampling_params(tmp_path)
+
+
+def test_a_front_end_arrival_time_is_the_requests(llm: LLM) -> None:
+    # A server stamps the request when its handler takes it; the metrics and
+    # the FCFS order count from there, not from when the engine thread adds it.
+    rid = llm.add_request({"prompt_token_ids": _ids(5, 8)},
+                          SamplingParams(max_tokens=2, temperature=0.0), arrival_time=1000.0)
+    assert llm.engine.scheduler.requests[rid].arrival_time == 1000.0
+    outs = []
+    while llm.has_unfinished_requests():
+        outs += llm.step()
+    final = [o for o in outs if o.request_id == rid and o.finished]
+    assert final[0].metrics.arrival_time == 1000.0
+    assert final[0].metrics.first_token_time > 1000.0

@@ -18,7 +18,8 @@ class BrokenLLM:
     def __init__(self) -> None:
         self.added: list[str] = []
 
-    def add_request(self, prompt: Any, params: Any, request_id: str, priority: int) -> str:
+    def add_request(self, prompt: Any, params: Any, request_id: str, priority: int,
+                    arrival_time: float) -> str:
         self.added.append(request_id)
         return request_id
 
