@@ -536,6 +536,12 @@ def bench(server: Server, w: rm.ClientWorkload, out_dir: Path, stem: str, num_pr
         raise SystemExit(f"{stem}: vllm bench serve failed (status {code}); see {log}")
     path = out_dir / f"{stem}.json"
     result: dict[str, Any] = json.loads(path.read_text())
+    if result.get("failed") or not result.get("completed"):
+        # Not a result to keep (nor to skip on resuming).
+        bad = path.with_suffix(".failed.json")
+        path.rename(bad)
+        raise SystemExit(f"{stem}: {result.get('failed')} requests failed, {result.get('completed')} "
+                         f"completed; see {bad} and {log}")
     result.pop("generated_texts", None)
     result["engine_vs_vllm"] = {"engine": server.engine, "workload": w.name, "client_flags": flags,
                                 "wall_s": round(time.monotonic() - t0, 2),
@@ -623,7 +629,8 @@ def cmd_report(args: argparse.Namespace) -> None:
         for w in WORKLOADS:
             results: dict[str, list[dict[str, Any]]] = {}
             for e in ENGINES:
-                results[e] = [json.loads(p.read_text()) for p in sorted(model_dir.glob(f"{w}.{e}.r*.json"))]
+                results[e] = [json.loads(p.read_text()) for p in sorted(model_dir.glob(f"{w}.{e}.r*.json"))
+                              if not p.name.endswith(".failed.json")]
             if not any(results.values()):
                 continue
             prompts = {r["completed"] for rs in results.values() for r in rs}
@@ -756,6 +763,10 @@ def cmd_parity(args: argparse.Namespace) -> None:
     print("\n".join(md))
 
 
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(f"stopped by signal {signum}; the servers are stopped, finished runs kept")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("run", "report", "parity"))
@@ -770,6 +781,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--allow-busy", action="store_true",
                    help=f"run even when the 1-minute load average is above {MAX_IDLE_LOAD}")
     args = p.parse_args(argv)
+    # SIGTERM (and SIGINT, which a shell's background job ignores) stop the
+    # servers: the exit runs every `finally`.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_on_signal)
     if args.repeats < 1:
         raise SystemExit(f"--repeats={args.repeats}: must be at least 1")
     if args.num_prompts is not None and args.num_prompts < 1:
