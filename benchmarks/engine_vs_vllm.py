@@ -37,8 +37,10 @@ OpenMP thread to core 0 itself (``VLLM_CPU_OMP_THREADS_BIND=auto``). For
 each server the threads whose affinity is exactly {0} are taken as its
 worker and every other thread of its process group is moved to core 1; a
 server with no thread bound to core 0 is left as it is (said in the output
-and in ``<engine>.server.json``). kvsched serve runs with
-``OMP_NUM_THREADS=1``. The client runs on core 1.
+and in ``<engine>.server.json``). kvsched serve reads the same variable
+(``kvsched/serve/cpu_binding.py``): its engine thread binds itself to core 0
+and runs one torch thread (``OMP_NUM_THREADS=1`` as well, for a kvsched
+without that binding). The client runs on core 1.
 
 Outputs under ``results_engine_vs_vllm/<tag>/<model>/``: each run's vllm
 bench JSON (``<workload>.<engine>.r<k>.json``, generated texts dropped, with
