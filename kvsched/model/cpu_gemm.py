@@ -4,7 +4,7 @@ A serving step multiplies a few rows (one per decoding request) by every
 weight of the model, so at small batches a step is a stream through the
 weights and the kernel's reading speed is the step time. Measured on this
 project's 2-core AMD EPYC (AVX2, one thread, the tiny Llama's shapes with the
-weights cold, `benchmarks/cpu_gemm.py`):
+weights cold, `benchmarks/cpu_gemm.py`, run 2026-11-27 on a busy machine):
 
 - ``F.linear`` (MKL sgemm on the [out, in] weight) reaches about half the
   memory bandwidth at 1 row and falls further behind from 2 rows on;
@@ -12,7 +12,7 @@ weights cold, `benchmarks/cpu_gemm.py`):
   bandwidth for 1 and 2 rows, then is the slowest choice;
 - oneDNN with the weight reordered once into its blocked layout (the
   library vLLM's CPU build uses for the same products) is the fastest from 3
-  rows on: 1.5x ``F.linear`` at 4-16 rows, ~1.2x at 64, ~1.1x at 512.
+  rows on: 1.4-1.5x ``F.linear`` at 4-16 rows, ~1.25x at 64, ~1.1x at 512.
 
 So each layer keeps both layouts and picks by row count: the model's weight
 memory doubles on a CPU, the price of a decode step near the bandwidth at
