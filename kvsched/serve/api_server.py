@@ -134,7 +134,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         engine_prompt: PromptType = {"prompt_token_ids": token_ids, "prompt": text}
         stream = engine.submit(rid, engine_prompt, params, _priority(body))
         chunks = _CompletionChunks(rid, config.served_model_name, llm, num_logprobs,
-                                   _return_token_ids(body))
+                                   _return_token_ids(body), _tokens_as_token_ids(body))
         if stream_settings.stream:
             first = await _first_output(request, engine, stream)
             return _sse(engine, stream, first, chunks, stream_settings.include_usage)
@@ -166,7 +166,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = engine.submit(rid, {"prompt_token_ids": token_ids, "prompt": prompt}, params,
                                _priority(body))
-        chunks = _ChatChunks(rid, config.served_model_name, llm, num_logprobs, _return_token_ids(body))
+        chunks = _ChatChunks(rid, config.served_model_name, llm, num_logprobs, _return_token_ids(body),
+                             _tokens_as_token_ids(body))
         if stream_settings.stream:
             first = await _first_output(request, engine, stream)
             return _sse(engine, stream, first, chunks, stream_settings.include_usage)
@@ -195,6 +196,10 @@ def _priority(body: dict[str, Any]) -> int:
 
 def _return_token_ids(body: dict[str, Any]) -> bool:
     return bool(field(body, "return_token_ids", (bool,), "true or false"))
+
+
+def _tokens_as_token_ids(body: dict[str, Any]) -> bool:
+    return bool(field(body, "return_tokens_as_token_ids", (bool,), "true or false"))
 
 
 def _params(llm: LLM, body: dict[str, Any], max_tokens_field: str, num_logprobs: int | None,
@@ -296,9 +301,12 @@ class _Chunks:
     chunk_object_name = ""
 
     def __init__(self, request_id: str, model: str, llm: LLM, num_logprobs: int | None,
-                 return_token_ids: bool) -> None:
+                 return_token_ids: bool, tokens_as_token_ids: bool = False) -> None:
         self.request_id = request_id
         self.return_token_ids = return_token_ids
+        # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N",
+        # which stays exact where several ids decode to the same text.
+        self.tokens_as_token_ids = tokens_as_token_ids
         self.model = model
         self.llm = llm
         self.num_logprobs = num_logprobs
@@ -363,6 +371,8 @@ class _Chunks:
         return [(tid, lp) for tid, lp in ranked if lp.rank <= (self.num_logprobs or 0)]
 
     def _text(self, token_id: int, lp: Any) -> str:
+        if self.tokens_as_token_ids:
+            return f"token_id:{token_id}"
         if lp.decoded_token is not None:
             return str(lp.decoded_token)
         return str(self.llm.tokenizer.decode([token_id], skip_special_tokens=False))

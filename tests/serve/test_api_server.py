@@ -214,6 +214,25 @@ def test_logprobs(served: Running, offline: LLM) -> None:
     assert len(content) == 3 and all(len(t.top_logprobs) == 3 for t in content)
 
 
+def test_logprobs_name_tokens_by_id_on_request(served: Running, offline: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2)
+    [out] = offline.generate([{"prompt_token_ids": [7, 8, 9, 10]}], params, use_tqdm=False)
+    ids = out.outputs[0].token_ids
+    r = client(served).completions.create(
+        model="tiny", prompt=[7, 8, 9, 10], max_tokens=3, temperature=0, logprobs=2,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens == [f"token_id:{t}" for t in ids]
+    assert lp.top_logprobs is not None
+    for t, top, entry in zip(ids, lp.top_logprobs, out.outputs[0].logprobs):
+        assert set(top) == {f"token_id:{i}" for i, e in entry.items() if e.rank <= 2}
+        assert top[f"token_id:{t}"] == pytest.approx(entry[t].logprob)
+    chat = client(served).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2, temperature=0,
+        logprobs=True, top_logprobs=1, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    assert all(t.token.startswith("token_id:") for t in chat.choices[0].logprobs.content)
+
+
 def test_models_health_and_metrics_count_requests(served: Running) -> None:
     models = client(served).models.list()
     assert [m.id for m in models.data] == ["tiny"]
