@@ -9,11 +9,12 @@ client disconnects is aborted in the engine, streaming or not.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,6 +35,7 @@ from kvsched.serve.protocol import (
     completion_logprobs,
     field,
     read_completion_prompt,
+    read_n,
     read_stream,
     refuse_unsupported,
     sampling_params,
@@ -130,16 +132,16 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         num_logprobs = completion_logprobs(body)
         params = _params(llm, body, "max_tokens", num_logprobs, len(token_ids))
         stream_settings = read_stream(body)
+        n = read_n(body)
         rid = f"cmpl-{uuid.uuid4().hex}"
         engine_prompt: PromptType = {"prompt_token_ids": token_ids, "prompt": text}
-        stream = engine.submit(rid, engine_prompt, params, _priority(body))
-        chunks = _CompletionChunks(rid, config.served_model_name, llm, num_logprobs,
-                                   _return_token_ids(body), _tokens_as_token_ids(body))
-        if stream_settings.stream:
-            first = await _first_output(request, engine, stream)
-            return _sse(engine, stream, first, chunks, stream_settings.include_usage)
-        final = await _until_disconnected(request, engine, stream, _last_output(stream))
-        return JSONResponse(chunks.whole(final))
+        streams = _submit(engine, rid, engine_prompt, params, _priority(body), n)
+        created = int(time.time())
+        chunks = [_CompletionChunks(rid, config.served_model_name, llm, num_logprobs,
+                                    _return_token_ids(body), _tokens_as_token_ids(body), i, created)
+                  for i in range(n)]
+        return await _respond(request, engine, streams, chunks, stream_settings.stream,
+                              stream_settings.include_usage)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -163,16 +165,16 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         num_logprobs = chat_logprobs(body)
         params = _params(llm, body, "max_completion_tokens", num_logprobs, len(token_ids))
         stream_settings = read_stream(body)
+        n = read_n(body)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = engine.submit(rid, {"prompt_token_ids": token_ids, "prompt": prompt}, params,
-                               _priority(body))
-        chunks = _ChatChunks(rid, config.served_model_name, llm, num_logprobs, _return_token_ids(body),
-                             _tokens_as_token_ids(body))
-        if stream_settings.stream:
-            first = await _first_output(request, engine, stream)
-            return _sse(engine, stream, first, chunks, stream_settings.include_usage)
-        final = await _until_disconnected(request, engine, stream, _last_output(stream))
-        return JSONResponse(chunks.whole(final))
+        streams = _submit(engine, rid, {"prompt_token_ids": token_ids, "prompt": prompt}, params,
+                          _priority(body), n)
+        created = int(time.time())
+        chat_chunks = [_ChatChunks(rid, config.served_model_name, llm, num_logprobs,
+                                   _return_token_ids(body), _tokens_as_token_ids(body), i, created)
+                       for i in range(n)]
+        return await _respond(request, engine, streams, chat_chunks, stream_settings.stream,
+                              stream_settings.include_usage)
 
     return app
 
@@ -220,10 +222,38 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def _until_disconnected(request: Request, engine: AsyncEngine, stream: RequestStream,
+def _submit(engine: AsyncEngine, request_id: str, prompt: PromptType, params: SamplingParams,
+            priority: int, n: int) -> list[RequestStream]:
+    """One engine request per choice. ``n`` > 1 is vLLM's parallel sampling:
+    child ``i`` is request ``f"{i}_{request_id}"`` with ``seed + i`` when a
+    seed is given (one seed would draw the same tokens n times); the
+    children share the prompt's blocks through the prefix cache. A refusal
+    part-way (overload) aborts the children already submitted."""
+    if n == 1:
+        return [engine.submit(request_id, prompt, params, priority)]
+    streams: list[RequestStream] = []
+    try:
+        for i in range(n):
+            child = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+            streams.append(engine.submit(f"{i}_{request_id}", prompt, child, priority))
+    except ApiError:
+        _abort_unfinished(engine, streams)
+        raise
+    return streams
+
+
+def _abort_unfinished(engine: AsyncEngine, streams: list[RequestStream]) -> None:
+    for stream in streams:
+        if not stream.finished:
+            engine.abort(stream.request_id)
+
+
+async def _until_disconnected(request: Request, engine: AsyncEngine, streams: list[RequestStream],
                               work: Awaitable[T]) -> T:
-    """``work``'s result; if the client disconnects first, the request is
-    aborted in the engine and the handler ends."""
+    """``work``'s result; if the client disconnects first (or ``work``
+    fails), every unfinished request of ``streams`` is aborted in the engine
+    and the handler ends. On success the requests run on (a stream's first
+    outputs are only its start)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -231,11 +261,12 @@ async def _until_disconnected(request: Request, engine: AsyncEngine, stream: Req
         if task in done:
             return task.result()
         raise ClientDisconnected
+    except BaseException:
+        _abort_unfinished(engine, streams)
+        raise
     finally:
         for t in (task, watcher):
             t.cancel()
-        if not stream.finished:
-            engine.abort(stream.request_id)
 
 
 async def _last_output(stream: RequestStream) -> RequestOutput:
@@ -245,42 +276,54 @@ async def _last_output(stream: RequestStream) -> RequestOutput:
             return out
 
 
-async def _first_output(request: Request, engine: AsyncEngine, stream: RequestStream
-                        ) -> RequestOutput:
-    """The first output, so a request the engine refuses is a 400, not a stream."""
-    task = asyncio.ensure_future(stream.next())
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        engine.abort(stream.request_id)
-        raise ClientDisconnected
-    finally:
-        watcher.cancel()
-        task.cancel()
+async def _respond(request: Request, engine: AsyncEngine, streams: list[RequestStream],
+                   chunks: Sequence[_Chunks], stream: bool, include_usage: bool) -> Response:
+    """The answer to a request of ``len(streams)`` choices: the whole JSON, or
+    server-sent events once every choice has its first output (so a request
+    the engine refuses is a 400, not a stream)."""
+    if not stream:
+        finals = await _until_disconnected(
+            request, engine, streams, asyncio.gather(*(_last_output(s) for s in streams)))
+        body = chunks[0].whole_head()
+        body["choices"] = [c.whole_choice(out) for c, out in zip(chunks, finals)]
+        body["usage"] = _usage(finals)
+        return JSONResponse(body)
+    firsts = await _until_disconnected(
+        request, engine, streams, asyncio.gather(*(s.next() for s in streams)))
+    return _sse(engine, streams, firsts, chunks, include_usage)
 
 
-def _sse(engine: AsyncEngine, stream: RequestStream, first: RequestOutput,
-         chunks: _CompletionChunks | _ChatChunks, include_usage: bool) -> StreamingResponse:
+def _sse(engine: AsyncEngine, streams: list[RequestStream], firsts: list[RequestOutput],
+         chunks: Sequence[_Chunks], include_usage: bool) -> StreamingResponse:
+    async def pump(i: int, queue: asyncio.Queue[tuple[int, RequestOutput]]) -> None:
+        out = firsts[i]
+        await queue.put((i, out))
+        while not out.finished:
+            out = await streams[i].next()
+            await queue.put((i, out))
+
     async def events() -> AsyncIterator[str]:
+        queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        tasks = [asyncio.ensure_future(pump(i, queue)) for i in range(len(streams))]
         try:
-            out = first
-            for chunk in chunks.start():
-                yield _event(chunk)
-            while True:
-                for chunk in chunks.delta(out, include_usage):
+            for c in chunks:
+                for chunk in c.start():
+                    yield _event(chunk)
+            finals: dict[int, RequestOutput] = {}
+            while len(finals) < len(streams):
+                i, out = await queue.get()
+                for chunk in chunks[i].delta(out, include_usage):
                     yield _event(chunk)
                 if out.finished:
-                    break
-                out = await stream.next()
+                    finals[i] = out
             if include_usage:
-                yield _event(chunks.usage_chunk(out))
+                yield _event(chunks[0].usage_chunk([finals[i] for i in range(len(streams))]))
             yield "data: [DONE]\n\n"
         finally:
             # The client went away mid-stream (the task is cancelled): abort.
-            if not stream.finished:
-                engine.abort(stream.request_id)
+            for t in tasks:
+                t.cancel()
+            _abort_unfinished(engine, streams)
 
     return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -289,8 +332,10 @@ def _event(chunk: dict[str, Any]) -> str:
     return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
 
 
-def _usage(out: RequestOutput) -> dict[str, Any]:
-    prompt, completion = len(out.prompt_token_ids), len(out.outputs[0].token_ids)
+def _usage(outs: Sequence[RequestOutput]) -> dict[str, Any]:
+    """The prompt counted once, every choice's tokens (vLLM's usage for n choices)."""
+    prompt = len(outs[0].prompt_token_ids)
+    completion = sum(len(out.outputs[0].token_ids) for out in outs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -301,8 +346,10 @@ class _Chunks:
     chunk_object_name = ""
 
     def __init__(self, request_id: str, model: str, llm: LLM, num_logprobs: int | None,
-                 return_token_ids: bool, tokens_as_token_ids: bool = False) -> None:
+                 return_token_ids: bool, tokens_as_token_ids: bool = False, index: int = 0,
+                 created: int | None = None) -> None:
         self.request_id = request_id
+        self.index = index  # the choice's index among n
         self.return_token_ids = return_token_ids
         # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N",
         # which stays exact where several ids decode to the same text.
@@ -310,7 +357,7 @@ class _Chunks:
         self.model = model
         self.llm = llm
         self.num_logprobs = num_logprobs
-        self.created = int(time.time())
+        self.created = int(time.time()) if created is None else created
         self.sent_text = 0
         self.sent_tokens = 0
 
@@ -320,8 +367,8 @@ class _Chunks:
     def start(self) -> list[dict[str, Any]]:
         return []
 
-    def usage_chunk(self, out: RequestOutput) -> dict[str, Any]:
-        return {**self._head(self.chunk_object_name), "choices": [], "usage": _usage(out)}
+    def usage_chunk(self, outs: Sequence[RequestOutput]) -> dict[str, Any]:
+        return {**self._head(self.chunk_object_name), "choices": [], "usage": _usage(outs)}
 
     def delta(self, out: RequestOutput, include_usage: bool) -> list[dict[str, Any]]:
         c = out.outputs[0]
@@ -339,13 +386,16 @@ class _Chunks:
             chunk["usage"] = None
         return [chunk]
 
-    def whole(self, out: RequestOutput) -> dict[str, Any]:
+    def whole_head(self) -> dict[str, Any]:
+        return self._head(self.object_name)
+
+    def whole_choice(self, out: RequestOutput) -> dict[str, Any]:
         c = out.outputs[0]
         choice = self._choice_whole(c.text, self._logprobs(c.logprobs, c.token_ids, 0))
         choice["finish_reason"] = c.finish_reason
         choice["stop_reason"] = c.stop_reason
         self._token_ids(choice, out, 0)
-        return {**self._head(self.object_name), "choices": [choice], "usage": _usage(out)}
+        return choice
 
     def _token_ids(self, choice: dict[str, Any], out: RequestOutput, start: int) -> None:
         """vLLM's ``return_token_ids``: the prompt's ids with the first chunk,
@@ -382,7 +432,7 @@ class _CompletionChunks(_Chunks):
     object_name = chunk_object_name = "text_completion"
 
     def _choice_delta(self, text: str, logprobs: Any) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": logprobs}
+        return {"index": self.index, "text": text, "logprobs": logprobs}
 
     _choice_whole = _choice_delta
 
@@ -411,14 +461,15 @@ class _ChatChunks(_Chunks):
     def start(self) -> list[dict[str, Any]]:
         # OpenAI's first chunk names the role.
         return [{**self._head(self.chunk_object_name), "choices": [{
-            "index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            "index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
             "finish_reason": None}]}]
 
     def _choice_delta(self, text: str, logprobs: Any) -> dict[str, Any]:
-        return {"index": 0, "delta": {"content": text}, "logprobs": logprobs}
+        return {"index": self.index, "delta": {"content": text}, "logprobs": logprobs}
 
     def _choice_whole(self, text: str, logprobs: Any) -> dict[str, Any]:
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs}
+        return {"index": self.index, "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs}
 
     def _logprobs(self, entries: list[dict[int, Any]] | None, token_ids: list[int], start: int) -> Any:
         if entries is None or self.num_logprobs is None:

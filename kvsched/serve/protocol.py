@@ -104,16 +104,22 @@ def read_completion_prompt(body: dict[str, Any]) -> str | list[int]:
     raise ApiError(f"prompt={prompt!r:.80}: give a string or a list of token ids", param="prompt")
 
 
+def read_n(body: dict[str, Any]) -> int:
+    """OpenAI's ``n``: how many choices to generate for the prompt (default 1)."""
+    n = field(body, "n", (int,), "an integer")
+    if n is None:
+        return 1
+    if n < 1:
+        raise ApiError(f"n={n}: must be at least 1", param="n")
+    return int(n)
+
+
 def sampling_params(body: dict[str, Any], defaults: SamplingParams, max_tokens_field: str,
                     num_logprobs: int | None, default_max_tokens: int) -> SamplingParams:
     """vLLM's SamplingParams from a request body: fields left out take
     ``defaults`` (the checkpoint's generation_config, as vLLM's server does),
     ``max_tokens`` left out is ``default_max_tokens`` (what the context has
     room for)."""
-    n = field(body, "n", (int,), "an integer")
-    if n is not None and n != 1:
-        raise ApiError(f"n={n}: kvsched generates one sequence per request; use n=1 or send several "
-                       "requests", param="n")
     best_of = field(body, "best_of", (int,), "an integer")
     if best_of is not None and best_of != 1:
         raise ApiError(f"best_of={best_of}: not supported; use 1", param="best_of")

@@ -101,6 +101,38 @@ def test_token_id_prompt_and_streaming_with_usage(served: Running, offline: LLM)
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (7, 10)
 
 
+def test_n_choices_are_vllms_parallel_sampling(served: Running, offline: LLM) -> None:
+    # Choice i is a request of its own with seed + i (vLLM's ParentRequest),
+    # so each equals the offline engine run with that seed.
+    prompt = [5, 77, 300, 41, 9]
+    want = [offline.generate([{"prompt_token_ids": prompt}],
+                             SamplingParams(max_tokens=6, temperature=1.0, seed=40 + i, ignore_eos=True),
+                             use_tqdm=False)[0].outputs[0].token_ids for i in range(3)]
+    assert len({tuple(w) for w in want}) > 1  # the seeds differ, so do the choices
+    r = client(served).completions.create(
+        model="tiny", prompt=prompt, max_tokens=6, temperature=1.0, seed=40, n=3,
+        extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.model_extra["token_ids"] for c in r.choices] == want
+    assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (5, 18)
+    # Streaming chat: the choices' chunks interleave, each carries its index.
+    chunks = list(client(served).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5, temperature=0, n=2,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    *token_chunks, last = chunks
+    texts = ["", ""]
+    for ch in token_chunks:
+        for choice in ch.choices:
+            texts[choice.index] += choice.delta.content or ""
+    whole = client(served).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5, temperature=0,
+        extra_body={"ignore_eos": True})
+    assert texts == [whole.choices[0].message.content] * 2  # greedy: both choices alike
+    assert last.usage is not None and last.usage.completion_tokens == 10
+    assert served.server.engine.wait_idle(60)
+    assert served.server.engine.llm.engine.scheduler.kv_cache_manager.usage == 0
+
+
 def test_concurrent_requests_match_offline_engine(served: Running, offline: LLM) -> None:
     prompts = [f"request number {i} asks" + " more" * i for i in range(8)]
     expected = reference(offline, prompts, 16)
@@ -264,7 +296,7 @@ def test_models_health_and_metrics_count_requests(served: Running) -> None:
     ({"prompt": "x", "temperature": -1}, 400, None),
     ({"prompt": "x", "top_p": 0}, 400, None),
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
-    ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "n": 0}, 400, "n"),
     ({"prompt": "x", "echo": True}, 400, "echo"),
     ({"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json"),
     ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),

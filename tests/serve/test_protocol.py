@@ -13,6 +13,7 @@ from kvsched.serve.protocol import (
     check_model,
     check_response_format,
     read_completion_prompt,
+    read_n,
     read_stream,
     sampling_params,
 )
@@ -51,7 +52,6 @@ def test_chat_reads_max_completion_tokens_first() -> None:
     ({"temperature": True}, "temperature", "must be a number"),
     ({"top_k": 1.5}, "top_k", "must be an integer"),
     ({"max_tokens": -1}, "max_tokens", "at least 1"),
-    ({"n": 3}, "n", "one sequence"),
     ({"best_of": 2}, "best_of", "not supported"),
     ({"stop": [1]}, "stop", "strings"),
     ({"stop_token_ids": [-1]}, "stop_token_ids", "token ids"),
@@ -62,6 +62,14 @@ def test_bad_fields_are_named(body: dict[str, Any], param: str | None, words: st
     with pytest.raises(ApiError) as err:
         params(body)
     assert err.value.status == 400 and err.value.param == param and words in err.value.message
+
+
+def test_n_choices() -> None:
+    assert read_n({}) == 1 and read_n({"n": 4}) == 4
+    for bad in (0, -2, "3", 2.5):
+        with pytest.raises(ApiError) as err:
+            read_n({"n": bad})
+        assert err.value.param == "n"
 
 
 @pytest.mark.parametrize(("prompt", "want"), [
