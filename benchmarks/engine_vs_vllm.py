@@ -83,6 +83,8 @@ if str(HERE / "real_vllm") not in sys.path:
     sys.path.insert(0, str(HERE / "real_vllm"))
 import run_matrix as rm  # noqa: E402  (the real-vLLM harness: workloads, trace slices)
 
+from kvsched.profile.iteration_log import parse_kv_cache_tokens  # noqa: E402
+
 RESULTS = HERE / "results_engine_vs_vllm"
 VLLM_PYTHON = rm.VLLM_PYTHON
 ENGINES = ("vllm", "kvsched")
@@ -407,21 +409,13 @@ class Server:
     def kv_tokens_logged(self) -> int | None:
         """vLLM's "CPU KV cache size: N tokens" line."""
         for line in self.log_path.read_text(errors="replace").splitlines():
-            if "KV cache size:" in line:
-                return int(line.split("KV cache size:")[1].split("tokens")[0].replace(",", ""))
+            tokens = parse_kv_cache_tokens(line)
+            if tokens is not None:
+                return tokens
         return None
 
     def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-                time.sleep(1.0)  # its children leave after it
-            except subprocess.TimeoutExpired:
-                continue
+        rm.stop_process_group(self.proc)
         self._log.close()
         with self.log_path.open("rb") as f, gzip.open(self.log_path.with_suffix(".log.gz"), "wb") as g:
             g.write(f.read())

@@ -368,17 +368,22 @@ class Server:
         return done
 
     def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-                time.sleep(1.0)  # its children leave after it
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process_group(self.proc)
         self._log.close()
+
+
+def stop_process_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM a server's process group, SIGKILL it if it lingers."""
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            time.sleep(1.0)  # its children leave after it
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def free_port() -> int:

@@ -131,17 +131,9 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
         text = prompt if isinstance(prompt, str) else None
         num_logprobs = completion_logprobs(body)
         params = _params(llm, body, "max_tokens", num_logprobs, len(token_ids))
-        stream_settings = read_stream(body)
-        n = read_n(body)
-        rid = f"cmpl-{uuid.uuid4().hex}"
         engine_prompt: PromptType = {"prompt_token_ids": token_ids, "prompt": text}
-        streams = _submit(engine, rid, engine_prompt, params, _priority(body), n)
-        created = int(time.time())
-        chunks = [_CompletionChunks(rid, config.served_model_name, llm, num_logprobs,
-                                    _return_token_ids(body), _tokens_as_token_ids(body), i, created)
-                  for i in range(n)]
-        return await _respond(request, engine, streams, chunks, stream_settings.stream,
-                              stream_settings.include_usage)
+        return await _answer(request, engine, body, f"cmpl-{uuid.uuid4().hex}", engine_prompt, params,
+                             _CompletionChunks, config.served_model_name, num_logprobs)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -164,17 +156,9 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
             raise ApiError("messages: the chat template rendered an empty prompt", param="messages")
         num_logprobs = chat_logprobs(body)
         params = _params(llm, body, "max_completion_tokens", num_logprobs, len(token_ids))
-        stream_settings = read_stream(body)
-        n = read_n(body)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = _submit(engine, rid, {"prompt_token_ids": token_ids, "prompt": prompt}, params,
-                          _priority(body), n)
-        created = int(time.time())
-        chat_chunks = [_ChatChunks(rid, config.served_model_name, llm, num_logprobs,
-                                   _return_token_ids(body), _tokens_as_token_ids(body), i, created)
-                       for i in range(n)]
-        return await _respond(request, engine, streams, chat_chunks, stream_settings.stream,
-                              stream_settings.include_usage)
+        return await _answer(request, engine, body, f"chatcmpl-{uuid.uuid4().hex}",
+                             {"prompt_token_ids": token_ids, "prompt": prompt}, params, _ChatChunks,
+                             config.served_model_name, num_logprobs)
 
     return app
 
@@ -274,6 +258,19 @@ async def _last_output(stream: RequestStream) -> RequestOutput:
         out = await stream.next()
         if out.finished:
             return out
+
+
+async def _answer(request: Request, engine: AsyncEngine, body: dict[str, Any], request_id: str,
+                  prompt: PromptType, params: SamplingParams, chunk_type: type[_Chunks], model: str,
+                  num_logprobs: int | None) -> Response:
+    """Submit the request's ``n`` choices and answer them (both endpoints)."""
+    settings = read_stream(body)
+    n = read_n(body)
+    streams = _submit(engine, request_id, prompt, params, _priority(body), n)
+    created = int(time.time())
+    chunks = [chunk_type(request_id, model, engine.llm, num_logprobs, _return_token_ids(body),
+                         _tokens_as_token_ids(body), i, created) for i in range(n)]
+    return await _respond(request, engine, streams, chunks, settings.stream, settings.include_usage)
 
 
 async def _respond(request: Request, engine: AsyncEngine, streams: list[RequestStream],
