@@ -251,25 +251,10 @@ def compare(prompt_len: int, outs: dict[str, Completion]) -> dict[str, Any]:
 # Servers
 
 
-def group_pids(leader: int) -> list[int]:
-    """The processes of ``leader``'s process group."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[2]) == leader:
-            pids.append(int(entry.name))
-    return sorted(pids)
-
-
 def group_threads(leader: int) -> list[tuple[int, int, str]]:
     """(pid, tid, thread name) of every thread of the process group."""
     out = []
-    for pid in group_pids(leader):
+    for pid in rm.group_pids(leader):
         try:
             for t in Path(f"/proc/{pid}/task").iterdir():
                 out.append((pid, int(t.name), (t / "comm").read_text().strip()))
@@ -283,7 +268,7 @@ def cpu_seconds(leader: int) -> dict[str, float]:
     "name(pid)"."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
-    for pid in group_pids(leader):
+    for pid in rm.group_pids(leader):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
@@ -475,9 +460,14 @@ def start_pair(model: str, out_dir: Path, warm: Callable[[Server], None]) -> Pai
         print(f"{model}: vLLM ready in {startup:.0f} s, {tokens:,} KV tokens", flush=True)
         servers["kvsched"] = Server("kvsched", model, out_dir, memory)
         startup = servers["kvsched"].wait_ready()
+        # kvsched serve logs vLLM's line too: the size it holds must be the one asked for.
+        logged = servers["kvsched"].kv_tokens_logged()
+        if logged != kvsched_tokens:
+            raise SystemExit(f"kvsched serve logged {logged} KV tokens, {kvsched_tokens:,} were asked "
+                             f"for with --kv-cache-memory {memory}; see {servers['kvsched'].log_path}")
         meta["kvsched"] = {"startup_s": round(startup, 1), "kv_cache_tokens": kvsched_tokens,
                            "kv_cache_memory": memory,
-                           "kv_cache_tokens_source": "kvsched's kv_bytes_per_block (its serve logs no size)"}
+                           "kv_cache_tokens_source": "its log (CPU KV cache size)"}
         print(f"{model}: kvsched ready in {startup:.0f} s, {kvsched_tokens:,} KV tokens "
               f"(--kv-cache-memory {memory})", flush=True)
         for e, s in servers.items():

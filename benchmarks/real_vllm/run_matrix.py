@@ -319,18 +319,7 @@ class Server:
         return out
 
     def group_pids(self) -> list[int]:
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[2]) == self.proc.pid:  # its process group
-                pids.append(int(entry.name))
-        return sorted(pids)
+        return group_pids(self.proc.pid)
 
     def pin(self) -> list[dict[str, Any]]:
         """Every thread of the server's processes to OTHER_CORE, except the
@@ -370,6 +359,21 @@ class Server:
     def stop(self) -> None:
         stop_process_group(self.proc)
         self._log.close()
+
+
+def group_pids(leader: int) -> list[int]:
+    """The processes of ``leader``'s process group (from /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[2]) == leader:
+            pids.append(int(entry.name))
+    return sorted(pids)
 
 
 def stop_process_group(proc: subprocess.Popen[Any]) -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kvsched import cli
+from kvsched.profile.iteration_log import parse_iteration_line, parse_kv_cache_tokens
 from kvsched.serve.metrics import token_buckets
+from tests.serve.conftest import start_server
 
 
 @pytest.mark.parametrize(("argv", "words"), [
@@ -49,3 +55,27 @@ def test_the_serve_command_has_vllms_flags() -> None:
 def test_token_buckets_are_vllms_1_2_5_series() -> None:
     assert token_buckets(60) == [1, 2, 5, 10, 20, 50]
     assert token_buckets(1000)[-3:] == [200, 500, 1000]
+
+
+def test_the_server_logs_vllms_kv_size_and_iteration_lines(tiny: Callable[..., Path],
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kvsched.serve")
+    running = start_server(tiny(arch="llama"), log_iteration_details=True)
+    try:
+        req = urllib.request.Request(
+            f"{running.url}/v1/completions", method="POST", headers={"content-type": "application/json"},
+            data=json.dumps({"model": "tiny", "prompt": [5, 6, 7, 8, 9, 10], "max_tokens": 3,
+                             "temperature": 0, "ignore_eos": True}).encode())
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert resp.status == 200
+        assert running.server.engine.wait_idle(60)
+    finally:
+        running.stop()
+    messages = [r.getMessage() for r in caplog.records if r.name == "kvsched.serve"]
+    cache = running.server.engine.llm.engine.cache_config
+    sizes = [t for t in map(parse_kv_cache_tokens, messages) if t is not None]
+    assert sizes == [cache.num_gpu_blocks * cache.block_size]
+    steps = [s for s in map(parse_iteration_line, messages) if s is not None]
+    # The 6-token prompt in one step, then two single-token decodes.
+    assert [(s.iteration, s.context_requests, s.context_tokens, s.generation_requests,
+             s.generation_tokens) for s in steps] == [(1, 1, 6, 0, 0), (2, 0, 0, 1, 1), (3, 0, 0, 1, 1)]
