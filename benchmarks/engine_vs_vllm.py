@@ -94,7 +94,7 @@ SERVER_FLAGS = ("--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs
 # vLLM's CPU platform sets 128 when no block size is given; given to both.
 BLOCK_SIZE = 128
 VLLM_KV_GIB = 1
-START_TIMEOUT_S = 600.0
+START_TIMEOUT_S = rm.START_TIMEOUT_S
 # Idle CPU: IDLE_WINDOWS consecutive windows of IDLE_SAMPLE_S after the
 # warm-up (vLLM spins for a while after its last request, then sleeps).
 IDLE_SAMPLE_S, IDLE_WINDOWS = 5.0, 3
@@ -320,18 +320,9 @@ class Server:
         self.started = time.monotonic()
 
     def wait_ready(self) -> float:
-        deadline = self.started + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.engine} server exited with status {self.proc.returncode}; "
-                                 f"see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return time.monotonic() - self.started
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1.0)
+        ready = rm.wait_healthy(self.proc, self.base, self.started, f"{self.engine} server", self.log_path)
+        if ready is not None:
+            return ready
         raise SystemExit(f"{self.engine} server did not answer /health within {START_TIMEOUT_S:.0f} s; "
                          f"see {self.log_path}")
 

@@ -286,17 +286,9 @@ class Server:
         self.started = time.monotonic()
 
     def wait_ready(self) -> float:
-        deadline = self.started + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                sys.exit(f"the vLLM server exited with status {self.proc.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return time.monotonic() - self.started
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1.0)
+        ready = wait_healthy(self.proc, self.base, self.started, "the vLLM server", self.log_path)
+        if ready is not None:
+            return ready
         self.stop()
         sys.exit(f"the vLLM server did not answer /health within {START_TIMEOUT_S:.0f} s; "
                  f"see {self.log_path}")
@@ -359,6 +351,23 @@ class Server:
     def stop(self) -> None:
         stop_process_group(self.proc)
         self._log.close()
+
+
+def wait_healthy(proc: subprocess.Popen[Any], base: str, started: float, what: str,
+                 log_path: Path) -> float | None:
+    """Seconds from ``started`` until ``base``/health answers 200; None after
+    START_TIMEOUT_S; exits naming ``what`` if the process dies first."""
+    while time.monotonic() < started + START_TIMEOUT_S:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited with status {proc.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return time.monotonic() - started
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1.0)
+    return None
 
 
 def group_pids(leader: int) -> list[int]:
