@@ -18,10 +18,13 @@ from kvsched.perf.host import TERMS, HostTerms
 TERM_UNITS: Mapping[str, tuple[str, float]] = {
     "prefill_step_per_layer_s": ("ms", 1e3), "step_s": ("ms", 1e3),
     "per_sampled_request_s": ("us", 1e6), "dp_sync_s": ("ms", 1e3),
-    "arrival_s": ("ms", 1e3), "per_prompt_token_s": ("us", 1e6)}
+    "arrival_s": ("ms", 1e3), "per_prompt_token_s": ("us", 1e6),
+    "per_prefill_request_s": ("ms", 1e3), "per_prefill_token_s": ("us", 1e6),
+    "prefill_launch_per_layer_s": ("us", 1e6)}
 TERM_SCALES: Mapping[str, float] = {
     "prefill_step_per_layer_s": 1e-4, "step_s": 1e-4, "per_sampled_request_s": 2e-6,
-    "dp_sync_s": 1e-4, "arrival_s": 1e-3, "per_prompt_token_s": 1e-6}
+    "dp_sync_s": 1e-4, "arrival_s": 1e-3, "per_prompt_token_s": 1e-6,
+    "per_prefill_request_s": 1e-4, "per_prefill_token_s": 1e-6, "prefill_launch_per_layer_s": 5e-5}
 # What a term means, one line each, for the summary.
 TERM_MEANING: Mapping[str, str] = {
     "prefill_step_per_layer_s": "per model layer, per step with prefill tokens",
@@ -29,7 +32,21 @@ TERM_MEANING: Mapping[str, str] = {
     "per_sampled_request_s": "per request sampling in a step",
     "dp_sync_s": "per step, data parallel ranks' sync",
     "arrival_s": "per request, send to scheduler",
-    "per_prompt_token_s": "per prompt token, at arrival (tokenisation)"}
+    "per_prompt_token_s": "per prompt token, at arrival (tokenisation)",
+    "per_prefill_request_s": "per request with prefill tokens in a step",
+    "per_prefill_token_s": "per prefill token computed in a step",
+    "prefill_launch_per_layer_s": "per model layer, a floor under a step with prefill tokens"}
+
+
+# The terms a fit takes when --fit does not name them: those the default
+# file's selection kept (benchmarks/fit_host_terms.py chose them by
+# cross-validation across GPUs and vLLM versions, docs/validation.md), and
+# dp_sync_s with data parallelism. The others stay as the start has them:
+# on runs without prefix-cache hits several prefill terms are nearly
+# collinear (one prefill per step charges a request, its tokens and a
+# per-layer term alike), so fitting them all at once is ill-posed.
+DEFAULT_FIT = ("prefill_step_per_layer_s", "step_s", "per_sampled_request_s", "dp_sync_s", "arrival_s",
+               "per_prompt_token_s")
 
 
 def typical_start(data_parallel_size: int) -> HostTerms:
@@ -39,7 +56,7 @@ def typical_start(data_parallel_size: int) -> HostTerms:
     zero: with no arrival delay at all the requests skip the transit the
     arrival terms open (a jump in every latency at 0), and the optimiser
     would start on its bound, where that jump misleads it."""
-    values = {n: TERM_SCALES[n] for n in TERMS}
+    values = {n: TERM_SCALES[n] if n in DEFAULT_FIT else 0.0 for n in TERMS}
     if data_parallel_size == 1:
         values["dp_sync_s"] = 0.0
     return HostTerms(vllm_version="any", hardware_class="any",
@@ -68,18 +85,20 @@ def latency_units(runs: Sequence[ObservedRun], num_layers: int) -> dict[str, flo
         tpot = statistics.median(tpots)
         concurrency = statistics.median(run.decode_concurrency() for run in runs)
         units.update(step_s=tpot, dp_sync_s=tpot, prefill_step_per_layer_s=tpot / max(num_layers, 1),
+                     prefill_launch_per_layer_s=tpot / max(num_layers, 1), per_prefill_request_s=tpot,
                      per_sampled_request_s=tpot / concurrency)
     if ttfts:
         ttft = statistics.median(ttfts)
-        units.update(arrival_s=ttft, per_prompt_token_s=ttft / max(statistics.median(prompts), 1.0))
+        prompt = max(statistics.median(prompts), 1.0) if prompts else 1.0
+        units.update(arrival_s=ttft, per_prompt_token_s=ttft / prompt, per_prefill_token_s=ttft / prompt)
     return units
 
 
 def parse_fit_names(text: str | None, data_parallel_size: int) -> tuple[str, ...]:
-    """The terms to fit: ``--fit a,b`` or every term (``dp_sync_s`` only
-    with data parallelism, where a step pays it)."""
+    """The terms to fit: ``--fit a,b`` or :data:`DEFAULT_FIT` (``dp_sync_s``
+    only with data parallelism, where a step pays it)."""
     if text is None:
-        return tuple(t for t in TERMS if t != "dp_sync_s" or data_parallel_size > 1)
+        return tuple(t for t in DEFAULT_FIT if t != "dp_sync_s" or data_parallel_size > 1)
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise UserInputError(f"--fit={text!r}: name at least one term ({', '.join(TERMS)})")

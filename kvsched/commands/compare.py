@@ -64,6 +64,9 @@ COLUMNS = (
 )
 # Shown when --goodput gives SLOs.
 GOODPUT_COLUMN = ("Goodput req/s", "request_goodput", 1.0, "{:.3f}")
+# Shown when a variant has failed requests (refused, or timed out with
+# --request-timeout): its latencies and throughputs cover the others only.
+FAILED_COLUMN = ("Failed", "failed", 1.0, "{:.0f}")
 
 
 class _VariantParser(argparse.ArgumentParser):
@@ -330,6 +333,8 @@ def run_compare(args: argparse.Namespace) -> int:
         done.append((v, result))
     slos = bool(prepared[0].run.spec.options.goodput)
     columns = (*COLUMNS, GOODPUT_COLUMN) if slos else COLUMNS
+    if any(r.metrics.get("failed") for _, r in done):
+        columns = (*columns, FAILED_COLUMN)
     if done:
         print(format_comparison([(v.name, r.metrics) for v, r in done], columns))
         if mixed:

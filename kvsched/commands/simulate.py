@@ -25,7 +25,7 @@ from kvsched.sim.flags import (
     with_pasted,
 )
 from kvsched.sim.pricing import pricing_of
-from kvsched.sim.refusals import failure_reasons, format_failures
+from kvsched.sim.refusals import format_failures
 from kvsched.sim.results import ResultFile, describe_run, detailed_lists, num_gpus, write_result
 from kvsched.sim.run import PreparedRun, RunResult, prepare, run_prepared
 from kvsched.sim.simulator import stderr_progress
@@ -88,6 +88,8 @@ def describe_workload(args: WorkloadSpec, workload: Workload) -> str:
     """The workload in one phrase (``args`` resolved)."""
     n = len(workload.requests)
     conc = f", max concurrency {workload.max_concurrency}" if workload.max_concurrency else ""
+    if workload.request_timeout is not None:
+        conc += f", request timeout {workload.request_timeout:g} s"
     scale = f", arrival times x{args.time_scale:g} (--time-scale)" if args.time_scale != 1.0 else ""
     if args.dataset_name == "random":
         assert args.request_rate is not None
@@ -254,7 +256,6 @@ def result_dict(done: RunResult) -> tuple[dict[str, Any], str | None]:
         **metrics,
         # Which step-time backend priced the run (and why, for a fallback).
         **pricing_of(deployment).to_json(),
-        "failed_reasons": failure_reasons(result.failed),
         **run,
         # One string per request, "" for success, as vllm bench serve's list:
         # kept without --save-detailed too, so no refusal goes unrecorded.

@@ -422,6 +422,11 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
         head = f"{'#':>3}  {'deployment':42} {'shape':26} {'GPUs':>4} {'rate':>7} {'goodput/GPU':>11}"
     for name, _ in slo.targets:
         head += f" {stat + ' ' + name:>12}"
+    # Requests that failed (refused, or timed out with --request-timeout):
+    # the SLO statistics cover the others only.
+    failures = any(e.metrics.get("failed") for e in result.ranked)
+    if failures:
+        head += f" {'failed':>7}"
     head += "  SLO     pricing"
     lines.append(head)
     for i, e in enumerate(result.ranked[:args.top], 1):
@@ -431,6 +436,9 @@ def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace
                f"{e.goodput_per_gpu:>11.3f}")
         for name, _ in slo.targets:
             row += f" {e.metrics.get(slo.key(name), math.nan):>12.1f}"
+        if failures:
+            failed = e.metrics.get("failed")
+            row += f" {failed if failed is not None else '-':>7}"
         row += "  met   " if e.meets_slo else "  missed"
         row += f"  {e.pricing.label if e.pricing is not None else '-'}"
         lines.append(row)

@@ -9,31 +9,48 @@ version and hardware class (``kvsched/perf/data/host_terms_*.json``);
 ``kvsched simulate --calibration FILE`` replaces them with a user's own
 (``kvsched calibrate`` fits them for any backend).
 
-Terms (seconds; a file names every one):
+Terms (seconds). Each is paid by the thing that causes it, nowhere else:
 
-- ``prefill_step_per_layer_s`` (per model layer, per step with prefill
-  tokens): a step with prefill tokens does not run as one captured CUDA
-  graph (vLLM captures decode-only batches; mixed batches run piecewise,
-  attention outside the graphs), so the host launches each layer's pieces
-  itself. Decode-only steps do not pay it.
 - ``step_s`` (per engine step): the GPU idles between two steps' kernels
   while the host samples, copies the sampled ids back and prepares the next
   inputs, the part async scheduling does not hide.
-- ``per_sampled_request_s`` (per request that samples a token in a step):
-  the sampler's and the output processing's work per sequence in that gap.
+- ``per_sampled_request_s`` (per request that samples a token in a step,
+  i.e. per streamed token): the sampler's and the output processing's work
+  per sequence in that gap.
+- ``per_prefill_request_s`` (per request with prefill tokens in a step):
+  the host's per-request work for a prompt chunk (input preparation, the
+  attention metadata of a prefill, the persistent batch's bookkeeping).
+- ``per_prefill_token_s`` (per prefill token computed in a step): work that
+  grows with the new prompt tokens a step computes (not with the prompt: a
+  prefix-cache hit computes only its tail).
+- ``prefill_launch_per_layer_s`` (per model layer, a floor on a step with
+  prefill tokens): such a step does not run as one captured CUDA graph
+  (vLLM captures decode-only batches; mixed batches run piecewise, attention
+  outside the graphs), so the host launches each layer's pieces itself. The
+  launches overlap the GPU's work: the forward pass takes at least the
+  layers' launch time, and a long prefill, whose kernels outlast the
+  launches, pays nothing.
+- ``prefill_step_per_layer_s`` (per model layer, per step with any prefill
+  token, added): the form fitted before 2026-12-05. It charges a 15-token
+  tail after a prefix-cache hit as much as an 8k prompt; kept so old
+  calibration files load and the ablation (docs/validation.md) can judge
+  it; the default file's selection decides whether it is used.
 - ``dp_sync_s`` (per step, data parallel only): the ranks agree every step
   on whether any of them has work (a collective on the CPU side).
 - ``arrival_s`` (per request): from the client's send to the request
   reaching the scheduler: HTTP, request validation, the hand-over from the
   API server to the engine core.
 - ``per_prompt_token_s`` (per prompt token, at arrival): tokenisation of the
-  prompt in the API server, before the request reaches the scheduler.
+  prompt in the API server, before the request reaches the scheduler (every
+  prompt token, cached or not: the server tokenises the whole prompt).
 
 Every step-time backend carries host terms and adds the per-step ones to
 every step it prices, in one place (``StepTimeModel.add_host_gaps`` and
 ``add_prefill_host``; the same float in a fast-forward stretch): the
-measured backend its fitted file by default, the roofline and the profiled
-backend none unless ``--calibration FILE`` gives them. The arrival terms
+measured backend and the roofline the fitted file of their hardware's class
+(:func:`default_host_terms`; no pricing goes without host time), the
+profiled backend the terms its profile measured, a ``--calibration FILE``
+replaces either. The arrival terms
 delay the moment a request enters the engine while its TTFT still counts
 from the send. RuntimeConfig's CPU time (``cpu_step_s`` and
 ``cpu_per_request_s``, overlapped with the forward pass under async
@@ -63,7 +80,10 @@ MAX_FILE_BYTES = 2**20
 MAX_TERM_S = 1.0
 # Every term, in the order a file and the fitting code list them.
 TERMS = ("prefill_step_per_layer_s", "step_s", "per_sampled_request_s", "dp_sync_s", "arrival_s",
-         "per_prompt_token_s")
+         "per_prompt_token_s", "per_prefill_request_s", "per_prefill_token_s", "prefill_launch_per_layer_s")
+# The terms a file may leave out (0 then): those added after files were
+# first written, so every calibration written before still loads.
+OPTIONAL_TERMS = frozenset({"per_prefill_request_s", "per_prefill_token_s", "prefill_launch_per_layer_s"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +97,9 @@ class HostTerms:
     dp_sync_s: float = 0.0
     arrival_s: float = 0.0
     per_prompt_token_s: float = 0.0
+    per_prefill_request_s: float = 0.0
+    per_prefill_token_s: float = 0.0
+    prefill_launch_per_layer_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in TERMS:
@@ -106,6 +129,38 @@ class HostTerms:
 NO_HOST_TIME = HostTerms(0.0, "any", "any", "no host terms (kernel time only)")
 
 
+def is_default_class(hardware_name: str) -> bool:
+    """Whether the default file was fitted on this hardware's class
+    (NVIDIA data-centre GPUs); the catalog names every NVIDIA part so."""
+    return hardware_name.upper().startswith("NVIDIA")
+
+
+def default_host_terms(hardware_name: str) -> tuple[HostTerms, str]:
+    """The host terms a backend without its own uses on ``hardware_name``,
+    and what to say about them: the fitted default file, whose class is
+    NVIDIA's; another vendor's device borrows it, and the note says so (a
+    host's launch and sampling costs are of the same order on any
+    accelerator, where none at all would price TTFTs 15-65 % low:
+    docs/validation.md). The one owner of that choice, for the measured
+    backend and the roofline alike."""
+    terms = load_host_terms(DEFAULT_FILE)
+    if is_default_class(hardware_name):
+        return terms, ""
+    return terms, (f"host terms borrowed from {terms.hardware_class} GPUs: none fitted for "
+                   f"{hardware_name}; kvsched calibrate fits your own")
+
+
+# ``--calibration none``: price the kernels alone, no host time (an
+# ablation, or a test that pins a roofline's arithmetic).
+NO_CALIBRATION = "none"
+
+
+def load_calibration(value: str) -> HostTerms:
+    """The host terms ``--calibration VALUE`` names: a file, or
+    :data:`NO_CALIBRATION` for none at all."""
+    return NO_HOST_TIME if value == NO_CALIBRATION else load_host_terms(value)
+
+
 def load_host_terms(path: str | Path = DEFAULT_FILE) -> HostTerms:
     """Host terms from a JSON file (a fitted default, or ``kvsched
     calibrate``'s output); a clear error naming the file and field."""
@@ -116,7 +171,7 @@ def load_host_terms(path: str | Path = DEFAULT_FILE) -> HostTerms:
     if not isinstance(data, dict):
         raise UserInputError(f"calibration file {str(p)!r}: expected a JSON object of host terms")
     expected = {"vllm_version", "hardware_class", "provenance", *TERMS}
-    missing = sorted(expected - data.keys())
+    missing = sorted(expected - data.keys() - OPTIONAL_TERMS)
     unknown = sorted(data.keys() - expected)
     if missing or unknown:
         raise UserInputError(f"calibration file {str(p)!r}: " + "; ".join(

@@ -54,7 +54,7 @@ import math
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
-from kvsched.perf.host import HostTerms, load_host_terms
+from kvsched.perf.host import HostTerms, default_host_terms
 from kvsched.perf.kernels import (
     GEMM_DTYPES,
     KV_DTYPES,
@@ -189,7 +189,7 @@ class MeasuredStepTimeModel(StepTimeModel):
         # Host time around the kernels (kvsched.perf.host, added by the
         # base class): the fitted default, or a user's calibration.
         super().__init__(model, hardware, parallel, runtime,
-                         host if host is not None else load_host_terms())
+                         host if host is not None else default_host_terms(hardware.name)[0])
         reason = measured_coverage(model, hardware, self.parallel, self.runtime)
         if reason is not None:
             raise UserInputError(f"step_time_backend='measured': {reason}; use 'roofline'")

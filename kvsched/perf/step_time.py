@@ -466,8 +466,17 @@ class StepTimeModel:
         # RuntimeConfig's CPU terms, which overlap the forward pass under
         # async scheduling, are apart from them).
         self.host: HostTerms | None = host
+        # What to say of the host terms beside whose they are (a borrowed
+        # default, kvsched.perf.host.default_host_terms).
+        self.host_borrowed = ""
         terms = host if host is not None else NO_HOST_TIME
+        # A step with prefill tokens: the per-layer charge of files fitted
+        # before 2026-12-05, its launch floor, and what its prefill
+        # requests and tokens cost (kvsched.perf.host).
         self._prefill_host_s = terms.prefill_step_per_layer_s * model.num_layers
+        self._prefill_floor_s = terms.prefill_launch_per_layer_s * model.num_layers
+        self._per_prefill_req_s = terms.per_prefill_request_s
+        self._per_prefill_tok_s = terms.per_prefill_token_s
         # The gap between steps every step pays (the DP ranks' agreement
         # only when there are several), and its part per sampled request.
         self._step_host_s = terms.step_s + (terms.dp_sync_s if parallel.data_parallel_size > 1 else 0.0)
@@ -485,6 +494,7 @@ class StepTimeModel:
         note and drafter, fresh memos."""
         twin = self._rebuilt(host)
         twin.backend_note = self.backend_note
+        twin.host_borrowed = self.host_borrowed if host is self.host else ""
         twin.drafter = self.drafter
         twin.pipeline = self.pipeline
         return twin
@@ -501,16 +511,28 @@ class StepTimeModel:
         return t + self._step_host_s + self._per_sampled_host_s * num_sampled
 
     def add_prefill_host(self, t: float, shape: BatchShape) -> float:
-        """``t`` plus the host's per-layer launches of a step outside full
-        CUDA graphs (any step with prefill tokens; see kvsched.perf.host)."""
+        """``t`` (a step's forward pass plus its host gaps, add_host_gaps)
+        with what the step's prefill work costs the host
+        (kvsched.perf.host): the layers' launches as a floor under the
+        forward pass (a step outside full CUDA graphs), and each prefill
+        request and token. A decode-only step pays none of it."""
         if shape.prefill_tokens:
-            t += self._prefill_host_s
+            floor = self._prefill_floor_s
+            if floor:
+                gaps = self._step_host_s + self._per_sampled_host_s * shape.num_sampled
+                if t - gaps < floor:
+                    t = floor + gaps
+            t += (self._prefill_host_s + self._per_prefill_req_s * (shape.num_reqs - shape.num_decodes)
+                  + self._per_prefill_tok_s * shape.prefill_tokens)
         return t
 
     def host_note(self) -> str:
-        """Whose host terms price the steps ("" when none)."""
+        """Whose host terms price the steps; "no host terms" when none."""
         h = self.host
-        return f"host terms {h.vllm_version}/{h.hardware_class}" if h is not None else ""
+        if h is None or h.terms() == NO_HOST_TIME.terms():
+            return "no host terms"
+        note = f"host terms {h.vllm_version}/{h.hardware_class}"
+        return f"{note} ({self.host_borrowed})" if self.host_borrowed else note
 
     def describe_backend(self) -> str:
         """Which backend prices the steps, for summaries and saved results."""

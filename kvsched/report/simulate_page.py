@@ -83,7 +83,7 @@ def format_value(key: str, value: object) -> str:
 METRIC_ROWS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
     ("Requests", (
         ("completed", "", "requests completed"),
-        ("failed", "", "requests refused (never scheduled)"),
+        ("failed", "", "requests refused (never scheduled) or timed out (--request-timeout)"),
         ("duration", "s", "benchmark duration: start to the last completion"),
         ("total_input_tokens", "tok", "prompt tokens of completed requests"),
         ("total_output_tokens", "tok", "output tokens of completed requests"),
@@ -205,7 +205,7 @@ def _runs_table(labels: Sequence[str], results: Sequence[SimResult]) -> str:
             reasons = "".join(f"<li>{count:,} &times; {_esc(reason)}</li>"
                               for reason, count in failure_reasons(r.failed).items())
             failures.append(f"<details><summary>{_esc(label) + ': ' if several else ''}"
-                            f"{len(r.failed):,} requests refused"
+                            f"{len(r.failed):,} requests failed"
                             f'</summary><p class="note">by reason:</p><ul class="reasons">{reasons}</ul>'
                             f'<p class="note">the first {len(shown):,}:</p><ul>{items}{more}</ul></details>')
     return ('<table class="runs"><thead><tr>' + ("<th>run</th>" if several else "")

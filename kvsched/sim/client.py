@@ -7,9 +7,19 @@ and with ``--max-concurrency`` never more than that many in flight: a
 request that arrives while all slots are taken waits in the client and is
 sent the moment a response frees a slot (closed loop).
 
-The client owns no clock. The event loop asks :meth:`Client.next_send_time`,
-and at that time takes :meth:`Client.due`; finished requests come back
-through :meth:`Client.release` with the time their slot freed.
+With a request timeout (``Workload.request_timeout``, kvsched's
+``--request-timeout``) the client gives up on a request that has not
+finished that many seconds after it was sent, as a real benchmark client's
+total timeout does: its slot frees at that moment (a closed-loop client
+sends the next request then) and the event loop aborts the request in the
+engine (vLLM's server aborts a request whose client disconnected). The
+send is after any concurrency wait: it is when the HTTP request starts.
+
+The client owns no clock. The event loop asks :meth:`Client.next_send_time`
+(and, with a timeout, :meth:`Client.next_deadline`), and at that time takes
+:meth:`Client.expired` then :meth:`Client.due`; finished requests come back
+through :meth:`Client.release` with the time their slot freed (with a
+timeout, by id through :meth:`Client.finished`).
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Sequence
 
 from kvsched.sim.workload import Workload, WorkloadRequest
 
@@ -34,6 +45,13 @@ class Client:
         # ``_frees`` (a heap) that the client has not reached yet.
         self._taken = 0
         self._frees: list[float] = []
+        # With a timeout: every request sent and not answered, by id, with
+        # its deadline (send + timeout); and (deadline, id) in send order,
+        # which is deadline order (sends happen in time order, the timeout
+        # is one number). Entries of requests answered since are skipped.
+        self.request_timeout = workload.request_timeout
+        self._open: dict[str, float] = {}
+        self._deadlines: deque[tuple[float, str]] = deque()
 
     @property
     def num_requests(self) -> int:
@@ -87,11 +105,59 @@ class Client:
         while queue and (limit is None or self._taken < limit):
             out.append(queue.popleft())
             self._taken += 1
+        timeout = self.request_timeout
+        if timeout is not None and out:
+            deadline = t + timeout
+            for spec in out:
+                self._open[spec.request_id] = deadline
+                self._deadlines.append((deadline, spec.request_id))
         return out
 
-    def refused(self, count: int = 1) -> None:
+    def refused(self, request_ids: Sequence[str]) -> None:
         """Sent requests the engine refused: their slots are free at once."""
-        self._taken -= count
+        self._taken -= len(request_ids)
+        if self.request_timeout is not None:
+            for rid in request_ids:
+                self._open.pop(rid, None)
+
+    def next_deadline(self) -> float:
+        """When the client next gives up on a request (inf: no request in
+        flight, or no timeout)."""
+        deadlines = self._deadlines
+        open_ = self._open
+        while deadlines and deadlines[0][1] not in open_:
+            deadlines.popleft()  # answered (or refused) since it was sent
+        return deadlines[0][0] if deadlines else math.inf
+
+    def expired(self, t: float) -> list[str]:
+        """The requests the client gives up on by ``t`` (their deadlines have
+        passed with no complete response), in send order: their slots are
+        free from now; the caller aborts them."""
+        deadlines = self._deadlines
+        open_ = self._open
+        out: list[str] = []
+        while deadlines and deadlines[0][0] <= t:
+            _, rid = deadlines.popleft()
+            if open_.pop(rid, None) is not None:
+                out.append(rid)
+        self._taken -= len(out)
+        return out
+
+    def finished(self, request_ids: Sequence[str], t: float) -> None:
+        """With a timeout: the responses of ``request_ids`` completed at
+        ``t``. A slot frees then, or at the request's deadline if that came
+        first: the client had given up on it (the engine finished it in a
+        step that ran past the deadline; the request counts as failed)."""
+        open_ = self._open
+        limited = self.max_concurrency is not None
+        for rid in request_ids:
+            deadline = open_.pop(rid, None)
+            if deadline is None:
+                continue  # given up on already (expired): its slot is free
+            if limited:
+                heapq.heappush(self._frees, t if t <= deadline else deadline)
+            else:
+                self._taken -= 1
 
     def release(self, count: int, t: float) -> None:
         """``count`` responses complete at ``t``, freeing their slots then."""

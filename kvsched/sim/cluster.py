@@ -11,6 +11,11 @@ it: the client's next send, and, while the client holds requests back for
 slots). Every instance's state at a send is therefore that of all its steps
 that started before it, with or without fast-forward.
 
+With a client timeout (``--request-timeout``) each request's deadline is an
+event of the client too, bounding stretches as a send does: at it the
+client frees the slot and the loop aborts the request wherever it is
+(``_expire``), before any step that starts then.
+
 A request may take time to reach the engine after the client sends it
 (``arrival``: the host terms' arrival delay, the API server's HTTP
 handling and tokenisation, kvsched.perf.host). It then waits in transit, a second kind of event: the
@@ -98,19 +103,29 @@ class Cluster:
         client = self.client
         instances = self.instances
         heap: list[tuple[float, int]] = []   # (next step start, instance) of busy instances
-        queued = [False] * len(instances)
+        # When each instance is queued in the heap (nan: not queued); an entry
+        # at another time is stale (the instance was woken and queued again).
+        queued_at = [math.nan] * len(instances)
         hooks = self.after_step
         last_report = wall0
         iterations = 0
         transit = self._transit
         proxy = self.proxy
         hands_off = self._hands_off
+        # A client timeout: its deadlines are events too (the client gives
+        # up, the engine aborts), and an abort may leave a queued instance idle.
+        timeouts = client.request_timeout is not None
+        t_dead = math.inf
         # Open loop with a delay: a send is not an event for the engines.
         # No request reaches an engine sooner than arrival_s after its send:
         # an open-loop client's send changes nothing before then.
         floor = self.arrival.arrival_s if self.arrival is not None and client.max_concurrency is None else 0.0
         while True:
             t_client = t_send = client.next_send_time()
+            if timeouts:
+                t_dead = client.next_deadline()
+                if t_dead < t_send:
+                    t_send = t_dead
             if transit and transit[0][0] < t_send:
                 # The next thing from outside is a request reaching the engine.
                 t_send = transit[0][0]
@@ -119,13 +134,15 @@ class Cluster:
             t_step = heap[0][0] if heap else math.inf
             if t_send <= t_step and t_send < math.inf:
                 for i in self._send(t_send):
-                    if not queued[i] and instances[i].busy():
-                        queued[i] = True
-                        heapq.heappush(heap, (instances[i].now, i))
+                    inst = instances[i]
+                    if queued_at[i] != inst.now and inst.busy():
+                        queued_at[i] = inst.now
+                        heapq.heappush(heap, (inst.now, i))
                 for i in self._rewoken:
                     # Its clock moved back: its queued time is stale (skipped when popped).
-                    queued[i] = True
-                    heapq.heappush(heap, (instances[i].now, i))
+                    if queued_at[i] != instances[i].now:
+                        queued_at[i] = instances[i].now
+                        heapq.heappush(heap, (instances[i].now, i))
                 self._rewoken.clear()
                 continue
             if not heap:
@@ -135,11 +152,16 @@ class Cluster:
                                    "nothing would ever progress")
             t_queued, i = heapq.heappop(heap)
             inst = instances[i]
-            if t_queued != inst.now:
+            if t_queued != queued_at[i]:
                 continue  # stale: the instance was woken earlier and queued again
+            queued_at[i] = math.nan
+            if timeouts and not inst.busy():
+                continue  # aborts took its last requests
             bound = t_send
             if floor:
                 bound = t_client + floor
+                if t_dead < bound:
+                    bound = t_dead
                 if transit and transit[0][0] < bound:
                     bound = transit[0][0]
                 if proxy is not None and proxy.next_decode_leg() < bound:
@@ -154,14 +176,19 @@ class Cluster:
                 for k, r in enumerate(inst.ranks):
                     proxy.collect(self._first_rank[i] + k, r)
                 finished = 0
-            if finished:
+            if timeouts:
+                # The client needs to know which: one past its deadline frees its slot then.
+                for r in inst.ranks:
+                    if r.finished_ids:
+                        client.finished(r.finished_ids, inst.now)
+                        r.finished_ids.clear()
+            elif finished:
                 client.release(finished, inst.now)
             for hook in hooks:
                 hook(self)
             if inst.busy():
+                queued_at[i] = inst.now
                 heapq.heappush(heap, (inst.now, i))
-            else:
-                queued[i] = False
             iterations += 1
             if self.progress is not None and not iterations & 255:
                 wall = time.perf_counter()
@@ -182,7 +209,8 @@ class Cluster:
         client = self.client
         arrival = self.arrival
         transit = self._transit
-        touched: list[int] = []
+        # Requests the client gave up on first: their slots go to the queue.
+        touched = self._expire(t) if client.request_timeout is not None else []
         while True:
             due = client.due(t)
             if arrival is not None:
@@ -196,7 +224,7 @@ class Cluster:
                     arrived.append((sent, spec))
             else:
                 arrived = [(t, spec) for spec in due]
-            refused = 0
+            refused: list[str] = []
             proxy = self.proxy
             for sent, spec in arrived:
                 if proxy is None:
@@ -204,8 +232,7 @@ class Cluster:
                 else:
                     index = proxy.route_arrival(self.ranks, t, spec)
                 owner = self._instance_of[index]
-                if self.instances[owner].wake(t):
-                    self._rewoken.append(owner)
+                self._wake(owner, t)
                 if proxy is None:
                     ok = self.ranks[index].receive(spec, sent, t)
                 else:
@@ -214,18 +241,70 @@ class Cluster:
                     self.routed[index] += 1
                     touched.append(owner)
                 else:
-                    refused += 1
+                    refused.append(spec.request_id)
             if proxy is not None:
                 for _, _, sent, spec, params in proxy.due_decode_legs(t):
                     index = proxy.route_decode(self.ranks, t, spec)
                     owner = self._instance_of[index]
-                    if self.instances[owner].wake(t):
-                        self._rewoken.append(owner)
+                    self._wake(owner, t)
                     if self.ranks[index].receive_leg(spec, sent, t, spec.output_len, params):
                         self.routed[index] += 1
                         touched.append(owner)
                     else:
-                        refused += 1
+                        refused.append(spec.request_id)
             if not refused:
                 return touched
             client.refused(refused)  # their slots go to the next in the queue
+
+    def _expire(self, t: float) -> list[int]:
+        """Abort what the client gives up on at ``t`` wherever the request is
+        (vLLM's server aborts a request whose client disconnected): on its
+        way to an engine (it never arrives), in an engine (waiting, running,
+        preempted, loading KV: the scheduler's abort path frees its blocks,
+        as vLLM's ``finish_requests(..., FINISHED_ABORTED)``), or between a
+        prefill and a decode instance (the decode leg is never sent; the
+        prefill instance keeps its blocks until NIXL's lease runs out, as
+        vLLM's does). The instances that aborted something, woken as by an
+        arrival: the engine takes the abort between steps. A request the
+        engine finished after its deadline is not here: its rank recorded
+        the timeout as it finished it (``Rank._finish``)."""
+        expired = self.client.expired(t)
+        if not expired:
+            return []
+        touched: list[int] = []
+        transit = self._transit
+        proxy = self.proxy
+        for rid in expired:
+            at = next((k for k, entry in enumerate(transit) if entry[3].request_id == rid), -1)
+            if at >= 0:
+                # Sent, not arrived: it never reaches an engine.
+                transit[at] = transit[-1]
+                transit.pop()
+                heapq.heapify(transit)
+                self.ranks[0].record_timeout(rid, t)
+                continue
+            index = next((k for k, r in enumerate(self.ranks) if rid in r.live), -1)
+            if index >= 0:
+                self.ranks[index].abort(rid, t)
+                owner = self._instance_of[index]
+                self._wake(owner, t)
+                touched.append(owner)
+                continue
+            if proxy is not None and proxy.drop_decode_leg(rid):
+                self.ranks[0].record_timeout(rid, t)
+                continue
+            # Nowhere: the engine finished it (in time or late, its rank
+            # decided) in a step the client has not heard of yet.
+        return touched
+
+    def _wake(self, owner: int, t: float) -> None:
+        """Instance ``owner`` gets work (or an abort) at ``t``; with a client
+        timeout, what it finished as it woke (a KV report) reaches the client."""
+        inst = self.instances[owner]
+        if inst.wake(t):
+            self._rewoken.append(owner)
+        if self.client.request_timeout is not None:
+            for r in inst.ranks:
+                if r.finished_ids:
+                    self.client.finished(r.finished_ids, t)
+                    r.finished_ids.clear()

@@ -27,7 +27,7 @@ from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
-from kvsched.perf.host import load_host_terms
+from kvsched.perf.host import default_host_terms, load_calibration
 from kvsched.perf.lora import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -268,7 +268,7 @@ def validate_engine_options(opts: EngineOptions) -> None:
                          f"use one of {', '.join(STEP_TIME_BACKENDS)}")
     resolved_backend_choice(opts)  # a profile that conflicts with the backend is refused
     if opts.calibration is not None:
-        load_host_terms(opts.calibration)  # a bad file is refused before anything is built
+        load_calibration(opts.calibration)  # a bad file is refused before anything is built
     if opts.step_time_profile is not None:
         load_profile(opts.step_time_profile)  # a bad file is refused before anything is built
     if type(opts.async_scheduling) is not bool:
@@ -347,25 +347,37 @@ def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, p
     otherwise the roofline, saying why."""
     choice = resolved_backend_choice(opts)
     # A calibration's host terms, for whichever backend prices the steps.
-    host = load_host_terms(opts.calibration) if opts.calibration is not None else None
+    host = load_calibration(opts.calibration) if opts.calibration is not None else None
     if choice == "profiled":
         if profile is None:
             assert opts.step_time_profile is not None  # resolved_backend_choice checked it
             profile = load_profile(opts.step_time_profile)
         return ProfiledStepTimeModel(model, hardware, parallel, runtime, profile, host=host)
+    # No pricing without host time: the measured backend and the roofline
+    # alike take the fitted default of the hardware's class when no
+    # calibration is given (kvsched.perf.host.default_host_terms says
+    # where it was borrowed).
+    borrowed = ""
+    if host is None:
+        host, borrowed = default_host_terms(hardware.name)
     if choice == "roofline":
-        return StepTimeModel(model, hardware, parallel, runtime, host)
+        return _with_borrowed(StepTimeModel(model, hardware, parallel, runtime, host), borrowed)
     reason = measured_coverage(model, hardware, parallel, runtime)
     if choice == "auto" and reason is None and opts.efficiency_file:
         reason = "an --efficiency-file tunes the roofline"
     if reason is None:
-        return MeasuredStepTimeModel(model, hardware, parallel, runtime, host)
+        return _with_borrowed(MeasuredStepTimeModel(model, hardware, parallel, runtime, host), borrowed)
     if choice == "measured":
         raise UserInputError(f"step_time_backend='measured' (--step-time-backend): {reason}; "
                          "use roofline or auto")
-    fallback = StepTimeModel(model, hardware, parallel, runtime, host)
+    fallback = _with_borrowed(StepTimeModel(model, hardware, parallel, runtime, host), borrowed)
     fallback.backend_note = f"measured kernels not used: {reason}"
     return fallback
+
+
+def _with_borrowed(step_model: StepTimeModel, borrowed: str) -> StepTimeModel:
+    step_model.host_borrowed = borrowed
+    return step_model
 
 
 def build_deployment(opts: EngineOptions) -> Deployment:

@@ -210,7 +210,7 @@ class DisaggregatedSimulator:
                         eos_probability=sim.eos_probability, seed=sim.seed + i,
                         keep_token_times=sim.keep_token_times, keep_step_log=sim.keep_step_log,
                         speculative=sim.speculative, kv_connector=connector, kv_worker=worker,
-                        hands_off=is_prefill)
+                        hands_off=is_prefill, request_timeout=workload.request_timeout)
             connector.bind_kv_cache_manager(rank.sched.kv_cache_manager)
             ranks.append(rank)
             instances.append(EngineInstance(rank, sim.step_model, sim.fast_forward))
@@ -228,8 +228,10 @@ class DisaggregatedSimulator:
         prefill, decode = results[:self.num_prefill], results[self.num_prefill:]
         combined = combine_results(decode)
         for r in prefill:
-            # Requests a prefill instance refused never reached a decode one.
+            # Requests a prefill instance refused (or aborted: the client gave
+            # up) never reached a decode one.
             combined.failed.extend(r.failed)
+            combined.last_timeout = max(combined.last_timeout, r.last_timeout)
         by_role = {}
         for name, results in (("prefill", prefill), ("decode", decode)):
             stats = combine_offload_stats([r.kv_offload for r in results])

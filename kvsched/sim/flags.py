@@ -82,7 +82,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
     g.add_argument("--calibration", metavar="FILE",
                    help="host-time terms added to every step, for any backend (JSON, as "
                         "kvsched.perf.host describes; kvsched calibrate writes one; default: the "
-                        "measured backend's terms fitted on real vLLM runs, none for the others)")
+                        "terms fitted on real vLLM runs for the measured backend and the roofline, "
+                        "the profile's own for --step-time-profile; 'none': kernel time only)")
     g.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default=d.step_time_backend,
                    help="how engine steps are priced: measured vLLM kernel latencies "
                         "(aiconfigurator-core's tables), the roofline, or auto: measured where "
@@ -254,6 +255,11 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
                    help="gamma shape of the arrival gaps, 1 = Poisson (default 1)")
     g.add_argument("--max-concurrency", type=int,
                    help="most requests in flight; later ones wait at the client (default: no limit)")
+    g.add_argument("--request-timeout", type=_number_or_text, metavar="S",
+                   help="kvsched's: seconds after its send (after any --max-concurrency wait) the client "
+                        "gives up on a request that has not finished; vLLM's server then aborts it, its "
+                        "KV blocks freed, and it counts as failed (reason: timeout). vllm bench serve has "
+                        "no such flag: its client waits up to 6 hours (default: no timeout)")
     g.add_argument("--seed", type=int, default=w.seed,
                    help="seed of the random dataset and of EOS draws (default: %(default)s)")
     g.add_argument("--time-scale", type=float, default=w.time_scale,
@@ -278,6 +284,16 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eos-probability", type=float, default=w.eos_probability,
                    help="per-token EOS probability; 0 (default) generates each request's output "
                         "length, as ignore_eos does")
+
+
+def _number_or_text(text: str) -> float | str:
+    """A number flag's value as a float, or the text as given when it is not
+    one: the spec's check then refuses it in one line naming the flag
+    (argparse's own refusal prints the whole usage)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def add_output_arguments(p: argparse.ArgumentParser, result_files: bool = False) -> None:

@@ -115,6 +115,19 @@ class Proxy:
         """When the next decode leg reaches its instance (inf: none pending)."""
         return self._pending[0][0] if self._pending else float("inf")
 
+    def drop_decode_leg(self, request_id: str) -> bool:
+        """The client gave up on ``request_id`` while its decode leg was on
+        its way (the hop): it is never sent to a decode instance. False: no
+        such leg pending."""
+        pending = self._pending
+        at = next((k for k, leg in enumerate(pending) if leg[3].request_id == request_id), -1)
+        if at < 0:
+            return False
+        pending[at] = pending[-1]
+        pending.pop()
+        heapq.heapify(pending)
+        return True
+
     def due_decode_legs(self, t: float) -> list[DecodeLeg]:
         """The decode legs that reach their instances by ``t``, in order."""
         out: list[DecodeLeg] = []

@@ -39,11 +39,11 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.lora import LoraPricer, LoraStats
 from kvsched.perf.step_time import BatchShape
-from kvsched.request import Request, SamplingParams
+from kvsched.request import Request, RequestStatus, SamplingParams
 from kvsched.sim.kv_transfer import KVWorker
 from kvsched.sim.metrics import DEFAULT_PERCENTILE_METRICS, RecordTable, benchmark_duration, compute_metrics
 from kvsched.sim.offload_transfer import OffloadStats, SimOffloadingConnector, combine_offload_stats
-from kvsched.sim.refusals import too_long_error
+from kvsched.sim.refusals import failure_reasons, timeout_error, too_long_error
 from kvsched.sim.samples import SampleAccumulator
 from kvsched.sim.speculative import SpecOptions, SpecStats, combine_stats, request_key, uniform
 from kvsched.sim.ttft_parts import NO_TIME, PhaseTable, kv_load_times
@@ -187,10 +187,16 @@ class SimResult:
     phases: PhaseTable = field(default_factory=PhaseTable)
     # LoRA's adapter loads and GPU seconds (None without --enable-lora).
     lora: LoraStats | None = None
+    # When the client gave up on its last request to time out (0: none
+    # did): vllm bench serve's clock runs until every request is answered
+    # or given up on.
+    last_timeout: float = 0.0
 
     @property
     def duration(self) -> float:
-        return benchmark_duration(self.records) if self.records else 0.0
+        if not self.records:
+            return 0.0
+        return max(benchmark_duration(self.records), self.last_timeout)
 
     def metrics(self, percentiles: tuple[float, ...] = (50.0, 90.0, 99.0),
                 goodput_slos: dict[str, float] | None = None,
@@ -204,6 +210,8 @@ class SimResult:
         else:
             out["completed"] = 0
             out["failed"] = len(self.failed)
+        # Why they failed: refused (too long, too big for the cache) or timed out.
+        out["failed_reasons"] = failure_reasons(self.failed)
         out.update(self.engine_stats())
         return out
 
@@ -243,7 +251,7 @@ def combine_results(ranks: list[SimResult]) -> SimResult:
         spec_stats=combine_stats([r.spec_stats for r in ranks]),
         kv_offload=combine_offload_stats([r.kv_offload for r in ranks]),
         phases=PhaseTable.concat([r.phases for r in ranks]),
-        lora=_combined_lora([r.lora for r in ranks]))
+        lora=_combined_lora([r.lora for r in ranks]), last_timeout=max(r.last_timeout for r in ranks))
     for res in ranks:
         out.itls.merge(res.itls)
         out.token_times.merge(res.token_times)
@@ -289,6 +297,17 @@ class PlannedStep:
         self.admitted = admitted
 
 
+@dataclass(slots=True)
+class _Pooled:
+    """What one request added to its rank's ITL and token-time pools, kept
+    while a client timeout may still fail it: vllm bench serve pools the
+    ITLs and token times of successful requests only, so a request that
+    times out takes its own back out (``Rank.result``)."""
+
+    gaps: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+
 @dataclass(slots=True, init=False)
 class _Live:
     """Client-side view of one request in flight."""
@@ -310,11 +329,20 @@ class _Live:
     # step computing its first prompt tokens started (-1: not yet).
     reached: float
     started: float
+    # With a client timeout: when the client gives up on it (inf: never),
+    # and the ITLs and token times it added to the pools (None without a
+    # timeout, and for a prefill leg). With a timeout ``token_times`` is a
+    # list too: the pooled samples are noted under its check, so a run
+    # without either pays nothing more per token.
+    deadline: float
+    pooled: _Pooled | None
 
     def __init__(self, spec: WorkloadRequest, send_time: float, token: int, eos_index: int,
                  token_times: list[float] | None = None, reached: float = 0.0) -> None:
         self.spec = spec
         self.send_time = send_time
+        self.deadline = math.inf
+        self.pooled = None
         self.reached = reached
         self.started = -1.0
         self.token = token
@@ -346,7 +374,8 @@ class Rank:
                  trace_steps: TextIO | None = None, keep_token_times: bool = False,
                  keep_step_log: bool = True, speculative: SpecOptions | None = None,
                  kv_connector: KVConnectorBase | None = None, kv_worker: KVWorker | None = None,
-                 hands_off: bool = False, lora: LoraPricer | None = None) -> None:
+                 hands_off: bool = False, lora: LoraPricer | None = None,
+                 request_timeout: float | None = None) -> None:
         # No model runs: skip the runner's copies of prompts and block tables,
         # but for the offloading connector, which reads the batch's block
         # tables (new and resumed requests') to build its store jobs.
@@ -399,6 +428,16 @@ class Rank:
         self.totals = StepTotals(cache_config.num_gpu_blocks - 1)
         self.steps = StepLog() if keep_step_log else None
         self.num_ff_steps = 0
+        # The client's timeout (kvsched.sim.client; None: none). With one,
+        # the ids of requests finished since the event loop last looked (it
+        # tells the client which), the pooled samples of requests that timed
+        # out (taken out of the pools in ``result``), and when the client
+        # gave up on the last of them.
+        self.request_timeout = request_timeout
+        self.finished_ids: list[str] = []
+        self._dropped_itls = SampleAccumulator()
+        self._dropped_token_times = SampleAccumulator()
+        self.last_timeout = 0.0
         # Output tokens start above every prompt token (kvsched.sim.workload
         # keeps those below OUTPUT_TOKEN_BASE): never in a prompt.
         self._next_token = OUTPUT_TOKEN_BASE
@@ -450,9 +489,15 @@ class Rank:
         except ValueError as e:
             self.failed.append((spec.request_id, str(e)))
             return False
+        timeout = self.request_timeout
         live = self.live[spec.request_id] = _Live(spec, send_time, self._next_token, eos_index,
-                                                  [] if self.keep_token_times else None,
+                                                  [] if self.keep_token_times or timeout is not None
+                                                  else None,
                                                   arrival_time if reached is None else reached)
+        if timeout is not None:
+            live.deadline = send_time + timeout
+            if not self.hands_off:  # a prefill leg's token is not the client's
+                live.pooled = _Pooled()
         if self.speculative is not None:
             live.spec_key = request_key(self.seed, spec.request_id)
         self._next_token += 1
@@ -661,15 +706,23 @@ class Rank:
                 k = counts[i]
             delivered += k
             lv.num_tokens += k
+            last = lv.last_token_time
             if lv.first_token_time < 0.0:
                 lv.first_token_time = now
-            elif lv.last_token_time == start:
+            elif last == start:
                 same_gap += 1
             else:
-                itls.add(now - lv.last_token_time)
+                itls.add(now - last)
             lv.last_token_time = now
             if lv.token_times is not None:
                 lv.token_times.append(now)
+                pooled = lv.pooled
+                if pooled is not None:
+                    # The same samples as pooled above: its gap (none for its first chunk)
+                    # and a time per token.
+                    if lv.num_tokens != k:
+                        pooled.gaps.append(dt if last == start else now - last)
+                    pooled.times.extend([now] * k)
         if same_gap:
             itls.add(dt, same_gap)
         if delivered:
@@ -802,8 +855,16 @@ class Rank:
         spec = lv.spec
         if self.hands_off:
             self.handoffs.append((spec, lv.send_time, now))
+        elif lv.pooled is not None:  # a client timeout is set
+            self.finished_ids.append(rid)
+            if now > lv.deadline:
+                # Finished in a step that ran past the deadline: the client
+                # had given up (vLLM's abort came too late to matter).
+                self._timed_out(rid, lv.deadline, lv.pooled)
+                return
         self.records.append(rid, lv.send_time, lv.first_token_time, now, spec.num_prompt_tokens,
-                            lv.num_tokens, spec.arrival_time, lv.token_times)
+                            lv.num_tokens, spec.arrival_time,
+                            lv.token_times if self.keep_token_times else None)
         load_start = load_end = NO_TIME
         for loads in self._kv_loads:
             load = loads.get(rid)
@@ -812,6 +873,36 @@ class Rank:
                 load_start, load_end = load
                 break
         self.phases.append(rid, lv.reached, lv.started, load_start, load_end)
+
+    # -- client timeouts ---------------------------------------------------------
+    def abort(self, rid: str, t: float) -> bool:
+        """The client gave up on ``rid`` at ``t`` (its deadline): the engine
+        aborts it through the scheduler's abort path, wherever it is
+        (waiting, running, preempted, loading KV), as vLLM's server does
+        when a client disconnects; it counts as failed. False: not here."""
+        lv = self.live.pop(rid, None)
+        if lv is None:
+            return False
+        self.sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+        self._timed_out(rid, t, lv.pooled)
+        return True
+
+    def record_timeout(self, rid: str, t: float) -> None:
+        """A request the client gave up on at ``t`` while no engine held it
+        (on its way to one, or between prefill and decode): failed."""
+        self._timed_out(rid, t, None)
+
+    def _timed_out(self, rid: str, deadline: float, pooled: _Pooled | None) -> None:
+        assert self.request_timeout is not None
+        self.failed.append((rid, timeout_error(self.request_timeout)))
+        if deadline > self.last_timeout:
+            self.last_timeout = deadline
+        if pooled is not None:
+            # Its ITLs and token times leave the pools: vLLM's bench counts successes only.
+            if pooled.gaps:
+                self._dropped_itls.add_repeated(pooled.gaps, 1)
+            if pooled.times:
+                self._dropped_token_times.add_repeated(pooled.times, 1)
 
     # -- a stretch of decode steps ------------------------------------------------
     def stretch_limit(self, through_finish: bool = True) -> tuple[int, int, bool]:
@@ -866,16 +957,24 @@ class Rank:
             tokens.append(lv.token)
             if finishing:
                 last.append(lv.token_at(len(r.output_token_ids) + k - 1))
+            previous = lv.last_token_time
             if lv.first_token_time < 0.0:
                 lv.first_token_time = end0
-            elif lv.last_token_time == start:
+            elif previous == start:
                 same_gap += 1
             else:
-                itls.add(end0 - lv.last_token_time)
+                itls.add(end0 - previous)
             lv.last_token_time = end
             lv.num_tokens += k
             if lv.token_times is not None:
                 lv.token_times.extend(ends)
+                pooled = lv.pooled
+                if pooled is not None:
+                    # As pooled below: step 0's gap (none for a first token), then the step times.
+                    if lv.num_tokens != k:
+                        pooled.gaps.append(durations[0] if previous == start else end0 - previous)
+                    pooled.gaps.extend(durations[1:])
+                    pooled.times.extend(ends)
         finished: list[str] = []
         # planned: stretch_limit just asked the core about this state, and
         # the tokens are the simulator's own ints.
@@ -984,8 +1083,10 @@ class Rank:
         # The CPU tier's hits and traffic (its own connector, or a MultiConnector's child).
         offload = connector_of_type(self.kv_connector, SimOffloadingConnector)
         return SimResult(
-            workload=self.workload_name, records=self.records, failed=self.failed, itls=self.itls,
-            token_times=self.token_times, totals=self.totals, steps=self.steps,
+            workload=self.workload_name, records=self.records, failed=self.failed,
+            itls=self.itls.without(self._dropped_itls),
+            token_times=self.token_times.without(self._dropped_token_times), totals=self.totals,
+            steps=self.steps,
             num_gpu_blocks=self.num_gpu_blocks,
             num_preemptions=self.sched.num_preemptions,
             prefix_cache_queries=stats.queries + stats.preempted_queries,
@@ -993,4 +1094,4 @@ class Rank:
             num_fast_forwarded_steps=self.num_ff_steps, wall_seconds=wall_seconds,
             spec_stats=self.spec_stats,
             kv_offload=offload.stats if offload is not None else None, phases=self.phases,
-            lora=self.lora.stats if self.lora is not None else None)
+            lora=self.lora.stats if self.lora is not None else None, last_timeout=self.last_timeout)

@@ -1,4 +1,5 @@
-"""Requests the server refuses, as ``vllm bench serve`` meets them.
+"""Requests that fail, as ``vllm bench serve`` meets them: refused by the
+server, or given up on by the client (``--request-timeout``).
 
 vLLM's OpenAI front end answers HTTP 400 to a request whose prompt plus
 ``max_tokens`` exceeds ``max_model_len`` (the engine itself would cut the
@@ -6,7 +7,8 @@ output short instead); ``vllm bench serve`` sends ``max_tokens`` = the
 request's output length, so such requests come back as errors and count as
 failed. :func:`split_refused` applies that check before a workload reaches
 the simulated engine; :func:`failure_reasons` groups refusals (these and the
-engine's own) by reason for the summary.
+engine's own, and client timeouts: :func:`timeout_error`) by reason for
+the summary and the results' ``failed_reasons``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ _TOO_LONG = "refused by the server: prompt + output > max_model_len={n}"
 # The scheduler's own refusal (kvsched.core.scheduler.check_request).
 _KV_TOO_SMALL = re.compile(r"needs up to \d+ KV blocks but the cache has (\d+)")
 _REQUEST_PREFIX = re.compile(r"^request \S+: ")
+# A request the client gave up on (kvsched.sim.client); the reason's key.
+TIMEOUT = "timeout"
+
+
+def timeout_error(timeout: float) -> str:
+    """The error recorded for a request the client gave up on: no complete
+    response ``timeout`` seconds after its send. vLLM's server aborts such a
+    request when its client disconnects (if it has not finished it yet)."""
+    return (f"{TIMEOUT}: no complete response within --request-timeout={timeout:g} s of the send; the "
+            "client gave up and the server aborted the request")
 
 
 def too_long_error(spec: WorkloadRequest, max_model_len: int) -> str:
@@ -47,13 +59,15 @@ def split_refused(workload: Workload, max_model_len: int
         return workload, []
     if not accepted:
         return None, refused
-    return Workload(workload.name, tuple(accepted), workload.max_concurrency), refused
+    return workload.with_requests(tuple(accepted)), refused
 
 
 def failure_reason(error: str) -> str:
     """The reason part of a refusal message, without the request's own numbers."""
     if error.startswith(_TOO_LONG.split("{", 1)[0]):
         return error.split(" (prompt ", 1)[0]
+    if error.startswith(f"{TIMEOUT}: "):
+        return TIMEOUT
     m = _KV_TOO_SMALL.search(error)
     if m:
         return (f"refused by the engine: needs more KV blocks than the cache's {m.group(1)} "
@@ -71,8 +85,8 @@ def failure_reasons(failed: Iterable[tuple[str, str]]) -> dict[str, int]:
 
 
 def format_failures(failed: list[tuple[str, str]], total: int) -> list[str]:
-    """Summary lines: how many were refused, then one line per reason with
-    its count and the first request it hit."""
+    """Summary lines: how many failed, then one line per reason with its
+    count and the first request it hit."""
     if not failed:
         return []
     first: dict[str, str] = {}

@@ -147,6 +147,8 @@ def workload_dict(spec: WorkloadSpec, workload: Workload) -> dict[str, Any]:
     out.update({"max_concurrency": spec.max_concurrency, "time_scale": spec.time_scale,
                 "duration": spec.duration, "seed": spec.seed,
                 "eos_probability": spec.eos_probability})
+    if spec.request_timeout is not None:
+        out["request_timeout"] = spec.request_timeout
     # The random dataset's requests stay columns unless adapters were assigned.
     counts = ({0: len(workload)} if isinstance(workload.requests, RandomRequests)
               else adapter_counts(workload))

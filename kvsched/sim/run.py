@@ -153,6 +153,9 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
         workload = workload.scaled(spec.time_scale)
     if spec.duration is not None:
         workload = workload.truncated(duration=spec.duration)
+    if spec.request_timeout is not None:
+        # The client's, as --max-concurrency: every copy of the workload keeps it.
+        workload = dataclasses.replace(workload, request_timeout=spec.request_timeout)
     return workload
 
 

@@ -91,6 +91,25 @@ class SampleAccumulator:
         if len(values):
             self.add_array(values, counts)
 
+    def without(self, other: SampleAccumulator) -> SampleAccumulator:
+        """The samples of this multiset less those of ``other``, each removed
+        once per time it is in ``other`` (e.g. the ITLs of requests that
+        timed out, which vllm bench serve leaves out); this one itself when
+        ``other`` is empty. Every sample of ``other`` must be here."""
+        if not other._n:
+            return self
+        values, counts = self._pairs()
+        gone, gone_counts = other._pairs()
+        distinct, at = np.unique(np.concatenate([values, gone]), return_inverse=True)
+        totals = np.zeros(len(distinct), dtype=np.int64)
+        np.add.at(totals, at, np.concatenate([counts, -gone_counts]))
+        if np.any(totals < 0):
+            raise ValueError(f"without: removes {int(-totals[totals < 0].sum())} samples that are not here")
+        out = SampleAccumulator(self._flush_at)
+        kept = totals > 0
+        out.add_array(distinct[kept], totals[kept])
+        return out
+
     def add_array(self, values: npt.ArrayLike, counts: npt.ArrayLike | None = None) -> None:
         """Add many samples at once: ``values[i]`` ``counts[i]`` times (once each
         without ``counts``), e.g. one request's ITL array."""

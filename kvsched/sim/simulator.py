@@ -93,7 +93,8 @@ class SimConfig:
                     trace_steps=trace_steps, keep_token_times=self.keep_token_times,
                     keep_step_log=self.keep_step_log, speculative=self.speculative,
                     kv_connector=connector, kv_worker=worker,
-                    lora=LoraPricer(self.lora) if self.lora is not None else None)
+                    lora=LoraPricer(self.lora) if self.lora is not None else None,
+                    request_timeout=workload.request_timeout)
         if connector is not None:
             connector.bind_kv_cache_manager(rank.sched.kv_cache_manager)
         return rank

@@ -59,6 +59,7 @@ from kvsched.sim.workload import (
     MAX_SEED,
     MIN_BURSTINESS,
 )
+from kvsched.sim.workload.limits import check_request_timeout
 from kvsched.sim.workload.lora import check_lora_workload
 
 # Instance roles. "mixed": prefill and decode on the same engine (vLLM's
@@ -210,6 +211,10 @@ class WorkloadSpec:
     request_rate: float | None = None
     burstiness: float | None = None
     max_concurrency: int | None = None
+    # Seconds the client waits for a complete response before it gives up
+    # and the server aborts the request (kvsched's: vllm bench serve's
+    # client waits 6 hours); None: no timeout.
+    request_timeout: float | None = None
     seed: int = 0
     # Multiply arrival times (0.5 = twice the rate).
     time_scale: float = 1.0
@@ -282,6 +287,7 @@ class WorkloadSpec:
         if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
             raise UserInputError(f"--max-concurrency={show(mc)}: must be at least 1 (above the number of "
                                  "requests it is no limit); leave it out for no limit")
+        check_request_timeout(self.request_timeout)
         _int_in("seed", self.seed, 0, MAX_SEED, "vLLM seeds numpy's RandomState, which takes 32-bit seeds")
         scale = self.time_scale
         if not (_is_number(scale) and 0 < scale < math.inf):

@@ -151,9 +151,16 @@ def _table(problem: Problem, result: TuneResult) -> str:
     slo, stat = problem.slo, _stat(problem)
     front = {id(e) for e in result.pareto}
     head = "".join(f'<th class="num">{esc(stat)} {esc(n)} (ms, &le; {t:g})</th>' for n, t in slo.targets)
+    # Failed requests (refused, or timed out with --request-timeout), where any candidate has them.
+    failures = any(e.metrics.get("failed") for e in result.ranked)
+    if failures:
+        head += '<th class="num">failed requests</th>'
     rows = []
     for i, e in enumerate(result.ranked, 1):
         cells = "".join(f'<td class="num">{_ms(e.metrics.get(slo.key(n)))}</td>' for n, _ in slo.targets)
+        if failures:
+            failed = e.metrics.get("failed")
+            cells += f'<td class="num">{"-" if failed is None else failed}</td>'
         tags = " (best)" if e is result.best else " (Pareto)" if id(e) in front else ""
         best = ' class="best"' if e is result.best else ""
         rows.append(

@@ -1,8 +1,8 @@
 """kvsched calibrate on every step-time backend: runs simulated with known
 host terms on the roofline, on the profiled backend (the committed synthetic
 tiny-Llama profile) and on the measured one, fitted from calibrate's default
-start (the measured backend's shipped terms; each term's typical size for
-the others, which have none), recover every term within 2 % and reproduce a
+start (the shipped terms for the measured backend and the roofline; each
+term's typical size for the profiled backend, which has none), recover every term within 2 % and reproduce a
 held-out run. (tests/calibrate/test_fit.py fits the measured backend from a
 far start, and other file formats.)"""
 
@@ -49,7 +49,8 @@ ROOFLINE = Backend(
     ("--model", "meta-llama/Llama-3.1-8B", "--hardware", "h100-sxm", "--step-time-backend", "roofline"),
     EngineOptions("meta-llama/Llama-3.1-8B", "h100-sxm", step_time_backend="roofline"),
     ("--num-prompts", "80", "--random-input-len", "800", "--random-output-len", "24",
-     "--random-range-ratio", "0.9"), (1, 48), 12, "roofline")
+     "--random-range-ratio", "0.9"), (1, 48), 12, "roofline",
+    "the default host_terms_vllm-0.24_nvidia.json")
 # The tiny Llama of the profile tests, inside the profiled range (512
 # tokens, 32 requests a step).
 _PROFILE = (str(DATA / "tiny_llama"), str(DATA / "tiny_llama_profile.json"))

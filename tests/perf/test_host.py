@@ -70,7 +70,9 @@ def test_a_calibration_file_reaches_the_step_model(tmp_path: Path,
     roof = build_deployment(EngineOptions(calibration=str(path), step_time_backend="roofline"))
     assert roof.step_model.backend == "roofline" and roof.step_model.host == load_host_terms(path)
     assert "host terms 0.24/h100-lab" in roof.step_model.describe_backend()
-    assert build_deployment(EngineOptions(step_time_backend="roofline")).step_model.host is None
+    # Without one, the roofline prices with the fitted default, and says so.
+    plain = build_deployment(EngineOptions(step_time_backend="roofline")).step_model
+    assert plain.host == load_host_terms() and "host terms 0.24/nvidia" in plain.describe_backend()
     assert main(["simulate", "--num-prompts", "2", "--no-progress", "--calibration",
                  str(tmp_path / "missing.json")]) != 0
     err = capsys.readouterr().err
@@ -175,3 +177,69 @@ def test_every_backend_adds_the_host_terms_in_one_place(backend: str) -> None:
     zero = base.with_host(_terms(0.0))
     assert zero.step_time(decode) == base.step_time(decode)
     assert zero.gpu_time(prefill) == base.gpu_time(prefill)
+
+
+def _prefill_terms(**values: float) -> HostTerms:
+    return HostTerms(0.0, "0.24", "nvidia", "test", **values)
+
+
+def test_the_launch_floor_holds_up_a_short_prefill_and_leaves_a_long_one_alone() -> None:
+    # 32 layers x 300 us = a 9.6 ms floor under the forward pass of a step
+    # with prefill tokens; the step's host gaps stay on top of it.
+    base = MeasuredStepTimeModel(LLAMA_8B, H100, host=_prefill_terms(step_s=0.5e-3))
+    floored = MeasuredStepTimeModel(LLAMA_8B, H100,
+                                    host=_prefill_terms(step_s=0.5e-3, prefill_launch_per_layer_s=300e-6))
+    tail = BatchShape(15, 1, 1, 0, 0, 15, 2015, 15 * 2000 + 15 * 16 // 2)  # a 15-token tail after a hit
+    assert base.gpu_time(tail) - 0.5e-3 < 9.6e-3           # the kernels alone are faster than the launches
+    assert floored.gpu_time(tail) == pytest.approx(9.6e-3 + 0.5e-3, rel=1e-12)
+    long = BatchShape(8192, 1, 1, 0, 0, 8192, 8192, 8192 * 8193 // 2)
+    assert base.gpu_time(long) - 0.5e-3 > 9.6e-3
+    assert floored.gpu_time(long) == base.gpu_time(long)
+    decode = BatchShape.decode(4, 4 * 100)
+    assert floored.step_time(decode) == base.step_time(decode)
+
+
+def test_prefill_requests_and_tokens_pay_per_request_and_per_computed_token() -> None:
+    base = MeasuredStepTimeModel(LLAMA_8B, H100, host=_prefill_terms())
+    sm = MeasuredStepTimeModel(LLAMA_8B, H100,
+                               host=_prefill_terms(per_prefill_request_s=0.2e-3, per_prefill_token_s=1e-6))
+    # Two prefill chunks (300 + 15 new tokens, the second after a
+    # 2,000-token prefix hit) and five decodes.
+    mixed = BatchShape(320, 7, 6, 5, 5 * 900, 315, 300 + 2015,
+                       300 * 301 // 2 + 15 * 2000 + 15 * 16 // 2)
+    assert sm.gpu_time(mixed) - base.gpu_time(mixed) == pytest.approx(2 * 0.2e-3 + 315 * 1e-6, rel=1e-9)
+    # The tail pays for its 15 computed tokens, not its 2,015-token prompt.
+    tail = BatchShape(15, 1, 1, 0, 0, 15, 2015, 15 * 2000 + 15 * 16 // 2)
+    assert sm.gpu_time(tail) - base.gpu_time(tail) == pytest.approx(0.2e-3 + 15e-6, rel=1e-9)
+
+
+def test_a_file_written_before_the_prefill_terms_still_loads(tmp_path: Path) -> None:
+    data = _terms(1e-4).to_json()
+    for name in ("per_prefill_request_s", "per_prefill_token_s", "prefill_launch_per_layer_s"):
+        del data[name]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    terms = load_host_terms(path)
+    assert terms.prefill_step_per_layer_s == 1e-4
+    new = (terms.per_prefill_request_s, terms.per_prefill_token_s, terms.prefill_launch_per_layer_s)
+    assert new == (0, 0, 0)
+
+
+@pytest.mark.parametrize("hardware", ["h100-sxm", "l40s", "a100-80gb", "mi300x", "ascend-910b"])
+def test_no_pricing_goes_without_host_time(hardware: str) -> None:
+    """Every backend a simulate can pick carries host terms; a device of a
+    class the default was not fitted on says it borrowed them."""
+    for backend in ("auto", "roofline"):
+        sm = build_deployment(EngineOptions(hardware=hardware, step_time_backend=backend)).step_model
+        assert sm.host is not None and sm.host == load_host_terms()
+        text = sm.describe_backend()
+        assert "host terms 0.24/nvidia" in text
+        assert ("borrowed" in text) == hardware.startswith(("mi", "ascend"))
+
+
+def test_a_step_model_without_host_terms_says_so() -> None:
+    from kvsched.perf.host import NO_HOST_TIME
+    from kvsched.perf.step_time import StepTimeModel
+
+    assert "no host terms" in StepTimeModel(LLAMA_8B, H100, host=NO_HOST_TIME).describe_backend()
+    assert "no host terms" in StepTimeModel(LLAMA_8B, H100).describe_backend()

@@ -243,7 +243,7 @@ def test_a_mixed_step_pays_both_attention_latencies_once_per_layer() -> None:
 def test_a_hardware_file_or_an_override_keeps_its_own_efficiencies() -> None:
     own = StepTimeModel(LLAMA8, H100)
     assert own.factors.learned_kinds == frozenset()
-    assert own.describe_backend() == "roofline (efficiencies: hardware efficiencies)"
+    assert own.describe_backend() == "roofline (efficiencies: hardware efficiencies; no host terms)"
     assert own.decode_attn_bw == H100.mem_bw * H100.attn_bw_frac
     learned = StepTimeModel(LLAMA8, get_hardware("h100-sxm"))
     assert "learned from vLLM 0.24.0 kernel tables" in learned.describe_backend()

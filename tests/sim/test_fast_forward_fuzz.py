@@ -6,10 +6,11 @@ async scheduling (vLLM's async engine loop), scheduler and
 cache settings (chunking, threshold, budgets, ``max_num_seqs``, prefix
 caching, KV pressure that preempts, priority), a workload (random with or
 without a shared prefix, or a trace with its own arrival times and shared
-hash blocks; open-loop or ``--max-concurrency``) and an EOS probability, and
-runs it twice: stepping one by one and with fast-forward. Every request's
-send, token times and finish, every rank's step log, the metrics, the
-routing and the final KV cache must be identical.
+hash blocks; open-loop or ``--max-concurrency``; a client timeout a third
+of the time, which aborts requests wherever they are) and an EOS
+probability, and runs it twice: stepping one by one and with fast-forward.
+Every request's send, token times and finish (or failure), every rank's
+step log, the metrics, the routing and the final KV cache must be identical.
 
 CI runs ``KVSCHED_FUZZ_EXAMPLES`` examples (default 150); the closing note of
 issue 9 reports a run of 2,000.
@@ -85,14 +86,23 @@ def trace_workloads(draw: st.DrawFn, max_concurrency: int | None) -> Workload:
 def workloads(draw: st.DrawFn) -> Workload:
     max_concurrency = draw(st.one_of(st.none(), st.integers(1, 8)))
     if draw(st.booleans()):
-        return draw(trace_workloads(max_concurrency))
-    return random_workload(
-        num_prompts=draw(st.integers(1, 30)), input_len=draw(st.integers(4, 300)),
-        output_len=draw(st.integers(1, 120)), range_ratio=draw(st.sampled_from([0.0, 0.5, 0.7])),
-        prefix_len=draw(st.sampled_from([0, 0, 16, 40])),
-        request_rate=draw(st.sampled_from([math.inf, 5.0, 40.0, 200.0])),
-        burstiness=draw(st.sampled_from([1.0, 0.5, 3.0])), max_concurrency=max_concurrency,
-        seed=draw(st.integers(0, 1000)))
+        workload = draw(trace_workloads(max_concurrency))
+    else:
+        workload = random_workload(
+            num_prompts=draw(st.integers(1, 30)), input_len=draw(st.integers(4, 300)),
+            output_len=draw(st.integers(1, 120)), range_ratio=draw(st.sampled_from([0.0, 0.5, 0.7])),
+            prefix_len=draw(st.sampled_from([0, 0, 16, 40])),
+            request_rate=draw(st.sampled_from([math.inf, 5.0, 40.0, 200.0])),
+            burstiness=draw(st.sampled_from([1.0, 0.5, 3.0])), max_concurrency=max_concurrency,
+            seed=draw(st.integers(0, 1000)))
+    # A client timeout, a third of the time: from one that fails requests
+    # still on their way to the engine (the host terms' arrival delay is 2 ms
+    # and up) through ones that abort them queued, mid-prefill or decoding, to
+    # one that rarely fires. Each deadline must stop a stretch as a step does.
+    if draw(st.integers(0, 2)) == 0:
+        timeout = draw(st.sampled_from([0.001, 0.004, 0.02, 0.05, 0.15, 0.4, 1.0, 3.0]))
+        workload = dataclasses.replace(workload, request_timeout=timeout)
+    return workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,3 +295,25 @@ def test_the_fuzzer_reaches_fast_forward() -> None:
         assert jumped == stepped, ("offload", kind, config.async_scheduling)
         # The CPU cache was used: chunks are stored.
         assert stepped["kv"][-1][0] if kind == "single" else stepped["kv"][0][-1][0]
+
+
+def test_the_fuzzer_reaches_timeouts() -> None:
+    # Fixed configs of each kind where the client's timeout fails some
+    # requests mid-decode and others finish, and the runs still jump: each
+    # deadline stops a stretch exactly where stepping takes the abort.
+    wl = random_workload(num_prompts=12, input_len=100, output_len=80, range_ratio=0.5, request_rate=50.0,
+                         seed=1)
+    sched = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16, max_model_len=1024)
+    cache = CacheConfig(num_gpu_blocks=400, block_size=16)
+    for async_scheduling in (False, True):
+        config = dataclasses.replace(sched, async_scheduling=async_scheduling)
+        for kind, size, timeout in (("single", 1, 0.4), ("dense-dp", 3, 0.4), ("lockstep", 2, 0.5)):
+            case = Case(kind, size, "round-robin", "none", 1, config, cache, 0.0, 0,
+                        dataclasses.replace(wl, request_timeout=timeout))
+            stepped, _ = run_case(case, fast_forward=False)
+            jumped, jumps = run_case(case, fast_forward=True)
+            assert jumped == stepped, (kind, async_scheduling)
+            result = stepped["result"] if kind == "single" else stepped["combined"]
+            failed = result["metrics"]["failed"]
+            assert jumps > 0 and 0 < failed < 12, (kind, async_scheduling, jumps, failed)
+            assert result["metrics"]["failed_reasons"] == {"timeout": failed}

@@ -69,7 +69,9 @@ def offload_config(num_speculative_tokens: int | None, dp: int = 1) -> SimConfig
     d = build_deployment(EngineOptions(model=MODEL, hardware="h100-sxm", step_time_backend="roofline",
                                        max_model_len=496, num_gpu_blocks_override=32, kv_offloading_size=1.0,
                                        async_scheduling=False, speculative_config=spec,
-                                       data_parallel_size=dp))
+                                       data_parallel_size=dp, calibration="none"))
+    # Kernel time only ("none"): a request reaches the engine at its send,
+    # so the livelock's moment is its arrival's.
     return SimConfig(d.scheduler_config, d.cache_config, d.step_model, offload=d.offload,
                      speculative=d.speculative)
 

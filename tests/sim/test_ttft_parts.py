@@ -111,9 +111,15 @@ def test_host_terms_make_the_arrival_part() -> None:
 
 
 def test_a_lone_request_has_no_queue_and_prefills_in_one_step() -> None:
-    parts, records, _ = colocated(prompts=1)
+    # Kernel time only (no arrival delay): the whole TTFT is the prefill.
+    parts, records, _ = colocated("--calibration", "none", prompts=1)
     assert parts["queue"].tolist() == [0.0] and parts["arrival"].tolist() == [0.0]
     assert parts["prefill"].tolist() == ttfts(records).tolist()
+    # With the default host terms the roofline's request spends its arrival
+    # delay (API server, tokenisation) before the prefill, and still no queue.
+    parts, records, _ = colocated(prompts=1)
+    assert parts["queue"].tolist() == [0.0] and parts["arrival"][0] > 0
+    assert parts["arrival"][0] + parts["prefill"][0] == pytest.approx(ttfts(records)[0], rel=1e-12)
 
 
 def doc_workload() -> Workload:

@@ -7,6 +7,11 @@ kvsched.commands.simulate and kvsched.sim.deployment bound the flags.
 
 from __future__ import annotations
 
+import math
+
+from kvsched.errors import UserInputError
+from kvsched.jsonfile import show
+
 # Token counts of one request (prompt, output, random lengths): 2**40 (about
 # 1.1e12). Far above any context window (the longest are ~1e7 tokens), so a
 # long row is still a *request* the server refuses against max_model_len, as
@@ -50,3 +55,15 @@ def is_int(value: object) -> bool:
 
 def is_real(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_request_timeout(value: object) -> None:
+    """The client's per-request timeout (``--request-timeout``): None (no
+    timeout) or a finite number of seconds > 0. The one check of it, for the
+    flag, the run spec and :class:`~kvsched.sim.workload.Workload`."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not (isinstance(value, int | float) and 0 < value < math.inf):
+        raise UserInputError(f"--request-timeout={show(value)}: must be a finite number of seconds > 0 "
+                             "(how long the client waits for a complete response before it gives up "
+                             "and the server aborts the request); leave it out for no timeout")

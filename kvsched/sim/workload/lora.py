@@ -78,7 +78,7 @@ def assign_loras(workload: Workload, adapter_ids: Sequence[int], share: float, a
         elif share >= 1.0 or rng.random() < share:
             lid = rng.choices(ids, cum_weights=cum)[0] if cum is not None else rng.choice(ids)
         out.append(WorkloadRequest(r.request_id, r.arrival_time, r.prompt_runs, r.output_len, lid))
-    return Workload(workload.name, tuple(out), workload.max_concurrency)
+    return workload.with_requests(tuple(out))
 
 
 def adapter_ids_by_name(names: Sequence[str], adapters: Sequence[str]) -> tuple[int, ...]:

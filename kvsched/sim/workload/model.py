@@ -17,7 +17,13 @@ from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.request import Request, SamplingParams, TokenRuns
 from kvsched.sim.workload.arrivals import arrival_times_of_rate
-from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, is_int, is_real
+from kvsched.sim.workload.limits import (
+    MAX_ARRIVAL_TIME,
+    MAX_REQUEST_TOKENS,
+    check_request_timeout,
+    is_int,
+    is_real,
+)
 from kvsched.sim.workload.tokens import RANDOM_PREFIX_TOKEN, UNIQUE_TOKEN_BASE, PromptRuns
 
 
@@ -263,13 +269,17 @@ class RandomRequests(Sequence[WorkloadRequest]):
 @dataclass(slots=True, frozen=True)
 class Workload:
     """Requests sorted by arrival time (stable: equal times keep their order),
-    plus the client-side concurrency limit of ``vllm bench serve
-    --max-concurrency`` (``None``: unlimited). ``requests`` is a tuple, or
-    for the random dataset a :class:`RandomRequests` built on demand."""
+    plus the client's settings: the concurrency limit of ``vllm bench serve
+    --max-concurrency`` (``None``: unlimited) and the seconds it waits for a
+    complete response before it gives up on a request (``request_timeout``,
+    kvsched's ``--request-timeout``; ``None``: for ever). ``requests`` is a
+    tuple, or for the random dataset a :class:`RandomRequests` built on
+    demand."""
 
     name: str
     requests: Sequence[WorkloadRequest]
     max_concurrency: int | None = None
+    request_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -278,6 +288,7 @@ class Workload:
         if mc is not None and (not is_int(mc) or mc < 1):
             raise UserInputError(f"Workload {self.name}: max_concurrency={mc!r} must be None or an "
                                  f"integer >= 1")
+        check_request_timeout(self.request_timeout)
         if isinstance(self.requests, RandomRequests):
             if not len(self.requests):
                 raise UserInputError(f"Workload {self.name}: requests is empty; a workload needs a request")
@@ -345,11 +356,11 @@ class Workload:
                              f"{last:.4g} s, beyond the simulator's time span of {MAX_ARRIVAL_TIME:.0e} s; "
                              f"use a time scale <= {MAX_ARRIVAL_TIME / self.last_arrival_time:.4g}")
         if isinstance(self.requests, RandomRequests):
-            return Workload(self.name, self.requests.scaled(time_scale), self.max_concurrency)
+            return self.with_requests(self.requests.scaled(time_scale))
         requests = tuple(
             WorkloadRequest(r.request_id, r.arrival_time * time_scale, r.prompt_runs, r.output_len, r.lora_id)
             for r in self.requests)
-        return Workload(self.name, requests, self.max_concurrency)
+        return self.with_requests(requests)
 
     def truncated(self, num_requests: int | None = None, duration: float | None = None) -> Workload:
         """The first ``num_requests`` requests and/or those arriving before
@@ -371,7 +382,11 @@ class Workload:
                 raise UserInputError(f"Workload {self.name}: no request arrives before "
                                      f"duration={duration!r} s "
                                  f"(the first arrives at {self.requests[0].arrival_time} s)")
-        return Workload(self.name, requests, self.max_concurrency)
+        return self.with_requests(requests)
+
+    def with_requests(self, requests: Sequence[WorkloadRequest]) -> Workload:
+        """Other requests, sent by the same client (its concurrency limit and timeout)."""
+        return Workload(self.name, requests, self.max_concurrency, self.request_timeout)
 
 
 def repaced(workload: Workload, request_rate: float, burstiness: float, seed: int) -> Workload:
@@ -391,7 +406,7 @@ def repaced(workload: Workload, request_rate: float, burstiness: float, seed: in
         r = workload.requests
         lo, hi = r.start, r.stop
         columns = RandomRequests(array("d", times), r.input_lens[lo:hi], r.output_lens[lo:hi], r.prefix_len)
-        return Workload(workload.name, columns, workload.max_concurrency)
+        return workload.with_requests(columns)
     requests = tuple(WorkloadRequest(r.request_id, t, r.prompt_runs, r.output_len)
                      for r, t in zip(workload.requests, times))
-    return Workload(workload.name, requests, workload.max_concurrency)
+    return workload.with_requests(requests)
