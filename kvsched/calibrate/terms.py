@@ -24,7 +24,7 @@ TERM_UNITS: Mapping[str, tuple[str, float]] = {
 TERM_SCALES: Mapping[str, float] = {
     "prefill_step_per_layer_s": 1e-4, "step_s": 1e-4, "per_sampled_request_s": 2e-6,
     "dp_sync_s": 1e-4, "arrival_s": 1e-3, "per_prompt_token_s": 1e-6,
-    "per_prefill_request_s": 1e-4, "per_prefill_token_s": 1e-6, "prefill_launch_per_layer_s": 5e-5}
+    "per_prefill_request_s": 3e-4, "per_prefill_token_s": 1e-6, "prefill_launch_per_layer_s": 5e-5}
 # What a term means, one line each, for the summary.
 TERM_MEANING: Mapping[str, str] = {
     "prefill_step_per_layer_s": "per model layer, per step with prefill tokens",
@@ -40,13 +40,15 @@ TERM_MEANING: Mapping[str, str] = {
 
 # The terms a fit takes when --fit does not name them: those the default
 # file's selection kept (benchmarks/fit_host_terms.py chose them by
-# cross-validation across GPUs and vLLM versions, docs/validation.md), and
-# dp_sync_s with data parallelism. The others stay as the start has them:
+# cross-validation across GPUs and vLLM versions, docs/validation.md; its
+# launch floor fitted 0 and binds on no step of those runs, so a fit could
+# not place it), and dp_sync_s with data parallelism. The others stay as the
+# start has them:
 # on runs without prefix-cache hits several prefill terms are nearly
 # collinear (one prefill per step charges a request, its tokens and a
 # per-layer term alike), so fitting them all at once is ill-posed.
-DEFAULT_FIT = ("prefill_step_per_layer_s", "step_s", "per_sampled_request_s", "dp_sync_s", "arrival_s",
-               "per_prompt_token_s")
+DEFAULT_FIT = ("step_s", "per_sampled_request_s", "dp_sync_s", "arrival_s", "per_prompt_token_s",
+               "per_prefill_request_s")
 
 
 def typical_start(data_parallel_size: int) -> HostTerms:

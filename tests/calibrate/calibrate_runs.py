@@ -11,9 +11,9 @@ from kvsched.perf.host import HostTerms, save_host_terms
 MODEL = "meta-llama/Llama-3.1-8B"
 ENGINE = ["--model", MODEL, "--hardware", "h100-sxm"]
 # The synthetic ground truth, and a start far from it (each term 2-5x off).
-TRUTH = {"prefill_step_per_layer_s": 0.3e-3, "step_s": 0.5e-3, "per_sampled_request_s": 20e-6,
+TRUTH = {"per_prefill_request_s": 3e-3, "step_s": 0.5e-3, "per_sampled_request_s": 20e-6,
          "dp_sync_s": 0.0, "arrival_s": 4e-3, "per_prompt_token_s": 2e-6}
-START = {"prefill_step_per_layer_s": 0.6e-3, "step_s": 0.1e-3, "per_sampled_request_s": 5e-6,
+START = {"per_prefill_request_s": 6e-3, "step_s": 0.1e-3, "per_sampled_request_s": 5e-6,
          "dp_sync_s": 0.0, "arrival_s": 15e-3, "per_prompt_token_s": 8e-6}
 # Mixed lengths (input 80-1520, output 3-61) so prompt-length terms show.
 WORKLOAD = ["--num-prompts", "120", "--random-input-len", "800", "--random-output-len", "32",
@@ -21,8 +21,9 @@ WORKLOAD = ["--num-prompts", "120", "--random-input-len", "800", "--random-outpu
 
 
 def terms_file(path: Path, values: dict[str, float], note: str) -> Path:
+    # The per-layer charge of the 2026-11-26 form stays 0 unless named.
     save_host_terms(HostTerms(vllm_version="test", hardware_class="h100-sxm", provenance=note,
-                              **values), path)
+                              **{"prefill_step_per_layer_s": 0.0, **values}), path)
     return path
 
 

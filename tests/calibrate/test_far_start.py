@@ -22,9 +22,9 @@ from test_any_backend import BACKENDS, DATA, TERMS_FITTED, Backend
 from kvsched.cli import main
 from kvsched.perf.host import load_host_terms
 
-# CPU-sized terms (seconds): the step term 60x, the per-layer one 3x and the
+# CPU-sized terms (seconds): the step term 60x, the per-prefill-request one 11x and the
 # per-request ones 4-10x the default start.
-FAR = {"prefill_step_per_layer_s": 0.3e-3, "step_s": 6e-3, "per_sampled_request_s": 20e-6,
+FAR = {"per_prefill_request_s": 3e-3, "step_s": 6e-3, "per_sampled_request_s": 20e-6,
        "dp_sync_s": 0.0, "arrival_s": 4e-3, "per_prompt_token_s": 2e-6}
 
 

@@ -19,7 +19,7 @@ from kvsched.perf.host import HostTerms, load_host_terms
 from kvsched.sim.deployment import EngineOptions, build_deployment
 
 
-def assert_recovered(fitted: HostTerms, names: tuple[str, ...] = ("prefill_step_per_layer_s", "step_s",
+def assert_recovered(fitted: HostTerms, names: tuple[str, ...] = ("per_prefill_request_s", "step_s",
                      "per_sampled_request_s", "arrival_s", "per_prompt_token_s")) -> None:
     for name in names:
         value, truth = getattr(fitted, name), TRUTH[name]

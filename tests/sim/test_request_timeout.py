@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
@@ -297,7 +298,10 @@ def _comparable(result: SimResult) -> dict[str, object]:
 
 PD = ["--model", "meta-llama/Llama-3.1-8B", "--hardware", "h100-sxm", "--step-time-backend", "roofline",
       "--num-prompts", "40", "--request-rate", "20", "--random-input-len", "3000",
-      "--random-output-len", "200", "--random-range-ratio", "0.9", "--seed", "5"]
+      "--random-output-len", "200", "--random-range-ratio", "0.9", "--seed", "5",
+      # The host terms the timeouts below were sized with (to reach each
+      # state), pinned: a refit of the default terms must not move them.
+      "--calibration", str(Path(__file__).parents[1] / "data" / "host_terms" / "pinned_2026-11-26.json")]
 
 
 @pytest.mark.parametrize("extra, timeout, states", [

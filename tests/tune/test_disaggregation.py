@@ -342,8 +342,11 @@ def test_router_needs_disaggregation(capsys: pytest.CaptureFixture[str]) -> None
 # GPU cache of 400 blocks holds about two documents, so a revisit misses the
 # GPU cache and hits a 2 GiB CPU cache.
 DOCS, VISITS, GAP_MS = 6, 4, 150
+# The host terms the scenario was designed with, pinned: a refit of the
+# default terms must not move which shapes win.
+PINNED_HOST = str(Path(__file__).parents[1] / "data" / "host_terms" / "pinned_2026-11-26.json")
 OFFLOAD_BASE = ["--model", MODEL, "--dataset-name", "mooncake", "--num-gpu-blocks-override", "400",
-                "--max-model-len", "4096"]
+                "--max-model-len", "4096", "--calibration", PINNED_HOST]
 
 
 def _doc_trace(tmp_path: Path) -> str:

@@ -32,6 +32,9 @@ MODEL = "meta-llama/Llama-3.1-8B"
 WORKLOAD = ["--num-prompts", "40", "--random-input-len", "256", "--random-output-len", "24",
             "--random-range-ratio", "0.5"]
 SPACE = SearchSpace(("h100-sxm",), (1, 2), (1,), max_num_seqs=(None, 4))
+# The host terms the scenario was designed with, pinned: a refit of the
+# default terms must not move which deployments meet the SLO.
+PINNED_HOST = str(Path(__file__).parents[1] / "data" / "host_terms" / "pinned_2026-11-26.json")
 QUESTION = Question(["h100-sxm"], 2, "40 random prompts (256 in / 24 out, range ratio 0.5, seed 0)",
                     "12 req/s (--request-rate)", 4)
 
@@ -52,7 +55,7 @@ SIM = _sim_report_tests()
 def tune(ttft_ms: float, early_stop: bool) -> tuple[Problem, TuneResult]:
     """A real search: four Llama-3.1-8B deployments at 12 req/s. At ttft:80
     TP1 with max_num_seqs 4 misses (p99 TTFT ~98 ms), the other three meet it."""
-    problem = Problem(MODEL, parse_spec(["--model", MODEL, *WORKLOAD]),
+    problem = Problem(MODEL, parse_spec(["--model", MODEL, "--calibration", PINNED_HOST, *WORKLOAD]),
                       Slo((("ttft", ttft_ms), ("tpot", 30.0)), "99"), "goodput-per-gpu", {},
                       is_random=True, base_rate=4.0, early_stop=early_stop)
     candidates = sorted(SPACE.candidates(2, False), key=lambda c: c.order_key())
@@ -279,7 +282,8 @@ def test_renders_in_headless_chromium(tmp_path: Path, full: tuple[Problem, TuneR
 
 BASE = ["tune", "--model", MODEL, "--hardware", "h100-sxm", "--max-gpus", "2", "--tp", "1", "2", "--dp", "1",
         "--max-num-seqs", "default", "4", "--max-num-batched-tokens", "default", *WORKLOAD,
-        "--target-rate", "12", "--slo", "ttft:80", "tpot:30", "--workers", "1", "--no-cache", "--no-progress"]
+        "--target-rate", "12", "--slo", "ttft:80", "tpot:30", "--workers", "1", "--no-cache", "--no-progress",
+        "--calibration", PINNED_HOST]
 
 
 def test_cli_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
