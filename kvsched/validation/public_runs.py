@@ -41,7 +41,6 @@ its shared start.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import shlex
@@ -50,12 +49,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvsched.perf.hardware import get_hardware
-from kvsched.sim.deployment import Deployment, EngineOptions, build_deployment, serve_defaults
+from kvsched.sim.deployment import Deployment, EngineOptions, serve_defaults
 from kvsched.sim.pricing import pricing_of
 from kvsched.sim.rank import SimResult
 from kvsched.sim.run import accept, serve, sim_config
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.sim.workload import Workload, random_workload
+from kvsched.validation.silicon import deployment_within_context
 from kvsched.validation.silicon_rows import Refusal, SiliconRow
 
 # --------------------------------------------------------------------------
@@ -563,18 +563,13 @@ def build_run_deployment(mapped: MappedRun,
     would refuse to start without ``--max-model-len``; the source's server did
     start, so the run's longest request is used as ``max_model_len`` then,
     with a note (the KV capacity stays kvsched's)."""
-    options = dataclasses.replace(mapped.options, step_time_backend=backend)
-    try:
-        return build_deployment(options), ()
-    except ValueError as err:
-        if not str(err).startswith("max_model_len="):
-            return Refusal(f"deployment refused ({backend})", str(err))
-        first = str(err)
     longest = mapped.run.prompt_tokens + mapped.run.output_len
-    try:
-        deployment = build_deployment(dataclasses.replace(options, max_model_len=longest))
-    except ValueError as err:
-        return Refusal(f"deployment refused ({backend})", str(err))
+    built = deployment_within_context(mapped.options, backend, longest)
+    if isinstance(built, Refusal):
+        return built
+    deployment, first = built
+    if first is None:
+        return deployment, ()
     return deployment, (f"max_model_len {longest} (the longest request): kvsched's KV cache cannot hold the "
                         f"model's context ({first.split(';')[0]}), though the real server started",)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvsched.errors import UserInputError
-from kvsched.sim.deployment import Deployment, build_deployment
+from kvsched.sim.deployment import Deployment, EngineOptions, build_deployment
 from kvsched.sim.pricing import pricing_of
 from kvsched.sim.rank import SimResult
 from kvsched.sim.run import accept, serve, sim_config
@@ -60,19 +60,35 @@ def build_run_deployment(run: ServingRun, backend: str) -> tuple[Deployment, tup
     KV cache cannot hold that, vLLM refuses to start unless ``--max-model-len``
     is given, and the scripts' value is not recorded: the longest request the
     run sends (ISL + OSL) is used then, with a note."""
-    options = dataclasses.replace(run.options, step_time_backend=backend)
+    built = deployment_within_context(run.options, backend, run.row.isl + run.row.osl)
+    if isinstance(built, Refusal):
+        return built
+    deployment, refused = built
+    if refused is None:
+        return deployment, ()
+    return deployment, (f"max_model_len {deployment.scheduler_config.max_model_len} (ISL + OSL): the KV "
+                        "cache cannot hold the model's full context",)
+
+
+def deployment_within_context(options: EngineOptions, backend: str, longest: int
+                              ) -> tuple[Deployment, str | None] | Refusal:
+    """``options`` priced by ``backend``; where kvsched's KV cache cannot hold
+    the model's full context (vllm serve then refuses to start without
+    ``--max-model-len``, whose value a recorded run may not state), the run's
+    longest request (``longest`` tokens) as ``max_model_len``, with the
+    first refusal's text; kvsched's refusal otherwise. The one owner of that
+    rule for every judged set of real runs."""
+    options = dataclasses.replace(options, step_time_backend=backend)
     try:
-        return build_deployment(options), ()
+        return build_deployment(options), None
     except ValueError as err:
         if not str(err).startswith("max_model_len="):
             return Refusal(f"deployment refused ({backend})", str(err))
-    longest = run.row.isl + run.row.osl
+        first = str(err)
     try:
-        deployment = build_deployment(dataclasses.replace(options, max_model_len=longest))
+        return build_deployment(dataclasses.replace(options, max_model_len=longest)), first
     except ValueError as err:
         return Refusal(f"deployment refused ({backend})", str(err))
-    return deployment, (f"max_model_len {longest} (ISL + OSL): the KV cache cannot hold the model's "
-                        "full context",)
 
 
 def _serve(deployment: Deployment, workload: Workload) -> SimResult:
