@@ -244,12 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="do not write the default file")
     ap.add_argument("--workers", type=int, default=2, help="processes simulating rows (default 2)")
-    ap.add_argument("--stride", type=int, default=8,
-                    help="refit the selected terms on every N-th training row of each GPU (default 8; "
+    ap.add_argument("--stride", type=int, default=4,
+                    help="refit the selected terms on every N-th training row of each GPU (default 4; "
                          "equal to --select-stride, the refit reuses the folds' simulations)")
-    ap.add_argument("--select-stride", type=int, default=8,
+    ap.add_argument("--select-stride", type=int, default=4,
                     help="fit and judge the folds of the selection on every N-th row of each "
-                         "GPU (default 8)")
+                         "GPU (default 4)")
     ap.add_argument("--max-output-tokens", type=float, default=1e6,
                     help="select and fit on the training rows whose counted requests ask for at most "
                          "this many output tokens (default 1e6; 0: every row)")

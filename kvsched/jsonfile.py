@@ -33,6 +33,17 @@ def show(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + f"...({len(text)} characters)"
 
 
+def field_mismatch(data: dict[str, Any], expected: set[str] | frozenset[str],
+                   optional: set[str] | frozenset[str] = frozenset()) -> str:
+    """What an object's keys get wrong against the fields a record takes
+    (``"missing a, b; unknown c"``), or ``""`` when nothing: one wording for
+    every file reader that checks a record's keys."""
+    missing = sorted(expected - data.keys() - optional)
+    unknown = sorted(data.keys() - expected)
+    return "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                       f"unknown {', '.join(unknown)}" if unknown else "") if part)
+
+
 def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``object_pairs_hook`` refusing a repeated key."""
     obj = dict(pairs)

@@ -12,7 +12,10 @@ platform's 128-token blocks, vLLM's CPU platform's synchronous engine
 loop), priced by:
 
 - ``profiled``: the architecture's step profile (``../profiles/``), host
-  terms none (kvsched's own CPU time per step);
+  terms those the profile measured of the serving path (none for a profile
+  taken before it measured them: kvsched's own CPU time per step only);
+- ``profiled-noserve``: the same profile without its serving-path terms
+  (``profiles/noserve/``: the pricing before issue 34);
 - ``profiled+cal``: the same with host terms ``kvsched calibrate`` fitted on
   the two noise-floor repeats of ``llama-base/poisson1`` (which are then
   not judged);
@@ -72,7 +75,7 @@ from kvsched.calibrate.run_files import parse_bench
 from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel
 from kvsched.perf.profiled import ProfiledStepTimeModel
-from kvsched.perf.step_profile import save_profile
+from kvsched.perf.step_profile import load_profile, save_profile
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.run import build_group_deployment, serve, sim_config
 from kvsched.sim.simulator import SimResult
@@ -158,6 +161,8 @@ def engine_options(matrix: Matrix, config: rm.ServerConfig, server: dict[str, An
                              calibration=str(cal_path) if pricing == "roofline+cal" else None)
     if pricing == "profiled-earlier":
         profile = EARLIER_PROFILE
+    elif pricing == "profiled-noserve":
+        profile = noserve_profile(matrix, config.model)
     elif pricing.endswith("+anchor"):
         profile = anchored_profile(matrix, config, server, EngineOptions(
             **common, step_time_backend="profiled", step_time_profile=str(matrix.profile(config.model))))
@@ -166,6 +171,19 @@ def engine_options(matrix: Matrix, config: rm.ServerConfig, server: dict[str, An
     cal = matrix.calibration("profiled")
     return EngineOptions(**common, step_time_backend="profiled", step_time_profile=str(profile),
                          calibration=str(cal) if pricing.startswith("profiled+cal") else None)
+
+
+def noserve_profile(matrix: Matrix, arch: str) -> Path:
+    """The architecture's profile without its serving-path measurement (the
+    profiled backend's pricing before issue 34), written once under
+    ``profiles/noserve/``."""
+    out = matrix.results / "profiles" / "noserve" / f"{arch}.json"
+    if not out.exists():
+        prof = load_profile(matrix.profile(arch))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_profile(dataclasses.replace(prof, serving=None, requests=[],
+                                         notes=[*prof.notes, "serving path dropped (judge_matrix.py)"]), out)
+    return out
 
 
 def replayed(options: EngineOptions, data: dict[str, Any], workload: Workload,

@@ -48,7 +48,7 @@ TERM_MEANING: Mapping[str, str] = {
 # collinear (one prefill per step charges a request, its tokens and a
 # per-layer term alike), so fitting them all at once is ill-posed.
 DEFAULT_FIT = ("step_s", "per_sampled_request_s", "dp_sync_s", "arrival_s", "per_prompt_token_s",
-               "per_prefill_request_s")
+               "per_prefill_request_s", "per_prefill_token_s")
 
 
 def typical_start(data_parallel_size: int) -> HostTerms:

@@ -15,7 +15,7 @@ from kvsched.calibrate.reanchor import measure_drift, read_iteration_log, reanch
 from kvsched.calibrate.replay import check_run, workload_of
 from kvsched.calibrate.report import format_report, provenance
 from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
-from kvsched.calibrate.terms import format_term, parse_fit_names, typical_start
+from kvsched.calibrate.terms import DEFAULT_FIT, format_term, parse_fit_names, typical_start
 from kvsched.commands.simulate import check_output_path
 from kvsched.errors import UserInputError
 from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, load_host_terms, save_host_terms
@@ -56,7 +56,8 @@ def add_calibrate_parser(sub: Any) -> None:
                    help="a run of the same deployment (either format) only to judge the fit on "
                         "(repeatable)")
     g.add_argument("--fit", metavar="TERMS",
-                   help=f"comma-separated terms to fit (default: all of {', '.join(TERMS)}; dp_sync_s "
+                   help=f"comma-separated terms to fit, of {', '.join(TERMS)} (default: "
+                        f"{', '.join(DEFAULT_FIT)}; dp_sync_s "
                         "only with --data-parallel-size > 1); the others keep their start values")
     g.add_argument("--output", "-o", default=DEFAULT_OUTPUT, metavar="FILE.json",
                    help="where to write the fitted terms (default: %(default)s)")
@@ -89,11 +90,14 @@ def add_calibrate_parser(sub: Any) -> None:
 
 def start_terms(path: str | None, deployment: Deployment) -> tuple[HostTerms, str]:
     """The fit's start values and how to name them: ``--calibration FILE``,
-    else the backend's own terms (the measured backend's fitted file), else
-    (the roofline, the profiled backend: none) each term's typical size."""
+    else the backend's own terms (the measured backend's fitted file, the
+    serving path a step profile measured), else (none) each term's typical
+    size."""
     if path:
         return load_host_terms(path), path
     own = deployment.step_model.host
+    if isinstance(deployment.step_model, ProfiledStepTimeModel) and own is not None:
+        return own, "the serving path the step profile measured"
     if own is not None:
         return own, f"the default {DEFAULT_FILE.name}"
     return typical_start(deployment.parallel.data_parallel_size), "typical sizes (the backend has none)"

@@ -36,9 +36,11 @@ def add_profile_parser(sub: Any) -> None:
         description="Start your vLLM server (from the Python you name; kvsched never imports vLLM), "
                     "drive a designed set of batches over HTTP (prefill chunks of several sizes and "
                     "contexts, decode batches of several sizes and contexts, mixed steps), read each "
-                    "step's batch and time from vLLM's iteration log, and write a step profile for "
-                    "simulate --step-time-profile. KV cache size on CPU: VLLM_CPU_KVCACHE_SPACE (GiB) "
-                    "in the environment, as vLLM reads it. A few minutes for a small model.")
+                    "step's batch and time from vLLM's iteration log, stream every request to time "
+                    "the serving path around the steps (per step, per streamed token, per request's "
+                    "arrival), and write a step profile for simulate --step-time-profile. KV cache "
+                    "size on CPU: VLLM_CPU_KVCACHE_SPACE (GiB) in the environment, as vLLM reads it. A "
+                    "few minutes for a small model.")
     p.add_argument("--vllm-python", required=True, metavar="PATH",
                    help="the python of the environment vLLM is installed in (e.g. venv/bin/python)")
     p.add_argument("--model", required=True, metavar="DIR_OR_NAME",
@@ -89,6 +91,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
           f"in {outcome.wall_s:.0f} s: {len(prof.steps)} steps ({warm} warm-up, not fitted)")
     print("fit: " + fit.describe())
     print("terms: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.terms.items()))
+    if outcome.serving is not None:
+        # The simulate line below prices its host time with these.
+        print(outcome.serving.describe())
+    else:
+        print("serving path: not fitted (see the notes); simulate prices no host time unless given "
+              "--calibration")
     for note in prof.notes:
         print("note: " + note)
     sim = ["kvsched", "simulate", "--model", str(prof.model["path"]), "--step-time-profile", args.output]

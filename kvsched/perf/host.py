@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
-from kvsched.jsonfile import read_json_file
+from kvsched.jsonfile import field_mismatch, read_json_file
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 # The fitted file the measured backend uses by default (vLLM 0.24 tables,
@@ -171,13 +171,9 @@ def load_host_terms(path: str | Path = DEFAULT_FILE) -> HostTerms:
     if not isinstance(data, dict):
         raise UserInputError(f"calibration file {str(p)!r}: expected a JSON object of host terms")
     expected = {"vllm_version", "hardware_class", "provenance", *TERMS}
-    missing = sorted(expected - data.keys() - OPTIONAL_TERMS)
-    unknown = sorted(data.keys() - expected)
-    if missing or unknown:
-        raise UserInputError(f"calibration file {str(p)!r}: " + "; ".join(
-            part for part in (f"missing {', '.join(missing)}" if missing else "",
-                              f"unknown {', '.join(unknown)}" if unknown else "") if part)
-            + f" (fields: {', '.join(sorted(expected))})")
+    if mismatch := field_mismatch(data, expected, OPTIONAL_TERMS):
+        raise UserInputError(f"calibration file {str(p)!r}: {mismatch} "
+                             f"(fields: {', '.join(sorted(expected))})")
     for key in ("vllm_version", "hardware_class", "provenance"):
         if not isinstance(data[key], str):
             raise UserInputError(f"calibration file {str(p)!r}: {key}={data[key]!r} must be a string")

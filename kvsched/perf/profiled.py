@@ -8,9 +8,14 @@ learned from the steps a real vLLM ran on the user's machine. What vLLM's
 iteration time leaves out (scheduling and output processing: its clock
 starts after the step is scheduled and stops before the output is
 processed) stays the host time of :class:`~kvsched.perf.step_time.RuntimeConfig`
-and combines with it as for every backend (:func:`combine_step_time`). Host
-terms (:mod:`kvsched.perf.host`) are none unless ``--calibration FILE``
-gives them (``kvsched calibrate`` fits them for this backend too).
+and combines with it as for every backend (:func:`combine_step_time`). The
+rest of the serving path (the gap between steps beyond that CPU time, per
+step and per streamed token, and the delay from a request's send to the
+scheduler) is priced by host terms (:mod:`kvsched.perf.host`): by default
+those the profile measured from its own streamed requests
+(:mod:`kvsched.perf.serving_fit`; none for a profile written before it
+measured them); ``--calibration FILE`` replaces them (``kvsched calibrate``
+fits them for this backend too). ``describe_backend`` says which.
 
 A step larger than any the profile holds (more tokens, requests, prefill
 attention pairs or decode KV) is priced by extrapolating the fit, and
@@ -27,6 +32,7 @@ from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import HostTerms
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.profile_fit import TERMS, ProfileFit, fit_steps
+from kvsched.perf.serving_fit import ServingFit
 from kvsched.perf.step_profile import MODEL_FIELDS, StepProfile, serve_flag
 from kvsched.perf.step_time import (
     FP32_DTYPES,
@@ -83,6 +89,18 @@ def check_profile_matches(profile: StepProfile, model: ModelSpec, parallel: Para
                              f"{runtime.kv_cache_dtype}; give the profiled --kv-cache-dtype")
 
 
+def profile_host_terms(profile: StepProfile, serving: ServingFit, runtime: RuntimeConfig) -> HostTerms:
+    """The host terms of the serving path ``profile`` measured, beside the
+    simulation's own CPU time per step (``runtime``'s)."""
+    return serving.host_terms(str(profile.vllm.get("version", "?")), str(profile.hardware.get("name", "?")),
+                              profile.path or "step profile", runtime.cpu_step_s, runtime.cpu_per_request_s)
+
+
+def _terms_text(h: HostTerms) -> str:
+    return (f"{1e3 * h.step_s:.2f} ms a step + {1e3 * h.per_sampled_request_s:.3f} ms a sampled request, "
+            f"arrival {1e3 * h.arrival_s:.2f} ms + {1e6 * h.per_prompt_token_s:.2f} us a prompt token")
+
+
 class ProfiledStepTimeModel(StepTimeModel):
     """Steps priced by a fit to the user's own vLLM's step times (see the module)."""
 
@@ -91,6 +109,12 @@ class ProfiledStepTimeModel(StepTimeModel):
     def __init__(self, model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
                  runtime: RuntimeConfig, profile: StepProfile, fit: ProfileFit | None = None,
                  host: HostTerms | None = None) -> None:
+        # Whose host terms price the steps: those given (a calibration),
+        # else the serving path the profile measured, else none.
+        self.host_source = "given" if host is not None else "none"
+        if host is None and profile.serving is not None:
+            host = profile_host_terms(profile, profile.serving, runtime)
+            self.host_source = "profile"
         super().__init__(model, hardware, parallel, runtime, host)
         check_profile_matches(profile, model, parallel, runtime)
         self.profile = profile
@@ -101,19 +125,49 @@ class ProfiledStepTimeModel(StepTimeModel):
         self._past: dict[str, tuple[int, int]] = {}
 
     def _rebuilt(self, host: HostTerms) -> ProfiledStepTimeModel:
-        return ProfiledStepTimeModel(self.model, self.hardware, self.parallel, self.runtime,
+        twin = ProfiledStepTimeModel(self.model, self.hardware, self.parallel, self.runtime,
                                      self.profile, self.fit, host)
+        if host is self.host:
+            twin.host_source = self.host_source  # the same terms: the same owner
+        return twin
 
     def describe_backend(self) -> str:
         p = self.profile
         text = (f"profiled from {p.path} (vLLM {p.vllm.get('version', '?')} on "
                 f"{p.hardware.get('name', '?')}; {self.fit.describe()})")
-        if self.host is not None:
-            text += "; " + self.host_note()
+        text += "; " + self.host_description()
         if self._past:
             n = max(count for count, _ in self._past.values())
             text += f"; {n} step(s) past the profiled range (listed in the saved JSON)"
         return text
+
+    def host_description(self) -> str:
+        """Which host terms price the steps: the profile's measured serving
+        path, a calibration's, or none (and why none)."""
+        h = self.host
+        if self.host_source == "profile" and h is not None and self.profile.serving is not None:
+            return ("host terms: the serving path the profile measured (" + _terms_text(h)
+                    + f"; fitted to its streamed requests, median |error| "
+                    f"{100 * self.profile.serving.gap_median_abs_error:.1f} % of the period between tokens)")
+        if h is not None:
+            return f"host terms given ({h.provenance}: " + _terms_text(h) + ")"
+        if self.profile.requests or self.profile.serving is not None:
+            return "no host terms (the profile's serving path was not fitted: see its notes)"
+        return ("no host terms (the profile predates serving-path measurement: kvsched profile again, or "
+                "give --calibration)")
+
+    def forward_time(self, shape: BatchShape) -> float:
+        """The step's forward pass as vLLM's iteration clock times it: the
+        fit alone, without host terms (what a logged step is set against)."""
+        c0, c1, c2, c3, c4, c5 = self.coef
+        # The same additions, in the same order, as decode_step_times.
+        t = c0
+        t += c1 * shape.num_tokens
+        t += c2 * shape.num_reqs
+        t += c3 * (shape.num_sampled + shape.spec_tokens)
+        t += c4 * shape.prefill_attn_pairs
+        t += c5 * shape.decode_kv_tokens
+        return t
 
     def _note_past(self, name: str, limit: int, asked: int, count: int) -> None:
         old = self._past.get(name)
@@ -141,14 +195,7 @@ class ProfiledStepTimeModel(StepTimeModel):
         if shape.num_tokens == 0:
             return 0.0
         self._check_range(shape)
-        c0, c1, c2, c3, c4, c5 = self.coef
-        # The same additions, in the same order, as decode_step_times.
-        t = c0
-        t += c1 * shape.num_tokens
-        t += c2 * shape.num_reqs
-        t += c3 * (shape.num_sampled + shape.spec_tokens)
-        t += c4 * shape.prefill_attn_pairs
-        t += c5 * shape.decode_kv_tokens
+        t = self.forward_time(shape)
         # The host terms (none unless calibrated), as decode_step_times adds them.
         return self.add_prefill_host(self.add_host_gaps(t, shape.num_sampled), shape)
 

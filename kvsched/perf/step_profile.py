@@ -4,7 +4,9 @@
 step-time backend (:mod:`kvsched.perf.profiled`) reads it. It is one JSON
 object:
 
-- ``format`` (``"kvsched-step-profile"``) and ``version`` (1);
+- ``format`` (``"kvsched-step-profile"``) and ``version`` (2; a version 1
+  file, written before the serving path was measured, still loads: no
+  ``requests``, no ``serving``);
 - ``model``: the checkpoint's cost fields as kvsched reads its config.json
   (:data:`MODEL_FIELDS`), so a simulation of another model is refused;
 - ``hardware``: ``device`` (cpu or cuda) and ``name`` as detected;
@@ -24,7 +26,16 @@ object:
 - ``notes``: what went wrong on the way (a point whose steps the requests
   sent cannot explain), in words;
 - ``fit``: the fitted step-cost model and its leave-one-out error (written
-  when the profile ends; the backend refits from ``steps`` either way).
+  when the profile ends; the backend refits from ``steps`` either way);
+- ``requests`` (version 2): one record per request the profile streamed
+  (:class:`RequestSample`): its client-side times (time to first token, the
+  span between two of its streamed tokens) set against the logged steps
+  that produced them, what the serving path costs beyond vLLM's iteration
+  clock is read from;
+- ``serving`` (version 2): the serving path's terms fitted to ``requests``
+  (:class:`kvsched.perf.serving_fit.ServingFit`) and their residual error,
+  null when the profile has too few requests to fit them; the profiled
+  backend prices its host time with them unless ``--calibration`` is given.
 """
 
 from __future__ import annotations
@@ -37,10 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
-from kvsched.jsonfile import read_json_file, show
+from kvsched.jsonfile import field_mismatch, read_json_file, show
+from kvsched.perf.serving_fit import RequestSample, ServingFit
 
 PROFILE_FORMAT = "kvsched-step-profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+# Versions this kvsched reads: 1 has no serving-path measurement.
+READ_VERSIONS = (1, 2)
 # A profile of a few thousand steps is a few hundred kilobytes.
 MAX_PROFILE_BYTES = 64 << 20
 # The ModelSpec fields a profile records and a simulation must match.
@@ -76,6 +90,11 @@ _INT_FIELDS = ("iteration", "context_requests", "context_tokens", "generation_re
                "prefill_attn_pairs", "decode_kv_tokens")
 
 
+_SAMPLE_INTS = ("prompt_tokens", "output_tokens", "prefill_steps", "prefill_sampled", "prefill_reqs",
+                "span_steps", "span_sampled", "span_reqs")
+_SAMPLE_SECONDS = ("ttft_s", "prefill_elapsed_s", "span_s", "span_elapsed_s")
+
+
 @dataclass(slots=True)
 class StepProfile:
     """A profile file's contents (see the module's docstring)."""
@@ -91,12 +110,18 @@ class StepProfile:
     fit: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     path: str = ""
+    # The streamed requests' client timings and the serving path's fit
+    # (kvsched.perf.serving_fit; None: not measured, as in a version 1 file).
+    requests: list[RequestSample] = field(default_factory=list)
+    serving: ServingFit | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": self.model,
                 "hardware": self.hardware, "vllm": self.vllm, "serve_flags": self.serve_flags,
                 "environment": self.environment, "kv_cache_tokens": self.kv_cache_tokens,
                 "points_done": self.points_done, "notes": self.notes, "fit": self.fit,
+                "serving": self.serving.to_json() if self.serving is not None else None,
+                "requests": [asdict(r) for r in self.requests],
                 "steps": [asdict(s) for s in self.steps]}
 
     def fit_steps(self) -> list[StepRecord]:
@@ -111,12 +136,19 @@ def save_profile(profile: StepProfile, path: str | Path) -> None:
     p = Path(path)
     data = profile.to_json()
     steps = data.pop("steps")
+    requests = data.pop("requests")
     head = json.dumps(data, indent=1)[:-2]  # without the closing brace
-    lines = ",\n  ".join(json.dumps(s, separators=(",", ":")) for s in steps)
-    text = head + ',\n "steps": [\n  ' + lines + "\n ]\n}\n" if steps else head + ',\n "steps": []\n}\n'
+    text = head + _record_list("requests", requests) + _record_list("steps", steps) + "\n}\n"
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, p)
+
+
+def _record_list(key: str, records: list[dict[str, Any]]) -> str:
+    if not records:
+        return f',\n "{key}": []'
+    lines = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in records)
+    return f',\n "{key}": [\n  ' + lines + "\n ]"
 
 
 def _bad(path: str, where: str, value: object, rule: str) -> UserInputError:
@@ -136,14 +168,8 @@ def _step(path: str, i: int, data: object) -> StepRecord:
     where = f"steps[{i}]"
     if not isinstance(data, dict):
         raise _bad(path, where, data, "must be an object (one engine step)")
-    expected = {f for f in StepRecord.__dataclass_fields__}
-    missing = sorted(expected - data.keys() - {"warmup"})
-    unknown = sorted(data.keys() - expected)
-    if missing or unknown:
-        raise UserInputError(f"step profile {path!r}: {where}: "
-                             + "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
-                                                     f"unknown {', '.join(unknown)}" if unknown else "")
-                                         if p) + f"; {_FIX}")
+    if mismatch := field_mismatch(data, set(StepRecord.__dataclass_fields__), {"warmup"}):
+        raise UserInputError(f"step profile {path!r}: {where}: {mismatch}; {_FIX}")
     for key in _INT_FIELDS:
         value = data[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -161,6 +187,28 @@ def _step(path: str, i: int, data: object) -> StepRecord:
     return StepRecord(**{**data, "elapsed_ms": float(ms), "warmup": warmup})
 
 
+def _sample(path: str, i: int, data: object) -> RequestSample:
+    where = f"requests[{i}]"
+    if not isinstance(data, dict):
+        raise _bad(path, where, data, "must be an object (one streamed request)")
+    if mismatch := field_mismatch(data, set(RequestSample.__dataclass_fields__)):
+        raise UserInputError(f"step profile {path!r}: {where}: {mismatch}; {_FIX}")
+    for key in _SAMPLE_INTS:
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _bad(path, f"{where}.{key}", value, "must be an integer >= 0")
+    for key in _SAMPLE_SECONDS:
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < 0:
+            raise _bad(path, f"{where}.{key}", value, "must be a number of seconds >= 0")
+    if not isinstance(data["point"], str):
+        raise _bad(path, f"{where}.point", data["point"], "must be a string (the designed point's name)")
+    if not isinstance(data["idle"], bool):
+        raise _bad(path, f"{where}.idle", data["idle"], "must be true or false")
+    return RequestSample(**{**data, **{k: float(data[k]) for k in _SAMPLE_SECONDS}})
+
+
 def profile_from_json(data: object, path: str) -> StepProfile:
     """A profile from its parsed JSON, every field checked (one line naming
     the field, its value and the fix)."""
@@ -170,8 +218,9 @@ def profile_from_json(data: object, path: str) -> StepProfile:
     if fmt != PROFILE_FORMAT:
         raise _bad(path, "format", fmt, f"must be {PROFILE_FORMAT!r} (is this a kvsched profile?)")
     version = _expect(path, data, "version", int, f"the integer {PROFILE_VERSION}")
-    if version != PROFILE_VERSION:
-        raise _bad(path, "version", version, f"this kvsched reads version {PROFILE_VERSION}")
+    if version not in READ_VERSIONS:
+        raise _bad(path, "version", version,
+                   f"this kvsched reads versions {', '.join(map(str, READ_VERSIONS))}")
     model = _expect(path, data, "model", dict, "an object of the model's config fields")
     for key in MODEL_FIELDS:
         value = _expect(path, model, key, int, "an integer")
@@ -201,8 +250,16 @@ def profile_from_json(data: object, path: str) -> StepProfile:
     if fit is not None and not isinstance(fit, dict):
         raise _bad(path, "fit", fit, "must be an object or null")
     steps = _expect(path, data, "steps", list, "a list of step records")
+    requests: list[Any] = []
+    serving: ServingFit | None = None
+    if version >= 2:
+        requests = _expect(path, data, "requests", list, "a list of streamed-request records")
+        raw = data.get("serving")
+        if raw is not None:
+            serving = ServingFit.from_json(raw, f"step profile {path!r}")
     return StepProfile(model, hardware, vllm, list(flags), dict(env), kv, list(done),
-                       [_step(path, i, s) for i, s in enumerate(steps)], fit, list(notes), path)
+                       [_step(path, i, s) for i, s in enumerate(steps)], fit, list(notes), path,
+                       [_sample(path, i, r) for i, r in enumerate(requests)], serving)
 
 
 def load_profile(path: str | Path) -> StepProfile:

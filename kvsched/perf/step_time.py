@@ -28,9 +28,11 @@ bandwidth (the efficiency factors of :class:`~kvsched.perf.hardware.Hardware`).
   async scheduling the CPU work overlaps the forward pass.
 - Host terms (:mod:`kvsched.perf.host`), the GPU's idle time around a
   step's kernels: every backend carries them and adds them here, in one
-  place (:meth:`StepTimeModel.add_host_gaps` and ``gpu_time``). The measured
-  backend's default is its fitted file; the roofline's and the profiled
-  backend's is none, unless ``--calibration FILE`` gives them.
+  place (:meth:`StepTimeModel.add_host_gaps`, ``add_prefill_host`` and
+  ``gpu_time``). The measured backend's and the roofline's default is the
+  fitted file (:func:`kvsched.perf.host.default_host_terms`); the profiled
+  backend's the serving path its profile measured; ``--calibration FILE``
+  replaces them, ``--calibration none`` drops them.
 
 Inputs are integer aggregates (``BatchShape``), so the same batch always gives
 the same float: the simulator's fast-forward relies on that.

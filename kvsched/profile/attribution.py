@@ -25,7 +25,7 @@ new prompts short of their lengths in one step) makes the point
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvsched.perf.step_profile import StepRecord
 from kvsched.profile.iteration_log import IterationLine
@@ -43,6 +43,11 @@ class SentRequest:
     sent: bool = False
     # Prompt tokens found in the prefix cache when it was admitted (0: none).
     cached: int = 0
+    # The logged iterations that ran its prompt chunks, and the one that
+    # sampled each of its output tokens (the first: its last chunk's): what
+    # the client's times of its streamed tokens are set against.
+    chunk_steps: list[int] = field(default_factory=list)
+    token_steps: list[int] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -112,14 +117,17 @@ class PointLedger:
             pairs += n * c + n * (n + 1) // 2
             r.computed += n
             left -= n
+            r.chunk_steps.append(line.iteration)
             if r.computed == r.prompt_len:
                 r.generated = 1
+                r.token_steps.append(line.iteration)
                 sampled += 1
         kv = 0
         for r in decodes:
             kv += r.computed + 1
             r.computed += 1
             r.generated += 1
+            r.token_steps.append(line.iteration)
         sampled += len(decodes)
         return StepRecord(
             point=self.point, iteration=line.iteration, context_requests=line.context_requests,

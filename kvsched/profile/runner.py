@@ -1,6 +1,6 @@
 """Run a profile: start the user's vLLM, drive the designed points, write
 the step profile after each point (so an interrupted run can ``--resume``),
-fit the step-cost model at the end."""
+fit the step-cost model and the serving path's terms at the end."""
 
 from __future__ import annotations
 
@@ -17,15 +17,26 @@ from typing import Protocol
 from kvsched.errors import UserInputError
 from kvsched.perf.models import ModelSpec, get_model
 from kvsched.perf.profile_fit import ProfileFit, fit_steps
-from kvsched.perf.step_profile import MODEL_FIELDS, StepProfile, StepRecord, load_profile, save_profile
+from kvsched.perf.serving_fit import RequestSample, ServingFit, fit_serving
+from kvsched.perf.step_profile import (
+    MODEL_FIELDS,
+    StepProfile,
+    StepRecord,
+    load_profile,
+    save_profile,
+)
 from kvsched.perf.step_profile import serve_flag as flag_value
+from kvsched.perf.step_time import CPU_PER_REQUEST_S, CPU_STEP_S
 from kvsched.profile.attribution import PointLedger, SentRequest
 from kvsched.profile.design import Point, design_points
 from kvsched.profile.iteration_log import parse_iteration_line, parse_kv_cache_tokens
 from kvsched.profile.server import VllmServer, probe_vllm
+from kvsched.profile.serving import StreamTiming, request_sample
 from kvsched.progress import ProgressBar
 
 POINT_TIMEOUT_S = 600.0
+# How often a point waiting on the HTTP side (not the log) looks again.
+HTTP_POLL_S = 0.01
 # Without --max-num-seqs the design's widest decode batch.
 DEFAULT_MAX_BATCH = 64
 # Prompt token ids are drawn from [_FIRST_ID, vocab): clear of the special ids.
@@ -50,6 +61,7 @@ class ProfileOutcome:
     fit: ProfileFit
     wall_s: float
     new_steps: int
+    serving: ServingFit | None = None
 
 
 def model_fields(spec: ModelSpec, model: str) -> dict[str, object]:
@@ -86,6 +98,7 @@ def start_profile(req: ProfileRequest, spec: ModelSpec, info: dict[str, object])
             raise UserInputError(f"--resume: {out} was run with vLLM {old.vllm.get('version')}, this "
                                  f"Python has {vllm['version']}; give another --output")
         old.fit = None
+        old.serving = None
         old.path = str(out)
         return old
     if out.exists() and not req.resume:
@@ -98,14 +111,18 @@ class Server(Protocol):
 
     lines: queue.Queue[str | None]
 
-    def complete(self, prompt: list[int], max_tokens: int) -> None: ...
+    def complete(self, prompt: list[int], max_tokens: int) -> StreamTiming: ...
 
     def died(self) -> str | None: ...
 
 
 class PointRun:
     """One point against the server: waves sent as the log shows the
-    previous ones past their prompts, each logged step attributed."""
+    previous ones past their prompts, each logged step attributed, each
+    request's client times kept. Where every request sent so far has
+    finished, the next wave also waits for their responses to end, so a
+    lone prompt meets an idle server (its TTFT then holds its own serving
+    path only)."""
 
     def __init__(self, server: Server, point: Point, vocab: int, first_request: int,
                  seen: set[tuple[int, int, int]], pool: ThreadPoolExecutor) -> None:
@@ -113,17 +130,41 @@ class PointRun:
         self.next_id = first_request
         self.waves = [[SentRequest(p, o) for p, o in w.requests] for w in point.waves]
         self.ledger = PointLedger(point.name, [r for w in self.waves for r in w])
-        self.futures: list[Future[None]] = []
+        self.futures: list[Future[StreamTiming]] = []
+        # Per request sent: the request, its response, whether nothing else was in flight.
+        self.sent: list[tuple[SentRequest, Future[StreamTiming], bool]] = []
         self.records: list[StepRecord] = []
 
     def _send(self, wave: list[SentRequest]) -> None:
+        alone = len(wave) == 1 and all(f.done() for f in self.futures)
         for r in wave:
             # A prompt never sent before: prefix caching finds nothing.
             rng = random.Random(self.next_id)
             self.next_id += 1
             prompt = [rng.randrange(_FIRST_ID, self.vocab) for _ in range(r.prompt_len)]
             r.sent = True
-            self.futures.append(self.pool.submit(self.server.complete, prompt, r.max_tokens))
+            future = self.pool.submit(self.server.complete, prompt, r.max_tokens)
+            self.futures.append(future)
+            self.sent.append((r, future, alone))
+
+    def samples(self) -> list[RequestSample]:
+        """The point's requests' client times against their steps (after
+        :meth:`run`; a request whose steps the ledger did not attribute is
+        left out)."""
+        steps = {s.iteration: s for s in self.records}
+        out = []
+        for r, future, alone in self.sent:
+            if future.done() and future.exception() is None:
+                sample = request_sample(self.point.name, r, future.result(), steps, alone)
+                if sample is not None:
+                    out.append(sample)
+        return out
+
+    def _ready_for_next_wave(self, http_done: bool) -> bool:
+        if self.ledger.problem or not self.ledger.past_prefill():
+            return False
+        everything_finished = all(r.finished for r in self.ledger.requests if r.sent)
+        return http_done or not everything_finished
 
     def run(self) -> None:
         pending = list(self.waves)
@@ -145,8 +186,14 @@ class PointRun:
                 return
             if time.monotonic() > deadline:
                 raise UserInputError(f"point {self.point.name}: not finished after {POINT_TIMEOUT_S:.0f} s")
+            if pending and self._ready_for_next_wave(http_done):
+                self._send(pending.pop(0))
+                continue
+            # Waiting on responses rather than the log: look again soon.
+            waiting_http = (self.ledger.done or (bool(pending) and self.ledger.past_prefill())) \
+                and not http_done
             try:
-                line = self.server.lines.get(timeout=0.5)
+                line = self.server.lines.get(timeout=HTTP_POLL_S if waiting_http else 0.5)
             except queue.Empty:
                 why = self.server.died()
                 if why is not None:
@@ -165,8 +212,6 @@ class PointRun:
                 if first or self.point.name == "warmup":
                     record = dataclasses.replace(record, warmup=True)
                 self.records.append(record)
-            if pending and not self.ledger.problem and self.ledger.past_prefill():
-                self._send(pending.pop(0))
 
 
 def _int_flag(flags: list[str], name: str, default: int) -> int:
@@ -218,6 +263,8 @@ def run_profile(req: ProfileRequest) -> ProfileOutcome:
                 run.run()
                 first_request = run.next_id
                 profile.steps.extend(run.records)
+                if point.name != "warmup":
+                    profile.requests.extend(run.samples())
                 new_steps += len(run.records)
                 if run.ledger.problem:
                     profile.notes.append(f"point {point.name}: steps after {run.ledger.problem} "
@@ -231,7 +278,15 @@ def run_profile(req: ProfileRequest) -> ProfileOutcome:
         if bar is not None:
             bar.close()
         server.stop()
-    fit = fit_steps(profile.fit_steps(), f"step profile {str(out)!r}")
+    where = f"step profile {str(out)!r}"
+    fit = fit_steps(profile.fit_steps(), where)
     profile.fit = fit.to_json()
+    # The serving path, net of the CPU time per step the simulator adds to
+    # every step (RuntimeConfig's defaults; the backend adjusts for others).
+    try:
+        profile.serving = fit_serving(profile.requests, CPU_STEP_S, CPU_PER_REQUEST_S, where)
+    except UserInputError as e:
+        profile.serving = None
+        profile.notes.append(f"serving path not fitted: {e}")
     save_profile(profile, out)
-    return ProfileOutcome(profile, fit, time.monotonic() - start, new_steps)
+    return ProfileOutcome(profile, fit, time.monotonic() - start, new_steps, profile.serving)

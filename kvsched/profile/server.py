@@ -7,7 +7,10 @@ module works where the ``vllm`` console script does not, as in the
 every engine step is logged, and reads the server's output line by line on
 a thread. Requests go to ``/v1/completions`` with prompt token ids (no
 tokenizer involved), ``ignore_eos`` and greedy sampling, so each request
-runs exactly its prompt and ``max_tokens``.
+runs exactly its prompt and ``max_tokens``; streamed (``stream: true``,
+with the usage of every chunk), so the client's time of each token is
+known (:class:`~kvsched.profile.serving.StreamTiming`): what the serving
+path around vLLM's iteration clock costs is read from it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvsched.errors import UserInputError
+from kvsched.profile.serving import StreamTiming
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # First start-up on 2 CPU cores took 72 s (weights, profile run, torch.compile).
@@ -160,20 +164,28 @@ class VllmServer:
             models = json.loads(r.read())
         self.model_name = models["data"][0]["id"]
 
-    def complete(self, prompt: list[int], max_tokens: int) -> None:
-        """One completion of exactly ``len(prompt)`` prompt and ``max_tokens``
-        output tokens (raises on an HTTP error, with vLLM's message)."""
+    def complete(self, prompt: list[int], max_tokens: int) -> StreamTiming:
+        """One streamed completion of exactly ``len(prompt)`` prompt and
+        ``max_tokens`` output tokens, timed at the client (raises on an HTTP
+        error, with vLLM's message, and on a stream it cannot read)."""
         body = json.dumps({"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens,
-                           "ignore_eos": True, "temperature": 0.0, "stream": False}).encode()
+                           "ignore_eos": True, "temperature": 0.0, "stream": True,
+                           # Each chunk's usage counts the tokens it brought
+                           # (several when the server's output loop fell behind).
+                           "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                           }).encode()
         req = urllib.request.Request(self.base + "/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         try:
+            sent = time.perf_counter()
             with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-                r.read()
+                chunks = read_stream(r, f"{len(prompt)}-token prompt, {max_tokens} output tokens")
+            done = time.perf_counter()
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:300]
             raise UserInputError(f"the vLLM server refused a request of {len(prompt)} prompt and "
                                  f"{max_tokens} output tokens: HTTP {e.code} {detail}") from None
+        return StreamTiming(sent, tuple(chunks), done)
 
     def stop(self) -> None:
         group = self.proc.pid  # the session leader's id is its group's
@@ -190,3 +202,41 @@ class VllmServer:
                 time.sleep(1.0)  # its children leave after it; then the group is killed
         self._reader.join(timeout=10)
         self._log.close()
+
+
+def read_stream(lines: Any, what: str) -> list[tuple[float, int]]:
+    """The chunks of a ``/v1/completions`` event stream that carried output
+    tokens: (arrival time, tokens so far) each, from each chunk's usage
+    (``continuous_usage_stats``); a server that sends no usage per chunk is
+    counted one token a chunk with text. ``lines``: the response, line by
+    line as it arrives."""
+    chunks: list[tuple[float, int]] = []
+    total = 0
+    for raw in lines:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            break
+        t = time.perf_counter()
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            raise UserInputError(f"the vLLM server's stream ({what}) sent {payload[:120]!r}: not JSON; "
+                                 "is --vllm-python an OpenAI-compatible vLLM server?") from None
+        if not isinstance(event, dict):
+            continue
+        if "error" in event:
+            raise UserInputError(f"the vLLM server failed a streamed request ({what}): "
+                                 f"{str(event['error'])[:300]}")
+        choices = event.get("choices") or []
+        usage = event.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            count = usage["completion_tokens"] if choices else total
+        else:
+            count = total + sum(1 for c in choices if isinstance(c, dict) and c.get("text"))
+        if count > total:
+            total = count
+            chunks.append((t, total))
+    return chunks

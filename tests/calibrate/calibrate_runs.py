@@ -12,9 +12,11 @@ MODEL = "meta-llama/Llama-3.1-8B"
 ENGINE = ["--model", MODEL, "--hardware", "h100-sxm"]
 # The synthetic ground truth, and a start far from it (each term 2-5x off).
 TRUTH = {"per_prefill_request_s": 3e-3, "step_s": 0.5e-3, "per_sampled_request_s": 20e-6,
-         "dp_sync_s": 0.0, "arrival_s": 4e-3, "per_prompt_token_s": 2e-6}
+         "dp_sync_s": 0.0, "arrival_s": 4e-3, "per_prompt_token_s": 2e-6,
+         "per_prefill_token_s": 8e-6}
 START = {"per_prefill_request_s": 6e-3, "step_s": 0.1e-3, "per_sampled_request_s": 5e-6,
-         "dp_sync_s": 0.0, "arrival_s": 15e-3, "per_prompt_token_s": 8e-6}
+         "dp_sync_s": 0.0, "arrival_s": 15e-3, "per_prompt_token_s": 8e-6,
+         "per_prefill_token_s": 2e-6}
 # Mixed lengths (input 80-1520, output 3-61) so prompt-length terms show.
 WORKLOAD = ["--num-prompts", "120", "--random-input-len", "800", "--random-output-len", "32",
             "--random-range-ratio", "0.9", "--no-progress"]

@@ -23,10 +23,11 @@ from kvsched.sim.deployment import EngineOptions, build_deployment
 DATA = Path(__file__).parents[1] / "perf" / "data"
 # The synthetic ground truth (seconds), 2-40x the default start.
 TRUTH = {"per_prefill_request_s": 3e-3, "step_s": 0.5e-3, "per_sampled_request_s": 20e-6,
-         "dp_sync_s": 0.0, "arrival_s": 4e-3, "per_prompt_token_s": 2e-6}
+         "dp_sync_s": 0.0, "arrival_s": 4e-3, "per_prompt_token_s": 2e-6,
+         "per_prefill_token_s": 8e-6}
 # What a one-rank deployment fits (dp_sync_s needs data parallelism).
 TERMS_FITTED = ("per_prefill_request_s", "step_s", "per_sampled_request_s", "arrival_s",
-                "per_prompt_token_s")
+                "per_prompt_token_s", "per_prefill_token_s")
 
 
 @dataclass(frozen=True, slots=True)

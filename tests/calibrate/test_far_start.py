@@ -4,7 +4,7 @@ step term, as the real vLLM CPU runs of benchmarks/real_vllm/ need, 60x the
 
 The profiled case is the one that broke the fit before: a CPU whose steps
 take ~45 ms (the committed tiny-Llama profile, its step times x10) served at
-concurrency 1 and at Poisson 1 req/s. The old fit, central differences of
+concurrency 1 and at Poisson 3 req/s. The old fit, central differences of
 0.01 ms on a 45 ms step, read only the replay's stairs and stopped at
 step_s 0.4 ms (-93 %, loss 0.019); the roofline and measured cases are
 closed loops at 1 and 48 in flight."""
@@ -22,10 +22,10 @@ from test_any_backend import BACKENDS, DATA, TERMS_FITTED, Backend
 from kvsched.cli import main
 from kvsched.perf.host import load_host_terms
 
-# CPU-sized terms (seconds): the step term 60x, the per-prefill-request one 11x and the
-# per-request ones 4-10x the default start.
+# CPU-sized terms (seconds): the step term 60x, the per-prefill-request one 11x, the
+# per-prefill-token one 7x and the per-request ones 4-10x the default start.
 FAR = {"per_prefill_request_s": 3e-3, "step_s": 6e-3, "per_sampled_request_s": 20e-6,
-       "dp_sync_s": 0.0, "arrival_s": 4e-3, "per_prompt_token_s": 2e-6}
+       "dp_sync_s": 0.0, "arrival_s": 4e-3, "per_prompt_token_s": 2e-6, "per_prefill_token_s": 20e-6}
 
 
 def slow_profile(folder: Path) -> Path:
@@ -49,7 +49,11 @@ def designs(b: Backend, folder: Path) -> tuple[Backend, list[list[str]]]:
                             options=dataclasses.replace(b.options, step_time_profile=profile),
                             workload=("--num-prompts", "40", "--random-input-len", "256",
                                       "--random-output-len", "32", "--random-range-ratio", "0.5"))
-    return b, [["--max-concurrency", "1", "--seed", "1"], ["--request-rate", "1", "--seed", "11"]]
+    # Poisson 3 req/s, not 1: with a few requests in flight the prefill
+    # steps lengthen the decodes beside them, which is what tells a prefill
+    # request's cost from its tokens' (and both from the arrival terms); at
+    # 1 req/s they run nearly alone and the fit cannot place them.
+    return b, [["--max-concurrency", "1", "--seed", "1"], ["--request-rate", "3", "--seed", "11"]]
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))

@@ -19,8 +19,9 @@ from kvsched.perf.host import HostTerms, load_host_terms
 from kvsched.sim.deployment import EngineOptions, build_deployment
 
 
-def assert_recovered(fitted: HostTerms, names: tuple[str, ...] = ("per_prefill_request_s", "step_s",
-                     "per_sampled_request_s", "arrival_s", "per_prompt_token_s")) -> None:
+def assert_recovered(fitted: HostTerms, names: tuple[str, ...] = (
+        "per_prefill_request_s", "step_s", "per_sampled_request_s", "arrival_s", "per_prompt_token_s",
+        "per_prefill_token_s")) -> None:
     for name in names:
         value, truth = getattr(fitted, name), TRUTH[name]
         assert value == pytest.approx(truth, rel=0.02), f"{name}: fitted {value!r}, truth {truth!r}"

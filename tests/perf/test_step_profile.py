@@ -68,7 +68,7 @@ def test_bad_step_names_its_index_field_and_value(tmp_path: Path) -> None:
 
 def test_other_format_or_version(tmp_path: Path) -> None:
     assert "format='calibration'" in _broken(tmp_path, lambda d: d.__setitem__("format", "calibration"))
-    assert "version=2" in _broken(tmp_path, lambda d: d.__setitem__("version", 2))
+    assert "version=3" in _broken(tmp_path, lambda d: d.__setitem__("version", 3))
 
 
 def test_not_json(tmp_path: Path) -> None:

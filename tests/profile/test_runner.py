@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kvsched.profile.design import Point, Wave
 from kvsched.profile.runner import PointRun
+from kvsched.profile.serving import StreamTiming
 
 
 def log(i: int, ctx_reqs: int, ctx_tokens: int, gen: int, ms: float) -> str:
@@ -26,6 +27,8 @@ class FakeServer:
         self.script = script
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.sent: list[tuple[int, int]] = []
+        self.alone: list[bool] = []
+        self.open = 0
         self.lock = threading.Lock()
         self._release()
 
@@ -33,10 +36,17 @@ class FakeServer:
         while self.script and self.script[0][0] <= len(self.sent):
             self.lines.put(self.script.pop(0)[1])
 
-    def complete(self, prompt: list[int], max_tokens: int) -> None:
+    def complete(self, prompt: list[int], max_tokens: int) -> StreamTiming:
         with self.lock:
             self.sent.append((len(prompt), max_tokens))
+            # Whether every earlier request had ended when this one was sent.
+            self.alone.append(self.open == 0)
+            self.open += 1
             self._release()
+        # Its tokens, one a chunk, 10 ms apart (the clock is the test's).
+        with self.lock:
+            self.open -= 1
+        return StreamTiming(0.0, tuple((0.01 * (k + 1), k + 1) for k in range(max_tokens)), 0.01 * max_tokens)
 
     def died(self) -> str | None:
         return None
@@ -78,3 +88,33 @@ def test_an_unexplained_step_ends_attribution_but_the_point_finishes() -> None:
         run.run()
     assert len(run.records) == 1
     assert "iteration 1: 2 generation requests" in run.ledger.problem
+
+
+def test_a_lone_prompt_waits_for_the_previous_response_and_is_sampled() -> None:
+    """A prefill point's second prompt goes once the first's response ended:
+    it meets an idle server, and both become idle samples of their TTFT."""
+    point = Point("prefill-64", (Wave(((64, 1),)), Wave(((64, 1),))))
+    server = FakeServer([
+        (1, log(0, 1, 64, 0, 30.0)),
+        (2, log(1, 1, 64, 0, 29.0)),
+    ])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        run = PointRun(server, point, 1000, 0, set(), pool)
+        run.run()
+    assert server.alone == [True, True]
+    samples = run.samples()
+    assert [(s.prompt_tokens, s.idle, s.prefill_steps) for s in samples] == [(64, True, 1), (64, True, 1)]
+    assert [s.prefill_elapsed_s for s in samples] == [0.030, 0.029]
+
+
+def test_a_decode_batch_gives_each_request_a_span() -> None:
+    point = Point("decode-2x8", (Wave(((8, 4), (8, 4))),))
+    server = FakeServer([(2, log(0, 2, 16, 0, 30.0))] + [(2, log(i, 0, 0, 2, 10.0)) for i in (1, 2, 3)])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        run = PointRun(server, point, 1000, 0, set(), pool)
+        run.run()
+    samples = run.samples()
+    assert len(samples) == 2 and not any(s.idle for s in samples)
+    # Tokens 2-4 came from the three decode steps, 10 ms apart at the client.
+    assert all((s.span_steps, s.span_sampled, s.span_elapsed_s) == (3, 6, 0.030) for s in samples)
+    assert all(abs(s.span_s - 0.030) < 1e-12 for s in samples)
