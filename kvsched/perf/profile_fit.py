@@ -14,7 +14,15 @@ non-negative least squares):
 - ``per_prefill_pair_s``: prefill attention, per (query token x context
   token) pair, causal: Σ (n·c + n(n+1)/2) over the chunks;
 - ``per_decode_kv_s``: decode attention, per context token read:
-  Σ (c + 1) over the decodes.
+  Σ (c + 1) over the decodes;
+- ``step_1_token_s`` ... ``step_4_tokens_s``: what a step of exactly 1, 2,
+  3 or 4 tokens costs beyond the line through the larger steps. The
+  smallest batches do not lie on it: a GEMM of one or two rows takes
+  another kernel path (on vLLM's CPU build 1-2-token decodes took 14-17 ms
+  where 4 tokens took 9 ms, 2026-12-05: a line under-priced them 23-40 %),
+  and a GPU's CUDA graphs pad a batch of 3 to the graph captured for 4.
+  Decode points of 1 to 4 requests give each its steps; a term the profile
+  has no step for stays 0.
 
 The fit minimises the squared *relative* error of each step (each row
 weighted by 1 / its time), so a 5 ms decode counts as much as an 80 ms
@@ -34,16 +42,29 @@ from numpy.typing import NDArray
 from kvsched.errors import UserInputError
 from kvsched.perf.step_profile import StepRecord
 
-TERMS = ("step_s", "per_token_s", "per_request_s", "per_sampled_s", "per_prefill_pair_s", "per_decode_kv_s")
-# Fewer steps than this cannot pin six terms down with any held-out check.
+# The steps with a cost of their own: 1 to SMALL_STEP_TOKENS tokens.
+SMALL_STEP_TOKENS = 4
+SMALL_STEP_TERMS = ("step_1_token_s", "step_2_tokens_s", "step_3_tokens_s", "step_4_tokens_s")
+TERMS = ("step_s", "per_token_s", "per_request_s", "per_sampled_s", "per_prefill_pair_s", "per_decode_kv_s",
+         *SMALL_STEP_TERMS)
+# Fewer steps than this cannot pin the terms down with any held-out check.
 MIN_FIT_STEPS = 12
 
 
-def work_of(step: StepRecord) -> tuple[int, int, int, int, int, int]:
+def small_step_index(num_tokens: int) -> int:
+    """Which of :data:`SMALL_STEP_TERMS` a step of ``num_tokens`` pays (-1:
+    none)."""
+    return num_tokens - 1 if 1 <= num_tokens <= SMALL_STEP_TOKENS else -1
+
+
+def work_of(step: StepRecord) -> tuple[int, ...]:
     """A step's work in the order of :data:`TERMS` (the one owner of which
     aggregate each term multiplies)."""
+    small = [0] * SMALL_STEP_TOKENS
+    if (i := small_step_index(step.num_tokens)) >= 0:
+        small[i] = 1
     return (1, step.num_tokens, step.num_reqs, step.num_sampled, step.prefill_attn_pairs,
-            step.decode_kv_tokens)
+            step.decode_kv_tokens, *small)
 
 
 @dataclass(frozen=True, slots=True)

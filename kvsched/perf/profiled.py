@@ -31,7 +31,7 @@ from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import HostTerms
 from kvsched.perf.models import ModelSpec
-from kvsched.perf.profile_fit import TERMS, ProfileFit, fit_steps
+from kvsched.perf.profile_fit import SMALL_STEP_TERMS, TERMS, ProfileFit, fit_steps, small_step_index
 from kvsched.perf.serving_fit import ServingFit
 from kvsched.perf.step_profile import MODEL_FIELDS, StepProfile, serve_flag
 from kvsched.perf.step_time import (
@@ -101,6 +101,9 @@ def _terms_text(h: HostTerms) -> str:
             f"arrival {1e3 * h.arrival_s:.2f} ms + {1e6 * h.per_prompt_token_s:.2f} us a prompt token")
 
 
+# Where the small-step terms start in the fit's coefficients.
+_FIRST_SMALL = TERMS.index(SMALL_STEP_TERMS[0])
+
 class ProfiledStepTimeModel(StepTimeModel):
     """Steps priced by a fit to the user's own vLLM's step times (see the module)."""
 
@@ -159,7 +162,7 @@ class ProfiledStepTimeModel(StepTimeModel):
     def forward_time(self, shape: BatchShape) -> float:
         """The step's forward pass as vLLM's iteration clock times it: the
         fit alone, without host terms (what a logged step is set against)."""
-        c0, c1, c2, c3, c4, c5 = self.coef
+        c0, c1, c2, c3, c4, c5 = self.coef[:_FIRST_SMALL]
         # The same additions, in the same order, as decode_step_times.
         t = c0
         t += c1 * shape.num_tokens
@@ -167,7 +170,14 @@ class ProfiledStepTimeModel(StepTimeModel):
         t += c3 * (shape.num_sampled + shape.spec_tokens)
         t += c4 * shape.prefill_attn_pairs
         t += c5 * shape.decode_kv_tokens
+        t += self._small_step(shape.num_tokens)
         return t
+
+    def _small_step(self, num_tokens: int) -> float:
+        """The cost of its own a step of 1-4 tokens pays (profile_fit's
+        small-step terms), 0.0 for a larger one."""
+        i = small_step_index(num_tokens)
+        return self.coef[_FIRST_SMALL + i] if i >= 0 else 0.0
 
     def _note_past(self, name: str, limit: int, asked: int, count: int) -> None:
         old = self._past.get(name)
@@ -213,7 +223,8 @@ class ProfiledStepTimeModel(StepTimeModel):
             past = count if first_kv_tokens > r.decode_kv_tokens else \
                 (last - r.decode_kv_tokens + kv_step - 1) // kv_step
             self._note_past("decode KV tokens", r.decode_kv_tokens, last, past)
-        c0, c1, c2, c3, c4, c5 = self.coef
+        c0, c1, c2, c3, c4, c5 = self.coef[:_FIRST_SMALL]
+        small = self._small_step(num_reqs)
         base = c0
         base += c1 * num_reqs
         base += c2 * num_reqs
@@ -223,5 +234,5 @@ class ProfiledStepTimeModel(StepTimeModel):
         overlap = self.async_scheduling
         kvs = range(first_kv_tokens, first_kv_tokens + kv_step * count, kv_step) if kv_step \
             else (first_kv_tokens,) * count
-        return [combine_step_time(self.add_host_gaps(base + c5 * kv, num_reqs), cpu, overlap)
+        return [combine_step_time(self.add_host_gaps(base + c5 * kv + small, num_reqs), cpu, overlap)
                 for kv in kvs]

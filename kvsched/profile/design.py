@@ -13,8 +13,9 @@ step's batch decided by vLLM's own scheduler:
 - **batched prefill** points: B prompts at once, several context requests
   per step;
 - **decode** points: B requests at once with long outputs, at a short
-  prompt (B up to 64) and a long one (B up to 16: each long prompt costs its
-  prefill): decode batches of B at growing context;
+  prompt (B up to 64), a middling one (B up to 32) and a long one (B up to
+  16: each long prompt costs its prefill): decode batches of B at growing
+  context;
 - **mixed** points: a decode batch, then single prompts of several sizes
   sent one after another (each twice) while it decodes: steps with both.
 
@@ -29,10 +30,12 @@ from dataclasses import dataclass
 
 PREFILL_LENS = (8, 32, 64, 128, 256, 384, 512, 768, 1024, 2048, 3072, 4096, 6144, 8192)
 BATCHED_PREFILLS = ((2, 128), (4, 64), (8, 32), (4, 256))
-DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# Every batch of 1-4 (each has a cost of its own: profile_fit's small-step
+# terms), then doubling.
+DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
 DECODE_OUTPUT = 32
 # (prompt, widest batch): long prompts cost their prefill, so fewer of them.
-DECODE_PROMPTS = ((16, 64), (1024, 16))
+DECODE_PROMPTS = ((16, 64), (256, 32), (1024, 16))
 MIXED_BATCHES = (4, 16)
 MIXED_PREFILLS = (16, 64, 256, 512)
 MIXED_OUTPUT = 160

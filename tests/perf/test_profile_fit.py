@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -77,3 +78,28 @@ def test_range_is_the_largest_step_seen() -> None:
 def test_too_few_steps_is_refused() -> None:
     with pytest.raises(ValueError, match="fewer than 12"):
         fit_steps(synthetic()[:5])
+
+
+def test_the_smallest_steps_get_a_cost_of_their_own() -> None:
+    """Steps of 1 and 2 tokens slower than the line through the rest (as
+    vLLM's CPU build runs them): the fit finds each one's extra cost, gives
+    none to 3- and 4-token steps that lie on the line, and a line alone
+    would miss them."""
+    extra = {1: 6e-3, 2: 5e-3}
+    steps = []
+    for s in synthetic():
+        if s.point.startswith("decode") and s.num_tokens in extra:
+            s = dataclasses.replace(s, elapsed_ms=s.elapsed_ms + 1e3 * extra[s.num_tokens])
+        steps.append(s)
+    steps += [step("decode-3", 3, 3, 3, 0, 3 * (ctx + 1)) for ctx in (16, 100, 1024)]
+    fit = fit_steps(steps)
+    assert fit.terms["step_1_token_s"] == pytest.approx(6e-3, rel=0.01)
+    assert fit.terms["step_2_tokens_s"] == pytest.approx(5e-3, rel=0.01)
+    assert fit.terms["step_3_tokens_s"] == pytest.approx(0.0, abs=1e-7)
+    assert fit.terms["step_4_tokens_s"] == pytest.approx(0.0, abs=1e-7)
+    for name, want in zip(TERMS[:6], KNOWN):
+        assert fit.terms[name] == pytest.approx(want, rel=0.01), name
+    assert fit.loo_median_abs_error < 1e-6
+    # A one-token decode is priced with its own cost on top of the line.
+    work_1 = (1, 1, 1, 1, 0, 17, 1, 0, 0, 0)
+    assert fit.predict(work_1) == pytest.approx(sum(c * x for c, x in zip(KNOWN, work_1)) + 6e-3, rel=1e-6)

@@ -98,3 +98,22 @@ def test_a_float32_profile_prices_a_16_bit_simulation(tmp_path: Path) -> None:
     sm = ProfiledStepTimeModel(load_model_config(DATA / "tiny_llama"), get_hardware("h100-sxm"),
                                ParallelConfig(), RuntimeConfig(dtype="bf16"), load_profile(p))
     assert sm.gpu_time(BatchShape.decode(4, 400)) > 0
+
+
+def test_the_smallest_decodes_pay_their_own_cost_in_a_stretch_too() -> None:
+    """A profile whose 1-2-token steps cost more than the line (the
+    committed tiny-Llama profile, fitted with the small-step terms): a
+    stretch of 2-request decodes is priced with that cost, the same float
+    as each step alone, and an 8-request one without it."""
+    sm = backend()
+    t = sm.fit.terms
+    assert t["step_2_tokens_s"] > 0
+    for n in (1, 2, 3, 4, 8):
+        shape = BatchShape.decode(n, n * 300)
+        line = (t["step_s"] + n * (t["per_token_s"] + t["per_request_s"] + t["per_sampled_s"])
+                + n * 300 * t["per_decode_kv_s"])
+        own = {1: t["step_1_token_s"], 2: t["step_2_tokens_s"], 3: t["step_3_tokens_s"],
+               4: t["step_4_tokens_s"]}.get(n, 0.0)
+        assert sm.gpu_time(shape) == pytest.approx(line + own, rel=1e-12), n
+        stretch = sm.decode_step_times(n, n * 300, n, 6)
+        assert stretch == [sm.step_time(BatchShape.decode(n, n * 300 + n * j)) for j in range(6)], n
