@@ -24,9 +24,9 @@ import numpy.typing as npt
 from kvsched.calibrate.loss import DEFAULT_GROUPS, LossGroups, RunErrors, loss_residuals, run_errors
 from kvsched.calibrate.replay import Replayer
 from kvsched.calibrate.run_files import ObservedRun
-from kvsched.calibrate.terms import TERM_SCALES, format_term, latency_units, with_terms
+from kvsched.calibrate.terms import TERM_SCALES, latency_units, with_terms
 from kvsched.errors import UserInputError
-from kvsched.perf.host import MAX_TERM_S, HostTerms
+from kvsched.perf.host import MAX_TERM_S, HostTerms, format_term
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.spec import InstanceGroup
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from kvsched.calibrate.fit import Calibration
 from kvsched.calibrate.loss import RunErrors
-from kvsched.calibrate.terms import TERM_MEANING, format_term
-from kvsched.perf.host import TERMS
+from kvsched.calibrate.terms import TERM_MEANING
+from kvsched.perf.host import TERMS, format_term
 
 
 def error_line(label: str, e: RunErrors) -> str:

@@ -15,12 +15,6 @@ from kvsched.perf.host import TERMS, HostTerms
 # How each term is printed (unit, factor from seconds) and its typical size
 # on a data-centre GPU (the start for a backend with no terms of its own; the
 # optimiser's units come from the runs instead: latency_units).
-TERM_UNITS: Mapping[str, tuple[str, float]] = {
-    "prefill_step_per_layer_s": ("ms", 1e3), "step_s": ("ms", 1e3),
-    "per_sampled_request_s": ("us", 1e6), "dp_sync_s": ("ms", 1e3),
-    "arrival_s": ("ms", 1e3), "per_prompt_token_s": ("us", 1e6),
-    "per_prefill_request_s": ("ms", 1e3), "per_prefill_token_s": ("us", 1e6),
-    "prefill_launch_per_layer_s": ("us", 1e6)}
 TERM_SCALES: Mapping[str, float] = {
     "prefill_step_per_layer_s": 1e-4, "step_s": 1e-4, "per_sampled_request_s": 2e-6,
     "dp_sync_s": 1e-4, "arrival_s": 1e-3, "per_prompt_token_s": 1e-6,
@@ -112,11 +106,6 @@ def parse_fit_names(text: str | None, data_parallel_size: int) -> tuple[str, ...
         raise UserInputError("--fit dp_sync_s: the deployment has one DP rank (--data-parallel-size 1), "
                          "where no step pays it; fit it on runs with --data-parallel-size > 1")
     return tuple(dict.fromkeys(names))
-
-
-def format_term(name: str, value: float) -> str:
-    unit, factor = TERM_UNITS[name]
-    return f"{value * factor:.4g} {unit}"
 
 
 def with_terms(base: HostTerms, values: Mapping[str, float]) -> HostTerms:

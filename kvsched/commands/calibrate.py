@@ -15,10 +15,10 @@ from kvsched.calibrate.reanchor import measure_drift, read_iteration_log, reanch
 from kvsched.calibrate.replay import check_run, workload_of
 from kvsched.calibrate.report import format_report, provenance
 from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
-from kvsched.calibrate.terms import DEFAULT_FIT, format_term, parse_fit_names, typical_start
+from kvsched.calibrate.terms import DEFAULT_FIT, parse_fit_names, typical_start
 from kvsched.commands.simulate import check_output_path
 from kvsched.errors import UserInputError
-from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, load_host_terms, save_host_terms
+from kvsched.perf.host import DEFAULT_FILE, TERMS, HostTerms, format_term, load_host_terms, save_host_terms
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.step_profile import save_profile
 from kvsched.sim.deployment import Deployment

@@ -126,6 +126,26 @@ class HostTerms:
         return {name: float(getattr(self, name)) for name in TERMS}
 
 
+# Each term's display unit (its value times the factor).
+TERM_UNITS: dict[str, tuple[str, float]] = {
+    "prefill_step_per_layer_s": ("ms", 1e3), "step_s": ("ms", 1e3),
+    "per_sampled_request_s": ("us", 1e6), "dp_sync_s": ("ms", 1e3),
+    "arrival_s": ("ms", 1e3), "per_prompt_token_s": ("us", 1e6),
+    "per_prefill_request_s": ("ms", 1e3), "per_prefill_token_s": ("us", 1e6),
+    "prefill_launch_per_layer_s": ("us", 1e6)}
+
+
+def format_term(name: str, value: float) -> str:
+    """A term's value in its display unit (``"0.28 ms"``)."""
+    unit, factor = TERM_UNITS[name]
+    return f"{value * factor:.4g} {unit}"
+
+
+def describe_terms(h: HostTerms) -> str:
+    """Every non-zero term by name and value, or "all 0"."""
+    return ", ".join(f"{n} {format_term(n, v)}" for n, v in h.terms().items() if v) or "all 0"
+
+
 NO_HOST_TIME = HostTerms(0.0, "any", "any", "no host terms (kernel time only)")
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
-from kvsched.perf.host import HostTerms
+from kvsched.perf.host import HostTerms, describe_terms
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.profile_fit import SMALL_STEP_TERMS, TERMS, ProfileFit, fit_steps, small_step_index
 from kvsched.perf.serving_fit import ServingFit
@@ -96,13 +96,9 @@ def profile_host_terms(profile: StepProfile, serving: ServingFit, runtime: Runti
                               profile.path or "step profile", runtime.cpu_step_s, runtime.cpu_per_request_s)
 
 
-def _terms_text(h: HostTerms) -> str:
-    return (f"{1e3 * h.step_s:.2f} ms a step + {1e3 * h.per_sampled_request_s:.3f} ms a sampled request, "
-            f"arrival {1e3 * h.arrival_s:.2f} ms + {1e6 * h.per_prompt_token_s:.2f} us a prompt token")
-
-
 # Where the small-step terms start in the fit's coefficients.
 _FIRST_SMALL = TERMS.index(SMALL_STEP_TERMS[0])
+
 
 class ProfiledStepTimeModel(StepTimeModel):
     """Steps priced by a fit to the user's own vLLM's step times (see the module)."""
@@ -149,11 +145,11 @@ class ProfiledStepTimeModel(StepTimeModel):
         path, a calibration's, or none (and why none)."""
         h = self.host
         if self.host_source == "profile" and h is not None and self.profile.serving is not None:
-            return ("host terms: the serving path the profile measured (" + _terms_text(h)
+            return ("host terms: the serving path the profile measured (" + describe_terms(h)
                     + f"; fitted to its streamed requests, median |error| "
                     f"{100 * self.profile.serving.gap_median_abs_error:.1f} % of the period between tokens)")
         if h is not None:
-            return f"host terms given ({h.provenance}: " + _terms_text(h) + ")"
+            return f"host terms given ({h.provenance}: " + describe_terms(h) + ")"
         if self.profile.requests or self.profile.serving is not None:
             return "no host terms (the profile's serving path was not fitted: see its notes)"
         return ("no host terms (the profile predates serving-path measurement: kvsched profile again, or "

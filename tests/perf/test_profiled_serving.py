@@ -108,7 +108,8 @@ def test_the_profiles_serving_path_prices_the_host_time_by_default(tmp_path: Pat
     # The iteration clock's part is the fit alone.
     assert sm.forward_time(decode) == old.forward_time(decode)
     text = sm.describe_backend()
-    assert "host terms: the serving path the profile measured (2.00 ms a step" in text
+    assert ("host terms: the serving path the profile measured (step_s 2 ms, per_sampled_request_s 250 us, "
+            "arrival_s 5 ms, per_prompt_token_s 4 us;") in text
     # Another CPU time per step in the simulation: the measured gap stays whole.
     other = backend(prof, runtime=RuntimeConfig(async_scheduling=False, cpu_step_s=1e-3))
     assert other.host is not None and other.host.step_s == pytest.approx(1.5e-3)
@@ -118,10 +119,12 @@ def test_the_profiles_serving_path_prices_the_host_time_by_default(tmp_path: Pat
 def test_a_calibration_replaces_them_and_says_so(tmp_path: Path) -> None:
     prof = load_profile(with_serving(tmp_path))
     given = HostTerms(prefill_step_per_layer_s=0.0, vllm_version="0.32.0", hardware_class="cpu",
-                      provenance="kvsched calibrate on run.json", step_s=1e-3)
+                      provenance="kvsched calibrate on run.json", step_s=1e-3, per_prefill_token_s=3e-6)
     sm = backend(prof, host=given)
     assert sm.host == given and sm.host_source == "given"
-    assert "host terms given (kvsched calibrate on run.json" in sm.describe_backend()
+    # Every term the file prices is named, the prefill ones too.
+    assert ("host terms given (kvsched calibrate on run.json: step_s 1 ms, per_prefill_token_s 3 us)"
+            in sm.describe_backend())
     # The same terms again (calibrate's candidates): still the profile's.
     mine = backend(prof)
     assert mine.host is not None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, seed, settings
@@ -35,7 +36,10 @@ from kvsched.errors import CannotServe
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.host import HostTerms
 from kvsched.perf.measured import MeasuredStepTimeModel
-from kvsched.perf.step_time import ParallelConfig, StepTimeModel
+from kvsched.perf.models import load_model_config
+from kvsched.perf.profiled import ProfiledStepTimeModel
+from kvsched.perf.step_profile import load_profile
+from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, StepTimeModel
 from kvsched.sim.dp import DPOptions, DPSimulator
 from kvsched.sim.offload_transfer import OffloadConfig
 from kvsched.sim.rank import SimResult
@@ -61,6 +65,13 @@ HOST = HostTerms(0.2e-3, "test", "test", "fuzzer", step_s=0.3e-3, per_sampled_re
                  dp_sync_s=0.5e-3, arrival_s=2e-3, per_prompt_token_s=20e-6)
 DENSE_HOST = MeasuredStepTimeModel(get_model("Llama-3.1-8B"), H100, host=HOST)
 MOE_MODEL = get_model("Qwen3-30B-A3B")
+# A step profile's fit (the committed tiny-Llama CPU profile): its 1-4-token
+# steps carry costs of their own, which a fast-forwarded decode stretch must
+# price as each step alone. Lockstep MoE ranks stay on the roofline (a
+# profile is of one dense model).
+_TINY = Path(__file__).parents[1] / "perf" / "data"
+DENSE_PROFILED = ProfiledStepTimeModel(load_model_config(_TINY / "tiny_llama"), H100, ParallelConfig(),
+                                       RuntimeConfig(), load_profile(_TINY / "tiny_llama_profile.json"))
 
 
 @st.composite
@@ -117,7 +128,7 @@ class Case:
     eos: float
     seed: int
     workload: Workload
-    backend: str = "roofline"  # "roofline", "measured" or "measured-host" (host terms on)
+    backend: str = "roofline"  # "roofline", "measured", "measured-host" (host terms on), "profiled"
     offload: OffloadConfig | None = None  # KV offloading to CPU (vLLM's OffloadingConnector)
 
 
@@ -161,19 +172,21 @@ def cases(draw: st.DrawFn) -> Case:
         offload = OffloadConfig(size_gib=1.0, num_cpu_blocks=draw(st.sampled_from([1, 4, 16, 64, 512])),
                                 bytes_per_block=draw(st.sampled_from([1 << 14, 1 << 17, 1 << 21])),
                                 tensor_parallel_size=1, host_link_bw=draw(st.sampled_from([1e9, 5e10])))
+    backend = draw(st.sampled_from(["roofline", "measured", "measured-host", "profiled"]))
     return Case(kind, size, router, policy, interval, sched, cache, eos, draw(st.integers(0, 99)),
-                draw(workloads()), draw(st.sampled_from(["roofline", "measured", "measured-host"])), offload)
+                draw(workloads()), backend, offload)
 
 
 def _lockstep_model(size: int, backend: str) -> StepTimeModel:
     parallel = ParallelConfig(1, size, enable_expert_parallel=True)
-    if backend == "roofline":
+    if backend in ("roofline", "profiled"):
         return StepTimeModel(MOE_MODEL, H100, parallel)
     return MeasuredStepTimeModel(MOE_MODEL, H100, parallel, host=HOST if backend == "measured-host" else None)
 
 
 def _dense_model(backend: str) -> StepTimeModel:
-    return {"roofline": DENSE, "measured": DENSE_MEASURED, "measured-host": DENSE_HOST}[backend]
+    return {"roofline": DENSE, "measured": DENSE_MEASURED, "measured-host": DENSE_HOST,
+            "profiled": DENSE_PROFILED}[backend]
 
 
 def _kv_state(sched: Scheduler) -> tuple[Any, ...]:
