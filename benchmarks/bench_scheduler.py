@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.core.trace import first_difference
-from kvsched.replay import parse_scenario, replay
+from kvsched.scenario import parse_scenario, replay
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE_DIR = Path(os.environ.get("KVSCHED_REFERENCE_DIR", REPO.parent / "shared" / "reference"))

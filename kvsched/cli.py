@@ -48,7 +48,7 @@ def _explain_step(step: int, output: SchedulerOutput, record: dict[str, Any],
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from kvsched.replay import check_requests, load_scenario, replay
+    from kvsched.scenario import check_requests, load_scenario, replay
 
     scenario = load_scenario(args.scenario)
     check_requests(scenario)  # before the trace file is created

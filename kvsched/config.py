@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import json_problem, strict_loads
 
 POLICIES = ("fcfs", "priority")
@@ -54,7 +55,7 @@ def batch_queue_size(async_scheduling: bool, pipeline_parallel_size: int = 1) ->
 
 def check_pipeline_parallel_size(value: object) -> None:
     """vLLM's ``pipeline_parallel_size``: 1 (no PP) to MAX_PIPELINE_PARALLEL_SIZE."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PIPELINE_PARALLEL_SIZE:
+    if not is_int(value) or not 1 <= value <= MAX_PIPELINE_PARALLEL_SIZE:
         raise _fail("pipeline_parallel_size", value,
                     f"must be an integer in [1, {MAX_PIPELINE_PARALLEL_SIZE}]",
                     "use 1 for no pipeline parallelism, or the number of pipeline stages")
@@ -77,6 +78,13 @@ MAX_BLOCK_SIZE = 4096
 # each, max RSS), so 2**24 is ~800 MB of bookkeeping, and 2**24 blocks of 16
 # tokens are 268M tokens of KV, over 20x what any GPU holds.
 MAX_NUM_GPU_BLOCKS = 2**24
+# A scenario file (kvsched replay, the conformance corpus) builds its block
+# pool whole, and every input file must be refused or read within 2 s and
+# 200 MB: 2**21 blocks cost about 100 MB and 0.2 s to build (and hold 33M
+# tokens at block size 16, more than any single GPU's cache).
+MAX_SCENARIO_GPU_BLOCKS = 2**21
+# vLLM's max_loras: adapter slots in one batch, a uint16 in its LoRA mapping.
+MAX_LORAS = 2**16 - 1
 
 
 def _fail(field: str, value: object, rule: str, fix: str) -> UserInputError:
@@ -84,21 +92,21 @@ def _fail(field: str, value: object, rule: str, fix: str) -> UserInputError:
 
 
 def _require_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise _fail(name, value, "must be an integer", f"pass a whole number for {name}")
     if value < 1:
         raise _fail(name, value, "must be positive", f"set {name} to 1 or more")
 
 
 def check_long_prefill_token_threshold(value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value) or value < 0:
         raise _fail("long_prefill_token_threshold", value,
                     "must be a non-negative integer", "use 0 to disable the cap")
 
 
 def check_gpu_memory_utilization(value: object) -> None:
     """vLLM's ``gpu_memory_utilization``: a fraction of device memory in (0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+    if not is_number(value) or not 0 < value <= 1:
         raise _fail("gpu_memory_utilization", value, "must be a fraction in (0, 1]",
                     "e.g. 0.9 gives the engine 90 % of the device's memory")
 
@@ -107,7 +115,7 @@ def check_num_gpu_blocks_override(value: object) -> None:
     """None (size the cache from memory) or at least 2 blocks."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+    if not is_int(value) or value < 2:
         raise _fail("num_gpu_blocks_override", value,
                     "must be an integer >= 2 (one block is vLLM's reserved null block)",
                     "leave it unset to size the cache from memory")
@@ -246,13 +254,13 @@ class SpeculativeConfig:
             raise _fail("speculative_config.method", self.method, "unknown speculative method",
                         f"use one of {', '.join(SPECULATIVE_METHODS)}")
         k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        if not is_int(k) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise _fail("speculative_config.num_speculative_tokens", k,
                         f"must be an integer in [1, {MAX_SPECULATIVE_TOKENS}]",
                         "give the number of draft tokens proposed per step, e.g. 3")
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and (not is_int(v) or v < 1):
                 raise _fail(f"speculative_config.{name}", v, "must be an integer >= 1",
                             "leave it unset for vLLM's default")
         if self.method not in NGRAM_METHODS and (
@@ -283,10 +291,6 @@ class SpeculativeConfig:
         """KV slots reserved past the scheduled tokens for the drafter's own
         positions: K for drafter-model methods, 0 for n-gram."""
         return self.num_speculative_tokens if self.method in DRAFTER_METHODS else 0
-
-    @property
-    def uses_drafter(self) -> bool:
-        return self.method in DRAFTER_METHODS
 
 
 def resolve_speculative_method(method: object, supported: Sequence[str], refusal: str) -> str:
@@ -375,6 +379,6 @@ class LoRAConfig:
 
     def __post_init__(self) -> None:
         m = self.max_loras
-        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 2**16 - 1:
-            raise _fail("max_loras", m, "must be an integer in [1, 65535]",
+        if not is_int(m) or not 1 <= m <= MAX_LORAS:
+            raise _fail("max_loras", m, f"must be an integer in [1, {MAX_LORAS}]",
                         "give the number of adapters that may run in one batch")

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.files import read_text
 from kvsched.jsonfile import json_problem, show, strict_loads
 
@@ -180,7 +181,7 @@ class HFConfig:
     def get_int(self, *keys: str, default: object = _MISSING) -> int:
         """An integer within the field's stated bounds (:data:`INT_BOUNDS`)."""
         key, value = self._raw(keys, default)
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise self.fail(key, value, "must be an integer")
         low, high, why = INT_BOUNDS.get(key, _INT64)
         if not low <= value <= high:
@@ -192,7 +193,7 @@ class HFConfig:
     def get_number(self, key: str, default: float) -> float:
         """A finite number within the field's stated bounds (:data:`NUMBER_BOUNDS`)."""
         _, value = self._raw((key,), default)
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if not is_number(value):
             raise self.fail(key, value, "must be a number")
         try:
             number = float(value)

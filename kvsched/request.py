@@ -11,6 +11,7 @@ from itertools import repeat
 from typing import overload
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 
 
 class RequestStatus(enum.IntEnum):
@@ -151,13 +152,13 @@ _NUMBER_TYPES = (int, float)
 
 
 def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise UserInputError(f"{name}={value!r}: must be a number; pass an int or a float")
     return value
 
 
 def _integer(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise UserInputError(f"{name}={value!r}: must be an integer; pass an int")
     return value
 
@@ -480,10 +481,10 @@ class Request:
                 f"request {rid}: prompt length {self.num_prompt_tokens} must be below "
                 f"max_model_len ({max_model_len}) to leave room for one output token; "
                 "shorten the prompt or raise max_model_len")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+        if not is_int(self.priority):
             raise UserInputError(f"request {rid}: priority={self.priority!r} must be an integer")
         t = self.arrival_time
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if not is_number(t) or not math.isfinite(t) or t < 0:
             raise UserInputError(f"request {rid}: arrival_time={t!r} must be a finite number of seconds "
                              ">= 0")
         if type(self.lora_id) is not int or not 0 <= self.lora_id < 2**31:
@@ -492,9 +493,9 @@ class Request:
         if type(self.private) is not bool:
             raise UserInputError(f"request {rid}: private={self.private!r} must be True or False")
         sp = self.sampling_params
-        if isinstance(sp.max_tokens, bool) or not isinstance(sp.max_tokens, int) or sp.max_tokens < 1:
+        if not is_int(sp.max_tokens) or sp.max_tokens < 1:
             raise UserInputError(f"request {rid}: max_tokens={sp.max_tokens!r} must be an integer >= 1")
-        if isinstance(sp.min_tokens, bool) or not isinstance(sp.min_tokens, int) or sp.min_tokens < 0:
+        if not is_int(sp.min_tokens) or sp.min_tokens < 0:
             raise UserInputError(f"request {rid}: min_tokens={sp.min_tokens!r} must be an integer >= 0")
         if sp.min_tokens > sp.max_tokens:
             raise UserInputError(

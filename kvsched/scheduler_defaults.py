@@ -19,6 +19,7 @@ from typing import Literal
 # class), named here too as the fallback of ``get_batch_defaults``.
 from kvsched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, MAX_STEP_LIMIT
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.jsonfile import show
 
 __all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "DEFAULT_MAX_NUM_SEQS", "DEVICE_TYPES", "DeviceInfo",
@@ -56,10 +57,10 @@ class DeviceInfo:
     def __post_init__(self) -> None:
         if self.device_type not in DEVICE_TYPES:
             raise UserInputError(f"device_type={self.device_type!r}: use one of {', '.join(DEVICE_TYPES)}")
-        if isinstance(self.total_memory, bool) or not isinstance(self.total_memory, int) \
+        if not is_int(self.total_memory) \
                 or self.total_memory < 0:
             raise UserInputError(f"total_memory={self.total_memory!r}: must be a byte count >= 0")
-        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+        if not is_int(self.world_size) or self.world_size < 1:
             raise UserInputError(f"world_size={self.world_size!r}: must be an integer >= 1")
 
 
@@ -103,7 +104,7 @@ def check_optional_limit(field: str, value: object) -> None:
     if value is None:
         return
     flag = "--" + field.replace("_", "-")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise UserInputError(f"{field}={value!r} ({flag}): must be a positive integer; "
                          f"leave it unset for vLLM's default")
     if value > MAX_STEP_LIMIT:

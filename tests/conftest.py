@@ -4,6 +4,7 @@ engine's reference. Only tests that ask for them import torch."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,21 @@ import pytest
 # The reference must never reach for the network: everything here is local.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Headless Chromium, which renders the HTML pages in the screenshot
+    tests. Where it is missing those tests skip, except in CI
+    (``KVSCHED_CI=1``, set by .ci/run, which installs it): there a missing
+    Chromium fails them instead of skipping them silently."""
+    path = shutil.which("chromium")
+    if path is None:
+        why = "needs Chromium for the screenshot: apt-get install -y chromium"
+        if os.environ.get("KVSCHED_CI") == "1":
+            pytest.fail(f"{why} (KVSCHED_CI=1: the screenshot tests must run in CI)")
+        pytest.skip(why)
+    return path
 
 
 @pytest.fixture(scope="session")

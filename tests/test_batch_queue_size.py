@@ -20,7 +20,7 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.request import Request, SamplingParams
 
 KVSCHED = Path(__file__).resolve().parents[1] / "kvsched"
-USERS = ["replay.py", "engine/core.py", "sim/instance.py", "core/scheduler.py"]
+USERS = ["scenario/run.py", "engine/core.py", "sim/instance.py", "core/scheduler.py"]
 
 
 def test_the_depth_is_vllms() -> None:

@@ -17,7 +17,7 @@ import pytest
 from kvsched.hf_config import HFConfig, language_model_config, read_llama_family, read_rope
 from kvsched.model.config import load_model_config as load_engine_config
 from kvsched.perf.models import ModelSpec
-from kvsched.perf.models import load_model_config as load_sim_spec
+from kvsched.perf.models import load_model_spec as load_sim_spec
 
 BASE = {"vocab_size": 1000, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
         "num_attention_heads": 8}

@@ -177,12 +177,12 @@ def test_core_layers_run_one_way() -> None:
 # import from its own layer or lower ones only.
 LAYERS: dict[str, int] = {
     # shared vocabulary
-    "errors": 0, "jsonfile": 0, "files": 0, "progress": 0, "version": 0,
+    "errors": 0, "fields": 0, "jsonfile": 0, "yamlfile": 0, "files": 0, "progress": 0, "version": 0,
     "config": 1, "request": 1, "hf_config": 1, "scheduler_defaults": 1, "engine_flags": 1,
     # the exact scheduler
     "core": 2,
     # what the scheduler drives: the performance model; the real model
-    "perf": 3, "model": 3, "executor": 4, "replay": 3,
+    "perf": 3, "model": 3, "executor": 4, "scenario": 3,
     # the simulator; the engine
     "sim": 5, "engine": 5,
     # pages, calibration, validation and the tuner, built on the simulator

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeyError, json_problem, show, strict_loads
 from kvsched.sim.workload import arrival_times_of_rate
@@ -131,7 +132,7 @@ def _where(source: str, key: str) -> str:
 
 def _number(source: str, key: str, value: object, *, minimum: float | None = None,
             positive: bool = False, maximum: float | None = None) -> float:
-    if (isinstance(value, bool) or not isinstance(value, int | float)
+    if (not is_number(value)
             or not math.isfinite(value if isinstance(value, float) else 0.0)
             or (isinstance(value, int) and abs(value) > 10**300)):
         raise UserInputError(f"{_where(source, key)}={show(value)}: must be a finite number")
@@ -146,7 +147,7 @@ def _number(source: str, key: str, value: object, *, minimum: float | None = Non
 
 
 def _count(source: str, key: str, value: object, minimum: int, maximum: int = LENGTH_LIMIT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+    if not is_int(value) or not minimum <= value <= maximum:
         raise UserInputError(f"{_where(source, key)}={show(value)}: must be an integer in "
                          f"[{minimum}, {maximum}]")
     return value
@@ -209,7 +210,7 @@ def _file_seed(data: Mapping[str, Any], source: str) -> int | None:
         return None
     if isinstance(seed, str) and seed.strip().isdigit() and len(seed.strip()) <= 12:
         seed = int(seed)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+    if not is_int(seed) or not 0 <= seed < SEED_LIMIT:
         raise UserInputError(f"{_where(source, key)}={show(seed)}: must be the run's --seed, an integer in "
                          f"[0, 2**32); fix it or remove the key and pass --seed")
     return seed

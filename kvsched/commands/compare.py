@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import json
 import shlex
 import sys
@@ -41,6 +40,7 @@ from kvsched.sim.run import PreparedRun, RunResult, run_prepared
 from kvsched.sim.run import prepare as prepare_spec
 from kvsched.sim.simulator import stderr_progress
 from kvsched.sim.spec import RunSpec
+from kvsched.yamlfile import parse_yaml
 
 # Exit status when a variant hit a bug in kvsched (as the command line's).
 EXIT_INTERNAL_ERROR = 3
@@ -155,18 +155,7 @@ def read_variants_file(path: str, flag: str = "--variants") -> object:
     except UserInputError as e:
         raise UserInputError(f"{flag}={e}") from None
     if path.endswith((".yaml", ".yml")):
-        yaml = importlib.import_module("yaml")
-        try:
-            return yaml.safe_load(text)
-        except RecursionError:
-            raise UserInputError(f"{flag}={path}: not usable YAML: nested too deeply") from None
-        except ValueError as e:  # e.g. an integer of over 4,300 digits
-            raise UserInputError(f"{flag}={path}: not usable YAML: {one_line(str(e), 200)}") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise UserInputError(f"{flag}={path}: not valid YAML{where}: {problem}") from None
+        return parse_yaml(f"{flag}={path}", text)
     try:
         return strict_loads(text)
     except ValueError as e:

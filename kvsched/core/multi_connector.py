@@ -32,7 +32,7 @@ reads its own (a NIXL child's role decides ``requires_kv_delivery``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -262,13 +262,3 @@ class MultiScriptedWorker:
             failed |= child_failed
         out = combine_reports(reports, self.pending_saves)
         return (out if out is not None else KVConnectorOutput()), failed
-
-
-# A child connector built from its checked config.
-ChildFactory = Callable[[KVTransferConfig], KVConnectorBase]
-
-
-def build_multi_connector(config: KVTransferConfig, make_child: ChildFactory) -> MultiConnector:
-    """vLLM's MultiConnector from its ``kv_transfer_config``: each child of
-    ``kv_connector_extra_config.connectors`` built by ``make_child``."""
-    return MultiConnector(config, [make_child(c) for c in multi_child_configs(config)])

@@ -38,6 +38,7 @@ from kvsched.core.kv_connector import KVConnectorBase, KVConnectorOutput, KVTran
 from kvsched.core.output import SchedulerOutput
 from kvsched.core.scripted_connector import DueCompletions
 from kvsched.errors import UserInputError
+from kvsched.fields import is_number
 from kvsched.request import Request, RequestStatus
 
 # The params a read needs besides remote_block_ids; without all of them
@@ -103,7 +104,7 @@ def check_nixl_extra_config(extra: Mapping[str, Any]) -> dict[str, Any]:
     settings = {**EXTRA_DEFAULTS, **{k: v for k, v in extra.items() if k in EXTRA_DEFAULTS}}
     for key in ("kv_lease_duration", "kv_recompute_threshold", "decoder_kv_blocks_ttl"):
         value = settings[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if not is_number(value) or value < 0:
             raise UserInputError(f"kv_connector_extra_config.{key}={value!r}: must be a number >= 0 "
                                  f"(vLLM's default: {EXTRA_DEFAULTS[key]})")
     if settings["bidirectional_kv_xfer"]:

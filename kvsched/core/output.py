@@ -154,10 +154,6 @@ class KVConnectorOutput:
     # interpreted class cannot extend a compiled one.
     kv_connector_worker_meta: Any = None
 
-    def is_empty(self) -> bool:
-        return not (self.finished_sending or self.finished_recving or self.failed_recving
-                    or self.invalid_block_ids) and self.kv_connector_worker_meta is None
-
 
 @dataclass(slots=True, init=False)
 class ModelRunnerOutput:
@@ -210,12 +206,23 @@ class SpecDecodingStats:
             self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
 
     def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """One request's verification: ``num_accepted_tokens`` of its
+        ``num_draft_tokens`` drafts accepted (the first ones, in order)."""
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
         per_pos = self.num_accepted_tokens_per_pos
         for i in range(num_accepted_tokens):
             per_pos[i] += 1
+
+    def merge(self, other: SpecDecodingStats) -> None:
+        """Add ``other``'s counts (another step's, or another engine's)."""
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        for i, n in enumerate(other.num_accepted_tokens_per_pos):
+            per_pos[i] += n
 
 
 @dataclass(slots=True, init=False)

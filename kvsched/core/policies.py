@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 from kvsched.core.view import SchedulerView
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 
 if TYPE_CHECKING:
     from kvsched.core.output import SchedulerOutput
@@ -82,7 +83,7 @@ class PrefillCadence:
     """
 
     def __init__(self, interval: int) -> None:
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        if not is_int(interval) or interval < 1:
             raise UserInputError(f"prefill_schedule_interval={interval!r}: must be an integer >= 1")
         self.interval = interval
         self.capacity_bound = False
@@ -188,7 +189,7 @@ class DPRankStates:
     def __init__(self, size: int, dp_sync_interval: int = 16) -> None:
         if size < 1:
             raise UserInputError(f"data parallel size {size}: must be >= 1")
-        if isinstance(dp_sync_interval, bool) or not isinstance(dp_sync_interval, int) \
+        if not is_int(dp_sync_interval) \
                 or dp_sync_interval < 1:
             raise UserInputError(f"dp_sync_interval={dp_sync_interval!r}: must be an integer >= 1")
         self.running = [0] * size

@@ -236,10 +236,9 @@ class Scheduler:
         # result; tests/core/test_spec_async.py checks it).
         self._plain = not num_spec and not self._overlap
         # Async without drafts: the running phase's fast path (placeholders
-        # counted) and an output update of its own; the general paths give
-        # the same result (tests/core/test_spec_async.py checks both).
+        # counted); the general path gives the same result
+        # (tests/core/test_spec_async.py checks it).
         self._fast_running = not num_spec and not self._decode_stagger
-        self._async_plain = self.async_scheduling and not num_spec
         # The drafts a request waits for under async scheduling: K -1s
         # (vLLM's _spec_token_placeholders). Shared, never mutated.
         self._spec_placeholders: list[int] = [-1] * num_spec
@@ -309,7 +308,6 @@ class Scheduler:
         self.requires_kv_delivery = connector.requires_kv_delivery
         # The connector's work sits in update_from_output's general path.
         self._plain = False
-        self._async_plain = False
         num_spec_step = 1 + self.num_spec_tokens + self.num_lookahead_tokens if self.num_spec_tokens else 0
         self._spec_decode_step_blocks = -(-num_spec_step // self.block_size)
 
@@ -1336,8 +1334,6 @@ class Scheduler:
         if self.connector is not None:
             return self._update_from_output_connector(scheduler_output, model_runner_output)
         if not self._plain:
-            if self._async_plain:
-                return self._update_from_output_async(scheduler_output, model_runner_output)
             return self._update_from_output_general(scheduler_output, model_runner_output)
         req_ids = model_runner_output.req_ids
         sampled = model_runner_output.sampled_token_ids
@@ -1473,7 +1469,6 @@ class Scheduler:
             # their in-flight counts): one pass here, none per request below.
             targets = [None if t is not None and t.request_id in skip else t for t in targets]
         stats: SpecDecodingStats | None = None
-        per_pos: list[int] = []
         stopped: list[tuple[Request, int]] = []
         waiting_stops: list[Request] = []
         dropped: list[str] = []
@@ -1509,13 +1504,7 @@ class Scheduler:
                         request.num_output_placeholders -= num_rejected
                 if stats is None:
                     stats = SpecDecodingStats(num_spec)
-                    per_pos = stats.num_accepted_tokens_per_pos
-                stats.num_drafts += 1
-                stats.num_draft_tokens += len_(drafts)
-                if num_accepted:
-                    stats.num_accepted_tokens += num_accepted
-                    for i in range(num_accepted):
-                        per_pos[i] += 1
+                stats.observe_draft(len_(drafts), num_accepted)
             had_placeholders = request.num_output_placeholders > 0
             was_running = request.status is running
             kept = 0
@@ -1684,87 +1673,6 @@ class Scheduler:
                 self._free_blocks(request)
         for rid in sorted(kv_output.finished_sending):
             self._free_blocks(requests[rid])
-
-    def _update_from_output_async(self, scheduler_output: SchedulerOutput,
-                                  model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
-        """``_update_from_output_general`` without drafts (async scheduling's
-        usual case): every entry of a request that samples is one token.
-        Every entry is checked before anything changes."""
-        num_scheduled = scheduler_output.num_scheduled_tokens
-        entries = _entries_in_order(num_scheduled, model_runner_output)
-        chunks = scheduler_output.prefill_chunk_req_ids
-        get_request = self.requests.get
-        receives = self._receives_output
-        limit = self.token_limit
-        # Pass 1: check every entry and find its request (None: dropped).
-        targets: list[Request | None] = []
-        len_, type_, list_, int_, running = len, type, list, int, RUNNING
-        for rid, entry in zip(num_scheduled, entries):
-            # One int token in range (the common entry) checked inline.
-            one_token = (type_(entry) is list_ and len_(entry) == 1 and type_(entry[0]) is int_
-                         and 0 <= entry[0] < limit)
-            if not one_token:
-                _check_token_list(f"model_runner_output: sampled_token_ids for {rid}", entry, limit)
-            request = get_request(rid)
-            if request is None or (request.status is not running and not receives(request)):
-                targets.append(None)
-                continue
-            if rid in chunks:
-                if entry:
-                    raise _mid_prefill_error(rid, entry)
-            elif not one_token:
-                raise UserInputError(
-                    f"model_runner_output: {rid} samples 1 token plus its accepted drafts "
-                    f"(0 were scheduled), so 1 to 1 tokens, got {len(entry)}")
-            targets.append(request)
-        if num_scheduled:
-            self._in_flight.popleft()
-        # Pass 2: apply.
-        stopped: list[tuple[Request, int]] = []
-        waiting_stops: list[Request] = []
-        dropped: list[str] = []
-        kv = self.kv_cache_manager
-        caching = kv.enable_caching
-        num_cached_block = kv.num_cached_block
-        bs = self.block_size
-        for (rid, n_sched), entry, request in zip(num_scheduled.items(), entries, targets):
-            if request is None:
-                if entry:
-                    dropped.append(rid)
-                continue
-            request.num_in_flight_tokens -= n_sched
-            stale = request.num_stale_output_tokens > 0
-            if stale:
-                request.num_stale_output_tokens -= n_sched
-            if not entry:
-                continue
-            had_placeholders = request.num_output_placeholders > 0
-            was_running = request.status is running
-            token = entry[0]
-            kept = 0
-            if request.num_tokens + 1 < request.stop_len and token not in request.all_stop_ids:
-                # One token that cannot stop the request: Request.append_output, inlined.
-                request.output_token_ids.append(token)
-                if not request._outputs_in_all:
-                    request.all_token_ids.append(token)
-                request.num_tokens += 1
-            else:
-                request.append_output(token)
-                if (token in request.all_stop_ids or request.num_tokens >= request.stop_len) \
-                        and self._check_stop(request, token):
-                    kept = 1
-            if not stale and had_placeholders:
-                request.num_output_placeholders -= 1
-                # Blocks whose tokens became known enter the prefix cache.
-                known = request.num_computed_tokens - request.num_in_flight_tokens
-                if caching and was_running and known // bs > num_cached_block.get(rid, 0):
-                    kv.cache_blocks(request, known)
-            if kept:
-                stopped.append((request, kept))
-                if not was_running:
-                    waiting_stops.append(request)
-        finished = self._finish_stopped(stopped, waiting_stops) if stopped else []
-        return EngineCoreOutputs(model_runner_output, finished, dropped)
 
     @staticmethod
     def _check_stop(request: Request, token: int) -> bool:

@@ -21,6 +21,7 @@ from kvsched.config import (
     speculative_object,
 )
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.jsonfile import show
 from kvsched.scheduler_defaults import UsageContext, check_optional_limit
 
@@ -44,7 +45,7 @@ def check_seed(field: str, value: object) -> None:
     """None or an integer torch can seed a generator with."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise UserInputError(f"{field}={show(value)}: must be an integer")
     if not MIN_SEED <= value <= MAX_SEED:
         raise UserInputError(f"{field}={show(value)}: outside the seeds torch takes "
@@ -172,7 +173,7 @@ class EngineArgs:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
         check_num_gpu_blocks_override(self.num_gpu_blocks_override)
         block = self.block_size
-        if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK_SIZE:
+        if not is_int(block) or not 1 <= block <= MAX_BLOCK_SIZE:
             raise UserInputError(f"block_size={show(block)} (--block-size): must be an integer in "
                              f"[1, {MAX_BLOCK_SIZE}] (a longer block outgrows most requests' whole "
                              f"context); vLLM's default is {DEFAULT_BLOCK_SIZE}")

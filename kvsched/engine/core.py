@@ -389,9 +389,5 @@ class EngineCore:
             total = self.spec_decoding_stats
             if total is None:
                 total = self.spec_decoding_stats = SpecDecodingStats(stats.num_spec_tokens)
-            total.num_drafts += stats.num_drafts
-            total.num_draft_tokens += stats.num_draft_tokens
-            total.num_accepted_tokens += stats.num_accepted_tokens
-            for pos, n in enumerate(stats.num_accepted_tokens_per_pos):
-                total.num_accepted_tokens_per_pos[pos] += n
+            total.merge(stats)
         return outputs

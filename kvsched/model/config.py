@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.hf_config import HFConfig, RopeFields, read_config_json, read_llama_family, read_rope
 
 # The architectures the engine runs, with their config.json model_type.
@@ -64,7 +65,7 @@ class ModelConfig:
                      "num_attention_heads", "num_key_value_heads", "head_dim",
                      "max_position_embeddings"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise UserInputError(f"{name}={value!r}: must be a positive integer; fix config.json")
         if self.num_attention_heads % self.num_key_value_heads:
             raise UserInputError(
@@ -91,7 +92,7 @@ class ModelConfig:
 
 
 def _number(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value):
         raise UserInputError(f"{where}={value!r}: must be a number; fix config.json")
     return float(value)
 
@@ -101,7 +102,7 @@ def _token_ids(where: str, value: Any) -> list[int]:
         return []
     items = value if isinstance(value, list) else [value]
     for item in items:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+        if not is_int(item) or item < 0:
             raise UserInputError(f"{where}={value!r}: must be a token id or a list of token ids")
     return list(items)
 
@@ -125,7 +126,7 @@ def _rope_scaling(rope: RopeFields, max_position_embeddings: int) -> RopeScaling
     if rope.rope_type == "llama3":
         # transformers falls back to max_position_embeddings the same way.
         orig = params.get("original_max_position_embeddings", max_position_embeddings)
-        if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 0:
+        if not is_int(orig) or orig <= 0:
             raise UserInputError(f"{where}.original_max_position_embeddings={orig!r}: "
                              "must be a positive integer; fix config.json")
         low = _number(f"{where}.low_freq_factor", params.get("low_freq_factor"))
@@ -200,7 +201,7 @@ def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | 
                                       generation_config.get("eos_token_id")) if t not in eos]
         if bos is None:
             bos = generation_config.get("bos_token_id")
-    if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int)):
+    if bos is not None and (not is_int(bos)):
         raise UserInputError(f"bos_token_id={bos!r}: must be a token id or null; fix config.json")
     dtype = cfg.get("torch_dtype", cfg.get("dtype"))
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 
 if TYPE_CHECKING:
     import torch
@@ -122,7 +123,7 @@ def _check_args(arch: str, hidden_size: int, num_layers: int, num_heads: int, nu
                         ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
                         ("intermediate_size", intermediate_size),
                         ("max_position_embeddings", max_position_embeddings), ("shards", shards)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if not is_int(value) or value <= 0:
             raise UserInputError(f"{name}={value!r}: must be a positive integer")
     if num_heads % num_kv_heads:
         raise UserInputError(f"num_kv_heads={num_kv_heads}: must divide num_heads={num_heads}")
@@ -130,10 +131,10 @@ def _check_args(arch: str, hidden_size: int, num_layers: int, num_heads: int, nu
         raise UserInputError(f"hidden_size={hidden_size}: must be a multiple of num_heads={num_heads} "
                          "(or pass head_dim)")
     dim = head_dim if head_dim is not None else hidden_size // num_heads
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
+    if not is_int(dim) or dim <= 0 or dim % 2:
         raise UserInputError(f"head_dim={dim!r}: must be a positive even integer (rotary embedding)")
     minimum = NUM_BYTE_TOKENS + len(SPECIAL_TOKENS)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < minimum:
+    if not is_int(vocab_size) or vocab_size < minimum:
         raise UserInputError(f"vocab_size={vocab_size!r}: must be an integer >= {minimum} "
                          f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
     # transformers' LlamaConfig rejects initializer_range outside [0, 1].

@@ -21,7 +21,7 @@ from kvsched.perf.models import (
     SUPPORTED_MODEL_TYPES,
     ModelSpec,
     get_model,
-    load_model_config,
+    load_model_spec,
 )
 
 __all__ = [
@@ -35,7 +35,7 @@ __all__ = [
     "get_model",
     "load_efficiency_overrides",
     "load_hardware_file",
-    "load_model_config",
+    "load_model_spec",
     "resolve_hardware_id",
     "with_overrides",
 ]

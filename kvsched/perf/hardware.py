@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
-import importlib
 import math
 import re
 from collections.abc import Mapping
@@ -29,9 +27,11 @@ from types import MappingProxyType
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.files import read_text
 from kvsched.hf_config import parse_json
-from kvsched.jsonfile import number_problem, show
+from kvsched.jsonfile import show
+from kvsched.yamlfile import parse_yaml
 
 _GB = 1e9
 _MIB = 2**20
@@ -112,9 +112,6 @@ _MAX_LABEL = 128
 _MAX_PROSE = 8192
 # A hardware or efficiency file is a few dozen lines; read at most 256 KiB.
 MAX_FILE_BYTES = 2**18
-# Flow collections ([...], {...}) nested deeper than this are refused
-# before parsing: PyYAML's scanner slows to seconds on thousands of levels.
-_MAX_FLOW_DEPTH = 64
 
 
 def _fail(hw_id: object, field: str, value: object, rule: str, fix: str) -> UserInputError:
@@ -124,7 +121,7 @@ def _fail(hw_id: object, field: str, value: object, rule: str, fix: str) -> User
 def _real(value: object) -> float | None:
     """``value`` as a finite float, or None if it is not a real number."""
     # bool is an int subclass; a YAML `true` must not pass as 1.0.
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value):
         return None
     try:
         number = float(value)
@@ -216,7 +213,7 @@ class Hardware:
                 raise _fail(hid, name, value, f"must be a non-empty one-line string of at most "
                             f"{_MAX_LABEL} characters", f"set {name}")
         mem = self.memory_bytes
-        if isinstance(mem, bool) or not isinstance(mem, int) \
+        if not is_int(mem) \
                 or not MIN_MEMORY_BYTES <= mem <= MAX_MEMORY_BYTES:
             raise _fail(hid, "memory_bytes", mem, "must be an integer number of bytes from 2**31 "
                         "(2 GiB) to 2**44 (16 TiB) (accelerators have 16-288 GB)",
@@ -224,7 +221,7 @@ class Hardware:
         for name in ("mem_bw", "bf16_flops", "scaleup_bw"):
             _require_range(hid, name, getattr(self, name))
         domain = self.scaleup_domain
-        if isinstance(domain, bool) or not isinstance(domain, int) or not 1 <= domain <= MAX_SCALEUP_DOMAIN:
+        if not is_int(domain) or not 1 <= domain <= MAX_SCALEUP_DOMAIN:
             raise _fail(hid, "scaleup_domain", domain, f"must be an integer from 1 to {MAX_SCALEUP_DOMAIN}",
                         "give the devices one scale-up fabric joins (8 for an HGX board)")
         for name in ("fp8_flops", "scaleup_link_bw", "fp4_flops", "scaleout_bw", "host_link_bw"):
@@ -599,38 +596,6 @@ def with_overrides(hw: Hardware, **fields: Any) -> Hardware:
     return dataclasses.replace(hw, **fields)
 
 
-def _flow_depth(text: str) -> int:
-    """How deep ``[`` / ``{`` nest in ``text`` (quotes not parsed: an upper bound)."""
-    depth = deepest = 0
-    for char in text:
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}" and depth:
-            depth -= 1
-    return deepest
-
-
-@functools.cache
-def _strict_yaml_loader(yaml: Any) -> Any:
-    """A SafeLoader that refuses a mapping with a repeated key (PyYAML keeps the last)."""
-
-    class Loader(yaml.SafeLoader):  # type: ignore[misc]
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[object] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                if not isinstance(key, str | int | float | bool):
-                    continue  # unhashable: PyYAML's own error follows
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {show(key)}: keep one", key_node.start_mark)
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    return Loader
-
-
 def _read_mapping(path: Path) -> dict[str, Any]:
     """Parse a YAML or JSON file whose top level must be a mapping with string keys."""
     what = "a hardware or efficiency file (YAML/JSON)"
@@ -638,24 +603,10 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     if path.suffix.lower() == ".json":
         data = parse_json(path, text, "fix the file")
     else:
-        if _flow_depth(text) > _MAX_FLOW_DEPTH:
-            raise UserInputError(f"{path}: not valid YAML: [ or {{ nested more than {_MAX_FLOW_DEPTH} deep; "
-                             "fix the file")
-        # Imported here so that importing kvsched.perf stays stdlib-only.
-        yaml = importlib.import_module("yaml")
-        try:
-            data = yaml.load(text, Loader=_strict_yaml_loader(yaml))  # a SafeLoader
-        except (yaml.YAMLError, RecursionError) as err:
-            raise UserInputError(f"{path}: not valid YAML: {one_line(str(err))}; fix the file") from None
-        except ValueError as err:  # an integer over Python's 4300 digits
-            raise UserInputError(f"{path}: not valid YAML: {number_problem(err)}; fix the file") from None
+        data = parse_yaml(str(path), text)
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise UserInputError(f"{path}: top level must be a mapping of field names to values")
     return data
-
-
-def one_line(text: str) -> str:
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 # What YAML 1.2 reads as a number but PyYAML (YAML 1.1) as a string: 3.35e12, 80e9.

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_number
 from kvsched.jsonfile import field_mismatch, read_json_file
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -104,7 +105,7 @@ class HostTerms:
     def __post_init__(self) -> None:
         for name in TERMS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            if not is_number(value) or not math.isfinite(value) \
                     or not 0 <= value <= MAX_TERM_S:
                 raise UserInputError(f"host term {name}={value!r}: must be a number of seconds in "
                                  f"[0, {MAX_TERM_S:g}] (a value in ms or us belongs in seconds)")

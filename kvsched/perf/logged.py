@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import HostTerms
 from kvsched.perf.models import ModelSpec
@@ -100,7 +101,7 @@ class LoggedStepTimeModel(StepTimeModel):
         super().__init__(model, hardware, parallel, runtime, host)
         if not steps:
             raise UserInputError(f"{source}: no logged steps to replay")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        if not is_int(window) or window < 0:
             raise UserInputError(f"{source}: window={window!r}: must be an integer >= 0 (how many logged "
                                  "steps either side a simulated step's batch is looked for; 0: in order)")
         self.steps = tuple(steps)

@@ -33,7 +33,9 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvsched.config import MAX_LORAS
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.jsonfile import show
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.models import ModelSpec
@@ -45,8 +47,6 @@ from kvsched.perf.roofline_factors import KERNEL_LATENCY_S, roofline_factors
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_MAX_LORA_RANK = 16
 DEFAULT_MAX_LORAS = 1
-# vLLM's LoRARequest ids are int32; a server holds far fewer adapters.
-MAX_LORAS_LIMIT = 2**16 - 1
 # lora_dtype "auto" is the model's activation dtype: 16-bit on every
 # deployment kvsched prices (an FP8 checkpoint still runs bf16 activations).
 LORA_DTYPE_BYTES = 2
@@ -125,17 +125,17 @@ def check_lora_options(enable_lora: bool, max_loras: int, max_lora_rank: int, ma
     if type(enable_lora) is not bool or type(fully_sharded_loras) is not bool:
         raise UserInputError(f"enable_lora={enable_lora!r}, fully_sharded_loras={fully_sharded_loras!r}: "
                              "must be true or false")
-    if isinstance(max_loras, bool) or not isinstance(max_loras, int) or not 1 <= max_loras <= MAX_LORAS_LIMIT:
+    if not is_int(max_loras) or not 1 <= max_loras <= MAX_LORAS:
         raise UserInputError(f"max_loras={show(max_loras)} (--max-loras): must be an integer in [1, "
-                             f"{MAX_LORAS_LIMIT}] (adapters in one batch; vLLM's default is 1)")
+                             f"{MAX_LORAS}] (adapters in one batch; vLLM's default is 1)")
     if max_lora_rank not in LORA_RANKS or isinstance(max_lora_rank, bool):
         raise UserInputError(f"max_lora_rank={show(max_lora_rank)} (--max-lora-rank): vLLM takes one of "
                              f"{', '.join(map(str, LORA_RANKS))} (default {DEFAULT_MAX_LORA_RANK}); use the "
                              "smallest at or above your adapters' rank")
-    if max_cpu_loras is not None and (isinstance(max_cpu_loras, bool) or not isinstance(max_cpu_loras, int)
-                                      or not max_loras <= max_cpu_loras <= MAX_LORAS_LIMIT):
+    if max_cpu_loras is not None and (not is_int(max_cpu_loras)
+                                      or not max_loras <= max_cpu_loras <= MAX_LORAS):
         raise UserInputError(f"max_cpu_loras={show(max_cpu_loras)} (--max-cpu-loras): must be an integer "
-                             f"in [max_loras={max_loras}, {MAX_LORAS_LIMIT}] (vLLM refuses a CPU cache "
+                             f"in [max_loras={max_loras}, {MAX_LORAS}] (vLLM refuses a CPU cache "
                              "smaller than the GPU slots); leave it out for max_loras")
     if not isinstance(lora_modules, tuple) or not all(isinstance(m, str) for m in lora_modules):
         raise UserInputError(f"lora_modules={lora_modules!r}: must be a list of NAME=PATH strings")
@@ -204,7 +204,7 @@ def _adapter_config(name: str, path: str) -> tuple[int | None, frozenset[str] | 
     except (OSError, json.JSONDecodeError) as e:
         raise UserInputError(f"--lora-modules {name}={path}: cannot read adapter_config.json ({e})") from None
     rank = data.get("r") if isinstance(data, dict) else None
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+    if not is_int(rank) or rank < 1:
         raise UserInputError(f"--lora-modules {name}={path}: adapter_config.json's r={show(rank)} must be "
                              "a positive integer (the adapter's rank)")
     targets = data.get("target_modules")

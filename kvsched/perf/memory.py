@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from kvsched.config import check_gpu_memory_utilization
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.pipeline import stage_layers
@@ -132,7 +133,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     slots per device (allocated with the model, before vLLM sizes the KV
     cache)."""
     check_gpu_memory_utilization(gpu_memory_utilization)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+    if not is_int(block_size) or block_size < 1:
         raise UserInputError(f"block_size={block_size!r}: must be a positive integer")
     if parallel.pipeline_parallel_size > 1:
         return _plan_pipeline(model, hardware, parallel, runtime, block_size, gpu_memory_utilization,

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.hf_config import (
     MAX_EXPERTS,
     MAX_HEAD_DIM,
@@ -142,7 +143,7 @@ class ModelSpec:
             raise _fail(str(name), "name", name, "must be a non-empty string")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            if f.type == "int" and (not is_int(value) or value < 0):
                 raise _fail(name, f.name, value, "must be a non-negative integer")
             if f.type == "int" and value > _UPPER_BOUNDS[f.name]:
                 raise _fail(name, f.name, value, f"must be at most {_UPPER_BOUNDS[f.name]:,} (beyond "
@@ -709,17 +710,17 @@ def get_model(name_or_path: str) -> ModelSpec:
     ``--model`` value.
 
     A path may be a Hugging Face model directory (holding ``config.json``) or a
-    ``config.json`` file; see :func:`load_model_config`.
+    ``config.json`` file; see :func:`load_model_spec`.
     """
     match = catalog_match(name_or_path)
     if match is not None:
         return MODELS[match[0]]
     path = Path(name_or_path).expanduser()
     if path.exists():
-        return load_model_config(path)
+        return load_model_spec(path)
     # A Hub id: the local HF cache, aiconfigurator-core's bundled configs, the Hub.
     source = find_config(name_or_path, MODELS)
-    return load_model_config(source.path, source.model_id)
+    return load_model_spec(source.path, source.model_id)
 
 
 # -- config.json reader ---------------------------------------------------------
@@ -1012,7 +1013,7 @@ def _name_from_path(config_path: Path) -> str:
     return config_path.absolute().parent.name or str(config_path)
 
 
-def load_model_config(path: str | Path, name: str | None = None) -> ModelSpec:
+def load_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` (or the directory holding one).
 
     The spec's name is ``name`` when given (a Hub id the config was resolved

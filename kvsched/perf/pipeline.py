@@ -134,8 +134,3 @@ class PipelineClock:
             t += d
             free[i] = t
         return start, t
-
-    @property
-    def last_end(self) -> float:
-        """When the last batch placed leaves the pipeline."""
-        return self.free[-1]

@@ -25,6 +25,7 @@ from functools import cache
 from pathlib import Path
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_number
 from kvsched.jsonfile import read_json_file
 from kvsched.perf.hardware import HARDWARE, Hardware
 
@@ -49,11 +50,11 @@ class KernelFactors:
     def __post_init__(self) -> None:
         for name in ("flops_eff", "bw_eff"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            if not is_number(value) or not 0 < value <= 1:
                 raise UserInputError(f"roofline factor {name}={value!r}: must be a fraction of peak in "
                                      "(0, 1]")
         lat = self.latency_s
-        if isinstance(lat, bool) or not isinstance(lat, int | float) or not math.isfinite(lat) \
+        if not is_number(lat) or not math.isfinite(lat) \
                 or not 0 <= lat <= MAX_LATENCY_S:
             raise UserInputError(f"roofline factor latency_s={lat!r}: must be seconds in "
                                  f"[0, {MAX_LATENCY_S:g}]")
@@ -164,8 +165,8 @@ def _default_learned() -> LearnedFile | None:
 
 def is_catalog_hardware(hw: Hardware) -> bool:
     """Whether ``hw`` is a catalog entry as shipped: not a hardware file, no
-    overridden efficiency (an override builds a new object)."""
-    return HARDWARE.get(hw.id) is hw
+    overridden efficiency (equal field by field to the catalog's entry)."""
+    return HARDWARE.get(hw.id) == hw
 
 
 def learned_factors(hw: Hardware, learned: LearnedFile) -> RooflineFactors:

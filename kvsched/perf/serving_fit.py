@@ -40,6 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import field_mismatch
 from kvsched.perf.host import MAX_TERM_S, HostTerms
 
@@ -155,9 +156,9 @@ class ServingFit:
         for name in fields:
             v = data[name]
             if name in ("gap_rows", "gap_trimmed", "arrival_rows", "arrival_trimmed"):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                if not is_int(v) or v < 0:
                     raise UserInputError(f"{where}: serving.{name}={v!r}: must be an integer >= 0; {fix}")
-            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+            elif not is_number(v) or not math.isfinite(v) or v < 0 \
                     or (name in (*SERVING_TERMS, "cpu_step_s", "cpu_per_request_s") and v > MAX_TERM_S):
                 raise UserInputError(f"{where}: serving.{name}={v!r}: must be a number >= 0 (seconds, at "
                                      f"most {MAX_TERM_S:g} for a term); {fix}")

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import field_mismatch, read_json_file, show
 from kvsched.perf.serving_fit import RequestSample, ServingFit
 
@@ -172,10 +173,10 @@ def _step(path: str, i: int, data: object) -> StepRecord:
         raise UserInputError(f"step profile {path!r}: {where}: {mismatch}; {_FIX}")
     for key in _INT_FIELDS:
         value = data[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value) or value < 0:
             raise _bad(path, f"{where}.{key}", value, "must be an integer >= 0")
     ms = data["elapsed_ms"]
-    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
+    if not is_number(ms) or not math.isfinite(ms) or ms <= 0:
         raise _bad(path, f"{where}.elapsed_ms", ms, "must be a positive number of milliseconds")
     if not isinstance(data["point"], str):
         raise _bad(path, f"{where}.point", data["point"], "must be a string (the designed point's name)")
@@ -195,11 +196,11 @@ def _sample(path: str, i: int, data: object) -> RequestSample:
         raise UserInputError(f"step profile {path!r}: {where}: {mismatch}; {_FIX}")
     for key in _SAMPLE_INTS:
         value = data[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value) or value < 0:
             raise _bad(path, f"{where}.{key}", value, "must be an integer >= 0")
     for key in _SAMPLE_SECONDS:
         value = data[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+        if not is_number(value) or not math.isfinite(value) \
                 or value < 0:
             raise _bad(path, f"{where}.{key}", value, "must be a number of seconds >= 0")
     if not isinstance(data["point"], str):
@@ -238,7 +239,7 @@ def profile_from_json(data: object, path: str) -> StepProfile:
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise _bad(path, "environment", env, "must be an object of strings")
     kv = data.get("kv_cache_tokens")
-    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
+    if kv is not None and (not is_int(kv) or kv < 1):
         raise _bad(path, "kv_cache_tokens", kv, "must be a positive integer or null")
     done = data.get("points_done", [])
     if not isinstance(done, list) or not all(isinstance(p, str) for p in done):

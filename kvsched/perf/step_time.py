@@ -47,6 +47,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.perf.decode_steps import combine_step_time as combine_step_time
 from kvsched.perf.decode_steps import roofline_decode_times
 from kvsched.perf.hardware import Hardware
@@ -197,7 +198,7 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise UserInputError(f"{name}={value!r}: must be a positive integer")
 
     @property

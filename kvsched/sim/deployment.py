@@ -24,6 +24,7 @@ from kvsched.config import (
     check_speculative_settings,
 )
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.jsonfile import show
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
@@ -209,7 +210,7 @@ class Deployment:
 
 def _positive_int(flag: str, value: object, maximum: int | None = None, why: str = "") -> None:
     field = flag[2:].replace("-", "_")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise UserInputError(f"{field}={show(value)} ({flag}): must be an integer >= 1")
     if maximum is not None and value > maximum:
         raise UserInputError(f"{field}={show(value)} ({flag}): must be at most {maximum:,} ({why})")
@@ -248,7 +249,7 @@ def validate_engine_options(opts: EngineOptions) -> None:
                          "KV blocks in all (2**24: 268M tokens of KV at block size 16, over 20x what any "
                          "GPU holds; the simulator keeps ~46 bytes per block); lower it")
     block = opts.block_size
-    if (isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK_SIZE
+    if (not is_int(block) or not 1 <= block <= MAX_BLOCK_SIZE
             or block % BLOCK_SIZE_MULTIPLE):
         raise UserInputError(f"block_size={show(block)} (--block-size): must be a multiple of "
                          f"{BLOCK_SIZE_MULTIPLE} between {BLOCK_SIZE_MULTIPLE} and {MAX_BLOCK_SIZE} "

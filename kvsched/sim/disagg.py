@@ -60,22 +60,6 @@ from kvsched.sim.ttft_parts import FloatArray, disaggregated_parts
 from kvsched.sim.workload import Workload
 
 
-def parse_disaggregation(text: str) -> tuple[int, int]:
-    """``xPyD`` (e.g. ``1P2D``) as (prefill instances, decode instances)."""
-    t = text.strip().upper()
-    try:
-        p, rest = t.split("P", 1)
-        d, tail = rest.split("D", 1)
-        x, y = int(p), int(d)
-    except ValueError:
-        x = y = 0
-        tail = "?"
-    if tail or x < 1 or y < 1:
-        raise UserInputError(f"--disaggregation={text!r}: give xPyD with x prefill and y decode instances, "
-                             "each at least 1, e.g. 1P2D")
-    return x, y
-
-
 @dataclass(frozen=True, slots=True)
 class PDConnectors:
     """What each instance's connector is, from ``--kv-transfer-config``:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from kvsched.config import MAX_STEP_COUNT
 from kvsched.core.policies import AdmissionPolicy, DPPrefillCadence, DPRankStates
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import show
 from kvsched.sim.client import Client
 from kvsched.sim.cluster import Cluster, Progress
@@ -42,12 +43,12 @@ DEFAULT_DP_SYNC_INTERVAL = 16
 def check_dp_intervals(stats_interval: object, sync_interval: object) -> None:
     """The one check of the DP intervals, for flags, run specs and
     :class:`DPOptions` alike."""
-    if (isinstance(stats_interval, bool) or not isinstance(stats_interval, int | float)
+    if (not is_number(stats_interval)
             or not 0 < stats_interval <= MAX_ARRIVAL_TIME):
         raise UserInputError(f"--dp-stats-interval={show(stats_interval)}: must be a number of seconds "
                              f"in (0, {MAX_ARRIVAL_TIME:g}] (the simulator's time span); vLLM's is "
                              f"{DEFAULT_DP_STATS_INTERVAL}")
-    if (isinstance(sync_interval, bool) or not isinstance(sync_interval, int)
+    if (not is_int(sync_interval)
             or not 1 <= sync_interval <= MAX_STEP_COUNT):
         raise UserInputError(f"--dp-sync-interval={show(sync_interval)}: must be an integer in "
                              f"[1, {MAX_STEP_COUNT:,}] (steps between the lockstep ranks' "
@@ -64,7 +65,7 @@ class DPOptions:
     sync_interval: int = DEFAULT_DP_SYNC_INTERVAL
 
     def __post_init__(self) -> None:
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+        if not is_int(self.size) or self.size < 1:
             raise UserInputError(f"data_parallel_size={self.size!r}: must be a positive integer")
         if self.router not in ROUTERS:
             raise UserInputError(f"router={self.router!r}: use one of {', '.join(ROUTERS)}")

@@ -11,10 +11,9 @@ this module sees an argparse ``Namespace``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import fields
 from typing import Any, NoReturn
 
@@ -26,7 +25,6 @@ from kvsched.engine_flags import (
 )
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
-from kvsched.sim.disagg import parse_disaggregation
 from kvsched.sim.metrics import DEFAULT_PERCENTILE_METRICS, PERCENTILE_METRICS, parse_goodput
 from kvsched.sim.results import RESULT_BACKEND, ResultFile, parse_metadata
 from kvsched.sim.serve_line import KvschedFlags, Pasted, paste
@@ -40,6 +38,7 @@ from kvsched.sim.spec import (
     RunOptions,
     RunSpec,
     WorkloadSpec,
+    deployment_spec,
     flag_name,
 )
 from kvsched.sim.workload import DATASET_NAMES, DEFAULT_INPUT_LEN, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LEN
@@ -523,52 +522,6 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
             keep_step_log=bool(args.report),
             trace_steps=args.trace_steps)
     return RunSpec(deployment, workload, options)
-
-
-def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp: int | None,
-                    decode_tp: int | None, kv_transfer_config: str | None, router: str, *,
-                    role_scheduler: Mapping[str, Mapping[str, int | None]] | None = None,
-                    role_offloading: Mapping[str, float | None] | None = None) -> DeploymentSpec:
-    """The deployment of the flags: ``group`` alone, or with
-    ``--disaggregation xPyD`` a prefill group of x instances and a decode
-    group of y (each instance an engine core: a group's
-    ``data_parallel_size``), both with ``group``'s settings but their TP,
-    the scheduler settings ``role_scheduler[role]`` gives (None: the
-    group's; :data:`ROLE_SCHEDULER_FLAGS`) and the CPU offloading
-    ``role_offloading[role]`` gives (``--prefill-kv-offloading-size``;
-    None: the group's ``kv_offloading_size``)."""
-    given = {(role, name): value for role, names in (role_scheduler or {}).items()
-             for name, value in names.items() if value is not None}
-    offloading = {role: gib for role, gib in (role_offloading or {}).items() if gib is not None}
-    for (role, name), value in given.items():
-        least = 0 if name == "long_prefill_token_threshold" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            flag = f"--{role}-{name.replace('_', '-')}"
-            raise UserInputError(f"{flag}={value!r}: must be an integer >= {least} (leave it out for the "
-                                 "value every instance gets)")
-    if disaggregation is None:
-        alone: list[tuple[str, float | None]] = [("--prefill-tensor-parallel-size", prefill_tp),
-                                                ("--decode-tensor-parallel-size", decode_tp)]
-        alone += [(f"--{role}-{name.replace('_', '-')}", v) for (role, name), v in given.items()]
-        alone += [(f"--{role}-kv-offloading-size", v) for role, v in offloading.items()]
-        for flag, v in alone:
-            if v is not None:
-                raise UserInputError(f"{flag}={v}: only with --disaggregation xPyD; add it or drop {flag}")
-        return DeploymentSpec((group,), kv_transfer_config, router)
-    x, y = parse_disaggregation(disaggregation)
-    if group.engine.data_parallel_size != 1:
-        raise UserInputError(f"--data-parallel-size={group.engine.data_parallel_size} with --disaggregation: "
-                             "give the instances of each role as xPyD (each instance one engine core)")
-    tp = group.engine.tensor_parallel_size
-    roles = []
-    for role, n, role_tp in (("prefill", x, prefill_tp), ("decode", y, decode_tp)):
-        own: dict[str, Any] = {name: value for (r, name), value in given.items() if r == role}
-        if role in offloading:
-            own["kv_offloading_size"] = offloading[role]
-        engine = dataclasses.replace(group.engine, tensor_parallel_size=tp if role_tp is None else role_tp,
-                                     data_parallel_size=n, **own)
-        roles.append(dataclasses.replace(group, engine=engine, role=role))
-    return DeploymentSpec(tuple(roles), kv_transfer_config, router)
 
 
 def parse_spec(argv: Sequence[str], prog: str = "kvsched simulate") -> RunSpec:

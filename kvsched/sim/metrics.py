@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.sim.samples import FloatArray, IntArray, SampleAccumulator
 
 MILLISECONDS_PER_SECOND = 1000.0
@@ -231,7 +232,7 @@ def _check_slos(goodput_slos: Mapping[str, float]) -> None:
         if name not in SLO_METRICS:
             raise UserInputError(f"goodput_slos: unknown metric {name!r}; "
                                  f"choose from {', '.join(SLO_METRICS)}")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        if not is_number(value) or not value >= 0:
             raise UserInputError(f"goodput_slos: {name}={value!r} must be a number >= 0 (milliseconds)")
 
 
@@ -243,7 +244,7 @@ def _percentile_word(p: float) -> str:
 def _check_percentiles(percentiles: Sequence[float]) -> list[float]:
     out = []
     for p in percentiles:
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 100:
+        if not is_number(p) or not 0 <= p <= 100:
             raise UserInputError(f"percentiles: {p!r} must be a number in [0, 100]")
         out.append(float(p))
     return out
@@ -398,9 +399,9 @@ def compute_metrics(
     ttft, tpot, itl, e2el, client_queue_time, e2el_including_client_queue get
     mean/median/std/p{N} keys (the last two need ``arrival_time``).
     """
-    if isinstance(duration, bool) or not isinstance(duration, int | float) or not 0 < duration < math.inf:
+    if not is_number(duration) or not 0 < duration < math.inf:
         raise UserInputError(f"duration={duration!r} must be a finite number of seconds > 0")
-    if isinstance(failed, bool) or not isinstance(failed, int) or failed < 0:
+    if not is_int(failed) or failed < 0:
         raise UserInputError(f"failed={failed!r} must be an integer >= 0")
     ps = _check_percentiles(percentiles)
     unknown = [m for m in percentile_metrics if m not in PERCENTILE_METRICS]

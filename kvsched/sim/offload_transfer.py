@@ -67,6 +67,7 @@ from kvsched.core.kv_connector import MULTI_CONNECTOR, KVTransferConfig, multi_c
 from kvsched.core.offloading_connector import OffloadingConnector, OffloadingMetadata, OffloadingWorkerMeta
 from kvsched.core.output import KVConnectorOutput
 from kvsched.errors import UserInputError
+from kvsched.fields import is_number
 from kvsched.jsonfile import show
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.models import ModelSpec
@@ -106,7 +107,7 @@ def check_offloading_options(size: object, backend: object) -> None:
                              f"{', '.join(OFFLOADING_BACKENDS)} (vLLM's)")
     if size is None:
         return
-    if (isinstance(size, bool) or not isinstance(size, int | float) or not math.isfinite(size)
+    if (not is_number(size) or not math.isfinite(size)
             or not 0 < size <= MAX_OFFLOADING_GIB):
         raise UserInputError(f"kv_offloading_size={show(size)} (--kv-offloading-size): must be a number of "
                              f"GiB in (0, {MAX_OFFLOADING_GIB:g}] (the CPU KV cache of one engine core, "
@@ -134,7 +135,7 @@ def transfer_config_offloading_gib(config: KVTransferConfig) -> float | None:
                 raise UserInputError(f"{where}.{key}: kvsched simulates the OffloadingConnector with vLLM's "
                                      "defaults and cpu_bytes_to_use only; remove the setting")
         size = extra.get("cpu_bytes_to_use")
-        if isinstance(size, bool) or not isinstance(size, int | float) or not size > 0:
+        if not is_number(size) or not size > 0:
             raise UserInputError(f"{where}.cpu_bytes_to_use={show(size)}: give the CPU KV cache's bytes "
                                  "(vLLM refuses an OffloadingConnector without it), e.g. 8589934592 "
                                  "for 8 GiB")

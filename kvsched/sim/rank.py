@@ -33,7 +33,13 @@ from kvsched.core.kv_connector import KVConnectorBase
 from kvsched.core.multi_connector import connector_of_type
 from kvsched.core.nixl_connector import NixlConnector
 from kvsched.core.offloading_connector import OffloadingConnector
-from kvsched.core.output import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
+from kvsched.core.output import (
+    DraftTokenIds,
+    KVConnectorOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+    SpecDecodingStats,
+)
 from kvsched.core.policies import AdmissionPolicy
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
@@ -45,7 +51,7 @@ from kvsched.sim.metrics import DEFAULT_PERCENTILE_METRICS, RecordTable, benchma
 from kvsched.sim.offload_transfer import OffloadStats, SimOffloadingConnector, combine_offload_stats
 from kvsched.sim.refusals import failure_reasons, timeout_error, too_long_error
 from kvsched.sim.samples import SampleAccumulator
-from kvsched.sim.speculative import SpecOptions, SpecStats, combine_stats, request_key, uniform
+from kvsched.sim.speculative import SpecOptions, combine_stats, request_key, spec_metrics, uniform
 from kvsched.sim.ttft_parts import NO_TIME, PhaseTable, kv_load_times
 from kvsched.sim.workload import OUTPUT_TOKEN_BASE, WorkloadRequest
 
@@ -180,7 +186,7 @@ class SimResult:
     # (their step logs and KV figures are per rank; ``steps`` is rank 0's).
     ranks: list[SimResult] = field(default_factory=list)
     # Speculative decoding's counters (None without it).
-    spec_stats: SpecStats | None = None
+    spec_stats: SpecDecodingStats | None = None
     # KV offloading's CPU hits and traffic (None without it).
     kv_offload: OffloadStats | None = None
     # Each record's phases for the TTFT split (aligned with ``records``).
@@ -224,7 +230,7 @@ class SimResult:
                "fast_forwarded_steps": self.num_fast_forwarded_steps,
                "simulation_wall_seconds": self.wall_seconds}
         if self.spec_stats is not None:
-            out.update(self.spec_stats.metrics())
+            out.update(spec_metrics(self.spec_stats))
         if self.kv_offload is not None:
             out.update(self.kv_offload.metrics(self.prefix_cache_queries, self.prefix_cache_hits))
         if self.lora is not None:
@@ -405,7 +411,7 @@ class Rank:
         # batches in flight: the fast paths.
         self.plain = (speculative is None and not self.async_scheduling and kv_connector is None
                       and self.sched.max_steps_in_flight == 1)
-        self.spec_stats = SpecStats(speculative.num_speculative_tokens) if speculative else None
+        self.spec_stats = SpecDecodingStats(speculative.num_speculative_tokens) if speculative else None
         # Synchronous speculative decoding: the drafts proposed after each
         # step (the scheduler reads only how many).
         self._drafts = ([OUTPUT_TOKEN_BASE] * speculative.num_speculative_tokens
@@ -831,7 +837,7 @@ class Rank:
                                                                  self._kv_report(now)))
         if result.spec_decoding_stats is not None:
             assert self.spec_stats is not None
-            self.spec_stats.add(result.spec_decoding_stats)
+            self.spec_stats.merge(result.spec_decoding_stats)
         got: list[_Live | None] = []
         counts: list[int] = []
         for lv, r, n in watched:

@@ -38,6 +38,7 @@ from typing import Protocol, cast
 from kvsched.core.kv_cache_manager import KVCacheManager
 from kvsched.core.scheduler import Scheduler
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.request import SamplingParams
 from kvsched.sim.workload import WorkloadRequest
 
@@ -147,7 +148,7 @@ class Router:
     def __post_init__(self) -> None:
         if self.kind not in ROUTERS:
             raise UserInputError(f"router={self.kind!r}: use one of {', '.join(ROUTERS)}")
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+        if not is_int(self.size) or self.size < 1:
             raise UserInputError(f"data_parallel_size={self.size!r}: must be a positive integer")
         if not self.stats_interval > 0:
             raise UserInputError(f"dp_stats_interval={self.stats_interval!r}: must be > 0 seconds")

@@ -41,6 +41,7 @@ from kvsched.config import MAX_STEP_COUNT
 from kvsched.core.kv_connector import parse_kv_transfer_config
 from kvsched.core.policies import BalanceThreshold
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import show
 from kvsched.sim.deployment import EngineOptions, validate_engine_options
 from kvsched.sim.dp import DEFAULT_DP_STATS_INTERVAL, DEFAULT_DP_SYNC_INTERVAL, check_dp_intervals
@@ -85,7 +86,7 @@ def flag_name(dest: str) -> str:
 def _int_in(dest: str, value: object, low: int, high: int, why: str) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_int(value) or not low <= value <= high:
         raise UserInputError(f"{flag_name(dest)}={show(value)}: must be an integer in [{low}, {high:,}] "
                              f"({why})")
 
@@ -191,6 +192,68 @@ class DeploymentSpec:
         return self.groups[-1]
 
 
+def parse_disaggregation(text: str) -> tuple[int, int]:
+    """``xPyD`` (e.g. ``1P2D``) as (prefill instances, decode instances)."""
+    t = text.strip().upper()
+    try:
+        p, rest = t.split("P", 1)
+        d, tail = rest.split("D", 1)
+        x, y = int(p), int(d)
+    except ValueError:
+        x = y = 0
+        tail = "?"
+    if tail or x < 1 or y < 1:
+        raise UserInputError(f"--disaggregation={text!r}: give xPyD with x prefill and y decode instances, "
+                             "each at least 1, e.g. 1P2D")
+    return x, y
+
+
+def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp: int | None,
+                    decode_tp: int | None, kv_transfer_config: str | None, router: str, *,
+                    role_scheduler: Mapping[str, Mapping[str, int | None]] | None = None,
+                    role_offloading: Mapping[str, float | None] | None = None) -> DeploymentSpec:
+    """The deployment of the flags: ``group`` alone, or with
+    ``--disaggregation xPyD`` a prefill group of x instances and a decode
+    group of y (each instance an engine core: a group's
+    ``data_parallel_size``), both with ``group``'s settings but their TP,
+    the scheduler settings ``role_scheduler[role]`` gives (None: the
+    group's; :data:`ROLE_SCHEDULER_FLAGS`) and the CPU offloading
+    ``role_offloading[role]`` gives (``--prefill-kv-offloading-size``;
+    None: the group's ``kv_offloading_size``)."""
+    given = {(role, name): value for role, names in (role_scheduler or {}).items()
+             for name, value in names.items() if value is not None}
+    offloading = {role: gib for role, gib in (role_offloading or {}).items() if gib is not None}
+    for (role, name), value in given.items():
+        least = 0 if name == "long_prefill_token_threshold" else 1
+        if not is_int(value) or value < least:
+            flag = f"--{role}-{name.replace('_', '-')}"
+            raise UserInputError(f"{flag}={value!r}: must be an integer >= {least} (leave it out for the "
+                                 "value every instance gets)")
+    if disaggregation is None:
+        alone: list[tuple[str, float | None]] = [("--prefill-tensor-parallel-size", prefill_tp),
+                                                ("--decode-tensor-parallel-size", decode_tp)]
+        alone += [(f"--{role}-{name.replace('_', '-')}", v) for (role, name), v in given.items()]
+        alone += [(f"--{role}-kv-offloading-size", v) for role, v in offloading.items()]
+        for flag, v in alone:
+            if v is not None:
+                raise UserInputError(f"{flag}={v}: only with --disaggregation xPyD; add it or drop {flag}")
+        return DeploymentSpec((group,), kv_transfer_config, router)
+    x, y = parse_disaggregation(disaggregation)
+    if group.engine.data_parallel_size != 1:
+        raise UserInputError(f"--data-parallel-size={group.engine.data_parallel_size} with --disaggregation: "
+                             "give the instances of each role as xPyD (each instance one engine core)")
+    tp = group.engine.tensor_parallel_size
+    roles = []
+    for role, n, role_tp in (("prefill", x, prefill_tp), ("decode", y, decode_tp)):
+        own: dict[str, Any] = {name: value for (r, name), value in given.items() if r == role}
+        if role in offloading:
+            own["kv_offloading_size"] = offloading[role]
+        engine = dataclasses.replace(group.engine, tensor_parallel_size=tp if role_tp is None else role_tp,
+                                     data_parallel_size=n, **own)
+        roles.append(dataclasses.replace(group, engine=engine, role=role))
+    return DeploymentSpec(tuple(roles), kv_transfer_config, router)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     """``vllm bench serve``'s dataset arguments. The random dataset's
@@ -284,7 +347,7 @@ class WorkloadSpec:
                 "(constant gaps); below, numpy's gamma gaps underflow to 0 and the arrivals are not "
                 "the process asked for; 1 is Poisson")
         mc = self.max_concurrency
-        if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
+        if mc is not None and (not is_int(mc) or mc < 1):
             raise UserInputError(f"--max-concurrency={show(mc)}: must be at least 1 (above the number of "
                                  "requests it is no limit); leave it out for no limit")
         check_request_timeout(self.request_timeout)
@@ -573,13 +636,13 @@ def _from_json(kind: Any, data: object, where: str) -> object:
             raise UserInputError(f"{where}={show(data)}: expected true or false")
         return data
     if kind is int:
-        if isinstance(data, bool) or not isinstance(data, int):
+        if not is_int(data):
             raise UserInputError(f"{where}={show(data)}: expected an integer")
         return data
     if kind is float:
         if data in ("inf", "Infinity"):
             return math.inf
-        if isinstance(data, bool) or not isinstance(data, int | float):
+        if not is_number(data):
             raise UserInputError(f"{where}={show(data)}: expected a number")
         return float(data)
     if kind is str:

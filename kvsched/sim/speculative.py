@@ -15,9 +15,9 @@
   verification number): the same request verifies the same way whatever
   the batch around it, so a run is reproducible and two runs that differ
   only in scheduling see the same acceptances.
-- :class:`SpecStats`: vLLM's counters (num_drafts, num_draft_tokens,
-  num_accepted_tokens, accepted tokens per position) summed over a run,
-  and the figures vLLM logs from them.
+- :func:`spec_metrics`: the figures vLLM logs from its counters
+  (``SpecDecodingStats``: num_drafts, num_draft_tokens, num_accepted_tokens,
+  accepted tokens per position) merged over a run.
 
 Default acceptance rates (``DEFAULT_ACCEPTANCE``), used when neither
 ``--spec-acceptance`` nor the config's ``synthetic_acceptance_*`` set them:
@@ -39,7 +39,7 @@ import difflib
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kvsched.config import (
@@ -52,6 +52,7 @@ from kvsched.config import (
 )
 from kvsched.core.output import SpecDecodingStats
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import show
 from kvsched.perf.models import ModelSpec
 
@@ -105,7 +106,7 @@ def check_rates(field_name: str, rates: object, k: int, shown: str | None = None
                          "position, e.g. 0.8,0.6,0.45")
     out: list[float] = []
     for i, r in enumerate(rates):
-        if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r) or not 0 <= r <= 1:
+        if not is_number(r) or not math.isfinite(r) or not 0 <= r <= 1:
             raise UserInputError(f"{field_name}[{i}]={show(r)}: an acceptance rate is a number in [0, 1]")
         out.append(float(r))
     if len(out) != k:
@@ -134,7 +135,7 @@ def rates_from_length(length: object, k: int) -> tuple[float, ...]:
     schedule: every position accepted up to the whole part, the fraction at
     the next)."""
     name = "speculative_config.synthetic_acceptance_length"
-    if isinstance(length, bool) or not isinstance(length, int | float) or not math.isfinite(length) \
+    if not is_number(length) or not math.isfinite(length) \
             or not 1.0 <= length <= k + 1:
         raise UserInputError(f"{name}={show(length)}: must be a number in [1, {k + 1}] (1 + the accepted "
                          "drafts per verification)")
@@ -247,7 +248,7 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
             raise UserInputError("speculative_config.num_speculative_tokens: missing; give the draft tokens "
                              "proposed per step, e.g. 3")
         k = model.num_mtp_layers  # vLLM's default: the checkpoint's n_predict
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+    if not is_int(k) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
         raise UserInputError(f"speculative_config.num_speculative_tokens={show(k)}: must be an integer in "
                          f"[1, {MAX_SPECULATIVE_TOKENS}]")
     if method == "mtp":
@@ -257,7 +258,7 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
                              f"{model.name}'s {n} MTP layers (vLLM reuses them in turn)")
     for key in ("prompt_lookup_min", "prompt_lookup_max"):
         v = obj.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**20):
+        if v is not None and (not is_int(v) or not 1 <= v <= 2**20):
             raise UserInputError(f"speculative_config.{key}={show(v)}: must be an integer in [1, 2**20]")
     lookup_min, lookup_max = obj.get("prompt_lookup_min"), obj.get("prompt_lookup_max")
     acceptance = _acceptance(obj, method, k, acceptance_flag)
@@ -338,56 +339,27 @@ def uniform(key: int, n: int) -> float:
 # -- statistics ----------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class SpecStats:
-    """vLLM's spec-decode counters over a run (the sum of every step's
-    SpecDecodingStats)."""
-
-    num_spec_tokens: int
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.accepted_per_pos:
-            self.accepted_per_pos = [0] * self.num_spec_tokens
-
-    def add(self, stats: SpecDecodingStats) -> None:
-        self.num_drafts += stats.num_drafts
-        self.num_draft_tokens += stats.num_draft_tokens
-        self.num_accepted_tokens += stats.num_accepted_tokens
-        per_pos = self.accepted_per_pos
-        for i, n in enumerate(stats.num_accepted_tokens_per_pos):
-            per_pos[i] += n
-
-    def merge(self, other: SpecStats) -> None:
-        self.num_drafts += other.num_drafts
-        self.num_draft_tokens += other.num_draft_tokens
-        self.num_accepted_tokens += other.num_accepted_tokens
-        for i, n in enumerate(other.accepted_per_pos):
-            self.accepted_per_pos[i] += n
-
-    def metrics(self) -> dict[str, Any]:
-        """The figures vLLM logs ("SpecDecoding metrics"), under spec_decode_*
-        keys: the draft acceptance rate as a fraction (vLLM logs it in %)."""
-        drafts, tokens, accepted = self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
-        return {
-            "spec_decode_num_drafts": drafts,
-            "spec_decode_num_draft_tokens": tokens,
-            "spec_decode_num_accepted_tokens": accepted,
-            "spec_decode_draft_acceptance_rate": accepted / tokens if tokens else 0.0,
-            "spec_decode_mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
-            "spec_decode_acceptance_rate_per_position": [n / drafts if drafts else 0.0
-                                                         for n in self.accepted_per_pos],
-        }
+def spec_metrics(stats: SpecDecodingStats) -> dict[str, Any]:
+    """A run's SpecDecodingStats (every step's, merged) as the figures vLLM
+    logs ("SpecDecoding metrics"), under spec_decode_* keys: the draft
+    acceptance rate as a fraction (vLLM logs it in %)."""
+    drafts, tokens, accepted = stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens
+    return {
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_num_draft_tokens": tokens,
+        "spec_decode_num_accepted_tokens": accepted,
+        "spec_decode_draft_acceptance_rate": accepted / tokens if tokens else 0.0,
+        "spec_decode_mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+        "spec_decode_acceptance_rate_per_position": [n / drafts if drafts else 0.0
+                                                     for n in stats.num_accepted_tokens_per_pos],
+    }
 
 
-def combine_stats(stats: Sequence[SpecStats | None]) -> SpecStats | None:
+def combine_stats(stats: Sequence[SpecDecodingStats | None]) -> SpecDecodingStats | None:
     present = [s for s in stats if s is not None]
     if not present:
         return None
-    out = SpecStats(present[0].num_spec_tokens)
+    out = SpecDecodingStats(present[0].num_spec_tokens)
     for s in present:
         out.merge(s)
     return out

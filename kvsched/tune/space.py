@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.sim.disagg import node_of_instances
-from kvsched.sim.flags import deployment_spec
 from kvsched.sim.offload_transfer import GIB
-from kvsched.sim.spec import PD_ROUTERS, DeploymentSpec, RunSpec
+from kvsched.sim.spec import PD_ROUTERS, DeploymentSpec, RunSpec, deployment_spec
 
 # vLLM's scheduler defaults, left to vLLM (None): the flag is then not passed.
 DEFAULT = None
@@ -415,14 +415,14 @@ def check_space_values(name: str, values: Sequence[object], where: str) -> tuple
             continue
         kind = DIMENSIONS[name]
         if kind is float:
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 2**20:
+            if not is_number(v) or not 0 < v <= 2**20:
                 raise UserInputError(f"{where}: {name}={v!r}: must be GiB in (0, 2**20], or off")
             v = float(v)
         elif kind is bool:
             if not isinstance(v, bool):
                 raise UserInputError(f"{where}: {name}={v!r}: must be true or false")
         elif kind is int:
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**24:
+            if not is_int(v) or not 1 <= v <= 2**24:
                 raise UserInputError(f"{where}: {name}={v!r}: must be an integer in [1, 2**24]")
         elif not isinstance(v, str):
             raise UserInputError(f"{where}: {name}={v!r}: must be a string")

@@ -14,7 +14,7 @@ from kvsched.calibrate.reanchor import MIN_DRIFT_STEPS, measure_drift, reanchore
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.host import HostTerms
-from kvsched.perf.models import load_model_config
+from kvsched.perf.models import load_model_spec
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.step_profile import StepProfile, load_profile
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig
@@ -24,7 +24,7 @@ DATA = Path(__file__).parents[1] / "perf" / "data"
 
 
 def backend(profile: StepProfile | None = None, host: HostTerms | None = None) -> ProfiledStepTimeModel:
-    return ProfiledStepTimeModel(load_model_config(DATA / "tiny_llama"), get_hardware("h100-sxm"),
+    return ProfiledStepTimeModel(load_model_spec(DATA / "tiny_llama"), get_hardware("h100-sxm"),
                                  ParallelConfig(), RuntimeConfig(async_scheduling=False),
                                  profile or load_profile(DATA / "tiny_llama_profile.json"), host=host)
 

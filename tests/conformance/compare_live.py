@@ -29,7 +29,7 @@ from random_scenarios import CORPUS_SEEDS, parse_seeds, write_random_scenarios  
 from regenerate import ReferenceMissing, reference_paths  # noqa: E402
 
 from kvsched.core.trace import first_difference  # noqa: E402
-from kvsched.replay import load_scenario, replay  # noqa: E402
+from kvsched.scenario import load_scenario, replay  # noqa: E402
 
 # Default seed ranges: the next thousand after each committed corpus.
 DEFAULT_SEEDS = "300-1299"

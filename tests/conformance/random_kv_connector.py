@@ -70,7 +70,7 @@ from random_scenarios import Scenario, format_scenario, parse_seeds, random_scen
 
 from kvsched.core.trace import first_difference  # noqa: E402
 from kvsched.errors import CannotServe  # noqa: E402
-from kvsched.replay import load_scenario, replay  # noqa: E402
+from kvsched.scenario import load_scenario, replay  # noqa: E402
 
 KV_CORPUS_SEEDS = "0-319"
 # Fresh live seeds start here, clear of the corpus.

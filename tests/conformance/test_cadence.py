@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.core.trace import first_difference
-from kvsched.replay import load_scenario, replay
+from kvsched.scenario import load_scenario, replay
 
 HERE = Path(__file__).parent
 SCENARIOS = sorted((HERE / "cadence").glob("*.json"))

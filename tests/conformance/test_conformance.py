@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.core.trace import first_difference
-from kvsched.replay import load_scenario, replay
+from kvsched.scenario import load_scenario, replay
 
 HERE = Path(__file__).parent
 SCENARIOS = [path for folder in ("scenarios", "random", "features", "kv_connector",

@@ -25,7 +25,7 @@ from kvsched.core.output import ModelRunnerOutput
 from kvsched.core.policies import DPPrefillCadence, DPRankStates
 from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import first_difference, step_record
-from kvsched.replay import make_request, next_token, parse_scenario
+from kvsched.scenario import make_request, next_token, parse_scenario
 
 GOLDENS = json.loads((Path(__file__).parent / "dp" / "lockstep_goldens.json").read_text())
 CASES: list[dict[str, Any]] = GOLDENS["cases"]

@@ -24,7 +24,7 @@ from random_kv_connector import compare_with_golden, golden_of, read_trace  # no
 from random_scenarios import format_scenario, parse_seeds  # noqa: E402
 
 from kvsched.errors import UserInputError  # noqa: E402
-from kvsched.replay import load_scenario  # noqa: E402
+from kvsched.scenario import load_scenario  # noqa: E402
 
 PATHS = sorted(CORPUS.glob(f"{FILE_PREFIX}*.json"))
 # The task's bar: at least 20 committed scenarios.

@@ -14,7 +14,7 @@ from kvsched.core import explain
 from kvsched.core.output import SchedulerOutput
 from kvsched.core.scheduler import Scheduler
 from kvsched.errors import CannotServe
-from kvsched.replay import load_scenario, replay
+from kvsched.scenario import load_scenario, replay
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:

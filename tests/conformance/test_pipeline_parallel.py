@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.core.trace import first_difference
-from kvsched.replay import load_scenario, parse_scenario, replay
+from kvsched.scenario import load_scenario, parse_scenario, replay
 
 HERE = Path(__file__).parent
 SCENARIOS = sorted((HERE / "pp").glob("*.json"))

@@ -17,9 +17,9 @@ from kvsched.core import explain
 from kvsched.core.output import ModelRunnerOutput
 from kvsched.core.policies import AdpBalance, BalanceGate, DPPrefillCadence, DPRankStates, PrefillCadence
 from kvsched.core.scheduler import Scheduler
-from kvsched.replay import make_request as scenario_request
-from kvsched.replay import next_token, parse_scenario, replay
 from kvsched.request import Request
+from kvsched.scenario import make_request as scenario_request
+from kvsched.scenario import next_token, parse_scenario, replay
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "conformance"))
 from random_scenarios import random_scenario

@@ -26,7 +26,7 @@ from kvsched import (
     SchedulerConfig,
 )
 from kvsched.core.output import SchedulerOutput
-from kvsched.replay import parse_scenario, replay
+from kvsched.scenario import parse_scenario, replay
 
 EOS = 5
 STOP_IDS = (6, 7)

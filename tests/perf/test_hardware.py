@@ -392,25 +392,27 @@ def test_tp_past_the_nvlink_domain_is_refused_without_a_scale_out_figure() -> No
 def test_tp_past_the_domain_runs_on_the_scale_out_network(tmp_path: Path) -> None:
     from kvsched.perf.step_time import BatchShape, ParallelConfig, StepTimeModel
 
-    # Two 8-GPU H100 nodes joined by 400 Gb/s InfiniBand per GPU (50 GB/s per direction).
-    ib = with_overrides(get_hardware("h100-sxm"), scaleout_bw=50e9)
+    # Two 8-GPU H100 nodes joined by 200 Gb/s InfiniBand per GPU (25 GB/s per
+    # direction; the catalog's H100 has 400 Gb/s, so neither variant below is the
+    # catalog entry and both are priced with the hardware's own factors).
+    ib = with_overrides(get_hardware("h100-sxm"), scaleout_bw=25e9)
     assert ib.tensor_parallel_bw(8) == 450e9
-    assert ib.tensor_parallel_bw(16) == 50e9
+    assert ib.tensor_parallel_bw(16) == 25e9
     llama = get_model("Llama-3.1-405B")
     sm = StepTimeModel(llama, ib, ParallelConfig(16))
-    assert sm.ar_bw == 50e9 * ib.comm_bw_frac
+    assert sm.ar_bw == 25e9 * ib.comm_bw_frac
     # A 4096-token prefill: two all-reduces per layer of 4096 x 16384 16-bit
     # values, 2 (n - 1) / n of them sent per GPU at the InfiniBand rate.
     shape = BatchShape(4096, 1, 1, 0, 0, 4096, 4096, 4096 * 4097 // 2)
     nvlink = StepTimeModel(llama, dataclasses.replace(ib, scaleup_domain=16), ParallelConfig(16))
     message = 4096 * 16384 * 2
-    extra = 2 * 126 * 2 * 15 / 16 * message * (1 / (50e9 * ib.comm_bw_frac) - 1 / (450e9 * ib.comm_bw_frac))
+    extra = 2 * 126 * 2 * 15 / 16 * message * (1 / (25e9 * ib.comm_bw_frac) - 1 / (450e9 * ib.comm_bw_frac))
     assert sm.gpu_time(shape) - nvlink.gpu_time(shape) == pytest.approx(extra, rel=1e-9)
     path = tmp_path / "h100-ib.json"
     fields = {f: getattr(ib, f) for f in ("id", "name", "memory_bytes", "mem_bw", "bf16_flops", "fp8_flops",
                                           "scaleup_bw", "scaleup_kind", "scaleout_bw")}
     path.write_text(json.dumps({**fields, "id": "h100-ib"}))
-    assert load_hardware_file(path).tensor_parallel_bw(16) == 50e9
+    assert load_hardware_file(path).tensor_parallel_bw(16) == 25e9
 
 
 @pytest.mark.parametrize("value", [0, 2**17, 8.0, True])

@@ -13,7 +13,7 @@ from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel, StepMismatch
-from kvsched.perf.models import load_model_config
+from kvsched.perf.models import load_model_spec
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.run import build_group_deployment, serve, sim_config
@@ -26,7 +26,7 @@ CPU = 0.5e-3, 4e-6  # RuntimeConfig's default CPU terms (per step, per request)
 
 
 def replay(steps: list[LoggedStep], window: int = 0, host: HostTerms | None = None) -> LoggedStepTimeModel:
-    return LoggedStepTimeModel(load_model_config(DATA / "tiny_llama"), get_hardware("h100-sxm"),
+    return LoggedStepTimeModel(load_model_spec(DATA / "tiny_llama"), get_hardware("h100-sxm"),
                                ParallelConfig(), RuntimeConfig(async_scheduling=False), steps, "test log",
                                host, window)
 

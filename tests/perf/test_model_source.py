@@ -22,7 +22,7 @@ from kvsched.perf.models import (
     checkpoint_format,
     config_checkpoint_format,
     get_model,
-    load_model_config,
+    load_model_spec,
 )
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
@@ -159,14 +159,14 @@ NEW: dict[str, tuple[float, int, int, int]] = {
 @pytest.mark.parametrize("model_id", sorted(NEW))
 def test_new_architectures_match_their_model_cards(model_id: str) -> None:
     total, sliding, window, kv = NEW[model_id]
-    spec = load_model_config(CONFIGS / f"{model_id.replace('/', '--')}.json", model_id)
+    spec = load_model_spec(CONFIGS / f"{model_id.replace('/', '--')}.json", model_id)
     assert spec.num_params() / 1e9 == pytest.approx(total, rel=0.005)
     assert (spec.num_sliding_layers, spec.sliding_window) == (sliding, window)
     assert spec.kv_bytes_per_token(2) == kv
 
 
 def test_glm45_is_gqa_over_deepseek_style_experts() -> None:
-    spec = load_model_config(CONFIGS / "zai-org--GLM-4.5.json", "zai-org/GLM-4.5")
+    spec = load_model_spec(CONFIGS / "zai-org--GLM-4.5.json", "zai-org/GLM-4.5")
     assert (spec.num_experts, spec.experts_per_token, spec.num_shared_experts, spec.first_k_dense_layers) == \
         (160, 8, 1, 3)
     assert spec.router_bias and spec.attention_bias and not spec.attention_out_bias and not spec.is_mla
@@ -181,7 +181,7 @@ def test_glm45_is_gqa_over_deepseek_style_experts() -> None:
 ])
 def test_refused_architectures_say_why(model_id: str, needle: str) -> None:
     with pytest.raises(ValueError) as info:
-        load_model_config(CONFIGS / f"{model_id.replace('/', '--')}.json", model_id)
+        load_model_spec(CONFIGS / f"{model_id.replace('/', '--')}.json", model_id)
     assert needle in str(info.value) and model_id in str(info.value)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kvsched.perf import MODELS, SUPPORTED_MODEL_TYPES, ModelSpec, get_model, load_model_config
+from kvsched.perf import MODELS, SUPPORTED_MODEL_TYPES, ModelSpec, get_model, load_model_spec
 
 # models.md §4: total params (B), active params/token (B), KV bytes/token BF16 (full-attention layers).
 TABLE: dict[str, tuple[float, float, int]] = {
@@ -231,7 +231,7 @@ def test_config_json_file_and_hf_cache_layout(tmp_path: Path) -> None:
                           "hub/models--meta-llama--Llama-3.1-8B/snapshots/0123abc")
     assert get_model(str(snapshot)) == MODELS["meta-llama/Llama-3.1-8B"]
     assert get_model(str(snapshot / "config.json")) == MODELS["meta-llama/Llama-3.1-8B"]
-    assert load_model_config(snapshot) == MODELS["meta-llama/Llama-3.1-8B"]
+    assert load_model_spec(snapshot) == MODELS["meta-llama/Llama-3.1-8B"]
 
 
 def test_deepseek_v2_fields(tmp_path: Path) -> None:

@@ -119,8 +119,9 @@ def _learned_fp8_flops_eff() -> float:
 
 def test_the_roofline_prices_nvfp4_at_the_fp4_rate_on_blackwell_only() -> None:
     llama = get_model("Llama-3.1-70B")
-    # The hardware's own efficiencies (a copy: no learned factors) ...
-    b200 = StepTimeModel(llama, dataclasses.replace(B200), runtime=RuntimeConfig(dtype="nvfp4"))
+    # The hardware's own efficiencies (a copy under another id: no learned factors) ...
+    b200 = StepTimeModel(llama, dataclasses.replace(B200, id="b200-own"),
+                         runtime=RuntimeConfig(dtype="nvfp4"))
     assert b200.lin_flops == pytest.approx(9000e12 * 0.47)       # B200 fp8_gemm_mfu 0.47
     assert b200.weight_bytes == 0.5625 and b200.dense16_params == 0
     h100 = StepTimeModel(llama, H100, runtime=RuntimeConfig(dtype="nvfp4"))
@@ -139,9 +140,9 @@ def test_mxfp4_experts_leave_attention_and_router_16_bit() -> None:
     assert sm.dense_params == 0
     assert sm.dense16_params == 36 * (attention + router)
     # Decode of one token, memory bound: 4 experts of (3 x 2880 x 2880 + 3 x 2880) per layer at
-    # 0.53125 bytes, read at H100's 3.35 TB/s x 0.87 (the hardware's own factors, on a copy) ...
+    # 0.53125 bytes, read at H100's 3.35 TB/s x 0.87 (the hardware's own factors, on a renamed copy) ...
     weights = 4 * (3 * 2880 * 2880 + 3 * 2880) * 0.53125
-    own = StepTimeModel(oss, dataclasses.replace(H100),
+    own = StepTimeModel(oss, dataclasses.replace(H100, id="h100-own"),
                         runtime=RuntimeConfig(dtype="mxfp4", quantized_layers="experts"))
     assert own._routed_expert_time(1, 1) == pytest.approx(weights / (3.35e12 * 0.87), rel=1e-9)
     # ... and for the catalog's H100 at the 16-bit-math MoE factors learned from

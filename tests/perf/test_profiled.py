@@ -10,7 +10,7 @@ import pytest
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
-from kvsched.perf.models import load_model_config
+from kvsched.perf.models import load_model_spec
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.step_profile import load_profile
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig
@@ -20,7 +20,7 @@ DATA = Path(__file__).parent / "data"
 
 def backend(runtime: RuntimeConfig | None = None, parallel: ParallelConfig | None = None,
             ) -> ProfiledStepTimeModel:
-    model = load_model_config(DATA / "tiny_llama")
+    model = load_model_spec(DATA / "tiny_llama")
     return ProfiledStepTimeModel(model, get_hardware("h100-sxm"), parallel or ParallelConfig(),
                                  runtime or RuntimeConfig(async_scheduling=False),
                                  load_profile(DATA / "tiny_llama_profile.json"))
@@ -81,7 +81,7 @@ def test_profile_of_another_deployment_is_refused() -> None:
         backend(RuntimeConfig(kv_cache_dtype="fp8"))
     with pytest.raises(UserInputError, match="--dtype bfloat16, simulated in fp16"):
         backend(RuntimeConfig(dtype="fp16"))
-    other = load_model_config(DATA / "tiny_llama")
+    other = load_model_spec(DATA / "tiny_llama")
     from dataclasses import replace
     with pytest.raises(UserInputError, match="num_layers=8 but tiny_llama has 4"):
         ProfiledStepTimeModel(replace(other, num_layers=4), get_hardware("h100-sxm"), ParallelConfig(),
@@ -95,7 +95,7 @@ def test_a_float32_profile_prices_a_16_bit_simulation(tmp_path: Path) -> None:
     data["serve_flags"][1] = "float32"
     p = tmp_path / "f32.json"
     p.write_text(json.dumps(data))
-    sm = ProfiledStepTimeModel(load_model_config(DATA / "tiny_llama"), get_hardware("h100-sxm"),
+    sm = ProfiledStepTimeModel(load_model_spec(DATA / "tiny_llama"), get_hardware("h100-sxm"),
                                ParallelConfig(), RuntimeConfig(dtype="bf16"), load_profile(p))
     assert sm.gpu_time(BatchShape.decode(4, 400)) > 0
 

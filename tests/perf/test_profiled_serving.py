@@ -15,7 +15,7 @@ from kvsched.cli import main
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.host import HostTerms, save_host_terms
-from kvsched.perf.models import load_model_config
+from kvsched.perf.models import load_model_spec
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.serving_fit import RequestSample, ServingFit
 from kvsched.perf.step_profile import StepProfile, load_profile, save_profile
@@ -44,7 +44,7 @@ def with_serving(tmp_path: Path) -> Path:
 
 def backend(profile: StepProfile, host: HostTerms | None = None,
             runtime: RuntimeConfig | None = None) -> ProfiledStepTimeModel:
-    return ProfiledStepTimeModel(load_model_config(DATA / "tiny_llama"), get_hardware("h100-sxm"),
+    return ProfiledStepTimeModel(load_model_spec(DATA / "tiny_llama"), get_hardware("h100-sxm"),
                                  ParallelConfig(), runtime or RuntimeConfig(async_scheduling=False), profile,
                                  host=host)
 

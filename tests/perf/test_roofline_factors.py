@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from kvsched.perf.roofline_factors import (
     DEFAULT_FILE,
     KernelFactors,
     hardware_factors,
+    is_catalog_hardware,
     learned_factors,
     load_learned,
     roofline_factors,
@@ -82,6 +84,20 @@ def test_an_override_or_a_hardware_file_keeps_the_users_efficiencies(tmp_path: P
     from_file = load_efficiency_overrides(path, hw)
     assert roofline_factors(from_file).attention_decode.bw_eff == 0.5
     assert roofline_factors(from_file).source == "hardware efficiencies"
+
+
+def test_the_catalog_test_compares_values_not_identity() -> None:
+    # A copy equal field by field is the catalog entry (learned factors); an
+    # override that restates the catalog's own value changes nothing; a renamed
+    # copy is the user's hardware (its own efficiencies).
+    hw = get_hardware("h100-sxm")
+    assert is_catalog_hardware(dataclasses.replace(hw))
+    assert roofline_factors(dataclasses.replace(hw)) == roofline_factors(hw)
+    assert is_catalog_hardware(with_overrides(hw, scaleout_bw=hw.scaleout_bw))
+    renamed = dataclasses.replace(hw, id="h100-mine")
+    assert not is_catalog_hardware(renamed)
+    assert roofline_factors(renamed) == hardware_factors(renamed)
+    assert not is_catalog_hardware(with_overrides(hw, scaleout_bw=25e9))
 
 
 def _write(tmp_path: Path, change: dict[str, Any]) -> Path:

@@ -23,9 +23,9 @@ from kvsched.perf.step_time import (
 )
 
 # The roofline on the hardware's own efficiency fields: a copy of the
-# catalog entry is not the catalog's, so it gets no learned factors
+# catalog entry under another id is not the catalog's, so it gets no learned factors
 # (kvsched.perf.roofline_factors); the hand physics below is that form.
-H100 = dataclasses.replace(get_hardware("h100-sxm"))
+H100 = dataclasses.replace(get_hardware("h100-sxm"), id="h100-own")
 LLAMA8 = get_model("Llama-3.1-8B")
 NO_CPU = RuntimeConfig(async_scheduling=False, cpu_step_s=0.0, cpu_per_request_s=0.0)
 

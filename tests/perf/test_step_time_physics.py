@@ -57,10 +57,10 @@ def test_tp2_decode_of_70b_is_faster_than_tp1() -> None:
 def test_moe_decode_reads_only_touched_experts() -> None:
     name = "Qwen/Qwen3-30B-A3B"
     m = get_model(name)
-    # The bytes alone: the hardware's own factors (a copy of the catalog
+    # The bytes alone: the hardware's own factors (a renamed copy of the catalog
     # entry), without the per-layer MoE latency learned from the tables,
     # which dominates a one-token decode.
-    hw = dataclasses.replace(get_hardware("h100-sxm"))
+    hw = dataclasses.replace(get_hardware("h100-sxm"), id="h100-own")
     sm = StepTimeModel(m, hw)
     bw = hw.mem_bw * hw.weight_bw_frac
     one = sm.gpu_time(BatchShape.decode(1, 1024))

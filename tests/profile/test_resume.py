@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.errors import UserInputError
-from kvsched.perf.models import load_model_config
+from kvsched.perf.models import load_model_spec
 from kvsched.perf.step_profile import load_profile, save_profile
 from kvsched.profile.runner import ProfileRequest, start_profile
 
@@ -31,7 +31,7 @@ def req(out: Path, flags: tuple[str, ...] = FLAGS, resume: bool = True) -> Profi
 
 def test_resume_keeps_the_steps_and_points_done(tmp_path: Path) -> None:
     out = _saved(tmp_path)
-    spec = load_model_config(DATA / "tiny_llama")
+    spec = load_model_spec(DATA / "tiny_llama")
     prof = start_profile(req(out), spec, INFO)
     assert len(prof.steps) == 46 and len(prof.points_done) == 26
     assert prof.fit is None  # refitted at the end
@@ -39,7 +39,7 @@ def test_resume_keeps_the_steps_and_points_done(tmp_path: Path) -> None:
 
 def test_resume_refuses_other_flags_model_or_vllm(tmp_path: Path) -> None:
     out = _saved(tmp_path)
-    spec = load_model_config(DATA / "tiny_llama")
+    spec = load_model_spec(DATA / "tiny_llama")
     with pytest.raises(UserInputError, match="was run with serve flags"):
         start_profile(req(out, FLAGS[:-2]), spec, INFO)
     with pytest.raises(UserInputError, match=r"was run with vLLM 0\.32\.0"):
@@ -52,8 +52,8 @@ def test_resume_refuses_other_flags_model_or_vllm(tmp_path: Path) -> None:
 def test_an_existing_output_needs_resume(tmp_path: Path) -> None:
     out = _saved(tmp_path)
     with pytest.raises(UserInputError, match="exists; give --resume"):
-        start_profile(req(out, resume=False), load_model_config(DATA / "tiny_llama"), INFO)
-    fresh = start_profile(req(tmp_path / "new.json", resume=False), load_model_config(DATA / "tiny_llama"),
+        start_profile(req(out, resume=False), load_model_spec(DATA / "tiny_llama"), INFO)
+    fresh = start_profile(req(tmp_path / "new.json", resume=False), load_model_spec(DATA / "tiny_llama"),
                           INFO)
     assert fresh.steps == [] and fresh.serve_flags == list(FLAGS)
     assert fresh.hardware["name"] == "AMD EPYC (2 cores)" and fresh.vllm["version"] == "0.32.0"
@@ -74,6 +74,6 @@ def test_resume_keeps_the_streamed_requests_and_refits_the_serving_path(tmp_path
     out = tmp_path / "p.json"
     old = load_profile(DATA / "tiny_llama_profile.json")
     save_profile(replace(old, requests=[SAMPLE], serving=SERVING), out)
-    prof = start_profile(req(out), load_model_config(DATA / "tiny_llama"), INFO)
+    prof = start_profile(req(out), load_model_spec(DATA / "tiny_llama"), INFO)
     assert prof.requests == [SAMPLE] and isinstance(prof.requests[0], RequestSample)
     assert prof.serving is None  # refitted at the end, with the points still to run

@@ -236,7 +236,7 @@ def test_every_request_finishes_with_its_output_length(case: dict[str, Any], dp:
         assert stats is not None
         k = case["spec"].num_speculative_tokens
         assert stats.num_accepted_tokens <= stats.num_draft_tokens <= stats.num_drafts * k
-        assert stats.accepted_per_pos == sorted(stats.accepted_per_pos, reverse=True)
+        assert stats.num_accepted_tokens_per_pos == sorted(stats.num_accepted_tokens_per_pos, reverse=True)
         # Every accepted draft is a token some request received, except those
         # past a request's stop in its last step (vLLM's metrics count them;
         # update_from_output drops them): at most K per request.

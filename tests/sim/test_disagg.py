@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
-from kvsched.sim.disagg import node_of_instances, parse_disaggregation
+from kvsched.sim.disagg import node_of_instances
 from kvsched.sim.flags import parse_spec, spec_argv
 from kvsched.sim.run import run
-from kvsched.sim.spec import RunSpec, spec_from_json, spec_to_json
+from kvsched.sim.spec import RunSpec, parse_disaggregation, spec_from_json, spec_to_json
 
 # CI replays the same examples; KVSCHED_FUZZ_SEED=N draws a fresh set.
 FUZZ_SEED = os.environ.get("KVSCHED_FUZZ_SEED")

@@ -36,7 +36,7 @@ from kvsched.errors import CannotServe
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.host import HostTerms
 from kvsched.perf.measured import MeasuredStepTimeModel
-from kvsched.perf.models import load_model_config
+from kvsched.perf.models import load_model_spec
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.step_profile import load_profile
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, StepTimeModel
@@ -70,7 +70,7 @@ MOE_MODEL = get_model("Qwen3-30B-A3B")
 # price as each step alone. Lockstep MoE ranks stay on the roofline (a
 # profile is of one dense model).
 _TINY = Path(__file__).parents[1] / "perf" / "data"
-DENSE_PROFILED = ProfiledStepTimeModel(load_model_config(_TINY / "tiny_llama"), H100, ParallelConfig(),
+DENSE_PROFILED = ProfiledStepTimeModel(load_model_spec(_TINY / "tiny_llama"), H100, ParallelConfig(),
                                        RuntimeConfig(), load_profile(_TINY / "tiny_llama_profile.json"))
 
 

@@ -52,3 +52,16 @@ def test_a_tp_size_the_heads_do_not_split_over_is_a_space_error(capsys: pytest.C
                  "--slo", "ttft:500", "--num-prompts", "10", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "must divide the 32 attention heads" in err and "fits in memory" not in err
+
+
+def test_fewest_gpus_ranks_by_gpu_count_before_goodput() -> None:
+    problem = _problem("fewest-gpus")
+    # One GPU at 1 req/s of goodput against four GPUs at 20 (5 per GPU):
+    # the objective asks for the fewest GPUs, whatever the others make.
+    one = problem.evaluated(Candidate("h100-sxm", 1), None, _result(1, 500.0, 1.0))
+    four = problem.evaluated(Candidate("h100-sxm", 4), None, _result(4, 9000.0, 20.0))
+    assert one.goodput_per_gpu == pytest.approx(1.0) and four.goodput_per_gpu == pytest.approx(5.0)
+    assert problem.score(one) > problem.score(four)
+    # At the same GPU count, goodput per GPU decides.
+    better = problem.evaluated(Candidate("h200", 1), None, _result(1, 900.0, 3.0))
+    assert problem.score(better) > problem.score(one)

@@ -17,6 +17,7 @@ import math
 import random
 from collections.abc import Sequence
 
+from kvsched.config import MAX_LORAS
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.workload.limits import is_int, is_real
@@ -25,8 +26,6 @@ from kvsched.sim.workload.model import Workload, WorkloadRequest
 # vllm bench serve's --lora-assignment choices.
 LORA_ASSIGNMENTS = ("random", "round-robin")
 DEFAULT_LORA_SHARE = 1.0
-# Adapters a workload may draw from (vLLM's int32 ids; a server holds far fewer).
-MAX_LORA_ADAPTERS = 2**16 - 1
 
 
 def check_lora_workload(share: float | None, assignment: str, zipf_alpha: float | None,
@@ -45,9 +44,9 @@ def check_lora_workload(share: float | None, assignment: str, zipf_alpha: float 
         if assignment != "random":
             raise UserInputError(f"--lora-zipf-alpha with --lora-assignment {assignment}: a Zipf mix is a "
                                  "random draw; use --lora-assignment random or drop --lora-zipf-alpha")
-    if num_adapters is not None and not (is_int(num_adapters) and 1 <= num_adapters <= MAX_LORA_ADAPTERS):
+    if num_adapters is not None and not (is_int(num_adapters) and 1 <= num_adapters <= MAX_LORAS):
         raise UserInputError(f"--num-lora-adapters={show(num_adapters)}: must be an integer in [1, "
-                             f"{MAX_LORA_ADAPTERS}]")
+                             f"{MAX_LORAS}]")
 
 
 def assign_loras(workload: Workload, adapter_ids: Sequence[int], share: float, assignment: str,

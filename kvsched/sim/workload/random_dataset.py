@@ -8,6 +8,7 @@ from array import array
 from collections.abc import Mapping
 
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int
 from kvsched.jsonfile import show
 from kvsched.sim.workload.arrivals import arrival_times_of_rate
 from kvsched.sim.workload.bench.random_text import random_lengths
@@ -47,7 +48,7 @@ def _split_range_ratio(range_ratio: float | Mapping[str, float]) -> tuple[float,
 
 
 def _check_count(name: str, value: object, minimum: int, maximum: int, why: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise UserInputError(f"random workload: {name}={show(value)} must be an integer >= {minimum}")
     if value > maximum:
         raise UserInputError(f"random workload: {name}={show(value)} must be at most {maximum:,} ({why})")

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvsched import files
 from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import json_problem, show, strict_loads
 from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, TOKENS_WHY
 from kvsched.sim.workload.model import WorkloadRequest
@@ -64,7 +65,7 @@ def bounded_int(src: Source, line: int, key: str, value: int, minimum: int, why:
 
 
 def json_int(src: Source, line: int, key: str, value: object, minimum: int, why: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise src.error(line, f"{key}={show(value)} must be an integer")
     return bounded_int(src, line, key, value, minimum, why)
 
@@ -72,7 +73,7 @@ def json_int(src: Source, line: int, key: str, value: object, minimum: int, why:
 def json_time(src: Source, line: int, key: str, value: object, maximum: float, unit: str) -> float | int:
     # json.loads accepts NaN and Infinity; neither is a time. Compared, not
     # converted: a 400-digit integer is out of range, not an OverflowError.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= maximum:
+    if not is_number(value) or not 0 <= value <= maximum:
         raise src.error(line, f"{key}={show(value)} must be a number in [0, {maximum:.4g}] {unit}")
     return value
 

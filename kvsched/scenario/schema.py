@@ -1,31 +1,27 @@
-"""Replay a scheduler scenario with a scripted fake model, step by step, exactly
-as ../shared/reference/SCENARIO_FORMAT.md says, and write the step trace.
-
-The same scenario through vLLM's oracle (vllm_replay.py) must give the same trace.
-
-A scenario file is checked against a schema before anything is built from it
-(:func:`parse_scenario`): unknown keys (with the closest valid key suggested),
-duplicate keys, wrong types, numbers out of their stated ranges and missing
-keys are each one ``ValueError`` naming the file, the key's path, the value and
-the fix. The ranges (``LIMITS``) only keep absurd values out: each is far above
-what a real deployment or test uses and keeps memory and time proportional to
-the file.
+"""A scheduler scenario (../shared/reference/SCENARIO_FORMAT.md) read and
+checked against its schema before anything is built from it
+(:func:`parse_scenario`): unknown keys (with the closest valid key
+suggested), duplicate keys, wrong types, numbers out of their stated ranges
+and missing keys are each one ``ValueError`` naming the file, the key's
+path, the value and the fix. The ranges only keep absurd values out: each is
+far above what a real deployment or test uses and keeps memory and time
+proportional to the file.
 """
 
 from __future__ import annotations
 
-import bisect
 import difflib
 import json
 import math
-import time
-from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol, TextIO
+from typing import Any, NoReturn
 
 from kvsched.config import (
+    MAX_BLOCK_SIZE,
+    MAX_LORAS,
     MAX_PIPELINE_PARALLEL_SIZE,
+    MAX_SCENARIO_GPU_BLOCKS,
     MAX_SPECULATIVE_TOKENS,
     MAX_STEP_LIMIT,
     NGRAM_METHODS,
@@ -33,44 +29,19 @@ from kvsched.config import (
     LoRAConfig,
     SchedulerConfig,
     SpeculativeConfig,
-    batch_queue_size,
     check_speculative_with_async,
 )
 from kvsched.core.kv_connector import (
     KV_ROLES,
     LOAD_FAILURE_POLICIES,
-    KVConnectorBase,
-    KVConnectorOutput,
-    KVTransferConfig,
 )
-from kvsched.core.multi_connector import MultiConnector, MultiKVConnectorWorkerMetadata, MultiScriptedWorker
-from kvsched.core.nixl_connector import (
-    NIXL_REQUEST_KEYS,
-    NixlConnector,
-    NixlScriptedWorker,
-    replay_kv_transfer_params,
-)
-from kvsched.core.offloading_connector import OffloadingConnector, OffloadingWorker
 from kvsched.core.offloading_manager import EVICTION_POLICIES
-from kvsched.core.output import (
-    CachedRequestData,
-    DraftTokenIds,
-    EngineCoreOutputs,
-    ModelRunnerOutput,
-    SchedulerOutput,
-)
-from kvsched.core.policies import AdmissionPolicy, PrefillCadence
-from kvsched.core.scheduler import Scheduler
 from kvsched.core.scripted_connector import (
     SCRIPTED_REQUEST_KEYS,
-    ScriptedConnector,
-    ScriptedWorker,
 )
-from kvsched.core.trace import step_record
-from kvsched.errors import CannotServe, UserInputError
+from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeys, json_problem, strict_loads
-from kvsched.request import Request, RequestStatus, SamplingParams
 
 DEFAULT_TOKEN = 100
 # The oracle's defaults for keys a scenario leaves out.
@@ -89,12 +60,6 @@ DEFAULT_MAX_STEPS = 1_000_000  # the oracle's
 # trace. Arrivals and aborts must come before max_steps (the oracle would
 # fail at max_steps before reaching them).
 MAX_STEPS_LIMIT = 10**7
-# Every KV block is a Python object in the block pool (about 48 bytes,
-# measured): 2**21 blocks cost about 100 MB and 0.2 s to build, and hold 33M
-# tokens at block size 16, more than any single GPU's cache.
-NUM_GPU_BLOCKS_LIMIT = 2**21
-# vLLM's attention backends use blocks of at most a few hundred tokens.
-BLOCK_SIZE_LIMIT = 2**16
 # Token ids, max_tokens, min_tokens, priority: int32, as vLLM's tensors and
 # protocol hold them (no vocabulary reaches 2**31).
 INT32_LIMIT = 2**31
@@ -364,10 +329,10 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
 
     if "num_gpu_blocks" not in cc:
         c.missing("cache.num_gpu_blocks", "give the total block count (including vLLM's null block)")
-    num_blocks = c.integer(cc, "num_gpu_blocks", "cache", 2, NUM_GPU_BLOCKS_LIMIT,
+    num_blocks = c.integer(cc, "num_gpu_blocks", "cache", 2, MAX_SCENARIO_GPU_BLOCKS,
                            " (each block is an object in memory; a GPU holds far fewer; "
                            "block 0 is vLLM's null block, so at least 2)")
-    block_size = c.integer(cc, "block_size", "cache", 1, BLOCK_SIZE_LIMIT,
+    block_size = c.integer(cc, "block_size", "cache", 1, MAX_BLOCK_SIZE,
                            " (vLLM's blocks hold a few hundred tokens at most)", 16)
     prefix = c.boolean(cc, "enable_prefix_caching", "cache", False)
     try:
@@ -594,7 +559,7 @@ def _check_features(c: _Checker, top: Mapping[str, Any]
             raise UserInputError(f"{c.source}: {e}") from None
     lora = None
     if "max_loras" in top:
-        lora = LoRAConfig(max_loras=c.integer(top, "max_loras", "", 1, 2**16 - 1))
+        lora = LoRAConfig(max_loras=c.integer(top, "max_loras", "", 1, MAX_LORAS))
     return use_async, speculative, lora
 
 
@@ -665,402 +630,3 @@ def load_scenario(path: str) -> Scenario:
     return parse_scenario(data, path)
 
 
-def make_request(spec: dict[str, Any]) -> Request:
-    params = SamplingParams(
-        max_tokens=spec["max_tokens"],
-        min_tokens=spec.get("min_tokens", 0),
-        ignore_eos=spec.get("ignore_eos", False),
-        eos_token_id=spec.get("eos_token_id"),
-        stop_token_ids=tuple(spec.get("stop_token_ids", ())),
-    )
-    return Request(
-        request_id=spec["request_id"],
-        prompt_token_ids=list(spec["prompt_token_ids"]),
-        sampling_params=params,
-        priority=spec.get("priority", 0),
-        arrival_time=float(spec.get("arrival_time", spec.get("arrival_step", 0))),
-        lora_id=spec.get("lora_id") or 0,
-    )
-
-
-def next_token(spec: dict[str, Any], num_output_tokens: int) -> int:
-    """The scripted token for output position ``num_output_tokens``; below
-    min_tokens a scripted stop token is replaced, as a real sampler masks it."""
-    script = spec.get("sampled_token_ids") or ()
-    token = script[num_output_tokens] if num_output_tokens < len(script) else DEFAULT_TOKEN
-    if num_output_tokens < spec.get("min_tokens", 0):
-        stops = set(spec.get("stop_token_ids", ()))
-        if not spec.get("ignore_eos", False) and spec.get("eos_token_id") is not None:
-            stops.add(spec["eos_token_id"])
-        if token in stops:
-            token = DEFAULT_TOKEN
-    return token
-
-
-def check_requests(scenario: Scenario) -> None:
-    """Raise ValueError for what a replay would refuse: a data-parallel
-    scenario, or the first request ``add_request`` would refuse, so a bad
-    scenario fails before its first step rather than at an arrival."""
-    source = scenario.source
-    if scenario.data_parallel_size > 1:
-        raise UserInputError(f"{source}: data_parallel_size={scenario.data_parallel_size}: kvsched replay "
-                         "runs one scheduler; data-parallel scenarios are run by "
-                         "tests/conformance/test_dp_lockstep.py (remove the key for one rank)")
-    sched = _build_scheduler(scenario)
-    for i, spec in enumerate(scenario.requests):
-        try:
-            sched.check_request(make_request(spec))
-        except ValueError as e:
-            raise UserInputError(f"{source}: requests[{i}]: {e}") from None
-
-
-def _build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | None = None,
-                     explain: bool = False) -> Scheduler:
-    try:
-        sched = Scheduler(scenario.scheduler_config, scenario.cache_config, admission_policy,
-                          explain_admission=explain, speculative_config=scenario.speculative_config,
-                          lora_config=scenario.lora_config, kv_connector=_make_connector(scenario))
-    except ValueError as e:
-        raise UserInputError(f"{scenario.source}: {e}") from None
-    if sched.connector is not None:
-        sched.connector.bind_kv_cache_manager(sched.kv_cache_manager)
-    return sched
-
-
-def _make_connector(scenario: Scenario) -> KVConnectorBase | None:
-    kvc = scenario.kv_connector
-    if kvc is None:
-        return None
-    policy = kvc.get("load_failure_policy", "fail")
-    config = KVTransferConfig(kvc.get("kv_role", "kv_both"), policy)
-    if kvc["type"] == "multi":
-        return MultiConnector(config, [
-            _make_child_connector(scenario, child, KVTransferConfig(child.get("kv_role", "kv_both"), policy))
-            for child in kvc["connectors"]])
-    return _make_child_connector(scenario, kvc, config)
-
-
-def _make_child_connector(scenario: Scenario, kvc: Mapping[str, Any],
-                          config: KVTransferConfig) -> KVConnectorBase:
-    block_size = scenario.cache_config.block_size
-    if kvc["type"] == "offloading":
-        return OffloadingConnector(
-            config, block_size, kvc["num_cpu_blocks"], kvc.get("block_size_factor", 1),
-            kvc.get("eviction_policy", "lru"), kvc.get("store_threshold", 0),
-            kvc.get("sync_load_budget_tokens", 0), scenario.cache_config.enable_prefix_caching,
-            {r["request_id"]: r["kv_transfer_params"] for r in scenario.requests
-             if r.get("kv_transfer_params") is not None})
-    if kvc["type"] == "nixl":
-        return NixlConnector(config, block_size, {
-            r["request_id"]: params for r in scenario.requests
-            if (params := replay_kv_transfer_params(r, block_size)) is not None})
-    scripts = {r["request_id"]: {k: r[k] for k in SCRIPTED_REQUEST_KEYS if k in r}
-               for r in scenario.requests}
-    return ScriptedConnector(config, scripts, scenario.cache_config.block_size,
-                             bool(kvc.get("pending_block_frees", False)))
-
-
-def _kv_fields(sched: Scheduler, output: SchedulerOutput | None,
-               report: tuple[ModelRunnerOutput, set[str]] | None) -> dict[str, Any]:
-    """The KV connector's trace keys for one step: ``output`` the batch
-    scheduled in it (or None), ``report`` the processed output and the ids
-    whose load failed in it (or None)."""
-    requests = sched.requests.values()
-    kvo = report[0].kv_connector_output if report is not None else None
-    loads = output.kv_loads if output is not None and output.kv_loads else {}
-    return {
-        "waiting_for_remote_kvs": sorted(r.request_id for r in requests
-                                         if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS),
-        "kv_load": {rid: [n, is_async] for rid, (n, is_async) in loads.items()},
-        "finished_recving": sorted(kvo.finished_recving) if kvo is not None else [],
-        "finished_sending": sorted(kvo.finished_sending) if kvo is not None else [],
-        "load_failed": sorted(report[1]) if report is not None else [],
-        "delayed_free": sorted(r.request_id for r in requests if r.is_finished()),
-    } | _offload_fields(sched.connector, output.kv_connector_metadata if output else None, kvo)
-
-
-def _offload_fields(connector: KVConnectorBase | None, meta: Any,
-                    kvo: KVConnectorOutput | None) -> dict[str, Any]:
-    """The ``offload`` trace key when the connector is (or a MultiConnector
-    holds) an OffloadingConnector: its own metadata and worker report."""
-    if isinstance(connector, OffloadingConnector):
-        return {"offload": connector.trace_fields(meta, kvo)}
-    if not isinstance(connector, MultiConnector):
-        return {}
-    for i, child in enumerate(connector.sub_connectors):
-        if isinstance(child, OffloadingConnector):
-            child_kvo = None
-            if kvo is not None:
-                worker_meta = kvo.kv_connector_worker_meta
-                child_kvo = KVConnectorOutput(kv_connector_worker_meta=worker_meta.metadata[i]
-                                              if isinstance(worker_meta, MultiKVConnectorWorkerMetadata)
-                                              else None)
-            return {"offload": child.trace_fields(meta.metadata[i] if meta is not None else None, child_kvo)}
-    return {}
-
-
-# The worker's report for a batch and the ids whose load failed in it.
-_KVReport = tuple[KVConnectorOutput, set[str]]
-
-
-class _KVWorker(Protocol):
-    """A connector's scripted worker side: one call per executed batch, in
-    order, with the batch's connector metadata."""
-
-    def capture(self, meta: Any) -> _KVReport: ...
-
-
-def _make_worker(scenario: Scenario) -> _KVWorker | None:
-    kvc = scenario.kv_connector
-    if kvc is None:
-        return None
-    if kvc["type"] == "multi":
-        return MultiScriptedWorker([_make_child_worker(scenario, child) for child in kvc["connectors"]])
-    return _make_child_worker(scenario, kvc)
-
-
-def _make_child_worker(scenario: Scenario, kvc: Mapping[str, Any]) -> _KVWorker:
-    if kvc["type"] == "offloading":
-        return OffloadingWorker(kvc.get("load_steps", 1), kvc.get("store_steps", 1))
-    if kvc["type"] == "nixl":
-        return NixlScriptedWorker({r["request_id"]: {k: r[k] for k in NIXL_REQUEST_KEYS if k in r}
-                                   for r in scenario.requests})
-    return ScriptedWorker()
-
-
-def _kv_report(worker: _KVWorker, output: SchedulerOutput,
-               runner_output: ModelRunnerOutput) -> tuple[ModelRunnerOutput, set[str]]:
-    """The worker runs the batch (synchronous loop): its report goes with
-    the batch's output."""
-    kv_output, failed = worker.capture(output.kv_connector_metadata)
-    runner_output.kv_connector_output = kv_output
-    return runner_output, failed
-
-
-# One scheduled request as the fake model saw it: id, the request, whether it
-# samples in this batch, drafts scheduled, admitted in this batch.
-_Entry = tuple[str, Request, bool, int, bool]
-
-
-class FakeModel:
-    """The scripted model runner and drafter of SCENARIO_FORMAT.md. A batch
-    is captured when scheduled and its output produced when the engine
-    collects it: at once (synchronous), or when it leaves the batch queue
-    (async scheduling)."""
-
-    __slots__ = ("specs", "num_verifications", "num_proposals")
-
-    def __init__(self, specs: dict[str, dict[str, Any]]) -> None:
-        self.specs = specs
-        self.num_verifications: dict[str, int] = {}
-        self.num_proposals: dict[str, int] = {}
-
-    @staticmethod
-    def capture(sched: Scheduler, output: SchedulerOutput) -> list[_Entry]:
-        admitted = {n.req_id for n in output.scheduled_new_reqs}
-        admitted |= output.scheduled_cached_reqs.resumed_req_ids
-        spec = output.scheduled_spec_decode_tokens
-        requests = sched.requests
-        return [(rid, requests[rid], not requests[rid].is_prefill_chunk, len(spec.get(rid, ())),
-                 rid in admitted) for rid in output.num_scheduled_tokens]
-
-    def _accepted(self, rid: str, num_drafts: int) -> int:
-        i = self.num_verifications.get(rid, 0)
-        self.num_verifications[rid] = i + 1
-        script = self.specs[rid].get("accepted_drafts") or ()
-        n = script[i] if i < len(script) else num_drafts
-        return max(0, min(n, num_drafts))
-
-    def output(self, batch: list[_Entry]) -> ModelRunnerOutput:
-        sampled: list[list[int]] = []
-        for rid, req, samples, num_drafts, admitted in batch:
-            if not samples:
-                sampled.append([])
-                continue
-            # Drafts of the step that admits a request are padding: never accepted.
-            accepted = self._accepted(rid, num_drafts) if num_drafts and not admitted else 0
-            n = len(req.output_token_ids)
-            spec = self.specs[rid]
-            sampled.append([next_token(spec, n + j) for j in range(1 + accepted)])
-        return ModelRunnerOutput([entry[0] for entry in batch], sampled)
-
-    def propose(self, batch: list[_Entry], k: int) -> DraftTokenIds:
-        """Drafts after a synchronous step: none for a request that sampled
-        nothing, else its next ``proposed_drafts`` entry (default and cap K)."""
-        drafts: list[list[int]] = []
-        for rid, req, samples, _, _ in batch:
-            if not samples:
-                drafts.append([])
-                continue
-            i = self.num_proposals.get(rid, 0)
-            self.num_proposals[rid] = i + 1
-            script = self.specs[rid].get("proposed_drafts") or ()
-            d = max(0, min(script[i] if i < len(script) else k, k))
-            n = len(req.output_token_ids)
-            drafts.append([next_token(self.specs[rid], n + j) for j in range(d)])
-        return DraftTokenIds([entry[0] for entry in batch], drafts)
-
-
-def record_ids(record: dict[str, Any]) -> list[str]:
-    """The scheduled request ids of a trace record, in order."""
-    return [rid for rid, _ in record["scheduled"]]
-
-
-def _empty_output() -> SchedulerOutput:
-    """The trace's view of an async step that called no schedule()."""
-    return SchedulerOutput([], CachedRequestData(), {}, 0, set(), set())
-
-
-StepHook = Callable[[int, SchedulerOutput, dict[str, Any], Scheduler], None]
-# Idle trace lines are written this many at a time.
-_IDLE_CHUNK = 4096
-
-
-def replay(scenario: Scenario, trace_out: TextIO | None = None,
-           on_step: StepHook | None = None, explain: bool = False,
-           admission_policy: AdmissionPolicy | None = None, *, skip_idle: bool = True) -> ReplayResult:
-    """Run the scenario's step loop; write one JSON line per step to ``trace_out``.
-    ``admission_policy`` replaces the scenario's (a PrefillCadence when it sets
-    ``prefill_schedule_interval`` > 1).
-
-    Idle stretches (no request in the system, no arrival and no abort until a
-    later step) are skipped rather than stepped through when ``skip_idle``
-    and there is neither an ``on_step`` hook nor an ``admission_policy``
-    (either may count steps): after one idle step, ``schedule()`` and
-    ``update_from_output()`` change nothing until the next event, and every
-    idle step's trace line is the previous one's with the step number
-    changed; those lines are still written (the oracle writes them), but
-    without a trace the stretch costs nothing."""
-    check_requests(scenario)
-    policy = admission_policy
-    if policy is None and scenario.prefill_schedule_interval > 1:
-        policy = PrefillCadence(scenario.prefill_schedule_interval)
-    sched = _build_scheduler(scenario, policy, explain)
-    specs = {r["request_id"]: r for r in scenario.requests}
-    arrivals: dict[int, list[dict[str, Any]]] = {}
-    for r in scenario.requests:
-        arrivals.setdefault(r.get("arrival_step", 0), []).append(r)
-    aborts = scenario.aborts
-    events = sorted({*arrivals, *aborts})
-    last_event = max([*events, 0])
-    max_steps = scenario.max_steps
-    use_async = scenario.scheduler_config.async_scheduling
-    # vLLM's engine runs step_with_batch_queue whenever its queue is deeper
-    # than one batch (async scheduling, pipeline parallelism).
-    queue_size = batch_queue_size(use_async, scenario.scheduler_config.pipeline_parallel_size)
-    overlap = queue_size > 1
-    use_spec = scenario.speculative_config is not None
-    model = FakeModel(specs)
-    # The KV connector's worker side sees every executed batch, in order.
-    worker = _make_worker(scenario)
-    use_kv = worker is not None
-    # Async scheduling: vLLM's EngineCore.batch_queue, newest first, with the
-    # worker's report for each batch.
-    batch_queue: deque[tuple[int, SchedulerOutput, list[_Entry], _KVReport | None]] = deque()
-    # A caller's policy or hook may count steps: those see every step. With
-    # a connector idle steps poll the worker: none is skipped.
-    skip = skip_idle and on_step is None and admission_policy is None and not use_kv
-    requests = sched.requests
-    perf = time.perf_counter
-    seconds = 0.0
-    step = 0
-    idle_tail: str | None = None  # the previous idle step's trace line after its step number
-    scheduled_steps = 0
-    while step <= last_event or batch_queue or (
-            sched.has_requests() if use_kv else sched.has_unfinished_requests()):
-        if step >= max_steps:
-            raise CannotServe(f"{scenario.source}: the scenario did not finish within "
-                               f"max_steps={max_steps}")
-        quiet = (step not in arrivals and step not in aborts and not sched.has_unfinished_requests()
-                 and not batch_queue and not (overlap and sched.has_requests()))
-        if quiet and idle_tail is not None and skip:
-            # Up to the next event (there is one: step <= last_event here).
-            stop = min(events[bisect.bisect_right(events, step)], max_steps)
-            if trace_out is not None:
-                for start in range(step, stop, _IDLE_CHUNK):
-                    trace_out.write("".join(f'{{"step":{s},{idle_tail}'
-                                            for s in range(start, min(start + _IDLE_CHUNK, stop))))
-            step = stop
-            continue
-        for spec in arrivals.get(step, ()):
-            sched.add_request(make_request(spec))
-        finished: list[list[str]] = []
-        # (A finished request whose blocks a connector still holds is ignored.)
-        live = [rid for rid in aborts.get(step, ()) if rid in requests and not requests[rid].is_finished()]
-        if live:
-            sched.finish_requests(live)
-            finished.extend([rid, "abort"] for rid in live)
-
-        processed: int | None = None
-        results: EngineCoreOutputs | None = None
-        output: SchedulerOutput | None = None
-        report: tuple[ModelRunnerOutput, set[str]] | None = None
-        if not overlap and (not use_kv or sched.has_requests()):
-            # EngineCore.step() (with a connector it skips schedule() when
-            # has_requests() is false), then post_step() hands the drafts over.
-            t0 = perf()
-            output = sched.schedule()
-            t1 = perf()
-            scheduled_steps += 1
-            batch = model.capture(sched, output)
-            runner_output = model.output(batch)
-            if worker is not None:
-                report = _kv_report(worker, output, runner_output)
-            t2 = perf()
-            results = sched.update_from_output(output, runner_output)
-            t3 = perf()
-            seconds += (t1 - t0) + (t3 - t2)
-            if use_spec and output.total_num_scheduled_tokens > 0:
-                drafts = model.propose(batch, output.num_spec_tokens_to_schedule)
-                t4 = perf()
-                sched.update_draft_token_ids(drafts)
-                seconds += perf() - t4
-        elif overlap:
-            # EngineCore.step_with_batch_queue(): schedule the next batch;
-            # collect the oldest once the queue is full or nothing is left
-            # to schedule.
-            pop = bool(batch_queue)
-            if sched.has_requests():
-                t0 = perf()
-                output = sched.schedule()
-                seconds += perf() - t0
-                scheduled_steps += 1
-                new_report = (worker.capture(output.kv_connector_metadata) if worker is not None
-                              else None)
-                batch_queue.appendleft((step, output, model.capture(sched, output), new_report))
-                pop = not (len(batch_queue) < queue_size and (
-                    output.total_num_scheduled_tokens > 0 or sched.has_requests()))
-            if pop:
-                processed, done_output, done_batch, kv_report = batch_queue.pop()
-                runner_output = model.output(done_batch)
-                if kv_report is not None:
-                    runner_output.kv_connector_output = kv_report[0]
-                    report = (runner_output, kv_report[1])
-                t2 = perf()
-                results = sched.update_from_output(done_output, runner_output)
-                seconds += perf() - t2
-
-        if results is not None:
-            finished.extend([o.request_id, o.finish_reason or ""] for o in results.finished)
-        record = step_record(step, output if output is not None else _empty_output(), finished, sched)
-        if use_spec:
-            spec_tokens = output.scheduled_spec_decode_tokens if output is not None else {}
-            record["spec"] = [[rid, len(spec_tokens[rid])] for rid in record_ids(record)
-                              if rid in spec_tokens]
-        if overlap:
-            record["processed"] = processed
-        if use_kv:
-            record.update(_kv_fields(sched, output, report))
-        idle_tail = None
-        if trace_out is not None:
-            line = json.dumps(record, separators=(",", ":"))
-            trace_out.write(line + "\n")
-            prefix = f'{{"step":{step},'
-            if quiet and line.startswith(prefix):
-                idle_tail = line[len(prefix):] + "\n"
-        elif quiet:
-            idle_tail = ""
-        if on_step is not None:
-            on_step(step, output if output is not None else _empty_output(), record, sched)
-        step += 1
-    return ReplayResult(step, sched.num_preemptions, seconds, scheduled_steps)

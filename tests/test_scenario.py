@@ -1,4 +1,4 @@
-"""kvsched.replay: scenario validation, the scripted fake model, the step loop."""
+"""kvsched.scenario: scenario validation, the scripted fake model, the step loop."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kvsched.errors import CannotServe
-from kvsched.replay import (
+from kvsched.scenario import (
     DEFAULT_TOKEN,
     load_scenario,
     next_token,
@@ -421,7 +421,7 @@ WRONG_VALUES: list[tuple[str, str, Any, str]] = [
     ("scheduler", "long_prefill_token_threshold", -1, "scheduler.long_prefill_token_threshold=-1"),
     ("scheduler", "policy", None, "scheduler.policy=null: unknown scheduling policy"),
     ("cache", "block_size", 0, "cache.block_size=0: must be >= 1"),
-    ("cache", "block_size", 2**20, "cache.block_size=1048576: must be <= 2**16"),
+    ("cache", "block_size", 2**20, "cache.block_size=1048576: must be <= 2**12"),
     ("cache", "num_gpu_blocks", -16, "cache.num_gpu_blocks=-16: must be >= 2"),
     ("cache", "num_gpu_blocks", 1e9, "cache.num_gpu_blocks=1000000000.0: must be an integer"),
     ("top", "max_steps", 0, "max_steps=0: must be >= 1"),
@@ -523,7 +523,7 @@ def test_data_parallel_scenarios_parse_but_replay_refuses_them() -> None:
 
 def test_the_cli_prints_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kvsched.cli import main
-    from kvsched.replay import REQUEST_KEYS
+    from kvsched.scenario import REQUEST_KEYS
 
     scenario = _scenario()
     scenario["requests"][1]["prioirty"] = 1
