@@ -45,6 +45,7 @@ from kvsched.model.attention import CausalAttention
 from kvsched.model.config import ModelConfig, load_model_config
 from kvsched.model.llama import LlamaForCausalLM
 from kvsched.model.loader import checkpoint_tensor_shapes, load_model, resolve_dtype
+from kvsched.perf.memory import kv_cache_budget
 from kvsched.request import Request, RequestStatus
 from kvsched.scheduler_defaults import DeviceInfo, resolve_scheduler_limits
 
@@ -77,7 +78,7 @@ def cuda_kv_budget(total: int, free: int, activation_peak: int, utilization: flo
     """vLLM's rule: ``utilization`` of the whole device, minus what is in use
     (weights, other processes) and the activation peak of a profile run."""
     used = total - free
-    budget = int(total * utilization) - used - activation_peak
+    budget = int(kv_cache_budget(total, utilization, used, activation_peak))
     if budget <= 0:
         raise UserInputError(
             f"gpu_memory_utilization={utilization}: {used / 2**30:.2f} GiB of {total / 2**30:.2f} GiB "

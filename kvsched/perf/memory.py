@@ -75,6 +75,14 @@ class MemoryPlan:
                 f"{self.kv_cache_bytes / GIB:.1f} GiB for KV")
 
 
+def kv_cache_budget(memory_bytes: float, utilization: float, in_use: float, activation_peak: float) -> float:
+    """vLLM's KV-cache rule, the one owner of it (the simulator's plan and
+    the engine's measured start-up alike): ``utilization`` of the whole
+    device, less the memory in use (weights, non-torch memory, other
+    processes) and the activation peak of the profile run."""
+    return utilization * memory_bytes - in_use - activation_peak
+
+
 def weight_bytes_per_device(model: ModelSpec, parallel: ParallelConfig, dtype: str,
                             quantized_layers: str = "all") -> float:
     """Weight bytes on one device: the linear layers ``quantized_layers``
@@ -144,7 +152,8 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     weights = weight_bytes_per_device(model, parallel, runtime.dtype, runtime.quantized_layers)
     activations = activation_peak_bytes(model, parallel, max_num_batched_tokens, max_num_seqs)
     per_layer = model.kv_bytes_per_layer_per_rank(kvb, tp)
-    free = budget - weights - activations - NON_TORCH_BYTES - drafter_bytes - lora_bytes
+    free = kv_cache_budget(hardware.memory_bytes, gpu_memory_utilization,
+                           weights + NON_TORCH_BYTES + drafter_bytes + lora_bytes, activations)
     bytes_per_block, sliding = kv_layout(model.num_full_attention_layers + drafter_kv_layers,
                                          model.num_sliding_layers, model.sliding_window, per_layer,
                                          block_size, max_num_seqs, free)
@@ -182,7 +191,8 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
     for i, n in enumerate(stage_layers(m.num_layers, pp)):
         weights = per_layer_weights * n + (embedding if i == 0 else 0.0) + (lm_head if i == pp - 1 else 0.0)
         sliding_layers = -(-m.num_sliding_layers * n // m.num_layers)
-        free = budget - weights - activations - NON_TORCH_BYTES
+        free = kv_cache_budget(hardware.memory_bytes, gpu_memory_utilization, weights + NON_TORCH_BYTES,
+                               activations)
         bytes_per_block, sliding = kv_layout(n - sliding_layers, sliding_layers, m.sliding_window, per_layer,
                                              block_size, max_num_seqs, free)
         kv = free - sliding

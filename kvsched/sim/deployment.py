@@ -3,6 +3,7 @@ resolved with vLLM's defaults and its start-up checks."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -28,7 +29,7 @@ from kvsched.fields import is_int
 from kvsched.jsonfile import show
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
-from kvsched.perf.host import default_host_terms, load_calibration
+from kvsched.perf.host import HostTerms, default_host_terms, load_calibration
 from kvsched.perf.lora import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -268,10 +269,8 @@ def validate_engine_options(opts: EngineOptions) -> None:
         raise UserInputError(f"step_time_backend={opts.step_time_backend!r} (--step-time-backend): "
                          f"use one of {', '.join(STEP_TIME_BACKENDS)}")
     resolved_backend_choice(opts)  # a profile that conflicts with the backend is refused
-    if opts.calibration is not None:
-        load_calibration(opts.calibration)  # a bad file is refused before anything is built
-    if opts.step_time_profile is not None:
-        load_profile(opts.step_time_profile)  # a bad file is refused before anything is built
+    # The calibration and profile files are read once, by build_deployment,
+    # before anything is priced.
     if type(opts.async_scheduling) is not bool:
         raise UserInputError(f"async_scheduling={opts.async_scheduling!r} (--async-scheduling): must be "
                          "True or False")
@@ -340,15 +339,18 @@ def resolved_backend_choice(opts: EngineOptions) -> str:
 
 
 def make_step_model(opts: EngineOptions, model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
-                    runtime: RuntimeConfig, profile: StepProfile | None = None) -> StepTimeModel:
+                    runtime: RuntimeConfig, profile: StepProfile | None = None,
+                    host: HostTerms | None = None) -> StepTimeModel:
     """The step-time backend ``opts.step_time_backend`` names. A step profile
     (``profile``, read from ``opts.step_time_profile``) prices every step
     from the user's own vLLM. "auto" takes the measured kernels where they
     cover the deployment and no efficiency file tunes the roofline;
     otherwise the roofline, saying why."""
     choice = resolved_backend_choice(opts)
-    # A calibration's host terms, for whichever backend prices the steps.
-    host = load_calibration(opts.calibration) if opts.calibration is not None else None
+    # A calibration's host terms, for whichever backend prices the steps
+    # (``host``: the file as build_deployment read it).
+    if host is None and opts.calibration is not None:
+        host = load_calibration(opts.calibration)
     if choice == "profiled":
         if profile is None:
             assert opts.step_time_profile is not None  # resolved_backend_choice checked it
@@ -382,8 +384,17 @@ def _with_borrowed(step_model: StepTimeModel, borrowed: str) -> StepTimeModel:
 
 
 def build_deployment(opts: EngineOptions) -> Deployment:
+    """The deployment ``opts`` describe: its engine arguments validated, its
+    files (model config, calibration, step profile) read, each once.
+    Expert parallelism on a dense model is dropped (``options`` then says
+    so), as vLLM has no experts to shard there."""
     validate_engine_options(opts)
     model = get_model(opts.model)
+    if opts.enable_expert_parallel and not model.is_moe:
+        opts = dataclasses.replace(opts, enable_expert_parallel=False)
+    # Read before anything is built: a bad file is refused first.
+    host = load_calibration(opts.calibration) if opts.calibration is not None else None
+    profile = load_profile(opts.step_time_profile) if opts.step_time_profile is not None else None
     hardware = get_hardware(opts.hardware)
     if opts.efficiency_file:
         hardware = load_efficiency_overrides(opts.efficiency_file, hardware)
@@ -403,7 +414,6 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         raise UserInputError(f"quantization={opts.quantization!r} (--quantization): {weights.weights} "
                          f"quantizes MoE experts only and {model.name} is dense; use fp8 or "
                          "modelopt_fp4")
-    profile = load_profile(opts.step_time_profile) if opts.step_time_profile is not None else None
     speculative = None
     if opts.speculative_config is not None:
         if profile is not None:
@@ -467,7 +477,7 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     offload = make_offload_config(opts.kv_offloading_size, model, hardware, opts.tensor_parallel_size,
                                   memory.bytes_per_block,
                                   drafter_kv_layers=drafter.kv_layers if drafter is not None else 0)
-    step_model = make_step_model(opts, model, hardware, parallel, runtime, profile)
+    step_model = make_step_model(opts, model, hardware, parallel, runtime, profile, host)
     if drafter is not None:
         step_model.drafter = Drafter(drafter, step_model)
     if opts.pipeline_parallel_size > 1:

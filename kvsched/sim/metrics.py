@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, overload
 
@@ -131,6 +131,15 @@ class RequestRecord:
         return 0.0 if self.arrival_time is None else self.send_time - self.arrival_time
 
 
+def extend_columns(out: object, tables: Iterable[object], columns: Iterable[str]) -> None:
+    """Append every table's ``columns`` (lists or arrays) to ``out``'s, in
+    order: the concatenation of column tables, each column named once."""
+    names = tuple(columns)
+    for table in tables:
+        for name in names:
+            getattr(out, name).extend(getattr(table, name))
+
+
 class RecordTable(Sequence[RequestRecord]):
     """Completed requests as columns: a simulator appends one per finish, and
     a million of them take ~130 bytes each instead of a ~250-byte object the
@@ -166,15 +175,7 @@ class RecordTable(Sequence[RequestRecord]):
     @classmethod
     def concat(cls, tables: Sequence[RecordTable]) -> RecordTable:
         out = cls()
-        for t in tables:
-            out.request_id.extend(t.request_id)
-            out.send_time.extend(t.send_time)
-            out.first_token_time.extend(t.first_token_time)
-            out.finish_time.extend(t.finish_time)
-            out.num_prompt_tokens.extend(t.num_prompt_tokens)
-            out.num_output_tokens.extend(t.num_output_tokens)
-            out.arrival_time.extend(t.arrival_time)
-            out.token_times.extend(t.token_times)
+        extend_columns(out, tables, cls.__slots__)
         return out
 
     def __len__(self) -> int:

@@ -38,7 +38,6 @@ from kvsched.sim.workload import (
     BENCH_DATASETS,
     MAX_ARRIVAL_TIME,
     MAX_REQUEST_TOKENS,
-    BenchDatasetOptions,
     Workload,
     load_tokenizer,
     load_workload,
@@ -80,10 +79,9 @@ def build_group_deployment(group: InstanceGroup) -> tuple[Deployment, list[str]]
     options = group.engine_options()
     deployment = build_deployment(options)
     notes: list[str] = []
-    if options.enable_expert_parallel and not deployment.model.is_moe:
+    if options.enable_expert_parallel and not deployment.options.enable_expert_parallel:
         notes.append(f"--enable-expert-parallel has no effect: {deployment.model.name} is a dense "
                      "model (no experts), and vLLM ignores expert parallelism for it")
-        deployment = build_deployment(dataclasses.replace(options, enable_expert_parallel=False))
     if (group.balance_threshold == "full-minus-one" and group.admission_policy == "balance"
             and deployment.scheduler_config.max_num_seqs < 2):
         raise UserInputError("--balance-threshold full-minus-one needs --max-num-seqs >= 2 (with 1 it "
@@ -110,7 +108,7 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
             spec.dataset_name, spec.dataset_path, tokenizer=tokenizer,
             num_prompts=-1 if spec.num_prompts is None else spec.num_prompts, seed=spec.seed,
             request_rate=spec.request_rate, burstiness=spec.burstiness,
-            max_concurrency=spec.max_concurrency, options=bench_options(spec))
+            max_concurrency=spec.max_concurrency, options=spec)
     elif spec.dataset_name == "random":
         assert spec.num_prompts is not None and spec.request_rate is not None
         assert spec.random_input_len is not None and spec.random_range_ratio is not None
@@ -188,12 +186,6 @@ def with_loras(deployment: Deployment, spec: WorkloadSpec, workload: Workload) -
     ids = adapter_ids_by_name(spec.lora_names, [a.name for a in lora.adapters])
     return deployment, assign_loras(workload, ids, share, spec.lora_assignment, spec.lora_zipf_alpha,
                                     spec.seed)
-
-
-def bench_options(spec: WorkloadSpec) -> BenchDatasetOptions:
-    """The dataset flags of a workload spec, as the benchmark datasets take them."""
-    names = [f.name for f in dataclasses.fields(BenchDatasetOptions)]
-    return BenchDatasetOptions(**{name: getattr(spec, name) for name in names})
 
 
 def workload_source(spec: WorkloadSpec) -> str:

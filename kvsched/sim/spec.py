@@ -43,7 +43,7 @@ from kvsched.core.policies import BalanceThreshold
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import show
-from kvsched.sim.deployment import EngineOptions, validate_engine_options
+from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.dp import DEFAULT_DP_STATS_INTERVAL, DEFAULT_DP_SYNC_INTERVAL, check_dp_intervals
 from kvsched.sim.metrics import DEFAULT_PERCENTILE_METRICS, PERCENTILE_METRICS
 from kvsched.sim.offload_transfer import transfer_config_offloading_gib
@@ -59,6 +59,7 @@ from kvsched.sim.workload import (
     MAX_REQUEST_TOKENS,
     MAX_SEED,
     MIN_BURSTINESS,
+    BenchDatasetOptions,
 )
 from kvsched.sim.workload.limits import check_request_timeout
 from kvsched.sim.workload.lora import check_lora_workload
@@ -121,14 +122,15 @@ class InstanceGroup:
         check_dp_intervals(self.dp_stats_interval, self.dp_sync_interval)
         _int_in("adp_timeout_iters", self.adp_timeout_iters, 0, MAX_STEP_COUNT, STEPS_WHY)
         _int_in("adp_batching_wait_iters", self.adp_batching_wait_iters, 0, MAX_STEP_COUNT, STEPS_WHY)
-        # The engine's own arguments first (the cadence policy reads one of them).
-        validate_engine_options(self.engine)
 
     def engine_options(self) -> EngineOptions:
         """The engine arguments as run: the prefill-cadence policy gates
         prefill every ``prefill_schedule_interval`` steps, at least every 2."""
         e = self.engine
-        if self.admission_policy == "prefill-cadence" and e.prefill_schedule_interval < MIN_CADENCE_INTERVAL:
+        # Only a valid interval is raised: a bad one is left for
+        # build_deployment's validation to name.
+        if (self.admission_policy == "prefill-cadence" and is_int(e.prefill_schedule_interval)
+                and 1 <= e.prefill_schedule_interval < MIN_CADENCE_INTERVAL):
             return dataclasses.replace(e, prefill_schedule_interval=MIN_CADENCE_INTERVAL)
         return e
 
@@ -255,8 +257,10 @@ def deployment_spec(group: InstanceGroup, disaggregation: str | None, prefill_tp
 
 
 @dataclass(frozen=True, slots=True)
-class WorkloadSpec:
-    """``vllm bench serve``'s dataset arguments. The random dataset's
+class WorkloadSpec(BenchDatasetOptions):
+    """``vllm bench serve``'s dataset arguments: the benchmark datasets' own
+    flags (:class:`BenchDatasetOptions`, declared there once, each only for
+    its dataset: DATASET_FLAGS) and these. The random dataset's
     fields are None when not given, so that a field set for a trace is
     refused (it would be ignored); :meth:`resolved` fills vLLM bench's
     defaults."""
@@ -301,22 +305,6 @@ class WorkloadSpec:
     # with tokenizer.json, or a Hugging Face id in the local cache; None:
     # the model's, else an approximation with a warning).
     tokenizer: str | None = None
-    # vllm bench serve's dataset flags (None: vLLM's default), each only for
-    # its dataset (DATASET_FLAGS).
-    sharegpt_output_len: int | None = None
-    custom_output_len: int | None = None
-    skip_chat_template: bool = False
-    sonnet_input_len: int | None = None
-    sonnet_output_len: int | None = None
-    sonnet_prefix_len: int | None = None
-    prefix_repetition_prefix_len: int | None = None
-    prefix_repetition_suffix_len: int | None = None
-    prefix_repetition_num_prefixes: int | None = None
-    prefix_repetition_output_len: int | None = None
-    disable_shuffle: bool = False
-    no_oversample: bool = False
-    # kvsched's: replay a BurstGPT file at its own timestamps (vLLM samples it).
-    burstgpt_timestamps: bool = False
 
     def check(self) -> None:
         """Every number in its stated range."""

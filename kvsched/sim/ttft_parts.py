@@ -44,13 +44,13 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import numpy.typing as npt
 
 from kvsched.sim.kv_transfer import KVWorker, MultiTimedWorker, NixlTimedWorker
-from kvsched.sim.metrics import MILLISECONDS_PER_SECOND, RecordTable, distribution
+from kvsched.sim.metrics import MILLISECONDS_PER_SECOND, RecordTable, distribution, extend_columns
 from kvsched.sim.offload_transfer import OffloadTimedWorker
 
 FloatArray = npt.NDArray[np.float64]
@@ -99,12 +99,7 @@ class PhaseTable:
     @classmethod
     def concat(cls, tables: Sequence[PhaseTable]) -> PhaseTable:
         out = cls()
-        for t in tables:
-            out.request_id.extend(t.request_id)
-            out.reached.extend(t.reached)
-            out.started.extend(t.started)
-            out.load_start.extend(t.load_start)
-            out.load_end.extend(t.load_end)
+        extend_columns(out, tables, (f.name for f in fields(cls)))
         return out
 
     def __len__(self) -> int:
