@@ -69,7 +69,7 @@ import numpy as np
 import run_matrix as rm
 from compare_steps import Attribution, RealRun, attribute_by_replay, compositions, measured_host_terms
 
-from kvsched.calibrate.iteration_replay import IterationReplay
+from kvsched.calibrate.iteration_log import IterationReplay
 from kvsched.calibrate.reanchor import measure_drift, read_iteration_log, reanchored
 from kvsched.calibrate.run_files import parse_bench
 from kvsched.perf.host import HostTerms

@@ -8,7 +8,7 @@ engine flags) to serving runs of it, and writes a file that ``simulate`` and
 
 * ``run_files`` - read a run: ``vllm bench serve --save-result
   --save-detailed`` JSON or per-request JSON lines, into an ``ObservedRun``;
-* ``replay`` - replay a run on the deployment with any terms (``Replayer``);
+* ``resimulate`` - simulate a run again on the deployment with any terms (``Replayer``);
 * ``loss`` - the relative errors of a replay and the fit's loss over them;
 * ``terms`` - the terms' units, optimiser scales and meanings;
 * ``fit`` - the optimiser and ``Calibrator``;
@@ -19,7 +19,7 @@ The ``kvsched calibrate`` command line is :mod:`kvsched.commands.calibrate`.
 
 from kvsched.calibrate.fit import Calibration, Calibrator, FitResult
 from kvsched.calibrate.loss import LossGroups, RunErrors, loss_residuals, run_errors
-from kvsched.calibrate.replay import Replayer, SimulatedLatencies, check_run, workload_of
+from kvsched.calibrate.resimulate import Replayer, SimulatedLatencies, check_run, workload_of
 from kvsched.calibrate.run_files import ObservedRun, load_run, parse_bench, parse_requests
 
 __all__ = [

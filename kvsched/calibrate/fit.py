@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvsched.calibrate.loss import DEFAULT_GROUPS, LossGroups, RunErrors, loss_residuals, run_errors
-from kvsched.calibrate.replay import Replayer
+from kvsched.calibrate.resimulate import Replayer
 from kvsched.calibrate.run_files import ObservedRun
 from kvsched.calibrate.terms import TERM_SCALES, latency_units, with_terms
 from kvsched.errors import UserInputError

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kvsched.calibrate.replay import SimulatedLatencies
+from kvsched.calibrate.resimulate import SimulatedLatencies
 from kvsched.calibrate.run_files import ObservedRun
 
 FloatArray = npt.NDArray[np.float64]

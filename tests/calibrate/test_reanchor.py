@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.calibrate.iteration_replay import IterationReplay, ReplayedStep
+from kvsched.calibrate.iteration_log import IterationReplay, ReplayedStep
 from kvsched.calibrate.reanchor import MIN_DRIFT_STEPS, measure_drift, reanchored
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware

@@ -89,10 +89,34 @@ def _brute_force(problem: Problem, candidates: list[Candidate], rates: list[floa
         answers.append(feasible[-1] if feasible else evaluated[0])
     ok = [a for a in answers if a.meets]
     best = min(ok, key=lambda a: (-a.goodput_per_gpu, a.num_gpus, a.order), default=None)
-    front = sorted(a.label for a in ok if not any(
-        o.goodput_per_gpu >= a.goodput_per_gpu and o.first_metric_ms <= a.first_metric_ms
-        and (o.goodput_per_gpu > a.goodput_per_gpu or o.first_metric_ms < a.first_metric_ms) for o in ok))
-    return (best.label if best else None), front
+    return (best.label if best else None), _front_by_sweep(ok)
+
+
+def _front_by_sweep(ok: list[_Answer]) -> list[str]:
+    """The Pareto front (more goodput per GPU, less first-metric latency) by a
+    sweep, not by the pairwise test the search uses: walking goodput levels
+    from the highest down, an answer is on the front when it has its level's
+    lowest latency and is strictly faster than everything at higher levels."""
+    front: list[str] = []
+    faster_above = math.inf
+    for level in sorted({a.goodput_per_gpu for a in ok}, reverse=True):
+        here = [a for a in ok if a.goodput_per_gpu == level]
+        lowest = min(a.first_metric_ms for a in here)
+        if lowest < faster_above:
+            front += [a.label for a in here if a.first_metric_ms == lowest]
+            faster_above = lowest
+    return sorted(front)
+
+
+def test_the_sweep_front_is_the_textbook_one() -> None:
+    # Hand-made points (goodput/GPU, latency): b is dominated by a (same
+    # goodput, slower), d by c (less goodput, slower), e and f tie exactly.
+    def answer(label: str, goodput: float, latency: float) -> _Answer:
+        return _Answer(label, (), True, goodput, 1, latency)
+
+    points = [answer("a", 10, 100), answer("b", 10, 150), answer("c", 8, 50), answer("d", 7, 60),
+              answer("e", 5, 20), answer("f", 5, 20), answer("g", 4, 20)]
+    assert _front_by_sweep(points) == ["a", "c", "e", "f"]
 
 
 SPACES = {

@@ -15,9 +15,9 @@ from kvsched.sim.workload.model import Workload, WorkloadRequest
 from kvsched.sim.workload.traces.source import (
     OUTPUT_WHY,
     PROMPT_WHY,
+    ArrivalClock,
     Source,
     build_request,
-    check_span,
     read_text,
     text_int,
     unique_prompt,
@@ -93,23 +93,16 @@ def load_azure(path: str | Path, *, max_concurrency: int | None = None) -> Workl
     header = first[1]
     ts_col, ctx_col, gen_col = _azure_header(src, header)
     requests: list[WorkloadRequest] = []
-    t0 = prev = 0
-    prev_line = 0
+    clock = ArrivalClock(1e9, "row")
     for line, row in rows:
         if len(row) != len(header):
             raise src.error(line, f"{len(row)} fields, the header has {len(header)}")
         t = _azure_time_ns(src, line, row[ts_col])
-        if not requests:
-            t0 = prev = t
-        elif t < prev:
-            raise src.error(line, f"TIMESTAMP={row[ts_col].strip()!r} is earlier than the previous row's "
-                            f"(line {prev_line}); the trace must be in time order")
-        check_span(src, line, f"TIMESTAMP={row[ts_col].strip()!r}", (t - t0) / 1e9)
-        prev, prev_line = t, line
+        arrival = clock.seconds(src, line, f"TIMESTAMP={row[ts_col].strip()!r}", t)
         ctx = text_int(src, line, "ContextTokens", row[ctx_col], 1, PROMPT_WHY)
         gen = text_int(src, line, "GeneratedTokens", row[gen_col], 1, OUTPUT_WHY)
         i = len(requests)
-        requests.append(build_request(src, line, f"azure-{i}", (t - t0) / 1e9, unique_prompt(i, ctx), gen))
+        requests.append(build_request(src, line, f"azure-{i}", arrival, unique_prompt(i, ctx), gen))
     if not requests:
         raise UserInputError(f"{p}: no data rows after the header")
     return Workload(p.stem, tuple(requests), max_concurrency)

@@ -13,10 +13,10 @@ from kvsched.sim.workload.tokens import HASH_BLOCK_TOKEN_BASE, MAX_HASH_ID, MOON
 from kvsched.sim.workload.traces.source import (
     OUTPUT_WHY,
     PROMPT_WHY,
+    ArrivalClock,
     Source,
     build_request,
     check_keys,
-    check_span,
     json_int,
     json_lines,
     json_time,
@@ -57,26 +57,18 @@ def load_mooncake(path: str | Path, *, max_concurrency: int | None = None) -> Wo
     p, text = read_text(path)
     src = Source(p)
     requests: list[WorkloadRequest] = []
-    t0: float = 0
-    prev: float = 0
-    prev_line = 0
+    clock = ArrivalClock(1000, "line")
     for line, obj in json_lines(src, text):
         check_keys(src, line, obj, _MOONCAKE_KEYS)
         t = json_time(src, line, "timestamp", obj["timestamp"], MAX_TIMESTAMP_MS,
                        "milliseconds (2**53: exact in a float)")
-        if not requests:
-            t0 = prev = t
-        elif t < prev:
-            raise src.error(line, f"timestamp={t} is earlier than the previous line's ({prev}, line "
-                            f"{prev_line}); the trace must be in time order")
-        check_span(src, line, f"timestamp={t}", (t - t0) / 1000)
-        prev, prev_line = t, line
+        arrival = clock.seconds(src, line, f"timestamp={t}", t)
         input_length = json_int(src, line, "input_length", obj["input_length"], 1, PROMPT_WHY)
         output_length = json_int(src, line, "output_length", obj["output_length"], 1, OUTPUT_WHY)
         runs = _mooncake_runs(src, line, obj["hash_ids"], input_length)
         i = len(requests)
         # Integer milliseconds: subtract exactly, then round once.
-        requests.append(build_request(src, line, f"mooncake-{i}", (t - t0) / 1000, runs, output_length))
+        requests.append(build_request(src, line, f"mooncake-{i}", arrival, runs, output_length))
     if not requests:
         raise UserInputError(f"{p}: no requests (the file has no JSON lines)")
     return Workload(p.stem, tuple(requests), max_concurrency)

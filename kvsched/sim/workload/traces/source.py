@@ -78,11 +78,34 @@ def json_time(src: Source, line: int, key: str, value: object, maximum: float, u
     return value
 
 
-def check_span(src: Source, line: int, key: str, seconds: float) -> None:
-    if seconds > MAX_ARRIVAL_TIME:
-        raise src.error(line, f"{key} is {seconds:.4g} s after the first request's, beyond the "
-                        f"simulator's time span of {MAX_ARRIVAL_TIME:.0e} s (float64 times lose "
-                        "step-time precision further out); split the trace")
+class ArrivalClock:
+    """The one owner of a trace's timestamp rules: rows in time order, none
+    further from the first than the simulator's time span. ``per_second``
+    is the trace's units in a second (Azure: ns, Mooncake: ms)."""
+
+    __slots__ = ("per_second", "what", "t0", "prev", "prev_line")
+
+    def __init__(self, per_second: float, what: str) -> None:
+        self.per_second = per_second
+        self.what = what          # "row" or "line": how the message names the previous one
+        self.t0: float | None = None
+        self.prev: float = 0
+        self.prev_line = 0
+
+    def seconds(self, src: Source, line: int, key: str, t: float) -> float:
+        """``t`` (shown as ``key``) in seconds after the first row's."""
+        if self.t0 is None:
+            self.t0 = self.prev = t
+        elif t < self.prev:
+            raise src.error(line, f"{key} is earlier than the previous {self.what}'s "
+                            f"(line {self.prev_line}); the trace must be in time order")
+        seconds = (t - self.t0) / self.per_second
+        if seconds > MAX_ARRIVAL_TIME:
+            raise src.error(line, f"{key} is {seconds:.4g} s after the first request's, beyond the "
+                            f"simulator's time span of {MAX_ARRIVAL_TIME:.0e} s (float64 times lose "
+                            "step-time precision further out); split the trace")
+        self.prev, self.prev_line = t, line
+        return seconds
 
 
 PROMPT_WHY = "a request needs at least one prompt token"
