@@ -289,6 +289,10 @@ class LlamaFamilyConfig:
     ``num_dense_layers`` counts the dense-MLP layers of an MoE model.
     ``attention_bias`` is the q/k/v projections' bias, ``o_proj_bias`` the
     output projection's. ``sliding_window`` is 0 when no layer slides.
+    :func:`read_llama_family` gives every field; the defaults (transformers'
+    LlamaConfig's) serve a shape written by hand, as tests do. The engine's
+    :class:`kvsched.model.config.ModelConfig` is this shape plus what only
+    running the model needs.
     """
 
     model_type: str
@@ -299,16 +303,16 @@ class LlamaFamilyConfig:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    rms_norm_eps: float
-    hidden_act: str
-    attention_bias: bool
-    o_proj_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-    sliding_window: int
-    num_sliding_layers: int
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0

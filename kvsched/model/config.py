@@ -4,13 +4,20 @@ config.json (and generation_config.json). Torch-free, so the CLI can use it."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
-from kvsched.hf_config import HFConfig, RopeFields, read_config_json, read_llama_family, read_rope
+from kvsched.hf_config import (
+    HFConfig,
+    LlamaFamilyConfig,
+    RopeFields,
+    read_config_json,
+    read_llama_family,
+    read_rope,
+)
 
 # The architectures the engine runs, with their config.json model_type.
 _ARCHITECTURES: dict[str, str] = {
@@ -25,36 +32,22 @@ SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
 RopeScaling = tuple[tuple[str, float | int | str], ...]
 
 
-@dataclass(slots=True, frozen=True)
-class ModelConfig:
-    """One Llama-family model's shape and numerics (vLLM's / transformers' names).
+@dataclass(slots=True, frozen=True, kw_only=True)
+class ModelConfig(LlamaFamilyConfig):
+    """One Llama-family model as the engine runs it: the checkpoint's shape
+    (:class:`kvsched.hf_config.LlamaFamilyConfig`, declared there once, with
+    transformers' names) and what only running it needs.
 
     ``rope_scaling`` is None for plain RoPE, else the sorted items of a dict with
     ``rope_type`` ("linear" or "llama3") and that type's parameters (see
-    ``rope_scaling_dict``). ``attention_bias`` is the q/k/v projections' bias;
-    ``o_proj_bias`` the output projection's (Llama/Qwen3 tie both to
-    ``attention_bias`` in config.json, Qwen2 has q/k/v bias only)."""
+    ``rope_scaling_dict``)."""
 
     architecture: str
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    qk_norm: bool = False
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     torch_dtype: str | None = None
-    o_proj_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.architecture not in _ARCHITECTURES:
@@ -74,6 +67,21 @@ class ModelConfig:
         if self.head_dim % 2:
             raise UserInputError(f"head_dim={self.head_dim}: rotary embedding needs an even head_dim; "
                              "fix config.json")
+        if self.hidden_act != "silu":
+            raise UserInputError(f"hidden_act={self.hidden_act!r}: unsupported activation; the Llama family "
+                                 "uses silu")
+        if self.mlp_bias:
+            raise UserInputError("mlp_bias=True: MLP biases are not supported; use a checkpoint without them")
+        if self.num_experts:
+            raise UserInputError(f"num_experts={self.num_experts}: mixture-of-experts layers are not "
+                                 "supported by the engine; use a dense checkpoint")
+        # The model attends over the whole context, which equals sliding-window
+        # attention only when the window covers every position.
+        if self.num_sliding_layers and self.sliding_window < self.max_position_embeddings:
+            raise UserInputError(
+                f"sliding_window={self.sliding_window}: sliding-window attention is not supported and the "
+                f"window is smaller than max_position_embeddings={self.max_position_embeddings}; use a "
+                "checkpoint with sliding_window null or >= max_position_embeddings")
         if not self.rms_norm_eps > 0:
             raise UserInputError(f"rms_norm_eps={self.rms_norm_eps!r}: must be > 0; fix config.json")
         if not self.rope_theta > 0:
@@ -179,18 +187,6 @@ def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | 
     arch = _architecture(cfg)
     reader = HFConfig(cfg, source)
     f = read_llama_family(reader, _ARCHITECTURES[arch])
-    if f.hidden_act != "silu":
-        raise UserInputError(f"hidden_act={f.hidden_act!r}: unsupported activation; the Llama family "
-                         "uses silu")
-    if f.mlp_bias:
-        raise UserInputError("mlp_bias=True: MLP biases are not supported; use a checkpoint without them")
-    # The model attends over the whole context, which equals sliding-window
-    # attention only when the window covers every position.
-    if f.num_sliding_layers and f.sliding_window < f.max_position_embeddings:
-        raise UserInputError(
-            f"sliding_window={f.sliding_window}: sliding-window attention is not supported and the "
-            f"window is smaller than max_position_embeddings={f.max_position_embeddings}; use a "
-            "checkpoint with sliding_window null or >= max_position_embeddings")
     rope = read_rope(reader)
     rope_scaling = _rope_scaling(rope, f.max_position_embeddings)
 
@@ -205,25 +201,14 @@ def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | 
         raise UserInputError(f"bos_token_id={bos!r}: must be a token id or null; fix config.json")
     dtype = cfg.get("torch_dtype", cfg.get("dtype"))
 
+    shape = {field.name: getattr(f, field.name) for field in fields(LlamaFamilyConfig)}
+    shape["model_type"] = str(cfg.get("model_type", f.model_type))
     return ModelConfig(
+        **shape,
         architecture=arch,
-        model_type=str(cfg.get("model_type", f.model_type)),
-        vocab_size=f.vocab_size,
-        hidden_size=f.hidden_size,
-        intermediate_size=f.intermediate_size,
-        num_hidden_layers=f.num_hidden_layers,
-        num_attention_heads=f.num_attention_heads,
-        num_key_value_heads=f.num_key_value_heads,
-        head_dim=f.head_dim,
-        rms_norm_eps=f.rms_norm_eps,
         rope_theta=rope.rope_theta,
         rope_scaling=rope_scaling,
-        max_position_embeddings=f.max_position_embeddings,
-        tie_word_embeddings=f.tie_word_embeddings,
-        attention_bias=f.attention_bias,
-        qk_norm=f.qk_norm,
         eos_token_ids=tuple(eos),
         bos_token_id=bos,
         torch_dtype=dtype if isinstance(dtype, str) else None,
-        o_proj_bias=f.o_proj_bias,
     )
