@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from kvsched.calibrate.iteration_log import IterationReplay, iteration_counts, replay_iteration_log
 from kvsched.calibrate.reanchor import read_iteration_log
+from kvsched.calibrate.step_matching import IterationReplay, iteration_counts, replay_iteration_log
 from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel
 from kvsched.perf.step_profile import StepRecord
@@ -145,7 +145,7 @@ def attribute(run: RealRun, token_budget: int) -> Attribution:
 def attribute_by_replay(run: RealRun, config: SimConfig,
                         workload: Workload) -> tuple[Attribution, IterationReplay]:
     """Every logged step attributed to the requests by kvsched's own
-    scheduler (:func:`kvsched.calibrate.iteration_log.replay_iteration_log`:
+    scheduler (:func:`kvsched.calibrate.step_matching.replay_iteration_log`:
     chunking, prefix-cache hits, preemption and the long-prefill threshold
     are the scheduler's decisions; only arrivals are read off the log).
     ``workload`` holds the run's requests in send order as the server got
@@ -332,7 +332,7 @@ def simulate(args: argparse.Namespace, workload: Workload, backend: str,
 
 def compositions(trace: list[dict[str, Any]], prompt_lens: dict[str, int]) -> list[Composition]:
     """Each simulated step's batch as vLLM's iteration log counts it
-    (:func:`kvsched.calibrate.iteration_log.iteration_counts`): a
+    (:func:`kvsched.calibrate.step_matching.iteration_counts`): a
     context request has produced no output token yet (a prompt chunk, its
     last one included), every other a generation request (a preempted one
     recomputing its prompt too)."""

@@ -69,9 +69,9 @@ import numpy as np
 import run_matrix as rm
 from compare_steps import Attribution, RealRun, attribute_by_replay, compositions, measured_host_terms
 
-from kvsched.calibrate.iteration_log import IterationReplay
 from kvsched.calibrate.reanchor import measure_drift, read_iteration_log, reanchored
 from kvsched.calibrate.run_files import parse_bench
+from kvsched.calibrate.step_matching import IterationReplay
 from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel
 from kvsched.perf.profiled import ProfiledStepTimeModel

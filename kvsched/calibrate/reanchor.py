@@ -8,7 +8,7 @@ re-anchoring takes a run the server already served with
 ``--enable-logging-iteration-details`` (a warm-up, a short bench run):
 
 1. the run's log is tied to its requests by kvsched's own scheduler
-   (:func:`~kvsched.calibrate.iteration_log.replay_iteration_log`), so
+   (:func:`~kvsched.calibrate.step_matching.replay_iteration_log`), so
    every logged step's batch is known exactly;
 2. :func:`measure_drift` sets each logged step time against the profile's
    price of the same batch; the median ratio is the drift, taken apart for
@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvsched.calibrate.iteration_log import IterationReplay
+from kvsched.calibrate.step_matching import IterationReplay
 from kvsched.errors import UserInputError
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.step_profile import StepProfile

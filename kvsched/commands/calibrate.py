@@ -9,12 +9,12 @@ import sys
 from typing import Any
 
 from kvsched.calibrate.fit import DEFAULT_MAX_ITERATIONS, Calibrator
-from kvsched.calibrate.iteration_log import replay_iteration_log
 from kvsched.calibrate.loss import DEFAULT_GROUPS, MIN_GROUP
 from kvsched.calibrate.reanchor import measure_drift, read_iteration_log, reanchored
 from kvsched.calibrate.report import format_report, provenance
 from kvsched.calibrate.resimulate import check_run, workload_of
 from kvsched.calibrate.run_files import VLLM_DEFAULT_SEED, load_run
+from kvsched.calibrate.step_matching import replay_iteration_log
 from kvsched.calibrate.terms import DEFAULT_FIT, parse_fit_names, typical_start
 from kvsched.commands.simulate import check_output_path
 from kvsched.errors import UserInputError

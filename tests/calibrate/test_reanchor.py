@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.calibrate.iteration_log import IterationReplay, ReplayedStep
 from kvsched.calibrate.reanchor import MIN_DRIFT_STEPS, measure_drift, reanchored
+from kvsched.calibrate.step_matching import IterationReplay, ReplayedStep
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.host import HostTerms

@@ -1,4 +1,4 @@
-"""kvsched.calibrate.iteration_log: a logged run tied to its requests.
+"""kvsched.calibrate.step_matching: a logged run tied to its requests.
 
 The logs here are made two ways the replay does not share: by hand (small
 cases whose answer is worked out in the comments), and from the simulator's
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kvsched.calibrate.iteration_log import iteration_counts, replay_iteration_log
+from kvsched.calibrate.step_matching import iteration_counts, replay_iteration_log
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.models import get_model
