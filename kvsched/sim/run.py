@@ -214,7 +214,9 @@ def prepare(spec: RunSpec) -> PreparedRun:
     """Everything a run can get wrong before it starts: the spec's values,
     the deployment (a model that does not fit is refused here), the
     workload, the refusals."""
-    spec.check()
+    # Each part checked once: resolved() checks the workload it resolves.
+    spec.deployment.check()
+    spec.options.check()
     spec = dataclasses.replace(spec, workload=spec.workload.resolved())
     # The spec stays as given (it is saved and read back); only the groups built differ.
     built = with_transfer_offloading(spec.deployment)

@@ -21,10 +21,11 @@ from kvsched.cli import main
 from kvsched.perf.host import HostTerms, load_calibration, save_host_terms
 from kvsched.perf.step_profile import load_profile
 from kvsched.sim.deployment import validate_engine_options
+from kvsched.sim.spec import WorkloadSpec
 
 DATA = Path(__file__).parents[1] / "perf" / "data"
 WATCHED = {validate_engine_options.__code__: "validate", load_calibration.__code__: "calibration",
-           load_profile.__code__: "profile"}
+           load_profile.__code__: "profile", WorkloadSpec.check.__code__: "workload"}
 
 
 @contextmanager
@@ -51,7 +52,7 @@ def test_a_calibrated_simulate_validates_once_and_reads_the_file_once(
         rc = main(["simulate", "--num-prompts", "5", "--max-num-batched-tokens", "4096",
                    "--calibration", str(path), "--no-progress"])
     assert rc == 0, capsys.readouterr().err
-    assert counts == {"validate": 1, "calibration": 1}
+    assert counts == {"validate": 1, "calibration": 1, "workload": 1}
 
 
 def test_a_profiled_simulate_reads_the_profile_once(capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,7 +62,7 @@ def test_a_profiled_simulate_reads_the_profile_once(capsys: pytest.CaptureFixtur
                    "--max-num-batched-tokens", "512", "--max-num-seqs", "64", "--num-prompts", "5",
                    "--random-input-len", "100", "--random-output-len", "10", "--no-progress"])
     assert rc == 0, capsys.readouterr().err
-    assert counts == {"validate": 1, "profile": 1}
+    assert counts == {"validate": 1, "profile": 1, "workload": 1}
 
 
 def test_a_bad_calibration_is_still_refused_before_the_run(
