@@ -448,6 +448,16 @@ def test_bad_speculative_flags_are_one_error_line(argv: list[str], words: str,
     assert "Simulating" not in captured.out
 
 
-def test_ngram_runs_synchronously() -> None:
+def test_ngram_runs_synchronously(tmp_path: Path) -> None:
     spec = '{"method": "ngram", "num_speculative_tokens": 2}'
-    assert main(["simulate", *SMALL, "--no-async-scheduling", "--speculative-config", spec]) == 0
+    out = tmp_path / "r.json"
+    assert main(["simulate", *SMALL, "--no-async-scheduling", "--speculative-config", spec,
+                 "--save-result", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 30
+    assert result["run_spec"]["deployment"]["groups"][0]["engine"]["async_scheduling"] is False
+    # Drafts were proposed and verified: two per draft, some accepted, the
+    # second position no more often than the first.
+    assert result["spec_decode_num_draft_tokens"] == 2 * result["spec_decode_num_drafts"] > 0
+    first, second = result["spec_decode_acceptance_rate_per_position"]
+    assert 0 < second <= first <= 1

@@ -58,9 +58,12 @@ def test_multiples_of_16_are_valid_block_sizes(block_size: int) -> None:
     assert d.cache_config.block_size == block_size
 
 
-def test_vllm_kv_cache_dtype_names_are_accepted() -> None:
-    for name in ("auto", "bfloat16", "fp8", "fp8_e5m2"):
-        validate_engine_options(EngineOptions(kv_cache_dtype=name))
+@pytest.mark.parametrize("name, kv_bytes", [("auto", 2), ("bfloat16", 2), ("fp8", 1), ("fp8_e5m2", 1)])
+def test_vllm_kv_cache_dtype_names_are_accepted(name: str, kv_bytes: int) -> None:
+    opts = EngineOptions(kv_cache_dtype=name)
+    validate_engine_options(opts)
+    # Accepted and priced: the KV cache holds this many bytes per element.
+    assert build_deployment(opts).runtime.kv_bytes == kv_bytes
 
 
 def test_weights_take_the_checkpoints_quantization_unless_told_otherwise() -> None:
