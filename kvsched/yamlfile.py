@@ -1,5 +1,6 @@
 """The one YAML reading every kvsched input file goes through (hardware and
-efficiency files, ``compare --variants``, ``tune --space``).
+efficiency files, ``compare --variants``, ``tune --space``), and the one
+reader of a small YAML-or-JSON option file (:func:`read_options_file`).
 
 PyYAML keeps the last of two equal keys (the first is dropped unread),
 recurses on deep ``[``/``{`` nesting and raises ``ValueError`` on an integer
@@ -17,10 +18,13 @@ import importlib
 from typing import Any
 
 from kvsched.errors import UserInputError, one_line
-from kvsched.jsonfile import number_problem, show
+from kvsched.files import read_text
+from kvsched.jsonfile import json_problem, number_problem, show, strict_loads
 
 # Deeper flow nesting than any real file needs; PyYAML would recurse on it.
 MAX_FLOW_DEPTH = 64
+# A variants or search-space file is a few kilobytes.
+MAX_OPTIONS_FILE_BYTES = 16 * 2**20
 
 
 def _flow_depth(text: str) -> int:
@@ -74,3 +78,22 @@ def parse_yaml(where: str, text: str, fix: str = "fix the file") -> object:
         raise UserInputError(f"{where}: not valid YAML: nested too deeply; {fix}") from None
     except ValueError as err:  # an integer over Python's 4300 digits
         raise UserInputError(f"{where}: not valid YAML: {number_problem(err)}; {fix}") from None
+
+
+def read_options_file(path: str, flag: str) -> object:
+    """The document in ``path``, given as ``flag`` (``--variants``,
+    ``--space``): YAML for a .yaml or .yml name, strict JSON otherwise; any
+    problem is one UserInputError line naming the flag, the file and, for a
+    syntax error, the place."""
+    try:
+        text = read_text(path, MAX_OPTIONS_FILE_BYTES, "a YAML or JSON file",
+                         fix="a variants or space file is a few kilobytes")
+    except UserInputError as e:
+        raise UserInputError(f"{flag}={e}") from None
+    if path.endswith((".yaml", ".yml")):
+        return parse_yaml(f"{flag}={path}", text)
+    try:
+        return strict_loads(text)
+    except ValueError as e:
+        raise UserInputError(f"{flag}={path}: {json_problem(e)} (a .yaml or .yml file is read as "
+                             "YAML)") from None

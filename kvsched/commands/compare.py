@@ -24,8 +24,6 @@ from typing import Any, NoReturn
 from kvsched.commands import help_description
 from kvsched.commands.simulate import check_output_paths, describe_workload
 from kvsched.errors import REPORT_HINT, UserInputError, one_line
-from kvsched.files import read_text
-from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.sim.flags import (
     add_engine_arguments,
     add_output_arguments,
@@ -40,7 +38,7 @@ from kvsched.sim.run import PreparedRun, RunResult, run_prepared
 from kvsched.sim.run import prepare as prepare_spec
 from kvsched.sim.simulator import stderr_progress
 from kvsched.sim.spec import RunSpec
-from kvsched.yamlfile import parse_yaml
+from kvsched.yamlfile import read_options_file
 
 # Exit status when a variant hit a bug in kvsched (as the command line's).
 EXIT_INTERNAL_ERROR = 3
@@ -143,26 +141,6 @@ def _split_flags(name: str, flags: str, where: str) -> list[str]:
 
 
 # A variants or search-space file: a mapping of a few names to flags.
-MAX_VARIANTS_BYTES = 16 * 2**20
-
-
-def read_variants_file(path: str, flag: str = "--variants") -> object:
-    """The YAML/JSON document in ``path``; any problem is one ValueError line
-    naming the file (and the line, for a syntax error)."""
-    try:
-        text = read_text(path, MAX_VARIANTS_BYTES, "a YAML or JSON file",
-                         fix="a variants or space file is a few kilobytes")
-    except UserInputError as e:
-        raise UserInputError(f"{flag}={e}") from None
-    if path.endswith((".yaml", ".yml")):
-        return parse_yaml(f"{flag}={path}", text)
-    try:
-        return strict_loads(text)
-    except ValueError as e:
-        raise UserInputError(f"{flag}={path}: {json_problem(e)} (a .yaml or .yml file is read as "
-                         "YAML)") from None
-
-
 def parse_variants(specs: list[str], path: str | None,
                    origins: dict[str, str] | None = None) -> list[tuple[str, list[str]]]:
     """``(name, flags)`` of every variant, ``--variant`` ones first; a name
@@ -175,7 +153,7 @@ def parse_variants(specs: list[str], path: str | None,
             raise UserInputError(f"--variant {spec!r}: write it as 'NAME: FLAGS' (flags may be empty)")
         variants.append((name.strip(), _split_flags(name.strip(), flags, "--variant: ")))
     if path:
-        data = read_variants_file(path)
+        data = read_options_file(path, "--variants")
         if not isinstance(data, dict):
             raise UserInputError(f"--variants={path}: must map variant names to flags, "
                              f"e.g. 'small: --max-num-seqs 8'; it holds a {type(data).__name__}")

@@ -50,6 +50,7 @@ from kvsched.tune.search import (
     search,
 )
 from kvsched.tune.space import SearchSpace, check_space_values
+from kvsched.yamlfile import read_options_file
 
 ON_OFF = {"on": True, "off": False}
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "kvsched", "tune")
@@ -267,9 +268,7 @@ def _pin_to_profile(dims: dict[str, list[Any]], path: str, tp_given: bool) -> No
 
 
 def _read_space(path: str) -> dict[str, list[Any]]:
-    from kvsched.commands.compare import read_variants_file  # YAML or JSON, with clear errors
-
-    data = read_variants_file(path, "--space")
+    data = read_options_file(path, "--space")
     if not isinstance(data, dict):
         raise UserInputError(f"--space {path}: expected a mapping of dimension -> list of values")
     return {str(k): list(check_space_values(str(k), v, f"--space {path}")) for k, v in data.items()}

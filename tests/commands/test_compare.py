@@ -148,6 +148,9 @@ def test_a_variant_failing_while_running_keeps_the_others(
     ("v.yaml", b"\xff\xfe\x00a: b", ["not UTF-8", "v.yaml"]),
     ("v.yaml", "- a\n- b\n", ["must map variant names to flags", "list"]),
     ("v.yaml", "a: --model 'unclosed\n", ["variant 'a'", "quotes"]),
+    # PyYAML alone keeps the second 'a' and drops the first unread.
+    ("v.yaml", "a: --max-num-seqs 8\na: --max-num-seqs 16\n", ["--variants=", "v.yaml", "line 2",
+                                                             "duplicate key 'a'"]),
 ])
 def test_a_malformed_variants_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                name: str, content: str | bytes, words: list[str]) -> None:

@@ -278,6 +278,12 @@ def test_a_space_file_sets_dimensions_and_names_a_misspelling(tmp_path: Path,
     assert main(["tune", "--max-gpus", "2", *WORKLOAD, "--slo", "ttft:300", "--space", str(space),
                  "--no-cache", "--workers", "1", "--no-progress"]) == 2
     assert "did you mean 'max_num_seqs'?" in capsys.readouterr().err
+    # A dimension given twice is refused, not read as its last line.
+    space.write_text("max_num_seqs: [4]\nmax_num_seqs: [8]\n")
+    assert main(["tune", "--max-gpus", "2", *WORKLOAD, "--slo", "ttft:300", "--space", str(space),
+                 "--no-cache", "--workers", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--space={space}" in err and "duplicate key 'max_num_seqs'" in err
 
 
 def test_speculative_decoding_and_the_loop_reach_both_command_lines(tmp_path: Path) -> None:
