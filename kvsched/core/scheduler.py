@@ -377,11 +377,7 @@ class Scheduler:
         if self.connector is not None:
             self._finish_requests_connector(done, finished_status)
             return done
-        running = [r for r in done if r.status == RUNNING]
-        if running:
-            drop = set(map(id, running))
-            self.running = [r for r in self.running if id(r) not in drop]
-        waiting = [r for r in done if r.status != RUNNING]
+        waiting = self._leave_running(done)
         if waiting:
             self.waiting.remove_requests(waiting)
         for request in done:
@@ -390,6 +386,14 @@ class Scheduler:
         if done:
             self.decode_stable = self.decode_stable and not self.waiting
         return done
+
+    def _leave_running(self, done: list[Request]) -> list[Request]:
+        """The running ones of ``done`` leave the running list; the others
+        (waiting in a queue) are returned for their queue to drop."""
+        if any(r.status == RUNNING for r in done):
+            drop = {id(r) for r in done if r.status == RUNNING}
+            self.running = [r for r in self.running if id(r) not in drop]
+        return [r for r in done if r.status != RUNNING]
 
     def _free_request(self, request: Request) -> None:
         if self.connector is not None:
@@ -404,11 +408,7 @@ class Scheduler:
         """finish_requests with a connector: requests leave every queue; one
         aborted during its asynchronous load keeps its blocks until the
         load is reported done (unless that was reported already)."""
-        running = [r for r in done if r.status == RUNNING]
-        if running:
-            drop = set(map(id, running))
-            self.running = [r for r in self.running if id(r) not in drop]
-        waiting = [r for r in done if r.status != RUNNING]
+        waiting = self._leave_running(done)
         if waiting:
             plain = [r for r in waiting if r in self.waiting]
             if plain:
@@ -851,42 +851,25 @@ class Scheduler:
         stops it. Requests the LoRA cap or an output still in flight keep
         out are passed over and keep their place."""
         waiting = self.waiting
-        running = self.running
         kv = self.kv_cache_manager
-        policy = self.admission_policy
         reserve_full = self.scheduler_config.scheduler_reserve_full_isl
-        max_running = self.max_num_running_reqs
-        lookahead = self.num_lookahead_tokens
-        max_loras = self.max_loras
-        loras = ({r.lora_id for r in running if r.lora_id} if max_loras else None)
+        loras = self._running_loras()
         budget = step.token_budget
         while waiting:
             if budget <= 0:
                 step.admission_stop = explain.REASON_TOKEN_BUDGET
                 step.admission_stop_detail = f"token budget of {self.max_num_scheduled_tokens} used up"
                 break
-            if len(running) >= max_running:
-                step.admission_stop = explain.REASON_MAX_NUM_SEQS
-                step.admission_stop_detail = f"{len(running)} requests running, max_num_seqs={max_running}"
+            if self._running_full(step):
                 break
             request = waiting.peek_request()
-            if request.num_stale_output_tokens:
-                # Preempted with a step in flight: resuming before its output
-                # arrives could sample a position twice.
-                self._skip(step, explain.REASON_OUTPUT_IN_FLIGHT,
-                           f"preempted with {request.num_stale_output_tokens} tokens still in flight")
-                continue
-            if loras is not None and request.lora_id and (
-                    len(loras) == max_loras and request.lora_id not in loras):
-                self._skip(step, explain.REASON_MAX_LORAS,
-                           f"adapter {request.lora_id} would be one more than max_loras={max_loras} "
-                           f"(running: {sorted(loras)})")
-                continue
-            if policy is not None:
-                hold = policy.hold_reason(self, request)
-                if hold is not None:
-                    self._stop_at(step, explain.REASON_ADMISSION_POLICY, request, hold)
-                    break
+            if request.num_stale_output_tokens or (loras is not None and request.lora_id):
+                passed_over = self._pass_over_reason(request, loras)
+                if passed_over is not None:
+                    self._skip(step, *passed_over)
+                    continue
+            if self._held_by_policy(step, request):
+                break
             hit_blocks, num_computed = kv.get_computed_blocks(request)
             tokens = self._admission_tokens(step, request, num_computed, budget, threshold)
             if tokens is None:
@@ -894,7 +877,7 @@ class Scheduler:
             num_new, padded = tokens
             if kv.allocate_slots(request, num_new, num_computed, hit_blocks,
                                  full_sequence_must_fit=reserve_full,
-                                 num_lookahead_tokens=lookahead) is None:
+                                 num_lookahead_tokens=self.num_lookahead_tokens) is None:
                 detail = ""
                 if self.explain_admission:
                     need = kv.num_blocks_needed(request, num_new, hit_blocks, reserve_full)
@@ -911,6 +894,49 @@ class Scheduler:
         if step.skipped:
             # Back at the head, in their order (vLLM's prepend_requests).
             waiting.prepend_requests(step.skipped)
+
+    def _running_loras(self) -> set[int] | None:
+        """The adapters of the running batch, where max_loras caps them
+        (None: LoRA off, nothing to check)."""
+        if not self.max_loras:
+            return None
+        return {r.lora_id for r in self.running if r.lora_id}
+
+    def _running_full(self, step: _Step) -> bool:
+        """Admission stops: max_num_seqs requests are running."""
+        if len(self.running) < self.max_num_running_reqs:
+            return False
+        step.admission_stop = explain.REASON_MAX_NUM_SEQS
+        step.admission_stop_detail = (f"{len(self.running)} requests running, "
+                                      f"max_num_seqs={self.max_num_running_reqs}")
+        return True
+
+    def _pass_over_reason(self, request: Request, loras: set[int] | None) -> tuple[str, str] | None:
+        """Why a waiting request is passed over this step, keeping its place
+        at the head (None: it is not): the one owner of both scans' skips
+        that do not depend on a KV connector."""
+        if request.num_stale_output_tokens and not request.drop_stale_output:
+            # Preempted with a step in flight: resuming before its output
+            # arrives could sample a position twice.
+            return (explain.REASON_OUTPUT_IN_FLIGHT,
+                    f"preempted with {request.num_stale_output_tokens} tokens still in flight")
+        lora_id = request.lora_id
+        if loras is not None and lora_id and len(loras) == self.max_loras and lora_id not in loras:
+            return (explain.REASON_MAX_LORAS,
+                    f"adapter {lora_id} would be one more than max_loras={self.max_loras} "
+                    f"(running: {sorted(loras)})")
+        return None
+
+    def _held_by_policy(self, step: _Step, request: Request) -> bool:
+        """Admission stops at ``request``: the admission policy holds it."""
+        policy = self.admission_policy
+        if policy is None:
+            return False
+        hold = policy.hold_reason(self, request)
+        if hold is None:
+            return False
+        self._stop_at(step, explain.REASON_ADMISSION_POLICY, request, hold)
+        return True
 
     def _admit(self, step: _Step, request: Request, num_new: int, num_computed: int, padded: bool,
                loras: set[int] | None) -> bool:
@@ -993,14 +1019,8 @@ class Scheduler:
         assert connector is not None
         holding = self.kv_holding_waiting
         waiting = self.waiting
-        running = self.running
         kv = self.kv_cache_manager
-        policy = self.admission_policy
-        reserve_full = self.scheduler_config.scheduler_reserve_full_isl
-        max_running = self.max_num_running_reqs
-        lookahead = self.num_lookahead_tokens
-        max_loras = self.max_loras
-        loras = ({r.lora_id for r in running if r.lora_id} if max_loras else None)
+        loras = self._running_loras()
         skipped_holding: list[Request] = []
         skipped_waiting: list[Request] = []
         loads: dict[str, tuple[int, bool]] = {}
@@ -1024,9 +1044,7 @@ class Scheduler:
             queue = holding if holding else waiting
             if not queue:
                 break
-            if len(running) >= max_running:
-                step.admission_stop = explain.REASON_MAX_NUM_SEQS
-                step.admission_stop_detail = f"{len(running)} requests running, max_num_seqs={max_running}"
+            if self._running_full(step):
                 break
             request = queue.peek_request()
             rid = request.request_id
@@ -1041,20 +1059,12 @@ class Scheduler:
                              "WAITING_FOR_REMOTE_KVS: its asynchronous KV load is in flight")
                     continue
                 self._promote_loaded(request)
-            if request.num_stale_output_tokens and not request.drop_stale_output:
-                skip(queue, explain.REASON_OUTPUT_IN_FLIGHT,
-                     "preempted while a step of its is in flight")
+            passed_over = self._pass_over_reason(request, loras)
+            if passed_over is not None:
+                skip(queue, *passed_over)
                 continue
-            if loras is not None and request.lora_id and (
-                    len(loras) == max_loras and request.lora_id not in loras):
-                skip(queue, explain.REASON_MAX_LORAS,
-                     f"LoRA {request.lora_id}: {max_loras} adapters in the batch, max_loras={max_loras}")
-                continue
-            if policy is not None:
-                hold = policy.hold_reason(self, request)
-                if hold is not None:
-                    self._stop_at(step, explain.REASON_ADMISSION_POLICY, request, hold)
-                    break
+            if self._held_by_policy(step, request):
+                break
             num_external = 0
             load_async = False
             looked_up = request.num_computed_tokens == 0
@@ -1081,8 +1091,8 @@ class Scheduler:
             reserved = (self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks
                         if load_async else 0)
             if kv.allocate_slots(request, num_new, num_local, hit_blocks,
-                                 full_sequence_must_fit=reserve_full,
-                                 num_lookahead_tokens=0 if load_async else lookahead,
+                                 full_sequence_must_fit=self.scheduler_config.scheduler_reserve_full_isl,
+                                 num_lookahead_tokens=0 if load_async else self.num_lookahead_tokens,
                                  num_external_computed_tokens=num_external,
                                  delay_cache_blocks=load_async,
                                  reserved_blocks=reserved) is None:

@@ -383,7 +383,7 @@ class LoraStats:
     kernel_seconds: float = 0.0
     steps_with_lora: int = 0
 
-    def add(self, other: LoraStats) -> None:
+    def merge(self, other: LoraStats) -> None:
         self.loads_from_cpu += other.loads_from_cpu
         self.loads_from_disk += other.loads_from_disk
         self.load_seconds += other.load_seconds

@@ -122,10 +122,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await _json_body(request)
-        check_model(body, config.served_model_name)
-        refuse_unsupported(body, _COMPLETION_UNSUPPORTED)
-        check_response_format(body)
+        body = await _request_body(request, config.served_model_name, _COMPLETION_UNSUPPORTED)
         prompt = read_completion_prompt(body)
         token_ids = prompt if isinstance(prompt, list) else llm.tokenizer.encode(prompt).ids
         text = prompt if isinstance(prompt, str) else None
@@ -137,10 +134,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await _json_body(request)
-        check_model(body, config.served_model_name)
-        refuse_unsupported(body, _CHAT_UNSUPPORTED)
-        check_response_format(body)
+        body = await _request_body(request, config.served_model_name, _CHAT_UNSUPPORTED)
         if config.chat_template is None:
             raise ApiError("this model has no chat template (tokenizer_config.json has no "
                            "chat_template); start the server with --chat-template FILE, or use "
@@ -161,6 +155,18 @@ def build_app(engine: AsyncEngine, config: ServerConfig) -> FastAPI:
                              config.served_model_name, num_logprobs)
 
     return app
+
+
+async def _request_body(request: Request, served_model_name: str,
+                        unsupported: tuple[str, ...]) -> dict[str, Any]:
+    """A generation request's JSON body, with what both endpoints check
+    first: the model's name, the fields kvsched refuses on this endpoint
+    and the response format."""
+    body = await _json_body(request)
+    check_model(body, served_model_name)
+    refuse_unsupported(body, unsupported)
+    check_response_format(body)
+    return body
 
 
 async def _json_body(request: Request) -> dict[str, Any]:

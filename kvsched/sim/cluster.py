@@ -97,6 +97,21 @@ class Cluster:
         """The latest instance clock (the end of the simulation, once run)."""
         return max(inst.now for inst in self.instances)
 
+    def _next_from_outside(self, t: float, t_dead: float) -> float:
+        """The earliest of ``t`` (the client's next send, or the soonest a
+        send could reach an engine), the client's next deadline ``t_dead``,
+        a request reaching an engine (``_transit``) and the P/D proxy's next
+        decode leg: the next event that does not come from an engine step."""
+        transit = self._transit
+        if t_dead < t:
+            t = t_dead
+        if transit and transit[0][0] < t:
+            t = transit[0][0]
+        proxy = self.proxy
+        if proxy is not None:
+            t = min(t, proxy.next_decode_leg())
+        return t
+
     def run(self) -> list[SimResult]:
         """Serve the whole workload; every rank's result."""
         wall0 = time.perf_counter()
@@ -121,16 +136,10 @@ class Cluster:
         # an open-loop client's send changes nothing before then.
         floor = self.arrival.arrival_s if self.arrival is not None and client.max_concurrency is None else 0.0
         while True:
-            t_client = t_send = client.next_send_time()
+            t_client = client.next_send_time()
             if timeouts:
                 t_dead = client.next_deadline()
-                if t_dead < t_send:
-                    t_send = t_dead
-            if transit and transit[0][0] < t_send:
-                # The next thing from outside is a request reaching the engine.
-                t_send = transit[0][0]
-            if proxy is not None and proxy.next_decode_leg() < t_send:
-                t_send = proxy.next_decode_leg()
+            t_send = self._next_from_outside(t_client, t_dead)
             t_step = heap[0][0] if heap else math.inf
             if t_send <= t_step and t_send < math.inf:
                 for i in self._send(t_send):
@@ -157,15 +166,7 @@ class Cluster:
             queued_at[i] = math.nan
             if timeouts and not inst.busy():
                 continue  # aborts took its last requests
-            bound = t_send
-            if floor:
-                bound = t_client + floor
-                if t_dead < bound:
-                    bound = t_dead
-                if transit and transit[0][0] < bound:
-                    bound = transit[0][0]
-                if proxy is not None and proxy.next_decode_leg() < bound:
-                    bound = proxy.next_decode_leg()
+            bound = self._next_from_outside(t_client + floor, t_dead) if floor else t_send
             if heap and (proxy is not None or client.waits_on_responses()):
                 # Another instance's finish could free a slot and send a request
                 # here (or hand a decode leg here): no jump past its next step.

@@ -44,11 +44,11 @@ from kvsched.sim.client import Client
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.instance import EngineInstance
 from kvsched.sim.kv_transfer import KVWorker, MultiTimedWorker, NixlTimedWorker, TransferFabric, transfer_path
+from kvsched.sim.metrics import sum_present
 from kvsched.sim.offload_transfer import (
     OffloadStats,
     OffloadTimedWorker,
     SimOffloadingConnector,
-    combine_offload_stats,
     transfer_config_offloading_gib,
 )
 from kvsched.sim.proxy import Proxy, prefill_engine_id
@@ -218,7 +218,7 @@ class DisaggregatedSimulator:
             combined.last_timeout = max(combined.last_timeout, r.last_timeout)
         by_role = {}
         for name, results in (("prefill", prefill), ("decode", decode)):
-            stats = combine_offload_stats([r.kv_offload for r in results])
+            stats = sum_present(r.kv_offload for r in results)
             if stats is not None:
                 by_role[name] = stats.metrics(sum(r.prefix_cache_queries for r in results),
                                               sum(r.prefix_cache_hits for r in results))

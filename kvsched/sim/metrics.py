@@ -19,12 +19,13 @@ median and percentiles equal numpy's on the flattened list exactly.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar, overload
+from typing import Protocol, Self, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -129,6 +130,27 @@ class RequestRecord:
     @property
     def client_queue_time(self) -> float:
         return 0.0 if self.arrival_time is None else self.send_time - self.arrival_time
+
+
+class Mergeable(Protocol):
+    """Counters of one engine core that add up across engine cores."""
+
+    def merge(self, other: Self) -> None: ...
+
+
+_M = TypeVar("_M", bound=Mergeable)
+
+
+def sum_present(parts: Iterable[_M | None]) -> _M | None:
+    """The sum of the engine cores' counters that are there (None: none
+    is, the feature was off); the parts themselves are left as they are."""
+    present = [p for p in parts if p is not None]
+    if not present:
+        return None
+    total = copy.deepcopy(present[0])
+    for part in present[1:]:
+        total.merge(part)
+    return total
 
 
 def extend_columns(out: object, tables: Iterable[object], columns: Iterable[str]) -> None:

@@ -81,7 +81,6 @@ __all__ = [
     "OffloadTimedWorker",
     "SimOffloadingConnector",
     "check_offloading_options",
-    "combine_offload_stats",
     "host_link_bandwidth",
     "make_offload_config",
     "num_cpu_blocks",
@@ -245,6 +244,17 @@ class OffloadStats:
     load_bytes: float = 0.0
     load_seconds: list[float] = field(default_factory=list)
 
+    def merge(self, other: OffloadStats) -> None:
+        """Add another engine core's CPU tier."""
+        self.num_cpu_blocks += other.num_cpu_blocks
+        self.cpu_hit_tokens += other.cpu_hit_tokens
+        self.store_count += other.store_count
+        self.store_bytes += other.store_bytes
+        self.store_seconds.extend(other.store_seconds)
+        self.load_count += other.load_count
+        self.load_bytes += other.load_bytes
+        self.load_seconds.extend(other.load_seconds)
+
     def metrics(self, queries: int, gpu_hits: int) -> dict[str, Any]:
         """The result keys: the prefix-cache hit rate by tier (tokens found
         over tokens looked up: ``gpu_hits`` in the GPU prefix cache, this
@@ -267,24 +277,6 @@ class OffloadStats:
                                               "total": share(gpu_hits + self.cpu_hit_tokens)},
             "kv_offload": offload,
         }
-
-
-def combine_offload_stats(parts: list[OffloadStats | None]) -> OffloadStats | None:
-    """Several engine cores' stats as one (None if none offloads)."""
-    present = [p for p in parts if p is not None]
-    if not present:
-        return None
-    out = OffloadStats()
-    for p in present:
-        out.num_cpu_blocks += p.num_cpu_blocks
-        out.cpu_hit_tokens += p.cpu_hit_tokens
-        out.store_count += p.store_count
-        out.store_bytes += p.store_bytes
-        out.store_seconds.extend(p.store_seconds)
-        out.load_count += p.load_count
-        out.load_bytes += p.load_bytes
-        out.load_seconds.extend(p.load_seconds)
-    return out
 
 
 class SimOffloadingConnector(OffloadingConnector):

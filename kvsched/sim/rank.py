@@ -47,11 +47,17 @@ from kvsched.perf.lora import LoraPricer, LoraStats
 from kvsched.perf.step_time import BatchShape
 from kvsched.request import Request, RequestStatus, SamplingParams
 from kvsched.sim.kv_transfer import KVWorker
-from kvsched.sim.metrics import DEFAULT_PERCENTILE_METRICS, RecordTable, benchmark_duration, compute_metrics
-from kvsched.sim.offload_transfer import OffloadStats, SimOffloadingConnector, combine_offload_stats
+from kvsched.sim.metrics import (
+    DEFAULT_PERCENTILE_METRICS,
+    RecordTable,
+    benchmark_duration,
+    compute_metrics,
+    sum_present,
+)
+from kvsched.sim.offload_transfer import OffloadStats, SimOffloadingConnector
 from kvsched.sim.refusals import failure_reasons, timeout_error, too_long_error
 from kvsched.sim.samples import SampleAccumulator
-from kvsched.sim.speculative import SpecOptions, combine_stats, request_key, spec_metrics, uniform
+from kvsched.sim.speculative import SpecOptions, request_key, spec_metrics, uniform
 from kvsched.sim.ttft_parts import NO_TIME, PhaseTable, kv_load_times
 from kvsched.sim.workload import OUTPUT_TOKEN_BASE, WorkloadRequest
 
@@ -254,25 +260,14 @@ def combine_results(ranks: list[SimResult]) -> SimResult:
         prefix_cache_hits=sum(r.prefix_cache_hits for r in ranks),
         num_fast_forwarded_steps=sum(r.num_fast_forwarded_steps for r in ranks),
         wall_seconds=max(r.wall_seconds for r in ranks), ranks=list(ranks),
-        spec_stats=combine_stats([r.spec_stats for r in ranks]),
-        kv_offload=combine_offload_stats([r.kv_offload for r in ranks]),
+        spec_stats=sum_present(r.spec_stats for r in ranks),
+        kv_offload=sum_present(r.kv_offload for r in ranks),
         phases=PhaseTable.concat([r.phases for r in ranks]),
-        lora=_combined_lora([r.lora for r in ranks]), last_timeout=max(r.last_timeout for r in ranks))
+        lora=sum_present(r.lora for r in ranks), last_timeout=max(r.last_timeout for r in ranks))
     for res in ranks:
         out.itls.merge(res.itls)
         out.token_times.merge(res.token_times)
     return out
-
-
-def _combined_lora(stats: list[LoraStats | None]) -> LoraStats | None:
-    """Every rank's LoRA figures summed (None without LoRA)."""
-    given = [s for s in stats if s is not None]
-    if not given:
-        return None
-    total = LoraStats()
-    for s in given:
-        total.add(s)
-    return total
 
 
 # PlannedStep and _Live are made per step and per request: their own
@@ -360,6 +355,20 @@ class _Live:
         self.token_times = token_times
         self.spec_key = 0
         self.num_verifications = 0
+
+    def receive(self, at: float, start: float, itls: SampleAccumulator) -> float:
+        """The client gets a chunk at ``at`` from a step that started at
+        ``start``: its first token, or a gap since its previous chunk in the
+        ITLs as ``vllm bench serve`` measures them. A previous chunk at the
+        step's start adds nothing here: the caller counts those gaps, all one
+        step time long, and adds them at once. Returns when the previous
+        chunk came (-1.0: none); the caller moves ``last_token_time``."""
+        previous = self.last_token_time
+        if self.first_token_time < 0.0:
+            self.first_token_time = at
+        elif previous != start:
+            itls.add(at - previous)
+        return previous
 
     def token_at(self, num_outputs: int) -> int:
         """What the simulated model samples as output number ``num_outputs``
@@ -712,13 +721,9 @@ class Rank:
                 k = counts[i]
             delivered += k
             lv.num_tokens += k
-            last = lv.last_token_time
-            if lv.first_token_time < 0.0:
-                lv.first_token_time = now
-            elif last == start:
+            last = lv.receive(now, start, itls)
+            if last == start:
                 same_gap += 1
-            else:
-                itls.add(now - last)
             lv.last_token_time = now
             if lv.token_times is not None:
                 lv.token_times.append(now)
@@ -963,13 +968,9 @@ class Rank:
             tokens.append(lv.token)
             if finishing:
                 last.append(lv.token_at(len(r.output_token_ids) + k - 1))
-            previous = lv.last_token_time
-            if lv.first_token_time < 0.0:
-                lv.first_token_time = end0
-            elif previous == start:
+            previous = lv.receive(end0, start, itls)
+            if previous == start:
                 same_gap += 1
-            else:
-                itls.add(end0 - previous)
             lv.last_token_time = end
             lv.num_tokens += k
             if lv.token_times is not None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import difflib
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -353,13 +353,3 @@ def spec_metrics(stats: SpecDecodingStats) -> dict[str, Any]:
         "spec_decode_acceptance_rate_per_position": [n / drafts if drafts else 0.0
                                                      for n in stats.num_accepted_tokens_per_pos],
     }
-
-
-def combine_stats(stats: Sequence[SpecDecodingStats | None]) -> SpecDecodingStats | None:
-    present = [s for s in stats if s is not None]
-    if not present:
-        return None
-    out = SpecDecodingStats(present[0].num_spec_tokens)
-    for s in present:
-        out.merge(s)
-    return out

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from kvsched.errors import UserInputError
 from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME
-from kvsched.sim.workload.model import Workload, WorkloadRequest
+from kvsched.sim.workload.model import Workload
 from kvsched.sim.workload.traces.source import (
     OUTPUT_WHY,
     PROMPT_WHY,
+    Row,
     Source,
-    build_request,
-    check_keys,
     json_int,
-    json_lines,
     json_time,
-    read_text,
+    load_json_lines,
     unique_prompt,
 )
 
@@ -30,18 +28,12 @@ def load_jsonl(path: str | Path, *, max_concurrency: int | None = None) -> Workl
     Request ``i`` (0-based data line, file order) is ``jsonl-{i}``; every
     prompt is private to its request.
     """
-    p, text = read_text(path)
-    src = Source(p)
-    requests: list[WorkloadRequest] = []
-    for line, obj in json_lines(src, text):
-        check_keys(src, line, obj, _JSONL_KEYS)
-        arrival = float(json_time(src, line, "arrival_time", obj["arrival_time"], MAX_ARRIVAL_TIME,
-                                   "seconds (the simulator's time span)"))
-        input_tokens = json_int(src, line, "input_tokens", obj["input_tokens"], 1, PROMPT_WHY)
-        output_tokens = json_int(src, line, "output_tokens", obj["output_tokens"], 1, OUTPUT_WHY)
-        i = len(requests)
-        runs = unique_prompt(i, input_tokens)
-        requests.append(build_request(src, line, f"jsonl-{i}", arrival, runs, output_tokens))
-    if not requests:
-        raise UserInputError(f"{p}: no requests (the file has no JSON lines)")
-    return Workload(p.stem, tuple(requests), max_concurrency)
+    return load_json_lines(path, _JSONL_KEYS, "jsonl", _jsonl_row, max_concurrency)
+
+
+def _jsonl_row(src: Source, line: int, obj: dict[str, Any], i: int) -> Row:
+    arrival = float(json_time(src, line, "arrival_time", obj["arrival_time"], MAX_ARRIVAL_TIME,
+                              "seconds (the simulator's time span)"))
+    input_tokens = json_int(src, line, "input_tokens", obj["input_tokens"], 1, PROMPT_WHY)
+    output_tokens = json_int(src, line, "output_tokens", obj["output_tokens"], 1, OUTPUT_WHY)
+    return arrival, unique_prompt(i, input_tokens), output_tokens

@@ -4,23 +4,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.sim.workload.limits import MAX_TIMESTAMP_MS
-from kvsched.sim.workload.model import Workload, WorkloadRequest
+from kvsched.sim.workload.model import Workload
 from kvsched.sim.workload.tokens import HASH_BLOCK_TOKEN_BASE, MAX_HASH_ID, MOONCAKE_BLOCK_TOKENS, PromptRuns
 from kvsched.sim.workload.traces.source import (
     OUTPUT_WHY,
     PROMPT_WHY,
     ArrivalClock,
+    Row,
     Source,
-    build_request,
-    check_keys,
     json_int,
-    json_lines,
     json_time,
-    read_text,
+    load_json_lines,
 )
 
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -54,21 +52,15 @@ def load_mooncake(path: str | Path, *, max_concurrency: int | None = None) -> Wo
     cut short (see the module docstring). Timestamps must not go backwards.
     Request ``i`` (0-based data line) is ``mooncake-{i}``.
     """
-    p, text = read_text(path)
-    src = Source(p)
-    requests: list[WorkloadRequest] = []
     clock = ArrivalClock(1000, "line")
-    for line, obj in json_lines(src, text):
-        check_keys(src, line, obj, _MOONCAKE_KEYS)
+
+    def row(src: Source, line: int, obj: dict[str, Any], i: int) -> Row:
+        # Integer milliseconds: the clock subtracts exactly, then rounds once.
         t = json_time(src, line, "timestamp", obj["timestamp"], MAX_TIMESTAMP_MS,
-                       "milliseconds (2**53: exact in a float)")
+                      "milliseconds (2**53: exact in a float)")
         arrival = clock.seconds(src, line, f"timestamp={t}", t)
         input_length = json_int(src, line, "input_length", obj["input_length"], 1, PROMPT_WHY)
         output_length = json_int(src, line, "output_length", obj["output_length"], 1, OUTPUT_WHY)
-        runs = _mooncake_runs(src, line, obj["hash_ids"], input_length)
-        i = len(requests)
-        # Integer milliseconds: subtract exactly, then round once.
-        requests.append(build_request(src, line, f"mooncake-{i}", arrival, runs, output_length))
-    if not requests:
-        raise UserInputError(f"{p}: no requests (the file has no JSON lines)")
-    return Workload(p.stem, tuple(requests), max_concurrency)
+        return arrival, _mooncake_runs(src, line, obj["hash_ids"], input_length), output_length
+
+    return load_json_lines(path, _MOONCAKE_KEYS, "mooncake", row, max_concurrency)

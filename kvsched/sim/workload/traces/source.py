@@ -4,7 +4,7 @@ of an error, and checked fields (integers, times, JSON lines and keys)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import json_problem, show, strict_loads
 from kvsched.sim.workload.limits import MAX_ARRIVAL_TIME, MAX_REQUEST_TOKENS, TOKENS_WHY
-from kvsched.sim.workload.model import WorkloadRequest
+from kvsched.sim.workload.model import Workload, WorkloadRequest
 from kvsched.sim.workload.tokens import UNIQUE_TOKEN_BASE, PromptRuns
 
 
@@ -145,3 +145,27 @@ def check_keys(src: Source, line: int, obj: dict[str, Any], keys: tuple[str, ...
     if unknown:
         raise src.error(line, f"unknown field(s) {show(', '.join(unknown), 200)}; the fields are "
                         f"{', '.join(keys)}")
+
+
+# One JSON-lines trace row as read: (arrival seconds, prompt runs, output tokens).
+Row = tuple[float, PromptRuns, int]
+
+
+def load_json_lines(path: str | Path, keys: tuple[str, ...], prefix: str,
+                    read_row: Callable[[Source, int, dict[str, Any], int], Row],
+                    max_concurrency: int | None) -> Workload:
+    """A JSON-lines trace: every non-blank line an object with exactly
+    ``keys``, read by ``read_row`` (source, line number, object, 0-based
+    request index). Request ``i`` is ``{prefix}-{i}``; a file with no lines
+    is refused."""
+    p, text = read_text(path)
+    src = Source(p)
+    requests: list[WorkloadRequest] = []
+    for line, obj in json_lines(src, text):
+        check_keys(src, line, obj, keys)
+        i = len(requests)
+        arrival, runs, output_tokens = read_row(src, line, obj, i)
+        requests.append(build_request(src, line, f"{prefix}-{i}", arrival, runs, output_tokens))
+    if not requests:
+        raise UserInputError(f"{p}: no requests (the file has no JSON lines)")
+    return Workload(p.stem, tuple(requests), max_concurrency)
