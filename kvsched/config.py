@@ -10,7 +10,7 @@ import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
@@ -51,6 +51,21 @@ def batch_queue_size(async_scheduling: bool, pipeline_parallel_size: int = 1) ->
     if pipeline_parallel_size > 1:
         return pipeline_parallel_size + 1 if async_scheduling else pipeline_parallel_size
     return BATCH_QUEUE_SIZE if async_scheduling else 1
+
+
+class _HasRequests(Protocol):
+    def has_requests(self) -> bool: ...
+
+
+def keeps_scheduling(queue_len: int, queue_size: int, num_scheduled_tokens: int,
+                     scheduler: _HasRequests) -> bool:
+    """vLLM's EngineCore.step_with_batch_queue, after it queues the batch it
+    just scheduled: True when it returns without waiting for the oldest
+    batch's output (the queue has room, and the batch ran tokens or more
+    can be scheduled); False when it blocks on that output and applies it.
+    The one owner of the rule for the engine, the scenario runner and the
+    simulator."""
+    return queue_len < queue_size and (num_scheduled_tokens > 0 or scheduler.has_requests())
 
 
 def check_pipeline_parallel_size(value: object) -> None:

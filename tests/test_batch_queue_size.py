@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.config import BATCH_QUEUE_SIZE, CacheConfig, SchedulerConfig, batch_queue_size
+from kvsched.config import BATCH_QUEUE_SIZE, CacheConfig, SchedulerConfig, batch_queue_size, keeps_scheduling
 from kvsched.core.scheduler import Scheduler
 from kvsched.request import Request, SamplingParams
 
@@ -63,3 +63,28 @@ def test_the_scheduler_keeps_at_most_the_depth_in_flight(async_scheduling: bool,
     assert s.num_steps_in_flight == depth
     with pytest.raises(ValueError, match=r"in flight|has not been applied"):
         s.schedule()
+
+
+class _Sched:
+    def __init__(self, has_requests: bool) -> None:
+        self._has = has_requests
+        self.asked = 0
+
+    def has_requests(self) -> bool:
+        self.asked += 1
+        return self._has
+
+
+def test_keeps_scheduling_waits_only_when_full_or_nothing_more_to_run() -> None:
+    # Room left and the batch ran tokens: schedule the next one at once,
+    # without asking the scheduler.
+    s = _Sched(False)
+    assert keeps_scheduling(1, 2, 5, s) is True
+    assert s.asked == 0
+    # Full queue: block on the oldest output, whatever else holds.
+    assert keeps_scheduling(2, 2, 5, _Sched(True)) is False
+    # An empty batch: keep going only if more can be scheduled.
+    assert keeps_scheduling(1, 2, 0, _Sched(True)) is True
+    assert keeps_scheduling(1, 2, 0, _Sched(False)) is False
+    # Synchronous (queue of one): every batch's output is applied at once.
+    assert keeps_scheduling(1, 1, 5, _Sched(True)) is False

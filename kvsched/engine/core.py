@@ -28,6 +28,7 @@ from kvsched.config import (
     CacheConfig,
     SchedulerConfig,
     check_speculative_settings,
+    keeps_scheduling,
 )
 from kvsched.core.output import (
     EngineCoreOutputs,
@@ -374,8 +375,8 @@ class EngineCore:
         if self.scheduler.has_requests():
             scheduled = self.scheduler.schedule()
             queue.appendleft((scheduled, self._execute(scheduled)))
-            if len(queue) < BATCH_QUEUE_SIZE and (
-                    scheduled.total_num_scheduled_tokens > 0 or self.scheduler.has_requests()):
+            if keeps_scheduling(len(queue), BATCH_QUEUE_SIZE, scheduled.total_num_scheduled_tokens,
+                                self.scheduler):
                 return StepResult(scheduled, None, None, None)
         elif not queue:
             return StepResult(None, None, None, None)

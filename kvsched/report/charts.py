@@ -264,27 +264,21 @@ def svg_chart(chart_id: str, series: Sequence[Series], x_axis: Axis, y_axis: Axi
            f'<defs><clipPath id="clip-{esc(chart_id)}"><rect x="{left - 2:.1f}" y="{top - 2:.1f}" '
            f'width="{pw + 4:.1f}" height="{ph + 4:.1f}"/></clipPath></defs>',
            legend_svg]
-    # Grid and ticks.
+    # Grid and ticks: each tick inside the plotted range gets a grid line
+    # and a label (the ranges' ends widened by a rounding margin).
+    y_marks = [(float(sy(np.array([t]))[0]), fy(t)) for t in y_ticks if y_lo <= t <= y_hi * (1 + 1e-9)]
+    x_marks = [(float(sx(np.array([t]))[0]), fx(t)) for t in x_ticks
+               if x_lo * (1 - 1e-9) <= t <= x_hi * (1 + 1e-9)]
     out.append('<g class="grid">')
-    for t in y_ticks:
-        if y_lo <= t <= y_hi * (1 + 1e-9):
-            py = float(sy(np.array([t]))[0])
-            out.append(f'<line x1="{left:.1f}" y1="{py:.1f}" x2="{left + pw:.1f}" y2="{py:.1f}"/>')
-    for t in x_ticks:
-        if x_lo * (1 - 1e-9) <= t <= x_hi * (1 + 1e-9):
-            px = float(sx(np.array([t]))[0])
-            out.append(f'<line x1="{px:.1f}" y1="{top:.1f}" x2="{px:.1f}" y2="{top + ph:.1f}"/>')
+    out.extend(f'<line x1="{left:.1f}" y1="{py:.1f}" x2="{left + pw:.1f}" y2="{py:.1f}"/>'
+               for py, _ in y_marks)
+    out.extend(f'<line x1="{px:.1f}" y1="{top:.1f}" x2="{px:.1f}" y2="{top + ph:.1f}"/>' for px, _ in x_marks)
     out.append("</g>")
     out.append('<g class="ticks">')
-    for t in y_ticks:
-        if y_lo <= t <= y_hi * (1 + 1e-9):
-            py = float(sy(np.array([t]))[0])
-            out.append(f'<text x="{left - 8:.1f}" y="{py + 4:.1f}" text-anchor="end">{esc(fy(t))}</text>')
-    for t in x_ticks:
-        if x_lo * (1 - 1e-9) <= t <= x_hi * (1 + 1e-9):
-            px = float(sx(np.array([t]))[0])
-            out.append(f'<text x="{px:.1f}" y="{top + ph + 18:.1f}" text-anchor="middle">'
-                       f"{esc(fx(t))}</text>")
+    out.extend(f'<text x="{left - 8:.1f}" y="{py + 4:.1f}" text-anchor="end">{esc(label)}</text>'
+               for py, label in y_marks)
+    out.extend(f'<text x="{px:.1f}" y="{top + ph + 18:.1f}" text-anchor="middle">{esc(label)}</text>'
+               for px, label in x_marks)
     out.append("</g>")
     out.append(f'<rect class="frame" x="{left:.1f}" y="{top:.1f}" width="{pw:.1f}" height="{ph:.1f}"/>')
     # Data.

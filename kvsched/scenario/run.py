@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from kvsched.config import (
     batch_queue_size,
+    keeps_scheduling,
 )
 from kvsched.core.output import (
     CachedRequestData,
@@ -166,8 +167,8 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
                 new_report = (worker.capture(output.kv_connector_metadata) if worker is not None
                               else None)
                 batch_queue.appendleft((step, output, model.capture(sched, output), new_report))
-                pop = not (len(batch_queue) < queue_size and (
-                    output.total_num_scheduled_tokens > 0 or sched.has_requests()))
+                pop = not keeps_scheduling(len(batch_queue), queue_size,
+                                           output.total_num_scheduled_tokens, sched)
             if pop:
                 processed, done_output, done_batch, kv_report = batch_queue.pop()
                 runner_output = model.output(done_batch)

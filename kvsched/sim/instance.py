@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any
 
-from kvsched.config import BATCH_QUEUE_SIZE, batch_queue_size
+from kvsched.config import BATCH_QUEUE_SIZE, batch_queue_size, keeps_scheduling
 from kvsched.core.policies import DPRankStates
 from kvsched.errors import CannotServe, UserInputError
 from kvsched.perf.pipeline import PipelineClock
@@ -283,7 +283,7 @@ class EngineInstance(_Jumps):
             start = now if now > self._gpu_free else self._gpu_free
             self._gpu_free = start + dt
             queue.appendleft((plan, start, dt))
-            if len(queue) < BATCH_QUEUE_SIZE:
+            if keeps_scheduling(len(queue), BATCH_QUEUE_SIZE, plan.shape.num_tokens, rank.sched):
                 return 0
         if queue:
             oldest, start, dt = queue.pop()
@@ -325,7 +325,7 @@ class EngineInstance(_Jumps):
                 start = now if now > self._gpu_free else self._gpu_free
                 self._gpu_free = start + dt
                 queue.appendleft((plan, start, dt))
-                if len(queue) < BATCH_QUEUE_SIZE:
+                if keeps_scheduling(len(queue), BATCH_QUEUE_SIZE, plan.shape.num_tokens, rank.sched):
                     return 0  # no blocking: schedule the next batch at once
             elif not queue:
                 if rank.sched.has_unfinished_requests():
@@ -380,7 +380,8 @@ class EngineInstance(_Jumps):
                     if lv is not None:
                         sampled_at[rid] = end
                 queue.appendleft((plan, start, end - start, pipeline.stages.stage_times(dt, tokens)[0]))
-            if len(queue) < self.batch_queue_size and (plan is not None or rank.sched.has_requests()):
+            if keeps_scheduling(len(queue), self.batch_queue_size,
+                                plan.shape.num_tokens if plan is not None else 0, rank.sched):
                 return 0
         if not queue:
             return 0
@@ -527,6 +528,9 @@ class LockstepGroup(_Jumps):
                 start = now if now > self._gpu_free else self._gpu_free
                 self._gpu_free = start + dt
                 queue.appendleft((plans, start, dt))
+                # Every rank's batch runs in one step: the engine waits for
+                # no output while the queue has room (keeps_scheduling's rule
+                # with tokens run).
                 if len(queue) < BATCH_QUEUE_SIZE:
                     return 0
             elif not queue and self._has_work():
