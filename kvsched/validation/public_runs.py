@@ -518,14 +518,7 @@ def build_run_deployment(mapped: MappedRun,
     start, so the run's longest request is used as ``max_model_len`` then,
     with a note (the KV capacity stays kvsched's)."""
     longest = mapped.run.prompt_tokens + mapped.run.output_len
-    built = deployment_within_context(mapped.options, backend, longest)
-    if isinstance(built, Refusal):
-        return built
-    deployment, first = built
-    if first is None:
-        return deployment, ()
-    return deployment, (f"max_model_len {longest} (the longest request): kvsched's KV cache cannot hold the "
-                        f"model's context ({first.split(';')[0]}), though the real server started",)
+    return deployment_within_context(mapped.options, backend, longest, "the longest request")
 
 
 def build_workload(run: PublicRun) -> Workload:
