@@ -1,15 +1,19 @@
-"""Accelerator catalog: peak rates, visible memory, and achieved-efficiency factors.
+"""Accelerators: peak rates, visible memory, and achieved-efficiency factors.
 
-Every number comes from ``/work/shared/facts/hardware.md``; the source keys in
-each entry's ``source`` (``[DS-H100]``, ``[SMI]``, ``[AIC]`` ...) are that
-file's. Peaks are dense (no 2:4 sparsity). The efficiency factors are
-fractions of those peaks that a real kernel reaches: measured medians from
+The catalog's devices are data, ``data/hardware.yaml`` (:data:`HARDWARE`):
+each item is a hardware file (:func:`load_hardware_file`), read and checked
+by the same rules. Its numbers come from ``/work/shared/facts/hardware.md``
+unless an entry's ``source`` names other pages; the source keys in each
+entry's ``source`` (``[DS-H100]``, ``[SMI]``, ``[AIC]`` ...) are that file's.
+Peaks are dense (no 2:4 sparsity). The efficiency factors are fractions of
+those peaks that a real kernel reaches: measured medians from
 aiconfigurator's silicon database where hardware.md gives them (the vLLM
-columns, not the TRT-LLM brackets), otherwise documented defaults named in
-the entry's ``notes``. ``docs/catalogs.md`` has the tables and the reasoning.
-The roofline reads these fields through :mod:`kvsched.perf.roofline_factors`,
-which replaces them, kind by kind, with factors learned from measured kernel
-tables for the NVIDIA catalog GPUs whose efficiencies nobody overrode.
+columns, not the TRT-LLM brackets), otherwise the documented defaults here,
+named in the entry's ``notes``. ``docs/catalogs.md`` has the tables and the
+reasoning. The roofline reads these fields through
+:mod:`kvsched.perf.roofline_factors`, which replaces them, kind by kind,
+with factors learned from measured kernel tables for the NVIDIA catalog
+GPUs whose efficiencies nobody overrode.
 
 Units are SI throughout: bytes, bytes/s, FLOP/s, seconds (GB = 1e9 B).
 """
@@ -18,13 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
@@ -32,11 +37,6 @@ from kvsched.files import read_text
 from kvsched.hf_config import parse_json
 from kvsched.jsonfile import show
 from kvsched.yamlfile import parse_yaml
-
-_GB = 1e9
-_MIB = 2**20
-_TB_S = 1e12
-_TFLOPS = 1e12
 
 # Defaults for devices without measurements (and for hardware files that omit
 # efficiency fields). The GEMM/attention ones are the medians over the seven
@@ -56,11 +56,8 @@ DEFAULT_COMM_BW_FRAC = 0.70
 # Per-collective fixed cost: an assumption of a few µs (kernel launch plus a
 # handshake across the fabric); same order as aiconfigurator's 3 µs constant
 # memory latency. PCIe-only devices route peer traffic through the host
-# bridge, so they get twice that.
+# bridge, so the catalog (data/hardware.yaml) gives them twice that.
 DEFAULT_COMM_LATENCY_S = 5e-6
-PCIE_COMM_LATENCY_S = 10e-6
-# The Ascend fork of aiconfigurator ships 0.85 as its bandwidth factor.
-ASCEND_BW_FRAC = 0.85
 
 EFFICIENCY_FIELDS: tuple[str, ...] = (
     "gemm_mfu", "fp8_gemm_mfu", "weight_bw_frac", "attn_bw_frac",
@@ -296,248 +293,50 @@ class Hardware:
 _ALL_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Hardware))
 
 
-_MEASURED_NOTE = "efficiencies: aiconfigurator silicon-DB medians, vLLM {ver} [AIC]"
+# The catalog is data: kvsched/perf/data/hardware.yaml, a list whose every
+# item is a hardware file's mapping, read and checked by the rules that read
+# a user's hardware file (_hardware_from_mapping), so those rules have one
+# owner. It is read on first use, not at import, so that importing
+# kvsched.perf does not import PyYAML.
+CATALOG_FILE = Path(__file__).resolve().parent / "data" / "hardware.yaml"
 
-# Host links (host_link_bw, per GPU and direction; KV offloading's stores and
-# loads): PCIe Gen5 x16 = 64 GB/s, Gen4 x16 = 32 GB/s per direction, as
-# hardware.md's scale-up column lists them for H100 SXM/PCIe, A100, L40S,
-# RTX 4090, RTX PRO 6000, RTX 6000 Ada and MI300X; H200 and B200 from
-# MLCommons system descriptions ("accelerator_host_interconnect": "PCIe Gen5
-# x16": inference_results_v4.1 closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ
-# .json, inference_results_v6.0 closed/Nebius/systems/nebius_b200_n1.json);
-# GB200: NVLink-C2C (inference_results_v6.1 closed/Crusoe/systems/
-# GB200-NVL72_GB200-186GB_aarch64x16_Dynamo.json), 900 GB/s bidirectional
-# between one Grace CPU and its two Blackwell GPUs (NVIDIA), i.e. 225 GB/s
-# per GPU per direction (approx.: the split between the two GPUs is ours).
-# The Ascend entries have none in the facts. docs/catalogs.md lists them.
-_CATALOG: tuple[Hardware, ...] = (
-    Hardware(id="h100-sxm", name="NVIDIA H100 SXM5 80GB",
-        memory_bytes=81559 * _MIB, mem_bw=3.35 * _TB_S,
-        bf16_flops=989.4 * _TFLOPS, fp8_flops=1978.9 * _TFLOPS,
-        scaleup_bw=450 * _GB, scaleup_kind="nvlink4",
-        gemm_mfu=0.79, fp8_gemm_mfu=0.53, weight_bw_frac=0.87, attn_bw_frac=0.87,
-        prefill_attn_mfu=0.56,
-        # A DGX/HGX node: 8 single-port ConnectX-7 NICs of 400 Gb/s, one per GPU [DGX-RA].
-        scaleout_bw=50 * _GB,
-        host_link_bw=64 * _GB, host_link_kind="pcie5",
-        source="[SMI] [DS-H100] [GK-H100] [AIC] [DGX-RA]",
-        notes=_MEASURED_NOTE.format(ver="0.24.0")),
-    Hardware(id="h100-pcie", name="NVIDIA H100 PCIe 80GB",
-        memory_bytes=81559 * _MIB, mem_bw=2.0 * _TB_S,
-        bf16_flops=756 * _TFLOPS, fp8_flops=1513 * _TFLOPS,
-        scaleup_bw=64 * _GB, scaleup_kind="pcie5",
-        gemm_mfu=0.79, fp8_gemm_mfu=0.53, weight_bw_frac=0.87, attn_bw_frac=0.87,
-        prefill_attn_mfu=0.56, comm_latency_s=PCIE_COMM_LATENCY_S,
-        host_link_bw=64 * _GB, host_link_kind="pcie5",
-        source="[PB-H100P] [AIC]",
-        notes="visible memory approx.: assumed same 81559 MiB as SXM (not checked); "
-              "scale-up is PCIe5 x16 because the optional NVLink bridge (300 GB/s/dir) "
-              "joins only 2 cards; efficiencies copied from h100-sxm (same Hopper "
-              "silicon, no measurement for PCIe)"),
-    Hardware(id="h200", name="NVIDIA H200 SXM 141GB",
-        memory_bytes=143771 * _MIB, mem_bw=4.8 * _TB_S,
-        bf16_flops=989.4 * _TFLOPS, fp8_flops=1978.9 * _TFLOPS,
-        scaleup_bw=450 * _GB, scaleup_kind="nvlink4",
-        gemm_mfu=0.77, fp8_gemm_mfu=0.60, weight_bw_frac=0.82, attn_bw_frac=0.82,
-        prefill_attn_mfu=0.56,
-        # A DGX/HGX node: 8 single-port ConnectX-7 NICs of 400 Gb/s, one per GPU [DGX-RA].
-        scaleout_bw=50 * _GB,
-        host_link_bw=64 * _GB, host_link_kind="pcie5",
-        source="[SMI] [DS-H200] [AIC] [DGX-RA]",
-        notes=_MEASURED_NOTE.format(ver="0.24.0")),
-    Hardware(id="a100-80gb", name="NVIDIA A100 SXM 80GB",
-        memory_bytes=81920 * _MIB, mem_bw=2.039 * _TB_S,
-        bf16_flops=312 * _TFLOPS, fp8_flops=None,
-        scaleup_bw=300 * _GB, scaleup_kind="nvlink3",
-        gemm_mfu=0.91, weight_bw_frac=0.73, attn_bw_frac=0.74, prefill_attn_mfu=0.54,
-        host_link_bw=32 * _GB, host_link_kind="pcie4",
-        source="[SMI] [DS-A100] [AIC]",
-        notes=_MEASURED_NOTE.format(ver="0.14.0") + "; no FP8 path"),
-    Hardware(id="a100-40gb", name="NVIDIA A100 SXM4 40GB",
-        memory_bytes=40960 * _MIB, mem_bw=1.555 * _TB_S,
-        bf16_flops=312 * _TFLOPS, fp8_flops=None,
-        scaleup_bw=300 * _GB, scaleup_kind="nvlink3",
-        gemm_mfu=0.91, weight_bw_frac=0.73, attn_bw_frac=0.74, prefill_attn_mfu=0.54,
-        host_link_bw=32 * _GB, host_link_kind="pcie4",
-        source="[SMI] [GK-A100]",
-        notes="SXM4 variant (the PCIe card has PCIe4 x16 32 GB/s/dir scale-up: define a "
-              "hardware file for it); efficiencies copied from a100-80gb (same GA100 chip, "
-              "no measurement for 40GB); no FP8 path"),
-    Hardware(id="b200", name="NVIDIA B200 (HGX, per GPU)",
-        memory_bytes=183359 * _MIB, mem_bw=7.7 * _TB_S,
-        bf16_flops=2250 * _TFLOPS, fp8_flops=4500 * _TFLOPS,
-        # aiconfigurator-core 0.12 systems/b200_sxm.yaml: fp4_tc_flops 9000e12 (dense)
-        fp4_flops=9000 * _TFLOPS,
-        scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
-        gemm_mfu=0.69, fp8_gemm_mfu=0.47, weight_bw_frac=0.80, attn_bw_frac=0.84,
-        prefill_attn_mfu=0.49,
-        # A DGX/HGX node: 8 single-port ConnectX-7 NICs of 400 Gb/s, one per GPU [DGX-RA].
-        scaleout_bw=50 * _GB,
-        host_link_bw=64 * _GB, host_link_kind="pcie5",
-        source="[SMI] [DS-BW] [AIC] [DGX-RA]",
-        notes=_MEASURED_NOTE.format(ver="0.24.0")),
-    Hardware(id="gb200", name="NVIDIA GB200 (NVL72, per GPU)",
-        memory_bytes=189471 * _MIB, mem_bw=8.0 * _TB_S,
-        bf16_flops=2500 * _TFLOPS, fp8_flops=5000 * _TFLOPS,
-        # aiconfigurator-core 0.12 systems/gb200.yaml: fp4_tc_flops 10e15 (dense)
-        fp4_flops=10000 * _TFLOPS,
-        scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
-        gemm_mfu=0.51, fp8_gemm_mfu=0.46, weight_bw_frac=0.79, attn_bw_frac=0.83,
-        prefill_attn_mfu=0.46,
-        scaleup_domain=72,
-        host_link_bw=225 * _GB, host_link_kind="nvlink-c2c",
-        source="[AIC-gb200] [DS-BW] [AIC]",
-        notes=_MEASURED_NOTE.format(ver="0.24.0")
-              + "; NVLink5 bandwidth holds within the 72-GPU domain"),
-    Hardware(id="l40s", name="NVIDIA L40S",
-        memory_bytes=46068 * _MIB, mem_bw=0.864 * _TB_S,
-        bf16_flops=362.05 * _TFLOPS, fp8_flops=733 * _TFLOPS,
-        scaleup_bw=32 * _GB, scaleup_kind="pcie4",
-        gemm_mfu=0.61, fp8_gemm_mfu=0.50, weight_bw_frac=0.83, attn_bw_frac=0.81,
-        prefill_attn_mfu=0.45, comm_latency_s=PCIE_COMM_LATENCY_S,
-        host_link_bw=32 * _GB, host_link_kind="pcie4",
-        source="[AIC-l40s] [DS-L40S] [AIC]",
-        notes=_MEASURED_NOTE.format(ver="0.24.0")
-              + "; visible memory approx. (ECC-on likely); FP8 is the dense 733, "
-                "not inference-sim's sparse 1466"),
-    Hardware(id="rtx-4090", name="NVIDIA GeForce RTX 4090",
-        memory_bytes=24564 * _MIB, mem_bw=1.008 * _TB_S,
-        bf16_flops=165.2 * _TFLOPS, fp8_flops=330.3 * _TFLOPS,
-        scaleup_bw=32 * _GB, scaleup_kind="pcie4",
-        gemm_mfu=0.61, fp8_gemm_mfu=0.50, weight_bw_frac=0.83, attn_bw_frac=0.81,
-        prefill_attn_mfu=0.45, comm_latency_s=PCIE_COMM_LATENCY_S,
-        host_link_bw=32 * _GB, host_link_kind="pcie4",
-        source="[SMI] [WP-ADA] [WDB]",
-        notes="peaks are the FP32-accumulate rates (GeForce runs them at half the "
-              "FP16-accumulate rate; serving stacks accumulate in FP32); efficiencies "
-              "copied from l40s (same AD102 die, no measurement)"),
-    Hardware(id="rtx-pro-6000", name="NVIDIA RTX PRO 6000 Blackwell (96 GB)",
-        memory_bytes=97887 * _MIB, mem_bw=1.792 * _TB_S,
-        bf16_flops=503.8 * _TFLOPS, fp8_flops=1007.6 * _TFLOPS,
-        scaleup_bw=64 * _GB, scaleup_kind="pcie5",
-        gemm_mfu=0.80, fp8_gemm_mfu=0.72, weight_bw_frac=0.83, attn_bw_frac=0.82,
-        prefill_attn_mfu=0.53, comm_latency_s=PCIE_COMM_LATENCY_S,
-        host_link_bw=64 * _GB, host_link_kind="pcie5",
-        source="[AIC-rtxpro] [DS-RTXPRO] [HMC] [AIC]",
-        notes=_MEASURED_NOTE.format(ver="0.24.0")
-              + " (Server edition, relative to 503.8); peaks approx. from a 3rd-party "
-                "listing at 2617 MHz boost (aiconfigurator uses 467.8/935.6 at 2430 MHz)"),
-    Hardware(id="rtx-6000-ada", name="NVIDIA RTX 6000 Ada",
-        memory_bytes=49140 * _MIB, mem_bw=0.960 * _TB_S,
-        bf16_flops=364.2 * _TFLOPS, fp8_flops=728.5 * _TFLOPS,
-        scaleup_bw=32 * _GB, scaleup_kind="pcie4",
-        gemm_mfu=0.61, fp8_gemm_mfu=0.50, weight_bw_frac=0.83, attn_bw_frac=0.81,
-        prefill_attn_mfu=0.45, comm_latency_s=PCIE_COMM_LATENCY_S,
-        host_link_bw=32 * _GB, host_link_kind="pcie4",
-        source="[SMI] [DS-6000A]",
-        notes="peaks approx. (datasheet 1457 FP8-sparse /2 and /4; FP32-accumulate at "
-              "full rate); visible memory approx. (ECC-off likely); efficiencies copied "
-              "from l40s (same AD102 die, no measurement)"),
-    Hardware(id="mi300x", name="AMD Instinct MI300X",
-        memory_bytes=205_822_885_888, mem_bw=5.3 * _TB_S,
-        bf16_flops=1307.4 * _TFLOPS, fp8_flops=2614.9 * _TFLOPS,
-        scaleup_bw=448 * _GB, scaleup_kind="infinity-fabric", scaleup_link_bw=64 * _GB,
-        host_link_bw=64 * _GB, host_link_kind="pcie5",
-        source="[ROCM] [DS-MI300X] [MLP]",
-        notes="scale-up approx.: 7 Infinity Fabric links, 896 GB/s aggregate bidir -> "
-              "448/dir total, 64/dir per peer (switchless mesh); no measured efficiencies "
-              "in the facts: defaults (NVIDIA medians, aiconfigurator 0.8 bandwidth factor), "
-              "unvalidated on AMD"),
-    Hardware(id="ascend-910b", name="Huawei Ascend 910B (Atlas 800T A2)",
-        memory_bytes=65536 * _MIB, mem_bw=1.6 * _TB_S,
-        bf16_flops=353.9 * _TFLOPS, fp8_flops=None,
-        scaleup_bw=392 * _GB, scaleup_kind="hccs", scaleup_link_bw=56 * _GB,
-        weight_bw_frac=ASCEND_BW_FRAC, attn_bw_frac=ASCEND_BW_FRAC,
-        source="[AC-910B] [AC-DS] [SIM]",
-        notes="approx. values: mem BW 1.6 TB/s per [SIM] ([AIC-NPU] uses 2.0); BF16 353.9 "
-              "= 24 AI cores at 1.8 GHz (B1/B2 bins; '376' nominal, B3 bin 294.9); HCCS "
-              "full mesh 7 peers x 56 GB/s = 392 (direction convention unclear); no FP8 "
-              "(INT8 path); bandwidth fractions = Ascend aiconfigurator fork's 0.85, other "
-              "efficiencies are defaults"),
-    Hardware(id="ascend-910c", name="Huawei Ascend 910C (Atlas A3 / CloudMatrix384, per 2-die package)",
-        memory_bytes=2 * 65536 * _MIB, mem_bw=3.2 * _TB_S,
-        bf16_flops=752 * _TFLOPS, fp8_flops=None,
-        scaleup_bw=392 * _GB, scaleup_kind="ub", scaleup_domain=384,
-        weight_bw_frac=ASCEND_BW_FRAC, attn_bw_frac=ASCEND_BW_FRAC,
-        source="[CM] [TPU] [SUB] [SIM]",
-        notes="approx. values, per 2-die package: memory = 2 x the 910B's 65536 MB "
-              "(marketed ~128 GB, no visible figure found); BF16 752 [CM] ([TPU] says 780); "
-              "UB ~196 GB/s per die per dir -> 392 per package (a roadmap quotes 784), joining "
-              "the supernode's 384 packages; no "
-              "FP8 (INT8 path); bandwidth fractions = Ascend fork's 0.85, others defaults"),
-    # Added for issue 23: not in hardware.md. Each entry's `source` names the
-    # public pages (docs/catalogs.md, "Sources of the added GPUs", has the
-    # links); peaks are dense (a datasheet's sparse figure halved). No
-    # measured kernels for any of them: efficiencies are the defaults.
-    Hardware(id="a10g", name="NVIDIA A10G (AWS G5)",
-        memory_bytes=23028 * _MIB, mem_bw=0.600 * _TB_S,
-        bf16_flops=70 * _TFLOPS, fp8_flops=None,
-        scaleup_bw=32 * _GB, scaleup_kind="pcie4", comm_latency_s=PCIE_COMM_LATENCY_S,
-        host_link_bw=32 * _GB, host_link_kind="pcie4",
-        source="[AWS-G5] [BT-A10G]",
-        notes="approx. values: BF16 70 dense is Baseten's A10G figure (AWS publishes no tensor "
-              "peak; the A10 card is 125); visible memory approx. (24 GiB, ECC on); no FP8 "
-              "(Ampere); efficiencies are defaults"),
-    Hardware(id="l4", name="NVIDIA L4",
-        memory_bytes=23034 * _MIB, mem_bw=0.300 * _TB_S,
-        bf16_flops=121 * _TFLOPS, fp8_flops=242.5 * _TFLOPS,
-        scaleup_bw=32 * _GB, scaleup_kind="pcie4", comm_latency_s=PCIE_COMM_LATENCY_S,
-        host_link_bw=32 * _GB, host_link_kind="pcie4",
-        source="[DS-L4]",
-        notes="datasheet 242 BF16 / 485 FP8 with sparsity, halved; visible memory approx. "
-              "(24 GiB, ECC on); efficiencies are defaults"),
-    Hardware(id="h20", name="NVIDIA H20 96GB",
-        memory_bytes=97871 * _MIB, mem_bw=4.0 * _TB_S,
-        bf16_flops=148 * _TFLOPS, fp8_flops=296 * _TFLOPS,
-        scaleup_bw=450 * _GB, scaleup_kind="nvlink4",
-        host_link_bw=64 * _GB, host_link_kind="pcie5",
-        source="[H20]",
-        notes="approx. values from third-party listings of NVIDIA's H20 sheet (148 BF16 / 296 "
-              "FP8 dense, 4.0 TB/s, NVLink 900 GB/s bidirectional); visible memory approx. "
-              "(96 GiB HBM3); efficiencies are defaults"),
-    Hardware(id="mi325x", name="AMD Instinct MI325X",
-        memory_bytes=274_877_906_944, mem_bw=6.0 * _TB_S,
-        bf16_flops=1307.4 * _TFLOPS, fp8_flops=2614.9 * _TFLOPS,
-        scaleup_bw=448 * _GB, scaleup_kind="infinity-fabric", scaleup_link_bw=64 * _GB,
-        host_link_bw=64 * _GB, host_link_kind="pcie5",
-        source="[DS-MI325X]",
-        notes="MI300X's CDNA 3 compute and Infinity Fabric (7 links, 64 GB/s/dir per peer) with "
-              "256 GB HBM3E at 6 TB/s; visible memory approx. (256 GiB); efficiencies are "
-              "defaults, unvalidated on AMD"),
-    Hardware(id="mi355x", name="AMD Instinct MI355X",
-        memory_bytes=309_237_645_312, mem_bw=8.0 * _TB_S,
-        bf16_flops=2516.6 * _TFLOPS, fp8_flops=5033.2 * _TFLOPS, fp4_flops=10066.3 * _TFLOPS,
-        scaleup_bw=537.6 * _GB, scaleup_kind="infinity-fabric", scaleup_link_bw=76.8 * _GB,
-        host_link_bw=64 * _GB, host_link_kind="pcie5",
-        source="[DS-MI355X] [HC-MI355X]",
-        notes="CDNA 4, 288 GB HBM3E at 8 TB/s; dense peaks (MXFP4 10.1 PF); scale-up approx.: 7 "
-              "Infinity Fabric links of 153.6 GB/s bidirectional -> 76.8/dir per peer, 537.6/dir "
-              "total (switchless mesh); visible memory approx. (288 GiB); efficiencies are "
-              "defaults, unvalidated on AMD"),
-    Hardware(id="b300", name="NVIDIA B300 (HGX, per GPU)",
-        memory_bytes=270 * 10**9, mem_bw=8.0 * _TB_S,
-        bf16_flops=2250 * _TFLOPS, fp8_flops=4500 * _TFLOPS, fp4_flops=13500 * _TFLOPS,
-        scaleup_bw=900 * _GB, scaleup_kind="nvlink5",
-        # One ConnectX-8 SuperNIC of 800 Gb/s per GPU.
-        scaleout_bw=100 * _GB,
-        source="[HGX-B300] [VERDA-BU]",
-        notes="Blackwell Ultra on an HGX board: HGX B300 sheet 108 PF dense FP4 / 72 PF sparse FP8 "
-              "/ 36 PF sparse BF16 per 8 GPUs; visible memory approx. (Verda lists 270 GB of the "
-              "288 GB); host link not in the data; efficiencies are defaults"),
-    Hardware(id="gb300", name="NVIDIA GB300 (NVL72, per GPU)",
-        memory_bytes=279 * 10**9, mem_bw=8.0 * _TB_S,
-        bf16_flops=2500 * _TFLOPS, fp8_flops=5000 * _TFLOPS, fp4_flops=15000 * _TFLOPS,
-        scaleup_bw=900 * _GB, scaleup_kind="nvlink5", scaleup_domain=72,
-        scaleout_bw=100 * _GB,
-        host_link_bw=225 * _GB, host_link_kind="nvlink-c2c",
-        source="[GB300-NVL72] [VERDA-BU]",
-        notes="GB300 NVL72 sheet / 72: 1080 PF dense FP4, 360 PF FP8, 180 PF BF16; 20 TB HBM3e "
-              "at 576 TB/s; visible memory approx. (Verda lists 279 GB of the 288 GB); Grace's "
-              "NVLink-C2C split between its two GPUs as gb200; one 800 Gb/s ConnectX-8 per GPU; "
-              "efficiencies are defaults"),
-)
 
-HARDWARE: Mapping[str, Hardware] = MappingProxyType({hw.id: hw for hw in _CATALOG})
+@functools.cache
+def _catalog() -> Mapping[str, Hardware]:
+    """The catalog file's devices by id, in the file's order (read once)."""
+    items = _read_document(CATALOG_FILE)
+    if not isinstance(items, list):
+        raise UserInputError(f"{CATALOG_FILE}: top level must be a list of hardware entries (each a "
+                             "mapping as in a hardware file)")
+    devices: dict[str, Hardware] = {}
+    for index, item in enumerate(items):
+        hw = _hardware_from_mapping(CATALOG_FILE, f"{CATALOG_FILE}: item {index + 1}", item)
+        if hw.id in devices:
+            raise UserInputError(f"{CATALOG_FILE}: item {index + 1}: id {hw.id!r} is already item "
+                                 f"{list(devices).index(hw.id) + 1}'s; give each device one entry")
+        devices[hw.id] = hw
+    return MappingProxyType(devices)
+
+
+class _Catalog(Mapping[str, Hardware]):
+    """The catalog as a read-only mapping that reads its file on first use."""
+
+    __slots__ = ()
+
+    def __getitem__(self, hw_id: str) -> Hardware:
+        return _catalog()[hw_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_catalog())
+
+    def __len__(self) -> int:
+        return len(_catalog())
+
+    def __repr__(self) -> str:
+        return f"<hardware catalog {CATALOG_FILE}>"
+
+
+HARDWARE: Mapping[str, Hardware] = _Catalog()
 
 # Obvious short names. Keys are already normalised (see _normalise).
 _ALIASES: Mapping[str, str] = MappingProxyType({
@@ -596,32 +395,46 @@ def with_overrides(hw: Hardware, **fields: Any) -> Hardware:
     return dataclasses.replace(hw, **fields)
 
 
+def _read_document(path: Path) -> object:
+    """The document in a YAML or JSON file (JSON for a .json name)."""
+    text = read_text(path, MAX_FILE_BYTES, "a hardware or efficiency file (YAML/JSON)")
+    if _is_json(path):
+        return parse_json(path, text, "fix the file")
+    return parse_yaml(str(path), text)
+
+
+def _is_json(path: Path) -> bool:
+    return path.suffix.lower() == ".json"
+
+
 def _read_mapping(path: Path) -> dict[str, Any]:
     """Parse a YAML or JSON file whose top level must be a mapping with string keys."""
-    what = "a hardware or efficiency file (YAML/JSON)"
-    text = read_text(path, MAX_FILE_BYTES, what)
-    if path.suffix.lower() == ".json":
-        data = parse_json(path, text, "fix the file")
-    else:
-        data = parse_yaml(str(path), text)
-    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+    data = _read_document(path)
+    if not _is_field_mapping(data):
         raise UserInputError(f"{path}: top level must be a mapping of field names to values")
     return data
+
+
+def _is_field_mapping(data: object) -> TypeGuard[dict[str, Any]]:
+    return isinstance(data, dict) and all(isinstance(k, str) for k in data)
 
 
 # What YAML 1.2 reads as a number but PyYAML (YAML 1.1) as a string: 3.35e12, 80e9.
 _YAML_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
-def _coerce_number(path: Path, field: str, value: object) -> object:
+def _coerce_number(path: Path, field: str, value: object, where: str | None = None) -> object:
+    """``value`` of ``field`` read from ``path`` (named ``where`` in errors,
+    the path by default) as a number where YAML 1.1 left one a string."""
     if not isinstance(value, str):
         return value
-    if path.suffix.lower() == ".json":
-        raise UserInputError(f"{path}: {field}={show(value)}: must be a number, not a string; write it "
-                         "without quotes")
+    if _is_json(path):
+        raise UserInputError(f"{where or path}: {field}={show(value)}: must be a number, not a string; "
+                             "write it without quotes")
     # PyYAML reads `3.35e12` (no dot, no sign) as a string; accept exactly that spelling.
     if _YAML_NUMBER.fullmatch(value) is None:
-        raise UserInputError(f"{path}: {field}={show(value)}: must be a number; write it like 3.35e12")
+        raise UserInputError(f"{where or path}: {field}={show(value)}: must be a number; write it like "
+                             "3.35e12")
     return float(value)
 
 
@@ -634,30 +447,38 @@ def load_hardware_file(path: str | Path) -> Hardware:
     host_link_bw, host_link_kind, source and notes are optional. Unknown keys are errors.
     """
     p = Path(path)
-    data = _read_mapping(p)
+    return _hardware_from_mapping(p, str(p), _read_mapping(p))
+
+
+def _hardware_from_mapping(path: Path, where: str, data: object) -> Hardware:
+    """One device from a hardware file's mapping read from ``path`` (a user's
+    file, or an item of the catalog file); ``where`` names it in errors. The
+    one owner of the hardware-file rules."""
+    if not _is_field_mapping(data):
+        raise UserInputError(f"{where}: must be a mapping of field names to values, as in a hardware file")
     for key in data:
         if key not in _ALL_FIELDS:
-            raise UserInputError(f"{p}: unknown field {show(key)}{_did_you_mean(key, _ALL_FIELDS)}; "
-                             f"allowed fields: {', '.join(_ALL_FIELDS)}")
+            raise UserInputError(f"{where}: unknown field {show(key)}{_did_you_mean(key, _ALL_FIELDS)}; "
+                                 f"allowed fields: {', '.join(_ALL_FIELDS)}")
     for key in _REQUIRED_FIELDS:
         if key not in data:
-            raise UserInputError(f"{p}: missing required field {key!r} "
-                             f"(required: {', '.join(_REQUIRED_FIELDS)})")
+            raise UserInputError(f"{where}: missing required field {key!r} "
+                                 f"(required: {', '.join(_REQUIRED_FIELDS)})")
     fields = dict(data)
     for key, value in data.items():
         if key in ("id", "name", "scaleup_kind", "host_link_kind", "source", "notes") or value is None:
             continue
-        fields[key] = _coerce_number(p, key, value)
+        fields[key] = _coerce_number(path, key, value, where)
     mem = fields["memory_bytes"]
     # Accept 85.5e9 (a float) for memory_bytes, but not 85.5 (a GB figure by mistake).
     mem_value = _real(mem)
     if mem_value is not None and mem_value.is_integer():
         fields["memory_bytes"] = int(mem_value)
-    fields.setdefault("source", f"file {p}")
+    fields.setdefault("source", f"file {path}")
     try:
         return Hardware(**fields)
     except ValueError as err:
-        raise UserInputError(f"{p}: {err}") from None
+        raise UserInputError(f"{where}: {err}") from None
 
 
 def load_efficiency_overrides(path: str | Path, hw: Hardware) -> Hardware:

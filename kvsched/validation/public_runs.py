@@ -4,8 +4,9 @@ Every row here is a ``vllm bench serve`` result that someone published with
 the server command, the GPU, the vLLM version and the benchmark's dataset
 flags, so that kvsched can run the same thing (:func:`simulate_run`) and
 AIConfigurator can be asked about it (:func:`aic_row`). The numbers are
-transcribed with their source (repository, path, commit, line); nothing in
-kvsched is fitted or tuned on them. ``benchmarks/validate_public.py``
+transcribed with their source (repository, path, commit, line) in the data
+file ``data/gpustack_runs.yaml`` (:data:`DATA_FILE`), read and checked once
+at import; nothing in kvsched is fitted or tuned on them. ``benchmarks/validate_public.py``
 simulates every row and writes docs/public_runs.md.
 
 Source so far: GPUStack's "performance lab" (github.com/gpustack/gpustack,
@@ -41,13 +42,21 @@ its shared start.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
+from kvsched.errors import UserInputError
+from kvsched.fields import is_int, is_number
+from kvsched.files import read_text
+from kvsched.jsonfile import field_mismatch, show
 from kvsched.perf.hardware import get_hardware
 from kvsched.sim.deployment import Deployment, EngineOptions, serve_defaults
 from kvsched.sim.pricing import pricing_of
@@ -57,6 +66,7 @@ from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.sim.workload import Workload, random_workload
 from kvsched.validation.silicon import deployment_within_context
 from kvsched.validation.silicon_rows import Refusal, SiliconRow
+from kvsched.yamlfile import parse_yaml
 
 # --------------------------------------------------------------------------
 # Where the numbers come from
@@ -79,26 +89,6 @@ class Source:
         return f"https://github.com/{self.repo}/blob/{self.commit}/{self.path}{anchor}"
 
 
-GPUSTACK_REPO = "gpustack/gpustack"
-GPUSTACK_COMMIT = "47277d79f4a5bae12a2d25e9ecbed2a2177a5f2d"  # 2026-08-21
-
-
-def _gpustack_source(doc: str, vllm_version: str, gpus: str) -> Source:
-    return Source(f"GPUStack performance lab, {doc}", GPUSTACK_REPO, f"docs/performance-lab/{doc}",
-                  GPUSTACK_COMMIT, "Apache-2.0", vllm_version, gpus)
-
-
-SOURCES: Mapping[str, Source] = {s.path.removeprefix("docs/performance-lab/"): s for s in (
-    _gpustack_source("deepseek-r1/h200.md", "0.11.0", "8 x NVIDIA H200 SXM GPUs on a single node"),
-    _gpustack_source("gpt-oss-120b/a100.md", "0.11.0", "2 x NVIDIA A100 SXM 80GB GPUs on a single node"),
-    _gpustack_source("gpt-oss-120b/h100.md", "0.10.2", "2 x NVIDIA H100 SXM GPUs on a single node"),
-    _gpustack_source("gpt-oss-20b/a100.md", "0.11.0", "A single NVIDIA A100 SXM 80GB GPU"),
-    _gpustack_source("gpt-oss-20b/h100.md", "0.11.0", "A single NVIDIA H100 SXM GPU"),
-    _gpustack_source("qwen3-235b-a22b/a100.md", "0.11.0", "8 x NVIDIA A100 SXM 80GB GPUs on a single node"),
-    _gpustack_source("qwen3-235b-a22b/h100.md", "0.11.0", "8 x NVIDIA H100 SXM GPUs on a single node"),
-    _gpustack_source("qwen3-32b/a100.md", "0.11.0", "A single NVIDIA A100 SXM 80GB GPU"),
-    _gpustack_source("qwen3-32b/h100.md", "0.11.0", "A single NVIDIA H100 SXM GPU"),
-)}
 # The GPU each document ran on, as kvsched's hardware id and AIConfigurator's system.
 GPUSTACK_HARDWARE: Mapping[str, tuple[str, str]] = {
     "a100": ("a100-80gb", "a100_sxm"), "h100": ("h100-sxm", "h100_sxm"), "h200": ("h200", "h200_sxm")}
@@ -192,132 +182,6 @@ class PublicRun:
         return self.measured.total_output_tokens / (self.num_prompts * self.output_len)
 
 
-def _m(completed: int, duration: float, total_in: int, total_out: int, out_tput: float, total_tput: float,
-       ttft: tuple[float, float, float], tpot: tuple[float, float, float],
-       itl: tuple[float, float, float]) -> Measured:
-    return Measured(completed, duration, total_in, total_out, out_tput, total_tput,
-                    Latency(*ttft), Latency(*tpot), Latency(*itl))
-
-
-def _gpustack(doc: str, line: int, serve_command: str, case: str, measured: Measured) -> PublicRun:
-    source = SOURCES[doc]
-    gpu = doc.split("/")[1].removesuffix(".md")
-    hardware, system = GPUSTACK_HARDWARE[gpu]
-    isl, osl, prompts = GPUSTACK_CASES[case]
-    words = shlex.split(serve_command)
-    served = " ".join([words[2].split("/")[-1], *words[3:]])
-    return PublicRun(f"gpustack/{doc.removesuffix('.md')}/random-{case}: {served}", source, line,
-                     serve_command, hardware, system, "random", isl, osl, prompts, math.inf, None,
-                     GPUSTACK_SEED, measured)
-
-
-# Transcribed from the documents at GPUSTACK_COMMIT (the "Other Benchmark
-# Cases" blocks: each is the run of the "Baseline" or "Optimized" serving
-# script above it). Latencies are (mean, median, p99) in ms.
-RUNS: tuple[PublicRun, ...] = (
-    _gpustack('deepseek-r1/h200.md', 305, 'vllm serve deepseek-ai/DeepSeek-R1-0528 -tp 8', '32k',
-              _m(100, 206.9, 3199900, 10000, 48.33, 15514.57,
-                 (101351.99, 101163.8, 200267.68),
-                 (365.79, 400.72, 404.78), (362.2, 459.96, 614.75))),
-    _gpustack('deepseek-r1/h200.md', 330, 'vllm serve deepseek-ai/DeepSeek-R1-0528 -tp 8', '4k',
-              _m(500, 132.68, 1997530, 100000, 753.67, 15808.55,
-                 (63058.71, 61952.74, 124112.96),
-                 (164.23, 177.37, 195.8), (163.74, 57.87, 383.79))),
-    _gpustack('deepseek-r1/h200.md', 355, 'vllm serve deepseek-ai/DeepSeek-R1-0528 -tp 8', '2k',
-              _m(500, 59.26, 998393, 50000, 843.71, 17690.89,
-                 (28911.9, 27559.21, 53497.07),
-                 (237.02, 276.56, 322.76), (235.1, 357.74, 379.46))),
-    _gpustack('deepseek-r1/h200.md', 380, 'vllm serve deepseek-ai/DeepSeek-R1-0528 -tp 8', '128',
-              _m(1000, 22.07, 126882, 4000, 181.27, 5931.25,
-                 (19392.11, 18992.42, 21440.63),
-                 (351.83, 389.74, 432.12), (263.87, 368.43, 470.22))),
-    _gpustack('gpt-oss-120b/a100.md', 327, 'vllm serve openai/gpt-oss-120b --max-model-len 32768', '32k',
-              _m(100, 740.1, 3200000, 9988, 13.5, 4337.21,
-                 (368856.64, 368713.3, 730947.33),
-                 (224.58, 228.19, 231.28), (233.21, 24.23, 676.79))),
-    _gpustack('gpt-oss-120b/a100.md', 402, 'vllm serve openai/gpt-oss-120b --max-model-len 32768', '128',
-              _m(1000, 14.09, 127755, 4000, 283.95, 9353.12,
-                 (7813.18, 7750.58, 13935.99),
-                 (182.75, 189.53, 193.12), (274.25, 196.02, 386.54))),
-    _gpustack('gpt-oss-120b/a100.md', 536,
-              'vllm serve openai/gpt-oss-120b --max-model-len 32768 --async-scheduling '
-              '--max-num-batched-tokens 4096',
-              '128',
-              _m(1000, 12.22, 127755, 4000, 327.44, 10785.6,
-                 (6900.44, 6888.59, 11990.0),
-                 (301.66, 320.19, 323.93), (452.71, 327.62, 652.15))),
-    _gpustack('gpt-oss-120b/h100.md', 453, 'vllm serve openai/gpt-oss-120b --max-model-len 32768', '128',
-              _m(1000, 7.72, 127755, 4000, 517.91, 17059.15,
-                 (4850.46, 4987.41, 7372.98),
-                 (304.8, 341.94, 360.4), (467.0, 352.58, 728.75))),
-    _gpustack('gpt-oss-120b/h100.md', 508, 'vllm serve openai/gpt-oss-120b --async-scheduling -tp 2', '32k',
-              _m(100, 98.86, 3200000, 9955, 100.7, 32471.01,
-                 (48826.05, 48671.0, 96651.74),
-                 (220.32, 252.27, 252.79), (228.81, 246.94, 481.43))),
-    _gpustack('gpt-oss-120b/h100.md', 577, 'vllm serve openai/gpt-oss-120b --async-scheduling -tp 2', '128',
-              _m(1000, 4.18, 127755, 4000, 956.85, 31517.47,
-                 (2800.15, 2412.28, 3856.95),
-                 (183.05, 208.66, 232.15), (274.85, 267.83, 506.27))),
-    _gpustack('gpt-oss-20b/a100.md', 348, 'vllm serve openai/gpt-oss-20b', '128',
-              _m(1000, 5.44, 127755, 4000, 735.4, 24223.22,
-                 (2774.46, 1971.28, 5298.6),
-                 (62.1, 65.44, 106.62), (100.2, 105.43, 213.73))),
-    _gpustack('gpt-oss-20b/a100.md', 456, 'vllm serve openai/gpt-oss-20b --async-scheduling', '128',
-              _m(1000, 5.23, 127755, 4000, 764.23, 25172.82,
-                 (2682.01, 1944.72, 5078.68),
-                 (55.31, 46.59, 102.22), (85.84, 100.82, 205.12))),
-    _gpustack('gpt-oss-20b/h100.md', 337, 'vllm serve openai/gpt-oss-20b', '128',
-              _m(1000, 4.7, 127755, 4000, 851.04, 28032.23,
-                 (3174.14, 2892.24, 4415.25),
-                 (178.91, 208.03, 246.08), (274.82, 228.45, 509.42))),
-    _gpustack('gpt-oss-20b/h100.md', 443, 'vllm serve openai/gpt-oss-20b --async-scheduling', '128',
-              _m(1000, 4.04, 127755, 4000, 990.08, 32611.91,
-                 (2884.78, 2641.45, 3879.45),
-                 (75.14, 16.98, 221.6), (156.1, 151.36, 452.14))),
-    _gpustack('qwen3-235b-a22b/a100.md', 388, 'vllm serve Qwen/Qwen3-235B-A22B-Instruct-2507 -tp 8', '2k',
-              _m(500, 112.15, 998175, 49632, 442.54, 9342.67,
-                 (54722.5, 54532.6, 106756.03),
-                 (190.79, 208.61, 209.09), (189.23, 208.52, 211.58))),
-    _gpustack('qwen3-235b-a22b/a100.md', 413, 'vllm serve Qwen/Qwen3-235B-A22B-Instruct-2507 -tp 8', '128',
-              _m(1000, 17.68, 127698, 4000, 226.26, 7449.43,
-                 (12767.63, 12409.68, 17339.37),
-                 (155.16, 158.22, 168.04), (116.37, 157.64, 179.04))),
-    _gpustack('qwen3-235b-a22b/a100.md', 521,
-              'vllm serve Qwen/Qwen3-235B-A22B-Instruct-2507-FP8 -tp 4', '128',
-              _m(1000, 26.54, 127698, 4000, 150.7, 4961.66,
-                 (17260.17, 17240.71, 26154.32),
-                 (265.87, 272.95, 278.77), (199.4, 272.5, 288.23))),
-    _gpustack('qwen3-235b-a22b/h100.md', 387, 'vllm serve Qwen/Qwen3-235B-A22B-Instruct-2507 -tp 8', '2k',
-              _m(500, 43.91, 998175, 49500, 1127.26, 23858.69,
-                 (21313.79, 20242.32, 40939.0),
-                 (101.08, 108.64, 125.24), (100.16, 35.94, 244.64))),
-    _gpustack('qwen3-32b/a100.md', 378, 'vllm serve Qwen/Qwen3-32B', '4k',
-              _m(500, 1141.94, 1997942, 99893, 87.48, 1837.08,
-                 (566579.7, 564705.97, 1116945.95),
-                 (96.19, 96.4, 99.35), (95.82, 51.55, 628.61))),
-    _gpustack('qwen3-32b/a100.md', 403, 'vllm serve Qwen/Qwen3-32B', '2k',
-              _m(500, 415.71, 998175, 50000, 120.27, 2521.38,
-                 (208397.03, 209108.79, 408103.76),
-                 (143.23, 143.96, 166.03), (142.07, 51.49, 590.04))),
-    _gpustack('qwen3-32b/a100.md', 428, 'vllm serve Qwen/Qwen3-32B', '128',
-              _m(1000, 49.57, 127698, 4000, 80.69, 2656.71,
-                 (31177.64, 31073.76, 48960.57),
-                 (528.57, 544.55, 547.31), (396.42, 543.22, 554.84))),
-    _gpustack('qwen3-32b/h100.md', 296, 'vllm serve Qwen/Qwen3-32B', '4k',
-              _m(500, 976.29, 1997942, 99790, 102.21, 2148.69,
-                 (482284.21, 483375.28, 956141.26),
-                 (66.61, 62.08, 100.86), (66.29, 43.38, 1395.23))),
-    _gpustack('qwen3-32b/h100.md', 321, 'vllm serve Qwen/Qwen3-32B', '2k',
-              _m(500, 328.04, 998175, 50000, 152.42, 3195.3,
-                 (163909.4, 164148.38, 322980.86),
-                 (86.62, 84.24, 131.41), (85.97, 44.8, 1462.05))),
-    _gpustack('qwen3-32b/h100.md', 346, 'vllm serve Qwen/Qwen3-32B', '128',
-              _m(1000, 32.88, 127698, 4000, 121.66, 4005.62,
-                 (21648.67, 21342.36, 32678.31),
-                 (1169.72, 1292.78, 1417.05), (877.29, 1141.11, 1435.8))),
-)
-
-
 # --------------------------------------------------------------------------
 # What was left out, and why
 
@@ -345,77 +209,167 @@ DROP_REASONS: Mapping[str, str] = {
                 "and the model is not in kvsched's catalog",
 }
 
-DROPPED: tuple[Dropped, ...] = (
-    Dropped('deepseek-v3.2/h200.md', 877, '128', 'dsa', 1000, 1.0),
-    Dropped('deepseek-v3.2/h200.md', 903, '2k', 'dsa', 500, 1.0),
-    Dropped('deepseek-v3.2/h200.md', 929, '4k', 'dsa', 500, 1.0),
-    Dropped('deepseek-v3.2/h200.md', 955, '32k', 'dsa', 100, 1.0),
-    Dropped('deepseek-v3.2/h200.md', 981, '32k', 'dsa', 100, 20.0),
-    Dropped('glm-4.5-air/a100.md', 333, '32k', 'glm-copy', 100, 0.9987),
-    Dropped('glm-4.5-air/a100.md', 358, '4k', 'glm-copy', 500, 0.9955),
-    Dropped('glm-4.5-air/a100.md', 383, '2k', 'glm-copy', 500, 1.0),
-    Dropped('glm-4.5-air/a100.md', 408, '128', 'glm-copy', 1000, 1.0),
-    Dropped('glm-4.5-air/h100.md', 337, '32k', 'glm-copy', 100, 0.9987),
-    Dropped('glm-4.5-air/h100.md', 362, '4k', 'glm-copy', 500, 0.9955),
-    Dropped('glm-4.5-air/h100.md', 387, '2k', 'glm-copy', 500, 1.0),
-    Dropped('glm-4.5-air/h100.md', 412, '128', 'glm-copy', 1000, 1.0),
-    Dropped('glm-4.x/h200.md', 305, '32k', 'catalog', 100, 0.9406),
-    Dropped('glm-4.x/h200.md', 330, '4k', 'catalog', 500, 0.998),
-    Dropped('glm-4.x/h200.md', 355, '2k', 'catalog', 500, 1.0),
-    Dropped('glm-4.x/h200.md', 380, '128', 'catalog', 1000, 1.0),
-    Dropped('gpt-oss-120b/a100.md', 352, '4k', 'short', 500, 0.6726),
-    Dropped('gpt-oss-120b/a100.md', 377, '2k', 'short', 500, 0.9796),
-    Dropped('gpt-oss-120b/a100.md', 461, '32k', 'short', 100, 0.9828),
-    Dropped('gpt-oss-120b/a100.md', 486, '4k', 'short', 500, 0.6806),
-    Dropped('gpt-oss-120b/a100.md', 511, '2k', 'short', 500, 0.9821),
-    Dropped('gpt-oss-120b/h100.md', 384, '32k', 'short', 100, 0.9877),
-    Dropped('gpt-oss-120b/h100.md', 407, '4k', 'short', 500, 0.6721),
-    Dropped('gpt-oss-120b/h100.md', 430, '2k', 'short', 500, 0.9839),
-    Dropped('gpt-oss-120b/h100.md', 531, '4k', 'short', 500, 0.6805),
-    Dropped('gpt-oss-120b/h100.md', 554, '2k', 'short', 500, 0.9812),
-    Dropped('gpt-oss-20b/a100.md', 273, '32k', 'short', 100, 0.9533),
-    Dropped('gpt-oss-20b/a100.md', 298, '4k', 'short', 500, 0.5353),
-    Dropped('gpt-oss-20b/a100.md', 323, '2k', 'short', 500, 0.9445),
-    Dropped('gpt-oss-20b/a100.md', 381, '32k', 'short', 100, 0.9394),
-    Dropped('gpt-oss-20b/a100.md', 406, '4k', 'short', 500, 0.5286),
-    Dropped('gpt-oss-20b/a100.md', 431, '2k', 'short', 500, 0.9392),
-    Dropped('gpt-oss-20b/h100.md', 268, '32k', 'short', 100, 0.935),
-    Dropped('gpt-oss-20b/h100.md', 291, '4k', 'short', 500, 0.5231),
-    Dropped('gpt-oss-20b/h100.md', 314, '2k', 'short', 500, 0.9404),
-    Dropped('gpt-oss-20b/h100.md', 368, '32k', 'short', 100, 0.9404),
-    Dropped('gpt-oss-20b/h100.md', 393, '4k', 'short', 500, 0.5297),
-    Dropped('gpt-oss-20b/h100.md', 418, '2k', 'short', 500, 0.9363),
-    Dropped('qwen3-14b/a100.md', 353, '32k', 'catalog', 100, 0.9891),
-    Dropped('qwen3-14b/a100.md', 378, '4k', 'catalog', 500, 0.9978),
-    Dropped('qwen3-14b/a100.md', 403, '2k', 'catalog', 500, 1.0),
-    Dropped('qwen3-14b/a100.md', 428, '128', 'catalog', 1000, 1.0),
-    Dropped('qwen3-14b/h100.md', 322, '32k', 'catalog', 100, 0.9855),
-    Dropped('qwen3-14b/h100.md', 347, '4k', 'catalog', 500, 0.998),
-    Dropped('qwen3-14b/h100.md', 372, '2k', 'catalog', 500, 1.0),
-    Dropped('qwen3-14b/h100.md', 397, '128', 'catalog', 1000, 1.0),
-    Dropped('qwen3-235b-a22b/a100.md', 338, '32k', 'short', 100, 0.8191),
-    Dropped('qwen3-235b-a22b/a100.md', 363, '4k', 'short', 500, 0.9135),
-    Dropped('qwen3-235b-a22b/a100.md', 446, '32k', 'short', 100, 0.83),
-    Dropped('qwen3-235b-a22b/a100.md', 471, '4k', 'short', 500, 0.9039),
-    Dropped('qwen3-235b-a22b/a100.md', 496, '2k', 'short', 500, 0.9899),
-    Dropped('qwen3-235b-a22b/h100.md', 337, '32k', 'short', 100, 0.8191),
-    Dropped('qwen3-235b-a22b/h100.md', 362, '4k', 'short', 500, 0.9218),
-    Dropped('qwen3-235b-a22b/h100.md', 412, '128', 'failed', 984, 0.984),
-    Dropped('qwen3-235b-a22b/h100.md', 445, '32k', 'short', 100, 0.8281),
-    Dropped('qwen3-235b-a22b/h100.md', 470, '4k', 'short', 500, 0.9097),
-    Dropped('qwen3-235b-a22b/h100.md', 495, '2k', 'short', 500, 0.9894),
-    Dropped('qwen3-235b-a22b/h100.md', 520, '128', 'failed', 984, 0.984),
-    Dropped('qwen3-30b-a3b/910b.md', 221, '32k', 'ascend', 100, 1.0),
-    Dropped('qwen3-30b-a3b/910b.md', 246, '4k', 'ascend', 500, 0.9984),
-    Dropped('qwen3-30b-a3b/910b.md', 271, '2k', 'ascend', 500, 1.0),
-    Dropped('qwen3-30b-a3b/910b.md', 296, '128', 'ascend', 1000, 1.0),
-    Dropped('qwen3-32b/a100.md', 353, '32k', 'short', 100, 0.7699),
-    Dropped('qwen3-32b/h100.md', 271, '32k', 'short', 100, 0.7681),
-    Dropped('qwen3-8b/910b.md', 279, '32k', 'ascend', 100, 1.0),
-    Dropped('qwen3-8b/910b.md', 304, '4k', 'ascend', 500, 0.9981),
-    Dropped('qwen3-8b/910b.md', 329, '2k', 'ascend', 500, 1.0),
-    Dropped('qwen3-8b/910b.md', 354, '128', 'ascend', 1000, 1.0),
-)
+
+# --------------------------------------------------------------------------
+# The data file: the runs and the left-out results, transcribed
+
+DATA_FILE = Path(__file__).resolve().parent / "data" / "gpustack_runs.yaml"
+# The file is some 21 KB; the bound only stops a wrong file from being read whole.
+_MAX_DATA_BYTES = 2**20
+_GPUSTACK_DOCS = "docs/performance-lab/"
+_RUN_FIELDS = ("doc", "line", "serve_command", "case", "measured")
+_DROPPED_FIELDS = tuple(f.name for f in dataclasses.fields(Dropped))
+
+
+@dataclass(frozen=True, slots=True)
+class Transcribed:
+    """What :data:`DATA_FILE` holds, read and checked."""
+
+    repo: str
+    commit: str
+    sources: Mapping[str, Source]   # by document path under docs/performance-lab/
+    runs: tuple[PublicRun, ...]
+    dropped: tuple[Dropped, ...]
+
+
+def _fail(where: str, value: object, rule: str) -> UserInputError:
+    return UserInputError(f"{where}={show(value)}: {rule}; correct it in the file")
+
+
+def _fields(where: str, value: object, names: tuple[str, ...]) -> dict[str, Any]:
+    """``value`` as a mapping of exactly the keys ``names``."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise _fail(where, value, f"must be a mapping of {', '.join(names)}")
+    problem = field_mismatch(value, frozenset(names))
+    if problem:
+        raise UserInputError(f"{where}: {problem}; give exactly {', '.join(names)} "
+                             "(correct the entry in the file)")
+    return value
+
+
+def _items(where: str, value: object) -> list[Any]:
+    if not isinstance(value, list) or not value:
+        raise _fail(where, value, "must be a non-empty list")
+    return value
+
+
+def _text(where: str, value: object, pattern: str = r".+") -> str:
+    if not isinstance(value, str) or re.fullmatch(pattern, value) is None:
+        raise _fail(where, value, f"must be a string matching {pattern}")
+    return value
+
+
+def _count(where: str, value: object, least: int) -> int:
+    if not is_int(value) or value < least:
+        raise _fail(where, value, f"must be an integer of at least {least}")
+    return value
+
+
+def _amount(where: str, value: object, positive: bool = True) -> float:
+    """A finite number, positive (or, with ``positive`` False, non-negative)."""
+    if not is_number(value) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise _fail(where, value, f"must be a finite {'positive' if positive else 'non-negative'} number")
+    return float(value)
+
+
+def _case(where: str, value: object) -> str:
+    if not isinstance(value, str) or value not in GPUSTACK_CASES:
+        raise _fail(where, value, f"must be one of {', '.join(map(repr, GPUSTACK_CASES))} (a quoted string)")
+    return value
+
+
+def _measured(where: str, value: object) -> Measured:
+    names = tuple(f.name for f in dataclasses.fields(Measured))
+    data = _fields(where, value, names)
+    latencies = {name: _latency_of(f"{where}.{name}", data[name]) for name in ("ttft", "tpot", "itl")}
+    return Measured(
+        completed=_count(f"{where}.completed", data["completed"], 1),
+        duration_s=_amount(f"{where}.duration_s", data["duration_s"]),
+        total_input_tokens=_count(f"{where}.total_input_tokens", data["total_input_tokens"], 1),
+        total_output_tokens=_count(f"{where}.total_output_tokens", data["total_output_tokens"], 1),
+        output_throughput=_amount(f"{where}.output_throughput", data["output_throughput"]),
+        total_token_throughput=_amount(f"{where}.total_token_throughput", data["total_token_throughput"]),
+        **latencies)
+
+
+def _latency_of(where: str, value: object) -> Latency:
+    stats = tuple(f.name for f in dataclasses.fields(Latency))
+    data = _fields(where, value, stats)
+    return Latency(*(_amount(f"{where}.{stat}", data[stat]) for stat in stats))
+
+
+def _public_run(where: str, value: object, sources: Mapping[str, Source]) -> PublicRun:
+    """One kept run: a GPUStack document's result block as kvsched runs it."""
+    data = _fields(where, value, _RUN_FIELDS)
+    doc = data["doc"]
+    if doc not in sources:
+        raise _fail(f"{where}.doc", doc, "must be one of the documents listed under documents")
+    line = _count(f"{where}.line", data["line"], 1)
+    command = _text(f"{where}.serve_command", data["serve_command"], r"vllm serve \S+.*")
+    isl, osl, prompts = GPUSTACK_CASES[_case(f"{where}.case", data["case"])]
+    measured = _measured(f"{where}.measured", data["measured"])
+    hardware, system = GPUSTACK_HARDWARE[doc.split("/")[1].removesuffix(".md")]
+    words = shlex.split(command)
+    served = " ".join([words[2].split("/")[-1], *words[3:]])
+    return PublicRun(f"gpustack/{doc.removesuffix('.md')}/random-{data['case']}: {served}", sources[doc],
+                     line, command, hardware, system, "random", isl, osl, prompts, math.inf, None,
+                     GPUSTACK_SEED, measured)
+
+
+def _dropped(where: str, value: object) -> Dropped:
+    data = _fields(where, value, _DROPPED_FIELDS)
+    reason = data["reason"]
+    if not isinstance(reason, str) or reason not in DROP_REASONS:
+        raise _fail(f"{where}.reason", reason, f"must be one of {', '.join(DROP_REASONS)}")
+    return Dropped(_text(f"{where}.doc", data["doc"], r"[a-z0-9.-]+/[a-z0-9]+\.md"),
+                   _count(f"{where}.line", data["line"], 1), _case(f"{where}.case", data["case"]), reason,
+                   _count(f"{where}.completed", data["completed"], 0),
+                   _amount(f"{where}.output_share", data["output_share"], positive=False))
+
+
+def read_transcribed(path: Path) -> Transcribed:
+    """:data:`DATA_FILE`, every field checked; a fault names the place, the
+    value and the rule."""
+    where = str(path)
+    data = _fields(where, parse_yaml(where, read_text(path, _MAX_DATA_BYTES, "the published runs (YAML)")),
+                   ("repo", "commit", "license", "documents", "runs", "dropped"))
+    repo = _text(f"{where}: repo", data["repo"], r"[\w.-]+/[\w.-]+")
+    commit = _text(f"{where}: commit", data["commit"], r"[0-9a-f]{40}")
+    license_name = _text(f"{where}: license", data["license"])
+    documents = data["documents"]
+    if not isinstance(documents, dict) or not documents:
+        raise _fail(f"{where}: documents", documents, "must be a mapping of document paths to their facts")
+    sources: dict[str, Source] = {}
+    gpus_pattern = "|".join(GPUSTACK_HARDWARE)
+    for doc, facts in documents.items():
+        at = f"{where}: documents.{doc}"
+        _text(at, doc, rf"[a-z0-9.-]+/({gpus_pattern})\.md")
+        facts = _fields(at, facts, ("vllm_version", "gpus"))
+        version = _text(f"{at}.vllm_version", facts["vllm_version"], r"\d+\.\d+\.\d+")
+        sources[doc] = Source(f"GPUStack performance lab, {doc}", repo, _GPUSTACK_DOCS + doc, commit,
+                              license_name, version, _text(f"{at}.gpus", facts["gpus"]))
+    runs = tuple(_public_run(f"{where}: runs[{i}]", item, sources)
+                 for i, item in enumerate(_items(f"{where}: runs", data["runs"])))
+    dropped = tuple(_dropped(f"{where}: dropped[{i}]", item)
+                    for i, item in enumerate(_items(f"{where}: dropped", data["dropped"])))
+    seen: dict[tuple[str, int], str] = {}
+    for place, doc, line in [(f"runs[{i}]", r.source.path.removeprefix(_GPUSTACK_DOCS), r.line)
+                             for i, r in enumerate(runs)] + \
+                            [(f"dropped[{i}]", d.doc, d.line) for i, d in enumerate(dropped)]:
+        if (doc, line) in seen:
+            raise UserInputError(f"{where}: {place}: {doc} line {line} is already {seen[doc, line]}; "
+                                 "a result block is one run or one left-out result")
+        seen[doc, line] = place
+    return Transcribed(repo, commit, MappingProxyType(sources), runs, dropped)
+
+
+# Read once, at import: the rows are this module's data.
+_TRANSCRIBED = read_transcribed(DATA_FILE)
+GPUSTACK_REPO = _TRANSCRIBED.repo
+GPUSTACK_COMMIT = _TRANSCRIBED.commit
+SOURCES: Mapping[str, Source] = _TRANSCRIBED.sources
+RUNS: tuple[PublicRun, ...] = _TRANSCRIBED.runs
+DROPPED: tuple[Dropped, ...] = _TRANSCRIBED.dropped
 
 
 def dropped_url(d: Dropped) -> str:
@@ -564,14 +518,7 @@ def build_run_deployment(mapped: MappedRun,
     start, so the run's longest request is used as ``max_model_len`` then,
     with a note (the KV capacity stays kvsched's)."""
     longest = mapped.run.prompt_tokens + mapped.run.output_len
-    built = deployment_within_context(mapped.options, backend, longest)
-    if isinstance(built, Refusal):
-        return built
-    deployment, first = built
-    if first is None:
-        return deployment, ()
-    return deployment, (f"max_model_len {longest} (the longest request): kvsched's KV cache cannot hold the "
-                        f"model's context ({first.split(';')[0]}), though the real server started",)
+    return deployment_within_context(mapped.options, backend, longest, "the longest request")
 
 
 def build_workload(run: PublicRun) -> Workload:

@@ -60,35 +60,33 @@ def build_run_deployment(run: ServingRun, backend: str) -> tuple[Deployment, tup
     KV cache cannot hold that, vLLM refuses to start unless ``--max-model-len``
     is given, and the scripts' value is not recorded: the longest request the
     run sends (ISL + OSL) is used then, with a note."""
-    built = deployment_within_context(run.options, backend, run.row.isl + run.row.osl)
-    if isinstance(built, Refusal):
-        return built
-    deployment, refused = built
-    if refused is None:
-        return deployment, ()
-    return deployment, (f"max_model_len {deployment.scheduler_config.max_model_len} (ISL + OSL): the KV "
-                        "cache cannot hold the model's full context",)
+    return deployment_within_context(run.options, backend, run.row.isl + run.row.osl, "ISL + OSL")
 
 
-def deployment_within_context(options: EngineOptions, backend: str, longest: int
-                              ) -> tuple[Deployment, str | None] | Refusal:
-    """``options`` priced by ``backend``; where kvsched's KV cache cannot hold
-    the model's full context (vllm serve then refuses to start without
-    ``--max-model-len``, whose value a recorded run may not state), the run's
-    longest request (``longest`` tokens) as ``max_model_len``, with the
-    first refusal's text; kvsched's refusal otherwise. The one owner of that
-    rule for every judged set of real runs."""
+def deployment_within_context(options: EngineOptions, backend: str, longest: int, longest_is: str
+                              ) -> tuple[Deployment, tuple[str, ...]] | Refusal:
+    """``options`` priced by ``backend``, with the notes on what was assumed.
+
+    Where kvsched's KV cache cannot hold the model's full context, vllm
+    serve refuses to start without ``--max-model-len``, whose value a
+    recorded run may not state, yet the real server did start: the run's
+    longest request (``longest`` tokens, ``longest_is`` says how it was
+    found) is ``max_model_len`` then, with a note quoting the first refusal.
+    kvsched's refusal otherwise. The one owner of that rule, and of its note,
+    for every judged set of real runs."""
     options = dataclasses.replace(options, step_time_backend=backend)
     try:
-        return build_deployment(options), None
+        return build_deployment(options), ()
     except ValueError as err:
         if not str(err).startswith("max_model_len="):
             return Refusal(f"deployment refused ({backend})", str(err))
         first = str(err)
     try:
-        return build_deployment(dataclasses.replace(options, max_model_len=longest)), first
+        deployment = build_deployment(dataclasses.replace(options, max_model_len=longest))
     except ValueError as err:
         return Refusal(f"deployment refused ({backend})", str(err))
+    return deployment, (f"max_model_len {longest} ({longest_is}): kvsched's KV cache cannot hold the "
+                        f"model's context ({first.split(';')[0]}), though the real server started",)
 
 
 def _serve(deployment: Deployment, workload: Workload) -> SimResult:

@@ -17,7 +17,14 @@ from types import ModuleType
 
 import pytest
 
-from kvsched.validation.silicon import SimulatedRow, build_run_deployment, concurrency_band, simulate_row
+from kvsched.sim.deployment import EngineOptions
+from kvsched.validation.silicon import (
+    SimulatedRow,
+    build_run_deployment,
+    concurrency_band,
+    deployment_within_context,
+    simulate_row,
+)
 from kvsched.validation.silicon_rows import (
     Refusal,
     ServingRun,
@@ -55,6 +62,29 @@ def test_backend_is_passed_to_the_engine_options(by_id: dict[str, SiliconRow]) -
         built = build_run_deployment(run, backend)
         assert not isinstance(built, Refusal)
         assert built[0].step_model.backend == backend
+
+
+def test_a_context_the_kv_cache_cannot_hold_becomes_the_longest_request() -> None:
+    # Qwen3-32B's 40960-token context does not fit one A100's KV cache
+    # (docs/public_runs.md's rows 19-21): the longest request instead, said so.
+    options = EngineOptions(model="Qwen/Qwen3-32B", hardware="a100-80gb")
+    built = deployment_within_context(options, "roofline", 4196, "ISL + OSL")
+    assert not isinstance(built, Refusal)
+    deployment, notes = built
+    assert deployment.scheduler_config.max_model_len == 4196
+    assert deployment.step_model.backend == "roofline"
+    (note,) = notes
+    assert note.startswith("max_model_len 4196 (ISL + OSL): kvsched's KV cache cannot hold the model's "
+                           "context (max_model_len=40960 needs 40960 tokens of KV but the cache holds ")
+    assert note.endswith("), though the real server started")
+    # A context that fits is kept, without a note.
+    fits = deployment_within_context(EngineOptions(model="Qwen/Qwen3-32B", hardware="h200"), "roofline", 4196,
+                                     "ISL + OSL")
+    assert not isinstance(fits, Refusal)
+    assert fits[0].scheduler_config.max_model_len == 40960 and fits[1] == ()
+    # Not even the longest request fits: kvsched's refusal.
+    refused = deployment_within_context(options, "roofline", 400_000, "ISL + OSL")
+    assert isinstance(refused, Refusal) and refused.reason == "deployment refused (roofline)"
 
 
 # -- one row end to end ------------------------------------------------------------
