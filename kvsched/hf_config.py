@@ -1,6 +1,6 @@
 """The one reader of Hugging Face ``config.json`` files.
 
-Both the simulator's ``ModelSpec`` (``kvsched.perf.models``) and the engine's
+Both the simulator's ``ModelSpec`` (``kvsched.perf.model_parsers``) and the engine's
 ``ModelConfig`` (``kvsched.model.config``) read checkpoints through this
 module, so every field rule lives here once: transformers' class defaults for
 keys a config omits, the 4.x and 5.x spellings of RoPE, which projections

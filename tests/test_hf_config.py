@@ -16,8 +16,8 @@ import pytest
 
 from kvsched.hf_config import HFConfig, language_model_config, read_llama_family, read_rope
 from kvsched.model.config import load_model_config as load_engine_config
+from kvsched.perf.model_parsers import load_model_spec as load_sim_spec
 from kvsched.perf.models import ModelSpec
-from kvsched.perf.models import load_model_spec as load_sim_spec
 
 BASE = {"vocab_size": 1000, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
         "num_attention_heads": 8}
@@ -173,6 +173,7 @@ def test_reader_names_file_and_field() -> None:
 
 def test_reader_and_defaults_import_without_torch() -> None:
     code = ("import sys; sys.modules['torch'] = None; import kvsched.hf_config, kvsched.scheduler_defaults, "
-            "kvsched.perf.models, kvsched.validation.published, kvsched.sim.deployment, kvsched.model.config")
+            "kvsched.perf.models, kvsched.perf.model_catalog, kvsched.validation.published, "
+            "kvsched.sim.deployment, kvsched.model.config")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
