@@ -9,6 +9,7 @@ shares; the other types' fields are read here through its typed
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 from kvsched.errors import UserInputError
 from kvsched.hf_config import (
     HFConfig,
+    ModelShape,
     language_model_config,
     read_config_json,
     read_llama_family,
@@ -82,21 +84,10 @@ def _attention_dims(cfg: HFConfig, mla: bool = False) -> dict[str, Any]:
 
 
 def _parse_llama_family(cfg: HFConfig, model_type: str) -> dict[str, Any]:
-    """llama, mistral, phi3, qwen2, qwen3, mixtral, qwen3_moe: read by kvsched.hf_config."""
-    f = read_llama_family(cfg, model_type)
-    spec: dict[str, Any] = {
-        "hidden_size": f.hidden_size, "num_layers": f.num_hidden_layers, "num_heads": f.num_attention_heads,
-        "num_kv_heads": f.num_key_value_heads, "head_dim": f.head_dim,
-        "intermediate_size": f.intermediate_size, "vocab_size": f.vocab_size,
-        "max_position_embeddings": f.max_position_embeddings,
-        "tie_word_embeddings": f.tie_word_embeddings, "attention_bias": f.attention_bias,
-        "attention_out_bias": f.o_proj_bias, "mlp_bias": f.mlp_bias, "qk_norm": f.qk_norm,
-        "sliding_window": f.sliding_window, "num_sliding_layers": f.num_sliding_layers,
-    }
-    if f.num_experts:
-        spec.update(num_experts=f.num_experts, experts_per_token=f.num_experts_per_tok,
-                    moe_intermediate_size=f.moe_intermediate_size, first_k_dense_layers=f.num_dense_layers)
-    return _no_window_beyond_context(spec)
+    """llama, mistral, phi3, qwen2, qwen3, mixtral, qwen3_moe: read by
+    kvsched.hf_config, whose ModelShape is ModelSpec's shape field for field."""
+    read = read_llama_family(cfg, model_type)
+    return _no_window_beyond_context({f.name: getattr(read, f.name) for f in dataclasses.fields(ModelShape)})
 
 
 def _parse_deepseek(cfg: HFConfig, model_type: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from kvsched.hf_config import (
     MAX_LAYERS,
     MAX_POSITIONS,
     MAX_VOCAB_SIZE,
+    ModelShape,
 )
 from kvsched.jsonfile import show
 
@@ -54,27 +55,26 @@ _UPPER_BOUNDS: Mapping[str, int] = MappingProxyType({
 })
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec(ModelShape):
     """A decoder-only transformer's architecture, as far as cost is concerned.
 
-    Beyond the fields the brief names, a few flags exist only so parameter
-    counts come out exact: which projections carry biases, LayerNorm (weight
-    + bias) vs RMSNorm (weight), Qwen3's per-head q/k norm, gpt-oss's attention
-    sinks, BLOOM's embedding LayerNorm, and a router bias vector (gpt-oss's
-    linear bias; DeepSeek-V3's ``e_score_correction_bias``).
+    The shape (widths, heads, biases, MoE and sliding-window layout) is
+    :class:`kvsched.hf_config.ModelShape`'s, declared there once for this
+    class and the engine's model config alike; its docstring says why a base
+    class rather than parts. Beyond it, a few fields exist only so parameter
+    counts come out exact: LayerNorm (weight + bias) vs RMSNorm (weight),
+    gpt-oss's attention sinks, BLOOM's embedding LayerNorm, and a router
+    bias vector (gpt-oss's linear bias; DeepSeek-V3's
+    ``e_score_correction_bias``).
 
-    MoE: ``first_k_dense_layers`` counts the layers with a dense MLP instead of
-    experts (DeepSeek's leading ``first_k_dense_replace``). Configs that place
-    dense layers elsewhere are folded into this count: position does not change
-    cost. ``intermediate_size`` is 0 when no layer has a dense MLP (Mixtral,
+    MoE: ``intermediate_size`` is 0 when no layer has a dense MLP (Mixtral,
     Qwen3-MoE, gpt-oss ship an unused or expert-sized value there).
 
     MLA (DeepSeek): ``head_dim`` is the q/k head dim (nope + rope); the cache
     holds ``kv_lora_rank + qk_rope_head_dim`` values per token per layer.
 
-    Sliding window: ``num_sliding_layers`` of the layers keep only the last
-    ``sliding_window`` tokens; see :meth:`kv_bytes_per_token` and
+    Sliding window: see :meth:`kv_bytes_per_token` and
     :meth:`sliding_kv_bytes_per_seq`.
 
     MTP: ``num_mtp_layers`` multi-token-prediction modules (eh_proj + one
@@ -84,30 +84,17 @@ class ModelSpec:
     """
 
     name: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
     mlp_kind: str = "swiglu"
-    attention_bias: bool = False      # q/k/v projections carry a bias
-    attention_out_bias: bool = False  # o projection carries a bias
-    mlp_bias: bool = False            # dense MLP and expert projections carry biases
     norm_kind: str = "rmsnorm"
-    qk_norm: bool = False
+    # Two more norms per layer, after attention and after the MLP (Gemma 2/3's
+    # post_attention/post_feedforward norms, GLM-4's post_self_attn/post_mlp):
+    # four per layer instead of two. Vectors only: no matmul.
+    post_norms: bool = False
     attention_sinks: bool = False
     embedding_norm: bool = False
-    # MoE
-    num_experts: int = 0
-    experts_per_token: int = 0
-    moe_intermediate_size: int = 0
+    # MoE beyond the shape: shared experts (they always run) and the router's bias
     num_shared_experts: int = 0
     shared_expert_intermediate_size: int = 0
-    first_k_dense_layers: int = 0
     router_bias: bool = False
     # MLA
     q_lora_rank: int = 0
@@ -115,17 +102,10 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    # sliding-window attention
-    sliding_window: int = 0
-    num_sliding_layers: int = 0
     # Multi-token-prediction modules the checkpoint ships (DeepSeek's
     # ``num_nextn_predict_layers``): what vLLM's ``method: mtp`` drafts with.
     # Not counted in the parameters above (models.md counts MTP apart).
     num_mtp_layers: int = 0
-    # Two more norms per layer, after attention and after the MLP (Gemma 2/3's
-    # post_attention/post_feedforward norms, GLM-4's post_self_attn/post_mlp):
-    # four per layer instead of two. Vectors only: no matmul.
-    post_norms: bool = False
 
     def __post_init__(self) -> None:
         name = self.name
