@@ -45,20 +45,29 @@ _GPT_OSS: dict[str, Any] = {  # [AIC] openai--gpt-oss-*; biases, router bias, si
     "attention_sinks": True, "experts_per_token": 4, "moe_intermediate_size": 2880, "sliding_window": 128,
 }
 
+# What the Llama 3.1 models share ([AIC]).
+_LLAMA_3_1: dict[str, Any] = {
+    "num_kv_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+}
+# What the Qwen3 models share ([AIC]): per-head q/k norms; and the MoE ones' layout.
+_QWEN3: dict[str, Any] = {"head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+                          "qk_norm": True}
+_QWEN3_MOE: dict[str, Any] = {**_QWEN3, "num_kv_heads": 4, "intermediate_size": 0,
+                              "tie_word_embeddings": False, "num_experts": 128, "experts_per_token": 8}
+
 _CATALOG: tuple[ModelSpec, ...] = (
     # models.md "Added for the Splitwise measurements" (public HF configs)
     ModelSpec(name="meta-llama/Llama-2-70b-hf", hidden_size=8192, num_layers=80, num_heads=64,
               num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=32000,
               tie_word_embeddings=False, max_position_embeddings=4096),
-    ModelSpec(name="meta-llama/Llama-3.1-8B", hidden_size=4096, num_layers=32, num_heads=32,  # [AIC]
-              num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
-              tie_word_embeddings=False, max_position_embeddings=131072),
-    ModelSpec(name="meta-llama/Llama-3.1-70B", hidden_size=8192, num_layers=80, num_heads=64,  # [AIC]
-              num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
-              tie_word_embeddings=False, max_position_embeddings=131072),
-    ModelSpec(name="meta-llama/Llama-3.1-405B", hidden_size=16384, num_layers=126, num_heads=128,  # [AIC]
-              num_kv_heads=8, head_dim=128, intermediate_size=53248, vocab_size=128256,
-              tie_word_embeddings=False, max_position_embeddings=131072),
+    # [AIC]
+    ModelSpec(name="meta-llama/Llama-3.1-8B", hidden_size=4096, num_layers=32, num_heads=32,
+              intermediate_size=14336, **_LLAMA_3_1),
+    ModelSpec(name="meta-llama/Llama-3.1-70B", hidden_size=8192, num_layers=80, num_heads=64,
+              intermediate_size=28672, **_LLAMA_3_1),
+    ModelSpec(name="meta-llama/Llama-3.1-405B", hidden_size=16384, num_layers=126, num_heads=128,
+              intermediate_size=53248, **_LLAMA_3_1),
     ModelSpec(name="meta-llama/Llama-3.2-1B", hidden_size=2048, num_layers=16, num_heads=32,  # [THB]
               num_kv_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256,
               tie_word_embeddings=True, max_position_embeddings=131072),
@@ -67,23 +76,17 @@ _CATALOG: tuple[ModelSpec, ...] = (
     ModelSpec(name="Qwen/Qwen2.5-7B", hidden_size=3584, num_layers=28, num_heads=28,
               num_kv_heads=4, head_dim=128, intermediate_size=18944, vocab_size=152064,
               tie_word_embeddings=False, max_position_embeddings=131072, attention_bias=True),
-    ModelSpec(name="Qwen/Qwen3-0.6B", hidden_size=1024, num_layers=28, num_heads=16,  # [AIC]
-              num_kv_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
-              tie_word_embeddings=True, max_position_embeddings=40960, qk_norm=True),
-    ModelSpec(name="Qwen/Qwen3-8B", hidden_size=4096, num_layers=36, num_heads=32,  # [AIC]
-              num_kv_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936,
-              tie_word_embeddings=False, max_position_embeddings=40960, qk_norm=True),
-    ModelSpec(name="Qwen/Qwen3-32B", hidden_size=5120, num_layers=64, num_heads=64,  # [AIC]
-              num_kv_heads=8, head_dim=128, intermediate_size=25600, vocab_size=151936,
-              tie_word_embeddings=False, max_position_embeddings=40960, qk_norm=True),
-    ModelSpec(name="Qwen/Qwen3-30B-A3B", hidden_size=2048, num_layers=48, num_heads=32,  # [AIC]
-              num_kv_heads=4, head_dim=128, intermediate_size=0, vocab_size=151936,
-              tie_word_embeddings=False, max_position_embeddings=40960, qk_norm=True,
-              num_experts=128, experts_per_token=8, moe_intermediate_size=768),
-    ModelSpec(name="Qwen/Qwen3-235B-A22B", hidden_size=4096, num_layers=94, num_heads=64,  # [AIC]
-              num_kv_heads=4, head_dim=128, intermediate_size=0, vocab_size=151936,
-              tie_word_embeddings=False, max_position_embeddings=40960, qk_norm=True,
-              num_experts=128, experts_per_token=8, moe_intermediate_size=1536),
+    # [AIC]
+    ModelSpec(name="Qwen/Qwen3-0.6B", hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
+              intermediate_size=3072, tie_word_embeddings=True, **_QWEN3),
+    ModelSpec(name="Qwen/Qwen3-8B", hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+              intermediate_size=12288, tie_word_embeddings=False, **_QWEN3),
+    ModelSpec(name="Qwen/Qwen3-32B", hidden_size=5120, num_layers=64, num_heads=64, num_kv_heads=8,
+              intermediate_size=25600, tie_word_embeddings=False, **_QWEN3),
+    ModelSpec(name="Qwen/Qwen3-30B-A3B", hidden_size=2048, num_layers=48, num_heads=32,
+              moe_intermediate_size=768, **_QWEN3_MOE),
+    ModelSpec(name="Qwen/Qwen3-235B-A22B", hidden_size=4096, num_layers=94, num_heads=64,
+              moe_intermediate_size=1536, **_QWEN3_MOE),
     ModelSpec(name="mistralai/Mixtral-8x7B-v0.1", hidden_size=4096, num_layers=32, num_heads=32,  # [AIC]
               num_kv_heads=8, head_dim=128, intermediate_size=0, vocab_size=32000,
               tie_word_embeddings=False, max_position_embeddings=32768,

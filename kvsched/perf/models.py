@@ -84,24 +84,27 @@ class ModelSpec(ModelShape):
     """
 
     name: str
-    mlp_kind: str = "swiglu"
-    norm_kind: str = "rmsnorm"
-    # Two more norms per layer, after attention and after the MLP (Gemma 2/3's
-    # post_attention/post_feedforward norms, GLM-4's post_self_attn/post_mlp):
-    # four per layer instead of two. Vectors only: no matmul.
-    post_norms: bool = False
+    # Attention beyond the shape: gpt-oss's per-head sinks; DeepSeek's MLA
+    # latent ranks and head dims (all 0 without MLA).
     attention_sinks: bool = False
-    embedding_norm: bool = False
-    # MoE beyond the shape: shared experts (they always run) and the router's bias
-    num_shared_experts: int = 0
-    shared_expert_intermediate_size: int = 0
-    router_bias: bool = False
-    # MLA
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # The MLP beyond the shape: its activation, the shared experts of each
+    # MoE layer (they always run) and the router's bias vector.
+    mlp_kind: str = "swiglu"
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0
+    router_bias: bool = False
+    # Norms: their kind; two more per layer, after attention and after the
+    # MLP (Gemma 2/3's post_attention/post_feedforward norms, GLM-4's
+    # post_self_attn/post_mlp), four per layer instead of two, vectors only;
+    # BLOOM's LayerNorm after the embedding.
+    norm_kind: str = "rmsnorm"
+    post_norms: bool = False
+    embedding_norm: bool = False
     # Multi-token-prediction modules the checkpoint ships (DeepSeek's
     # ``num_nextn_predict_layers``): what vLLM's ``method: mtp`` drafts with.
     # Not counted in the parameters above (models.md counts MTP apart).
