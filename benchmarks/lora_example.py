@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.lora import Adapter, lora_cost
-from kvsched.perf.models import get_model
+from kvsched.perf.model_catalog import get_model
 from kvsched.sim.flags import parse_spec
 from kvsched.sim.run import run
 

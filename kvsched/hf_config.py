@@ -1,6 +1,6 @@
 """The one reader of Hugging Face ``config.json`` files.
 
-Both the simulator's ``ModelSpec`` (``kvsched.perf.models``) and the engine's
+Both the simulator's ``ModelSpec`` (``kvsched.perf.model_parsers``) and the engine's
 ``ModelConfig`` (``kvsched.model.config``) read checkpoints through this
 module, so every field rule lives here once: transformers' class defaults for
 keys a config omits, the 4.x and 5.x spellings of RoPE, which projections
@@ -281,42 +281,64 @@ def read_rope(cfg: HFConfig) -> RopeFields:
     return RopeFields(where, theta, str(rope_type), partial, params)
 
 
-@dataclass(frozen=True, slots=True)
-class LlamaFamilyConfig:
-    """A Llama-family checkpoint's shape, with transformers' names.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelShape:
+    """A decoder-only transformer's shape: what the simulator's cost model
+    (:class:`kvsched.perf.models.ModelSpec`) and the engine's model
+    (:class:`kvsched.model.config.ModelConfig`, through
+    :class:`LlamaFamilyConfig`) both read, declared once here.
 
-    ``intermediate_size`` is the dense MLP's (0 when every layer is MoE);
-    ``num_dense_layers`` counts the dense-MLP layers of an MoE model.
-    ``attention_bias`` is the q/k/v projections' bias, ``o_proj_bias`` the
-    output projection's. ``sliding_window`` is 0 when no layer slides.
-    :func:`read_llama_family` gives every field; the defaults (transformers'
-    LlamaConfig's) serve a shape written by hand, as tests do. The engine's
-    :class:`kvsched.model.config.ModelConfig` is this shape plus what only
-    running the model needs.
+    Both extend this class rather than compose small parts (an attention,
+    an MLP, a sliding-window dataclass): the cost model reads these fields
+    on every step-time call and in every catalog entry as ``spec.num_heads``,
+    ``dataclasses.replace(spec, num_experts=...)``, and a flat slotted field
+    is read as fast as before, where a part would add an indirection per
+    read and change every reader. The names are the simulator's (its readers
+    are the many); the config.json key each comes from is the reader's
+    business (:func:`read_llama_family`, :mod:`kvsched.perf.model_parsers`).
+
+    ``intermediate_size`` is the dense MLP's (0 when every layer is MoE).
+    ``first_k_dense_layers`` counts the layers of an MoE model whose MLP is
+    dense; where they stand does not change cost (DeepSeek's leading
+    ``first_k_dense_replace``, Qwen3-MoE's ``mlp_only_layers``).
+    ``num_sliding_layers`` of the layers keep only the last ``sliding_window``
+    tokens (both 0 when no layer slides).
     """
 
-    model_type: str
-    vocab_size: int
     hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
+    num_layers: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    # attention
+    num_heads: int
+    num_kv_heads: int
     head_dim: int
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    rms_norm_eps: float = 1e-6
-    hidden_act: str = "silu"
-    attention_bias: bool = False
-    o_proj_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False
+    attention_bias: bool = False      # q/k/v projections carry a bias
+    attention_out_bias: bool = False  # o projection carries a bias
+    qk_norm: bool = False             # per-head q/k norms (Qwen3)
     sliding_window: int = 0
     num_sliding_layers: int = 0
+    # MLP
+    intermediate_size: int
+    mlp_bias: bool = False            # dense MLP and expert projections carry biases
+    # mixture of experts
     num_experts: int = 0
-    num_experts_per_tok: int = 0
+    experts_per_token: int = 0
     moe_intermediate_size: int = 0
-    num_dense_layers: int = 0
+    first_k_dense_layers: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlamaFamilyConfig(ModelShape):
+    """A Llama-family checkpoint as :func:`read_llama_family` reads it: the
+    :class:`ModelShape` plus what only running the model needs. The engine's
+    :class:`kvsched.model.config.ModelConfig` is this plus RoPE, token ids
+    and dtype."""
+
+    model_type: str
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
 
 
 def _head_dim_and_kv_heads(cfg: HFConfig, model_type: str, hidden: int, heads: int) -> tuple[int, int]:
@@ -380,7 +402,7 @@ def read_llama_family(cfg: HFConfig, model_type: str) -> LlamaFamilyConfig:
     fields: dict[str, Any] = {}
     if model_type == "mixtral":
         fields.update(num_experts=cfg.get_int("num_local_experts"),
-                      num_experts_per_tok=cfg.get_int("num_experts_per_tok"),
+                      experts_per_token=cfg.get_int("num_experts_per_tok"),
                       moe_intermediate_size=cfg.get_int("intermediate_size"), intermediate_size=0)
     elif model_type == "qwen3_moe":
         experts = cfg.get_int("num_experts")
@@ -389,21 +411,24 @@ def read_llama_family(cfg: HFConfig, model_type: str) -> LlamaFamilyConfig:
         moe_layers = sum(1 for i in range(layers)
                          if i not in dense_only and experts > 0 and (i + 1) % step == 0)
         dense = layers - moe_layers
-        fields.update(num_experts=experts, num_experts_per_tok=cfg.get_int("num_experts_per_tok"),
-                      moe_intermediate_size=cfg.get_int("moe_intermediate_size"), num_dense_layers=dense,
+        fields.update(num_experts=experts, experts_per_token=cfg.get_int("num_experts_per_tok"),
+                      moe_intermediate_size=cfg.get_int("moe_intermediate_size"), first_k_dense_layers=dense,
                       intermediate_size=cfg.get_int("intermediate_size") if dense else 0)
     else:
         fields["intermediate_size"] = cfg.get_int("intermediate_size")
+    if not fields.get("num_experts"):
+        # An MoE type whose config names no experts is dense: its expert
+        # fields stay 0, as ModelShape's dense models have them.
+        fields = {"intermediate_size": fields["intermediate_size"]}
     return LlamaFamilyConfig(
         model_type=model_type, vocab_size=cfg.get_int("vocab_size"), hidden_size=hidden,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        head_dim=head_dim,
+        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         max_position_embeddings=cfg.get_int("max_position_embeddings",
                                             default=_CLASS_DEFAULTS[model_type][2]),
         tie_word_embeddings=cfg.get_bool("tie_word_embeddings", False),
         rms_norm_eps=cfg.get_number("rms_norm_eps", 1e-6),
         hidden_act=cfg.get_str("hidden_act", "silu"),
-        attention_bias=qkv_bias, o_proj_bias=o_bias,
+        attention_bias=qkv_bias, attention_out_bias=o_bias,
         mlp_bias=cfg.get_bool("mlp_bias", False) if model_type == "llama" else False,
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
         sliding_window=window, num_sliding_layers=sliding, **fields)

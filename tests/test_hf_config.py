@@ -6,6 +6,7 @@ defaults: Qwen3's head_dim 128, Mistral's 8 KV heads), not computed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from kvsched.hf_config import HFConfig, language_model_config, read_llama_family, read_rope
+from kvsched.hf_config import HFConfig, ModelShape, language_model_config, read_llama_family, read_rope
 from kvsched.model.config import load_model_config as load_engine_config
+from kvsched.perf.model_parsers import load_model_spec as load_sim_spec
 from kvsched.perf.models import ModelSpec
-from kvsched.perf.models import load_model_spec as load_sim_spec
 
 BASE = {"vocab_size": 1000, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
         "num_attention_heads": 8}
@@ -73,11 +74,11 @@ def test_simulator_and_engine_read_the_same_model(tmp_path: Path, name: str) -> 
     spec = load_sim_spec(directory)
     engine = load_engine_config(directory)
     assert _shared(spec) == expected
-    assert (engine.num_key_value_heads, engine.head_dim, engine.max_position_embeddings,
-            engine.tie_word_embeddings, engine.attention_bias, engine.o_proj_bias, engine.qk_norm) == expected
     assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.intermediate_size, spec.vocab_size) \
-        == (engine.hidden_size, engine.num_hidden_layers, engine.num_attention_heads,
-            engine.intermediate_size, engine.vocab_size) == (512, 4, 8, 1024, 1000)
+        == (512, 4, 8, 1024, 1000)
+    # One declared shape (ModelShape): both consumers hold the same value in every field of it.
+    names = [f.name for f in dataclasses.fields(ModelShape)]
+    assert len(names) > 15 and [getattr(engine, n) for n in names] == [getattr(spec, n) for n in names]
     assert spec.num_sliding_layers == 0 and not spec.is_moe
 
 
@@ -103,7 +104,7 @@ def test_moe_configs_read_for_the_simulator_and_refused_by_the_engine(tmp_path: 
             spec.moe_intermediate_size, spec.first_k_dense_layers, spec.intermediate_size,
             spec.qk_norm) == expected
     fields = read_llama_family(HFConfig(config), config["model_type"])
-    assert (fields.num_key_value_heads, fields.head_dim, fields.num_experts) == expected[:3]
+    assert (fields.num_kv_heads, fields.head_dim, fields.num_experts) == expected[:3]
     with pytest.raises(ValueError, match=rf"architectures=\['{config['architectures'][0]}'\]: "
                                          "unsupported architecture"):
         load_engine_config(directory)
@@ -130,7 +131,7 @@ def test_phi3_reads_as_llama_for_the_simulator_and_stays_refused_by_the_engine(t
               "max_position_embeddings": 4096}
     config.pop("num_key_value_heads", None)
     fields = read_llama_family(HFConfig(config), "phi3")
-    assert (fields.num_key_value_heads, fields.attention_bias, fields.o_proj_bias) == (
+    assert (fields.num_kv_heads, fields.attention_bias, fields.attention_out_bias) == (
         config["num_attention_heads"], False, False)
     assert (fields.sliding_window, fields.num_sliding_layers) == (2047, config["num_hidden_layers"])
     directory = _write(tmp_path, "phi3", config)
@@ -173,6 +174,7 @@ def test_reader_names_file_and_field() -> None:
 
 def test_reader_and_defaults_import_without_torch() -> None:
     code = ("import sys; sys.modules['torch'] = None; import kvsched.hf_config, kvsched.scheduler_defaults, "
-            "kvsched.perf.models, kvsched.validation.published, kvsched.sim.deployment, kvsched.model.config")
+            "kvsched.perf.models, kvsched.perf.model_catalog, kvsched.validation.published, "
+            "kvsched.sim.deployment, kvsched.model.config")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

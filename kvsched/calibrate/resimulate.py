@@ -13,7 +13,7 @@ import numpy.typing as npt
 from kvsched.calibrate.run_files import ObservedRun
 from kvsched.errors import CannotServe, UserInputError
 from kvsched.perf.host import HostTerms
-from kvsched.perf.models import catalog_match
+from kvsched.perf.model_catalog import catalog_match
 from kvsched.sim.deployment import Deployment
 from kvsched.sim.metrics import request_latencies
 from kvsched.sim.run import serve

@@ -72,7 +72,7 @@ def device_info(device: torch.device) -> DeviceInfo:
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """K and V of every layer for ``block_size`` tokens."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * itemsize
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize
 
 
 def cuda_kv_budget(total: int, free: int, activation_peak: int, utilization: float) -> int:

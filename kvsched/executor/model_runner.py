@@ -85,16 +85,16 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.sampler = sampler
-        shape = (num_blocks, block_size, model_config.num_key_value_heads, model_config.head_dim)
+        shape = (num_blocks, block_size, model_config.num_kv_heads, model_config.head_dim)
         # Zeros, not empty: padded decode keys are masked, but a NaN bit
         # pattern in them would still poison softmax(...) @ V (0 * NaN).
         self.kv_caches: list[tuple[Tensor, Tensor]] = [
             (torch.zeros(shape, dtype=dtype, device=self.device),
              torch.zeros(shape, dtype=dtype, device=self.device))
-            for _ in range(model_config.num_hidden_layers)]
+            for _ in range(model_config.num_layers)]
         self.requests: dict[str, CachedRequestState] = {}
         self.gather_buffers = GatherBuffers()
-        self.group_keys = decode_group_keys(model_config.num_key_value_heads,
+        self.group_keys = decode_group_keys(model_config.num_kv_heads,
                                             model_config.head_dim, dtype)
         # The last step's layout, for check_invariants.
         self.last_metadata: AttentionMetadata | None = None

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 class Attention(Protocol):
     """Attention of one step for one layer.
 
-    ``q``: [T, num_attention_heads, head_dim]; ``k``, ``v``: [T, num_key_value_heads,
+    ``q``: [T, num_heads, head_dim]; ``k``, ``v``: [T, num_kv_heads,
     head_dim], after rotary embedding (and Qwen3's q/k norm), possibly strided views. Returns
-    [T, num_attention_heads, head_dim]. Softmax scale is head_dim ** -0.5. The T
+    [T, num_heads, head_dim]. Softmax scale is head_dim ** -0.5. The T
     tokens may belong to many requests; the implementation knows which."""
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,

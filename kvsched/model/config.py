@@ -4,8 +4,10 @@ config.json (and generation_config.json). Torch-free, so the CLI can use it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from kvsched.errors import UserInputError
@@ -30,13 +32,19 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURES)
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
 
 RopeScaling = tuple[tuple[str, float | int | str], ...]
+# config.json's key for the shape fields it names otherwise, so that a
+# message names what the user fixes.
+_CONFIG_KEYS: Mapping[str, str] = MappingProxyType({
+    "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads"})
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class ModelConfig(LlamaFamilyConfig):
     """One Llama-family model as the engine runs it: the checkpoint's shape
-    (:class:`kvsched.hf_config.LlamaFamilyConfig`, declared there once, with
-    transformers' names) and what only running it needs.
+    (:class:`kvsched.hf_config.LlamaFamilyConfig`, whose ModelShape the
+    simulator's ModelSpec shares, declared there once) and what only running
+    it needs.
 
     ``rope_scaling`` is None for plain RoPE, else the sorted items of a dict with
     ``rope_type`` ("linear" or "llama3") and that type's parameters (see
@@ -54,16 +62,16 @@ class ModelConfig(LlamaFamilyConfig):
             raise UserInputError(
                 f"architectures={[self.architecture]!r}: unsupported architecture; "
                 f"use a checkpoint of one of {', '.join(SUPPORTED_ARCHITECTURES)}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "max_position_embeddings"):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
             if not is_int(value) or value <= 0:
-                raise UserInputError(f"{name}={value!r}: must be a positive integer; fix config.json")
-        if self.num_attention_heads % self.num_key_value_heads:
+                raise UserInputError(f"{_CONFIG_KEYS.get(name, name)}={value!r}: must be a positive integer; "
+                                     "fix config.json")
+        if self.num_heads % self.num_kv_heads:
             raise UserInputError(
-                f"num_key_value_heads={self.num_key_value_heads}: must divide "
-                f"num_attention_heads={self.num_attention_heads}; fix config.json")
+                f"num_key_value_heads={self.num_kv_heads}: must divide "
+                f"num_attention_heads={self.num_heads}; fix config.json")
         if self.head_dim % 2:
             raise UserInputError(f"head_dim={self.head_dim}: rotary embedding needs an even head_dim; "
                              "fix config.json")
@@ -89,11 +97,11 @@ class ModelConfig(LlamaFamilyConfig):
 
     @property
     def q_size(self) -> int:
-        return self.num_attention_heads * self.head_dim
+        return self.num_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
-        return self.num_key_value_heads * self.head_dim
+        return self.num_kv_heads * self.head_dim
 
     def rope_scaling_dict(self) -> dict[str, float | int | str] | None:
         return None if self.rope_scaling is None else dict(self.rope_scaling)

@@ -136,13 +136,13 @@ class LlamaAttention(nn.Module):
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
                                bias=config.attention_bias, dtype=dtype, device=device)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias,
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.attention_out_bias,
                              dtype=dtype, device=device)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
@@ -207,7 +207,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype,
                                       device=device)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, dtype=dtype, device=device)
-                                    for i in range(config.num_hidden_layers))
+                                    for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
         self.rotary_emb = RotaryEmbedding(config)
 

@@ -40,7 +40,7 @@ def checkpoint_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a transformers checkpoint of ``config`` holds, with its shape."""
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h)}
-    for n in range(config.num_hidden_layers):
+    for n in range(config.num_layers):
         p = f"model.layers.{n}."
         shapes[p + "input_layernorm.weight"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
@@ -50,7 +50,7 @@ def checkpoint_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             if config.attention_bias:
                 shapes[f"{p}self_attn.{proj}.bias"] = (rows,)
         shapes[p + "self_attn.o_proj.weight"] = (h, config.q_size)
-        if config.o_proj_bias:
+        if config.attention_out_bias:
             shapes[p + "self_attn.o_proj.bias"] = (h,)
         if config.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = (d,)

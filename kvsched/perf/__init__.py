@@ -16,13 +16,9 @@ from kvsched.perf.hardware import (
     resolve_hardware_id,
     with_overrides,
 )
-from kvsched.perf.models import (
-    MODELS,
-    SUPPORTED_MODEL_TYPES,
-    ModelSpec,
-    get_model,
-    load_model_spec,
-)
+from kvsched.perf.model_catalog import MODELS, get_model
+from kvsched.perf.model_parsers import SUPPORTED_MODEL_TYPES, load_model_spec
+from kvsched.perf.models import ModelSpec
 
 __all__ = [
     "EFFICIENCY_FIELDS",

@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 
 from kvsched.errors import UserInputError
+from kvsched.perf.checkpoint_format import quantizes
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import HostTerms, default_host_terms
 from kvsched.perf.kernels import (
@@ -73,7 +74,7 @@ from kvsched.perf.kernels import (
     measured_available,
     system_for,
 )
-from kvsched.perf.models import ModelSpec, quantizes
+from kvsched.perf.models import ModelSpec
 from kvsched.perf.step_time import (
     KERNEL_LATENCY_S,
     BatchShape,

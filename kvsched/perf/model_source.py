@@ -1,6 +1,6 @@
 """Where a model id's ``config.json`` comes from, for ids the catalog lacks.
 
-``kvsched.perf.models.get_model`` asks :func:`find_config` for any name that
+``kvsched.perf.model_catalog.get_model`` asks :func:`find_config` for any name that
 is neither a catalog model nor an existing path. The sources, in order:
 
 1. the local Hugging Face hub cache (``huggingface_hub.try_to_load_from_cache``;

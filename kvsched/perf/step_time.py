@@ -48,11 +48,12 @@ from typing import Protocol
 
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
+from kvsched.perf.checkpoint_format import check_quantized_layers, quantizes
 from kvsched.perf.decode_steps import combine_step_time as combine_step_time
 from kvsched.perf.decode_steps import roofline_decode_times
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import NO_HOST_TIME, HostTerms
-from kvsched.perf.models import ModelSpec, check_quantized_layers, quantizes
+from kvsched.perf.models import ModelSpec
 from kvsched.perf.pipeline import PipelineStages
 
 # KERNEL_LATENCY_S re-exported: its users import it from here.
@@ -235,7 +236,7 @@ class ParallelConfig:
 class RuntimeConfig:
     dtype: str = "bf16"
     kv_cache_dtype: str = "auto"
-    # Which linear layers ``dtype`` covers (kvsched.perf.models.QUANTIZED_LAYERS);
+    # Which linear layers ``dtype`` covers (kvsched.perf.checkpoint_format.QUANTIZED_LAYERS);
     # the others run in 16 bits.
     quantized_layers: str = "all"
     async_scheduling: bool = True

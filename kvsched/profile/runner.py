@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Protocol
 
 from kvsched.errors import UserInputError
-from kvsched.perf.models import ModelSpec, get_model
+from kvsched.perf.model_catalog import get_model
+from kvsched.perf.models import ModelSpec
 from kvsched.perf.profile_fit import ProfileFit, fit_steps
 from kvsched.perf.serving_fit import RequestSample, ServingFit, fit_serving
 from kvsched.perf.step_profile import (

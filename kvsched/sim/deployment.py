@@ -27,6 +27,7 @@ from kvsched.config import (
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.jsonfile import show
+from kvsched.perf.checkpoint_format import CheckpointFormat
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.host import HostTerms, default_host_terms, load_calibration
@@ -40,7 +41,8 @@ from kvsched.perf.lora import (
 )
 from kvsched.perf.measured import MeasuredStepTimeModel, measured_coverage
 from kvsched.perf.memory import MemoryPlan, plan_memory
-from kvsched.perf.models import CheckpointFormat, ModelSpec, checkpoint_format, get_model
+from kvsched.perf.model_catalog import checkpoint_format, get_model
+from kvsched.perf.models import ModelSpec
 from kvsched.perf.pipeline import PipelineStages
 from kvsched.perf.profiled import ProfiledStepTimeModel, check_profile_matches
 from kvsched.perf.step_profile import StepProfile, load_profile

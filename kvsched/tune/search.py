@@ -30,7 +30,8 @@ from typing import Any
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
-from kvsched.perf.models import ModelSpec, get_model
+from kvsched.perf.model_catalog import get_model
+from kvsched.perf.models import ModelSpec
 from kvsched.sim.flags import spec_argv
 from kvsched.sim.pricing import Pricing, pricing_from_json, pricing_of
 from kvsched.sim.run import build_role_deployment, check_roles_match, with_transfer_offloading

@@ -25,7 +25,7 @@ from pathlib import Path
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.memory import plan_memory
-from kvsched.perf.models import get_model
+from kvsched.perf.model_catalog import get_model
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig, StepTimeModel
 from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import random_workload

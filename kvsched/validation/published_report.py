@@ -22,7 +22,8 @@ from pathlib import Path
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
-from kvsched.perf.models import ModelSpec, get_model
+from kvsched.perf.model_catalog import get_model
+from kvsched.perf.models import ModelSpec
 from kvsched.perf.step_time import BatchShape, ParallelConfig
 from kvsched.validation.errors import rel_err
 from kvsched.validation.published import (

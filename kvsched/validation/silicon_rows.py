@@ -37,7 +37,7 @@ import numpy as np
 from kvsched.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware, resolve_hardware_id
-from kvsched.perf.models import catalog_match, get_model
+from kvsched.perf.model_catalog import catalog_match, get_model
 from kvsched.sim.deployment import EngineOptions, serve_defaults
 from kvsched.sim.workload import RandomRequests, Workload
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from kvsched.calibrate.step_matching import iteration_counts, replay_iteration_log
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.perf.hardware import get_hardware
-from kvsched.perf.models import get_model
+from kvsched.perf.model_catalog import get_model
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, StepTimeModel
 from kvsched.profile.iteration_log import IterationLine
 from kvsched.sim.simulator import SimConfig, Simulator

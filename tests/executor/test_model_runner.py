@@ -29,9 +29,9 @@ MAX_TOKENS = 10
 def tiny(arch: str, seed: int = 0):
     config = ModelConfig(
         architecture=arch, model_type="llama" if arch.startswith("Llama") else "qwen3",
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-        qk_norm=arch.startswith("Qwen3"))
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=512,
+        tie_word_embeddings=False, qk_norm=arch.startswith("Qwen3"))
     model = LlamaForCausalLM(config)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

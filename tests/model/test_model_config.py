@@ -38,14 +38,14 @@ def test_defaults_match_transformers(model_type: str, tmp_path: Path) -> None:
     ref = transformers.AutoConfig.from_pretrained(path)
     assert ours.architecture == ARCHS[model_type] and ours.model_type == model_type
     assert ours.head_dim == (getattr(ref, "head_dim", None) or ref.hidden_size // ref.num_attention_heads)
-    assert ours.num_key_value_heads == ref.num_key_value_heads
+    assert ours.num_kv_heads == ref.num_key_value_heads
     assert ours.max_position_embeddings == ref.max_position_embeddings
     assert ours.rms_norm_eps == ref.rms_norm_eps
     assert ours.rope_theta == ref.rope_parameters["rope_theta"]
     assert ours.tie_word_embeddings == ref.tie_word_embeddings
     assert ours.rope_scaling is None and ref.rope_parameters["rope_type"] == "default"
     assert ours.attention_bias == (model_type == "qwen2")
-    assert ours.o_proj_bias is False
+    assert ours.attention_out_bias is False
     assert ours.qk_norm == (model_type == "qwen3")
 
 
@@ -63,7 +63,7 @@ def test_llama31_config(tmp_path: Path) -> None:
     assert config.eos_token_ids == (128001, 128008, 128009, 128010)
     assert config.bos_token_id == 128000
     assert config.torch_dtype == "bfloat16"
-    assert config.tie_word_embeddings and config.head_dim == 8 and config.num_key_value_heads == 2
+    assert config.tie_word_embeddings and config.head_dim == 8 and config.num_kv_heads == 2
     hash(config)  # frozen and hashable: rope_scaling is stored as sorted items
 
 
@@ -75,9 +75,9 @@ def test_llama3_original_max_defaults_to_max_position_embeddings() -> None:
 
 
 def test_attention_bias_per_architecture() -> None:
-    assert parse_model_config(_minimal("llama", attention_bias=True)).o_proj_bias is True
+    assert parse_model_config(_minimal("llama", attention_bias=True)).attention_out_bias is True
     qwen2 = parse_model_config(_minimal("qwen2", attention_bias=False))
-    assert (qwen2.attention_bias, qwen2.o_proj_bias) == (True, False)  # Qwen2 always has qkv bias
+    assert (qwen2.attention_bias, qwen2.attention_out_bias) == (True, False)  # Qwen2 always has qkv bias
     qwen3 = parse_model_config(_minimal("qwen3", head_dim=64, num_key_value_heads=2))
     assert (qwen3.head_dim, qwen3.q_size, qwen3.kv_size) == (64, 2048, 128)
 
@@ -151,5 +151,5 @@ def test_directory_errors(tmp_path: Path) -> None:
 def test_direct_construction_is_validated() -> None:
     with pytest.raises(ValueError, match=r"head_dim=15: rotary embedding needs an even head_dim"):
         ModelConfig(architecture="LlamaForCausalLM", model_type="llama", vocab_size=10,
-                    hidden_size=60, intermediate_size=8, num_hidden_layers=1,
-                    num_attention_heads=4, num_key_value_heads=4, head_dim=15)
+                    hidden_size=60, intermediate_size=8, num_layers=1, num_heads=4, num_kv_heads=4,
+                    head_dim=15, max_position_embeddings=64, tie_word_embeddings=False)

@@ -90,7 +90,7 @@ def test_cli_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert args.func(args) == 0
     assert capsys.readouterr().out.strip() == str(out)
     config = load_model_config(out)
-    assert (config.architecture, config.hidden_size, config.num_hidden_layers, config.vocab_size,
+    assert (config.architecture, config.hidden_size, config.num_layers, config.vocab_size,
             config.head_dim, config.tie_word_embeddings) == ("Qwen3ForCausalLM", 32, 1, 300, 16, True)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == [

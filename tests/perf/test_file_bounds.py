@@ -32,7 +32,8 @@ from kvsched.perf.hardware import (
     load_hardware_file,
     with_overrides,
 )
-from kvsched.perf.models import MODELS, ModelSpec, get_model
+from kvsched.perf.model_catalog import MODELS, get_model
+from kvsched.perf.models import ModelSpec
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
          "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,

@@ -13,7 +13,7 @@ from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.host import HostTerms
 from kvsched.perf.logged import LoggedStep, LoggedStepTimeModel, StepMismatch
-from kvsched.perf.models import load_model_spec
+from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.run import build_group_deployment, serve, sim_config

@@ -17,7 +17,7 @@ from kvsched.perf.lora import (
     lora_cost,
     parse_lora_modules,
 )
-from kvsched.perf.models import get_model
+from kvsched.perf.model_catalog import get_model
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 

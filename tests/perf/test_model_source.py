@@ -15,15 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from kvsched.perf.checkpoint_format import config_checkpoint_format
+from kvsched.perf.model_catalog import MODELS, catalog_match, checkpoint_format, get_model
+from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.model_source import bundled_model_ids, find_config, hub_cache_dir, suggestions
-from kvsched.perf.models import (
-    MODELS,
-    catalog_match,
-    checkpoint_format,
-    config_checkpoint_format,
-    get_model,
-    load_model_spec,
-)
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 HAS_BUNDLED = importlib.util.find_spec("aiconfigurator_core") is not None
@@ -112,7 +107,7 @@ def test_bundled_configs_answer_offline_and_the_cache_comes_first(offline_cache:
 def test_without_huggingface_hub_the_bundled_configs_still_answer(tmp_path: Path) -> None:
     # A fresh interpreter where huggingface_hub cannot be imported.
     code = ("import sys; sys.modules['huggingface_hub'] = None\n"
-            "from kvsched.perf.models import get_model\n"
+            "from kvsched.perf.model_catalog import get_model\n"
             "print(get_model('mistralai/Mixtral-8x22B-v0.1').num_layers)\n"
             "try:\n    get_model('acme/NoSuch-7B')\nexcept ValueError as err:\n    print(err)\n")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0"}

@@ -339,7 +339,8 @@ def test_spec_is_frozen_and_slotted() -> None:
 
 
 def test_fine_tuned_and_quantized_checkpoints_resolve_to_their_catalog_base() -> None:
-    from kvsched.perf.models import CheckpointFormat, catalog_match
+    from kvsched.perf.checkpoint_format import CheckpointFormat
+    from kvsched.perf.model_catalog import catalog_match
 
     assert catalog_match("meta-llama/Llama-3.1-8B-Instruct") == ("meta-llama/Llama-3.1-8B", None)
     assert catalog_match("Meta-Llama-3.1-70B-Instruct") == ("meta-llama/Llama-3.1-70B", None)

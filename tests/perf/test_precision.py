@@ -16,10 +16,11 @@ import json
 import pytest
 
 from kvsched.perf import get_hardware, get_model
+from kvsched.perf.checkpoint_format import CheckpointFormat, quantizes
 from kvsched.perf.kernels import GEMM_DTYPES, MOE_DTYPES, MoeKey, load_tables
 from kvsched.perf.measured import MeasuredStepTimeModel, RooflineGemm
 from kvsched.perf.memory import weight_bytes_per_device
-from kvsched.perf.models import MODELS, CheckpointFormat, catalog_match, quantizes
+from kvsched.perf.model_catalog import MODELS, catalog_match
 from kvsched.perf.roofline_factors import DEFAULT_FILE
 from kvsched.perf.step_time import (
     DTYPE_BYTES,

@@ -10,7 +10,7 @@ import pytest
 
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
-from kvsched.perf.models import load_model_spec
+from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.step_profile import load_profile
 from kvsched.perf.step_time import BatchShape, ParallelConfig, RuntimeConfig

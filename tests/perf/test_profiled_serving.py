@@ -15,7 +15,7 @@ from kvsched.cli import main
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.host import HostTerms, save_host_terms
-from kvsched.perf.models import load_model_spec
+from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.serving_fit import RequestSample, ServingFit
 from kvsched.perf.step_profile import StepProfile, load_profile, save_profile

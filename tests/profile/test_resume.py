@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.errors import UserInputError
-from kvsched.perf.models import load_model_spec
+from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.step_profile import load_profile, save_profile
 from kvsched.profile.runner import ProfileRequest, start_profile
 

@@ -21,7 +21,7 @@ import pytest
 
 from kvsched.config import CacheConfig, SchedulerConfig
 from kvsched.perf.hardware import get_hardware
-from kvsched.perf.models import get_model
+from kvsched.perf.model_catalog import get_model
 from kvsched.perf.step_time import StepTimeModel
 from kvsched.report.simulate_page import (
     MAX_CDF_POINTS,

@@ -36,7 +36,7 @@ from kvsched.errors import CannotServe
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.host import HostTerms
 from kvsched.perf.measured import MeasuredStepTimeModel
-from kvsched.perf.models import load_model_spec
+from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.profiled import ProfiledStepTimeModel
 from kvsched.perf.step_profile import load_profile
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, StepTimeModel

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from kvsched.perf.hardware import HARDWARE, Hardware, get_hardware
-from kvsched.perf.models import get_model
+from kvsched.perf.model_catalog import get_model
 from kvsched.sim.kv_transfer import TransferFabric, transfer_path
 from kvsched.sim.offload_transfer import host_link_bandwidth, make_offload_config
 

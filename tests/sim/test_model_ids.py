@@ -19,7 +19,7 @@ from kvsched.sim.spec import RunSpec, WorkloadSpec
 CONFIGS = Path(__file__).parents[1] / "perf" / "data" / "hf_configs"
 
 # id: (where its config comes from, hardware, tensor-parallel size, None or a
-# phrase of the refusal). Sources: catalog (kvsched.perf.models), bundled
+# phrase of the refusal). Sources: catalog (kvsched.perf.model_catalog), bundled
 # (aiconfigurator-core's model_configs/), cache (the fake HF cache).
 MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "meta-llama/Llama-3.1-8B-Instruct": ("catalog", "h100", 1, None),

@@ -1,0 +1,340 @@
+"""A Hugging Face ``config.json`` -> :class:`~kvsched.perf.models.ModelSpec`,
+one parser per ``model_type`` (:data:`SUPPORTED_MODEL_TYPES`), and the
+architectures refused with the reason (:data:`REFUSED_MODEL_TYPES`).
+
+Llama-family fields are read by ``kvsched.hf_config``, the reader the engine
+shares; the other types' fields are read here through its typed
+:class:`~kvsched.hf_config.HFConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from kvsched.errors import UserInputError
+from kvsched.hf_config import (
+    HFConfig,
+    ModelShape,
+    language_model_config,
+    read_config_json,
+    read_llama_family,
+    split_heads,
+)
+from kvsched.jsonfile import show
+from kvsched.perf.models import ModelSpec
+
+SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "gemma2", "gemma3_text", "glm4",
+                         "glm4_moe", "gpt_oss", "kimi_k2", "llama", "mistral", "mixtral", "phi3", "qwen2",
+                         "qwen3", "qwen3_moe")
+
+# Architectures vLLM serves that kvsched refuses, and why: what the KV cache
+# or the step price would get wrong. The one owner of those reasons.
+REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
+    "qwen3_next": "hybrid linear attention: 3 of every 4 layers are Gated DeltaNet layers whose "
+                  "fixed-size recurrent state vLLM keeps in Mamba-style cache groups beside the paged KV "
+                  "cache; kvsched models paged attention KV only, so neither that state's memory nor the "
+                  "linear-attention kernels' time would be priced",
+    "qwen3_5": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next); "
+               "kvsched models paged attention KV only",
+    "qwen3_5_moe": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next); "
+                   "kvsched models paged attention KV only",
+    "deepseek_v32": "DeepSeek Sparse Attention: a lightning indexer picks the top index_topk tokens per "
+                    "query (its own FP8 key cache per layer), so attention time stops growing with the "
+                    "context; kvsched prices dense MLA over the whole context and sizes no indexer cache, "
+                    "which would overstate long-context steps. deepseek-ai/DeepSeek-V3.1 has the same "
+                    "weights with dense attention",
+    "glm_moe_dsa": "DeepSeek Sparse Attention (an indexer selects the attended tokens, with its own key "
+                   "cache), as DeepSeek-V3.2; kvsched prices dense attention only",
+    "llama4": "chunked local attention (attention_chunk_size) on 3 of every 4 layers, which vLLM pages as "
+              "its own KV group, plus NoPE global layers; kvsched sizes full and sliding-window layers "
+              "only",
+    "nemotron_h": "hybrid Mamba-2/attention layers: the Mamba layers' recurrent state is not paged KV and "
+                  "kvsched does not size or price it",
+    "deepseek_v4": "compressed sparse attention with a sliding window on every layer; kvsched prices "
+                   "dense MLA only",
+    "kimi_linear": "hybrid linear attention (Kimi Delta Attention layers with a recurrent state); kvsched "
+                   "models paged attention KV only",
+})
+
+
+def _attention_dims(cfg: HFConfig, mla: bool = False) -> dict[str, Any]:
+    """Attention shape of the non-Llama-family types (DeepSeek, gpt-oss); with
+    ``mla`` the head dim is left to the caller (0 here)."""
+    hidden = cfg.get_int("hidden_size")
+    heads = cfg.get_int("num_attention_heads")
+    if mla:
+        head_dim = 0
+    elif cfg.data.get("head_dim") is not None:
+        head_dim = cfg.get_int("head_dim")
+    else:
+        head_dim = split_heads(cfg, hidden, heads)
+    return {
+        "hidden_size": hidden, "num_layers": cfg.get_int("num_hidden_layers"), "num_heads": heads,
+        "num_kv_heads": cfg.get_int("num_key_value_heads", default=heads),
+        "head_dim": head_dim,
+        "vocab_size": cfg.get_int("vocab_size"),
+        "max_position_embeddings": cfg.get_int("max_position_embeddings"),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+    }
+
+
+def _parse_llama_family(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """llama, mistral, phi3, qwen2, qwen3, mixtral, qwen3_moe: read by
+    kvsched.hf_config, whose ModelShape is ModelSpec's shape field for field."""
+    read = read_llama_family(cfg, model_type)
+    return _no_window_beyond_context({f.name: getattr(read, f.name) for f in dataclasses.fields(ModelShape)})
+
+
+def _parse_deepseek(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    spec = _attention_dims(cfg, mla=True)
+    layers = spec["num_layers"]
+    nope, rope = cfg.get_int("qk_nope_head_dim"), cfg.get_int("qk_rope_head_dim")
+    # transformers stores head_dim = qk_rope_head_dim for rotary setup; MLA's q/k head is nope + rope.
+    spec["head_dim"] = nope + rope
+    bias = cfg.get_bool("attention_bias", False)
+    spec.update(attention_bias=bias, attention_out_bias=bias,
+                q_lora_rank=cfg.get_int("q_lora_rank", default=0),
+                kv_lora_rank=cfg.get_int("kv_lora_rank"), qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+                v_head_dim=cfg.get_int("v_head_dim"),
+                num_mtp_layers=cfg.get_int("num_nextn_predict_layers", default=0))
+    experts = cfg.get_int("n_routed_experts", default=0)
+    first_k = cfg.get_int("first_k_dense_replace", default=0)
+    freq = cfg.get_int("moe_layer_freq", default=1)
+    moe_layers = sum(1 for i in range(layers) if experts and i >= first_k and i % freq == 0)
+    dense = layers - moe_layers
+    spec["intermediate_size"] = cfg.get_int("intermediate_size") if dense else 0
+    if moe_layers:
+        moe_size = cfg.get_int("moe_intermediate_size")
+        shared = cfg.get_int("n_shared_experts", default=0)
+        spec.update(num_experts=experts, experts_per_token=cfg.get_int("num_experts_per_tok"),
+                    moe_intermediate_size=moe_size, num_shared_experts=shared,
+                    shared_expert_intermediate_size=moe_size if shared else 0, first_k_dense_layers=dense,
+                    # V3's noaux_tc routing adds a per-expert score-correction bias.
+                    router_bias=cfg.get_str("topk_method", "greedy") == "noaux_tc")
+    return spec
+
+
+def _parse_gpt_oss(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    spec = _attention_dims(cfg)
+    layers = spec["num_layers"]
+    bias = cfg.get_bool("attention_bias", True)
+    window = cfg.get_int("sliding_window", default=0)
+    # Default layout (transformers): alternate, starting with a sliding layer.
+    sliding = cfg.count_sliding_layers(window, layers, (layers + 1) // 2)
+    spec.update(intermediate_size=0, attention_bias=bias, attention_out_bias=bias, mlp_bias=True,
+                router_bias=True, attention_sinks=True, num_experts=cfg.get_int("num_local_experts"),
+                experts_per_token=cfg.get_int("num_experts_per_tok", "experts_per_token"),
+                moe_intermediate_size=cfg.get_int("intermediate_size"),
+                sliding_window=window if sliding else 0, num_sliding_layers=sliding)
+    return spec
+
+
+def _no_window_beyond_context(spec: dict[str, Any]) -> dict[str, Any]:
+    """A window at least the context slides nothing (Phi-3-mini-128k's
+    262144 over 131072 positions): full attention."""
+    if spec["num_sliding_layers"] and spec["sliding_window"] >= spec["max_position_embeddings"]:
+        spec.update(sliding_window=0, num_sliding_layers=0)
+    return spec
+
+
+# transformers' class defaults for keys a Gemma config.json omits (Gemma2Config,
+# Gemma3TextConfig): (num_key_value_heads, head_dim, vocab_size,
+# max_position_embeddings, sliding_window, sliding_window_pattern). Gemma 3's
+# published text_config relies on them (vocab, context).
+_GEMMA_DEFAULTS: Mapping[str, tuple[int, int, int, int, int, int]] = MappingProxyType({
+    "gemma2": (4, 256, 256000, 8192, 4096, 2),
+    "gemma3_text": (4, 256, 262208, 131072, 4096, 6),
+})
+
+
+def _parse_gemma(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """Gemma 2 / Gemma 3 text: a gated GELU MLP (gate, up, down: the same
+    weights as SwiGLU), four norms per layer, tied embeddings; Gemma 3 adds
+    per-head q/k norms. Layers alternate local (sliding) and global per
+    ``layer_types`` or, when absent, transformers' default pattern: every
+    ``sliding_window_pattern``-th layer is global (Gemma 2: every 2nd).
+    vLLM gives the local layers their own sliding-window KV group; their
+    share is bounded like every sliding layer here. Soft-capping changes no
+    cost. Gemma 3's vision tower (multimodal checkpoints) is not counted."""
+    kv_default, head_default, vocab, positions, window_default, pattern_default = _GEMMA_DEFAULTS[model_type]
+    hidden = cfg.get_int("hidden_size")
+    heads = cfg.get_int("num_attention_heads")
+    layers = cfg.get_int("num_hidden_layers")
+    window = cfg.get_int("sliding_window", default=window_default)
+    pattern = cfg.get_int("sliding_window_pattern", default=pattern_default) if model_type == "gemma3_text" \
+        else pattern_default
+    if pattern < 1:
+        raise cfg.fail("sliding_window_pattern", pattern, "must be a positive integer (every n-th layer "
+                                                          "is global)")
+    sliding = cfg.count_sliding_layers(window, layers, layers - layers // pattern)
+    return _no_window_beyond_context({
+        "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+        "num_kv_heads": cfg.get_int("num_key_value_heads", default=kv_default),
+        "head_dim": cfg.get_int("head_dim", default=head_default),
+        "intermediate_size": cfg.get_int("intermediate_size"),
+        "vocab_size": cfg.get_int("vocab_size", default=vocab),
+        "max_position_embeddings": cfg.get_int("max_position_embeddings", default=positions),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", True),
+        "attention_bias": cfg.get_bool("attention_bias", False),
+        "attention_out_bias": cfg.get_bool("attention_bias", False),
+        "qk_norm": model_type == "gemma3_text", "post_norms": True,
+        "sliding_window": window if sliding else 0, "num_sliding_layers": sliding,
+    })
+
+
+def _parse_glm4(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """GLM-4 (glm4): Llama's layout with q/k/v biases (not o), fused
+    gate_up, four norms per layer (post_self_attn, post_mlp); partial rotary
+    changes no cost. Defaults are transformers' Glm4Config's."""
+    hidden = cfg.get_int("hidden_size")
+    return {
+        "hidden_size": hidden, "num_layers": cfg.get_int("num_hidden_layers"),
+        "num_heads": cfg.get_int("num_attention_heads"),
+        "num_kv_heads": cfg.get_int("num_key_value_heads", default=2),
+        "head_dim": cfg.get_int("head_dim", default=128),
+        "intermediate_size": cfg.get_int("intermediate_size"), "vocab_size": cfg.get_int("vocab_size"),
+        "max_position_embeddings": cfg.get_int("max_position_embeddings", default=131072),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+        "attention_bias": cfg.get_bool("attention_bias", True), "post_norms": True,
+    }
+
+
+def _parse_chatglm(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """ChatGLM's own config (THUDM/glm-4-9b, chatglm3-6b; vLLM's ChatGLM
+    model): GLM-4's layers under Megatron-style names — ``num_layers``,
+    ``ffn_hidden_size`` (fused gate/up), ``kv_channels`` (head dim),
+    ``multi_query_group_num`` KV heads when ``multi_query_attention``,
+    ``padded_vocab_size``, ``seq_length``; q/k/v bias per ``add_qkv_bias``,
+    the other linear biases per ``add_bias_linear``; two norms per layer."""
+    hidden = cfg.get_int("hidden_size")
+    heads = cfg.get_int("num_attention_heads")
+    grouped = cfg.get_bool("multi_query_attention", False)
+    linear_bias = cfg.get_bool("add_bias_linear", False)
+    return {
+        "hidden_size": hidden, "num_layers": cfg.get_int("num_layers", "num_hidden_layers"),
+        "num_heads": heads, "num_kv_heads": cfg.get_int("multi_query_group_num") if grouped else heads,
+        "head_dim": cfg.get_int("kv_channels") if cfg.data.get("kv_channels") is not None
+        else split_heads(cfg, hidden, heads),
+        "intermediate_size": cfg.get_int("ffn_hidden_size"),
+        "vocab_size": cfg.get_int("padded_vocab_size", "vocab_size"),
+        "max_position_embeddings": cfg.get_int("seq_length", "max_position_embeddings"),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+        "attention_bias": cfg.get_bool("add_qkv_bias", False), "attention_out_bias": linear_bias,
+        "mlp_bias": linear_bias, "norm_kind": "rmsnorm" if cfg.get_bool("rmsnorm", True) else "layernorm",
+    }
+
+
+def _parse_glm4_moe(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """GLM-4.5/4.6 (glm4_moe): grouped-query attention (q/k/v biases when
+    ``attention_bias``, optional per-head q/k norm) over DeepSeek-style MoE
+    layers: ``n_routed_experts`` routed and ``n_shared_experts`` shared
+    experts after ``first_k_dense_replace`` dense layers, a score-correction
+    router bias; ``num_nextn_predict_layers`` MTP modules."""
+    hidden = cfg.get_int("hidden_size")
+    heads = cfg.get_int("num_attention_heads")
+    layers = cfg.get_int("num_hidden_layers")
+    experts = cfg.get_int("n_routed_experts")
+    first_k = min(cfg.get_int("first_k_dense_replace", default=1), layers)
+    moe_size = cfg.get_int("moe_intermediate_size")
+    shared = cfg.get_int("n_shared_experts", default=1)
+    spec: dict[str, Any] = {
+        "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+        "num_kv_heads": cfg.get_int("num_key_value_heads", default=8),
+        "head_dim": cfg.get_int("head_dim") if cfg.data.get("head_dim") is not None
+        else split_heads(cfg, hidden, heads),
+        "intermediate_size": cfg.get_int("intermediate_size") if first_k else 0,
+        "vocab_size": cfg.get_int("vocab_size"),
+        "max_position_embeddings": cfg.get_int("max_position_embeddings", default=131072),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+        "attention_bias": cfg.get_bool("attention_bias", False),
+        "qk_norm": cfg.get_bool("use_qk_norm", False),
+        "num_mtp_layers": cfg.get_int("num_nextn_predict_layers", default=0),
+    }
+    if experts and first_k < layers:
+        spec.update(num_experts=experts, experts_per_token=cfg.get_int("num_experts_per_tok"),
+                    moe_intermediate_size=moe_size, num_shared_experts=shared,
+                    shared_expert_intermediate_size=moe_size if shared else 0,
+                    first_k_dense_layers=first_k, router_bias=True)
+    else:
+        spec["intermediate_size"] = cfg.get_int("intermediate_size")
+    return spec
+
+
+def _parse_bloom(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    hidden = cfg.get_int("hidden_size", "n_embed")
+    heads = cfg.get_int("num_attention_heads", "n_head")
+    return {
+        "hidden_size": hidden, "num_layers": cfg.get_int("num_hidden_layers", "n_layer"), "num_heads": heads,
+        "num_kv_heads": heads, "head_dim": split_heads(cfg, hidden, heads), "intermediate_size": 4 * hidden,
+        "vocab_size": cfg.get_int("vocab_size"),
+        # ALiBi has no position table; 2048 is the training length, used when the config is silent.
+        "max_position_embeddings": cfg.get_int("seq_length", "max_position_embeddings", default=2048),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", True),
+        "mlp_kind": "gelu", "attention_bias": True, "attention_out_bias": True, "mlp_bias": True,
+        "norm_kind": "layernorm", "embedding_norm": True,
+    }
+
+
+_PARSERS = {
+    "llama": _parse_llama_family, "mistral": _parse_llama_family, "qwen2": _parse_llama_family,
+    "qwen3": _parse_llama_family, "qwen3_moe": _parse_llama_family, "mixtral": _parse_llama_family,
+    "phi3": _parse_llama_family,
+    # Kimi K2's model_type names DeepSeek-V3's architecture (its config says so).
+    "deepseek_v2": _parse_deepseek, "deepseek_v3": _parse_deepseek, "kimi_k2": _parse_deepseek,
+    "gemma2": _parse_gemma, "gemma3_text": _parse_gemma, "glm4": _parse_glm4, "glm4_moe": _parse_glm4_moe,
+    "chatglm": _parse_chatglm,
+    "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
+}
+assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
+
+_HF_CACHE_DIR = re.compile(r"models--([^/]+?)--(.+)")
+
+
+def _name_from_path(config_path: Path) -> str:
+    """``org/name`` from an HF cache layout (models--org--name/snapshots/<rev>), else the dir name."""
+    # absolute(), not resolve(): HF cache snapshot files are symlinks into blobs/.
+    for part in reversed(config_path.absolute().parent.parts):
+        match = _HF_CACHE_DIR.fullmatch(part)
+        if match:
+            return f"{match.group(1)}/{match.group(2)}"
+    return config_path.absolute().parent.name or str(config_path)
+
+
+def load_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face ``config.json`` (or the directory holding one).
+
+    The spec's name is ``name`` when given (a Hub id the config was resolved
+    for), else ``org/name`` when the path is inside a Hugging Face cache
+    (``models--org--name``), else the model directory's name. A multimodal
+    wrapper (Gemma 3) is read through its ``text_config``. Architectures
+    kvsched cannot price are refused with the reason
+    (:data:`REFUSED_MODEL_TYPES`).
+    """
+    p = Path(path).expanduser()
+    config_path = p / "config.json" if p.is_dir() else p
+    data = read_config_json(config_path)
+    if data.get("model_type") is None:
+        raise UserInputError(f"{config_path}: missing required field 'model_type'")
+    text, model_type = language_model_config(data)
+    label = name or _name_from_path(config_path)
+    if model_type is not None and model_type in REFUSED_MODEL_TYPES:
+        raise UserInputError(f"{label}: model_type={model_type!r} is not supported: "
+                             f"{REFUSED_MODEL_TYPES[model_type]} ({config_path})")
+    parser = _PARSERS.get(model_type) if model_type is not None else None
+    if parser is None:
+        shown = show(model_type if model_type is not None else data.get("model_type"))
+        raise UserInputError(f"{config_path}: model_type={shown} is not supported; "
+                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    assert model_type is not None
+    source = str(config_path) if text is data else f"{config_path}: text_config"
+    cfg = HFConfig(text, source)
+    fields = parser(cfg, model_type)
+    try:
+        return ModelSpec(name=label, **fields)
+    except ValueError as err:
+        raise UserInputError(f"{config_path}: {err}") from None
