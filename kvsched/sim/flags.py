@@ -11,6 +11,7 @@ this module sees an argparse ``Namespace``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from collections.abc import Collection, Sequence
@@ -22,6 +23,7 @@ from kvsched.engine_flags import (
     EngineFlagDefaults,
     OnlyFlags,
     add_scheduler_cache_flags,
+    vllm_words,
 )
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
@@ -420,6 +422,17 @@ def simulate_flag_parser(prog: str = "kvsched simulate") -> argparse.ArgumentPar
     return p
 
 
+@functools.cache
+def engine_fields() -> tuple[str, ...]:
+    """EngineOptions' fields in the order simulate's ``--help`` lists their
+    flags: the order :func:`spec_argv` writes them in (the model and its
+    placement first, as a user writes them)."""
+    names = {f.name for f in fields(EngineOptions)}
+    order = tuple(dict.fromkeys(a.dest for a in simulate_flag_parser()._actions if a.dest in names))
+    assert set(order) == names, f"EngineOptions fields without a flag: {sorted(names - set(order))}"
+    return order
+
+
 def parse_percentile_metrics(text: str | None) -> tuple[str, ...]:
     """``--percentile-metrics`` (None: kvsched's default)."""
     if text is None:
@@ -451,7 +464,6 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
     return values
 
 
-_ENGINE_FIELDS = tuple(f.name for f in fields(EngineOptions))
 _GROUP_FIELDS = tuple(f.name for f in fields(InstanceGroup) if f.name not in ("engine", "role"))
 _WORKLOAD_FIELDS = tuple(f.name for f in fields(WorkloadSpec))
 
@@ -495,7 +507,7 @@ def _field_value(name: str, value: Any) -> Any:
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     """The run spec a parsed command line describes (engine, workload and,
     where present, output flags)."""
-    engine = EngineOptions(**{name: _field_value(name, getattr(args, name)) for name in _ENGINE_FIELDS
+    engine = EngineOptions(**{name: _field_value(name, getattr(args, name)) for name in engine_fields()
                               if hasattr(args, name)})
     group = InstanceGroup(engine, **{name: getattr(args, name) for name in _GROUP_FIELDS
                                      if hasattr(args, name)})
@@ -530,18 +542,19 @@ def parse_spec(argv: Sequence[str], prog: str = "kvsched simulate") -> RunSpec:
 
 
 def _words(name: str, value: object, default: object) -> list[str]:
-    flag = "--" + name.replace("_", "-")
+    """One field as simulate's flags: vLLM's spelling (:func:`vllm_words`)
+    but for a number, written exactly (``repr``: parse_spec gives the spec
+    back), and the flags vLLM has no ``--no-`` form or list of."""
+    flag = flag_name(name)
     if value == default or value is None:
         return []
-    if isinstance(value, bool):
-        if name == "enable_expert_parallel":  # a store_true flag, as vLLM's
-            return [flag] if value else []
-        return [flag] if value else ["--no-" + name.replace("_", "-")]
+    if name == "enable_expert_parallel":  # a store_true flag, as vLLM's
+        return [flag] if value else []
     if isinstance(value, float):
         return [flag, "inf" if math.isinf(value) else repr(value)]
     if isinstance(value, tuple):  # an nargs="+" flag (--lora-modules)
         return [flag, *map(str, value)] if value else []
-    return [flag, str(value)]
+    return vllm_words(name, value, default)
 
 
 def spec_argv(spec: RunSpec) -> list[str]:
@@ -576,7 +589,7 @@ def spec_argv(spec: RunSpec) -> list[str]:
             out += ["--kv-transfer-config", deployment.kv_transfer_config]
         out += _words("router", deployment.router, DeploymentSpec().router)
         skip = ("tensor_parallel_size", "data_parallel_size", *differ)
-    for name in _ENGINE_FIELDS:
+    for name in engine_fields():
         if name in skip:
             continue
         out += _words(name, getattr(group.engine, name), getattr(d_engine, name))
