@@ -62,8 +62,10 @@ class FlagHelp:
     choices: tuple[str, ...] = ()
 
 
-def _flag(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
-    # Any: the dataclass field's default; the help rides in its metadata.
+def flag(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+    """A dataclass field declaring a flag: its default, and its help in the
+    field's metadata (:func:`add_declared_flags` adds the flag)."""
+    # Any: dataclass() takes the field for the default it declares.
     return field(default=default, metadata={"flag": FlagHelp(help, choices)})
 
 
@@ -76,28 +78,28 @@ class SchedulerCacheOptions:
     takes them (vLLM's names, types and defaults; None: vLLM's default for
     the entry point and device). The order is the flags' in ``--help``."""
 
-    max_num_seqs: int | None = _flag(
+    max_num_seqs: int | None = flag(
         None, f"most requests running at once{{scope}}, at most {MAX_STEP_LIMIT:,} {_BY_CONTEXT}")
-    max_num_batched_tokens: int | None = _flag(
+    max_num_batched_tokens: int | None = flag(
         None, f"token budget of one engine step{{scope}}, at most {MAX_STEP_LIMIT:,} {_BY_CONTEXT}")
-    max_model_len: int | None = _flag(
+    max_model_len: int | None = flag(
         None, "longest prompt + output a request may have; longer ones are refused "
               "(default: the model's context length)")
-    enable_chunked_prefill: bool = _flag(
+    enable_chunked_prefill: bool = flag(
         True, "split long prompts over several steps (default: on, as vLLM's v1)")
-    enable_prefix_caching: bool = _flag(
+    enable_prefix_caching: bool = flag(
         True, "reuse KV blocks of shared prompt prefixes (default: on, as vLLM's v1)")
-    block_size: int = _flag(
+    block_size: int = flag(
         DEFAULT_BLOCK_SIZE, f"tokens per KV cache block, 1 to {MAX_BLOCK_SIZE} (default: %(default)s)")
-    gpu_memory_utilization: float = _flag(
+    gpu_memory_utilization: float = flag(
         DEFAULT_GPU_MEMORY_UTILIZATION,
         "share of GPU memory vLLM may use; the KV cache gets what the weights and activations "
         "leave (default: %(default)s)")
-    long_prefill_token_threshold: int = _flag(
+    long_prefill_token_threshold: int = flag(
         0, "cap on a long prompt's tokens per step when chunking (0: off; default: %(default)s)")
-    scheduling_policy: str = _flag(
+    scheduling_policy: str = flag(
         POLICIES[0], "order of the waiting queue (default: %(default)s)", POLICIES)
-    num_gpu_blocks_override: int | None = _flag(
+    num_gpu_blocks_override: int | None = flag(
         None, f"KV cache blocks{{scope}} (counting vLLM's null block), 2 to {MAX_NUM_GPU_BLOCKS:,}, "
               "instead of what memory leaves")
 
@@ -136,19 +138,32 @@ def option(name: str) -> str:
 
 
 def _argparse_kwargs(f: dataclasses.Field[Any], kind: Any, scope: str) -> dict[str, Any]:
-    """add_argument's keywords for one field of the declaration."""
+    """add_argument's keywords for one declared field."""
     doc: FlagHelp = f.metadata["flag"]
     kwargs: dict[str, Any] = {"help": doc.help.format(scope=scope)}
     if kind is bool:
-        kwargs["action"] = argparse.BooleanOptionalAction
+        # A switch on by default takes --no-X (vLLM's BooleanOptionalAction);
+        # one off by default is turned on by its name alone (store_true).
+        kwargs["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
     elif doc.choices:
         kwargs["choices"] = list(doc.choices)
     else:
         # int | None -> int: None is the flag left out.
         kwargs["type"] = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-    if f.default is not None:
+    if f.default is not None and f.default is not False:
         kwargs["default"] = f.default
     return kwargs
+
+
+def add_declared_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup | OnlyFlags,
+                       declared: type, scope: str = "") -> None:
+    """The flags of a dataclass whose fields are declared with :func:`flag`
+    (vLLM's scheduler and cache options, vllm bench serve's dataset
+    options), in the fields' order: each named as its field, typed as it,
+    defaulting to its default; ``scope`` fills the help's ``{scope}``."""
+    hints = typing.get_type_hints(declared)
+    for f in dataclasses.fields(declared):
+        parser.add_argument(option(f.name), **_argparse_kwargs(f, hints[f.name], scope))
 
 
 def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
@@ -161,9 +176,7 @@ def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._Argume
     assert not unknown, f"add_scheduler_cache_flags: no such flags {sorted(unknown)}"
     p = OnlyFlags(parser, names)
     per = f" {defaults.scope}" if defaults.scope else ""
-    hints = typing.get_type_hints(SchedulerCacheOptions)
-    for f in dataclasses.fields(SchedulerCacheOptions):
-        p.add_argument(option(f.name), **_argparse_kwargs(f, hints[f.name], per))
+    add_declared_flags(p, SchedulerCacheOptions, per)
     on_off = "on" if defaults.async_scheduling else "off"
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    default=defaults.async_scheduling,

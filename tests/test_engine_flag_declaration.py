@@ -6,6 +6,7 @@ serve`` words and the tuner's candidates all come from it."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import shlex
 from dataclasses import fields
 
@@ -16,11 +17,13 @@ from kvsched.engine_flags import (
     SHARED_FLAGS,
     EngineFlagDefaults,
     SchedulerCacheOptions,
+    add_declared_flags,
     add_scheduler_cache_flags,
     vllm_words,
 )
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.spec import RunSpec
+from kvsched.sim.workload import BenchDatasetOptions
 from kvsched.tune.space import Candidate, SearchSpace
 
 # vLLM 0.33's engine-argument defaults, written out by hand (None: vLLM
@@ -42,7 +45,7 @@ def test_the_declaration_holds_vllms_names_and_defaults() -> None:
 def test_the_engine_and_the_simulator_extend_it_without_redeclaring(cls: type) -> None:
     assert issubclass(cls, SchedulerCacheOptions)
     # A field declared again in the subclass would be a second owner of its default.
-    assert not set(SHARED_FLAGS) & set(cls.__dict__.get("__annotations__", {}))
+    assert not set(SHARED_FLAGS) & set(inspect.get_annotations(cls))
 
 
 def test_the_engine_and_the_simulator_default_to_the_same_settings() -> None:
@@ -101,3 +104,17 @@ def test_a_candidates_serve_line_is_written_in_vllms_spelling() -> None:
     assert shlex.split(candidate.vllm_serve("m")) == [
         "vllm", "serve", "m", "--tensor-parallel-size", "2", "--max-num-seqs", "128",
         "--no-enable-prefix-caching", "--scheduling-policy", "priority", "--kv-offloading-size", "4"]
+
+
+def test_any_declared_options_give_their_flags() -> None:
+    """vllm bench serve's dataset options are declared the same way: their
+    flags, defaults and help come from the fields."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_declared_flags(parser, BenchDatasetOptions)
+    assert BenchDatasetOptions(**vars(parser.parse_args([]))) == BenchDatasetOptions()
+    args = parser.parse_args(["--sonnet-input-len", "100", "--disable-shuffle"])
+    assert (args.sonnet_input_len, args.disable_shuffle, args.no_oversample) == (100, True, False)
+    with pytest.raises(argparse.ArgumentError, match="invalid int value"):
+        parser.parse_args(["--sonnet-input-len", "many"])
+    # vLLM bench's sonnet default, written out by hand.
+    assert "sonnet: prompt tokens at most (default 550)" in " ".join(parser.format_help().split())

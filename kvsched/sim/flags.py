@@ -22,6 +22,7 @@ from kvsched.engine_flags import (
     SCHEDULER_CACHE_FLAGS,
     EngineFlagDefaults,
     OnlyFlags,
+    add_declared_flags,
     add_scheduler_cache_flags,
     vllm_words,
 )
@@ -43,7 +44,13 @@ from kvsched.sim.spec import (
     deployment_spec,
     flag_name,
 )
-from kvsched.sim.workload import DATASET_NAMES, DEFAULT_INPUT_LEN, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LEN
+from kvsched.sim.workload import (
+    DATASET_NAMES,
+    DEFAULT_INPUT_LEN,
+    DEFAULT_NUM_PROMPTS,
+    DEFAULT_OUTPUT_LEN,
+    BenchDatasetOptions,
+)
 from kvsched.sim.workload.lora import LORA_ASSIGNMENTS
 
 # The roles of a disaggregated deployment, and the scheduler settings each
@@ -211,32 +218,8 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", help="the tokenizer the datasets count tokens with: a directory with "
                                        "tokenizer.json, or a Hugging Face id in the local cache (default: "
                                        "the model's where on disk, else ~4 bytes a token, with a warning)")
-    g.add_argument("--sharegpt-output-len", type=int,
-                   help="sharegpt: every request's output length (default: the conversation's reply)")
-    g.add_argument("--custom-output-len", type=int,
-                   help="custom: every request's output length; -1: each line's output_tokens (default 256)")
-    g.add_argument("--skip-chat-template", action="store_true",
-                   help="custom: count the prompt as written, not through the chat template")
-    g.add_argument("--sonnet-input-len", type=int, help="sonnet: prompt tokens at most (default 550)")
-    g.add_argument("--sonnet-output-len", type=int, help="sonnet: output tokens (default 150)")
-    g.add_argument("--sonnet-prefix-len", type=int,
-                   help="sonnet: tokens of the prefix every prompt shares (default 200)")
-    g.add_argument("--prefix-repetition-prefix-len", type=int,
-                   help="prefix_repetition: tokens of each shared prefix (default 256)")
-    g.add_argument("--prefix-repetition-suffix-len", type=int,
-                   help="prefix_repetition: tokens of each prompt's own suffix (default 256)")
-    g.add_argument("--prefix-repetition-num-prefixes", type=int,
-                   help="prefix_repetition: prefixes, each shared by num_prompts // num_prefixes prompts "
-                        "(default 10)")
-    g.add_argument("--prefix-repetition-output-len", type=int,
-                   help="prefix_repetition: output tokens (default 128)")
-    g.add_argument("--disable-shuffle", action="store_true",
-                   help="sharegpt, custom, prefix_repetition: keep the file's (generation's) order")
-    g.add_argument("--no-oversample", action="store_true",
-                   help="sharegpt, custom: send only the rows there are, not --num-prompts")
-    g.add_argument("--burstgpt-timestamps", action="store_true",
-                   help="burstgpt (kvsched's): replay the GPT-4 rows in file order at their own "
-                        "Timestamp instead of sampling them as vLLM does")
+    # vllm bench serve's dataset flags, declared with their fields.
+    add_declared_flags(g, BenchDatasetOptions)
     g.add_argument("--random-input-len", type=int,
                    help=f"random: prompt tokens per request (default {DEFAULT_INPUT_LEN})")
     g.add_argument("--random-output-len", type=int,
