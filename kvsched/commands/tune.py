@@ -35,6 +35,7 @@ from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.pricing import ALLOW_FLAG, check_one_pricing, is_mixed
 from kvsched.sim.results import json_safe
 from kvsched.sim.run import build_workload
+from kvsched.sim.serve_line import serve_dests
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.tune.evaluate import ResultCache, inputs_digest
 from kvsched.tune.executors import make_executor
@@ -59,9 +60,6 @@ DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "kvsched", "tune
 FIXED_ENGINE = ("max_model_len", "dtype", "quantization", "step_time_backend", "step_time_profile",
                 "gpu_memory_utilization", "block_size", "calibration", "async_scheduling",
                 "speculative_config", "spec_acceptance")
-# Those of them vllm serve takes (the others are kvsched's).
-SERVE_ENGINE = ("max_model_len", "dtype", "quantization", "gpu_memory_utilization", "block_size",
-                "async_scheduling", "speculative_config")
 # vLLM's defaults, as EngineOptions (kvsched simulate's flags) holds them.
 ENGINE_DEFAULTS = {k: getattr(EngineOptions(), k) for k in FIXED_ENGINE}
 
@@ -314,7 +312,8 @@ def run_tune(args: argparse.Namespace) -> int:
     # Only what differs from the defaults: the reproducing lines stay short.
     engine = {k: getattr(args, k) for k in FIXED_ENGINE
               if getattr(args, k) is not None and getattr(args, k) != ENGINE_DEFAULTS.get(k)}
-    serve_flags = [word for k, v in engine.items() if k in SERVE_ENGINE for word in vllm_words(k, v)]
+    # Those vllm serve takes go on its line too (the others are kvsched's).
+    serve_flags = [word for k, v in engine.items() if k in serve_dests() for word in vllm_words(k, v)]
     base_spec = RunSpec(DeploymentSpec((InstanceGroup(EngineOptions(model=args.model, **engine)),)),
                         workload_spec)
     space = build_space(args, model.is_moe)

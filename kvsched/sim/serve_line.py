@@ -99,6 +99,14 @@ def vllm_flags() -> VllmFlags:
                      read(data["bench"]))
 
 
+@functools.cache
+def serve_dests() -> frozenset[str]:
+    """The engine arguments a ``vllm serve`` line can carry (the dests of
+    vLLM's serve flags): which of kvsched's settings a written serve line
+    spells out, the others being kvsched's own."""
+    return frozenset(f.dest for f in vllm_flags().serve)
+
+
 # -- the classification: one table -------------------------------------------
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from kvsched.fields import is_int, is_number
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.disagg import node_of_instances
 from kvsched.sim.offload_transfer import GIB
+from kvsched.sim.serve_line import serve_dests
 from kvsched.sim.spec import PD_ROUTERS, DeploymentSpec, InstanceGroup, RunSpec, deployment_spec
 
 # The run spec's defaults, which are vLLM's (kvsched.engine_flags declares
@@ -274,7 +275,8 @@ def _serve_flags(c: Candidate) -> list[str]:
     settings on both command lines, in vLLM's spelling."""
     # vLLM's offloading backend, native, is the default. A P/D instance's
     # offloading is in its --kv-transfer-config (vLLM's flag would replace NIXL).
-    names = [n for n in SERVE_FIELDS if not (n == "kv_offloading_size" and c.disaggregated)]
+    names = [n for n in SERVE_FIELDS
+             if n in serve_dests() and not (n == "kv_offloading_size" and c.disaggregated)]
     return [word for n in names for word in vllm_words(n, getattr(c, n), getattr(_ENGINE, n))]
 
 
@@ -304,11 +306,10 @@ def role_port(role: str, index: int) -> int:
 
 # Candidate fields that are the engine's arguments (EngineOptions' names).
 ENGINE_FIELDS = frozenset(f.name for f in fields(Candidate)) & {f.name for f in fields(EngineOptions)}
-# Those _serve_flags writes: all but the GPU (no serve line names it) and the
-# parallel layout (Candidate.vllm_serve writes it first).
+# Those _serve_flags writes where vllm serve takes them (not the GPU): all but
+# the parallel layout, which Candidate.vllm_serve writes first.
 SERVE_FIELDS = tuple(f.name for f in fields(Candidate) if f.name in ENGINE_FIELDS and f.name not in (
-    "hardware", "tensor_parallel_size", "data_parallel_size", "enable_expert_parallel",
-    "pipeline_parallel_size"))
+    "tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "pipeline_parallel_size"))
 # The dimensions a space file or the flags may list, with their types (the
 # P/D shape is no dimension: --disaggregation auto enumerates it).
 DIMENSIONS: Mapping[str, type] = {
