@@ -7,25 +7,31 @@ the scheduler and KV-cache settings every entry point shares, each field
 named as vLLM's engine argument, typed, with vLLM's default (None: vLLM
 fills its default for the usage context and device,
 ``scheduler_defaults.resolve_scheduler_limits``) and its help in the
-field's metadata (:class:`FlagHelp`). It is one dataclass that the engine's
-``EngineArgs`` and the simulator's ``EngineOptions`` both extend, rather
-than a table of names each of them redeclares, for the reason vLLM derives
-its CLI from ``EngineArgs``: a field added here is a field, a flag and a
-serve-line word at once, and a type checker sees every use of it. The
-fields are keyword-only, so an extending class keeps its own positional
-fields (``EngineArgs(model)``).
+field's metadata (:func:`flag`, :class:`FlagHelp`).
+
+Why a dataclass that the engine's ``EngineArgs`` and the simulator's
+``EngineOptions`` both extend, rather than a table of names each of them
+redeclares, or a field holding it: as vLLM derives its CLI from
+``EngineArgs``, a field added here is at once a field of both, a flag and
+a serve-line word, and a type checker sees every use of it; extending
+(not nesting) keeps ``options.max_num_seqs`` and the run spec's JSON as
+they were. The fields are keyword-only, so an extending class keeps its
+own positional fields (``EngineArgs(model)``).
 
 From it:
 
 - :func:`add_scheduler_cache_flags` adds the flags (type, default, choices
-  and help from the field), plus the few whose default differs between
-  entry points (``dtype``, ``async_scheduling``, ``speculative_config``,
-  ``seed``: ``generate`` runs a PyTorch model on a CPU, ``simulate`` models
-  ``vllm serve`` on GPUs), given by the caller in ``EngineFlagDefaults``;
-- :func:`vllm_words` writes one setting as a ``vllm serve`` line spells it,
-  nothing at vLLM's default (the tuner's serve lines);
-- the run spec reads the fields through ``EngineOptions``' type hints, and
-  the tuner's candidates take their defaults from ``EngineOptions()``.
+  and help from the fields, by :func:`add_declared_flags`, which adds any
+  dataclass declared so: vllm bench serve's dataset options too), plus the
+  few whose default differs between entry points (``dtype``,
+  ``async_scheduling``, ``speculative_config``, ``seed``: ``generate`` runs
+  a PyTorch model on a CPU, ``simulate`` models ``vllm serve`` on GPUs),
+  given by the caller in ``EngineFlagDefaults``;
+- the run spec reads the fields through ``EngineOptions``' type hints;
+- :func:`vllm_words` writes a setting as a ``vllm serve`` line spells it,
+  nothing at vLLM's default (the tuner's serve lines; which settings vllm
+  serve takes at all is vLLM's own flag list's, kvsched.sim.serve_line);
+- the tuner's candidates take their defaults from ``EngineOptions()``.
 
 The rules of each value are their owners' (kvsched.config,
 kvsched.scheduler_defaults). Base layer: argparse, dataclasses and the
