@@ -51,7 +51,7 @@ from kvsched.tune.search import (
     rate_grid,
     search,
 )
-from kvsched.tune.space import SearchSpace, check_space_values
+from kvsched.tune.space import NONE_WORDS, SearchSpace, check_space_values
 from kvsched.yamlfile import read_options_file
 
 ON_OFF = {"on": True, "off": False}
@@ -153,18 +153,10 @@ def add_tune_parser(sub: Any) -> None:
     p.set_defaults(func=run_tune)
 
 
-# The searched flags whose words are numbers or a word for None (vLLM's
-# per-deployment default, or off): (that word, the numbers' type, what to give).
-NUMBER_WORDS: dict[str, tuple[str, type[int] | type[float], str]] = {
-    "max_num_seqs": ("default", int, "integers"),
-    "max_num_batched_tokens": ("default", int, "integers"),
-    "kv_offloading_size": ("off", float, "GiB numbers"),
-}
-
-
 def _numbers(name: str, raw: list[str]) -> list[int | float | None]:
-    """A searched flag's words (:data:`NUMBER_WORDS`) as values, None for its word."""
-    none_word, kind, what = NUMBER_WORDS[name]
+    """A searched flag's words as values, None for its word (the space's
+    :data:`~kvsched.tune.space.NONE_WORDS`)."""
+    none_word, kind, what = NONE_WORDS[name]
     out: list[int | float | None] = []
     for v in raw:
         try:
@@ -207,7 +199,7 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
     for name, raw in flags.items():
         if raw is None:
             continue
-        values = _numbers(name, raw) if name in NUMBER_WORDS else list(raw)
+        values = _numbers(name, raw) if name in NONE_WORDS else list(raw)
         dims[name] = list(check_space_values(name, values, f"--{name.replace('_', '-')}"))
     dims["hardware"] = list(check_space_values("hardware", dims["hardware"], "--hardware"))
     if args.step_time_profile is not None:

@@ -19,6 +19,7 @@ import json
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from types import MappingProxyType
 from typing import Any
 
 from kvsched.config import POLICIES
@@ -327,6 +328,14 @@ PD_ROLES = ("prefill", "decode")
 OFFLOADING_ROLES = ("both", *PD_ROLES)
 ADMISSION_POLICIES = ("none", "balance", "prefill-cadence")
 KV_CACHE_DTYPES = ("auto", "fp8")
+# The dimensions a word (or null) sets to None, vLLM's default for the
+# deployment or off: (the word, the type of the other values, how a message
+# names them). The flags give every value as a word.
+NONE_WORDS: Mapping[str, tuple[str, type[int] | type[float], str]] = MappingProxyType({
+    "max_num_seqs": ("default", int, "integers"),
+    "max_num_batched_tokens": ("default", int, "integers"),
+    "kv_offloading_size": ("off", float, "GiB numbers"),
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,10 +415,7 @@ def check_space_values(name: str, values: Sequence[object], where: str) -> tuple
         raise UserInputError(f"{where}: {name} must be a non-empty list of values")
     out: list[Any] = []
     for v in values:
-        if name in ("max_num_seqs", "max_num_batched_tokens") and v in (None, "default"):
-            out.append(None)
-            continue
-        if name == "kv_offloading_size" and v in (None, "off"):
+        if name in NONE_WORDS and v in (None, NONE_WORDS[name][0]):
             out.append(None)
             continue
         kind = DIMENSIONS[name]
