@@ -1,20 +1,50 @@
-"""vLLM's scheduler and KV-cache engine flags, defined once for every command.
+"""vLLM's engine flags, declared once: the argparse flags of every command,
+the fields of the engine's and the simulator's arguments, the words of a
+``vllm serve`` line and the tuner's defaults all come from here.
 
-``add_scheduler_cache_flags`` adds them with vLLM's names; the defaults and
-rules are their owners' (kvsched.config, kvsched.scheduler_defaults). What
-differs between kvsched's entry points (``generate`` runs a PyTorch model on
-a CPU, ``simulate`` models ``vllm serve`` on GPUs) is given by the caller in
-``EngineFlagDefaults``. A limit left unset is None, so each entry point fills
-vLLM's default for its usage context and device
-(``scheduler_defaults.resolve_scheduler_limits``). Base layer: argparse and
-the config modules only.
+The declaration is :class:`SchedulerCacheOptions`: a frozen dataclass of
+the scheduler and KV-cache settings every entry point shares, each field
+named as vLLM's engine argument, typed, with vLLM's default (None: vLLM
+fills its default for the usage context and device,
+``scheduler_defaults.resolve_scheduler_limits``) and its help in the
+field's metadata (:func:`flag`, :class:`FlagHelp`).
+
+Why a dataclass that the engine's ``EngineArgs`` and the simulator's
+``EngineOptions`` both extend, rather than a table of names each of them
+redeclares, or a field holding it: as vLLM derives its CLI from
+``EngineArgs``, a field added here is at once a field of both, a flag and
+a serve-line word, and a type checker sees every use of it; extending
+(not nesting) keeps ``options.max_num_seqs`` and the run spec's JSON as
+they were. The fields are keyword-only, so an extending class keeps its
+own positional fields (``EngineArgs(model)``).
+
+From it:
+
+- :func:`add_scheduler_cache_flags` adds the flags (type, default, choices
+  and help from the fields, by :func:`add_declared_flags`, which adds any
+  dataclass declared so: vllm bench serve's dataset options too), plus the
+  few whose default differs between entry points (``dtype``,
+  ``async_scheduling``, ``speculative_config``, ``seed``: ``generate`` runs
+  a PyTorch model on a CPU, ``simulate`` models ``vllm serve`` on GPUs),
+  given by the caller in ``EngineFlagDefaults``;
+- the run spec reads the fields through ``EngineOptions``' type hints;
+- :func:`vllm_words` writes a setting as a ``vllm serve`` line spells it,
+  nothing at vLLM's default (the tuner's serve lines; which settings vllm
+  serve takes at all is vLLM's own flag list's, kvsched.sim.serve_line);
+- the tuner's candidates take their defaults from ``EngineOptions()``.
+
+The rules of each value are their owners' (kvsched.config,
+kvsched.scheduler_defaults). Base layer: argparse, dataclasses and the
+config module only.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import typing
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.config import (
@@ -27,12 +57,64 @@ from kvsched.config import (
     SPECULATIVE_METHODS,
 )
 
-# The flags add_scheduler_cache_flags adds, by their argparse dest.
-SCHEDULER_CACHE_FLAGS = (
-    "max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill",
-    "enable_prefix_caching", "block_size", "gpu_memory_utilization", "long_prefill_token_threshold",
-    "scheduling_policy", "num_gpu_blocks_override", "async_scheduling", "speculative_config", "dtype",
-    "seed")
+
+@dataclass(frozen=True, slots=True)
+class FlagHelp:
+    """What a field's type and default do not say about its flag: the help
+    (``{scope}`` stands for what the limits apply to, e.g. " per engine
+    core"; ``%(default)s`` is argparse's) and the values it takes."""
+
+    help: str
+    choices: tuple[str, ...] = ()
+
+
+def flag(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+    """A dataclass field declaring a flag: its default, and its help in the
+    field's metadata (:func:`add_declared_flags` adds the flag)."""
+    # Any: dataclass() takes the field for the default it declares.
+    return field(default=default, metadata={"flag": FlagHelp(help, choices)})
+
+
+_BY_CONTEXT = "(default: vLLM's for this entry point and device)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerCacheOptions:
+    """vLLM's scheduler and KV-cache engine arguments, as every entry point
+    takes them (vLLM's names, types and defaults; None: vLLM's default for
+    the entry point and device). The order is the flags' in ``--help``."""
+
+    max_num_seqs: int | None = flag(
+        None, f"most requests running at once{{scope}}, at most {MAX_STEP_LIMIT:,} {_BY_CONTEXT}")
+    max_num_batched_tokens: int | None = flag(
+        None, f"token budget of one engine step{{scope}}, at most {MAX_STEP_LIMIT:,} {_BY_CONTEXT}")
+    max_model_len: int | None = flag(
+        None, "longest prompt + output a request may have; longer ones are refused "
+              "(default: the model's context length)")
+    enable_chunked_prefill: bool = flag(
+        True, "split long prompts over several steps (default: on, as vLLM's v1)")
+    enable_prefix_caching: bool = flag(
+        True, "reuse KV blocks of shared prompt prefixes (default: on, as vLLM's v1)")
+    block_size: int = flag(
+        DEFAULT_BLOCK_SIZE, f"tokens per KV cache block, 1 to {MAX_BLOCK_SIZE} (default: %(default)s)")
+    gpu_memory_utilization: float = flag(
+        DEFAULT_GPU_MEMORY_UTILIZATION,
+        "share of GPU memory vLLM may use; the KV cache gets what the weights and activations "
+        "leave (default: %(default)s)")
+    long_prefill_token_threshold: int = flag(
+        0, "cap on a long prompt's tokens per step when chunking (0: off; default: %(default)s)")
+    scheduling_policy: str = flag(
+        POLICIES[0], "order of the waiting queue (default: %(default)s)", POLICIES)
+    num_gpu_blocks_override: int | None = flag(
+        None, f"KV cache blocks{{scope}} (counting vLLM's null block), 2 to {MAX_NUM_GPU_BLOCKS:,}, "
+              "instead of what memory leaves")
+
+
+# The fields of the declaration, in its order.
+SHARED_FLAGS = tuple(f.name for f in dataclasses.fields(SchedulerCacheOptions))
+# The flags add_scheduler_cache_flags adds, by their argparse dest: the
+# declaration's and those whose default is the entry point's.
+SCHEDULER_CACHE_FLAGS = (*SHARED_FLAGS, "async_scheduling", "speculative_config", "dtype", "seed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +138,40 @@ class EngineFlagDefaults:
     seed: int | None = 0
 
 
+def option(name: str) -> str:
+    """The flag of an engine argument, as vLLM spells it: ``max_num_seqs`` -> ``--max-num-seqs``."""
+    return "--" + name.replace("_", "-")
+
+
+def _argparse_kwargs(f: dataclasses.Field[Any], kind: Any, scope: str) -> dict[str, Any]:
+    """add_argument's keywords for one declared field."""
+    doc: FlagHelp = f.metadata["flag"]
+    kwargs: dict[str, Any] = {"help": doc.help.format(scope=scope)}
+    if kind is bool:
+        # A switch on by default takes --no-X (vLLM's BooleanOptionalAction);
+        # one off by default is turned on by its name alone (store_true).
+        kwargs["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
+    elif doc.choices:
+        kwargs["choices"] = list(doc.choices)
+    else:
+        # int | None -> int: None is the flag left out.
+        kwargs["type"] = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+    if f.default is not None and f.default is not False:
+        kwargs["default"] = f.default
+    return kwargs
+
+
+def add_declared_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup | OnlyFlags,
+                       declared: type, scope: str = "") -> None:
+    """The flags of a dataclass whose fields are declared with :func:`flag`
+    (vLLM's scheduler and cache options, vllm bench serve's dataset
+    options), in the fields' order: each named as its field, typed as it,
+    defaulting to its default; ``scope`` fills the help's ``{scope}``."""
+    hints = typing.get_type_hints(declared)
+    for f in dataclasses.fields(declared):
+        parser.add_argument(option(f.name), **_argparse_kwargs(f, hints[f.name], scope))
+
+
 def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
                               defaults: EngineFlagDefaults,
                               names: Collection[str] = SCHEDULER_CACHE_FLAGS) -> None:
@@ -66,32 +182,7 @@ def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._Argume
     assert not unknown, f"add_scheduler_cache_flags: no such flags {sorted(unknown)}"
     p = OnlyFlags(parser, names)
     per = f" {defaults.scope}" if defaults.scope else ""
-    p.add_argument("--max-num-seqs", type=int,
-                   help=f"most requests running at once{per}, at most {MAX_STEP_LIMIT:,} "
-                        "(default: vLLM's for this entry point and device)")
-    p.add_argument("--max-num-batched-tokens", type=int,
-                   help=f"token budget of one engine step{per}, at most {MAX_STEP_LIMIT:,} "
-                        "(default: vLLM's for this entry point and device)")
-    p.add_argument("--max-model-len", type=int,
-                   help="longest prompt + output a request may have; longer ones are refused "
-                        "(default: the model's context length)")
-    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
-                   help="split long prompts over several steps (default: on, as vLLM's v1)")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse KV blocks of shared prompt prefixes (default: on, as vLLM's v1)")
-    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
-                   help=f"tokens per KV cache block, 1 to {MAX_BLOCK_SIZE} (default: %(default)s)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
-                   help="share of GPU memory vLLM may use; the KV cache gets what the weights "
-                        "and activations leave (default: %(default)s)")
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                   help="cap on a long prompt's tokens per step when chunking (0: off; "
-                        "default: %(default)s)")
-    p.add_argument("--scheduling-policy", choices=list(POLICIES), default=POLICIES[0],
-                   help="order of the waiting queue (default: %(default)s)")
-    p.add_argument("--num-gpu-blocks-override", type=int,
-                   help=f"KV cache blocks{per} (counting vLLM's null block), 2 to "
-                        f"{MAX_NUM_GPU_BLOCKS:,}, instead of what memory leaves")
+    add_declared_flags(p, SchedulerCacheOptions, per)
     on_off = "on" if defaults.async_scheduling else "off"
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    default=defaults.async_scheduling,
@@ -106,6 +197,21 @@ def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._Argume
     if defaults.seed is not None:
         p.add_argument("--seed", type=int, default=defaults.seed,
                        help="the engine's random seed (vLLM's --seed; default: %(default)s)")
+
+
+def vllm_words(name: str, value: object, default: object = None) -> list[str]:
+    """One engine argument as a ``vllm serve`` line writes it: nothing at
+    ``default`` (vLLM's) or None (vLLM's per-context default); a switch as
+    ``--flag``/``--no-flag``; a number as short as it reads back exactly
+    (4.0 as ``4``, 0.95 as ``0.95``)."""
+    if value is None or value == default:
+        return []
+    if isinstance(value, bool):
+        return [option(name)] if value else ["--no-" + name.replace("_", "-")]
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return [option(name), short if float(short) == value else repr(value)]
+    return [option(name), str(value)]
 
 
 class OnlyFlags:

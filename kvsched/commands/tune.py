@@ -25,6 +25,7 @@ from typing import Any
 
 from kvsched.commands import help_description
 from kvsched.commands.simulate import check_output_path
+from kvsched.engine_flags import vllm_words
 from kvsched.errors import UserInputError
 from kvsched.progress import ProgressBar
 from kvsched.scheduler_defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
@@ -34,6 +35,7 @@ from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.pricing import ALLOW_FLAG, check_one_pricing, is_mixed
 from kvsched.sim.results import json_safe
 from kvsched.sim.run import build_workload
+from kvsched.sim.serve_line import serve_dests
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.tune.evaluate import ResultCache, inputs_digest
 from kvsched.tune.executors import make_executor
@@ -49,7 +51,7 @@ from kvsched.tune.search import (
     rate_grid,
     search,
 )
-from kvsched.tune.space import SearchSpace, check_space_values
+from kvsched.tune.space import NONE_WORDS, SearchSpace, check_space_values
 from kvsched.yamlfile import read_options_file
 
 ON_OFF = {"on": True, "off": False}
@@ -58,9 +60,6 @@ DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "kvsched", "tune
 FIXED_ENGINE = ("max_model_len", "dtype", "quantization", "step_time_backend", "step_time_profile",
                 "gpu_memory_utilization", "block_size", "calibration", "async_scheduling",
                 "speculative_config", "spec_acceptance")
-# Those of them vllm serve takes (the others are kvsched's).
-SERVE_ENGINE = ("max_model_len", "dtype", "quantization", "gpu_memory_utilization", "block_size",
-                "async_scheduling", "speculative_config")
 # vLLM's defaults, as EngineOptions (kvsched simulate's flags) holds them.
 ENGINE_DEFAULTS = {k: getattr(EngineOptions(), k) for k in FIXED_ENGINE}
 
@@ -154,24 +153,17 @@ def add_tune_parser(sub: Any) -> None:
     p.set_defaults(func=run_tune)
 
 
-def _values(name: str, raw: list[str] | None, args: argparse.Namespace) -> list[Any] | None:
-    if raw is None:
-        return None
-    where = f"--{name.replace('_', '-')}"
-    if name in ("enable_chunked_prefill", "enable_prefix_caching", "enable_expert_parallel"):
-        return list(check_space_values(name, [ON_OFF[v] for v in raw], where))
-    if name in ("max_num_seqs", "max_num_batched_tokens"):
-        vals: list[Any] = []
-        for v in raw:
-            if v == "default":
-                vals.append(None)
-                continue
-            try:
-                vals.append(int(v))
-            except ValueError:
-                raise UserInputError(f"{where}={v!r}: give integers or 'default'") from None
-        return list(check_space_values(name, vals, where))
-    return list(check_space_values(name, list(raw), where))
+def _numbers(name: str, raw: list[str]) -> list[int | float | None]:
+    """A searched flag's words as values, None for its word (the space's
+    :data:`~kvsched.tune.space.NONE_WORDS`)."""
+    none_word, kind, what = NONE_WORDS[name]
+    out: list[int | float | None] = []
+    for v in raw:
+        try:
+            out.append(None if v == none_word else kind(v))
+        except ValueError:
+            raise UserInputError(f"--{name.replace('_', '-')}={v!r}: give {what} or {none_word!r}") from None
+    return out
 
 
 def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
@@ -202,15 +194,13 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
              else None,
              "kv_cache_dtype": args.kv_cache_dtype, "scheduling_policy": args.scheduling_policy,
              "admission_policy": args.admission_policy, "router": args.router,
-             "kv_offloading_size": _offloading_sizes(args.kv_offloading_size),
+             "kv_offloading_size": args.kv_offloading_size,
              "kv_offloading_roles": args.kv_offloading_roles}
     for name, raw in flags.items():
         if raw is None:
             continue
-        if name in ("max_num_seqs", "max_num_batched_tokens"):
-            dims[name] = _values(name, raw, args) or []
-        else:
-            dims[name] = list(check_space_values(name, list(raw), f"--{name.replace('_', '-')}"))
+        values = _numbers(name, raw) if name in NONE_WORDS else list(raw)
+        dims[name] = list(check_space_values(name, values, f"--{name.replace('_', '-')}"))
     dims["hardware"] = list(check_space_values("hardware", dims["hardware"], "--hardware"))
     if args.step_time_profile is not None:
         _pin_to_profile(dims, args.step_time_profile, tp_given)
@@ -224,22 +214,6 @@ def build_space(args: argparse.Namespace, is_moe: bool) -> SearchSpace:
                              "which roles offload only matters with prefill/decode disaggregation; add "
                              "--disaggregation auto or drop --kv-offloading-roles")
     return SearchSpace(**{k: tuple(v) for k, v in dims.items()}, disaggregation=disaggregation)
-
-
-def _offloading_sizes(raw: list[str] | None) -> list[float | str] | None:
-    """--kv-offloading-size's words: GiB numbers or 'off'."""
-    if raw is None:
-        return None
-    out: list[float | str] = []
-    for v in raw:
-        if v == "off":
-            out.append(v)
-            continue
-        try:
-            out.append(float(v))
-        except ValueError:
-            raise UserInputError(f"--kv-offloading-size={v!r}: give GiB numbers or 'off'") from None
-    return out
 
 
 def _pin_to_profile(dims: dict[str, list[Any]], path: str, tp_given: bool) -> None:
@@ -330,12 +304,8 @@ def run_tune(args: argparse.Namespace) -> int:
     # Only what differs from the defaults: the reproducing lines stay short.
     engine = {k: getattr(args, k) for k in FIXED_ENGINE
               if getattr(args, k) is not None and getattr(args, k) != ENGINE_DEFAULTS.get(k)}
-    serve_flags: list[str] = []
-    for k, v in engine.items():
-        flag = f"--{k.replace('_', '-')}"
-        words = ([flag] if v else [f"--no-{k.replace('_', '-')}"]) if isinstance(v, bool) else [flag, str(v)]
-        if k in SERVE_ENGINE:
-            serve_flags += words
+    # Those vllm serve takes go on its line too (the others are kvsched's).
+    serve_flags = [word for k, v in engine.items() if k in serve_dests() for word in vllm_words(k, v)]
     base_spec = RunSpec(DeploymentSpec((InstanceGroup(EngineOptions(model=args.model, **engine)),)),
                         workload_spec)
     space = build_space(args, model.is_moe)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass, fields
@@ -9,7 +10,6 @@ from typing import Any
 
 from kvsched.config import (
     DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
     MAX_BLOCK_SIZE,
     NGRAM_METHODS,
     SpeculativeConfig,
@@ -20,6 +20,7 @@ from kvsched.config import (
     resolve_speculative_method,
     speculative_object,
 )
+from kvsched.engine_flags import SchedulerCacheOptions
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.jsonfile import show
@@ -119,25 +120,20 @@ def engine_speculative_config(value: object, async_scheduling: bool = False) -> 
     return config
 
 
-@dataclass(slots=True)
-class EngineArgs:
+@dataclass(frozen=True, slots=True)
+class EngineArgs(SchedulerCacheOptions):
+    """The engine's arguments: vLLM's scheduler and KV-cache ones
+    (:class:`~kvsched.engine_flags.SchedulerCacheOptions`, declared once
+    for every entry point) and the engine's own. :meth:`from_kwargs` checks
+    them; frozen, so what was checked is what runs."""
+
     model: str
     tokenizer: str | None = None
     dtype: str = "auto"
     device: str = "auto"
     seed: int = 0
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    long_prefill_token_threshold: int = 0
-    scheduling_policy: str = "fcfs"
-    block_size: int = DEFAULT_BLOCK_SIZE
-    num_gpu_blocks_override: int | None = None
     kv_cache_memory: int | str | None = None
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    # vLLM's --speculative-config (a dict or its JSON text); validate() turns
+    # vLLM's --speculative-config (a dict or its JSON text); validated() turns
     # it into a SpeculativeConfig.
     speculative_config: dict[str, Any] | str | SpeculativeConfig | None = None
     # vLLM's --async-scheduling: schedule step N+1 before step N's output is
@@ -158,19 +154,19 @@ class EngineArgs:
         if unknown:
             raise UserInputError(f"unknown engine argument(s) {', '.join(unknown)}; kvsched accepts "
                              f"{', '.join(sorted(known - {'model'}))}")
-        args = cls(model=model, **kwargs)
-        args.validate()
-        return args
+        return cls(model=model, **kwargs).validated()
 
-    def validate(self) -> None:
+    def validated(self) -> EngineArgs:
+        """These arguments checked, each bad one named; the copy returned
+        holds ``kv_cache_memory`` in bytes and ``speculative_config`` as a
+        SpeculativeConfig."""
         if not isinstance(self.model, str) or not self.model:
             raise UserInputError(f"model={self.model!r}: give the path of a Hugging Face checkpoint "
                                  f"directory")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise UserInputError(f"device={self.device!r}: use auto, cpu, cuda or cuda:N")
         check_gpu_memory_utilization(self.gpu_memory_utilization)
-        if self.kv_cache_memory is not None:
-            self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
+        kv_cache_memory = None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory)
         check_num_gpu_blocks_override(self.num_gpu_blocks_override)
         block = self.block_size
         if not is_int(block) or not 1 <= block <= MAX_BLOCK_SIZE:
@@ -188,12 +184,12 @@ class EngineArgs:
                                  "UsageContext (LLM_CLASS or OPENAI_API_SERVER)")
         if type(self.async_scheduling) is not bool:
             raise UserInputError(f"async_scheduling={self.async_scheduling!r}: must be True or False")
-        self.speculative_config = engine_speculative_config(self.speculative_config,
-                                                           self.async_scheduling)
+        speculative = engine_speculative_config(self.speculative_config, self.async_scheduling)
+        return dataclasses.replace(self, kv_cache_memory=kv_cache_memory, speculative_config=speculative)
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
-        """The speculative config as a SpeculativeConfig (validate() stores it so;
+        """The speculative config as a SpeculativeConfig (validated() stores it so;
         parsed here if it has not run)."""
         config = self.speculative_config
         if config is not None and not isinstance(config, SpeculativeConfig):

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvsched.config import MAX_STEP_LIMIT, NGRAM_METHODS
 from kvsched.engine.args import check_seed
-from kvsched.engine_flags import EngineFlagDefaults, add_scheduler_cache_flags
+from kvsched.engine_flags import SCHEDULER_CACHE_FLAGS, EngineFlagDefaults, add_scheduler_cache_flags
 from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import json_problem, show, strict_loads
@@ -81,17 +81,8 @@ def add_engine_flags(group: argparse._ArgumentGroup) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """``LLM``'s keyword arguments from the flags :func:`add_engine_flags` adds."""
-    return dict(dtype=args.dtype, device=args.device, seed=args.seed,
-                max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                enable_chunked_prefill=args.enable_chunked_prefill,
-                enable_prefix_caching=args.enable_prefix_caching,
-                long_prefill_token_threshold=args.long_prefill_token_threshold,
-                scheduling_policy=args.scheduling_policy, block_size=args.block_size,
-                num_gpu_blocks_override=args.num_gpu_blocks_override,
-                kv_cache_memory=args.kv_cache_memory,
-                gpu_memory_utilization=args.gpu_memory_utilization,
-                speculative_config=args.speculative_config, async_scheduling=args.async_scheduling)
+    # Every flag of the shared set is an engine argument of the same name.
+    return {name: getattr(args, name) for name in (*SCHEDULER_CACHE_FLAGS, "device", "kv_cache_memory")}
 
 
 def read_prompts(args: argparse.Namespace, max_file_bytes: int = MAX_PROMPTS_FILE_BYTES,

@@ -9,14 +9,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvsched.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
     MAX_BLOCK_SIZE,
     MAX_NUM_GPU_BLOCKS,
     MAX_PIPELINE_PARALLEL_SIZE,
     MAX_STEP_COUNT,
     MAX_STEP_LIMIT,
-    POLICIES,
     CacheConfig,
     SchedulerConfig,
     check_gpu_memory_utilization,
@@ -24,6 +21,7 @@ from kvsched.config import (
     check_num_gpu_blocks_override,
     check_speculative_settings,
 )
+from kvsched.engine_flags import SchedulerCacheOptions
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.jsonfile import show
@@ -99,8 +97,11 @@ QUANTIZATIONS = tuple(QUANTIZATION_FORMATS)
 
 
 @dataclass(frozen=True, slots=True)
-class EngineOptions:
-    """vLLM engine arguments (None = vLLM's default for this deployment)."""
+class EngineOptions(SchedulerCacheOptions):
+    """vLLM engine arguments (None = vLLM's default for this deployment):
+    the scheduler and KV-cache ones every entry point shares
+    (:class:`~kvsched.engine_flags.SchedulerCacheOptions`, declared once)
+    and those of a served deployment."""
 
     model: str = "meta-llama/Llama-3.1-8B"
     hardware: str = "h100-sxm"
@@ -110,21 +111,11 @@ class EngineOptions:
     enable_expert_parallel: bool = False
     # vLLM's --pipeline-parallel-size: stages of TP GPUs each (kvsched.perf.pipeline).
     pipeline_parallel_size: int = 1
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    max_model_len: int | None = None
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    block_size: int = DEFAULT_BLOCK_SIZE
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    long_prefill_token_threshold: int = 0
-    scheduling_policy: str = POLICIES[0]
     dtype: str = "bf16"
     # vLLM's --quantization: the weights' format when it is not the
     # checkpoint's own (None: the checkpoint's, e.g. "-FP8" in its name).
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
-    num_gpu_blocks_override: int | None = None
     async_scheduling: bool = True
     prefill_schedule_interval: int = 1
     # How steps are priced: "measured" vLLM kernel tables, the "roofline",

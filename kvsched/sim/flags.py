@@ -11,6 +11,7 @@ this module sees an argparse ``Namespace``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from collections.abc import Collection, Sequence
@@ -21,7 +22,9 @@ from kvsched.engine_flags import (
     SCHEDULER_CACHE_FLAGS,
     EngineFlagDefaults,
     OnlyFlags,
+    add_declared_flags,
     add_scheduler_cache_flags,
+    vllm_words,
 )
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
@@ -41,7 +44,13 @@ from kvsched.sim.spec import (
     deployment_spec,
     flag_name,
 )
-from kvsched.sim.workload import DATASET_NAMES, DEFAULT_INPUT_LEN, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LEN
+from kvsched.sim.workload import (
+    DATASET_NAMES,
+    DEFAULT_INPUT_LEN,
+    DEFAULT_NUM_PROMPTS,
+    DEFAULT_OUTPUT_LEN,
+    BenchDatasetOptions,
+)
 from kvsched.sim.workload.lora import LORA_ASSIGNMENTS
 
 # The roles of a disaggregated deployment, and the scheduler settings each
@@ -209,32 +218,8 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", help="the tokenizer the datasets count tokens with: a directory with "
                                        "tokenizer.json, or a Hugging Face id in the local cache (default: "
                                        "the model's where on disk, else ~4 bytes a token, with a warning)")
-    g.add_argument("--sharegpt-output-len", type=int,
-                   help="sharegpt: every request's output length (default: the conversation's reply)")
-    g.add_argument("--custom-output-len", type=int,
-                   help="custom: every request's output length; -1: each line's output_tokens (default 256)")
-    g.add_argument("--skip-chat-template", action="store_true",
-                   help="custom: count the prompt as written, not through the chat template")
-    g.add_argument("--sonnet-input-len", type=int, help="sonnet: prompt tokens at most (default 550)")
-    g.add_argument("--sonnet-output-len", type=int, help="sonnet: output tokens (default 150)")
-    g.add_argument("--sonnet-prefix-len", type=int,
-                   help="sonnet: tokens of the prefix every prompt shares (default 200)")
-    g.add_argument("--prefix-repetition-prefix-len", type=int,
-                   help="prefix_repetition: tokens of each shared prefix (default 256)")
-    g.add_argument("--prefix-repetition-suffix-len", type=int,
-                   help="prefix_repetition: tokens of each prompt's own suffix (default 256)")
-    g.add_argument("--prefix-repetition-num-prefixes", type=int,
-                   help="prefix_repetition: prefixes, each shared by num_prompts // num_prefixes prompts "
-                        "(default 10)")
-    g.add_argument("--prefix-repetition-output-len", type=int,
-                   help="prefix_repetition: output tokens (default 128)")
-    g.add_argument("--disable-shuffle", action="store_true",
-                   help="sharegpt, custom, prefix_repetition: keep the file's (generation's) order")
-    g.add_argument("--no-oversample", action="store_true",
-                   help="sharegpt, custom: send only the rows there are, not --num-prompts")
-    g.add_argument("--burstgpt-timestamps", action="store_true",
-                   help="burstgpt (kvsched's): replay the GPT-4 rows in file order at their own "
-                        "Timestamp instead of sampling them as vLLM does")
+    # vllm bench serve's dataset flags, declared with their fields.
+    add_declared_flags(g, BenchDatasetOptions)
     g.add_argument("--random-input-len", type=int,
                    help=f"random: prompt tokens per request (default {DEFAULT_INPUT_LEN})")
     g.add_argument("--random-output-len", type=int,
@@ -420,6 +405,17 @@ def simulate_flag_parser(prog: str = "kvsched simulate") -> argparse.ArgumentPar
     return p
 
 
+@functools.cache
+def engine_fields() -> tuple[str, ...]:
+    """EngineOptions' fields in the order simulate's ``--help`` lists their
+    flags: the order :func:`spec_argv` writes them in (the model and its
+    placement first, as a user writes them)."""
+    names = {f.name for f in fields(EngineOptions)}
+    order = tuple(dict.fromkeys(a.dest for a in simulate_flag_parser()._actions if a.dest in names))
+    assert set(order) == names, f"EngineOptions fields without a flag: {sorted(names - set(order))}"
+    return order
+
+
 def parse_percentile_metrics(text: str | None) -> tuple[str, ...]:
     """``--percentile-metrics`` (None: kvsched's default)."""
     if text is None:
@@ -451,7 +447,6 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
     return values
 
 
-_ENGINE_FIELDS = tuple(f.name for f in fields(EngineOptions))
 _GROUP_FIELDS = tuple(f.name for f in fields(InstanceGroup) if f.name not in ("engine", "role"))
 _WORKLOAD_FIELDS = tuple(f.name for f in fields(WorkloadSpec))
 
@@ -495,7 +490,7 @@ def _field_value(name: str, value: Any) -> Any:
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     """The run spec a parsed command line describes (engine, workload and,
     where present, output flags)."""
-    engine = EngineOptions(**{name: _field_value(name, getattr(args, name)) for name in _ENGINE_FIELDS
+    engine = EngineOptions(**{name: _field_value(name, getattr(args, name)) for name in engine_fields()
                               if hasattr(args, name)})
     group = InstanceGroup(engine, **{name: getattr(args, name) for name in _GROUP_FIELDS
                                      if hasattr(args, name)})
@@ -530,18 +525,19 @@ def parse_spec(argv: Sequence[str], prog: str = "kvsched simulate") -> RunSpec:
 
 
 def _words(name: str, value: object, default: object) -> list[str]:
-    flag = "--" + name.replace("_", "-")
+    """One field as simulate's flags: vLLM's spelling (:func:`vllm_words`)
+    but for a number, written exactly (``repr``: parse_spec gives the spec
+    back), and the flags vLLM has no ``--no-`` form or list of."""
+    flag = flag_name(name)
     if value == default or value is None:
         return []
-    if isinstance(value, bool):
-        if name == "enable_expert_parallel":  # a store_true flag, as vLLM's
-            return [flag] if value else []
-        return [flag] if value else ["--no-" + name.replace("_", "-")]
+    if name == "enable_expert_parallel":  # a store_true flag, as vLLM's
+        return [flag] if value else []
     if isinstance(value, float):
         return [flag, "inf" if math.isinf(value) else repr(value)]
     if isinstance(value, tuple):  # an nargs="+" flag (--lora-modules)
         return [flag, *map(str, value)] if value else []
-    return [flag, str(value)]
+    return vllm_words(name, value, default)
 
 
 def spec_argv(spec: RunSpec) -> list[str]:
@@ -576,7 +572,7 @@ def spec_argv(spec: RunSpec) -> list[str]:
             out += ["--kv-transfer-config", deployment.kv_transfer_config]
         out += _words("router", deployment.router, DeploymentSpec().router)
         skip = ("tensor_parallel_size", "data_parallel_size", *differ)
-    for name in _ENGINE_FIELDS:
+    for name in engine_fields():
         if name in skip:
             continue
         out += _words(name, getattr(group.engine, name), getattr(d_engine, name))

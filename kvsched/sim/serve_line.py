@@ -34,11 +34,13 @@ import functools
 import json
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from kvsched.errors import UserInputError
+from kvsched.jsonfile import strict_loads
 
 FLAGS_FILE = Path(__file__).resolve().parent / "data" / "vllm_flags.json"
 
@@ -97,6 +99,14 @@ def vllm_flags() -> VllmFlags:
                      read(data["bench"]))
 
 
+@functools.cache
+def serve_dests() -> frozenset[str]:
+    """The engine arguments a ``vllm serve`` line can carry (the dests of
+    vLLM's serve flags): which of kvsched's settings a written serve line
+    spells out, the others being kvsched's own."""
+    return frozenset(f.dest for f in vllm_flags().serve)
+
+
 # -- the classification: one table -------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -146,83 +156,17 @@ NOT_FORWARDED = {SERVE: ("seed", "tokenizer"),
                  BENCH: ("save_result", "save_detailed", "append_result", "result_dir", "result_filename",
                          "metadata", "label")}
 
-SERVE_NO_EFFECT: dict[str, tuple[str, ...]] = {
-    "the API server's address, TLS, CORS and HTTP settings, not the engine": (
-        "host", "port", "uds", "grpc", "grpc_port", "root_path", "middleware", "allow_credentials",
-        "allowed_origins", "allowed_methods", "allowed_headers", "api_key", "ssl_keyfile", "ssl_certfile",
-        "ssl_ca_certs", "enable_ssl_refresh", "ssl_cert_reqs", "ssl_ciphers", "enable_request_id_headers",
-        "disable_fastapi_docs", "enable_offline_docs", "h11_max_incomplete_event_size",
-        "h11_max_header_count",
-        "sse_keep_alive_interval", "enable_server_load_tracking", "enable_tokenizer_info_endpoint",
-        "fingerprint_mode", "fingerprint_value", "enable_scale_out", "data_parallel_supervisor_port",
-        "dp_supervisor_probe_interval_s", "dp_supervisor_probe_timeout_s",
-        "dp_supervisor_probe_failure_threshold", "api_server_count", "headless"),
-    "how requests are named, rendered and answered (the prompt's tokens are the workload's)": (
-        "served_model_name", "chat_template", "chat_template_content_format", "trust_request_chat_template",
-        "trust_request_mm_kwargs", "default_chat_template_kwargs", "response_role",
-        "return_tokens_as_token_ids", "enable_auto_tool_choice", "exclude_tools_when_tool_choice_none",
-        "tool_call_parser", "tool_parser_plugin", "tool_strict_level", "tool_server",
-        "enable_prompt_tokens_details", "enable_force_include_usage", "cohere_is_reasoning_model",
-        "cohere_format", "anthropic_disabled_thinking_effort", "tokens_only", "reasoning_parser",
-        "reasoning_parser_plugin", "tokenizer", "tokenizer_mode", "tokenizer_revision", "skip_tokenizer_init",
-        "renderer_num_workers", "max_logprobs", "logprobs_mode", "return_sampling_mask",
-        "enable_return_routed_experts", "aux_output_config", "generation_config",
-        "override_generation_config", "structured_outputs_config", "reasoning_config",
-        "enable_prompt_embeds", "io_processor_plugin", "enable_flash_late_interaction"),
-    "logging, metrics, tracing and profiling": (
-        "max_log_len", "enable_log_outputs", "enable_log_deltas", "log_error_stack",
-        "enable_per_request_metrics", "uvicorn_log_level", "disable_uvicorn_access_log",
-        "disable_access_log_for_endpoints", "logging_config", "log_level", "log_config_file",
-        "show_hidden_metrics_for_version", "otlp_traces_endpoint", "collect_detailed_traces",
-        "per_request_spec_decode_metrics", "kv_cache_metrics", "kv_cache_metrics_sample",
-        "custom_histogram_buckets", "cudagraph_metrics", "enable_mfu_metrics",
-        "enable_logging_iteration_details", "jit_monitor_mode", "jit_monitor_verbose", "disable_log_stats",
-        "aggregate_engine_logging", "enable_log_requests", "profiler_config", "ray_workers_use_nsight",
-        "enable_layerwise_nvtx_tracing", "kv_events_config"),
-    "where the weights and config come from and how they load: start-up, not serving": (
-        "config_format", "revision", "code_revision", "trust_remote_code", "hf_token", "download_dir",
-        "load_format", "safetensors_load_strategy", "safetensors_prefetch_num_threads",
-        "safetensors_prefetch_block_size", "model_loader_extra_config", "ignore_patterns", "use_tqdm_on_load",
-        "pt_load_map_location", "max_parallel_loading_workers", "allow_deprecated_quantization",
-        "fail_on_environ_validation", "shutdown_timeout", "enable_ep_weight_filter"),
-    "sleep mode, weight updates and fault recovery: the engine's life cycle, not its steps": (
-        "enable_sleep_mode", "sleep_mode_offload_cudagraph", "sleep_preserve_parameter_names",
-        "enable_cumem_allocator", "enable_nccl_comm_suspend", "weight_transfer_config",
-        "enable_fault_tolerance", "fault_tolerance_config", "worker_extension_cls"),
-    "where processes run (nodes, ports, NUMA, devices): the same engine cores on the same GPUs": (
-        "master_addr", "master_port", "nnodes", "node_rank", "distributed_timeout_seconds",
-        "cpu_distributed_timeout_seconds", "numa_bind", "numa_bind_nodes", "numa_bind_cpus", "device_ids",
-        "distributed_executor_backend", "data_parallel_rank", "data_parallel_start_rank",
-        "data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
-        "data_parallel_backend", "enable_shm_tensor_arena"),
-    "the engine's sampling seed (kvsched's --seed seeds the workload, as vllm bench serve's)": ("seed",),
-    "multimodal inputs: kvsched's workloads are text": (
-        "allowed_local_media_path", "allowed_media_domains", "language_model_only", "limit_mm_per_prompt",
-        "enable_mm_embeds", "media_io_kwargs", "mm_processor_kwargs", "mm_processor_cache_gb",
-        "mm_processor_cache_type", "mm_hasher_algorithm", "mm_shm_cache_max_object_size_mb",
-        "mm_encoder_tp_mode", "mm_encoder_attn_backend", "mm_encoder_attn_dtype",
-        "mm_encoder_fp8_scale_path", "mm_encoder_fp8_scale_save_path", "mm_encoder_fp8_scale_save_margin",
-        "interleave_mm_strings", "skip_mm_profiling", "video_pruning_rate", "video_pruning_method",
-        "mm_tensor_ipc", "mm_processor_device", "mm_device_do_normalize", "disable_chunked_mm_input",
-        "ec_transfer_config", "ec_manager_config", "default_mm_loras", "enable_tower_connector_lora"),
-    "state-space (Mamba) layers' cache: kvsched prices attention layers only": (
-        "mamba_backend", "mamba_ssu_algorithm", "enable_mamba_cache_stochastic_rounding",
-        "mamba_cache_philox_rounds", "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_block_size",
-        "mamba_cache_mode", "enable_mamba_shared_prefix_checkpoint", "replayssm_buffer_len", "use_replayssm",
-        "prefix_match_unit", "gdn_prefill_backend", "kda_prefill_backend", "kda_decode_backend"),
-    "LoRA details that do not change its price (16-bit LoRA weights either way; CUDA graphs per "
-    "active-adapter count; MoE and classifier LoRA layouts, on models kvsched refuses LoRA for)": (
-        "lora_dtype", "specialize_active_lora", "enable_mixed_moe_lora_format", "enable_moe_shared_loras",
-        "max_lora_cls_labels"),
-    "settings of a feature kvsched refuses when on (context parallel, DBO, EPLB, elastic EP)": (
-        "dcp_comm_backend", "dcp_q_replicate",
-        "dcp_kv_cache_interleave_size", "cp_kv_cache_interleave_size", "dbo_decode_token_threshold",
-        "dbo_prefill_token_threshold", "eplb_config", "elastic_ep_max_dp_size"),
-    "prefix-cache hashing: the hash function, not which blocks hit": ("prefix_caching_hash_algo",),
-    "cascade attention off: kvsched prices attention without it anyway": ("disable_cascade_attn",),
-    "a sampler's float precision": ("use_fp64_gumbel",),
-}
+# vLLM's flags that change nothing kvsched predicts, by the reason, for each
+# line: data (a list of vLLM's names), in data/vllm_flags_no_effect.json.
+NO_EFFECT_FILE = Path(__file__).resolve().parent / "data" / "vllm_flags_no_effect.json"
 
+
+def _read_no_effect(command: str) -> Mapping[str, tuple[str, ...]]:
+    data = strict_loads(NO_EFFECT_FILE.read_text(encoding="utf-8"))  # a reason given twice is refused
+    return MappingProxyType({why: tuple(dests) for why, dests in data[command].items()})
+
+
+SERVE_NO_EFFECT = _read_no_effect(SERVE)
 _KERNELS = Refusal("a kernel or compilation choice: kvsched prices vLLM's default kernels and CUDA graphs",
                    "drop it, or price your own vLLM's steps with kvsched profile and --step-time-profile")
 _NOT_SIMULATED = "kvsched does not simulate it"
@@ -322,21 +266,7 @@ SERVE_REFUSED: dict[str, Refusal] = {
                       "paste the file's settings as flags on the line"),
 }
 
-BENCH_NO_EFFECT: dict[str, tuple[str, ...]] = {
-    "where and how the client connects (the prediction is the server's)": (
-        "backend", "base_url", "host", "port", "endpoint", "header", "insecure", "ready_check_timeout_sec",
-        "served_model_name", "request_id_prefix", "extra_body", "chat_template_kwargs", "label"),
-    "the client's tokenizer and prompt text (kvsched's datasets give token counts)": (
-        "tokenizer_mode", "trust_remote_code", "skip_tokenizer_init", "enable_multimodal_chat", "no_stream"),
-    "sampling parameters: priced alike, and the output lengths are the dataset's": (
-        "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-        "repetition_penalty", "logprobs"),
-    "where the real benchmark writes its results (kvsched's --save-result FILE.json writes the "
-    "prediction)": (
-        "save_result", "save_detailed", "append_result", "result_dir", "result_filename", "metadata",
-        "plot_timeline", "timeline_itl_thresholds", "plot_dataset_stats", "disable_tqdm", "profile"),
-    "warm-up requests sent before the measured run": ("num_warmups",),
-}
+BENCH_NO_EFFECT = _read_no_effect(BENCH)
 BENCH_REFUSED: dict[str, Refusal] = {
     "use_beam_search": Refusal("beam search: kvsched simulates one sequence per request", "drop it",
                                (False,)),
@@ -374,7 +304,7 @@ RETIRED: dict[str, str] = {
 }
 
 
-def _tables(command: str) -> tuple[dict[str, str], dict[str, Refusal], dict[str, str]]:
+def _tables(command: str) -> tuple[dict[str, str], Mapping[str, Refusal], Mapping[str, str]]:
     no_effect = SERVE_NO_EFFECT if command == SERVE else BENCH_NO_EFFECT
     reasons = {dest: why for why, dests in no_effect.items() for dest in dests}
     return reasons, SERVE_REFUSED if command == SERVE else BENCH_REFUSED, (

@@ -19,16 +19,25 @@ import json
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from types import MappingProxyType
 from typing import Any
 
+from kvsched.config import POLICIES
+from kvsched.engine_flags import vllm_words
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
+from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.disagg import node_of_instances
 from kvsched.sim.offload_transfer import GIB
-from kvsched.sim.spec import PD_ROUTERS, DeploymentSpec, RunSpec, deployment_spec
+from kvsched.sim.serve_line import serve_dests
+from kvsched.sim.spec import PD_ROUTERS, DeploymentSpec, InstanceGroup, RunSpec, deployment_spec
 
-# vLLM's scheduler defaults, left to vLLM (None): the flag is then not passed.
-DEFAULT = None
+# The run spec's defaults, which are vLLM's (kvsched.engine_flags declares
+# the scheduler and cache ones): a candidate's setting left at one of them
+# is written on neither command line. None: vLLM's default for the
+# deployment.
+_ENGINE = EngineOptions()
+_GROUP = InstanceGroup()
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,22 +47,22 @@ class Candidate:
 
     hardware: str
     tensor_parallel_size: int
-    data_parallel_size: int = 1
-    enable_expert_parallel: bool = False
+    data_parallel_size: int = _ENGINE.data_parallel_size
+    enable_expert_parallel: bool = _ENGINE.enable_expert_parallel
     # vLLM's --pipeline-parallel-size: stages of tensor_parallel_size GPUs
     # per engine core (colocated only).
-    pipeline_parallel_size: int = 1
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"
-    scheduling_policy: str = "fcfs"
+    pipeline_parallel_size: int = _ENGINE.pipeline_parallel_size
+    max_num_seqs: int | None = _ENGINE.max_num_seqs
+    max_num_batched_tokens: int | None = _ENGINE.max_num_batched_tokens
+    enable_chunked_prefill: bool = _ENGINE.enable_chunked_prefill
+    enable_prefix_caching: bool = _ENGINE.enable_prefix_caching
+    kv_cache_dtype: str = _ENGINE.kv_cache_dtype
+    scheduling_policy: str = _ENGINE.scheduling_policy
     # kvsched's admission hooks (not vLLM flags): none, balance (seed 001's
     # data-parallel gate), prefill-cadence.
-    admission_policy: str = "none"
+    admission_policy: str = _GROUP.admission_policy
     # vLLM's --kv-offloading-size (GiB of CPU KV cache per engine core; None: off).
-    kv_offloading_size: float | None = None
+    kv_offloading_size: float | None = _ENGINE.kv_offloading_size
     # Prefill/decode disaggregation (--disaggregation auto): this many
     # prefill instances of prefill_tensor_parallel_size GPUs each, and then
     # tensor_parallel_size and data_parallel_size are the decode instances'
@@ -61,7 +70,7 @@ class Candidate:
     prefill_instances: int = 0
     prefill_tensor_parallel_size: int = 0
     # How the P/D proxy picks an instance of each role (colocated: unused).
-    router: str = "round-robin"
+    router: str = DeploymentSpec().router
     # Which roles of a P/D deployment get kv_offloading_size's CPU cache:
     # both, prefill or decode (the others run NixlConnector alone; in vLLM
     # each instance has its own --kv-transfer-config). Colocated, or
@@ -262,26 +271,14 @@ class Candidate:
 
 
 def _serve_flags(c: Candidate) -> list[str]:
-    """The scheduler and cache flags that differ from vLLM's defaults (which
-    are ``kvsched simulate``'s too): the same words on both command lines."""
-    flags: list[str] = []
-    if c.max_num_seqs is not None:
-        flags += ["--max-num-seqs", str(c.max_num_seqs)]
-    if c.max_num_batched_tokens is not None:
-        flags += ["--max-num-batched-tokens", str(c.max_num_batched_tokens)]
-    if not c.enable_chunked_prefill:
-        flags.append("--no-enable-chunked-prefill")
-    if not c.enable_prefix_caching:
-        flags.append("--no-enable-prefix-caching")
-    if c.kv_cache_dtype != "auto":
-        flags += ["--kv-cache-dtype", c.kv_cache_dtype]
-    if c.scheduling_policy != "fcfs":
-        flags += ["--scheduling-policy", c.scheduling_policy]
-    # vLLM's backend, native, is the default. A P/D instance's offloading is
-    # in its --kv-transfer-config (vLLM's flag would replace NIXL).
-    if c.kv_offloading_size is not None and not c.disaggregated:
-        flags += ["--kv-offloading-size", f"{c.kv_offloading_size:g}"]
-    return flags
+    """The scheduler and cache flags (:data:`SERVE_FIELDS`) that differ from
+    vLLM's defaults (which are ``kvsched simulate``'s too): the same
+    settings on both command lines, in vLLM's spelling."""
+    # vLLM's offloading backend, native, is the default. A P/D instance's
+    # offloading is in its --kv-transfer-config (vLLM's flag would replace NIXL).
+    names = [n for n in SERVE_FIELDS
+             if n in serve_dests() and not (n == "kv_offloading_size" and c.disaggregated)]
+    return [word for n in names for word in vllm_words(n, getattr(c, n), getattr(_ENGINE, n))]
 
 
 # What vLLM's NixlConnector guide passes to every instance: the proxy, not
@@ -309,8 +306,11 @@ def role_port(role: str, index: int) -> int:
 
 
 # Candidate fields that are the engine's arguments (EngineOptions' names).
-ENGINE_FIELDS = frozenset(f.name for f in fields(Candidate)) - {
-    "admission_policy", "prefill_instances", "prefill_tensor_parallel_size", "router", "kv_offloading_roles"}
+ENGINE_FIELDS = frozenset(f.name for f in fields(Candidate)) & {f.name for f in fields(EngineOptions)}
+# Those _serve_flags writes where vllm serve takes them (not the GPU): all but
+# the parallel layout, which Candidate.vllm_serve writes first.
+SERVE_FIELDS = tuple(f.name for f in fields(Candidate) if f.name in ENGINE_FIELDS and f.name not in (
+    "tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "pipeline_parallel_size"))
 # The dimensions a space file or the flags may list, with their types (the
 # P/D shape is no dimension: --disaggregation auto enumerates it).
 DIMENSIONS: Mapping[str, type] = {
@@ -328,7 +328,14 @@ PD_ROLES = ("prefill", "decode")
 OFFLOADING_ROLES = ("both", *PD_ROLES)
 ADMISSION_POLICIES = ("none", "balance", "prefill-cadence")
 KV_CACHE_DTYPES = ("auto", "fp8")
-POLICIES = ("fcfs", "priority")
+# The dimensions a word (or null) sets to None, vLLM's default for the
+# deployment or off: (the word, the type of the other values, how a message
+# names them). The flags give every value as a word.
+NONE_WORDS: Mapping[str, tuple[str, type[int] | type[float], str]] = MappingProxyType({
+    "max_num_seqs": ("default", int, "integers"),
+    "max_num_batched_tokens": ("default", int, "integers"),
+    "kv_offloading_size": ("off", float, "GiB numbers"),
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,17 +348,18 @@ class SearchSpace:
     hardware: tuple[str, ...]
     tensor_parallel_size: tuple[int, ...]
     data_parallel_size: tuple[int, ...]
-    enable_expert_parallel: tuple[bool, ...] = (False,)
-    pipeline_parallel_size: tuple[int, ...] = (1,)
-    max_num_seqs: tuple[int | None, ...] = (None,)
-    max_num_batched_tokens: tuple[int | None, ...] = (None,)
-    enable_chunked_prefill: tuple[bool, ...] = (True,)
-    enable_prefix_caching: tuple[bool, ...] = (True,)
-    kv_cache_dtype: tuple[str, ...] = ("auto",)
-    scheduling_policy: tuple[str, ...] = ("fcfs",)
-    admission_policy: tuple[str, ...] = ("none",)
-    kv_offloading_size: tuple[float | None, ...] = (None,)
-    router: tuple[str, ...] = ("round-robin",)
+    # The other dimensions default to the candidates' one value: vLLM's.
+    enable_expert_parallel: tuple[bool, ...] = (_ENGINE.enable_expert_parallel,)
+    pipeline_parallel_size: tuple[int, ...] = (_ENGINE.pipeline_parallel_size,)
+    max_num_seqs: tuple[int | None, ...] = (_ENGINE.max_num_seqs,)
+    max_num_batched_tokens: tuple[int | None, ...] = (_ENGINE.max_num_batched_tokens,)
+    enable_chunked_prefill: tuple[bool, ...] = (_ENGINE.enable_chunked_prefill,)
+    enable_prefix_caching: tuple[bool, ...] = (_ENGINE.enable_prefix_caching,)
+    kv_cache_dtype: tuple[str, ...] = (_ENGINE.kv_cache_dtype,)
+    scheduling_policy: tuple[str, ...] = (_ENGINE.scheduling_policy,)
+    admission_policy: tuple[str, ...] = (_GROUP.admission_policy,)
+    kv_offloading_size: tuple[float | None, ...] = (_ENGINE.kv_offloading_size,)
+    router: tuple[str, ...] = (DeploymentSpec().router,)
     kv_offloading_roles: tuple[str, ...] = ("both",)
     # Also every xPyD split of the budget (--disaggregation auto).
     disaggregation: bool = False
@@ -407,10 +415,7 @@ def check_space_values(name: str, values: Sequence[object], where: str) -> tuple
         raise UserInputError(f"{where}: {name} must be a non-empty list of values")
     out: list[Any] = []
     for v in values:
-        if name in ("max_num_seqs", "max_num_batched_tokens") and v in (None, "default"):
-            out.append(None)
-            continue
-        if name == "kv_offloading_size" and v in (None, "off"):
+        if name in NONE_WORDS and v in (None, NONE_WORDS[name][0]):
             out.append(None)
             continue
         kind = DIMENSIONS[name]

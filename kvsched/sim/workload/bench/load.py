@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsched.engine_flags import flag
 from kvsched.errors import UserInputError
 from kvsched.sim.workload.arrivals import arrival_times_from_state
 from kvsched.sim.workload.bench.burstgpt import burstgpt_timed, sample_burstgpt
@@ -39,22 +40,40 @@ FILE_DATASETS = ("sharegpt", "burstgpt", "sonnet", "custom", "hf")
 
 @dataclass(slots=True, frozen=True)
 class BenchDatasetOptions:
-    """The dataset flags of vllm bench serve (None: vLLM's default)."""
+    """The dataset flags of vllm bench serve (None: vLLM's default), each
+    declared with its flag's help (kvsched.engine_flags.add_declared_flags
+    adds them to simulate's parser)."""
 
-    sharegpt_output_len: int | None = None
-    custom_output_len: int | None = None
-    skip_chat_template: bool = False
-    sonnet_input_len: int | None = None
-    sonnet_output_len: int | None = None
-    sonnet_prefix_len: int | None = None
-    prefix_repetition_prefix_len: int | None = None
-    prefix_repetition_suffix_len: int | None = None
-    prefix_repetition_num_prefixes: int | None = None
-    prefix_repetition_output_len: int | None = None
-    disable_shuffle: bool = False
-    no_oversample: bool = False
+    sharegpt_output_len: int | None = flag(
+        None, "sharegpt: every request's output length (default: the conversation's reply)")
+    custom_output_len: int | None = flag(
+        None, "custom: every request's output length; -1: each line's output_tokens "
+              f"(default {DEFAULT_CUSTOM_OUTPUT_LEN})")
+    skip_chat_template: bool = flag(
+        False, "custom: count the prompt as written, not through the chat template")
+    sonnet_input_len: int | None = flag(
+        None, f"sonnet: prompt tokens at most (default {DEFAULT_SONNET_INPUT_LEN})")
+    sonnet_output_len: int | None = flag(
+        None, f"sonnet: output tokens (default {DEFAULT_SONNET_OUTPUT_LEN})")
+    sonnet_prefix_len: int | None = flag(
+        None, f"sonnet: tokens of the prefix every prompt shares (default {DEFAULT_SONNET_PREFIX_LEN})")
+    prefix_repetition_prefix_len: int | None = flag(
+        None, f"prefix_repetition: tokens of each shared prefix (default {DEFAULT_PREFIX_LEN})")
+    prefix_repetition_suffix_len: int | None = flag(
+        None, f"prefix_repetition: tokens of each prompt's own suffix (default {DEFAULT_SUFFIX_LEN})")
+    prefix_repetition_num_prefixes: int | None = flag(
+        None, "prefix_repetition: prefixes, each shared by num_prompts // num_prefixes prompts "
+              f"(default {DEFAULT_NUM_PREFIXES})")
+    prefix_repetition_output_len: int | None = flag(
+        None, f"prefix_repetition: output tokens (default {DEFAULT_OUTPUT_LEN})")
+    disable_shuffle: bool = flag(
+        False, "sharegpt, custom, prefix_repetition: keep the file's (generation's) order")
+    no_oversample: bool = flag(
+        False, "sharegpt, custom: send only the rows there are, not --num-prompts")
     # kvsched's: replay BurstGPT at its own timestamps instead of sampling it.
-    burstgpt_timestamps: bool = False
+    burstgpt_timestamps: bool = flag(
+        False, "burstgpt (kvsched's): replay the GPT-4 rows in file order at their own Timestamp "
+               "instead of sampling them as vLLM does")
 
 
 def _or(value: int | None, default: int) -> int:
