@@ -274,7 +274,8 @@ def report(results: Sequence[Result], aic_asked: bool) -> str:
         "measured vLLM kernel tables where they cover the model and GPU, else the roofline, each with its "
         "default host terms) and estimated by AIConfigurator where it can. Nothing in kvsched is fitted or "
         "tuned on these rows. The data, its sources and every assumption are in "
-        "`kvsched/validation/public_runs.py`; this page is written by `benchmarks/validate_public.py` "
+        "`kvsched/validation/data/gpustack_runs.yaml` (read by `kvsched/validation/public_runs.py`); "
+        "this page is written by `benchmarks/validate_public.py` "
         f"({datetime.date.today().isoformat()}, kvsched {kvsched_version} at {_checkout()}, "
         f"aiconfigurator-core {aic_version}).",
         "",

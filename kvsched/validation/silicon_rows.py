@@ -54,7 +54,7 @@ RANGE_RATIO = 0.8
 CLIENT_SEED = 0
 
 # The row's precision column -> the weight formats it can mean. A row whose
-# checkpoint (kvsched.perf.models.catalog_match) is stored in one of them is
+# checkpoint (kvsched.perf.model_catalog.catalog_match) is stored in one of them is
 # run on that checkpoint as it is: gpt-oss's "fp4" is its native MXFP4,
 # Kimi-K2.5's "int4" its native int4 experts, MiniMax-M2.5's "fp8" its block
 # FP8, Qwen's -FP8 block FP8. No precision means the checkpoint's own (16 bits
@@ -326,7 +326,7 @@ def map_row(row: SiliconRow) -> ServingRun | Refusal:
     What the deployment itself refuses (a dtype, memory) is found when it is
     built, per step-time backend (:func:`simulate_row`)."""
     # Fine-tune and quantized checkpoints resolve to their catalog base
-    # (kvsched.perf.models.catalog_match); the weights are what the row's
+    # (kvsched.perf.model_catalog.catalog_match); the weights are what the row's
     # precision column means for that checkpoint (_weights).
     try:
         model = get_model(row.model_path)
