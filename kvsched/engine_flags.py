@@ -207,7 +207,7 @@ def vllm_words(name: str, value: object, default: object = None) -> list[str]:
     if value is None or value == default:
         return []
     if isinstance(value, bool):
-        return [option(name)] if value else ["--no-" + name.replace("_", "-")]
+        return [option(name)] if value else ["--no-" + option(name)[2:]]
     if isinstance(value, float):
         short = f"{value:g}"
         return [option(name), short if float(short) == value else repr(value)]

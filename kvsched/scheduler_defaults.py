@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
+from kvsched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, MAX_STEP_LIMIT
+
 # vLLM's SchedulerConfig class defaults (owned by kvsched.config, beside the
 # class), named here too as the fallback of ``get_batch_defaults``.
-from kvsched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, MAX_STEP_LIMIT
+from kvsched.engine_flags import option
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.jsonfile import show
@@ -103,7 +105,7 @@ def check_optional_limit(field: str, value: object) -> None:
     0 is refused, not read as "default"."""
     if value is None:
         return
-    flag = "--" + field.replace("_", "-")
+    flag = option(field)
     if not is_int(value) or value < 1:
         raise UserInputError(f"{field}={value!r} ({flag}): must be a positive integer; "
                          f"leave it unset for vLLM's default")

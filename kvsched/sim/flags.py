@@ -24,6 +24,7 @@ from kvsched.engine_flags import (
     OnlyFlags,
     add_declared_flags,
     add_scheduler_cache_flags,
+    option,
     vllm_words,
 )
 from kvsched.errors import UserInputError
@@ -42,7 +43,6 @@ from kvsched.sim.spec import (
     RunSpec,
     WorkloadSpec,
     deployment_spec,
-    flag_name,
 )
 from kvsched.sim.workload import (
     DATASET_NAMES,
@@ -371,7 +371,7 @@ def with_pasted(args: argparse.Namespace) -> tuple[argparse.Namespace, Pasted]:
     for dest, origin in pasted.origins:
         mine, theirs = getattr(args, dest, None), getattr(got, dest)
         if mine != getattr(defaults, dest) and mine != theirs:
-            flag = flag_name(dest)
+            flag = option(dest)
             raise UserInputError(f"{flag}={_show_value(mine)} and {origin} disagree; give {flag} once "
                                  "(on the pasted line or beside it)")
         setattr(out, dest, theirs)
@@ -528,7 +528,7 @@ def _words(name: str, value: object, default: object) -> list[str]:
     """One field as simulate's flags: vLLM's spelling (:func:`vllm_words`)
     but for a number, written exactly (``repr``: parse_spec gives the spec
     back), and the flags vLLM has no ``--no-`` form or list of."""
-    flag = flag_name(name)
+    flag = option(name)
     if value == default or value is None:
         return []
     if name == "enable_expert_parallel":  # a store_true flag, as vLLM's

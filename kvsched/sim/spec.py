@@ -40,6 +40,7 @@ from typing import Any
 from kvsched.config import MAX_STEP_COUNT
 from kvsched.core.kv_connector import parse_kv_transfer_config
 from kvsched.core.policies import BalanceThreshold
+from kvsched.engine_flags import option
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import show
@@ -79,16 +80,11 @@ STEPS_WHY = "a million steps is over a quarter of an hour of engine time"
 MIN_CADENCE_INTERVAL = 2
 
 
-def flag_name(dest: str) -> str:
-    """The command-line flag of a spec field: ``num_prompts`` -> ``--num-prompts``."""
-    return "--" + dest.replace("_", "-")
-
-
 def _int_in(dest: str, value: object, low: int, high: int, why: str) -> None:
     if value is None:
         return
     if not is_int(value) or not low <= value <= high:
-        raise UserInputError(f"{flag_name(dest)}={show(value)}: must be an integer in [{low}, {high:,}] "
+        raise UserInputError(f"{option(dest)}={show(value)}: must be an integer in [{low}, {high:,}] "
                              f"({why})")
 
 
@@ -138,7 +134,7 @@ class InstanceGroup:
 def _choice(dest: str, value: object, allowed: tuple[str, ...], why: str = "") -> None:
     if value not in allowed:
         extra = f" ({why})" if why else ""
-        raise UserInputError(f"{flag_name(dest)}={show(value)}: use one of {', '.join(allowed)}{extra}")
+        raise UserInputError(f"{option(dest)}={show(value)}: use one of {', '.join(allowed)}{extra}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +318,7 @@ class WorkloadSpec(BenchDatasetOptions):
         for dest in ("random_range_ratio", "random_output_range_ratio"):
             ratio = getattr(self, dest)
             if ratio is not None and not (_is_number(ratio) and 0 <= ratio < 1):
-                raise UserInputError(f"{flag_name(dest)}={show(ratio)}: must be in [0, 1) (lengths are "
+                raise UserInputError(f"{option(dest)}={show(ratio)}: must be in [0, 1) (lengths are "
                                      "drawn within +-ratio of --random-input-len / --random-output-len)")
         rate = self.request_rate
         if rate is not None and not (_is_number(rate) and rate > 0):
@@ -395,7 +391,7 @@ class WorkloadSpec(BenchDatasetOptions):
             value = getattr(self, dest)
             if value is not None:
                 raise UserInputError(
-                    f"{flag_name(dest)}={value:g}: only for --dataset-name random; the "
+                    f"{option(dest)}={value:g}: only for --dataset-name random; the "
                     f"{self.dataset_name} dataset takes each request's lengths from the trace, drop the flag")
         if self.request_rate is not None:
             # Re-paced: the trace's lengths and order at vllm bench serve's arrivals.
@@ -410,7 +406,7 @@ class WorkloadSpec(BenchDatasetOptions):
         for dest, datasets in DATASET_FLAGS.items():
             value = getattr(self, dest)
             if value is not None and value is not False and self.dataset_name not in datasets:
-                raise UserInputError(f"{flag_name(dest)}: only for --dataset-name {' or '.join(datasets)}; "
+                raise UserInputError(f"{option(dest)}: only for --dataset-name {' or '.join(datasets)}; "
                                      f"--dataset-name is {self.dataset_name}, drop the flag")
         for dest in ("sharegpt_output_len", "sonnet_input_len", "sonnet_output_len", "sonnet_prefix_len",
                      "prefix_repetition_prefix_len", "prefix_repetition_suffix_len",
@@ -435,7 +431,7 @@ class WorkloadSpec(BenchDatasetOptions):
         for dest in RANDOM_ONLY:
             value = getattr(self, dest)
             if value is not None:
-                raise UserInputError(f"{flag_name(dest)}={value:g}: only for --dataset-name random; drop it")
+                raise UserInputError(f"{option(dest)}={value:g}: only for --dataset-name random; drop it")
         timed = self.burstgpt_timestamps and self.request_rate is None
         if timed and self.burstiness is not None:
             raise UserInputError("--burstiness with --burstgpt-timestamps: the rows keep their own times "

@@ -19,9 +19,11 @@ from kvsched.sim.metrics import (
     e2el,
     parse_goodput,
     request_latencies,
+    sum_present,
     tpot,
     ttft,
 )
+from kvsched.sim.offload_transfer import OffloadStats
 from kvsched.sim.samples import SampleAccumulator
 
 # Three requests, times in seconds:
@@ -371,3 +373,18 @@ def test_the_latency_definitions() -> None:
     assert metrics["mean_ttft_ms"] == pytest.approx(1250.0)
     assert metrics["mean_tpot_ms"] == pytest.approx(255.0)
     assert metrics["request_goodput"] == pytest.approx(1 / 4.0)  # only the 10 ms TPOT meets 20 ms
+
+
+def test_sum_present_adds_the_cores_that_have_counters_and_changes_none() -> None:
+    a = OffloadStats(num_cpu_blocks=10, cpu_hit_tokens=32, store_count=2, store_bytes=1.5,
+                     store_seconds=[0.1, 0.2], load_count=1, load_bytes=0.5, load_seconds=[0.3])
+    b = OffloadStats(num_cpu_blocks=6, cpu_hit_tokens=16, store_count=1, store_bytes=0.25,
+                     store_seconds=[0.4])
+    total = sum_present([None, a, None, b])
+    assert total == OffloadStats(num_cpu_blocks=16, cpu_hit_tokens=48, store_count=3, store_bytes=1.75,
+                                 store_seconds=[0.1, 0.2, 0.4], load_count=1, load_bytes=0.5,
+                                 load_seconds=[0.3])
+    # The parts are left as they were (the first one is copied, not grown).
+    assert a.num_cpu_blocks == 10 and a.store_seconds == [0.1, 0.2]
+    assert sum_present([None, None]) is None
+    assert sum_present([]) is None
