@@ -25,7 +25,7 @@ import math
 import random
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from kvsched.config import CacheConfig, LoRAConfig, SchedulerConfig
 from kvsched.core.fast_forward import decode_stretch_plan, fast_forward_decode, fast_forward_decode_finishing
@@ -672,7 +672,7 @@ class Rank:
         now = start + dt
         runner_output = ModelRunnerOutput(list(num_sched), sampled_ids)
         result = sched.update_from_output(out, runner_output)
-        self._deliver(plan.lives, None, start, dt)
+        self._deliver(plan.lives, None, start, dt, now)
         for o in result.finished:
             self._finish(o.request_id, now)
         self._log_step(out, shape, result.finished, start, dt)
@@ -689,17 +689,25 @@ class Rank:
                 lv.started = start
 
     def _deliver(self, lives: list[_Live | None], counts: list[int] | None, start: float,
-                 dt: float) -> None:
-        """Tokens reaching their clients at the end of a step (``start`` +
-        ``dt``): ``lives[i]`` gets one chunk of ``counts[i]`` tokens (one each
-        without ``counts``; None: nothing), one gap in the ITLs as ``vllm
-        bench serve`` measures them (the step time when the request's
-        previous chunk came at the step's start)."""
-        now = start + dt
+                 dt: float, now: float, rest_durations: list[float] | None = None,
+                 rest_ends: list[float] | None = None) -> int:
+        """Tokens reaching their clients at the end of a step (``now``, which
+        is ``start`` + ``dt`` as the caller summed it): ``lives[i]`` gets one
+        chunk of ``counts[i]`` tokens (one each without ``counts``; None:
+        nothing), one gap in the ITLs as ``vllm bench serve`` measures them
+        (the step time when the request's previous chunk came at the step's
+        start). The one owner of that rule: stepping calls it per step, a
+        decode stretch for its first step, with its later steps as
+        ``rest_durations`` / ``rest_ends`` (one token each, a step time
+        apart). Returns the tokens delivered in the step."""
         itls = self.itls
         same_gap = 0
         delivered = 0
         k = 1
+        later_ends = rest_ends or []
+        later_gaps = rest_durations or []
+        n_rest = len(later_ends)
+        rest_end = later_ends[-1] if n_rest else 0.0
         for i, lv in enumerate(lives):
             if lv is None:
                 continue
@@ -709,10 +717,9 @@ class Rank:
             lv.num_tokens += k
             # A chunk reaches the client: its first token, a gap counted as
             # one step time (previous chunk at this step's start), or an ITL.
-            # Written out here and in the fast-forward path: as one method
-            # both called per request, a simulated request cost 4 % more
-            # instructions (bench_instructions.py --sizes 500 1000, 1,764,959
-            # vs 1,696,152); the fast-forward fuzzer holds the copies equal.
+            # Inlined in this loop: as a method called per request, a
+            # simulated request cost 4 % more instructions
+            # (bench_instructions.py --sizes 500 1000, 1,764,959 vs 1,696,152).
             last = lv.last_token_time
             if lv.first_token_time < 0.0:
                 lv.first_token_time = now
@@ -730,10 +737,21 @@ class Rank:
                     if lv.num_tokens != k:
                         pooled.gaps.append(dt if last == start else now - last)
                     pooled.times.extend([now] * k)
+            if n_rest:
+                # A decode stretch's steps 1..k-1: one token each, one step
+                # time after the one before (added to the pools in bulk).
+                lv.last_token_time = rest_end
+                lv.num_tokens += n_rest
+                if lv.token_times is not None:
+                    lv.token_times.extend(later_ends)
+                    if pooled is not None:
+                        pooled.gaps.extend(later_gaps)
+                        pooled.times.extend(later_ends)
         if same_gap:
             itls.add(dt, same_gap)
         if delivered:
             self.token_times.add(now, delivered)
+        return delivered
 
     def _log_step(self, out: SchedulerOutput, shape: BatchShape, finished: list[Any],
                   start: float, dt: float, busy: float | None = None) -> None:
@@ -791,8 +809,8 @@ class Rank:
             # The scheduler dropped the token of a request it no longer runs.
             if r is not None and len(r.output_token_ids) == before[i]:
                 watched[i] = None
-        self._deliver(watched, None, start, dt)
         now = start + dt
+        self._deliver(watched, None, start, dt, now)
         for o in result.finished:
             self._finish(o.request_id, now)
         self._log_step(out, plan.shape, result.finished, start, dt, busy)
@@ -845,7 +863,7 @@ class Rank:
             if len(r.output_token_ids) > n:
                 got.append(lv)
                 counts.append(len(r.output_token_ids) - n)
-        self._deliver(got, counts, start, dt)
+        self._deliver(got, counts, start, dt, now)
         for o in result.finished:
             self._finish(o.request_id, now)
         if self._drafts is not None:
@@ -941,49 +959,25 @@ class Rank:
         running = sched.running
         B = len(running)
         k = len(durations)
-        itls = self.itls
-        # One pass over the running requests: what each samples (and, with
-        # ``finishing``, what it samples in the last step: EOS where its
-        # model says so), and its client's view of the stretch. Step 0:
-        # each request's gap from its own previous token (none before its
-        # first); after the stretch every request's last token came at its
-        # end. The clients are read by nothing in the core's advance.
-        tokens: list[int] = []
-        last: list[int] = []
+        # Step 0 reaches the clients as a stepped step would (each request's
+        # gap from its own previous token, none before its first): the
+        # delivery rule's one owner. The clients are read by nothing in the
+        # core's advance, so they may be told before it.
         # The client views in running order: the plan of the batch an async
         # stretch leaves in flight is made from them (in_flight_plan).
         lives = self._running_lives()
-        end0 = ends[0]
         end = ends[-1]
-        same_gap = 0
-        for i in range(B):
-            r = running[i]
-            lv = lives[i]
-            if lv is None:
-                raise AssertionError(f"{r.request_id} runs without a client")
-            tokens.append(lv.token)
-            if finishing:
-                last.append(lv.token_at(len(r.output_token_ids) + k - 1))
-            # As the stepping path's delivery (inlined there and here for
-            # the same reason; the fast-forward fuzzer holds the two equal).
-            previous = lv.last_token_time
-            if lv.first_token_time < 0.0:
-                lv.first_token_time = end0
-            elif previous == start:
-                same_gap += 1
-            else:
-                itls.add(end0 - previous)
-            lv.last_token_time = end
-            lv.num_tokens += k
-            if lv.token_times is not None:
-                lv.token_times.extend(ends)
-                pooled = lv.pooled
-                if pooled is not None:
-                    # As pooled below: step 0's gap (none for a first token), then the step times.
-                    if lv.num_tokens != k:
-                        pooled.gaps.append(durations[0] if previous == start else end0 - previous)
-                    pooled.gaps.extend(durations[1:])
-                    pooled.times.extend(ends)
+        rest_ends = ends[1:]
+        rest_durations = durations[1:]
+        if self._deliver(lives, None, start, durations[0], ends[0], rest_durations, rest_ends) != B:
+            missing = next(r for r, lv in zip(running, lives) if lv is None)
+            raise AssertionError(f"{missing.request_id} runs without a client")
+        # What each request samples (and, with ``finishing``, what it samples
+        # in the last step: EOS where its model says so).
+        clients = cast("list[_Live]", lives)  # every one delivered to, checked above
+        tokens = [lv.token for lv in clients]
+        last = ([lv.token_at(len(r.output_token_ids) + k - 1) for r, lv in zip(running, clients)]
+                if finishing else [])
         finished: list[str] = []
         # planned: stretch_limit just asked the core about this state, and
         # the tokens are the simulator's own ints.
@@ -998,12 +992,10 @@ class Rank:
         if sched.async_scheduling and sched.step_in_flight:
             self._stretch_plan = self._decode_plan(sched.in_flight_outputs[0], sched.running, lives)
         self.num_ff_steps += k
-        if same_gap:
-            itls.add(durations[0], same_gap)
         # Steps 1..k-1: every request's gap is the step time. Added per stretch
         # (the accumulators' statistics do not depend on how adds are grouped).
-        itls.add_repeated(durations[1:], B)
-        self.token_times.add_repeated(ends, B)
+        self.itls.add_repeated(rest_durations, B)
+        self.token_times.add_repeated(rest_ends, B)
         first_tokens, first_prefill = B, 0
         if in_flight is not None:
             first_tokens, first_prefill = in_flight.shape.num_tokens, in_flight.shape.prefill_tokens
