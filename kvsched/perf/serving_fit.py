@@ -32,9 +32,9 @@ server's tokenisation of a text prompt is not in ``per_prompt_token_s``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, get_type_hints
 
 import numpy as np
 from numpy.typing import NDArray
@@ -46,21 +46,38 @@ from kvsched.perf.host import MAX_TERM_S, HostTerms
 
 
 @dataclass(frozen=True, slots=True)
+class StepWindow:
+    """A run of one request's logged steps, summed: how many, their logged
+    (iteration clock) time, the requests sampling in them and the requests
+    in them. The client's time over the same run, less these, is the
+    serving path's (the fit below)."""
+
+    steps: int
+    elapsed_s: float
+    sampled: int
+    reqs: int
+
+
+# No steps: a request without a pure-decode span.
+NO_STEPS = StepWindow(0, 0.0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
 class RequestSample:
     """One streamed request of a profile: its client-side times against the
     logged steps that produced its tokens (what the serving path's terms,
     :mod:`kvsched.perf.serving_fit`, are fitted to).
 
     The *prefill* part: ``ttft_s`` from the client's send to the first
-    streamed token, over the steps that ran its prompt (its chunks; the last
-    one samples the first token), their logged time, requests sampling in
-    them and requests in them; ``idle``: it was sent alone to an idle server
-    and ran alone in those steps, so nothing but its own path is in its
-    TTFT. The *span* part (0 steps: none): the client time between the
-    chunk that brought token ``k`` and the one that brought the last token,
-    over the steps that produced tokens ``k+1..N``, all of them pure decode
-    (a chunk may carry several tokens when the server's output loop falls
-    behind: the span runs from chunk to chunk, never between single tokens).
+    streamed token, against ``prefill``, the steps that ran its prompt (its
+    chunks; the last one samples the first token); ``idle``: it was sent
+    alone to an idle server and ran alone in those steps, so nothing but its
+    own path is in its TTFT. The *span* part (:data:`NO_STEPS`: none):
+    ``span_s``, the client time between the chunk that brought token ``k``
+    and the one that brought the last token, against ``span``, the steps
+    that produced tokens ``k+1..N``, all of them pure decode (a chunk may
+    carry several tokens when the server's output loop falls behind: the
+    span runs from chunk to chunk, never between single tokens).
     """
 
     point: str
@@ -68,15 +85,63 @@ class RequestSample:
     output_tokens: int
     idle: bool
     ttft_s: float
-    prefill_steps: int
-    prefill_elapsed_s: float
-    prefill_sampled: int
-    prefill_reqs: int
+    prefill: StepWindow
     span_s: float = 0.0
-    span_steps: int = 0
-    span_elapsed_s: float = 0.0
-    span_sampled: int = 0
-    span_reqs: int = 0
+    span: StepWindow = NO_STEPS
+
+    def to_json(self) -> dict[str, Any]:
+        """The sample as a profile file holds it (:data:`SAMPLE_KEYS`): flat,
+        a window's figures under its field's name (``prefill_steps``,
+        ``span_elapsed_s``), in declaration order."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _WINDOWS:
+                out.update({f"{f.name}_{k}": v for k, v in asdict(value).items()})
+            else:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RequestSample:
+        """The sample from its flat keys (their values checked by the
+        reader, :mod:`kvsched.perf.step_profile`)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in _WINDOWS:
+                values[f.name] = StepWindow(**{w.name: data[f"{f.name}_{w.name}"]
+                                               for w in fields(StepWindow)})
+            else:
+                values[f.name] = data[f.name]
+        return cls(**values)
+
+
+def _windows() -> frozenset[str]:
+    """The names of RequestSample's StepWindow fields (read off the
+    annotations, so a window added to the declaration is flattened too)."""
+    hints = get_type_hints(RequestSample)
+    return frozenset(f.name for f in fields(RequestSample) if hints[f.name] is StepWindow)
+
+
+# RequestSample's step windows: a file holds each flat, under its name.
+_WINDOWS = _windows()
+
+
+def _flat_keys() -> tuple[tuple[str, type], ...]:
+    """Each key of a sample in a profile file and the type of its value,
+    read off the declarations."""
+    hints, window = get_type_hints(RequestSample), get_type_hints(StepWindow)
+    keys: list[tuple[str, type]] = []
+    for f in fields(RequestSample):
+        if f.name in _WINDOWS:
+            keys += [(f"{f.name}_{w.name}", window[w.name]) for w in fields(StepWindow)]
+        else:
+            keys.append((f.name, hints[f.name]))
+    return tuple(keys)
+
+
+# Every key of a sample as a profile file holds it, in order, with its type.
+SAMPLE_KEYS = _flat_keys()
 
 
 # Rows each fit needs (two terms each, plus a check on them).
@@ -210,32 +275,32 @@ def fit_serving(samples: Sequence[RequestSample], cpu_step_s: float, cpu_per_req
     """Fit the serving path's terms to a profile's streamed requests (see
     the module). Raises :class:`UserInputError` naming what is missing when
     the requests cannot pin the terms down (a profile cut short)."""
-    spans = [s for s in samples if s.point.startswith(GAP_POINT_PREFIX) and s.span_steps > 0]
-    batches = {round(s.span_sampled / s.span_steps) for s in spans}
+    spans = [s for s in samples if s.point.startswith(GAP_POINT_PREFIX) and s.span.steps > 0]
+    batches = {round(s.span.sampled / s.span.steps) for s in spans}
     if len(spans) < MIN_GAP_ROWS or len(batches) < 2:
         raise UserInputError(f"{where}: {len(spans)} decode span(s) at {len(batches)} batch size(s) "
                              f"streamed; the serving path's per-step gap needs {MIN_GAP_ROWS} at 2 sizes "
                              "or more (run kvsched profile to the end: its decode points give them)")
-    n = np.array([s.span_steps for s in spans], dtype=np.float64)
+    n = np.array([s.span.steps for s in spans], dtype=np.float64)
     # Per row: the mean gap of a step in the span (seconds), net of the
     # logged step time and kvsched's own CPU time.
-    gap = np.array([s.span_s - s.span_elapsed_s - cpu_step_s * s.span_steps
-                    - cpu_per_request_s * s.span_reqs for s in spans]) / n
-    X = np.column_stack([np.ones_like(n), np.array([s.span_sampled for s in spans]) / n])
+    gap = np.array([s.span_s - s.span.elapsed_s - cpu_step_s * s.span.steps
+                    - cpu_per_request_s * s.span.reqs for s in spans]) / n
+    X = np.column_stack([np.ones_like(n), np.array([s.span.sampled for s in spans]) / n])
     period = np.array([s.span_s for s in spans]) / n
     gcoef, gkeep = _trimmed_fit(X, gap, [s.point for s in spans], period)
     g_med, g_p90 = _errors((X @ gcoef - gap) / period)
     step_s, per_sampled = float(gcoef[0]), float(gcoef[1])
 
-    idle = [s for s in samples if s.idle and s.point != "warmup" and s.prefill_steps > 0]
+    idle = [s for s in samples if s.idle and s.point != "warmup" and s.prefill.steps > 0]
     if len(idle) < MIN_ARRIVAL_ROWS:
         raise UserInputError(f"{where}: {len(idle)} request(s) sent alone to an idle server; the arrival "
                              f"delay needs {MIN_ARRIVAL_ROWS} or more (run kvsched profile to the end: its "
                              "prefill points give them)")
     # Each prompt step's gap as the simulator prices it: host terms plus its own CPU time.
-    arrival = np.array([s.ttft_s - s.prefill_elapsed_s
-                        - (step_s + cpu_step_s) * s.prefill_steps - per_sampled * s.prefill_sampled
-                        - cpu_per_request_s * s.prefill_reqs for s in idle])
+    arrival = np.array([s.ttft_s - s.prefill.elapsed_s
+                        - (step_s + cpu_step_s) * s.prefill.steps - per_sampled * s.prefill.sampled
+                        - cpu_per_request_s * s.prefill.reqs for s in idle])
     A = np.column_stack([np.ones(len(idle)), np.array([s.prompt_tokens for s in idle], dtype=np.float64)])
     ttft = np.array([s.ttft_s for s in idle])
     acoef, akeep = _trimmed_fit(A, arrival, [s.point for s in idle], ttft)
@@ -245,6 +310,6 @@ def fit_serving(samples: Sequence[RequestSample], cpu_step_s: float, cpu_per_req
         per_prompt_token_s=float(acoef[1]), cpu_step_s=cpu_step_s, cpu_per_request_s=cpu_per_request_s,
         gap_rows=int(gkeep.sum()), gap_trimmed=int((~gkeep).sum()), gap_median_abs_error=g_med,
         gap_p90_abs_error=g_p90, gap_median_period_s=float(np.median(period)),
-        gap_median_elapsed_s=float(np.median([s.span_elapsed_s / s.span_steps for s in spans])),
+        gap_median_elapsed_s=float(np.median([s.span.elapsed_s / s.span.steps for s in spans])),
         arrival_rows=int(akeep.sum()), arrival_trimmed=int((~akeep).sum()),
         arrival_median_abs_error=a_med, arrival_p90_abs_error=a_p90)

@@ -43,14 +43,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import field_mismatch, read_json_file, show
-from kvsched.perf.serving_fit import RequestSample, ServingFit
+from kvsched.perf.serving_fit import SAMPLE_KEYS, RequestSample, ServingFit
 
 PROFILE_FORMAT = "kvsched-step-profile"
 PROFILE_VERSION = 2
@@ -65,18 +65,30 @@ _FIX = "write it again with kvsched profile (or mend the field)"
 
 
 @dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One engine step: vLLM's iteration log line plus the work kvsched
-    attributes to it (the fields of :class:`kvsched.perf.step_time.BatchShape`
-    the fit reads)."""
+class LoggedIteration:
+    """One engine step as vLLM's iteration log line states it (its
+    iteration number, the batch's context/generation requests and tokens,
+    its elapsed time; :mod:`kvsched.profile.iteration_log` parses the line).
+    Declared once, here in perf, a layer below the parser, so the parser's
+    :class:`~kvsched.profile.iteration_log.IterationLine` and the profile's
+    :class:`StepRecord` each extend it with their own fields."""
 
-    point: str
     iteration: int
     context_requests: int
     context_tokens: int
     generation_requests: int
     generation_tokens: int
     elapsed_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord(LoggedIteration):
+    """One engine step: vLLM's iteration log line plus the designed point it
+    ran in and the work kvsched attributes to it (the fields of
+    :class:`kvsched.perf.step_time.BatchShape` the fit reads). The line's
+    engine index is not kept: a profile's server runs one engine."""
+
+    point: str
     num_tokens: int
     num_reqs: int
     num_sampled: int
@@ -86,14 +98,28 @@ class StepRecord:
     warmup: bool = False
 
 
-_INT_FIELDS = ("iteration", "context_requests", "context_tokens", "generation_requests",
-               "generation_tokens", "num_tokens", "num_reqs", "num_sampled", "prefill_tokens",
-               "prefill_attn_pairs", "decode_kv_tokens")
+def _fields_of_type(cls: type, kind: type) -> tuple[str, ...]:
+    """The names of the dataclass ``cls``'s fields declared as ``kind``, in
+    declaration order (the order a file is checked in, so the first bad
+    field named is the same one every time)."""
+    hints = get_type_hints(cls)
+    return tuple(f.name for f in fields(cls) if hints[f.name] is kind)
 
 
-_SAMPLE_INTS = ("prompt_tokens", "output_tokens", "prefill_steps", "prefill_sampled", "prefill_reqs",
-                "span_steps", "span_sampled", "span_reqs")
-_SAMPLE_SECONDS = ("ttft_s", "prefill_elapsed_s", "span_s", "span_elapsed_s")
+# What a step record's fields must be in the file, read off the declaration.
+_STEP_INTS = _fields_of_type(StepRecord, int)
+_STEP_KEYS = frozenset(f.name for f in fields(StepRecord))
+# A sample's keys in the file (serving_fit.SAMPLE_KEYS): every float is a time in seconds.
+_SAMPLE_INTS = tuple(k for k, kind in SAMPLE_KEYS if kind is int)
+_SAMPLE_SECONDS = tuple(k for k, kind in SAMPLE_KEYS if kind is float)
+_SAMPLE_KEYS = frozenset(k for k, _ in SAMPLE_KEYS)
+
+
+def _step_json(step: StepRecord) -> dict[str, Any]:
+    """A step record as the file holds it: the point first, then the logged
+    line's fields, then the work (the key order every profile has had; the
+    base class's fields come first in the declaration)."""
+    return {"point": step.point, **asdict(step)}
 
 
 @dataclass(slots=True)
@@ -122,8 +148,8 @@ class StepProfile:
                 "environment": self.environment, "kv_cache_tokens": self.kv_cache_tokens,
                 "points_done": self.points_done, "notes": self.notes, "fit": self.fit,
                 "serving": self.serving.to_json() if self.serving is not None else None,
-                "requests": [asdict(r) for r in self.requests],
-                "steps": [asdict(s) for s in self.steps]}
+                "requests": [r.to_json() for r in self.requests],
+                "steps": [_step_json(s) for s in self.steps]}
 
     def fit_steps(self) -> list[StepRecord]:
         """The steps a fit uses: every one but the warm-ups."""
@@ -169,9 +195,9 @@ def _step(path: str, i: int, data: object) -> StepRecord:
     where = f"steps[{i}]"
     if not isinstance(data, dict):
         raise _bad(path, where, data, "must be an object (one engine step)")
-    if mismatch := field_mismatch(data, set(StepRecord.__dataclass_fields__), {"warmup"}):
+    if mismatch := field_mismatch(data, _STEP_KEYS, {"warmup"}):
         raise UserInputError(f"step profile {path!r}: {where}: {mismatch}; {_FIX}")
-    for key in _INT_FIELDS:
+    for key in _STEP_INTS:
         value = data[key]
         if not is_int(value) or value < 0:
             raise _bad(path, f"{where}.{key}", value, "must be an integer >= 0")
@@ -192,7 +218,7 @@ def _sample(path: str, i: int, data: object) -> RequestSample:
     where = f"requests[{i}]"
     if not isinstance(data, dict):
         raise _bad(path, where, data, "must be an object (one streamed request)")
-    if mismatch := field_mismatch(data, set(RequestSample.__dataclass_fields__)):
+    if mismatch := field_mismatch(data, _SAMPLE_KEYS):
         raise UserInputError(f"step profile {path!r}: {where}: {mismatch}; {_FIX}")
     for key in _SAMPLE_INTS:
         value = data[key]
@@ -207,7 +233,7 @@ def _sample(path: str, i: int, data: object) -> RequestSample:
         raise _bad(path, f"{where}.point", data["point"], "must be a string (the designed point's name)")
     if not isinstance(data["idle"], bool):
         raise _bad(path, f"{where}.idle", data["idle"], "must be true or false")
-    return RequestSample(**{**data, **{k: float(data[k]) for k in _SAMPLE_SECONDS}})
+    return RequestSample.from_json({**data, **{k: float(data[k]) for k in _SAMPLE_SECONDS}})
 
 
 def profile_from_json(data: object, path: str) -> StepProfile:

@@ -17,7 +17,9 @@ output processing are outside it). A DP "dummy" iteration is marked
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from kvsched.perf.step_profile import LoggedIteration
 
 _ITERATION = re.compile(
     r"Engine (?P<engine>\d+): Iteration\((?P<iteration>\d+)\): "
@@ -28,16 +30,14 @@ _KV_CACHE_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tokens>
 
 
 @dataclass(frozen=True, slots=True)
-class IterationLine:
-    """One engine step as vLLM logged it."""
+class IterationLine(LoggedIteration):
+    """One engine step as vLLM logged it: the step's figures
+    (:class:`~kvsched.perf.step_profile.LoggedIteration`, which a profile's
+    step record keeps too) and the index of the engine that logged it
+    (keyword-only: it is logged first, but declared after the fields it
+    extends)."""
 
-    engine: int
-    iteration: int
-    context_requests: int
-    context_tokens: int
-    generation_requests: int
-    generation_tokens: int
-    elapsed_ms: float
+    engine: int = field(kw_only=True)
 
 
 def parse_iteration_line(line: str) -> IterationLine | None:
@@ -46,9 +46,9 @@ def parse_iteration_line(line: str) -> IterationLine | None:
     m = _ITERATION.search(line)
     if m is None or m.group("dummy"):
         return None
-    return IterationLine(int(m.group("engine")), int(m.group("iteration")), int(m.group("ctx_reqs")),
-                         int(m.group("ctx_tokens")), int(m.group("gen_reqs")), int(m.group("gen_tokens")),
-                         float(m.group("ms")))
+    return IterationLine(int(m.group("iteration")), int(m.group("ctx_reqs")), int(m.group("ctx_tokens")),
+                         int(m.group("gen_reqs")), int(m.group("gen_tokens")), float(m.group("ms")),
+                         engine=int(m.group("engine")))
 
 
 def parse_kv_cache_tokens(line: str) -> int | None:

@@ -5,7 +5,7 @@ The profile streams every request (``stream: true`` on
 it (:class:`StreamTiming`). With the steps the ledger
 (:mod:`.attribution`) says ran the request's prompt and sampled each of its
 tokens, :func:`request_sample` makes the
-:class:`~kvsched.perf.step_profile.RequestSample` the serving path's fit
+:class:`~kvsched.perf.serving_fit.RequestSample` the serving path's fit
 (:mod:`kvsched.perf.serving_fit`) reads:
 
 - its TTFT against its prompt's steps (``idle`` where it was sent alone to
@@ -21,10 +21,10 @@ tokens, :func:`request_sample` makes the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kvsched.perf.serving_fit import RequestSample
+from kvsched.perf.serving_fit import RequestSample, StepWindow
 from kvsched.perf.step_profile import StepRecord
 from kvsched.profile.attribution import SentRequest
 
@@ -44,6 +44,12 @@ class StreamTiming:
         return self.chunks[-1][1] if self.chunks else 0
 
 
+def window(steps: Sequence[StepRecord]) -> StepWindow:
+    """The logged steps ``steps`` summed, as a sample sets a client time against them."""
+    return StepWindow(steps=len(steps), elapsed_s=sum(s.elapsed_ms for s in steps) / 1e3,
+                      sampled=sum(s.num_sampled for s in steps), reqs=sum(s.num_reqs for s in steps))
+
+
 def request_sample(point: str, request: SentRequest, timing: StreamTiming,
                    steps: Mapping[int, StepRecord], alone: bool) -> RequestSample | None:
     """The request's sample, or None where its steps or tokens are not all
@@ -60,11 +66,8 @@ def request_sample(point: str, request: SentRequest, timing: StreamTiming,
     # Idle: sent alone, its first chunk its first token only, and no other
     # request in its prompt's steps.
     idle = alone and first_tokens == 1 and all(s.num_reqs == 1 for s in prefill)
-    sample = RequestSample(
-        point=point, prompt_tokens=request.prompt_len, output_tokens=n, idle=idle,
-        ttft_s=max(0.0, first_t - timing.sent_s), prefill_steps=len(prefill),
-        prefill_elapsed_s=sum(s.elapsed_ms for s in prefill) / 1e3,
-        prefill_sampled=sum(s.num_sampled for s in prefill), prefill_reqs=sum(s.num_reqs for s in prefill))
+    sample = RequestSample(point=point, prompt_tokens=request.prompt_len, output_tokens=n, idle=idle,
+                           ttft_s=max(0.0, first_t - timing.sent_s), prefill=window(prefill))
     # Token j (1-based) came from token_steps[j-1]. The span starts at the
     # first chunk whose tokens reach past every token of a step with prompt
     # work: the steps after it are pure decode.
@@ -78,6 +81,4 @@ def request_sample(point: str, request: SentRequest, timing: StreamTiming,
     span = [steps[it] for it in request.token_steps[k1:]]
     if len(span) < 2 or tn <= t1:
         return sample
-    return dataclasses.replace(
-        sample, span_s=tn - t1, span_steps=len(span), span_elapsed_s=sum(s.elapsed_ms for s in span) / 1e3,
-        span_sampled=sum(s.num_sampled for s in span), span_reqs=sum(s.num_reqs for s in span))
+    return dataclasses.replace(sample, span_s=tn - t1, span=window(span))

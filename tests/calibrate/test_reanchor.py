@@ -47,7 +47,7 @@ def logged_run(model: ProfiledStepTimeModel, prefill_factor: float, decode_facto
         kinds = ((decode(1 + k % 8, 200 + 40 * k), decode_factor), (prefill(64 + 8 * k), prefill_factor))
         for shape, factor in kinds:
             steps.append(ReplayedStep(shape, {}, [], []))
-            log.append(IterationLine(0, len(log), 0, 0, 0, 0, 1e3 * factor * model.gpu_time(shape)))
+            log.append(IterationLine(len(log), 0, 0, 0, 0, 1e3 * factor * model.gpu_time(shape), engine=0))
     return IterationReplay([], steps, None, "", 0), log
 
 

@@ -39,7 +39,7 @@ def config(budget: int = 512, max_num_seqs: int = 8, num_blocks: int = 400, thre
 
 
 def line(k: int, ctx_reqs: int, ctx_tokens: int, gen_reqs: int, gen_tokens: int) -> IterationLine:
-    return IterationLine(0, k, ctx_reqs, ctx_tokens, gen_reqs, gen_tokens, 10.0)
+    return IterationLine(k, ctx_reqs, ctx_tokens, gen_reqs, gen_tokens, 10.0, engine=0)
 
 
 def request(i: int, prompt: int, output: int, t: float = 0.0) -> WorkloadRequest:

@@ -19,7 +19,7 @@ def test_the_log_line_reads_back_with_the_vllm_log_parser() -> None:
     d = IterationDetails(7, 2, 511, 3, 3, 0.10296)
     line = "INFO 2026-11-27 06:40:08,409 " + d.log_line(0.015)
     assert line.endswith("iteration elapsed time: 102.96 ms, CPU KV cache usage: 1.5%")
-    assert parse_iteration_line(line) == IterationLine(0, 7, 2, 511, 3, 3, 102.96)
+    assert parse_iteration_line(line) == IterationLine(7, 2, 511, 3, 3, 102.96, engine=0)
 
 
 def test_context_and_generation_requests_per_step(tiny: Callable[..., Path]) -> None:

@@ -18,7 +18,7 @@ KNOWN = (4e-3, 60e-6, 150e-6, 300e-6, 2e-9, 1.5e-6)
 def step(point: str, tokens: int, reqs: int, sampled: int, pairs: int, kv: int,
          terms: tuple[float, ...] = KNOWN, noise: float = 0.0) -> StepRecord:
     seconds = sum(c * x for c, x in zip(terms, (1, tokens, reqs, sampled, pairs, kv)))
-    return StepRecord(point, 0, reqs, tokens, 0, 0, 1e3 * seconds * (1 + noise), tokens, reqs, sampled,
+    return StepRecord(0, reqs, tokens, 0, 0, 1e3 * seconds * (1 + noise), point, tokens, reqs, sampled,
                       tokens, pairs, kv)
 
 

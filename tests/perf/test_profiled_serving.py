@@ -17,7 +17,7 @@ from kvsched.perf.hardware import get_hardware
 from kvsched.perf.host import HostTerms, save_host_terms
 from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.profiled import ProfiledStepTimeModel
-from kvsched.perf.serving_fit import RequestSample, ServingFit
+from kvsched.perf.serving_fit import RequestSample, ServingFit, StepWindow
 from kvsched.perf.step_profile import StepProfile, load_profile, save_profile
 from kvsched.perf.step_time import CPU_PER_REQUEST_S, CPU_STEP_S, BatchShape, ParallelConfig, RuntimeConfig
 
@@ -31,8 +31,8 @@ SERVING = ServingFit(
     gap_median_abs_error=0.03, gap_p90_abs_error=0.08, gap_median_period_s=0.02, gap_median_elapsed_s=0.015,
     arrival_rows=20, arrival_trimmed=0, arrival_median_abs_error=0.02, arrival_p90_abs_error=0.05)
 SAMPLE = RequestSample(point="decode-2x16", prompt_tokens=16, output_tokens=32, idle=False, ttft_s=0.05,
-                       prefill_steps=1, prefill_elapsed_s=0.03, prefill_sampled=2, prefill_reqs=2, span_s=0.6,
-                       span_steps=31, span_elapsed_s=0.45, span_sampled=62, span_reqs=62)
+                       prefill=StepWindow(steps=1, elapsed_s=0.03, sampled=2, reqs=2), span_s=0.6,
+                       span=StepWindow(steps=31, elapsed_s=0.45, sampled=62, reqs=62))
 
 
 def with_serving(tmp_path: Path) -> Path:

@@ -7,7 +7,7 @@ from kvsched.profile.iteration_log import IterationLine
 
 
 def line(i: int, ctx_reqs: int, ctx_tokens: int, gen: int, ms: float = 10.0) -> IterationLine:
-    return IterationLine(0, i, ctx_reqs, ctx_tokens, gen, gen, ms)
+    return IterationLine(i, ctx_reqs, ctx_tokens, gen, gen, ms, engine=0)
 
 
 def test_two_prompts_chunked_by_the_budget_then_decoding() -> None:

@@ -13,18 +13,18 @@ SERVER = ("(APIServer pid=25350) INFO 11-26 11:41:37 [loggers.py:199] Engine 000
 
 
 def test_facts_line() -> None:
-    assert parse_iteration_line(FACTS) == IterationLine(0, 3, 2, 511, 1, 1, 102.96)
+    assert parse_iteration_line(FACTS) == IterationLine(3, 2, 511, 1, 1, 102.96, engine=0)
 
 
 def test_server_line_with_its_logger_prefix() -> None:
-    assert parse_iteration_line(SERVER) == IterationLine(0, 1, 0, 0, 1, 1, 23.01)
+    assert parse_iteration_line(SERVER) == IterationLine(1, 0, 0, 1, 1, 23.01, engine=0)
 
 
 def test_gpu_line_with_encoder_suffix_and_other_engine() -> None:
     line = ("Engine 003: Iteration(12045): 0 context requests, 0 context tokens, 64 generation requests, "
             "64 generation tokens, iteration elapsed time: 7.5 ms, GPU KV cache usage: 12.0%, encoder "
             "inputs: 1, encoder output embeddings: 576")
-    assert parse_iteration_line(line) == IterationLine(3, 12045, 0, 0, 64, 64, 7.5)
+    assert parse_iteration_line(line) == IterationLine(12045, 0, 0, 64, 64, 7.5, engine=3)
 
 
 def test_dummy_and_other_lines_are_none() -> None:

@@ -62,10 +62,10 @@ def test_an_existing_output_needs_resume(tmp_path: Path) -> None:
 def test_resume_keeps_the_streamed_requests_and_refits_the_serving_path(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from kvsched.perf.serving_fit import RequestSample, ServingFit
+    from kvsched.perf.serving_fit import RequestSample, ServingFit, StepWindow
 
     SAMPLE = RequestSample(point="prefill-64", prompt_tokens=64, output_tokens=1, idle=True, ttft_s=0.05,
-                           prefill_steps=1, prefill_elapsed_s=0.04, prefill_sampled=1, prefill_reqs=1)
+                           prefill=StepWindow(steps=1, elapsed_s=0.04, sampled=1, reqs=1))
     SERVING = ServingFit(step_s=1e-3, per_sampled_request_s=0.0, arrival_s=0.0, per_prompt_token_s=0.0,
                          cpu_step_s=0.0, cpu_per_request_s=0.0, gap_rows=4, gap_trimmed=0,
                          gap_median_abs_error=0.0, gap_p90_abs_error=0.0, gap_median_period_s=0.01,

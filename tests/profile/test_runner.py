@@ -8,6 +8,7 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from kvsched.perf.serving_fit import StepWindow
 from kvsched.profile.design import Point, Wave
 from kvsched.profile.runner import PointRun
 from kvsched.profile.serving import StreamTiming
@@ -103,8 +104,8 @@ def test_a_lone_prompt_waits_for_the_previous_response_and_is_sampled() -> None:
         run.run()
     assert server.alone == [True, True]
     samples = run.samples()
-    assert [(s.prompt_tokens, s.idle, s.prefill_steps) for s in samples] == [(64, True, 1), (64, True, 1)]
-    assert [s.prefill_elapsed_s for s in samples] == [0.030, 0.029]
+    assert [(s.prompt_tokens, s.idle, s.prefill.steps) for s in samples] == [(64, True, 1), (64, True, 1)]
+    assert [s.prefill.elapsed_s for s in samples] == [0.030, 0.029]
 
 
 def test_a_decode_batch_gives_each_request_a_span() -> None:
@@ -116,5 +117,5 @@ def test_a_decode_batch_gives_each_request_a_span() -> None:
     samples = run.samples()
     assert len(samples) == 2 and not any(s.idle for s in samples)
     # Tokens 2-4 came from the three decode steps, 10 ms apart at the client.
-    assert all((s.span_steps, s.span_sampled, s.span_elapsed_s) == (3, 6, 0.030) for s in samples)
+    assert all(s.span == StepWindow(steps=3, elapsed_s=0.030, sampled=6, reqs=6) for s in samples)
     assert all(abs(s.span_s - 0.030) < 1e-12 for s in samples)

@@ -69,8 +69,8 @@ class Engine:
                     ctx_tokens += n
                     chunked.append((i, r.computed + n == r.prompt_len))
             ms = forward_ms(ctx_tokens, len(decodes)) * (1 + self.rng.uniform(-self.noise, self.noise))
-            record = ledger.step(IterationLine(0, self.iteration, ctx_reqs, ctx_tokens, len(decodes),
-                                               len(decodes), ms))
+            record = ledger.step(IterationLine(self.iteration, ctx_reqs, ctx_tokens, len(decodes),
+                                               len(decodes), ms, engine=0))
             assert record is not None, ledger.problem
             records.append(record)
             self.iteration += 1
@@ -128,7 +128,7 @@ def test_tokens_merged_into_chunks_change_nothing() -> None:
     run chunk to chunk, so the per-step gap is the same."""
     samples = profile_samples(noise=0.0, merge=3)
     # Each span starts at the first chunk (tokens 1-3) and ends at the last (24).
-    assert {s.span_steps for s in samples if s.point.startswith("decode-")} == {21}
+    assert {s.span.steps for s in samples if s.point.startswith("decode-")} == {21}
     fit = fit_serving(samples, CPU_STEP_S, CPU_PER_REQUEST_S)
     check(fit, 1e-6)
     # The lone decode request's first chunk brought 3 tokens: its TTFT is not an arrival's.
@@ -173,8 +173,8 @@ def test_request_sample_needs_every_step_and_token() -> None:
     steps = {s.iteration: s for s in records}
     r, timing = timings[0]
     full = request_sample("decode-2x16", r, timing, steps, alone=False)
-    assert full is not None and full.span_steps == 4 and not full.idle
-    assert full.prefill_steps == 1 and full.prefill_reqs == 2
+    assert full is not None and full.span.steps == 4 and not full.idle
+    assert full.prefill.steps == 1 and full.prefill.reqs == 2
     # A step the ledger did not attribute, a token the stream lost: no sample.
     missing = {k: v for k, v in steps.items() if k != records[2].iteration}
     assert request_sample("decode-2x16", r, timing, missing, alone=False) is None
