@@ -21,12 +21,20 @@ own positional fields (``EngineArgs(model)``).
 From it:
 
 - :func:`add_scheduler_cache_flags` adds the flags (type, default, choices
-  and help from the fields, by :func:`add_declared_flags`, which adds any
-  dataclass declared so: vllm bench serve's dataset options too), plus the
-  few whose default differs between entry points (``dtype``,
+  and help from the fields, by :func:`add_declared_flags`), plus the few
+  whose default differs between entry points (``dtype``,
   ``async_scheduling``, ``speculative_config``, ``seed``: ``generate`` runs
   a PyTorch model on a CPU, ``simulate`` models ``vllm serve`` on GPUs),
   given by the caller in ``EngineFlagDefaults``;
+- :func:`add_declared_flags` adds the flags of any dataclass declared so
+  (a field's short spellings, value name, choices, a tuple as one or more
+  words, a switch): the simulator's own engine options (``EngineOptions``'
+  fields), its instance groups' DP routing and admission
+  (``InstanceGroup``) and its deployment's P/D connector and proxy
+  (``DeploymentSpec``) are declared there, each field with its flag, and
+  vllm bench serve's dataset options; ``kvsched profile`` spells the serve
+  flags it passes on from the same names (:func:`option`,
+  :func:`negation`, :func:`declared_flag`);
 - the run spec reads the fields through ``EngineOptions``' type hints;
 - :func:`vllm_words` writes a setting as a ``vllm serve`` line spells it,
   nothing at vLLM's default (the tuner's serve lines; which settings vllm
@@ -43,7 +51,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,17 +70,23 @@ from kvsched.config import (
 class FlagHelp:
     """What a field's type and default do not say about its flag: the help
     (``{scope}`` stands for what the limits apply to, e.g. " per engine
-    core"; ``%(default)s`` is argparse's) and the values it takes."""
+    core"; ``{default}`` for the field's default; ``%(default)s`` is
+    argparse's, the parser's default), the values it takes, its other
+    spellings (vLLM's ``-tp`` for ``--tensor-parallel-size``) and the name
+    of its value in ``--help`` (None: argparse's, the flag in capitals)."""
 
     help: str
     choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    metavar: str | None = None
 
 
-def flag(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+def flag(default: Any, help: str, choices: tuple[str, ...] = (), *, aliases: tuple[str, ...] = (),
+         metavar: str | None = None) -> Any:
     """A dataclass field declaring a flag: its default, and its help in the
     field's metadata (:func:`add_declared_flags` adds the flag)."""
     # Any: dataclass() takes the field for the default it declares.
-    return field(default=default, metadata={"flag": FlagHelp(help, choices)})
+    return field(default=default, metadata={"flag": FlagHelp(help, choices, aliases, metavar)})
 
 
 _BY_CONTEXT = "(default: vLLM's for this entry point and device)"
@@ -143,33 +157,66 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def declared_flag(declared: type, name: str) -> FlagHelp:
+    """The help, choices and spellings ``declared`` gives its field ``name``
+    (a KeyError for a field declared without a flag)."""
+    f = next((f for f in dataclasses.fields(declared) if f.name == name), None)
+    if f is None or "flag" not in f.metadata:
+        raise KeyError(f"{declared.__name__}.{name} declares no flag")
+    doc: FlagHelp = f.metadata["flag"]
+    return doc
+
+
 def _argparse_kwargs(f: dataclasses.Field[Any], kind: Any, scope: str) -> dict[str, Any]:
     """add_argument's keywords for one declared field."""
     doc: FlagHelp = f.metadata["flag"]
-    kwargs: dict[str, Any] = {"help": doc.help.format(scope=scope)}
+    # replace, not str.format: a help may show JSON, braces and all.
+    # {default} is the declared default, which a command may leave out of
+    # its parser (simulate's --model is None until a pasted serve line is read).
+    kwargs: dict[str, Any] = {"help": doc.help.replace("{scope}", scope).replace("{default}", str(f.default))}
+    if doc.metavar is not None:
+        kwargs["metavar"] = doc.metavar
     if kind is bool:
         # A switch on by default takes --no-X (vLLM's BooleanOptionalAction);
         # one off by default is turned on by its name alone (store_true).
         kwargs["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
-    elif doc.choices:
-        kwargs["choices"] = list(doc.choices)
     else:
-        # int | None -> int: None is the flag left out.
-        kwargs["type"] = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-    if f.default is not None and f.default is not False:
+        # int | None -> int: None is the flag left out (a tuple's own
+        # arguments, tuple[str, ...], are not unwrapped).
+        parts = typing.get_args(kind)
+        item = next(t for t in parts if t is not type(None)) if type(None) in parts else kind
+        if typing.get_origin(item) is tuple:
+            # tuple[str, ...]: one or more words, as vLLM's list flags (--lora-modules).
+            kwargs["nargs"] = "+"
+            item = typing.get_args(item)[0]
+        if doc.choices:
+            kwargs["choices"] = list(doc.choices)
+        elif item is not str:  # argparse's values are text already
+            kwargs["type"] = item
+    if isinstance(f.default, tuple):
+        # argparse gives an nargs="+" flag's words as a list; so its default.
+        kwargs["default"] = list(f.default)
+    elif f.default is not None and f.default is not False:
         kwargs["default"] = f.default
     return kwargs
 
 
 def add_declared_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup | OnlyFlags,
-                       declared: type, scope: str = "") -> None:
+                       declared: type, scope: str = "", names: Sequence[str] | None = None) -> None:
     """The flags of a dataclass whose fields are declared with :func:`flag`
-    (vLLM's scheduler and cache options, vllm bench serve's dataset
-    options), in the fields' order: each named as its field, typed as it,
-    defaulting to its default; ``scope`` fills the help's ``{scope}``."""
+    (vLLM's scheduler and cache options, the simulator's engine options and
+    its instance groups' routing, vllm bench serve's dataset options): each
+    named as its field, typed as it, defaulting to its default; ``scope``
+    fills the help's ``{scope}``. ``names``: only those fields' flags, in
+    that order (a command's ``--help`` puts other flags between a
+    declaration's); None: every declared field's, in the fields' order
+    (fields without a flag, such as a group's engine, are not flags)."""
     hints = typing.get_type_hints(declared)
-    for f in dataclasses.fields(declared):
-        parser.add_argument(option(f.name), **_argparse_kwargs(f, hints[f.name], scope))
+    flagged = {f.name: f for f in dataclasses.fields(declared) if "flag" in f.metadata}
+    for name in flagged if names is None else names:
+        f = flagged[name]
+        parser.add_argument(option(name), *f.metadata["flag"].aliases,
+                            **_argparse_kwargs(f, hints[name], scope))
 
 
 def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
@@ -199,6 +246,12 @@ def add_scheduler_cache_flags(parser: argparse.ArgumentParser | argparse._Argume
                        help="the engine's random seed (vLLM's --seed; default: %(default)s)")
 
 
+def negation(name: str) -> str:
+    """The flag turning a switch off, as vLLM spells it: ``enable_prefix_caching`` ->
+    ``--no-enable-prefix-caching``."""
+    return "--no-" + name.replace("_", "-")
+
+
 def vllm_words(name: str, value: object, default: object = None) -> list[str]:
     """One engine argument as a ``vllm serve`` line writes it: nothing at
     ``default`` (vLLM's) or None (vLLM's per-context default); a switch as
@@ -207,7 +260,7 @@ def vllm_words(name: str, value: object, default: object = None) -> list[str]:
     if value is None or value == default:
         return []
     if isinstance(value, bool):
-        return [option(name)] if value else ["--no-" + option(name)[2:]]
+        return [option(name)] if value else [negation(name)]
     if isinstance(value, float):
         short = f"{value:g}"
         return [option(name), short if float(short) == value else repr(value)]

@@ -4,30 +4,53 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
+from kvsched.engine_flags import declared_flag, negation, option
 from kvsched.errors import UserInputError
 from kvsched.perf.step_profile import serve_flag
 from kvsched.perf.step_time import FP32_DTYPES
 from kvsched.profile.runner import ProfileRequest, run_profile
+from kvsched.sim.deployment import EngineOptions
 
-# vLLM server flags that change what a step costs, passed on as given
-# (dest, flag, kind): kind "value" takes one argument, "switch" none.
-SERVE_FLAGS: tuple[tuple[str, str, str], ...] = (
-    ("dtype", "--dtype", "value"),
-    ("max_model_len", "--max-model-len", "value"),
-    ("max_num_seqs", "--max-num-seqs", "value"),
-    ("max_num_batched_tokens", "--max-num-batched-tokens", "value"),
-    ("tensor_parallel_size", "--tensor-parallel-size", "value"),
-    ("kv_cache_dtype", "--kv-cache-dtype", "value"),
-    ("block_size", "--block-size", "value"),
-    ("quantization", "--quantization", "value"),
-    ("enforce_eager", "--enforce-eager", "switch"),
-    ("async_scheduling", "--async-scheduling", "switch"),
-    ("no_async_scheduling", "--no-async-scheduling", "switch"),
-    ("no_enable_prefix_caching", "--no-enable-prefix-caching", "switch"),
-    ("no_enable_chunked_prefill", "--no-enable-chunked-prefill", "switch"),
+
+@dataclass(frozen=True, slots=True)
+class PassedOn:
+    """A vllm serve flag profile passes on as given, by its engine argument
+    (vLLM's name: the flag is :func:`~kvsched.engine_flags.option`'s
+    spelling of it): ``kind`` "value" takes one word, unchecked (vLLM checks
+    it), "on" is the switch's ``--X``, "off" its ``--no-X``; ``short``: its
+    short spelling too, as simulate's flag declares it (``-tp``)."""
+
+    name: str
+    kind: Literal["value", "on", "off"] = "value"
+    short: bool = False
+
+    @property
+    def dest(self) -> str:
+        return "no_" + self.name if self.kind == "off" else self.name
+
+    @property
+    def flag(self) -> str:
+        return negation(self.name) if self.kind == "off" else option(self.name)
+
+    def spellings(self) -> list[str]:
+        return [self.flag, *(declared_flag(EngineOptions, self.name).aliases if self.short else ())]
+
+
+# vLLM server flags that change what a step costs, passed on as given.
+# Async scheduling both ways: vLLM's default for it depends on the platform.
+SERVE_FLAGS: tuple[PassedOn, ...] = (
+    PassedOn("dtype"), PassedOn("max_model_len"), PassedOn("max_num_seqs"),
+    PassedOn("max_num_batched_tokens"), PassedOn("tensor_parallel_size", short=True),
+    PassedOn("kv_cache_dtype"), PassedOn("block_size"), PassedOn("quantization"),
+    PassedOn("enforce_eager", "on"), PassedOn("async_scheduling", "on"), PassedOn("async_scheduling", "off"),
+    PassedOn("enable_prefix_caching", "off"), PassedOn("enable_chunked_prefill", "off"),
 )
+# The server flags the printed simulate line repeats (simulate's flags of the same names).
+SIMULATE_AGAIN = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "dtype",
+                  "kv_cache_dtype")
 
 
 def add_profile_parser(sub: Any) -> None:
@@ -50,12 +73,13 @@ def add_profile_parser(sub: Any) -> None:
                    help="go on with --output's points not yet run (same model, flags and vLLM)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     g = p.add_argument_group("vLLM server flags (passed on; the profile records them)")
-    for dest, flag, kind in SERVE_FLAGS:
-        names = [flag, "-tp"] if dest == "tensor_parallel_size" else [flag]
-        if kind == "switch":
-            g.add_argument(*names, dest=dest, action="store_true", help=f"vLLM's {flag}")
+    for passed in SERVE_FLAGS:
+        if passed.kind == "value":
+            g.add_argument(*passed.spellings(), dest=passed.dest, metavar="VALUE",
+                           help=f"vLLM's {passed.flag}")
         else:
-            g.add_argument(*names, dest=dest, metavar="VALUE", help=f"vLLM's {flag}")
+            g.add_argument(*passed.spellings(), dest=passed.dest, action="store_true",
+                           help=f"vLLM's {passed.flag}")
     g.add_argument("serve_args", nargs=argparse.REMAINDER, metavar="-- FLAG ...",
                    help="after --: any other vllm serve flags, passed on as they are")
     p.set_defaults(func=cmd_profile)
@@ -64,13 +88,13 @@ def add_profile_parser(sub: Any) -> None:
 def serve_flags_of(args: argparse.Namespace) -> list[str]:
     """The server flags of a parsed command line, in SERVE_FLAGS' order."""
     out: list[str] = []
-    for dest, flag, kind in SERVE_FLAGS:
-        value = getattr(args, dest)
-        if kind == "switch":
+    for passed in SERVE_FLAGS:
+        value = getattr(args, passed.dest)
+        if passed.kind != "value":
             if value:
-                out.append(flag)
+                out.append(passed.flag)
         elif value is not None:
-            out += [flag, str(value)]
+            out += [passed.flag, str(value)]
     extra = list(args.serve_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -100,13 +124,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for note in prof.notes:
         print("note: " + note)
     sim = ["kvsched", "simulate", "--model", str(prof.model["path"]), "--step-time-profile", args.output]
-    for name in ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--dtype",
-                 "--kv-cache-dtype"):
-        value = serve_flag(flags, (name,))
-        if value is not None and not (name == "--dtype" and value.lower() in FP32_DTYPES):
-            sim += [name, value]  # a float32 profile prices a 16-bit simulation
-    if prof.hardware.get("device") == "cpu" and "--async-scheduling" not in flags:
-        sim.append("--no-async-scheduling")  # vLLM's CPU platform turns it off
+    for name in SIMULATE_AGAIN:
+        value = serve_flag(flags, (option(name),))
+        if value is not None and not (name == "dtype" and value.lower() in FP32_DTYPES):
+            sim += [option(name), value]  # a float32 profile prices a 16-bit simulation
+    if prof.hardware.get("device") == "cpu" and option("async_scheduling") not in flags:
+        sim.append(negation("async_scheduling"))  # vLLM's CPU platform turns it off
     print("simulate it: " + shlex.join(sim) + " [workload flags]")
     print(f"wrote {args.output}")
     return 0

@@ -68,8 +68,10 @@ def add_tune_parser(sub: Any) -> None:
     p = sub.add_parser("tune", help="find the deployment that meets an SLO at the lowest cost",
                        description=help_description(__doc__))
     g = p.add_argument_group("question")
-    g.add_argument("--model", default="meta-llama/Llama-3.1-8B", help="catalog name or config.json")
-    g.add_argument("--hardware", nargs="+", default=["h100-sxm"], help="hardware ids to consider")
+    # simulate's defaults (EngineOptions'); tune's own help, --hardware a list to search.
+    g.add_argument("--model", default=EngineOptions().model, help="catalog name or config.json")
+    g.add_argument("--hardware", nargs="+", default=[EngineOptions().hardware],
+                   help="hardware ids to consider")
     g.add_argument("--max-gpus", type=int, default=8, help="GPU budget per deployment (default 8)")
     g.add_argument("--gpu-price", nargs="+", default=[], metavar="HW=USD",
                    help="$ per GPU-hour, e.g. h100-sxm=2.5 h200=3.5 (for --objective cost)")

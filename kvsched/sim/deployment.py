@@ -21,7 +21,7 @@ from kvsched.config import (
     check_num_gpu_blocks_override,
     check_speculative_settings,
 )
-from kvsched.engine_flags import SchedulerCacheOptions
+from kvsched.engine_flags import SchedulerCacheOptions, flag
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.jsonfile import show
@@ -101,53 +101,102 @@ class EngineOptions(SchedulerCacheOptions):
     """vLLM engine arguments (None = vLLM's default for this deployment):
     the scheduler and KV-cache ones every entry point shares
     (:class:`~kvsched.engine_flags.SchedulerCacheOptions`, declared once)
-    and those of a served deployment."""
+    and those of a served deployment, each declared with its flag's help
+    (:func:`~kvsched.engine_flags.flag`; kvsched.sim.flags adds the flags).
+    ``dtype``, ``async_scheduling`` and ``speculative_config`` are vLLM
+    flags every entry point takes with its own default: their help is
+    ``add_scheduler_cache_flags``', their simulator default here."""
 
-    model: str = "meta-llama/Llama-3.1-8B"
-    hardware: str = "h100-sxm"
-    efficiency_file: str | None = None
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    enable_expert_parallel: bool = False
-    # vLLM's --pipeline-parallel-size: stages of TP GPUs each (kvsched.perf.pipeline).
-    pipeline_parallel_size: int = 1
+    model: str = flag(
+        "meta-llama/Llama-3.1-8B",
+        "catalog name, with or without the organisation, or a Hugging Face model directory / "
+        "config.json (default: {default})")
+    hardware: str = flag(
+        "h100-sxm",
+        "accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, ascend-910b, ...) "
+        "or a YAML/JSON hardware file (default: {default})")
+    efficiency_file: str | None = flag(None, "YAML/JSON file overriding the roofline's efficiency factors")
+    tensor_parallel_size: int = flag(
+        1, "GPUs per engine core, sharding each layer (default: %(default)s)", aliases=("-tp",))
+    data_parallel_size: int = flag(
+        1, "engine cores, each with its own scheduler and KV cache (default: %(default)s)",
+        aliases=("-dp",))
+    enable_expert_parallel: bool = flag(
+        False, "shard experts over TP x DP ranks (MoE ranks then step in lockstep); no effect on a "
+               "dense model")
+    # Stages of TP GPUs each (kvsched.perf.pipeline).
+    pipeline_parallel_size: int = flag(
+        1, "pipeline stages per engine core, each -tp GPUs holding its share of the layers; the "
+           "engine keeps that many batches in flight (default: %(default)s)", aliases=("-pp",))
     dtype: str = "bf16"
-    # vLLM's --quantization: the weights' format when it is not the
-    # checkpoint's own (None: the checkpoint's, e.g. "-FP8" in its name).
-    quantization: str | None = None
-    kv_cache_dtype: str = "auto"
+    # None: the checkpoint's own format (e.g. "-FP8" in its name).
+    quantization: str | None = flag(
+        None, "the weights' format as vLLM's --quantization names it: fp8 (on the fly), modelopt_fp4 "
+              "(NVFP4), mxfp4 (MoE experts) (default: the checkpoint's own format, e.g. FP8 for a "
+              "name ending in -FP8, MXFP4 experts for gpt-oss)", QUANTIZATIONS, aliases=("-q",))
+    kv_cache_dtype: str = flag("auto", "auto (16 bits) or fp8")
     async_scheduling: bool = True
-    prefill_schedule_interval: int = 1
-    # How steps are priced: "measured" vLLM kernel tables, the "roofline",
-    # "profiled" (step_time_profile), or "auto" (the profile when one is
-    # given, else measured where the tables cover the deployment).
-    step_time_backend: str = "auto"
-    # A step profile (`kvsched profile`'s file): steps priced from the
-    # user's own vLLM (kvsched.perf.profiled).
-    step_time_profile: str | None = None
-    # A host-terms file (kvsched.perf.host; `kvsched calibrate` writes one)
-    # added to any backend's steps (replacing the measured backend's fitted
-    # default; the roofline and the profiled backend have none without it).
-    calibration: str | None = None
-    # vLLM's --speculative-config (its JSON text; None: off), and
-    # kvsched's --spec-acceptance (per-position acceptance rates, comma-separated).
+    prefill_schedule_interval: int = flag(
+        1, "admit prefill only every K engine steps (vLLM's prefill cadence)")
+    # "auto" takes the profile when one is given, else the measured tables
+    # where they cover the deployment (resolved_backend_choice, make_step_model).
+    step_time_backend: str = flag(
+        "auto", "how engine steps are priced: measured vLLM kernel latencies (aiconfigurator-core's "
+                "tables), the roofline, or auto: measured where the tables cover the model, GPU and "
+                "precision (default: %(default)s)", STEP_TIME_BACKENDS)
+    # `kvsched profile`'s file: steps priced from the user's own vLLM (kvsched.perf.profiled).
+    step_time_profile: str | None = flag(
+        None, "price steps from a step profile of your own vLLM (kvsched profile writes it): the "
+              "profiled backend; --hardware then only sizes what the profile does not say",
+        metavar="FILE")
+    # A host-terms file (kvsched.perf.host) added to any backend's steps,
+    # replacing the measured backend's fitted default.
+    calibration: str | None = flag(
+        None, "host-time terms added to every step, for any backend (JSON, as kvsched.perf.host "
+              "describes; kvsched calibrate writes one; default: the terms fitted on real vLLM runs "
+              "for the measured backend and the roofline, the profile's own for --step-time-profile; "
+              "'none': kernel time only)", metavar="FILE")
+    # vLLM's --speculative-config as its JSON text (None: off).
     speculative_config: str | None = None
-    spec_acceptance: str | None = None
-    # vLLM's --kv-offloading-size (GiB of CPU KV cache per engine core, summed
-    # over its TP ranks; None: off) and --kv-offloading-backend.
-    kv_offloading_size: float | None = None
-    kv_offloading_backend: str = "native"
-    # vLLM's LoRA flags (kvsched.perf.lora owns their defaults and rules):
-    # --enable-lora, --max-loras, --max-lora-rank, --max-cpu-loras (None:
-    # max_loras), --fully-sharded-loras, --lora-modules NAME=PATH ...
-    enable_lora: bool = False
-    max_loras: int = DEFAULT_MAX_LORAS
-    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
-    max_cpu_loras: int | None = None
-    fully_sharded_loras: bool = False
-    lora_modules: tuple[str, ...] = ()
-    # vLLM's --lora-target-modules: the LoRA layers kept (empty: all).
-    lora_target_modules: tuple[str, ...] = ()
+    # kvsched's own: per-position acceptance rates, comma-separated.
+    spec_acceptance: str | None = flag(
+        None, "speculative decoding: acceptance rate per draft position as vLLM's metrics report it "
+              "(accepted at position i / drafts), e.g. 0.8,0.6,0.45 (default: per method, see "
+              "docs/simulator.md)", metavar="R0,R1,...")
+    # GiB of CPU KV cache per engine core, summed over its TP ranks (None: off).
+    kv_offloading_size: float | None = flag(
+        None, "KV offloading to CPU memory, as vLLM's flag: GiB of CPU KV cache per engine core, "
+              "summed over its TP ranks (vLLM's OffloadingConnector; stores and loads priced over the "
+              "GPU's host link; with --disaggregation every instance gets vLLM's MultiConnector of "
+              "NIXL and offloading; default: off)", metavar="GIB")
+    kv_offloading_backend: str = flag(
+        "native", "with --kv-offloading-size: vLLM's backend; kvsched simulates native only "
+                  "(default: %(default)s)")
+    # vLLM's LoRA flags; kvsched.perf.lora owns their defaults and rules.
+    enable_lora: bool = flag(
+        False, "serve LoRA adapters, as vLLM's flag: the scheduler's max_loras cap, adapter loads and "
+               "the LoRA kernels priced (docs/lora.md)")
+    max_loras: int = flag(
+        DEFAULT_MAX_LORAS, "with --enable-lora: adapters in one batch at most, each a GPU slot "
+                           "(default: %(default)s)")
+    max_lora_rank: int = flag(
+        DEFAULT_MAX_LORA_RANK, "with --enable-lora: the slots' rank, one of vLLM's 1, 8, 16, 32, 64, "
+                               "128, 256, 320, 512 (default: %(default)s)")
+    # None: max_loras.
+    max_cpu_loras: int | None = flag(
+        None, "with --enable-lora: adapters kept in CPU memory, LRU (default: --max-loras)")
+    fully_sharded_loras: bool = flag(
+        False, "with --enable-lora and TP > 1: shard the LoRA weights' replicated halves too (less "
+               "GPU memory and kernel traffic per GPU, a small collective per layer)")
+    lora_modules: tuple[str, ...] = flag(
+        (), "with --enable-lora: the adapters, as vllm serve's flag (NAME=PATH or JSON); each "
+            "adapter's rank is its PATH/adapter_config.json's r when present, else --max-lora-rank; "
+            "requests use them per --lora-share", metavar="NAME=PATH")
+    # Empty: every LoRA layer.
+    lora_target_modules: tuple[str, ...] = flag(
+        (), "with --enable-lora: only these LoRA layers, as vLLM's flag (qkv_proj, o_proj, "
+            "gate_up_proj, down_proj, or a slice's name such as q_proj; default: all)",
+        metavar="MODULE")
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,15 +28,11 @@ from kvsched.engine_flags import (
     vllm_words,
 )
 from kvsched.errors import UserInputError
-from kvsched.sim.deployment import QUANTIZATIONS, STEP_TIME_BACKENDS, EngineOptions
+from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.metrics import DEFAULT_PERCENTILE_METRICS, PERCENTILE_METRICS, parse_goodput
 from kvsched.sim.results import RESULT_BACKEND, ResultFile, parse_metadata
 from kvsched.sim.serve_line import KvschedFlags, Pasted, paste
 from kvsched.sim.spec import (
-    ADMISSION_POLICIES,
-    BALANCE_THRESHOLDS,
-    DP_ROUTINGS,
-    PD_ROUTERS,
     DeploymentSpec,
     InstanceGroup,
     RunOptions,
@@ -71,101 +67,51 @@ SIMULATE_ENGINE_FLAGS = EngineFlagDefaults(
                "--quantization's")
 
 
+# EngineOptions' own flags (each field declares its flag, kvsched.sim.deployment)
+# in the order --help lists them, by the part of the engine they set, with the
+# flags that are not one field between them: the model, where it runs and how
+# its steps are priced; precision and cadence; CPU offloading; LoRA and the
+# speculative decoding kvsched prices.
+PLACEMENT_FIELDS = ("model", "hardware", "efficiency_file", "calibration", "step_time_backend",
+                    "step_time_profile", "tensor_parallel_size", "pipeline_parallel_size",
+                    "data_parallel_size", "enable_expert_parallel")
+PRECISION_FIELDS = ("quantization", "kv_cache_dtype", "prefill_schedule_interval")
+LORA_FIELDS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "fully_sharded_loras",
+               "lora_modules", "lora_target_modules")
+
+
 def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | None = None,
                          title: str = "engine (vLLM's engine arguments)") -> None:
     """simulate's engine flags: vLLM's engine arguments plus the DP routing,
     admission and pricing settings (``names``: only those of them, by dest,
-    for a command that takes the rest its own way, as tune's search space)."""
-    d = EngineOptions()
-    g0 = InstanceGroup()
+    for a command that takes the rest its own way, as tune's search space).
+    A flag that is one field of EngineOptions, InstanceGroup or
+    DeploymentSpec is its field's declaration; those written here are not
+    one field (a deployment's disaggregation, its roles' own settings)."""
     group = p.add_argument_group(title)
     g = group if names is None else OnlyFlags(group, names)
-    g.add_argument("--model", default=d.model,
-                   help="catalog name, with or without the organisation, or a Hugging Face "
-                        f"model directory / config.json (default: {d.model})")
-    g.add_argument("--hardware", default=d.hardware,
-                   help="accelerator id (h100-sxm, h200, a100-80gb, b200, l40s, rtx-4090, mi300x, "
-                        f"ascend-910b, ...) or a YAML/JSON hardware file (default: {d.hardware})")
-    g.add_argument("--efficiency-file", help="YAML/JSON file overriding the roofline's efficiency factors")
-    g.add_argument("--calibration", metavar="FILE",
-                   help="host-time terms added to every step, for any backend (JSON, as "
-                        "kvsched.perf.host describes; kvsched calibrate writes one; default: the "
-                        "terms fitted on real vLLM runs for the measured backend and the roofline, "
-                        "the profile's own for --step-time-profile; 'none': kernel time only)")
-    g.add_argument("--step-time-backend", choices=list(STEP_TIME_BACKENDS), default=d.step_time_backend,
-                   help="how engine steps are priced: measured vLLM kernel latencies "
-                        "(aiconfigurator-core's tables), the roofline, or auto: measured where "
-                        "the tables cover the model, GPU and precision (default: %(default)s)")
-    g.add_argument("--step-time-profile", metavar="FILE",
-                   help="price steps from a step profile of your own vLLM (kvsched profile writes "
-                        "it): the profiled backend; --hardware then only sizes what the profile "
-                        "does not say")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
-                   help="GPUs per engine core, sharding each layer (default: %(default)s)")
-    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=d.pipeline_parallel_size,
-                   help="pipeline stages per engine core, each -tp GPUs holding its share of the "
-                        "layers; the engine keeps that many batches in flight (default: %(default)s)")
-    g.add_argument("--data-parallel-size", "-dp", type=int, default=d.data_parallel_size,
-                   help="engine cores, each with its own scheduler and KV cache (default: %(default)s)")
-    g.add_argument("--enable-expert-parallel", action="store_true",
-                   help="shard experts over TP x DP ranks (MoE ranks then step in lockstep); "
-                        "no effect on a dense model")
-    g.add_argument("--dp-routing", choices=list(DP_ROUTINGS), default=g0.dp_routing,
-                   help="how arrivals pick a DP rank (vllm: vLLM's load score on stale stats and "
-                        "its own in-flight counts; prefix-aware: llm-d's precise prefix-cache "
-                        "scorer with its queue and KV-usage scorers)")
-    g.add_argument("--dp-stats-interval", type=float, default=g0.dp_stats_interval,
-                   help="seconds between the load stats the vllm router sees (default 0.1)")
-    g.add_argument("--dp-sync-interval", type=int, default=g0.dp_sync_interval,
-                   help="lockstep (MoE) DP ranks: steps between the all-reduces that find every "
-                        "rank idle and end a wave (default: %(default)s)")
-    g.add_argument("--admission-policy", choices=list(ADMISSION_POLICIES),
-                   default=g0.admission_policy, help="admission policy on every rank (see docs/simulator.md)")
-    g.add_argument("--balance-threshold", choices=list(BALANCE_THRESHOLDS), default=g0.balance_threshold,
-                   help="balance: hold while any rank runs max_num_seqs (full) or one less")
-    g.add_argument("--adp-timeout-iters", type=int, default=g0.adp_timeout_iters,
-                   help="adp-balance: steps a rank waits for the others before it admits anyway "
-                        "(default: %(default)s)")
-    g.add_argument("--adp-batching-wait-iters", type=int, default=g0.adp_batching_wait_iters,
-                   help="adp-balance: extra steps to wait so admissions batch up "
-                        "(default: %(default)s)")
+    add_declared_flags(g, EngineOptions, names=PLACEMENT_FIELDS)
+    add_declared_flags(g, InstanceGroup)
     # vLLM's scheduler and KV-cache flags, defined once for every command.
     add_scheduler_cache_flags(group, SIMULATE_ENGINE_FLAGS,
                               SCHEDULER_CACHE_FLAGS if names is None else
                               [n for n in SCHEDULER_CACHE_FLAGS if n in names])
-    g.add_argument("--quantization", "-q", choices=list(QUANTIZATIONS), default=None,
-                   help="the weights' format as vLLM's --quantization names it: fp8 (on the fly), "
-                        "modelopt_fp4 (NVFP4), mxfp4 (MoE experts) (default: the checkpoint's own "
-                        "format, e.g. FP8 for a name ending in -FP8, MXFP4 experts for gpt-oss)")
-    g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, help="auto (16 bits) or fp8")
-    g.add_argument("--prefill-schedule-interval", type=int, default=d.prefill_schedule_interval,
-                   help="admit prefill only every K engine steps (vLLM's prefill cadence)")
+    add_declared_flags(g, EngineOptions, names=PRECISION_FIELDS)
     g.add_argument("--disaggregation", metavar="xPyD",
                    help="prefill/decode disaggregation: x prefill and y decode instances (e.g. 1P2D) "
                         "joined by vLLM's NixlConnector behind vLLM's P/D proxy; each instance "
                         "-tp GPUs unless --prefill/--decode-tensor-parallel-size say otherwise")
-    g.add_argument("--prefill-tensor-parallel-size", type=int, metavar="N",
-                   help="with --disaggregation: GPUs per prefill instance (default: -tp)")
-    g.add_argument("--decode-tensor-parallel-size", type=int, metavar="N",
-                   help="with --disaggregation: GPUs per decode instance (default: -tp)")
+    for role in ROLES:
+        g.add_argument(f"--{role}-tensor-parallel-size", type=int, metavar="N",
+                       help=f"with --disaggregation: GPUs per {role} instance (default: -tp)")
     for role in ROLES:
         for name, what in ROLE_SCHEDULER_FLAGS.items():
             g.add_argument(f"--{role}-{name.replace('_', '-')}", type=int, metavar="N",
                            dest=f"{role}_{name}",
                            help=f"with --disaggregation: the {role} instances' --{name.replace('_', '-')} "
                                 f"({what}; default: the one given for every instance)")
-    g.add_argument("--kv-transfer-config", metavar="JSON",
-                   help="vLLM's --kv-transfer-config with --disaggregation (default: "
-                        '\'{"kv_connector": "NixlConnector", "kv_role": "kv_both"}\'; a MultiConnector '
-                        "of NixlConnector and OffloadingConnector adds CPU offloading)")
-    g.add_argument("--router", choices=list(PD_ROUTERS), default=DeploymentSpec().router,
-                   help="with --disaggregation: how the proxy picks an instance of each role "
-                        "(default: %(default)s, as vLLM's proxy)")
-    g.add_argument("--kv-offloading-size", type=float, metavar="GIB", default=d.kv_offloading_size,
-                   help="KV offloading to CPU memory, as vLLM's flag: GiB of CPU KV cache per engine "
-                        "core, summed over its TP ranks (vLLM's OffloadingConnector; stores and loads "
-                        "priced over the GPU's host link; with --disaggregation every instance gets "
-                        "vLLM's MultiConnector of NIXL and offloading; default: off)")
+    add_declared_flags(g, DeploymentSpec)
+    add_declared_flags(g, EngineOptions, names=("kv_offloading_size",))
     for role in ROLES:
         g.add_argument(f"--{role}-kv-offloading-size", type=float, metavar="GIB",
                        dest=f"{role}_kv_offloading_size",
@@ -173,34 +119,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
                             "instance (in vLLM: a MultiConnector --kv-transfer-config of NIXL and offloading "
                             "on those instances, NixlConnector alone on the others; default: "
                             "--kv-offloading-size's)")
-    g.add_argument("--kv-offloading-backend", default=d.kv_offloading_backend,
-                   help="with --kv-offloading-size: vLLM's backend; kvsched simulates native only "
-                        "(default: %(default)s)")
-    g.add_argument("--enable-lora", action="store_true",
-                   help="serve LoRA adapters, as vLLM's flag: the scheduler's max_loras cap, adapter "
-                        "loads and the LoRA kernels priced (docs/lora.md)")
-    g.add_argument("--max-loras", type=int, default=d.max_loras,
-                   help="with --enable-lora: adapters in one batch at most, each a GPU slot "
-                        "(default: %(default)s)")
-    g.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank,
-                   help="with --enable-lora: the slots' rank, one of vLLM's 1, 8, 16, 32, 64, 128, 256, 320, "
-                        "512 (default: %(default)s)")
-    g.add_argument("--max-cpu-loras", type=int, default=d.max_cpu_loras,
-                   help="with --enable-lora: adapters kept in CPU memory, LRU (default: --max-loras)")
-    g.add_argument("--fully-sharded-loras", action="store_true",
-                   help="with --enable-lora and TP > 1: shard the LoRA weights' replicated halves too "
-                        "(less GPU memory and kernel traffic per GPU, a small collective per layer)")
-    g.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", default=list(d.lora_modules),
-                   help="with --enable-lora: the adapters, as vllm serve's flag (NAME=PATH or JSON); each "
-                        "adapter's rank is its PATH/adapter_config.json's r when present, else "
-                        "--max-lora-rank; requests use them per --lora-share")
-    g.add_argument("--lora-target-modules", nargs="+", metavar="MODULE", default=list(d.lora_target_modules),
-                   help="with --enable-lora: only these LoRA layers, as vLLM's flag (qkv_proj, o_proj, "
-                        "gate_up_proj, down_proj, or a slice's name such as q_proj; default: all)")
-    g.add_argument("--spec-acceptance", metavar="R0,R1,...",
-                   help="speculative decoding: acceptance rate per draft position as vLLM's metrics "
-                        "report it (accepted at position i / drafts), e.g. 0.8,0.6,0.45 "
-                        "(default: per method, see docs/simulator.md)")
+    add_declared_flags(g, EngineOptions, names=("kv_offloading_backend", *LORA_FIELDS, "spec_acceptance"))
 
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:

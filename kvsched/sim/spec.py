@@ -40,7 +40,7 @@ from typing import Any
 from kvsched.config import MAX_STEP_COUNT
 from kvsched.core.kv_connector import parse_kv_transfer_config
 from kvsched.core.policies import BalanceThreshold
-from kvsched.engine_flags import option
+from kvsched.engine_flags import flag, option
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import show
@@ -96,17 +96,29 @@ class InstanceGroup:
 
     engine: EngineOptions = field(default_factory=EngineOptions)
     role: str = "mixed"
-    # How arrivals pick a DP rank: vLLM's load balancer or a simple rule.
-    dp_routing: str = "vllm"
-    # Seconds between the load stats the vllm router sees.
-    dp_stats_interval: float = DEFAULT_DP_STATS_INTERVAL
-    # Lockstep (MoE) ranks: steps between the all-reduces that end a wave.
-    dp_sync_interval: int = DEFAULT_DP_SYNC_INTERVAL
+    # How requests reach and enter the ranks, each declared with its flag
+    # (kvsched.engine_flags.flag; kvsched.sim.flags adds them). How arrivals
+    # pick a DP rank: vLLM's load balancer or a simple rule.
+    dp_routing: str = flag(
+        "vllm", "how arrivals pick a DP rank (vllm: vLLM's load score on stale stats and its own "
+                "in-flight counts; prefix-aware: llm-d's precise prefix-cache scorer with its queue and "
+                "KV-usage scorers)", DP_ROUTINGS)
+    dp_stats_interval: float = flag(
+        DEFAULT_DP_STATS_INTERVAL, "seconds between the load stats the vllm router sees (default "
+                                   "%(default)s)")
+    dp_sync_interval: int = flag(
+        DEFAULT_DP_SYNC_INTERVAL, "lockstep (MoE) DP ranks: steps between the all-reduces that find "
+                                  "every rank idle and end a wave (default: %(default)s)")
     # An admission policy on every rank (kvsched.core.policies).
-    admission_policy: str = "none"
-    balance_threshold: str = "full"
-    adp_timeout_iters: int = DEFAULT_ADP_TIMEOUT_ITERS
-    adp_batching_wait_iters: int = 0
+    admission_policy: str = flag(
+        "none", "admission policy on every rank (see docs/simulator.md)", ADMISSION_POLICIES)
+    balance_threshold: str = flag(
+        "full", "balance: hold while any rank runs max_num_seqs (full) or one less", BALANCE_THRESHOLDS)
+    adp_timeout_iters: int = flag(
+        DEFAULT_ADP_TIMEOUT_ITERS, "adp-balance: steps a rank waits for the others before it admits "
+                                   "anyway (default: %(default)s)")
+    adp_batching_wait_iters: int = flag(
+        0, "adp-balance: extra steps to wait so admissions batch up (default: %(default)s)")
 
     def check(self) -> None:
         """Every setting of the group on its own (the engine's own are
@@ -144,8 +156,14 @@ class DeploymentSpec:
     ``kv_both``) and the proxy's ``router`` within each role."""
 
     groups: tuple[InstanceGroup, ...] = (InstanceGroup(),)
-    kv_transfer_config: str | None = None
-    router: str = "round-robin"
+    # Each declared with its flag (kvsched.sim.flags adds them).
+    kv_transfer_config: str | None = flag(
+        None, "vLLM's --kv-transfer-config with --disaggregation (default: "
+              '\'{"kv_connector": "NixlConnector", "kv_role": "kv_both"}\'; a MultiConnector of '
+              "NixlConnector and OffloadingConnector adds CPU offloading)", metavar="JSON")
+    router: str = flag(
+        "round-robin", "with --disaggregation: how the proxy picks an instance of each role "
+                       "(default: %(default)s, as vLLM's proxy)", PD_ROUTERS)
 
     def check(self) -> None:
         roles = tuple(g.role for g in self.groups)
