@@ -25,7 +25,7 @@ import difflib
 import functools
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -36,6 +36,7 @@ from kvsched.fields import is_int, is_number
 from kvsched.files import read_text
 from kvsched.hf_config import parse_json
 from kvsched.jsonfile import show
+from kvsched.perf.catalog_file import DATA_DIR, FileCatalog
 from kvsched.yamlfile import parse_yaml
 
 # Defaults for devices without measurements (and for hardware files that omit
@@ -298,7 +299,7 @@ _ALL_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Hardware
 # a user's hardware file (_hardware_from_mapping), so those rules have one
 # owner. It is read on first use, not at import, so that importing
 # kvsched.perf does not import PyYAML.
-CATALOG_FILE = Path(__file__).resolve().parent / "data" / "hardware.yaml"
+CATALOG_FILE = DATA_DIR / "hardware.yaml"
 
 
 @functools.cache
@@ -318,25 +319,7 @@ def _catalog() -> Mapping[str, Hardware]:
     return MappingProxyType(devices)
 
 
-class _Catalog(Mapping[str, Hardware]):
-    """The catalog as a read-only mapping that reads its file on first use."""
-
-    __slots__ = ()
-
-    def __getitem__(self, hw_id: str) -> Hardware:
-        return _catalog()[hw_id]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_catalog())
-
-    def __len__(self) -> int:
-        return len(_catalog())
-
-    def __repr__(self) -> str:
-        return f"<hardware catalog {CATALOG_FILE}>"
-
-
-HARDWARE: Mapping[str, Hardware] = _Catalog()
+HARDWARE: Mapping[str, Hardware] = FileCatalog(_catalog, CATALOG_FILE, "hardware catalog")
 
 # Obvious short names. Keys are already normalised (see _normalise).
 _ALIASES: Mapping[str, str] = MappingProxyType({

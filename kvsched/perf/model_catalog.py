@@ -7,150 +7,189 @@ catalog name, a local ``config.json``, a Hugging Face id) to a
 :class:`~kvsched.perf.models.ModelSpec`, and :func:`checkpoint_format` to the
 weight format its checkpoint brings.
 
-Catalog values come from ``/work/shared/facts/models.md`` (source keys
-``[AIC]`` aiconfigurator model configs, ``[THB]``, ``[BLIS]``, ``[TF]``,
-``[DSV3]``, ``[OSS]``); the counts reproduce that file's §4 derived sizes.
+The catalog's models, their shared families and their aliases are data,
+``data/models.yaml`` (:data:`CATALOG_FILE`), each entry with its sources
+(``/work/shared/facts/models.md``'s keys ``[AIC]``, ``[THB]``, ``[BLIS]``,
+``[TF]``, ``[DSV3]``, ``[OSS]``; the counts reproduce that file's §4 derived
+sizes). Which of them ship a quantized checkpoint is this module's
+(:func:`catalog_match`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeGuard
 
+from kvsched.errors import UserInputError
+from kvsched.files import read_text
 from kvsched.hf_config import read_config_json
+from kvsched.jsonfile import field_mismatch, show
+from kvsched.perf.catalog_file import DATA_DIR, FileCatalog
 from kvsched.perf.checkpoint_format import CheckpointFormat, config_checkpoint_format, split_format_suffix
 from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.model_source import find_config
 from kvsched.perf.models import ModelSpec
+from kvsched.yamlfile import parse_yaml
 
-# -- catalog (models.md; "d" values there are what the counts above reproduce) --
+# The catalog is data: kvsched/perf/data/models.yaml (its header says how an
+# entry is written). It is read and checked on first use, not at import, so
+# that importing kvsched.perf does not import PyYAML. Every entry becomes a
+# ModelSpec through ModelSpec's own checks, the ones a config.json's model
+# goes through, so those rules have one owner; this module checks only what
+# the file adds (its layout, families, aliases, one entry per name).
+CATALOG_FILE = DATA_DIR / "models.yaml"
+# The catalog is a few hundred lines; read_text wants a bound for any file.
+_MAX_FILE_BYTES = 2**18
 
-_DEEPSEEK_V3 = ModelSpec(  # [AIC] deepseek-ai--DeepSeek-V3; its MTP module prices method "mtp" only
-    name="deepseek-ai/DeepSeek-V3", hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads=128,
-    head_dim=192, intermediate_size=18432, vocab_size=129280, tie_word_embeddings=False,
-    max_position_embeddings=163840,
-    num_experts=256, experts_per_token=8, moe_intermediate_size=2048,
-    num_shared_experts=1, shared_expert_intermediate_size=2048, first_k_dense_layers=3,
-    router_bias=True,  # e_score_correction_bias (noaux_tc routing)
-    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-    num_mtp_layers=1)  # num_nextn_predict_layers (models.md §2)
-
-_GPT_OSS: dict[str, Any] = {  # [AIC] openai--gpt-oss-*; biases, router bias, sinks per [TF] gpt_oss
-    "hidden_size": 2880, "num_heads": 64, "num_kv_heads": 8, "head_dim": 64, "intermediate_size": 0,
-    "vocab_size": 201088, "tie_word_embeddings": False, "max_position_embeddings": 131072,
-    "attention_bias": True, "attention_out_bias": True, "mlp_bias": True, "router_bias": True,
-    "attention_sinks": True, "experts_per_token": 4, "moe_intermediate_size": 2880, "sliding_window": 128,
-}
-
-# What the Llama 3.1 models share ([AIC]).
-_LLAMA_3_1: dict[str, Any] = {
-    "num_kv_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False,
-    "max_position_embeddings": 131072,
-}
-# What the Qwen3 models share ([AIC]): per-head q/k norms; and the MoE ones' layout.
-_QWEN3: dict[str, Any] = {"head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-                          "qk_norm": True}
-_QWEN3_MOE: dict[str, Any] = {**_QWEN3, "num_kv_heads": 4, "intermediate_size": 0,
-                              "tie_word_embeddings": False, "num_experts": 128, "experts_per_token": 8}
-
-_CATALOG: tuple[ModelSpec, ...] = (
-    # models.md "Added for the Splitwise measurements" (public HF configs)
-    ModelSpec(name="meta-llama/Llama-2-70b-hf", hidden_size=8192, num_layers=80, num_heads=64,
-              num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=32000,
-              tie_word_embeddings=False, max_position_embeddings=4096),
-    # [AIC]
-    ModelSpec(name="meta-llama/Llama-3.1-8B", hidden_size=4096, num_layers=32, num_heads=32,
-              intermediate_size=14336, **_LLAMA_3_1),
-    ModelSpec(name="meta-llama/Llama-3.1-70B", hidden_size=8192, num_layers=80, num_heads=64,
-              intermediate_size=28672, **_LLAMA_3_1),
-    ModelSpec(name="meta-llama/Llama-3.1-405B", hidden_size=16384, num_layers=126, num_heads=128,
-              intermediate_size=53248, **_LLAMA_3_1),
-    ModelSpec(name="meta-llama/Llama-3.2-1B", hidden_size=2048, num_layers=16, num_heads=32,  # [THB]
-              num_kv_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256,
-              tie_word_embeddings=True, max_position_embeddings=131072),
-    # [BLIS] (Instruct config; identical dims). max_pos: base model's 131072 (approx. in models.md;
-    # the Instruct config says 32768). q/k/v carry a bias, o does not.
-    ModelSpec(name="Qwen/Qwen2.5-7B", hidden_size=3584, num_layers=28, num_heads=28,
-              num_kv_heads=4, head_dim=128, intermediate_size=18944, vocab_size=152064,
-              tie_word_embeddings=False, max_position_embeddings=131072, attention_bias=True),
-    # [AIC]
-    ModelSpec(name="Qwen/Qwen3-0.6B", hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
-              intermediate_size=3072, tie_word_embeddings=True, **_QWEN3),
-    ModelSpec(name="Qwen/Qwen3-8B", hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
-              intermediate_size=12288, tie_word_embeddings=False, **_QWEN3),
-    ModelSpec(name="Qwen/Qwen3-32B", hidden_size=5120, num_layers=64, num_heads=64, num_kv_heads=8,
-              intermediate_size=25600, tie_word_embeddings=False, **_QWEN3),
-    ModelSpec(name="Qwen/Qwen3-30B-A3B", hidden_size=2048, num_layers=48, num_heads=32,
-              moe_intermediate_size=768, **_QWEN3_MOE),
-    ModelSpec(name="Qwen/Qwen3-235B-A22B", hidden_size=4096, num_layers=94, num_heads=64,
-              moe_intermediate_size=1536, **_QWEN3_MOE),
-    ModelSpec(name="mistralai/Mixtral-8x7B-v0.1", hidden_size=4096, num_layers=32, num_heads=32,  # [AIC]
-              num_kv_heads=8, head_dim=128, intermediate_size=0, vocab_size=32000,
-              tie_word_embeddings=False, max_position_embeddings=32768,
-              num_experts=8, experts_per_token=2, moe_intermediate_size=14336),
-    _DEEPSEEK_V3,
-    # Same architecture fields per models.md §3 (V3.1 read from the NVFP4 repack's config).
-    dataclasses.replace(_DEEPSEEK_V3, name="deepseek-ai/DeepSeek-V3.1"),
-    dataclasses.replace(_DEEPSEEK_V3, name="deepseek-ai/DeepSeek-R1"),
-    # Kimi-K2.5's text model (text_config of aiconfigurator-core's
-    # model_configs/moonshotai--Kimi-K2.5_config.json, Apache-2.0): DeepSeek-V3's
-    # architecture with 64 heads, 384 experts, 1 dense layer and a 163,840
-    # vocabulary; the vision tower is not modelled. Its num_nextn_predict_layers
-    # is 0: no MTP module.
-    dataclasses.replace(_DEEPSEEK_V3, name="moonshotai/Kimi-K2.5", num_heads=64, num_kv_heads=64,
-                        num_experts=384, first_k_dense_layers=1, vocab_size=163840,
-                        max_position_embeddings=262144, num_mtp_layers=0),
-    # aiconfigurator-core's model_configs/MiniMaxAI--MiniMax-M2.5_config.json
-    # (Apache-2.0). Every layer is MoE (its intermediate_size 1536 is the
-    # expert size); use_routing_bias is a score-correction bias; its 3 MTP
-    # modules (num_mtp_modules) have no drafter in vLLM 0.33 (no MiniMax-M2
-    # MTP model), so num_mtp_layers stays 0. Its q/k norms are per layer (over all heads:
-    # 6144 + 1024 weights) where qk_norm counts per-head ones (2 x 128): the
-    # count is 428,544 parameters short of 229 B (0.0002 %).
-    ModelSpec(name="MiniMaxAI/MiniMax-M2.5", hidden_size=3072, num_layers=62, num_heads=48,
-              num_kv_heads=8, head_dim=128, intermediate_size=0, vocab_size=200064,
-              tie_word_embeddings=False, max_position_embeddings=196608, qk_norm=True,
-              num_experts=256, experts_per_token=8, moe_intermediate_size=1536, router_bias=True),
-    # layer_types alternate sliding/full starting with sliding: 12 + 12 and 18 + 18.
-    ModelSpec(name="openai/gpt-oss-20b", num_layers=24, num_experts=32, num_sliding_layers=12, **_GPT_OSS),
-    ModelSpec(name="openai/gpt-oss-120b", num_layers=36, num_experts=128, num_sliding_layers=18,
-              **_GPT_OSS),
-    # BLOOM-176B: ALiBi (no position table), fused qkv with bias, GELU 4x MLP with biases,
-    # LayerNorms incl. one after the embedding; tied embeddings (≈176B only adds up tied).
-    ModelSpec(name="bigscience/bloom", hidden_size=14336, num_layers=70, num_heads=112,
-              num_kv_heads=112, head_dim=128, intermediate_size=57344, vocab_size=250880,
-              tie_word_embeddings=True, max_position_embeddings=2048, mlp_kind="gelu",
-              attention_bias=True, attention_out_bias=True, mlp_bias=True, norm_kind="layernorm",
-              embedding_norm=True),
-)
-
-MODELS: Mapping[str, ModelSpec] = MappingProxyType({m.name: m for m in _CATALOG})
-
-_ALIASES = {
-    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
-    "bloom-176b": "bigscience/bloom",
-    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
-    "meta-llama-3.1-8b": "meta-llama/Llama-3.1-8B",
-    "meta-llama-3.1-70b": "meta-llama/Llama-3.1-70B",
-    "meta-llama-3.1-405b": "meta-llama/Llama-3.1-405B",
-}
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec))
+_OPTIONAL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec)
+                             if f.default is not dataclasses.MISSING)
+# What a family and an entry may hold beyond ModelSpec's fields (a family has no name).
+_FAMILY_KEYS = (*(f for f in _SPEC_FIELDS if f != "name"), "base")
+_ENTRY_KEYS = (*_SPEC_FIELDS, "base", "aliases")
 
 
-def _build_lookup() -> Mapping[str, str]:
-    table: dict[str, str] = {}
-    for full in MODELS:
-        for key in (full, full.split("/", 1)[1]):
-            table[key.lower()] = full
-    for alias, full in _ALIASES.items():
-        table[alias] = full
-        table[f"{full.split('/', 1)[0].lower()}/{alias}"] = full
-    return MappingProxyType(table)
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """The catalog file, read: the models by name in the file's order, and
+    every name a model is looked up by (lower case: its name with and
+    without the org, each alias with and without the org) to its name."""
+
+    models: Mapping[str, ModelSpec]
+    lookup: Mapping[str, str]
 
 
-_LOOKUP = _build_lookup()
+def _is_str_mapping(data: object) -> TypeGuard[dict[str, Any]]:
+    return isinstance(data, dict) and all(isinstance(k, str) for k in data)
+
+
+def _check_keys(where: str, data: dict[str, Any], allowed: tuple[str, ...], holds: str) -> None:
+    for key, value in data.items():
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UserInputError(f"{where}: {key}={show(value)}: unknown field{hint}; {holds}")
+
+
+def _extend(where: str, data: dict[str, Any], families: Mapping[str, dict[str, Any]],
+            used: set[str]) -> dict[str, Any]:
+    """``data``'s fields over those of the family its ``base`` names (one
+    defined earlier in the file, so no family can reach itself)."""
+    fields = dict(data)
+    if "base" not in fields:
+        return fields
+    base = fields.pop("base")
+    if not isinstance(base, str) or base not in families:
+        raise UserInputError(f"{where}: base={show(base)}: not a family defined above it; families: "
+                             f"{', '.join(families) or 'none'}")
+    used.add(base)
+    return {**families[base], **fields}
+
+
+def _families(path: Path, data: object, used: set[str]) -> dict[str, dict[str, Any]]:
+    """Each family's fields, its base's folded in."""
+    if not _is_str_mapping(data):
+        raise UserInputError(f"{path}: families: must be a mapping of family names to fields")
+    families: dict[str, dict[str, Any]] = {}
+    for family, fields in data.items():
+        where = f"{path}: family {family!r}"
+        if not _is_str_mapping(fields):
+            raise UserInputError(f"{where}: must be a mapping of ModelSpec fields to values")
+        _check_keys(where, fields, _FAMILY_KEYS, "a family holds ModelSpec's fields "
+                    "(kvsched/perf/models.py) but name, and base")
+        families[family] = _extend(where, fields, families, used)
+    return families
+
+
+def _aliases(where: str, value: object) -> tuple[str, ...]:
+    # Lookup keys are lower case and an alias is also looked up behind its
+    # entry's org, so an alias in capitals or with an org would never match.
+    if not isinstance(value, list) or not all(
+            isinstance(a, str) and a and a == a.strip().lower() and "/" not in a for a in value):
+        raise UserInputError(f"{where}: aliases={show(value)}: must be a list of lower-case names "
+                             "without the org")
+    return tuple(value)
+
+
+def _entry(where: str, item: object, families: Mapping[str, dict[str, Any]],
+           used: set[str]) -> tuple[ModelSpec, tuple[str, ...]]:
+    """One catalog model and its aliases from the file's entry ``item``."""
+    if not _is_str_mapping(item):
+        raise UserInputError(f"{where}: must be a mapping of ModelSpec fields to values")
+    name = item.get("name")
+    org, _, short = name.partition("/") if isinstance(name, str) else ("", "", "")
+    if not org or not short or "/" in short:
+        raise UserInputError(f"{where}: name={show(name)}: must be a Hugging Face id, org/name")
+    base = item.get("base")
+    where = f"{where} (base {base!r})" if base is not None else where
+    _check_keys(f"{where}: model {name!r}", item, _ENTRY_KEYS, "an entry holds ModelSpec's fields "
+                "(kvsched/perf/models.py), base and aliases")
+    fields = _extend(f"{where}: model {name!r}", item, families, used)
+    aliases = _aliases(f"{where}: model {name!r}", fields.pop("aliases", []))
+    if mismatch := field_mismatch(fields, set(_SPEC_FIELDS), _OPTIONAL_FIELDS):
+        raise UserInputError(f"{where}: model {name!r}: {mismatch} (with its base's fields)")
+    try:
+        return ModelSpec(**fields), aliases
+    except UserInputError as err:  # "model 'NAME': FIELD=VALUE: rule"
+        raise UserInputError(f"{where}: {err}") from None
+
+
+@functools.cache
+def _catalog() -> Catalog:
+    """The catalog file, read and checked once."""
+    catalog = read_catalog(CATALOG_FILE)
+    # The quantized checkpoints below are keyed by catalog name: one the file
+    # lost would otherwise go unpriced without a word.
+    for full in (*_NATIVE_FORMATS, *(base for base, _ in _REPACKS.values())):
+        if full not in catalog.models:
+            raise UserInputError(f"{CATALOG_FILE}: no model {full!r}, which model_catalog.py's "
+                                 "checkpoint formats name; restore the entry or drop the format")
+    return catalog
+
+
+def read_catalog(path: Path) -> Catalog:
+    """The models and lookup names of a catalog file written as
+    ``data/models.yaml`` is; any problem is one UserInputError line naming
+    the file, the entry, the field and the value. :data:`MODELS` is this
+    of :data:`CATALOG_FILE`, read once (and checked to hold every model
+    whose checkpoint format this module names)."""
+    where = str(path)
+    data = parse_yaml(where, read_text(path, _MAX_FILE_BYTES, "a model catalog (YAML)"))
+    if not _is_str_mapping(data) or "models" not in data or data.keys() - {"families", "models"}:
+        raise UserInputError(f"{where}: top level must be a mapping of families (optional) and models")
+    used: set[str] = set()
+    families = _families(path, data.get("families", {}), used)
+    if not isinstance(data["models"], list):
+        raise UserInputError(f"{where}: models: must be a list of model entries")
+    models: dict[str, ModelSpec] = {}
+    lookup: dict[str, str] = {}
+    for index, item in enumerate(data["models"], 1):
+        spec, aliases = _entry(f"{where}: models item {index}", item, families, used)
+        org, short = spec.name.lower().split("/")
+        for key in (spec.name.lower(), short, *aliases, *(f"{org}/{alias}" for alias in aliases)):
+            if key in lookup:
+                raise UserInputError(f"{where}: models item {index}: model {spec.name!r}: {key!r} "
+                                     f"already names {lookup[key]!r}; give each model one entry and "
+                                     "each name one model")
+            lookup[key] = spec.name
+        models[spec.name] = spec
+    if unused := [family for family in families if family not in used]:
+        raise UserInputError(f"{where}: family {unused[0]!r}: no entry or family names it as its base; "
+                             "remove it")
+    return Catalog(MappingProxyType(models), MappingProxyType(lookup))
+
+
+def _models() -> Mapping[str, ModelSpec]:
+    return _catalog().models
+
+
+MODELS: Mapping[str, ModelSpec] = FileCatalog(_models, CATALOG_FILE, "model catalog")
 
 
 # Checkpoint names that differ from a catalog entry only by a fine-tune or
@@ -187,7 +226,6 @@ _REPACKS: Mapping[str, tuple[str, CheckpointFormat]] = MappingProxyType({
     # ignored: lm_head and every self_attn (dense MLP and shared experts quantized)
     "nvidia/kimi-k2.5-nvfp4": ("moonshotai/Kimi-K2.5", CheckpointFormat("nvfp4", "fp8", "mlp")),
 })
-assert set(_NATIVE_FORMATS) | {base for base, _ in _REPACKS.values()} <= set(MODELS)
 
 
 def catalog_match(name: str) -> tuple[str, CheckpointFormat | None] | None:
@@ -201,7 +239,8 @@ def catalog_match(name: str) -> tuple[str, CheckpointFormat | None] | None:
     repack = _REPACKS.get(key)
     if repack is not None:
         return repack
-    full = _LOOKUP.get(key)
+    lookup = _catalog().lookup
+    full = lookup.get(key)
     if full is not None:
         return full, _NATIVE_FORMATS.get(full)
     org, base = key.split("/", 1) if "/" in key else ("", key)
@@ -209,12 +248,12 @@ def catalog_match(name: str) -> tuple[str, CheckpointFormat | None] | None:
     for variant in _VARIANT_SUFFIXES:
         if base.endswith(variant):
             base = base[: -len(variant)]
-    full = _LOOKUP.get(base)
+    full = lookup.get(base)
     if full is None:
         # A variant word before a version (Mixtral-8x7B-Instruct-v0.1 of Mixtral-8x7B-v0.1).
         for variant in _VARIANT_SUFFIXES:
             if full is None and f"{variant}-" in base:
-                full = _LOOKUP.get(base.replace(f"{variant}-", "-", 1))
+                full = lookup.get(base.replace(f"{variant}-", "-", 1))
     if full is None:
         return None
     return full, fmt if fmt is not None else _NATIVE_FORMATS.get(full)
