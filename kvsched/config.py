@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import json_problem, strict_loads
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, check_vllm_version
 
 POLICIES = ("fcfs", "priority")
 # The bound on a step's sequences and tokens (max_num_seqs,
@@ -168,8 +169,12 @@ class SchedulerConfig:
     # batches in flight (batch_queue_size), and under async scheduling a
     # request decodes at most once every PP steps (vLLM's decode stagger).
     pipeline_parallel_size: int = 1
+    # The vLLM release whose scheduler this is (kvsched.vllm_versions owns
+    # what differs between releases).
+    vllm_version: str = DEFAULT_VLLM_VERSION
 
     def __post_init__(self) -> None:
+        check_vllm_version(self.vllm_version)
         if type(self.async_scheduling) is not bool:
             raise _fail("async_scheduling", self.async_scheduling, "must be True or False",
                         "pass a bool")

@@ -178,6 +178,7 @@ def test_core_layers_run_one_way() -> None:
 LAYERS: dict[str, int] = {
     # shared vocabulary
     "errors": 0, "fields": 0, "jsonfile": 0, "yamlfile": 0, "files": 0, "progress": 0, "version": 0,
+    "vllm_versions": 0,
     "config": 1, "request": 1, "hf_config": 1, "scheduler_defaults": 1, "engine_flags": 1,
     # the exact scheduler
     "core": 2,

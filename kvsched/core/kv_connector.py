@@ -26,7 +26,7 @@ from kvsched.core.output import KVConnectorOutput, SchedulerOutput
 from kvsched.errors import UserInputError
 from kvsched.request import Request
 
-__all__ = ["KVConnectorBase", "KVConnectorOutput", "KVTransferConfig", "multi_child_configs",
+__all__ = ["KVConnectorBase", "KVConnectorOutput", "KVTransferConfig", "combined_role", "multi_child_configs",
            "parse_kv_transfer_config"]
 
 # vLLM's kv_role values; producers hand KV off when a request completes,
@@ -88,6 +88,20 @@ class KVTransferConfig:
     @property
     def is_kv_consumer(self) -> bool:
         return self.kv_role in _CONSUMERS
+
+
+def combined_role(roles: Sequence[str]) -> str:
+    """The role of connectors taken together: a producer when one of them
+    produces, a consumer when one consumes (vLLM 0.34's MultiConnector)."""
+    producer = any(r in _PRODUCERS for r in roles)
+    consumer = any(r in _CONSUMERS for r in roles)
+    if producer and consumer:
+        return "kv_both"
+    if producer:
+        return "kv_producer"
+    if consumer:
+        return "kv_consumer"
+    raise UserInputError(f"kv_role={list(roles)!r}: no connector has a role; give each one of {KV_ROLES}")
 
 
 def parse_kv_transfer_config(value: str | Mapping[str, Any], where: str = "--kv-transfer-config",

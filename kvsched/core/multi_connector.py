@@ -32,15 +32,17 @@ reads its own (a NIXL child's role decides ``requires_kv_delivery``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from kvsched.core.kv_cache_manager import KVCacheManager
-from kvsched.core.kv_connector import KVConnectorBase, KVTransferConfig, multi_child_configs
+from kvsched.core.kv_connector import KVConnectorBase, KVTransferConfig, combined_role, multi_child_configs
 from kvsched.core.output import KVConnectorOutput, SchedulerOutput
 from kvsched.errors import UserInputError
 from kvsched.request import Request
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, rules_for
 
 __all__ = [
     "MultiConnector",
@@ -76,11 +78,18 @@ class MultiConnector(KVConnectorBase):
     """Several connectors as one (see the module); ``connectors`` in the
     configured order (the first with a hit loads)."""
 
-    def __init__(self, config: KVTransferConfig, connectors: Sequence[KVConnectorBase]) -> None:
-        super().__init__(config)
+    def __init__(self, config: KVTransferConfig, connectors: Sequence[KVConnectorBase],
+                 vllm_version: str = DEFAULT_VLLM_VERSION) -> None:
+        """``vllm_version``: from 0.34 on, the MultiConnector produces /
+        consumes KV when one of its children does, whatever its own
+        ``kv_role`` says (kvsched.vllm_versions)."""
         if not connectors:
             raise UserInputError("kv_connector_extra_config.connectors=[]: MultiConnector needs at least "
                                  "one connector")
+        if rules_for(vllm_version).multi_connector_roles_from_children:
+            config = dataclasses.replace(config, kv_role=combined_role(
+                [c.kv_transfer_config.kv_role for c in connectors]))
+        super().__init__(config)
         self._connectors = list(connectors)
         # Request id -> index of the child chosen to load it.
         self._requests_to_connector: dict[str, int] = {}

@@ -55,6 +55,7 @@ from kvsched.request import (
     RequestStatus,
     check_token_ids,
 )
+from kvsched.vllm_versions import rules_for
 
 RUNNING = RequestStatus.RUNNING
 WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -212,6 +213,12 @@ class Scheduler:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.speculative_config = speculative_config
+        self.vllm_rules = rules_for(scheduler_config.vllm_version)
+        # The long-prefill threshold as this release applies it (0: never).
+        self._long_prefill_threshold = scheduler_config.long_prefill_token_threshold
+        if (self.vllm_rules.long_prefill_threshold_needs_chunked_prefill
+                and not scheduler_config.enable_chunked_prefill):
+            self._long_prefill_threshold = 0
         # K: drafts per step; the drafter's own KV slots past the scheduled tokens.
         self.num_spec_tokens = num_spec
         self.num_lookahead_tokens = speculative_config.num_lookahead_tokens if speculative_config else 0
@@ -558,8 +565,9 @@ class Scheduler:
         if self._begin_step is not None:
             self._begin_step(self)
         # The threshold keeps one long prefill from starving the others; with
-        # a single request there is nobody to starve (vLLM 0.33 drops it then).
-        threshold = self.scheduler_config.long_prefill_token_threshold
+        # a single request there is nobody to starve (vLLM drops it then), and
+        # from 0.34 on it applies only with chunked prefill (_threshold_applies).
+        threshold = self._long_prefill_threshold
         if len(self.running) + len(self.waiting) + len(self.kv_holding_waiting) <= 1:
             threshold = 0
         if self._defer_prefill_chunks is not None and self._defer_prefill_chunks(self):

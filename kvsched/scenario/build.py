@@ -93,7 +93,7 @@ def _make_connector(scenario: Scenario) -> KVConnectorBase | None:
     if kvc["type"] == "multi":
         return MultiConnector(config, [
             _make_child_connector(scenario, child, KVTransferConfig(child.get("kv_role", "kv_both"), policy))
-            for child in kvc["connectors"]])
+            for child in kvc["connectors"]], scenario.scheduler_config.vllm_version)
     return _make_child_connector(scenario, kvc, config)
 
 

@@ -42,6 +42,7 @@ from kvsched.core.scripted_connector import (
 from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeys, json_problem, strict_loads
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, check_vllm_version
 
 DEFAULT_TOKEN = 100
 # The oracle's defaults for keys a scenario leaves out.
@@ -276,9 +277,13 @@ def _bound(n: int) -> str:
     return str(n)
 
 
-def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
+def parse_scenario(obj: Any, source: str = "scenario",
+                   vllm_version: str = DEFAULT_VLLM_VERSION) -> Scenario:
     """Check a scenario object against the schema and build its configs;
-    ``source`` (the file) starts every error message."""
+    ``source`` (the file) starts every error message. ``vllm_version``: the
+    release whose scheduler replays it (the scenario format has no key for
+    it: one scenario is replayed by every release's oracle)."""
+    check_vllm_version(vllm_version)
     c = _Checker(source)
     top = c.obj(obj, "", TOP_KEYS, "a scenario") if isinstance(obj, dict) else None
     if top is None:
@@ -323,7 +328,7 @@ def parse_scenario(obj: Any, source: str = "scenario") -> Scenario:
             max_num_batched_tokens=budget, max_num_seqs=seqs, max_model_len=max_model_len,
             enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
             policy=policy, scheduler_reserve_full_isl=reserve, async_scheduling=use_async,
-            pipeline_parallel_size=pp)
+            pipeline_parallel_size=pp, vllm_version=vllm_version)
     except (ValueError, TypeError) as e:
         raise UserInputError(f"{source}: scheduler.{e}") from None
 
@@ -617,7 +622,7 @@ def _check_request(c: _Checker, value: object, where: str, max_steps: int, max_m
     return rid
 
 
-def load_scenario(path: str) -> Scenario:
+def load_scenario(path: str, vllm_version: str = DEFAULT_VLLM_VERSION) -> Scenario:
     """Read and check a scenario file; every problem is one ValueError naming
     the file (the key's path within it, the value and the fix)."""
     text = read_text(path, FILE_SIZE_LIMIT, "a scenario (JSON)",
@@ -627,6 +632,6 @@ def load_scenario(path: str) -> Scenario:
         data = strict_loads(text, constants=False, mark_duplicates_for_caller=True)
     except ValueError as e:
         raise UserInputError(f"{path}: {json_problem(e)}; save the scenario as one JSON object") from None
-    return parse_scenario(data, path)
+    return parse_scenario(data, path, vllm_version)
 
 

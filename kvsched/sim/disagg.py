@@ -187,7 +187,7 @@ class DisaggregatedSimulator:
                 connector = MultiConnector(KVTransferConfig(
                     kv_role=config.kv_role, kv_load_failure_policy=config.kv_load_failure_policy,
                     kv_connector=MULTI_CONNECTOR, engine_id=engine_id),
-                    [offload, nixl] if first else [nixl, offload])
+                    [offload, nixl] if first else [nixl, offload], sim.scheduler_config.vllm_version)
                 worker = MultiTimedWorker([offload_worker, nixl_worker] if first
                                           else [nixl_worker, offload_worker])
             rank = Rank(sim.scheduler_config, sim.cache_config, workload_name=workload.name,

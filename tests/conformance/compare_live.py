@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,26 +23,28 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+from compare_live_kv import run_oracle  # noqa: E402
 from random_features import FEATURE_CORPUS_SEEDS, write_feature_scenarios  # noqa: E402
 from random_scenarios import CORPUS_SEEDS, parse_seeds, write_random_scenarios  # noqa: E402
-from regenerate import ReferenceMissing, reference_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
 
 from kvsched.core.trace import first_difference  # noqa: E402
 from kvsched.scenario import load_scenario, replay  # noqa: E402
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS  # noqa: E402
 
 # Default seed ranges: the next thousand after each committed corpus.
 DEFAULT_SEEDS = "300-1299"
 DEFAULT_FEATURE_SEEDS = "400-1399"
 
 
-def compare(path: Path) -> str | None:
+def compare(path: Path, vllm_version: str = DEFAULT_VLLM_VERSION) -> str | None:
     """kvsched's trace of PATH against the oracle's PATH.vllm.jsonl: None when
     identical, else the first difference (or why kvsched could not replay it)."""
     golden = path.with_name(path.stem + ".vllm.jsonl")
     expected = [json.loads(x) for x in golden.read_text().splitlines() if x.strip()]
     out = io.StringIO()
     try:
-        replay(load_scenario(str(path)), out)
+        replay(load_scenario(str(path), vllm_version), out)
     except (ValueError, NotImplementedError, RuntimeError) as e:
         return f"kvsched did not replay it: {e}"
     actual = [json.loads(x) for x in out.getvalue().splitlines()]
@@ -57,33 +58,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", help=f"seed range, e.g. 300-1299 (default {DEFAULT_SEEDS}, "
                     f"with --features {DEFAULT_FEATURE_SEEDS}; the corpus holds {CORPUS_SEEDS} "
                     f"and {FEATURE_CORPUS_SEEDS})")
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+                    help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
+                         "environment)")
     args = ap.parse_args(argv)
     seeds = parse_seeds(args.seeds or (DEFAULT_FEATURE_SEEDS if args.features else DEFAULT_SEEDS))
     write = write_feature_scenarios if args.features else write_random_scenarios
     kind = "random feature" if args.features else "random"
     try:
-        python, oracle = reference_paths()
+        reference_034_paths() if args.vllm_version == "0.34" else reference_paths()
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         paths = write(Path(tmp), seeds)
-        proc = subprocess.run([str(python), str(oracle), tmp], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stderr[-4000:])
-            print(f"the oracle failed (exit {proc.returncode})", file=sys.stderr)
+        if not run_oracle(Path(tmp), 0, args.vllm_version):
+            print("the oracle failed", file=sys.stderr)
             return 2
         identical, different = 0, []
         for path in paths:
-            diff = compare(path)
+            diff = compare(path, args.vllm_version)
             if diff is None:
                 identical += 1
             else:
                 different.append(f"{path.name}: {diff}")
     for line in different:
         print(line)
-    print(f"{identical} of {len(paths)} {kind} scenarios identical to vLLM 0.33.0")
+    print(f"{identical} of {len(paths)} {kind} scenarios identical to vLLM {args.vllm_version}.0")
     return 0 if not different else 1
 
 

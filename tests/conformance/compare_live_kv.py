@@ -43,7 +43,9 @@ from random_kv_connector import (  # noqa: E402
     write_kv_scenarios,
 )
 from random_scenarios import parse_seeds  # noqa: E402
-from regenerate import ReferenceMissing, reference_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
+
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS  # noqa: E402
 
 CORPUS = HERE / "kv_connector_random"
 # Run in the reference environment: every scenario of a folder through the
@@ -70,25 +72,30 @@ for path in sorted(glob.glob(sys.argv[2] + "/*.json")):
 """
 
 
-def run_oracle(folder: Path, hash_seed: int = 0) -> bool:
+def run_oracle(folder: Path, hash_seed: int = 0, vllm_version: str = DEFAULT_VLLM_VERSION) -> bool:
     """vLLM's traces for every scenario in ``folder``, its Python hash seed
     pinned (vLLM frees some sets in hash order); False, with its error
     printed, if the oracle failed. The one oracle runner of the live
-    connector drivers (compare_live_nixl.py, compare_live_offload.py)."""
-    python, oracle = reference_paths()
-    proc = subprocess.run([str(python), "-c", _ORACLE_LOOP, str(oracle.parent), str(folder)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    drivers (compare_live.py, compare_live_nixl.py, compare_live_offload.py):
+    0.33 is the shared reference's, 0.34 this repository's (vllm_0_34/)."""
+    if vllm_version == "0.34":
+        python, oracle = reference_034_paths()
+        cmd = [str(python), str(oracle), str(folder), "--out", str(folder)]
+    else:
+        python, oracle = reference_paths()
+        cmd = [str(python), "-c", _ORACLE_LOOP, str(oracle.parent), str(folder)]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           env={**os.environ, "PYTHONHASHSEED": str(hash_seed)})
     if proc.returncode:
         sys.stderr.write(proc.stderr[-4000:])
     return proc.returncode == 0
 
 
-def compare(path: Path) -> tuple[str, str | None]:
+def compare(path: Path, vllm_version: str = DEFAULT_VLLM_VERSION) -> tuple[str, str | None]:
     """("finished" | "stuck", None when kvsched's replay of the scenario at
     ``path`` equals vLLM's trace beside it, else the first difference): the
     live drivers' view of ``compare_with_golden``."""
-    stuck, diff = compare_with_golden(path)
+    stuck, diff = compare_with_golden(path, None, vllm_version)
     return ("stuck" if stuck else "finished"), diff
 
 
@@ -172,13 +179,13 @@ def compare_live(folder: Path, paths: list[Path], oracle: Callable[[Path, int], 
     return outcome
 
 
-def compare_folder(folder: Path, seeds: list[int]) -> int:
+def compare_folder(folder: Path, seeds: list[int], vllm_version: str = DEFAULT_VLLM_VERSION) -> int:
     """Print the counts; the number of scenarios that differ."""
     counts = {base: [0, 0] for base in BASES}
     failures = 0
     for seed in seeds:
         path = kv_scenario_path(folder, seed)
-        stuck, diff = compare_with_golden(path)
+        stuck, diff = compare_with_golden(path, None, vllm_version)
         if diff is None:
             counts[base_of(seed)][int(stuck)] += 1
         else:
@@ -201,9 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-corpus", action="store_true",
                     help=f"rewrite {CORPUS.name}/ (seeds {KV_CORPUS_SEEDS}) with the oracle's traces")
     ap.add_argument("--keep", type=Path, help="keep the scenarios and (gzipped) traces in this folder")
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+                    help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
+                         "environment)")
     args = ap.parse_args(argv)
+    if args.write_corpus and args.vllm_version != DEFAULT_VLLM_VERSION:
+        print("--write-corpus rewrites the 0.33 corpus; for 0.34 run vllm_0_34/regenerate.py",
+              file=sys.stderr)
+        return 2
     try:
-        reference_paths()
+        reference_034_paths() if args.vllm_version == "0.34" else reference_paths()
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
@@ -211,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         write_kv_scenarios(folder, seeds)
-        if not run_oracle(folder):
+        if not run_oracle(folder, 0, args.vllm_version):
             return 2
-        failures = compare_folder(folder, seeds)
+        failures = compare_folder(folder, seeds, args.vllm_version)
         keep = CORPUS if args.write_corpus else args.keep
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,7 @@ from random_scenarios import Scenario, format_scenario, parse_seeds, random_scen
 from kvsched.core.trace import first_difference  # noqa: E402
 from kvsched.errors import CannotServe  # noqa: E402
 from kvsched.scenario import load_scenario, replay  # noqa: E402
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION  # noqa: E402
 
 KV_CORPUS_SEEDS = "0-319"
 # Fresh live seeds start here, clear of the corpus.
@@ -239,16 +240,22 @@ def gzip_trace(src: Path, dst_dir: Path) -> Path:
     return dst
 
 
-def compare_with_golden(path: Path) -> tuple[bool, str | None]:
+def compare_with_golden(path: Path, golden: Path | None = None,
+                        vllm_version: str = DEFAULT_VLLM_VERSION) -> tuple[bool, str | None]:
     """(stuck, None when kvsched's replay equals the oracle's trace step by step,
-    else the first difference). A stuck golden needs kvsched to stop at max_steps too."""
-    golden, stuck = golden_of(path)
+    else the first difference). A stuck golden needs kvsched to stop at max_steps too.
+    ``golden``: another release's trace (default: the one beside the scenario),
+    replayed by kvsched as ``vllm_version``."""
+    if golden is None:
+        golden, stuck = golden_of(path)
+    else:
+        stuck = STUCK_SUFFIX in golden.name
     expected = read_trace(golden)
     if not expected:
         return stuck, f"{golden.name}: empty golden trace"
     out = io.StringIO()
     try:
-        replay(load_scenario(str(path)), out)
+        replay(load_scenario(str(path), vllm_version), out)
         if stuck:
             return stuck, "vLLM stopped at max_steps, kvsched finished"
     except CannotServe as e:

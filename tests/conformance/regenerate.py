@@ -31,6 +31,7 @@ RANDOM_FEATURES_DIR = HERE / "random_features"
 TRACE_SUFFIX = ".vllm.jsonl"
 DEFAULT_REFERENCE_PYTHON = Path.home() / ".cache/kvsched-reference/venv/bin/python"
 DEFAULT_REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference"
+DEFAULT_REFERENCE_034_PYTHON = Path.home() / ".cache/kvsched-reference/venv-0.34/bin/python"
 
 # Run as a script, this folder is already on sys.path; as a module (-m) it may not be.
 if str(HERE) not in sys.path:
@@ -56,6 +57,18 @@ def reference_paths() -> tuple[Path, Path]:
             + "\nBuild it once with:  bash ../shared/reference/setup.sh"
             + "\n(or point KVSCHED_REFERENCE_PYTHON / KVSCHED_REFERENCE_DIR at it)"
         )
+    return python, oracle
+
+
+def reference_034_paths() -> tuple[Path, Path]:
+    """vLLM 0.34.0's reference python and this repository's 0.34 oracle
+    (vllm_0_34/), or ReferenceMissing with a hint."""
+    python = Path(os.environ.get("KVSCHED_REFERENCE_034_PYTHON", DEFAULT_REFERENCE_034_PYTHON)).expanduser()
+    oracle = HERE / "vllm_0_34" / "oracle.py"
+    if not python.is_file():
+        raise ReferenceMissing(f"the vLLM 0.34 reference environment is missing: {python}"
+                               "\nBuild it once with:  bash tests/conformance/vllm_0_34/setup.sh"
+                               "\n(or point KVSCHED_REFERENCE_034_PYTHON at it)")
     return python, oracle
 
 

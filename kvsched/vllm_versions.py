@@ -1,0 +1,60 @@
+"""The vLLM releases kvsched models, and what each one's scheduler does
+differently: the one owner of every version-dependent rule.
+
+A rule that changed between releases is a field of :class:`VersionRules`;
+code that follows it reads ``rules_for(version).<field>`` and never compares
+version strings itself. docs/vllm_versions.md lists every change between
+0.33.0 and 0.34.0 read from the two releases' sources, with the ones not
+modelled yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from kvsched.errors import UserInputError
+
+__all__ = ["DEFAULT_VLLM_VERSION", "VLLM_VERSIONS", "VersionRules", "check_vllm_version", "rules_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRules:
+    """What one vLLM release's scheduler does where releases differ."""
+
+    # The release, as vLLM's version string (major.minor; patch releases
+    # change no scheduling decision kvsched models).
+    version: str
+    # The long-prefill threshold applies only with chunked prefill on (0.34;
+    # 0.33 applied it with chunked prefill off too, as a cap per step).
+    long_prefill_threshold_needs_chunked_prefill: bool
+    # A MultiConnector is a KV producer / consumer when one of its children
+    # is (0.34); 0.33 read the MultiConnector's own kv_role. The role decides
+    # deferred block frees and the producer's KV delivery.
+    multi_connector_roles_from_children: bool
+
+
+RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
+    "0.33": VersionRules("0.33", long_prefill_threshold_needs_chunked_prefill=False,
+                         multi_connector_roles_from_children=False),
+    "0.34": VersionRules("0.34", long_prefill_threshold_needs_chunked_prefill=True,
+                         multi_connector_roles_from_children=True),
+})
+VLLM_VERSIONS = tuple(RULES)
+# The default stays 0.33 until every 0.34 change the simulator reads is
+# modelled (docs/vllm_versions.md: block size 64, the extensible KV cache's
+# sizing, in-flight KV loads, cache-aware admission).
+DEFAULT_VLLM_VERSION = "0.33"
+
+
+def check_vllm_version(value: object, where: str = "vllm_version") -> str:
+    """``value`` if it names a modelled release, else a UserInputError naming it."""
+    if not isinstance(value, str) or value not in RULES:
+        raise UserInputError(f"{where}={value!r}: not a vLLM release kvsched models; "
+                             f"use one of {', '.join(VLLM_VERSIONS)}")
+    return value
+
+
+def rules_for(version: str) -> VersionRules:
+    """The rules of a modelled release (checked)."""
+    return RULES[check_vllm_version(version)]

@@ -1,0 +1,73 @@
+"""The vLLM release a scheduler follows: one owner of what differs between releases."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.core.kv_connector import KVTransferConfig, combined_role
+from kvsched.core.multi_connector import MultiConnector
+from kvsched.core.nixl_connector import NixlConnector
+from kvsched.core.scheduler import Scheduler
+from kvsched.errors import UserInputError
+from kvsched.request import Request, SamplingParams
+from kvsched.scenario import parse_scenario
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS, rules_for
+
+
+def test_the_modelled_releases_and_the_default() -> None:
+    assert VLLM_VERSIONS == ("0.33", "0.34")
+    assert DEFAULT_VLLM_VERSION == "0.33"
+    assert rules_for("0.33").long_prefill_threshold_needs_chunked_prefill is False
+    assert rules_for("0.34").long_prefill_threshold_needs_chunked_prefill is True
+
+
+@pytest.mark.parametrize("bad", ["0.32", "0.34.0", "", 0.34, None])
+def test_an_unmodelled_release_is_refused_by_name(bad: object) -> None:
+    with pytest.raises(UserInputError, match=r"vllm_version=.*use one of 0\.33, 0\.34"):
+        SchedulerConfig(vllm_version=bad)  # type: ignore[arg-type]
+    with pytest.raises(UserInputError, match="vllm_version"):
+        parse_scenario({"cache": {"num_gpu_blocks": 64}, "requests": []}, "s.json",
+                       vllm_version=bad)  # type: ignore[arg-type]
+
+
+def _first_step_tokens(version: str) -> dict[str, int]:
+    # Two prompts of 100 tokens, threshold 32, chunked prefill off: 0.33 caps each
+    # request's step at the threshold, 0.34 ignores it without chunked prefill.
+    config = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=8, max_model_len=512,
+                             enable_chunked_prefill=False, long_prefill_token_threshold=32,
+                             vllm_version=version)
+    sched = Scheduler(config, CacheConfig(num_gpu_blocks=64, block_size=16))
+    for i in range(2):
+        prompt = list(range(1 + 1000 * i, 101 + 1000 * i))  # distinct: no prefix hit
+        sched.add_request(Request(f"r{i}", prompt, SamplingParams(max_tokens=4)))
+    out = sched.schedule()
+    sched.check_invariants()
+    return dict(out.num_scheduled_tokens)
+
+
+def test_long_prefill_threshold_without_chunked_prefill_per_release() -> None:
+    assert _first_step_tokens("0.33") == {"r0": 32, "r1": 32}
+    assert _first_step_tokens("0.34") == {"r0": 100, "r1": 100}
+
+
+@pytest.mark.parametrize("roles, combined", [
+    (["kv_both"], "kv_both"),
+    (["kv_producer"], "kv_producer"),
+    (["kv_consumer"], "kv_consumer"),
+    (["kv_producer", "kv_consumer"], "kv_both"),
+    (["kv_producer", "kv_producer"], "kv_producer"),
+    (["kv_consumer", "kv_both"], "kv_both"),
+])
+def test_combined_role(roles: list[str], combined: str) -> None:
+    assert combined_role(roles) == combined
+
+
+@pytest.mark.parametrize("version, consumer", [("0.33", False), ("0.34", True)])
+def test_multi_connector_role_per_release(version: str, consumer: bool) -> None:
+    # A producer MultiConnector over a kv_both child: 0.33 reads its own role,
+    # 0.34 its children's.
+    child = NixlConnector(KVTransferConfig("kv_both"), 16)
+    multi = MultiConnector(KVTransferConfig("kv_producer"), [child], version)
+    assert multi.kv_transfer_config.is_kv_consumer is consumer
+    assert multi.kv_transfer_config.is_kv_producer is True
