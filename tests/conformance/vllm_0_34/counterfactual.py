@@ -29,25 +29,13 @@ from pathlib import Path
 
 import compare_versions as cv
 
+sys.path.insert(0, str(cv.CONFORMANCE))
+from compare_live_kv import run_oracle
+
 REF_PYTHON = Path(
     os.environ.get("KVSCHED_REFERENCE_PYTHON", Path.home() / ".cache/kvsched-reference/venv/bin/python")
 )
 REF_DIR = cv.SHARED_EXAMPLES.parent
-# One 0.33 oracle process per folder; a max_steps stop keeps its trace as .stuck.
-LOOP = """
-import glob, json, os, sys
-sys.path.insert(0, sys.argv[1])
-import vllm_replay
-for path in sorted(glob.glob(sys.argv[2] + "/*.json")):
-    out = path[:-5] + ".vllm.jsonl"
-    try:
-        with open(out, "w") as f:
-            vllm_replay.replay(json.load(open(path)), f)
-    except RuntimeError as e:
-        if "did not finish" not in str(e):
-            raise
-        os.rename(out, out + ".stuck")
-"""
 
 
 def long_prefill_no_chunking(scenario: dict) -> bool:
@@ -109,8 +97,11 @@ def main(argv: list[str]) -> int:
             elif folder == "kv_connector_multi":
                 cmd = [str(REF_PYTHON), str(cv.CONFORMANCE / "multi_oracle.py"), str(REF_DIR), str(work)]
             else:
-                cmd = [str(REF_PYTHON), "-c", LOOP, str(REF_DIR), str(work)]
-            subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                cmd = []
+            if cmd:
+                subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            elif not run_oracle(work, 0, "0.33"):  # the live comparers' 0.33 oracle loop
+                raise SystemExit(f"the 0.33 oracle failed on {folder}")
             for name, edits in applied.items():
                 if not edits:
                     continue
