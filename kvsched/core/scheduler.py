@@ -213,10 +213,9 @@ class Scheduler:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.speculative_config = speculative_config
-        self.vllm_rules = rules_for(scheduler_config.vllm_version)
         # The long-prefill threshold as this release applies it (0: never).
         self._long_prefill_threshold = scheduler_config.long_prefill_token_threshold
-        if (self.vllm_rules.long_prefill_threshold_needs_chunked_prefill
+        if (rules_for(scheduler_config.vllm_version).long_prefill_threshold_needs_chunked_prefill
                 and not scheduler_config.enable_chunked_prefill):
             self._long_prefill_threshold = 0
         # K: drafts per step; the drafter's own KV slots past the scheduled tokens.

@@ -27,6 +27,7 @@ sys.path.insert(0, str(REFERENCE))
 
 import torch  # noqa: E402
 import vllm_replay as oracle  # noqa: E402  (sets vLLM's offline/CPU environment)
+from scenario_timeline import scenario_timeline  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
     ModelConfig,
@@ -118,15 +119,7 @@ def run(scenario: dict[str, Any], out: TextIO) -> dict[str, Any]:
     sched = vllm_scheduler(scenario)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(int(scenario.get("cache", {}).get("block_size", 16)), sha256)
-    specs = {r["request_id"]: r for r in scenario["requests"]}
-    by_step: dict[int, list[dict[str, Any]]] = {}
-    for r in scenario["requests"]:
-        by_step.setdefault(int(r.get("arrival_step", 0)), []).append(r)
-    aborts: dict[int, list[str]] = {}
-    for a in scenario.get("aborts", []):
-        aborts.setdefault(int(a["step"]), []).extend(a["request_ids"])
-    horizon = max([*by_step, *aborts, 0])
-    limit = int(scenario.get("max_steps", 1_000_000))
+    specs, by_step, aborts, horizon, limit = scenario_timeline(scenario)
     step = deferred_chunks = deferred_admissions = escaped = 0
     while step <= horizon or sched.has_unfinished_requests():
         if step >= limit:

@@ -55,6 +55,7 @@ import torch  # noqa: E402
 import vllm_replay as vr  # noqa: E402
 from random_features import random_feature_scenario  # noqa: E402
 from random_scenarios import format_scenario, parse_seeds, random_scenario  # noqa: E402
+from scenario_timeline import scenario_timeline  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
     LoRAConfig,
@@ -166,15 +167,7 @@ def engine_trace(scenario: dict[str, Any], out) -> int:
     cc = scenario["cache"]
     init_none_hash(sha256)
     hasher = get_request_block_hasher(int(cc.get("block_size", 16)), sha256)
-    specs = {r["request_id"]: r for r in scenario["requests"]}
-    arrivals: dict[int, list[dict]] = {}
-    for r in scenario["requests"]:
-        arrivals.setdefault(int(r.get("arrival_step", 0)), []).append(r)
-    aborts: dict[int, list[str]] = {}
-    for a in scenario.get("aborts", []):
-        aborts.setdefault(int(a["step"]), []).extend(a["request_ids"])
-    last_event = max(list(arrivals) + list(aborts) + [0])
-    max_steps = int(scenario.get("max_steps", 1_000_000))
+    specs, arrivals, aborts, last_event, max_steps = scenario_timeline(scenario)
 
     executor = cel.ScriptedExecutor(sched, vr.FakeModel(specs))
     processed_sos: list = []

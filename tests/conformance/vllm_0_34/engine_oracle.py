@@ -26,8 +26,9 @@ from collections import deque
 from concurrent.futures import Future
 from pathlib import Path
 
-import oracle
+import oracle  # puts tests/conformance on sys.path too
 import oracle_connectors as kvc
+from scenario_timeline import scenario_timeline
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
 
@@ -114,15 +115,7 @@ def engine_replay(scenario: dict, out) -> dict:
     depth = sched.vllm_config.max_concurrent_batches
     assert depth == (pp + 1 if use_async else pp) or (pp == 1 and depth == (2 if use_async else 1)), depth
     hasher = oracle.block_hasher(scenario)
-    specs = {r["request_id"]: r for r in scenario["requests"]}
-    arrivals: dict[int, list[dict]] = {}
-    for r in scenario["requests"]:
-        arrivals.setdefault(int(r.get("arrival_step", 0)), []).append(r)
-    aborts: dict[int, list[str]] = {}
-    for a in scenario.get("aborts", []):
-        aborts.setdefault(int(a["step"]), []).extend(a["request_ids"])
-    last_event = max([*arrivals, *aborts, 0])
-    max_steps = int(scenario.get("max_steps", 1_000_000))
+    specs, arrivals, aborts, last_event, max_steps = scenario_timeline(scenario)
 
     model = oracle.ScriptedModel(specs, kvc.make_kv_worker(scenario))
     executor = ScriptedExecutor(sched, model)

@@ -51,6 +51,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # oracle_connectors: vLLM's factory imports it by name
+if str(HERE.parent) not in sys.path:
+    sys.path.append(str(HERE.parent))  # scenario_timeline, shared with the 0.33 drivers
 for key, value in (
     ("HF_HUB_OFFLINE", "1"),
     ("TRANSFORMERS_OFFLINE", "1"),
@@ -68,6 +70,7 @@ import vllm.triton_utils  # noqa: E402
 vllm.triton_utils.HAS_TRITON = True
 
 import oracle_connectors as kvc  # noqa: E402
+from scenario_timeline import scenario_timeline  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
     LoRAConfig,
@@ -424,15 +427,7 @@ def replay(scenario: dict, out) -> dict:
     kv_type = (scenario.get("kv_connector") or {}).get("type")
     sched = make_scheduler(scenario)
     hasher = block_hasher(scenario)
-    specs = {r["request_id"]: r for r in scenario["requests"]}
-    arrivals: dict[int, list[dict]] = {}
-    for r in scenario["requests"]:
-        arrivals.setdefault(int(r.get("arrival_step", 0)), []).append(r)
-    aborts: dict[int, list[str]] = {}
-    for a in scenario.get("aborts", []):
-        aborts.setdefault(int(a["step"]), []).extend(a["request_ids"])
-    last_event = max([*arrivals, *aborts, 0])
-    max_steps = int(scenario.get("max_steps", 1_000_000))
+    specs, arrivals, aborts, last_event, max_steps = scenario_timeline(scenario)
 
     model = ScriptedModel(specs, kvc.make_kv_worker(scenario))
     observer = kvc.KVObserver(sched, kv_type) if kv_type else None
