@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import json_problem, strict_loads
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, check_vllm_version
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, check_vllm_version, rules_for
 
 POLICIES = ("fcfs", "priority")
 # The bound on a step's sequences and tokens (max_num_seqs,
@@ -351,13 +351,16 @@ def speculative_object(value: object) -> Mapping[str, Any]:
     return value
 
 
-def check_speculative_with_async(speculative: SpeculativeConfig | None, async_scheduling: bool) -> None:
+def check_speculative_with_async(speculative: SpeculativeConfig | None, async_scheduling: bool,
+                                 vllm_version: str = DEFAULT_VLLM_VERSION) -> None:
     """vLLM 0.33 refuses the CPU n-gram proposer with async scheduling
     (VllmConfig.__post_init__, V1 model runner); ``ngram_gpu`` is its
-    async-capable twin."""
-    if speculative is not None and async_scheduling and speculative.method == "ngram":
+    async-capable twin. Releases that run the pair
+    (``VersionRules.ngram_with_async_scheduling``) take it."""
+    if (speculative is not None and async_scheduling and speculative.method == "ngram"
+            and not rules_for(vllm_version).ngram_with_async_scheduling):
         raise _fail("speculative_config.method", "ngram",
-                    "vLLM 0.33 does not run the CPU n-gram proposer with async scheduling",
+                    f"vLLM {vllm_version} does not run the CPU n-gram proposer with async scheduling",
                     "use method 'ngram_gpu', or turn async scheduling off")
 
 
@@ -376,7 +379,7 @@ def check_speculative_settings(config: SchedulerConfig, speculative: Speculative
                     "kvsched does not model speculative decoding with pipeline parallelism "
                     "(the drafts of batches still in the pipeline)",
                     "use pipeline_parallel_size=1 with speculative decoding")
-    check_speculative_with_async(speculative, config.async_scheduling)
+    check_speculative_with_async(speculative, config.async_scheduling, config.vllm_version)
     k = speculative.num_speculative_tokens
     if config.max_num_batched_tokens < 1 + k:
         raise _fail("max_num_batched_tokens", config.max_num_batched_tokens,

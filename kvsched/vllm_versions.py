@@ -32,13 +32,22 @@ class VersionRules:
     # is (0.34); 0.33 read the MultiConnector's own kv_role. The role decides
     # deferred block frees and the producer's KV delivery.
     multi_connector_roles_from_children: bool
+    # Speculative method "ngram" runs under async scheduling (0.34: vLLM has
+    # only the GPU model runner, which runs "ngram" as its GPU n-gram
+    # speculator, the same as "ngram_gpu"). 0.33 refused the pair on its V1
+    # model runner, the runner its CPU reference resolves to and kvsched's
+    # 0.33 follows; async with PP is the other V1 refusal, but kvsched's 0.33
+    # already follows the V2 runner there (its decode stagger), as 0.34 does.
+    ngram_with_async_scheduling: bool
 
 
 RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
     "0.33": VersionRules("0.33", long_prefill_threshold_needs_chunked_prefill=False,
-                         multi_connector_roles_from_children=False),
+                         multi_connector_roles_from_children=False,
+                         ngram_with_async_scheduling=False),
     "0.34": VersionRules("0.34", long_prefill_threshold_needs_chunked_prefill=True,
-                         multi_connector_roles_from_children=True),
+                         multi_connector_roles_from_children=True,
+                         ngram_with_async_scheduling=True),
 })
 VLLM_VERSIONS = tuple(RULES)
 # The default stays 0.33 until every 0.34 change the simulator reads is

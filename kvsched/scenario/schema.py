@@ -296,7 +296,7 @@ def parse_scenario(obj: Any, source: str = "scenario",
     max_steps = c.integer(top, "max_steps", "", 1, MAX_STEPS_LIMIT,
                           " (the replay runs every step up to the last arrival or abort)",
                           DEFAULT_MAX_STEPS)
-    use_async, speculative, lora = _check_features(c, top)
+    use_async, speculative, lora = _check_features(c, top, vllm_version)
     kv_connector = _check_kv_connector(c, top)
     # vLLM's ParallelConfig.pipeline_parallel_size (tests/conformance/pp_oracle.py).
     pp = c.integer(top, "pipeline_parallel_size", "", 1, MAX_PIPELINE_PARALLEL_SIZE, "", 1)
@@ -543,10 +543,11 @@ def _check_nixl_request(c: _Checker, r: Mapping[str, Any], where: str) -> None:
                "(prefill side)")
 
 
-def _check_features(c: _Checker, top: Mapping[str, Any]
+def _check_features(c: _Checker, top: Mapping[str, Any], vllm_version: str
                     ) -> tuple[bool, SpeculativeConfig | None, LoRAConfig | None]:
     """The oracle's optional features (SCENARIO_FORMAT.md): async
-    scheduling, speculative decoding with an n-gram method, the LoRA cap."""
+    scheduling, speculative decoding with an n-gram method (``ngram`` with
+    async scheduling only where ``vllm_version`` runs it), the LoRA cap."""
     use_async = c.boolean(top, "async_scheduling", "", False)
     speculative = None
     spec = top.get("speculative")
@@ -559,7 +560,7 @@ def _check_features(c: _Checker, top: Mapping[str, Any]
                    "a drafter model)", "use \"ngram\" or \"ngram_gpu\"")
         speculative = SpeculativeConfig(method=method, num_speculative_tokens=k)
         try:
-            check_speculative_with_async(speculative, use_async)
+            check_speculative_with_async(speculative, use_async, vllm_version)
         except ValueError as e:
             raise UserInputError(f"{c.source}: {e}") from None
     lora = None

@@ -5,11 +5,16 @@ the 0.33 corpus; its traces are goldens_0_34/ (one equal to its 0.33 golden is t
 file, listed in goldens_0_34/same_as_0_33.txt). kvsched, built with
 ``vllm_version="0.34"``, must give each one step by step, stuck ones included. The
 0.34-only probes (in-flight KV load cap, cache-aware admission) need scheduler knobs
-kvsched does not model yet and are not compared here.
+kvsched does not model yet and are not compared here. vllm_0_34/rules_0_34/ holds
+scenarios written for 0.34's PP and async rules (docs/vllm_versions.md §7, §20: PP 3
+and 8 with async scheduling, speculative method ``ngram`` with async scheduling), traced
+by 0.34's own EngineCore loops (engine_oracle.py).
 """
 
 from __future__ import annotations
 
+import io
+import json
 import sys
 from pathlib import Path
 
@@ -21,6 +26,10 @@ sys.path.insert(0, str(HERE / "vllm_0_34"))
 
 import compare_versions as cv  # noqa: E402
 from random_kv_connector import compare_with_golden  # noqa: E402
+
+from kvsched.core.trace import first_difference  # noqa: E402
+from kvsched.errors import UserInputError  # noqa: E402
+from kvsched.scenario import load_scenario, replay  # noqa: E402
 
 # The shared reference's examples are compared where ../shared is laid out.
 FOLDERS = [f for f in cv.FOLDERS if f != "dp" and (f != "shared_examples" or cv.SHARED_EXAMPLES.is_dir())]
@@ -39,3 +48,63 @@ def test_trace_matches_vllm_034(folder: str, name: str, golden: Path) -> None:
     scenario = cv.old_dir_of(folder) / name
     _, diff = compare_with_golden(scenario, golden, "0.34")
     assert diff is None, diff
+
+
+RULES_DIR = HERE / "vllm_0_34" / "rules_0_34"
+RULES = sorted(RULES_DIR.glob("*.json"))
+
+
+def _golden(name: str) -> list[dict]:
+    return cv.read_trace(cv.GOLDENS / "rules_0_34" / f"{name}.vllm.jsonl")
+
+
+def test_the_rules_folder_covers_pp_async_and_ngram_async() -> None:
+    scenarios = [json.loads(p.read_text()) for p in RULES]
+    pp_async = {s["pipeline_parallel_size"] for s in scenarios
+                if s.get("async_scheduling") and s.get("pipeline_parallel_size", 1) > 1}
+    assert pp_async >= {2, 3, 8}
+    assert sum(1 for s in scenarios if s.get("async_scheduling")
+               and (s.get("speculative") or {}).get("method") == "ngram") >= 2
+
+
+@pytest.mark.parametrize("path", RULES, ids=lambda p: p.stem)
+def test_rules_scenario_matches_vllm_034(path: Path) -> None:
+    out = io.StringIO()
+    replay(load_scenario(str(path), "0.34"), out)
+    actual = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert first_difference(_golden(path.stem), actual) is None
+
+
+@pytest.mark.parametrize("name", ["async_ngram", "async_ngram_preempt"])
+def test_033_refuses_ngram_with_async_scheduling(name: str) -> None:
+    # 0.33's V1 model runner refuses the pair (VllmConfig.__post_init__).
+    with pytest.raises(UserInputError, match=r"speculative_config\.method='ngram'"):
+        load_scenario(str(RULES_DIR / f"{name}.json"), "0.33")
+
+
+def test_034_runs_ngram_as_ngram_gpu_under_async_scheduling() -> None:
+    # 0.34 has one model runner, whose GPU n-gram speculator serves both methods:
+    # the oracle's traces of the two otherwise equal scenarios are equal.
+    assert _golden("async_ngram") == _golden("async_ngram_gpu")
+
+
+@pytest.mark.parametrize("name, pp", [("pp2_async_preempt_abort", 2), ("pp3_async_stagger", 3),
+                                      ("pp8_async", 8)])
+def test_034_async_pp_decodes_at_most_once_every_pp_steps(name: str, pp: int) -> None:
+    # §7: after a request samples, AsyncScheduler sets next_decode_eligible_step =
+    # current_step + PP. Two one-token decodes of a request with no preemption in
+    # between are PP steps apart or more, and the golden has such a pair exactly PP
+    # apart (the stagger is what paces it, not the batch queue).
+    last_decode: dict[str, int] = {}
+    gaps = []
+    for line in _golden(name):
+        for rid in line["preempted"]:
+            last_decode.pop(rid, None)
+        for rid, n in line["scheduled"]:
+            if n == 1 and rid in last_decode:
+                gaps.append(line["step"] - last_decode[rid])
+            if n == 1:
+                last_decode[rid] = line["step"]
+            else:
+                last_decode.pop(rid, None)
+    assert gaps and min(gaps) == pp, (name, sorted(set(gaps)))
