@@ -1864,6 +1864,7 @@ class Scheduler:
                 self.finished_recving_kv_req_ids.add(rid)
             else:
                 assert request.is_finished(), f"{rid} reported loaded while {request.status.name}"
+                self._aborted_kv_loads.discard(rid)
                 self._free_blocks(request)
         for rid in sorted(kv_output.finished_sending):
             self._free_blocks(requests[rid])

@@ -3,13 +3,16 @@
 The 0.34 oracle (vllm_0_34/, tests/conformance/README.md) replayed every scenario of
 the 0.33 corpus; its traces are goldens_0_34/ (one equal to its 0.33 golden is that
 file, listed in goldens_0_34/same_as_0_33.txt). kvsched, built with
-``vllm_version="0.34"``, must give each one step by step, stuck ones included. The
-0.34-only probes (in-flight KV load cap, cache-aware admission) need scheduler knobs
-kvsched does not model yet and are not compared here.
+``vllm_version="0.34"``, must give each one step by step, stuck ones included. So must
+the 0.34-only probes (vllm_0_34/probes/, goldens_0_34/probes/): the in-flight KV load
+cap (``max_num_inflight_kv_loads``) and cache-aware admission; each knob's probe
+differs from kvsched's replay without the knob, so the comparison sees whether the
+knob is modelled.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,7 +23,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "vllm_0_34"))
 
 import compare_versions as cv  # noqa: E402
-from random_kv_connector import compare_with_golden  # noqa: E402
+from random_kv_connector import compare_with_golden, golden_of  # noqa: E402
 
 # The shared reference's examples are compared where ../shared is laid out.
 FOLDERS = [f for f in cv.FOLDERS if f != "dp" and (f != "shared_examples" or cv.SHARED_EXAMPLES.is_dir())]
@@ -39,3 +42,48 @@ def test_trace_matches_vllm_034(folder: str, name: str, golden: Path) -> None:
     scenario = cv.old_dir_of(folder) / name
     _, diff = compare_with_golden(scenario, golden, "0.34")
     assert diff is None, diff
+
+
+PROBES = HERE / "vllm_0_34" / "probes"
+PROBE_GOLDENS = HERE / "goldens_0_34" / "probes"
+PROBE_NAMES = sorted(p.stem for p in PROBES.glob("*.json"))
+# The probes whose trace depends on a 0.34 knob: the knob, and the value that
+# changes the trace (None: the knob left out). cache_aware_threshold keeps arrival
+# order (its KV usage stays below the threshold): with threshold 0 it would not.
+KNOB_PROBES: dict[str, tuple[str, float | None]] = {
+    "inflight_kv_loads_1": ("max_num_inflight_kv_loads", None),
+    "inflight_kv_loads_4": ("max_num_inflight_kv_loads", None),
+    "cache_aware_on": ("cache_aware_admission_window", None),
+    "cache_aware_threshold": ("cache_aware_admission_threshold", 0.0)}
+
+
+def probe_golden(name: str) -> Path:
+    golden, _ = golden_of(PROBE_GOLDENS / f"{name}.json")
+    return golden
+
+
+def test_every_probe_has_a_golden() -> None:
+    assert len(PROBE_NAMES) >= 7
+    assert set(KNOB_PROBES) <= set(PROBE_NAMES)
+    for name in PROBE_NAMES:
+        assert probe_golden(name).exists()
+
+
+@pytest.mark.parametrize("name", PROBE_NAMES)
+def test_probe_matches_vllm_034(name: str) -> None:
+    _, diff = compare_with_golden(PROBES / f"{name}.json", probe_golden(name), "0.34")
+    assert diff is None, diff
+
+
+@pytest.mark.parametrize("name", sorted(KNOB_PROBES))
+def test_probe_depends_on_its_knob(name: str, tmp_path: Path) -> None:
+    scenario = json.loads((PROBES / f"{name}.json").read_text())
+    knob, value = KNOB_PROBES[name]
+    if value is None:
+        del scenario["scheduler"][knob]
+    else:
+        scenario["scheduler"][knob] = value
+    changed = tmp_path / f"{name}.json"
+    changed.write_text(json.dumps(scenario))
+    _, diff = compare_with_golden(changed, probe_golden(name), "0.34")
+    assert diff is not None, f"{name}: the trace is the same with {knob}={value}"
