@@ -7,7 +7,10 @@ file, listed in goldens_0_34/same_as_0_33.txt). kvsched, built with
 the 0.34-only probes (vllm_0_34/probes/, goldens_0_34/probes/): the in-flight KV load
 cap (``max_num_inflight_kv_loads``) and cache-aware admission; each knob's probe
 differs from kvsched's replay without the knob, so the comparison sees whether the
-knob is modelled.
+knob is modelled. And so must the random scenarios that set those knobs
+(vllm_0_34/admission_random/: random_kv_connector.py's and random_scenarios.py's 0.34
+scenarios picked from a live run where the knobs changed the trace; each one's trace
+differs without its knobs).
 """
 
 from __future__ import annotations
@@ -87,3 +90,38 @@ def test_probe_depends_on_its_knob(name: str, tmp_path: Path) -> None:
     changed.write_text(json.dumps(scenario))
     _, diff = compare_with_golden(changed, probe_golden(name), "0.34")
     assert diff is not None, f"{name}: the trace is the same with {knob}={value}"
+
+
+ADMISSION = HERE / "vllm_0_34" / "admission_random"
+ADMISSION_GOLDENS = HERE / "goldens_0_34" / "admission_random"
+ADMISSION_NAMES = sorted(p.stem for p in ADMISSION.glob("*.json"))
+KNOBS = ("max_num_inflight_kv_loads", "cache_aware_admission_window")
+
+
+def test_admission_scenarios_set_the_knobs() -> None:
+    assert len(ADMISSION_NAMES) >= 10
+    policies = set()
+    for name in ADMISSION_NAMES:
+        scheduler = json.loads((ADMISSION / f"{name}.json").read_text())["scheduler"]
+        assert any(scheduler.get(k) for k in KNOBS), name
+        policies.add(scheduler.get("policy", "fcfs"))
+    assert policies == {"fcfs", "priority"}
+
+
+@pytest.mark.parametrize("name", ADMISSION_NAMES)
+def test_admission_scenario_matches_vllm_034(name: str) -> None:
+    golden, _ = golden_of(ADMISSION_GOLDENS / f"{name}.json")
+    _, diff = compare_with_golden(ADMISSION / f"{name}.json", golden, "0.34")
+    assert diff is None, diff
+
+
+@pytest.mark.parametrize("name", ADMISSION_NAMES)
+def test_admission_scenario_depends_on_its_knobs(name: str, tmp_path: Path) -> None:
+    scenario = json.loads((ADMISSION / f"{name}.json").read_text())
+    for knob in KNOBS:
+        scenario["scheduler"].pop(knob, None)
+    plain = tmp_path / f"{name}.json"
+    plain.write_text(json.dumps(scenario))
+    golden, _ = golden_of(ADMISSION_GOLDENS / f"{name}.json")
+    _, diff = compare_with_golden(plain, golden, "0.34")
+    assert diff is not None, f"{name}: the trace is the same without {KNOBS}"

@@ -6,7 +6,7 @@ built by setup.sh beside this file) and its comparison.json.
 
 Each folder of the 0.33 corpus is replayed by the 0.34 oracle that corresponds to the
 0.33 one that wrote its goldens: oracle.py (scenarios, random, random_features,
-kv_connector*, cadence, the shared examples, probes), engine_oracle.py (pp: vLLM's own
+kv_connector*, cadence, the shared examples, probes, admission_random), engine_oracle.py (pp: vLLM's own
 EngineCore loop, as pp_oracle.py), dp_goldens.py (dp). Traces keep the 0.33 file
 names (gzipped where the 0.33 ones are: kv_connector_random, kv_connector_regressions,
 kv_connector_multi; `.stuck` for a scenario that reaches max_steps). The oracle runs
@@ -35,17 +35,21 @@ PYTHON = Path(
         "KVSCHED_REFERENCE_034_PYTHON", Path.home() / ".cache/kvsched-reference/venv-0.34/bin/python"
     )
 )
-GZIPPED = {"kv_connector_random", "kv_connector_regressions", "kv_connector_multi"}
-# Every folder compare_versions knows but pp and dp (their own oracles), then the probes.
-ORACLE_FOLDERS = (*(f for f in cv.FOLDERS if f not in ("pp", "dp")), "probes")
+GZIPPED = {"kv_connector_random", "kv_connector_regressions", "kv_connector_multi", "admission_random"}
+# 0.34-only scenarios, kept beside this file (their goldens in goldens_0_34/ under the
+# same name): the probes of 0.34's new knobs, and random scenarios that set them
+# (random_kv_connector.py / random_scenarios.py for 0.34, picked from a live run).
+OWN_FOLDERS = ("probes", "admission_random")
+# Every folder compare_versions knows but pp and dp (their own oracles), then ours.
+ORACLE_FOLDERS = (*(f for f in cv.FOLDERS if f not in ("pp", "dp")), *OWN_FOLDERS)
 ALL = (*ORACLE_FOLDERS, "pp", "dp")
 
 
 def source(folder: str) -> Path:
     if folder == "shared_examples":
         return cv.SHARED_EXAMPLES
-    if folder == "probes":
-        return HERE / "probes"
+    if folder in OWN_FOLDERS:
+        return HERE / folder
     return cv.CONFORMANCE / folder
 
 
