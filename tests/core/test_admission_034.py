@@ -80,6 +80,7 @@ def new_ids(output: SchedulerOutput) -> list[str]:
 
 
 def reasons(output: SchedulerOutput) -> dict[str, str]:
+    assert output.not_admitted is not None  # the scheduler explains
     return {n.request_id: n.reason for n in output.not_admitted}
 
 
@@ -288,7 +289,7 @@ def run_one(sched: Scheduler) -> list[str]:
 
 def warmed(sched: Scheduler) -> Scheduler:
     """WARM run once: its two blocks are cached (and free)."""
-    sched.add_request(request("warm", 0, tokens=WARM + [1], max_tokens=1))
+    sched.add_request(request("warm", 0, tokens=[*WARM, 1], max_tokens=1))
     assert run_one(sched) == ["warm"]
     return sched
 
