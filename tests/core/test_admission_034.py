@@ -205,6 +205,23 @@ def test_with_the_batch_full_loads_start_until_a_request_needs_a_slot() -> None:
     assert sched.get_request_counts() == (1, 3)
 
 
+def test_a_load_that_does_not_fit_while_full_is_explained_apart() -> None:
+    # 5 usable blocks, r takes 3; a's load needs its whole 64-token prompt's 4.
+    sched = make({"a": ASYNC_LOAD, "b": ASYNC_LOAD}, max_num_seqs=1, blocks=6)
+    sched.add_request(request("r", 40, arrival=0.0))
+    sched.add_request(request("a", 64, arrival=1.0))
+    sched.add_request(request("b", 40, arrival=2.0))
+    sched.add_request(request("w", 8, arrival=3.0))
+    out = Engine(sched).step()
+    assert new_ids(out) == ["r"] and out.kv_loads == {}
+    assert out.admission_stop == explain.REASON_MAX_NUM_SEQS
+    assert out.not_admitted is not None
+    details = {n.request_id: (n.reason, n.detail) for n in out.not_admitted}
+    assert details["w"][0] == explain.REASON_MAX_NUM_SEQS
+    assert details["a"][0] == explain.REASON_KV_BLOCKS
+    assert details["b"] == (explain.REASON_KV_BLOCKS, "queued behind a in async_kv_waiting")
+
+
 def test_without_the_cap_nothing_loads_while_the_batch_is_full() -> None:
     sched = make({"a": ASYNC_LOAD}, cap=None, max_num_seqs=1)
     sched.add_request(request("r", 20, max_tokens=10))
@@ -366,3 +383,20 @@ def test_status_of_a_request_in_async_kv_waiting_is_waiting() -> None:
     sched = make({"a": ASYNC_LOAD}, max_num_seqs=1)
     sched.add_request(request("a", 40))
     assert sched.async_kv_waiting.peek_request().status == RequestStatus.WAITING
+
+
+@pytest.mark.parametrize("window, stable", [(0, True), (8, False)])
+def test_a_queue_cache_aware_admission_may_reorder_is_never_decode_stable(window: int, stable: bool) -> None:
+    # One slot, held by a decoding request; two wait behind it for a slot
+    # (a stable stop) - but each step may reorder them anew, and the order
+    # carries over, so a decode stretch may not skip those steps.
+    sched = cache_aware(window)
+    sched.add_request(request("run", 4, max_tokens=50))
+    for rid in ("x", "y"):
+        sched.add_request(request(rid, 20, arrival=1.0))
+    for _ in range(3):
+        out = sched.schedule()
+        ids_ = list(out.num_scheduled_tokens)
+        sched.update_from_output(out, ModelRunnerOutput(ids_, [[7] for _ in ids_]))
+    assert out.num_scheduled_tokens == {"run": 1}
+    assert sched.decode_stable is stable
