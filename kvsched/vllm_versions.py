@@ -15,7 +15,14 @@ from types import MappingProxyType
 
 from kvsched.errors import UserInputError
 
-__all__ = ["DEFAULT_VLLM_VERSION", "VLLM_VERSIONS", "VersionRules", "check_vllm_version", "rules_for"]
+__all__ = ["DEFAULT_VLLM_VERSION", "VERSIONED_SCHEDULER_KNOBS", "VLLM_VERSIONS", "VersionRules",
+           "check_vllm_version", "release_with_knob", "rules_for"]
+
+# SchedulerConfig settings (vLLM's names) that not every modelled release
+# has: 0.34's in-flight KV load cap (--max-num-inflight-kv-loads) and
+# cache-aware admission (--cache-aware-admission-window / -threshold).
+_INFLIGHT_KV_LOADS = frozenset({"max_num_inflight_kv_loads"})
+_CACHE_AWARE_ADMISSION = frozenset({"cache_aware_admission_window", "cache_aware_admission_threshold"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,20 +46,26 @@ class VersionRules:
     # 0.33 follows; async with PP is the other V1 refusal, but kvsched's 0.33
     # already follows the V2 runner there (its decode stagger), as 0.34 does.
     ngram_with_async_scheduling: bool
+    # The SchedulerConfig settings among VERSIONED_SCHEDULER_KNOBS this
+    # release's scheduler has; a release without one is refused the setting
+    # away from its default (kvsched.config checks it).
+    scheduler_knobs: frozenset[str]
 
 
 RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
     "0.33": VersionRules("0.33", long_prefill_threshold_needs_chunked_prefill=False,
                          multi_connector_roles_from_children=False,
-                         ngram_with_async_scheduling=False),
+                         ngram_with_async_scheduling=False, scheduler_knobs=frozenset()),
     "0.34": VersionRules("0.34", long_prefill_threshold_needs_chunked_prefill=True,
                          multi_connector_roles_from_children=True,
-                         ngram_with_async_scheduling=True),
+                         ngram_with_async_scheduling=True,
+                         scheduler_knobs=_INFLIGHT_KV_LOADS | _CACHE_AWARE_ADMISSION),
 })
 VLLM_VERSIONS = tuple(RULES)
+VERSIONED_SCHEDULER_KNOBS = _INFLIGHT_KV_LOADS | _CACHE_AWARE_ADMISSION
 # The default stays 0.33 until every 0.34 change the simulator reads is
 # modelled (docs/vllm_versions.md: block size 64, the extensible KV cache's
-# sizing, in-flight KV loads, cache-aware admission).
+# sizing).
 DEFAULT_VLLM_VERSION = "0.33"
 
 
@@ -67,3 +80,9 @@ def check_vllm_version(value: object, where: str = "vllm_version") -> str:
 def rules_for(version: str) -> VersionRules:
     """The rules of a modelled release (checked)."""
     return RULES[check_vllm_version(version)]
+
+
+def release_with_knob(knob: str) -> str:
+    """The first modelled release whose scheduler has ``knob`` (one of
+    VERSIONED_SCHEDULER_KNOBS), for the message refusing it elsewhere."""
+    return next(v for v, rules in RULES.items() if knob in rules.scheduler_knobs)

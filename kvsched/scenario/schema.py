@@ -42,7 +42,7 @@ from kvsched.core.scripted_connector import (
 from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeys, json_problem, strict_loads
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, check_vllm_version
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VERSIONED_SCHEDULER_KNOBS, check_vllm_version
 
 DEFAULT_TOKEN = 100
 # The oracle's defaults for keys a scenario leaves out.
@@ -85,7 +85,8 @@ TOP_KEYS = ("scheduler", "cache", "requests", "aborts", "max_steps", "async_sche
             "data_parallel_size", "dp_sync_interval", "kv_connector", "pipeline_parallel_size")
 SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                   "enable_chunked_prefill", "long_prefill_token_threshold", "policy",
-                  "scheduler_reserve_full_isl", "prefill_schedule_interval")
+                  "scheduler_reserve_full_isl", "prefill_schedule_interval",
+                  *sorted(VERSIONED_SCHEDULER_KNOBS))
 CACHE_KEYS = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
 REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos",
                 "eos_token_id", "stop_token_ids", "priority", "arrival_step", "arrival_time",
@@ -323,12 +324,15 @@ def parse_scenario(obj: Any, source: str = "scenario",
         c.fail("scheduler.policy", policy, "unknown scheduling policy", "use \"fcfs\" or \"priority\"")
     chunked = c.boolean(sc, "enable_chunked_prefill", "scheduler", d["enable_chunked_prefill"])
     reserve = c.boolean(sc, "scheduler_reserve_full_isl", "scheduler", d["scheduler_reserve_full_isl"])
+    # vLLM 0.34's knobs (the 0.34 oracle's keys; null: unset), checked by
+    # SchedulerConfig, which also refuses them on a release without them.
+    knobs = {key: sc[key] for key in VERSIONED_SCHEDULER_KNOBS if sc.get(key) is not None}
     try:
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=budget, max_num_seqs=seqs, max_model_len=max_model_len,
             enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
             policy=policy, scheduler_reserve_full_isl=reserve, async_scheduling=use_async,
-            pipeline_parallel_size=pp, vllm_version=vllm_version)
+            pipeline_parallel_size=pp, vllm_version=vllm_version, **knobs)
     except (ValueError, TypeError) as e:
         raise UserInputError(f"{source}: scheduler.{e}") from None
 

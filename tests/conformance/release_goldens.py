@@ -44,7 +44,9 @@ if str(HERE / "vllm_0_34") not in sys.path:
 
 import compare_versions as cv  # noqa: E402
 
-GZIPPED = {"kv_connector_random", "kv_connector_regressions", "kv_connector_multi"}
+# admission_random: 0.34-only random scenarios with its admission knobs, kept
+# gzipped as the connector corpus they are drawn from.
+GZIPPED = {"kv_connector_random", "kv_connector_regressions", "kv_connector_multi", "admission_random"}
 # Every corpus folder compare_versions knows but dp (its own driver).
 CORPUS_FOLDERS = tuple(f for f in cv.FOLDERS if f != "dp")
 

@@ -3,9 +3,14 @@
 The 0.34 oracle (vllm_0_34/, tests/conformance/README.md) replayed every scenario of
 the 0.33 corpus; its traces are goldens_0_34/ (one equal to its 0.33 golden is that
 file, listed in goldens_0_34/same_as_0_33.txt). kvsched, built with
-``vllm_version="0.34"``, must give each one step by step, stuck ones included. The
-0.34-only probes (in-flight KV load cap, cache-aware admission) need scheduler knobs
-kvsched does not model yet and are not compared here. vllm_0_34/rules_0_34/ holds
+``vllm_version="0.34"``, must give each one step by step, stuck ones included. So must
+the 0.34-only probes (vllm_0_34/probes/, goldens_0_34/probes/): the in-flight KV load
+cap (``max_num_inflight_kv_loads``) and cache-aware admission; each knob's probe
+differs from kvsched's replay without the knob, so the comparison sees whether the
+knob is modelled. And so must the random scenarios that set those knobs
+(vllm_0_34/admission_random/: random_kv_connector.py's and random_scenarios.py's 0.34
+scenarios picked from a live run where the knobs changed the trace; each one's trace
+differs without its knobs). vllm_0_34/rules_0_34/ holds
 scenarios written for 0.34's PP and async rules (docs/vllm_versions.md §7, §20: PP 3
 and 8 with async scheduling, speculative method ``ngram`` with async scheduling), traced
 by 0.34's own EngineCore loops (engine_oracle.py).
@@ -25,7 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "vllm_0_34"))
 
 import compare_versions as cv  # noqa: E402
-from random_kv_connector import compare_with_golden  # noqa: E402
+from random_kv_connector import compare_with_golden, golden_of  # noqa: E402
 
 from kvsched.core.trace import first_difference  # noqa: E402
 from kvsched.errors import UserInputError  # noqa: E402
@@ -108,3 +113,83 @@ def test_034_async_pp_decodes_at_most_once_every_pp_steps(name: str, pp: int) ->
             else:
                 last_decode.pop(rid, None)
     assert gaps and min(gaps) == pp, (name, sorted(set(gaps)))
+
+
+PROBES = HERE / "vllm_0_34" / "probes"
+PROBE_GOLDENS = HERE / "goldens_0_34" / "probes"
+PROBE_NAMES = sorted(p.stem for p in PROBES.glob("*.json"))
+# The probes whose trace depends on a 0.34 knob: the knob, and the value that
+# changes the trace (None: the knob left out). cache_aware_threshold keeps arrival
+# order (its KV usage stays below the threshold): with threshold 0 it would not.
+KNOB_PROBES: dict[str, tuple[str, float | None]] = {
+    "inflight_kv_loads_1": ("max_num_inflight_kv_loads", None),
+    "inflight_kv_loads_4": ("max_num_inflight_kv_loads", None),
+    "cache_aware_on": ("cache_aware_admission_window", None),
+    "cache_aware_threshold": ("cache_aware_admission_threshold", 0.0)}
+
+
+def probe_golden(name: str) -> Path:
+    golden, _ = golden_of(PROBE_GOLDENS / f"{name}.json")
+    return golden
+
+
+def test_every_probe_has_a_golden() -> None:
+    assert len(PROBE_NAMES) >= 7
+    assert set(KNOB_PROBES) <= set(PROBE_NAMES)
+    for name in PROBE_NAMES:
+        assert probe_golden(name).exists()
+
+
+@pytest.mark.parametrize("name", PROBE_NAMES)
+def test_probe_matches_vllm_034(name: str) -> None:
+    _, diff = compare_with_golden(PROBES / f"{name}.json", probe_golden(name), "0.34")
+    assert diff is None, diff
+
+
+@pytest.mark.parametrize("name", sorted(KNOB_PROBES))
+def test_probe_depends_on_its_knob(name: str, tmp_path: Path) -> None:
+    scenario = json.loads((PROBES / f"{name}.json").read_text())
+    knob, value = KNOB_PROBES[name]
+    if value is None:
+        del scenario["scheduler"][knob]
+    else:
+        scenario["scheduler"][knob] = value
+    changed = tmp_path / f"{name}.json"
+    changed.write_text(json.dumps(scenario))
+    _, diff = compare_with_golden(changed, probe_golden(name), "0.34")
+    assert diff is not None, f"{name}: the trace is the same with {knob}={value}"
+
+
+ADMISSION = HERE / "vllm_0_34" / "admission_random"
+ADMISSION_GOLDENS = HERE / "goldens_0_34" / "admission_random"
+ADMISSION_NAMES = sorted(p.stem for p in ADMISSION.glob("*.json"))
+KNOBS = ("max_num_inflight_kv_loads", "cache_aware_admission_window")
+
+
+def test_admission_scenarios_set_the_knobs() -> None:
+    assert len(ADMISSION_NAMES) >= 10
+    policies = set()
+    for name in ADMISSION_NAMES:
+        scheduler = json.loads((ADMISSION / f"{name}.json").read_text())["scheduler"]
+        assert any(scheduler.get(k) for k in KNOBS), name
+        policies.add(scheduler.get("policy", "fcfs"))
+    assert policies == {"fcfs", "priority"}
+
+
+@pytest.mark.parametrize("name", ADMISSION_NAMES)
+def test_admission_scenario_matches_vllm_034(name: str) -> None:
+    golden, _ = golden_of(ADMISSION_GOLDENS / f"{name}.json")
+    _, diff = compare_with_golden(ADMISSION / f"{name}.json", golden, "0.34")
+    assert diff is None, diff
+
+
+@pytest.mark.parametrize("name", ADMISSION_NAMES)
+def test_admission_scenario_depends_on_its_knobs(name: str, tmp_path: Path) -> None:
+    scenario = json.loads((ADMISSION / f"{name}.json").read_text())
+    for knob in KNOBS:
+        scenario["scheduler"].pop(knob, None)
+    plain = tmp_path / f"{name}.json"
+    plain.write_text(json.dumps(scenario))
+    golden, _ = golden_of(ADMISSION_GOLDENS / f"{name}.json")
+    _, diff = compare_with_golden(plain, golden, "0.34")
+    assert diff is not None, f"{name}: the trace is the same without {KNOBS}"
