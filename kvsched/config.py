@@ -78,12 +78,16 @@ def check_pipeline_parallel_size(value: object) -> None:
 
 # vLLM's engine defaults that every entry point (generate, simulate, tune)
 # starts from: SchedulerConfig's class defaults for the step limits (what
-# vllm serve falls back to where get_batch_defaults has no entry), and
-# CacheConfig's block size and share of device memory.
+# vllm serve falls back to where get_batch_defaults has no entry). A
+# deployment's block size and share of device memory default to its
+# release's (kvsched.vllm_versions, resolved by
+# kvsched.scheduler_defaults.resolve_cache_defaults).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_MAX_NUM_SEQS = 128
+# The block size of a CacheConfig built without one and of a scenario file
+# that names none (the scenario format's default, vLLM 0.33's; scenarios
+# keep it whatever release replays them).
 DEFAULT_BLOCK_SIZE = 16
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 # vLLM 0.33 takes any block size > 0; its kernels' blocks are 16 to 256
 # tokens (FlashMLA 64, FlashInfer 16/32/64, Ascend 128), and hybrid models
 # align theirs to a few hundred. 4096 is kvsched's bound: beyond it a block

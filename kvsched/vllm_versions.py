@@ -15,7 +15,8 @@ from types import MappingProxyType
 
 from kvsched.errors import UserInputError
 
-__all__ = ["DEFAULT_VLLM_VERSION", "VLLM_VERSIONS", "VersionRules", "check_vllm_version", "rules_for"]
+__all__ = ["DEFAULT_VLLM_VERSION", "EXTENSIBLE_KV_CACHE_GPU_MEMORY_UTILIZATION", "FLAGS_SINCE",
+           "VLLM_VERSIONS", "VersionRules", "check_release_flags", "check_vllm_version", "rules_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,19 +33,46 @@ class VersionRules:
     # is (0.34); 0.33 read the MultiConnector's own kv_role. The role decides
     # deferred block frees and the producer's KV delivery.
     multi_connector_roles_from_children: bool
+    # CacheConfig.DEFAULT_BLOCK_SIZE: the block size vLLM asks the attention
+    # backends for when --block-size is not given (a backend that does not
+    # take it gets the smallest size it takes; kvsched.scheduler_defaults.
+    # resolve_cache_defaults applies that): 16 in 0.33, 64 in 0.34.
+    default_block_size: int
+    # gpu_memory_utilization when not given and the KV cache is sized from
+    # the profiling estimate (CacheConfig's 0.92 in both releases).
+    default_gpu_memory_utilization: float
+    # 0.34's extensible KV cache (--enable-extensible-kv-cache): the cache's
+    # address range is reserved at start-up and its pages committed after
+    # warmup and CUDA-graph capture, sized from the memory then measured free
+    # with the warmup peak kept free (kvsched.perf.memory); on by default on
+    # CUDA and ROCm where nothing rules it out, and gpu_memory_utilization
+    # then defaults to 1.0. False: the release has no such cache.
+    extensible_kv_cache: bool
 
 
 RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
     "0.33": VersionRules("0.33", long_prefill_threshold_needs_chunked_prefill=False,
-                         multi_connector_roles_from_children=False),
+                         multi_connector_roles_from_children=False, default_block_size=16,
+                         default_gpu_memory_utilization=0.92, extensible_kv_cache=False),
     "0.34": VersionRules("0.34", long_prefill_threshold_needs_chunked_prefill=True,
-                         multi_connector_roles_from_children=True),
+                         multi_connector_roles_from_children=True, default_block_size=64,
+                         default_gpu_memory_utilization=0.92, extensible_kv_cache=True),
 })
 VLLM_VERSIONS = tuple(RULES)
 # The default stays 0.33 until every 0.34 change the simulator reads is
-# modelled (docs/vllm_versions.md: block size 64, the extensible KV cache's
-# sizing, in-flight KV loads, cache-aware admission).
+# modelled (docs/vllm_versions.md: in-flight KV loads, cache-aware
+# admission). Everything that follows the default reads this one name.
 DEFAULT_VLLM_VERSION = "0.33"
+# gpu_memory_utilization when not given and the extensible KV cache is on
+# (CacheConfig.resolved_gpu_memory_utilization): the cache is sized from
+# measured memory, so vLLM asks for the whole device.
+EXTENSIBLE_KV_CACHE_GPU_MEMORY_UTILIZATION = 1.0
+# Engine arguments a release introduced -> the first release that has them.
+# A value given for an older release is refused (check_release_flags): that
+# vllm serve would reject the flag.
+FLAGS_SINCE: MappingProxyType[str, str] = MappingProxyType({
+    "enable_extensible_kv_cache": "0.34",
+})
 
 
 def check_vllm_version(value: object, where: str = "vllm_version") -> str:
@@ -58,3 +86,16 @@ def check_vllm_version(value: object, where: str = "vllm_version") -> str:
 def rules_for(version: str) -> VersionRules:
     """The rules of a modelled release (checked)."""
     return RULES[check_vllm_version(version)]
+
+
+def check_release_flags(version: str, given: dict[str, object]) -> None:
+    """Refuse an engine argument ``version`` does not have: ``given`` maps
+    argument names to their values, None meaning not given (only names of
+    FLAGS_SINCE are looked at)."""
+    order = VLLM_VERSIONS.index(check_vllm_version(version))
+    for name, since in FLAGS_SINCE.items():
+        value = given.get(name)
+        if value is not None and order < VLLM_VERSIONS.index(since):
+            flag = "--" + name.replace("_", "-")
+            raise UserInputError(f"{name}={value!r} ({flag}): vLLM {version} has no {flag} (vLLM {since} "
+                                 f"added it); drop it, or simulate vLLM {since} with --vllm-version {since}")
