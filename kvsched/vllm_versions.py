@@ -75,10 +75,12 @@ FLAGS_SINCE: MappingProxyType[str, str] = MappingProxyType({
 })
 
 
-def check_vllm_version(value: object, where: str = "vllm_version") -> str:
-    """``value`` if it names a modelled release, else a UserInputError naming it."""
+def check_vllm_version(value: object, where: str = "vllm_version", flag: str = "") -> str:
+    """``value`` if it names a modelled release, else a UserInputError naming
+    it (``flag``: the command-line flag that gave it, if one did)."""
     if not isinstance(value, str) or value not in RULES:
-        raise UserInputError(f"{where}={value!r}: not a vLLM release kvsched models; "
+        given = f" ({flag})" if flag else ""
+        raise UserInputError(f"{where}={value!r}{given}: not a vLLM release kvsched models; "
                              f"use one of {', '.join(VLLM_VERSIONS)}")
     return value
 

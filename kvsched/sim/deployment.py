@@ -317,7 +317,7 @@ def validate_engine_options(opts: EngineOptions) -> None:
                          f"{opts.data_parallel_size} engine core(s) may have at most {MAX_NUM_GPU_BLOCKS:,} "
                          "KV blocks in all (2**24: 268M tokens of KV at block size 16, over 20x what any "
                          "GPU holds; the simulator keeps ~46 bytes per block); lower it")
-    check_vllm_version(opts.vllm_version, "vllm_version (--vllm-version)")
+    check_vllm_version(opts.vllm_version, flag="--vllm-version")
     block = opts.block_size
     if block is not None and (not is_int(block) or not 1 <= block <= MAX_BLOCK_SIZE
                               or block % BLOCK_SIZE_MULTIPLE):
