@@ -112,13 +112,6 @@ class EngineOptions(SchedulerCacheOptions):
     flags every entry point takes with its own default: their help is
     ``add_scheduler_cache_flags``', their simulator default here."""
 
-    # The release simulated: its scheduler's rules (SchedulerConfig) and its
-    # defaults where a flag is not given (kvsched.vllm_versions owns both).
-    vllm_version: str = flag(
-        DEFAULT_VLLM_VERSION,
-        "the vLLM release to simulate: its scheduler, and its defaults for what is not given (block "
-        "size, --gpu-memory-utilization, 0.34's extensible KV cache; docs/vllm_versions.md) "
-        "(default: %(default)s)", VLLM_VERSIONS)
     model: str = flag(
         "meta-llama/Llama-3.1-8B",
         "catalog name, with or without the organisation, or a Hugging Face model directory / "
@@ -147,12 +140,6 @@ class EngineOptions(SchedulerCacheOptions):
               "(NVFP4), mxfp4 (MoE experts) (default: the checkpoint's own format, e.g. FP8 for a "
               "name ending in -FP8, MXFP4 experts for gpt-oss)", QUANTIZATIONS, aliases=("-q",))
     kv_cache_dtype: str = flag("auto", "auto (16 bits) or fp8")
-    # vLLM 0.34's --enable-extensible-kv-cache (None: vLLM's choice for the
-    # deployment, scheduler_defaults.resolve_cache_defaults; refused for 0.33).
-    enable_extensible_kv_cache: bool | None = flag(
-        None, "vLLM 0.34's extensible KV cache: size the cache after warmup and CUDA-graph capture "
-              "from measured memory (default: on on CUDA and ROCm without --num-gpu-blocks-override or "
-              "NIXL; then --gpu-memory-utilization defaults to 1.0)")
     async_scheduling: bool = True
     prefill_schedule_interval: int = flag(
         1, "admit prefill only every K engine steps (vLLM's prefill cadence)")
@@ -215,6 +202,20 @@ class EngineOptions(SchedulerCacheOptions):
         (), "with --enable-lora: only these LoRA layers, as vLLM's flag (qkv_proj, o_proj, "
             "gate_up_proj, down_proj, or a slice's name such as q_proj; default: all)",
         metavar="MODULE")
+    # Last: the fields before keep their positions (EngineOptions(model)).
+    # The release simulated: its scheduler's rules (SchedulerConfig) and its
+    # defaults where a flag is not given (kvsched.vllm_versions owns both).
+    vllm_version: str = flag(
+        DEFAULT_VLLM_VERSION,
+        "the vLLM release to simulate: its scheduler, and its defaults for what is not given (block "
+        "size, --gpu-memory-utilization, 0.34's extensible KV cache; docs/vllm_versions.md) "
+        "(default: %(default)s)", VLLM_VERSIONS)
+    # vLLM 0.34's --enable-extensible-kv-cache (None: vLLM's choice for the
+    # deployment, scheduler_defaults.resolve_cache_defaults; refused for 0.33).
+    enable_extensible_kv_cache: bool | None = flag(
+        None, "vLLM 0.34's extensible KV cache: size the cache after warmup and CUDA-graph capture "
+              "from measured memory (default: on on CUDA and ROCm without --num-gpu-blocks-override or "
+              "NIXL; then --gpu-memory-utilization defaults to 1.0)")
 
 
 @dataclass(frozen=True, slots=True)
