@@ -89,7 +89,8 @@ def deployment_dict(deployment: Deployment, group: InstanceGroup) -> dict[str, A
         # Only a release that has it says whether the cache was sized so.
         cache["enable_extensible_kv_cache"] = d.memory.extensible
     out: dict[str, Any] = {
-        "vllm_version": d.vllm_version,
+        # A section of its own, as every part here (the report draws each as one).
+        "vllm": {"version": d.vllm_version},
         "model": {"name": d.model.name, "checkpoint": d.options.model, "dtype": d.runtime.dtype,
                   "quantization": d.options.quantization,
                   "kv_cache_dtype": d.runtime.kv_cache_dtype, "moe": d.model.is_moe},

@@ -70,9 +70,9 @@ def test_the_results_name_the_release_and_the_memory_share_it_ran_with() -> None
     d33 = build_deployment(EngineOptions(max_model_len=4096))
     d34 = build_deployment(EngineOptions(vllm_version="0.34", max_model_len=4096))
     out33, out34 = deployment_dict(d33, InstanceGroup()), deployment_dict(d34, InstanceGroup())
-    assert (out33["vllm_version"], out33["cache"]["gpu_memory_utilization"]) == ("0.33", 0.92)
+    assert (out33["vllm"], out33["cache"]["gpu_memory_utilization"]) == ({"version": "0.33"}, 0.92)
     assert "enable_extensible_kv_cache" not in out33["cache"]  # 0.33 has no such cache
-    assert (out34["vllm_version"], out34["cache"]["block_size"]) == ("0.34", 64)
+    assert (out34["vllm"], out34["cache"]["block_size"]) == ({"version": "0.34"}, 64)
     cache = out34["cache"]
     assert (cache["gpu_memory_utilization"], cache["enable_extensible_kv_cache"]) == (1.0, True)
 
