@@ -72,7 +72,8 @@ def test_cpu_kv_blocks(tiny: Callable[..., Path]) -> None:
     assert num_kv_blocks(args, config, torch.float32, cpu, 10**12) == DEFAULT_KV_CACHE_MEMORY // per_block_32
     args = EngineArgs.from_kwargs(str(path), num_gpu_blocks_override=7, kv_cache_memory="1GiB")
     assert num_kv_blocks(args, config, torch.float32, cpu, 10**9) == 7
-    args = EngineArgs.from_kwargs(str(path), kv_cache_memory=per_block, block_size=16).with_cache_defaults("cpu")
+    args = EngineArgs.from_kwargs(str(path), kv_cache_memory=per_block,
+                                  block_size=16).with_cache_defaults("cpu")
     with pytest.raises(ValueError, match="two are the minimum"):
         num_kv_blocks(args, config, torch.float32, cpu, 10**9)
 
