@@ -39,8 +39,11 @@ PREFILL = 4096
 
 
 def _deployment(tp: int, pp: int) -> Deployment:
-    return build_deployment(EngineOptions(model=MODEL, hardware=HARDWARE, tensor_parallel_size=tp,
-                                          pipeline_parallel_size=pp))
+    # docs/pipeline_parallel.md's figures: vLLM 0.33's sizing at 0.9 of the
+    # device in 16-token blocks, pinned (the release's own default is 0.92).
+    return build_deployment(EngineOptions(vllm_version="0.33", model=MODEL, hardware=HARDWARE,
+                                          tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                          block_size=16, gpu_memory_utilization=0.9))
 
 
 def _name(tp: int, pp: int) -> str:

@@ -50,7 +50,7 @@ def _explain_step(step: int, output: SchedulerOutput, record: dict[str, Any],
 def _cmd_replay(args: argparse.Namespace) -> int:
     from kvsched.scenario import check_requests, load_scenario, replay
 
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, args.vllm_version)
     check_requests(scenario)  # before the trace file is created
     hook = _explain_step if args.explain else None
     if args.trace:
@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--trace", help="write the per-step trace (JSON Lines) here")
     rp.add_argument("--explain", action="store_true",
                     help="print a per-step table with why waiting requests were not admitted")
+    from kvsched.engine_flags import add_declared_flags
+    from kvsched.sim.deployment import EngineOptions
+
+    # The release whose scheduler replays the scenario: simulate's flag.
+    add_declared_flags(rp, EngineOptions, names=("vllm_version",))
     rp.set_defaults(func=_cmd_replay)
     from kvsched.commands.compare import add_compare_parser
     from kvsched.commands.simulate import add_simulate_parser

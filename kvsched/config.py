@@ -17,9 +17,10 @@ from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import json_problem, strict_loads
 from kvsched.vllm_versions import (
     DEFAULT_VLLM_VERSION,
+    FLAGS_SINCE,
     VERSIONED_SCHEDULER_KNOBS,
     check_vllm_version,
-    release_with_knob,
+    release_has,
     rules_for,
 )
 
@@ -84,12 +85,16 @@ def check_pipeline_parallel_size(value: object) -> None:
 
 # vLLM's engine defaults that every entry point (generate, simulate, tune)
 # starts from: SchedulerConfig's class defaults for the step limits (what
-# vllm serve falls back to where get_batch_defaults has no entry), and
-# CacheConfig's block size and share of device memory.
+# vllm serve falls back to where get_batch_defaults has no entry). A
+# deployment's block size and share of device memory default to its
+# release's (kvsched.vllm_versions, resolved by
+# kvsched.scheduler_defaults.resolve_cache_defaults).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_MAX_NUM_SEQS = 128
+# The block size of a CacheConfig built without one and of a scenario file
+# that names none (the scenario format's default, vLLM 0.33's; scenarios
+# keep it whatever release replays them).
 DEFAULT_BLOCK_SIZE = 16
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 # vLLM 0.33 takes any block size > 0; its kernels' blocks are 16 to 256
 # tokens (FlashMLA 64, FlashInfer 16/32/64, Ascend 128), and hybrid models
 # align theirs to a few hundred. 4096 is kvsched's bound: beyond it a block
@@ -267,12 +272,12 @@ class SchedulerConfig:
         """A setting this release's scheduler lacks (kvsched.vllm_versions)
         must stay at its default: vLLM 0.33 has no in-flight KV load cap and
         no cache-aware admission."""
-        missing = VERSIONED_SCHEDULER_KNOBS - rules_for(self.vllm_version).scheduler_knobs
+        missing = {k for k in VERSIONED_SCHEDULER_KNOBS if not release_has(self.vllm_version, k)}
         if not missing:
             return
         for f in fields(self):
             if f.name in missing and getattr(self, f.name) != f.default:
-                first = release_with_knob(f.name)
+                first = FLAGS_SINCE[f.name]
                 raise _fail(f.name, getattr(self, f.name),
                             f"vLLM {self.vllm_version}'s scheduler has no such setting (new in vLLM "
                             f"{first})", f"set vllm_version to {first!r}, or leave it at its default "

@@ -56,8 +56,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsched.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
     MAX_BLOCK_SIZE,
     MAX_NUM_GPU_BLOCKS,
     MAX_STEP_LIMIT,
@@ -109,12 +107,15 @@ class SchedulerCacheOptions:
         True, "split long prompts over several steps (default: on, as vLLM's v1)")
     enable_prefix_caching: bool = flag(
         True, "reuse KV blocks of shared prompt prefixes (default: on, as vLLM's v1)")
-    block_size: int = flag(
-        DEFAULT_BLOCK_SIZE, f"tokens per KV cache block, 1 to {MAX_BLOCK_SIZE} (default: %(default)s)")
-    gpu_memory_utilization: float = flag(
-        DEFAULT_GPU_MEMORY_UTILIZATION,
-        "share of GPU memory vLLM may use; the KV cache gets what the weights and activations "
-        "leave (default: %(default)s)")
+    # None: the release's default for the platform's attention backend, and
+    # its share of memory for its KV-cache sizing
+    # (scheduler_defaults.resolve_cache_defaults).
+    block_size: int | None = flag(
+        None, f"tokens per KV cache block, 1 to {MAX_BLOCK_SIZE} (default: the vLLM release's as the "
+              "attention backend takes it: 16 on 0.33 GPUs, 32 on its CPUs, 64 on 0.34)")
+    gpu_memory_utilization: float | None = flag(
+        None, "share of GPU memory vLLM may use; the KV cache gets what the weights, activations and "
+              "CUDA graphs leave (default: the vLLM release's: 0.92, 1.0 with 0.34's extensible KV cache)")
     long_prefill_token_threshold: int = flag(
         0, "cap on a long prompt's tokens per step when chunking (0: off; default: %(default)s)")
     scheduling_policy: str = flag(
@@ -188,10 +189,11 @@ def _argparse_kwargs(f: dataclasses.Field[Any], kind: Any, scope: str) -> dict[s
     kwargs: dict[str, Any] = {"help": doc.help.replace("{scope}", scope).replace("{default}", str(f.default))}
     if doc.metavar is not None:
         kwargs["metavar"] = doc.metavar
-    if kind is bool:
+    if kind is bool or (f.default is None and set(typing.get_args(kind)) == {bool, type(None)}):
         # A switch on by default takes --no-X (vLLM's BooleanOptionalAction);
-        # one off by default is turned on by its name alone (store_true).
-        kwargs["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
+        # one off by default is turned on by its name alone (store_true); one
+        # unset by default (bool | None: vLLM decides) takes either.
+        kwargs["action"] = argparse.BooleanOptionalAction if f.default is not False else "store_true"
     else:
         # int | None -> int: None is the flag left out (a tuple's own
         # arguments, tuple[str, ...], are not unwrapped).

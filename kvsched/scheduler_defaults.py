@@ -1,4 +1,4 @@
-"""vLLM 0.33's defaults for the scheduler limits an engine starts with.
+"""vLLM's defaults for the scheduler limits and the KV cache an engine starts with.
 
 ``vllm serve`` and the offline ``LLM`` class leave ``max_num_seqs``,
 ``max_num_batched_tokens`` and ``max_model_len`` unset unless the user gives
@@ -7,12 +7,18 @@ them, and vLLM fills them in ``EngineArgs.create_engine_config`` from the
 kvsched's entry points resolve them here: ``kvsched simulate`` as
 ``OPENAI_API_SERVER`` (it models ``vllm serve``), ``kvsched.LLM`` as
 ``LLM_CLASS``. Torch-free, so the simulator and the CLI can import it.
+
+The block size, ``gpu_memory_utilization`` and whether the KV cache is
+sized the extensible way are the release's (kvsched.vllm_versions owns the
+values) and the platform's: :func:`resolve_cache_defaults`, which the
+simulator's deployments and the engine both call.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from types import MappingProxyType
 from typing import Literal
 
 from kvsched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, MAX_STEP_LIMIT
@@ -23,10 +29,12 @@ from kvsched.engine_flags import option
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.jsonfile import show
+from kvsched.vllm_versions import EXTENSIBLE_KV_CACHE_GPU_MEMORY_UTILIZATION, check_release_flags, rules_for
 
-__all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "DEFAULT_MAX_NUM_SEQS", "DEVICE_TYPES", "DeviceInfo",
-           "DeviceType", "SchedulerLimits", "UsageContext", "check_optional_limit",
-           "get_batch_defaults", "resolve_scheduler_limits"]
+__all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "DEFAULT_MAX_NUM_SEQS", "DEVICE_TYPES", "KERNEL_BLOCK_MULTIPLE",
+           "PLATFORMS", "CacheDefaults", "DeviceInfo", "DeviceType", "Platform", "SchedulerLimits",
+           "UsageContext", "check_optional_limit", "get_batch_defaults", "preferred_block_size",
+           "resolve_cache_defaults", "resolve_scheduler_limits"]
 
 GIB = 2**30
 
@@ -153,3 +161,95 @@ def resolve_scheduler_limits(
     if max_num_seqs is None:
         seqs = min(seqs, batched)
     return SchedulerLimits(seqs, batched, max_model_len)
+
+
+# Where an engine runs, as vLLM's platform tells: CUDA and ROCm (vLLM's
+# "CUDA-alike" platforms, the only ones with the extensible KV cache), a
+# CPU, or another accelerator (Ascend through its plugin, TPU).
+Platform = Literal["cuda", "rocm", "cpu", "other"]
+PLATFORMS: tuple[Platform, ...] = ("cuda", "rocm", "cpu", "other")
+# The block sizes the default attention backend takes, as multiples of its
+# kernel block (vLLM's get_supported_kernel_block_sizes, the same in 0.33
+# and 0.34): FlashAttention and Triton on GPUs MultipleOf(16), CPU_ATTN
+# MultipleOf(32). (MLA backends force their own, e.g. FlashMLA 64; not
+# modelled: kvsched takes the platform's dense backend.)
+KERNEL_BLOCK_MULTIPLE: MappingProxyType[Platform, int] = MappingProxyType(
+    {"cuda": 16, "rocm": 16, "cpu": 32, "other": 16})
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDefaults:
+    """The KV-cache settings an engine starts with: the user's where given,
+    else its release's and platform's (:func:`resolve_cache_defaults`)."""
+
+    block_size: int
+    gpu_memory_utilization: float
+    # Sized the extensible way (vLLM 0.34: after warmup and CUDA-graph
+    # capture, from measured memory; kvsched.perf.memory); False: from the
+    # profiling estimate.
+    extensible_kv_cache: bool
+
+
+def preferred_block_size(default: int, multiple: int) -> int:
+    """The block size vLLM picks when --block-size is not given
+    (``AttentionBackend.get_preferred_block_size``): the release's default
+    where the backend takes it, else the smallest size it takes. CPU_ATTN
+    (multiples of 32) turns 0.33's 16 into 32; 0.34's 64 stays 64."""
+    return default if default % multiple == 0 else multiple
+
+
+def resolve_cache_defaults(vllm_version: str, platform: Platform, *, block_size: int | None,
+                           gpu_memory_utilization: float | None,
+                           enable_extensible_kv_cache: bool | None = None,
+                           num_gpu_blocks_override: int | None = None,
+                           registers_kv_cache: bool = False,
+                           can_extend: bool = True) -> CacheDefaults:
+    """The block size, ``gpu_memory_utilization`` and KV-cache sizing of an
+    engine of ``vllm_version`` on ``platform`` (None: not given).
+
+    - block size: the given one, else the release's default as the
+      platform's attention backend takes it (:func:`preferred_block_size`);
+    - the extensible KV cache (releases that have it, ``VllmConfig.
+      _resolve_extensible_kv_cache``): when not given, on on CUDA and ROCm
+      unless ``num_gpu_blocks_override`` is set or a KV connector registers
+      the cache for RDMA (``registers_kv_cache``: NIXL on device memory; on
+      ROCm that rules it out, on CUDA NIXL also exports FABRIC handles,
+      which need an IMEX channel: kvsched takes none to be open, as on
+      machines outside NVL72 racks, so it is off there too) or the engine
+      cannot extend a cache (``can_extend`` False: kvsched's own engine
+      sizes its cache from a profile run); given on, refused where it is
+      ruled out (vLLM raises); given for a release without it, refused;
+    - ``gpu_memory_utilization``: the given one, else 1.0 with the
+      extensible cache, else the release's default (0.92).
+    """
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform={platform!r}: one of {', '.join(PLATFORMS)}")
+    rules = rules_for(vllm_version)
+    check_release_flags(vllm_version, {"enable_extensible_kv_cache": enable_extensible_kv_cache})
+    if block_size is None:
+        block_size = preferred_block_size(rules.default_block_size, KERNEL_BLOCK_MULTIPLE[platform])
+    extensible = False
+    if rules.extensible_kv_cache:
+        unsupported = None
+        if platform not in ("cuda", "rocm"):
+            unsupported = "it runs on CUDA and ROCm only"
+        elif not can_extend:
+            unsupported = "kvsched's engine sizes its KV cache from a profile run, as vLLM without it"
+        elif num_gpu_blocks_override is not None:
+            unsupported = ("it sizes the KV cache from measured memory, which num_gpu_blocks_override "
+                           "(--num-gpu-blocks-override) overrides")
+        elif platform == "rocm" and registers_kv_cache:
+            unsupported = ("on ROCm, UCX and RDMA cannot register its driver-mapped memory, which "
+                           "NixlConnector needs")
+        if enable_extensible_kv_cache is None:
+            extensible = unsupported is None and not registers_kv_cache
+        elif enable_extensible_kv_cache and unsupported is not None:
+            raise UserInputError(f"enable_extensible_kv_cache=True (--enable-extensible-kv-cache): "
+                                 f"{unsupported}; drop the flag (vLLM {vllm_version} then sizes the cache "
+                                 "from its profiling estimate)")
+        else:
+            extensible = bool(enable_extensible_kv_cache)
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = (EXTENSIBLE_KV_CACHE_GPU_MEMORY_UTILIZATION if extensible
+                                  else rules.default_gpu_memory_utilization)
+    return CacheDefaults(block_size, gpu_memory_utilization, extensible)

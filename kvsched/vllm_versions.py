@@ -15,14 +15,9 @@ from types import MappingProxyType
 
 from kvsched.errors import UserInputError
 
-__all__ = ["DEFAULT_VLLM_VERSION", "VERSIONED_SCHEDULER_KNOBS", "VLLM_VERSIONS", "VersionRules",
-           "check_vllm_version", "release_with_knob", "rules_for"]
-
-# SchedulerConfig settings (vLLM's names) that not every modelled release
-# has: 0.34's in-flight KV load cap (--max-num-inflight-kv-loads) and
-# cache-aware admission (--cache-aware-admission-window / -threshold).
-_INFLIGHT_KV_LOADS = frozenset({"max_num_inflight_kv_loads"})
-_CACHE_AWARE_ADMISSION = frozenset({"cache_aware_admission_window", "cache_aware_admission_threshold"})
+__all__ = ["DEFAULT_VLLM_VERSION", "EXTENSIBLE_KV_CACHE_GPU_MEMORY_UTILIZATION", "FLAGS_SINCE",
+           "VERSIONED_SCHEDULER_KNOBS", "VLLM_VERSIONS", "VersionRules", "check_release_flags",
+           "check_vllm_version", "release_has", "rules_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,33 +41,65 @@ class VersionRules:
     # 0.33 follows; async with PP is the other V1 refusal, but kvsched's 0.33
     # already follows the V2 runner there (its decode stagger), as 0.34 does.
     ngram_with_async_scheduling: bool
-    # The SchedulerConfig settings among VERSIONED_SCHEDULER_KNOBS this
-    # release's scheduler has; a release without one is refused the setting
-    # away from its default (kvsched.config checks it).
-    scheduler_knobs: frozenset[str]
+    # CacheConfig.DEFAULT_BLOCK_SIZE: the block size vLLM asks the attention
+    # backends for when --block-size is not given (a backend that does not
+    # take it gets the smallest size it takes; kvsched.scheduler_defaults.
+    # resolve_cache_defaults applies that): 16 in 0.33, 64 in 0.34.
+    default_block_size: int
+    # gpu_memory_utilization when not given and the KV cache is sized from
+    # the profiling estimate (CacheConfig's 0.92 in both releases).
+    default_gpu_memory_utilization: float
+    # 0.34's extensible KV cache (--enable-extensible-kv-cache): the cache's
+    # address range is reserved at start-up and its pages committed after
+    # warmup and CUDA-graph capture, sized from the memory then measured free
+    # with the warmup peak kept free (kvsched.perf.memory); on by default on
+    # CUDA and ROCm where nothing rules it out, and gpu_memory_utilization
+    # then defaults to 1.0. False: the release has no such cache.
+    extensible_kv_cache: bool
 
 
 RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
     "0.33": VersionRules("0.33", long_prefill_threshold_needs_chunked_prefill=False,
                          multi_connector_roles_from_children=False,
-                         ngram_with_async_scheduling=False, scheduler_knobs=frozenset()),
+                         ngram_with_async_scheduling=False, default_block_size=16,
+                         default_gpu_memory_utilization=0.92, extensible_kv_cache=False),
     "0.34": VersionRules("0.34", long_prefill_threshold_needs_chunked_prefill=True,
                          multi_connector_roles_from_children=True,
-                         ngram_with_async_scheduling=True,
-                         scheduler_knobs=_INFLIGHT_KV_LOADS | _CACHE_AWARE_ADMISSION),
+                         ngram_with_async_scheduling=True, default_block_size=64,
+                         default_gpu_memory_utilization=0.92, extensible_kv_cache=True),
 })
 VLLM_VERSIONS = tuple(RULES)
-VERSIONED_SCHEDULER_KNOBS = _INFLIGHT_KV_LOADS | _CACHE_AWARE_ADMISSION
 # The default stays 0.33 until every 0.34 change the simulator reads is
-# modelled (docs/vllm_versions.md: block size 64, the extensible KV cache's
-# sizing).
+# modelled. Everything that follows the default reads this one name.
 DEFAULT_VLLM_VERSION = "0.33"
+# gpu_memory_utilization when not given and the extensible KV cache is on
+# (CacheConfig.resolved_gpu_memory_utilization): the cache is sized from
+# measured memory, so vLLM asks for the whole device.
+EXTENSIBLE_KV_CACHE_GPU_MEMORY_UTILIZATION = 1.0
+# Engine arguments a release introduced -> the first release that has them.
+# A value given for an older release is refused (check_release_flags): that
+# vllm serve would reject the flag.
+# The one table of which release has which engine argument: the CLI's
+# check (check_release_flags) and SchedulerConfig's (release_has) read it.
+FLAGS_SINCE: MappingProxyType[str, str] = MappingProxyType({
+    "enable_extensible_kv_cache": "0.34",
+    # The in-flight KV load cap and cache-aware admission (SchedulerConfig).
+    "max_num_inflight_kv_loads": "0.34",
+    "cache_aware_admission_window": "0.34",
+    "cache_aware_admission_threshold": "0.34",
+})
+# The SchedulerConfig settings among them (kvsched.config refuses one away
+# from its default on a release without it; scenarios read them).
+VERSIONED_SCHEDULER_KNOBS = frozenset({"max_num_inflight_kv_loads", "cache_aware_admission_window",
+                                       "cache_aware_admission_threshold"})
 
 
-def check_vllm_version(value: object, where: str = "vllm_version") -> str:
-    """``value`` if it names a modelled release, else a UserInputError naming it."""
+def check_vllm_version(value: object, where: str = "vllm_version", flag: str = "") -> str:
+    """``value`` if it names a modelled release, else a UserInputError naming
+    it (``flag``: the command-line flag that gave it, if one did)."""
     if not isinstance(value, str) or value not in RULES:
-        raise UserInputError(f"{where}={value!r}: not a vLLM release kvsched models; "
+        given = f" ({flag})" if flag else ""
+        raise UserInputError(f"{where}={value!r}{given}: not a vLLM release kvsched models; "
                              f"use one of {', '.join(VLLM_VERSIONS)}")
     return value
 
@@ -82,7 +109,20 @@ def rules_for(version: str) -> VersionRules:
     return RULES[check_vllm_version(version)]
 
 
-def release_with_knob(knob: str) -> str:
-    """The first modelled release whose scheduler has ``knob`` (one of
-    VERSIONED_SCHEDULER_KNOBS), for the message refusing it elsewhere."""
-    return next(v for v, rules in RULES.items() if knob in rules.scheduler_knobs)
+def release_has(version: str, name: str) -> bool:
+    """Whether ``version`` has the engine argument ``name`` (any argument
+    not in FLAGS_SINCE: every modelled release has it)."""
+    since = FLAGS_SINCE.get(name)
+    return since is None or VLLM_VERSIONS.index(check_vllm_version(version)) >= VLLM_VERSIONS.index(since)
+
+
+def check_release_flags(version: str, given: dict[str, object]) -> None:
+    """Refuse an engine argument ``version`` does not have: ``given`` maps
+    argument names to their values, None meaning not given (only names of
+    FLAGS_SINCE are looked at)."""
+    for name, since in FLAGS_SINCE.items():
+        value = given.get(name)
+        if value is not None and not release_has(version, name):
+            flag = "--" + name.replace("_", "-")
+            raise UserInputError(f"{name}={value!r} ({flag}): vLLM {version} has no {flag} (vLLM {since} "
+                                 f"added it); drop it, or simulate vLLM {since} with --vllm-version {since}")

@@ -149,7 +149,9 @@ def test_valid_cache_configs_construct(kwargs: dict[str, Any]) -> None:
 def test_engine_default_constants_are_vllms() -> None:
     # vLLM's SchedulerConfig / CacheConfig class defaults, written out by hand.
     assert (config.DEFAULT_MAX_NUM_BATCHED_TOKENS, config.DEFAULT_MAX_NUM_SEQS) == (2048, 128)
-    assert (config.DEFAULT_BLOCK_SIZE, config.DEFAULT_GPU_MEMORY_UTILIZATION) == (16, 0.9)
+    # The scenario format's block size (a deployment's is its release's:
+    # tests/test_vllm_versions.py).
+    assert config.DEFAULT_BLOCK_SIZE == 16
     assert scheduler_defaults.DEFAULT_MAX_NUM_SEQS == 128
     assert scheduler_defaults.DEFAULT_MAX_NUM_BATCHED_TOKENS == 2048
 

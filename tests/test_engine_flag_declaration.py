@@ -33,13 +33,13 @@ from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.sim.workload import BenchDatasetOptions
 from kvsched.tune.space import Candidate, SearchSpace
 
-# vLLM 0.33's engine-argument defaults, and 0.34's for its admission knobs,
-# written out by hand (None: vLLM fills one for the usage context and device;
-# for --max-num-inflight-kv-loads: no cap).
+# vLLM's engine-argument defaults, and 0.34's for its admission knobs,
+# written out by hand (None: vLLM fills one for the release, usage context
+# and device; for --max-num-inflight-kv-loads: no cap).
 VLLM_DEFAULTS = {
     "max_num_seqs": None, "max_num_batched_tokens": None, "max_model_len": None,
-    "enable_chunked_prefill": True, "enable_prefix_caching": True, "block_size": 16,
-    "gpu_memory_utilization": 0.9, "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs",
+    "enable_chunked_prefill": True, "enable_prefix_caching": True, "block_size": None,
+    "gpu_memory_utilization": None, "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs",
     "num_gpu_blocks_override": None, "max_num_inflight_kv_loads": None,
     "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5,
 }
@@ -133,6 +133,7 @@ def test_any_declared_options_give_their_flags() -> None:
 # InstanceGroup's and DeploymentSpec's, written out by hand: the flag's
 # spellings and its default (vLLM's where vLLM has the flag).
 SIMULATE_DECLARED: dict[str, tuple[list[str], object]] = {
+    "vllm_version": (["--vllm-version"], "0.33"),
     "model": (["--model"], "meta-llama/Llama-3.1-8B"),
     "hardware": (["--hardware"], "h100-sxm"),
     "efficiency_file": (["--efficiency-file"], None),
@@ -153,6 +154,7 @@ SIMULATE_DECLARED: dict[str, tuple[list[str], object]] = {
     "quantization": (["--quantization", "-q"], None),
     "kv_cache_dtype": (["--kv-cache-dtype"], "auto"),
     "prefill_schedule_interval": (["--prefill-schedule-interval"], 1),
+    "enable_extensible_kv_cache": (["--enable-extensible-kv-cache", "--no-enable-extensible-kv-cache"], None),
     "kv_transfer_config": (["--kv-transfer-config"], None),
     "router": (["--router"], "round-robin"),
     "kv_offloading_size": (["--kv-offloading-size"], None),

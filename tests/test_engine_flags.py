@@ -20,12 +20,13 @@ def _parser(defaults: EngineFlagDefaults) -> argparse.ArgumentParser:
 
 def test_the_flags_take_vllms_names_and_defaults() -> None:
     args = vars(_parser(EngineFlagDefaults()).parse_args([]))
-    # vLLM 0.33's engine-argument defaults (and 0.34's admission knobs'),
-    # written out by hand.
+    # vLLM's engine-argument defaults (and 0.34's admission knobs'), written
+    # out by hand (None: vLLM fills one for the release, usage context and
+    # device).
     assert args == {
         "max_num_seqs": None, "max_num_batched_tokens": None, "max_model_len": None,
-        "enable_chunked_prefill": True, "enable_prefix_caching": True, "block_size": 16,
-        "gpu_memory_utilization": 0.9, "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs",
+        "enable_chunked_prefill": True, "enable_prefix_caching": True, "block_size": None,
+        "gpu_memory_utilization": None, "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs",
         "num_gpu_blocks_override": None, "max_num_inflight_kv_loads": None,
         "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5,
         "async_scheduling": False, "speculative_config": None, "dtype": "auto", "seed": 0}

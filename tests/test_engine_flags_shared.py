@@ -7,7 +7,6 @@ import argparse
 
 import pytest
 
-from kvsched import config
 from kvsched.cli import build_parser
 
 
@@ -22,8 +21,10 @@ def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action | Non
 
 
 @pytest.mark.parametrize("flag, default", [
-    ("--block-size", config.DEFAULT_BLOCK_SIZE),
-    ("--gpu-memory-utilization", config.DEFAULT_GPU_MEMORY_UTILIZATION),
+    # None: the release's default, resolved for the deployment
+    # (kvsched.scheduler_defaults.resolve_cache_defaults).
+    ("--block-size", None),
+    ("--gpu-memory-utilization", None),
 ])
 def test_one_definition_serves_every_command(flag: str, default: object) -> None:
     commands = _subparsers()

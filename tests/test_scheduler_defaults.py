@@ -1,4 +1,4 @@
-"""vLLM 0.33's scheduler-limit defaults (kvsched.scheduler_defaults).
+"""vLLM's scheduler-limit and KV-cache defaults (kvsched.scheduler_defaults).
 
 Expected values are vLLM 0.33.0's ``EngineArgs.get_batch_defaults`` and
 ``_set_default_max_num_seqs_and_batched_tokens_args``, written out by hand.
@@ -6,14 +6,21 @@ Expected values are vLLM 0.33.0's ``EngineArgs.get_batch_defaults`` and
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from kvsched.errors import UserInputError
 from kvsched.scheduler_defaults import (
+    CacheDefaults,
     DeviceInfo,
+    Platform,
     SchedulerLimits,
     UsageContext,
     check_optional_limit,
     get_batch_defaults,
+    preferred_block_size,
+    resolve_cache_defaults,
     resolve_scheduler_limits,
 )
 
@@ -109,3 +116,57 @@ def test_limits_above_2_to_the_24_are_refused_naming_the_flag(field: str) -> Non
         check_optional_limit(field, 2**24 + 1)
     with pytest.raises(ValueError, match=rf"^{field}=<a 400-digit integer> \({flag}\): must be at most"):
         check_optional_limit(field, int("9" * 400))
+
+
+# -- the KV cache's defaults per release and platform -------------------------
+# Expected values from the two wheels: CacheConfig.DEFAULT_BLOCK_SIZE (16, 64),
+# the backends' get_preferred_block_size (FlashAttention MultipleOf(16),
+# CPU_ATTN MultipleOf(32)), resolved_gpu_memory_utilization (1.0 with the
+# extensible cache, else 0.92) and VllmConfig._resolve_extensible_kv_cache.
+
+def _cache(version: str, platform: Platform, **given: object) -> CacheDefaults:
+    kwargs: dict[str, Any] = {"block_size": None, "gpu_memory_utilization": None, **given}
+    return resolve_cache_defaults(version, platform, **kwargs)
+
+
+@pytest.mark.parametrize(("version", "platform", "given", "expected"), [
+    ("0.33", "cuda", {}, CacheDefaults(16, 0.92, False)),
+    ("0.33", "rocm", {}, CacheDefaults(16, 0.92, False)),
+    ("0.33", "cpu", {}, CacheDefaults(32, 0.92, False)),        # CPU_ATTN takes multiples of 32
+    ("0.34", "cuda", {}, CacheDefaults(64, 1.0, True)),
+    ("0.34", "rocm", {}, CacheDefaults(64, 1.0, True)),
+    ("0.34", "cpu", {}, CacheDefaults(64, 0.92, False)),        # 64 is a multiple of 32
+    ("0.34", "other", {}, CacheDefaults(64, 0.92, False)),      # extensible: CUDA and ROCm only
+    ("0.34", "cuda", {"num_gpu_blocks_override": 100}, CacheDefaults(64, 0.92, False)),
+    ("0.34", "cuda", {"registers_kv_cache": True}, CacheDefaults(64, 0.92, False)),  # NIXL, no IMEX
+    ("0.34", "cuda", {"registers_kv_cache": True, "enable_extensible_kv_cache": True},
+     CacheDefaults(64, 1.0, True)),                             # vLLM allows it on CUDA, with a warning
+    ("0.34", "cuda", {"enable_extensible_kv_cache": False}, CacheDefaults(64, 0.92, False)),
+    ("0.34", "cuda", {"can_extend": False}, CacheDefaults(64, 0.92, False)),
+    # Given values are kept.
+    ("0.34", "cuda", {"block_size": 16, "gpu_memory_utilization": 0.9}, CacheDefaults(16, 0.9, True)),
+    ("0.33", "cpu", {"block_size": 16, "gpu_memory_utilization": 0.5}, CacheDefaults(16, 0.5, False)),
+])
+def test_cache_defaults_by_release_and_platform(version: str, platform: Platform, given: dict[str, object],
+                                                expected: CacheDefaults) -> None:
+    assert _cache(version, platform, **given) == expected
+
+
+def test_the_preferred_block_size_is_the_default_where_the_backend_takes_it() -> None:
+    assert [preferred_block_size(d, m) for d, m in ((16, 16), (16, 32), (64, 16), (64, 32), (64, 128))] \
+        == [16, 32, 64, 64, 128]
+
+
+@pytest.mark.parametrize(("version", "platform", "given", "match"), [
+    ("0.33", "cuda", {"enable_extensible_kv_cache": True}, r"vLLM 0\.33 has no --enable-extensible-kv-cache"),
+    ("0.34", "other", {"enable_extensible_kv_cache": True}, r"runs on CUDA and ROCm only"),
+    ("0.34", "cuda", {"enable_extensible_kv_cache": True, "num_gpu_blocks_override": 100},
+     r"num_gpu_blocks_override \(--num-gpu-blocks-override\) overrides"),
+    ("0.34", "rocm", {"enable_extensible_kv_cache": True, "registers_kv_cache": True},
+     r"on ROCm, UCX and RDMA cannot register"),
+])
+def test_an_extensible_cache_that_cannot_be_is_refused(version: str, platform: Platform,
+                                                       given: dict[str, object], match: str) -> None:
+    prefix = r"^enable_extensible_kv_cache=True \(--enable-extensible-kv-cache\): .*"
+    with pytest.raises(UserInputError, match=prefix + match):
+        _cache(version, platform, **given)

@@ -12,7 +12,14 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.errors import UserInputError
 from kvsched.request import Request, SamplingParams
 from kvsched.scenario import parse_scenario
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS, rules_for
+from kvsched.vllm_versions import (
+    DEFAULT_VLLM_VERSION,
+    EXTENSIBLE_KV_CACHE_GPU_MEMORY_UTILIZATION,
+    FLAGS_SINCE,
+    VLLM_VERSIONS,
+    check_release_flags,
+    rules_for,
+)
 
 
 def test_the_modelled_releases_and_the_default() -> None:
@@ -93,3 +100,30 @@ def test_ngram_with_async_scheduling_per_release(version: str, runs: bool) -> No
     else:
         with pytest.raises(UserInputError, match=r"s\.json: speculative_config\.method='ngram'"):
             parse_scenario(scenario, "s.json", version)
+
+
+# -- the releases' cache defaults (docs/vllm_versions.md §1, §2) ---------------
+
+def test_each_releases_cache_defaults() -> None:
+    # vLLM's CacheConfig in each wheel (config/cache.py): DEFAULT_BLOCK_SIZE 16
+    # then 64; gpu_memory_utilization 0.92 (0.34: unset, resolved to 0.92
+    # without the extensible KV cache and 1.0 with it); the extensible cache
+    # (enable_extensible_kv_cache) new in 0.34.
+    table = {v: (rules_for(v).default_block_size, rules_for(v).default_gpu_memory_utilization,
+                 rules_for(v).extensible_kv_cache) for v in VLLM_VERSIONS}
+    assert table == {"0.33": (16, 0.92, False), "0.34": (64, 0.92, True)}
+    assert EXTENSIBLE_KV_CACHE_GPU_MEMORY_UTILIZATION == 1.0
+    assert dict(FLAGS_SINCE) == {"enable_extensible_kv_cache": "0.34", "max_num_inflight_kv_loads": "0.34",
+                                 "cache_aware_admission_window": "0.34",
+                                 "cache_aware_admission_threshold": "0.34"}
+
+
+def test_a_flag_the_release_lacks_is_refused_by_name() -> None:
+    with pytest.raises(UserInputError) as info:
+        check_release_flags("0.33", {"enable_extensible_kv_cache": False})
+    assert str(info.value) == (
+        "enable_extensible_kv_cache=False (--enable-extensible-kv-cache): vLLM 0.33 has no "
+        "--enable-extensible-kv-cache (vLLM 0.34 added it); drop it, or simulate vLLM 0.34 with "
+        "--vllm-version 0.34")
+    check_release_flags("0.33", {"enable_extensible_kv_cache": None})  # not given: nothing to refuse
+    check_release_flags("0.34", {"enable_extensible_kv_cache": True})

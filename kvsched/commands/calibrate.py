@@ -75,8 +75,6 @@ def add_calibrate_parser(sub: Any) -> None:
     g.add_argument("--served-model-name", metavar="NAME",
                    help="the name the runs' files give the model (vllm serve --served-model-name), "
                         "taken as the deployment's model")
-    g.add_argument("--vllm-version", help="the vLLM version of the runs, recorded in the file "
-                                          "(default: the start file's)")
     r = p.add_argument_group("re-anchoring a step profile (docs/calibrate.md)")
     r.add_argument("--reanchor", action="store_true",
                    help="instead of fitting host terms: scale --step-time-profile to the machine as it "
@@ -180,7 +178,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     fit_files = [*args.bench, *args.requests]
     c.terms = dataclasses.replace(
         c.terms, hardware_class=deployment.hardware.id,
-        vllm_version=args.vllm_version or start.vllm_version,
+        # The release the runs were simulated as (--vllm-version, the engine's).
+        vllm_version=deployment.vllm_version,
         provenance=provenance(c, fit_files, args.held_out, engine_flags(group),
                               start_name))
     print(format_report(c))

@@ -35,7 +35,7 @@ from kvsched.sim.metrics import parse_goodput
 from kvsched.sim.pricing import ALLOW_FLAG, check_one_pricing, is_mixed
 from kvsched.sim.results import json_safe
 from kvsched.sim.run import build_workload
-from kvsched.sim.serve_line import serve_dests
+from kvsched.sim.serve_line import RELEASE_DEFAULTED, serve_dests
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.tune.evaluate import ResultCache, inputs_digest
 from kvsched.tune.executors import make_executor
@@ -57,9 +57,9 @@ from kvsched.yamlfile import read_options_file
 ON_OFF = {"on": True, "off": False}
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "kvsched", "tune")
 # Engine flags every candidate shares (not searched), as simulate names them.
-FIXED_ENGINE = ("max_model_len", "dtype", "quantization", "step_time_backend", "step_time_profile",
-                "gpu_memory_utilization", "block_size", "calibration", "async_scheduling",
-                "speculative_config", "spec_acceptance")
+FIXED_ENGINE = ("vllm_version", "max_model_len", "dtype", "quantization", "step_time_backend",
+                "step_time_profile", "gpu_memory_utilization", "block_size", "enable_extensible_kv_cache",
+                "calibration", "async_scheduling", "speculative_config", "spec_acceptance")
 # vLLM's defaults, as EngineOptions (kvsched simulate's flags) holds them.
 ENGINE_DEFAULTS = {k: getattr(EngineOptions(), k) for k in FIXED_ENGINE}
 
@@ -306,8 +306,11 @@ def run_tune(args: argparse.Namespace) -> int:
     # Only what differs from the defaults: the reproducing lines stay short.
     engine = {k: getattr(args, k) for k in FIXED_ENGINE
               if getattr(args, k) is not None and getattr(args, k) != ENGINE_DEFAULTS.get(k)}
-    # Those vllm serve takes go on its line too (the others are kvsched's).
-    serve_flags = [word for k, v in engine.items() if k in serve_dests() for word in vllm_words(k, v)]
+    # Those vllm serve takes go on its line too (the others are kvsched's);
+    # those whose default is the release's are each candidate's
+    # (Problem.vllm_serve: release_serve_words).
+    serve_flags = [word for k, v in engine.items() if k in serve_dests() and k not in RELEASE_DEFAULTED
+                   for word in vllm_words(k, v)]
     base_spec = RunSpec(DeploymentSpec((InstanceGroup(EngineOptions(model=args.model, **engine)),)),
                         workload_spec)
     space = build_space(args, model.is_moe)
@@ -364,7 +367,8 @@ def mixed_pricing(result: TuneResult) -> bool:
 def result_json(problem: Problem, result: TuneResult, args: argparse.Namespace) -> dict[str, Any]:
     m = problem.model
     return {
-        "model": m, "slo": dict(problem.slo.targets), "slo_percentile": problem.slo.percentile,
+        "model": m, "vllm_version": problem.base.engine.vllm_version,
+        "slo": dict(problem.slo.targets), "slo_percentile": problem.slo.percentile,
         "objective": problem.objective, "target_rate": args.target_rate,
         "find_max_rate": args.find_max_rate, "max_gpus": args.max_gpus,
         "best": result.best.to_json(problem) if result.best else None,
@@ -381,7 +385,8 @@ def result_json(problem: Problem, result: TuneResult, args: argparse.Namespace) 
 def format_result(problem: Problem, result: TuneResult, args: argparse.Namespace) -> str:
     slo = problem.slo
     stat = "mean" if slo.percentile == "mean" else f"p{slo.percentile}"
-    lines = [f"{len(result.ranked)} deployments answered ({result.num_simulations} simulations, "
+    lines = [f"{len(result.ranked)} deployments answered as vLLM {problem.base.engine.vllm_version} "
+             f"({result.num_simulations} simulations, "
              f"{result.num_cached} from the cache), {len(result.pruned)} pruned by memory"
              + (f", {len(result.failed)} could not serve the load (in the saved JSON)"
                 if result.failed else "")

@@ -9,7 +9,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kvsched.config import (
-    DEFAULT_BLOCK_SIZE,
     MAX_BLOCK_SIZE,
     NGRAM_METHODS,
     SpeculativeConfig,
@@ -27,7 +26,8 @@ from kvsched.engine_flags import SchedulerCacheOptions
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.jsonfile import show
-from kvsched.scheduler_defaults import UsageContext, check_optional_limit
+from kvsched.scheduler_defaults import Platform, UsageContext, check_optional_limit, resolve_cache_defaults
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION
 
 # vLLM's CPU backend reserves 4 GiB for the KV cache unless told otherwise.
 # The engine zeroes its cache (every page is touched), so the default is
@@ -168,14 +168,16 @@ class EngineArgs(SchedulerCacheOptions):
                                  f"directory")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise UserInputError(f"device={self.device!r}: use auto, cpu, cuda or cuda:N")
-        check_gpu_memory_utilization(self.gpu_memory_utilization)
+        # None: the release's default for the device (the engine resolves it).
+        if self.gpu_memory_utilization is not None:
+            check_gpu_memory_utilization(self.gpu_memory_utilization)
         kv_cache_memory = None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory)
         check_num_gpu_blocks_override(self.num_gpu_blocks_override)
         block = self.block_size
-        if not is_int(block) or not 1 <= block <= MAX_BLOCK_SIZE:
+        if block is not None and (not is_int(block) or not 1 <= block <= MAX_BLOCK_SIZE):
             raise UserInputError(f"block_size={show(block)} (--block-size): must be an integer in "
                              f"[1, {MAX_BLOCK_SIZE}] (a longer block outgrows most requests' whole "
-                             f"context); vLLM's default is {DEFAULT_BLOCK_SIZE}")
+                             f"context); leave it unset for vLLM's default")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             check_optional_limit(name, getattr(self, name))
         check_long_prefill_token_threshold(self.long_prefill_token_threshold)
@@ -192,6 +194,26 @@ class EngineArgs(SchedulerCacheOptions):
             raise UserInputError(f"async_scheduling={self.async_scheduling!r}: must be True or False")
         speculative = engine_speculative_config(self.speculative_config, self.async_scheduling)
         return dataclasses.replace(self, kv_cache_memory=kv_cache_memory, speculative_config=speculative)
+
+    def with_cache_defaults(self, platform: Platform) -> EngineArgs:
+        """These arguments with the release's block size and share of device
+        memory where they are not given, for an engine on ``platform``
+        ("cpu" or "cuda"; kvsched's engine sizes its cache from a profile
+        run, as vLLM without the extensible KV cache)."""
+        cache = resolve_cache_defaults(
+            DEFAULT_VLLM_VERSION, platform, block_size=self.block_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            num_gpu_blocks_override=self.num_gpu_blocks_override, can_extend=False)
+        return dataclasses.replace(self, block_size=cache.block_size,
+                                   gpu_memory_utilization=cache.gpu_memory_utilization)
+
+    @property
+    def cache_settings(self) -> tuple[int, float]:
+        """(block_size, gpu_memory_utilization) once resolved
+        (:meth:`with_cache_defaults`)."""
+        assert self.block_size is not None and self.gpu_memory_utilization is not None, \
+            "EngineArgs.with_cache_defaults resolves the cache settings first"
+        return self.block_size, self.gpu_memory_utilization
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

@@ -113,14 +113,15 @@ def num_kv_blocks(args: EngineArgs, config: ModelConfig, dtype: torch.dtype, dev
     costs RAM and start-up time. :func:`check_kv_cache` bounds the result."""
     if args.num_gpu_blocks_override is not None:
         return args.num_gpu_blocks_override
-    per_block = kv_bytes_per_block(config, args.block_size, dtype)
+    block_size, utilization = args.cache_settings
+    per_block = kv_bytes_per_block(config, block_size, dtype)
     if args.kv_cache_memory is not None:
         budget = int(args.kv_cache_memory)
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        budget = cuda_kv_budget(total, free, activation_peak, args.gpu_memory_utilization)
+        budget = cuda_kv_budget(total, free, activation_peak, utilization)
     else:
-        useful = (-(-max_useful_tokens // args.block_size) + 1) * per_block
+        useful = (-(-max_useful_tokens // block_size) + 1) * per_block
         budget = min(DEFAULT_KV_CACHE_MEMORY, useful)
     blocks = budget // per_block
     if blocks < 2:
@@ -258,6 +259,10 @@ class EngineCore:
 
     def __init__(self, args: EngineArgs) -> None:
         self.device = resolve_device(args.device)
+        # The release's block size and memory share for this device where
+        # not given (on a CPU 0.33's 16 is not a size CPU_ATTN takes: 32).
+        args = args.with_cache_defaults("cuda" if self.device.type == "cuda" else "cpu")
+        block_size = args.cache_settings[0]
         config = load_model_config(args.model)
         self.dtype = resolve_dtype(args.dtype, config, self.device)
         # Every setting is checked before the weights load (a bad flag fails fast).
@@ -290,7 +295,7 @@ class EngineCore:
         if not profile:
             num_blocks = num_kv_blocks(args, config, self.dtype, self.device, useful_tokens)
             available, where = available_memory(self.device)
-            per_block = kv_bytes_per_block(config, args.block_size, self.dtype)
+            per_block = kv_bytes_per_block(config, block_size, self.dtype)
             check_kv_cache(args, self.device, num_blocks, per_block, weight_bytes(config, self.dtype),
                            available, where)
         self.model_config, self.model = load_model(args.model, self.dtype, self.device)
@@ -300,8 +305,8 @@ class EngineCore:
             num_blocks = num_kv_blocks(args, self.model_config, self.dtype, self.device, useful_tokens,
                                        peak)
             check_kv_cache(args, self.device, num_blocks,
-                           kv_bytes_per_block(config, args.block_size, self.dtype), 0, None, "")
-        self.cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=args.block_size,
+                           kv_bytes_per_block(config, block_size, self.dtype), 0, None, "")
+        self.cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=block_size,
                                         enable_prefix_caching=args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
                                    vocab_size=self.model_config.vocab_size,
@@ -309,7 +314,7 @@ class EngineCore:
         proposer = None
         if self.speculative_config is not None:
             proposer = NgramProposer(self.speculative_config, max_model_len)
-        self.runner = ModelRunner(self.model, self.model_config, num_blocks, args.block_size,
+        self.runner = ModelRunner(self.model, self.model_config, num_blocks, block_size,
                                   self.device, self.dtype,
                                   Sampler(args.seed, self.device, self.model_config.eos_token_ids),
                                   proposer=proposer, async_drafts=self.async_scheduling)

@@ -37,6 +37,7 @@ from kvsched.files import read_text
 from kvsched.hf_config import parse_json
 from kvsched.jsonfile import show
 from kvsched.perf.catalog_file import DATA_DIR, FileCatalog
+from kvsched.scheduler_defaults import Platform
 from kvsched.yamlfile import parse_yaml
 
 # Defaults for devices without measurements (and for hardware files that omit
@@ -249,6 +250,20 @@ class Hardware:
     @property
     def has_fp4(self) -> bool:
         return self.fp4_flops is not None
+
+    @property
+    def platform(self) -> Platform:
+        """vLLM's platform on this device, read from its name (the catalog
+        names every part by its vendor): AMD's run ROCm, Huawei's Ascend
+        (vllm-ascend), Google's TPUs and Intel's Gaudi another platform,
+        every other device CUDA. It decides the KV cache's sizing
+        (kvsched.scheduler_defaults.resolve_cache_defaults)."""
+        name = self.name.lower()
+        if name.startswith("amd") or "instinct" in name:
+            return "rocm"
+        if any(word in name for word in ("ascend", "huawei", "tpu", "gaudi")):
+            return "other"
+        return "cuda"
 
     def scaleup_bw_for_group(self, group_size: int) -> float:
         """Per-direction scale-up bandwidth one device can use in a collective of ``group_size``.

@@ -24,6 +24,36 @@ stage also the embedding, the last the LM head (a copy of a tied
 embedding). Every stage plans its own memory as above (activations and
 non-torch memory as one GPU's); vLLM takes the fewest blocks any stage's
 workers report, so the stage with the least KV room sets ``num_gpu_blocks``.
+
+That is vLLM's sizing from the profiling estimate (``Worker.
+determine_available_memory``), every release's where the extensible KV
+cache is off. vLLM 0.33 also takes its CUDA-graph memory estimate
+(``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, on by default) off the
+budget; kvsched's estimate plan counts it within ``NON_TORCH_BYTES``, as
+it always has (so 0.33's figures stay the ones validated).
+
+vLLM 0.34's extensible KV cache (``extensible=True``,
+kvsched.scheduler_defaults.resolve_cache_defaults says when) commits the
+cache after warmup and CUDA-graph capture, sized from the memory measured
+free then (``measure_kv_cache_bytes`` in ``v1/worker/extensible_kv_cache.py``):
+
+    kv = min(utilization x memory - resident, memory - resident - margin) - kept_free
+
+``resident`` is everything held after capture (weights, drafter, LoRA
+slots, non-torch memory and the captured graphs: the weights plus
+``NON_TORCH_BYTES`` as above); ``kept_free`` the warmup peak vLLM keeps
+free for the steps to come, which starts from the profiled
+``peak_activation_memory`` (the activation peak plus the CUDA-graph
+*estimate*, so the graphs count a second time there) and the sizing
+steps' own peak (the same full-batch shapes: the activation peak);
+``margin`` is ``max(1 GiB, 0.75 x kept_free)`` (3 GiB floor on ROCm).
+vLLM takes the smaller of that and the capacity it reserved from the
+profiling estimate (the estimate rule at the same utilization), which the
+measurement never exceeds: it keeps the same peak and graphs free and
+holds at least the same memory. The CUDA-graph
+estimate is ``CUDA_GRAPH_ESTIMATE_BYTES``, a constant (an estimate, see
+there); ``--gpu-memory-utilization`` below 1.0 caps the budget as vLLM
+does.
 """
 
 from __future__ import annotations
@@ -40,6 +70,21 @@ from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes, w
 
 GIB = 2**30
 NON_TORCH_BYTES = 1.0 * GIB
+# vLLM's profiled CUDA-graph memory estimate per GPU (profile_cudagraph_memory:
+# the PIECEWISE graphs captured into a throwaway pool plus the FULL decode
+# graphs extrapolated from two samples, at least 1 MiB each). kvsched does not
+# capture graphs; 0.5 GiB is an estimate from vLLM's published start-up logs
+# (0.13-0.21 GiB for 1B-class models, 0.36 GiB for a TP2 deployment capturing
+# 16 sizes, 1.4 GiB for Llama-4 Maverick; 24-26 MiB per capture size for an
+# 8B-class model), not a measurement of the deployment.
+CUDA_GRAPH_ESTIMATE_BYTES = 0.5 * GIB
+# The extensible KV cache's sizing margin (vLLM 0.34's
+# KV_CACHE_MARGIN_FLOOR_BYTES, KV_CACHE_MARGIN_FRACTION): what it keeps free
+# beyond the measured peak, for allocator rounding, fragmentation and shapes
+# warmup does not combine; ROCm keeps a larger floor.
+EXTENSIBLE_MARGIN_FLOOR_BYTES = 1.0 * GIB
+EXTENSIBLE_MARGIN_FLOOR_BYTES_ROCM = 3.0 * GIB
+EXTENSIBLE_MARGIN_FRACTION = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +108,26 @@ class MemoryPlan:
     stage: int = 0
     # LoRA's GPU slots (kvsched.perf.lora.LoraCost.slot_bytes; 0 without LoRA).
     lora_bytes: float = 0.0
+    # Sized the extensible way (module doc): ``budget_bytes`` is then
+    # min(utilization x memory, memory - margin), and the warmup peak kept
+    # free is the activations plus ``cuda_graph_bytes`` (vLLM's estimate).
+    extensible: bool = False
+    cuda_graph_bytes: float = 0.0
+    margin_bytes: float = 0.0
 
     def describe(self) -> str:
         drafter = f" - {self.drafter_bytes / GIB:.1f} drafter" if self.drafter_bytes else ""
         drafter += f" - {self.lora_bytes / GIB:.2f} LoRA slots" if self.lora_bytes else ""
         where = (f"PP stage {self.stage + 1} of {self.pipeline_parallel_size}, "
                  if self.pipeline_parallel_size > 1 else "")
+        if self.extensible:
+            kept = self.activation_bytes + self.cuda_graph_bytes
+            return (f"{self.num_gpu_blocks} KV blocks, extensible KV cache sized after warmup: {where}"
+                    f"{self.budget_bytes / GIB:.1f} GiB budget (a {self.margin_bytes / GIB:.2f} GiB margin "
+                    f"kept) - {self.weight_bytes / GIB:.1f} weights{drafter} - "
+                    f"{self.non_torch_bytes / GIB:.1f} other - {kept / GIB:.2f} warmup peak kept free "
+                    f"({self.activation_bytes / GIB:.2f} activations + {self.cuda_graph_bytes / GIB:.2f} "
+                    f"CUDA graphs) = {self.kv_cache_bytes / GIB:.1f} GiB for KV")
         return (f"{self.num_gpu_blocks} KV blocks: {where}{self.budget_bytes / GIB:.1f} GiB budget - "
                 f"{self.weight_bytes / GIB:.1f} weights{drafter} - {self.activation_bytes / GIB:.2f} "
                 f"activations - {self.non_torch_bytes / GIB:.1f} other = "
@@ -81,6 +140,35 @@ def kv_cache_budget(memory_bytes: float, utilization: float, in_use: float, acti
     device, less the memory in use (weights, non-torch memory, other
     processes) and the activation peak of the profile run."""
     return utilization * memory_bytes - in_use - activation_peak
+
+
+@dataclass(frozen=True, slots=True)
+class KvBudget:
+    """What the KV cache (and a hybrid model's sliding-window reserve) may
+    take on one device, with the terms it came from."""
+
+    budget_bytes: float
+    free_bytes: float
+    cuda_graph_bytes: float = 0.0
+    margin_bytes: float = 0.0
+
+
+def device_kv_budget(hardware: Hardware, utilization: float, resident: float, activations: float,
+                     extensible: bool) -> KvBudget:
+    """The KV room on one device with ``resident`` bytes held (weights,
+    drafter, LoRA slots, non-torch memory) and the profile run's
+    ``activations`` peak: vLLM's estimate rule (:func:`kv_cache_budget`), or
+    with ``extensible`` 0.34's measured rule (module doc). The one owner of
+    which rule a plan follows."""
+    if not extensible:
+        return KvBudget(utilization * hardware.memory_bytes,
+                        kv_cache_budget(hardware.memory_bytes, utilization, resident, activations))
+    kept_free = activations + CUDA_GRAPH_ESTIMATE_BYTES
+    rocm = hardware.platform == "rocm"
+    floor = EXTENSIBLE_MARGIN_FLOOR_BYTES_ROCM if rocm else EXTENSIBLE_MARGIN_FLOOR_BYTES
+    margin = max(floor, EXTENSIBLE_MARGIN_FRACTION * kept_free)
+    budget = min(utilization * hardware.memory_bytes, hardware.memory_bytes - margin)
+    return KvBudget(budget, budget - resident - kept_free, CUDA_GRAPH_ESTIMATE_BYTES, margin)
 
 
 def weight_bytes_per_device(model: ModelSpec, parallel: ParallelConfig, dtype: str,
@@ -134,33 +222,35 @@ def kv_layout(full_layers: int, sliding_layers: int, window: int, per_layer: flo
 def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
                 runtime: RuntimeConfig, block_size: int, gpu_memory_utilization: float,
                 max_num_batched_tokens: int, max_num_seqs: int, *, drafter_bytes: float = 0.0,
-                drafter_kv_layers: int = 0, lora_bytes: float = 0.0) -> MemoryPlan:
+                drafter_kv_layers: int = 0, lora_bytes: float = 0.0, extensible: bool = False) -> MemoryPlan:
     """``drafter_bytes``: a speculative drafter's weights per device;
     ``drafter_kv_layers``: its attention layers, whose KV every block holds
     beside the target's full-attention layers; ``lora_bytes``: LoRA's GPU
     slots per device (allocated with the model, before vLLM sizes the KV
-    cache)."""
+    cache); ``extensible``: sized as vLLM 0.34's extensible KV cache (module
+    doc), else from the profiling estimate."""
     check_gpu_memory_utilization(gpu_memory_utilization)
     if not is_int(block_size) or block_size < 1:
         raise UserInputError(f"block_size={block_size!r}: must be a positive integer")
     if parallel.pipeline_parallel_size > 1:
         return _plan_pipeline(model, hardware, parallel, runtime, block_size, gpu_memory_utilization,
-                              max_num_batched_tokens, max_num_seqs)
+                              max_num_batched_tokens, max_num_seqs, extensible)
     kvb = runtime.kv_bytes
     tp = parallel.tensor_parallel_size
-    budget = gpu_memory_utilization * hardware.memory_bytes
     weights = weight_bytes_per_device(model, parallel, runtime.dtype, runtime.quantized_layers)
     activations = activation_peak_bytes(model, parallel, max_num_batched_tokens, max_num_seqs)
     per_layer = model.kv_bytes_per_layer_per_rank(kvb, tp)
-    free = kv_cache_budget(hardware.memory_bytes, gpu_memory_utilization,
-                           weights + NON_TORCH_BYTES + drafter_bytes + lora_bytes, activations)
+    room = device_kv_budget(hardware, gpu_memory_utilization,
+                            weights + NON_TORCH_BYTES + drafter_bytes + lora_bytes, activations, extensible)
+    free = room.free_bytes
     bytes_per_block, sliding = kv_layout(model.num_full_attention_layers + drafter_kv_layers,
                                          model.num_sliding_layers, model.sliding_window, per_layer,
                                          block_size, max_num_seqs, free)
     kv = free - sliding
     blocks = int(kv // bytes_per_block) if kv > 0 else 0
-    plan = MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
-                      bytes_per_block, blocks, drafter_bytes, lora_bytes=lora_bytes)
+    plan = MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, sliding, kv,
+                      bytes_per_block, blocks, drafter_bytes, lora_bytes=lora_bytes, extensible=extensible,
+                      cuda_graph_bytes=room.cuda_graph_bytes, margin_bytes=room.margin_bytes)
     if blocks < 2:
         raise UserInputError(
             f"{model.name} does not fit on {hardware.name} with tensor_parallel_size={tp}: "
@@ -171,7 +261,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
 
 def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
                    runtime: RuntimeConfig, block_size: int, gpu_memory_utilization: float,
-                   max_num_batched_tokens: int, max_num_seqs: int) -> MemoryPlan:
+                   max_num_batched_tokens: int, max_num_seqs: int, extensible: bool) -> MemoryPlan:
     """plan_memory with PP stages (module doc): each stage's plan, and the
     one with the fewest blocks. A hybrid model's sliding-window layers are
     taken as spread evenly over the stages."""
@@ -179,7 +269,6 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
     tp = parallel.tensor_parallel_size
     pp = parallel.pipeline_parallel_size
     m = model
-    budget = gpu_memory_utilization * hardware.memory_bytes
     whole = weight_bytes_per_device(m, parallel, runtime.dtype, runtime.quantized_layers)
     # 16-bit embedding and LM head, per TP rank; the layers share the rest.
     embedding = m.embedding_params() * 2.0 / tp
@@ -191,14 +280,16 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
     for i, n in enumerate(stage_layers(m.num_layers, pp)):
         weights = per_layer_weights * n + (embedding if i == 0 else 0.0) + (lm_head if i == pp - 1 else 0.0)
         sliding_layers = -(-m.num_sliding_layers * n // m.num_layers)
-        free = kv_cache_budget(hardware.memory_bytes, gpu_memory_utilization, weights + NON_TORCH_BYTES,
-                               activations)
+        room = device_kv_budget(hardware, gpu_memory_utilization, weights + NON_TORCH_BYTES, activations,
+                                extensible)
+        free = room.free_bytes
         bytes_per_block, sliding = kv_layout(n - sliding_layers, sliding_layers, m.sliding_window, per_layer,
                                              block_size, max_num_seqs, free)
         kv = free - sliding
         blocks = int(kv // bytes_per_block) if kv > 0 else 0
-        plans.append(MemoryPlan(budget, weights, activations, NON_TORCH_BYTES, sliding, kv,
-                                bytes_per_block, blocks, 0.0, pp, i))
+        plans.append(MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, sliding, kv,
+                                bytes_per_block, blocks, 0.0, pp, i, extensible=extensible,
+                                cuda_graph_bytes=room.cuda_graph_bytes, margin_bytes=room.margin_bytes))
     plan = min(plans, key=lambda p: p.num_gpu_blocks)
     if plan.num_gpu_blocks < 2:
         raise UserInputError(

@@ -55,19 +55,24 @@ from kvsched.perf.step_time import (
     model_dtype,
 )
 from kvsched.scheduler_defaults import (
+    KERNEL_BLOCK_MULTIPLE,
+    CacheDefaults,
     DeviceInfo,
     UsageContext,
     check_optional_limit,
     get_batch_defaults,
+    resolve_cache_defaults,
     resolve_scheduler_limits,
 )
 from kvsched.sim.offload_transfer import OffloadConfig, check_offloading_options, make_offload_config
 from kvsched.sim.speculative import SpecOptions, parse_speculative_config
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS, check_vllm_version
 
-# vLLM 0.33's CUDA attention backends take a block size that is a multiple of
-# their kernel block: 16 for FlashAttention and Triton (``MultipleOf(16)``),
-# 16/32/64 for FlashInfer; anything else finds no backend at start-up.
-BLOCK_SIZE_MULTIPLE = 16
+# vLLM's CUDA attention backends (0.33 and 0.34) take a block size that is a
+# multiple of their kernel block: 16 for FlashAttention and Triton
+# (``MultipleOf(16)``), 16/32/64 for FlashInfer; anything else finds no
+# backend at start-up.
+BLOCK_SIZE_MULTIPLE = KERNEL_BLOCK_MULTIPLE["cuda"]
 # Engine cores (--data-parallel-size): 1024, above the widest expert-parallel
 # deployments run (a few hundred ranks); each is a whole scheduler and KV
 # cache in the simulator.
@@ -200,6 +205,20 @@ class EngineOptions(SchedulerCacheOptions):
         (), "with --enable-lora: only these LoRA layers, as vLLM's flag (qkv_proj, o_proj, "
             "gate_up_proj, down_proj, or a slice's name such as q_proj; default: all)",
         metavar="MODULE")
+    # Last: the fields before keep their positions (EngineOptions(model)).
+    # The release simulated: its scheduler's rules (SchedulerConfig) and its
+    # defaults where a flag is not given (kvsched.vllm_versions owns both).
+    vllm_version: str = flag(
+        DEFAULT_VLLM_VERSION,
+        "the vLLM release to simulate: its scheduler, and its defaults for what is not given (block "
+        "size, --gpu-memory-utilization, 0.34's extensible KV cache; docs/vllm_versions.md) "
+        "(default: %(default)s)", VLLM_VERSIONS)
+    # vLLM 0.34's --enable-extensible-kv-cache (None: vLLM's choice for the
+    # deployment, scheduler_defaults.resolve_cache_defaults; refused for 0.33).
+    enable_extensible_kv_cache: bool | None = flag(
+        None, "vLLM 0.34's extensible KV cache: size the cache after warmup and CUDA-graph capture "
+              "from measured memory (default: on on CUDA and ROCm without --num-gpu-blocks-override or "
+              "NIXL; then --gpu-memory-utilization defaults to 1.0)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,11 +240,19 @@ class Deployment:
     # --lora-modules ones (the workload may add synthetic ones, see
     # kvsched.sim.workload.lora).
     lora: LoraCost | None = None
+    # The share of device memory the KV cache was sized with (the release's
+    # default where --gpu-memory-utilization was not given).
+    gpu_memory_utilization: float = 0.0
 
     @property
     def lockstep(self) -> bool:
         """Data-parallel ranks step together when they share experts."""
         return self.model.is_moe and self.parallel.expert_parallel_size > 1
+
+    @property
+    def vllm_version(self) -> str:
+        """The vLLM release simulated."""
+        return self.scheduler_config.vllm_version
 
     def describe(self) -> str:
         sc, cc = self.scheduler_config, self.cache_config
@@ -240,7 +267,7 @@ class Deployment:
             # The profile's machine prices the steps; --hardware only sized defaults.
             where = f"{self.step_model.profile.hardware.get('name', '?')} (as profiled)"
         return (f"{self.model.name} ({self.runtime.dtype}) on {where} "
-                f"(TP{tp}{pps}{dps}{ep}), "
+                f"(TP{tp}{pps}{dps}{ep}), vLLM {self.vllm_version}, "
                 f"max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens {sc.max_num_batched_tokens}, "
                 f"max_model_len {sc.max_model_len}, {cc.num_gpu_blocks} KV blocks of {cc.block_size}"
                 f"{', prefix caching' if cc.enable_prefix_caching else ''}"
@@ -294,14 +321,19 @@ def validate_engine_options(opts: EngineOptions) -> None:
                          f"{opts.data_parallel_size} engine core(s) may have at most {MAX_NUM_GPU_BLOCKS:,} "
                          "KV blocks in all (2**24: 268M tokens of KV at block size 16, over 20x what any "
                          "GPU holds; the simulator keeps ~46 bytes per block); lower it")
+    check_vllm_version(opts.vllm_version, flag="--vllm-version")
     block = opts.block_size
-    if (not is_int(block) or not 1 <= block <= MAX_BLOCK_SIZE
-            or block % BLOCK_SIZE_MULTIPLE):
+    if block is not None and (not is_int(block) or not 1 <= block <= MAX_BLOCK_SIZE
+                              or block % BLOCK_SIZE_MULTIPLE):
         raise UserInputError(f"block_size={show(block)} (--block-size): must be a multiple of "
                          f"{BLOCK_SIZE_MULTIPLE} between {BLOCK_SIZE_MULTIPLE} and {MAX_BLOCK_SIZE} "
-                         "(vLLM 0.33's CUDA attention backends take multiples of 16: 16, 32, 64, "
-                         "128, ...; vLLM's default is 16)")
-    check_gpu_memory_utilization(opts.gpu_memory_utilization)
+                         "(vLLM's CUDA attention backends take multiples of 16: 16, 32, 64, "
+                         "128, ...; leave it unset for the release's default)")
+    if opts.gpu_memory_utilization is not None:
+        check_gpu_memory_utilization(opts.gpu_memory_utilization)
+    if opts.enable_extensible_kv_cache is not None and type(opts.enable_extensible_kv_cache) is not bool:
+        raise UserInputError(f"enable_extensible_kv_cache={opts.enable_extensible_kv_cache!r} "
+                             "(--enable-extensible-kv-cache): must be True, False or unset")
     check_long_prefill_token_threshold(opts.long_prefill_token_threshold)
     check_max_num_inflight_kv_loads(opts.max_num_inflight_kv_loads)
     check_cache_aware_admission_window(opts.cache_aware_admission_window)
@@ -431,11 +463,23 @@ def _with_borrowed(step_model: StepTimeModel, borrowed: str) -> StepTimeModel:
     return step_model
 
 
-def build_deployment(opts: EngineOptions) -> Deployment:
+def resolve_cache(opts: EngineOptions, hardware: Hardware, registers_kv_cache: bool = False) -> CacheDefaults:
+    """The block size, memory share and KV-cache sizing ``opts`` run with
+    on ``hardware`` (the release's where not given; ``registers_kv_cache``:
+    a KV connector registers the cache, as NIXL between P/D instances)."""
+    return resolve_cache_defaults(
+        opts.vllm_version, hardware.platform, block_size=opts.block_size,
+        gpu_memory_utilization=opts.gpu_memory_utilization,
+        enable_extensible_kv_cache=opts.enable_extensible_kv_cache,
+        num_gpu_blocks_override=opts.num_gpu_blocks_override, registers_kv_cache=registers_kv_cache)
+
+
+def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> Deployment:
     """The deployment ``opts`` describe: its engine arguments validated, its
     files (model config, calibration, step profile) read, each once.
     Expert parallelism on a dense model is dropped (``options`` then says
-    so), as vLLM has no experts to shard there."""
+    so), as vLLM has no experts to shard there. ``registers_kv_cache``: a
+    KV connector registers the cache for RDMA (NIXL: a P/D instance)."""
     validate_engine_options(opts)
     model = get_model(opts.model)
     if opts.enable_expert_parallel and not model.is_moe:
@@ -449,6 +493,8 @@ def build_deployment(opts: EngineOptions) -> Deployment:
     parallel = ParallelConfig(opts.tensor_parallel_size, opts.data_parallel_size,
                               opts.enable_expert_parallel, opts.pipeline_parallel_size)
     model.check_tensor_parallel_size(opts.tensor_parallel_size)
+    cache = resolve_cache(opts, hardware, registers_kv_cache)
+    block_size = cache.block_size
     limits = resolve_scheduler_limits(
         UsageContext.OPENAI_API_SERVER, device_info(hardware, parallel),
         max_num_seqs=opts.max_num_seqs, max_num_batched_tokens=opts.max_num_batched_tokens,
@@ -488,7 +534,8 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         pipeline_parallel_size=opts.pipeline_parallel_size,
         max_num_inflight_kv_loads=opts.max_num_inflight_kv_loads,
         cache_aware_admission_window=opts.cache_aware_admission_window,
-        cache_aware_admission_threshold=opts.cache_aware_admission_threshold)
+        cache_aware_admission_threshold=opts.cache_aware_admission_threshold,
+        vllm_version=opts.vllm_version)
     drafter = None
     drafter_bytes = 0.0
     if speculative is not None:
@@ -500,17 +547,18 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         lora = lora_cost(model, hardware, opts.tensor_parallel_size, opts.max_loras, opts.max_lora_rank,
                          opts.max_cpu_loras, opts.fully_sharded_loras,
                          parse_lora_modules(opts.lora_modules, opts.max_lora_rank), opts.lora_target_modules)
-    memory = plan_memory(model, hardware, parallel, runtime, opts.block_size,
-                         opts.gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
+    memory = plan_memory(model, hardware, parallel, runtime, block_size,
+                         cache.gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
                          drafter_bytes=drafter_bytes,
                          drafter_kv_layers=drafter.kv_layers if drafter is not None else 0,
-                         lora_bytes=lora.slot_bytes() if lora is not None else 0.0)
+                         lora_bytes=lora.slot_bytes() if lora is not None else 0.0,
+                         extensible=cache.extensible_kv_cache)
     num_blocks = (memory.num_gpu_blocks if opts.num_gpu_blocks_override is None
                   else opts.num_gpu_blocks_override)
     if opts.num_gpu_blocks_override is None and profile is not None and profile.kv_cache_tokens:
         # The KV cache the profiled vLLM reported (on CPU, VLLM_CPU_KVCACHE_SPACE's):
         # the memory plan of --hardware does not describe that machine.
-        num_blocks = profile.kv_cache_tokens // opts.block_size
+        num_blocks = profile.kv_cache_tokens // block_size
     if num_blocks * opts.data_parallel_size > MAX_NUM_GPU_BLOCKS:
         # A tiny model (e.g. from a config.json) on a large GPU: refused, not capped.
         raise UserInputError(
@@ -518,12 +566,12 @@ def build_deployment(opts: EngineOptions) -> Deployment:
             f"({memory.describe()}); the simulator tracks at most {MAX_NUM_GPU_BLOCKS:,} (2**24, ~46 "
             "bytes each); set --num-gpu-blocks-override, raise --block-size or lower "
             "--gpu-memory-utilization")
-    if (num_blocks - 1) * opts.block_size < max_model_len:
+    if (num_blocks - 1) * block_size < max_model_len:
         raise UserInputError(
             f"max_model_len={max_model_len} needs {max_model_len} tokens of KV but the cache holds "
-            f"{(num_blocks - 1) * opts.block_size} ({memory.describe()}); lower --max-model-len, "
+            f"{(num_blocks - 1) * block_size} ({memory.describe()}); lower --max-model-len, "
             "raise --gpu-memory-utilization, --tensor-parallel-size or --pipeline-parallel-size")
-    cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=opts.block_size,
+    cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=block_size,
                                enable_prefix_caching=opts.enable_prefix_caching)
     offload = make_offload_config(opts.kv_offloading_size, model, hardware, opts.tensor_parallel_size,
                                   memory.bytes_per_block,
@@ -535,4 +583,4 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         step_model.pipeline = PipelineStages.build(hardware, model.hidden_size, opts.tensor_parallel_size,
                                                    opts.pipeline_parallel_size)
     return Deployment(opts, model, hardware, parallel, runtime, scheduler_config, cache_config,
-                      memory, step_model, speculative, offload, lora)
+                      memory, step_model, speculative, offload, lora, cache.gpu_memory_utilization)

@@ -69,12 +69,12 @@ SIMULATE_ENGINE_FLAGS = EngineFlagDefaults(
 
 # EngineOptions' own flags (each field declares its flag, kvsched.sim.deployment)
 # in the order --help lists them, by the part of the engine they set, with the
-# flags that are not one field between them: the model, where it runs and how
-# its steps are priced; precision and cadence; CPU offloading; LoRA and the
+# flags that are not one field between them: the release, the model, where it
+# runs and how its steps are priced; precision and cadence; CPU offloading; LoRA and the
 # speculative decoding kvsched prices.
-PLACEMENT_FIELDS = ("model", "hardware", "efficiency_file", "calibration", "step_time_backend",
-                    "step_time_profile", "tensor_parallel_size", "pipeline_parallel_size",
-                    "data_parallel_size", "enable_expert_parallel")
+PLACEMENT_FIELDS = ("vllm_version", "model", "hardware", "efficiency_file", "calibration",
+                    "step_time_backend", "step_time_profile", "tensor_parallel_size",
+                    "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel")
 PRECISION_FIELDS = ("quantization", "kv_cache_dtype", "prefill_schedule_interval")
 LORA_FIELDS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "fully_sharded_loras",
                "lora_modules", "lora_target_modules")
@@ -96,7 +96,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, names: Collection[str] | No
     add_scheduler_cache_flags(group, SIMULATE_ENGINE_FLAGS,
                               SCHEDULER_CACHE_FLAGS if names is None else
                               [n for n in SCHEDULER_CACHE_FLAGS if n in names])
-    add_declared_flags(g, EngineOptions, names=PRECISION_FIELDS)
+    add_declared_flags(g, EngineOptions, names=(*PRECISION_FIELDS, "enable_extensible_kv_cache"))
     g.add_argument("--disaggregation", metavar="xPyD",
                    help="prefill/decode disaggregation: x prefill and y decode instances (e.g. 1P2D) "
                         "joined by vLLM's NixlConnector behind vLLM's P/D proxy; each instance "

@@ -20,6 +20,7 @@ from kvsched.sim.rank import SimResult
 from kvsched.sim.spec import DATASET_FLAGS, InstanceGroup, RunSpec, WorkloadSpec
 from kvsched.sim.workload import RandomRequests, Workload, WorkloadRequest
 from kvsched.sim.workload.lora import adapter_counts
+from kvsched.vllm_versions import rules_for
 
 GIB = 2**30
 
@@ -80,7 +81,16 @@ def deployment_dict(deployment: Deployment, group: InstanceGroup) -> dict[str, A
         parallel["dp_stats_interval"] = group.dp_stats_interval
         if d.lockstep:
             parallel["dp_sync_interval"] = group.dp_sync_interval
+    cache: dict[str, Any] = {
+        "block_size": cc.block_size, "enable_prefix_caching": cc.enable_prefix_caching,
+        "num_gpu_blocks": cc.num_gpu_blocks, "num_gpu_blocks_override": d.options.num_gpu_blocks_override,
+        "gpu_memory_utilization": d.gpu_memory_utilization}
+    if rules_for(d.vllm_version).extensible_kv_cache:
+        # Only a release that has it says whether the cache was sized so.
+        cache["enable_extensible_kv_cache"] = d.memory.extensible
     out: dict[str, Any] = {
+        # A section of its own, as every part here (the report draws each as one).
+        "vllm": {"version": d.vllm_version},
         "model": {"name": d.model.name, "checkpoint": d.options.model, "dtype": d.runtime.dtype,
                   "quantization": d.options.quantization,
                   "kv_cache_dtype": d.runtime.kv_cache_dtype, "moe": d.model.is_moe},
@@ -90,10 +100,7 @@ def deployment_dict(deployment: Deployment, group: InstanceGroup) -> dict[str, A
         "parallel": parallel,
         "step_times": step_times_dict(d),
         "scheduler": scheduler,
-        "cache": {"block_size": cc.block_size, "enable_prefix_caching": cc.enable_prefix_caching,
-                  "num_gpu_blocks": cc.num_gpu_blocks,
-                  "num_gpu_blocks_override": d.options.num_gpu_blocks_override,
-                  "gpu_memory_utilization": d.options.gpu_memory_utilization},
+        "cache": cache,
         "per_rank": dict(PER_RANK_NOTES),
     }
     if d.speculative is not None:

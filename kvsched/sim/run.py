@@ -71,13 +71,15 @@ class RunResult:
     metrics: dict[str, Any]
 
 
-def build_group_deployment(group: InstanceGroup) -> tuple[Deployment, list[str]]:
+def build_group_deployment(group: InstanceGroup,
+                           registers_kv_cache: bool = False) -> tuple[Deployment, list[str]]:
     """The deployment of one instance group, and notes for the user.
     Expert parallelism on a dense model is dropped with a note, as vLLM
-    has no experts to shard there."""
+    has no experts to shard there. ``registers_kv_cache``: its instances'
+    KV connector registers the cache (NIXL, between P/D instances)."""
     group.check()
     options = group.engine_options()
-    deployment = build_deployment(options)
+    deployment = build_deployment(options, registers_kv_cache)
     notes: list[str] = []
     if options.enable_expert_parallel and not deployment.options.enable_expert_parallel:
         notes.append(f"--enable-expert-parallel has no effect: {deployment.model.name} is a dense "
@@ -254,7 +256,8 @@ def build_role_deployment(deployment: DeploymentSpec, group: InstanceGroup) -> t
     if not deployment.disaggregated:
         return build_group_deployment(group)
     try:
-        return build_group_deployment(group)
+        # Every P/D instance runs NixlConnector (alone or in a MultiConnector).
+        return build_group_deployment(group, registers_kv_cache=True)
     except UserInputError as e:
         flag = f"--{group.role}-tensor-parallel-size"
         raise UserInputError(f"the {group.role} instances ({flag}="
@@ -263,7 +266,12 @@ def build_role_deployment(deployment: DeploymentSpec, group: InstanceGroup) -> t
 
 def check_roles_match(prefill: Deployment, decode: Deployment) -> None:
     """What both roles of a disaggregated deployment must share: the model,
-    the hardware, the KV layout (block size, KV dtype) and max_model_len."""
+    the hardware, the KV layout (block size, KV dtype) and max_model_len, and
+    the vLLM release (one simulated deployment is one release)."""
+    if prefill.vllm_version != decode.vllm_version:
+        raise UserInputError(f"deployment.groups: the prefill instances simulate vLLM "
+                             f"{prefill.vllm_version}, the decode instances vLLM {decode.vllm_version}; "
+                             "give both roles the same vllm_version")
     pairs = (("model", prefill.model.name, decode.model.name),
              ("hardware", prefill.hardware.name, decode.hardware.name),
              ("block_size", prefill.cache_config.block_size, decode.cache_config.block_size),

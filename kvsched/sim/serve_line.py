@@ -29,6 +29,7 @@ beside ``--serve``/``--bench``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import functools
 import json
@@ -39,8 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from kvsched.engine_flags import vllm_words
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import strict_loads
+from kvsched.perf.hardware import Hardware
+from kvsched.sim.deployment import EngineOptions, resolve_cache
 
 FLAGS_FILE = Path(__file__).resolve().parent / "data" / "vllm_flags.json"
 
@@ -105,6 +109,33 @@ def serve_dests() -> frozenset[str]:
     vLLM's serve flags): which of kvsched's settings a written serve line
     spells out, the others being kvsched's own."""
     return frozenset(f.dest for f in vllm_flags().serve)
+
+
+# The settings whose vLLM default is the release's (and the deployment's):
+# a written serve line spells them only where they differ from what that
+# release would run with unset (release_serve_words).
+RELEASE_DEFAULTED = ("block_size", "gpu_memory_utilization", "enable_extensible_kv_cache")
+
+
+def release_serve_words(opts: EngineOptions, hardware: Hardware,
+                        registers_kv_cache: bool = False) -> list[str]:
+    """:data:`RELEASE_DEFAULTED` as ``opts.vllm_version``'s ``vllm serve``
+    takes them on ``hardware``: nothing for a setting unset or equal to what
+    that release resolves it to unset (0.33's block size 16 is left out,
+    0.34's written; 0.34's gpu_memory_utilization 0.92 is written where its
+    extensible KV cache would take 1.0). ``registers_kv_cache``: the line's
+    connector registers the cache (NIXL)."""
+    given = resolve_cache(opts, hardware, registers_kv_cache)
+    unset = resolve_cache(dataclasses.replace(opts, block_size=None, gpu_memory_utilization=None),
+                          hardware, registers_kv_cache)
+    automatic = resolve_cache(dataclasses.replace(opts, enable_extensible_kv_cache=None, block_size=None,
+                                                  gpu_memory_utilization=None), hardware, registers_kv_cache)
+    defaults = {"block_size": unset.block_size, "gpu_memory_utilization": unset.gpu_memory_utilization,
+                "enable_extensible_kv_cache": automatic.extensible_kv_cache}
+    values = {"block_size": opts.block_size, "gpu_memory_utilization": opts.gpu_memory_utilization,
+              "enable_extensible_kv_cache": (None if opts.enable_extensible_kv_cache is None
+                                             else given.extensible_kv_cache)}
+    return [word for name in RELEASE_DEFAULTED for word in vllm_words(name, values[name], defaults[name])]
 
 
 # -- the classification: one table -------------------------------------------

@@ -220,7 +220,8 @@ def render_tune_report(problem: Problem, result: TuneResult, question: Question,
     """The page as one HTML string."""
     slo, stat = problem.slo, _stat(problem)
     facts = [
-        ("model", problem.model), ("hardware", ", ".join(question.hardware)),
+        ("model", problem.model), ("vLLM release", problem.base.engine.vllm_version),
+        ("hardware", ", ".join(question.hardware)),
         ("GPU budget", f"up to {question.max_gpus} GPUs per deployment"),
         ("workload", question.workload), ("rate", question.rate),
         ("SLO", ", ".join(f"{stat} {n} &le; {t:g} ms" for n, t in slo.targets)),

@@ -35,6 +35,7 @@ from kvsched.perf.models import ModelSpec
 from kvsched.sim.flags import spec_argv
 from kvsched.sim.pricing import Pricing, pricing_from_json, pricing_of
 from kvsched.sim.run import build_role_deployment, check_roles_match, with_transfer_offloading
+from kvsched.sim.serve_line import release_serve_words
 from kvsched.sim.spec import RunSpec
 from kvsched.tune.evaluate import Job, ResultCache
 from kvsched.tune.executors import Executor
@@ -151,9 +152,14 @@ class Problem:
     def vllm_serve(self, c: Candidate) -> str:
         """The candidate's ``vllm serve`` line, with the shared flags (a
         disaggregated one: a line per instance, placed on the hardware's
-        nodes, and the proxy's)."""
-        domain = get_hardware(c.hardware).scaleup_domain if c.disaggregated else 8
-        return c.vllm_serve(self.model, self.serve_flags, domain)
+        nodes, and the proxy's); the cache settings whose default is the
+        release's are written where they differ from it for this candidate
+        (a P/D instance's NIXL turns 0.34's extensible KV cache off)."""
+        hardware = get_hardware(c.hardware)
+        domain = hardware.scaleup_domain if c.disaggregated else 8
+        engine = c.apply(self.base).deployment.group.engine
+        fixed = [*self.serve_flags, *release_serve_words(engine, hardware, c.disaggregated)]
+        return c.vllm_serve(self.model, fixed, domain)
 
     def reproduce(self, c: Candidate, rate: float | None) -> list[str]:
         """The ``kvsched simulate`` arguments that reproduce an answer, the

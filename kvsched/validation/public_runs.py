@@ -65,7 +65,13 @@ from kvsched.sim.run import accept, serve, sim_config
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.sim.workload import Workload, random_workload
 from kvsched.validation.silicon import deployment_within_context
-from kvsched.validation.silicon_rows import Refusal, SiliconRow
+from kvsched.validation.silicon_rows import (
+    MEASURED_BLOCK_SIZE,
+    MEASURED_GPU_MEMORY_UTILIZATION,
+    MEASURED_VLLM_VERSION,
+    Refusal,
+    SiliconRow,
+)
 from kvsched.yamlfile import parse_yaml
 
 # --------------------------------------------------------------------------
@@ -493,6 +499,9 @@ def map_run(run: PublicRun) -> MappedRun | Refusal:
     if not fields.get("async_scheduling"):
         notes.append(f"--async-scheduling not given: off (vLLM {run.vllm_version}'s default)")
     options = EngineOptions(
+        # vLLM 0.10/0.11's cache defaults, pinned (silicon_rows.MEASURED_*).
+        vllm_version=MEASURED_VLLM_VERSION, block_size=MEASURED_BLOCK_SIZE,
+        gpu_memory_utilization=MEASURED_GPU_MEMORY_UTILIZATION,
         model=catalog_model, hardware=run.hardware,
         tensor_parallel_size=int(fields.get("tensor_parallel_size", 1)),
         enable_expert_parallel=bool(fields.get("enable_expert_parallel", False)),

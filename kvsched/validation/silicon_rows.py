@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsched.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import get_hardware, resolve_hardware_id
 from kvsched.perf.model_catalog import catalog_match, get_model
@@ -79,6 +78,18 @@ NVIDIA_COLLECTION_MODELS = frozenset({
     "meta-llama/Llama-3.1-70B"})
 
 
+# The measured runs' engine settings where their sources leave them to vLLM:
+# the silicon rows' and the public runs' vLLM (0.10 to 0.12) sized the KV
+# cache from the profiling estimate, at 0.9 of the device (their default;
+# InferenceX's scripts pass it, ../shared/facts/inferencex.md) in 16-token
+# blocks, which kvsched's vLLM 0.33 plan models. Pinned here rather than
+# following kvsched.vllm_versions.DEFAULT_VLLM_VERSION, so the validated
+# figures stay what the runs did whatever release kvsched defaults to.
+MEASURED_VLLM_VERSION = "0.33"
+MEASURED_GPU_MEMORY_UTILIZATION = 0.9
+MEASURED_BLOCK_SIZE = 16
+
+
 @dataclass(frozen=True, slots=True)
 class ServerFlags:
     """InferenceX's per-model ``vllm serve`` flags (inferencex.md's table, a
@@ -90,8 +101,8 @@ class ServerFlags:
     kv_cache_dtype: str = "auto"
     max_num_batched_tokens: int | str | None = None
     max_num_seqs: int | str | None = None
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    block_size: int = DEFAULT_BLOCK_SIZE
+    gpu_memory_utilization: float = MEASURED_GPU_MEMORY_UTILIZATION
+    block_size: int = MEASURED_BLOCK_SIZE
     note: str = ""
 
 
@@ -365,7 +376,7 @@ def map_row(row: SiliconRow) -> ServingRun | Refusal:
     if note:
         notes.append(note)
     options = EngineOptions(
-        model=model_name, hardware=hardware,
+        vllm_version=MEASURED_VLLM_VERSION, model=model_name, hardware=hardware,
         tensor_parallel_size=layout.tensor_parallel_size, data_parallel_size=layout.data_parallel_size,
         enable_expert_parallel=layout.enable_expert_parallel,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=_limit(flags.max_num_batched_tokens, row),

@@ -60,15 +60,20 @@ def test_cpu_kv_blocks(tiny: Callable[..., Path]) -> None:
     # K and V x 2 layers x 16 tokens x 2 KV heads x head_dim x 4 bytes
     assert per_block == 2 * 2 * 16 * 2 * config.head_dim * 4
     cpu = torch.device("cpu")
-    args = EngineArgs.from_kwargs(str(path), kv_cache_memory="1MiB")
+    args = EngineArgs.from_kwargs(str(path), kv_cache_memory="1MiB", block_size=16).with_cache_defaults("cpu")
     assert num_kv_blocks(args, config, torch.float32, cpu, 10**9) == (1 << 20) // per_block
-    args = EngineArgs.from_kwargs(str(path))
+    # Unset, the block size is vLLM 0.33's on a CPU: its 16 is no size CPU_ATTN
+    # takes (multiples of 32), so the backend's smallest, 32.
+    args = EngineArgs.from_kwargs(str(path)).with_cache_defaults("cpu")
+    assert args.block_size == 32
+    per_block_32 = kv_bytes_per_block(config, 32, torch.float32)
     # The default is capped at what max_num_seqs x max_model_len tokens can use, plus the null block.
-    assert num_kv_blocks(args, config, torch.float32, cpu, 1000) == -(-1000 // 16) + 1
-    assert num_kv_blocks(args, config, torch.float32, cpu, 10**12) == DEFAULT_KV_CACHE_MEMORY // per_block
+    assert num_kv_blocks(args, config, torch.float32, cpu, 1000) == -(-1000 // 32) + 1
+    assert num_kv_blocks(args, config, torch.float32, cpu, 10**12) == DEFAULT_KV_CACHE_MEMORY // per_block_32
     args = EngineArgs.from_kwargs(str(path), num_gpu_blocks_override=7, kv_cache_memory="1GiB")
     assert num_kv_blocks(args, config, torch.float32, cpu, 10**9) == 7
-    args = EngineArgs.from_kwargs(str(path), kv_cache_memory=per_block)
+    args = EngineArgs.from_kwargs(str(path), kv_cache_memory=per_block,
+                                  block_size=16).with_cache_defaults("cpu")
     with pytest.raises(ValueError, match="two are the minimum"):
         num_kv_blocks(args, config, torch.float32, cpu, 10**9)
 
@@ -134,7 +139,7 @@ def test_kv_cache_is_checked_against_the_memory_available(tiny: Callable[..., Pa
     cpu = torch.device("cpu")
     per_block = 8192  # the bytes of one block, given (nothing is allocated here)
     where = "of RAM available on this machine (MemAvailable)"
-    given = EngineArgs.from_kwargs(path, kv_cache_memory="10TB")
+    given = EngineArgs.from_kwargs(path, kv_cache_memory="10TB", block_size=16).with_cache_defaults("cpu")
     # 1,000 blocks of 8 KiB, 48 bytes of pool each, 1 MiB of weights: 9,288,576 bytes.
     check_kv_cache(given, cpu, 1000, per_block, 1 << 20, 9_288_576, where)  # exactly fits
     with pytest.raises(ValueError) as info:
@@ -188,7 +193,9 @@ def test_the_kv_cache_is_allocated_once_in_the_model_dtype(tiny: Callable[..., P
     path = tiny(arch="llama")
     llm = LLM(str(path), dtype=dtype, kv_cache_memory="4MiB")
     engine = llm.engine
-    per_block = kv_bytes_per_block(engine.model_config, 16, getattr(torch, dtype))
+    # On a CPU, vLLM 0.33's default block is 32 tokens (CPU_ATTN takes multiples of 32).
+    assert engine.cache_config.block_size == 32
+    per_block = kv_bytes_per_block(engine.model_config, 32, getattr(torch, dtype))
     held = sum(t.numel() * t.element_size() for pair in engine.runner.kv_caches for t in pair)
     assert engine.cache_config.num_gpu_blocks == (4 << 20) // per_block
     assert held == engine.cache_config.num_gpu_blocks * per_block <= 4 << 20

@@ -150,7 +150,9 @@ def test_prefix_caching_with_shared_prefixes_and_repeats(ckpt: Path, reference: 
     # but the last is cached (admitted with one token to compute: with
     # speculation, padded with K -1 drafts).
     prompts += [prompts[0], prompts[3], prefix[:48], prefix[:49]]
-    llm = make_llm(ckpt, variant, max_num_seqs=4, max_num_batched_tokens=64, kv_cache_memory="16MiB")
+    # 16-token blocks (the CPU's default is 32): the counts below are in them.
+    llm = make_llm(ckpt, variant, max_num_seqs=4, max_num_batched_tokens=64, kv_cache_memory="16MiB",
+                   block_size=16)
     _check(llm, prompts[:2], [10, 10], reference, accepted=False)  # warm the cache
     outs = _check(llm, prompts, [10] * len(prompts), reference)
     cached = [o.num_cached_tokens for o in outs]

@@ -25,6 +25,7 @@ from kvsched.sim.spec import (
 
 engines = st.builds(
     EngineOptions,
+    vllm_version=st.sampled_from(["0.33", "0.34"]),
     model=st.sampled_from(["meta-llama/Llama-3.1-8B", "Qwen3-32B", "deepseek-ai/DeepSeek-V3"]),
     hardware=st.sampled_from(["h100-sxm", "h200", "b200"]),
     tensor_parallel_size=st.sampled_from([1, 2, 8]),
@@ -35,8 +36,9 @@ engines = st.builds(
     max_model_len=st.none() | st.integers(1, 131072),
     enable_chunked_prefill=st.booleans(),
     enable_prefix_caching=st.booleans(),
-    block_size=st.sampled_from([16, 32, 64]),
-    gpu_memory_utilization=st.sampled_from([0.9, 0.85, 0.5]),
+    block_size=st.none() | st.sampled_from([16, 32, 64]),
+    gpu_memory_utilization=st.none() | st.sampled_from([0.9, 0.85, 0.5]),
+    enable_extensible_kv_cache=st.none() | st.booleans(),
     long_prefill_token_threshold=st.integers(0, 4096),
     scheduling_policy=st.sampled_from(["fcfs", "priority"]),
     quantization=st.none() | st.sampled_from(["fp8", "modelopt_fp4"]),
