@@ -106,7 +106,7 @@ def _offload_scenario(load_fail: bool | None = None, store_fail: list[int] | Non
         b["offload_load_fail"] = load_fail
     return {"scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 64},
             "cache": {"block_size": 4, "num_gpu_blocks": 32, "enable_prefix_caching": False},
-            "kv_connector": kvc,
+            "kv_connector": kvc, "max_steps": 50,  # a retry loop fails fast
             "requests": [{"request_id": "a", "prompt_token_ids": list(range(1, 9)), "max_tokens": 1}, b]}
 
 
