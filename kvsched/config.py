@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any, Protocol
 
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import json_problem, strict_loads
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, check_vllm_version
+from kvsched.vllm_versions import (
+    DEFAULT_VLLM_VERSION,
+    VERSIONED_SCHEDULER_KNOBS,
+    check_vllm_version,
+    release_with_knob,
+    rules_for,
+)
 
 POLICIES = ("fcfs", "priority")
 # The bound on a step's sequences and tokens (max_num_seqs,
@@ -120,6 +126,33 @@ def check_long_prefill_token_threshold(value: object) -> None:
                     "must be a non-negative integer", "use 0 to disable the cap")
 
 
+def check_max_num_inflight_kv_loads(value: object) -> None:
+    """vLLM 0.34's ``max_num_inflight_kv_loads``: None (no cap) or 1 to
+    MAX_STEP_LIMIT requests holding blocks for an asynchronous KV load."""
+    if value is not None and (not is_int(value) or not 1 <= value <= MAX_STEP_LIMIT):
+        raise _fail("max_num_inflight_kv_loads", value,
+                    f"must be an integer in [1, {MAX_STEP_LIMIT:,}] or unset",
+                    "leave it unset for no cap, or give the most asynchronous KV loads in flight")
+
+
+def check_cache_aware_admission_window(value: object) -> None:
+    """vLLM 0.34's ``cache_aware_admission_window``: 0 (off) or how many
+    waiting requests at the head of the queue are reordered, at most
+    MAX_STEP_LIMIT (each costs a prefix-cache probe per step)."""
+    if not is_int(value) or not 0 <= value <= MAX_STEP_LIMIT:
+        raise _fail("cache_aware_admission_window", value,
+                    f"must be an integer in [0, {MAX_STEP_LIMIT:,}]",
+                    "use 0 to admit in arrival order, or the number of waiting requests to reorder")
+
+
+def check_cache_aware_admission_threshold(value: object) -> None:
+    """vLLM 0.34's ``cache_aware_admission_threshold``: the KV cache usage,
+    a fraction in [0, 1], from which cache-aware admission reorders."""
+    if not is_number(value) or not 0 <= value <= 1:
+        raise _fail("cache_aware_admission_threshold", value, "must be a fraction in [0, 1]",
+                    "e.g. 0.5 reorders once half the KV cache is in use, 0 on every step")
+
+
 def check_gpu_memory_utilization(value: object) -> None:
     """vLLM's ``gpu_memory_utilization``: a fraction of device memory in (0, 1]."""
     if not is_number(value) or not 0 < value <= 1:
@@ -172,9 +205,24 @@ class SchedulerConfig:
     # The vLLM release whose scheduler this is (kvsched.vllm_versions owns
     # what differs between releases).
     vllm_version: str = DEFAULT_VLLM_VERSION
+    # vLLM 0.34's cap on asynchronous KV loads holding blocks before their
+    # requests run (in progress, done and not yet admitted, or aborted
+    # mid-load). Setting it also sends the requests a KV connector may load
+    # asynchronously to a queue of their own, whose loads start while the
+    # batch is full. None: no cap, loads start only with a free running slot.
+    max_num_inflight_kv_loads: int | None = None
+    # vLLM 0.34's cache-aware admission (FCFS with prefix caching only): the
+    # first ``window`` waiting requests are reordered by cached prefix, deepest
+    # first, once the KV cache usage is at least ``threshold``. 0: off.
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         check_vllm_version(self.vllm_version)
+        check_max_num_inflight_kv_loads(self.max_num_inflight_kv_loads)
+        check_cache_aware_admission_window(self.cache_aware_admission_window)
+        check_cache_aware_admission_threshold(self.cache_aware_admission_threshold)
+        self._check_release_has_knobs()
         if type(self.async_scheduling) is not bool:
             raise _fail("async_scheduling", self.async_scheduling, "must be True or False",
                         "pass a bool")
@@ -213,6 +261,22 @@ class SchedulerConfig:
                 "max_long_partial_prefills", self.max_long_partial_prefills,
                 f"cannot exceed max_num_partial_prefills ({self.max_num_partial_prefills})",
                 "lower max_long_partial_prefills")
+
+
+    def _check_release_has_knobs(self) -> None:
+        """A setting this release's scheduler lacks (kvsched.vllm_versions)
+        must stay at its default: vLLM 0.33 has no in-flight KV load cap and
+        no cache-aware admission."""
+        missing = VERSIONED_SCHEDULER_KNOBS - rules_for(self.vllm_version).scheduler_knobs
+        if not missing:
+            return
+        for f in fields(self):
+            if f.name in missing and getattr(self, f.name) != f.default:
+                first = release_with_knob(f.name)
+                raise _fail(f.name, getattr(self, f.name),
+                            f"vLLM {self.vllm_version}'s scheduler has no such setting (new in vLLM "
+                            f"{first})", f"set vllm_version to {first!r}, or leave it at its default "
+                            f"({f.default!r})")
 
 
 @dataclass(slots=True, frozen=True)
@@ -351,13 +415,16 @@ def speculative_object(value: object) -> Mapping[str, Any]:
     return value
 
 
-def check_speculative_with_async(speculative: SpeculativeConfig | None, async_scheduling: bool) -> None:
+def check_speculative_with_async(speculative: SpeculativeConfig | None, async_scheduling: bool,
+                                 vllm_version: str = DEFAULT_VLLM_VERSION) -> None:
     """vLLM 0.33 refuses the CPU n-gram proposer with async scheduling
     (VllmConfig.__post_init__, V1 model runner); ``ngram_gpu`` is its
-    async-capable twin."""
-    if speculative is not None and async_scheduling and speculative.method == "ngram":
+    async-capable twin. Releases that run the pair
+    (``VersionRules.ngram_with_async_scheduling``) take it."""
+    if (speculative is not None and async_scheduling and speculative.method == "ngram"
+            and not rules_for(vllm_version).ngram_with_async_scheduling):
         raise _fail("speculative_config.method", "ngram",
-                    "vLLM 0.33 does not run the CPU n-gram proposer with async scheduling",
+                    f"vLLM {vllm_version} does not run the CPU n-gram proposer with async scheduling",
                     "use method 'ngram_gpu', or turn async scheduling off")
 
 
@@ -376,7 +443,7 @@ def check_speculative_settings(config: SchedulerConfig, speculative: Speculative
                     "kvsched does not model speculative decoding with pipeline parallelism "
                     "(the drafts of batches still in the pipeline)",
                     "use pipeline_parallel_size=1 with speculative decoding")
-    check_speculative_with_async(speculative, config.async_scheduling)
+    check_speculative_with_async(speculative, config.async_scheduling, config.vllm_version)
     k = speculative.num_speculative_tokens
     if config.max_num_batched_tokens < 1 + k:
         raise _fail("max_num_batched_tokens", config.max_num_batched_tokens,

@@ -122,6 +122,18 @@ class SchedulerCacheOptions:
     num_gpu_blocks_override: int | None = flag(
         None, f"KV cache blocks{{scope}} (counting vLLM's null block), 2 to {MAX_NUM_GPU_BLOCKS:,}, "
               "instead of what memory leaves")
+    # vLLM 0.34's admission knobs (kvsched.config checks them, and refuses
+    # them for a release without them).
+    max_num_inflight_kv_loads: int | None = flag(
+        None, "vLLM 0.34: most requests holding KV blocks for an asynchronous KV connector load "
+              "before they run; also lets such loads start while the batch is full "
+              "(default: no cap)")
+    cache_aware_admission_window: int = flag(
+        0, "vLLM 0.34: among the first N waiting requests, admit those with a cached prefix "
+           "first (FCFS with prefix caching; 0: off; default: %(default)s)")
+    cache_aware_admission_threshold: float = flag(
+        0.5, "vLLM 0.34: KV cache usage from which --cache-aware-admission-window reorders "
+             "(default: %(default)s)")
 
 
 # The fields of the declaration, in its order.

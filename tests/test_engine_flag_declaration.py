@@ -33,13 +33,15 @@ from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.sim.workload import BenchDatasetOptions
 from kvsched.tune.space import Candidate, SearchSpace
 
-# vLLM 0.33's engine-argument defaults, written out by hand (None: vLLM
-# fills one for the usage context and device).
+# vLLM 0.33's engine-argument defaults, and 0.34's for its admission knobs,
+# written out by hand (None: vLLM fills one for the usage context and device;
+# for --max-num-inflight-kv-loads: no cap).
 VLLM_DEFAULTS = {
     "max_num_seqs": None, "max_num_batched_tokens": None, "max_model_len": None,
     "enable_chunked_prefill": True, "enable_prefix_caching": True, "block_size": 16,
     "gpu_memory_utilization": 0.9, "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs",
-    "num_gpu_blocks_override": None,
+    "num_gpu_blocks_override": None, "max_num_inflight_kv_loads": None,
+    "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5,
 }
 
 

@@ -20,13 +20,15 @@ def _parser(defaults: EngineFlagDefaults) -> argparse.ArgumentParser:
 
 def test_the_flags_take_vllms_names_and_defaults() -> None:
     args = vars(_parser(EngineFlagDefaults()).parse_args([]))
-    # vLLM 0.33's engine-argument defaults, written out by hand.
+    # vLLM 0.33's engine-argument defaults (and 0.34's admission knobs'),
+    # written out by hand.
     assert args == {
         "max_num_seqs": None, "max_num_batched_tokens": None, "max_model_len": None,
         "enable_chunked_prefill": True, "enable_prefix_caching": True, "block_size": 16,
         "gpu_memory_utilization": 0.9, "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs",
-        "num_gpu_blocks_override": None, "async_scheduling": False, "speculative_config": None,
-        "dtype": "auto", "seed": 0}
+        "num_gpu_blocks_override": None, "max_num_inflight_kv_loads": None,
+        "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5,
+        "async_scheduling": False, "speculative_config": None, "dtype": "auto", "seed": 0}
     assert set(args) == set(SCHEDULER_CACHE_FLAGS)
 
 
@@ -42,6 +44,14 @@ def test_what_an_entry_point_sets_is_its_own() -> None:
     assert "per engine core" in parser.format_help()
     with pytest.raises(argparse.ArgumentError, match="invalid choice: 'lifo'"):
         parser.parse_args(["--scheduling-policy", "lifo"])
+
+
+def test_the_034_admission_flags_are_vllms_spellings() -> None:
+    args = _parser(EngineFlagDefaults()).parse_args(
+        ["--max-num-inflight-kv-loads", "3", "--cache-aware-admission-window", "8",
+         "--cache-aware-admission-threshold", "0.25"])
+    assert (args.max_num_inflight_kv_loads, args.cache_aware_admission_window,
+            args.cache_aware_admission_threshold) == (3, 8, 0.25)
 
 
 def test_generate_takes_its_engine_flags_from_the_shared_set(capsys: pytest.CaptureFixture[str]) -> None:

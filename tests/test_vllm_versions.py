@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from kvsched.core.kv_connector import KVTransferConfig, combined_role
 from kvsched.core.multi_connector import MultiConnector
 from kvsched.core.nixl_connector import NixlConnector
@@ -71,3 +71,25 @@ def test_multi_connector_role_per_release(version: str, consumer: bool) -> None:
     multi = MultiConnector(KVTransferConfig("kv_producer"), [child], version)
     assert multi.kv_transfer_config.is_kv_consumer is consumer
     assert multi.kv_transfer_config.is_kv_producer is True
+
+
+@pytest.mark.parametrize("version, runs", [("0.33", False), ("0.34", True)])
+def test_ngram_with_async_scheduling_per_release(version: str, runs: bool) -> None:
+    # §20: 0.33's V1 model runner refuses method "ngram" with async scheduling;
+    # 0.34 runs it as its GPU n-gram speculator. "ngram_gpu" runs on both.
+    config = SchedulerConfig(async_scheduling=True, vllm_version=version)
+    cache = CacheConfig(num_gpu_blocks=64, block_size=16)
+    Scheduler(config, cache, speculative_config=SpeculativeConfig("ngram_gpu", 2))
+    if runs:
+        sched = Scheduler(config, cache, speculative_config=SpeculativeConfig("ngram", 2))
+        assert sched.num_spec_tokens == 2
+    else:
+        with pytest.raises(UserInputError, match=r"speculative_config\.method='ngram'.*vLLM 0\.33"):
+            Scheduler(config, cache, speculative_config=SpeculativeConfig("ngram", 2))
+    scenario = {"async_scheduling": True, "speculative": {"num_speculative_tokens": 2, "method": "ngram"},
+                "cache": {"num_gpu_blocks": 64}, "requests": []}
+    if runs:
+        assert parse_scenario(scenario, "s.json", version).speculative_config is not None
+    else:
+        with pytest.raises(UserInputError, match=r"s\.json: speculative_config\.method='ngram'"):
+            parse_scenario(scenario, "s.json", version)

@@ -32,11 +32,14 @@ REASON_OUTPUT_IN_FLIGHT = "output_in_flight"
 REASON_WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
 REASON_KV_LOAD_FAILED = "kv_load_failed"
 REASON_KV_LOOKUP_PENDING = "kv_lookup_pending"
+# vLLM 0.34's --max-num-inflight-kv-loads: its asynchronous load would be one
+# more than the cap allows (it waits at the head of its queue).
+REASON_KV_LOAD_CAP = "max_num_inflight_kv_loads"
 
 REASONS = (REASON_TOKEN_BUDGET, REASON_MAX_NUM_SEQS, REASON_KV_BLOCKS,
            REASON_CHUNKED_PREFILL_OFF, REASON_ADMISSION_POLICY, REASON_PREEMPTION,
            REASON_MAX_LORAS, REASON_OUTPUT_IN_FLIGHT, REASON_WAITING_FOR_REMOTE_KVS,
-           REASON_KV_LOAD_FAILED, REASON_KV_LOOKUP_PENDING)
+           REASON_KV_LOAD_FAILED, REASON_KV_LOOKUP_PENDING, REASON_KV_LOAD_CAP)
 
 # vLLM 0.33.0's livelocks with a KV connector (it spins for ever in them;
 # SCENARIO_FORMAT.md's notes). Scheduler.livelock() recognises them.

@@ -1,4 +1,5 @@
-"""The scheduler side of a KV connector, with vLLM 0.33's names.
+"""The scheduler side of a KV connector, with vLLM 0.33's names (and 0.34's
+``may_load_async``).
 
 A KV connector moves KV blocks between this scheduler's GPU cache and
 somewhere else (another instance for prefill/decode disaggregation, a CPU
@@ -238,6 +239,22 @@ class KVConnectorBase(abc.ABC):
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """The worker's report for a processed batch."""
         return None
+
+    def request_kv_transfer_params(self, request: Request) -> Mapping[str, Any] | None:
+        """The request's ``kv_transfer_params`` as the connector holds them
+        (vLLM keeps them on the request; kvsched's connectors that read them
+        keep each request's), or None."""
+        return None
+
+    def may_load_async(self, request: Request) -> bool:
+        """Whether ``get_num_new_matched_tokens`` may answer with an
+        asynchronous load for ``request`` (vLLM 0.34, read when the request
+        is queued with --max-num-inflight-kv-loads: such requests wait in
+        async_kv_waiting and may start loading while the batch is full; a
+        false positive holds other loads back until a slot frees). vLLM's
+        default: the request's ``do_remote_prefill`` (a P/D decode read)."""
+        params = self.request_kv_transfer_params(request)
+        return bool(params and params.get("do_remote_prefill"))
 
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:

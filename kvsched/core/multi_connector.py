@@ -126,6 +126,10 @@ class MultiConnector(KVConnectorBase):
                 answer = (tokens, load_async)
         return answer
 
+    def may_load_async(self, request: Request) -> bool:
+        """vLLM 0.34's MultiConnector: when any child may load it asynchronously."""
+        return any(c.may_load_async(request) for c in self._connectors)
+
     def update_state_after_alloc(self, request: Request, block_ids: list[int],
                                  num_external_tokens: int) -> None:
         chosen = self._requests_to_connector.get(request.request_id, -1)

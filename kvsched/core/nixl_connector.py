@@ -155,6 +155,11 @@ class NixlConnector(KVConnectorBase):
                                      "kv_transfer_params (its request_finished output)")
         self.params[request_id] = dict(params)
 
+    def request_kv_transfer_params(self, request: Request) -> Mapping[str, Any] | None:
+        """Its params as they are now: ``do_remote_prefill`` is cleared once
+        its read was planned (vLLM's NIXL connector edits the request's)."""
+        return self.params.get(request.request_id)
+
     def _has_remote(self, params: Mapping[str, Any]) -> bool:
         return bool(params.get("remote_block_ids")) and all(k in params for k in REMOTE_KEYS)
 

@@ -189,6 +189,9 @@ class OffloadingConnector(KVConnectorBase):
     def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
         self.kv_cache_manager = kv_cache_manager
 
+    def request_kv_transfer_params(self, request: Request) -> Mapping[str, Any] | None:
+        return self.params.get(request.request_id)
+
     # -- per-request state ---------------------------------------------------
     def _state(self, request: Request) -> _ReqState:
         rid = request.request_id

@@ -32,6 +32,15 @@ class FCFSRequestQueue:
     def peek_request(self) -> Request:
         return self._queue[0]
 
+    def replace_head(self, requests: list[Request]) -> None:
+        """The first ``len(requests)`` entries, reordered: ``requests`` are
+        those same requests in their new order (vLLM 0.34's cache-aware
+        admission; only an FCFS queue has positions to reorder)."""
+        queue = self._queue
+        for _ in range(len(requests)):
+            queue.popleft()
+        queue.extendleft(reversed(requests))
+
     def pop_request(self) -> Request:
         return self._queue.popleft()
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 
 from kvsched.config import (
     CacheConfig,
@@ -45,7 +45,7 @@ from kvsched.core.output import (
     SpecDecodingStats,
 )
 from kvsched.core.policies import AdmissionPolicy
-from kvsched.core.request_queue import RequestQueue, create_request_queue
+from kvsched.core.request_queue import FCFSRequestQueue, RequestQueue, create_request_queue
 from kvsched.errors import UserInputError
 from kvsched.request import (
     FINISH_REASONS,
@@ -136,6 +136,10 @@ class _Step:
     # "ask again", or it waits for a load).
     kv_loads: dict[str, tuple[int, bool]] | None
     kv_skipped: bool
+    # Why async_kv_waiting's head stayed there while the scan went on (vLLM
+    # 0.34's in-flight KV load cap, or no blocks for a load started with
+    # the batch full): (reason, request id, detail), else None.
+    async_stop: tuple[str, str, str] | None
 
     def __init__(self, token_budget: int) -> None:
         self.token_budget = token_budget
@@ -157,6 +161,7 @@ class _Step:
         self.skip_reasons = None
         self.kv_loads = None
         self.kv_skipped = False
+        self.async_stop = None
 
 
 
@@ -256,6 +261,13 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(scheduler_config.policy)
         self.running: list[Request] = []
+        # vLLM 0.34's cache-aware admission: it reorders by position, which
+        # only an FCFS queue has, by prefix-cache hits, which need a prefix
+        # cache; 0 (off) otherwise. The window and the KV usage it starts at.
+        self._cache_aware_window = (
+            scheduler_config.cache_aware_admission_window
+            if scheduler_config.policy == "fcfs" and cache_config.enable_prefix_caching else 0)
+        self._cache_aware_threshold = scheduler_config.cache_aware_admission_threshold
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.admission_policy = admission_policy
@@ -286,6 +298,19 @@ class Scheduler:
         ``kv_holding_waiting``, scanned before ``waiting``."""
         self.connector = connector
         self.kv_holding_waiting = create_request_queue(self.scheduler_config.policy)
+        # vLLM 0.34's --max-num-inflight-kv-loads (None: off, and this queue
+        # stays empty): requests the connector may load asynchronously
+        # (may_load_async) wait here, not in ``waiting``, so that their loads
+        # can start while the batch is full; the scan merges both queues by
+        # arrival (priority: by request order).
+        self.async_kv_waiting = create_request_queue(self.scheduler_config.policy)
+        self._inflight_kv_load_cap: int | None = None
+        # The loads the cap counts: started and not yet admitted, looked up
+        # again or finished (vLLM's in-progress and completed-waiting fetch
+        # stages), and those whose request was aborted mid-load (their
+        # blocks stay held until the worker reports the load done).
+        self._inflight_kv_loads: set[str] = set()
+        self._aborted_kv_loads: set[str] = set()
         # Loads reported done (or failed, recompute policy) not yet promoted.
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
@@ -307,6 +332,7 @@ class Scheduler:
         if connector is None:
             return
         config = connector.kv_transfer_config
+        self._inflight_kv_load_cap = self.scheduler_config.max_num_inflight_kv_loads
         self.recompute_kv_load_failures = config.kv_load_failure_policy == "recompute"
         # Two batches in flight (async scheduling): a consumer's load could
         # fill a freed block a batch in flight still writes.
@@ -323,7 +349,11 @@ class Scheduler:
         wrong type) and changes nothing."""
         self.check_request(request)
         request.stop_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
-        self.waiting.add_request(request)
+        if self._inflight_kv_load_cap is not None and self.connector is not None \
+                and self.connector.may_load_async(request):
+            self.async_kv_waiting.add_request(request)
+        else:
+            self.waiting.add_request(request)
         self.requests[request.request_id] = request
         self.decode_stable = False
 
@@ -422,6 +452,8 @@ class Scheduler:
             holding = [r for r in waiting if r in self.kv_holding_waiting]
             if holding:
                 self.kv_holding_waiting.remove_requests(holding)
+            if self.async_kv_waiting:
+                self.async_kv_waiting.remove_requests(waiting)
         for request in done:
             rid = request.request_id
             delay = False
@@ -431,6 +463,9 @@ class Scheduler:
                 self.failed_recving_kv_req_ids.discard(rid)
             request.status = finished_status
             self._free_request_connector(request, delay)
+            if delay and self._inflight_kv_load_cap is not None:
+                # Its blocks stay held until the load is reported done.
+                self._aborted_kv_loads.add(rid)
         self.decode_stable = False
 
     def _free_request_connector(self, request: Request, delay_free_blocks: bool = False) -> None:
@@ -441,6 +476,8 @@ class Scheduler:
         rid = request.request_id
         self._inflight_prefills.pop(rid, None)
         self._whole_one_token_loads.discard(rid)
+        if self._inflight_kv_load_cap is not None:
+            self._inflight_kv_loads.discard(rid)
         delay, _ = self.connector.request_finished(request, self.kv_cache_manager.get_block_ids(rid))
         self.finished_req_ids.add(rid)
         if not (delay or delay_free_blocks):
@@ -493,8 +530,10 @@ class Scheduler:
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting): waiting counts the requests holding KV blocks
-        while they wait (kv_holding_waiting) too."""
-        return len(self.running), len(self.waiting) + len(self.kv_holding_waiting)
+        while they wait (kv_holding_waiting) and those waiting to start an
+        asynchronous load (async_kv_waiting) too."""
+        return len(self.running), (len(self.waiting) + len(self.kv_holding_waiting)
+                                   + len(self.async_kv_waiting))
 
     @property
     def step_in_flight(self) -> bool:
@@ -520,12 +559,13 @@ class Scheduler:
         if self.connector is not None:
             return (self.has_unfinished_requests() or bool(self.finished_req_ids)
                     or len(self.requests) > len(self.running) + len(self.waiting)
-                    + len(self.kv_holding_waiting)
+                    + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
                     or self.connector.has_pending_push_work())
         return bool(self.running) or bool(self.waiting) or bool(self.finished_req_ids)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
+        return (len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
+                + len(self.async_kv_waiting))
 
     def has_inflight_prefills(self) -> bool:
         """With a KV connector: requests still prefilling or loading whose
@@ -533,7 +573,8 @@ class Scheduler:
         return bool(self._inflight_prefills)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running) or bool(self.waiting) or bool(self.kv_holding_waiting)
+        return (bool(self.running) or bool(self.waiting) or bool(self.kv_holding_waiting)
+                or bool(self.async_kv_waiting))
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
@@ -542,7 +583,7 @@ class Scheduler:
         pc = self.kv_cache_manager.prefix_cache_stats
         return SchedulerStats(
             num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
+            num_waiting_reqs=len(self.waiting) + len(self.async_kv_waiting),
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_queries=pc.queries + pc.preempted_queries,
             prefix_cache_hits=pc.hits + pc.preempted_hits,
@@ -567,9 +608,11 @@ class Scheduler:
         # a single request there is nobody to starve (vLLM drops it then), and
         # from 0.34 on it applies only with chunked prefill (_threshold_applies).
         threshold = self._long_prefill_threshold
-        if len(self.running) + len(self.waiting) + len(self.kv_holding_waiting) <= 1:
+        if (len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
+                + len(self.async_kv_waiting) <= 1):
             threshold = 0
-        if self._defer_prefill_chunks is not None and self._defer_prefill_chunks(self):
+        defer_prefills = self._defer_prefill_chunks is not None and self._defer_prefill_chunks(self)
+        if defer_prefills:
             # Running requests mid-prefill sit this step out (the general path).
             self._schedule_running_preempting(step, threshold, 0, skip_prefill_chunks=True)
         elif self._fast_running:
@@ -579,10 +622,13 @@ class Scheduler:
         if step.preempted:
             step.admission_stop = explain.REASON_PREEMPTION
             step.admission_stop_detail = "a running request was preempted this step; no admissions"
-        elif self.connector is not None:
-            self._schedule_waiting_connector(step, threshold)
         else:
-            self._schedule_waiting(step, threshold)
+            if self._cache_aware_window and not defer_prefills:
+                self._reorder_waiting_by_cached_prefix()
+            if self.connector is not None:
+                self._schedule_waiting_connector(step, threshold)
+            else:
+                self._schedule_waiting(step, threshold)
         output = self._make_output(step)
         if not self._plain:
             self._update_after_schedule(output)
@@ -596,7 +642,11 @@ class Scheduler:
         self.decode_stable = not self.num_spec_tokens and (not self.waiting or (
             output.total_num_scheduled_tokens == n and len(output.num_scheduled_tokens) == n
             and not step.new_reqs and not step.resumed_reqs and not step.preempted
-            and step.admission_stop in _STABLE_STOPS and step.skipped is None and not step.kv_skipped))
+            and step.admission_stop in _STABLE_STOPS and step.skipped is None and not step.kv_skipped
+            # Each step may reorder the queue anew (its order carries over).
+            and not (self._cache_aware_window and len(self.waiting) >= 2))
+            # Loads may start while the batch is full.
+        ) and not self.async_kv_waiting
         if self._end_step is not None:
             self._end_step(self, output)
         if output.num_scheduled_tokens:
@@ -1021,15 +1071,30 @@ class Scheduler:
         asynchronous load finished is promoted; a fresh admission asks the
         connector for tokens beyond the local hit; an asynchronous load
         gets its blocks and waits in WAITING_FOR_REMOTE_KVS; a synchronous
-        one is admitted at once with the loaded tokens computed."""
+        one is admitted at once with the loaded tokens computed.
+
+        With vLLM 0.34's in-flight KV load cap the rest is two queues,
+        ``waiting`` and ``async_kv_waiting``, taken by whichever head comes
+        first; a new asynchronous load starts only below the cap; and once
+        no running slot or token budget is left the scan goes on over
+        ``async_kv_waiting`` alone, starting loads (which take neither)
+        until a request there needs a slot. Without the cap that queue is
+        empty and the scan is 0.33's."""
         connector = self.connector
         assert connector is not None
         holding = self.kv_holding_waiting
         waiting = self.waiting
+        async_waiting = self.async_kv_waiting
         kv = self.kv_cache_manager
         loras = self._running_loras()
         skipped_holding: list[Request] = []
         skipped_waiting: list[Request] = []
+        skipped_async: list[Request] = []
+        # Asynchronous loads started this step: they join kv_holding_waiting
+        # behind every request already there (vLLM 0.34; in 0.33 the scan
+        # only reaches them once that queue is drained, so the order is the
+        # same).
+        started_loads: list[Request] = []
         loads: dict[str, tuple[int, bool]] = {}
 
         explaining = self.explain_admission
@@ -1038,7 +1103,9 @@ class Scheduler:
         def skip(queue: RequestQueue, reason: str, detail: str) -> None:
             request = queue.pop_request()
             if request.num_computed_tokens > 0 or request.status == WAITING_FOR_REMOTE_KVS:
-                skipped_holding.append(request)
+                (skipped_holding if queue is holding else started_loads).append(request)
+            elif queue is async_waiting:
+                skipped_async.append(request)
             else:
                 skipped_waiting.append(request)
             if explaining:
@@ -1047,11 +1114,22 @@ class Scheduler:
                 step.skip_reasons[request.request_id] = (reason, detail)
 
         budget = step.token_budget
-        while budget > 0:
-            queue = holding if holding else waiting
-            if not queue:
+        max_running = self.max_num_running_reqs
+        # Cleared once async_kv_waiting's head cannot start a load this step.
+        take_async = True
+        while True:
+            # No running slot or budget left: only asynchronous loads start.
+            loads_only = budget <= 0 or len(self.running) >= max_running
+            queue: RequestQueue
+            if not loads_only:
+                queue = holding if holding else self._next_waiting_queue(take_async)
+            elif take_async and async_waiting:
+                queue = async_waiting
+            else:
+                if budget > 0 and (holding or waiting or async_waiting):
+                    self._running_full(step)
                 break
-            if self._running_full(step):
+            if not queue:
                 break
             request = queue.peek_request()
             rid = request.request_id
@@ -1084,9 +1162,31 @@ class Scheduler:
                     continue
                 num_external = ext
                 num_computed = num_local + ext
+                if self._inflight_kv_load_cap is not None:
+                    # A new lookup: an earlier load of its (a failed one)
+                    # no longer counts against the cap.
+                    self._inflight_kv_loads.discard(rid)
             else:
                 hit_blocks, num_local = _NO_NEW_BLOCKS, 0
                 num_computed = request.num_computed_tokens
+            if (load_async and not self._admits_inflight_kv_load()) or (loads_only and not load_async):
+                # Over the cap, or it needs the running slot or budget there
+                # is none of: it waits at the head of its queue. From
+                # async_kv_waiting the scan goes on with the other queues.
+                if load_async:
+                    detail = (f"its asynchronous KV load would be one more than "
+                              f"max_num_inflight_kv_loads={self._inflight_kv_load_cap} "
+                              f"({len(self._inflight_kv_loads)} loading or loaded and not yet "
+                              f"running, {len(self._aborted_kv_loads)} aborted mid-load)"
+                              if explaining else "")
+                    if queue is not async_waiting:
+                        self._stop_at(step, explain.REASON_KV_LOAD_CAP, request, detail)
+                        break
+                    step.async_stop = (explain.REASON_KV_LOAD_CAP, rid, detail)
+                elif queue is not async_waiting:
+                    break  # unreachable: loads only take async_kv_waiting
+                take_async = False
+                continue
             padded = False
             if load_async:
                 num_new = 0
@@ -1103,8 +1203,15 @@ class Scheduler:
                                  num_external_computed_tokens=num_external,
                                  delay_cache_blocks=load_async,
                                  reserved_blocks=reserved) is None:
-                self._stop_at(step, explain.REASON_KV_BLOCKS, request,
-                              self._kv_blocks_detail(reserved) if explaining else "")
+                detail = self._kv_blocks_detail(reserved) if explaining else ""
+                if loads_only:
+                    # The requests not scanned wait for a running slot or
+                    # budget; this one for blocks.
+                    step.async_stop = (explain.REASON_KV_BLOCKS, rid, detail)
+                    if budget > 0:
+                        self._running_full(step)
+                else:
+                    self._stop_at(step, explain.REASON_KV_BLOCKS, request, detail)
                 if load_async and self._nothing_frees_blocks(request):
                     self._kv_blocked_load = rid
                 break
@@ -1117,24 +1224,79 @@ class Scheduler:
                 request.status = WAITING_FOR_REMOTE_KVS
                 request.num_computed_tokens = num_computed
                 self._inflight_prefills[rid] = request
+                if self._inflight_kv_load_cap is not None:
+                    self._inflight_kv_loads.add(rid)
                 skip(queue, explain.REASON_WAITING_FOR_REMOTE_KVS,
                      f"WAITING_FOR_REMOTE_KVS: asynchronous KV load of {num_external} tokens started")
                 continue
             queue.pop_request()
+            if self._inflight_kv_load_cap is not None:
+                self._inflight_kv_loads.discard(rid)
             if self._admit(step, request, num_new, num_computed, padded, loras):
                 self._inflight_prefills[rid] = request
             budget -= num_new
-        if budget <= 0 and step.admission_stop is None and (holding or waiting):
+        if budget <= 0 and step.admission_stop is None and (holding or waiting or async_waiting):
             step.admission_stop = explain.REASON_TOKEN_BUDGET
             step.admission_stop_detail = f"token budget of {self.max_num_scheduled_tokens} used up"
         step.token_budget = budget
         # Back at the head of their queues, in their order.
         if skipped_holding:
             holding.prepend_requests(skipped_holding)
+        for request in started_loads:
+            holding.add_request(request)
         if skipped_waiting:
             waiting.prepend_requests(skipped_waiting)
-        step.kv_skipped = bool(skipped_holding or skipped_waiting)
+        if skipped_async:
+            async_waiting.prepend_requests(skipped_async)
+        step.kv_skipped = bool(skipped_holding or skipped_waiting or skipped_async or started_loads)
         step.kv_loads = loads
+
+    def _next_waiting_queue(self, take_async: bool) -> RequestQueue:
+        """``waiting`` or ``async_kv_waiting``, whichever head comes first:
+        by request order under the priority policy, else by strictly earlier
+        arrival (a tie goes to ``waiting``); ``take_async`` False: waiting."""
+        async_waiting = self.async_kv_waiting
+        if not take_async or not async_waiting:
+            return self.waiting
+        if not self.waiting:
+            return async_waiting
+        a, w = async_waiting.peek_request(), self.waiting.peek_request()
+        if self._priority:
+            first = (a.priority, a.arrival_time, a.request_id) < (w.priority, w.arrival_time, w.request_id)
+        else:
+            first = a.arrival_time < w.arrival_time
+        return async_waiting if first else self.waiting
+
+    def _admits_inflight_kv_load(self) -> bool:
+        """A new asynchronous load stays within max_num_inflight_kv_loads."""
+        cap = self._inflight_kv_load_cap
+        return cap is None or len(self._inflight_kv_loads) + len(self._aborted_kv_loads) < cap
+
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        """vLLM 0.34's cache-aware admission, at the start of the waiting
+        phase: once the KV cache usage reaches the threshold, the requests
+        among the first ``window`` of ``waiting`` that merely wait (status
+        WAITING, nothing computed) are put back into the same slots,
+        deepest cached prefix first (a probe with nothing taken; the last
+        token is never a hit), ties by position. The others keep their
+        slots."""
+        waiting = self.waiting
+        if len(waiting) < 2 or self.kv_cache_manager.usage < self._cache_aware_threshold:
+            return
+        head = list(islice(waiting, self._cache_aware_window))
+        slots = [i for i, r in enumerate(head) if r.status == WAITING and not r.num_computed_tokens]
+        if len(slots) < 2:
+            return
+        probe = self.kv_cache_manager.get_computed_blocks
+        cached = {i: probe(head[i])[1] for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order):
+            reordered[slot] = head[source]
+        assert isinstance(waiting, FCFSRequestQueue)  # the window is 0 under priority
+        waiting.replace_head(reordered)
 
     def _kv_blocks_detail(self, reserved: int) -> str:
         """What holds the KV blocks an admission with a connector did not
@@ -1256,6 +1418,21 @@ class Scheduler:
                 if not requests[rid].is_prefill_chunk:
                     inflight.pop(rid, None)
 
+    def _async_stop_reasons(self, step: _Step) -> dict[str, tuple[str, str]] | None:
+        """The step's reasons for passed-over requests, plus, when
+        async_kv_waiting stopped at its head while the scan went on, why its
+        head stayed and that the others wait behind it (``--explain``)."""
+        if step.async_stop is None:
+            return step.skip_reasons
+        reason, head, detail = step.async_stop
+        reasons = dict(step.skip_reasons or {})
+        for r in self.async_kv_waiting:
+            rid = r.request_id
+            if rid not in reasons:
+                reasons[rid] = (reason, detail) if rid == head else (
+                    reason, f"queued behind {head} in async_kv_waiting")
+        return reasons
+
     def _skip(self, step: _Step, reason: str, detail: str) -> None:
         """Pass over the head of the waiting queue for this step."""
         request = self.waiting.pop_request()
@@ -1324,11 +1501,11 @@ class Scheduler:
             head = step.admission_stop_at if step.admission_stop in (
                 explain.REASON_KV_BLOCKS, explain.REASON_CHUNKED_PREFILL_OFF,
                 explain.REASON_ADMISSION_POLICY) else None
-            queued: Iterable[Request] = (self.waiting if self.connector is None
-                                         else chain(self.kv_holding_waiting, self.waiting))
+            queued: Iterable[Request] = (self.waiting if self.connector is None else chain(
+                self.kv_holding_waiting, self.waiting, self.async_kv_waiting))
             output.not_admitted = explain.explain_waiting(
                 queued, step.admission_stop, step.admission_stop_detail, head,
-                step.skip_reasons)
+                self._async_stop_reasons(step))
         self.finished_req_ids = set()
         return output
 
@@ -1687,6 +1864,7 @@ class Scheduler:
                 self.finished_recving_kv_req_ids.add(rid)
             else:
                 assert request.is_finished(), f"{rid} reported loaded while {request.status.name}"
+                self._aborted_kv_loads.discard(rid)
                 self._free_blocks(request)
         for rid in sorted(kv_output.finished_sending):
             self._free_blocks(requests[rid])
@@ -1859,10 +2037,26 @@ class Scheduler:
         # KV connector: waiting requests holding blocks, and finished ones
         # whose blocks it holds (delayed frees).
         holding_ids = [r.request_id for r in self.kv_holding_waiting]
+        async_ids = [r.request_id for r in self.async_kv_waiting]
         held_ids = {rid for rid, r in self.requests.items() if r.is_finished()}
         assert not set(holding_ids) & (set(running_ids) | set(waiting_ids)), "a request waits twice"
-        assert set(running_ids) | set(waiting_ids) | set(holding_ids) | held_ids == set(self.requests), (
-            "a request was lost")
+        assert not set(async_ids) & (set(running_ids) | set(waiting_ids) | set(holding_ids)), (
+            "a request waits twice")
+        assert (set(running_ids) | set(waiting_ids) | set(holding_ids) | set(async_ids) | held_ids
+                == set(self.requests)), "a request was lost"
+        for r in self.async_kv_waiting:
+            # Only fresh requests go there, and leave it to run or to load.
+            assert r.status == WAITING and r.num_computed_tokens == 0 and not r.num_preemptions, (
+                f"{r.request_id} waits for an asynchronous load as {r.status.name}")
+            assert r.request_id not in self.kv_cache_manager.req_to_blocks, (
+                f"{r.request_id} holds KV blocks in async_kv_waiting")
+        if self._inflight_kv_load_cap is not None:
+            for rid in self._inflight_kv_loads:
+                assert any(r.request_id == rid for r in self.kv_holding_waiting), (
+                    f"{rid} counts as an asynchronous KV load in flight but is not waiting on one")
+            for rid in self._aborted_kv_loads:
+                assert rid in self.requests and self.requests[rid].is_finished(), (
+                    f"{rid} counts as an aborted KV load but is not finished and held")
         for r in self.kv_holding_waiting:
             assert r.status in (WAITING, PREEMPTED, WAITING_FOR_REMOTE_KVS), (
                 f"{r.request_id} holds KV blocks while waiting as {r.status.name}")

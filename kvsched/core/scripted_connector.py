@@ -90,6 +90,13 @@ class ScriptedConnector(KVConnectorBase):
         self.lookups[rid] = (num_computed_tokens, n, is_async)
         return n, is_async
 
+    def may_load_async(self, request: Request) -> bool:
+        """True when any of the request's scripted loads is asynchronous (the
+        0.34 oracle's scripted connector; its lookups may still answer a
+        synchronous load, or none)."""
+        value = self.scripts.get(request.request_id, {}).get("load_async", False)
+        return any(value) if isinstance(value, list) else bool(value)
+
     def update_state_after_alloc(self, request: Request, block_ids: list[int],
                                  num_external_tokens: int) -> None:
         if not num_external_tokens:

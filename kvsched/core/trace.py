@@ -38,8 +38,9 @@ def step_record(step: int, output: SchedulerOutput, finished: list[list[str]],
         "finished": finished,
         "num_free_blocks": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
         "num_running": len(scheduler.running),
-        # vLLM's get_request_counts(): waiting requests holding KV blocks too.
-        "num_waiting": len(scheduler.waiting) + len(scheduler.kv_holding_waiting),
+        # vLLM's get_request_counts(): waiting requests holding KV blocks, and
+        # (0.34) those in async_kv_waiting, too.
+        "num_waiting": scheduler.get_request_counts()[1],
     }
 
 

@@ -13,8 +13,11 @@ from kvsched.config import (
     MAX_BLOCK_SIZE,
     NGRAM_METHODS,
     SpeculativeConfig,
+    check_cache_aware_admission_threshold,
+    check_cache_aware_admission_window,
     check_gpu_memory_utilization,
     check_long_prefill_token_threshold,
+    check_max_num_inflight_kv_loads,
     check_num_gpu_blocks_override,
     check_speculative_with_async,
     resolve_speculative_method,
@@ -176,6 +179,9 @@ class EngineArgs(SchedulerCacheOptions):
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             check_optional_limit(name, getattr(self, name))
         check_long_prefill_token_threshold(self.long_prefill_token_threshold)
+        check_max_num_inflight_kv_loads(self.max_num_inflight_kv_loads)
+        check_cache_aware_admission_window(self.cache_aware_admission_window)
+        check_cache_aware_admission_threshold(self.cache_aware_admission_threshold)
         if self.seed is None:
             raise UserInputError("seed=None: must be an integer (vLLM's default is 0)")
         check_seed("seed", self.seed)

@@ -274,7 +274,10 @@ class EngineCore:
             max_num_batched_tokens=batched, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
             enable_chunked_prefill=args.enable_chunked_prefill,
             long_prefill_token_threshold=args.long_prefill_token_threshold,
-            policy=args.scheduling_policy, async_scheduling=self.async_scheduling)
+            policy=args.scheduling_policy, async_scheduling=self.async_scheduling,
+            max_num_inflight_kv_loads=args.max_num_inflight_kv_loads,
+            cache_aware_admission_window=args.cache_aware_admission_window,
+            cache_aware_admission_threshold=args.cache_aware_admission_threshold)
         # The scheduler's checks of the speculative settings (the budget for
         # 1 + K tokens), before the weights load.
         check_speculative_settings(self.scheduler_config, self.speculative_config)

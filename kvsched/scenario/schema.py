@@ -42,7 +42,12 @@ from kvsched.core.scripted_connector import (
 from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeys, json_problem, strict_loads
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, check_vllm_version, rules_for
+from kvsched.vllm_versions import (
+    DEFAULT_VLLM_VERSION,
+    VERSIONED_SCHEDULER_KNOBS,
+    check_vllm_version,
+    rules_for,
+)
 
 DEFAULT_TOKEN = 100
 # The oracle's defaults for keys a scenario leaves out.
@@ -85,7 +90,8 @@ TOP_KEYS = ("scheduler", "cache", "requests", "aborts", "max_steps", "async_sche
             "data_parallel_size", "dp_sync_interval", "kv_connector", "pipeline_parallel_size")
 SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                   "enable_chunked_prefill", "long_prefill_token_threshold", "policy",
-                  "scheduler_reserve_full_isl", "prefill_schedule_interval")
+                  "scheduler_reserve_full_isl", "prefill_schedule_interval",
+                  *sorted(VERSIONED_SCHEDULER_KNOBS))
 CACHE_KEYS = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
 REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos",
                 "eos_token_id", "stop_token_ids", "priority", "arrival_step", "arrival_time",
@@ -297,7 +303,7 @@ def parse_scenario(obj: Any, source: str = "scenario",
     max_steps = c.integer(top, "max_steps", "", 1, MAX_STEPS_LIMIT,
                           " (the replay runs every step up to the last arrival or abort)",
                           DEFAULT_MAX_STEPS)
-    use_async, speculative, lora = _check_features(c, top)
+    use_async, speculative, lora = _check_features(c, top, vllm_version)
     kv_connector = _check_kv_connector(c, top)
     # vLLM's ParallelConfig.pipeline_parallel_size (tests/conformance/pp_oracle.py).
     pp = c.integer(top, "pipeline_parallel_size", "", 1, MAX_PIPELINE_PARALLEL_SIZE, "", 1)
@@ -324,12 +330,15 @@ def parse_scenario(obj: Any, source: str = "scenario",
         c.fail("scheduler.policy", policy, "unknown scheduling policy", "use \"fcfs\" or \"priority\"")
     chunked = c.boolean(sc, "enable_chunked_prefill", "scheduler", d["enable_chunked_prefill"])
     reserve = c.boolean(sc, "scheduler_reserve_full_isl", "scheduler", d["scheduler_reserve_full_isl"])
+    # vLLM 0.34's knobs (the 0.34 oracle's keys; null: unset), checked by
+    # SchedulerConfig, which also refuses them on a release without them.
+    knobs = {key: sc[key] for key in VERSIONED_SCHEDULER_KNOBS if sc.get(key) is not None}
     try:
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=budget, max_num_seqs=seqs, max_model_len=max_model_len,
             enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
             policy=policy, scheduler_reserve_full_isl=reserve, async_scheduling=use_async,
-            pipeline_parallel_size=pp, vllm_version=vllm_version)
+            pipeline_parallel_size=pp, vllm_version=vllm_version, **knobs)
     except (ValueError, TypeError) as e:
         raise UserInputError(f"{source}: scheduler.{e}") from None
 
@@ -591,10 +600,11 @@ def _check_nixl_request(c: _Checker, r: Mapping[str, Any], where: str) -> None:
                "(prefill side)")
 
 
-def _check_features(c: _Checker, top: Mapping[str, Any]
+def _check_features(c: _Checker, top: Mapping[str, Any], vllm_version: str
                     ) -> tuple[bool, SpeculativeConfig | None, LoRAConfig | None]:
     """The oracle's optional features (SCENARIO_FORMAT.md): async
-    scheduling, speculative decoding with an n-gram method, the LoRA cap."""
+    scheduling, speculative decoding with an n-gram method (``ngram`` with
+    async scheduling only where ``vllm_version`` runs it), the LoRA cap."""
     use_async = c.boolean(top, "async_scheduling", "", False)
     speculative = None
     spec = top.get("speculative")
@@ -607,7 +617,7 @@ def _check_features(c: _Checker, top: Mapping[str, Any]
                    "a drafter model)", "use \"ngram\" or \"ngram_gpu\"")
         speculative = SpeculativeConfig(method=method, num_speculative_tokens=k)
         try:
-            check_speculative_with_async(speculative, use_async)
+            check_speculative_with_async(speculative, use_async, vllm_version)
         except ValueError as e:
             raise UserInputError(f"{c.source}: {e}") from None
     lora = None

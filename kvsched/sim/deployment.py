@@ -16,8 +16,11 @@ from kvsched.config import (
     MAX_STEP_LIMIT,
     CacheConfig,
     SchedulerConfig,
+    check_cache_aware_admission_threshold,
+    check_cache_aware_admission_window,
     check_gpu_memory_utilization,
     check_long_prefill_token_threshold,
+    check_max_num_inflight_kv_loads,
     check_num_gpu_blocks_override,
     check_speculative_settings,
 )
@@ -300,6 +303,9 @@ def validate_engine_options(opts: EngineOptions) -> None:
                          "128, ...; vLLM's default is 16)")
     check_gpu_memory_utilization(opts.gpu_memory_utilization)
     check_long_prefill_token_threshold(opts.long_prefill_token_threshold)
+    check_max_num_inflight_kv_loads(opts.max_num_inflight_kv_loads)
+    check_cache_aware_admission_window(opts.cache_aware_admission_window)
+    check_cache_aware_admission_threshold(opts.cache_aware_admission_threshold)
     model_dtype(opts.dtype)
     kv_cache_dtype_bytes(opts.kv_cache_dtype)
     _positive_int("--prefill-schedule-interval", opts.prefill_schedule_interval, MAX_STEP_COUNT,
@@ -479,7 +485,10 @@ def build_deployment(opts: EngineOptions) -> Deployment:
         max_model_len=max_model_len, enable_chunked_prefill=opts.enable_chunked_prefill,
         long_prefill_token_threshold=opts.long_prefill_token_threshold,
         policy=opts.scheduling_policy, async_scheduling=opts.async_scheduling,
-        pipeline_parallel_size=opts.pipeline_parallel_size)
+        pipeline_parallel_size=opts.pipeline_parallel_size,
+        max_num_inflight_kv_loads=opts.max_num_inflight_kv_loads,
+        cache_aware_admission_window=opts.cache_aware_admission_window,
+        cache_aware_admission_threshold=opts.cache_aware_admission_threshold)
     drafter = None
     drafter_bytes = 0.0
     if speculative is not None:

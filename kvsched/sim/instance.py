@@ -579,7 +579,8 @@ class LockstepGroup(_Jumps):
         as the slowest rank (idle ranks run the dummy batch), as
         EngineInstance._async_stretch does for one rank; None: no stretch."""
         busy = [r for r in self.ranks if r.sched.running]
-        if not busy or any(r.sched.waiting for r in self.ranks if not r.sched.running):
+        if not busy or any(r.sched.waiting or r.sched.async_kv_waiting
+                           for r in self.ranks if not r.sched.running):
             return None
         # No stretch through a finish: the batch left in flight would be
         # priced against every rank's new batch (stepped instead).
@@ -642,7 +643,8 @@ class LockstepGroup(_Jumps):
         slowest rank (idle ranks run the dummy batch), as when stepping; how
         many requests finished in it (None: no stretch)."""
         busy = [r for r in self.ranks if r.sched.running]
-        if not busy or any(r.sched.waiting for r in self.ranks if not r.sched.running):
+        if not busy or any(r.sched.waiting or r.sched.async_kv_waiting
+                           for r in self.ranks if not r.sched.running):
             return None
         limits = [r.stretch_limit() for r in busy]
         limit = min(lim for lim, _, _ in limits)

@@ -520,9 +520,13 @@ class Rank:
 
     def load_stats(self) -> tuple[int, int, float]:
         """What the engine publishes for vLLM's DP load balancer: waiting and
-        running requests, and KV cache usage."""
+        running requests, and KV cache usage. Waiting is vLLM's
+        ``get_request_counts``: with a KV connector it counts the requests
+        holding blocks while they wait and those queued for an asynchronous
+        load too (EngineCore publishes those counts)."""
         sched = self.sched
-        return len(sched.waiting), len(sched.running), sched.kv_cache_manager.usage
+        running, waiting = sched.get_request_counts()
+        return waiting, running, sched.kv_cache_manager.usage
 
     def num_unfinished(self) -> int:
         """Requests received and not finished (the front end's in-flight count)."""

@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write(Path(tmp), seeds)
+        # Plain scenarios for 0.34 also draw cache-aware admission (random_scenarios.py).
+        paths = (write_random_scenarios(Path(tmp), seeds, args.vllm_version) if not args.features
+                 else write(Path(tmp), seeds))
         if not run_oracle(Path(tmp), 0, args.vllm_version):
             print("the oracle failed", file=sys.stderr)
             return 2

@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = parse_seeds(KV_CORPUS_SEEDS if args.write_corpus else args.seeds)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        write_kv_scenarios(folder, seeds)
+        write_kv_scenarios(folder, seeds, args.vllm_version)
         if not run_oracle(folder, 0, args.vllm_version):
             return 2
         failures = compare_folder(folder, seeds, args.vllm_version)

@@ -2,11 +2,16 @@
 
     python tests/conformance/compare_live_pp.py --seeds 1000-1119
     python tests/conformance/compare_live_pp.py --features --seeds 1000-1099
+    python tests/conformance/compare_live_pp.py --vllm-version 0.34 --seeds 95000-95499
 
-Needs the reference environment (``bash ../shared/reference/setup.sh``).
-pp_oracle.py (run in that environment) writes each seed's scenario (PP 2 or 4,
-async scheduling on or off) and vLLM's trace from ``EngineCore.step_with_batch_queue``;
-kvsched replays the scenario and the two traces must be identical. ``--features``
+Needs the reference environment (``bash ../shared/reference/setup.sh``; for 0.34
+``bash tests/conformance/vllm_0_34/setup.sh``). Each seed's scenario (PP 2 or 4, async
+scheduling on or off; pp_scenarios.py) goes through vLLM's own
+``EngineCore.step_with_batch_queue``: on 0.33 pp_oracle.py (run in that environment)
+writes the scenario and the trace, on 0.34 kvsched's side writes the scenario and
+vllm_0_34/engine_oracle.py traces it (0.34's EngineCore, AsyncScheduler with its
+decode stagger). kvsched replays the scenario as that release and the two traces
+must be identical. ``--features``
 takes random_features.py's scenarios without drafts (async scheduling, the LoRA cap)
 instead of plain ones. The committed corpus (pp/) holds seeds PP_CORPUS_SEEDS and
 feature seeds PP_FEATURE_CORPUS_SEEDS; this checks any other range and prints how many
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,12 +33,49 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 from compare_live import compare  # noqa: E402
-from regenerate import ReferenceMissing, reference_paths  # noqa: E402
+from pp_scenarios import (  # noqa: E402
+    FEATURE_PREFIX,
+    FILE_PREFIX,
+    PP_SIZES,
+    parse_pp_sizes,
+    pp_feature_scenario,
+    pp_scenario,
+)
+from random_scenarios import format_scenario, parse_seeds  # noqa: E402
+from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
+
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS  # noqa: E402
 
 # The seeds whose scenarios and goldens are committed under pp/.
 PP_CORPUS_SEEDS = "0-39"
 PP_FEATURE_CORPUS_SEEDS = "0-19"
 DEFAULT_SEEDS = "1000-1119"
+ENGINE_ORACLE_034 = HERE / "vllm_0_34" / "engine_oracle.py"
+
+
+def run_pp_oracle(folder: Path, seeds: str, features: bool, vllm_version: str,
+                  pp_sizes: tuple[int, ...] = PP_SIZES) -> bool:
+    """Write each seed's scenario into ``folder`` with vLLM's trace beside it
+    (NAME.vllm.jsonl); False, with the oracle's error printed, if it failed.
+    0.33: pp_oracle.py draws the scenarios itself. 0.34: they are drawn here
+    (the same text, pp_scenarios.py) and 0.34's engine oracle traces them,
+    under PYTHONHASHSEED=0 as every oracle run of the live comparers."""
+    if vllm_version == "0.34":
+        python, _ = reference_034_paths()
+        make, prefix = (pp_feature_scenario, FEATURE_PREFIX) if features else (pp_scenario, FILE_PREFIX)
+        for seed in parse_seeds(seeds):
+            (folder / f"{prefix}{seed}.json").write_text(format_scenario(make(seed, pp_sizes)))
+        cmd = [str(python), str(ENGINE_ORACLE_034), str(folder), "--out", str(folder)]
+    else:
+        python, _ = reference_paths()
+        cmd = [str(python), str(HERE / "pp_oracle.py"), str(folder), "--seeds", seeds,
+               "--pp-sizes", ",".join(map(str, pp_sizes)), *(["--features"] if features else [])]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        print(f"the oracle failed (exit {proc.returncode})", file=sys.stderr)
+    return proc.returncode == 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,19 +84,23 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"seed range (default {DEFAULT_SEEDS}; the corpus holds {PP_CORPUS_SEEDS})")
     ap.add_argument("--features", action="store_true",
                     help="random_features.py scenarios without drafts (async, the LoRA cap)")
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+                    help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
+                         "environment)")
+    ap.add_argument("--pp-sizes", type=parse_pp_sizes, default=PP_SIZES,
+                    help="the pipeline sizes a seed draws from, e.g. 3,8 (default 2,4, the corpus's)")
     args = ap.parse_args(argv)
     try:
-        python, _ = reference_paths()
+        parse_seeds(args.seeds)
+    except ValueError as e:
+        ap.error(f"--seeds {args.seeds!r}: {e}")
+    try:
+        reference_034_paths() if args.vllm_version == "0.34" else reference_paths()
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([str(python), str(HERE / "pp_oracle.py"), tmp, "--seeds", args.seeds,
-                               *(["--features"] if args.features else [])],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stderr[-4000:])
-            print(f"the oracle failed (exit {proc.returncode})", file=sys.stderr)
+        if not run_pp_oracle(Path(tmp), args.seeds, args.features, args.vllm_version, args.pp_sizes):
             return 2
         paths = sorted(Path(tmp).glob("*.json"))
         kinds: Counter[str] = Counter()
@@ -65,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{'async' if scenario.get('async_scheduling') else 'sync'}"
                     f"{' LoRA' if 'max_loras' in scenario else ''}")
             kinds[kind] += 1
-            diff = compare(path)
+            diff = compare(path, args.vllm_version)
             if diff is None:
                 same[kind] += 1
             else:
@@ -74,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     for kind in sorted(kinds):
         print(f"{kind}: {same[kind]} of {kinds[kind]} identical")
-    print(f"{sum(same.values())} of {len(paths)} pipeline-parallel scenarios identical to vLLM 0.33.0")
+    print(f"{sum(same.values())} of {len(paths)} pipeline-parallel scenarios identical to "
+          f"vLLM {args.vllm_version}.0")
     return 0 if not different else 1
 
 

@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import queue
-import random
 import sys
 from collections import deque
 from pathlib import Path
@@ -53,8 +52,15 @@ for folder in (str(REFERENCE), str(HERE)):
 import check_engine_loop as cel  # noqa: E402
 import torch  # noqa: E402
 import vllm_replay as vr  # noqa: E402
-from random_features import random_feature_scenario  # noqa: E402
-from random_scenarios import format_scenario, parse_seeds, random_scenario  # noqa: E402
+from pp_scenarios import (  # noqa: E402
+    FEATURE_PREFIX,
+    FILE_PREFIX,
+    PP_SIZES,
+    parse_pp_sizes,
+    pp_feature_scenario,
+    pp_scenario,
+)
+from random_scenarios import format_scenario, parse_seeds  # noqa: E402
 from scenario_timeline import scenario_timeline  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
@@ -73,35 +79,6 @@ from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
-
-PP_SIZES = (2, 4)
-FILE_PREFIX = "pp_"
-FEATURE_PREFIX = "ppf_"
-# random_features.py's mixes without speculative decoding (seed % 7: async,
-# lora, lora_async), which kvsched does not run with PP.
-FEATURE_OFFSETS = (0, 3, 4)
-
-
-def pp_scenario(seed: int) -> dict[str, Any]:
-    """random_scenario(seed) with a pipeline of 2 or 4 stages, async scheduling on or off
-    (both drawn from the seed; the scenario's own draws are unchanged)."""
-    scenario = random_scenario(seed)
-    rng = random.Random(f"pp-{seed}")
-    scenario["pipeline_parallel_size"] = rng.choice(PP_SIZES)
-    scenario["async_scheduling"] = rng.random() < 0.5
-    scenario["name"] = f"{FILE_PREFIX}{seed}"
-    return scenario
-
-
-def pp_feature_scenario(seed: int) -> dict[str, Any]:
-    """A random_features.py scenario without drafts (async scheduling, the LoRA cap,
-    or both; tight caches, prefix hits, aborts while batches are in flight) with a
-    pipeline of 2 or 4 stages. Seed s takes feature seed 7 (s // 3) + (0, 3, 4)[s % 3]."""
-    scenario = random_feature_scenario(7 * (seed // 3) + FEATURE_OFFSETS[seed % 3])
-    assert "speculative" not in scenario
-    scenario["pipeline_parallel_size"] = random.Random(f"ppf-{seed}").choice(PP_SIZES)
-    scenario["name"] = f"{FEATURE_PREFIX}{seed}"
-    return scenario
 
 
 def build_scheduler(scenario: dict[str, Any]) -> Scheduler:
@@ -249,12 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", help="write fresh scenarios for these seeds first (e.g. 0-39)")
     ap.add_argument("--features", action="store_true",
                     help="with --seeds: feature scenarios (pp_feature_scenario) instead of plain ones")
+    ap.add_argument("--pp-sizes", type=parse_pp_sizes, default=PP_SIZES,
+                    help="with --seeds: the pipeline sizes a seed draws from (default 2,4)")
     args = ap.parse_args(argv)
     args.folder.mkdir(parents=True, exist_ok=True)
     if args.seeds:
         make, prefix = (pp_feature_scenario, FEATURE_PREFIX) if args.features else (pp_scenario, FILE_PREFIX)
         for seed in parse_seeds(args.seeds):
-            (args.folder / f"{prefix}{seed}.json").write_text(format_scenario(make(seed)))
+            (args.folder / f"{prefix}{seed}.json").write_text(format_scenario(make(seed, args.pp_sizes)))
     for path in sorted(args.folder.glob("*.json")):
         steps = trace_file(path)
         print(json.dumps({"scenario": path.name, "steps": steps}), flush=True)

@@ -66,7 +66,14 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 from random_features import MIXES, draft_lookahead, random_feature_scenario  # noqa: E402
-from random_scenarios import Scenario, format_scenario, parse_seeds, random_scenario  # noqa: E402
+from random_scenarios import (  # noqa: E402
+    ADMISSION_KNOB_RELEASES,
+    Scenario,
+    add_cache_aware_admission,
+    format_scenario,
+    parse_seeds,
+    random_scenario,
+)
 
 from kvsched.core.trace import first_difference  # noqa: E402
 from kvsched.errors import CannotServe  # noqa: E402
@@ -89,14 +96,19 @@ LIVELOCK_EVERY = 40
 LIVELOCK_AT = 17
 ROLES = ("kv_both", "kv_producer", "kv_consumer")
 POLICIES = ("fail", "recompute")
+# vLLM 0.34's --max-num-inflight-kv-loads in 0.34 scenarios: unset (None) or a cap.
+INFLIGHT_KV_LOAD_CAPS = (None, 1, 2, 3, 4, 5, 6)
 
 
 def base_of(seed: int) -> str:
     return BASES[seed % len(BASES)]
 
 
-def random_kv_scenario(seed: int) -> Scenario:
-    """Build a random scripted-connector scenario; the same seed always gives the same one."""
+def random_kv_scenario(seed: int, vllm_version: str = DEFAULT_VLLM_VERSION) -> Scenario:
+    """Build a random scripted-connector scenario; the same seed (and release)
+    always gives the same one. A release in ADMISSION_KNOB_RELEASES also gets
+    vLLM 0.34's admission knobs (add_admission_knobs), drawn apart so that the
+    rest is the base release's scenario."""
     base = base_of(seed)
     if base == "plain":
         scenario: Scenario = random_scenario(seed)
@@ -132,10 +144,27 @@ def random_kv_scenario(seed: int) -> Scenario:
     if livelock:
         _script_livelock(rng, scenario["requests"], block_size)
     scenario["max_steps"] = LIVELOCK_MAX_STEPS if livelock else MAX_STEPS
+    knobs = ""
+    if vllm_version in ADMISSION_KNOB_RELEASES:
+        knobs = f", vLLM {vllm_version}'s admission knobs"
+        add_admission_knobs(scenario, random.Random(f"random_kv_connector:admission:{seed}"))
     scenario["description"] = (f"Random scripted-KV-connector scenario from seed {seed}: base {base}"
-                               f"{', scripted to livelock' if livelock else ''} "
+                               f"{', scripted to livelock' if livelock else ''}{knobs} "
                                "(tests/conformance/random_kv_connector.py).")
     return scenario
+
+
+def add_admission_knobs(scenario: Scenario, rng: random.Random) -> None:
+    """vLLM 0.34's in-flight KV load cap (INFLIGHT_KV_LOAD_CAPS: with one, the
+    requests scripted with an asynchronous load wait in async_kv_waiting and start
+    loading while the batch is full) and cache-aware admission
+    (random_scenarios.add_cache_aware_admission, which switches half the scenarios
+    to FCFS with prefix caching); the base scenario keeps its priority policy
+    otherwise, so the queue merge is exercised under both policies."""
+    cap = rng.choice(INFLIGHT_KV_LOAD_CAPS)
+    if cap is not None:
+        scenario["scheduler"]["max_num_inflight_kv_loads"] = cap
+    add_cache_aware_admission(scenario, rng)
 
 
 def _fit_drafts_alone(scenario: Scenario, block_size: int) -> None:
@@ -203,12 +232,13 @@ def kv_scenario_path(outdir: Path, seed: int) -> Path:
     return outdir / f"{FILE_PREFIX}{seed}.json"
 
 
-def write_kv_scenarios(outdir: Path, seeds: list[int]) -> list[Path]:
+def write_kv_scenarios(outdir: Path, seeds: list[int],
+                       vllm_version: str = DEFAULT_VLLM_VERSION) -> list[Path]:
     outdir.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed in seeds:
         path = kv_scenario_path(outdir, seed)
-        path.write_text(format_scenario(random_kv_scenario(seed)))
+        path.write_text(format_scenario(random_kv_scenario(seed, vllm_version)))
         paths.append(path)
     return paths
 

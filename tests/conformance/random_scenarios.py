@@ -42,6 +42,13 @@ CORPUS_SEEDS = "0-299"
 # Rough ceiling on the number of steps a random scenario should take; it keeps each
 # golden trace around tens of kilobytes.
 TARGET_STEPS = 260
+# The vLLM releases whose scenarios also draw vLLM 0.34's admission knobs
+# (cache-aware admission here; random_kv_connector.py adds the in-flight KV load
+# cap). Any other release gets the scenario it always got (the committed corpora).
+ADMISSION_KNOB_RELEASES = ("0.34",)
+BASE_RELEASE = "0.33"
+# Cache-aware admission's window: 0 (off) or up to this many waiting requests.
+MAX_CACHE_AWARE_WINDOW = 8
 
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32]
 MAX_MODEL_LENS = [24, 48, 64, 96, 128, 256, 512, 1024, 2048, 8192]
@@ -172,8 +179,11 @@ def _compact_json(value: Any) -> str:
 # ---------------------------------------------------------------------------
 
 
-def random_scenario(seed: int) -> Scenario:
-    """Build a random valid scenario; the same seed always gives the same scenario."""
+def random_scenario(seed: int, vllm_version: str = BASE_RELEASE) -> Scenario:
+    """Build a random valid scenario; the same seed (and release) always gives the
+    same scenario. For a release in ADMISSION_KNOB_RELEASES the scenario also sets
+    cache-aware admission (add_cache_aware_admission, from a generator of its own,
+    so the rest is the base release's scenario)."""
     rng = random.Random(seed)
     scheduler = _random_scheduler(rng)
     block_size = rng.choice(BLOCK_SIZES)
@@ -199,10 +209,33 @@ def random_scenario(seed: int) -> Scenario:
     if aborts:
         scenario["aborts"] = aborts
     scenario["max_steps"] = RANDOM_MAX_STEPS
+    if vllm_version in ADMISSION_KNOB_RELEASES:
+        add_cache_aware_admission(scenario, random.Random(f"random_scenarios:admission:{seed}"))
+        scenario["description"] = (f"Random scenario from seed {seed} with vLLM {vllm_version}'s "
+                                   "cache-aware admission (tests/conformance/random_scenarios.py).")
     problems = validate_scenario(scenario)
     if problems:  # a generator bug, never a property of the seed
         raise AssertionError(f"seed {seed} produced an invalid scenario: {problems}")
     return scenario
+
+
+def add_cache_aware_admission(scenario: Scenario, rng: random.Random) -> None:
+    """vLLM 0.34's cache-aware admission: a window of 0 (off) to
+    MAX_CACHE_AWARE_WINDOW waiting requests, a usage threshold of 0 (every step),
+    a fraction, or vLLM's default 0.5 (key left out). It applies only with FCFS and
+    prefix caching, so half the scenarios are switched to both (always valid: a
+    priority is ignored under FCFS, and prefix caching only adds hits)."""
+    scheduler = scenario["scheduler"]
+    if rng.random() < 0.5:
+        scheduler["policy"] = "fcfs"
+        scenario["cache"]["enable_prefix_caching"] = True
+    scheduler["cache_aware_admission_window"] = (
+        0 if rng.random() < 0.2 else rng.randint(1, MAX_CACHE_AWARE_WINDOW))
+    draw = rng.random()
+    if draw < 0.35:
+        scheduler["cache_aware_admission_threshold"] = 0.0
+    elif draw < 0.85:
+        scheduler["cache_aware_admission_threshold"] = round(rng.random(), 2)
 
 
 def _random_scheduler(rng: random.Random) -> dict[str, Any]:
@@ -474,12 +507,12 @@ def parse_seeds(text: str) -> list[int]:
     return sorted(seeds)
 
 
-def write_random_scenarios(outdir: Path, seeds: list[int]) -> list[Path]:
+def write_random_scenarios(outdir: Path, seeds: list[int], vllm_version: str = BASE_RELEASE) -> list[Path]:
     outdir.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed in seeds:
         path = outdir / f"random_{seed}.json"
-        path.write_text(format_scenario(random_scenario(seed)))
+        path.write_text(format_scenario(random_scenario(seed, vllm_version)))
         paths.append(path)
     return paths
 

@@ -5,7 +5,7 @@ what the traces say; every 0.34 trace that differs from its 0.33 golden is cover
 a 0.34 change docs/vllm_versions.md lists (the counterfactual edits of
 vllm_0_34/counterfactual.py, which replays them through 0.33 to prove it); the probe
 scenarios of 0.34's new scheduler knobs show the documented effect. kvsched's own
-replay is not compared with these goldens yet (that is the 0.34 conformance work).
+replay is compared with these goldens by test_conformance_0_34.py.
 """
 
 from __future__ import annotations

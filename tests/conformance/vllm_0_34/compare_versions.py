@@ -1,17 +1,23 @@
-"""Compare the vLLM 0.34.0 goldens (tests/conformance/goldens_0_34/) with the 0.33.0
-goldens beside the scenarios, scenario by scenario. Pure Python: no vLLM needed.
+"""Compare a vLLM release's goldens (tests/conformance/goldens_X_Y/, default 0.34.0's
+goldens_0_34/) with the 0.33.0 goldens beside the scenarios, or with another
+release's goldens, scenario by scenario. Pure Python: no vLLM needed.
 
     python tests/conformance/vllm_0_34/compare_versions.py            # summary per folder
     python tests/conformance/vllm_0_34/compare_versions.py --details  # + first difference of each
     python tests/conformance/vllm_0_34/compare_versions.py --write    # rewrite goldens_0_34/comparison.json
+    python tests/conformance/vllm_0_34/compare_versions.py --version 0.35 --against 0.34 --details
 
-Layout (tests/conformance/README.md): goldens_0_34/FOLDER/NAME is the 0.34 trace of the
-scenario whose 0.33 golden is FOLDER/NAME (same file name: .vllm.jsonl, .vllm.jsonl.gz,
-.vllm.jsonl.stuck[.gz]); goldens_0_34/shared_examples/ holds the traces of the shared
-reference's examples (../shared/reference/examples, their 0.33 traces there);
-goldens_0_34/dp/ the DP router and lockstep goldens (compared case by case).
-Traces compare as ../shared/reference/compare_traces.py compares them (same fields,
-id lists as sets, `finished` as a set).
+Layout (tests/conformance/README.md): goldens_X_Y/FOLDER/NAME is release X.Y's trace of
+the scenario whose 0.33 golden is FOLDER/NAME (same file name: .vllm.jsonl,
+.vllm.jsonl.gz, .vllm.jsonl.stuck[.gz]); goldens_X_Y/shared_examples/ holds the traces
+of the shared reference's examples (../shared/reference/examples, their 0.33 traces
+there); goldens_X_Y/dp/ the DP router and lockstep goldens (compared case by case).
+A release's trace byte-identical to the 0.33 golden is not stored: same_as_0_33.txt
+lists it. Folders of release-only scenarios (probes, rules_0_34: no 0.33 golden) are
+compared only between two releases (``--against``). Traces compare as
+../shared/reference/compare_traces.py compares them (same fields, id lists as sets,
+`finished` as a set). This file and regenerate.py serve every release after 0.33;
+0.34 is their default.
 """
 
 from __future__ import annotations
@@ -21,22 +27,21 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CONFORMANCE = HERE.parent
 REPO = CONFORMANCE.parents[1]
-GOLDENS = CONFORMANCE / "goldens_0_34"
-COMPARISON = GOLDENS / "comparison.json"
-# A 0.34 trace byte-identical to its 0.33 golden is not stored again: this file
-# lists it ("FOLDER/NAME sha256", NAME the 0.33 golden's file name, the hash of its
-# trace text, decompressed), and the 0.33 golden stands for both versions.
-SAME_AS_033 = GOLDENS / "same_as_0_33.txt"
+# The release the corpus's own goldens come from: every other release is stored
+# and compared relative to it.
+BASE_VERSION = "0.33"
 SHARED_EXAMPLES = (
     Path(os.environ.get("KVSCHED_REFERENCE_DIR", REPO.parent / "shared" / "reference")) / "examples"
 )
-# Folders of the 0.33 corpus with a 0.34 counterpart, in report order.
+# Folders of the 0.33 corpus with a counterpart in every later release, in report order.
 FOLDERS = (
     "scenarios",
     "random",
@@ -52,6 +57,49 @@ FOLDERS = (
 )
 # dp/: one JSON file of cases each, compared case by case.
 DP_FILES = ("router_goldens.json", "lockstep_goldens.json")
+_VERSION = re.compile(r"^(\d+)\.(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Where one release's goldens live: ``version`` is vLLM's major.minor."""
+
+    version: str
+    goldens: Path
+
+    @property
+    def comparison(self) -> Path:
+        return self.goldens / "comparison.json"
+
+    @property
+    def same_as_base(self) -> Path:
+        # A trace byte-identical to its 0.33 golden is not stored again: this file
+        # lists it ("FOLDER/NAME sha256", NAME the 0.33 golden's file name, the hash
+        # of its trace text, decompressed), and the 0.33 golden stands for both.
+        return self.goldens / "same_as_0_33.txt"
+
+    def extra_folders(self) -> tuple[str, ...]:
+        """The release-only folders of goldens (no 0.33 counterpart), sorted."""
+        if not self.goldens.is_dir():
+            return ()
+        known = set(FOLDERS)
+        return tuple(sorted(p.name for p in self.goldens.iterdir() if p.is_dir() and p.name not in known))
+
+
+def release(version: str, goldens: Path | None = None) -> Release:
+    """The release ``version`` ("0.35"); its goldens default to goldens_0_35/ beside
+    the corpus. A ValueError names a version that is not major.minor."""
+    match = _VERSION.match(version)
+    if match is None:
+        raise ValueError(f"version {version!r}: give vLLM's major.minor, e.g. 0.35")
+    return Release(version, goldens or CONFORMANCE / f"goldens_{match[1]}_{match[2]}")
+
+
+RELEASE = release("0.34")
+# 0.34's paths, as the tests and counterfactual.py read them.
+GOLDENS = RELEASE.goldens
+COMPARISON = RELEASE.comparison
+SAME_AS_033 = RELEASE.same_as_base
 FIELDS = (
     "scheduled",
     "new",
@@ -100,15 +148,18 @@ def _norm(field: str, value):
     return value
 
 
-def first_difference(old: list[dict], new: list[dict]) -> dict | None:
-    """None when equal, else {"step", "field", "0.33", "0.34"} of the first difference."""
+def first_difference(old: list[dict], new: list[dict], labels: tuple[str, str] = (BASE_VERSION, "0.34")
+                     ) -> dict | None:
+    """None when equal, else {"step", "field", OLD, NEW} of the first difference, OLD and
+    NEW the two releases' labels."""
+    a_label, b_label = labels
     for i, (a, b) in enumerate(zip(old, new)):
         for field in FIELDS + tuple(f for f in OPTIONAL_FIELDS if f in a or f in b):
             x, y = _norm(field, a.get(field)), _norm(field, b.get(field))
             if x != y:
-                return {"step": a.get("step", i), "field": field, "0.33": x, "0.34": y}
+                return {"step": a.get("step", i), "field": field, a_label: x, b_label: y}
     if len(old) != len(new):
-        return {"step": min(len(old), len(new)), "field": "steps", "0.33": len(old), "0.34": len(new)}
+        return {"step": min(len(old), len(new)), "field": "steps", a_label: len(old), b_label: len(new)}
     return None
 
 
@@ -130,28 +181,35 @@ def trace_sha256(path: Path) -> str:
     return hashlib.sha256(trace_text(path)).hexdigest()
 
 
-def same_as_033() -> dict[str, str]:
-    """SAME_AS_033 as {"FOLDER/NAME": sha256}."""
-    if not SAME_AS_033.exists():
+def same_as_base(rel: Release = RELEASE) -> dict[str, str]:
+    """The release's same_as_0_33.txt as {"FOLDER/NAME": sha256}."""
+    if not rel.same_as_base.exists():
         return {}
     out = {}
-    for line in SAME_AS_033.read_text().splitlines():
+    for line in rel.same_as_base.read_text().splitlines():
         key, digest = line.split()
         out[key] = digest
     return out
 
 
+def same_as_033() -> dict[str, str]:
+    """0.34's SAME_AS_033 as {"FOLDER/NAME": sha256}."""
+    return same_as_base(RELEASE)
+
+
 def old_dir_of(folder: str) -> Path:
+    """Where a corpus folder's scenarios and 0.33 goldens are."""
     return SHARED_EXAMPLES if folder == "shared_examples" else CONFORMANCE / folder
 
 
-def pairs(folder: str) -> list[tuple[str, Path | None, Path | None]]:
-    """(scenario name, 0.33 golden, 0.34 golden) for every scenario of the folder; the
-    0.34 golden is the 0.33 file where SAME_AS_033 lists it (its hash is checked by
-    test_goldens_0_34.py, so an edited 0.33 golden cannot stand for 0.34 unnoticed)."""
+def pairs(folder: str, rel: Release = RELEASE) -> list[tuple[str, Path | None, Path | None]]:
+    """(scenario name, 0.33 golden, the release's golden) for every scenario of the
+    corpus folder; the release's golden is the 0.33 file where its same_as_0_33.txt
+    lists it (its hash is checked by test_goldens_0_34.py, so an edited 0.33 golden
+    cannot stand for 0.34 unnoticed)."""
     old_dir = old_dir_of(folder)
-    new_dir = GOLDENS / folder
-    same = same_as_033()
+    new_dir = rel.goldens / folder
+    same = same_as_base(rel)
     out = []
     for scenario in sorted(old_dir.glob("*.json")):
         old = golden_of(old_dir, scenario.stem)
@@ -162,12 +220,37 @@ def pairs(folder: str) -> list[tuple[str, Path | None, Path | None]]:
     return out
 
 
-def compare_dp() -> dict:
+def _trace_stem(path: Path) -> str:
+    name = path.name
+    return name[: name.index(".vllm.jsonl")]
+
+
+def release_pairs(folder: str, rel: Release, against: Release | None
+                  ) -> list[tuple[str, Path | None, Path | None]]:
+    """(scenario name, ``against``'s golden, ``rel``'s golden) for every scenario of the
+    folder; ``against`` None is 0.33 (the corpus's own goldens). A release-only folder
+    (``Release.extra_folders``) takes its names from both releases' traces."""
+    if folder in FOLDERS:
+        new = pairs(folder, rel)
+        if against is None:
+            return new
+        old = {name: trace for name, _base, trace in pairs(folder, against)}
+        return [(name, old.get(name), trace) for name, _base, trace in new]
+    assert against is not None, "a release-only folder has no 0.33 goldens"
+    dirs = (against.goldens / folder, rel.goldens / folder)
+    stems = sorted({_trace_stem(p) for d in dirs if d.is_dir()
+                    for p in d.iterdir() if ".vllm.jsonl" in p.name})
+    return [(stem + ".json", golden_of(dirs[0], stem), golden_of(dirs[1], stem)) for stem in stems]
+
+
+def compare_dp(rel: Release = RELEASE, against: Release | None = None) -> dict:
+    old_label, new_label = (against.version if against else BASE_VERSION), rel.version
+    old_dir = against.goldens / "dp" if against else CONFORMANCE / "dp"
     rows = {}
     for name in DP_FILES:
-        old_path, new_path = CONFORMANCE / "dp" / name, GOLDENS / "dp" / name
+        old_path, new_path = old_dir / name, rel.goldens / "dp" / name
         if not new_path.exists():
-            rows[name] = {"status": "no 0.34 trace"}
+            rows[name] = {"status": f"no {new_label} trace"}
             continue
         old, new = json.loads(old_path.read_text())["cases"], json.loads(new_path.read_text())["cases"]
         differing = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
@@ -176,38 +259,44 @@ def compare_dp() -> dict:
             row["first_difference"] = {
                 "step": None,
                 "field": "case",
-                "0.33": differing[0] if differing else len(old),
-                "0.34": differing[0] if differing else len(new),
+                old_label: differing[0] if differing else len(old),
+                new_label: differing[0] if differing else len(new),
             }
         rows[name] = row
     return rows
 
 
-def compare_all() -> dict:
+def compare_all(rel: Release = RELEASE, against: Release | None = None) -> dict:
+    """Every scenario's row ({"status": "equal" | "differs" | "no X trace", ...}) by
+    folder: ``rel``'s goldens against 0.33's (``against`` None) or another release's;
+    between two releases their common release-only folders too."""
+    labels = (against.version if against else BASE_VERSION, rel.version)
+    old_label, new_label = labels
+    extra = tuple(f for f in rel.extra_folders() if f in against.extra_folders()) if against else ()
     result: dict = {}
-    for folder in FOLDERS:
+    for folder in (*FOLDERS, *extra):
         if folder == "dp":
-            result[folder] = compare_dp()
+            result[folder] = compare_dp(rel, against)
             continue
         rows = {}
-        for name, old, new in pairs(folder):
+        for name, old, new in release_pairs(folder, rel, against):
             if new is None:
-                rows[name] = {"status": "no 0.34 trace"}
+                rows[name] = {"status": f"no {new_label} trace"}
                 continue
             if old is None:
-                rows[name] = {"status": "no 0.33 trace"}
+                rows[name] = {"status": f"no {old_label} trace"}
                 continue
-            diff = first_difference(read_trace(old), read_trace(new))
+            diff = first_difference(read_trace(old), read_trace(new), labels)
             row = {"status": "equal" if diff is None else "differs"}
             if ".stuck" in old.name or ".stuck" in new.name:
-                row["stuck"] = {"0.33": ".stuck" in old.name, "0.34": ".stuck" in new.name}
-                if row["stuck"]["0.33"] != row["stuck"]["0.34"] and diff is None:
+                row["stuck"] = {old_label: ".stuck" in old.name, new_label: ".stuck" in new.name}
+                if row["stuck"][old_label] != row["stuck"][new_label] and diff is None:
                     row["status"] = "differs"
                     diff = {
                         "step": None,
                         "field": "stuck",
-                        "0.33": row["stuck"]["0.33"],
-                        "0.34": row["stuck"]["0.34"],
+                        old_label: row["stuck"][old_label],
+                        new_label: row["stuck"][new_label],
                     }
             if diff is not None:
                 row["first_difference"] = diff
@@ -230,10 +319,27 @@ def summary(result: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--version", default=RELEASE.version,
+                    help=f"the release whose goldens to compare (default {RELEASE.version})")
+    ap.add_argument("--goldens", type=Path,
+                    help="its goldens folder (default goldens_X_Y/ beside the corpus)")
+    ap.add_argument("--against", help=f"compare with this release's goldens instead of {BASE_VERSION}'s")
     ap.add_argument("--details", action="store_true", help="print each difference")
-    ap.add_argument("--write", action="store_true", help=f"rewrite {COMPARISON.relative_to(REPO)}")
+    ap.add_argument("--write", action="store_true",
+                    help="rewrite the release's comparison.json (only against 0.33, what it records)")
     args = ap.parse_args(argv)
-    result = compare_all()
+    try:
+        rel = release(args.version, args.goldens)
+        against = release(args.against) if args.against else None
+    except ValueError as e:
+        ap.error(str(e))
+    for r in (rel, against):
+        if r is not None and not r.goldens.is_dir():
+            ap.error(f"no goldens for {r.version} at {r.goldens}; write them with "
+                     f"vllm_0_34/regenerate.py --version {r.version}")
+    if args.write and against is not None:
+        ap.error("--write records the comparison with 0.33; drop --against")
+    result = compare_all(rel, against)
     for line in summary(result):
         print(line)
     if args.details:
@@ -246,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                         + (f" at step {d['step']} ({d['field']})" if d else "")
                     )
     if args.write:
-        COMPARISON.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        rel.comparison.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     return 0
 
 

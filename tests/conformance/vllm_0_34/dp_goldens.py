@@ -1,7 +1,7 @@
 """The DP goldens (tests/conformance/dp/) from vLLM 0.34.0's own code, into
 goldens_0_34/dp/ (same file names and formats as the 0.33 ones).
 
-    ~/.cache/kvsched-reference/venv-0.34/bin/python tests/conformance/vllm_0_34/dp_goldens.py
+    ~/.cache/kvsched-reference/venv-0.34/bin/python tests/conformance/vllm_0_34/dp_goldens.py [--out DIR]
 
 - router_goldens.json: dp/make_router_goldens.py's cases (its scripted events, its
   unbound calls of DPLBAsyncMPClient.get_core_engine_for_request /
@@ -17,6 +17,7 @@ goldens_0_34/dp/ (same file names and formats as the 0.33 ones).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import oracle
 
 HERE = Path(__file__).resolve().parent
 DP = HERE.parent / "dp"
-OUT = HERE.parent / "goldens_0_34" / "dp"
+# vllm_X_Y/ writes goldens_X_Y/dp/ unless told otherwise (regenerate.py's --goldens).
+OUT = HERE.parent / HERE.name.replace("vllm_", "goldens_", 1) / "dp"
 sys.path.insert(0, str(DP))
 sys.path.insert(0, str(HERE.parent))
 
@@ -114,12 +116,15 @@ def lockstep_run(scenario: dict) -> list[dict]:
     return trace
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT, help=f"where the two files go (default {OUT})")
+    out = ap.parse_args(argv).out
     oracle.check_version()
-    OUT.mkdir(parents=True, exist_ok=True)
-    router.OUT = OUT / "router_goldens.json"
+    out.mkdir(parents=True, exist_ok=True)
+    router.OUT = out / "router_goldens.json"
     router.main()
-    lockstep.OUT = OUT / "lockstep_goldens.json"
+    lockstep.OUT = out / "lockstep_goldens.json"
     lockstep.run = lockstep_run
     lockstep.main()
     return 0
