@@ -56,17 +56,38 @@ class VersionRules:
     # CUDA and ROCm where nothing rules it out, and gpu_memory_utilization
     # then defaults to 1.0. False: the release has no such cache.
     extensible_kv_cache: bool
+    # The offloading connector's CPU manager counts each key toward
+    # store_threshold once per request (0.34); 0.33 counted every offer, so
+    # a request offering a chunk again (no room last batch, or after a
+    # preemption) counted it again.
+    offload_threshold_counts_once_per_request: bool
+    # A finished request offers for storing at most its computed tokens
+    # (0.34); 0.33 offered up to max(prompt, num_tokens - 1) for every finish
+    # but an abort, also one whose prefill never completed.
+    offload_finished_store_capped_at_computed: bool
+    # The offloading worker reports failed transfer jobs (0.34): a failed
+    # asynchronous load puts its request in failed_recving and every later
+    # lookup of that request, also after a preemption, finds nothing; a
+    # failed store drops its chunks. 0.33's worker asserted that every
+    # transfer succeeded, so a failure stopped the engine.
+    offload_transfer_failures: bool
 
 
 RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
     "0.33": VersionRules("0.33", long_prefill_threshold_needs_chunked_prefill=False,
                          multi_connector_roles_from_children=False,
                          ngram_with_async_scheduling=False, default_block_size=16,
-                         default_gpu_memory_utilization=0.92, extensible_kv_cache=False),
+                         default_gpu_memory_utilization=0.92, extensible_kv_cache=False,
+                         offload_threshold_counts_once_per_request=False,
+                         offload_finished_store_capped_at_computed=False,
+                         offload_transfer_failures=False),
     "0.34": VersionRules("0.34", long_prefill_threshold_needs_chunked_prefill=True,
                          multi_connector_roles_from_children=True,
                          ngram_with_async_scheduling=True, default_block_size=64,
-                         default_gpu_memory_utilization=0.92, extensible_kv_cache=True),
+                         default_gpu_memory_utilization=0.92, extensible_kv_cache=True,
+                         offload_threshold_counts_once_per_request=True,
+                         offload_finished_store_capped_at_computed=True,
+                         offload_transfer_failures=True),
 })
 VLLM_VERSIONS = tuple(RULES)
 # The default stays 0.33 until every 0.34 change the simulator reads is

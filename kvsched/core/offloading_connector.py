@@ -1,5 +1,7 @@
-"""vLLM 0.33's OffloadingConnector, scheduler side, with the CPU tier
-(kvsched.core.offloading_manager): KV offloading to CPU memory.
+"""vLLM's OffloadingConnector, scheduler side, with the CPU tier
+(kvsched.core.offloading_manager): KV offloading to CPU memory. 0.33 and
+0.34 (kvsched.vllm_versions: the store threshold counted once per request, a
+finished request's stores capped at its computed tokens, failed transfers).
 
 What it does, rebuilt from vLLM's behaviour (one full-attention KV group):
 
@@ -22,12 +24,18 @@ What it does, rebuilt from vLLM's behaviour (one full-attention KV group):
   stores whose GPU blocks were handed out again this batch, are listed in
   ``jobs_to_flush`` (the worker waits for them before the batch runs).
 - The worker reports completed job ids (vLLM's OffloadingWorkerMetadata)
-  in :class:`OffloadingWorkerMeta`.
+  in :class:`OffloadingWorkerMeta`. From 0.34 on it also reports which of
+  them failed: a failed asynchronous load's request is in failed_recving
+  (the scheduler's load-failure policy applies) and the connector never
+  looks it up again (no hit, also after a preemption); a failed store's
+  chunks are dropped from the CPU cache.
 
 Not rebuilt: several KV groups (sliding window, Mamba, EAGLE drafter
 groups and the partial-tail loads they enable), ``offload_prompt_only``
 off, prefix-cache retention intervals, cache resets, KV events, metrics,
-tiered backends; kvsched's n-gram drafters need none of the EAGLE rules.
+tiered backends; kvsched's n-gram drafters need none of the EAGLE rules,
+and its requests have no prompt logprobs (vLLM 0.34 skips the lookup of a
+request with ``skip_reading_external_kv``).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from kvsched.core.offloading_manager import CPUOffloadingManager, LookupResult, 
 from kvsched.core.output import SchedulerOutput
 from kvsched.errors import UserInputError
 from kvsched.request import Request, RequestStatus
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, rules_for
 
 __all__ = [
     "OffloadJob",
@@ -50,6 +59,7 @@ __all__ = [
     "OffloadingWorker",
     "OffloadingWorkerMeta",
     "completed_jobs",
+    "failed_jobs",
 ]
 
 
@@ -77,15 +87,23 @@ class OffloadingMetadata:
 @dataclass(slots=True)
 class OffloadingWorkerMeta:
     """The job ids the worker completed in the batch: its
-    ``KVConnectorOutput.kv_connector_worker_meta`` (vLLM's), never empty."""
+    ``KVConnectorOutput.kv_connector_worker_meta`` (vLLM's), never empty;
+    ``failed_jobs``: those of them that failed (vLLM 0.34)."""
 
     completed_jobs: set[int]
+    failed_jobs: set[int] = field(default_factory=set)
 
 
 def completed_jobs(output: KVConnectorOutput | None) -> set[int]:
     """The jobs a worker's report says it completed (none if it says nothing)."""
     meta = output.kv_connector_worker_meta if output is not None else None
     return meta.completed_jobs if isinstance(meta, OffloadingWorkerMeta) else set()
+
+
+def failed_jobs(output: KVConnectorOutput | None) -> set[int]:
+    """The completed jobs a worker's report says failed."""
+    meta = output.kv_connector_worker_meta if output is not None else None
+    return meta.failed_jobs if isinstance(meta, OffloadingWorkerMeta) else set()
 
 
 @dataclass(slots=True)
@@ -112,6 +130,8 @@ class _ReqState:
     max_offload_tokens: int | None = None
     jobs: set[int] = field(default_factory=set)
     finished_signaled: bool = False
+    # A load of this request failed (vLLM 0.34): it is never looked up again.
+    load_failed: bool = False
 
 
 def _token_cap(params: Mapping[str, Any] | None, key: str) -> int | None:
@@ -124,12 +144,14 @@ def _token_cap(params: Mapping[str, Any] | None, key: str) -> int | None:
 class OffloadingConnector(KVConnectorBase):
     """The scheduler side. It reads the scheduler's KV cache manager (bound
     with bind_kv_cache_manager): the requests' prefix-cache hashes and which
-    GPU blocks are cached. ``kv_transfer_params``: per request id."""
+    GPU blocks are cached. ``kv_transfer_params``: per request id;
+    ``vllm_version``: the release whose rules apply (SchedulerConfig's)."""
 
     def __init__(self, config: KVTransferConfig, block_size: int, num_cpu_blocks: int,
                  blocks_per_chunk: int = 1, eviction_policy: str = "lru", store_threshold: int = 0,
                  sync_load_budget_tokens: int = 0, enable_prefix_caching: bool = False,
-                 kv_transfer_params: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 kv_transfer_params: Mapping[str, Mapping[str, Any]] | None = None,
+                 vllm_version: str = DEFAULT_VLLM_VERSION) -> None:
         super().__init__(config)
         if blocks_per_chunk < 1:
             raise UserInputError(f"block_size_factor={blocks_per_chunk}: must be >= 1")
@@ -139,7 +161,11 @@ class OffloadingConnector(KVConnectorBase):
         self.blocks_per_chunk = blocks_per_chunk
         self.tokens_per_chunk = block_size * blocks_per_chunk
         self.sync_load_budget = sync_load_budget_tokens
-        self.manager = CPUOffloadingManager(num_cpu_blocks, eviction_policy, store_threshold)
+        rules = rules_for(vllm_version)
+        self.manager = CPUOffloadingManager(num_cpu_blocks, eviction_policy, store_threshold,
+                                            rules.offload_threshold_counts_once_per_request)
+        self.finished_store_capped_at_computed = rules.offload_finished_store_capped_at_computed
+        self.transfer_failures = rules.offload_transfer_failures
         self.params = kv_transfer_params or {}
         self.kv_cache_manager: KVCacheManager | None = None
         self.reqs: dict[str, _ReqState] = {}
@@ -209,7 +235,8 @@ class OffloadingConnector(KVConnectorBase):
             return None, False
         self._update_keys(state)
         state.num_local_tokens = num_computed_tokens
-        hit = self._lookup(state)
+        # A failed load is not retried: nothing the CPU tier holds is offered.
+        hit = 0 if state.load_failed else self._lookup(state)
         sync = self._reserve_sync_load(state, num_computed_tokens, hit)
         return hit, bool(hit) and not sync
 
@@ -363,7 +390,12 @@ class OffloadingConnector(KVConnectorBase):
             if req.status == RequestStatus.FINISHED_ABORTED:
                 after = req.num_computed_tokens
             elif req.is_finished():
+                # The prefix cache's commit point: not the last sampled
+                # token's slot. 0.34 also caps it at the computed tokens (a
+                # request that failed before its prefill completed).
                 after = max(req.num_prompt_tokens, req.num_tokens - 1)
+                if self.finished_store_capped_at_computed:
+                    after = min(after, req.num_computed_tokens)
             else:
                 # vLLM builds the metadata before it counts the batch's
                 # tokens as computed and adds them here; kvsched's scheduler
@@ -448,12 +480,18 @@ class OffloadingConnector(KVConnectorBase):
 
     # -- the worker's reports ---------------------------------------------------
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        failed = failed_jobs(connector_output)
+        if failed and not self.transfer_failures:
+            raise ValueError(f"offloading jobs {sorted(failed)} failed: vLLM 0.33's offloading worker "
+                             "asserts that every transfer succeeds (failures are 0.34's)")
         for job_id in sorted(completed_jobs(connector_output)):
             job = self.jobs.pop(job_id)
             state = self.reqs[job.req_id]
             if job.is_store:
-                self.manager.complete_store(job.keys)
+                self.manager.complete_store(job.keys, success=job_id not in failed)
             else:
+                if job_id in failed:
+                    state.load_failed = True
                 self.manager.complete_load(job.keys)
                 if self.chunks_being_loaded:
                     self.chunks_being_loaded.difference_update(job.keys)
@@ -488,17 +526,24 @@ class OffloadingConnector(KVConnectorBase):
         """The oracle's ``offload`` trace key for a step: the batch's jobs
         as [job, request, first GPU block index, GPU blocks] (loads also
         whether synchronous), the fenced jobs, the jobs the processed output
-        completed, and the CPU slots in use."""
+        completed (``failed``: those that failed, only when some did), and
+        the CPU slots in use."""
         def row(job_id: int, job: OffloadJob) -> list[Any]:
             return [job_id, job.req_id, job.gpu_start, len(job.gpu_block_ids)]
         done = completed_jobs(output)
-        return {
+        fields = {
             "store": [row(j, e) for j, e in sorted(meta.store_jobs.items())] if meta else [],
             "load": [[*row(j, e), e.sync] for j, e in sorted(meta.load_jobs.items())] if meta else [],
             "flush": sorted(meta.jobs_to_flush) if meta else [],
             "done": sorted(done),
             "cpu_chunks": self.manager.num_used_chunks,
         }
+        failed = failed_jobs(output)
+        if failed:
+            # Only where some failed, so that traces without failures keep
+            # the 0.33 format.
+            fields["failed"] = sorted(failed)
+        return fields
 
 
 class OffloadingWorker:
@@ -507,18 +552,41 @@ class OffloadingWorker:
     complete in b + store_steps - 1; flushed jobs complete in b; loads start
     (a synchronous one completes in b, an asynchronous one in b + load_steps
     - 1, its request then in finished_recving). ``capture`` is called once
-    per executed batch, in order (empty batches too)."""
+    per executed batch, in order (empty batches too).
 
-    def __init__(self, load_steps: int = 1, store_steps: int = 1) -> None:
+    Scripted failures (vLLM 0.34's failed jobs): ``load_fail`` per request
+    id, true or a list with one entry per asynchronous load of the request
+    (past its end: no failure); a failed load completes as it would, its
+    request also in failed_recving. Synchronous loads never fail (vLLM's
+    worker raises on one: the engine stops). ``store_fail``: the job ids of
+    stores that fail (ids of other jobs are ignored)."""
+
+    def __init__(self, load_steps: int = 1, store_steps: int = 1,
+                 load_fail: Mapping[str, bool | Sequence[bool]] | None = None,
+                 store_fail: Sequence[int] = ()) -> None:
         if load_steps < 1 or store_steps < 1:
             raise UserInputError(f"load_steps={load_steps}, store_steps={store_steps}: must be >= 1")
         self.load_steps = load_steps
         self.store_steps = store_steps
+        self.load_fail = dict(load_fail or {})
+        self.store_fail = frozenset(store_fail)
         self.batch = -1
         self.unsubmitted: list[int] = []
         self.due_at: dict[int, int] = {}
         self.due: dict[int, set[int]] = {}
         self.async_loads: dict[int, str] = {}
+        # Asynchronous loads started so far per request, and the jobs that fail.
+        self.num_async_loads: dict[str, int] = {}
+        self.failing: set[int] = set()
+
+    def _load_fails(self, req_id: str) -> bool:
+        """Whether the request's next asynchronous load fails (counts it)."""
+        n = self.num_async_loads.get(req_id, 0)
+        self.num_async_loads[req_id] = n + 1
+        script = self.load_fail.get(req_id, False)
+        if isinstance(script, bool):
+            return script
+        return n < len(script) and script[n]
 
     def _due(self, job_id: int, batch: int) -> None:
         """Job ``job_id`` completes in ``batch`` unless it is due earlier."""
@@ -545,13 +613,22 @@ class OffloadingWorker:
             else:
                 self._due(job_id, b + self.load_steps - 1)
                 self.async_loads[job_id] = job.req_id
+                if self._load_fails(job.req_id):
+                    self.failing.add(job_id)
+        self.failing.update(j for j in meta.store_jobs if j in self.store_fail)
         self.unsubmitted = [j for j in meta.store_jobs if j not in flush]
         done = self.due.pop(b, set())
         recv = set()
+        failed_recv = set()
+        failed = done & self.failing
+        self.failing -= failed
         for job_id in done:
             del self.due_at[job_id]
             rid = self.async_loads.pop(job_id, None)
             if rid is not None:
                 recv.add(rid)
-        return KVConnectorOutput(finished_recving=recv,
-                                 kv_connector_worker_meta=OffloadingWorkerMeta(done) if done else None), set()
+                if job_id in failed:
+                    failed_recv.add(rid)
+        meta_out = OffloadingWorkerMeta(done, failed) if done else None
+        return KVConnectorOutput(finished_recving=recv, failed_recving=failed_recv,
+                                 kv_connector_worker_meta=meta_out), failed_recv

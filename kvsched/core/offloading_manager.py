@@ -1,10 +1,11 @@
-"""The CPU tier of KV offloading (vLLM 0.33's CPUOffloadingManager with its
-LRU and ARC cache policies), rebuilt for kvsched.
+"""The CPU tier of KV offloading (vLLM's CPUOffloadingManager with its LRU
+and ARC cache policies, 0.33 and 0.34), rebuilt for kvsched.
 
 The CPU cache holds fixed-size chunks (``blocks_per_chunk`` GPU blocks
 each), keyed by the prefix-cache hash of a chunk's last block. A chunk is
 written by a store job (``prepare_store`` allocates it, not yet readable;
-``complete_store`` makes it readable) and read by load jobs
+``complete_store`` makes it readable, or drops it when the store failed)
+and read by load jobs
 (``prepare_load`` pins it, ``complete_load`` unpins it). Only readable,
 unpinned chunks can be evicted; which one goes is the policy's choice.
 
@@ -76,6 +77,9 @@ class RequestAccess:
     inserted: set[OffloadKey] = field(default_factory=set)
     reused: set[OffloadKey] = field(default_factory=set)
     store_misses: set[OffloadKey] = field(default_factory=set)
+    # Keys this request offered so far, each counted once toward the store
+    # threshold where the manager counts once per request.
+    counted: set[OffloadKey] = field(default_factory=set)
     finished: bool = False
 
 
@@ -114,6 +118,10 @@ class CachePolicy(abc.ABC):
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         return None
+
+    @abc.abstractmethod
+    def remove(self, key: OffloadKey) -> None:
+        """Forget ``key`` (its store failed: the chunk never became readable)."""
 
 
 class LRUPolicy(CachePolicy):
@@ -232,6 +240,12 @@ class LRUPolicy(CachePolicy):
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self.evictable.remove(key)
 
+    def remove(self, key: OffloadKey) -> None:
+        # Its heap entries, if any, go stale: the key is no longer evictable.
+        del self.chunks[key]
+        self.ranks.pop(key, None)
+        self.evictable.discard(key)
+
 
 class ARCPolicy(CachePolicy):
     """Adaptive replacement: T1 holds chunks used once, T2 chunks reused;
@@ -255,6 +269,11 @@ class ARCPolicy(CachePolicy):
         self.t1[key] = chunk
         self.b1.pop(key, None)
         self.b2.pop(key, None)
+
+    def remove(self, key: OffloadKey) -> None:
+        # The ghost lists keep their keys: a failed store evicted nothing.
+        if self.t1.pop(key, None) is None:
+            self.t2.pop(key, None)
 
     def on_store_miss(self, keys: Sequence[OffloadKey], access: RequestAccess) -> None:
         for key in reversed(keys):
@@ -334,9 +353,12 @@ def make_policy(name: str, capacity: int) -> CachePolicy:
 
 class CPUOffloadingManager:
     """``num_chunks`` CPU slots under a cache policy. ``store_threshold``
-    >= 2: a chunk is stored only once it was offered that often."""
+    >= 2: a chunk is stored only once it was offered that often; with
+    ``count_once_per_request`` (vLLM 0.34) each request's offers of a key
+    count once, else (0.33) every offer counts."""
 
-    def __init__(self, num_chunks: int, policy: str = "lru", store_threshold: int = 1) -> None:
+    def __init__(self, num_chunks: int, policy: str = "lru", store_threshold: int = 1,
+                 count_once_per_request: bool = False) -> None:
         if num_chunks < 1:
             raise UserInputError(f"num_cpu_blocks={num_chunks}: must be >= 1")
         self.num_chunks = num_chunks
@@ -347,6 +369,7 @@ class CPUOffloadingManager:
         self.free_list: list[int] = []
         self.num_evictable = 0
         self.counts: OrderedDict[OffloadKey, int] | None = OrderedDict() if store_threshold >= 2 else None
+        self.count_once_per_request = count_once_per_request
 
     @property
     def num_used_chunks(self) -> int:
@@ -363,14 +386,17 @@ class CPUOffloadingManager:
         chunks.extend(CPUChunk(self.free_list.pop()) for _ in range(n - fresh))
         return chunks
 
-    def _count_offers(self, keys: Sequence[OffloadKey]) -> None:
+    def _count_offers(self, keys: Sequence[OffloadKey], counted: set[OffloadKey]) -> None:
+        """One more offer of each of ``keys``; ``counted``: keys whose offers
+        by this request no longer count (they stay tracked)."""
         counts = self.counts
         assert counts is not None
         offered = set()
         for key in keys:
             if key in counts:
                 counts.move_to_end(key)
-                counts[key] += 1
+                if key not in counted:
+                    counts[key] += 1
                 offered.add(key)
         # Full: the oldest not offered now makes room.
         evictable = len(counts) - len(offered)
@@ -432,8 +458,9 @@ class CPUOffloadingManager:
         """Allocate slots for the offered ``keys`` not cached yet (and past
         the store threshold), evicting if needed: the keys to store and
         their slots, or None when too few chunks can be evicted."""
+        counted: set[OffloadKey] = access.counted if self.count_once_per_request else set()
         if self.counts is not None:
-            self._count_offers(keys)
+            self._count_offers(keys, counted)
         to_store = []
         present = []
         for key in keys:
@@ -445,6 +472,8 @@ class CPUOffloadingManager:
         if self.counts is not None:
             counts = self.counts
             to_store = [k for k in to_store if counts.get(k, 0) >= self.store_threshold]
+            if self.count_once_per_request:
+                counted.update(keys)
         misses = [k for k in to_store if k not in access.store_misses]
         if misses:
             self.policy.on_store_miss(misses, access)
@@ -469,13 +498,21 @@ class CPUOffloadingManager:
         access.inserted.update(to_store)
         return to_store, [c.chunk_id for c in chunks]
 
-    def complete_store(self, keys: Iterable[OffloadKey]) -> None:
+    def complete_store(self, keys: Iterable[OffloadKey], success: bool = True) -> None:
+        """The store of ``keys`` is done: its chunks become readable, or, when
+        it failed, are dropped and their slots freed (in ``keys``' order: the
+        last freed is reused first)."""
         for key in keys:
             chunk = self.policy.get(key)
-            if chunk is not None and not chunk.is_ready:
+            if chunk is None or chunk.is_ready:
+                continue
+            if success:
                 chunk.ref_cnt = 0
                 self.num_evictable += 1
                 self.policy.mark_evictable(key)
+            else:
+                self.policy.remove(key)
+                self.free_list.append(chunk.chunk_id)
 
     def on_request_finished(self, access: RequestAccess) -> None:
         if access.finished:

@@ -106,7 +106,7 @@ def _make_child_connector(scenario: Scenario, kvc: Mapping[str, Any],
             kvc.get("eviction_policy", "lru"), kvc.get("store_threshold", 0),
             kvc.get("sync_load_budget_tokens", 0), scenario.cache_config.enable_prefix_caching,
             {r["request_id"]: r["kv_transfer_params"] for r in scenario.requests
-             if r.get("kv_transfer_params") is not None})
+             if r.get("kv_transfer_params") is not None}, scenario.scheduler_config.vllm_version)
     if kvc["type"] == "nixl":
         return NixlConnector(config, block_size, {
             r["request_id"]: params for r in scenario.requests
@@ -178,7 +178,10 @@ def make_worker(scenario: Scenario) -> KVWorker | None:
 
 def _make_child_worker(scenario: Scenario, kvc: Mapping[str, Any]) -> KVWorker:
     if kvc["type"] == "offloading":
-        return OffloadingWorker(kvc.get("load_steps", 1), kvc.get("store_steps", 1))
+        # The scripted failures (vLLM 0.34; the schema refuses them for 0.33).
+        return OffloadingWorker(kvc.get("load_steps", 1), kvc.get("store_steps", 1),
+                                {r["request_id"]: r["offload_load_fail"] for r in scenario.requests
+                                 if "offload_load_fail" in r}, kvc.get("store_fail", ()))
     if kvc["type"] == "nixl":
         return NixlScriptedWorker({r["request_id"]: {k: r[k] for k in NIXL_REQUEST_KEYS if k in r}
                                    for r in scenario.requests})

@@ -42,7 +42,12 @@ from kvsched.core.scripted_connector import (
 from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeys, json_problem, strict_loads
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VERSIONED_SCHEDULER_KNOBS, check_vllm_version
+from kvsched.vllm_versions import (
+    DEFAULT_VLLM_VERSION,
+    VERSIONED_SCHEDULER_KNOBS,
+    check_vllm_version,
+    rules_for,
+)
 
 DEFAULT_TOKEN = 100
 # The oracle's defaults for keys a scenario leaves out.
@@ -91,7 +96,7 @@ CACHE_KEYS = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
 REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos",
                 "eos_token_id", "stop_token_ids", "priority", "arrival_step", "arrival_time",
                 "sampled_token_ids", "accepted_drafts", "proposed_drafts", "lora_id", "rank",
-                "kv_transfer_params", *SCRIPTED_REQUEST_KEYS)
+                "kv_transfer_params", *SCRIPTED_REQUEST_KEYS, "offload_load_fail")
 ABORT_KEYS = ("step", "request_ids")
 SPECULATIVE_KEYS = ("num_speculative_tokens", "method")
 # kv_connector: the oracle's common keys and each connector type's own.
@@ -100,7 +105,8 @@ KV_CONNECTOR_KEYS: dict[str, tuple[str, ...]] = {
     "scripted": (*_KV_COMMON_KEYS, "pending_block_frees"),
     "nixl": _KV_COMMON_KEYS,
     "offloading": (*_KV_COMMON_KEYS, "num_cpu_blocks", "block_size_factor", "load_steps",
-                   "store_steps", "eviction_policy", "store_threshold", "sync_load_budget_tokens"),
+                   "store_steps", "eviction_policy", "store_threshold", "sync_load_budget_tokens",
+                   "store_fail"),
     # vLLM's MultiConnector of the types above (tests/conformance/compare_live_multi.py).
     "multi": (*_KV_COMMON_KEYS, "connectors"),
 }
@@ -372,6 +378,7 @@ def parse_scenario(obj: Any, source: str = "scenario",
         if rid in seen:
             c.fail(f"requests[{i}].request_id", rid, "duplicate id", "request ids must be unique")
         seen.add(rid)
+    _check_offload_failures(c, kv_connector, requests, vllm_version)
 
     aborts: dict[int, list[str]] = {}
     raw_aborts = top.get("aborts", [])
@@ -479,6 +486,52 @@ def _check_offloading(c: _Checker, kvc: Mapping[str, Any], where: str = "kv_conn
     if policy not in EVICTION_POLICIES:
         c.fail(f"{where}.eviction_policy", policy, "unknown policy",
                f"use one of {', '.join(EVICTION_POLICIES)}")
+
+
+def offloading_of(kvc: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A checked ``kv_connector``'s offloading connector: itself, or a
+    MultiConnector's offloading child (None: neither)."""
+    if kvc is None:
+        return None
+    if kvc["type"] == "offloading":
+        return kvc
+    return _multi_child(kvc, "offloading") if kvc["type"] == "multi" else None
+
+
+def _check_offload_failures(c: _Checker, kvc: Mapping[str, Any] | None, requests: list[Any],
+                            vllm_version: str) -> None:
+    """The offloading worker's scripted failures (vLLM 0.34's failed jobs):
+    the connector's ``store_fail`` (store job ids) and the requests'
+    ``offload_load_fail`` (true, or one entry per asynchronous load)."""
+    offload = offloading_of(kvc)
+    where = "kv_connector"
+    if kvc is not None and offload is not None and offload is not kvc:
+        where += f".connectors[{[ch['type'] for ch in kvc['connectors']].index('offloading')}]"
+    used: list[tuple[str, object]] = []
+    if offload is not None and "store_fail" in offload:
+        ids = offload["store_fail"]
+        if type(ids) is not list or any(type(j) is not int or not 0 <= j < INT32_LIMIT for j in ids):
+            c.fail(f"{where}.store_fail", ids, "must be a list of job ids (integers >= 0)",
+                   "give the ids of the store jobs that fail, e.g. [0, 3] (the trace's offload.store)")
+        used.append((f"{where}.store_fail", ids))
+    for i, r in enumerate(requests):
+        if "offload_load_fail" not in r:
+            continue
+        path = f"requests[{i}].offload_load_fail"
+        value = r["offload_load_fail"]
+        if offload is None:
+            c.fail(path, value, "needs the offloading connector (alone or in a MultiConnector)",
+                   "remove the key, or add \"kv_connector\": {\"type\": \"offloading\", ...}")
+        if type(value) is not bool and (type(value) is not list
+                                        or any(type(v) is not bool for v in value)):
+            c.fail(path, value, "must be true or false, or a list of them (one per asynchronous load)",
+                   "give true for a failed load")
+        used.append((path, value))
+    if used and not rules_for(vllm_version).offload_transfer_failures:
+        path, value = used[0]
+        c.fail(path, value, f"vLLM {vllm_version}'s offloading worker asserts that every transfer "
+               "succeeds (failed jobs are vLLM 0.34's)",
+               "replay the scenario as vLLM 0.34, or remove the key")
 
 
 def _check_kv_request(c: _Checker, r: Mapping[str, Any], where: str, kind: str | None) -> None:

@@ -180,7 +180,8 @@ class DisaggregatedSimulator:
                 # vLLM's MultiConnector of NIXL and offloading, in the configured order.
                 stats = OffloadStats()
                 offload = SimOffloadingConnector(sim.offload, block_size,
-                                                 sim.cache_config.enable_prefix_caching, stats)
+                                                 sim.cache_config.enable_prefix_caching, stats,
+                                                 sim.scheduler_config.vllm_version)
                 offload_worker = OffloadTimedWorker(sim.offload, stats,
                                                     sim.scheduler_config.async_scheduling)
                 first = layout.offload_first

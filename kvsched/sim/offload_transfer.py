@@ -72,6 +72,7 @@ from kvsched.jsonfile import show
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.models import ModelSpec
 from kvsched.request import Request
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION
 
 __all__ = [
     "CPU_PAGE_BYTES",
@@ -282,12 +283,13 @@ class OffloadStats:
 class SimOffloadingConnector(OffloadingConnector):
     """The core's OffloadingConnector, counting the tokens each admission
     loads from CPU memory (vLLM's external prefix-cache hits) into
-    ``stats``: the CPU tier's share of the prefix-cache hit rate."""
+    ``stats``: the CPU tier's share of the prefix-cache hit rate.
+    ``vllm_version``: the release whose rules apply (SchedulerConfig's)."""
 
     def __init__(self, config: OffloadConfig, block_size: int, enable_prefix_caching: bool,
-                 stats: OffloadStats) -> None:
+                 stats: OffloadStats, vllm_version: str = DEFAULT_VLLM_VERSION) -> None:
         super().__init__(config.transfer_config(), block_size, config.num_cpu_blocks,
-                         enable_prefix_caching=enable_prefix_caching)
+                         enable_prefix_caching=enable_prefix_caching, vllm_version=vllm_version)
         self.stats = stats
 
     def update_state_after_alloc(self, request: Request, block_ids: list[int],

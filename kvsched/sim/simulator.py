@@ -85,7 +85,8 @@ class SimConfig:
         if self.offload is not None:
             stats = OffloadStats()
             cc = self.cache_config
-            connector = SimOffloadingConnector(self.offload, cc.block_size, cc.enable_prefix_caching, stats)
+            connector = SimOffloadingConnector(self.offload, cc.block_size, cc.enable_prefix_caching, stats,
+                                               self.scheduler_config.vllm_version)
             worker = OffloadTimedWorker(self.offload, stats, self.scheduler_config.async_scheduling)
         rank = Rank(self.scheduler_config, self.cache_config, workload_name=workload.name,
                     eos_probability=self.eos_probability,

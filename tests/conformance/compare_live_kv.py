@@ -111,8 +111,10 @@ def write_scenarios(folder: Path, prefix: str, seeds: list[int],
 
 
 def crashed(paths: list[Path]) -> list[str]:
-    """The scenarios on which vLLM failed an assertion (nothing to compare)."""
-    return [p.name for p in paths if p.with_suffix(".vllm.crash").exists()]
+    """The scenarios on which vLLM failed an assertion (nothing to compare):
+    NAME.vllm.crash from the 0.33 loop, NAME.vllm.jsonl.crash from 0.34's oracle."""
+    return [p.name for p in paths
+            if p.with_suffix(".vllm.crash").exists() or p.with_suffix(".vllm.jsonl.crash").exists()]
 
 
 @dataclasses.dataclass
@@ -133,15 +135,16 @@ class LiveOutcome:
 
 
 def compare_live(folder: Path, paths: list[Path], oracle: Callable[[Path, int], bool],
-                 hash_seeds: Iterable[int]) -> LiveOutcome | None:
+                 hash_seeds: Iterable[int], vllm_version: str = DEFAULT_VLLM_VERSION) -> LiveOutcome | None:
     """Compare every scenario of ``paths`` (their vLLM traces written beside
     them by ``oracle(folder, 0)``) with kvsched's replay; rerun those that
     differ through ``oracle`` under each of ``hash_seeds`` in turn (vLLM
     frees the requests of one output in set order, which follows Python's
     string hash: with prefix caching or a CPU cache the order decides which
     blocks go first; kvsched frees them in sorted order), counting apart
-    those some seed reproduces. Prints each crash and difference; None if
-    the oracle failed."""
+    those some seed reproduces. kvsched replays them as ``vllm_version``
+    (the oracle's release). Prints each crash and difference; None if the
+    oracle failed."""
     outcome = LiveOutcome({"finished": 0, "stuck": 0}, [], {}, {}, crashed(paths))
     for name in outcome.crashes:
         print(f"{name}: vLLM failed an assertion (not compared)")
@@ -149,7 +152,7 @@ def compare_live(folder: Path, paths: list[Path], oracle: Callable[[Path, int], 
     for path in paths:
         if path.name in outcome.crashes:
             continue
-        kind, diff = compare(path)
+        kind, diff = compare(path, vllm_version)
         if diff is None:
             outcome.counts[kind] += 1
             outcome.identical.append(path)
@@ -166,7 +169,7 @@ def compare_live(folder: Path, paths: list[Path], oracle: Callable[[Path, int], 
         if not oracle(again, hash_seed):
             return None
         for path, copy in copies.items():
-            if compare(copy)[1] is None:
+            if compare(copy, vllm_version)[1] is None:
                 outcome.by_seed[path] = hash_seed
                 del pending[path]
     outcome.different = pending

@@ -4,6 +4,7 @@ kv_connector_multi/.
 
     nice -n 19 python tests/conformance/compare_live_multi.py --seeds 1000-1099
     python tests/conformance/compare_live_multi.py --write-corpus   # rewrite kv_connector_multi/
+    nice -n 19 python tests/conformance/compare_live_multi.py --vllm-version 0.34 --seeds 96000-96499
 
 Each scenario is compare_live_nixl.py's for the seed (one side of a P/D
 pair: decode, prefill or mixed; small caches that preempt, prefix caching
@@ -24,6 +25,12 @@ process); a scenario that differs is rerun under PYTHONHASHSEED 1..N-1 and
 one that some seed reproduces is counted apart. Needs the reference
 environment (``bash ../shared/reference/setup.sh``); prints the counts,
 exits 1 on any difference.
+
+``--vllm-version 0.34``: the 0.34 oracle (vllm_0_34/oracle.py) has the
+MultiConnector key natively; kvsched replays as 0.34 (the MultiConnector's
+roles from its children), and the offloading child gets 0.34's scripted
+failures and store threshold as compare_live_offload.py gives them
+(``add_034_offload_keys``).
 """
 
 from __future__ import annotations
@@ -41,12 +48,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from compare_live_kv import compare_live  # noqa: E402
+from compare_live_kv import compare_live, run_oracle  # noqa: E402
 from compare_live_nixl import random_nixl_scenario  # noqa: E402
-from compare_live_offload import offload_connector, share_prompt_prefixes  # noqa: E402
+from compare_live_offload import add_034_offload_keys, offload_connector, share_prompt_prefixes  # noqa: E402
 from random_kv_connector import gzip_trace  # noqa: E402
 from random_scenarios import format_scenario, parse_seeds  # noqa: E402
-from regenerate import ReferenceMissing, reference_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
+
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS, rules_for  # noqa: E402
 
 CORPUS = HERE / "kv_connector_multi"
 FILE_PREFIX = "multi_random_"
@@ -56,7 +65,7 @@ MULTI_CORPUS_SEEDS = "0-29"
 ORACLE = HERE / "multi_oracle.py"
 
 
-def random_multi_scenario(seed: int) -> dict[str, Any]:
+def random_multi_scenario(seed: int, vllm_version: str = DEFAULT_VLLM_VERSION) -> dict[str, Any]:
     scenario = random_nixl_scenario(seed)
     rng = random.Random(seed * 15485863 + 11)
     nixl = dict(scenario["kv_connector"])
@@ -67,15 +76,18 @@ def random_multi_scenario(seed: int) -> dict[str, Any]:
     scenario["kv_connector"] = {"type": "multi", "kv_role": rng.choice([nixl["kv_role"], "kv_both"]),
                                 "load_failure_policy": policy, "connectors": children}
     share_prompt_prefixes(rng, scenario["requests"], block_size)
+    if rules_for(vllm_version).offload_transfer_failures:
+        add_034_offload_keys(seed, scenario, offload)
     return scenario
 
 
-def write_multi_scenarios(folder: Path, seeds: list[int]) -> list[Path]:
+def write_multi_scenarios(folder: Path, seeds: list[int],
+                          vllm_version: str = DEFAULT_VLLM_VERSION) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed in seeds:
         path = folder / f"{FILE_PREFIX}{seed}.json"
-        path.write_text(format_scenario(random_multi_scenario(seed)))
+        path.write_text(format_scenario(random_multi_scenario(seed, vllm_version)))
         paths.append(path)
     return paths
 
@@ -102,19 +114,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="write the scenarios and vLLM's traces to this folder")
     ap.add_argument("--hash-seeds", type=int, default=12,
                     help="PYTHONHASHSEED values (0..N-1) to rerun vLLM with on a difference")
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+                    help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
+                         "environment)")
     args = ap.parse_args(argv)
+    version = args.vllm_version
+    if args.write_corpus and version != DEFAULT_VLLM_VERSION:
+        print("--write-corpus rewrites the 0.33 corpus; for 0.34 run vllm_0_34/regenerate.py",
+              file=sys.stderr)
+        return 2
     try:
-        reference_paths()
+        reference_034_paths() if version == "0.34" else reference_paths()
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
+
+    def oracle(folder: Path, hash_seed: int) -> bool:
+        if version == "0.34":
+            return run_oracle(folder, hash_seed, version)
+        return run_multi_oracle(folder, hash_seed)
+
     seeds = parse_seeds(MULTI_CORPUS_SEEDS if args.write_corpus else args.seeds)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = args.keep or Path(tmp_dir)
-        paths = write_multi_scenarios(tmp, seeds)
-        if not run_multi_oracle(tmp):
+        paths = write_multi_scenarios(tmp, seeds, version)
+        if not oracle(tmp, 0):
             return 2
-        outcome = compare_live(tmp, paths, run_multi_oracle, range(1, args.hash_seeds))
+        outcome = compare_live(tmp, paths, oracle, range(1, args.hash_seeds), version)
         if outcome is None:
             return 2
         if args.write_corpus:

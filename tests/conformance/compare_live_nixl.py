@@ -2,6 +2,7 @@
 and kvsched, compared live.
 
     nice -n 19 python tests/conformance/compare_live_nixl.py --seeds 0-199
+    nice -n 19 python tests/conformance/compare_live_nixl.py --vllm-version 0.34 --seeds 96000-96499
 
 Each scenario is random_scenarios.py's scenario for the seed (small caches
 that preempt, chunked prefill, priorities, aborts) with vLLM's NixlConnector
@@ -25,6 +26,13 @@ them in sorted order. A scenario that differs is rerun through vLLM under
 ``PYTHONHASHSEED`` 0..N-1 (``--hash-seeds``); one that some seed reproduces
 is counted apart. Needs the reference environment (``bash ../shared/reference/setup.sh``);
 prints the counts, exits 1 on any difference.
+
+``--vllm-version 0.34`` runs the same scenarios through the 0.34 oracle
+(vllm_0_34/oracle.py) and replays them as 0.34. 0.34's NIXL changes need
+nothing new here: its P-side prompt truncation (now also of the block
+hashes) happens only with a prefill backoff (Mamba, or a drafter reading
+hidden states), and its skip check reads ``skip_reading_external_kv``
+(prompt logprobs); scenarios have neither (docs/vllm_versions.md, §25).
 """
 
 from __future__ import annotations
@@ -42,7 +50,9 @@ if str(HERE) not in sys.path:
 from compare_live_kv import compare_live, run_oracle, write_scenarios  # noqa: E402
 from random_kv_connector import MAX_STEPS  # noqa: E402
 from random_scenarios import parse_seeds, random_scenario  # noqa: E402
-from regenerate import ReferenceMissing, reference_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
+
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS  # noqa: E402
 
 
 def _decode_request(rng: random.Random, r: dict[str, Any]) -> None:
@@ -115,19 +125,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", help="write the scenarios and vLLM's traces to this folder")
     ap.add_argument("--hash-seeds", type=int, default=8,
                     help="PYTHONHASHSEED values (0..N-1) to rerun vLLM with on a difference")
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+                    help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
+                         "environment)")
     args = ap.parse_args(argv)
+    version = args.vllm_version
     try:
-        reference_paths()
+        reference_034_paths() if version == "0.34" else reference_paths()
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
+
+    def oracle(folder: Path, hash_seed: int) -> bool:
+        return run_oracle(folder, hash_seed, version)
+
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(args.keep) if args.keep else Path(tmp_dir)
         tmp.mkdir(parents=True, exist_ok=True)
         paths = write_scenarios(tmp, "nixl_random", parse_seeds(args.seeds), random_nixl_scenario)
-        if not run_oracle(tmp):
+        if not oracle(tmp, 0):
             return 2
-        outcome = compare_live(tmp, paths, run_oracle, range(args.hash_seeds))
+        outcome = compare_live(tmp, paths, oracle, range(args.hash_seeds), version)
         if outcome is None:
             return 2
     print(outcome.summary())

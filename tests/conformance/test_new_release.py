@@ -157,7 +157,8 @@ def test_the_034_plan_is_what_regenerate_always_replayed() -> None:
     plan = regen.make_plan("0.34")
     assert plan.release.goldens == cv.CONFORMANCE / "goldens_0_34"
     assert plan.drivers == cv.CONFORMANCE / "vllm_0_34"
-    assert plan.folders == (*(f for f in cv.FOLDERS if f != "dp"), "admission_random", "probes", "rules_0_34", "dp")
+    assert plan.folders == (*(f for f in cv.FOLDERS if f != "dp"), "admission_random", "probes",
+                            "rules_0_34", "dp")
     assert regen.needs_engine_loop(plan.sources["pp"])
     assert regen.needs_engine_loop(plan.sources["rules_0_34"])
     assert not regen.needs_engine_loop(plan.sources["random_features"])

@@ -242,3 +242,49 @@ def test_lru_heap_evicts_as_the_sort(capacity: int, ops: list[tuple[str, int, li
         assert [heap_m.lookup(k) for k in range(12)] == [sort_m.lookup(k) for k in range(12)]
     assert heap_m.policy.ranks == sort_m.policy.ranks  # type: ignore[attr-defined]
     assert heap_m.num_used_chunks == sort_m.num_used_chunks
+
+
+@pytest.mark.parametrize("once, stored_on_second_offer", [(False, True), (True, False)])
+def test_store_threshold_counts_a_request_once_from_034(once: bool, stored_on_second_offer: bool) -> None:
+    # Threshold 2. vLLM 0.33 counts every offer, so one request offering key 7
+    # twice (no room the first time, or after a preemption) stores it; 0.34
+    # counts each request once: the second offer of the same request does not.
+    m = CPUOffloadingManager(4, "lru", store_threshold=2, count_once_per_request=once)
+    a = access(7)
+    assert m.prepare_store([7], a) == ([], [])
+    assert m.prepare_store([7], a) == (([7], [0]) if stored_on_second_offer else ([], []))
+    if not stored_on_second_offer:
+        # Another request's offer is a second use: count 2, stored.
+        assert m.prepare_store([7], access(7)) == ([7], [0])
+    assert m.lookup(7) is PENDING
+
+
+def test_failed_store_drops_its_chunks_and_frees_their_slots() -> None:
+    m = CPUOffloadingManager(2, "lru")
+    a = access(1, 2)
+    assert m.prepare_store([1, 2], a) == ([1, 2], [0, 1])
+    m.complete_store([1, 2], success=False)
+    # Gone, not readable, slots free (freed in key order: slot 1 is reused first).
+    assert [m.lookup(k) for k in (1, 2)] == [MISS, MISS]
+    assert m.num_used_chunks == 0
+    assert m.prepare_store([3], access(3)) == ([3], [1])
+    # A chunk already readable is not touched by a failed report.
+    m.complete_store([3])
+    m.complete_store([3], success=False)
+    assert m.lookup(3) is HIT
+    # The request that offered the dropped keys finishes without them.
+    m.on_request_finished(a)
+    assert m.prepare_store([4], access(4)) == ([4], [0])
+
+
+def test_arc_failed_store_leaves_the_ghost_lists() -> None:
+    m = CPUOffloadingManager(1, "arc")
+    policy = m.policy
+    assert isinstance(policy, ARCPolicy)
+    stored(m, [1], access(1))
+    # Storing key 2 evicts key 1 from T1 into ghost list B1.
+    assert m.prepare_store([2], access(2)) == ([2], [0])
+    assert list(policy.b1) == [1] and list(policy.t1) == [2]
+    m.complete_store([2], success=False)
+    assert list(policy.t1) == [] and list(policy.b1) == [1]
+    assert m.num_used_chunks == 0

@@ -13,7 +13,14 @@ batch carries.
 0.34 additions: the scripted connector answers `may_load_async` (new in 0.34's
 KVConnectorBase_V1, read when a request enters the waiting queues with
 `max_num_inflight_kv_loads` set) from the request's script: true when any of its
-scripted loads is asynchronous.
+scripted loads is asynchronous. The fake offloading worker scripts failed transfer
+jobs, which 0.34's OffloadingConnectorWorker reports (`OffloadingWorkerMetadata.
+failed_jobs`; a failed asynchronous load also in `failed_recving`, from
+`take_failed_recving`): a request's `offload_load_fail` (true, or a list with one
+entry per asynchronous offloading load of the request) and the offloading
+connector's `store_fail` (the job ids of store jobs that fail). A synchronous load
+never fails here (0.34's worker raises on one: the engine stops). The `offload` trace
+key gets `failed` (the failed job ids) in a step whose completed jobs include some.
 """
 
 from __future__ import annotations
@@ -237,6 +244,7 @@ def kv_transfer_config(scenario: dict) -> KVTransferConfig | None:
                 "eviction_policy",
                 "store_threshold",
                 "sync_load_budget_tokens",
+                "store_fail",
             },
             "kv_connector",
         )
@@ -307,6 +315,7 @@ class _Reports:
         self.failed: set[str] = set()
         self.invalid: set[int] = set()
         self.jobs: set[int] = set()
+        self.failed_jobs: set[int] = set()
         self.load_failed: set[str] = set()
 
 
@@ -385,16 +394,35 @@ class OffloadingWorker(FakeWorker):
     """OffloadingConnectorWorker's timing: a batch's stores are submitted in the next
     batch and complete `store_steps` batches later; a flushed job completes in the
     batch that flushes it; a sync load completes in its batch, an async one after
-    `load_steps` batches (its request then in finished_recving)."""
+    `load_steps` batches (its request then in finished_recving). A job scripted to
+    fail completes at the same time as failed (`failed_jobs`; an async load's request
+    also in failed_recving)."""
 
-    def __init__(self, specs, load_steps: int, store_steps: int):
+    def __init__(self, specs, load_steps: int, store_steps: int, store_fail=()):
         super().__init__(specs)
         if load_steps < 1 or store_steps < 1:
             raise ValueError("kv_connector load_steps / store_steps must be >= 1")
+        if not isinstance(store_fail, list) or any(
+            isinstance(j, bool) or not isinstance(j, int) or j < 0 for j in store_fail
+        ):
+            raise ValueError("kv_connector store_fail: a list of job ids >= 0")
         self.load_steps, self.store_steps = load_steps, store_steps
+        self.store_fail = set(store_fail)
         self.deferred_stores: list[int] = []
         self.job_due: dict[int, int] = {}
         self.load_owner: dict[int, str] = {}
+        self.async_loads_started: dict[str, int] = {}
+        self.failing: set[int] = set()
+
+    def _async_load_fails(self, rid: str) -> bool:
+        n = self.async_loads_started.get(rid, 0)
+        self.async_loads_started[rid] = n + 1
+        script = self.specs.get(rid, {}).get("offload_load_fail", False)
+        if isinstance(script, bool):
+            return script
+        if not isinstance(script, list) or any(not isinstance(v, bool) for v in script):
+            raise ValueError(f"request {rid}: offload_load_fail: true/false or a list of them")
+        return n < len(script) and script[n]
 
     def _due_at(self, job: int, batch: int) -> None:
         old = self.job_due.get(job)
@@ -419,21 +447,33 @@ class OffloadingWorker(FakeWorker):
             else:
                 self._due_at(job, b + self.load_steps - 1)
                 self.load_owner[job] = entry.req_id
+                if self._async_load_fails(entry.req_id):
+                    self.failing.add(job)
+        self.failing.update(j for j in meta.store_jobs if j in self.store_fail)
         self.deferred_stores = [j for j in meta.store_jobs if j not in flush]
         rep = self.due.get(b)
         if rep is not None:
             for job in rep.jobs:
                 del self.job_due[job]
+                failed = job in self.failing
+                self.failing.discard(job)
+                if failed:
+                    rep.failed_jobs.add(job)
                 owner = self.load_owner.pop(job, None)
                 if owner is not None:
                     rep.recv.add(owner)
+                    if failed:
+                        rep.failed.add(owner)
+                        rep.load_failed.add(owner)
 
     def worker_meta(self, rep: _Reports):
         if not rep.jobs:
             return None
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 
-        return OffloadingWorkerMetadata(completed_jobs={j: 1 for j in sorted(rep.jobs)})
+        return OffloadingWorkerMetadata(
+            completed_jobs={j: 1 for j in sorted(rep.jobs)}, failed_jobs=set(rep.failed_jobs)
+        )
 
 
 class MultiWorker:
@@ -497,7 +537,9 @@ def make_kv_worker(scenario: dict) -> FakeWorker | MultiWorker | None:
         return ScriptedWorker(specs)
     if conf["type"] == "nixl":
         return NixlWorker(specs)
-    return OffloadingWorker(specs, int(conf.get("load_steps", 1)), int(conf.get("store_steps", 1)))
+    return OffloadingWorker(
+        specs, int(conf.get("load_steps", 1)), int(conf.get("store_steps", 1)), conf.get("store_fail", [])
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -580,6 +622,8 @@ class KVObserver:
                 "done": sorted(wm.completed_jobs) if wm is not None else [],
                 "cpu_chunks": manager._num_allocated_chunks - len(manager._free_list),
             }
+            if wm is not None and wm.failed_jobs:
+                line["offload"]["failed"] = sorted(wm.failed_jobs)
         return line
 
 
