@@ -154,7 +154,10 @@ def engine_options(matrix: Matrix, config: rm.ServerConfig, server: dict[str, An
         block_size=BLOCK_SIZE,
         num_gpu_blocks_override=int(flag_value(flags, "--num-gpu-blocks-override")
                                     or kv_tokens // BLOCK_SIZE),
-        async_scheduling=False)  # vLLM's CPU platform turns async scheduling off
+        async_scheduling=False,  # vLLM's CPU platform turns async scheduling off
+        # The real server is vLLM 0.32 (CPU build): its scheduler is the one
+        # kvsched models as 0.33, not the newest release kvsched defaults to.
+        vllm_version="0.33")
     if pricing.startswith("roofline"):
         cal_path = matrix.calibration("roofline")
         return EngineOptions(**common, hardware=str(HARDWARE), step_time_backend="roofline",
