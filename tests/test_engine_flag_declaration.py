@@ -32,6 +32,7 @@ from kvsched.sim.serve_line import SERVE, vllm_flags
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec
 from kvsched.sim.workload import BenchDatasetOptions
 from kvsched.tune.space import Candidate, SearchSpace
+from kvsched.vllm_versions import VLLM_VERSIONS
 
 # vLLM's engine-argument defaults, and 0.34's for its admission knobs,
 # written out by hand (None: vLLM fills one for the release, usage context
@@ -277,6 +278,7 @@ def test_profile_passes_its_serve_flags_on_as_vllm_spells_them() -> None:
     # -q is simulate's short --quantization, not one profile takes.
     with pytest.raises(SystemExit):
         parser.parse_args([*base, "-q", "fp8"])
-    # Every flag profile passes on is one of vllm serve's own.
-    spellings = vllm_flags().lookup(SERVE)
-    assert all(p.flag in spellings and spellings[p.flag][0].dest == p.name for p in PROFILE_FLAGS)
+    # Every flag profile passes on is one of vllm serve's own, in each release.
+    for release in VLLM_VERSIONS:
+        spellings = vllm_flags(release).lookup(SERVE)
+        assert all(p.flag in spellings and spellings[p.flag][0].dest == p.name for p in PROFILE_FLAGS)

@@ -309,7 +309,8 @@ def run_tune(args: argparse.Namespace) -> int:
     # Those vllm serve takes go on its line too (the others are kvsched's);
     # those whose default is the release's are each candidate's
     # (Problem.vllm_serve: release_serve_words).
-    serve_flags = [word for k, v in engine.items() if k in serve_dests() and k not in RELEASE_DEFAULTED
+    serve_flags = [word for k, v in engine.items()
+                   if k in serve_dests(args.vllm_version) and k not in RELEASE_DEFAULTED
                    for word in vllm_words(k, v)]
     base_spec = RunSpec(DeploymentSpec((InstanceGroup(EngineOptions(model=args.model, **engine)),)),
                         workload_spec)

@@ -274,7 +274,8 @@ def with_pasted(args: argparse.Namespace) -> tuple[argparse.Namespace, Pasted]:
                 setattr(out, dest, getattr(unset, dest))
         return out, Pasted()
     parser = simulate_flag_parser()
-    pasted = paste(serve, bench, KvschedFlags(parser))
+    # The lines are read as the simulated release's vllm serve reads them.
+    pasted = paste(serve, bench, KvschedFlags(parser), args.vllm_version)
     if pasted.has_serve and out.hardware is None:
         raise UserInputError("--serve: a vllm serve line names no GPU; give kvsched's --hardware too "
                              f"(e.g. --hardware {unset.hardware}; ids: h100-sxm, h200, a100-80gb, "

@@ -3,11 +3,13 @@
 ``kvsched simulate --serve "vllm serve MODEL ..." --bench "vllm bench serve
 ..."`` takes both lines as a user runs them. Each line is split as a shell
 would (quotes, ``\\`` line continuations, ``NAME=value`` environment
-prefixes) and read against vLLM's own flag list
-(``data/vllm_flags.json``, written from vLLM's parsers by
-``benchmarks/real_vllm/list_vllm_flags.py``), so a flag takes a value
-exactly when vLLM's does. :func:`classify` then sorts every vLLM flag, by
-the one table here, into:
+prefixes) and read against the flag list of the vLLM release simulated
+(``--vllm-version``: ``data/vllm_flags_<release>.json``, written from that
+release's parsers by ``benchmarks/real_vllm/list_vllm_flags.py``), so a
+flag takes a value exactly when that release's does, and a flag the release
+does not have is refused as its ``vllm serve`` refuses it, naming the
+releases that have it. :func:`classify` then sorts every flag of every
+release, by the one table here, into:
 
 - ``used``: it becomes the kvsched flag of the same name (vLLM's engine
   arguments and ``vllm bench serve``'s workload arguments are kvsched's
@@ -45,8 +47,16 @@ from kvsched.errors import UserInputError
 from kvsched.jsonfile import strict_loads
 from kvsched.perf.hardware import Hardware
 from kvsched.sim.deployment import EngineOptions, resolve_cache
+from kvsched.vllm_versions import VLLM_VERSIONS, check_vllm_version
 
-FLAGS_FILE = Path(__file__).resolve().parent / "data" / "vllm_flags.json"
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def flags_file(release: str) -> Path:
+    """The flag list of a modelled release (``release``: major.minor, as
+    --vllm-version names it)."""
+    return DATA / f"vllm_flags_{release}.json"
+
 
 SERVE, BENCH = "serve", "bench"
 # How each line names itself in messages (the kvsched flag it came in).
@@ -70,8 +80,11 @@ class VllmFlag:
 
 @dataclass(frozen=True, slots=True)
 class VllmFlags:
-    """vLLM's flags for both commands, as ``data/vllm_flags.json`` lists them."""
+    """One release's flags for both commands, as its
+    ``data/vllm_flags_<release>.json`` lists them: ``release`` as kvsched
+    names it (major.minor), ``version`` the vLLM the list was written from."""
 
+    release: str
     version: str
     serve_default_model: str
     serve: tuple[VllmFlag, ...]
@@ -91,24 +104,59 @@ class VllmFlags:
 
 
 @functools.cache
-def vllm_flags() -> VllmFlags:
-    """The committed flag list (read once; it is part of the package)."""
-    data = json.loads(FLAGS_FILE.read_text(encoding="utf-8"))
+def vllm_flags(release: str) -> VllmFlags:
+    """The committed flag list of ``release`` (read once; it is part of the
+    package)."""
+    check_vllm_version(release, flag="--vllm-version")
+    data = json.loads(flags_file(release).read_text(encoding="utf-8"))
+    if not str(data["vllm_version"]).startswith(release + "."):
+        raise AssertionError(f"{flags_file(release)} was written from vLLM {data['vllm_version']}, "
+                             f"not {release}")
 
     def read(part: dict[str, list[dict[str, object]]]) -> tuple[VllmFlag, ...]:
         return tuple(VllmFlag(tuple(f["options"]), tuple(f["negations"]), str(f["dest"]),  # type: ignore[arg-type]
                               str(f["arity"])) for f in part["flags"])
 
-    return VllmFlags(data["vllm_version"], data["serve_default_model"], read(data["serve"]),
+    return VllmFlags(release, data["vllm_version"], data["serve_default_model"], read(data["serve"]),
                      read(data["bench"]))
 
 
+def every_release() -> dict[str, VllmFlags]:
+    """Each modelled release's flag list, oldest first."""
+    return {release: vllm_flags(release) for release in VLLM_VERSIONS}
+
+
 @functools.cache
-def serve_dests() -> frozenset[str]:
-    """The engine arguments a ``vllm serve`` line can carry (the dests of
-    vLLM's serve flags): which of kvsched's settings a written serve line
-    spells out, the others being kvsched's own."""
-    return frozenset(f.dest for f in vllm_flags().serve)
+def serve_dests(release: str) -> frozenset[str]:
+    """The engine arguments ``release``'s ``vllm serve`` line can carry (the
+    dests of its serve flags): which of kvsched's settings a written serve
+    line spells out, the others being kvsched's own."""
+    return frozenset(f.dest for f in vllm_flags(release).serve)
+
+
+@functools.cache
+def serve_dests_of_every_release() -> frozenset[str]:
+    """The engine arguments every modelled release's ``vllm serve`` takes
+    (a tuner candidate's line, written before a release is chosen)."""
+    return frozenset.intersection(*(serve_dests(release) for release in VLLM_VERSIONS))
+
+
+def missing_from_release(command: str, spelling: str, release: str,
+                         releases: Mapping[str, VllmFlags]) -> str | None:
+    """Why ``release`` refuses ``spelling`` though another release of
+    ``releases`` takes it, with the fix; None when no other release takes it
+    either (a flag vLLM never had: the caller's did-you-mean), or when
+    ``release`` takes it."""
+    having = [r for r, flags in releases.items() if spelling in flags.lookup(command)]
+    if not having or release in having:
+        return None
+    order = list(releases)
+    newer = [r for r in having if order.index(r) > order.index(release)]
+    # A newer release added it; an older one had it and a later one dropped it.
+    change = f"vLLM {newer[0]} added it" if newer else f"vLLM {having[-1]} had it"
+    use = newer[0] if newer else having[-1]
+    return (f"vLLM {release} has no {spelling} ({change}); drop it, or simulate vLLM {use} with "
+            f"--vllm-version {use}")
 
 
 # The settings whose vLLM default is the release's (and the deployment's):
@@ -123,7 +171,8 @@ def release_serve_words(opts: EngineOptions, hardware: Hardware,
     takes them on ``hardware``: nothing for a setting unset or equal to what
     that release resolves it to unset (0.33's block size 16 is left out,
     0.34's written; 0.34's gpu_memory_utilization 0.92 is written where its
-    extensible KV cache would take 1.0). ``registers_kv_cache``: the line's
+    extensible KV cache would take 1.0), nor for one the release has no flag
+    for (0.33's extensible KV cache). ``registers_kv_cache``: the line's
     connector registers the cache (NIXL)."""
     given = resolve_cache(opts, hardware, registers_kv_cache)
     unset = resolve_cache(dataclasses.replace(opts, block_size=None, gpu_memory_utilization=None),
@@ -135,7 +184,11 @@ def release_serve_words(opts: EngineOptions, hardware: Hardware,
     values = {"block_size": opts.block_size, "gpu_memory_utilization": opts.gpu_memory_utilization,
               "enable_extensible_kv_cache": (None if opts.enable_extensible_kv_cache is None
                                              else given.extensible_kv_cache)}
-    return [word for name in RELEASE_DEFAULTED for word in vllm_words(name, values[name], defaults[name])]
+    # A release without the flag cannot have the setting either
+    # (check_release_flags refuses a value for it, and its default is off):
+    # nothing to write, and the line stays one that release's vllm serve takes.
+    names = [name for name in RELEASE_DEFAULTED if name in serve_dests(opts.vllm_version)]
+    return [word for name in names for word in vllm_words(name, values[name], defaults[name])]
 
 
 # -- the classification: one table -------------------------------------------
@@ -207,6 +260,8 @@ SERVE_REFUSED: dict[str, Refusal] = {
         "all2all_backend", "attention_config", "kernel_config", "ir_op_priority", "compilation_config",
         "cudagraph_capture_sizes", "max_cudagraph_capture_size")},
     "enable_flashinfer_autotune": Refusal(_KERNELS.reason, _KERNELS.fix, (False,)),
+    # 0.33's persistent decode kernel (a few ROCm models): other decode step times.
+    "monokernel": Refusal(_KERNELS.reason, _KERNELS.fix, (False,)),
     "optimization_level": Refusal(_KERNELS.reason, _KERNELS.fix, ("2",)),
     "performance_mode": Refusal(_KERNELS.reason, _KERNELS.fix, ("balanced",)),
     "enforce_eager": Refusal("no CUDA graphs: every decode step pays kernel launches kvsched's prices "
@@ -326,12 +381,14 @@ BENCH_DATASET_PREFIXES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 # Flags older vLLM took that pasted lines from older guides still carry;
-# vLLM 0.32 refuses them, kvsched names what became of them.
-RETIRED: dict[str, str] = {
-    "--disable-log-requests": "request logging (now --no-enable-log-requests, vLLM's default)",
-    "--swap-space": "V0's CPU swap space (V1 preempts by recomputing)",
-    "--use-v2-block-manager": "V0's block manager switch",
-    "--num-scheduler-steps": "V0's multi-step scheduling",
+# no release kvsched simulates takes them, kvsched names what became of
+# them. (--disable-log-requests is no longer one: 0.33 takes it again, as
+# --enable-log-requests' off switch.) Each with what it was and how many
+# words followed it then (arity, as VllmFlag's), so its value is skipped too.
+RETIRED: dict[str, tuple[str, str]] = {
+    "--swap-space": ("V0's CPU swap space (V1 preempts by recomputing)", "one"),
+    "--use-v2-block-manager": ("V0's block manager switch", "none"),
+    "--num-scheduler-steps": ("V0's multi-step scheduling", "one"),
 }
 
 
@@ -500,11 +557,11 @@ class Given:
     value: object
 
 
-def read_flags(command: str, words: Sequence[str]) -> tuple[list[Given], list[str]]:
-    """The flags of a line's words, as vLLM's parser reads them, and its
-    positional words."""
+def read_flags(command: str, words: Sequence[str], release: str) -> tuple[list[Given], list[str]]:
+    """The flags of a line's words, as ``release``'s parser reads them, and
+    its positional words."""
     where = LINE_FLAG[command]
-    known = vllm_flags().lookup(command)
+    known = vllm_flags(release).lookup(command)
     given: list[Given] = []
     positional: list[str] = []
     i = 0
@@ -526,10 +583,13 @@ def read_flags(command: str, words: Sequence[str]) -> tuple[list[Given], list[st
         hit = known.get(base)
         if hit is None:
             if base in RETIRED:
-                given.append(Given(VllmFlag((base,), (), "retired:" + base, "none"), base, True))
-                continue
-            raise UserInputError(f"{where}: {base} is not a {LINE_NAME[command]} flag of vLLM "
-                                 f"{vllm_flags().version}{did_you_mean(base, known)}")
+                hit = VllmFlag((base,), (), "retired:" + base, RETIRED[base][1]), False
+            else:
+                elsewhere = missing_from_release(command, base, release, every_release())
+                if elsewhere is not None:
+                    raise UserInputError(f"{where}: {elsewhere}")
+                raise UserInputError(f"{where}: {base} is not a {LINE_NAME[command]} flag of vLLM "
+                                     f"{release}{did_you_mean(base, known)}")
         flag, negated = hit
         if negated or flag.arity == "none":
             if eq:
@@ -656,16 +716,16 @@ def _harmless(value: object, refusal: Refusal) -> bool:
     return value in refusal.harmless
 
 
-def paste(serve: str | None, bench: str | None, kvsched: KvschedFlags) -> Pasted:
+def paste(serve: str | None, bench: str | None, kvsched: KvschedFlags, release: str) -> Pasted:
     """kvsched's flags for a pasted serve line and bench line (either may
-    be None)."""
+    be None), read as vLLM ``release``'s (the one simulated) reads them."""
     b = _Builder(kvsched)
     served_names: list[str] = []
     model: str | None = None
     dataset = "random"
     if bench is not None:
         words, _, _ = split_line(BENCH, bench)
-        for g in read_flags(BENCH, words)[0]:
+        for g in read_flags(BENCH, words, release)[0]:
             if g.flag.dest == "dataset_name" and isinstance(g.value, str):
                 dataset = g.value
     for command, line in ((SERVE, serve), (BENCH, bench)):
@@ -673,7 +733,7 @@ def paste(serve: str | None, bench: str | None, kvsched: KvschedFlags) -> Pasted
             continue
         where = LINE_FLAG[command]
         words, env, shell = split_line(command, line)
-        given, positional = read_flags(command, words)
+        given, positional = read_flags(command, words, release)
         given = merge_dotted(given)
         b.ignored += [(where, f"{w} (environment)") for w in env]
         b.ignored += [(where, " ".join(shell))] if shell else []
@@ -687,8 +747,8 @@ def paste(serve: str | None, bench: str | None, kvsched: KvschedFlags) -> Pasted
                                      "give one")
             model = tag if tag is not None else (str(named[0].value) if named else None)
             if model is None:
-                model = vllm_flags().serve_default_model
-                b.notes.append(f"{where}: no model given: vLLM {vllm_flags().version} serves {model}")
+                model = vllm_flags(release).serve_default_model
+                b.notes.append(f"{where}: no model given: vLLM {release} serves {model}")
             b.set("model", model, f"{where}'s model {model}")
             given = [g for g in given if g.flag.dest != "model"]
             served_names = [v for g in given if g.flag.dest == "served_model_name"
@@ -702,7 +762,7 @@ def paste(serve: str | None, bench: str | None, kvsched: KvschedFlags) -> Pasted
                            "--eos-probability models early ends)")
         spec: dict[str, object] = {}
         for g in given:
-            _apply(b, command, g, dataset, spec, model, served_names)
+            _apply(b, command, g, dataset, spec, model, served_names, release)
         if spec:
             _merge_speculative(b, given, spec)
     return Pasted(tuple(b.argv), tuple(b.origins.items()), tuple(b.ignored), tuple(b.notes),
@@ -710,13 +770,12 @@ def paste(serve: str | None, bench: str | None, kvsched: KvschedFlags) -> Pasted
 
 
 def _apply(b: _Builder, command: str, g: Given, dataset: str, spec: dict[str, object], model: str | None,
-           served_names: list[str]) -> None:
+           served_names: list[str], release: str) -> None:
     where = LINE_FLAG[command]
     dest = g.flag.dest
     origin = f"{where}'s {_shown(g)}"
     if dest.startswith("retired:"):
-        b.ignored.append((where, f"{g.spelled} ({RETIRED[g.spelled]}; vLLM {vllm_flags().version} no "
-                                 "longer takes it)"))
+        b.ignored.append((where, f"{g.spelled} ({RETIRED[g.spelled][0]}; vLLM {release} no longer takes it)"))
         return
     verdict = classify(command, dest, b.kvsched)
     if verdict is None:

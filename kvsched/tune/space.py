@@ -29,7 +29,7 @@ from kvsched.fields import is_int, is_number
 from kvsched.sim.deployment import EngineOptions
 from kvsched.sim.disagg import node_of_instances
 from kvsched.sim.offload_transfer import GIB
-from kvsched.sim.serve_line import serve_dests
+from kvsched.sim.serve_line import serve_dests_of_every_release
 from kvsched.sim.spec import PD_ROUTERS, DeploymentSpec, InstanceGroup, RunSpec, deployment_spec
 
 # The run spec's defaults, which are vLLM's (kvsched.engine_flags declares
@@ -276,8 +276,11 @@ def _serve_flags(c: Candidate) -> list[str]:
     settings on both command lines, in vLLM's spelling."""
     # vLLM's offloading backend, native, is the default. A P/D instance's
     # offloading is in its --kv-transfer-config (vLLM's flag would replace NIXL).
-    names = [n for n in SERVE_FIELDS
-             if n in serve_dests() and not (n == "kv_offloading_size" and c.disaggregated)]
+    # A candidate is written before its release is known: its dimensions are
+    # flags every release takes (tests/sim/test_serve_line.py checks none is
+    # a flag of some releases only, which this would leave out).
+    names = [n for n in SERVE_FIELDS if n in serve_dests_of_every_release()
+             and not (n == "kv_offloading_size" and c.disaggregated)]
     return [word for n in names for word in vllm_words(n, getattr(c, n), getattr(_ENGINE, n))]
 
 
