@@ -10,7 +10,7 @@ modelled yet.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from kvsched.errors import UserInputError
@@ -73,21 +73,20 @@ class VersionRules:
     offload_transfer_failures: bool
 
 
+_RULES_0_33 = VersionRules(
+    "0.33", long_prefill_threshold_needs_chunked_prefill=False, multi_connector_roles_from_children=False,
+    ngram_with_async_scheduling=False, default_block_size=16, default_gpu_memory_utilization=0.92,
+    extensible_kv_cache=False, offload_threshold_counts_once_per_request=False,
+    offload_finished_store_capped_at_computed=False, offload_transfer_failures=False)
+# A release is the one before it and what changed (docs/vllm_versions.md):
+# the next release's entry lists only its own changes.
 RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
-    "0.33": VersionRules("0.33", long_prefill_threshold_needs_chunked_prefill=False,
-                         multi_connector_roles_from_children=False,
-                         ngram_with_async_scheduling=False, default_block_size=16,
-                         default_gpu_memory_utilization=0.92, extensible_kv_cache=False,
-                         offload_threshold_counts_once_per_request=False,
-                         offload_finished_store_capped_at_computed=False,
-                         offload_transfer_failures=False),
-    "0.34": VersionRules("0.34", long_prefill_threshold_needs_chunked_prefill=True,
-                         multi_connector_roles_from_children=True,
-                         ngram_with_async_scheduling=True, default_block_size=64,
-                         default_gpu_memory_utilization=0.92, extensible_kv_cache=True,
-                         offload_threshold_counts_once_per_request=True,
-                         offload_finished_store_capped_at_computed=True,
-                         offload_transfer_failures=True),
+    "0.33": _RULES_0_33,
+    "0.34": replace(_RULES_0_33, version="0.34", long_prefill_threshold_needs_chunked_prefill=True,
+                    multi_connector_roles_from_children=True, ngram_with_async_scheduling=True,
+                    default_block_size=64, extensible_kv_cache=True,
+                    offload_threshold_counts_once_per_request=True,
+                    offload_finished_store_capped_at_computed=True, offload_transfer_failures=True),
 })
 VLLM_VERSIONS = tuple(RULES)
 # The default stays 0.33 until every 0.34 change the simulator reads is
