@@ -92,7 +92,7 @@ RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
 VLLM_VERSIONS = tuple(RULES)
 # The default stays 0.33 until every 0.34 change the simulator reads is
 # modelled. Everything that follows the default reads this one name.
-DEFAULT_VLLM_VERSION = "0.33"
+DEFAULT_VLLM_VERSION = "0.34"
 # gpu_memory_utilization when not given and the extensible KV cache is on
 # (CacheConfig.resolved_gpu_memory_utilization): the cache is sized from
 # measured memory, so vLLM asks for the whole device.
