@@ -89,9 +89,11 @@ RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
                     offload_finished_store_capped_at_computed=True, offload_transfer_failures=True),
 })
 VLLM_VERSIONS = tuple(RULES)
-# The default stays 0.33 until every 0.34 change the simulator reads is
-# modelled. Everything that follows the default reads this one name.
-DEFAULT_VLLM_VERSION = "0.33"
+# The newest release kvsched models (its scheduler and its deployment
+# defaults are). Everything that follows the default reads this one name; the
+# conformance corpus checked against the shared 0.33 reference names its
+# release itself (tests/conformance/reference_release.py).
+DEFAULT_VLLM_VERSION = "0.34"
 # gpu_memory_utilization when not given and the extensible KV cache is on
 # (CacheConfig.resolved_gpu_memory_utilization): the cache is sized from
 # measured memory, so vLLM asks for the whole device.

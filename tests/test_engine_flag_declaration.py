@@ -134,7 +134,7 @@ def test_any_declared_options_give_their_flags() -> None:
 # InstanceGroup's and DeploymentSpec's, written out by hand: the flag's
 # spellings and its default (vLLM's where vLLM has the flag).
 SIMULATE_DECLARED: dict[str, tuple[list[str], object]] = {
-    "vllm_version": (["--vllm-version"], "0.33"),
+    "vllm_version": (["--vllm-version"], "0.34"),  # the newest modelled release
     "model": (["--model"], "meta-llama/Llama-3.1-8B"),
     "hardware": (["--hardware"], "h100-sxm"),
     "efficiency_file": (["--efficiency-file"], None),

@@ -18,6 +18,7 @@ from kvsched.scenario import (
     parse_scenario,
     replay,
 )
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION
 
 
 def _scenario(**overrides: Any) -> dict[str, Any]:
@@ -249,10 +250,11 @@ def _file(tmp_path: Path, scenario: Any, name: str = "s.json") -> str:
     return str(path)
 
 
-def _file_rejects(tmp_path: Path, scenario: Any, *substrings: str) -> str:
+def _file_rejects(tmp_path: Path, scenario: Any, *substrings: str,
+                  vllm_version: str = DEFAULT_VLLM_VERSION) -> str:
     path = _file(tmp_path, scenario)
     with pytest.raises(ValueError) as info:
-        load_scenario(path)
+        load_scenario(path, vllm_version)
     message = str(info.value)
     assert message.startswith(f"{path}: ") and "\n" not in message, message
     for text in substrings:
@@ -464,7 +466,7 @@ def test_feature_traces_carry_spec_and_processed() -> None:
                                 speculative={"num_speculative_tokens": 2}))[1]
     assert all("spec" in r and "processed" in r for r in records)
     assert not any("spec" in r or "processed" in r for r in _replay(_scenario())[1])
-    # The async method defaults to ngram_gpu (vLLM refuses ngram there).
+    # The async method defaults to ngram_gpu (vLLM 0.33 refuses ngram there).
     assert parse_scenario(_scenario(async_scheduling=True, speculative={
         "num_speculative_tokens": 2})).speculative_config.method == "ngram_gpu"  # type: ignore[union-attr]
 
@@ -480,9 +482,9 @@ def test_bad_feature_settings_are_named(tmp_path: Path) -> None:
                   "speculative.method='mtp'", "ngram")
     _file_rejects(tmp_path, _scenario(max_loras="2"), "max_loras='2'")
     _file_rejects(tmp_path, _scenario(max_loras=0), "max_loras=0")
-    # vLLM 0.33 refuses the CPU n-gram proposer under async scheduling.
+    # vLLM 0.33 refuses the CPU n-gram proposer under async scheduling (0.34 runs it).
     _file_rejects(tmp_path, _scenario(async_scheduling=True, speculative={
-        "num_speculative_tokens": 2, "method": "ngram"}), "method='ngram'", "ngram_gpu")
+        "num_speculative_tokens": 2, "method": "ngram"}), "method='ngram'", "ngram_gpu", vllm_version="0.33")
     scenario = _scenario()
     scenario["requests"][0]["lora_id"] = 3
     _file_rejects(tmp_path, scenario, "requests[0].lora_id=3", "max_loras")

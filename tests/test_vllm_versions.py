@@ -24,7 +24,7 @@ from kvsched.vllm_versions import (
 
 def test_the_modelled_releases_and_the_default() -> None:
     assert VLLM_VERSIONS == ("0.33", "0.34")
-    assert DEFAULT_VLLM_VERSION == "0.33"
+    assert DEFAULT_VLLM_VERSION == "0.34"  # the newest modelled release
     assert rules_for("0.33").long_prefill_threshold_needs_chunked_prefill is False
     assert rules_for("0.34").long_prefill_threshold_needs_chunked_prefill is True
 

@@ -514,7 +514,7 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
             raise UserInputError("speculative_config (--speculative-config) with --step-time-profile: the "
                                  "profile holds no drafter or verification steps; drop one of them")
         speculative = parse_speculative_config(opts.speculative_config, model, opts.async_scheduling,
-                                               opts.spec_acceptance)
+                                               opts.spec_acceptance, opts.vllm_version)
     # vLLM's uniform decode query length: 1 + K with speculative decoding;
     # its CUDA-graph sizes cover max_num_seqs such decodes, twice.
     query_len = 1 + (speculative.num_speculative_tokens if speculative is not None else 0)

@@ -55,6 +55,7 @@ from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.jsonfile import show
 from kvsched.perf.models import ModelSpec
+from kvsched.vllm_versions import DEFAULT_VLLM_VERSION
 
 # The methods the simulator prices: every one kvsched knows (vLLM's names
 # and aliases, and the ones it does not price, are kvsched.config's).
@@ -206,9 +207,11 @@ def _unknown_key(key: str) -> UserInputError:
 
 
 def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, async_scheduling: bool,
-                             acceptance_flag: str | None = None) -> SpecOptions:
+                             acceptance_flag: str | None = None,
+                             vllm_version: str = DEFAULT_VLLM_VERSION) -> SpecOptions:
     """``--speculative-config`` (JSON text or a dict) for ``model``, and
-    ``--spec-acceptance`` (text, or None)."""
+    ``--spec-acceptance`` (text, or None), for the deployment's vLLM release
+    (whether it runs "ngram" with async scheduling)."""
     obj = speculative_object(value)
     for key in obj:
         if key == "tensor_parallel_size":
@@ -264,7 +267,7 @@ def parse_speculative_config(value: str | Mapping[str, Any], model: ModelSpec, a
     acceptance = _acceptance(obj, method, k, acceptance_flag)
     try:
         options = SpecOptions(method, k, acceptance, draft_model, lookup_min, lookup_max)
-        check_speculative_with_async(options.core_config(), async_scheduling)
+        check_speculative_with_async(options.core_config(), async_scheduling, vllm_version)
     except ValueError as err:
         message = str(err).replace("turn async scheduling off", "pass --no-async-scheduling")
         raise UserInputError(message) from None

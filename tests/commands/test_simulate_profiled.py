@@ -34,8 +34,10 @@ def test_simulate_with_a_profile_says_profiled_and_from_which_file(
     assert PROFILE in st["description"] and "leave-one-out median |error|" in st["description"]
     assert st["extrapolated"] == []
     assert result["completed"] == 20
-    # The KV cache the profiled vLLM reported: 131,072 tokens in blocks of 16.
-    assert result["deployment"]["cache"]["num_gpu_blocks"] == 131072 // 16
+    # The KV cache the profiled vLLM reported: 131,072 tokens, in the default
+    # release's (vLLM 0.34) blocks of 64.
+    cache = result["deployment"]["cache"]
+    assert (cache["block_size"], cache["num_gpu_blocks"]) == (64, 131072 // 64)
     # A 200-token prefill alone costs at least the fitted fixed + token terms.
     terms = json.loads(Path(PROFILE).read_text())["fit"]["terms"]
     assert result["mean_ttft_ms"] > 1e3 * (terms["step_s"] + 200 * terms["per_token_s"])

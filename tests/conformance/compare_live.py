@@ -26,18 +26,19 @@ if str(HERE) not in sys.path:
 from compare_live_kv import run_oracle  # noqa: E402
 from random_features import FEATURE_CORPUS_SEEDS, write_feature_scenarios  # noqa: E402
 from random_scenarios import CORPUS_SEEDS, parse_seeds, write_random_scenarios  # noqa: E402
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
 
 from kvsched.core.trace import first_difference  # noqa: E402
 from kvsched.scenario import load_scenario, replay  # noqa: E402
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS  # noqa: E402
+from kvsched.vllm_versions import VLLM_VERSIONS  # noqa: E402
 
 # Default seed ranges: the next thousand after each committed corpus.
 DEFAULT_SEEDS = "300-1299"
 DEFAULT_FEATURE_SEEDS = "400-1399"
 
 
-def compare(path: Path, vllm_version: str = DEFAULT_VLLM_VERSION) -> str | None:
+def compare(path: Path, vllm_version: str = SHARED_REFERENCE_VERSION) -> str | None:
     """kvsched's trace of PATH against the oracle's PATH.vllm.jsonl: None when
     identical, else the first difference (or why kvsched could not replay it)."""
     golden = path.with_name(path.stem + ".vllm.jsonl")
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", help=f"seed range, e.g. 300-1299 (default {DEFAULT_SEEDS}, "
                     f"with --features {DEFAULT_FEATURE_SEEDS}; the corpus holds {CORPUS_SEEDS} "
                     f"and {FEATURE_CORPUS_SEEDS})")
-    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=SHARED_REFERENCE_VERSION,
                     help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
                          "environment)")
     args = ap.parse_args(argv)

@@ -43,9 +43,10 @@ from random_kv_connector import (  # noqa: E402
     write_kv_scenarios,
 )
 from random_scenarios import parse_seeds  # noqa: E402
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
 
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS  # noqa: E402
+from kvsched.vllm_versions import VLLM_VERSIONS  # noqa: E402
 
 CORPUS = HERE / "kv_connector_random"
 # Run in the reference environment: every scenario of a folder through the
@@ -72,7 +73,7 @@ for path in sorted(glob.glob(sys.argv[2] + "/*.json")):
 """
 
 
-def run_oracle(folder: Path, hash_seed: int = 0, vllm_version: str = DEFAULT_VLLM_VERSION) -> bool:
+def run_oracle(folder: Path, hash_seed: int = 0, vllm_version: str = SHARED_REFERENCE_VERSION) -> bool:
     """vLLM's traces for every scenario in ``folder``, its Python hash seed
     pinned (vLLM frees some sets in hash order); False, with its error
     printed, if the oracle failed. The one oracle runner of the live
@@ -91,7 +92,7 @@ def run_oracle(folder: Path, hash_seed: int = 0, vllm_version: str = DEFAULT_VLL
     return proc.returncode == 0
 
 
-def compare(path: Path, vllm_version: str = DEFAULT_VLLM_VERSION) -> tuple[str, str | None]:
+def compare(path: Path, vllm_version: str = SHARED_REFERENCE_VERSION) -> tuple[str, str | None]:
     """("finished" | "stuck", None when kvsched's replay of the scenario at
     ``path`` equals vLLM's trace beside it, else the first difference): the
     live drivers' view of ``compare_with_golden``."""
@@ -135,7 +136,8 @@ class LiveOutcome:
 
 
 def compare_live(folder: Path, paths: list[Path], oracle: Callable[[Path, int], bool],
-                 hash_seeds: Iterable[int], vllm_version: str = DEFAULT_VLLM_VERSION) -> LiveOutcome | None:
+                 hash_seeds: Iterable[int],
+                 vllm_version: str = SHARED_REFERENCE_VERSION) -> LiveOutcome | None:
     """Compare every scenario of ``paths`` (their vLLM traces written beside
     them by ``oracle(folder, 0)``) with kvsched's replay; rerun those that
     differ through ``oracle`` under each of ``hash_seeds`` in turn (vLLM
@@ -182,7 +184,7 @@ def compare_live(folder: Path, paths: list[Path], oracle: Callable[[Path, int], 
     return outcome
 
 
-def compare_folder(folder: Path, seeds: list[int], vllm_version: str = DEFAULT_VLLM_VERSION) -> int:
+def compare_folder(folder: Path, seeds: list[int], vllm_version: str = SHARED_REFERENCE_VERSION) -> int:
     """Print the counts; the number of scenarios that differ."""
     counts = {base: [0, 0] for base in BASES}
     failures = 0
@@ -211,11 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-corpus", action="store_true",
                     help=f"rewrite {CORPUS.name}/ (seeds {KV_CORPUS_SEEDS}) with the oracle's traces")
     ap.add_argument("--keep", type=Path, help="keep the scenarios and (gzipped) traces in this folder")
-    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=SHARED_REFERENCE_VERSION,
                     help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
                          "environment)")
     args = ap.parse_args(argv)
-    if args.write_corpus and args.vllm_version != DEFAULT_VLLM_VERSION:
+    if args.write_corpus and args.vllm_version != SHARED_REFERENCE_VERSION:
         print("--write-corpus rewrites the 0.33 corpus; for 0.34 run vllm_0_34/regenerate.py",
               file=sys.stderr)
         return 2

@@ -53,9 +53,10 @@ from compare_live_nixl import random_nixl_scenario  # noqa: E402
 from compare_live_offload import add_034_offload_keys, offload_connector, share_prompt_prefixes  # noqa: E402
 from random_kv_connector import gzip_trace  # noqa: E402
 from random_scenarios import format_scenario, parse_seeds  # noqa: E402
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
 
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS, rules_for  # noqa: E402
+from kvsched.vllm_versions import VLLM_VERSIONS, rules_for  # noqa: E402
 
 CORPUS = HERE / "kv_connector_multi"
 FILE_PREFIX = "multi_random_"
@@ -65,7 +66,7 @@ MULTI_CORPUS_SEEDS = "0-29"
 ORACLE = HERE / "multi_oracle.py"
 
 
-def random_multi_scenario(seed: int, vllm_version: str = DEFAULT_VLLM_VERSION) -> dict[str, Any]:
+def random_multi_scenario(seed: int, vllm_version: str = SHARED_REFERENCE_VERSION) -> dict[str, Any]:
     scenario = random_nixl_scenario(seed)
     rng = random.Random(seed * 15485863 + 11)
     nixl = dict(scenario["kv_connector"])
@@ -82,7 +83,7 @@ def random_multi_scenario(seed: int, vllm_version: str = DEFAULT_VLLM_VERSION) -
 
 
 def write_multi_scenarios(folder: Path, seeds: list[int],
-                          vllm_version: str = DEFAULT_VLLM_VERSION) -> list[Path]:
+                          vllm_version: str = SHARED_REFERENCE_VERSION) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed in seeds:
@@ -114,12 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="write the scenarios and vLLM's traces to this folder")
     ap.add_argument("--hash-seeds", type=int, default=12,
                     help="PYTHONHASHSEED values (0..N-1) to rerun vLLM with on a difference")
-    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=SHARED_REFERENCE_VERSION,
                     help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
                          "environment)")
     args = ap.parse_args(argv)
     version = args.vllm_version
-    if args.write_corpus and version != DEFAULT_VLLM_VERSION:
+    if args.write_corpus and version != SHARED_REFERENCE_VERSION:
         print("--write-corpus rewrites the 0.33 corpus; for 0.34 run vllm_0_34/regenerate.py",
               file=sys.stderr)
         return 2

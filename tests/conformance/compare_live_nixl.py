@@ -50,9 +50,10 @@ if str(HERE) not in sys.path:
 from compare_live_kv import compare_live, run_oracle, write_scenarios  # noqa: E402
 from random_kv_connector import MAX_STEPS  # noqa: E402
 from random_scenarios import parse_seeds, random_scenario  # noqa: E402
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
 
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS  # noqa: E402
+from kvsched.vllm_versions import VLLM_VERSIONS  # noqa: E402
 
 
 def _decode_request(rng: random.Random, r: dict[str, Any]) -> None:
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", help="write the scenarios and vLLM's traces to this folder")
     ap.add_argument("--hash-seeds", type=int, default=8,
                     help="PYTHONHASHSEED values (0..N-1) to rerun vLLM with on a difference")
-    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=SHARED_REFERENCE_VERSION,
                     help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
                          "environment)")
     args = ap.parse_args(argv)

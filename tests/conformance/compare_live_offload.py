@@ -50,9 +50,10 @@ from compare_live_kv import compare_live, run_oracle, write_scenarios  # noqa: E
 from random_features import random_feature_scenario  # noqa: E402
 from random_kv_connector import MAX_STEPS  # noqa: E402
 from random_scenarios import parse_seeds, random_scenario  # noqa: E402
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
 
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS, rules_for  # noqa: E402
+from kvsched.vllm_versions import VLLM_VERSIONS, rules_for  # noqa: E402
 
 # The hash seeds a differing scenario is rerun under.
 OTHER_HASH_SEEDS = range(1, 5)
@@ -133,7 +134,7 @@ def add_034_offload_keys(seed: int, scenario: dict[str, Any], kvc: dict[str, Any
         kvc["store_threshold"] = rng.choice([2, 3])
 
 
-def random_offload_scenario(seed: int, vllm_version: str = DEFAULT_VLLM_VERSION) -> dict[str, Any]:
+def random_offload_scenario(seed: int, vllm_version: str = SHARED_REFERENCE_VERSION) -> dict[str, Any]:
     scenario: dict[str, Any] = random_feature_scenario(seed) if seed % 4 == 3 else random_scenario(seed)
     rng = random.Random(seed * 7919 + 5)
     block_size = int(scenario["cache"].get("block_size", 16))
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seeds", default="0-199", help="seed range, e.g. 0-199 (default)")
     ap.add_argument("--keep", help="also write the scenarios and vLLM's traces to this folder")
-    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=SHARED_REFERENCE_VERSION,
                     help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
                          "environment)")
     args = ap.parse_args(argv)

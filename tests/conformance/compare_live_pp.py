@@ -42,9 +42,10 @@ from pp_scenarios import (  # noqa: E402
     pp_scenario,
 )
 from random_scenarios import format_scenario, parse_seeds  # noqa: E402
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
 
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION, VLLM_VERSIONS  # noqa: E402
+from kvsched.vllm_versions import VLLM_VERSIONS  # noqa: E402
 
 # The seeds whose scenarios and goldens are committed under pp/.
 PP_CORPUS_SEEDS = "0-39"
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"seed range (default {DEFAULT_SEEDS}; the corpus holds {PP_CORPUS_SEEDS})")
     ap.add_argument("--features", action="store_true",
                     help="random_features.py scenarios without drafts (async, the LoRA cap)")
-    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=DEFAULT_VLLM_VERSION,
+    ap.add_argument("--vllm-version", choices=VLLM_VERSIONS, default=SHARED_REFERENCE_VERSION,
                     help="the release to compare with (0.34: tests/conformance/vllm_0_34/setup.sh's "
                          "environment)")
     ap.add_argument("--pp-sizes", type=parse_pp_sizes, default=PP_SIZES,

@@ -74,11 +74,11 @@ from random_scenarios import (  # noqa: E402
     parse_seeds,
     random_scenario,
 )
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 
 from kvsched.core.trace import first_difference  # noqa: E402
 from kvsched.errors import CannotServe  # noqa: E402
 from kvsched.scenario import load_scenario, replay  # noqa: E402
-from kvsched.vllm_versions import DEFAULT_VLLM_VERSION  # noqa: E402
 
 KV_CORPUS_SEEDS = "0-319"
 # Fresh live seeds start here, clear of the corpus.
@@ -104,7 +104,7 @@ def base_of(seed: int) -> str:
     return BASES[seed % len(BASES)]
 
 
-def random_kv_scenario(seed: int, vllm_version: str = DEFAULT_VLLM_VERSION) -> Scenario:
+def random_kv_scenario(seed: int, vllm_version: str = SHARED_REFERENCE_VERSION) -> Scenario:
     """Build a random scripted-connector scenario; the same seed (and release)
     always gives the same one. A release in ADMISSION_KNOB_RELEASES also gets
     vLLM 0.34's admission knobs (add_admission_knobs), drawn apart so that the
@@ -233,7 +233,7 @@ def kv_scenario_path(outdir: Path, seed: int) -> Path:
 
 
 def write_kv_scenarios(outdir: Path, seeds: list[int],
-                       vllm_version: str = DEFAULT_VLLM_VERSION) -> list[Path]:
+                       vllm_version: str = SHARED_REFERENCE_VERSION) -> list[Path]:
     outdir.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed in seeds:
@@ -271,7 +271,7 @@ def gzip_trace(src: Path, dst_dir: Path) -> Path:
 
 
 def compare_with_golden(path: Path, golden: Path | None = None,
-                        vllm_version: str = DEFAULT_VLLM_VERSION) -> tuple[bool, str | None]:
+                        vllm_version: str = SHARED_REFERENCE_VERSION) -> tuple[bool, str | None]:
     """(stuck, None when kvsched's replay equals the oracle's trace step by step,
     else the first difference). A stuck golden needs kvsched to stop at max_steps too.
     ``golden``: another release's trace (default: the one beside the scenario),

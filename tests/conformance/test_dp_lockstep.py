@@ -16,18 +16,24 @@ the wave (the rule LockstepGroup uses in the simulator).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kvsched.core.output import ModelRunnerOutput
-from kvsched.core.policies import DPPrefillCadence, DPRankStates
-from kvsched.core.scheduler import Scheduler
-from kvsched.core.trace import first_difference, step_record
-from kvsched.scenario import make_request, next_token, parse_scenario
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 
-GOLDENS = json.loads((Path(__file__).parent / "dp" / "lockstep_goldens.json").read_text())
+from kvsched.core.output import ModelRunnerOutput  # noqa: E402
+from kvsched.core.policies import DPPrefillCadence, DPRankStates  # noqa: E402
+from kvsched.core.scheduler import Scheduler  # noqa: E402
+from kvsched.core.trace import first_difference, step_record  # noqa: E402
+from kvsched.scenario import make_request, next_token, parse_scenario  # noqa: E402
+
+GOLDENS = json.loads((HERE / "dp" / "lockstep_goldens.json").read_text())
 CASES: list[dict[str, Any]] = GOLDENS["cases"]
 
 
@@ -38,7 +44,8 @@ def _has_requests(sched: Scheduler) -> bool:
 
 
 def kvsched_trace(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    scenario = parse_scenario(raw)
+    # The goldens are the shared reference's release's (GOLDENS["source"]).
+    scenario = parse_scenario(raw, vllm_version=SHARED_REFERENCE_VERSION)
     dp = raw["data_parallel_size"]
     shared = DPRankStates(dp, raw["dp_sync_interval"])
     scheds = [Scheduler(scenario.scheduler_config, scenario.cache_config,

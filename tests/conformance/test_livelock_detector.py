@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 from random_kv_connector import golden_of  # noqa: E402
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 
 DIRS = ("kv_connector", "kv_connector_multi", "kv_connector_regressions", "kv_connector_random")
 GOLDENS = sorted(p for d in DIRS for p in (HERE / d).glob("*.json"))
@@ -60,7 +61,8 @@ def _livelocks(path: Path) -> tuple[dict[str, tuple[int, tuple[str, ...]]], bool
             raise AssertionError(f"{path.name}: livelock left at step {step}")
 
     try:
-        replay(load_scenario(str(path)), None, on_step=hook)
+        # The goldens (and the steps STUCK names) are the shared reference's release's.
+        replay(load_scenario(str(path), SHARED_REFERENCE_VERSION), None, on_step=hook)
     except CannotServe:
         return found, False
     return found, True

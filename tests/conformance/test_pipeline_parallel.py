@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvsched.core.trace import first_difference
-from kvsched.scenario import load_scenario, parse_scenario, replay
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 
-HERE = Path(__file__).parent
+from kvsched.core.trace import first_difference  # noqa: E402
+from kvsched.scenario import load_scenario, parse_scenario, replay  # noqa: E402
+
 SCENARIOS = sorted((HERE / "pp").glob("*.json"))
 
 
@@ -46,7 +51,8 @@ def test_trace_matches_vllm(path: Path) -> None:
     golden = path.with_name(path.stem + ".vllm.jsonl")
     expected = [json.loads(line) for line in golden.read_text().splitlines() if line.strip()]
     out = io.StringIO()
-    replay(load_scenario(str(path)), out)
+    # pp_oracle.py ran the shared reference's release: replay as that one.
+    replay(load_scenario(str(path), SHARED_REFERENCE_VERSION), out)
     actual = [json.loads(line) for line in out.getvalue().splitlines()]
     diff = first_difference(expected, actual)
     assert diff is None, diff

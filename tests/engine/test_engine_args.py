@@ -62,14 +62,15 @@ def test_cpu_kv_blocks(tiny: Callable[..., Path]) -> None:
     cpu = torch.device("cpu")
     args = EngineArgs.from_kwargs(str(path), kv_cache_memory="1MiB", block_size=16).with_cache_defaults("cpu")
     assert num_kv_blocks(args, config, torch.float32, cpu, 10**9) == (1 << 20) // per_block
-    # Unset, the block size is vLLM 0.33's on a CPU: its 16 is no size CPU_ATTN
-    # takes (multiples of 32), so the backend's smallest, 32.
+    # Unset, the block size is the default release's (vLLM 0.34) on a CPU: its
+    # 64 is a multiple of 32, a size CPU_ATTN takes, so it stays 64 (0.33's 16
+    # became 32: test_scheduler_defaults covers the backend's rounding).
     args = EngineArgs.from_kwargs(str(path)).with_cache_defaults("cpu")
-    assert args.block_size == 32
-    per_block_32 = kv_bytes_per_block(config, 32, torch.float32)
+    assert args.block_size == 64
+    per_block_64 = kv_bytes_per_block(config, 64, torch.float32)
     # The default is capped at what max_num_seqs x max_model_len tokens can use, plus the null block.
-    assert num_kv_blocks(args, config, torch.float32, cpu, 1000) == -(-1000 // 32) + 1
-    assert num_kv_blocks(args, config, torch.float32, cpu, 10**12) == DEFAULT_KV_CACHE_MEMORY // per_block_32
+    assert num_kv_blocks(args, config, torch.float32, cpu, 1000) == -(-1000 // 64) + 1
+    assert num_kv_blocks(args, config, torch.float32, cpu, 10**12) == DEFAULT_KV_CACHE_MEMORY // per_block_64
     args = EngineArgs.from_kwargs(str(path), num_gpu_blocks_override=7, kv_cache_memory="1GiB")
     assert num_kv_blocks(args, config, torch.float32, cpu, 10**9) == 7
     args = EngineArgs.from_kwargs(str(path), kv_cache_memory=per_block,
@@ -193,9 +194,10 @@ def test_the_kv_cache_is_allocated_once_in_the_model_dtype(tiny: Callable[..., P
     path = tiny(arch="llama")
     llm = LLM(str(path), dtype=dtype, kv_cache_memory="4MiB")
     engine = llm.engine
-    # On a CPU, vLLM 0.33's default block is 32 tokens (CPU_ATTN takes multiples of 32).
-    assert engine.cache_config.block_size == 32
-    per_block = kv_bytes_per_block(engine.model_config, 32, getattr(torch, dtype))
+    # On a CPU, the default release's (vLLM 0.34) block is 64 tokens, a size
+    # CPU_ATTN (multiples of 32) takes.
+    assert engine.cache_config.block_size == 64
+    per_block = kv_bytes_per_block(engine.model_config, 64, getattr(torch, dtype))
     held = sum(t.numel() * t.element_size() for pair in engine.runner.kv_caches for t in pair)
     assert engine.cache_config.num_gpu_blocks == (4 << 20) // per_block
     assert held == engine.cache_config.num_gpu_blocks * per_block <= 4 << 20

@@ -64,7 +64,8 @@ def offload() -> tuple[SimResult, dict[str, Any]]:
     prompt finds its 512 tokens in CPU memory only."""
     deployment = build_deployment(EngineOptions(
         model=MODEL, hardware="h100-sxm", step_time_backend="roofline", max_model_len=960,
-        num_gpu_blocks_override=64, kv_offloading_size=1.0))
+        num_gpu_blocks_override=64, kv_offloading_size=1.0,
+        vllm_version="0.33"))  # as test_offload_sim's: its 16-token blocks, 32 per document
     config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
                        offload=deployment.offload)
     r = Simulator(config, doc_workload()).run()

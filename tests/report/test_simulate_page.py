@@ -513,12 +513,13 @@ def test_the_settings_name_the_vllm_release(small: SimResult) -> None:
     from kvsched.sim.results import describe_run
     from kvsched.sim.spec import RunSpec, WorkloadSpec
 
-    spec = RunSpec(workload=WorkloadSpec(num_prompts=50)).with_engine(vllm_version="0.34", max_model_len=4096)
+    # A release other than the default (0.34), so the cells follow the spec.
+    spec = RunSpec(workload=WorkloadSpec(num_prompts=50)).with_engine(vllm_version="0.33", max_model_len=4096)
     workload = random_workload(num_prompts=50, input_len=512, output_len=64, range_ratio=0.5, seed=1)
     description = describe_run(build_deployment(spec.engine), spec.with_workload(
         random_input_len=512, random_output_len=64, random_range_ratio=0.5, random_prefix_len=0,
         request_rate=float("inf"), burstiness=1.0, seed=1), workload)
     text = render_report([("only", small)], "Release", CONFIG, descriptions=[description])
-    assert _cell(text, "vllm.version", 0) == "0.34"
-    assert _cell(text, "cache.block_size", 0) == "64"
-    assert EngineOptions().vllm_version == "0.33"  # the default release names itself too
+    assert _cell(text, "vllm.version", 0) == "0.33"
+    assert _cell(text, "cache.block_size", 0) == "16"
+    assert EngineOptions().vllm_version == "0.34"  # the default (newest modelled) release names itself too

@@ -388,7 +388,8 @@ def test_reset_prefix_cache_forgets_hits_and_fails_while_blocks_are_held(served:
     """vLLM's dev endpoint: {"success": true} when idle, after which a repeated
     prompt finds nothing cached; {"success": false} while a request holds blocks."""
     c = client(served)
-    prompt = list(range(100, 164))  # 64 tokens: 2 blocks of 32 (vLLM 0.33's default on a CPU)
+    # 128 tokens: 2 blocks of 64 (the default release's, vLLM 0.34, block on a CPU).
+    prompt = list(range(100, 228))
 
     def hits_of_one_request() -> float:
         before = metrics(served)[("vllm:prefix_cache_hits_total", ())]
@@ -399,7 +400,7 @@ def test_reset_prefix_cache_forgets_hits_and_fails_while_blocks_are_held(served:
     assert post(served, "/reset_prefix_cache", b"") == (200, {"success": True})
     assert hits_of_one_request() == 0
     # The last prompt token is always computed: 1 of its 2 blocks hits.
-    assert hits_of_one_request() == 32
+    assert hits_of_one_request() == 64
     assert post(served, "/reset_prefix_cache", b"") == (200, {"success": True})
     assert hits_of_one_request() == 0
     stream = c.completions.create(model="tiny", prompt="a long one", max_tokens=4000, stream=True,

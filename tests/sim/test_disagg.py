@@ -24,6 +24,9 @@ FUZZ_SEED = os.environ.get("KVSCHED_FUZZ_SEED")
 MODEL = "meta-llama/Llama-3.1-8B"
 # Llama-3.1-8B's KV per token: 32 layers x 8 KV heads x 128 x (K, V) x 2 bytes.
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+# The read sizes below are worked out in vLLM 0.33's 16-token blocks: those
+# tests simulate 0.33 (the default release, 0.34, has 64-token blocks).
+VLLM_0_33 = ("--vllm-version", "0.33")
 
 
 def pd_spec(*extra: str, prompts: int = 24, rate: str = "4", input_len: str = "2000",
@@ -79,7 +82,7 @@ def test_bad_pd_flags_are_refused_by_name(argv: list[str], words: list[str]) -> 
 
 
 def test_every_request_takes_both_legs_and_one_kv_read() -> None:
-    result = run(pd_spec("--disaggregation", "1P1D"))
+    result = run(pd_spec("--disaggregation", "1P1D", *VLLM_0_33))
     m = result.metrics
     assert m["completed"] == 24 and m["failed"] == 0
     kv = m["kv_transfer"]
@@ -97,7 +100,7 @@ def test_every_request_takes_both_legs_and_one_kv_read() -> None:
 
 def test_one_read_costs_latency_plus_bytes_over_the_path() -> None:
     # One request alone: its read never waits for a busy port.
-    result = run(pd_spec("--disaggregation", "1P1D", prompts=1))
+    result = run(pd_spec("--disaggregation", "1P1D", *VLLM_0_33, prompts=1))
     h100 = get_hardware("h100-sxm")
     expected_ms = 1e3 * (h100.comm_latency_s + 125 * 16 * KV_BYTES_PER_TOKEN / h100.scaleup_bw)
     assert math.isclose(result.metrics["kv_transfer"]["mean_ms"], expected_ms, rel_tol=1e-9)
@@ -130,7 +133,7 @@ def h100_with_nics(tmp_path: Path, scaleout_bw: float | None) -> str:
 def test_instances_beyond_one_node_read_over_the_scale_out_network(tmp_path: Path) -> None:
     # 1P1D at TP8: each instance fills an 8-GPU node; 50 GB/s per GPU (a 400 Gb/s NIC each).
     hw = h100_with_nics(tmp_path, 50e9)
-    m = run(pd_spec("--disaggregation", "1P1D", "-tp", "8", "--hardware", hw, prompts=1)).metrics
+    m = run(pd_spec("--disaggregation", "1P1D", "-tp", "8", "--hardware", hw, *VLLM_0_33, prompts=1)).metrics
     kv = m["kv_transfer"]
     assert kv["paths"] == ["rdma"]
     latency = get_hardware("h100-sxm").comm_latency_s

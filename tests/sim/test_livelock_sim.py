@@ -34,8 +34,10 @@ NEVER_FITS = ("vLLM 0.33 livelock (remote_read_never_fits): {rid}: an asynchrono
 
 
 def pd_flags(prompt: int) -> list[str]:
-    # 32 KV blocks of 16 (31 usable: 496 tokens) on each instance, n-gram drafts of 4.
-    return ["--model", MODEL, "--hardware", "h100-sxm", "--step-time-backend", "roofline",
+    # 32 KV blocks of 16 (31 usable: 496 tokens) on each instance, n-gram drafts of 4;
+    # vLLM 0.33 (its 16-token blocks; the default release, 0.34, has 64-token ones).
+    return ["--vllm-version", "0.33", "--model", MODEL, "--hardware", "h100-sxm",
+            "--step-time-backend", "roofline",
             "--dataset-name", "random", "--num-prompts", "1", "--request-rate", "inf",
             "--random-input-len", str(prompt), "--random-output-len", "8", "--random-range-ratio", "0",
             "--seed", "1", "--disaggregation", "1P1D", "--num-gpu-blocks-override", "32",
@@ -66,10 +68,11 @@ def docs(names: str) -> Workload:
 def offload_config(num_speculative_tokens: int | None, dp: int = 1) -> SimConfig:
     spec = (None if num_speculative_tokens is None
             else f'{{"method": "ngram", "num_speculative_tokens": {num_speculative_tokens}}}')
+    # vLLM 0.33: docs() counts its 16-token blocks (the default release, 0.34, has 64-token ones).
     d = build_deployment(EngineOptions(model=MODEL, hardware="h100-sxm", step_time_backend="roofline",
                                        max_model_len=496, num_gpu_blocks_override=32, kv_offloading_size=1.0,
                                        async_scheduling=False, speculative_config=spec,
-                                       data_parallel_size=dp, calibration="none"))
+                                       data_parallel_size=dp, calibration="none", vllm_version="0.33"))
     # Kernel time only ("none"): a request reaches the engine at its send,
     # so the livelock's moment is its arrival's.
     return SimConfig(d.scheduler_config, d.cache_config, d.step_model, offload=d.offload,
@@ -113,7 +116,9 @@ class NoWorker:
 
 def lockstep_rank(scripts: dict[str, dict[str, Any]]) -> Rank:
     connector = ScriptedConnector(KVTransferConfig(kv_role="kv_both"), scripts, 16)
-    return Rank(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256),
+    # The livelocks named here are vLLM 0.33's (the module's subject).
+    return Rank(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256,
+                                vllm_version="0.33"),
                 CacheConfig(num_gpu_blocks=24, block_size=16), workload_name="t", kv_connector=connector,
                 kv_worker=NoWorker())
 

@@ -29,8 +29,10 @@ MIB = 1 << 20
 
 
 def engine(**changes: object) -> EngineOptions:
+    # vLLM 0.33: the block counts and sizes here are worked out in its
+    # 16-token blocks (BLOCK; the default release, 0.34, has 64-token ones).
     base = EngineOptions(model=MODEL, hardware="h100-sxm", step_time_backend="roofline", max_model_len=960,
-                         num_gpu_blocks_override=64, kv_offloading_size=1.0)
+                         num_gpu_blocks_override=64, kv_offloading_size=1.0, vllm_version="0.33")
     return dataclasses.replace(base, **changes)
 
 
@@ -225,7 +227,8 @@ def test_every_dp_replica_gets_its_own_cpu_cache() -> None:
     spec = parse_spec(["--model", MODEL, "--hardware", "h100-sxm", "--step-time-backend", "roofline",
                        "--num-prompts", "8", "--random-input-len", "256", "--random-output-len", "8",
                        "--max-model-len", "1024", "--num-gpu-blocks-override", "80", "-dp", "2",
-                       "--dp-routing", "round-robin", "--kv-offloading-size", "0.5"])
+                       "--dp-routing", "round-robin", "--kv-offloading-size", "0.5",
+                       "--vllm-version", "0.33"])  # the 2 MiB blocks are 0.33's 16 tokens
     from kvsched.sim.run import run
     m = run(spec).metrics
     # 0.5 GiB of 2 MiB blocks on each of the two engine cores.

@@ -33,6 +33,9 @@ MODEL = "meta-llama/Llama-3.1-8B"
 MOE = "Qwen3-30B-A3B"
 # Llama-3.1-8B's KV per token: 32 layers x 8 KV heads x 128 x (K, V) x 2 bytes.
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+# The tight caches and block sizes below are vLLM 0.33's 16-token blocks:
+# those cases simulate 0.33 (the default release, 0.34, has 64-token blocks).
+VLLM_0_33 = ("--vllm-version", "0.33")
 
 
 def flags(*extra: str, prompts: int = 24, rate: str = "8", model: str = MODEL,
@@ -76,7 +79,7 @@ def disaggregated(*extra: str, **kw: Any) -> tuple[DisaggResult, dict[str, Any]]
 
 @pytest.mark.parametrize("extra", [
     (), ("--async-scheduling",), ("--no-enable-chunked-prefill",), ("--max-num-batched-tokens", "512"),
-    ("--num-gpu-blocks-override", "300"),  # preemptions: recomputes count as prefill
+    ("--num-gpu-blocks-override", "300", *VLLM_0_33),  # preemptions: recomputes count as prefill
     ("-dp", "2"), ("--kv-offloading-size", "4"), ("--kv-offloading-size", "4", "--async-scheduling"),
 ], ids=["plain", "async", "no-chunked", "chunked-512", "preempting", "dp2", "offload", "offload-async"])
 def test_colocated_parts_add_up_per_request(extra: tuple[str, ...]) -> None:
@@ -138,7 +141,8 @@ def doc_workload() -> Workload:
 def test_a_cpu_hit_loaded_is_its_own_part(async_scheduling: bool) -> None:
     deployment = build_deployment(EngineOptions(
         model=MODEL, hardware="h100-sxm", step_time_backend="roofline", max_model_len=960,
-        num_gpu_blocks_override=64, kv_offloading_size=1.0, async_scheduling=async_scheduling))
+        num_gpu_blocks_override=64, kv_offloading_size=1.0, async_scheduling=async_scheduling,
+        vllm_version="0.33"))  # 0.33's 16-token blocks: the doc workload's 32 per document
     config = SimConfig(deployment.scheduler_config, deployment.cache_config, deployment.step_model,
                        offload=deployment.offload)
     result = Simulator(config, doc_workload()).run()
@@ -152,7 +156,7 @@ def test_a_cpu_hit_loaded_is_its_own_part(async_scheduling: bool) -> None:
 @pytest.mark.parametrize("extra", [
     ("--disaggregation", "1P1D"), ("--disaggregation", "2P1D", "--async-scheduling"),
     ("--disaggregation", "1P2D", "--kv-offloading-size", "4"),
-    ("--disaggregation", "1P1D", "--num-gpu-blocks-override", "300"),
+    ("--disaggregation", "1P1D", "--num-gpu-blocks-override", "300", *VLLM_0_33),
 ], ids=["1P1D", "2P1D-async", "1P2D-offload", "1P1D-tight-decode"])
 def test_disaggregated_parts_add_up_per_request(extra: tuple[str, ...]) -> None:
     result, metrics = disaggregated(*extra, rate="12")
@@ -179,7 +183,7 @@ def test_disaggregated_parts_add_up_per_request(extra: tuple[str, ...]) -> None:
 
 
 def test_a_lone_pd_request_reads_its_kv_at_the_links_price() -> None:
-    result, _ = disaggregated("--disaggregation", "1P1D", prompts=1, backend="measured")
+    result, _ = disaggregated("--disaggregation", "1P1D", *VLLM_0_33, prompts=1, backend="measured")
     parts = result.ttft_parts
     assert_adds_up(parts, result.combined.records)
     # Alone: no queue on either side before the read; the hop pays the decode

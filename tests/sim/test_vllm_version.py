@@ -33,7 +33,7 @@ ACTIVATIONS = 8192 * (2 * 4096 + 2 * 14336) * 2 + 1024 * 128_256 * 4
 
 
 def test_0_33_defaults_to_16_token_blocks_at_0_92() -> None:
-    d = build_deployment(EngineOptions(max_model_len=4096))
+    d = build_deployment(EngineOptions(vllm_version="0.33", max_model_len=4096))
     free = 0.92 * H100 - WEIGHTS - GIB - ACTIVATIONS
     assert (d.vllm_version, d.cache_config.block_size, d.gpu_memory_utilization) == ("0.33", 16, 0.92)
     assert d.scheduler_config.vllm_version == "0.33" and not d.memory.extensible
@@ -54,6 +54,15 @@ def test_0_34_defaults_to_64_token_blocks_sized_after_warmup() -> None:
     assert ", vLLM 0.34, " in d.describe()
 
 
+def test_the_default_release_is_0_34() -> None:
+    # The newest release kvsched models: no --vllm-version gives the 0.34
+    # deployment worked out above, 64-token blocks at 1.0, 7804 of them.
+    d = build_deployment(EngineOptions(max_model_len=4096))
+    assert (d.vllm_version, d.cache_config.block_size, d.gpu_memory_utilization) == ("0.34", 64, 1.0)
+    assert d.scheduler_config.vllm_version == "0.34" and d.memory.extensible
+    assert d.cache_config.num_gpu_blocks == 7804
+
+
 def test_0_34_sizes_from_the_estimate_where_its_extensible_cache_is_off() -> None:
     off = build_deployment(EngineOptions(vllm_version="0.34", max_model_len=4096,
                                          enable_extensible_kv_cache=False))
@@ -67,7 +76,7 @@ def test_0_34_sizes_from_the_estimate_where_its_extensible_cache_is_off() -> Non
 
 
 def test_the_results_name_the_release_and_the_memory_share_it_ran_with() -> None:
-    d33 = build_deployment(EngineOptions(max_model_len=4096))
+    d33 = build_deployment(EngineOptions(vllm_version="0.33", max_model_len=4096))
     d34 = build_deployment(EngineOptions(vllm_version="0.34", max_model_len=4096))
     out33, out34 = deployment_dict(d33, InstanceGroup()), deployment_dict(d34, InstanceGroup())
     assert (out33["vllm"], out33["cache"]["gpu_memory_utilization"]) == ({"version": "0.33"}, 0.92)
@@ -78,13 +87,21 @@ def test_the_results_name_the_release_and_the_memory_share_it_ran_with() -> None
 
 
 def test_the_flag_round_trips_through_the_spec() -> None:
-    argv = ["--vllm-version", "0.34", "--block-size", "16", "--no-enable-extensible-kv-cache"]
+    argv = ["--vllm-version", "0.33", "--block-size", "64"]
     spec = parse_spec(argv)
+    engine = spec.engine
+    assert (engine.vllm_version, engine.block_size) == ("0.33", 64)
+    assert spec_from_json(json.loads(json.dumps(spec_to_json(spec)))) == spec
+    assert spec_argv(spec) == argv
+    # The default release (0.34) writes no flag, given or not; its own flags round-trip.
+    argv = ["--block-size", "16", "--no-enable-extensible-kv-cache"]
+    spec = parse_spec(["--vllm-version", "0.34", *argv])
     engine = spec.engine
     assert (engine.vllm_version, engine.enable_extensible_kv_cache, engine.block_size) == ("0.34", False, 16)
     assert spec_from_json(json.loads(json.dumps(spec_to_json(spec)))) == spec
     assert spec_argv(spec) == argv
-    assert spec_argv(parse_spec([])) == []  # the default release writes no flag
+    assert parse_spec(argv) == spec
+    assert spec_argv(parse_spec([])) == []
     with pytest.raises(UserInputError, match=r"^vllm_version='0\.35' \(--vllm-version\): not a vLLM release "
                                              r"kvsched models; use one of 0\.33, 0\.34$"):
         build_deployment(spec_from_json({"deployment": {"groups": [{"engine": {"vllm_version": "0.35"}}]}},
@@ -122,7 +139,8 @@ def test_the_tuners_serve_line_follows_the_release() -> None:
     assert shlex.split(problem.vllm_serve(Candidate("h100-sxm", 2))) == [
         "vllm", "serve", "meta-llama/Llama-3.1-8B", "--tensor-parallel-size", "2", "--block-size", "16",
         "--gpu-memory-utilization", "0.92"]
-    same = RunSpec().with_engine(block_size=16, gpu_memory_utilization=0.92)  # 0.33's defaults
+    # 0.33's own defaults: no flag on 0.33's line.
+    same = RunSpec().with_engine(vllm_version="0.33", block_size=16, gpu_memory_utilization=0.92)
     problem = Problem("meta-llama/Llama-3.1-8B", same, Slo((("ttft", 500.0),), "mean"), "goodput-per-gpu",
                       {}, is_random=True, base_rate=1.0)
     assert problem.vllm_serve(Candidate("h100-sxm", 2)) == \
@@ -130,7 +148,8 @@ def test_the_tuners_serve_line_follows_the_release() -> None:
 
 
 def test_a_flag_0_33_lacks_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["simulate", "--num-prompts", "2", "--enable-extensible-kv-cache"]) == 2
+    assert cli.main(["simulate", "--num-prompts", "2", "--vllm-version", "0.33",
+                     "--enable-extensible-kv-cache"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err == (
         "kvsched: error: enable_extensible_kv_cache=True (--enable-extensible-kv-cache): vLLM 0.33 has no "
@@ -151,7 +170,8 @@ def _scenario(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("argv", "first"), [([], 32), (["--vllm-version", "0.33"], 32),
+# No flag: the default release, 0.34.
+@pytest.mark.parametrize(("argv", "first"), [([], 100), (["--vllm-version", "0.33"], 32),
                                               (["--vllm-version", "0.34"], 100)])
 def test_replay_takes_the_release(tmp_path: Path, argv: list[str], first: int,
                                   capsys: pytest.CaptureFixture[str]) -> None:
