@@ -362,11 +362,16 @@ def test_the_same_line_is_refused_for_0_33() -> None:
         paste(LINE_0_34, None, KVSCHED, "0.33")
     assert str(e.value) == ("--serve: vLLM 0.33 has no --enable-extensible-kv-cache (vLLM 0.34 added it); "
                             "drop it, or simulate vLLM 0.34 with --vllm-version 0.34")
-    # simulate's default release is 0.33: the line alone is read as 0.33's.
+    # simulate --vllm-version 0.33 reads the pasted line as 0.33's.
     with pytest.raises(UserInputError,
                        match=r"vLLM 0\.33 has no --max-num-inflight-kv-loads \(vLLM 0\.34 added it\)"):
         with_pasted(build_parser().parse_args(
-            ["simulate", "--hardware", "h100-sxm", "--serve", "vllm serve m --max-num-inflight-kv-loads 2"]))
+            ["simulate", "--hardware", "h100-sxm", "--vllm-version", "0.33",
+             "--serve", "vllm serve m --max-num-inflight-kv-loads 2"]))
+    # simulate's default release is 0.34, which has the flag.
+    args, _ = with_pasted(build_parser().parse_args(
+        ["simulate", "--hardware", "h100-sxm", "--serve", "vllm serve m --max-num-inflight-kv-loads 2"]))
+    assert args.max_num_inflight_kv_loads == 2
     with pytest.raises(UserInputError, match=r"vllm_version='0.32' \(--vllm-version\): not a vLLM release"):
         paste("vllm serve m", None, KVSCHED, "0.32")
 
