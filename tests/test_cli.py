@@ -215,6 +215,7 @@ def test_explain_says_when_the_run_is_stuck_in_a_vllm_livelock(
     assert len(steps) == 5
     stuck = [i for i, line in enumerate(lines) if line.strip().startswith("stuck:")]
     assert stuck and stuck[0] > steps[1] and stuck[0] < steps[2]
-    assert "vLLM 0.33 livelock (whole_one_token_load): a:" in lines[stuck[0]]
+    # replay follows the default release, 0.34, which keeps 0.33's livelocks.
+    assert "vLLM 0.34 livelock (whole_one_token_load): a:" in lines[stuck[0]]
     assert "waiting_for_remote_kvs" in lines[steps[0] + 1]
     assert "max_steps=5" in captured.err

@@ -41,8 +41,10 @@ REASONS = (REASON_TOKEN_BUDGET, REASON_MAX_NUM_SEQS, REASON_KV_BLOCKS,
            REASON_MAX_LORAS, REASON_OUTPUT_IN_FLIGHT, REASON_WAITING_FOR_REMOTE_KVS,
            REASON_KV_LOAD_FAILED, REASON_KV_LOOKUP_PENDING, REASON_KV_LOAD_CAP)
 
-# vLLM 0.33.0's livelocks with a KV connector (it spins for ever in them;
-# SCENARIO_FORMAT.md's notes). Scheduler.livelock() recognises them.
+# vLLM's livelocks with a KV connector (it spins for ever in them;
+# SCENARIO_FORMAT.md's notes on 0.33.0; 0.34.0 keeps them, shown live and by
+# goldens_0_34/probes/failed_load_reservation). Scheduler.livelock()
+# recognises them.
 LIVELOCK_WHOLE_ONE_TOKEN_LOAD = "whole_one_token_load"
 LIVELOCK_FAILED_LOAD_SELF_RESERVED = "failed_load_self_reserved"
 LIVELOCK_REMOTE_READ_NEVER_FITS = "remote_read_never_fits"
@@ -63,13 +65,15 @@ _LIVELOCK_TEXT = {
 
 @dataclass(frozen=True, slots=True)
 class Livelock:
-    """A state vLLM 0.33.0 never leaves (it keeps stepping): which, and who."""
+    """A state vLLM never leaves (it keeps stepping): which, who, and the
+    release whose scheduler is in it."""
 
     kind: str  # a LIVELOCK_* constant
     request_ids: tuple[str, ...]
+    vllm_version: str
 
     def message(self) -> str:
-        return (f"vLLM 0.33 livelock ({self.kind}): {', '.join(self.request_ids)}: "
+        return (f"vLLM {self.vllm_version} livelock ({self.kind}): {', '.join(self.request_ids)}: "
                 f"{_LIVELOCK_TEXT[self.kind]}")
 
 

@@ -1336,7 +1336,7 @@ class Scheduler:
         return tuple(r.request_id for r in self.kv_holding_waiting if r is not request)
 
     def livelock(self) -> explain.Livelock | None:
-        """The vLLM 0.33.0 livelock this scheduler is in, read from its
+        """The vLLM livelock this scheduler is in, read from its
         state (None when it is in none). vLLM keeps stepping in these for
         ever; the caller decides what to do (replay --explain says so, the
         simulator stops the engine). Exact, not a guess from idle steps:
@@ -1365,7 +1365,8 @@ class Scheduler:
                       and r.num_tokens == 1 and r.num_computed_tokens == 1
                       and r.request_id not in self.failed_recving_kv_req_ids)
         if whole:
-            return explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, whole)
+            return explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, whole,
+                                    self.scheduler_config.vllm_version)
         rid = self._kv_blocked_load
         request = self.requests.get(rid) if rid is not None else None
         if (request is None or request.status not in (WAITING, PREEMPTED)
@@ -1374,7 +1375,8 @@ class Scheduler:
         rid = request.request_id
         kind = (explain.LIVELOCK_FAILED_LOAD_SELF_RESERVED if rid in self._inflight_prefills
                 else explain.LIVELOCK_REMOTE_READ_NEVER_FITS)
-        return explain.Livelock(kind, (rid, *self._held_behind(request)))
+        return explain.Livelock(kind, (rid, *self._held_behind(request)),
+                                self.scheduler_config.vllm_version)
 
     def _promote_loaded(self, request: Request) -> None:
         """An asynchronous load reported done: cache what it loaded (after a

@@ -67,9 +67,9 @@ def test_one_token_prompt_loaded_whole_is_a_livelock_from_its_second_load() -> N
         output, _, _ = engine.step()
         assert output.num_scheduled_tokens == {} and output.kv_loads == {"a": (1, True)}
         lock = sched.livelock()
-        assert lock == explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, ("a",))
+        assert lock == explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, ("a",), "0.34")
     assert lock is not None
-    assert lock.message().startswith("vLLM 0.33 livelock (whole_one_token_load): a: a one-token prompt")
+    assert lock.message().startswith("vLLM 0.34 livelock (whole_one_token_load): a: a one-token prompt")
 
 
 def test_failed_load_under_recompute_keeps_its_reservation_for_ever() -> None:
@@ -86,7 +86,8 @@ def test_failed_load_under_recompute_keeps_its_reservation_for_ever() -> None:
         assert output.num_scheduled_tokens == {}
         assert output.not_admitted == [NotAdmitted(
             "a", "kv_blocks", "23 blocks free; 13 reserved for prefills and loads in flight")]
-        assert sched.livelock() == explain.Livelock(explain.LIVELOCK_FAILED_LOAD_SELF_RESERVED, ("a",))
+        assert sched.livelock() == explain.Livelock(explain.LIVELOCK_FAILED_LOAD_SELF_RESERVED, ("a",),
+                                                    "0.34")
 
 
 def test_the_same_retry_that_fits_is_no_livelock() -> None:

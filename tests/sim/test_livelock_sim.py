@@ -131,7 +131,8 @@ def test_lockstep_ranks_name_the_livelock_of_the_rank_in_it() -> None:
     engine = Engine(ranks[1].sched)
     for _ in range(2):
         engine.step()
-    assert ranks[1].sched.livelock() == explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, ("a",))
+    assert ranks[1].sched.livelock() == explain.Livelock(explain.LIVELOCK_WHOLE_ONE_TOKEN_LOAD, ("a",),
+                                                         "0.33")
     model = build_deployment(EngineOptions(model=MODEL, step_time_backend="roofline")).step_model
     group = LockstepGroup(ranks, model, DPRankStates(2, 16))
     with pytest.raises(CannotServe, match=r"^DP rank 1: at t=0\.000s, vLLM 0\.33 livelock "
