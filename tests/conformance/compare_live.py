@@ -27,7 +27,7 @@ from compare_live_kv import run_oracle  # noqa: E402
 from random_features import FEATURE_CORPUS_SEEDS, write_feature_scenarios  # noqa: E402
 from random_scenarios import CORPUS_SEEDS, parse_seeds, write_random_scenarios  # noqa: E402
 from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
-from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_paths_of  # noqa: E402
 
 from kvsched.core.trace import first_difference  # noqa: E402
 from kvsched.scenario import load_scenario, replay  # noqa: E402
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     write = write_feature_scenarios if args.features else write_random_scenarios
     kind = "random feature" if args.features else "random"
     try:
-        reference_034_paths() if args.vllm_version == "0.34" else reference_paths()
+        reference_paths_of(args.vllm_version)
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2

@@ -44,7 +44,7 @@ from random_kv_connector import (  # noqa: E402
 )
 from random_scenarios import parse_seeds  # noqa: E402
 from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
-from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_paths, reference_paths_of  # noqa: E402
 
 from kvsched.vllm_versions import VLLM_VERSIONS  # noqa: E402
 
@@ -79,8 +79,8 @@ def run_oracle(folder: Path, hash_seed: int = 0, vllm_version: str = SHARED_REFE
     printed, if the oracle failed. The one oracle runner of the live
     drivers (compare_live.py, compare_live_nixl.py, compare_live_offload.py):
     0.33 is the shared reference's, 0.34 this repository's (vllm_0_34/)."""
-    if vllm_version == "0.34":
-        python, oracle = reference_034_paths()
+    if vllm_version != SHARED_REFERENCE_VERSION:
+        python, oracle = reference_paths_of(vllm_version)
         cmd = [str(python), str(oracle), str(folder), "--out", str(folder)]
     else:
         python, oracle = reference_paths()
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        reference_034_paths() if args.vllm_version == "0.34" else reference_paths()
+        reference_paths_of(args.vllm_version)
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2

@@ -54,7 +54,7 @@ from compare_live_offload import add_034_offload_keys, offload_connector, share_
 from random_kv_connector import gzip_trace  # noqa: E402
 from random_scenarios import format_scenario, parse_seeds  # noqa: E402
 from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
-from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_paths, reference_paths_of  # noqa: E402
 
 from kvsched.vllm_versions import VLLM_VERSIONS, rules_for  # noqa: E402
 
@@ -125,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        reference_034_paths() if version == "0.34" else reference_paths()
+        reference_paths_of(version)
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
 
     def oracle(folder: Path, hash_seed: int) -> bool:
-        if version == "0.34":
+        if version != SHARED_REFERENCE_VERSION:
             return run_oracle(folder, hash_seed, version)
         return run_multi_oracle(folder, hash_seed)
 

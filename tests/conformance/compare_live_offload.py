@@ -51,7 +51,7 @@ from random_features import random_feature_scenario  # noqa: E402
 from random_kv_connector import MAX_STEPS  # noqa: E402
 from random_scenarios import parse_seeds, random_scenario  # noqa: E402
 from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
-from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_paths_of  # noqa: E402
 
 from kvsched.vllm_versions import VLLM_VERSIONS, rules_for  # noqa: E402
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     version = args.vllm_version
     try:
-        reference_034_paths() if version == "0.34" else reference_paths()
+        reference_paths_of(version)
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2

@@ -43,7 +43,7 @@ from pp_scenarios import (  # noqa: E402
 )
 from random_scenarios import format_scenario, parse_seeds  # noqa: E402
 from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
-from regenerate import ReferenceMissing, reference_034_paths, reference_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_paths, reference_paths_of  # noqa: E402
 
 from kvsched.vllm_versions import VLLM_VERSIONS  # noqa: E402
 
@@ -51,7 +51,6 @@ from kvsched.vllm_versions import VLLM_VERSIONS  # noqa: E402
 PP_CORPUS_SEEDS = "0-39"
 PP_FEATURE_CORPUS_SEEDS = "0-19"
 DEFAULT_SEEDS = "1000-1119"
-ENGINE_ORACLE_034 = HERE / "vllm_0_34" / "engine_oracle.py"
 
 
 def run_pp_oracle(folder: Path, seeds: str, features: bool, vllm_version: str,
@@ -61,12 +60,12 @@ def run_pp_oracle(folder: Path, seeds: str, features: bool, vllm_version: str,
     0.33: pp_oracle.py draws the scenarios itself. 0.34: they are drawn here
     (the same text, pp_scenarios.py) and 0.34's engine oracle traces them,
     under PYTHONHASHSEED=0 as every oracle run of the live comparers."""
-    if vllm_version == "0.34":
-        python, _ = reference_034_paths()
+    if vllm_version != SHARED_REFERENCE_VERSION:
+        python, oracle = reference_paths_of(vllm_version)
         make, prefix = (pp_feature_scenario, FEATURE_PREFIX) if features else (pp_scenario, FILE_PREFIX)
         for seed in parse_seeds(seeds):
             (folder / f"{prefix}{seed}.json").write_text(format_scenario(make(seed, pp_sizes)))
-        cmd = [str(python), str(ENGINE_ORACLE_034), str(folder), "--out", str(folder)]
+        cmd = [str(python), str(oracle.parent / "engine_oracle.py"), str(folder), "--out", str(folder)]
     else:
         python, _ = reference_paths()
         cmd = [str(python), str(HERE / "pp_oracle.py"), str(folder), "--seeds", seeds,
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(f"--seeds {args.seeds!r}: {e}")
     try:
-        reference_034_paths() if args.vllm_version == "0.34" else reference_paths()
+        reference_paths_of(args.vllm_version)
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2

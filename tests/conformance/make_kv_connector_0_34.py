@@ -30,7 +30,7 @@ from compare_live_multi import random_multi_scenario  # noqa: E402
 from compare_live_offload import random_offload_scenario  # noqa: E402
 from random_kv_connector import gzip_trace  # noqa: E402
 from random_scenarios import format_scenario  # noqa: E402
-from regenerate import ReferenceMissing, reference_034_paths  # noqa: E402
+from regenerate import ReferenceMissing, reference_paths_of  # noqa: E402
 
 CORPUS_DIR = HERE / "kv_connector_0_34"
 VERSION = "0.34"
@@ -64,7 +64,7 @@ def scenario_text(prefix: str, seed: int) -> str:
 
 def main() -> int:
     try:
-        reference_034_paths()
+        reference_paths_of("0.34")
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2

@@ -31,13 +31,14 @@ RANDOM_FEATURES_DIR = HERE / "random_features"
 TRACE_SUFFIX = ".vllm.jsonl"
 DEFAULT_REFERENCE_PYTHON = Path.home() / ".cache/kvsched-reference/venv/bin/python"
 DEFAULT_REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference"
-DEFAULT_REFERENCE_034_PYTHON = Path.home() / ".cache/kvsched-reference/venv-0.34/bin/python"
 
 # Run as a script, this folder is already on sys.path; as a module (-m) it may not be.
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+import release_goldens  # noqa: E402
 from random_features import FEATURE_CORPUS_SEEDS, FILE_PREFIX, write_feature_scenarios  # noqa: E402
 from random_scenarios import CORPUS_SEEDS, parse_seeds, write_random_scenarios  # noqa: E402
+from reference_release import SHARED_REFERENCE_VERSION  # noqa: E402
 
 
 class ReferenceMissing(Exception):
@@ -60,16 +61,21 @@ def reference_paths() -> tuple[Path, Path]:
     return python, oracle
 
 
-def reference_034_paths() -> tuple[Path, Path]:
-    """vLLM 0.34.0's reference python and this repository's 0.34 oracle
-    (vllm_0_34/), or ReferenceMissing with a hint."""
-    python = Path(os.environ.get("KVSCHED_REFERENCE_034_PYTHON", DEFAULT_REFERENCE_034_PYTHON)).expanduser()
-    oracle = HERE / "vllm_0_34" / "oracle.py"
+def reference_paths_of(version: str) -> tuple[Path, Path]:
+    """The reference python and oracle script of ``version``: the shared
+    reference's (vllm_replay.py) for its release, else this repository's
+    drivers for that release (vllm_X_Y/oracle.py, its engine_oracle.py
+    beside it); ReferenceMissing with a hint when its venv is not built.
+    The one place the live comparers choose an oracle by release."""
+    if version == SHARED_REFERENCE_VERSION:
+        return reference_paths()
+    python = release_goldens.default_python(version)
+    drivers = release_goldens.drivers_of(version)
     if not python.is_file():
-        raise ReferenceMissing(f"the vLLM 0.34 reference environment is missing: {python}"
-                               "\nBuild it once with:  bash tests/conformance/vllm_0_34/setup.sh"
-                               "\n(or point KVSCHED_REFERENCE_034_PYTHON at it)")
-    return python, oracle
+        raise ReferenceMissing(f"the vLLM {version} reference environment is missing: {python}"
+                               f"\nBuild it once with:  bash {drivers.relative_to(HERE.parents[1])}/setup.sh"
+                               f"\n(or point {release_goldens.python_env_var(version)} at it)")
+    return python, drivers / "oracle.py"
 
 
 def rewrite_random_scenarios(seeds: list[int]) -> int:
