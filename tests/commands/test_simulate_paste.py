@@ -161,8 +161,9 @@ def test_docs_pairs_kvsched_cannot_run_are_refused_by_name(
      "--model=meta-llama/Llama-3.1-8B and --serve's model openai/gpt-oss-20b disagree"),
     (["--hardware", "h200", "--num-prompts", "5", "--bench", SWEEP_BENCH],
      "--num-prompts=5 and --bench's --num-prompts 20 disagree"),
+    # read as the default release, 0.34
     (["--hardware", "h200", "--serve", f"{CUSTOM_SERVE} --step-time-backend roofline"],
-     "--step-time-backend is not a vllm serve flag of vLLM 0.33"),
+     "--step-time-backend is not a vllm serve flag of vLLM 0.34"),
     (["--hardware", "h200", "--serve", f"{CUSTOM_SERVE} --gpu-memory-utilisation 0.8"],
      "did you mean --gpu-memory-utilization"),
     (["--hardware", "h200", "--serve", f"{CUSTOM_SERVE} --max-model-len"], "--max-model-len needs a value"),
