@@ -53,9 +53,9 @@ def batch_queue_size(async_scheduling: bool, pipeline_parallel_size: int = 1) ->
     """How many scheduled batches vLLM's engine keeps in flight
     (VllmConfig.max_concurrent_batches): one step at a time when synchronous
     without pipeline parallelism; the async batch queue; with PP one batch
-    per stage to fill the pipeline. Async scheduling with PP runs only on
-    vLLM's V2 model runner (the V1 runner refuses the pair), which adds the
-    batch being scheduled: PP + 1."""
+    per stage to fill the pipeline. Async scheduling with PP adds the batch
+    being scheduled: PP + 1 (0.33 on its V2 model runner, whose rules
+    kvsched follows there; 0.34 has only that runner)."""
     if pipeline_parallel_size > 1:
         return pipeline_parallel_size + 1 if async_scheduling else pipeline_parallel_size
     return BATCH_QUEUE_SIZE if async_scheduling else 1
