@@ -63,9 +63,16 @@ class FCFSRequestQueue:
         assert len(set(ids)) == len(ids), "a request is queued twice"
 
 
+def priority_order(request: Request) -> tuple[int, float, str]:
+    """The priority policy's order of requests: lower priority value first,
+    then earlier arrival, then request id (the total order vLLM's
+    Request.__lt__ defines). The one owner: the priority queue's heap and
+    the scheduler's merge of two waiting queues compare by it."""
+    return request.priority, request.arrival_time, request.request_id
+
+
 class PriorityRequestQueue:
-    """Lower priority value first, then earlier arrival, then request id (the
-    total order vLLM's Request.__lt__ defines, so pops match vLLM's heap)."""
+    """Requests in :func:`priority_order` (so pops match vLLM's heap)."""
 
     __slots__ = ("_heap",)
 
@@ -73,8 +80,7 @@ class PriorityRequestQueue:
         self._heap: list[tuple[int, float, str, Request]] = []
 
     def add_request(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.priority, request.arrival_time,
-                                    request.request_id, request))
+        heapq.heappush(self._heap, (*priority_order(request), request))
 
     def prepend_request(self, request: Request) -> None:
         # A heap has no front: a request goes back by its key (a method,

@@ -45,7 +45,7 @@ from kvsched.core.output import (
     SpecDecodingStats,
 )
 from kvsched.core.policies import AdmissionPolicy
-from kvsched.core.request_queue import FCFSRequestQueue, RequestQueue, create_request_queue
+from kvsched.core.request_queue import FCFSRequestQueue, RequestQueue, create_request_queue, priority_order
 from kvsched.errors import UserInputError
 from kvsched.request import (
     FINISH_REASONS,
@@ -1183,8 +1183,7 @@ class Scheduler:
                         self._stop_at(step, explain.REASON_KV_LOAD_CAP, request, detail)
                         break
                     step.async_stop = (explain.REASON_KV_LOAD_CAP, rid, detail)
-                elif queue is not async_waiting:
-                    break  # unreachable: loads only take async_kv_waiting
+                # (loads_only scans async_kv_waiting alone: queue is it here.)
                 take_async = False
                 continue
             padded = False
@@ -1262,7 +1261,7 @@ class Scheduler:
             return async_waiting
         a, w = async_waiting.peek_request(), self.waiting.peek_request()
         if self._priority:
-            first = (a.priority, a.arrival_time, a.request_id) < (w.priority, w.arrival_time, w.request_id)
+            first = priority_order(a) < priority_order(w)
         else:
             first = a.arrival_time < w.arrival_time
         return async_waiting if first else self.waiting
