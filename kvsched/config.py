@@ -284,13 +284,63 @@ class SchedulerConfig:
                             f"({f.default!r})")
 
 
+# The kinds of KV cache group vLLM pages separately (its KVCacheSpec
+# classes, one single-type manager each): full attention (also MLA),
+# sliding-window attention, chunked local attention (Llama 4) and the
+# Mamba / linear-attention state (Nemotron-H, Qwen3-Next, Kimi-Linear).
+KV_GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local_attention", "mamba")
+# vLLM's --mamba-cache-mode values: "align" keeps a state block per
+# scheduler block (needed for prefix caching), "none" one state per request.
+MAMBA_CACHE_MODES = ("none", "align")
+
+
+@dataclass(slots=True, frozen=True)
+class KVCacheGroup:
+    """One KV cache group of vLLM's KVCacheConfig: the layers of one kind that
+    share a block table. Every group draws from the one shared block pool
+    (``CacheConfig.num_gpu_blocks``). ``num_layers`` only matters for
+    memory; the scheduler reads the kind, block size and window."""
+
+    kind: str
+    block_size: int
+    num_layers: int = 1
+    sliding_window: int | None = None  # sliding_window groups: tokens attended
+    attention_chunk_size: int | None = None  # chunked_local_attention groups
+
+    def __post_init__(self) -> None:
+        if self.kind not in KV_GROUP_KINDS:
+            raise _fail("kv_groups.kind", self.kind, "unknown KV cache group kind",
+                        f"use one of {', '.join(KV_GROUP_KINDS)}")
+        _require_positive("kv_groups.block_size", self.block_size)
+        _require_positive("kv_groups.num_layers", self.num_layers)
+        needs = {"sliding_window": "sliding_window",
+                 "chunked_local_attention": "attention_chunk_size"}.get(self.kind)
+        for name in ("sliding_window", "attention_chunk_size"):
+            value = getattr(self, name)
+            if name == needs:
+                _require_positive(f"kv_groups.{name}", value)
+            elif value is not None:
+                raise _fail(f"kv_groups.{name}", value, f"only a {name.replace('attention_', '')} "
+                            f"group has one, this group is {self.kind}", f"drop {name}")
+
+
 @dataclass(slots=True, frozen=True)
 class CacheConfig:
-    """The paged KV cache: ``num_gpu_blocks`` counts vLLM's reserved null block."""
+    """The paged KV cache: ``num_gpu_blocks`` counts vLLM's reserved null block.
+
+    ``kv_groups`` empty means vLLM's single full-attention group of
+    ``block_size`` tokens (every model kvsched ran before hybrid groups);
+    otherwise one entry per KV cache group, all sharing the one pool.
+    ``hash_block_size`` (None: ``block_size``) is the prefix-cache hash
+    granularity; ``mamba_cache_mode`` (None: vLLM's resolution) applies to
+    Mamba groups."""
 
     num_gpu_blocks: int
     block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
+    kv_groups: tuple[KVCacheGroup, ...] = ()
+    hash_block_size: int | None = None
+    mamba_cache_mode: str | None = None
 
     def __post_init__(self) -> None:
         _require_positive("block_size", self.block_size)
@@ -299,6 +349,11 @@ class CacheConfig:
             raise _fail("num_gpu_blocks", self.num_gpu_blocks,
                         "one block is vLLM's reserved null block, so no KV would fit",
                         "use at least 2 blocks")
+        if self.hash_block_size is not None:
+            _require_positive("hash_block_size", self.hash_block_size)
+        if self.mamba_cache_mode is not None and self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise _fail("mamba_cache_mode", self.mamba_cache_mode, "unknown Mamba cache mode",
+                        f"use one of {', '.join(MAMBA_CACHE_MODES)}")
 
 
 # vLLM's speculative methods, the one list every reader of
