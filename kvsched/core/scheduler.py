@@ -19,7 +19,7 @@ max_model_len).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
 
@@ -32,6 +32,7 @@ from kvsched.config import (
     check_speculative_settings,
 )
 from kvsched.core import explain
+from kvsched.core.encoder_cache_manager import EncoderCacheManager, compute_mm_encoder_budget
 from kvsched.core.kv_cache_manager import KVCacheManager
 from kvsched.core.kv_connector import KVConnectorBase, KVConnectorOutput
 from kvsched.core.output import (
@@ -51,6 +52,7 @@ from kvsched.request import (
     FINISH_REASONS,
     NO_DRAFTS,
     TOKEN_ID_LIMIT,
+    MultiModalFeature,
     Request,
     RequestStatus,
     check_token_ids,
@@ -140,6 +142,11 @@ class _Step:
     # 0.34's in-flight KV load cap, or no blocks for a load started with
     # the batch full): (reason, request id, detail), else None.
     async_stop: tuple[str, str, str] | None
+    # Multimodal: encoder embeddings this step may still encode (vLLM's
+    # encoder_compute_budget), and the mm items scheduled for encoding per
+    # request (None until one is).
+    encoder_budget: int
+    encoder_inputs: dict[str, list[int]] | None
 
     def __init__(self, token_budget: int) -> None:
         self.token_budget = token_budget
@@ -162,7 +169,30 @@ class _Step:
         self.kv_loads = None
         self.kv_skipped = False
         self.async_stop = None
+        self.encoder_budget = 0
+        self.encoder_inputs = None
 
+
+
+@dataclass(slots=True, init=False)
+class _EncoderPlan:
+    """What _try_schedule_encoder_inputs decided for one request: the mm
+    items to encode (indices), duplicates of them in the same request, the
+    tokens left to schedule, the encoder budget after it, and the item that
+    cut the chunk short with why (None: none did)."""
+
+    inputs: list[int]
+    duplicates: list[int]
+    num_new_tokens: int
+    encoder_budget: int
+    cut: tuple[str, MultiModalFeature] | None
+
+    def __init__(self, num_new_tokens: int, encoder_budget: int) -> None:
+        self.inputs = []
+        self.duplicates = []
+        self.num_new_tokens = num_new_tokens
+        self.encoder_budget = encoder_budget
+        self.cut = None
 
 
 def _entries_in_order(num_scheduled: dict[str, int],
@@ -188,7 +218,8 @@ class Scheduler:
                  vocab_size: int | None = None,
                  speculative_config: SpeculativeConfig | None = None,
                  lora_config: LoRAConfig | None = None,
-                 kv_connector: KVConnectorBase | None = None) -> None:
+                 kv_connector: KVConnectorBase | None = None,
+                 mm_max_tokens_per_item: Mapping[str, int] | None = None) -> None:
         """``runner_inputs``: put in each SchedulerOutput what a model runner
         needs to run the step - new requests' prompts and block tables,
         resumed requests' block tables and tokens. A simulator runs no model
@@ -201,7 +232,11 @@ class Scheduler:
         distinct LoRA adapters among running requests. Async scheduling is
         ``scheduler_config.async_scheduling``. ``kv_connector``: a KV
         connector's scheduler side (kvsched.core.kv_connector); its work runs
-        inside the usual phases, and without one they run as before."""
+        inside the usual phases, and without one they run as before.
+        ``mm_max_tokens_per_item``: a multimodal model's largest item per
+        modality, in tokens; requests may then carry mm items, and the
+        scheduler keeps vLLM's encoder budget and encoder cache (sized by
+        compute_mm_encoder_budget). None: a text-only model."""
         if vocab_size is not None and (type(vocab_size) is not int or not 0 < vocab_size <= TOKEN_ID_LIMIT):
             raise UserInputError(f"vocab_size={vocab_size!r}: must be an int in [1, {TOKEN_ID_LIMIT}] "
                              "(the model's vocabulary size), or None")
@@ -290,7 +325,43 @@ class Scheduler:
         # that changes the queues. A fact fast-forward's rule reads
         # (kvsched.core.fast_forward.stretch_refusal), not the rule itself.
         self.decode_stable = False
+        self._init_encoder(mm_max_tokens_per_item, kv_connector)
         self._init_connector(kv_connector)
+
+    def _init_encoder(self, mm_max_tokens_per_item: Mapping[str, int] | None,
+                      kv_connector: KVConnectorBase | None) -> None:
+        """A multimodal model's encoder budget and cache (vLLM's
+        MultiModalBudget). Its requests take the general paths: the fast
+        ones know nothing of encoder inputs."""
+        self.encoder_cache_manager: EncoderCacheManager | None = None
+        self.max_num_encoder_input_tokens = 0
+        # Identifier -> embeddings, of every mm item added: one identifier
+        # must always name an item of one size (the encoder cache shares it).
+        self._mm_num_embeds: dict[str, int] = {}
+        self._mm_cut_inside_item = False
+        self._mm_cut_refused_unchunked = False
+        if mm_max_tokens_per_item is None:
+            return
+        if not isinstance(mm_max_tokens_per_item, Mapping) or any(
+                not isinstance(k, str) or type(v) is not int or v < 1
+                for k, v in mm_max_tokens_per_item.items()):
+            raise UserInputError(f"mm_max_tokens_per_item={mm_max_tokens_per_item!r:.80}: must map each "
+                                 "modality (str) to its largest item in tokens (an int >= 1)")
+        if kv_connector is not None:
+            raise UserInputError("mm_max_tokens_per_item with a kv_connector: kvsched does not model "
+                                 "the encoder path together with a KV connector yet; drop one of them")
+        config = self.scheduler_config
+        budget, cache_size = compute_mm_encoder_budget(
+            *config.encoder_limits(), config.max_num_batched_tokens, config.disable_chunked_mm_input,
+            mm_max_tokens_per_item)
+        self.max_num_encoder_input_tokens = budget
+        self.encoder_cache_manager = EncoderCacheManager(cache_size)
+        self._fast_running = False
+        self._plain = False
+        rules = rules_for(config.vllm_version)
+        self._mm_cut_inside_item = rules.chunked_mm_input_off_cuts_inside_item
+        self._mm_cut_refused_unchunked = (rules.mm_cut_refused_without_chunked_prefill
+                                          and not config.enable_chunked_prefill)
 
     def _init_connector(self, connector: KVConnectorBase | None) -> None:
         """The KV connector's state (vLLM's names). Waiting requests that hold
@@ -348,6 +419,8 @@ class Scheduler:
         """Queue a new request; a bad one raises ValueError (TypeError for a
         wrong type) and changes nothing."""
         self.check_request(request)
+        for f in request.mm_features:
+            self._mm_num_embeds[f.identifier] = f.num_embeds
         request.stop_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         if self._inflight_kv_load_cap is not None and self.connector is not None \
                 and self.connector.may_load_async(request):
@@ -365,6 +438,8 @@ class Scheduler:
             raise UserInputError(f"request_id={request.request_id!r} is already in the scheduler; "
                              "request ids must be unique")
         request.validate(self.max_model_len, self.token_limit)
+        if request.mm_features:
+            self._check_mm_request(request)
         if request.status != WAITING or request.num_computed_tokens or request.output_token_ids:
             raise UserInputError(f"request {request.request_id}: already used (status "
                              f"{request.status.name}); create a fresh Request")
@@ -381,6 +456,32 @@ class Scheduler:
                 f"max_tokens {request.max_tokens} needs up to {need} KV blocks but the cache "
                 f"has {usable}; it could never run (vLLM would hang on it). Lower max_tokens, "
                 "shorten the prompt, or give the cache more blocks")
+
+    def _check_mm_request(self, request: Request) -> None:
+        """A request's mm items fit this scheduler's encoder: it has one,
+        each item fits its budget and cache alone, and an identifier keeps
+        one size (vLLM fails a request that reuses one for other content;
+        kvsched refuses it up front)."""
+        rid = request.request_id
+        ecm = self.encoder_cache_manager
+        if ecm is None:
+            raise UserInputError(f"request {rid}: has mm items but the scheduler has no encoder (a "
+                                 "text-only model); pass mm_max_tokens_per_item to the Scheduler")
+        sizes: dict[str, int] = {}
+        for f in request.mm_features:
+            if f.num_embeds > min(self.max_num_encoder_input_tokens, ecm.cache_size):
+                raise UserInputError(
+                    f"request {rid}: mm item {f.identifier!r} has {f.num_embeds} embeddings, more than "
+                    f"the encoder budget ({self.max_num_encoder_input_tokens}) or cache "
+                    f"({ecm.cache_size}) hold, so it could never be encoded; raise "
+                    "mm_max_tokens_per_item to the model's largest item")
+            known = sizes.get(f.identifier, self._mm_num_embeds.get(f.identifier, f.num_embeds))
+            if known != f.num_embeds:
+                raise UserInputError(
+                    f"request {rid}: mm item {f.identifier!r} has {f.num_embeds} embeddings, but that "
+                    f"identifier was given {known} before; an identifier names one item's content "
+                    "(its mm hash): give this item its own identifier")
+            sizes[f.identifier] = f.num_embeds
 
     def finish_requests(self, request_ids: str | Iterable[str],
                         finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED,
@@ -432,6 +533,8 @@ class Scheduler:
         return [r for r in done if r.status != RUNNING]
 
     def _free_request(self, request: Request) -> None:
+        if self.encoder_cache_manager is not None and request.mm_features:
+            self.encoder_cache_manager.free(request)
         if self.connector is not None:
             self._free_request_connector(request)
             return
@@ -602,6 +705,7 @@ class Scheduler:
                              "(vLLM's synchronous engine runs one step at a time)")
         self.current_step += 1
         step = _Step(self.max_num_scheduled_tokens)
+        step.encoder_budget = self.max_num_encoder_input_tokens
         if self._begin_step is not None:
             self._begin_step(self)
         # The threshold keeps one long prefill from starving the others; with
@@ -646,7 +750,7 @@ class Scheduler:
             # Each step may reorder the queue anew (its order carries over).
             and not (self._cache_aware_window and len(self.waiting) >= 2))
             # Loads may start while the batch is full.
-        ) and not self.async_kv_waiting
+        ) and not self.async_kv_waiting and self.encoder_cache_manager is None
         if self._end_step is not None:
             self._end_step(self, output)
         if output.num_scheduled_tokens:
@@ -797,6 +901,16 @@ class Scheduler:
             if num_new <= 0:
                 req_index += 1
                 continue
+            encoding: _EncoderPlan | None = None
+            if request.mm_features and self.encoder_cache_manager is not None:
+                encoding = self._try_schedule_encoder_inputs(request, request.num_computed_tokens,
+                                                             num_new, step.encoder_budget)
+                num_new = encoding.num_new_tokens
+                if num_new == 0:
+                    # Its next mm item cannot be encoded this step (budget
+                    # or cache); those behind it still may run.
+                    req_index += 1
+                    continue
             rid = request.request_id
             end = request.num_computed_tokens + num_new
             num_tokens = request.num_tokens
@@ -832,6 +946,13 @@ class Scheduler:
                         budget += num_scheduled.pop(vid)
                         new_block_ids.pop(vid, None)
                         step.spec.pop(vid, None)
+                        if step.encoder_inputs is not None and vid in step.encoder_inputs:
+                            # And its encoder budget (vLLM restores it too,
+                            # though a request of this step that encodes
+                            # something sets the budget from its own plan
+                            # below, made before this refund).
+                            step.encoder_budget += sum(victim.mm_features[i].num_embeds
+                                                       for i in step.encoder_inputs.pop(vid))
                         if step.unscheduled is None:
                             step.unscheduled = []
                         step.unscheduled.append(vid)
@@ -853,6 +974,8 @@ class Scheduler:
             scheduled.append(rid)
             num_scheduled[rid] = num_new
             budget -= num_new
+            if encoding is not None and encoding.inputs:
+                self._allocate_encoder_inputs(step, request, encoding)
             computed = request.num_computed_tokens
             if request.is_prefill_chunk:
                 step.prefill_scheduled = True
@@ -893,6 +1016,8 @@ class Scheduler:
                 request.drop_stale_output and request.num_stale_output_tokens > 0)
         else:
             self.kv_cache_manager.free(request)
+        if self.encoder_cache_manager is not None and request.mm_features:
+            self.encoder_cache_manager.free(request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
         if request.spec_token_ids:
@@ -932,9 +1057,20 @@ class Scheduler:
             if tokens is None:
                 break
             num_new, padded = tokens
+            encoding: _EncoderPlan | None = None
+            if request.mm_features and self.encoder_cache_manager is not None:
+                encoding = self._encoder_admission(step, request, num_computed, num_new)
+                if encoding is None:
+                    continue
+                num_new = encoding.num_new_tokens
             if kv.allocate_slots(request, num_new, num_computed, hit_blocks,
                                  full_sequence_must_fit=reserve_full,
                                  num_lookahead_tokens=self.num_lookahead_tokens) is None:
+                if encoding is not None:
+                    # Not admitted after all: drop the cache references its
+                    # plan took (evictions it caused stand).
+                    assert self.encoder_cache_manager is not None
+                    self.encoder_cache_manager.free(request)
                 detail = ""
                 if self.explain_admission:
                     need = kv.num_blocks_needed(request, num_new, hit_blocks, reserve_full)
@@ -947,10 +1083,137 @@ class Scheduler:
             waiting.pop_request()
             self._admit(step, request, num_new, num_computed, padded, loras)
             budget -= num_new
+            if encoding is not None and encoding.inputs:
+                self._allocate_encoder_inputs(step, request, encoding)
         step.token_budget = budget
         if step.skipped:
             # Back at the head, in their order (vLLM's prepend_requests).
             waiting.prepend_requests(step.skipped)
+
+    # -- the encoder (multimodal models) --------------------------------------
+    def _try_schedule_encoder_inputs(self, request: Request, num_computed: int, num_new: int,
+                                     encoder_budget: int) -> _EncoderPlan:
+        """The mm items whose encoder must run for the request's tokens
+        [num_computed, num_computed + num_new) this step, and the tokens
+        left once an item that cannot be encoded cuts the chunk short
+        before it (vLLM's _try_schedule_encoder_inputs). In item order:
+        with chunked mm input off, a chunk covering part of an item stops
+        before it; an identifier already planned in this call is a
+        duplicate (no second encoding); an item in the encoder cache is
+        referred to (nothing to encode); one the budget or the cache (after
+        evicting freeable entries) cannot take stops the chunk before it
+        (no token at all if the chunk starts inside it); an item whose
+        part in the window has no embedding is skipped; the rest are
+        planned and charged to the budget."""
+        ecm = self.encoder_cache_manager
+        assert ecm is not None
+        plan = _EncoderPlan(num_new, encoder_budget)
+        window_end = num_computed + num_new
+        chunked_off = self.scheduler_config.disable_chunked_mm_input
+        planned: set[str] = set()
+        num_planned = 0
+        for i, f in enumerate(request.mm_features):
+            start = f.offset
+            if start + f.length <= num_computed:
+                continue
+            if start >= window_end:
+                break
+            if chunked_off and num_computed + plan.num_new_tokens < start + f.length and (
+                    self._mm_cut_inside_item or num_computed <= start):
+                plan.num_new_tokens = start - num_computed if num_computed < start else 0
+                plan.cut = (explain.REASON_CHUNKED_MM_INPUT, f)
+                break
+            if f.identifier in planned:
+                plan.duplicates.append(i)
+                continue
+            if ecm.check_and_update_cache(request, i):
+                continue
+            if not ecm.can_allocate(request, i, plan.encoder_budget, num_planned):
+                if num_computed < start:
+                    plan.num_new_tokens = min(plan.num_new_tokens, start - num_computed)
+                else:
+                    plan.num_new_tokens = 0
+                plan.cut = (explain.REASON_ENCODER_BUDGET if f.num_embeds > plan.encoder_budget
+                            else explain.REASON_ENCODER_CACHE, f)
+                break
+            if not f.embeds_in_range(max(0, num_computed - start), min(f.length, window_end - start)):
+                continue
+            num_planned += f.num_embeds
+            plan.encoder_budget -= f.num_embeds
+            planned.add(f.identifier)
+            plan.inputs.append(i)
+        return plan
+
+    def _encoder_admission(self, step: _Step, request: Request, num_computed: int,
+                           num_new: int) -> _EncoderPlan | None:
+        """The encoder plan of a waiting request about to be admitted, or
+        None when it is passed over this step (nothing to schedule: the
+        scan goes on behind it, as vLLM's does)."""
+        plan = self._try_schedule_encoder_inputs(request, num_computed, num_new, step.encoder_budget)
+        cut_unchunked = (self._mm_cut_refused_unchunked and 0 < plan.num_new_tokens
+                         < request.num_tokens - num_computed)
+        if cut_unchunked:
+            # Chunked prefill is off: the prompt must go in whole.
+            assert self.encoder_cache_manager is not None
+            self.encoder_cache_manager.free(request)
+            plan.num_new_tokens = 0
+        if plan.num_new_tokens:
+            return plan
+        reason, item = plan.cut if plan.cut is not None else (explain.REASON_ENCODER_BUDGET, None)
+        detail = ""
+        if self.explain_admission:
+            detail = self._encoder_cut_detail(reason, item, plan, cut_unchunked)
+            if cut_unchunked:
+                reason = explain.REASON_CHUNKED_PREFILL_OFF
+        self._skip(step, reason, detail)
+        return None
+
+    def _encoder_cut_detail(self, reason: str, item: MultiModalFeature | None, plan: _EncoderPlan,
+                            cut_unchunked: bool) -> str:
+        """Why the encoder left a waiting request nothing to schedule (--explain)."""
+        ecm = self.encoder_cache_manager
+        assert ecm is not None and item is not None
+        what = f"its {item.modality} {item.identifier!r} ({item.num_embeds} embeddings, tokens " \
+               f"{item.offset}..{item.end - 1})"
+        if cut_unchunked:
+            return (f"{what} cannot be encoded this step and chunked prefill is off, so the prompt "
+                    "cannot go in part of the way")
+        if reason == explain.REASON_CHUNKED_MM_INPUT:
+            return f"{what} does not fit the rest of this step and disable_chunked_mm_input is on"
+        if reason == explain.REASON_ENCODER_BUDGET:
+            return (f"{what} needs encoder budget: {plan.encoder_budget} of "
+                    f"max_num_encoder_input_tokens={self.max_num_encoder_input_tokens} left this step")
+        return (f"{what} does not fit the encoder cache: {ecm.num_free_slots} of {ecm.cache_size} "
+                f"slots free, {ecm.num_freeable_slots} after evicting unused entries")
+
+    def _allocate_encoder_inputs(self, step: _Step, request: Request, plan: _EncoderPlan) -> None:
+        """A scheduled request's planned items take their encoder budget
+        and cache room; its duplicates refer to the entry just made."""
+        ecm = self.encoder_cache_manager
+        assert ecm is not None
+        if step.encoder_inputs is None:
+            step.encoder_inputs = {}
+        step.encoder_inputs[request.request_id] = plan.inputs
+        step.encoder_budget = plan.encoder_budget
+        for i in plan.inputs:
+            ecm.allocate(request, i)
+        for i in plan.duplicates:
+            ecm.check_and_update_cache(request, i)
+
+    def _free_encoder_inputs(self, request: Request) -> None:
+        """After a step: the request's cache references to items its
+        decoder has computed past (placeholders of steps in flight do not
+        count: a rejected draft could roll back into an item)."""
+        ecm = self.encoder_cache_manager
+        assert ecm is not None
+        ids = ecm.get_cached_input_ids(request)
+        if not ids:
+            return
+        computed = request.num_computed_tokens - request.num_output_placeholders
+        features = request.mm_features
+        for i in list(ids):
+            if features[i].end <= computed:
+                ecm.free_encoder_input(request, i)
 
     def _running_loras(self) -> set[int] | None:
         """The adapters of the running batch, where max_loras caps them
@@ -1491,6 +1754,10 @@ class Scheduler:
         )
         if step.spec:
             output.scheduled_spec_decode_tokens = step.spec
+        if self.encoder_cache_manager is not None:
+            if step.encoder_inputs:
+                output.scheduled_encoder_inputs = step.encoder_inputs
+            output.free_encoder_mm_hashes = self.encoder_cache_manager.get_freed_mm_hashes()
         if step.prefill_chunks:
             chunks = set(step.prefill_chunks)
             if step.unscheduled is not None:
@@ -1673,6 +1940,7 @@ class Scheduler:
         caching = kv.enable_caching
         num_cached_block = kv.num_cached_block
         bs = self.block_size
+        encoder = self.encoder_cache_manager is not None
         for (rid, n_sched), entry, request in zip(num_scheduled.items(), entries, targets):
             if request is None:
                 if entry:
@@ -1687,6 +1955,8 @@ class Scheduler:
                     if request.drop_stale_output:
                         continue  # a producer connector's preemption drops it
             if not entry:
+                if encoder and request.mm_features:
+                    self._free_encoder_inputs(request)
                 continue
             drafts = spec.get(rid) if spec else None
             if drafts:
@@ -1700,6 +1970,9 @@ class Scheduler:
                 if stats is None:
                     stats = SpecDecodingStats(num_spec)
                 stats.observe_draft(len_(drafts), num_accepted)
+            if encoder and request.mm_features:
+                # After the rollback, before the tokens land (vLLM's order).
+                self._free_encoder_inputs(request)
             had_placeholders = request.num_output_placeholders > 0
             was_running = request.status is running
             kept = 0
@@ -1732,6 +2005,11 @@ class Scheduler:
                         > num_cached_block.get(rid, 0)):
                     kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if kept:
+                if encoder and request.mm_features:
+                    # Freed here, not with the blocks: the order entries
+                    # become freeable is the eviction order.
+                    assert self.encoder_cache_manager is not None
+                    self.encoder_cache_manager.free(request)
                 stopped.append((request, kept))
                 if not was_running:
                     waiting_stops.append(request)
