@@ -47,7 +47,7 @@ IMAGE_TOKEN = 7
 MAX_MODEL_LEN = 4096
 BLOCK_SIZES = [4, 8, 16, 32]
 BUDGETS = [64, 128, 256, 512, 1024, 2048]
-ENCODER_SIZES = [None, None, 16, 64, 128, 300, 600, 1200, 2400]
+ENCODER_SIZES = [None, None, 16, 64, 128, 300, 600, 1200]
 
 
 def _image_pool(rng: random.Random, max_len: int) -> list[dict[str, Any]]:
@@ -76,7 +76,9 @@ def _text(rng: random.Random, n: int) -> list[int]:
 def _prompt(rng: random.Random, pool: list[dict[str, Any]], limit: int
             ) -> tuple[list[int], list[dict[str, Any]]]:
     """A prompt of at most ``limit`` tokens: text with 0 to 4 images."""
-    tokens: list[int] = _text(rng, rng.randint(1, 40))
+    # Sometimes an image first: a waiting request whose first item cannot
+    # be encoded then has nothing to schedule and is passed over.
+    tokens: list[int] = _text(rng, rng.choice([0, rng.randint(1, 40)]))
     items: list[dict[str, Any]] = []
     for _ in range(rng.choice([0, 1, 1, 2, 2, 3, 4])):
         image = rng.choice(pool)
@@ -89,7 +91,7 @@ def _prompt(rng: random.Random, pool: list[dict[str, Any]], limit: int
         tokens += [IMAGE_TOKEN] * image["length"]
         if rng.random() < 0.8:
             tokens += _text(rng, rng.randint(1, 30))
-    if len(tokens) < limit and rng.random() < 0.7:
+    if not tokens or (len(tokens) < limit and rng.random() < 0.7):
         tokens += _text(rng, rng.randint(1, min(60, limit - len(tokens))))
     return tokens, items
 
@@ -133,8 +135,11 @@ def random_multimodal_scenario(seed: int) -> dict[str, Any]:
         # that item back for ever (a vLLM livelock, not a useful scenario).
         if not disable_chunked_mm or threshold >= max(image["length"] for image in pool):
             scheduler["long_prefill_token_threshold"] = threshold
+    largest = max(image["length"] for image in pool)
     for key in ("max_num_encoder_input_tokens", "encoder_cache_size"):
-        size = rng.choice(ENCODER_SIZES)
+        # Mostly near the largest item (vLLM's floor): one or two items per
+        # step or in the cache, so the budget and the cache both bind.
+        size = rng.choice(ENCODER_SIZES + [int(largest * f) for f in (1, 1, 1.3, 1.7, 2.2, 3)])
         if size is not None:
             scheduler[key] = size
     if disable_chunked_mm:
