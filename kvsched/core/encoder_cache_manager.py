@@ -155,6 +155,18 @@ class EncoderCacheManager:
         self.freed = []
         return freed
 
+    def check_invariants(self, live_request_ids: set[str]) -> None:
+        """The slot counts agree with the entries; only live requests refer
+        to an entry; the freeable ones are exactly those nobody refers to."""
+        held = sum(self.num_embeds_by_hash.values())
+        assert set(self.cached) == set(self.num_embeds_by_hash), "an entry without a size"
+        assert self.num_free_slots == self.cache_size - held, (self.num_free_slots, held)
+        assert set(self.freeable) == {h for h, refs in self.cached.items() if not refs}
+        assert self.num_freeable_slots == self.num_free_slots + sum(self.freeable.values())
+        for mm_hash, refs in self.cached.items():
+            assert refs <= live_request_ids, f"{mm_hash} referred to by a finished request"
+        assert set(self.request_cached_ids) <= live_request_ids, "a finished request holds inputs"
+
 
 _NO_IDS: set[int] = set()  # read only
 

@@ -2359,6 +2359,9 @@ class Scheduler:
             assert r.request_id not in self.kv_cache_manager.req_to_blocks, (
                 f"waiting {r.request_id} holds KV blocks")
         self.waiting.check_invariants()
+        if self.encoder_cache_manager is not None:
+            self.encoder_cache_manager.check_invariants(
+                {rid for rid, r in self.requests.items() if not r.is_finished()})
         if self.deferred_frees:
             return  # blocks on their way back are in no table
         self.kv_cache_manager.check_invariants(

@@ -2,7 +2,8 @@
 
     python tests/conformance/compare_live_multimodal.py --seeds 400000-400999
     python tests/conformance/compare_live_multimodal.py --vllm-version 0.33 --seeds 400000-400299
-    python tests/conformance/compare_live_multimodal.py --seeds 0-39 --write tests/conformance/multimodal_random
+    python tests/conformance/compare_live_multimodal.py --seeds 0-39 \
+        --write tests/conformance/multimodal_random
 
 Scenarios come from random_multimodal.py; vLLM's traces from
 tests/conformance/vllm_0_34/oracle.py (the one driver that knows the encoder

@@ -295,7 +295,8 @@ def make_request(spec: dict, hasher, scenario: dict) -> Request:
             mm_position=PlaceholderRange(
                 offset=int(item["offset"]),
                 length=int(item["length"]),
-                is_embed=None if item.get("is_embed") is None else torch.tensor(item["is_embed"], dtype=torch.bool),
+                is_embed=None if item.get("is_embed") is None
+                else torch.tensor(item["is_embed"], dtype=torch.bool),
             ),
         )
         for item in spec.get("mm_items", ())
@@ -464,7 +465,9 @@ def admissions(sched: Scheduler, so) -> tuple[list[str], list[str], dict[str, in
     return new, sorted(resumed), computed
 
 
-def step_line(step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields=None, use_mm=False) -> dict:
+def step_line(
+    step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields=None, use_mm=False
+) -> dict:
     """`admitted` is admissions(sched, so), taken right after schedule() (a request
     admitted and finished in the same step has left sched.requests by now)."""
     if so is not None:
@@ -495,7 +498,8 @@ def step_line(step, so, admitted, finished, sched, use_spec, use_async, processe
         line.update(kv_fields)
     if use_mm:
         ecm = sched.encoder_cache_manager
-        line["encoder_inputs"] = [[rid, list(ids)] for rid, ids in so.scheduled_encoder_inputs.items()] if so else []
+        inputs = so.scheduled_encoder_inputs if so else {}
+        line["encoder_inputs"] = [[rid, list(ids)] for rid, ids in inputs.items()]
         line["freed_mm_hashes"] = list(so.free_encoder_mm_hashes) if so else []
         line["encoder_free_slots"] = ecm.num_free_slots
         line["encoder_freeable_slots"] = ecm.num_freeable_slots
@@ -596,7 +600,9 @@ def replay(scenario: dict, out) -> dict:
         if so is not None:
             preemptions += len(so.preempted_req_ids or ())
         kv_fields = observer.record(so, mro) if observer is not None else None
-        line = step_line(step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields, use_mm)
+        line = step_line(
+            step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields, use_mm
+        )
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         step += 1
     return {
