@@ -395,6 +395,11 @@ def parse_scenario(obj: Any, source: str = "scenario",
         seen.add(rid)
     _check_offload_failures(c, kv_connector, requests, vllm_version)
     mm_max = _check_mm_items(c, requests, kv_connector)
+    if mm_max is not None and pp > 1:
+        # The PP oracle (engine_oracle.py) installs no encoder: unchecked.
+        c.fail("pipeline_parallel_size", pp, "kvsched replays multimodal requests (mm_items) without "
+               "pipeline parallelism only (not checked against vLLM with it)",
+               "drop pipeline_parallel_size or the mm_items")
 
     aborts: dict[int, list[str]] = {}
     raw_aborts = top.get("aborts", [])
