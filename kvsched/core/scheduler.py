@@ -19,8 +19,9 @@ max_model_len).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain, islice
 
 from kvsched.config import (
@@ -325,11 +326,10 @@ class Scheduler:
         # that changes the queues. A fact fast-forward's rule reads
         # (kvsched.core.fast_forward.stretch_refusal), not the rule itself.
         self.decode_stable = False
-        self._init_encoder(mm_max_tokens_per_item, kv_connector)
+        self._init_encoder(mm_max_tokens_per_item)
         self._init_connector(kv_connector)
 
-    def _init_encoder(self, mm_max_tokens_per_item: Mapping[str, int] | None,
-                      kv_connector: KVConnectorBase | None) -> None:
+    def _init_encoder(self, mm_max_tokens_per_item: Mapping[str, int] | None) -> None:
         """A multimodal model's encoder budget and cache (vLLM's
         MultiModalBudget). Its requests take the general paths: the fast
         ones know nothing of encoder inputs."""
@@ -347,9 +347,6 @@ class Scheduler:
                 for k, v in mm_max_tokens_per_item.items()):
             raise UserInputError(f"mm_max_tokens_per_item={mm_max_tokens_per_item!r:.80}: must map each "
                                  "modality (str) to its largest item in tokens (an int >= 1)")
-        if kv_connector is not None:
-            raise UserInputError("mm_max_tokens_per_item with a kv_connector: kvsched does not model "
-                                 "the encoder path together with a KV connector yet; drop one of them")
         config = self.scheduler_config
         budget, cache_size = compute_mm_encoder_budget(
             *config.encoder_limits(), config.max_num_batched_tokens, config.disable_chunked_mm_input,
@@ -560,6 +557,8 @@ class Scheduler:
         for request in done:
             rid = request.request_id
             delay = False
+            if self.encoder_cache_manager is not None and request.mm_features:
+                self.encoder_cache_manager.free(request)
             if request.status == WAITING_FOR_REMOTE_KVS:
                 delay = rid not in self.finished_recving_kv_req_ids
                 self.finished_recving_kv_req_ids.discard(rid)
@@ -1059,7 +1058,8 @@ class Scheduler:
             num_new, padded = tokens
             encoding: _EncoderPlan | None = None
             if request.mm_features and self.encoder_cache_manager is not None:
-                encoding = self._encoder_admission(step, request, num_computed, num_new)
+                encoding = self._encoder_admission(step, request, num_computed, num_new,
+                                                   lambda reason, detail: self._skip(step, reason, detail))
                 if encoding is None:
                     continue
                 num_new = encoding.num_new_tokens
@@ -1144,11 +1144,11 @@ class Scheduler:
             plan.inputs.append(i)
         return plan
 
-    def _encoder_admission(self, step: _Step, request: Request, num_computed: int,
-                           num_new: int) -> _EncoderPlan | None:
+    def _encoder_admission(self, step: _Step, request: Request, num_computed: int, num_new: int,
+                           skip: Callable[[str, str], None]) -> _EncoderPlan | None:
         """The encoder plan of a waiting request about to be admitted, or
-        None when it is passed over this step (nothing to schedule: the
-        scan goes on behind it, as vLLM's does)."""
+        None when it is passed over this step (``skip(reason, detail)``:
+        nothing to schedule, the scan goes on behind it, as vLLM's does)."""
         plan = self._try_schedule_encoder_inputs(request, num_computed, num_new, step.encoder_budget)
         cut_unchunked = (self._mm_cut_refused_unchunked and 0 < plan.num_new_tokens
                          < request.num_tokens - num_computed)
@@ -1165,7 +1165,7 @@ class Scheduler:
             detail = self._encoder_cut_detail(reason, item, plan, cut_unchunked)
             if cut_unchunked:
                 reason = explain.REASON_CHUNKED_PREFILL_OFF
-        self._skip(step, reason, detail)
+        skip(reason, detail)
         return None
 
     def _encoder_cut_detail(self, reason: str, item: MultiModalFeature | None, plan: _EncoderPlan,
@@ -1450,6 +1450,7 @@ class Scheduler:
                 take_async = False
                 continue
             padded = False
+            encoding: _EncoderPlan | None = None
             if load_async:
                 num_new = 0
             else:
@@ -1457,6 +1458,12 @@ class Scheduler:
                 if tokens is None:
                     break
                 num_new, padded = tokens
+                if request.mm_features and self.encoder_cache_manager is not None:
+                    encoding = self._encoder_admission(step, request, num_computed, num_new,
+                                                       partial(skip, queue))
+                    if encoding is None:
+                        continue
+                    num_new = encoding.num_new_tokens
             reserved = (self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks
                         if load_async else 0)
             if kv.allocate_slots(request, num_new, num_local, hit_blocks,
@@ -1476,6 +1483,10 @@ class Scheduler:
                     self._stop_at(step, explain.REASON_KV_BLOCKS, request, detail)
                 if load_async and self._nothing_frees_blocks(request):
                     self._kv_blocked_load = rid
+                if encoding is not None:
+                    # Not admitted after all (as in _schedule_waiting).
+                    assert self.encoder_cache_manager is not None
+                    self.encoder_cache_manager.free(request)
                 break
             connector.update_state_after_alloc(request, kv.get_block_ids(rid), num_external)
             if num_external:
@@ -1497,6 +1508,8 @@ class Scheduler:
             if self._admit(step, request, num_new, num_computed, padded, loras):
                 self._inflight_prefills[rid] = request
             budget -= num_new
+            if encoding is not None and encoding.inputs:
+                self._allocate_encoder_inputs(step, request, encoding)
         if budget <= 0 and step.admission_stop is None and (holding or waiting or async_waiting):
             step.admission_stop = explain.REASON_TOKEN_BUDGET
             step.admission_stop_detail = f"token budget of {self.max_num_scheduled_tokens} used up"

@@ -394,7 +394,7 @@ def parse_scenario(obj: Any, source: str = "scenario",
             c.fail(f"requests[{i}].request_id", rid, "duplicate id", "request ids must be unique")
         seen.add(rid)
     _check_offload_failures(c, kv_connector, requests, vllm_version)
-    mm_max = _check_mm_items(c, requests, kv_connector)
+    mm_max = _check_mm_items(c, requests)
     if mm_max is not None and pp > 1:
         # The PP oracle (engine_oracle.py) installs no encoder: unchecked.
         c.fail("pipeline_parallel_size", pp, "kvsched replays multimodal requests (mm_items) without "
@@ -426,8 +426,7 @@ def parse_scenario(obj: Any, source: str = "scenario",
                     speculative, lora, kv_connector, mm_max)
 
 
-def _check_mm_items(c: _Checker, requests: list[Any], kvc: Mapping[str, Any] | None
-                    ) -> dict[str, int] | None:
+def _check_mm_items(c: _Checker, requests: list[Any]) -> dict[str, int] | None:
     """The requests' ``mm_items`` (each a MultiModalFeature: in prompt
     order, disjoint, inside the prompt; one identifier, one size), and the
     model they imply: each modality's largest item (None: no request has
@@ -442,9 +441,6 @@ def _check_mm_items(c: _Checker, requests: list[Any], kvc: Mapping[str, Any] | N
         if type(items) is not list:
             c.fail(where, items, f"must be a list of items, not {_type_name(items)}",
                    'write it as [{"identifier": "img-a", "offset": 4, "length": 64}]')
-        if items and kvc is not None:
-            c.fail(where, "[...]", "kvsched does not model the encoder path with a KV connector yet",
-                   "drop the kv_connector or the mm_items")
         features = []
         for j, raw in enumerate(items):
             at = f"{where}[{j}]"

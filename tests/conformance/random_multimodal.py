@@ -14,7 +14,9 @@ draws small to large token budgets, encoder budgets and encoder cache sizes
 vLLM raises each to the largest item), `disable_chunked_mm_input`, chunked
 prefill on or off, long-prefill thresholds, fcfs or priority, prefix caching
 on or off, tight to roomy KV caches (preemptions), async scheduling and
-n-gram speculative decoding, arrivals and aborts.
+n-gram speculative decoding, arrivals and aborts; and in about a third of
+them the scripted KV connector (external hits loaded synchronously or
+asynchronously, failures, delayed frees: random_kv_connector.py's scripts).
 
 Usage:
     python tests/conformance/random_multimodal.py OUTDIR --seeds 0-39
@@ -37,6 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+from random_kv_connector import POLICIES, ROLES, _fit_drafts_alone, _script_loads  # noqa: E402
 from random_scenarios import parse_seeds  # noqa: E402
 
 MM_CORPUS_SEEDS = "0-39"
@@ -47,6 +50,9 @@ IMAGE_TOKEN = 7
 MAX_MODEL_LEN = 4096
 BLOCK_SIZES = [4, 8, 16, 32]
 BUDGETS = [64, 128, 256, 512, 1024, 2048]
+# Scenarios with the scripted KV connector (drawn from a generator of their
+# own, so the others are as they were before connectors were added).
+KV_CONNECTOR_SHARE = 0.3
 ENCODER_SIZES = [None, None, 16, 64, 128, 300, 600, 1200]
 
 
@@ -198,7 +204,33 @@ def random_multimodal_scenario(seed: int) -> dict[str, Any]:
         victim = rng.choice(requests)
         scenario["aborts"] = [{"step": victim["arrival_step"] + rng.randint(0, 6),
                                "request_ids": [victim["request_id"]]}]
+    _add_kv_connector(random.Random(f"random_multimodal:kv:{seed}"), scenario)
     return scenario
+
+
+def _add_kv_connector(rng: random.Random, scenario: dict[str, Any]) -> None:
+    """Sometimes the scripted KV connector (random_kv_connector.py's scripts:
+    every role, both failure policies, sync and async loads, failures,
+    delayed frees), with the same one-request limits for the failures under
+    `fail` and for delayed frees (its HASH_ORDER_NOTE)."""
+    if rng.random() >= KV_CONNECTOR_SHARE:
+        return
+    block_size = scenario["cache"]["block_size"]
+    _fit_drafts_alone(scenario, block_size)
+    policy = rng.choice(POLICIES)
+    scenario["kv_connector"] = {"type": "scripted", "kv_role": rng.choice(ROLES),
+                                "load_failure_policy": policy,
+                                "pending_block_frees": rng.random() < 0.3}
+    failing = None
+    for r in scenario["requests"]:
+        n = len(r["prompt_token_ids"])
+        if n >= 2 and rng.random() < 0.6:
+            may_fail = policy == "recompute" or failing in (None, r["request_id"])
+            _script_loads(rng, r, n, block_size, 0.3 if may_fail else 0.0)
+            if isinstance(r.get("load_fail"), list) and any(f is not None for f in r["load_fail"]):
+                failing = r["request_id"]
+        if rng.random() < 0.3 and not any("send_steps" in q for q in scenario["requests"]):
+            r["send_steps"] = rng.randint(1, 3)
 
 
 def scenario_path(outdir: Path, seed: int) -> Path:

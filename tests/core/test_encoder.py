@@ -210,7 +210,5 @@ def test_scenario_refuses_bad_items() -> None:
     refused([{"identifier": "x", "offset": 0, "length": 4, "size": 3}], "unknown key")
     refused([{"identifier": "x", "offset": 0, "length": 4, "modality": "smell"}], "modality")
     refused([{"identifier": "x", "offset": 0, "length": 3, "is_embed": [True]}], "is_embed")
-    with pytest.raises(UserInputError, match="KV connector"):
-        parse_scenario({**base, "kv_connector": {"type": "scripted"}})
     with pytest.raises(UserInputError, match="pipeline_parallel_size=2"):
         parse_scenario({**base, "pipeline_parallel_size": 2})
