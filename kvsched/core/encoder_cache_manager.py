@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
 from kvsched.errors import UserInputError
 from kvsched.request import Request
@@ -112,7 +113,7 @@ class EncoderCacheManager:
         refs = self.request_hash_refs.setdefault(rid, {})
         refs[mm_hash] = refs.get(mm_hash, 0) + 1
 
-    def get_cached_input_ids(self, request: Request) -> set[int]:
+    def get_cached_input_ids(self, request: Request) -> AbstractSet[int]:
         return self.request_cached_ids.get(request.request_id, _NO_IDS)
 
     def free_encoder_input(self, request: Request, input_id: int) -> None:
@@ -168,7 +169,7 @@ class EncoderCacheManager:
         assert set(self.request_cached_ids) <= live_request_ids, "a finished request holds inputs"
 
 
-_NO_IDS: set[int] = set()  # read only
+_NO_IDS: frozenset[int] = frozenset()
 
 
 def compute_mm_encoder_budget(max_num_encoder_input_tokens: int, encoder_cache_size: int,
