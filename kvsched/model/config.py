@@ -130,7 +130,9 @@ class ModelConfig(LlamaFamilyConfig):
         """The softmax scale of every layer: Gemma's query_pre_attn_scalar ** -0.5,
         else head_dim ** -0.5."""
         scalar = self.query_pre_attn_scalar
-        return float(self.head_dim if scalar is None else scalar) ** -0.5
+        # x ** -0.5, not 1 / sqrt(x): transformers' rounding of the scale.
+        scale: float = float(self.head_dim if scalar is None else scalar) ** -0.5
+        return scale
 
     @property
     def layer_sliding_windows(self) -> tuple[int | None, ...]:
