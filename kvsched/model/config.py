@@ -104,13 +104,16 @@ class ModelConfig(LlamaFamilyConfig):
                 raise UserInputError(
                     f"layer_types={list(self.layer_types)!r}: must list {self.num_layers} entries "
                     f"(num_hidden_layers), each {' or '.join(map(repr, LAYER_TYPES))}; fix config.json")
-        # The Llama family attends over the whole context, which equals its
-        # sliding-window attention only when the window covers every position.
-        elif self.num_sliding_layers and self.sliding_window < self.max_position_embeddings:
+        # Without layer_types the engine slides every layer (Mistral) or none;
+        # Qwen's window on only the layers from max_window_layers on is not run.
+        elif 0 < self.num_sliding_layers < self.num_layers \
+                and self.sliding_window < self.max_position_embeddings:
             raise UserInputError(
-                f"sliding_window={self.sliding_window}: sliding-window attention is not supported and the "
-                f"window is smaller than max_position_embeddings={self.max_position_embeddings}; use a "
-                "checkpoint with sliding_window null or >= max_position_embeddings")
+                f"sliding_window={self.sliding_window}: a window on {self.num_sliding_layers} of "
+                f"{self.num_layers} layers (use_sliding_window with max_window_layers) is not supported "
+                f"and the window is smaller than max_position_embeddings={self.max_position_embeddings}; "
+                "use a checkpoint with use_sliding_window false or sliding_window >= "
+                "max_position_embeddings")
         if not self.rms_norm_eps > 0:
             raise UserInputError(f"rms_norm_eps={self.rms_norm_eps!r}: must be > 0; fix config.json")
         if not self.rope_theta > 0:
@@ -141,7 +144,11 @@ class ModelConfig(LlamaFamilyConfig):
         (transformers' mask: kv > q - window; vLLM's window of window - 1
         keys to the left)."""
         if not self.layer_types:
-            return (None,) * self.num_layers
+            # Mistral's window covers every layer; one that covers every
+            # position is full attention (the engine ran such checkpoints so).
+            slides = self.num_sliding_layers == self.num_layers \
+                and 0 < self.sliding_window < self.max_position_embeddings
+            return (self.sliding_window if slides else None,) * self.num_layers
         return tuple(self.sliding_window if t == "sliding_attention" else None
                      for t in self.layer_types)
 
@@ -256,12 +263,17 @@ def _gemma3(reader: HFConfig) -> tuple[dict[str, Any], RopeScaling | None]:
             raise reader.fail("sliding_window_pattern", pattern,
                               "must be a positive integer (every n-th layer is global)")
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
-    for key in ("attn_logit_softcapping",):
-        if reader.data.get(key) is not None:
-            raise reader.fail(key, reader.data[key], "soft-capped attention scores are not supported "
-                              "(Gemma 3 checkpoints have null); use a checkpoint without it")
+    if reader.data.get("attn_logit_softcapping") is not None:
+        raise reader.fail("attn_logit_softcapping", reader.data["attn_logit_softcapping"],
+                          "soft-capped attention scores are not supported (Gemma 3 checkpoints have "
+                          "null); set it to null")
     if reader.get_bool("use_bidirectional_attention", False):
-        raise reader.fail("use_bidirectional_attention", True, "only causal attention is supported")
+        raise reader.fail("use_bidirectional_attention", True, "only causal attention is supported; "
+                          "set it to false")
+    activation = reader.get_str("hidden_activation", _ACTIVATIONS["gemma3_text"])
+    if activation != _ACTIVATIONS["gemma3_text"]:
+        raise reader.fail("hidden_activation", activation,
+                          f"unsupported activation; Gemma 3 uses {_ACTIVATIONS['gemma3_text']}")
     positions = reader.get_int("max_position_embeddings", default=positions)
     full_rope, local_theta = _gemma3_rope(reader)
     sliding = sum(t == "sliding_attention" for t in types)
@@ -280,7 +292,7 @@ def _gemma3(reader: HFConfig) -> tuple[dict[str, Any], RopeScaling | None]:
         max_position_embeddings=positions,
         tie_word_embeddings=reader.get_bool("tie_word_embeddings", True),
         rms_norm_eps=reader.get_number("rms_norm_eps", 1e-6),
-        hidden_act=reader.get_str("hidden_activation", _ACTIVATIONS["gemma3_text"]),
+        hidden_act=activation,
         attention_bias=bias, attention_out_bias=bias, qk_norm=True,
         sliding_window=window if sliding else 0, num_sliding_layers=sliding,
         rope_theta=full_rope.rope_theta, layer_types=tuple(types), local_rope_theta=local_theta,

@@ -179,7 +179,7 @@ def _config_json(arch: str, hidden_size: int, num_layers: int, num_heads: int, n
     if arch == "llama":
         cfg["mlp_bias"] = False
     if arch == "mistral":
-        cfg["sliding_window"] = None
+        cfg["sliding_window"] = sliding_window
     if arch in ("qwen2", "qwen3"):
         cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=num_layers)
     if arch == "gemma3":
@@ -249,15 +249,16 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", hidden_size: int =
                     sliding_window_pattern: int = 2) -> Path:
     """Write a random ``arch`` checkpoint with its tokenizer to ``out_dir``;
     return the directory. Same arguments, same bytes. ``sliding_window`` and
-    ``sliding_window_pattern`` (every n-th layer global) are Gemma 3's."""
+    ``sliding_window_pattern`` (every n-th layer global) are Gemma 3's; Mistral
+    takes ``sliding_window`` on every layer."""
     from kvsched.model.config import parse_model_config
     from kvsched.model.loader import DTYPES, checkpoint_tensor_shapes
 
     _check_args(arch, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
                 vocab_size, max_position_embeddings, initializer_range, dtype, shards, head_dim)
-    if arch != "gemma3" and sliding_window is not None:
-        raise UserInputError(f"sliding_window={sliding_window}: only the gemma3 tiny model has a window; "
-                             "drop it or use arch='gemma3'")
+    if arch not in ("gemma3", "mistral") and sliding_window is not None:
+        raise UserInputError(f"sliding_window={sliding_window}: only the gemma3 and mistral tiny models "
+                             "have a window; drop it or use one of those")
     for name, value in (("sliding_window", sliding_window), ("sliding_window_pattern",
                                                               sliding_window_pattern)):
         if value is not None and (not is_int(value) or value <= 0):
@@ -314,7 +315,8 @@ def add_make_tiny_model_parser(subparsers: Any) -> None:
                    help="standard deviation of the random weights")
     p.add_argument("--tie-word-embeddings", action="store_true")
     p.add_argument("--sliding-window", type=int, default=None,
-                   help="gemma3: tokens a local layer attends to (default 4096)")
+                   help="gemma3: tokens a local layer attends to (default 4096); mistral: every "
+                        "layer's window (default none)")
     p.add_argument("--sliding-window-pattern", type=int, default=2,
                    help="gemma3: every n-th layer is global (default 2)")
     p.add_argument("--seed", type=int, default=0)
