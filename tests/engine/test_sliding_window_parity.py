@@ -1,14 +1,15 @@
-"""A sliding-window model on the paged KV cache: greedy outputs of
-kvsched.LLM on a tiny random Gemma 3 text checkpoint equal transformers'
-generate, token for token.
+"""Sliding-window models on the paged KV cache: greedy outputs of
+kvsched.LLM on tiny random checkpoints equal transformers' generate, token
+for token.
 
-The checkpoint has 6 layers, every third global (sliding_window_pattern 3),
-and a window of 12 tokens, far below the prompts (20-150 tokens), so the
-local layers forget most of every prompt. vLLM's planner gives it three KV
-cache groups (two sliding-window groups of two layers, one full-attention
-group of two); each layer reads its group's block table. A copy of the
-checkpoint whose window covers everything shows the window matters: its
-outputs differ from transformers' on the windowed model."""
+Gemma 3 text: 6 layers, every third global (sliding_window_pattern 3), a
+window of 12 tokens, far below the prompts (20-150 tokens), so the local
+layers forget most of every prompt. vLLM's planner gives it three KV cache
+groups (two sliding-window groups of two layers, one full-attention group of
+two); each layer reads its group's block table. Mistral: the same window on
+every layer, one sliding-window group. A copy of each checkpoint whose
+window covers everything shows the window matters: its outputs differ from
+transformers' on the windowed model."""
 
 from __future__ import annotations
 
@@ -29,9 +30,14 @@ from kvsched.request import SamplingParams  # noqa: E402
 
 VOCAB = 512
 WINDOW = 12
-# Untied embeddings: tied ones make this tiny random model repeat its input.
-CHECKPOINT = {"arch": "gemma3", "num_layers": 6, "sliding_window": WINDOW,
-              "sliding_window_pattern": 3, "max_position_embeddings": 1024}
+# Untied embeddings: tied ones make the tiny random Gemma repeat its input.
+GEMMA3 = {"arch": "gemma3", "num_layers": 6, "sliding_window": WINDOW,
+          "sliding_window_pattern": 3, "max_position_embeddings": 1024}
+CHECKPOINTS: dict[str, dict[str, Any]] = {
+    "gemma3": GEMMA3,
+    "mistral": {"arch": "mistral", "num_layers": 2, "sliding_window": WINDOW,
+                "max_position_embeddings": 1024},
+}
 VARIANTS: dict[str, dict[str, Any]] = {
     "sync": {},
     "async": {"async_scheduling": True},
@@ -40,18 +46,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def ckpt(tiny: Callable[..., Path]) -> Path:
-    return tiny(**CHECKPOINT)
+@pytest.fixture(scope="module", params=list(CHECKPOINTS))
+def ckpt(request: pytest.FixtureRequest, tiny: Callable[..., Path]) -> Path:
+    return tiny(**CHECKPOINTS[request.param])
 
 
 @pytest.fixture(scope="module")
 def reference(ckpt: Path, hf_model: Callable[[Path], Any]) -> Callable[[list[int], int], list[int]]:
     """transformers' greedy generate, one prompt at a time, memoised."""
     model = hf_model(ckpt)
-    assert type(model).__name__ == "Gemma3ForCausalLM"
     assert model.config.sliding_window == WINDOW
-    assert model.config.layer_types == ["sliding_attention", "sliding_attention", "full_attention"] * 2
+    if type(model).__name__ == "Gemma3ForCausalLM":
+        assert model.config.layer_types == ["sliding_attention", "sliding_attention", "full_attention"] * 2
+    else:
+        assert type(model).__name__ == "MistralForCausalLM"
     memo: dict[tuple[tuple[int, ...], int], list[int]] = {}
 
     def generate(prompt: list[int], max_tokens: int) -> list[int]:
@@ -90,13 +98,16 @@ def _generate(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[
     return [o.outputs[0].token_ids for o in outs]
 
 
-def test_kv_cache_groups(ckpt: Path) -> None:
-    llm = LLM(str(ckpt), block_size=4, kv_cache_memory="4MiB")
+def test_kv_cache_groups(tiny: Callable[..., Path]) -> None:
+    llm = LLM(str(tiny(**GEMMA3)), block_size=4, kv_cache_memory="4MiB")
     groups = llm.engine.runner.kv_groups
     assert [(g.kind, g.sliding_window, g.num_layers) for g in groups.groups] == [
         ("sliding_window", WINDOW, 2), ("sliding_window", WINDOW, 2), ("full_attention", None, 2)]
     assert groups.layers == ((0, 3), (1, 4), (2, 5))
     assert llm.engine.cache_config.kv_groups == groups.groups
+    mistral = LLM(str(tiny(**CHECKPOINTS["mistral"])), block_size=4, kv_cache_memory="4MiB")
+    assert [(g.kind, g.sliding_window, g.num_layers) for g in mistral.engine.cache_config.kv_groups] == [
+        ("sliding_window", WINDOW, 2)]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
