@@ -18,6 +18,14 @@ nothing; the runner leaves them out of the step (as vLLM's ``ngram_gpu``
 path trims drafts it has no token for), and a request whose drafts are all
 ``-1`` runs exactly as if it had been scheduled without drafts.
 
+KV cache groups (:mod:`kvsched.model.kv_groups`): a request holds one block
+table per group, and each layer writes and reads through its group's; a
+sliding-window group's attention sees only its window and never reads the
+blocks the window has passed (they may be freed, or the null block 0). The
+scheduler hands out one flat list (every group gets the same ids, so the
+groups' identical layouts are built once) or one list per group in
+``kv_groups`` order.
+
 After each step the runner proposes the next drafts with the n-gram proposer
 (vLLM's runner does it too, from the tokens it holds): handed to the
 scheduler through ``take_draft_token_ids`` under synchronous scheduling, or

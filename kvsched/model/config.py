@@ -246,6 +246,8 @@ def _architecture(cfg: dict[str, Any]) -> str:
 # Gemma 3's RoPE bases where config.json omits them (transformers'
 # Gemma3TextConfig.default_theta): global layers, then sliding ones.
 GEMMA3_ROPE_THETA = (1_000_000.0, 10_000.0)
+# Gemma3TextConfig's query_pre_attn_scalar where config.json omits it.
+GEMMA3_QUERY_PRE_ATTN_SCALAR = 256.0
 
 
 def _gemma3(reader: HFConfig) -> tuple[dict[str, Any], RopeScaling | None]:
@@ -278,10 +280,12 @@ def _gemma3(reader: HFConfig) -> tuple[dict[str, Any], RopeScaling | None]:
     full_rope, local_theta = _gemma3_rope(reader)
     sliding = sum(t == "sliding_attention" for t in types)
     bias = reader.get_bool("attention_bias", False)
-    caps = {key: (None if reader.data.get(key) is None else reader.get_number(key, 0.0))
-            for key in ("final_logit_softcapping", "query_pre_attn_scalar")}
-    if caps["query_pre_attn_scalar"] is None:
-        caps["query_pre_attn_scalar"] = 256.0  # Gemma3TextConfig's default
+    # A null cap means none (Gemma 3's published configs).
+    cap = None if reader.data.get("final_logit_softcapping") is None \
+        else reader.get_number("final_logit_softcapping", 0.0)
+    scalars = {"final_logit_softcapping": cap,
+               "query_pre_attn_scalar": reader.get_number("query_pre_attn_scalar",
+                                                          GEMMA3_QUERY_PRE_ATTN_SCALAR)}
     fields: dict[str, Any] = dict(
         model_type="gemma3_text", vocab_size=reader.get_int("vocab_size", default=vocab),
         hidden_size=reader.get_int("hidden_size"), num_layers=layers,
@@ -296,7 +300,7 @@ def _gemma3(reader: HFConfig) -> tuple[dict[str, Any], RopeScaling | None]:
         attention_bias=bias, attention_out_bias=bias, qk_norm=True,
         sliding_window=window if sliding else 0, num_sliding_layers=sliding,
         rope_theta=full_rope.rope_theta, layer_types=tuple(types), local_rope_theta=local_theta,
-        **caps)
+        **scalars)
     return fields, _rope_scaling(full_rope, positions)
 
 
