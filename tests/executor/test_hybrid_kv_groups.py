@@ -215,3 +215,16 @@ def test_per_group_tables_null_and_freed_blocks_match_transformers(
     # The windows passed many blocks, which the runner's tables still name.
     assert drv.freed >= 20
     assert 0 not in a_tables[0] and torch.isnan(runner.kv_caches[0][0][a_tables[0][0]]).all()
+
+
+def test_block_ids_in_either_form(tiny: Callable[..., Path]) -> None:
+    """A flat list (today's scheduler) goes to every group; per-group lists
+    are taken as they are, and must be one per group."""
+    config, model = load_model(tiny(**CHECKPOINT), torch.float32, "cpu")
+    runner = ModelRunner(model, config, 16, BLOCK, "cpu", torch.float32, Sampler())
+    flat = runner.per_group([5, 6])
+    assert flat == ([5, 6], [5, 6], [5, 6]) and flat[0] is not flat[1]
+    assert runner.per_group([]) == ([], [], [])
+    assert runner.per_group([[0, 7], [0, 8], [1, 2]]) == ([0, 7], [0, 8], [1, 2])
+    with pytest.raises(RuntimeError, match="block ids for 2 KV cache groups, but the model has 3"):
+        runner.per_group([[1], [2]])
