@@ -88,11 +88,14 @@ class ModelRunner:
     def __init__(self, model: CausalLM, model_config: ModelConfig, num_blocks: int,
                  block_size: int, device: torch.device | str, dtype: torch.dtype,
                  sampler: Sampler, proposer: NgramProposer | None = None,
-                 async_drafts: bool = False) -> None:
+                 async_drafts: bool = False, share_kv_tensors: bool = False) -> None:
         """``proposer``: propose n-gram drafts after every step;
         ``async_drafts``: keep them for the request's next step, whose
         scheduled drafts are ``-1`` placeholders (async scheduling), rather
-        than handing them to the scheduler."""
+        than handing them to the scheduler. ``share_kv_tensors``: lay the
+        KV cache out as vLLM does, one K/V tensor per layer position shared
+        by the groups (``ModelKVCacheGroups.layer_tensors``); the scheduler
+        must then give every group its own block ids."""
         self.model = model
         self.model_config = model_config
         self.num_blocks = num_blocks
@@ -106,18 +109,22 @@ class ModelRunner:
         self.kv_groups = kv_cache_groups(model_config, block_size)
         self.layer_groups = self.kv_groups.layer_groups
         self.group_windows = tuple(g.sliding_window for g in self.kv_groups.groups)
-        # Every layer has its own K and V of ``num_blocks`` pages: a block id
-        # names one page in each layer of the group it was given to. (vLLM
-        # lets a layer of each group share one tensor, as its pool never
-        # gives one id to two groups; today's scheduler gives every group
-        # the same ids, so the layers may not share.)
+        # A block id names one page in each layer of the group it was given
+        # to. By default every layer has its own K and V of ``num_blocks``
+        # pages, which is sound when every group gets the same ids (today's
+        # scheduler); vLLM's layout shares each tensor between one layer of
+        # each group, sound because its one pool never gives an id to two
+        # groups at once.
+        self.share_kv_tensors = share_kv_tensors
         shape = (num_blocks, block_size, model_config.num_kv_heads, model_config.head_dim)
+        num_tensors = self.kv_groups.num_shared_tensors if share_kv_tensors else model_config.num_layers
         # Zeros, not empty: padded decode keys are masked, but a NaN bit
         # pattern in them would still poison softmax(...) @ V (0 * NaN).
-        self.kv_caches: list[tuple[Tensor, Tensor]] = [
-            (torch.zeros(shape, dtype=dtype, device=self.device),
-             torch.zeros(shape, dtype=dtype, device=self.device))
-            for _ in range(model_config.num_layers)]
+        tensors = [(torch.zeros(shape, dtype=dtype, device=self.device),
+                    torch.zeros(shape, dtype=dtype, device=self.device)) for _ in range(num_tensors)]
+        layer_tensor = self.kv_groups.layer_tensors if share_kv_tensors \
+            else range(model_config.num_layers)
+        self.kv_caches: list[tuple[Tensor, Tensor]] = [tensors[t] for t in layer_tensor]
         self.requests: dict[str, CachedRequestState] = {}
         self.gather_buffers = GatherBuffers()
         self.group_keys = decode_group_keys(model_config.num_kv_heads,
@@ -137,6 +144,9 @@ class ModelRunner:
         (see ``BlockIds``)."""
         num_groups = len(self.group_windows)
         if not block_ids or not isinstance(block_ids[0], Sequence):
+            if self.share_kv_tensors and num_groups > 1 and block_ids:
+                raise RuntimeError("one block table for every KV cache group, but the groups share "
+                                   "their K/V tensors: each group needs its own block ids")
             flat = [int(b) for b in block_ids]  # type: ignore[arg-type]
             return tuple(list(flat) for _ in range(num_groups))
         if len(block_ids) != num_groups:
@@ -307,6 +317,7 @@ class ModelRunner:
     def check_invariants(self) -> None:
         """Debug check of the runner's state (tests call it after every step)."""
         bs, num_blocks = self.block_size, self.num_blocks
+        owner: dict[int, int] = {}  # block id -> the group holding it (shared tensors)
         for rid, s in self.requests.items():
             assert s.req_id == rid, (rid, s.req_id)
             assert 0 < s.num_prompt_tokens <= len(s.token_ids), rid
@@ -317,13 +328,16 @@ class ModelRunner:
             if not any(s.block_ids):  # preempted: nothing in the cache
                 assert s.num_computed_tokens == 0, rid
                 continue
-            for table, window in zip(s.block_ids, self.group_windows):
+            for g, (table, window) in enumerate(zip(s.block_ids, self.group_windows)):
                 # A sliding-window table may hold the null block 0 where the
                 # window has passed; every other entry is a real block, once.
                 real = [b for b in table if b] if window is not None else table
                 assert all(0 < b < num_blocks for b in real), (rid, table)
                 assert len(set(real)) == len(real), (rid, table)
                 assert len(table) * bs >= s.num_computed_tokens, (rid, table)
+                if self.share_kv_tensors:  # an id in two groups would share pages
+                    for b in real:
+                        assert owner.setdefault(b, g) == g, (rid, b, g, owner[b])
         for md in self.last_group_metadata:
             md.check(num_blocks * bs)
 

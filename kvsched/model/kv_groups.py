@@ -40,6 +40,21 @@ class ModelKVCacheGroups:
         where = {layer: g for g, members in enumerate(self.layers) for layer in members}
         return tuple(where[i] for i in range(len(where)))
 
+    @property
+    def num_shared_tensors(self) -> int:
+        """K/V tensors when the groups share them as vLLM's planner lays them
+        out: one per position in the largest group."""
+        return max(len(members) for members in self.layers)
+
+    @property
+    def layer_tensors(self) -> tuple[int, ...]:
+        """Each layer's shared tensor, by layer: the i-th layer of every group
+        uses tensor i (vLLM's ``kv_cache_tensors``, each shared by one layer of
+        each group). Sharing is sound only when no block id is in two groups'
+        tables at once, as vLLM's one pool guarantees."""
+        where = {layer: i for members in self.layers for i, layer in enumerate(members)}
+        return tuple(where[i] for i in range(len(where)))
+
 
 def kv_cache_groups(config: ModelConfig, block_size: int) -> ModelKVCacheGroups:
     """The KV cache groups of ``config``'s layers with ``block_size``-token blocks."""

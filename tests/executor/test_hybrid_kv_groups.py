@@ -161,14 +161,21 @@ class Driver:
                     self.freed += 1
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["tensor-per-layer", "vllm-shared-tensors"])
 def test_per_group_tables_null_and_freed_blocks_match_transformers(
-        tiny: Callable[..., Path], hf_model: Callable[[Path], Any]) -> None:
+        tiny: Callable[..., Path], hf_model: Callable[[Path], Any], shared: bool) -> None:
+    """``shared``: the groups share K/V tensors as in vLLM (layer i of every
+    group on tensor i), which the distinct ids per group make sound."""
     path = tiny(**CHECKPOINT)
     config, model = load_model(path, torch.float32, "cpu")
     hf = hf_model(path)
     num_blocks = 256
-    runner = ModelRunner(model, config, num_blocks, BLOCK, "cpu", torch.float32, Sampler())
+    runner = ModelRunner(model, config, num_blocks, BLOCK, "cpu", torch.float32, Sampler(),
+                         share_kv_tensors=shared)
     assert runner.group_windows == (WINDOW, WINDOW, None)
+    # Layers 0, 1, 2 (the first of each group) on one tensor when shared.
+    assert (runner.kv_caches[0][0] is runner.kv_caches[2][0]) == shared
+    assert len({id(k) for k, _ in runner.kv_caches}) == (2 if shared else 6)
     drv = Driver(runner, num_blocks)
     rng = random.Random(5)
     a = [rng.randrange(4, 512) for _ in range(45)]
@@ -228,3 +235,6 @@ def test_block_ids_in_either_form(tiny: Callable[..., Path]) -> None:
     assert runner.per_group([[0, 7], [0, 8], [1, 2]]) == ([0, 7], [0, 8], [1, 2])
     with pytest.raises(RuntimeError, match="block ids for 2 KV cache groups, but the model has 3"):
         runner.per_group([[1], [2]])
+    shared = ModelRunner(model, config, 16, BLOCK, "cpu", torch.float32, Sampler(), share_kv_tensors=True)
+    with pytest.raises(RuntimeError, match="the groups share their K/V tensors: each group needs its own"):
+        shared.per_group([5, 6])

@@ -30,6 +30,12 @@ def test_gemma3_1b_six_sliding_groups_and_one_full() -> None:
         *(KVCacheGroup("sliding_window", 16, n, sliding_window=512) for n in (4, 4, 4, 4, 3, 3)),
         KVCacheGroup("full_attention", 16, 4))
     assert groups.layer_groups[:7] == (0, 1, 2, 3, 4, 6, 5)
+    # vLLM's shared tensors: the i-th layer of every group on tensor i.
+    assert groups.num_shared_tensors == 4
+    tensors = groups.layer_tensors
+    assert [tensors[i] for i in (0, 7, 14, 21)] == [0, 1, 2, 3]
+    assert [tensors[i] for i in (5, 11, 17, 23)] == [0, 1, 2, 3]
+    assert [tensors[i] for i in (6, 13, 20)] == [0, 1, 2]
 
 
 def test_ten_full_twenty_sliding_make_three_groups_of_ten() -> None:
