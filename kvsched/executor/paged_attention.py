@@ -139,16 +139,20 @@ class AttentionMetadata:
         decode_rows = np.flatnonzero(q_lens == 1)
         for rows in _group_decode_rows(decode_rows, row_blocks, group_keys // block_size):
             nb = int(row_blocks[rows[-1]])  # rows come sorted by length
-            # Row r's gathered key j is position first_block[r] * block_size + j.
-            base = first_block[rows] * block_size
-            num_keys = int((s_lens[rows] - base).max())
-            key_pos = base[:, None] + np.arange(num_keys)[None, :]
-            mask = key_pos < s_lens[rows][:, None]
-            if window is not None:
-                mask &= key_pos >= (s_lens[rows] - window)[:, None]
-            cols = first_block[rows][:, None] + np.arange(nb)[None, :]
-            # Columns past a row's table read the null block 0 (masked).
-            ids = np.where(cols < max_blocks, table[rows[:, None], np.minimum(cols, max_blocks - 1)], 0)
+            row_lens = s_lens[rows]
+            if window is None:
+                num_keys = int(row_lens.max())
+                mask = np.arange(num_keys)[None, :] < row_lens[:, None]
+                ids = table[rows, :nb]
+            else:
+                # Row r's gathered key j is position first_block[r] * block_size + j.
+                base = first_block[rows] * block_size
+                num_keys = int((row_lens - base).max())
+                key_pos = base[:, None] + np.arange(num_keys)[None, :]
+                mask = (key_pos < row_lens[:, None]) & (key_pos >= (row_lens - window)[:, None])
+                cols = first_block[rows][:, None] + np.arange(nb)[None, :]
+                # Columns past a row's table read the null block 0 (masked).
+                ids = np.where(cols < max_blocks, table[rows[:, None], np.minimum(cols, max_blocks - 1)], 0)
             groups.append(DecodeGroup(
                 token_idx=_to(cu[rows], device),
                 block_ids=_to(ids.reshape(-1), device),
@@ -162,7 +166,7 @@ class AttentionMetadata:
             cached = seq_len - n
             lo = int(first_key[i])
             q_pos = (cached + np.arange(n))[:, None]
-            slots = mask = None
+            slots = chunk_mask = None
             if cached > lo:  # some cached keys are in view: read the context from the cache
                 fb, nb = int(first_block[i]), int(blocks_needed[i])
                 context = (table[i, fb:nb, None] * block_size + offsets).reshape(-1)
@@ -176,9 +180,9 @@ class AttentionMetadata:
                 seen = key_pos <= q_pos
                 if window is not None:
                     seen &= key_pos > q_pos - window
-                mask = _to(seen, device)
+                chunk_mask = _to(seen, device)
             start = int(cu[i])
-            chunks.append(PrefillChunk(start, start + n, slots, mask))
+            chunks.append(PrefillChunk(start, start + n, slots, chunk_mask))
         return cls(block_size, _to(positions, device), _to(slot_mapping, device), groups, chunks,
                    window)
 
