@@ -32,6 +32,8 @@ SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "gemm
                          "glm4_moe", "gpt_oss", "kimi_k2", "llama", "mistral", "mixtral", "phi3", "qwen2",
                          "qwen3", "qwen3_moe")
 
+_LLAMA4 = ("chunked local attention (attention_chunk_size) on 3 of every 4 layers, which vLLM pages as its "
+           "own KV group, plus NoPE global layers; kvsched sizes full and sliding-window layers only")
 # Architectures vLLM serves that kvsched refuses, and why: what the KV cache
 # or the step price would get wrong. The one owner of those reasons.
 REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
@@ -50,9 +52,9 @@ REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
                     "weights with dense attention",
     "glm_moe_dsa": "DeepSeek Sparse Attention (an indexer selects the attended tokens, with its own key "
                    "cache), as DeepSeek-V3.2; kvsched prices dense attention only",
-    "llama4": "chunked local attention (attention_chunk_size) on 3 of every 4 layers, which vLLM pages as "
-              "its own KV group, plus NoPE global layers; kvsched sizes full and sliding-window layers "
-              "only",
+    "llama4": _LLAMA4,
+    # Llama 4's multimodal checkpoints wrap it in a text_config (kvsched.hf_config).
+    "llama4_text": _LLAMA4,
     "nemotron_h": "hybrid Mamba-2/attention layers: the Mamba layers' recurrent state is not paged KV and "
                   "kvsched does not size or price it",
     "deepseek_v4": "compressed sparse attention with a sliding window on every layer; kvsched prices "

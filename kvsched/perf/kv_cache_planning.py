@@ -1,0 +1,453 @@
+"""KV cache planning as vLLM plans it: per-layer cache specs, KV cache
+groups, page sizes and the block count of the one shared block pool.
+
+Ported from vLLM 0.33 / 0.34 (``v1/core/kv_cache_planning.py``:
+``get_kv_cache_groups``, ``unify_kv_cache_spec_page_size``,
+``_get_kv_cache_groups_uniform_page_size``, ``get_kv_cache_config_from_groups``;
+``platforms/interface.py``: ``_align_hybrid_block_size``;
+``model_executor/models/config.py``: ``MambaModelConfig``); the grouping
+code is the same in both releases, only their default block size differs
+(``kvsched.scheduler_defaults.resolve_cache_defaults`` owns it).
+
+The steps, in vLLM's order:
+
+1. every layer declares a spec (:class:`LayerSpec`): its kind, block size
+   and the bytes one block of it takes (a page);
+2. ``--disable-hybrid-kv-cache-manager`` promotes sliding-window and
+   chunked-local layers to full attention (a model with Mamba layers then
+   fails, as in vLLM);
+3. one spec for every layer, or one *type* (all full attention, MLA with
+   its indexer included) -> one group with every layer;
+4. otherwise the pages are made equal (a smaller attention page grows its
+   block size by the ratio, a Mamba page is padded), the layers of equal
+   spec form buckets, and each bucket is split round-robin into groups of
+   ``group_size`` layers (the smallest bucket, or the largest when it is
+   under 1.5 times the smallest);
+5. a block id is one page in each layer of one group: ``bytes_per_block``
+   is the largest group's sum of pages and ``num_blocks = available //
+   bytes_per_block`` (or ``--num-gpu-blocks-override``).
+
+Assumed, as on NVIDIA Hopper with the default attention backends
+(FlashAttention, FlashMLA, Triton/FlashInfer Mamba kernels): the layer-outer
+KV cache layout (``LBNHC``, vLLM's default; block-outer packing is for
+backends that ask for it, DeepSeek-V4's indexer), kernel blocks in
+multiples of 16 tokens, no per-layer block-stride padding. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kvsched.config import KVCacheGroup
+from kvsched.errors import UserInputError
+
+# vLLM's KVCacheSpec classes, as kinds. "mla_attention" (MLAAttentionSpec:
+# DeepSeek's latent and V3.2's indexer key cache) is full attention to the
+# scheduler (FullAttentionManager) but is never padded to another page.
+FULL = "full_attention"
+MLA = "mla_attention"
+SLIDING = "sliding_window"
+CHUNKED = "chunked_local_attention"
+MAMBA = "mamba"
+LAYER_KINDS = (FULL, MLA, SLIDING, CHUNKED, MAMBA)
+# The scheduler's kind (kvsched.config.KV_GROUP_KINDS) of each layer kind.
+_GROUP_KIND = {FULL: "full_attention", MLA: "full_attention", SLIDING: "sliding_window",
+               CHUNKED: "chunked_local_attention", MAMBA: "mamba"}
+# Smallest kernel block of FlashAttention / FlashMLA / Triton attention on CUDA
+# (their supported kernel block sizes are multiples of 16): the granularity
+# vLLM rounds a hybrid Mamba model's attention block size to.
+KERNEL_BLOCK_ALIGNMENT = 16
+# FlashInfer's GDN prefill (Hopper's default for gated delta net layers)
+# exports mid-prefill states every 64 tokens; in Mamba align mode the
+# attention block size is made a multiple of it (gdn_attn.py's
+# FLASHINFER_GDN_CHECKPOINT_ALIGNMENT).
+GDN_CHECKPOINT_ALIGNMENT = 64
+
+
+@dataclass(slots=True, frozen=True)
+class LayerSpec:
+    """One layer's KV cache spec (vLLM's ``KVCacheSpec`` of that layer).
+
+    Attention kinds store ``bytes_per_token`` per token (K and V of the
+    rank's KV heads, or MLA's one latent row); a Mamba layer stores one
+    state of ``state_bytes`` per block, whatever its block size.
+    ``page_size_padded`` is a page grown to a shared size (vLLM pads Mamba
+    pages and attention pages that do not divide the largest)."""
+
+    kind: str
+    block_size: int
+    bytes_per_token: int = 0
+    state_bytes: int = 0
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    page_size_padded: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAYER_KINDS:
+            raise ValueError(f"kind={self.kind!r}: one of {', '.join(LAYER_KINDS)}")
+        if (self.kind == MAMBA) != (self.state_bytes > 0) or (self.kind == MAMBA) == (self.bytes_per_token > 0):
+            raise ValueError(f"{self.kind} layer: a Mamba layer has state_bytes, an attention layer "
+                             "bytes_per_token")
+
+    @property
+    def unpadded_page_bytes(self) -> int:
+        return self.state_bytes if self.kind == MAMBA else self.bytes_per_token * self.block_size
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page_size_padded if self.page_size_padded is not None else self.unpadded_page_bytes
+
+
+@dataclass(slots=True, frozen=True)
+class PlannedGroup:
+    """One KV cache group: ``num_layers`` layers of one kind sharing a block
+    table, and the bytes one block of the group takes over its layers (the
+    layers' pages: equal, except in a one-group model of mixed pages such
+    as DeepSeek-V3.2's latent and indexer layers)."""
+
+    kind: str
+    block_size: int
+    num_layers: int
+    bytes_per_block: int
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+    def kv_group(self) -> KVCacheGroup:
+        """The scheduler's description of this group (kvsched.config)."""
+        return KVCacheGroup(_GROUP_KIND[self.kind], self.block_size, self.num_layers,
+                            self.sliding_window, self.attention_chunk_size)
+
+
+@dataclass(slots=True, frozen=True)
+class KVCachePlan:
+    """vLLM's KVCacheConfig in numbers: the groups, the bytes one block id
+    takes, and ``num_blocks`` (the pool, vLLM's null block included)."""
+
+    groups: tuple[PlannedGroup, ...]
+    bytes_per_block: int
+    num_blocks: int
+
+    def kv_groups(self) -> tuple[KVCacheGroup, ...]:
+        return tuple(g.kv_group() for g in self.groups)
+
+
+def _promote_local(layers: Sequence[LayerSpec]) -> list[LayerSpec]:
+    """``--disable-hybrid-kv-cache-manager``: sliding-window and chunked-local
+    layers allocate like full attention (vLLM's
+    ``_promote_local_kv_cache_specs``; their compute still slides). A model
+    that still mixes kinds afterwards (Mamba beside attention) is refused, as
+    vLLM refuses it."""
+    kinds = {spec.kind for spec in layers}
+    if _is_uniform_type(layers) or len(set(layers)) <= 1:
+        return list(layers)
+    full_sizes = {spec.block_size for spec in layers if spec.kind in (FULL, MLA)}
+    promoted = list(layers)
+    if kinds & {FULL, MLA} and kinds & {SLIDING, CHUNKED}:
+        full_block = next(iter(full_sizes)) if len(full_sizes) == 1 else None
+        promoted = [replace(spec, kind=FULL, sliding_window=None, attention_chunk_size=None,
+                            block_size=full_block or spec.block_size)
+                    if spec.kind in (SLIDING, CHUNKED) else spec for spec in layers]
+    if not (_is_uniform_type(promoted) or len(set(promoted)) <= 1):
+        raise UserInputError(
+            "disable_hybrid_kv_cache_manager=True (--disable-hybrid-kv-cache-manager): this model's "
+            f"layers ({', '.join(sorted(kinds))}) cannot share one full-attention KV cache group "
+            "(vLLM fails at start-up: Mamba / linear-attention state needs the hybrid KV cache "
+            "manager); drop --disable-hybrid-kv-cache-manager")
+    return promoted
+
+
+def _is_uniform_type(layers: Sequence[LayerSpec]) -> bool:
+    """vLLM's ``UniformTypeKVCacheSpecs.is_uniform_type``: one block size and
+    layers that need the same token slots (all full attention, MLA
+    included; all sliding with one window; all chunked with one chunk; all
+    Mamba with one page)."""
+    first = layers[0]
+    if len({spec.block_size for spec in layers}) > 1:
+        return False
+    if first.kind in (FULL, MLA):
+        return all(spec.kind in (FULL, MLA) for spec in layers)
+    if first.kind == SLIDING:
+        return all(spec.kind == SLIDING and spec.sliding_window == first.sliding_window for spec in layers)
+    if first.kind == CHUNKED:
+        return all(spec.kind == CHUNKED and spec.attention_chunk_size == first.attention_chunk_size
+                   for spec in layers)
+    return all(spec.kind == MAMBA and spec.page_bytes == first.page_bytes for spec in layers)
+
+
+def _unify_page_size(layers: Sequence[LayerSpec]) -> list[LayerSpec]:
+    """vLLM's ``unify_kv_cache_spec_page_size``: every page made the largest
+    one P. A Mamba page is padded to P; an attention page p dividing P gets
+    ``P // p`` times the block size; a non-MLA attention page that does not
+    divide P is padded; an MLA page that does not divide P is refused."""
+    top = max(spec.page_bytes for spec in layers)
+    out: list[LayerSpec] = []
+    for spec in layers:
+        page = spec.page_bytes
+        if page == top:
+            out.append(spec)
+        elif spec.kind == MAMBA:
+            out.append(replace(spec, page_size_padded=top))
+        elif top % page == 0:
+            out.append(replace(spec, block_size=spec.block_size * (top // page)))
+        elif spec.kind != MLA:
+            out.append(replace(spec, page_size_padded=top))
+        else:
+            raise UserInputError(
+                f"an MLA layer's KV page ({page} bytes) does not divide the largest page ({top} "
+                "bytes) and MLA pages cannot be padded: vLLM cannot place this model's KV cache "
+                "groups in one block pool; use another --block-size or --kv-cache-dtype")
+    return out
+
+
+def _group(spec: LayerSpec, count: int) -> PlannedGroup:
+    return PlannedGroup(spec.kind, spec.block_size, count, count * spec.page_bytes,
+                        spec.sliding_window, spec.attention_chunk_size)
+
+
+def plan_kv_cache_groups(layers: Sequence[LayerSpec], *,
+                         disable_hybrid_kv_cache_manager: bool = False) -> tuple[PlannedGroup, ...]:
+    """vLLM's ``get_kv_cache_groups`` for ``layers`` in model order (module
+    doc, steps 2-4). An attention-free model has no group."""
+    if not layers:
+        return ()
+    specs = _promote_local(layers) if disable_hybrid_kv_cache_manager else list(layers)
+    # Promoted layers drop their window here, so one spec is plain equality
+    # (vLLM merges full-attention specs that differ only in their window).
+    if len(set(specs)) == 1:
+        return (_group(specs[0], len(specs)),)
+    if _is_uniform_type(specs):
+        # One group of mixed pages (DeepSeek-V3.2's latent and indexer
+        # layers): a block id takes every layer's page.
+        first = specs[0]
+        kinds = {s.kind for s in specs}
+        kind = first.kind if len(kinds) == 1 else (MLA if MLA in kinds else FULL)
+        return (PlannedGroup(kind, first.block_size, len(specs), sum(s.page_bytes for s in specs),
+                             first.sliding_window, first.attention_chunk_size),)
+    specs = _unify_page_size(specs)
+    buckets: dict[LayerSpec, int] = {}
+    for spec in specs:
+        buckets[spec] = buckets.get(spec, 0) + 1
+    smallest, largest = min(buckets.values()), max(buckets.values())
+    # vLLM's rule: the "1" of an n:1 layer pattern, unless the buckets are
+    # nearly even (a drafter's extra layer), when padding the smaller wastes less.
+    group_size = largest if largest < smallest * 1.5 else smallest
+    groups: list[PlannedGroup] = []
+    for spec, count in buckets.items():
+        num_groups = -(-count // group_size)
+        # layers[i::num_groups]: group i takes every num_groups-th layer.
+        for i in range(num_groups):
+            groups.append(_group(spec, len(range(i, count, num_groups))))
+    return tuple(groups)
+
+
+def bytes_per_block(groups: Sequence[PlannedGroup]) -> int:
+    """The bytes one block id takes in the shared pool: the largest group's
+    pages (groups alias the same tensors, a block id belongs to one group)."""
+    return max(g.bytes_per_block for g in groups)
+
+
+def plan_kv_cache(layers: Sequence[LayerSpec], available_bytes: int, *,
+                  disable_hybrid_kv_cache_manager: bool = False,
+                  num_gpu_blocks_override: int | None = None) -> KVCachePlan:
+    """vLLM's KV cache config for ``layers`` with ``available_bytes`` of KV
+    memory on the device (module doc): the groups and ``num_blocks``."""
+    groups = plan_kv_cache_groups(layers, disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+    if not groups:
+        # vLLM's BlockPool still holds its null block.
+        return KVCachePlan((), 0, 1)
+    per_block = bytes_per_block(groups)
+    blocks = max(int(available_bytes), 0) // per_block
+    if num_gpu_blocks_override is not None:
+        blocks = num_gpu_blocks_override
+    return KVCachePlan(groups, per_block, blocks)
+
+
+# -- Mamba hybrids: the attention block size and the Mamba cache mode ---------------
+
+
+@dataclass(slots=True, frozen=True)
+class MambaCache:
+    """How vLLM sizes a hybrid attention/Mamba model's cache: the attention
+    block size it settles on, the Mamba cache mode and block size, and the
+    page the Mamba state is padded to (None: not padded)."""
+
+    block_size: int
+    mamba_cache_mode: str
+    mamba_block_size: int
+    mamba_page_size_padded: int | None
+
+
+def resolve_mamba_cache(*, block_size: int, enable_prefix_caching: bool, max_model_len: int,
+                        attention_bytes_per_token: int, mamba_state_bytes: int, use_mla: bool = False,
+                        checkpoint_alignment: int | None = None) -> MambaCache:
+    """vLLM's ``MambaModelConfig.verify_and_update_config`` then
+    ``Platform._align_hybrid_block_size``:
+
+    - prefix caching on: Mamba cache mode "align" (one state per block),
+      off: "none" (one state per request, the Mamba block spans
+      ``max_model_len``);
+    - the attention block size is raised to the smallest multiple of the
+      kernel alignment (the larger of 16 and ``block_size``; 128 with MLA;
+      in align mode also a multiple of the Mamba layers' prefill
+      ``checkpoint_alignment`` when every layer has one) whose attention
+      page holds a Mamba state;
+    - the Mamba page is padded to that attention page.
+    """
+    mode = "align" if enable_prefix_caching else "none"
+    align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
+    if use_mla:
+        align = max(align, 128)
+    if mode == "align" and checkpoint_alignment:
+        align = math.lcm(align, checkpoint_alignment)
+    needed = align * -(-mamba_state_bytes // (align * attention_bytes_per_token))
+    needed = KERNEL_BLOCK_ALIGNMENT * -(-needed // KERNEL_BLOCK_ALIGNMENT)
+    block = max(block_size, needed)
+    page = block * attention_bytes_per_token
+    return MambaCache(block, mode, block if mode == "align" else max_model_len,
+                      None if page == mamba_state_bytes else page)
+
+
+# -- per-layer specs from a Hugging Face config.json ----------------------------------
+
+# Bytes of the dtypes a state or cache is stored in.
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1}
+# Nemotron-H keeps its SSM state in float32 unless config.json says otherwise
+# (vLLM's NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE).
+NEMOTRON_H_SSM_DTYPE = "float32"
+# DeepSeek-V3.2's lightning indexer caches one FP8 key of index_head_dim
+# values per token with one float32 scale per 128 values (vLLM's Indexer:
+# quant_block_size 128, a uint8 cache of head_dim + head_dim // 128 * 4).
+INDEXER_QUANT_BLOCK = 128
+# Llama 4: every 4th layer is a global NoPE layer when config.json lists no
+# no_rope_layers (transformers' Llama4TextConfig.no_rope_layer_interval).
+LLAMA4_NOPE_INTERVAL = 4
+# Qwen3-Next: every full_attention_interval-th layer is full attention when
+# config.json lists no layer_types (transformers' Qwen3NextConfig default 4).
+QWEN3_NEXT_FULL_ATTENTION_INTERVAL = 4
+# model_types whose layers this module reads (the six of issue 37 and their
+# families); a multimodal wrapper's text_config is read.
+PLANNED_MODEL_TYPES = ("deepseek_v32", "gemma3_text", "gpt_oss", "llama4_text", "nemotron_h", "qwen3_next")
+
+
+@dataclass(slots=True, frozen=True)
+class ModelKVLayout:
+    """A model's per-layer KV specs for one deployment, in model order, and
+    for a Mamba hybrid how vLLM sized its cache (:class:`MambaCache`)."""
+
+    layers: tuple[LayerSpec, ...]
+    block_size: int
+    mamba: MambaCache | None = None
+
+
+def _dtype_bytes(cfg_source: str, name: str, value: str) -> int:
+    if value not in _DTYPE_BYTES:
+        raise UserInputError(f"{cfg_source}: {name}={value!r}: unknown dtype; use one of "
+                             f"{', '.join(_DTYPE_BYTES)}")
+    return _DTYPE_BYTES[value]
+
+
+def _kv_heads_per_rank(kv_heads: int, tensor_parallel_size: int) -> int:
+    # vLLM splits KV heads over TP ranks and replicates them when fewer.
+    return max(1, kv_heads // tensor_parallel_size)
+
+
+def model_kv_layout(data: dict[str, object], *, block_size: int, tensor_parallel_size: int = 1,
+                    kv_cache_bytes: int = 2, enable_prefix_caching: bool = True,
+                    max_model_len: int | None = None, source: str = "config.json") -> ModelKVLayout:
+    """The per-layer KV cache specs vLLM's model classes declare for the
+    config.json ``data`` (:data:`PLANNED_MODEL_TYPES`) on one of
+    ``tensor_parallel_size`` ranks, ``kv_cache_bytes`` per KV value
+    (2: "auto" on a 16-bit model; 1: fp8). Mamba-style states are kept in
+    the model's 16-bit dtype (vLLM's ``mamba_cache_dtype`` "auto"), an SSM
+    state as the model's ``mamba_ssm_cache_dtype`` rule says."""
+    from kvsched.hf_config import HFConfig, language_model_config
+
+    text, model_type = language_model_config(data)
+    cfg = HFConfig(text, source)
+    if model_type not in PLANNED_MODEL_TYPES:
+        raise UserInputError(f"{source}: model_type={model_type!r}: KV cache planning reads "
+                             f"{', '.join(PLANNED_MODEL_TYPES)}")
+    tp = tensor_parallel_size
+    layers = cfg.get_int("num_hidden_layers")
+
+    def attention(kind: str = FULL, **window: int) -> LayerSpec:
+        kv_heads = _kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
+        head_dim = cfg.get_int("head_dim") if cfg.data.get("head_dim") is not None else \
+            cfg.get_int("hidden_size") // cfg.get_int("num_attention_heads")
+        return LayerSpec(kind, block_size, 2 * kv_heads * head_dim * kv_cache_bytes, **window)  # type: ignore[arg-type]
+
+    if model_type == "gpt_oss":
+        # vLLM's gpt-oss slides on the even layers.
+        window = cfg.get_int("sliding_window")
+        specs = [attention(SLIDING, sliding_window=window) if i % 2 == 0 else attention()
+                 for i in range(layers)]
+        return ModelKVLayout(tuple(specs), block_size)
+    if model_type == "gemma3_text":
+        window = cfg.get_int("sliding_window", default=4096)
+        types = cfg.layer_types(layers)
+        pattern = cfg.get_int("sliding_window_pattern", default=6)
+        sliding = [t == "sliding_attention" for t in types] if types is not None else \
+            [(i + 1) % pattern != 0 for i in range(layers)]
+        specs = [attention(SLIDING, sliding_window=window) if s else attention() for s in sliding]
+        return ModelKVLayout(tuple(specs), block_size)
+    if model_type == "llama4_text":
+        chunk = cfg.data.get("attention_chunk_size")
+        rope = cfg.data.get("no_rope_layers")
+        if rope is None:
+            rope = [int((i + 1) % LLAMA4_NOPE_INTERVAL != 0) for i in range(layers)]
+        if not isinstance(rope, list) or len(rope) != layers:
+            raise cfg.fail("no_rope_layers", rope, f"must list {layers} flags, one per layer")
+        specs = [attention(CHUNKED, attention_chunk_size=cfg.get_int("attention_chunk_size"))
+                 if chunk and rope[i] else attention() for i in range(layers)]
+        return ModelKVLayout(tuple(specs), block_size)
+    if model_type == "deepseek_v32":
+        latent = (cfg.get_int("kv_lora_rank") + cfg.get_int("qk_rope_head_dim")) * kv_cache_bytes
+        index_dim = cfg.get_int("index_head_dim")
+        indexer = index_dim + index_dim // INDEXER_QUANT_BLOCK * 4
+        specs = []
+        for _ in range(layers):
+            specs += [LayerSpec(MLA, block_size, latent), LayerSpec(MLA, block_size, indexer)]
+        return ModelKVLayout(tuple(specs), block_size)
+    # Mamba-style hybrids: conv state in the model dtype, then the SSM /
+    # recurrent state; both shards over TP as vLLM's shape calculators say.
+    model_bytes = 2
+    if model_type == "nemotron_h":
+        pattern = cfg.get_str("hybrid_override_pattern", "")
+        if len(pattern) != layers:
+            raise cfg.fail("hybrid_override_pattern", pattern,
+                           f"must have one character per layer (num_hidden_layers={layers})")
+        heads, head_dim = cfg.get_int("mamba_num_heads"), cfg.get_int("mamba_head_dim")
+        groups, state = cfg.get_int("n_groups"), cfg.get_int("ssm_state_size")
+        if groups % tp:
+            groups += tp - groups  # vLLM replicates groups so each head shard has its own
+        conv_dim = heads * head_dim + 2 * groups * state
+        conv = (cfg.get_int("conv_kernel") - 1) * (conv_dim // tp) * model_bytes
+        ssm_dtype = cfg.get_str("mamba_ssm_cache_dtype", NEMOTRON_H_SSM_DTYPE)
+        ssm = heads // tp * head_dim * state * _dtype_bytes(source, "mamba_ssm_cache_dtype", ssm_dtype)
+        kinds = ["mamba" if c == "M" else "attention" if c == "*" else "" for c in pattern]
+        checkpoint = None  # Mamba2 layers export no mid-prefill checkpoint
+    else:  # qwen3_next
+        kh, vh = cfg.get_int("linear_num_key_heads"), cfg.get_int("linear_num_value_heads")
+        kd, vd = cfg.get_int("linear_key_head_dim"), cfg.get_int("linear_value_head_dim")
+        conv = (cfg.get_int("linear_conv_kernel_dim") - 1) * ((2 * kh * kd + vh * vd) // tp) * model_bytes
+        ssm = vh // tp * vd * kd * model_bytes
+        types = cfg.data.get("layer_types")
+        interval = cfg.get_int("full_attention_interval", default=QWEN3_NEXT_FULL_ATTENTION_INTERVAL)
+        if types is None:
+            types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+        if not isinstance(types, list) or len(types) != layers:
+            raise cfg.fail("layer_types", types, f"must list {layers} layer types, one per layer")
+        kinds = ["mamba" if t == "linear_attention" else "attention" for t in types]
+        checkpoint = GDN_CHECKPOINT_ALIGNMENT
+    per_token = attention().bytes_per_token
+    model_len = max_model_len if max_model_len is not None else cfg.get_int("max_position_embeddings")
+    mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                                max_model_len=model_len, attention_bytes_per_token=per_token,
+                                mamba_state_bytes=conv + ssm, checkpoint_alignment=checkpoint)
+    attn = LayerSpec(FULL, mamba.block_size, per_token)
+    state = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=conv + ssm,
+                      page_size_padded=mamba.mamba_page_size_padded)
+    specs = [state if k == "mamba" else attn for k in kinds if k]
+    return ModelKVLayout(tuple(specs), mamba.block_size, mamba)
