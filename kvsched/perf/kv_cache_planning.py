@@ -37,11 +37,15 @@ multiples of 16 tokens, no per-layer block-stride padding. Torch-free.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvsched.config import KVCacheGroup
 from kvsched.errors import UserInputError
+from kvsched.hf_config import HFConfig, language_model_config
+from kvsched.perf.model_parsers import model_spec_from_config
+from kvsched.perf.models import ModelSpec
 
 # vLLM's KVCacheSpec classes, as kinds. "mla_attention" (MLAAttentionSpec:
 # DeepSeek's latent and V3.2's indexer key cache) is full attention to the
@@ -87,7 +91,8 @@ class LayerSpec:
     def __post_init__(self) -> None:
         if self.kind not in LAYER_KINDS:
             raise ValueError(f"kind={self.kind!r}: one of {', '.join(LAYER_KINDS)}")
-        if (self.kind == MAMBA) != (self.state_bytes > 0) or (self.kind == MAMBA) == (self.bytes_per_token > 0):
+        mamba = self.kind == MAMBA
+        if mamba != (self.state_bytes > 0) or mamba == (self.bytes_per_token > 0):
             raise ValueError(f"{self.kind} layer: a Mamba layer has state_bytes, an attention layer "
                              "bytes_per_token")
 
@@ -309,16 +314,20 @@ def resolve_mamba_cache(*, block_size: int, enable_prefix_caching: bool, max_mod
                       None if page == mamba_state_bytes else page)
 
 
-# -- per-layer specs from a Hugging Face config.json ----------------------------------
+# -- per-layer specs ------------------------------------------------------------------
 
-# Bytes of the dtypes a state or cache is stored in.
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1}
+# Bytes of the dtypes a Mamba-style state is stored in (vLLM's
+# mamba_ssm_cache_dtype values).
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The model dtype kvsched's hybrid checkpoints run in (all are 16-bit): the
+# conv state's dtype (vLLM's mamba_cache_dtype "auto").
+MODEL_DTYPE_BYTES = 2
 # Nemotron-H keeps its SSM state in float32 unless config.json says otherwise
 # (vLLM's NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE).
 NEMOTRON_H_SSM_DTYPE = "float32"
 # DeepSeek-V3.2's lightning indexer caches one FP8 key of index_head_dim
 # values per token with one float32 scale per 128 values (vLLM's Indexer:
-# quant_block_size 128, a uint8 cache of head_dim + head_dim // 128 * 4).
+# quant_block_size 128, a uint8 cache of head_dim + head_dim // 128 * 4 bytes).
 INDEXER_QUANT_BLOCK = 128
 # Llama 4: every 4th layer is a global NoPE layer when config.json lists no
 # no_rope_layers (transformers' Llama4TextConfig.no_rope_layer_interval).
@@ -326,128 +335,152 @@ LLAMA4_NOPE_INTERVAL = 4
 # Qwen3-Next: every full_attention_interval-th layer is full attention when
 # config.json lists no layer_types (transformers' Qwen3NextConfig default 4).
 QWEN3_NEXT_FULL_ATTENTION_INTERVAL = 4
-# model_types whose layers this module reads (the six of issue 37 and their
-# families); a multimodal wrapper's text_config is read.
-PLANNED_MODEL_TYPES = ("deepseek_v32", "gemma3_text", "gpt_oss", "llama4_text", "nemotron_h", "qwen3_next")
+# model_types read here beside those kvsched.perf.model_parsers parses
+# (a multimodal wrapper's text_config is read).
+HYBRID_MODEL_TYPES = ("deepseek_v32", "llama4_text", "nemotron_h", "qwen3_next")
 
 
 @dataclass(slots=True, frozen=True)
 class ModelKVLayout:
-    """A model's per-layer KV specs for one deployment, in model order, and
-    for a Mamba hybrid how vLLM sized its cache (:class:`MambaCache`)."""
+    """A model's per-layer KV specs for one deployment, in model order, the
+    attention block size, and for a Mamba hybrid how vLLM sized its cache."""
 
     layers: tuple[LayerSpec, ...]
     block_size: int
     mamba: MambaCache | None = None
 
 
-def _dtype_bytes(cfg_source: str, name: str, value: str) -> int:
-    if value not in _DTYPE_BYTES:
-        raise UserInputError(f"{cfg_source}: {name}={value!r}: unknown dtype; use one of "
-                             f"{', '.join(_DTYPE_BYTES)}")
-    return _DTYPE_BYTES[value]
-
-
-def _kv_heads_per_rank(kv_heads: int, tensor_parallel_size: int) -> int:
-    # vLLM splits KV heads over TP ranks and replicates them when fewer.
+def kv_heads_per_rank(kv_heads: int, tensor_parallel_size: int) -> int:
+    """vLLM splits KV heads over TP ranks and replicates them when fewer
+    (ModelConfig.get_num_kv_heads)."""
     return max(1, kv_heads // tensor_parallel_size)
 
 
-def model_kv_layout(data: dict[str, object], *, block_size: int, tensor_parallel_size: int = 1,
+def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size: int, kv_cache_bytes: int,
+                      extra_full_layers: int = 0) -> tuple[LayerSpec, ...]:
+    """The layers of a model kvsched prices (full attention, MLA, sliding
+    window), plus ``extra_full_layers`` full-attention layers of a drafter
+    sharing the block tables. Sliding layers come first when there are any
+    (layer 0 slides in gpt-oss and Gemma): vLLM orders its groups by each
+    spec's first layer."""
+    per_token = int(model.kv_bytes_per_layer_per_rank(kv_cache_bytes, tensor_parallel_size))
+    full = LayerSpec(MLA if model.is_mla else FULL, block_size, per_token)
+    sliding = (LayerSpec(SLIDING, block_size, per_token, sliding_window=model.sliding_window),) \
+        * model.num_sliding_layers
+    return sliding + (full,) * (model.num_full_attention_layers + extra_full_layers)
+
+
+def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel_size: int = 1,
                     kv_cache_bytes: int = 2, enable_prefix_caching: bool = True,
                     max_model_len: int | None = None, source: str = "config.json") -> ModelKVLayout:
     """The per-layer KV cache specs vLLM's model classes declare for the
-    config.json ``data`` (:data:`PLANNED_MODEL_TYPES`) on one of
-    ``tensor_parallel_size`` ranks, ``kv_cache_bytes`` per KV value
-    (2: "auto" on a 16-bit model; 1: fp8). Mamba-style states are kept in
-    the model's 16-bit dtype (vLLM's ``mamba_cache_dtype`` "auto"), an SSM
-    state as the model's ``mamba_ssm_cache_dtype`` rule says."""
-    from kvsched.hf_config import HFConfig, language_model_config
-
+    config.json ``data`` on one of ``tensor_parallel_size`` ranks,
+    ``kv_cache_bytes`` per KV value (2: "auto" on a 16-bit model; 1: fp8).
+    The models kvsched prices are read by kvsched.perf.model_parsers; the
+    hybrid ones (:data:`HYBRID_MODEL_TYPES`) here."""
     text, model_type = language_model_config(data)
     cfg = HFConfig(text, source)
-    if model_type not in PLANNED_MODEL_TYPES:
-        raise UserInputError(f"{source}: model_type={model_type!r}: KV cache planning reads "
-                             f"{', '.join(PLANNED_MODEL_TYPES)}")
     tp = tensor_parallel_size
+    if model_type not in HYBRID_MODEL_TYPES:
+        model = model_spec_from_config(data, source, source)
+        return ModelKVLayout(model_spec_layers(model, block_size=block_size, tensor_parallel_size=tp,
+                                               kv_cache_bytes=kv_cache_bytes), block_size)
     layers = cfg.get_int("num_hidden_layers")
-
-    def attention(kind: str = FULL, **window: int) -> LayerSpec:
-        kv_heads = _kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
-        head_dim = cfg.get_int("head_dim") if cfg.data.get("head_dim") is not None else \
-            cfg.get_int("hidden_size") // cfg.get_int("num_attention_heads")
-        return LayerSpec(kind, block_size, 2 * kv_heads * head_dim * kv_cache_bytes, **window)  # type: ignore[arg-type]
-
-    if model_type == "gpt_oss":
-        # vLLM's gpt-oss slides on the even layers.
-        window = cfg.get_int("sliding_window")
-        specs = [attention(SLIDING, sliding_window=window) if i % 2 == 0 else attention()
-                 for i in range(layers)]
-        return ModelKVLayout(tuple(specs), block_size)
-    if model_type == "gemma3_text":
-        window = cfg.get_int("sliding_window", default=4096)
-        types = cfg.layer_types(layers)
-        pattern = cfg.get_int("sliding_window_pattern", default=6)
-        sliding = [t == "sliding_attention" for t in types] if types is not None else \
-            [(i + 1) % pattern != 0 for i in range(layers)]
-        specs = [attention(SLIDING, sliding_window=window) if s else attention() for s in sliding]
-        return ModelKVLayout(tuple(specs), block_size)
-    if model_type == "llama4_text":
-        chunk = cfg.data.get("attention_chunk_size")
-        rope = cfg.data.get("no_rope_layers")
-        if rope is None:
-            rope = [int((i + 1) % LLAMA4_NOPE_INTERVAL != 0) for i in range(layers)]
-        if not isinstance(rope, list) or len(rope) != layers:
-            raise cfg.fail("no_rope_layers", rope, f"must list {layers} flags, one per layer")
-        specs = [attention(CHUNKED, attention_chunk_size=cfg.get_int("attention_chunk_size"))
-                 if chunk and rope[i] else attention() for i in range(layers)]
-        return ModelKVLayout(tuple(specs), block_size)
     if model_type == "deepseek_v32":
-        latent = (cfg.get_int("kv_lora_rank") + cfg.get_int("qk_rope_head_dim")) * kv_cache_bytes
-        index_dim = cfg.get_int("index_head_dim")
-        indexer = index_dim + index_dim // INDEXER_QUANT_BLOCK * 4
-        specs = []
-        for _ in range(layers):
-            specs += [LayerSpec(MLA, block_size, latent), LayerSpec(MLA, block_size, indexer)]
-        return ModelKVLayout(tuple(specs), block_size)
-    # Mamba-style hybrids: conv state in the model dtype, then the SSM /
-    # recurrent state; both shards over TP as vLLM's shape calculators say.
-    model_bytes = 2
+        return ModelKVLayout(_deepseek_v32_layers(cfg, layers, block_size, kv_cache_bytes), block_size)
+    kv_heads = kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
+    per_token = 2 * kv_heads * _head_dim(cfg) * kv_cache_bytes
+    if model_type == "llama4_text":
+        return ModelKVLayout(_llama4_layers(cfg, layers, LayerSpec(FULL, block_size, per_token)), block_size)
     if model_type == "nemotron_h":
-        pattern = cfg.get_str("hybrid_override_pattern", "")
-        if len(pattern) != layers:
-            raise cfg.fail("hybrid_override_pattern", pattern,
-                           f"must have one character per layer (num_hidden_layers={layers})")
-        heads, head_dim = cfg.get_int("mamba_num_heads"), cfg.get_int("mamba_head_dim")
-        groups, state = cfg.get_int("n_groups"), cfg.get_int("ssm_state_size")
-        if groups % tp:
-            groups += tp - groups  # vLLM replicates groups so each head shard has its own
-        conv_dim = heads * head_dim + 2 * groups * state
-        conv = (cfg.get_int("conv_kernel") - 1) * (conv_dim // tp) * model_bytes
-        ssm_dtype = cfg.get_str("mamba_ssm_cache_dtype", NEMOTRON_H_SSM_DTYPE)
-        ssm = heads // tp * head_dim * state * _dtype_bytes(source, "mamba_ssm_cache_dtype", ssm_dtype)
-        kinds = ["mamba" if c == "M" else "attention" if c == "*" else "" for c in pattern]
-        checkpoint = None  # Mamba2 layers export no mid-prefill checkpoint
-    else:  # qwen3_next
-        kh, vh = cfg.get_int("linear_num_key_heads"), cfg.get_int("linear_num_value_heads")
-        kd, vd = cfg.get_int("linear_key_head_dim"), cfg.get_int("linear_value_head_dim")
-        conv = (cfg.get_int("linear_conv_kernel_dim") - 1) * ((2 * kh * kd + vh * vd) // tp) * model_bytes
-        ssm = vh // tp * vd * kd * model_bytes
-        types = cfg.data.get("layer_types")
-        interval = cfg.get_int("full_attention_interval", default=QWEN3_NEXT_FULL_ATTENTION_INTERVAL)
-        if types is None:
-            types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-        if not isinstance(types, list) or len(types) != layers:
-            raise cfg.fail("layer_types", types, f"must list {layers} layer types, one per layer")
-        kinds = ["mamba" if t == "linear_attention" else "attention" for t in types]
-        checkpoint = GDN_CHECKPOINT_ALIGNMENT
-    per_token = attention().bytes_per_token
+        kinds, state, checkpoint = _nemotron_h_layers(cfg, layers, tp, source)
+    else:
+        kinds, state, checkpoint = _qwen3_next_layers(cfg, layers, tp)
     model_len = max_model_len if max_model_len is not None else cfg.get_int("max_position_embeddings")
     mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                                 max_model_len=model_len, attention_bytes_per_token=per_token,
-                                mamba_state_bytes=conv + ssm, checkpoint_alignment=checkpoint)
-    attn = LayerSpec(FULL, mamba.block_size, per_token)
-    state = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=conv + ssm,
-                      page_size_padded=mamba.mamba_page_size_padded)
-    specs = [state if k == "mamba" else attn for k in kinds if k]
-    return ModelKVLayout(tuple(specs), mamba.block_size, mamba)
+                                mamba_state_bytes=state, checkpoint_alignment=checkpoint)
+    attention = LayerSpec(FULL, mamba.block_size, per_token)
+    mamba_layer = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=state,
+                            page_size_padded=mamba.mamba_page_size_padded)
+    specs = tuple(mamba_layer if k == MAMBA else attention for k in kinds)
+    return ModelKVLayout(specs, mamba.block_size, mamba)
+
+
+def _head_dim(cfg: HFConfig) -> int:
+    if cfg.data.get("head_dim") is not None:
+        return cfg.get_int("head_dim")
+    return cfg.get_int("hidden_size") // cfg.get_int("num_attention_heads")
+
+
+def _deepseek_v32_layers(cfg: HFConfig, layers: int, block_size: int,
+                         kv_cache_bytes: int) -> tuple[LayerSpec, ...]:
+    """Each layer: MLA's latent (kv_lora_rank + qk_rope_head_dim values) and
+    the indexer's FP8 keys with their scales, both full attention."""
+    latent = LayerSpec(MLA, block_size, (cfg.get_int("kv_lora_rank") + cfg.get_int("qk_rope_head_dim"))
+                       * kv_cache_bytes)
+    index_dim = cfg.get_int("index_head_dim")
+    indexer = LayerSpec(MLA, block_size, index_dim + index_dim // INDEXER_QUANT_BLOCK * 4)
+    return (latent, indexer) * layers
+
+
+def _llama4_layers(cfg: HFConfig, layers: int, full: LayerSpec) -> tuple[LayerSpec, ...]:
+    """Chunked local attention on the RoPE layers (``no_rope_layers`` 1),
+    full attention on the NoPE layers; no chunking without
+    ``attention_chunk_size``."""
+    chunk = cfg.get_int("attention_chunk_size", default=0)
+    rope = cfg.data.get("no_rope_layers")
+    if rope is None:
+        rope = [int((i + 1) % LLAMA4_NOPE_INTERVAL != 0) for i in range(layers)]
+    if not isinstance(rope, list) or len(rope) != layers or any(r not in (0, 1) for r in rope):
+        raise cfg.fail("no_rope_layers", rope, f"must list {layers} flags (0 or 1), one per layer")
+    local = replace(full, kind=CHUNKED, attention_chunk_size=chunk)
+    return tuple(local if chunk and r else full for r in rope)
+
+
+def _nemotron_h_layers(cfg: HFConfig, layers: int, tp: int, source: str) -> tuple[list[str], int, int | None]:
+    """(layer kinds, Mamba2 state bytes per rank, prefill checkpoint
+    alignment): ``hybrid_override_pattern`` M = Mamba2, * = attention,
+    others (MLP, MoE) no cache. vLLM's MambaStateShapeCalculator.
+    mamba2_state_shape: a conv state of conv_kernel - 1 rows of the conv
+    width (heads x head_dim + 2 x groups x state, groups replicated up to the
+    TP size) and an SSM state of heads x head_dim x state, both over TP."""
+    pattern = cfg.get_str("hybrid_override_pattern", "")
+    if len(pattern) != layers:
+        raise cfg.fail("hybrid_override_pattern", pattern,
+                       f"must have one character per layer (num_hidden_layers={layers})")
+    heads, head_dim = cfg.get_int("mamba_num_heads"), cfg.get_int("mamba_head_dim")
+    groups, state = cfg.get_int("n_groups"), cfg.get_int("ssm_state_size")
+    if groups % tp:
+        groups = tp
+    conv_width = (heads * head_dim + 2 * groups * state) // tp
+    conv = (cfg.get_int("conv_kernel") - 1) * conv_width * MODEL_DTYPE_BYTES
+    ssm_dtype = cfg.get_str("mamba_ssm_cache_dtype", NEMOTRON_H_SSM_DTYPE)
+    if ssm_dtype not in _DTYPE_BYTES:
+        raise cfg.fail("mamba_ssm_cache_dtype", ssm_dtype, f"must be one of {', '.join(_DTYPE_BYTES)}")
+    ssm = heads // tp * head_dim * state * _DTYPE_BYTES[ssm_dtype]
+    kinds = [MAMBA if c == "M" else FULL for c in pattern if c in "M*"]
+    # Mamba2 layers export no mid-prefill checkpoint (MambaBase's None).
+    return kinds, conv + ssm, None
+
+
+def _qwen3_next_layers(cfg: HFConfig, layers: int, tp: int) -> tuple[list[str], int, int | None]:
+    """(layer kinds, gated delta net state bytes per rank, prefill checkpoint
+    alignment): ``layer_types`` (or every full_attention_interval-th layer
+    full). vLLM's gated_delta_net_state_shape: a conv state of
+    linear_conv_kernel_dim - 1 rows of 2 x key heads x key dim + value heads
+    x value dim, and value heads x value dim x key dim, both over TP and in
+    the model dtype; FlashInfer's GDN prefill checkpoints every 64 tokens."""
+    kh, vh = cfg.get_int("linear_num_key_heads"), cfg.get_int("linear_num_value_heads")
+    kd, vd = cfg.get_int("linear_key_head_dim"), cfg.get_int("linear_value_head_dim")
+    conv = (cfg.get_int("linear_conv_kernel_dim") - 1) * ((2 * kh * kd + vh * vd) // tp) * MODEL_DTYPE_BYTES
+    ssm = vh // tp * vd * kd * MODEL_DTYPE_BYTES
+    types = cfg.data.get("layer_types")
+    if types is None:
+        interval = cfg.get_int("full_attention_interval", default=QWEN3_NEXT_FULL_ATTENTION_INTERVAL)
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or \
+            any(t not in ("linear_attention", "full_attention") for t in types):
+        raise cfg.fail("layer_types", types, f"must list {layers} layer types (linear_attention or "
+                                             "full_attention), one per layer")
+    return [MAMBA if t == "linear_attention" else FULL for t in types], conv + ssm, GDN_CHECKPOINT_ALIGNMENT

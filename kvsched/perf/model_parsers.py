@@ -320,23 +320,27 @@ def load_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
     p = Path(path).expanduser()
     config_path = p / "config.json" if p.is_dir() else p
     data = read_config_json(config_path)
+    return model_spec_from_config(data, name or _name_from_path(config_path), str(config_path))
+
+
+def model_spec_from_config(data: Mapping[str, Any], label: str, source: str = "config.json") -> ModelSpec:
+    """:func:`load_model_spec` of a config.json already read: ``data`` the
+    JSON object, ``label`` the spec's name, ``source`` the file (for errors)."""
     if data.get("model_type") is None:
-        raise UserInputError(f"{config_path}: missing required field 'model_type'")
+        raise UserInputError(f"{source}: missing required field 'model_type'")
     text, model_type = language_model_config(data)
-    label = name or _name_from_path(config_path)
     if model_type is not None and model_type in REFUSED_MODEL_TYPES:
         raise UserInputError(f"{label}: model_type={model_type!r} is not supported: "
-                             f"{REFUSED_MODEL_TYPES[model_type]} ({config_path})")
+                             f"{REFUSED_MODEL_TYPES[model_type]} ({source})")
     parser = _PARSERS.get(model_type) if model_type is not None else None
     if parser is None:
         shown = show(model_type if model_type is not None else data.get("model_type"))
-        raise UserInputError(f"{config_path}: model_type={shown} is not supported; "
-                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise UserInputError(f"{source}: model_type={shown} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     assert model_type is not None
-    source = str(config_path) if text is data else f"{config_path}: text_config"
-    cfg = HFConfig(text, source)
+    cfg = HFConfig(text, source if text is data else f"{source}: text_config")
     fields = parser(cfg, model_type)
     try:
         return ModelSpec(name=label, **fields)
     except ValueError as err:
-        raise UserInputError(f"{config_path}: {err}") from None
+        raise UserInputError(f"{source}: {err}") from None

@@ -85,7 +85,8 @@ def _vllm_config(case: dict, text: dict) -> SimpleNamespace:
     """The parts of VllmConfig the planning functions read."""
     layout = _layout_name()
     cache = SimpleNamespace(
-        block_size=case["block_size"], cache_dtype="auto", enable_prefix_caching=case["enable_prefix_caching"],
+        block_size=case["block_size"], cache_dtype="auto",
+        enable_prefix_caching=case["enable_prefix_caching"],
         mamba_cache_mode="none", mamba_block_size=None, mamba_page_size_padded=None,
         mamba_cache_dtype="auto", mamba_ssm_cache_dtype=text.get("mamba_ssm_cache_dtype", "auto")
         if text.get("model_type") == "nemotron_h" else "auto",
@@ -120,7 +121,8 @@ def _sliding_block_size(per_token: int, block_size: int) -> int:
     """vLLM's Attention.get_kv_cache_spec for a sliding layer (no shared page)."""
     from vllm.model_executor.layers.attention import attention as attn_module
     pick = attn_module._largest_kernel_block_within
-    probe = SlidingWindowSpec(block_size=1, num_kv_heads=1, head_size=1, dtype=torch.bfloat16, sliding_window=1)
+    probe = SlidingWindowSpec(block_size=1, num_kv_heads=1, head_size=1, dtype=torch.bfloat16,
+                              sliding_window=1)
     try:
         return pick(_attention_backend(), per_token, per_token * block_size, block_size, probe,
                     divisor_of=block_size)
@@ -239,8 +241,9 @@ def layer_specs(case: dict) -> dict:
         for i in range(layers):
             specs[f"layers.{i}"] = sliding(text["sliding_window"]) if i % 2 == 0 else full(bs)
     elif kind == "gemma3_text":
-        types = text.get("layer_types") or ["sliding_attention" if (i + 1) % text.get("sliding_window_pattern", 6)
-                                            else "full_attention" for i in range(layers)]
+        pattern = text.get("sliding_window_pattern", 6)
+        types = text.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                            for i in range(layers)]
         for i, t in enumerate(types):
             specs[f"layers.{i}"] = sliding(text.get("sliding_window", 4096)) if t == "sliding_attention" \
                 else full(bs)
@@ -315,8 +318,12 @@ def plan(case: dict) -> dict:
         out_groups.append({"kind": _kind(spec), "num_layers": len(group.layer_names),
                            "block_size": spec.block_size,
                            "bytes_per_block": sum(s.page_size_bytes for s in layer_specs_),
-                           "sliding_window": getattr(spec, "sliding_window", None),
-                           "attention_chunk_size": getattr(spec, "attention_chunk_size", None)})
+                           # A promoted (full-attention) spec keeps its window for the
+                           # kernels; only a local group's window shapes allocation.
+                           "sliding_window": spec.sliding_window if isinstance(spec, SlidingWindowSpec)
+                           else None,
+                           "attention_chunk_size": spec.attention_chunk_size
+                           if isinstance(spec, ChunkedLocalAttentionSpec) else None})
     cache = vc.cache_config
     return {"groups": out_groups, "num_blocks": config.num_blocks,
             "attention_block_size": cache.block_size,
@@ -354,7 +361,8 @@ def cases() -> list[dict]:
                     for caching in (True, False):
                         out.append({"model": name, "config": config, "architecture": arch,
                                     "tensor_parallel_size": 1, "block_size": block_size,
-                                    "enable_prefix_caching": caching, "disable_hybrid_kv_cache_manager": disable,
+                                    "enable_prefix_caching": caching,
+                                    "disable_hybrid_kv_cache_manager": disable,
                                     "num_gpu_blocks_override": None, "available_bytes": available,
                                     "max_model_len": 32768})
         out.append({**out[-1], "tensor_parallel_size": 8, "disable_hybrid_kv_cache_manager": False,
