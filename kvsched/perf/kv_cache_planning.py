@@ -357,17 +357,21 @@ def kv_heads_per_rank(kv_heads: int, tensor_parallel_size: int) -> int:
 
 
 def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size: int, kv_cache_bytes: int,
+                      num_layers: int | None = None, num_sliding_layers: int | None = None,
                       extra_full_layers: int = 0) -> tuple[LayerSpec, ...]:
     """The layers of a model kvsched prices (full attention, MLA, sliding
-    window), plus ``extra_full_layers`` full-attention layers of a drafter
-    sharing the block tables. Sliding layers come first when there are any
-    (layer 0 slides in gpt-oss and Gemma): vLLM orders its groups by each
-    spec's first layer."""
+    window), or of ``num_layers`` of them (``num_sliding_layers`` sliding:
+    one PP stage), plus ``extra_full_layers`` full-attention layers of a
+    drafter sharing the block tables. Sliding layers come first when there
+    are any (layer 0 slides in gpt-oss and Gemma): vLLM orders its groups by
+    each spec's first layer."""
+    layers = model.num_layers if num_layers is None else num_layers
+    sliding_layers = model.num_sliding_layers if num_sliding_layers is None else num_sliding_layers
     per_token = int(model.kv_bytes_per_layer_per_rank(kv_cache_bytes, tensor_parallel_size))
     full = LayerSpec(MLA if model.is_mla else FULL, block_size, per_token)
     sliding = (LayerSpec(SLIDING, block_size, per_token, sliding_window=model.sliding_window),) \
-        * model.num_sliding_layers
-    return sliding + (full,) * (model.num_full_attention_layers + extra_full_layers)
+        * sliding_layers
+    return sliding + (full,) * (layers - sliding_layers + extra_full_layers)
 
 
 def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel_size: int = 1,

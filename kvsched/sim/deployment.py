@@ -572,7 +572,7 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
             f"{(num_blocks - 1) * block_size} ({memory.describe()}); lower --max-model-len, "
             "raise --gpu-memory-utilization, --tensor-parallel-size or --pipeline-parallel-size")
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=block_size,
-                               enable_prefix_caching=opts.enable_prefix_caching)
+                               enable_prefix_caching=opts.enable_prefix_caching, kv_groups=memory.kv_groups)
     offload = make_offload_config(opts.kv_offloading_size, model, hardware, opts.tensor_parallel_size,
                                   memory.bytes_per_block,
                                   drafter_kv_layers=drafter.kv_layers if drafter is not None else 0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.cli import main
-from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.memory import plan_memory
 from kvsched.perf.model_catalog import get_model
@@ -167,7 +167,9 @@ def test_block_size_zero_and_a_model_without_kv_are_one_line(capsys: pytest.Capt
     plan = plan_memory(all_sliding, get_hardware("h100-sxm"), ParallelConfig(), RuntimeConfig(), 16, 0.9,
                        2048, 8)
     assert plan.bytes_per_block == 16 * model.num_layers * model.kv_bytes_per_layer_per_token(2)
-    assert plan.sliding_window_bytes == 0 and plan.num_gpu_blocks > 2
+    assert plan.num_gpu_blocks > 2
+    # vLLM's one group of one spec: every layer slides, in one sliding-window group.
+    assert plan.kv_groups == (KVCacheGroup("sliding_window", 16, model.num_layers, sliding_window=4096),)
 
 
 def test_a_tiny_request_rate_is_refused_for_its_time_span(capsys: pytest.CaptureFixture[str]) -> None:
