@@ -21,7 +21,8 @@ What is vLLM's code and what is our reading:
   (the model classes' ``get_mamba_state_shape_from_config`` /
   ``get_mamba_state_dtype_from_config``, i.e. ``MambaStateShapeCalculator``,
   ``MambaStateDtypeCalculator``); the Mamba cache mode and block size
-  (``MambaModelConfig.verify_and_update_config``); the hybrid attention block
+  (``MambaModelConfig.verify_and_update_config``); Nemotron-H's SSM state
+  dtype (``NemotronHForCausalLMConfig.verify_and_update_config``); the hybrid attention block
   size and Mamba padding (``Platform._align_hybrid_block_size``, run with
   FlashAttention as the attention backend and stand-in Mamba layers that
   answer ``get_prefill_checkpoint_alignment`` as vLLM's layer classes do);
@@ -88,8 +89,7 @@ def _vllm_config(case: dict, text: dict) -> SimpleNamespace:
         block_size=case["block_size"], cache_dtype="auto",
         enable_prefix_caching=case["enable_prefix_caching"],
         mamba_cache_mode="none", mamba_block_size=None, mamba_page_size_padded=None,
-        mamba_cache_dtype="auto", mamba_ssm_cache_dtype=text.get("mamba_ssm_cache_dtype", "auto")
-        if text.get("model_type") == "nemotron_h" else "auto",
+        mamba_cache_dtype="auto", mamba_ssm_cache_dtype="auto",
         num_gpu_blocks_override=case.get("num_gpu_blocks_override"), prefix_cache_retention_interval=None,
         use_replayssm=False, user_specified_block_size=True, kv_cache_dtype_skip_layers=None,
         skip_page_size_padded=None, prefix_match_unit=None,
@@ -265,6 +265,9 @@ def layer_specs(case: dict) -> dict:
                 cache_role=SparseCacheRole.INDEXER)
     else:
         if kind == "nemotron_h":
+            from vllm.model_executor.models.config import NemotronHForCausalLMConfig
+            # vLLM's rule for the SSM state dtype: config.json's, else float32.
+            NemotronHForCausalLMConfig.verify_and_update_config(vc)
             model_cls = _NemotronHStateShapes
             kinds = ["mamba" if c == "M" else "attention" if c == "*" else "" for c in
                      text["hybrid_override_pattern"]]
@@ -343,6 +346,8 @@ MODELS = (
      "Qwen3NextForCausalLM"),
     ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "tests/perf/data/hf_configs/"
      "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json", "NemotronHForCausalLM"),
+    ("nvidia/Nemotron-H-8B-Base-8K", "tests/perf/data/hf_configs/nvidia--Nemotron-H-8B-Base-8K.json",
+     "NemotronHForCausalLM"),
     ("deepseek-ai/DeepSeek-V3.2", "tests/perf/data/hf_configs/deepseek-ai--DeepSeek-V3.2.json",
      "DeepseekV32ForCausalLM"),
 )

@@ -4,7 +4,7 @@ The goldens (tests/conformance/kv_planning/vllm_0_3{3,4}.json) are written by
 tests/conformance/kv_planning_oracle.py in each reference venv: vLLM's
 get_kv_cache_groups / get_kv_cache_config_from_groups over vLLM's spec
 classes, for gpt-oss-120b, Gemma 3 27B, Llama 4 Scout, Qwen3-Next-80B,
-Nemotron-3-Nano (Nemotron-H) and DeepSeek-V3.2 at both releases' default
+Nemotron-H (8B-Base-8K and Nemotron-3-Nano-30B) and DeepSeek-V3.2 at both releases' default
 block sizes, two memory sizes, the hybrid manager on and off, prefix
 caching on and off, TP 8 and num_gpu_blocks_override.
 """
@@ -92,6 +92,7 @@ def test_goldens_cover_the_six_models_both_releases() -> None:
         assert models == {"openai/gpt-oss-120b", "google/gemma-3-27b-it",
                           "meta-llama/Llama-4-Scout-17B-16E-Instruct",
                           "Qwen/Qwen3-Next-80B-A3B-Instruct", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+                          "nvidia/Nemotron-H-8B-Base-8K",
                           "deepseek-ai/DeepSeek-V3.2"}
 
 
