@@ -269,6 +269,33 @@ def plan_kv_cache(layers: Sequence[LayerSpec], available_bytes: int, *,
     return KVCachePlan(groups, per_block, blocks)
 
 
+def blocks_per_request(groups: Sequence[KVCacheGroup], *, max_model_len: int,
+                       max_in_flight_tokens: int) -> int:
+    """Blocks of the shared pool one request of ``max_model_len`` tokens may
+    hold at once, summed over the groups: vLLM's start-up check
+    (``_max_memory_usage_bytes_from_groups``, each group's
+    ``max_memory_usage_bytes``) refuses a pool smaller than that plus the
+    null block. Full attention: every token; sliding window: the window, the
+    in-flight tokens (``max_in_flight_tokens``: every concurrent batch's
+    ``max_num_batched_tokens``, freed only once processed) and one block for
+    a window that starts mid-block; chunked local: a chunk and the in-flight
+    tokens. Attention groups only: kvsched's simulator refuses Mamba hybrids."""
+    total = 0
+    for g in groups:
+        if g.kind == FULL:
+            tokens, extra = max_model_len, 0
+        elif g.kind == SLIDING:
+            assert g.sliding_window is not None
+            tokens, extra = min(g.sliding_window - 1 + max_in_flight_tokens, max_model_len), 1
+        elif g.kind == CHUNKED:
+            assert g.attention_chunk_size is not None
+            tokens, extra = min(g.attention_chunk_size + max_in_flight_tokens, max_model_len), 0
+        else:
+            raise ValueError(f"{g.kind} groups: blocks_per_request covers attention groups only")
+        total += -(-tokens // g.block_size) + extra
+    return total
+
+
 # -- Mamba hybrids: the attention block size and the Mamba cache mode ---------------
 
 

@@ -25,6 +25,7 @@ from kvsched.perf.kv_cache_planning import (
     MLA,
     SLIDING,
     LayerSpec,
+    blocks_per_request,
     model_kv_layout,
     plan_kv_cache,
     plan_kv_cache_groups,
@@ -175,3 +176,15 @@ def test_bad_hybrid_fields_name_the_field() -> None:
               "attention_chunk_size": 8192, "no_rope_layers": [1, 2]}
     with pytest.raises(UserInputError, match=r"no_rope_layers.*2 flags"):
         model_kv_layout(llama4, block_size=16)
+
+
+def test_blocks_one_request_may_hold_per_group() -> None:
+    # max_model_len 32768, 8192 tokens in flight, 16-token blocks: full attention
+    # 2048; sliding (window 128) cdiv(127 + 8192, 16) + 1 = 521; chunked (8192)
+    # cdiv(8192 + 8192, 16) = 1024.
+    groups = (KVCacheGroup("full_attention", 16, 1),
+              KVCacheGroup("sliding_window", 16, 1, sliding_window=128),
+              KVCacheGroup("chunked_local_attention", 16, 1, attention_chunk_size=8192))
+    assert blocks_per_request(groups, max_model_len=32768, max_in_flight_tokens=8192) == 2048 + 521 + 1024
+    # Capped by max_model_len: a short context holds its whole length in each group (+1 sliding).
+    assert blocks_per_request(groups, max_model_len=100, max_in_flight_tokens=8192) == 7 + 8 + 7

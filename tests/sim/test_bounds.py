@@ -312,3 +312,18 @@ def test_a_variants_file_that_escaped_is_one_line(tmp_path: Path, capsys: pytest
                                                    content: str, words: list[str]) -> None:
     path = write(tmp_path, "v.json", content)
     refused(["compare", "--variants", str(path), *FAST], capsys, str(path), *words)
+
+
+def test_a_hybrid_models_max_model_len_must_fit_every_group(capsys: pytest.CaptureFixture[str]) -> None:
+    # gpt-oss-120b at max_model_len 4096 in 16-token blocks, 2048 batched tokens,
+    # synchronous: vLLM's start-up check needs the full group's 4096 / 16 = 256
+    # blocks plus the sliding group's cdiv(min(127 + 2048, 4096), 16) + 1 = 137,
+    # beside the null block: 394 blocks pass, 393 do not (the full-attention
+    # count alone, (393 - 1) x 16 >= 4096, would have passed).
+    argv = ["simulate", *FAST, "--model", "openai/gpt-oss-120b", "--hardware", "h100-sxm", "--max-model-len",
+            "4096", "--block-size", "16", "--max-num-batched-tokens", "2048", "--no-async-scheduling",
+            "--num-prompts", "2", "--random-input-len", "64", "--random-output-len", "4"]
+    refused([*argv, "--num-gpu-blocks-override", "393"], capsys, "max_model_len=4096 needs 393 KV blocks",
+            "2 KV cache groups", "holds 392")
+    status, _, err, _ = run_cli([*argv, "--num-gpu-blocks-override", "394"], capsys)
+    assert status == 0, err
