@@ -270,7 +270,7 @@ def plan_kv_cache(layers: Sequence[LayerSpec], available_bytes: int, *,
 
 
 def blocks_per_request(groups: Sequence[KVCacheGroup], *, max_model_len: int,
-                       max_in_flight_tokens: int) -> int:
+                       max_in_flight_tokens: int, mamba_state_blocks: int = 0) -> int:
     """Blocks of the shared pool one request of ``max_model_len`` tokens may
     hold at once, summed over the groups: vLLM's start-up check
     (``_max_memory_usage_bytes_from_groups``, each group's
@@ -279,7 +279,8 @@ def blocks_per_request(groups: Sequence[KVCacheGroup], *, max_model_len: int,
     in-flight tokens (``max_in_flight_tokens``: every concurrent batch's
     ``max_num_batched_tokens``, freed only once processed) and one block for
     a window that starts mid-block; chunked local: a chunk and the in-flight
-    tokens. Attention groups only: kvsched's simulator refuses Mamba hybrids."""
+    tokens; Mamba: ``mamba_state_blocks`` states
+    (:attr:`MambaCache.state_blocks_per_request`)."""
     total = 0
     for g in groups:
         if g.kind == FULL:
@@ -291,7 +292,11 @@ def blocks_per_request(groups: Sequence[KVCacheGroup], *, max_model_len: int,
             assert g.attention_chunk_size is not None
             tokens, extra = min(g.attention_chunk_size + max_in_flight_tokens, max_model_len), 0
         else:
-            raise ValueError(f"{g.kind} groups: blocks_per_request covers attention groups only")
+            if mamba_state_blocks < 1:
+                raise ValueError("a Mamba group needs mamba_state_blocks "
+                                 "(MambaCache.state_blocks_per_request)")
+            total += mamba_state_blocks
+            continue
         total += -(-tokens // g.block_size) + extra
     return total
 
@@ -309,11 +314,16 @@ class MambaCache:
     mamba_cache_mode: str
     mamba_block_size: int
     mamba_page_size_padded: int | None
+    # States one request holds at once (MambaSpec.max_memory_usage_bytes):
+    # align mode the running and the previous block's, plus a prefill
+    # checkpoint block when the layers export one; "none" mode one.
+    state_blocks_per_request: int = 1
 
 
 def resolve_mamba_cache(*, block_size: int, enable_prefix_caching: bool, max_model_len: int,
                         attention_bytes_per_token: int, mamba_state_bytes: int, use_mla: bool = False,
-                        checkpoint_alignment: int | None = None) -> MambaCache:
+                        checkpoint_alignment: int | None = None,
+                        checkpoint_block: bool = False) -> MambaCache:
     """vLLM's ``MambaModelConfig.verify_and_update_config`` then
     ``Platform._align_hybrid_block_size``:
 
@@ -326,6 +336,10 @@ def resolve_mamba_cache(*, block_size: int, enable_prefix_caching: bool, max_mod
       ``checkpoint_alignment`` when every layer has one) whose attention
       page holds a Mamba state;
     - the Mamba page is padded to that attention page.
+
+    ``checkpoint_block``: the Mamba layers keep a prefill checkpoint block
+    in align mode (MambaMixer2 always; the GDN layer when it exports
+    checkpoints, i.e. with a ``checkpoint_alignment``).
     """
     mode = "align" if enable_prefix_caching else "none"
     align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
@@ -337,8 +351,9 @@ def resolve_mamba_cache(*, block_size: int, enable_prefix_caching: bool, max_mod
     needed = KERNEL_BLOCK_ALIGNMENT * -(-needed // KERNEL_BLOCK_ALIGNMENT)
     block = max(block_size, needed)
     page = block * attention_bytes_per_token
+    states = 2 + int(checkpoint_block) if mode == "align" else 1
     return MambaCache(block, mode, block if mode == "align" else max_model_len,
-                      None if page == mamba_state_bytes else page)
+                      None if page == mamba_state_bytes else page, states)
 
 
 # -- per-layer specs ------------------------------------------------------------------
@@ -425,12 +440,15 @@ def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel
         return ModelKVLayout(_llama4_layers(cfg, layers, LayerSpec(FULL, block_size, per_token)), block_size)
     if model_type == "nemotron_h":
         kinds, state, checkpoint = _nemotron_h_layers(cfg, layers, tp, source)
+        checkpoint_block = True  # MambaMixer2's spec always has one
     else:
         kinds, state, checkpoint = _qwen3_next_layers(cfg, layers, tp)
+        checkpoint_block = enable_prefix_caching  # FlashInfer's GDN exports them in align mode
     model_len = max_model_len if max_model_len is not None else cfg.get_int("max_position_embeddings")
     mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                                 max_model_len=model_len, attention_bytes_per_token=per_token,
-                                mamba_state_bytes=state, checkpoint_alignment=checkpoint)
+                                mamba_state_bytes=state, checkpoint_alignment=checkpoint,
+                                checkpoint_block=checkpoint_block)
     attention = LayerSpec(FULL, mamba.block_size, per_token)
     mamba_layer = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=state,
                             page_size_padded=mamba.mamba_page_size_padded)

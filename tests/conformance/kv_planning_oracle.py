@@ -26,6 +26,8 @@ What is vLLM's code and what is our reading:
   size and Mamba padding (``Platform._align_hybrid_block_size``, run with
   FlashAttention as the attention backend and stand-in Mamba layers that
   answer ``get_prefill_checkpoint_alignment`` as vLLM's layer classes do);
+  the start-up check's blocks per request
+  (``_max_memory_usage_bytes_from_groups``, 8192 tokens in flight);
   a sliding layer's block size (``attention._largest_kernel_block_within``
   with FlashAttention's kernel block sizes).
 - Ours (transcribed from reading the model classes, since building the
@@ -33,7 +35,8 @@ What is vLLM's code and what is our reading:
   even layers slide; Gemma 3: ``layer_types`` or every 6th global; Llama 4:
   chunked local on RoPE layers, ``no_rope_layers`` or every 4th NoPE;
   Qwen3-Next: ``layer_types`` or every 4th full; Nemotron-H:
-  ``hybrid_override_pattern`` M/*; DeepSeek-V3.2: one MLA latent of
+  ``hybrid_override_pattern`` M/*; the prefill checkpoint blocks the Mamba
+  layer classes add to their spec; DeepSeek-V3.2: one MLA latent of
   kv_lora_rank + qk_rope_head_dim and one indexer key cache of
   index_head_dim + index_head_dim / 128 * 4 bytes per layer), the KV heads per
   rank (split over TP, at least one), the GDN prefill backend (FlashInfer, as
@@ -109,6 +112,7 @@ def _vllm_config(case: dict, text: dict) -> SimpleNamespace:
                                         decode_context_parallel_size=1),
         attention_config=SimpleNamespace(hisparse_config=None), speculative_config=None,
         num_speculative_tokens=0, use_flashinfer_replayssm=False, additional_config={},
+        max_in_flight_tokens=case["max_in_flight_tokens"],
         compilation_config=SimpleNamespace(static_forward_context={}))
 
 
@@ -281,13 +285,23 @@ def layer_specs(case: dict) -> dict:
             alignment = GDN_FLASHINFER_CHECKPOINT_ALIGNMENT if case["enable_prefix_caching"] else None
         _align_hybrid(vc, model_cls, alignment, kinds.count("mamba"))
         cache = vc.cache_config
+        # What the layer classes' get_kv_cache_spec adds: MambaMixer2 always
+        # one prefill checkpoint block (alignment 1); the GDN layer one when it
+        # exports checkpoints (align mode, FlashInfer), on the prefix grid.
+        checkpoints = {}
+        if kind == "nemotron_h":
+            checkpoints = {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1}
+        elif alignment is not None:
+            checkpoints = {"num_prefill_checkpoint_blocks": 1,
+                           "prefill_checkpoint_alignment": cache.mamba_block_size}
         shapes = tuple(model_cls.get_mamba_state_shape_from_config(vc))
         dtypes = tuple(model_cls.get_mamba_state_dtype_from_config(vc))
         for i, k in enumerate(kinds):
             if k == "mamba":
                 specs[f"layers.{i}"] = MambaSpec(
                     block_size=cache.mamba_block_size, shapes=shapes, dtypes=dtypes,
-                    page_size_padded=cache.mamba_page_size_padded, mamba_cache_mode=cache.mamba_cache_mode)
+                    page_size_padded=cache.mamba_page_size_padded, mamba_cache_mode=cache.mamba_cache_mode,
+                    **checkpoints)
             elif k == "attention":
                 specs[f"layers.{i}"] = full(cache.block_size)
     return {"vllm_config": vc, "specs": specs}
@@ -328,7 +342,13 @@ def plan(case: dict) -> dict:
                            "attention_chunk_size": spec.attention_chunk_size
                            if isinstance(spec, ChunkedLocalAttentionSpec) else None})
     cache = vc.cache_config
+    # vLLM's start-up check: the pool blocks one request of max_model_len may
+    # hold, summed over the groups (each spec's max_memory_usage_bytes).
+    builder = planning.DefaultKVCacheConfigBuilder()
+    needed = planning._max_memory_usage_bytes_from_groups(builder, vc, groups)
+    per_block = planning._pool_bytes_per_block_from_builder(builder, vc, groups)
     return {"groups": out_groups, "num_blocks": config.num_blocks,
+            "blocks_per_request": needed // per_block,
             "attention_block_size": cache.block_size,
             "mamba_cache_mode": cache.mamba_cache_mode if cache.mamba_block_size is not None else None,
             "mamba_block_size": cache.mamba_block_size,
@@ -369,7 +389,7 @@ def cases() -> list[dict]:
                                     "enable_prefix_caching": caching,
                                     "disable_hybrid_kv_cache_manager": disable,
                                     "num_gpu_blocks_override": None, "available_bytes": available,
-                                    "max_model_len": 32768})
+                                    "max_model_len": 32768, "max_in_flight_tokens": 8192})
         out.append({**out[-1], "tensor_parallel_size": 8, "disable_hybrid_kv_cache_manager": False,
                     "enable_prefix_caching": True})
         out.append({**out[-1], "num_gpu_blocks_override": 1000})

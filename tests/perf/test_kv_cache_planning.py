@@ -67,10 +67,14 @@ def _kvsched_plan(case: dict) -> dict:
     except UserInputError as err:
         return {"error": str(err)}
     mamba = layout.mamba
+    needed = blocks_per_request(plan.kv_groups(), max_model_len=case["max_model_len"],
+                                max_in_flight_tokens=case["max_in_flight_tokens"],
+                                mamba_state_blocks=mamba.state_blocks_per_request if mamba else 0)
     return {"groups": [{"kind": g.kind, "num_layers": g.num_layers, "block_size": g.block_size,
                         "bytes_per_block": g.bytes_per_block, "sliding_window": g.sliding_window,
                         "attention_chunk_size": g.attention_chunk_size} for g in plan.groups],
-            "num_blocks": plan.num_blocks, "attention_block_size": layout.block_size,
+            "num_blocks": plan.num_blocks, "blocks_per_request": needed,
+            "attention_block_size": layout.block_size,
             "mamba_cache_mode": mamba.mamba_cache_mode if mamba else None,
             "mamba_block_size": mamba.mamba_block_size if mamba else None,
             "mamba_page_size_padded": mamba.mamba_page_size_padded if mamba else None}
