@@ -433,6 +433,11 @@ def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel
                                                kv_cache_bytes=kv_cache_bytes), block_size)
     layers = cfg.get_int("num_hidden_layers")
     if model_type == "deepseek_v32":
+        if kv_cache_bytes != 2:
+            raise UserInputError(
+                f"{source}: kv_cache_dtype of {kv_cache_bytes} byte(s) (--kv-cache-dtype) for DeepSeek-V3.2: "
+                "vLLM keeps its fp8 latent as fp8_ds_mla (fp8 values, their scales and a 16-bit RoPE "
+                "part per token), which kvsched does not plan; use --kv-cache-dtype auto")
         return ModelKVLayout(_deepseek_v32_layers(cfg, layers, block_size, kv_cache_bytes), block_size)
     kv_heads = kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
     per_token = 2 * kv_heads * _head_dim(cfg) * kv_cache_bytes

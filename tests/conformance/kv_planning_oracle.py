@@ -89,7 +89,7 @@ def _vllm_config(case: dict, text: dict) -> SimpleNamespace:
     """The parts of VllmConfig the planning functions read."""
     layout = _layout_name()
     cache = SimpleNamespace(
-        block_size=case["block_size"], cache_dtype="auto",
+        block_size=case["block_size"], cache_dtype=case["kv_cache_dtype"],
         enable_prefix_caching=case["enable_prefix_caching"],
         mamba_cache_mode="none", mamba_block_size=None, mamba_page_size_padded=None,
         mamba_cache_dtype="auto", mamba_ssm_cache_dtype="auto",
@@ -231,14 +231,23 @@ def layer_specs(case: dict) -> dict:
     bf16 = torch.bfloat16
     kind = text["model_type"]
     specs: dict = {}
+    # The attention layers' KV dtype and quant mode, as vLLM's Attention reads
+    # --kv-cache-dtype (kv_cache_dtype_str_to_dtype, get_kv_quant_mode).
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+    from vllm.v1.kv_cache_interface import get_kv_quant_mode
+    kv_dtype = kv_cache_dtype_str_to_dtype(case["kv_cache_dtype"], vc.model_config)
+    quant = {"kv_quant_mode": get_kv_quant_mode(case["kv_cache_dtype"])}
 
     def full(block: int) -> FullAttentionSpec:
-        return FullAttentionSpec(block_size=block, num_kv_heads=kv_heads, head_size=head, dtype=bf16)
+        return FullAttentionSpec(block_size=block, num_kv_heads=kv_heads, head_size=head, dtype=kv_dtype,
+                                 **quant)
 
     def sliding(window: int) -> SlidingWindowSpec:
-        block = _sliding_block_size(2 * kv_heads * head * 2, case["block_size"])
-        return SlidingWindowSpec(block_size=block, num_kv_heads=kv_heads, head_size=head, dtype=bf16,
-                                 sliding_window=window)
+        per_token = FullAttentionSpec(block_size=1, num_kv_heads=kv_heads, head_size=head, dtype=kv_dtype,
+                                      **quant).page_size_bytes
+        block = _sliding_block_size(per_token, case["block_size"])
+        return SlidingWindowSpec(block_size=block, num_kv_heads=kv_heads, head_size=head, dtype=kv_dtype,
+                                 sliding_window=window, **quant)
 
     bs = case["block_size"]
     if kind == "gpt_oss":
@@ -255,7 +264,7 @@ def layer_specs(case: dict) -> dict:
         rope = text.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
         for i in range(layers):
             specs[f"layers.{i}"] = ChunkedLocalAttentionSpec(
-                block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=bf16,
+                block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=kv_dtype, **quant,
                 attention_chunk_size=text["attention_chunk_size"]) if rope[i] else full(bs)
     elif kind == "deepseek_v32":
         from vllm.v1.kv_cache_interface import SparseCacheRole
@@ -377,7 +386,8 @@ GIB = 2**30
 def cases() -> list[dict]:
     """Each model at both releases' default block sizes (0.33: 16, 0.34: 64),
     two KV memory sizes, hybrid manager on and off, prefix caching on and
-    off, one num_gpu_blocks_override and one TP 8 case."""
+    off, one num_gpu_blocks_override and one TP 8 case, and an fp8 KV cache
+    at both block sizes."""
     out = []
     for name, config, arch in MODELS:
         for block_size in (16, 64):
@@ -389,10 +399,15 @@ def cases() -> list[dict]:
                                     "enable_prefix_caching": caching,
                                     "disable_hybrid_kv_cache_manager": disable,
                                     "num_gpu_blocks_override": None, "available_bytes": available,
-                                    "max_model_len": 32768, "max_in_flight_tokens": 8192})
+                                    "max_model_len": 32768, "max_in_flight_tokens": 8192,
+                                    "kv_cache_dtype": "auto"})
         out.append({**out[-1], "tensor_parallel_size": 8, "disable_hybrid_kv_cache_manager": False,
                     "enable_prefix_caching": True})
         out.append({**out[-1], "num_gpu_blocks_override": 1000})
+        if name != "deepseek-ai/DeepSeek-V3.2":  # its fp8 cache is another layout (fp8_ds_mla)
+            for block_size in (16, 64):
+                out.append({**out[-1], "num_gpu_blocks_override": None, "tensor_parallel_size": 1,
+                            "block_size": block_size, "kv_cache_dtype": "fp8"})
     return out
 
 

@@ -31,6 +31,7 @@ from kvsched.perf.kv_cache_planning import (
     plan_kv_cache_groups,
     resolve_mamba_cache,
 )
+from kvsched.perf.step_time import kv_cache_dtype_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDENS = REPO / "tests" / "conformance" / "kv_planning"
@@ -47,7 +48,8 @@ def _case_id(result: dict) -> str:
     return (f"{c['model'].split('/')[1]}-bs{c['block_size']}-tp{c['tensor_parallel_size']}-"
             f"{c['available_bytes'] // 2**30}GiB-"
             f"{'nohma' if c['disable_hybrid_kv_cache_manager'] else 'hma'}-"
-            f"{'apc' if c['enable_prefix_caching'] else 'noapc'}-ovr{c['num_gpu_blocks_override']}")
+            f"{'apc' if c['enable_prefix_caching'] else 'noapc'}-ovr{c['num_gpu_blocks_override']}-"
+            f"{c['kv_cache_dtype']}")
 
 
 CASES = [pytest.param(result, id=f"{release}-{_case_id(result)}")
@@ -59,6 +61,7 @@ def _kvsched_plan(case: dict) -> dict:
     layout = model_kv_layout(data, block_size=case["block_size"],
                              tensor_parallel_size=case["tensor_parallel_size"],
                              enable_prefix_caching=case["enable_prefix_caching"],
+                             kv_cache_bytes=kv_cache_dtype_bytes(case["kv_cache_dtype"]),
                              max_model_len=case["max_model_len"])
     try:
         plan = plan_kv_cache(layout.layers, case["available_bytes"],
@@ -192,3 +195,11 @@ def test_blocks_one_request_may_hold_per_group() -> None:
     assert blocks_per_request(groups, max_model_len=32768, max_in_flight_tokens=8192) == 2048 + 521 + 1024
     # Capped by max_model_len: a short context holds its whole length in each group (+1 sliding).
     assert blocks_per_request(groups, max_model_len=100, max_in_flight_tokens=8192) == 7 + 8 + 7
+
+
+def test_deepseek_v32_fp8_cache_is_refused() -> None:
+    # vLLM stores V3.2's fp8 latent as fp8_ds_mla (values, scales and a 16-bit
+    # RoPE part per token), not one byte per value: not planned, refused.
+    data = json.loads((REPO / "tests/perf/data/hf_configs/deepseek-ai--DeepSeek-V3.2.json").read_text())
+    with pytest.raises(UserInputError, match=r"kv_cache_dtype.*DeepSeek-V3.2"):
+        model_kv_layout(data, block_size=64, kv_cache_bytes=1)
