@@ -270,7 +270,11 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
                    max_num_batched_tokens: int, max_num_seqs: int, extensible: bool) -> MemoryPlan:
     """plan_memory with PP stages (module doc): each stage's plan, and the
     one with the fewest blocks. A hybrid model's sliding-window layers are
-    taken as spread evenly over the stages."""
+    taken as spread evenly over the stages, and each stage's block is the
+    largest group of its own layers, regrouped. vLLM instead projects the
+    whole model's groups onto each stage's layers, which needs the layer
+    order: the two agree for gpt-oss at PP 2-4 and Gemma 3 27B at PP 2, not
+    always beyond (an approximation for hybrid models under PP)."""
     kvb = runtime.kv_bytes
     tp = parallel.tensor_parallel_size
     pp = parallel.pipeline_parallel_size
@@ -281,6 +285,10 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
     lm_head = m.lm_head_matmul_params() * 2.0 / tp
     per_layer_weights = (whole - embedding - m.lm_head_params() * 2.0 / tp) / m.num_layers
     activations = activation_peak_bytes(m, parallel, max_num_batched_tokens, max_num_seqs)
+    # vLLM groups the whole model's layers and hands every stage the same
+    # groups (each holding that stage's layers); the scheduler sees those.
+    groups = scheduler_kv_groups(kv_cache_plan(m, m.num_layers, m.num_sliding_layers, block_size, tp, kvb, 0,
+                                               0.0), block_size)
     plans: list[MemoryPlan] = []
     for i, n in enumerate(stage_layers(m.num_layers, pp)):
         weights = per_layer_weights * n + (embedding if i == 0 else 0.0) + (lm_head if i == pp - 1 else 0.0)
@@ -292,7 +300,7 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
         plans.append(MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, free,
                                 kv.bytes_per_block, kv.num_blocks, 0.0, pp, i, extensible=extensible,
                                 cuda_graph_bytes=room.cuda_graph_bytes, margin_bytes=room.margin_bytes,
-                                kv_groups=scheduler_kv_groups(kv, block_size)))
+                                kv_groups=groups))
     plan = min(plans, key=lambda p: p.num_gpu_blocks)
     if plan.num_gpu_blocks < 2:
         raise UserInputError(
