@@ -266,6 +266,15 @@ def layer_specs(case: dict) -> dict:
             specs[f"layers.{i}"] = ChunkedLocalAttentionSpec(
                 block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=kv_dtype, **quant,
                 attention_chunk_size=text["attention_chunk_size"]) if rope[i] else full(bs)
+    elif kind == "llama":
+        for i in range(layers):
+            specs[f"layers.{i}"] = full(bs)
+    elif kind == "deepseek_v3":
+        for i in range(layers):
+            specs[f"layers.{i}.attn"] = MLAAttentionSpec(
+                block_size=bs, num_kv_heads=1, max_tp_shards=1,
+                head_size=text["kv_lora_rank"] + text["qk_rope_head_dim"], dtype=kv_dtype,
+                cache_dtype_str=case["kv_cache_dtype"], **quant)
     elif kind == "deepseek_v32":
         from vllm.v1.kv_cache_interface import SparseCacheRole
         index_head = text["index_head_dim"] + text["index_head_dim"] // 128 * 4
@@ -377,6 +386,11 @@ MODELS = (
      "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json", "NemotronHForCausalLM"),
     ("nvidia/Nemotron-H-8B-Base-8K", "tests/perf/data/hf_configs/nvidia--Nemotron-H-8B-Base-8K.json",
      "NemotronHForCausalLM"),
+    # Models of one kind, for the uniform paths.
+    ("meta-llama/Llama-3.1-8B", "tests/perf/data/hf_configs/meta-llama--Llama-3.1-8B.json",
+     "LlamaForCausalLM"),
+    ("deepseek-ai/DeepSeek-V3", "tests/perf/data/hf_configs/deepseek-ai--DeepSeek-V3.json",
+     "DeepseekV3ForCausalLM"),
     ("deepseek-ai/DeepSeek-V3.2", "tests/perf/data/hf_configs/deepseek-ai--DeepSeek-V3.2.json",
      "DeepseekV32ForCausalLM"),
 )

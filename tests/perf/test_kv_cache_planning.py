@@ -100,7 +100,8 @@ def test_goldens_cover_the_six_models_both_releases() -> None:
         assert models == {"openai/gpt-oss-120b", "google/gemma-3-27b-it",
                           "meta-llama/Llama-4-Scout-17B-16E-Instruct",
                           "Qwen/Qwen3-Next-80B-A3B-Instruct", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
-                          "nvidia/Nemotron-H-8B-Base-8K",
+                          "nvidia/Nemotron-H-8B-Base-8K", "meta-llama/Llama-3.1-8B",
+                          "deepseek-ai/DeepSeek-V3",
                           "deepseek-ai/DeepSeek-V3.2"}
 
 
