@@ -247,6 +247,32 @@ def plan_kv_cache_groups(layers: Sequence[LayerSpec], *,
     return tuple(groups)
 
 
+def resolve_disable_hybrid_kv_cache_manager(requested: bool | None, *, attention_chunk_size: bool,
+                                            target_hidden_state_drafter: bool = False,
+                                            allow_chunked_local_with_hybrid: bool = False,
+                                            connector_supports_hma: bool = True) -> bool:
+    """vLLM's resolution of ``--disable-hybrid-kv-cache-manager``
+    (``VllmConfig.__post_init__``, both releases) on a platform with the
+    hybrid manager (CUDA, ROCm, XPU, CPU all have it). It must be off
+    (``need``) for a model with ``attention_chunk_size`` (Llama 4) under an
+    EAGLE-style drafter reading the target's hidden states, or unless
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set
+    (``allow_chunked_local_with_hybrid``); when not given, also for a KV
+    connector without hybrid support. Given as False (enable) where it must
+    be off is refused, as vLLM refuses it; given as True it is kept."""
+    need = attention_chunk_size and (target_hidden_state_drafter or not allow_chunked_local_with_hybrid)
+    if requested is None:
+        return need or not connector_supports_hma
+    if requested is False and need:
+        raise UserInputError(
+            "disable_hybrid_kv_cache_manager=False (--no-disable-hybrid-kv-cache-manager): vLLM turns the "
+            "hybrid KV cache manager off for chunked local attention (attention_chunk_size) "
+            + ("with an EAGLE-style drafter" if target_hidden_state_drafter else
+               "unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1")
+            + "; leave the flag unset")
+    return requested
+
+
 def bytes_per_block(groups: Sequence[PlannedGroup]) -> int:
     """The bytes one block id takes in the shared pool: the largest group's
     pages (groups alias the same tensors, a block id belongs to one group)."""

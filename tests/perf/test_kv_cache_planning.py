@@ -29,6 +29,7 @@ from kvsched.perf.kv_cache_planning import (
     model_kv_layout,
     plan_kv_cache,
     plan_kv_cache_groups,
+    resolve_disable_hybrid_kv_cache_manager,
     resolve_mamba_cache,
 )
 from kvsched.perf.step_time import kv_cache_dtype_bytes
@@ -204,3 +205,19 @@ def test_deepseek_v32_fp8_cache_is_refused() -> None:
     data = json.loads((REPO / "tests/perf/data/hf_configs/deepseek-ai--DeepSeek-V3.2.json").read_text())
     with pytest.raises(UserInputError, match=r"kv_cache_dtype.*DeepSeek-V3.2"):
         model_kv_layout(data, block_size=64, kv_cache_bytes=1)
+
+
+def test_hybrid_manager_default_follows_vllms_rule() -> None:
+    resolve = resolve_disable_hybrid_kv_cache_manager
+    # Sliding windows (gpt-oss, Gemma): on by default; off with a connector lacking HMA support.
+    assert resolve(None, attention_chunk_size=False) is False
+    assert resolve(None, attention_chunk_size=False, connector_supports_hma=False) is True
+    # Llama 4's chunked local attention: off unless the environment allows it, and always with EAGLE.
+    assert resolve(None, attention_chunk_size=True) is True
+    assert resolve(None, attention_chunk_size=True, allow_chunked_local_with_hybrid=True) is False
+    assert resolve(None, attention_chunk_size=True, allow_chunked_local_with_hybrid=True,
+                   target_hidden_state_drafter=True) is True
+    # An explicit disable is kept; an explicit enable where vLLM needs it off is refused.
+    assert resolve(True, attention_chunk_size=False) is True
+    with pytest.raises(UserInputError, match="VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"):
+        resolve(False, attention_chunk_size=True)
