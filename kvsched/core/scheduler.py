@@ -335,9 +335,11 @@ class Scheduler:
         ones know nothing of encoder inputs."""
         self.encoder_cache_manager: EncoderCacheManager | None = None
         self.max_num_encoder_input_tokens = 0
-        # Identifier -> embeddings, of every mm item added: one identifier
-        # must always name an item of one size (the encoder cache shares it).
-        self._mm_num_embeds: dict[str, int] = {}
+        # Identifier -> [embeddings, live requests carrying it]: one
+        # identifier must name an item of one size while anything can share
+        # it (a live request, or the encoder cache's entry). Entries leave
+        # with their last request, so the map grows with what is in flight.
+        self._mm_num_embeds: dict[str, list[int]] = {}
         self._mm_cut_inside_item = False
         self._mm_cut_refused_unchunked = False
         if mm_max_tokens_per_item is None:
@@ -416,8 +418,13 @@ class Scheduler:
         """Queue a new request; a bad one raises ValueError (TypeError for a
         wrong type) and changes nothing."""
         self.check_request(request)
-        for f in request.mm_features:
-            self._mm_num_embeds[f.identifier] = f.num_embeds
+        for identifier in {f.identifier: None for f in request.mm_features}:
+            entry = self._mm_num_embeds.get(identifier)
+            if entry is None:
+                size = next(f.num_embeds for f in request.mm_features if f.identifier == identifier)
+                self._mm_num_embeds[identifier] = [size, 1]
+            else:
+                entry[1] += 1
         request.stop_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         if self._inflight_kv_load_cap is not None and self.connector is not None \
                 and self.connector.may_load_async(request):
@@ -472,7 +479,11 @@ class Scheduler:
                     f"the encoder budget ({self.max_num_encoder_input_tokens}) or cache "
                     f"({ecm.cache_size}) hold, so it could never be encoded; raise "
                     "mm_max_tokens_per_item to the model's largest item")
-            known = sizes.get(f.identifier, self._mm_num_embeds.get(f.identifier, f.num_embeds))
+            known = sizes.get(f.identifier)
+            if known is None:
+                live = self._mm_num_embeds.get(f.identifier)
+                cached = ecm.num_embeds_by_hash.get(f.identifier, f.num_embeds)
+                known = live[0] if live is not None else cached
             if known != f.num_embeds:
                 raise UserInputError(
                     f"request {rid}: mm item {f.identifier!r} has {f.num_embeds} embeddings, but that "
@@ -529,6 +540,14 @@ class Scheduler:
             self.running = [r for r in self.running if id(r) not in drop]
         return [r for r in done if r.status != RUNNING]
 
+    def _forget_mm_items(self, request: Request) -> None:
+        """The request leaves: its identifiers' live counts drop."""
+        for identifier in {f.identifier: None for f in request.mm_features}:
+            entry = self._mm_num_embeds[identifier]
+            entry[1] -= 1
+            if not entry[1]:
+                del self._mm_num_embeds[identifier]
+
     def _free_request(self, request: Request) -> None:
         if self.encoder_cache_manager is not None and request.mm_features:
             self.encoder_cache_manager.free(request)
@@ -538,6 +557,8 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+        if request.mm_features:
+            self._forget_mm_items(request)
 
     # -- the KV connector's bookkeeping ---------------------------------------
     def _finish_requests_connector(self, done: list[Request], finished_status: RequestStatus) -> None:
@@ -588,6 +609,8 @@ class Scheduler:
     def _free_blocks(self, request: Request) -> None:
         self._free_request_blocks(request)
         del self.requests[request.request_id]
+        if request.mm_features:
+            self._forget_mm_items(request)
 
     def _free_request_blocks(self, request: Request) -> None:
         """Free a request's blocks, or, while a batch in flight may still
@@ -2375,6 +2398,11 @@ class Scheduler:
         if self.encoder_cache_manager is not None:
             self.encoder_cache_manager.check_invariants(
                 {rid for rid, r in self.requests.items() if not r.is_finished()})
+        live: dict[str, int] = {}
+        for r in self.requests.values():
+            for identifier in {f.identifier for f in r.mm_features}:
+                live[identifier] = live.get(identifier, 0) + 1
+        assert {i: e[1] for i, e in self._mm_num_embeds.items()} == live, "mm identifiers not in flight"
         if self.deferred_frees:
             return  # blocks on their way back are in no table
         self.kv_cache_manager.check_invariants(

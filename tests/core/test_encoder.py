@@ -155,6 +155,19 @@ def test_one_identifier_one_size() -> None:
         sched.add_request(image_request("b", [("x", 0, 9)], 10))
 
 
+def test_identifier_sizes_are_kept_only_while_something_shares_them() -> None:
+    sched = mm_scheduler()
+    sched.add_request(image_request("a", [("x", 0, 8), ("x", 12, 8)], 24, max_tokens=1))
+    for _ in range(4):
+        run_step(sched)
+    assert not sched.requests
+    assert sched._mm_num_embeds == {}  # nothing in flight remembers "x"
+    # "x" is still in the encoder cache (freeable): it keeps its size.
+    with pytest.raises(UserInputError, match="'x' has 9 embeddings"):
+        sched.add_request(image_request("b", [("x", 0, 9)], 10))
+    assert not sched.requests
+
+
 def test_item_larger_than_the_model_declares_is_refused() -> None:
     sched = mm_scheduler(largest=40)
     with pytest.raises(UserInputError, match="could never be encoded"):
