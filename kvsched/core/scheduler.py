@@ -384,6 +384,11 @@ class Scheduler:
         # Loads reported done (or failed, recompute policy) not yet promoted.
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
+        # Running requests whose output of a batch in flight a failed load
+        # dropped: vLLM skips their update, so the placeholders that batch
+        # added stay counted until a preemption resets them (and kvsched,
+        # deciding as vLLM does, keeps them too). Only check_invariants reads it.
+        self._dropped_placeholder_ids: set[str] = set()
         # Requests still prefilling or loading: their remaining blocks are
         # reserved against an asynchronous load's admission.
         self._inflight_prefills: dict[str, Request] = {}
@@ -557,6 +562,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+        self._dropped_placeholder_ids.discard(request.request_id)
         if request.mm_features:
             self._forget_mm_items(request)
 
@@ -609,6 +615,7 @@ class Scheduler:
     def _free_blocks(self, request: Request) -> None:
         self._free_request_blocks(request)
         del self.requests[request.request_id]
+        self._dropped_placeholder_ids.discard(request.request_id)
         if request.mm_features:
             self._forget_mm_items(request)
 
@@ -1046,6 +1053,7 @@ class Scheduler:
             request.spec_token_ids = NO_DRAFTS
         request.num_stale_output_tokens = request.num_in_flight_tokens
         request.num_output_placeholders = 0
+        self._dropped_placeholder_ids.discard(request.request_id)
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -2074,6 +2082,7 @@ class Scheduler:
             for rid, n in scheduler_output.num_scheduled_tokens.items():
                 if rid in failed and rid in requests:
                     requests[rid].num_in_flight_tokens -= n
+                    self._dropped_placeholder_ids.add(rid)
         results = self._update_from_output_general(scheduler_output, model_runner_output, failed)
         if failed and results.dropped:
             results.dropped = [rid for rid in results.dropped if rid not in failed]
@@ -2385,7 +2394,11 @@ class Scheduler:
                 f"{r.request_id}: {r.num_computed_tokens} computed of {r.num_tokens} tokens")
             assert r.num_tokens == r.num_prompt_tokens + len(r.output_token_ids)
             assert r.num_stale_output_tokens == 0, f"{r.request_id} runs with stale output"
-            assert 0 <= r.num_output_placeholders <= r.num_in_flight_tokens + self.num_spec_tokens
+            assert r.num_output_placeholders >= 0
+            assert r.num_output_placeholders <= r.num_in_flight_tokens + self.num_spec_tokens \
+                or r.request_id in self._dropped_placeholder_ids, (
+                    f"{r.request_id}: {r.num_output_placeholders} placeholders, "
+                    f"{r.num_in_flight_tokens} tokens in flight")
             assert len(r.spec_token_ids) <= self.num_spec_tokens
         for r in self.waiting:
             assert r.status in (WAITING, PREEMPTED), f"{r.request_id} waits as {r.status.name}"
