@@ -110,7 +110,8 @@ class VisionSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in VISION_KINDS:
-            raise UserInputError(f"VisionSpec kind={show(self.kind)}: must be one of {', '.join(VISION_KINDS)}")
+            raise UserInputError(f"VisionSpec kind={show(self.kind)}: must be one of "
+                                 f"{', '.join(VISION_KINDS)}")
         for name in ("depth", "hidden_size", "intermediate_size", "num_heads", "patch_size", "num_channels",
                      "temporal_patch_size", "merge_size", "merger_weights"):
             value = getattr(self, name)
@@ -309,7 +310,8 @@ def vision_spec_from_config(data: Mapping[str, Any], source: str = "config.json"
         p = _int(vc, "patch_size", source)
         size = _int(vc, "image_size", source)
         tokens = data.get("mm_tokens_per_image", 256)
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1 or math.isqrt(tokens) ** 2 != tokens:
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1 \
+                or math.isqrt(tokens) ** 2 != tokens:
             raise UserInputError(f"{source}: mm_tokens_per_image={show(tokens)}: must be a square number of "
                                  "tokens; fix config.json")
         if not isinstance(text_hidden, int):
