@@ -30,7 +30,14 @@ from kvsched.perf.models import ModelSpec
 
 SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "gemma2", "gemma3_text", "glm4",
                          "glm4_moe", "gpt_oss", "kimi_k2", "llama", "mistral", "mixtral", "phi3", "qwen2",
-                         "qwen3", "qwen3_moe")
+                         "qwen2_5_vl", "qwen2_5_vl_text", "qwen3", "qwen3_moe", "qwen3_vl_moe_text",
+                         "qwen3_vl_text")
+
+# The language models of the vision-language wrappers (the vision tower is
+# kvsched.perf.vision's): each reads as the text model it is.
+_VL_TEXT_TYPES: Mapping[str, str] = MappingProxyType({
+    "qwen2_5_vl": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
+    "qwen3_vl_moe_text": "qwen3_moe"})
 
 # Architectures vLLM serves that kvsched refuses, and why: what the KV cache
 # or the step price would get wrong. The one owner of those reasons.
@@ -88,6 +95,13 @@ def _parse_llama_family(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     kvsched.hf_config, whose ModelShape is ModelSpec's shape field for field."""
     read = read_llama_family(cfg, model_type)
     return _no_window_beyond_context({f.name: getattr(read, f.name) for f in dataclasses.fields(ModelShape)})
+
+
+def _parse_vl_text(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """A vision-language model's language model (Qwen2.5-VL: Qwen2's
+    layers, its fields at the top level or in text_config; Qwen3-VL:
+    Qwen3's, dense or MoE). The vision tower's weights are not counted."""
+    return _parse_llama_family(cfg, _VL_TEXT_TYPES[model_type])
 
 
 def _parse_deepseek(cfg: HFConfig, model_type: str) -> dict[str, Any]:
@@ -289,6 +303,7 @@ _PARSERS = {
     "gemma2": _parse_gemma, "gemma3_text": _parse_gemma, "glm4": _parse_glm4, "glm4_moe": _parse_glm4_moe,
     "chatglm": _parse_chatglm,
     "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
+    **{name: _parse_vl_text for name in _VL_TEXT_TYPES},
 }
 assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
 

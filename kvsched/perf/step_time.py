@@ -326,6 +326,10 @@ class BatchShape:
     # (kvsched.perf.lora prices them; the simulator's rank keeps the
     # adapter caches they depend on).
     lora_gpu_s: float = 0.0
+    # The vision encoder: GPU seconds its images add to the step
+    # (kvsched.perf.vision prices them; kvsched.sim.encoder picks the
+    # images a step encodes).
+    encoder_gpu_s: float = 0.0
 
     @classmethod
     def decode(cls, num_reqs: int, decode_kv_tokens: int) -> BatchShape:
@@ -690,9 +694,9 @@ class StepTimeModel:
         drafter's passes, with speculative decoding)."""
         drafter = self.drafter
         if (drafter is None and not shape.spec_tokens and shape.prefill_tokens == 0 and not shape.lora_gpu_s
-                and shape.num_decodes == shape.num_reqs == shape.num_sampled):
+                and not shape.encoder_gpu_s and shape.num_decodes == shape.num_reqs == shape.num_sampled):
             return self.decode_step_time(shape.num_reqs, shape.decode_kv_tokens, global_tokens)
-        gpu = self.gpu_time(shape, global_tokens) + shape.lora_gpu_s
+        gpu = self.gpu_time(shape, global_tokens) + shape.lora_gpu_s + shape.encoder_gpu_s
         cpu = self.cpu_time(shape)
         if drafter is not None:
             gpu += drafter.gpu_time(shape, global_tokens)

@@ -387,10 +387,10 @@ class WorkloadSpec(BenchDatasetOptions):
         self._check_dataset_flags()
         if self.dataset_name in BENCH_DATASETS:
             return self._resolved_bench()
-        if self.dataset_name == "random":
+        if self.dataset_name in ("random", "random-mm"):
             if self.dataset_path is not None:
                 raise UserInputError(
-                    f"--dataset-path={self.dataset_path}: --dataset-name is random (the default), "
+                    f"--dataset-path={self.dataset_path}: --dataset-name is {self.dataset_name}, "
                     "which reads no file; add --dataset-name sharegpt, burstgpt, sonnet, custom, azure, "
                     "mooncake or jsonl for the file's format")
             filled = {dest: default for dest, default in RANDOM_DEFAULTS.items()
@@ -485,6 +485,10 @@ DATASET_FLAGS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     "disable_shuffle": ("sharegpt", "custom", "prefix_repetition"),
     "no_oversample": ("sharegpt", "custom"),
     "burstgpt_timestamps": ("burstgpt",),
+    "random_mm_base_items_per_request": ("random-mm",),
+    "random_mm_num_mm_items_range_ratio": ("random-mm",),
+    "random_mm_limit_mm_per_prompt": ("random-mm",),
+    "random_mm_bucket_config": ("random-mm",),
 })
 
 # The random dataset's defaults (vllm bench serve's, but the rate: all at once).

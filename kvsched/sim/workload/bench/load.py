@@ -70,6 +70,18 @@ class BenchDatasetOptions:
         False, "sharegpt, custom, prefix_repetition: keep the file's (generation's) order")
     no_oversample: bool = flag(
         False, "sharegpt, custom: send only the rows there are, not --num-prompts")
+    random_mm_base_items_per_request: int | None = flag(
+        None, "random-mm: base number of images per request, drawn within +-ratio of it (default 1)")
+    random_mm_num_mm_items_range_ratio: float | None = flag(
+        None, "random-mm: items per request drawn uniformly from [floor(n(1-r)), ceil(n(1+r))], r in [0, 1] "
+              "(default 0)")
+    random_mm_limit_mm_per_prompt: str | None = flag(
+        None, 'random-mm: most items per modality, a JSON object such as {"image": 3, "video": 0} '
+              '(default {"image": 255, "video": 1})')
+    random_mm_bucket_config: str | None = flag(
+        None, "random-mm: (height, width, num_frames) -> probability, a Python dict such as "
+              "'{(256, 256, 1): 0.5, (720, 1280, 1): 0.5}' (default that, plus (720, 1280, 16): 0; "
+              "kvsched prices images only)")
     # kvsched's: replay BurstGPT at its own timestamps instead of sampling it.
     burstgpt_timestamps: bool = flag(
         False, "burstgpt (kvsched's): replay the GPT-4 rows in file order at their own Timestamp "
