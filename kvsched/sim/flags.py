@@ -126,9 +126,9 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload (vllm bench serve's arguments)")
     w = WorkloadSpec()
     g.add_argument("--dataset-name", choices=DATASET_NAMES, default=w.dataset_name,
-                   help="vllm bench serve's datasets (random, sharegpt, burstgpt, sonnet, prefix_repetition, "
-                        "custom), sampled as vLLM samples them, or a trace replayed: azure, mooncake, jsonl "
-                        "(default: random)")
+                   help="vllm bench serve's datasets (random, random-mm: with images, sharegpt, burstgpt, "
+                        "sonnet, prefix_repetition, custom), sampled as vLLM samples them, or a trace "
+                        "replayed: azure, mooncake, jsonl (default: random)")
     g.add_argument("--dataset-path", help="the file of sharegpt (JSON), burstgpt (CSV), sonnet (text), "
                                           "custom (JSONL of prompts) or a trace")
     g.add_argument("--num-prompts", type=int,
