@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import math
 from collections import defaultdict
 from functools import lru_cache
@@ -181,3 +182,21 @@ def test_bad_configs_are_refused_with_the_field() -> None:
         image_placeholder(_spec(QWEN3), 0, 10)
     with pytest.raises(UserInputError, match="aspect ratio"):
         image_placeholder(_spec(QWEN3), 1, 1000)
+
+
+def test_qwen25_vl_language_model_reads_as_qwen2(tmp_path: Path) -> None:
+    from kvsched.perf.model_parsers import load_model_spec
+
+    # Qwen/Qwen2.5-VL-7B-Instruct's published config.json: the language
+    # model's fields at the top level (Qwen2.5-7B's layers), beside vision_config.
+    config = {**QWEN25, "architectures": ["Qwen2_5_VLForConditionalGeneration"], "hidden_size": 3584,
+              "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+              "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 128000,
+              "tie_word_embeddings": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    model = load_model_spec(path, "Qwen/Qwen2.5-VL-7B-Instruct")
+    # Qwen2.5-7B's 7.62 B (its model card: 7.61 B); the 0.67 B ViT is apart.
+    assert model.num_params() / 1e9 == pytest.approx(7.62, abs=0.01)
+    vision = vision_spec_from_config(config)
+    assert vision is not None and vision.params() / 1e9 == pytest.approx(0.67, rel=0.05)
