@@ -34,12 +34,11 @@ from typing import Any
 
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
-from kvsched.perf.vision import MAX_IMAGE_SIDE, VisionSpec, image_placeholder
-from kvsched.sim.workload.arrivals import arrival_times_of_rate
+from kvsched.perf.vision import MAX_IMAGE_SIDE, VisionSpec
 from kvsched.sim.workload.bench.load import BenchDatasetOptions
-from kvsched.sim.workload.model import MMItem, Workload, WorkloadRequest
+from kvsched.sim.workload.bench.multimodal import MMPrompt, chat_template_tokens, mm_workload
+from kvsched.sim.workload.model import Workload
 from kvsched.sim.workload.tokenizer import TextTokenizer
-from kvsched.sim.workload.tokens import SHARED_TEXT_TOKEN_BASE, UNIQUE_TOKEN_BASE
 
 # vLLM's RandomMultiModalDataset defaults.
 DEFAULT_BASE_ITEMS_PER_REQUEST = 1
@@ -47,8 +46,6 @@ DEFAULT_NUM_MM_ITEMS_RANGE_RATIO = 0.0
 DEFAULT_LIMIT_MM_PER_PROMPT: Mapping[str, int] = {"image": 255, "video": 1}
 DEFAULT_BUCKET_CONFIG: Mapping[tuple[int, int, int], float] = {
     (256, 256, 1): 0.5, (720, 1280, 1): 0.5, (720, 1280, 16): 0.0}
-# The chat template's text is split around this (a string no template writes).
-_CONTENT_MARK = "\x00kvsched-content\x00"
 
 
 @dataclass(slots=True, frozen=True)
@@ -253,42 +250,16 @@ def draw_random_mm(rng: Any, tokenizer: TextTokenizer, num_requests: int, input_
     return samples
 
 
-def chat_template_tokens(tokenizer: TextTokenizer) -> tuple[int, int]:
-    """Tokens the chat template puts before and after one user message's
-    content (with the generation prompt)."""
-    rendered = tokenizer.chat_prompt(_CONTENT_MARK)
-    before, found, after = rendered.partition(_CONTENT_MARK)
-    if not found:
-        raise UserInputError(f"tokenizer {tokenizer.name}: its chat template does not write the message "
-                             "content; random-mm needs the template vLLM's chat endpoint applies")
-    return (tokenizer.count(before, add_special_tokens=False) if before else 0,
-            tokenizer.count(after, add_special_tokens=False) if after else 0)
-
-
 def random_mm_workload(samples: list[RandomMMSample], vision: VisionSpec, template: tuple[int, int],
                        request_rate: float, burstiness: float, seed: int,
                        max_concurrency: int | None) -> Workload:
-    """The requests of ``samples`` as the server sees them (module
-    docstring), sent at vllm bench serve's arrivals for ``request_rate``."""
-    before, after = template
-    times = arrival_times_of_rate(len(samples), request_rate, burstiness, seed)
-    requests = []
-    for i, s in enumerate(samples):
-        rid = f"random-mm-{i}"
-        at = before + s.prompt_len
-        items = []
-        for k, (h, w, _) in enumerate(s.items):
-            place = image_placeholder(vision, h, w)
-            at += place.prefix_tokens
-            items.append(MMItem(f"{rid}-image-{k}", "image", at, place.num_tokens, place.num_embeds,
-                                place.num_patches, h, w))
-            at += place.num_tokens + place.suffix_tokens
-        total = at + after
-        runs = [(SHARED_TEXT_TOKEN_BASE, before)] if before else []
-        if total > before:
-            runs.append((UNIQUE_TOKEN_BASE + i, total - before))
-        requests.append(WorkloadRequest(rid, times[i], tuple(runs), s.output_len, mm_items=tuple(items)))
-    return Workload("random-mm", tuple(requests), max_concurrency)
+    """The requests of ``samples`` as the server sees them: the text, then
+    the images (vllm bench serve's chat backend puts them last), each image
+    its own (random pixels)."""
+    prompts = [MMPrompt((s.prompt_len, *((h, w) for h, w, _ in s.items)), s.output_len)
+               for s in samples]
+    return mm_workload("random-mm", prompts, vision, template, request_rate, burstiness, seed,
+                       max_concurrency)
 
 
 def random_mm_dataset(vision: VisionSpec | None, tokenizer: TextTokenizer, num_prompts: int, input_len: int,

@@ -1,0 +1,84 @@
+"""Prompts with images as ``vllm bench serve``'s chat backend sends them,
+and as the server sees them: the chat template's opening, the message's
+parts in order (text, and each image as its model's processor expands it),
+the template's closing. Shared by the multimodal datasets (random-mm,
+custom_image)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvsched.errors import UserInputError
+from kvsched.perf.vision import VisionSpec, image_placeholder
+from kvsched.sim.workload.arrivals import arrival_times_of_rate
+from kvsched.sim.workload.model import MMItem, Workload, WorkloadRequest
+from kvsched.sim.workload.tokenizer import TextTokenizer
+from kvsched.sim.workload.tokens import SHARED_TEXT_TOKEN_BASE, UNIQUE_TOKEN_BASE
+
+# The chat template's text is split around this (a string no template writes).
+_CONTENT_MARK = "\x00kvsched-content\x00"
+
+
+@dataclass(slots=True, frozen=True)
+class MMPrompt:
+    """One request's message: its parts in order, each a number of text
+    tokens (an int) or an image's (height, width); and its output length.
+    ``source``: the prompt it copies (oversampling), else -1; ``image_keys``:
+    per image, what makes it the same image as another prompt's (its file),
+    or None for an image of its own."""
+
+    parts: tuple[int | tuple[int, int], ...]
+    output_len: int
+    source: int = -1
+    image_keys: tuple[str | None, ...] = ()
+
+
+def chat_template_tokens(tokenizer: TextTokenizer) -> tuple[int, int]:
+    """Tokens the chat template puts before and after one user message's
+    content (with the generation prompt)."""
+    rendered = tokenizer.chat_prompt(_CONTENT_MARK)
+    before, found, after = rendered.partition(_CONTENT_MARK)
+    if not found:
+        raise UserInputError(f"tokenizer {tokenizer.name}: its chat template does not write the message "
+                             "content; a multimodal dataset needs the template vLLM's chat endpoint applies")
+    return (tokenizer.count(before, add_special_tokens=False) if before else 0,
+            tokenizer.count(after, add_special_tokens=False) if after else 0)
+
+
+def mm_workload(name: str, prompts: Sequence[MMPrompt], vision: VisionSpec, template: tuple[int, int],
+                request_rate: float, burstiness: float, seed: int, max_concurrency: int | None) -> Workload:
+    """The requests of ``prompts`` as the server sees them (module
+    docstring), sent at vllm bench serve's arrivals for ``request_rate``.
+    Request ``i`` is ``{name}-{i}``; the template's opening is shared by
+    all, the rest is the request's own, and each image is an
+    :class:`MMItem` (identified by its key, else by the request and its
+    place)."""
+    before, after = template
+    times = arrival_times_of_rate(len(prompts), request_rate, burstiness, seed)
+    requests = []
+    for i, p in enumerate(prompts):
+        rid = f"{name}-{i}"
+        at = before
+        items = []
+        k = 0
+        for part in p.parts:
+            if isinstance(part, int):
+                at += part
+                continue
+            h, w = part
+            place = image_placeholder(vision, h, w)
+            at += place.prefix_tokens
+            key = p.image_keys[k] if k < len(p.image_keys) else None
+            identifier = f"{name}-image:{key}" if key is not None else (
+                f"{name}-{p.source}-image-{k}" if p.source >= 0 else f"{rid}-image-{k}")
+            items.append(MMItem(identifier, "image", at, place.num_tokens, place.num_embeds,
+                                place.num_patches, h, w))
+            at += place.num_tokens + place.suffix_tokens
+            k += 1
+        total = at + after
+        runs = [(SHARED_TEXT_TOKEN_BASE, before)] if before else []
+        if total > before:
+            runs.append((UNIQUE_TOKEN_BASE + i, total - before))
+        requests.append(WorkloadRequest(rid, times[i], tuple(runs), p.output_len, mm_items=tuple(items)))
+    return Workload(name, tuple(requests), max_concurrency)
