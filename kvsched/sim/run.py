@@ -100,10 +100,11 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
     ``model``'s tokenizer where one is on disk, else an approximation (a
     warning then goes to ``notes``)."""
     tokenizer = None
-    if spec.dataset_name in (*BENCH_DATASETS, "random-mm") or spec.tokenizer is not None or (
+    counted = (*BENCH_DATASETS, "random-mm", "custom_image")
+    if spec.dataset_name in counted or spec.tokenizer is not None or (
             spec.dataset_name == "random" and model is not None):
         tokenizer, warning = load_tokenizer(model or "", spec.tokenizer)
-        if warning is not None and spec.dataset_name in (*BENCH_DATASETS, "random-mm") and notes is not None:
+        if warning is not None and spec.dataset_name in counted and notes is not None:
             notes.append(warning)
     if spec.dataset_name == "random-mm":
         assert spec.num_prompts is not None and spec.request_rate is not None and tokenizer is not None
@@ -117,6 +118,13 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
                          is None else spec.random_output_range_ratio),
             prefix_len=spec.random_prefix_len, request_rate=spec.request_rate, burstiness=spec.burstiness,
             max_concurrency=spec.max_concurrency, seed=spec.seed, options=spec)
+    elif spec.dataset_name == "custom_image":
+        assert spec.request_rate is not None and spec.burstiness is not None and tokenizer is not None
+        workload = load_workload(
+            "custom_image", spec.dataset_path, vision=get_vision(model) if model is not None else None,
+            tokenizer=tokenizer, num_prompts=-1 if spec.num_prompts is None else spec.num_prompts,
+            seed=spec.seed, request_rate=spec.request_rate, burstiness=spec.burstiness,
+            max_concurrency=spec.max_concurrency, options=spec)
     elif spec.dataset_name in BENCH_DATASETS:
         assert spec.num_prompts is not None or spec.burstgpt_timestamps
         assert spec.burstiness is not None and tokenizer is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,19 @@ def test_random_mm_flags_belong_to_random_mm(capsys: pytest.CaptureFixture[str])
     code = main(["simulate", "--num-prompts", "2", "--random-mm-base-items-per-request", "2"])
     assert code == 2
     assert "only for --dataset-name random-mm" in capsys.readouterr().err
+
+
+@needs_bundled
+def test_simulate_cli_runs_custom_image(capsys: pytest.CaptureFixture[str]) -> None:
+    jsonl = Path(__file__).resolve().parents[1] / "data" / "benchdatasets" / "custom_image" / "prompts.jsonl"
+    code = main(["simulate", "--model", MODEL, "--hardware", "h100", "--dataset-name", "custom_image",
+                 "--dataset-path", str(jsonl), "--num-prompts", "8", "--custom-output-len", "16"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Successful requests:                             8" in out
+
+
+def test_custom_image_needs_its_file(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--model", MODEL, "--dataset-name", "custom_image", "--num-prompts", "2"])
+    assert code == 2
+    assert "needs --dataset-path" in capsys.readouterr().err

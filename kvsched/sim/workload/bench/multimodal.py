@@ -6,6 +6,7 @@ custom_image)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from kvsched.perf.vision import VisionSpec, image_placeholder
 from kvsched.sim.workload.arrivals import arrival_times_of_rate
 from kvsched.sim.workload.model import MMItem, Workload, WorkloadRequest
 from kvsched.sim.workload.tokenizer import TextTokenizer
-from kvsched.sim.workload.tokens import SHARED_TEXT_TOKEN_BASE, UNIQUE_TOKEN_BASE
+from kvsched.sim.workload.tokens import MAX_SHARED_TEXTS, SHARED_TEXT_TOKEN_BASE, UNIQUE_TOKEN_BASE
 
 # The chat template's text is split around this (a string no template writes).
 _CONTENT_MARK = "\x00kvsched-content\x00"
@@ -51,11 +52,16 @@ def mm_workload(name: str, prompts: Sequence[MMPrompt], vision: VisionSpec, temp
     """The requests of ``prompts`` as the server sees them (module
     docstring), sent at vllm bench serve's arrivals for ``request_rate``.
     Request ``i`` is ``{name}-{i}``; the template's opening is shared by
-    all, the rest is the request's own, and each image is an
-    :class:`MMItem` (identified by its key, else by the request and its
-    place)."""
+    all, the rest is the request's own but for a prompt oversampling
+    repeated, which its copies share whole; each image is an
+    :class:`MMItem` (identified by its key, else by the request or the
+    prompt it copies, and its place)."""
     before, after = template
     times = arrival_times_of_rate(len(prompts), request_rate, burstiness, seed)
+    copies = Counter(p.source for p in prompts if p.source >= 0)
+    if copies and max(copies) + 1 >= MAX_SHARED_TEXTS:
+        raise UserInputError(f"{name}: more than {MAX_SHARED_TEXTS:,} distinct prompts repeated; sample "
+                             "fewer")
     requests = []
     for i, p in enumerate(prompts):
         rid = f"{name}-{i}"
@@ -77,8 +83,12 @@ def mm_workload(name: str, prompts: Sequence[MMPrompt], vision: VisionSpec, temp
             at += place.num_tokens + place.suffix_tokens
             k += 1
         total = at + after
-        runs = [(SHARED_TEXT_TOKEN_BASE, before)] if before else []
-        if total > before:
-            runs.append((UNIQUE_TOKEN_BASE + i, total - before))
+        if p.source >= 0 and copies[p.source] > 1:
+            # Text id 0 is the template's; prompt k shared whole is text k + 1.
+            runs = [(SHARED_TEXT_TOKEN_BASE + 1 + p.source, total)]
+        else:
+            runs = [(SHARED_TEXT_TOKEN_BASE, before)] if before else []
+            if total > before:
+                runs.append((UNIQUE_TOKEN_BASE + i, total - before))
         requests.append(WorkloadRequest(rid, times[i], tuple(runs), p.output_len, mm_items=tuple(items)))
     return Workload(name, tuple(requests), max_concurrency)
