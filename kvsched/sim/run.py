@@ -45,6 +45,7 @@ from kvsched.sim.workload import (
     load_workload,
     repaced,
 )
+from kvsched.sim.workload.load import MM_DATASETS
 from kvsched.sim.workload.lora import DEFAULT_LORA_SHARE, adapter_ids_by_name, assign_loras
 
 AfterStep = Callable[[Cluster], None]
@@ -100,7 +101,7 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
     ``model``'s tokenizer where one is on disk, else an approximation (a
     warning then goes to ``notes``)."""
     tokenizer = None
-    counted = (*BENCH_DATASETS, "random-mm", "custom_image")
+    counted = (*BENCH_DATASETS, *MM_DATASETS)
     if spec.dataset_name in counted or spec.tokenizer is not None or (
             spec.dataset_name == "random" and model is not None):
         tokenizer, warning = load_tokenizer(model or "", spec.tokenizer)
@@ -330,7 +331,8 @@ def sim_config(deployment: Deployment, spec: RunSpec) -> SimConfig:
                      keep_token_times=o.keep_token_times, keep_step_log=o.keep_step_log,
                      speculative=deployment.speculative, offload=deployment.offload, lora=deployment.lora,
                      encoder=encoder_pricer(get_vision(spec.engine.model), deployment.hardware,
-                                            deployment.parallel.tensor_parallel_size))
+                                            deployment.parallel.tensor_parallel_size)
+                     if spec.workload.dataset_name in MM_DATASETS else None)
 
 
 def serve(deployment: Deployment, group: InstanceGroup, workload: Workload, config: SimConfig,

@@ -81,3 +81,13 @@ def test_custom_image_needs_its_file(capsys: pytest.CaptureFixture[str]) -> None
     code = main(["simulate", "--model", MODEL, "--dataset-name", "custom_image", "--num-prompts", "2"])
     assert code == 2
     assert "needs --dataset-path" in capsys.readouterr().err
+
+
+@needs_bundled
+def test_a_text_workload_needs_no_vision_tower() -> None:
+    # Text requests never reach the encoder: its pricer (and the vision_config it reads) is
+    # built for the image datasets only.
+    spec = RunSpec(workload=WorkloadSpec(num_prompts=2, random_input_len=32, random_output_len=4)
+                   ).with_engine(model=MODEL, hardware="h100")
+    prepared = prepare(spec)
+    assert sim_config(prepared.deployment, spec).encoder is None

@@ -17,6 +17,8 @@ from kvsched.sim.workload.traces.azure import load_azure
 from kvsched.sim.workload.traces.jsonl import load_jsonl
 from kvsched.sim.workload.traces.mooncake import load_mooncake
 
+# vllm bench serve's datasets that send images (they need a vision-language model).
+MM_DATASETS = ("random-mm", "custom_image")
 # vllm bench serve's datasets, then the traces kvsched replays.
 DATASET_NAMES = ("random", "random-mm", *BENCH_DATASETS, "custom_image", "azure", "mooncake", "jsonl")
 

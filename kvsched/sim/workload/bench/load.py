@@ -117,7 +117,8 @@ def load_bench_dataset(name: str, path: str | Path | None, tokenizer: TextTokeni
         raise UserInputError(
             "--dataset-name hf: sampling a Hugging Face dataset needs the 'datasets' package and a local "
             "copy of the dataset; kvsched does not sample hf datasets yet: export the prompts to a JSONL "
-            'of {"prompt", "output_tokens"} and use --dataset-name custom')
+            'of {"prompt", "output_tokens"} and use --dataset-name custom (prompts with images: '
+            'custom_image\'s {"prompt", "image_files"})')
     if name == "burstgpt" and o.burstgpt_timestamps:
         samples, times = burstgpt_timed(str(path), tokenizer, num_prompts if num_prompts > 0 else None)
         if request_rate is None:
