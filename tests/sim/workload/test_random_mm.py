@@ -103,6 +103,9 @@ def test_the_server_prompt_holds_the_text_then_each_image_with_its_markers() -> 
     assert first.mm_items[0].identifier != first.mm_items[1].identifier
     assert encoder_inputs(first) == first.mm_items
     assert second.mm_items == () and second.num_prompt_tokens == 12 + 50 + 5
+    # --random-prefix-len: the template and the common prefix are one shared run.
+    shared = random_mm_workload([RandomMMSample(100, 7, (), 30)], vision, (12, 5), float("inf"), 1.0, 0, None)
+    assert shared.requests[0].prompt_runs == ((SHARED_TEXT_TOKEN_BASE, 42), (UNIQUE_TOKEN_BASE, 75))
 
 
 def test_a_step_encodes_the_items_its_chunk_reaches_first() -> None:

@@ -27,12 +27,15 @@ class MMPrompt:
     tokens (an int) or an image's (height, width); and its output length.
     ``source``: the prompt it copies (oversampling), else -1; ``image_keys``:
     per image, what makes it the same image as another prompt's (its file),
-    or None for an image of its own."""
+    or None for an image of its own; ``shared_prefix``: how many of its first
+    text tokens every prompt of the workload starts with (random-mm's
+    ``--random-prefix-len``)."""
 
     parts: tuple[int | tuple[int, int], ...]
     output_len: int
     source: int = -1
     image_keys: tuple[str | None, ...] = ()
+    shared_prefix: int = 0
 
 
 def chat_template_tokens(tokenizer: TextTokenizer) -> tuple[int, int]:
@@ -87,8 +90,10 @@ def mm_workload(name: str, prompts: Sequence[MMPrompt], vision: VisionSpec, temp
             # Text id 0 is the template's; prompt k shared whole is text k + 1.
             runs = [(SHARED_TEXT_TOKEN_BASE + 1 + p.source, total)]
         else:
-            runs = [(SHARED_TEXT_TOKEN_BASE, before)] if before else []
-            if total > before:
-                runs.append((UNIQUE_TOKEN_BASE + i, total - before))
+            # The template's opening and the common text prefix: the same tokens in every prompt.
+            shared = before + p.shared_prefix
+            runs = [(SHARED_TEXT_TOKEN_BASE, shared)] if shared else []
+            if total > shared:
+                runs.append((UNIQUE_TOKEN_BASE + i, total - shared))
         requests.append(WorkloadRequest(rid, times[i], tuple(runs), p.output_len, mm_items=tuple(items)))
     return Workload(name, tuple(requests), max_concurrency)

@@ -52,11 +52,13 @@ DEFAULT_BUCKET_CONFIG: Mapping[tuple[int, int, int], float] = {
 class RandomMMSample:
     """One request as vLLM samples it: ``prompt_len`` (vLLM's: the text's
     tokens, prefix included), ``output_len``, and its items as
-    ``(height, width, num_frames)`` in order."""
+    ``(height, width, num_frames)`` in order; ``prefix_len``: its first
+    tokens, the prefix every request shares (``--random-prefix-len``)."""
 
     prompt_len: int
     output_len: int
     items: tuple[tuple[int, int, int], ...]
+    prefix_len: int = 0
 
 
 def parse_limit_mm_per_prompt(value: str | Mapping[str, int] | None) -> dict[str, int]:
@@ -246,7 +248,8 @@ def draw_random_mm(rng: Any, tokenizer: TextTokenizer, num_requests: int, input_
                     if all(v == 0 for v in live.values()):
                         break
                     live = _normalized(live)
-        samples.append(RandomMMSample(len(text), int(output_lens[i]), tuple(items)))
+        samples.append(RandomMMSample(len(text), int(output_lens[i]), tuple(items),
+                                      min(len(prefix), len(text))))
     return samples
 
 
@@ -256,8 +259,8 @@ def random_mm_workload(samples: list[RandomMMSample], vision: VisionSpec, templa
     """The requests of ``samples`` as the server sees them: the text, then
     the images (vllm bench serve's chat backend puts them last), each image
     its own (random pixels)."""
-    prompts = [MMPrompt((s.prompt_len, *((h, w) for h, w, _ in s.items)), s.output_len)
-               for s in samples]
+    prompts = [MMPrompt((s.prompt_len, *((h, w) for h, w, _ in s.items)), s.output_len,
+                        shared_prefix=s.prefix_len) for s in samples]
     return mm_workload("random-mm", prompts, vision, template, request_rate, burstiness, seed,
                        max_concurrency)
 
