@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "benchdatasets"
 FILES = DATA / "custom_image"
-OUT = Path(__file__).resolve().parent / "bench_datasets"
+OUT = Path(__file__).resolve().parent / "bench_datasets_mm"
 
 # (file, format, width, height)
 IMAGES = [("a.png", "PNG", 40, 30), ("b.jpg", "JPEG", 64, 48), ("c.gif", "GIF", 17, 90),

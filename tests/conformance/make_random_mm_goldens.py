@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "tests" / "data" / "benchdatasets" / "tokenizer"
-OUT = Path(__file__).resolve().parent / "bench_datasets"
+OUT = Path(__file__).resolve().parent / "bench_datasets_mm"
 
 # name -> sample() keyword arguments (vllm bench serve's flags by their dest names).
 CASES: dict[str, dict[str, object]] = {

@@ -22,7 +22,7 @@ from kvsched.sim.workload.tokens import SHARED_TEXT_TOKEN_BASE
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data" / "benchdatasets"
 FILES = DATA / "custom_image"
-GOLDENS = sorted((ROOT / "tests" / "conformance" / "bench_datasets").glob("custom_image*.json"))
+GOLDENS = sorted((ROOT / "tests" / "conformance" / "bench_datasets_mm").glob("custom_image*.json"))
 
 
 @pytest.mark.parametrize("golden", GOLDENS, ids=[g.stem for g in GOLDENS])

@@ -29,7 +29,7 @@ from kvsched.sim.workload.tokens import SHARED_TEXT_TOKEN_BASE, UNIQUE_TOKEN_BAS
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = ROOT / "tests" / "data" / "benchdatasets" / "tokenizer" / "tokenizer.json"
-GOLDENS = sorted((ROOT / "tests" / "conformance" / "bench_datasets").glob("random_mm_*.json"))
+GOLDENS = sorted((ROOT / "tests" / "conformance" / "bench_datasets_mm").glob("random_mm_*.json"))
 
 
 @pytest.mark.parametrize("shape", [(256, 256, 3), (720, 1280, 3), (5, 7, 3), (1, 1, 3), (3, 3, 3), (2, 2, 2)])
