@@ -119,10 +119,10 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
                          is None else spec.random_output_range_ratio),
             prefix_len=spec.random_prefix_len, request_rate=spec.request_rate, burstiness=spec.burstiness,
             max_concurrency=spec.max_concurrency, seed=spec.seed, options=spec)
-    elif spec.dataset_name == "custom_image":
+    elif spec.dataset_name in ("custom_image", "hf"):
         assert spec.request_rate is not None and spec.burstiness is not None and tokenizer is not None
         workload = load_workload(
-            "custom_image", spec.dataset_path, vision=get_vision(model) if model is not None else None,
+            spec.dataset_name, spec.dataset_path, vision=get_vision(model) if model is not None else None,
             tokenizer=tokenizer, num_prompts=-1 if spec.num_prompts is None else spec.num_prompts,
             seed=spec.seed, request_rate=spec.request_rate, burstiness=spec.burstiness,
             max_concurrency=spec.max_concurrency, options=spec)

@@ -11,6 +11,7 @@ from kvsched.errors import UserInputError
 from kvsched.sim.workload.bench.custom_image import custom_image_dataset
 from kvsched.sim.workload.bench.load import BENCH_DATASETS, load_bench_dataset
 from kvsched.sim.workload.bench.random_mm import random_mm_dataset
+from kvsched.sim.workload.bench.vision_arena import vision_arena_dataset
 from kvsched.sim.workload.model import Workload
 from kvsched.sim.workload.random_dataset import random_workload
 from kvsched.sim.workload.traces.azure import load_azure
@@ -18,7 +19,7 @@ from kvsched.sim.workload.traces.jsonl import load_jsonl
 from kvsched.sim.workload.traces.mooncake import load_mooncake
 
 # vllm bench serve's datasets that send images (they need a vision-language model).
-MM_DATASETS = ("random-mm", "custom_image")
+MM_DATASETS = ("random-mm", "custom_image", "hf")
 # vllm bench serve's datasets, then the traces kvsched replays.
 DATASET_NAMES = ("random", "random-mm", *BENCH_DATASETS, "custom_image", "azure", "mooncake", "jsonl")
 
@@ -57,6 +58,12 @@ def load_workload(dataset_name: str, dataset_path: str | Path | None = None, **k
             raise UserInputError("dataset 'custom_image' needs dataset_path, the JSONL of prompts and images")
         _check_kwargs(dataset_name, kwargs, _CUSTOM_IMAGE_KWARGS)
         return custom_image_dataset(path=dataset_path, **kwargs)
+    if dataset_name == "hf":
+        if dataset_path is None or str(dataset_path) == "":
+            raise UserInputError("dataset 'hf' needs dataset_path, the local copy of the dataset's parquet "
+                                 "files")
+        _check_kwargs(dataset_name, kwargs, _CUSTOM_IMAGE_KWARGS)
+        return vision_arena_dataset(path=dataset_path, **kwargs)
     if dataset_name in BENCH_DATASETS:
         _check_kwargs(dataset_name, kwargs, _BENCH_KWARGS)
         return load_bench_dataset(dataset_name, dataset_path, **kwargs)
