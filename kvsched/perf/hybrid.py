@@ -22,9 +22,14 @@ builds them from ``config.json``:
   (:func:`kvsched.perf.step_time.sparse_shape` caps the batch's attention
   aggregates at top-k keys per query).
 
-Mamba-2 layers (Nemotron-H) are not described here: their models also mix
-MLP-only and attention-only layers, which the per-layer parameter count
-of :class:`~kvsched.perf.models.ModelSpec` does not express yet.
+- **Mamba-2** (SSD: Nemotron-H, Nemotron-3): like linear attention, a
+  per-request state (``num_heads x head_dim x state_size`` plus the
+  convolution's) and a per-token cost independent of the context
+  (:meth:`HybridLayers.mamba_flops_per_token`,
+  :meth:`HybridLayers.mamba_state_bytes`). No parser builds them yet: those
+  models also mix MLP-only and attention-only blocks, which the per-layer
+  parameter count of :class:`~kvsched.perf.models.ModelSpec` (attention and
+  an MLP in every layer) does not express.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from kvsched.jsonfile import show
 
 # fla's chunked Gated DeltaNet kernels (vLLM's prefill path) work in chunks of 64 tokens.
 GDN_CHUNK = 64
+# Mamba-2's chunked scan (SSD) in a prefill, when the config names no chunk_size.
+MAMBA_CHUNK = 256
 # DeepSeek-V3.2's indexer keys: FP8 values plus one FP32 scale per key.
 INDEX_KEY_SCALE_BYTES = 4
 
@@ -55,6 +62,15 @@ class HybridLayers:
     # Bytes per value of the recurrent state (vLLM's mamba_ssm_cache_dtype:
     # the model's 16 bits unless the config asks float32, as Qwen3.5's).
     linear_state_dtype_bytes: int = 2
+    num_mamba_layers: int = 0
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_state_size: int = 0
+    mamba_n_groups: int = 0
+    mamba_conv_kernel: int = 0
+    mamba_chunk_size: int = MAMBA_CHUNK
+    # Bytes per value of the SSM state (mamba_ssm_cache_dtype).
+    mamba_state_dtype_bytes: int = 2
     num_chunked_layers: int = 0
     attention_chunk_size: int = 0
     index_topk: int = 0
@@ -70,6 +86,8 @@ class HybridLayers:
             "num_linear_layers": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                                   "linear_value_head_dim", "linear_conv_kernel"),
             "num_chunked_layers": ("attention_chunk_size",),
+            "num_mamba_layers": ("mamba_num_heads", "mamba_head_dim", "mamba_state_size", "mamba_n_groups",
+                                 "mamba_conv_kernel", "mamba_chunk_size"),
             "index_topk": ("index_n_heads", "index_head_dim"),
         }
         for count, shape in groups.items():
@@ -85,7 +103,7 @@ class HybridLayers:
     @property
     def num_other_layers(self) -> int:
         """Layers that are not full (or sliding-window) attention."""
-        return self.num_linear_layers + self.num_chunked_layers
+        return self.num_linear_layers + self.num_chunked_layers + self.num_mamba_layers
 
     @property
     def linear_conv_dim(self) -> int:
@@ -122,6 +140,44 @@ class HybridLayers:
         state = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
         conv = self.linear_conv_dim * (self.linear_conv_kernel - 1)
         return float(state * self.linear_state_dtype_bytes + conv * 2)
+
+    @property
+    def mamba_inner(self) -> int:
+        """Mamba-2's inner width: heads x head dim."""
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of Mamba-2's convolution: x, B and C."""
+        return self.mamba_inner + 2 * self.mamba_n_groups * self.mamba_state_size
+
+    def mamba_params_per_layer(self, hidden_size: int) -> int:
+        """One Mamba-2 mixer's weights: the input projection (z, x, B, C
+        and dt), the convolution, A, D and dt's bias, the gated norm and the
+        output projection."""
+        inner, heads = self.mamba_inner, self.mamba_num_heads
+        in_proj = hidden_size * (2 * inner + 2 * self.mamba_n_groups * self.mamba_state_size + heads)
+        conv = self.mamba_conv_dim * self.mamba_conv_kernel
+        return in_proj + conv + 3 * heads + inner + inner * hidden_size
+
+    def mamba_flops_per_token(self, prefill: bool) -> float:
+        """The scan's FLOPs per token and layer (projections apart): per
+        head, the state's decay, its rank-one update by B and x, and its
+        read-out by C (2 head_dim state_size each); the convolution; in a
+        prefill the chunked scan's intra-chunk products besides."""
+        hd, ds, nh = self.mamba_head_dim, self.mamba_state_size, self.mamba_num_heads
+        flops = 6.0 * nh * hd * ds + 2.0 * self.mamba_conv_dim * self.mamba_conv_kernel
+        if prefill:
+            flops += 2.0 * nh * self.mamba_chunk_size * (hd + ds)
+        return flops
+
+    def mamba_state_bytes(self) -> float:
+        """One request's state in one Mamba-2 layer: the SSM state (at
+        ``mamba_state_dtype_bytes``) and the convolution's last ``kernel - 1``
+        inputs (16-bit)."""
+        state = self.mamba_num_heads * self.mamba_head_dim * self.mamba_state_size
+        conv = self.mamba_conv_dim * (self.mamba_conv_kernel - 1)
+        return float(state * self.mamba_state_dtype_bytes + conv * 2)
 
     def indexer_params_per_layer(self, hidden_size: int, q_lora_rank: int) -> int:
         """DSA's indexer weights: its query projection from the q latent,

@@ -308,13 +308,13 @@ class ModelSpec(ModelShape):
                      + self.router_params_per_layer())
         hybrid = self.hybrid
         if hybrid is not None:
-            # Linear-attention layers hold their own projections instead of q/k/v/o;
+            # Linear-attention and Mamba layers hold their own projections instead of q/k/v/o;
             # DSA's indexer sits beside every MLA layer's attention.
-            linear = hybrid.num_linear_layers
+            attn = self.attn_linear_params_per_layer()
             per_layer += hybrid.indexer_params_per_layer(self.hidden_size, self.q_lora_rank)
             return (self._outside_layers_params() + self.num_layers * per_layer
-                    + linear * (hybrid.linear_params_per_layer(self.hidden_size)
-                                - self.attn_linear_params_per_layer())
+                    + hybrid.num_linear_layers * (hybrid.linear_params_per_layer(self.hidden_size) - attn)
+                    + hybrid.num_mamba_layers * (hybrid.mamba_params_per_layer(self.hidden_size) - attn)
                     + self.num_dense_layers * self.dense_mlp_params_per_layer()
                     + self.num_moe_layers * moe_layer)
         return (self._outside_layers_params() + self.num_layers * per_layer

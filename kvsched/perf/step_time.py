@@ -628,6 +628,12 @@ class StepTimeModel:
                      + h.linear_flops_per_token(False) * (s.num_tokens - s.prefill_tokens))
             state = 2.0 * s.num_reqs * h.linear_state_bytes()
             t += _roof(flops / tp, flops_rate, state / tp, bw) * h.num_linear_layers
+        if h.num_mamba_layers:
+            # Mamba-2 likewise: per token, and each request's state read and written once.
+            flops = (h.mamba_flops_per_token(True) * s.prefill_tokens
+                     + h.mamba_flops_per_token(False) * (s.num_tokens - s.prefill_tokens))
+            state = 2.0 * s.num_reqs * h.mamba_state_bytes()
+            t += _roof(flops / tp, flops_rate, state / tp, bw) * h.num_mamba_layers
         if h.num_chunked_layers:
             # Each token sees only its own chunk: a window of the chunk size (upper bounds).
             c = h.attention_chunk_size

@@ -50,9 +50,11 @@ from kvsched.jsonfile import show
 VISION_KINDS = ("qwen2_5_vl", "qwen3_vl", "gemma3", "llama4")
 
 # The config.json model_type of each vision-language wrapper kvsched reads.
+# Qwen3.5's vision tower and processor are Qwen3-VL's (its published
+# preprocessor_config.json has the same patch, merge and size values).
 VISION_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
     "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl",
-    "gemma3": "gemma3", "llama4": "llama4"})
+    "qwen3_5": "qwen3_vl", "qwen3_5_moe": "qwen3_vl", "gemma3": "gemma3", "llama4": "llama4"})
 
 # The published preprocessor_config.json values config.json does not carry:
 # Qwen2.5-VL: "min_pixels": 3136, "max_pixels": 12845056 (Qwen/Qwen2.5-VL-*);

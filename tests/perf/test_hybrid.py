@@ -155,3 +155,25 @@ def test_hybrid_layers_are_checked() -> None:
     with pytest.raises(UserInputError, match="MLA"):
         dataclasses.replace(_linear_model(linear=0), hybrid=HybridLayers(index_topk=8, index_n_heads=1,
                                                                          index_head_dim=8))
+
+
+def test_mamba2_layers_are_priced_per_token_and_state() -> None:
+    # Nemotron-3-Nano's Mamba-2 mixer: 64 heads of 64, state 128, 8 groups, kernel 4, FP32 state.
+    h = HybridLayers(num_mamba_layers=2, mamba_num_heads=64, mamba_head_dim=64, mamba_state_size=128,
+                     mamba_n_groups=8, mamba_conv_kernel=4, mamba_chunk_size=128, mamba_state_dtype_bytes=4)
+    model = dataclasses.replace(_linear_model(linear=0), hybrid=h)
+    assert model.num_full_attention_layers == 2
+    step = StepTimeModel(model, H100, runtime=NO_CPU)
+    conv_dim = 64 * 64 + 2 * 8 * 128
+    R = 16
+    flops = R * (6.0 * 64 * 64 * 128 + 2.0 * conv_dim * 4)
+    state = 2.0 * R * (64 * 64 * 128 * 4 + conv_dim * 3 * 2)
+    expected = 2 * max(flops / step.decode_attn_flops, state / step.decode_attn_bw)
+    for kv in (R * 10, R * 100_000):
+        assert step._hybrid_time(BatchShape.decode(R, kv)) == pytest.approx(expected, rel=1e-12)
+    # The mixer's weights replace q/k/v/o in those layers: in_proj (z, x, B, C, dt), conv, A/D/dt bias,
+    # norm, out_proj.
+    hidden = 1024
+    mixer = hidden * (2 * 4096 + 2 * 8 * 128 + 64) + conv_dim * 4 + 3 * 64 + 4096 + 4096 * hidden
+    dense = dataclasses.replace(model, hybrid=None)
+    assert model.num_params() - dense.num_params() == 2 * (mixer - dense.attn_linear_params_per_layer())
