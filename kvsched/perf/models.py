@@ -302,22 +302,26 @@ class ModelSpec(ModelShape):
 
     # -- whole-model totals ---------------------------------------------------
 
+    def mixer_params(self) -> int:
+        """Every layer's token-mixing projections: attention's q/k/v/o, or a
+        hybrid model's linear-attention or Mamba mixer in its layers, plus
+        DeepSeek Sparse Attention's indexer beside each MLA layer. The one
+        owner of that count (the parameter totals and the step time's
+        weights read it)."""
+        attn = self.attn_linear_params_per_layer()
+        n = self.num_layers * attn
+        h = self.hybrid
+        if h is not None:
+            n += (h.num_linear_layers * (h.linear_params_per_layer(self.hidden_size) - attn)
+                  + h.num_mamba_layers * (h.mamba_params_per_layer(self.hidden_size) - attn)
+                  + self.num_layers * h.indexer_params_per_layer(self.hidden_size, self.q_lora_rank))
+        return n
+
     def _params(self, experts_counted: int) -> int:
-        per_layer = self.attn_linear_params_per_layer() + self.misc_params_per_layer()
         moe_layer = (experts_counted * self.expert_params() + self.shared_expert_params()
                      + self.router_params_per_layer())
-        hybrid = self.hybrid
-        if hybrid is not None:
-            # Linear-attention and Mamba layers hold their own projections instead of q/k/v/o;
-            # DSA's indexer sits beside every MLA layer's attention.
-            attn = self.attn_linear_params_per_layer()
-            per_layer += hybrid.indexer_params_per_layer(self.hidden_size, self.q_lora_rank)
-            return (self._outside_layers_params() + self.num_layers * per_layer
-                    + hybrid.num_linear_layers * (hybrid.linear_params_per_layer(self.hidden_size) - attn)
-                    + hybrid.num_mamba_layers * (hybrid.mamba_params_per_layer(self.hidden_size) - attn)
-                    + self.num_dense_layers * self.dense_mlp_params_per_layer()
-                    + self.num_moe_layers * moe_layer)
-        return (self._outside_layers_params() + self.num_layers * per_layer
+        return (self._outside_layers_params() + self.mixer_params()
+                + self.num_layers * self.misc_params_per_layer()
                 + self.num_dense_layers * self.dense_mlp_params_per_layer()
                 + self.num_moe_layers * moe_layer)
 

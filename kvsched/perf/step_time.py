@@ -290,7 +290,7 @@ def weight_split(model: ModelSpec, parallel: ParallelConfig, quantized_layers: s
     over the devices (:class:`WeightSplit`): the step time reads the
     per-device linear weights from it, the memory plan their bytes."""
     m = model
-    linear = {"attention": m.num_layers * m.attn_linear_params_per_layer(),
+    linear = {"attention": m.mixer_params(),
               "dense_mlp": m.num_dense_layers * m.dense_mlp_params_per_layer(),
               "shared_experts": m.num_moe_layers * m.shared_expert_params()}
     quantized = sum(n for part, n in linear.items() if quantizes(quantized_layers, part))

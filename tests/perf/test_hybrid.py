@@ -17,7 +17,14 @@ from kvsched.perf import get_hardware
 from kvsched.perf.hybrid import HybridLayers
 from kvsched.perf.model_parsers import load_hybrid_model_spec, load_model_spec
 from kvsched.perf.models import ModelSpec
-from kvsched.perf.step_time import BatchShape, RuntimeConfig, StepTimeModel, sparse_shape
+from kvsched.perf.step_time import (
+    BatchShape,
+    ParallelConfig,
+    RuntimeConfig,
+    StepTimeModel,
+    sparse_shape,
+    weight_split,
+)
 
 H100 = dataclasses.replace(get_hardware("h100-sxm"), id="h100-own")
 NO_CPU = RuntimeConfig(async_scheduling=False, cpu_step_s=0.0, cpu_per_request_s=0.0)
@@ -177,3 +184,14 @@ def test_mamba2_layers_are_priced_per_token_and_state() -> None:
     mixer = hidden * (2 * 4096 + 2 * 8 * 128 + 64) + conv_dim * 4 + 3 * 64 + 4096 + 4096 * hidden
     dense = dataclasses.replace(model, hybrid=None)
     assert model.num_params() - dense.num_params() == 2 * (mixer - dense.attn_linear_params_per_layer())
+
+
+def test_the_step_reads_the_mixers_weights_not_attentions() -> None:
+    model = _linear_model()  # 1 full-attention layer, 3 Gated DeltaNet layers
+    h = 1024
+    attn = h * 8 * 128 + 2 * h * 2 * 128 + 8 * 128 * h
+    conv_dim = 2 * 4 * 64 + 8 * 32
+    gdn = h * (2 * 4 * 64 + 2 * 8 * 32) + h * 2 * 8 + conv_dim * 4 + 2 * 8 + 32 + 8 * 32 * h
+    assert model.mixer_params() == attn + 3 * gdn
+    split = weight_split(model, ParallelConfig())
+    assert split.quantized == attn + 3 * gdn + 4 * model.dense_mlp_params_per_layer()
