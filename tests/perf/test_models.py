@@ -315,7 +315,8 @@ def test_supported_model_types() -> None:
                                           "phi3", "gemma2", "gemma3_text", "glm4", "glm4_moe", "kimi_k2",
                                           "chatglm",
                                           # issue 37: vision-language models' language models
-                                          "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text"}
+                                          "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl_text",
+                                          "qwen3_vl_moe_text"}
 
 
 # -- spec validation ---------------------------------------------------------------
