@@ -1,6 +1,6 @@
-"""KV capacity per vLLM release: docs/catalogs.md's "30 model ids" table.
+"""KV capacity per vLLM release: docs/catalogs.md's "40 model ids" table.
 
-Each of the 30 model ids of issue 23 (``tests/sim/test_model_ids.py``:
+Each of the 40 model ids of issues 23 and 37 (``tests/sim/test_model_ids.py``:
 MODEL_IDS, the same GPU, TP size, ``max_model_len`` 4096 and 4 random
 requests of 256 in / 8 out) runs through the run spec as vLLM 0.33 and as
 vLLM 0.34, each at its own defaults (0.33: 16-token blocks, 0.92 of the

@@ -128,7 +128,9 @@ def parse_json(path: Path, text: str, fix: str) -> object:
 
 # Multimodal wrappers whose language model sits in ``text_config``, with the
 # text model_type transformers gives it when the nested config omits one.
-TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"gemma3": "gemma3_text", "llama4": "llama4_text"})
+TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({
+    "gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_vl": "qwen3_vl_text",
+    "qwen3_vl_moe": "qwen3_vl_moe_text", "qwen2_5_vl": "qwen2_5_vl_text"})
 
 
 def language_model_config(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:

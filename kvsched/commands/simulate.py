@@ -91,10 +91,13 @@ def describe_workload(args: WorkloadSpec, workload: Workload) -> str:
     if workload.request_timeout is not None:
         conc += f", request timeout {workload.request_timeout:g} s"
     scale = f", arrival times x{args.time_scale:g} (--time-scale)" if args.time_scale != 1.0 else ""
-    if args.dataset_name == "random":
+    if args.dataset_name in ("random", "random-mm"):
         assert args.request_rate is not None
         rate = "all at t=0" if math.isinf(args.request_rate) else f"{args.request_rate:g} req/s"
-        return (f"{n} random prompts ({args.random_input_len} in / {args.random_output_len} out"
+        images = (f", {sum(len(r.mm_items) for r in workload.requests)} images"
+                  if args.dataset_name == "random-mm" else "")
+        return (f"{n} {args.dataset_name} prompts ({args.random_input_len} in / "
+                f"{args.random_output_len} out{images}"
                 f"{f', range ratio {args.random_range_ratio:g}' if args.random_range_ratio else ''}"
                 f"{f', shared prefix {args.random_prefix_len}' if args.random_prefix_len else ''}"
                 f", {rate}{scale}{conc})")

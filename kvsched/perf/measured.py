@@ -506,6 +506,8 @@ class MeasuredStepTimeModel(StepTimeModel):
                           global_tokens: int | None = None) -> list[float]:
         """As the roofline's: every pure-decode step is priced here, so
         stepping and fast-forward give the same float."""
+        if self.hybrid is not None:
+            return self._stepped_decode_times(num_reqs, first_kv_tokens, kv_step, count, global_tokens)
         lin, rest, cpu = self.decode_batch_parts(num_reqs, global_tokens)
         overlap = self.async_scheduling
         full, window, limit = self._generation(num_reqs)

@@ -35,6 +35,7 @@ from kvsched.perf.checkpoint_format import CheckpointFormat, config_checkpoint_f
 from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.model_source import find_config
 from kvsched.perf.models import ModelSpec
+from kvsched.perf.vision import VisionSpec, vision_spec_from_config
 from kvsched.yamlfile import parse_yaml
 
 # The catalog is data: kvsched/perf/data/models.yaml (its header says how an
@@ -273,6 +274,20 @@ def checkpoint_format(name_or_path: str) -> CheckpointFormat | None:
     else:
         config = find_config(name_or_path, MODELS).path
     return config_checkpoint_format(read_config_json(config))
+
+
+def get_vision(name_or_path: str) -> VisionSpec | None:
+    """The vision tower and image processor of ``--model`` (None: a model
+    that takes no images; the catalog's models are text-only), resolved
+    as :func:`get_model` resolves the model."""
+    if catalog_match(name_or_path) is not None:
+        return None
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        config = path / "config.json" if path.is_dir() else path
+    else:
+        config = find_config(name_or_path, MODELS).path
+    return vision_spec_from_config(read_config_json(config), str(config))
 
 
 def get_model(name_or_path: str) -> ModelSpec:

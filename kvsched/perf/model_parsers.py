@@ -26,11 +26,19 @@ from kvsched.hf_config import (
     split_heads,
 )
 from kvsched.jsonfile import show
+from kvsched.perf.hybrid import HybridLayers
 from kvsched.perf.models import ModelSpec
 
 SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "gemma2", "gemma3_text", "glm4",
                          "glm4_moe", "gpt_oss", "kimi_k2", "llama", "mistral", "mixtral", "phi3", "qwen2",
-                         "qwen3", "qwen3_moe")
+                         "qwen2_5_vl", "qwen2_5_vl_text", "qwen3", "qwen3_moe", "qwen3_vl_moe_text",
+                         "qwen3_vl_text")
+
+# The language models of the vision-language wrappers (the vision tower is
+# kvsched.perf.vision's): each reads as the text model it is.
+_VL_TEXT_TYPES: Mapping[str, str] = MappingProxyType({
+    "qwen2_5_vl": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
+    "qwen3_vl_moe_text": "qwen3_moe"})
 
 _LLAMA4 = ("chunked local attention (attention_chunk_size) on 3 of every 4 layers, which vLLM pages as its "
            "own KV group, plus NoPE global layers; kvsched sizes full and sliding-window layers only")
@@ -90,6 +98,13 @@ def _parse_llama_family(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     kvsched.hf_config, whose ModelShape is ModelSpec's shape field for field."""
     read = read_llama_family(cfg, model_type)
     return _no_window_beyond_context({f.name: getattr(read, f.name) for f in dataclasses.fields(ModelShape)})
+
+
+def _parse_vl_text(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """A vision-language model's language model (Qwen2.5-VL: Qwen2's
+    layers, its fields at the top level or in text_config; Qwen3-VL:
+    Qwen3's, dense or MoE). The vision tower's weights are not counted."""
+    return _parse_llama_family(cfg, _VL_TEXT_TYPES[model_type])
 
 
 def _parse_deepseek(cfg: HFConfig, model_type: str) -> dict[str, Any]:
@@ -291,8 +306,162 @@ _PARSERS = {
     "gemma2": _parse_gemma, "gemma3_text": _parse_gemma, "glm4": _parse_glm4, "glm4_moe": _parse_glm4_moe,
     "chatglm": _parse_chatglm,
     "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
+    **{name: _parse_vl_text for name in _VL_TEXT_TYPES},
 }
 assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
+
+def _linear_layout(cfg: HFConfig, layers: int) -> int:
+    """Gated DeltaNet layers of a Qwen3-Next / Qwen3.5 config: those its
+    ``layer_types`` names ``linear_attention``, else all but every
+    ``full_attention_interval``-th (transformers' default layout)."""
+    types = cfg.data.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or not all(
+                t in ("linear_attention", "full_attention") for t in types):
+            raise cfg.fail("layer_types", types, f"must list {layers} layers, each 'linear_attention' or "
+                                                 "'full_attention'")
+        return sum(1 for t in types if t == "linear_attention")
+    interval = cfg.get_int("full_attention_interval", default=4)
+    if interval < 1:
+        raise cfg.fail("full_attention_interval", interval, "must be positive")
+    return layers - layers // interval
+
+
+def _parse_qwen3_next(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """Qwen3-Next / Qwen3.5 (dense or MoE): Gated DeltaNet layers
+    (kvsched.perf.hybrid) with a full-attention layer every
+    ``full_attention_interval``; MoE layers with one shared expert, or
+    dense MLPs. The full layers' output gate (q_proj twice as wide) is not
+    counted: 0.1 % of the weights."""
+    hidden = cfg.get_int("hidden_size")
+    layers = cfg.get_int("num_hidden_layers")
+    heads = cfg.get_int("num_attention_heads")
+    linear = _linear_layout(cfg, layers)
+    spec: dict[str, Any] = {
+        "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+        "num_kv_heads": cfg.get_int("num_key_value_heads", default=heads),
+        "head_dim": cfg.get_int("head_dim") if cfg.data.get("head_dim") is not None
+        else split_heads(cfg, hidden, heads),
+        "intermediate_size": 0, "vocab_size": cfg.get_int("vocab_size"),
+        "max_position_embeddings": cfg.get_int("max_position_embeddings"),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False), "qk_norm": True,
+        "hybrid": HybridLayers(
+            num_linear_layers=linear, linear_num_key_heads=cfg.get_int("linear_num_key_heads"),
+            linear_num_value_heads=cfg.get_int("linear_num_value_heads"),
+            linear_key_head_dim=cfg.get_int("linear_key_head_dim"),
+            linear_value_head_dim=cfg.get_int("linear_value_head_dim"),
+            linear_conv_kernel=cfg.get_int("linear_conv_kernel_dim", default=4),
+            linear_state_dtype_bytes=4 if cfg.data.get("mamba_ssm_dtype") == "float32" else 2),
+    }
+    experts = cfg.get_int("num_experts", default=0)
+    sparse_step = cfg.get_int("decoder_sparse_step", default=1)
+    only_mlp = cfg.data.get("mlp_only_layers") or []
+    if not isinstance(only_mlp, list):
+        raise cfg.fail("mlp_only_layers", only_mlp, "must be a list of layer indices")
+    if experts:
+        dense = [i for i in range(layers) if i in only_mlp or (i + 1) % sparse_step]
+        if dense:
+            raise cfg.fail("mlp_only_layers", only_mlp, "dense layers between MoE layers are not priced "
+                                                       "(every layer MoE, as the published configs)")
+        moe = cfg.get_int("moe_intermediate_size")
+        shared = cfg.get_int("shared_expert_intermediate_size", default=0)
+        spec.update(num_experts=experts, experts_per_token=cfg.get_int("num_experts_per_tok"),
+                    moe_intermediate_size=moe, num_shared_experts=1 if shared else 0,
+                    shared_expert_intermediate_size=shared)
+    else:
+        spec["intermediate_size"] = cfg.get_int("intermediate_size")
+    return spec
+
+
+def _parse_deepseek_v32(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """DeepSeek-V3.2: DeepSeek-V3's layers, each MLA layer's attention
+    sparse behind a lightning indexer (kvsched.perf.hybrid)."""
+    spec = _parse_deepseek(cfg, model_type)
+    spec["hybrid"] = HybridLayers(index_topk=cfg.get_int("index_topk"),
+                                  index_n_heads=cfg.get_int("index_n_heads"),
+                                  index_head_dim=cfg.get_int("index_head_dim"))
+    return spec
+
+
+def _parse_llama4_text(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """Llama 4's language model: chunked local attention
+    (``attention_chunk_size``) on the RoPE layers (``no_rope_layers`` 1;
+    by default all but every 4th), global NoPE attention on the others; MoE
+    layers (every ``interleave_moe_layer_step``-th) of ``num_local_experts``
+    routed experts and one shared expert of ``intermediate_size``, dense
+    layers of ``intermediate_size_mlp``; weightless q/k L2 norms."""
+    hidden = cfg.get_int("hidden_size")
+    layers = cfg.get_int("num_hidden_layers")
+    heads = cfg.get_int("num_attention_heads")
+    rope = cfg.data.get("no_rope_layers")
+    if rope is None or rope == []:
+        rope = [int((i + 1) % 4 != 0) for i in range(layers)]
+    if not isinstance(rope, list) or len(rope) != layers or not all(v in (0, 1) for v in rope):
+        raise cfg.fail("no_rope_layers", rope, f"must list {layers} flags of 0 or 1")
+    step = cfg.get_int("interleave_moe_layer_step", default=1)
+    if step < 1:
+        raise cfg.fail("interleave_moe_layer_step", step, "must be positive")
+    moe_layers = sum(1 for i in range(layers) if (i + 1) % step == 0)
+    expert = cfg.get_int("intermediate_size")
+    spec: dict[str, Any] = {
+        "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+        "num_kv_heads": cfg.get_int("num_key_value_heads", default=heads),
+        "head_dim": cfg.get_int("head_dim") if cfg.data.get("head_dim") is not None
+        else split_heads(cfg, hidden, heads),
+        "vocab_size": cfg.get_int("vocab_size"),
+        "max_position_embeddings": cfg.get_int("max_position_embeddings"),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+        "attention_bias": cfg.get_bool("attention_bias", False),
+        "intermediate_size": cfg.get_int("intermediate_size_mlp") if moe_layers < layers else 0,
+        "num_experts": cfg.get_int("num_local_experts"),
+        "experts_per_token": cfg.get_int("num_experts_per_tok"),
+        "moe_intermediate_size": expert, "num_shared_experts": 1, "shared_expert_intermediate_size": expert,
+        # transformers' Llama 4 puts the dense layers where (i + 1) % step != 0; the
+        # spec counts MoE layers after the dense ones, the same totals.
+        "first_k_dense_layers": layers - moe_layers,
+        "hybrid": HybridLayers(num_chunked_layers=sum(rope),
+                               attention_chunk_size=cfg.get_int("attention_chunk_size")),
+    }
+    return spec
+
+
+# Hybrid architectures priced by kind (kvsched.perf.hybrid) that
+# REFUSED_MODEL_TYPES still refuses until kvsched plans their KV cache
+# groups exactly; :func:`load_hybrid_model_spec` reads them.
+_HYBRID_PARSERS = {
+    "qwen3_next": _parse_qwen3_next, "qwen3_5_text": _parse_qwen3_next, "qwen3_5_moe_text": _parse_qwen3_next,
+    "deepseek_v32": _parse_deepseek_v32, "llama4_text": _parse_llama4_text,
+}
+# Their wrappers' model_types, as REFUSED_MODEL_TYPES names them.
+_HYBRID_WRAPPERS: Mapping[str, str] = MappingProxyType({
+    "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "llama4": "llama4_text"})
+
+
+def load_hybrid_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
+    """The priced spec of a hybrid model (:data:`_HYBRID_PARSERS`) that
+    :func:`load_model_spec` refuses for its KV cache: its layers by kind,
+    for the step-time model. Read through a wrapper's ``text_config``."""
+    p = Path(path).expanduser()
+    config_path = p / "config.json" if p.is_dir() else p
+    data = read_config_json(config_path)
+    model_type = data.get("model_type")
+    text: Mapping[str, Any] = data
+    if isinstance(model_type, str) and model_type in _HYBRID_WRAPPERS:
+        inner = data.get("text_config")
+        if not isinstance(inner, dict):
+            raise UserInputError(f"{config_path}: model_type={model_type!r} needs a text_config object")
+        text, model_type = inner, _HYBRID_WRAPPERS[model_type]
+    parser = _HYBRID_PARSERS.get(model_type) if isinstance(model_type, str) else None
+    if parser is None:
+        raise UserInputError(f"{config_path}: model_type={show(model_type)} is not a hybrid type kvsched "
+                             f"prices; those are {', '.join(sorted(_HYBRID_PARSERS))}")
+    assert isinstance(model_type, str)
+    fields = parser(HFConfig(text, str(config_path)), model_type)
+    try:
+        return ModelSpec(name=name or _name_from_path(config_path), **fields)
+    except ValueError as err:
+        raise UserInputError(f"{config_path}: {err}") from None
+
 
 _HF_CACHE_DIR = re.compile(r"models--([^/]+?)--(.+)")
 

@@ -31,6 +31,7 @@ from kvsched.hf_config import (
     ModelShape,
 )
 from kvsched.jsonfile import show
+from kvsched.perf.hybrid import HybridLayers
 
 MLP_KINDS = ("swiglu", "gelu")
 NORM_KINDS = ("rmsnorm", "layernorm")
@@ -109,6 +110,10 @@ class ModelSpec(ModelShape):
     # ``num_nextn_predict_layers``): what vLLM's ``method: mtp`` drafts with.
     # Not counted in the parameters above (models.md counts MTP apart).
     num_mtp_layers: int = 0
+    # A hybrid model's layers that are not full attention, by kind
+    # (linear attention, chunked local attention) and DeepSeek Sparse
+    # Attention's indexer (kvsched.perf.hybrid); None: none.
+    hybrid: HybridLayers | None = None
 
     def __post_init__(self) -> None:
         name = self.name
@@ -147,6 +152,16 @@ class ModelSpec(ModelShape):
         if self.num_sliding_layers > self.num_layers:
             raise _fail(name, "num_sliding_layers", self.num_sliding_layers,
                         f"cannot exceed num_layers ({self.num_layers})")
+        if self.hybrid is not None:
+            if not isinstance(self.hybrid, HybridLayers):
+                raise _fail(name, "hybrid", self.hybrid, "must be a HybridLayers or None")
+            if self.num_sliding_layers + self.hybrid.num_other_layers > self.num_layers:
+                raise _fail(name, "hybrid", self.hybrid.num_other_layers,
+                            f"linear and chunked layers plus {self.num_sliding_layers} sliding ones exceed "
+                            f"num_layers ({self.num_layers})")
+            if self.hybrid.index_topk and not self.is_mla:
+                raise _fail(name, "hybrid.index_topk", self.hybrid.index_topk,
+                            "DeepSeek Sparse Attention needs MLA (kv_lora_rank)")
         if (self.sliding_window > 0) != (self.num_sliding_layers > 0):
             raise _fail(name, "sliding_window", self.sliding_window,
                         f"sliding_window and num_sliding_layers ({self.num_sliding_layers}) "
@@ -200,7 +215,10 @@ class ModelSpec(ModelShape):
 
     @property
     def num_full_attention_layers(self) -> int:
-        return self.num_layers - self.num_sliding_layers
+        """Layers of full attention: neither sliding-window nor a hybrid
+        model's other kinds (:class:`~kvsched.perf.hybrid.HybridLayers`)."""
+        other = self.hybrid.num_other_layers if self.hybrid is not None else 0
+        return self.num_layers - self.num_sliding_layers - other
 
     # -- per-layer building blocks (params = weights + biases) ----------------
 
@@ -284,11 +302,26 @@ class ModelSpec(ModelShape):
 
     # -- whole-model totals ---------------------------------------------------
 
+    def mixer_params(self) -> int:
+        """Every layer's token-mixing projections: attention's q/k/v/o, or a
+        hybrid model's linear-attention or Mamba mixer in its layers, plus
+        DeepSeek Sparse Attention's indexer beside each MLA layer. The one
+        owner of that count (the parameter totals and the step time's
+        weights read it)."""
+        attn = self.attn_linear_params_per_layer()
+        n = self.num_layers * attn
+        h = self.hybrid
+        if h is not None:
+            n += (h.num_linear_layers * (h.linear_params_per_layer(self.hidden_size) - attn)
+                  + h.num_mamba_layers * (h.mamba_params_per_layer(self.hidden_size) - attn)
+                  + self.num_layers * h.indexer_params_per_layer(self.hidden_size, self.q_lora_rank))
+        return n
+
     def _params(self, experts_counted: int) -> int:
-        per_layer = self.attn_linear_params_per_layer() + self.misc_params_per_layer()
         moe_layer = (experts_counted * self.expert_params() + self.shared_expert_params()
                      + self.router_params_per_layer())
-        return (self._outside_layers_params() + self.num_layers * per_layer
+        return (self._outside_layers_params() + self.mixer_params()
+                + self.num_layers * self.misc_params_per_layer()
                 + self.num_dense_layers * self.dense_mlp_params_per_layer()
                 + self.num_moe_layers * moe_layer)
 

@@ -41,6 +41,7 @@ the same float: the simulator's fast-forward relies on that.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -53,6 +54,7 @@ from kvsched.perf.decode_steps import combine_step_time as combine_step_time
 from kvsched.perf.decode_steps import roofline_decode_times
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import NO_HOST_TIME, HostTerms
+from kvsched.perf.hybrid import INDEX_KEY_SCALE_BYTES
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.pipeline import PipelineStages
 
@@ -288,7 +290,7 @@ def weight_split(model: ModelSpec, parallel: ParallelConfig, quantized_layers: s
     over the devices (:class:`WeightSplit`): the step time reads the
     per-device linear weights from it, the memory plan their bytes."""
     m = model
-    linear = {"attention": m.num_layers * m.attn_linear_params_per_layer(),
+    linear = {"attention": m.mixer_params(),
               "dense_mlp": m.num_dense_layers * m.dense_mlp_params_per_layer(),
               "shared_experts": m.num_moe_layers * m.shared_expert_params()}
     quantized = sum(n for part, n in linear.items() if quantizes(quantized_layers, part))
@@ -326,10 +328,29 @@ class BatchShape:
     # (kvsched.perf.lora prices them; the simulator's rank keeps the
     # adapter caches they depend on).
     lora_gpu_s: float = 0.0
+    # The vision encoder: GPU seconds its images add to the step
+    # (kvsched.perf.vision prices them; kvsched.sim.encoder picks the
+    # images a step encodes).
+    encoder_gpu_s: float = 0.0
 
     @classmethod
     def decode(cls, num_reqs: int, decode_kv_tokens: int) -> BatchShape:
         return cls(num_reqs, num_reqs, num_reqs, num_reqs, decode_kv_tokens, 0, 0, 0)
+
+
+def sparse_shape(shape: BatchShape, topk: int) -> BatchShape:
+    """``shape`` as attention sees it when every query attends to at most
+    ``topk`` keys (DeepSeek Sparse Attention): each decode reads at most
+    ``topk`` keys, each prefill query pairs with at most ``topk`` keys and
+    each prefill request's chunk reads at most ``topk`` plus its own new
+    keys. Upper bounds from the aggregates, exact once every context is
+    past ``topk`` (or all within it)."""
+    num_prefills = shape.num_reqs - shape.num_decodes
+    return dataclasses.replace(
+        shape, decode_kv_tokens=min(shape.decode_kv_tokens, topk * shape.num_decodes),
+        prefill_kv_tokens=min(shape.prefill_kv_tokens, topk * num_prefills + shape.prefill_tokens),
+        prefill_attn_pairs=min(shape.prefill_attn_pairs, topk * shape.prefill_tokens),
+        spec_query_keys=min(shape.spec_query_keys, topk * shape.spec_tokens))
 
 
 class DrafterTime(Protocol):
@@ -426,6 +447,9 @@ class StepTimeModel:
             self.prefill_flops_per_pair = 4 * heads * m.head_dim
             self.prefill_flops_per_kv = 0.0
         self.kv_bytes_per_layer = kv_per_layer
+        # A hybrid model's other layer kinds (kvsched.perf.hybrid), priced on
+        # the roofline by every backend (_hybrid_time); None: none.
+        self.hybrid = m.hybrid
         self.full_layers = m.num_full_attention_layers
         self.sliding_layers = m.num_sliding_layers
         self.window = m.sliding_window
@@ -576,7 +600,69 @@ class StepTimeModel:
                                                                      shape.num_sampled, logits)
         else:
             parts = self._batch_parts(T, global_tokens or T, shape.num_sampled, logits)
-        return self.add_prefill_host(parts[0] + self._attention_time(shape) + parts[1], shape)
+        return self.add_prefill_host(parts[0] + self._layers_attention_time(shape) + parts[1], shape)
+
+    def _layers_attention_time(self, s: BatchShape) -> float:
+        """Every layer's attention part: the backend's full and sliding
+        attention (over top-k keys with DeepSeek Sparse Attention) plus a
+        hybrid model's other kinds (:meth:`_hybrid_time`)."""
+        h = self.hybrid
+        if h is None:
+            return self._attention_time(s)
+        shaped = sparse_shape(s, h.index_topk) if h.index_topk else s
+        return self._attention_time(shaped) + self._hybrid_time(s)
+
+    def _hybrid_time(self, s: BatchShape) -> float:
+        """A hybrid model's layers that are not full attention, and DSA's
+        indexer, on the roofline (kvsched.perf.hybrid's rules)."""
+        h = self.hybrid
+        assert h is not None
+        t = 0.0
+        tp = self.tp
+        prefill = s.prefill_tokens > 0
+        flops_rate = self.prefill_attn_flops if prefill else self.decode_attn_flops
+        bw = self.prefill_attn_bw if prefill else self.decode_attn_bw
+        if h.num_linear_layers:
+            # Independent of the context: FLOPs per token, each request's state read and written once.
+            flops = (h.linear_flops_per_token(True) * s.prefill_tokens
+                     + h.linear_flops_per_token(False) * (s.num_tokens - s.prefill_tokens))
+            state = 2.0 * s.num_reqs * h.linear_state_bytes()
+            t += _roof(flops / tp, flops_rate, state / tp, bw) * h.num_linear_layers
+        if h.num_mamba_layers:
+            # Mamba-2 likewise: per token, and each request's state read and written once.
+            flops = (h.mamba_flops_per_token(True) * s.prefill_tokens
+                     + h.mamba_flops_per_token(False) * (s.num_tokens - s.prefill_tokens))
+            state = 2.0 * s.num_reqs * h.mamba_state_bytes()
+            t += _roof(flops / tp, flops_rate, state / tp, bw) * h.num_mamba_layers
+        if h.num_chunked_layers:
+            # Each token sees only its own chunk: a window of the chunk size (upper bounds).
+            c = h.attention_chunk_size
+            num_prefills = s.num_reqs - s.num_decodes
+            t += self._attention_layer(min(s.decode_kv_tokens, c * s.num_decodes),
+                                       min(s.prefill_kv_tokens, c * num_prefills + s.prefill_tokens),
+                                       min(s.prefill_attn_pairs, c * s.prefill_tokens),
+                                       min(s.spec_query_keys, c * s.spec_tokens)) * h.num_chunked_layers
+        if h.index_topk:
+            # The indexer scores every key of the context: FP8 q.k over its heads, per query-key pair,
+            # and reads every key once (FP8 values and a 4-byte scale); heads split over TP.
+            per_pair = 2.0 * h.index_n_heads * h.index_head_dim / tp
+            pairs = s.decode_kv_tokens + s.spec_query_keys + s.prefill_attn_pairs
+            keys = s.decode_kv_tokens + s.prefill_kv_tokens
+            key_bytes = h.index_head_dim + INDEX_KEY_SCALE_BYTES
+            fp8 = self.hardware.fp8_flops or self.hardware.bf16_flops
+            eff = self.prefill_attn_flops / self.hardware.bf16_flops
+            t += _roof(per_pair * pairs, fp8 * eff, keys * key_bytes, bw) * self.full_layers
+        return t
+
+    def _stepped_decode_times(self, num_reqs: int, first_kv_tokens: int, kv_step: int, count: int,
+                              global_tokens: int | None) -> list[float]:
+        """``decode_step_times`` of a hybrid model: each step priced whole
+        (its attention is not linear in the KV read), so a stretch and
+        single steps give the same floats."""
+        cpu = self.runtime.cpu_step_s + self.runtime.cpu_per_request_s * num_reqs
+        return [combine_step_time(self.gpu_time(BatchShape.decode(num_reqs, first_kv_tokens + j * kv_step),
+                                                global_tokens), cpu, self.async_scheduling)
+                for j in range(count)]
 
     def _batch_parts(self, T: int, global_tokens: int, num_sampled: int,
                      num_logits: int | None = None) -> tuple[float, float]:
@@ -690,9 +776,9 @@ class StepTimeModel:
         drafter's passes, with speculative decoding)."""
         drafter = self.drafter
         if (drafter is None and not shape.spec_tokens and shape.prefill_tokens == 0 and not shape.lora_gpu_s
-                and shape.num_decodes == shape.num_reqs == shape.num_sampled):
+                and not shape.encoder_gpu_s and shape.num_decodes == shape.num_reqs == shape.num_sampled):
             return self.decode_step_time(shape.num_reqs, shape.decode_kv_tokens, global_tokens)
-        gpu = self.gpu_time(shape, global_tokens) + shape.lora_gpu_s
+        gpu = self.gpu_time(shape, global_tokens) + shape.lora_gpu_s + shape.encoder_gpu_s
         cpu = self.cpu_time(shape)
         if drafter is not None:
             gpu += drafter.gpu_time(shape, global_tokens)
@@ -726,6 +812,8 @@ class StepTimeModel:
         requests, step j reading ``first_kv_tokens + j * kv_step`` KV tokens
         (a decode stretch: every request's context grows by one per step).
         The one formula of a pure-decode step."""
+        if self.hybrid is not None:
+            return self._stepped_decode_times(num_reqs, first_kv_tokens, kv_step, count, global_tokens)
         lin, rest, cpu = self.decode_batch_parts(num_reqs, global_tokens)
         # Sliding-window layers read at most the window per request: their
         # attention per step, added to the full layers' in the loop.

@@ -195,7 +195,8 @@ class DisaggregatedSimulator:
                         eos_probability=sim.eos_probability, seed=sim.seed + i,
                         keep_token_times=sim.keep_token_times, keep_step_log=sim.keep_step_log,
                         speculative=sim.speculative, kv_connector=connector, kv_worker=worker,
-                        hands_off=is_prefill, request_timeout=workload.request_timeout)
+                        hands_off=is_prefill, request_timeout=workload.request_timeout,
+                        encoder=sim.encoder)
             connector.bind_kv_cache_manager(rank.sched.kv_cache_manager)
             ranks.append(rank)
             instances.append(EngineInstance(rank, sim.step_model, sim.fast_forward))

@@ -126,11 +126,12 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload (vllm bench serve's arguments)")
     w = WorkloadSpec()
     g.add_argument("--dataset-name", choices=DATASET_NAMES, default=w.dataset_name,
-                   help="vllm bench serve's datasets (random, sharegpt, burstgpt, sonnet, prefix_repetition, "
-                        "custom), sampled as vLLM samples them, or a trace replayed: azure, mooncake, jsonl "
-                        "(default: random)")
+                   help="vllm bench serve's datasets (random, random-mm and custom_image: with images, "
+                        "sharegpt, burstgpt, sonnet, prefix_repetition, custom), sampled as vLLM samples "
+                        "them, or a trace replayed: azure, mooncake, jsonl (default: random)")
     g.add_argument("--dataset-path", help="the file of sharegpt (JSON), burstgpt (CSV), sonnet (text), "
-                                          "custom (JSONL of prompts) or a trace")
+                                          "custom (JSONL of prompts), custom_image (JSONL of prompts and "
+                                          "image files) or a trace")
     g.add_argument("--num-prompts", type=int,
                    help=f"prompts to send (vllm bench serve's datasets: default {DEFAULT_NUM_PROMPTS}; "
                         "traces: default all)")

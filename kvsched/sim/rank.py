@@ -45,7 +45,9 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.core.trace import step_record
 from kvsched.perf.lora import LoraPricer, LoraStats
 from kvsched.perf.step_time import BatchShape
+from kvsched.perf.vision import EncoderPricer
 from kvsched.request import Request, RequestStatus, SamplingParams
+from kvsched.sim.encoder import items_encoded
 from kvsched.sim.kv_transfer import KVWorker
 from kvsched.sim.metrics import (
     DEFAULT_PERCENTILE_METRICS,
@@ -376,7 +378,7 @@ class Rank:
                  keep_step_log: bool = True, speculative: SpecOptions | None = None,
                  kv_connector: KVConnectorBase | None = None, kv_worker: KVWorker | None = None,
                  hands_off: bool = False, lora: LoraPricer | None = None,
-                 request_timeout: float | None = None) -> None:
+                 request_timeout: float | None = None, encoder: EncoderPricer | None = None) -> None:
         # No model runs: skip the runner's copies of prompts and block tables,
         # but for the offloading connector, which reads the batch's block
         # tables (new and resumed requests') to build its store jobs.
@@ -388,6 +390,9 @@ class Rank:
         # LoRA: the adapter caches and the GPU seconds each step adds
         # (kvsched.perf.lora); None: off.
         self.lora = lora
+        # The vision encoder's pricer (None: a text-only model; the
+        # images a step encodes are kvsched.sim.encoder.items_encoded's).
+        self.encoder = encoder
         # A KV connector's scheduler side (in the scheduler) and its worker
         # side in simulated time (kvsched.sim.kv_transfer); both or neither.
         if (kv_connector is None) != (kv_worker is None):
@@ -625,7 +630,24 @@ class Rank:
                            decode_kv, prefill, prefill_kv, pairs, spec_tokens, spec_keys)
         if self.lora is not None:
             shape.lora_gpu_s = self._lora_seconds(num_sched)
+        if self.encoder is not None and prefill:
+            shape.encoder_gpu_s = self._encoder_seconds(num_sched)
         return shape, lives, drafts
+
+    def _encoder_seconds(self, num_sched: dict[str, int]) -> float:
+        """GPU seconds the vision encoder adds to a batch: the images its
+        prefill chunks reach (:func:`kvsched.sim.encoder.items_encoded`)."""
+        assert self.encoder is not None
+        requests = self.sched.requests
+        live = self.live
+        patches: list[int] = []
+        for rid, n_new in num_sched.items():
+            lv = live.get(rid)
+            if lv is None or not lv.spec.mm_items:
+                continue
+            c = requests[rid].num_computed_tokens - n_new
+            patches += [item.num_patches for item in items_encoded(lv.spec.mm_items, c, n_new)]
+        return self.encoder.seconds(patches)
 
     def _lora_seconds(self, num_sched: dict[str, int]) -> float:
         """GPU seconds LoRA adds to a batch: its adapters' loads and kernels

@@ -25,10 +25,12 @@ from kvsched.core.policies import AdmissionPolicy, AdpBalance, BalanceGate, Bala
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
 from kvsched.perf.lora import synthetic_adapters
+from kvsched.perf.model_catalog import get_vision
 from kvsched.sim.cluster import Cluster, Progress
 from kvsched.sim.deployment import Deployment, build_deployment
 from kvsched.sim.disagg import DisaggregatedSimulator, DisaggResult, RoleConfig, pd_connectors
 from kvsched.sim.dp import DPOptions, DPSimulator
+from kvsched.sim.encoder import encoder_pricer
 from kvsched.sim.refusals import split_refused
 from kvsched.sim.results import num_gpus, per_gpu_metrics, role_utilisation
 from kvsched.sim.simulator import SimConfig, SimResult, Simulator
@@ -43,6 +45,7 @@ from kvsched.sim.workload import (
     load_workload,
     repaced,
 )
+from kvsched.sim.workload.load import MM_DATASETS
 from kvsched.sim.workload.lora import DEFAULT_LORA_SHARE, adapter_ids_by_name, assign_loras
 
 AfterStep = Callable[[Cluster], None]
@@ -98,12 +101,32 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
     ``model``'s tokenizer where one is on disk, else an approximation (a
     warning then goes to ``notes``)."""
     tokenizer = None
-    if spec.dataset_name in BENCH_DATASETS or spec.tokenizer is not None or (
+    counted = (*BENCH_DATASETS, *MM_DATASETS)
+    if spec.dataset_name in counted or spec.tokenizer is not None or (
             spec.dataset_name == "random" and model is not None):
         tokenizer, warning = load_tokenizer(model or "", spec.tokenizer)
-        if warning is not None and spec.dataset_name in BENCH_DATASETS and notes is not None:
+        if warning is not None and spec.dataset_name in counted and notes is not None:
             notes.append(warning)
-    if spec.dataset_name in BENCH_DATASETS:
+    if spec.dataset_name == "random-mm":
+        assert spec.num_prompts is not None and spec.request_rate is not None and tokenizer is not None
+        assert spec.random_input_len is not None and spec.random_output_len is not None
+        assert spec.random_range_ratio is not None and spec.random_prefix_len is not None
+        assert spec.burstiness is not None
+        workload = load_workload(
+            "random-mm", None, vision=get_vision(model) if model is not None else None, tokenizer=tokenizer,
+            num_prompts=spec.num_prompts, input_len=spec.random_input_len, output_len=spec.random_output_len,
+            range_ratio=(spec.random_range_ratio, spec.random_range_ratio if spec.random_output_range_ratio
+                         is None else spec.random_output_range_ratio),
+            prefix_len=spec.random_prefix_len, request_rate=spec.request_rate, burstiness=spec.burstiness,
+            max_concurrency=spec.max_concurrency, seed=spec.seed, options=spec)
+    elif spec.dataset_name in ("custom_image", "hf"):
+        assert spec.request_rate is not None and spec.burstiness is not None and tokenizer is not None
+        workload = load_workload(
+            spec.dataset_name, spec.dataset_path, vision=get_vision(model) if model is not None else None,
+            tokenizer=tokenizer, num_prompts=-1 if spec.num_prompts is None else spec.num_prompts,
+            seed=spec.seed, request_rate=spec.request_rate, burstiness=spec.burstiness,
+            max_concurrency=spec.max_concurrency, options=spec)
+    elif spec.dataset_name in BENCH_DATASETS:
         assert spec.num_prompts is not None or spec.burstgpt_timestamps
         assert spec.burstiness is not None and tokenizer is not None
         workload = load_workload(
@@ -143,6 +166,10 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
         if spec.request_rate is not None:
             assert spec.burstiness is not None
             workload = repaced(workload, spec.request_rate, spec.burstiness, spec.seed)
+    if spec.dataset_name in MM_DATASETS and notes is not None:
+        notes.append("images: the vision encoder is priced on the roofline (kvsched.perf.vision) in the step "
+                     "whose prefill chunk reaches each image; not modelled yet: the encoder cache (an image "
+                     "sent again is encoded again) and the vision tower's weights in GPU memory")
     if spec.time_scale != 1.0:
         last = workload.last_arrival_time * spec.time_scale
         if last > MAX_ARRIVAL_TIME:
@@ -306,7 +333,10 @@ def sim_config(deployment: Deployment, spec: RunSpec) -> SimConfig:
                      fast_forward=o.fast_forward,
                      prefill_schedule_interval=deployment.options.prefill_schedule_interval,
                      keep_token_times=o.keep_token_times, keep_step_log=o.keep_step_log,
-                     speculative=deployment.speculative, offload=deployment.offload, lora=deployment.lora)
+                     speculative=deployment.speculative, offload=deployment.offload, lora=deployment.lora,
+                     encoder=encoder_pricer(get_vision(spec.engine.model), deployment.hardware,
+                                            deployment.parallel.tensor_parallel_size)
+                     if spec.workload.dataset_name in MM_DATASETS else None)
 
 
 def serve(deployment: Deployment, group: InstanceGroup, workload: Workload, config: SimConfig,

@@ -27,6 +27,7 @@ from kvsched.core.scheduler import Scheduler
 from kvsched.errors import UserInputError
 from kvsched.perf.lora import LoraCost, LoraPricer
 from kvsched.perf.step_time import StepTimeModel
+from kvsched.perf.vision import EncoderPricer
 from kvsched.progress import draw_progress
 from kvsched.sim.client import Client
 from kvsched.sim.cluster import Cluster, Progress
@@ -69,6 +70,9 @@ class SimConfig:
     # LoRA (None: off): every rank gets vLLM's max_loras cap and its own
     # adapter caches, its steps priced with kvsched.perf.lora.
     lora: LoraCost | None = None
+    # The vision encoder's pricer (None: a text-only model): every rank
+    # charges the images its steps encode.
+    encoder: EncoderPricer | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eos_probability < 1.0:
@@ -95,7 +99,7 @@ class SimConfig:
                     keep_step_log=self.keep_step_log, speculative=self.speculative,
                     kv_connector=connector, kv_worker=worker,
                     lora=LoraPricer(self.lora) if self.lora is not None else None,
-                    request_timeout=workload.request_timeout)
+                    request_timeout=workload.request_timeout, encoder=self.encoder)
         if connector is not None:
             connector.bind_kv_cache_manager(rank.sched.kv_cache_manager)
         return rank

@@ -385,12 +385,12 @@ class WorkloadSpec(BenchDatasetOptions):
         ``request_rate`` re-paces it."""
         self.check()
         self._check_dataset_flags()
-        if self.dataset_name in BENCH_DATASETS:
+        if self.dataset_name in (*BENCH_DATASETS, "custom_image"):
             return self._resolved_bench()
-        if self.dataset_name == "random":
+        if self.dataset_name in ("random", "random-mm"):
             if self.dataset_path is not None:
                 raise UserInputError(
-                    f"--dataset-path={self.dataset_path}: --dataset-name is random (the default), "
+                    f"--dataset-path={self.dataset_path}: --dataset-name is {self.dataset_name}, "
                     "which reads no file; add --dataset-name sharegpt, burstgpt, sonnet, custom, azure, "
                     "mooncake or jsonl for the file's format")
             filled = {dest: default for dest, default in RANDOM_DEFAULTS.items()
@@ -440,10 +440,11 @@ class WorkloadSpec(BenchDatasetOptions):
 
     def _resolved_bench(self) -> WorkloadSpec:
         name = self.dataset_name
-        if name in FILE_DATASETS and not self.dataset_path:
+        reads_file = name in FILE_DATASETS or name == "custom_image"
+        if reads_file and not self.dataset_path:
             raise UserInputError(f"--dataset-name {name}: needs --dataset-path, the file vllm bench serve "
                                  "samples it from")
-        if name not in FILE_DATASETS and self.dataset_path is not None:
+        if not reads_file and self.dataset_path is not None:
             raise UserInputError(f"--dataset-path={self.dataset_path}: --dataset-name {name} is synthetic "
                                  "and reads no file; drop --dataset-path")
         for dest in RANDOM_ONLY:
@@ -473,7 +474,7 @@ def _is_number(value: object) -> bool:
 # Each dataset flag and the datasets it belongs to.
 DATASET_FLAGS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     "sharegpt_output_len": ("sharegpt",),
-    "custom_output_len": ("custom",),
+    "custom_output_len": ("custom", "custom_image"),
     "skip_chat_template": ("custom",),
     "sonnet_input_len": ("sonnet",),
     "sonnet_output_len": ("sonnet",),
@@ -482,9 +483,16 @@ DATASET_FLAGS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     "prefix_repetition_suffix_len": ("prefix_repetition",),
     "prefix_repetition_num_prefixes": ("prefix_repetition",),
     "prefix_repetition_output_len": ("prefix_repetition",),
-    "disable_shuffle": ("sharegpt", "custom", "prefix_repetition"),
-    "no_oversample": ("sharegpt", "custom"),
+    "disable_shuffle": ("sharegpt", "custom", "prefix_repetition", "custom_image", "hf"),
+    "no_oversample": ("sharegpt", "custom", "custom_image", "hf"),
+    "hf_name": ("hf",),
+    "hf_split": ("hf",),
+    "hf_output_len": ("hf",),
     "burstgpt_timestamps": ("burstgpt",),
+    "random_mm_base_items_per_request": ("random-mm",),
+    "random_mm_num_mm_items_range_ratio": ("random-mm",),
+    "random_mm_limit_mm_per_prompt": ("random-mm",),
+    "random_mm_bucket_config": ("random-mm",),
 })
 
 # The random dataset's defaults (vllm bench serve's, but the rate: all at once).

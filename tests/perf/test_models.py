@@ -313,7 +313,10 @@ def test_supported_model_types() -> None:
                                           "deepseek_v2", "deepseek_v3", "gpt_oss", "bloom",
                                           # issue 23
                                           "phi3", "gemma2", "gemma3_text", "glm4", "glm4_moe", "kimi_k2",
-                                          "chatglm"}
+                                          "chatglm",
+                                          # issue 37: vision-language models' language models
+                                          "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl_text",
+                                          "qwen3_vl_moe_text"}
 
 
 # -- spec validation ---------------------------------------------------------------

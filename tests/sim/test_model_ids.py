@@ -1,9 +1,11 @@
-"""Issue 23's acceptance: 30 model ids users run (vLLM's supported-models page,
-the traces' papers) each simulate a short run through the run spec, or are
-refused with the reason. Offline: the catalog, aiconfigurator-core's bundled
-configs, and a fake local Hugging Face cache holding the published configs of
-tests/perf/data/hf_configs (HF_HUB_OFFLINE=1: no network). docs/catalogs.md
-lists the same 30 with their outcome."""
+"""Issue 23's acceptance, grown by issue 37: 40 model ids users run (vLLM's
+supported-models page, the traces' papers, current releases) each simulate a
+short run through the run spec, or are refused with the reason; the
+vision-language ones also simulate a run with images (random-mm). Offline:
+the catalog, aiconfigurator-core's bundled configs, and a fake local Hugging
+Face cache holding the published configs of tests/perf/data/hf_configs
+(HF_HUB_OFFLINE=1: no network). docs/catalogs.md lists the same 40 with their
+outcome."""
 
 from __future__ import annotations
 
@@ -52,6 +54,27 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "openai/gpt-oss-20b": ("catalog", "h100", 1, None),
     "openai/gpt-oss-120b": ("catalog", "h100", 1, None),
     "meta-llama/Llama-4-Scout-17B-16E-Instruct": ("bundled", "h100", 8, "chunked local attention"),
+    # Issue 37: vision-language models, hybrid models, current releases.
+    "Qwen/Qwen3-VL-8B-Instruct": ("bundled", "h100", 1, None),
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": ("bundled", "h100", 2, None),
+    "Qwen/Qwen3-VL-235B-A22B-Instruct": ("bundled", "h200", 8, None),
+    "Qwen/Qwen3-32B": ("bundled", "h100", 2, None),
+    "Qwen/Qwen3-235B-A22B-FP8": ("bundled", "h200", 4, None),
+    "moonshotai/Kimi-K2-Instruct": ("bundled", "b300", 8, None),
+    "MiniMaxAI/MiniMax-M2.5": ("bundled", "h200", 4, None),
+    # Priced by kind (kvsched.perf.hybrid) but their KV cache groups are not planned yet:
+    "Qwen/Qwen3.5-27B": ("bundled", "h100", 1, "hybrid linear attention"),
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("bundled", "h100", 1, "hybrid Mamba-2"),
+    "nvidia/GLM-5-NVFP4": ("bundled", "b200", 8, "DeepSeek Sparse Attention"),
+}
+# The vision-language ids of MODEL_IDS, run with images (vllm bench serve's
+# random-mm defaults: one 256x256 or 720x1280 image per request); None or
+# the refusal's phrase.
+VLM_IDS: dict[str, str | None] = {
+    "Qwen/Qwen3-VL-8B-Instruct": None,
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": None,
+    "google/gemma-3-27b-it": None,
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": "chunked local attention",
 }
 needs_extras = pytest.mark.skipif(
     any(importlib.util.find_spec(pkg) is None for pkg in ("aiconfigurator_core", "huggingface_hub")),
@@ -74,10 +97,11 @@ def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return cache
 
 
-def test_the_list_has_thirty_ids_and_counts_its_outcomes() -> None:
-    assert len(MODEL_IDS) == 30
+def test_the_list_has_forty_ids_and_counts_its_outcomes() -> None:
+    assert len(MODEL_IDS) == 40
     refused = [m for m, (_, _, _, why) in MODEL_IDS.items() if why is not None]
-    assert (30 - len(refused), len(refused)) == (27, 3)
+    assert (40 - len(refused), len(refused)) == (34, 6)
+    assert set(VLM_IDS) <= set(MODEL_IDS)
     cached = {p.stem.replace("--", "/", 1) for p in CONFIGS.glob("*.json")}
     assert {m for m, (src, *_) in MODEL_IDS.items() if src == "cache"} <= cached
 
@@ -97,3 +121,23 @@ def test_each_model_id_simulates_or_is_refused_with_its_reason(model_id: str, hu
     result = run(spec)
     assert result.metrics["completed"] == 4
     assert result.prepared.deployment.model.num_params() > 1e9
+
+
+@needs_extras
+@pytest.mark.parametrize("model_id", list(VLM_IDS))
+def test_each_vlm_simulates_with_images_or_is_refused(model_id: str, hub_cache: Path) -> None:
+    _, hardware, tp, _ = MODEL_IDS[model_id]
+    refusal = VLM_IDS[model_id]
+    spec = RunSpec(workload=WorkloadSpec(dataset_name="random-mm", num_prompts=4, random_input_len=64,
+                                         random_output_len=8, seed=0)).with_engine(
+        model=model_id, hardware=hardware, tensor_parallel_size=tp, max_model_len=4096)
+    if refusal is not None:
+        with pytest.raises(ValueError) as info:
+            run(spec)
+        assert refusal in str(info.value), str(info.value)
+        return
+    result = run(spec)
+    assert result.metrics["completed"] == 4
+    # Every request carried one image (the default: base 1, ratio 0), its tokens in the prompt.
+    requests = result.prepared.workload.requests
+    assert all(len(r.mm_items) == 1 and r.num_prompt_tokens > r.mm_items[0].length for r in requests)

@@ -14,6 +14,10 @@ time (``model``). Sources, one module each:
   burstgpt, sonnet, prefix_repetition and custom datasets, sampled as
   vLLM samples them, token counts from the model's tokenizer
   (``tokenizer``);
+* ``random-mm``, ``custom_image`` and hf's VisionArena (``bench.random_mm``,
+  ``bench.custom_image``, ``bench.vision_arena``) - vllm bench serve's
+  datasets with images, each image a typed item of its request
+  (:class:`MMItem`), its placeholder tokens the model's;
 * :func:`load_workload` (``load``) - dispatch on a dataset name, as ``--dataset-name``;
 * :func:`repaced` (``model``) - any workload sent at vllm bench serve's
   ``--request-rate`` arrivals instead of its own.
@@ -37,6 +41,7 @@ from kvsched.sim.workload.limits import (
 )
 from kvsched.sim.workload.load import DATASET_NAMES, load_workload
 from kvsched.sim.workload.model import (
+    MMItem,
     RandomRequests,
     Workload,
     WorkloadRequest,
@@ -87,6 +92,7 @@ __all__ = [
     "UNIQUE_TOKEN_BASE",
     "ApproximateTokenizer",
     "BenchDatasetOptions",
+    "MMItem",
     "PromptRuns",
     "RandomRequests",
     "TextTokenizer",

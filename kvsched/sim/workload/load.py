@@ -8,18 +8,27 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.errors import UserInputError
+from kvsched.sim.workload.bench.custom_image import custom_image_dataset
 from kvsched.sim.workload.bench.load import BENCH_DATASETS, load_bench_dataset
+from kvsched.sim.workload.bench.random_mm import random_mm_dataset
+from kvsched.sim.workload.bench.vision_arena import vision_arena_dataset
 from kvsched.sim.workload.model import Workload
 from kvsched.sim.workload.random_dataset import random_workload
 from kvsched.sim.workload.traces.azure import load_azure
 from kvsched.sim.workload.traces.jsonl import load_jsonl
 from kvsched.sim.workload.traces.mooncake import load_mooncake
 
+# vllm bench serve's datasets that send images (they need a vision-language model).
+MM_DATASETS = ("random-mm", "custom_image", "hf")
 # vllm bench serve's datasets, then the traces kvsched replays.
-DATASET_NAMES = ("random", *BENCH_DATASETS, "azure", "mooncake", "jsonl")
+DATASET_NAMES = ("random", "random-mm", *BENCH_DATASETS, "custom_image", "azure", "mooncake", "jsonl")
 
 _RANDOM_KWARGS = ("num_prompts", "input_len", "output_len", "range_ratio", "prefix_len", "request_rate",
                   "burstiness", "max_concurrency", "seed", "tokenizer")
+_RANDOM_MM_KWARGS = ("vision", "tokenizer", "num_prompts", "input_len", "output_len", "range_ratio",
+                     "prefix_len", "request_rate", "burstiness", "max_concurrency", "seed", "options")
+_CUSTOM_IMAGE_KWARGS = ("vision", "tokenizer", "num_prompts", "seed", "request_rate", "burstiness",
+                        "max_concurrency", "options")
 _BENCH_KWARGS = ("tokenizer", "num_prompts", "seed", "request_rate", "burstiness", "max_concurrency",
                  "options")
 _TRACE_LOADERS: dict[str, Callable[..., Workload]] = {
@@ -38,6 +47,23 @@ def load_workload(dataset_name: str, dataset_path: str | Path | None = None, **k
                              f"got dataset_path={dataset_path!r}")
         _check_kwargs(dataset_name, kwargs, _RANDOM_KWARGS)
         return random_workload(**kwargs)
+    if dataset_name == "random-mm":
+        if dataset_path is not None:
+            raise UserInputError("dataset 'random-mm' is synthetic and reads no file; "
+                                 f"got dataset_path={dataset_path!r}")
+        _check_kwargs(dataset_name, kwargs, _RANDOM_MM_KWARGS)
+        return random_mm_dataset(**kwargs)
+    if dataset_name == "custom_image":
+        if dataset_path is None or str(dataset_path) == "":
+            raise UserInputError("dataset 'custom_image' needs dataset_path, the JSONL of prompts and images")
+        _check_kwargs(dataset_name, kwargs, _CUSTOM_IMAGE_KWARGS)
+        return custom_image_dataset(path=dataset_path, **kwargs)
+    if dataset_name == "hf":
+        if dataset_path is None or str(dataset_path) == "":
+            raise UserInputError("dataset 'hf' needs dataset_path, the local copy of the dataset's parquet "
+                                 "files")
+        _check_kwargs(dataset_name, kwargs, _CUSTOM_IMAGE_KWARGS)
+        return vision_arena_dataset(path=dataset_path, **kwargs)
     if dataset_name in BENCH_DATASETS:
         _check_kwargs(dataset_name, kwargs, _BENCH_KWARGS)
         return load_bench_dataset(dataset_name, dataset_path, **kwargs)

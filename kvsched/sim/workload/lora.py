@@ -12,6 +12,7 @@ vLLM's ``lora_int_id``: 1..N in ``--lora-modules`` order; 0 is the base model.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -76,7 +77,7 @@ def assign_loras(workload: Workload, adapter_ids: Sequence[int], share: float, a
                 next_rr += 1
         elif share >= 1.0 or rng.random() < share:
             lid = rng.choices(ids, cum_weights=cum)[0] if cum is not None else rng.choice(ids)
-        out.append(WorkloadRequest(r.request_id, r.arrival_time, r.prompt_runs, r.output_len, lid))
+        out.append(dataclasses.replace(r, lora_id=lid))
     return workload.with_requests(tuple(out))
 
 

@@ -5,6 +5,7 @@ dataset's requests kept as columns and built on demand)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from array import array
@@ -26,19 +27,61 @@ from kvsched.sim.workload.limits import (
 )
 from kvsched.sim.workload.tokens import RANDOM_PREFIX_TOKEN, UNIQUE_TOKEN_BASE, PromptRuns
 
+# The modalities a workload's items may have (vLLM's names).
+MM_MODALITIES = ("image",)
+
+
+@dataclass(slots=True, frozen=True)
+class MMItem:
+    """One multimodal item of a prompt, as vLLM's scheduler sees it (a
+    ``MultiModalFeatureSpec``): ``identifier`` (vLLM's mm hash: equal for
+    identical items, which then share one encoder-cache entry), its
+    ``modality``, and its placeholder range in the prompt (``offset``,
+    ``length`` tokens), of which ``num_embeds`` are encoder outputs (the
+    encoder cache's charge); plus what pricing needs: the ViT patches the
+    encoder runs over (``num_patches``) and the image's size."""
+
+    identifier: str
+    modality: str
+    offset: int
+    length: int
+    num_embeds: int
+    num_patches: int
+    height: int
+    width: int
+
+    def __post_init__(self) -> None:
+        where = f"MMItem {self.identifier!r}"
+        if not isinstance(self.identifier, str) or not self.identifier:
+            raise UserInputError(f"MMItem identifier={self.identifier!r}: must be a non-empty string")
+        if self.modality not in MM_MODALITIES:
+            raise UserInputError(f"{where}: modality={self.modality!r}: must be one of "
+                                 f"{', '.join(MM_MODALITIES)}")
+        for name in ("offset", "length", "num_embeds", "num_patches", "height", "width"):
+            value = getattr(self, name)
+            least = 0 if name == "offset" else 1
+            if not is_int(value) or not least <= value <= MAX_REQUEST_TOKENS:
+                raise UserInputError(f"{where}: {name}={show(value)} must be an integer in [{least}, 2**40]")
+        if self.num_embeds > self.length:
+            raise UserInputError(f"{where}: num_embeds={self.num_embeds} exceeds its length={self.length} "
+                                 "(the embeddings are placeholder tokens)")
+
 
 @dataclass(slots=True, frozen=True)
 class WorkloadRequest:
     """One request of a workload: when it arrives (seconds from the start of
     the workload), its prompt as ``(token_id, count)`` runs, how many
-    tokens it generates, and the LoRA adapter it names (vLLM's
-    ``lora_int_id``; 0: the base model; :mod:`kvsched.sim.workload.lora`)."""
+    tokens it generates, the LoRA adapter it names (vLLM's
+    ``lora_int_id``; 0: the base model; :mod:`kvsched.sim.workload.lora`),
+    and its multimodal items (:class:`MMItem`, by offset, inside the
+    prompt, not overlapping)."""
 
     request_id: str
     arrival_time: float
     prompt_runs: PromptRuns
     output_len: int
     lora_id: int = 0
+    mm_items: tuple[MMItem, ...] = ()
     num_prompt_tokens: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -62,6 +105,8 @@ class WorkloadRequest:
         if num_prompt_tokens > MAX_REQUEST_TOKENS:
             raise UserInputError(f"{where}: {show(num_prompt_tokens)} prompt tokens; at most 2**40 "
                              "(a longer prompt is no request any server takes)")
+        if self.mm_items:
+            _check_items(where, self.mm_items, num_prompt_tokens)
         # Frozen: normalise lists to tuples and cache the length once.
         object.__setattr__(self, "prompt_runs", runs)
         object.__setattr__(self, "num_prompt_tokens", num_prompt_tokens)
@@ -80,6 +125,7 @@ class WorkloadRequest:
         put(self, "prompt_runs", prompt_runs)
         put(self, "output_len", output_len)
         put(self, "lora_id", 0)
+        put(self, "mm_items", ())
         put(self, "num_prompt_tokens", num_prompt_tokens)
         return self
 
@@ -97,6 +143,29 @@ class WorkloadRequest:
         return Request(self.request_id, TokenRuns(self.prompt_runs, None, self.num_prompt_tokens),
                        params, arrival_time=arrival_time,
                        private=prompt_shares_nothing(self.prompt_runs), lora_id=self.lora_id)
+
+
+def _check_items(where: str, items: object, num_prompt_tokens: int) -> None:
+    if not isinstance(items, tuple) or not all(isinstance(i, MMItem) for i in items):
+        raise UserInputError(f"{where}: mm_items must be a tuple of MMItem")
+    end = 0
+    for item in items:
+        if item.offset < end:
+            raise UserInputError(f"{where}: item {item.identifier!r} at offset {item.offset} overlaps the "
+                                 f"one before it (ending at {end}); give items by offset, apart")
+        end = item.offset + item.length
+    if end > num_prompt_tokens:
+        raise UserInputError(f"{where}: item {items[-1].identifier!r} ends at token {end}, beyond the "
+                             f"prompt's {num_prompt_tokens}")
+
+
+def encoder_inputs(request: WorkloadRequest) -> tuple[MMItem, ...]:
+    """The one conversion of a workload request's images into what the
+    scheduler's encoder path takes per request (identifier, modality,
+    offset, length; ``num_embeds`` its encoder-cache charge), in prompt
+    order. The scheduler's typed feature is to be built from these where
+    :meth:`WorkloadRequest.to_request` builds the Request."""
+    return request.mm_items
 
 
 def prompt_shares_nothing(runs: PromptRuns) -> bool:
@@ -357,9 +426,8 @@ class Workload:
                              f"use a time scale <= {MAX_ARRIVAL_TIME / self.last_arrival_time:.4g}")
         if isinstance(self.requests, RandomRequests):
             return self.with_requests(self.requests.scaled(time_scale))
-        requests = tuple(
-            WorkloadRequest(r.request_id, r.arrival_time * time_scale, r.prompt_runs, r.output_len, r.lora_id)
-            for r in self.requests)
+        requests = tuple(dataclasses.replace(r, arrival_time=r.arrival_time * time_scale)
+                         for r in self.requests)
         return self.with_requests(requests)
 
     def truncated(self, num_requests: int | None = None, duration: float | None = None) -> Workload:
@@ -407,6 +475,6 @@ def repaced(workload: Workload, request_rate: float, burstiness: float, seed: in
         lo, hi = r.start, r.stop
         columns = RandomRequests(array("d", times), r.input_lens[lo:hi], r.output_lens[lo:hi], r.prefix_len)
         return workload.with_requests(columns)
-    requests = tuple(WorkloadRequest(r.request_id, t, r.prompt_runs, r.output_len)
-                     for r, t in zip(workload.requests, times))
+    # The lengths, prompt and items kept; the adapter too (assigned afterwards anyway).
+    requests = tuple(dataclasses.replace(r, arrival_time=t) for r, t in zip(workload.requests, times))
     return workload.with_requests(requests)

@@ -136,7 +136,7 @@ def test_dataset_flags_reach_the_spec_and_come_back() -> None:
 
 
 @pytest.mark.parametrize(("argv", "words"), [
-    (["--dataset-name", "hf", "--dataset-path", "x"], ["datasets", "custom"]),
+    (["--dataset-name", "hf", "--dataset-path", "x"], ["--hf-name", "VisionArena-Chat"]),
     (["--dataset-name", "sharegpt", "--dataset-path", str(DATA / "sharegpt.json"), "--time-scale", "2"],
      ["--time-scale=2", "--request-rate"]),
     (["--dataset-name", "custom", "--dataset-path", str(DATA / "sharegpt.json")], [".jsonl"]),

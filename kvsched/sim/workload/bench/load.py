@@ -70,6 +70,23 @@ class BenchDatasetOptions:
         False, "sharegpt, custom, prefix_repetition: keep the file's (generation's) order")
     no_oversample: bool = flag(
         False, "sharegpt, custom: send only the rows there are, not --num-prompts")
+    random_mm_base_items_per_request: int | None = flag(
+        None, "random-mm: base number of images per request, drawn within +-ratio of it (default 1)")
+    random_mm_num_mm_items_range_ratio: float | None = flag(
+        None, "random-mm: items per request drawn uniformly from [floor(n(1-r)), ceil(n(1+r))], r in [0, 1] "
+              "(default 0)")
+    random_mm_limit_mm_per_prompt: str | None = flag(
+        None, 'random-mm: most items per modality, a JSON object such as {"image": 3, "video": 0} '
+              '(default {"image": 255, "video": 1})')
+    random_mm_bucket_config: str | None = flag(
+        None, "random-mm: (height, width, num_frames) -> probability, a Python dict such as "
+              "'{(256, 256, 1): 0.5, (720, 1280, 1): 0.5}' (default that, plus (720, 1280, 16): 0; "
+              "kvsched prices images only)")
+    hf_name: str | None = flag(
+        None, "hf: the dataset's Hub name when --dataset-path is a local copy (kvsched reads "
+              "lmarena-ai/VisionArena-Chat and lmarena-ai/vision-arena-bench-v0.1 from local parquet files)")
+    hf_split: str | None = flag(None, "hf: the split whose parquet files are read (default train)")
+    hf_output_len: int | None = flag(None, "hf: every request's output length (default 128 for VisionArena)")
     # kvsched's: replay BurstGPT at its own timestamps instead of sampling it.
     burstgpt_timestamps: bool = flag(
         False, "burstgpt (kvsched's): replay the GPT-4 rows in file order at their own Timestamp "
@@ -103,9 +120,10 @@ def load_bench_dataset(name: str, path: str | Path | None, tokenizer: TextTokeni
     samples: list[BenchSample]
     if name == "hf":
         raise UserInputError(
-            "--dataset-name hf: sampling a Hugging Face dataset needs the 'datasets' package and a local "
-            "copy of the dataset; kvsched does not sample hf datasets yet: export the prompts to a JSONL "
-            'of {"prompt", "output_tokens"} and use --dataset-name custom')
+            "--dataset-name hf: kvsched reads the vision datasets (VisionArena) of vllm bench serve's hf "
+            "datasets, which need the model's vision tower: load them with "
+            "kvsched.sim.workload.load_workload('hf', path, vision=...); other hf datasets: export the "
+            'prompts to a JSONL of {"prompt", "output_tokens"} and use --dataset-name custom')
     if name == "burstgpt" and o.burstgpt_timestamps:
         samples, times = burstgpt_timed(str(path), tokenizer, num_prompts if num_prompts > 0 else None)
         if request_rate is None:

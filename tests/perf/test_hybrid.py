@@ -1,0 +1,197 @@
+"""Hybrid models' layers priced by kind (kvsched.perf.hybrid): their
+parameter counts against the published sizes, and the roofline's terms by
+hand: linear attention independent of the context, chunked local attention
+within its chunk, DeepSeek Sparse Attention over its top-k keys plus the
+indexer over the whole context."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kvsched.errors import UserInputError
+from kvsched.perf import get_hardware
+from kvsched.perf.hybrid import HybridLayers
+from kvsched.perf.model_parsers import load_hybrid_model_spec, load_model_spec
+from kvsched.perf.models import ModelSpec
+from kvsched.perf.step_time import (
+    BatchShape,
+    ParallelConfig,
+    RuntimeConfig,
+    StepTimeModel,
+    sparse_shape,
+    weight_split,
+)
+
+H100 = dataclasses.replace(get_hardware("h100-sxm"), id="h100-own")
+NO_CPU = RuntimeConfig(async_scheduling=False, cpu_step_s=0.0, cpu_per_request_s=0.0)
+CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+NEXT = CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Instruct.json"
+
+
+def _bundled(name: str) -> Path:
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or spec.origin is None:
+        pytest.skip("aiconfigurator-core's bundled configs are needed")
+    return Path(spec.origin).parent / "model_configs" / f"{name}_config.json"
+
+
+# (config, published total parameters in billions, published active, tolerance):
+# the model cards' "80B total, 3B activated", "671B" (+14B MTP), "109B total,
+# 17B active" (with a ~0.7B vision tower kvsched does not count), "27B" and
+# "35B-A3B" (Qwen3.5: with a vision tower and an MTP layer, not counted: 3 %).
+@pytest.mark.parametrize(("name", "total", "active", "rel_total", "rel"), [
+    ("Qwen3-Next", 80, 3, 0.02, 0.3), ("deepseek-ai--DeepSeek-V3.2", 671, 37, 0.02, 0.05),
+    ("meta-llama--Llama-4-Scout-17B-16E-Instruct", 109, 17, 0.02, 0.05),
+    ("Qwen--Qwen3.5-27B", 27, 27, 0.03, 0.03), ("Qwen--Qwen3.5-35B-A3B", 35, 3, 0.03, 0.15)])
+def test_parameters_match_the_published_sizes(name: str, total: float, active: float, rel_total: float,
+                                              rel: float) -> None:
+    path = NEXT if name == "Qwen3-Next" else _bundled(name)
+    model = load_hybrid_model_spec(path, name)
+    assert model.num_params() / 1e9 == pytest.approx(total, rel=rel_total)
+    # Active counts include the embeddings and LM head (as models.md §4 does).
+    assert model.active_params_per_token() / 1e9 == pytest.approx(active, rel=rel)
+
+
+def test_layer_kinds_are_read_from_the_config() -> None:
+    nxt = load_hybrid_model_spec(NEXT, "Qwen/Qwen3-Next-80B-A3B-Instruct")
+    assert nxt.hybrid is not None and nxt.hybrid.num_linear_layers == 36
+    assert nxt.num_full_attention_layers == 12  # every 4th of 48
+    scout = load_hybrid_model_spec(_bundled("meta-llama--Llama-4-Scout-17B-16E-Instruct"))
+    assert scout.hybrid is not None
+    assert (scout.hybrid.num_chunked_layers, scout.hybrid.attention_chunk_size) == (36, 8192)
+    assert scout.num_full_attention_layers == 12  # the NoPE layers
+    # The KV side stays refused until the KV cache groups are planned exactly.
+    with pytest.raises(UserInputError, match="hybrid linear attention"):
+        load_model_spec(NEXT)
+
+
+def _linear_model(layers: int = 4, linear: int = 3) -> ModelSpec:
+    return ModelSpec(name="tiny-next", hidden_size=1024, num_layers=layers, num_heads=8, num_kv_heads=2,
+                     head_dim=128, intermediate_size=2048, vocab_size=1000, max_position_embeddings=1 << 20,
+                     tie_word_embeddings=False,
+                     hybrid=HybridLayers(num_linear_layers=linear, linear_num_key_heads=4,
+                                         linear_num_value_heads=8, linear_key_head_dim=64,
+                                         linear_value_head_dim=32, linear_conv_kernel=4))
+
+
+def test_linear_attention_is_priced_per_token_whatever_the_context() -> None:
+    model = _linear_model()
+    step = StepTimeModel(model, H100, runtime=NO_CPU)
+    R = 32
+    conv_dim = 2 * 4 * 64 + 8 * 32
+    flops = R * (6.0 * 8 * 64 * 32 + 2.0 * conv_dim * 4)
+    state = 2.0 * R * (8 * 64 * 32 * 2 + conv_dim * 3 * 2)
+    expected = 3 * max(flops / step.decode_attn_flops, state / step.decode_attn_bw)
+    for kv in (R * 10, R * 100_000):
+        assert step._hybrid_time(BatchShape.decode(R, kv)) == pytest.approx(expected, rel=1e-12)
+    assert step.full_layers == 1
+    # A prefill chunk adds the chunked kernel's intra-chunk products per token.
+    n = 512
+    pre = BatchShape(n, 1, 1, 0, 0, n, n, n * (n + 1) // 2)
+    flops = n * (6.0 * 8 * 64 * 32 + 2.0 * conv_dim * 4 + 2.0 * 8 * 64 * (64 + 32))
+    state = 2.0 * (8 * 64 * 32 * 2 + conv_dim * 3 * 2)
+    assert step._hybrid_time(pre) == pytest.approx(
+        3 * max(flops / step.prefill_attn_flops, state / step.prefill_attn_bw), rel=1e-12)
+
+
+def test_chunked_local_layers_see_only_their_chunk() -> None:
+    base = _linear_model(layers=4, linear=0)
+    full = dataclasses.replace(base, hybrid=None)
+    chunked = dataclasses.replace(base, hybrid=HybridLayers(num_chunked_layers=3, attention_chunk_size=1024))
+    f = StepTimeModel(full, H100, runtime=NO_CPU)
+    c = StepTimeModel(chunked, H100, runtime=NO_CPU)
+    R = 8
+    inside = BatchShape.decode(R, R * 1000)  # every context within its first chunk: as full attention
+    assert c._layers_attention_time(inside) == pytest.approx(f._layers_attention_time(inside), rel=1e-12)
+    beyond = BatchShape.decode(R, R * 50_000)  # a chunk's keys per request, not 50k
+    expected = (f._attention_layer(R * 50_000, 0, 0) * 1 + f._attention_layer(R * 1024, 0, 0) * 3
+                + f.decode_attn_latency)
+    assert c._layers_attention_time(beyond) == pytest.approx(expected, rel=1e-12)
+
+
+def test_sparse_attention_reads_topk_keys_and_the_indexer_all() -> None:
+    shape = BatchShape.decode(4, 4 * 100_000)
+    capped = sparse_shape(shape, 2048)
+    assert (capped.decode_kv_tokens, capped.num_decodes) == (4 * 2048, 4)
+    short = BatchShape.decode(4, 4 * 1000)
+    assert sparse_shape(short, 2048) == short
+    n, ctx = 1000, 50_000
+    pre = BatchShape(n, 1, 1, 0, 0, n, ctx + n, n * ctx + n * (n + 1) // 2)
+    got = sparse_shape(pre, 2048)
+    assert (got.prefill_attn_pairs, got.prefill_kv_tokens) == (2048 * n, 2048 + n)
+
+
+def test_deepseek_v32_step_is_dense_mla_over_topk_plus_the_indexer() -> None:
+    model = load_hybrid_model_spec(_bundled("deepseek-ai--DeepSeek-V3.2"))
+    dense = dataclasses.replace(model, hybrid=None)
+    sparse_step = StepTimeModel(model, H100, runtime=NO_CPU)
+    dense_step = StepTimeModel(dense, H100, runtime=NO_CPU)
+    R, ctx = 16, 100_000
+    shape = BatchShape.decode(R, R * ctx)
+    pairs, keys = R * ctx, R * ctx
+    assert H100.fp8_flops is not None
+    # FP8 q.k over 64 heads of 128, at the prefill attention's efficiency; FP8 keys + a 4-byte scale.
+    fp8_rate = H100.fp8_flops * sparse_step.prefill_attn_flops / H100.bf16_flops
+    indexer = max(2.0 * 64 * 128 * pairs / fp8_rate, keys * (128 + 4) / sparse_step.decode_attn_bw) * 61
+    expected = dense_step._attention_time(BatchShape.decode(R, R * 2048)) + indexer
+    assert sparse_step._layers_attention_time(shape) == pytest.approx(expected, rel=1e-12)
+    # Long contexts cost the sparse model far less attention than the dense one.
+    assert sparse_step._layers_attention_time(shape) < dense_step._layers_attention_time(shape) / 3
+
+
+def test_a_decode_stretch_prices_each_step_as_stepping_does() -> None:
+    for model in (_linear_model(),
+                  dataclasses.replace(_linear_model(linear=0),
+                                      hybrid=HybridLayers(num_chunked_layers=2, attention_chunk_size=64))):
+        step = StepTimeModel(model, H100)
+        stretch = step.decode_step_times(8, 8 * 60, 8, 6)
+        assert stretch == [step.decode_step_times(8, 8 * 60 + 8 * j, 8, 1)[0] for j in range(6)]
+        assert stretch[0] == step.step_time(BatchShape.decode(8, 8 * 60))
+
+
+def test_hybrid_layers_are_checked() -> None:
+    with pytest.raises(UserInputError, match="linear_key_head_dim"):
+        HybridLayers(num_linear_layers=2, linear_num_key_heads=1, linear_num_value_heads=1,
+                     linear_key_head_dim=0, linear_value_head_dim=1, linear_conv_kernel=4)
+    with pytest.raises(UserInputError, match="exceed"):
+        _linear_model(layers=2, linear=3)
+    with pytest.raises(UserInputError, match="MLA"):
+        dataclasses.replace(_linear_model(linear=0), hybrid=HybridLayers(index_topk=8, index_n_heads=1,
+                                                                         index_head_dim=8))
+
+
+def test_mamba2_layers_are_priced_per_token_and_state() -> None:
+    # Nemotron-3-Nano's Mamba-2 mixer: 64 heads of 64, state 128, 8 groups, kernel 4, FP32 state.
+    h = HybridLayers(num_mamba_layers=2, mamba_num_heads=64, mamba_head_dim=64, mamba_state_size=128,
+                     mamba_n_groups=8, mamba_conv_kernel=4, mamba_chunk_size=128, mamba_state_dtype_bytes=4)
+    model = dataclasses.replace(_linear_model(linear=0), hybrid=h)
+    assert model.num_full_attention_layers == 2
+    step = StepTimeModel(model, H100, runtime=NO_CPU)
+    conv_dim = 64 * 64 + 2 * 8 * 128
+    R = 16
+    flops = R * (6.0 * 64 * 64 * 128 + 2.0 * conv_dim * 4)
+    state = 2.0 * R * (64 * 64 * 128 * 4 + conv_dim * 3 * 2)
+    expected = 2 * max(flops / step.decode_attn_flops, state / step.decode_attn_bw)
+    for kv in (R * 10, R * 100_000):
+        assert step._hybrid_time(BatchShape.decode(R, kv)) == pytest.approx(expected, rel=1e-12)
+    # The mixer's weights replace q/k/v/o in those layers: in_proj (z, x, B, C, dt), conv, A/D/dt bias,
+    # norm, out_proj.
+    hidden = 1024
+    mixer = hidden * (2 * 4096 + 2 * 8 * 128 + 64) + conv_dim * 4 + 3 * 64 + 4096 + 4096 * hidden
+    dense = dataclasses.replace(model, hybrid=None)
+    assert model.num_params() - dense.num_params() == 2 * (mixer - dense.attn_linear_params_per_layer())
+
+
+def test_the_step_reads_the_mixers_weights_not_attentions() -> None:
+    model = _linear_model()  # 1 full-attention layer, 3 Gated DeltaNet layers
+    h = 1024
+    attn = h * 8 * 128 + 2 * h * 2 * 128 + 8 * 128 * h
+    conv_dim = 2 * 4 * 64 + 8 * 32
+    gdn = h * (2 * 4 * 64 + 2 * 8 * 32) + h * 2 * 8 + conv_dim * 4 + 2 * 8 + 32 + 8 * 32 * h
+    assert model.mixer_params() == attn + 3 * gdn
+    split = weight_split(model, ParallelConfig())
+    assert split.quantized == attn + 3 * gdn + 4 * model.dense_mlp_params_per_layer()
