@@ -32,7 +32,7 @@ from kvsched.config import (
     check_speculative_settings,
 )
 from kvsched.core import explain
-from kvsched.core.kv_cache_manager import KVCacheManager
+from kvsched.core.hybrid_kv_cache import is_hybrid, make_kv_cache_manager
 from kvsched.core.kv_connector import KVConnectorBase, KVConnectorOutput
 from kvsched.core.output import (
     CachedRequestData,
@@ -257,7 +257,16 @@ class Scheduler:
         self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
         self.max_model_len = scheduler_config.max_model_len
         self.block_size = cache_config.block_size
-        self.kv_cache_manager = KVCacheManager(cache_config, self.max_model_len)
+        # Several KV cache groups (cache.kv_groups): vLLM's coordinator over
+        # one pool, with allocate_slots called for every scheduled request.
+        self.hybrid_kv_cache = is_hybrid(cache_config)
+        if self.hybrid_kv_cache:
+            self._refuse_with_kv_groups(speculative_config, kv_connector)
+            self._fast_running = False
+        # vLLM's max_in_flight_tokens: one token budget per batch in flight
+        # (the sliding-window admission cap counts them).
+        self.kv_cache_manager = make_kv_cache_manager(
+            cache_config, self.max_model_len, self.max_steps_in_flight * self.max_num_scheduled_tokens)
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(scheduler_config.policy)
         self.running: list[Request] = []
@@ -291,6 +300,21 @@ class Scheduler:
         # (kvsched.core.fast_forward.stretch_refusal), not the rule itself.
         self.decode_stable = False
         self._init_connector(kv_connector)
+
+    def _refuse_with_kv_groups(self, speculative_config: SpeculativeConfig | None,
+                               kv_connector: KVConnectorBase | None) -> None:
+        """What kvsched does not model with hybrid KV cache groups yet: refused
+        by name rather than approximated."""
+        what = None
+        if speculative_config is not None:
+            what = "speculative decoding (EAGLE's block drop and lookahead slots per group)"
+        elif kv_connector is not None:
+            what = "a KV connector (per-group loads and deferred frees)"
+        elif self._overlap:
+            what = "async scheduling or pipeline parallelism (tokens in flight per group)"
+        if what is not None:
+            raise UserInputError(f"cache.kv_groups: {what} is not modelled with hybrid KV cache "
+                                 "groups yet; drop one or the other")
 
     def _init_connector(self, connector: KVConnectorBase | None) -> None:
         """The KV connector's state (vLLM's names). Waiting requests that hold
@@ -766,7 +790,10 @@ class Scheduler:
         running = self.running
         kv = self.kv_cache_manager
         allocate_slots = kv.allocate_slots
-        req_to_blocks = kv.req_to_blocks
+        # Hybrid groups: vLLM's allocate_slots runs for every request (it
+        # frees blocks that left a window even when nothing is allocated),
+        # so no table is looked at for the no-allocation shortcut below.
+        req_to_blocks: dict[str, list[int]] = {} if self.hybrid_kv_cache else kv.req_to_blocks
         num_cached_block = kv.num_cached_block
         caching = kv.enable_caching
         bs = self.block_size
