@@ -448,12 +448,16 @@ class HybridHit(list[int]):
     passes it on; ``per_group`` holds each group's blocks (nulls included)
     and ``shared_prefix_boundary`` vLLM's junction of the lookup."""
 
-    __slots__ = ("per_group", "shared_prefix_boundary")
+    __slots__ = ("per_group", "shared_prefix_boundary", "num_tokens")
 
-    def __init__(self, per_group: list[list[int]], shared_prefix_boundary: int) -> None:
+    def __init__(self, per_group: list[list[int]], shared_prefix_boundary: int,
+                 num_tokens: int = 0) -> None:
         super().__init__(b for blocks in per_group for b in blocks if b != NULL_BLOCK)
-        self.per_group = per_group
+        # Empty when no group has a block (vLLM then adopts nothing; the
+        # boundary of the lookup still counts).
+        self.per_group = per_group if any(per_group) else []
         self.shared_prefix_boundary = shared_prefix_boundary
+        self.num_tokens = num_tokens
 
 
 class HybridKVCacheManager(KVCacheManager):
@@ -523,13 +527,13 @@ class HybridKVCacheManager(KVCacheManager):
             manager = self.managers[0]
             keys = self._group_keys(request, [0], max_length // manager.block_size)
             found, hit_length = manager.find_longest_cache_hit(keys, [0], max_length, manager.block_size)
-            return self._hit(found, 0), hit_length
+            return self._hit(found, 0, hit_length), hit_length
         return self._find_longest_cache_hit(request, max_length)
 
-    def _hit(self, per_group: list[list[int]], boundary: int) -> HybridHit:
-        if not any(per_group):
+    def _hit(self, per_group: list[list[int]], boundary: int, num_tokens: int) -> HybridHit:
+        if not boundary and not any(per_group):
             return _EMPTY_HIT
-        return HybridHit(per_group, boundary)
+        return HybridHit(per_group, boundary, num_tokens)
 
     def _find_longest_cache_hit(self, request: Request, max_length: int) -> tuple[list[int], int]:
         """vLLM's HybridKVCacheCoordinator.find_longest_cache_hit: shrink a
@@ -571,29 +575,18 @@ class HybridKVCacheManager(KVCacheManager):
                     del kept[keep:]
         uncached = longest - hit_length
         per_group = [b if b is not None else [] for b in blocks_by_group]
-        return self._hit(per_group, hit_length + uncached if uncached else 0), hit_length
+        return self._hit(per_group, hit_length + uncached if uncached else 0, hit_length), hit_length
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int,
                           new_computed_blocks: list[int] = _NO_BLOCKS,
                           full_sequence: bool = False) -> int:
         hit = new_computed_blocks if isinstance(new_computed_blocks, HybridHit) else _EMPTY_HIT
-        num_hit_tokens = self._hit_tokens(request, hit)
-        total = min(request.num_computed_tokens + num_hit_tokens, self.max_model_len)
+        total = min(request.num_computed_tokens + hit.num_tokens, self.max_model_len)
         if full_sequence:
             num_tokens = min(request.num_tokens, self.max_model_len)
         else:
             num_tokens = min(total + num_new_tokens, self.max_model_len)
         return self._count(request.request_id, num_tokens, hit, total, full_sequence)
-
-    def _hit_tokens(self, request: Request, hit: HybridHit) -> int:
-        # Only num_blocks_needed lacks the hit length; the full-attention or
-        # first group's table says it (every group's hit has the same length).
-        if not hit.per_group:
-            return 0
-        for g, blocks in zip(self.groups, hit.per_group):
-            if blocks:
-                return len(blocks) * g.block_size
-        return 0
 
     def _count(self, rid: str, num_tokens: int, hit: HybridHit, total_computed: int,
                apply_cap: bool) -> int:
@@ -620,7 +613,7 @@ class HybridKVCacheManager(KVCacheManager):
         pool = self.block_pool
         if rid not in self.req_to_blocks and not any(rid in m.num_cached_block for m in self.managers):
             # A lookup just made for this admission (vLLM sets it on the request).
-            self.shared_prefix_boundary[rid] = hit.shared_prefix_boundary if hit.per_group else 0
+            self.shared_prefix_boundary[rid] = hit.shared_prefix_boundary
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
             if self._count(rid, full, hit, total, True) > pool.num_free:

@@ -1,0 +1,96 @@
+"""Fresh random hybrid-KV-cache scenarios through vLLM's oracle and kvsched, compared live;
+also writes the committed corpus hybrid/random/.
+
+    python tests/conformance/compare_live_hybrid.py --seeds 300000-300999
+    python tests/conformance/compare_live_hybrid.py --vllm-version 0.33 --seeds 301000-301299
+    python tests/conformance/compare_live_hybrid.py --write-corpus   # rewrite hybrid/random/
+
+The scenarios are random_hybrid.py's. Needs the release's reference environment
+(0.34: tests/conformance/vllm_0_34/setup.sh; 0.33: the same oracle.py run on the
+0.33 venv, see regenerate.py's reference_paths_of). Prints the counts (also per
+layout) and every difference; exits 1 on any difference. A scenario vLLM does not
+finish (NAME.vllm.jsonl.stuck) or crashes on (.crash) is counted apart and not
+compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from compare_live import compare  # noqa: E402
+from compare_live_kv import run_oracle  # noqa: E402
+from random_hybrid import (  # noqa: E402
+    HYBRID_CORPUS_SEEDS,
+    LIVE_SEEDS_FROM,
+    hybrid_scenario_path,
+    layout_of,
+    write_hybrid_scenarios,
+)
+from random_scenarios import parse_seeds  # noqa: E402
+from regenerate import ReferenceMissing, reference_paths_of  # noqa: E402
+
+CORPUS = HERE / "hybrid" / "random"
+DEFAULT_VERSION = "0.34"
+GOLDEN_SUFFIX = {"0.34": ".vllm.jsonl", "0.33": ".vllm033.jsonl"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--seeds", help=f"seed range (default {LIVE_SEEDS_FROM}-{LIVE_SEEDS_FROM + 99}; "
+                    f"the corpus holds {HYBRID_CORPUS_SEEDS})")
+    ap.add_argument("--vllm-version", choices=sorted(GOLDEN_SUFFIX), default=DEFAULT_VERSION)
+    ap.add_argument("--write-corpus", action="store_true",
+                    help=f"write seeds {HYBRID_CORPUS_SEEDS} and their goldens into {CORPUS}")
+    args = ap.parse_args(argv)
+    version = args.vllm_version
+    seeds = parse_seeds(args.seeds or (HYBRID_CORPUS_SEEDS if args.write_corpus
+                                       else f"{LIVE_SEEDS_FROM}-{LIVE_SEEDS_FROM + 99}"))
+    try:
+        reference_paths_of(version)
+    except ReferenceMissing as e:
+        print(e, file=sys.stderr)
+        return 2
+    counts: Counter[str] = Counter()
+    different: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        paths = write_hybrid_scenarios(folder, seeds)
+        if not run_oracle(folder, 0, version):
+            print("the oracle failed", file=sys.stderr)
+            return 2
+        for seed, path in zip(seeds, paths):
+            layout = layout_of(seed)
+            golden = path.with_name(path.stem + ".vllm.jsonl")
+            if not golden.exists():
+                what = "stuck" if golden.with_name(golden.name + ".stuck").exists() else "crash"
+                counts[f"{layout}:{what}"] += 1
+                different.append(f"{path.name}: vLLM {what}") if what == "crash" else None
+                continue
+            diff = compare(path, version)
+            counts[f"{layout}:{'identical' if diff is None else 'different'}"] += 1
+            if diff is not None:
+                different.append(f"{path.name} ({layout}): {diff}")
+            elif args.write_corpus:
+                CORPUS.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, hybrid_scenario_path(CORPUS, seed))
+                shutil.copy(golden, CORPUS / (path.stem + GOLDEN_SUFFIX[version]))
+    for line in different:
+        print(line)
+    for key in sorted(counts):
+        print(f"  {key}: {counts[key]}")
+    identical = sum(n for k, n in counts.items() if k.endswith(":identical"))
+    print(f"{identical} of {len(seeds)} random hybrid scenarios identical to vLLM {version}.0 "
+          f"({sum(n for k, n in counts.items() if k.endswith(':stuck'))} stuck in vLLM, not compared)")
+    return 0 if not different else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

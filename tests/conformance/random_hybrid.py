@@ -1,0 +1,191 @@
+"""Random scenarios with hybrid KV cache groups (cache.kv_groups).
+
+`random_hybrid_scenario(seed)` builds one scenario deterministically from its seed:
+the scheduler, requests (shared prefixes, identical prompts, stops), arrivals and
+aborts of random_scenarios.py's building blocks, with a KV cache of several groups
+sharing one pool, the layout chosen by `seed % len(LAYOUTS)`:
+
+    swa                one sliding-window group (vLLM's unitary coordinator)
+    chunked            one chunked-local-attention group
+    full_swa           full attention + sliding window (the "simple hybrid")
+    full_swa_swa       full + two sliding-window groups of one spec (one lookup bucket)
+    full_swa2          full + two sliding windows of different sizes (the fixed point)
+    full_chunked       full attention + chunked local attention
+    swa_chunked        sliding window + chunked local, no full attention
+    full_swa_sizes     full and sliding window of different block sizes
+    full_mamba         full attention + Mamba state (prefix caching off: mode "none")
+    mamba              Mamba state alone (prefix caching off)
+
+plus prefix_cache_retention_interval (vLLM's default 0, dense null, or a multiple of
+the scheduler block) and the pool size, tight to roomy.
+
+Usage:
+    python tests/conformance/random_hybrid.py OUTDIR --seeds 0-39
+
+The checked-in corpus (tests/conformance/hybrid/random/) is seeds
+HYBRID_CORPUS_SEEDS with vLLM 0.34's goldens (compare_live_hybrid.py
+--write-corpus rewrites them); live checks use seeds from LIVE_SEEDS_FROM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from random_scenarios import (  # noqa: E402
+    Request,
+    Scenario,
+    _break_priority_ties,
+    _random_aborts,
+    _random_requests,
+    _random_scheduler,
+    format_scenario,
+    parse_seeds,
+)
+
+HYBRID_CORPUS_SEEDS = "0-39"
+LIVE_SEEDS_FROM = 300000
+HYBRID_MAX_STEPS = 5000
+FILE_PREFIX = "random_hybrid_"
+LAYOUTS = ("swa", "chunked", "full_swa", "full_swa_swa", "full_swa2", "full_chunked",
+           "swa_chunked", "full_swa_sizes", "full_mamba", "mamba")
+BLOCK_SIZES = [1, 2, 4, 8, 16]
+# Models' context lengths this small keep the traces short.
+MAX_MODEL_LENS = [64, 128, 256, 512]
+
+
+def layout_of(seed: int) -> str:
+    return LAYOUTS[seed % len(LAYOUTS)]
+
+
+def hybrid_scenario_path(outdir: Path, seed: int) -> Path:
+    return outdir / f"{FILE_PREFIX}{seed}.json"
+
+
+def _window(rng: random.Random, block_size: int) -> int:
+    return rng.choice([2, 3, block_size, block_size + 1, 2 * block_size, 3 * block_size - 1,
+                       4 * block_size, rng.randint(2, 64)])
+
+
+def _chunk(rng: random.Random, block_size: int) -> int:
+    return rng.choice([block_size, 2 * block_size, 4 * block_size, 8 * block_size,
+                       rng.randint(1, 64)])
+
+
+def _groups(rng: random.Random, layout: str, bs: int) -> list[dict[str, Any]]:
+    full = {"kind": "full_attention", "block_size": bs}
+
+    def swa(size: int = bs) -> dict[str, Any]:
+        return {"kind": "sliding_window", "block_size": size, "sliding_window": _window(rng, size)}
+
+    def chunked() -> dict[str, Any]:
+        return {"kind": "chunked_local_attention", "block_size": bs,
+                "attention_chunk_size": _chunk(rng, bs)}
+
+    mamba = {"kind": "mamba", "block_size": bs}
+    if layout == "swa":
+        return [swa()]
+    if layout == "chunked":
+        return [chunked()]
+    if layout == "full_swa":
+        groups = [full, swa()]
+        return groups if rng.random() < 0.7 else groups[::-1]
+    if layout == "full_swa_swa":
+        one = swa()
+        return [full, one, dict(one)]
+    if layout == "full_swa2":
+        return [full, swa(), swa()]
+    if layout == "full_chunked":
+        return [full, chunked()]
+    if layout == "swa_chunked":
+        return [swa(), chunked()]
+    if layout == "full_swa_sizes":
+        if rng.random() < 0.5:
+            return [{"kind": "full_attention", "block_size": 2 * bs}, swa()]
+        return [full, swa(2 * bs)]
+    if layout == "full_mamba":
+        return [full, mamba] if rng.random() < 0.7 else [mamba, full]
+    assert layout == "mamba", layout
+    return [mamba]
+
+
+def _blocks_needed(req: Request, max_model_len: int, groups: list[dict[str, Any]]) -> int:
+    """A whole table in every group: what one request can hold at most."""
+    tokens = min(len(req["prompt_token_ids"]) + int(req["max_tokens"]), max_model_len)
+    return sum(math.ceil(tokens / g["block_size"]) for g in groups)
+
+
+def random_hybrid_scenario(seed: int) -> Scenario:
+    rng = random.Random(f"random_hybrid:{seed}")
+    layout = layout_of(seed)
+    scheduler = _random_scheduler(rng)
+    scheduler["max_model_len"] = rng.choice(MAX_MODEL_LENS)
+    if not scheduler["enable_chunked_prefill"]:
+        scheduler["max_num_batched_tokens"] = max(scheduler["max_num_batched_tokens"],
+                                                  scheduler["max_model_len"])
+    bs = rng.choice(BLOCK_SIZES)
+    groups = _groups(rng, layout, bs)
+    scheduler_block = math.lcm(*(g["block_size"] for g in groups))
+    requests = _random_requests(rng, scheduler, scheduler_block)
+    caching = "mamba" not in layout and rng.random() < 0.8
+    needs = [_blocks_needed(r, scheduler["max_model_len"], groups) for r in requests]
+    kind = rng.choices(["tight", "medium", "roomy"], [4, 3, 3])[0]
+    if kind == "tight":
+        num_blocks = max(needs) + 1 + rng.randint(0, 2)
+    elif kind == "medium":
+        num_blocks = max(needs) + 1 + rng.randint(0, max(1, sum(needs) // 2))
+    else:
+        num_blocks = sum(needs) + 1 + rng.randint(0, 32)
+    if scheduler["policy"] == "priority" and sum(needs) > num_blocks - 1:
+        _break_priority_ties(requests)
+    cache: dict[str, Any] = {"block_size": scheduler_block, "num_gpu_blocks": num_blocks,
+                             "enable_prefix_caching": caching, "kv_groups": groups}
+    if any(g["kind"] in ("sliding_window", "mamba") for g in groups):
+        draw = rng.random()
+        if draw < 0.25:
+            cache["prefix_cache_retention_interval"] = None
+        elif draw < 0.4:
+            cache["prefix_cache_retention_interval"] = scheduler_block * rng.randint(1, 4)
+    scenario: Scenario = {
+        "description": f"Random hybrid KV cache scenario from seed {seed}, layout {layout} "
+                       "(tests/conformance/random_hybrid.py).",
+        "scheduler": scheduler,
+        "cache": cache,
+        "requests": requests,
+    }
+    aborts = _random_aborts(rng, requests)
+    if aborts:
+        scenario["aborts"] = aborts
+    scenario["max_steps"] = HYBRID_MAX_STEPS
+    return scenario
+
+
+def write_hybrid_scenarios(outdir: Path, seeds: list[int]) -> list[Path]:
+    outdir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for seed in seeds:
+        path = hybrid_scenario_path(outdir, seed)
+        path.write_text(format_scenario(random_hybrid_scenario(seed)))
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--seeds", default=HYBRID_CORPUS_SEEDS)
+    args = ap.parse_args(argv)
+    paths = write_hybrid_scenarios(Path(args.outdir), parse_seeds(args.seeds))
+    print(f"wrote {len(paths)} scenarios to {args.outdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
