@@ -509,6 +509,13 @@ class HybridKVCacheManager(KVCacheManager):
         self._simple_hybrid = len(buckets) == 2 and buckets[0].kind == _FULL
         self.shared_prefix_boundary: dict[str, int] = {}
 
+    def min_blocks_to_hold(self, num_tokens: int) -> int:
+        """Full attention holds every block; a window or a Mamba state frees
+        blocks as it goes, so at least one each (a lower bound: a request
+        is refused only when vLLM could certainly never run it)."""
+        return sum(_cdiv(num_tokens, m.block_size) if m.spec.kind == _FULL else 1
+                   for m in self.managers)
+
     # -- keys -------------------------------------------------------------------
     def _group_keys(self, request: Request, gids: list[int], num_blocks: int) -> list[list[int]]:
         """Per block of these groups' size, each group's prefix-cache key:

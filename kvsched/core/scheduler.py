@@ -397,7 +397,7 @@ class Scheduler:
         # request that fits only without them can spin in vLLM, which
         # accepts it all the same, and so does kvsched.)
         max_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len) - 1
-        need = -(-max_len // self.block_size)
+        need = self.kv_cache_manager.min_blocks_to_hold(max_len)
         usable = self.cache_config.num_gpu_blocks - 1
         if need > usable:
             raise UserInputError(

@@ -116,10 +116,22 @@ def _groups(rng: random.Random, layout: str, bs: int) -> list[dict[str, Any]]:
     return [mamba]
 
 
-def _blocks_needed(req: Request, max_model_len: int, groups: list[dict[str, Any]]) -> int:
-    """A whole table in every group: what one request can hold at most."""
+def _blocks_needed(req: Request, max_model_len: int, groups: list[dict[str, Any]],
+                   in_flight: int | None = None) -> int:
+    """A whole table in every group: what one request can hold at most; with
+    ``in_flight`` (the token budget) windowed groups count only their
+    admission cap (the least that still admits the request alone)."""
     tokens = min(len(req["prompt_token_ids"]) + int(req["max_tokens"]), max_model_len)
-    return sum(math.ceil(tokens / g["block_size"]) for g in groups)
+    total = 0
+    for g in groups:
+        bs = g["block_size"]
+        need = math.ceil(tokens / bs)
+        if in_flight is not None and g["kind"] == "sliding_window":
+            need = min(need, math.ceil(min(g["sliding_window"] - 1 + in_flight, max_model_len) / bs) + 1)
+        elif in_flight is not None and g["kind"] == "chunked_local_attention":
+            need = min(need, math.ceil(min(g["attention_chunk_size"] + in_flight, max_model_len) / bs))
+        total += need
+    return total
 
 
 def random_hybrid_scenario(seed: int) -> Scenario:
@@ -136,8 +148,12 @@ def random_hybrid_scenario(seed: int) -> Scenario:
     requests = _random_requests(rng, scheduler, scheduler_block)
     caching = "mamba" not in layout and rng.random() < 0.8
     needs = [_blocks_needed(r, scheduler["max_model_len"], groups) for r in requests]
-    kind = rng.choices(["tight", "medium", "roomy"], [4, 3, 3])[0]
-    if kind == "tight":
+    kind = rng.choices(["tighter", "tight", "medium", "roomy"], [3, 3, 2, 2])[0]
+    if kind == "tighter" and "mamba" not in layout:
+        capped = [_blocks_needed(r, scheduler["max_model_len"], groups,
+                                 scheduler["max_num_batched_tokens"]) for r in requests]
+        num_blocks = max(capped) + 1 + rng.randint(0, 2)
+    elif kind in ("tight", "tighter"):
         num_blocks = max(needs) + 1 + rng.randint(0, 2)
     elif kind == "medium":
         num_blocks = max(needs) + 1 + rng.randint(0, max(1, sum(needs) // 2))
