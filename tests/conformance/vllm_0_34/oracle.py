@@ -1,5 +1,6 @@
 """The vLLM 0.34.0 oracle: replays scheduler scenarios through vLLM 0.34.0's real v1
 Scheduler / AsyncScheduler (CPU only, no weights) and writes the per-step trace.
+It also runs under the 0.33.0 reference venv (see SUPPORTED_VERSIONS).
 
     VENV=~/.cache/kvsched-reference/venv-0.34      # built by setup.sh beside this file
     $VENV/bin/python tests/conformance/vllm_0_34/oracle.py SCENARIO.json TRACE.jsonl
@@ -58,7 +59,7 @@ for key, value in (
     ("TRANSFORMERS_OFFLINE", "1"),
     ("VLLM_NO_USAGE_STATS", "1"),
     ("VLLM_TARGET_DEVICE", "cpu"),
-    ("VLLM_CACHE_ROOT", os.path.join(tempfile.gettempdir(), "kvsched-reference-vllm-0.34-cache")),
+    ("VLLM_CACHE_ROOT", os.path.join(tempfile.gettempdir(), f"kvsched-{Path(sys.prefix).name}-cache")),
 ):
     os.environ.setdefault(key, value)
 
@@ -67,7 +68,9 @@ import vllm  # noqa: E402
 import vllm.triton_utils  # noqa: E402
 
 # See the module docstring: only CpuPlatform's config check reads it from here.
-vllm.triton_utils.HAS_TRITON = True
+# 0.33 only warns without Triton, so there the flag is left as it is.
+if vllm.__version__ != "0.33.0":
+    vllm.triton_utils.HAS_TRITON = True
 
 import oracle_connectors as kvc  # noqa: E402
 from scenario_timeline import scenario_timeline  # noqa: E402
@@ -104,7 +107,16 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-VLLM_VERSION = "0.34.0"
+# The releases this driver replays: 0.34.0, its own, and 0.33.0, for the
+# scenario keys the shared 0.33 driver lacks (hybrid KV cache groups,
+# multimodal requests). On 0.33 it reproduces the shared driver's goldens
+# byte for byte (tests/conformance/scenarios, random and random_features:
+# 792 traces, checked 2026-12-06 with `--out` into a scratch folder and cmp).
+# Two things differ on 0.33: it reports a resumed request among the cached
+# requests (`resumed_req_ids`), and its model output wants `req_id_to_index`.
+SUPPORTED_VERSIONS = ("0.33.0", "0.34.0")
+VLLM_VERSION = vllm.__version__
+ON_0_33 = VLLM_VERSION == "0.33.0"
 TRACE_SUFFIX = ".vllm.jsonl"
 MODEL_DIR = (
     Path(os.environ.get("KVSCHED_REFERENCE_DIR", REPO.parent / "shared" / "reference")) / "tiny_model_config"
@@ -122,8 +134,8 @@ SCHEDULER_KEYS = {
 
 
 def check_version() -> None:
-    if vllm.__version__ != VLLM_VERSION:
-        raise SystemExit(f"this oracle needs vLLM {VLLM_VERSION}, found {vllm.__version__}")
+    if VLLM_VERSION not in SUPPORTED_VERSIONS:
+        raise SystemExit(f"this oracle replays vLLM {' or '.join(SUPPORTED_VERSIONS)}, found {VLLM_VERSION}")
 
 
 # ---------------------------------------------------------------------------
@@ -362,6 +374,8 @@ class ScriptedModel:
         """What the worker sees when `so` is scheduled (is_prefill_chunk is fixed by
         schedule()); every batch reaches the fake worker connector, empty ones too."""
         admitted = {n.req_id for n in so.scheduled_new_reqs}
+        if ON_0_33:
+            admitted |= so.scheduled_cached_reqs.resumed_req_ids
         batch = Executed()
         if self.kv_worker is not None:
             batch.kv_output = self.kv_worker.capture(so)
@@ -391,8 +405,11 @@ class ScriptedModel:
             accepted = self._num_accepted(rid, drafts) if drafts and not admitted else 0
             base = req.num_output_tokens
             sampled.append([scripted_token(self.specs[rid], base + i) for i in range(accepted + 1)])
+        req_ids = [entry[0] for entry in batch]
+        extra = {"req_id_to_index": {rid: i for i, rid in enumerate(req_ids)}} if ON_0_33 else {}
         return ModelRunnerOutput(
-            req_ids=[entry[0] for entry in batch],
+            req_ids=req_ids,
+            **extra,
             sampled_token_ids=sampled,
             logprobs=None,
             prompt_logprobs_dict={},
@@ -424,6 +441,13 @@ class ScriptedModel:
 
 def admissions(sched: Scheduler, so) -> tuple[list[str], list[str], dict[str, int]]:
     """(new ids in output order, resumed ids sorted, {id: computed tokens at admission})."""
+    if ON_0_33:
+        cached = so.scheduled_cached_reqs
+        computed = {data.req_id: data.num_computed_tokens for data in so.scheduled_new_reqs}
+        for i, rid in enumerate(cached.req_ids):
+            if rid in cached.resumed_req_ids:
+                computed[rid] = cached.num_computed_tokens[i]
+        return [data.req_id for data in so.scheduled_new_reqs], sorted(cached.resumed_req_ids), computed
     new, resumed, computed = [], [], {}
     for data in so.scheduled_new_reqs:
         computed[data.req_id] = data.num_computed_tokens
