@@ -16,7 +16,9 @@ compared.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -26,7 +28,6 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 from compare_live import compare  # noqa: E402
-from compare_live_kv import run_oracle  # noqa: E402
 from random_hybrid import (  # noqa: E402
     HYBRID_CORPUS_SEEDS,
     LIVE_SEEDS_FROM,
@@ -35,11 +36,30 @@ from random_hybrid import (  # noqa: E402
     write_hybrid_scenarios,
 )
 from random_scenarios import parse_seeds  # noqa: E402
-from regenerate import ReferenceMissing, reference_paths_of  # noqa: E402
+from regenerate import ReferenceMissing, reference_paths, reference_paths_of  # noqa: E402
 
 CORPUS = HERE / "hybrid" / "random"
 DEFAULT_VERSION = "0.34"
 GOLDEN_SUFFIX = {"0.34": ".vllm.jsonl", "0.33": ".vllm033.jsonl"}
+# The driver that knows cache.kv_groups, on either release's venv (the shared
+# 0.33 vllm_replay.py does not).
+ORACLE = HERE / "vllm_0_34" / "oracle.py"
+
+
+def oracle_python(version: str) -> Path:
+    """The reference venv's python of ``version`` (ReferenceMissing if absent)."""
+    return (reference_paths() if version == "0.33" else reference_paths_of(version))[0]
+
+
+def run_hybrid_oracle(folder: Path, version: str) -> bool:
+    """vLLM's traces NAME.vllm.jsonl for every scenario in ``folder`` (hash seed
+    pinned as for every oracle run); False, with its error printed, on failure."""
+    cmd = [str(oracle_python(version)), str(ORACLE), str(folder), "--out", str(folder)]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    if proc.returncode:
+        sys.stderr.write(proc.stderr[-4000:])
+    return proc.returncode == 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = parse_seeds(args.seeds or (HYBRID_CORPUS_SEEDS if args.write_corpus
                                        else f"{LIVE_SEEDS_FROM}-{LIVE_SEEDS_FROM + 99}"))
     try:
-        reference_paths_of(version)
+        oracle_python(version)
     except ReferenceMissing as e:
         print(e, file=sys.stderr)
         return 2
@@ -63,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         paths = write_hybrid_scenarios(folder, seeds)
-        if not run_oracle(folder, 0, version):
+        if not run_hybrid_oracle(folder, version):
             print("the oracle failed", file=sys.stderr)
             return 2
         for seed, path in zip(seeds, paths):
