@@ -88,8 +88,19 @@ def check_hybrid_config(cache_config: CacheConfig) -> None:
     """Refuse the hybrid layouts kvsched does not model yet, naming the key
     and the fix (never a silent approximation)."""
     groups = cache_config.kv_groups
+    retention = cache_config.prefix_cache_retention_interval
+    sparse = any(g.kind in (_SWA, _MAMBA) for g in groups)
+    if retention is not None and retention != 0 and not sparse:
+        raise UserInputError(
+            f"cache.prefix_cache_retention_interval={retention}: it only applies to sliding-window "
+            "and Mamba groups and this cache has none (vLLM refuses it); set it to 0 or drop it")
     if not groups:
         return
+    scheduler_block = resolve_block_sizes(cache_config).scheduler_block_size
+    if sparse and retention is not None and retention % scheduler_block:
+        raise UserInputError(
+            f"cache.prefix_cache_retention_interval={retention}: must be a multiple of the "
+            f"scheduler block size {scheduler_block} (vLLM's rule); round it to one")
     if cache_config.block_size != resolve_block_sizes(cache_config).scheduler_block_size:
         raise UserInputError(
             f"cache.block_size={cache_config.block_size}: with cache.kv_groups it is vLLM's "
@@ -120,16 +131,6 @@ def check_hybrid_config(cache_config: CacheConfig) -> None:
                 f"beside groups of other block sizes (scheduler block {sizes.scheduler_block_size}): "
                 "vLLM refuses it (different block sizes are not compatible with chunked local "
                 "attention); give every group the same block_size")
-    retention = cache_config.prefix_cache_retention_interval
-    sparse = any(g.kind in (_SWA, _MAMBA) for g in groups)
-    if retention is not None and retention != 0 and not sparse:
-        raise UserInputError(
-            f"cache.prefix_cache_retention_interval={retention}: it only applies to sliding-window "
-            "and Mamba groups and this cache has none (vLLM refuses it); set it to 0 or drop it")
-    if sparse and retention is not None and retention % sizes.scheduler_block_size:
-        raise UserInputError(
-            f"cache.prefix_cache_retention_interval={retention}: must be a multiple of the "
-            f"scheduler block size {sizes.scheduler_block_size} (vLLM's rule); round it to one")
 
 
 class _GroupManager:
@@ -736,4 +737,5 @@ def make_kv_cache_manager(cache_config: CacheConfig, max_model_len: int,
     describes another layout."""
     if is_hybrid(cache_config):
         return HybridKVCacheManager(cache_config, max_model_len, max_in_flight_tokens)
+    check_hybrid_config(cache_config)
     return KVCacheManager(cache_config, max_model_len)
