@@ -310,8 +310,8 @@ class Scheduler:
             what = "speculative decoding (EAGLE's block drop and lookahead slots per group)"
         elif kv_connector is not None:
             what = "a KV connector (per-group loads and deferred frees)"
-        elif self._overlap:
-            what = "async scheduling or pipeline parallelism (tokens in flight per group)"
+        elif self.pipeline_parallel_size > 1:
+            what = "pipeline parallelism (checked with one group only)"
         if what is not None:
             raise UserInputError(f"cache.kv_groups: {what} is not modelled with hybrid KV cache "
                                  "groups yet; drop one or the other")

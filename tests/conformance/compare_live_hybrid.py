@@ -7,10 +7,10 @@ also writes the committed corpus hybrid/random/.
 
 The scenarios are random_hybrid.py's. Needs the release's reference environment
 (0.34: tests/conformance/vllm_0_34/setup.sh; 0.33: the same oracle.py run on the
-0.33 venv, see regenerate.py's reference_paths_of). Prints the counts (also per
-layout) and every difference; exits 1 on any difference. A scenario vLLM does not
-finish (NAME.vllm.jsonl.stuck) or crashes on (.crash) is counted apart and not
-compared.
+0.33 venv). Prints the counts (also per layout) and every difference; exits 1 on
+any difference. A scenario vLLM never finishes (NAME.vllm.jsonl.stuck) is compared
+up to max_steps and counted apart (kvsched must stop there with the same steps);
+one vLLM crashes on counts as different. Only finished ones enter the corpus.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from compare_live import compare  # noqa: E402
 from random_hybrid import (  # noqa: E402
     HYBRID_CORPUS_SEEDS,
     LIVE_SEEDS_FROM,
@@ -35,6 +34,7 @@ from random_hybrid import (  # noqa: E402
     layout_of,
     write_hybrid_scenarios,
 )
+from random_kv_connector import STUCK_SUFFIX, compare_with_golden  # noqa: E402
 from random_scenarios import parse_seeds  # noqa: E402
 from regenerate import ReferenceMissing, reference_paths, reference_paths_of  # noqa: E402
 
@@ -89,16 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         for seed, path in zip(seeds, paths):
             layout = layout_of(seed)
             golden = path.with_name(path.stem + ".vllm.jsonl")
-            if not golden.exists():
-                what = "stuck" if golden.with_name(golden.name + ".stuck").exists() else "crash"
-                counts[f"{layout}:{what}"] += 1
-                different.append(f"{path.name}: vLLM {what}") if what == "crash" else None
+            if not golden.exists() and not golden.with_name(golden.name + STUCK_SUFFIX).exists():
+                counts[f"{layout}:crash"] += 1
+                different.append(f"{path.name}: vLLM crashed")
                 continue
-            diff = compare(path, version)
-            counts[f"{layout}:{'identical' if diff is None else 'different'}"] += 1
+            # A scenario vLLM never finishes is compared up to max_steps.
+            stuck, diff = compare_with_golden(path, None, version)
+            what = ("identical" if diff is None else "different") + (" up to max_steps" if stuck else "")
+            counts[f"{layout}:{what}"] += 1
             if diff is not None:
                 different.append(f"{path.name} ({layout}): {diff}")
-            elif args.write_corpus:
+            elif args.write_corpus and not stuck:
                 CORPUS.mkdir(parents=True, exist_ok=True)
                 shutil.copy(path, hybrid_scenario_path(CORPUS, seed))
                 shutil.copy(golden, CORPUS / (path.stem + GOLDEN_SUFFIX[version]))
@@ -107,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     for key in sorted(counts):
         print(f"  {key}: {counts[key]}")
     identical = sum(n for k, n in counts.items() if k.endswith(":identical"))
-    print(f"{identical} of {len(seeds)} random hybrid scenarios identical to vLLM {version}.0 "
-          f"({sum(n for k, n in counts.items() if k.endswith(':stuck'))} stuck in vLLM, not compared)")
+    stuck = sum(n for k, n in counts.items() if k.endswith(":identical up to max_steps"))
+    print(f"{identical} of {len(seeds)} random hybrid scenarios identical to vLLM {version}.0, "
+          f"{stuck} identical up to max_steps (vLLM never finishes them), {len(different)} different")
     return 0 if not different else 1
 
 

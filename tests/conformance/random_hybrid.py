@@ -57,6 +57,7 @@ FILE_PREFIX = "random_hybrid_"
 LAYOUTS = ("swa", "chunked", "full_swa", "full_swa_swa", "full_swa2", "full_chunked",
            "swa_chunked", "full_swa_sizes", "full_mamba", "mamba")
 BLOCK_SIZES = [1, 2, 4, 8, 16]
+ASYNC_SHARE = 0.4
 # Models' context lengths this small keep the traces short.
 MAX_MODEL_LENS = [64, 128, 256, 512]
 
@@ -148,10 +149,14 @@ def random_hybrid_scenario(seed: int) -> Scenario:
     requests = _random_requests(rng, scheduler, scheduler_block)
     caching = "mamba" not in layout and rng.random() < 0.8
     needs = [_blocks_needed(r, scheduler["max_model_len"], groups) for r in requests]
+    # vLLM's async scheduling (its engine's default), from a stream of its
+    # own so that a seed's scenario is otherwise the same with and without.
+    use_async = random.Random(f"random_hybrid:async:{seed}").random() < ASYNC_SHARE
+    # vLLM's max_in_flight_tokens: a token budget per batch in flight.
+    in_flight = scheduler["max_num_batched_tokens"] * (2 if use_async else 1)
     kind = rng.choices(["tighter", "tight", "medium", "roomy"], [3, 3, 2, 2])[0]
     if kind == "tighter" and "mamba" not in layout:
-        capped = [_blocks_needed(r, scheduler["max_model_len"], groups,
-                                 scheduler["max_num_batched_tokens"]) for r in requests]
+        capped = [_blocks_needed(r, scheduler["max_model_len"], groups, in_flight) for r in requests]
         num_blocks = max(capped) + 1 + rng.randint(0, 2)
     elif kind in ("tight", "tighter"):
         num_blocks = max(needs) + 1 + rng.randint(0, 2)
@@ -179,6 +184,8 @@ def random_hybrid_scenario(seed: int) -> Scenario:
     aborts = _random_aborts(rng, requests)
     if aborts:
         scenario["aborts"] = aborts
+    if use_async:
+        scenario["async_scheduling"] = True
     scenario["max_steps"] = HYBRID_MAX_STEPS
     return scenario
 

@@ -120,10 +120,10 @@ def test_unmodelled_or_invalid_layouts_are_refused(kw: dict, needle: str) -> Non
     assert needle in str(err.value)
 
 
-@pytest.mark.parametrize("what", ["async", "spec"])
+@pytest.mark.parametrize("what", ["pp", "spec"])
 def test_unmodelled_features_are_refused(what: str) -> None:
     sc = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256,
-                         async_scheduling=what == "async")
+                         pipeline_parallel_size=2 if what == "pp" else 1)
     spec = SpeculativeConfig("ngram", 2) if what == "spec" else None
     with pytest.raises(UserInputError, match=r"cache\.kv_groups"):
         Scheduler(sc, _cache(), speculative_config=spec)
