@@ -76,6 +76,41 @@ def mamba_cache_mode(cache_config: CacheConfig) -> str:
     return "align"
 
 
+def needs_mamba_block_aligned_split(cache_config: CacheConfig) -> bool:
+    """vLLM's Scheduler.need_mamba_block_aligned_split: a Mamba group in
+    "align" mode (prefix caching on) cuts prefill chunks at block boundaries."""
+    return any(g.kind == _MAMBA for g in cache_config.kv_groups) and mamba_cache_mode(cache_config) == "align"
+
+
+def mamba_block_aligned_split(request: Request, num_new_tokens: int, num_new_computed_tokens: int,
+                              block_size: int, max_prefill_tokens: int, junction: int) -> int:
+    """vLLM's Scheduler._mamba_block_aligned_split (no EAGLE, no finer hashes,
+    no prefill checkpoint blocks): a prefill chunk ends on a block boundary
+    (the state is written at chunk ends) and never runs past the last
+    cacheable boundary or the shared-prefix junction. ``max_prefill_tokens``
+    is the token budget capped by the long-prefill threshold; ``junction``
+    the request's shared-prefix boundary."""
+    start = request.num_computed_tokens + num_new_computed_tokens
+    # Replaying output tokens after a preemption is prefill too.
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    if start >= prefill_end:
+        return num_new_tokens
+    # The last boundary whose state can be cached: the last token is recomputed.
+    last_cache_position = (request.num_tokens - 1) // block_size * block_size
+    end = start + num_new_tokens
+    if end < prefill_end:
+        aligned_end = end // block_size * block_size
+        # A block wider than any chunk advances mid-block until the next boundary.
+        if aligned_end > start or block_size <= max_prefill_tokens:
+            end = aligned_end
+    next_block_boundary = (start // block_size + 1) * block_size
+    junction_stop = start + (junction - start) // block_size * block_size
+    stops = (next_block_boundary if start % block_size else 0, last_cache_position,
+             junction_stop if start < junction < end else 0)
+    end = min((s for s in stops if start < s < end), default=end)
+    return max(end - start, 0)
+
+
 def is_hybrid(cache_config: CacheConfig) -> bool:
     """True when vLLM's KV cache is not the single full-attention group of
     ``block_size`` that ``KVCacheManager`` models."""
@@ -119,11 +154,11 @@ def check_hybrid_config(cache_config: CacheConfig) -> None:
             f"with enable_prefix_caching={cache_config.enable_prefix_caching} (prefix caching "
             "needs 'align', none forces 'none'); drop it or set it to that")
     for g in groups:
-        if g.kind == _MAMBA and mode == "align":
+        if g.kind == _MAMBA and mode == "align" and any(o.block_size != g.block_size for o in groups):
             raise UserInputError(
-                "cache.kv_groups: a mamba group with prefix caching on (mamba_cache_mode 'align', "
-                "its block-aligned prefill split and state checkpoints) is not modelled yet; turn "
-                "cache.enable_prefix_caching off (mode 'none') or drop the mamba group")
+                "cache.kv_groups: a mamba group with prefix caching on (mamba_cache_mode 'align') "
+                "beside groups of other block sizes (vLLM's finer prefix hits inside a Mamba block) "
+                "is not modelled yet; give every group the mamba group's block_size")
         if g.kind == _CHUNKED and cache_config.enable_prefix_caching and len(groups) > 1 \
                 and g.block_size != sizes.scheduler_block_size:
             raise UserInputError(
@@ -198,7 +233,9 @@ class _GroupManager:
 
     # -- the shared rules ----------------------------------------------------------
     def num_blocks_to_allocate(self, rid: str, num_tokens: int, hit: list[int],
-                               total_computed: int, apply_cap: bool) -> int:
+                               total_computed: int, apply_cap: bool, num_tokens_main: int) -> int:
+        """Blocks this group would take (``num_tokens_main``: the tokens
+        without a drafter's lookahead slots, which only Mamba reads)."""
         required = _cdiv(num_tokens, self.block_size)
         if apply_cap and self.admission_cap is not None and required > self.admission_cap:
             required = self.admission_cap
@@ -226,7 +263,7 @@ class _GroupManager:
         table.extend(adopt)
         self.num_cached_block[rid] = len(table)
 
-    def allocate_new_blocks(self, rid: str, num_tokens: int) -> list[int]:
+    def allocate_new_blocks(self, rid: str, num_tokens: int, num_tokens_main: int) -> list[int]:
         table = self.tables.setdefault(rid, [])
         need = _cdiv(num_tokens, self.block_size) - len(table)
         if need <= 0:
@@ -253,6 +290,9 @@ class _GroupManager:
             table[i] = NULL_BLOCK
         if freed:
             self.pool.free_blocks(freed)
+
+    def new_step_starts(self) -> None:
+        """A schedule() begins (only Mamba keeps per-step state)."""
 
     def cache_blocks(self, request: Request, num_tokens: int, hashes: Sequence[int],
                      retention: int | None, boundaries: Sequence[int]) -> None:
@@ -396,17 +436,162 @@ class _ChunkedLocalManager(_GroupManager):
 
 
 class _MambaManager(_GroupManager):
-    """Mamba state in vLLM's "none" mode (no prefix caching): only the state
-    after the last computed token is kept."""
+    """Mamba state (vLLM's MambaManager). Mode "none" (no prefix caching): only
+    the state after the last computed token is kept. Mode "align" (prefix
+    caching): a state block per scheduler block boundary a chunk ends on,
+    the earlier ones nulled as the state moves on; the cached states are
+    the hits, the last one found from the right."""
 
-    __slots__ = ()
+    __slots__ = ("align", "last_state_block_idx", "num_retired_blocks", "allocated",
+                 "cached_this_step")
+
+    def __init__(self, group_id: int, spec: KVCacheGroup, pool: BlockPool, caching: bool,
+                 admission_cap: int | None, alignment_tokens: int, hash_block_size: int) -> None:
+        super().__init__(group_id, spec, pool, caching, admission_cap, alignment_tokens, hash_block_size)
+        # vLLM requires "align" for prefix caching and forces "none" without.
+        self.align = caching
+        # Per request: the table index of the state written two steps ago
+        # (freed once the next state is computed), how many leading blocks
+        # are retired, whether it allocated already.
+        self.last_state_block_idx: dict[str, int] = {}
+        self.num_retired_blocks: dict[str, int] = {}
+        self.allocated: set[str] = set()
+        # Keys registered this step: a hit on one is not computed yet.
+        self.cached_this_step: set[int] = set()
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - 1
 
+    def new_step_starts(self) -> None:
+        self.cached_this_step.clear()
+
+    def num_blocks_to_allocate(self, rid: str, num_tokens: int, hit: list[int],
+                               total_computed: int, apply_cap: bool, num_tokens_main: int) -> int:
+        if hit and self.pool.hash_of_block.get(hit[-1]) in self.cached_this_step:
+            # A state another request caches this very step is written only
+            # when the step runs: vLLM makes the admission fail this step.
+            return self.pool.num_gpu_blocks + 1
+        if not self.align:
+            return super().num_blocks_to_allocate(rid, num_tokens, hit, total_computed, apply_cap,
+                                                  num_tokens_main)
+        # Lookahead slots are not Mamba's; one new state block per step at most
+        # (vLLM's count may go negative when the table is ahead: kept as is).
+        need = _cdiv(num_tokens_main, self.block_size) - len(hit) - len(self.tables.get(rid, ()))
+        if need > 0:
+            need = min(need, 1)
+        ref_cnt = self.pool.ref_cnt
+        return need + sum(1 for b in hit if b != NULL_BLOCK and ref_cnt[b] == 0)
+
+    def allocate_new_blocks(self, rid: str, num_tokens: int, num_tokens_main: int) -> list[int]:
+        if not self.align:
+            return super().allocate_new_blocks(rid, num_tokens, num_tokens_main)
+        table = self.tables.setdefault(rid, [])
+        required = _cdiv(num_tokens_main, self.block_size)
+        if required <= len(table):
+            self.allocated.add(rid)
+            return []
+        held = len(table)
+        if held > 0:
+            # The state the new block continues from (a hit's, or the last step's).
+            self.last_state_block_idx[rid] = held - 1
+        if held < required - 1:
+            table.extend([NULL_BLOCK] * (required - 1 - held))
+        new = self.pool.get_new_blocks(max(required - len(table), 0))
+        table.extend(new)
+        self.allocated.add(rid)
+        return new
+
+    def remove_skipped_blocks(self, rid: str, num_computed: int) -> None:
+        if not self.align:
+            super().remove_skipped_blocks(rid, num_computed)
+            return
+        table = self.tables.get(rid, [])
+        skipped = num_computed - 1
+        if skipped > 0:
+            # Retire every state before the last computed token's, skipping
+            # the null gaps prefill leaves, never twice over the same range.
+            first = self.num_retired_blocks.get(rid, 0)
+            last = min(skipped // self.block_size, len(table))
+            if first < last:
+                freed: list[int] = []
+                for i in range(last - 1, first - 1, -1):
+                    if table[i] != NULL_BLOCK:
+                        freed.append(table[i])
+                        table[i] = NULL_BLOCK
+                if freed:
+                    self.pool.free_blocks(freed)
+                self.num_retired_blocks[rid] = last
+        # The state two steps back is dead once the next one is computed.
+        idx = self.last_state_block_idx.get(rid)
+        if idx is not None and idx < _cdiv(num_computed, self.block_size) - 1 and table[idx] != NULL_BLOCK:
+            self.pool.free_blocks([table[idx]])
+            table[idx] = NULL_BLOCK
+
     def find_longest_cache_hit(self, keys: list[list[int]], gids: list[int], max_length: int,
                                alignment: int) -> tuple[list[list[int]], int]:
-        raise AssertionError("Mamba prefix caching ('align' mode) is refused by check_hybrid_config")
+        """The rightmost cached state on an aligned boundary (nulls before it)."""
+        bs = self.block_size
+        cached = self.pool.cached
+        for i in range(min(max_length // bs, len(keys)) - 1, -1, -1):
+            hit = [cached.get(k) for k in keys[i]]
+            if any(b is None for b in hit):
+                continue
+            if bs != alignment and ((i + 1) * bs) % alignment:
+                continue
+            return [[NULL_BLOCK] * i + [b] for b in hit if b is not None], (i + 1) * bs
+        return [[] for _ in gids], 0
+
+    def reachable_mask(self, start: int, end: int, retention: int | None,
+                       boundaries: Sequence[int]) -> list[bool] | None:
+        """vLLM's MambaManager.reachable_block_mask: a hit needs the one state
+        block ending on its boundary; dense keeps all, sparse keeps one per
+        ``retention`` tokens and those of the replay and junction boundaries."""
+        if retention is None:
+            return None
+        bs = self.block_size
+        mask = [False] * (end - start)
+        if retention:
+            per_segment = retention // bs
+            if per_segment <= 1:
+                return None
+            first = (start + per_segment) // per_segment * per_segment - 1
+            for i in range(first - start, len(mask), per_segment):
+                mask[i] = True
+        alignment = self.alignment_tokens
+        for boundary in boundaries:
+            block = boundary // alignment * alignment // bs - 1
+            if start <= block < end:
+                mask[block - start] = True
+        return mask
+
+    def cache_blocks(self, request: Request, num_tokens: int, hashes: Sequence[int],
+                     retention: int | None, boundaries: Sequence[int]) -> None:
+        rid = request.request_id
+        before = self.num_cached_block.get(rid, 0)
+        super().cache_blocks(request, num_tokens, hashes, retention, boundaries)
+        after = self.num_cached_block.get(rid, 0)
+        hash_of_block = self.pool.hash_of_block
+        table = self.tables.get(rid, [])
+        for i in range(before, after):
+            key = hash_of_block.get(table[i])
+            if key is not None:
+                self.cached_this_step.add(key)
+        bs = self.block_size
+        if self.align and num_tokens > 0 and num_tokens % bs == 0 \
+                and num_tokens == (request.num_prompt_tokens - 1) // bs * bs:
+            # vLLM re-keys the state at the prompt's last boundary here; with
+            # one block size for every group the block cached above already
+            # carries that key (the replay boundary is always retained).
+            idx = num_tokens // bs - 1
+            block = table[idx] if idx < len(table) else NULL_BLOCK
+            assert block == NULL_BLOCK or hash_of_block.get(block) == hash((hashes[idx], self.group_id)), (
+                "the prompt's last state boundary is not keyed")
+
+    def pop(self, rid: str) -> list[int]:
+        self.allocated.discard(rid)
+        self.last_state_block_idx.pop(rid, None)
+        self.num_retired_blocks.pop(rid, None)
+        return super().pop(rid)
 
 
 _MANAGERS: dict[str, type[_GroupManager]] = {
@@ -594,13 +779,13 @@ class HybridKVCacheManager(KVCacheManager):
             num_tokens = min(request.num_tokens, self.max_model_len)
         else:
             num_tokens = min(total + num_new_tokens, self.max_model_len)
-        return self._count(request.request_id, num_tokens, hit, total, full_sequence)
+        return self._count(request.request_id, num_tokens, hit, total, full_sequence, num_tokens)
 
     def _count(self, rid: str, num_tokens: int, hit: HybridHit, total_computed: int,
-               apply_cap: bool) -> int:
+               apply_cap: bool, num_tokens_main: int) -> int:
         per_group = hit.per_group
         return sum(m.num_blocks_to_allocate(rid, num_tokens, per_group[i] if per_group else [],
-                                            total_computed, apply_cap)
+                                            total_computed, apply_cap, num_tokens_main)
                    for i, m in enumerate(self.managers))
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
@@ -624,14 +809,14 @@ class HybridKVCacheManager(KVCacheManager):
             self.shared_prefix_boundary[rid] = hit.shared_prefix_boundary
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            if self._count(rid, full, hit, total, True) > pool.num_free:
+            if self._count(rid, full, hit, total, True, full) > pool.num_free:
                 return None
         num_main = total + num_new_tokens
         num_slots = min(num_main + num_lookahead_tokens, self.max_model_len)
         processed = max(0, total - request.num_in_flight_tokens)
         for m in self.managers:
             m.remove_skipped_blocks(rid, processed)
-        if self._count(rid, num_slots, hit, num_local + num_external_computed_tokens, False) \
+        if self._count(rid, num_slots, hit, num_local + num_external_computed_tokens, False, num_main) \
                 > pool.num_free - reserved_blocks:
             return None
         # vLLM adopts a hit only for a request no group tracks yet.
@@ -640,7 +825,7 @@ class HybridKVCacheManager(KVCacheManager):
                 m.add_hit(rid, hit.per_group[i], num_local)
         new_blocks: list[int] = []
         for m in self.managers:
-            new_blocks += m.allocate_new_blocks(rid, num_slots)
+            new_blocks += m.allocate_new_blocks(rid, num_slots, num_main)
         self.req_to_blocks[rid] = self.managers[0].tables[rid]
         if not delay_cache_blocks:
             self.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
@@ -691,6 +876,17 @@ class HybridKVCacheManager(KVCacheManager):
     def cache_in_bulk(self, requests: Sequence[Request], num_full: Sequence[int],
                       new_block_owners: Sequence[str]) -> bool:
         raise AssertionError("fast-forward is refused with cache.kv_groups")
+
+    def new_step_starts(self) -> None:
+        for m in self.managers:
+            m.new_step_starts()
+
+    def junction(self, request: Request, hit: list[int]) -> int:
+        """The shared-prefix boundary vLLM keeps on ``request``: this lookup's
+        (``hit``) for a request being admitted, else its admission's."""
+        if isinstance(hit, HybridHit) and request.request_id not in self.req_to_blocks:
+            return hit.shared_prefix_boundary
+        return self.shared_prefix_boundary.get(request.request_id, 0)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """Every group's table, in group order (null entries included)."""

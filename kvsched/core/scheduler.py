@@ -32,7 +32,13 @@ from kvsched.config import (
     check_speculative_settings,
 )
 from kvsched.core import explain
-from kvsched.core.hybrid_kv_cache import is_hybrid, make_kv_cache_manager
+from kvsched.core.hybrid_kv_cache import (
+    HybridKVCacheManager,
+    is_hybrid,
+    make_kv_cache_manager,
+    mamba_block_aligned_split,
+    needs_mamba_block_aligned_split,
+)
 from kvsched.core.kv_connector import KVConnectorBase, KVConnectorOutput
 from kvsched.core.output import (
     CachedRequestData,
@@ -260,9 +266,16 @@ class Scheduler:
         # Several KV cache groups (cache.kv_groups): vLLM's coordinator over
         # one pool, with allocate_slots called for every scheduled request.
         self.hybrid_kv_cache = is_hybrid(cache_config)
+        # vLLM's need_mamba_block_aligned_split (a Mamba group, prefix caching on).
+        self._mamba_split = needs_mamba_block_aligned_split(cache_config)
+        # vLLM also publishes a synchronous Mamba request's finalized states
+        # after each output (the general update path does it).
+        self._cache_after_output = self._mamba_split and not self.async_scheduling
         if self.hybrid_kv_cache:
             self._refuse_with_kv_groups(speculative_config, kv_connector)
             self._fast_running = False
+            if self._cache_after_output:
+                self._plain = False
         # vLLM's max_in_flight_tokens: one token budget per batch in flight
         # (the sliding-window admission cap counts them).
         self.kv_cache_manager = make_kv_cache_manager(
@@ -626,6 +639,8 @@ class Scheduler:
                              "(vLLM's synchronous engine runs one step at a time)")
         self.current_step += 1
         step = _Step(self.max_num_scheduled_tokens)
+        if self._mamba_split:
+            self._hybrid_kv().new_step_starts()
         if self._begin_step is not None:
             self._begin_step(self)
         # The threshold keeps one long prefill from starving the others; with
@@ -821,6 +836,8 @@ class Scheduler:
                 req_index += 1
                 continue
             num_new = self._num_running_tokens(request, budget, threshold)
+            if self._mamba_split:
+                num_new = self._mamba_aligned(request, num_new)
             if num_new <= 0:
                 req_index += 1
                 continue
@@ -901,6 +918,22 @@ class Scheduler:
             req_index += 1
         step.token_budget = budget
 
+    def _hybrid_kv(self) -> HybridKVCacheManager:
+        kv = self.kv_cache_manager
+        assert isinstance(kv, HybridKVCacheManager)
+        return kv
+
+    def _mamba_aligned(self, request: Request, num_new: int, num_computed: int = 0,
+                       hit: list[int] = _NO_NEW_BLOCKS) -> int:
+        """vLLM's Mamba block-aligned split of ``num_new`` tokens (``num_computed``
+        and ``hit``: a waiting request's prefix hit)."""
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        budget = self.max_num_scheduled_tokens
+        return mamba_block_aligned_split(
+            request, num_new, num_computed, self.block_size,
+            min(budget, threshold) if threshold > 0 else budget,
+            self._hybrid_kv().junction(request, hit))
+
     def _pick_victim(self) -> Request:
         if self._priority:
             # max() keeps the first of equal keys, as vLLM's does.
@@ -959,6 +992,12 @@ class Scheduler:
             if tokens is None:
                 break
             num_new, padded = tokens
+            if self._mamba_split:
+                num_new = self._mamba_aligned(request, num_new, num_computed, hit_blocks)
+                if num_new == 0:
+                    self._stop_at(step, explain.REASON_MAMBA_ALIGNMENT, request,
+                                  "its chunk would end before the next Mamba block boundary")
+                    break
             if kv.allocate_slots(request, num_new, num_computed, hit_blocks,
                                  full_sequence_must_fit=reserve_full,
                                  num_lookahead_tokens=self.num_lookahead_tokens) is None:
@@ -1700,6 +1739,7 @@ class Scheduler:
         caching = kv.enable_caching
         num_cached_block = kv.num_cached_block
         bs = self.block_size
+        cache_after_output = self._cache_after_output
         for (rid, n_sched), entry, request in zip(num_scheduled.items(), entries, targets):
             if request is None:
                 if entry:
@@ -1754,7 +1794,7 @@ class Scheduler:
                 if request.num_output_placeholders > 0:
                     request.num_output_placeholders -= n
                 # Blocks whose tokens became known enter the prefix cache.
-                if caching and was_running and (had_placeholders or num_spec) and (
+                if caching and was_running and (had_placeholders or num_spec or cache_after_output) and (
                         (request.num_computed_tokens - request.num_in_flight_tokens) // bs
                         > num_cached_block.get(rid, 0)):
                     kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)

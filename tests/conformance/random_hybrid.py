@@ -13,8 +13,10 @@ sharing one pool, the layout chosen by `seed % len(LAYOUTS)`:
     full_chunked       full attention + chunked local attention
     swa_chunked        sliding window + chunked local, no full attention
     full_swa_sizes     full and sliding window of different block sizes
-    full_mamba         full attention + Mamba state (prefix caching off: mode "none")
-    mamba              Mamba state alone (prefix caching off)
+    full_mamba         full attention + Mamba state (prefix caching on: mode "align",
+                       with its block-aligned prefill split; off: mode "none")
+    mamba              Mamba state alone
+    full_swa_mamba     full attention + sliding window + Mamba state
 
 plus prefix_cache_retention_interval (vLLM's default 0, dense null, or a multiple of
 the scheduler block) and the pool size, tight to roomy.
@@ -55,7 +57,7 @@ LIVE_SEEDS_FROM = 300000
 HYBRID_MAX_STEPS = 5000
 FILE_PREFIX = "random_hybrid_"
 LAYOUTS = ("swa", "chunked", "full_swa", "full_swa_swa", "full_swa2", "full_chunked",
-           "swa_chunked", "full_swa_sizes", "full_mamba", "mamba")
+           "swa_chunked", "full_swa_sizes", "full_mamba", "mamba", "full_swa_mamba")
 BLOCK_SIZES = [1, 2, 4, 8, 16]
 ASYNC_SHARE = 0.4
 # Models' context lengths this small keep the traces short.
@@ -113,6 +115,8 @@ def _groups(rng: random.Random, layout: str, bs: int) -> list[dict[str, Any]]:
         return [full, swa(2 * bs)]
     if layout == "full_mamba":
         return [full, mamba] if rng.random() < 0.7 else [mamba, full]
+    if layout == "full_swa_mamba":
+        return [full, swa(), mamba]
     assert layout == "mamba", layout
     return [mamba]
 
@@ -147,7 +151,8 @@ def random_hybrid_scenario(seed: int) -> Scenario:
     groups = _groups(rng, layout, bs)
     scheduler_block = math.lcm(*(g["block_size"] for g in groups))
     requests = _random_requests(rng, scheduler, scheduler_block)
-    caching = "mamba" not in layout and rng.random() < 0.8
+    # Mamba with prefix caching is vLLM's "align" mode (block-aligned chunks).
+    caching = rng.random() < 0.8
     needs = [_blocks_needed(r, scheduler["max_model_len"], groups) for r in requests]
     # vLLM's async scheduling (its engine's default), from a stream of its
     # own so that a seed's scenario is otherwise the same with and without.
