@@ -10,7 +10,12 @@ from sched_helpers import make_request, prompt, run_step
 from kvsched import CacheConfig, Scheduler, SchedulerConfig
 from kvsched.config import KVCacheGroup
 from kvsched.core.block_pool import NULL_BLOCK
-from kvsched.core.hybrid_kv_cache import HybridKVCacheManager, admission_cap, resolve_block_sizes
+from kvsched.core.hybrid_kv_cache import (
+    HybridKVCacheManager,
+    admission_cap,
+    mamba_block_aligned_split,
+    resolve_block_sizes,
+)
 
 FULL = KVCacheGroup("full_attention", 4)
 
@@ -161,3 +166,41 @@ def test_preemption_frees_every_group() -> None:
         preempted += len(out.preempted_req_ids)
     assert preempted > 0 and not sched.has_requests()
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 13
+
+
+def test_mamba_block_aligned_split() -> None:
+    """A 23-token prompt, blocks of 4, chunks of up to 10: a chunk ends on a
+    block boundary (8), never past the last cacheable boundary (22 // 4 * 4
+    = 20), and the final chunk runs to the prompt's end."""
+    request = make_request("a", 23, max_tokens=4)
+    assert mamba_block_aligned_split(request, 10, 0, 4, 10, 0) == 8
+    request.num_computed_tokens = 16
+    assert mamba_block_aligned_split(request, 7, 0, 4, 10, 0) == 4
+    request.num_computed_tokens = 20
+    assert mamba_block_aligned_split(request, 3, 0, 4, 10, 0) == 3
+    # A 4-token prefix hit counts as computed; a junction at 10 inside the
+    # chunk (4, 12] stops it at 4 + (10 - 4) // 4 * 4 = 8.
+    request.num_computed_tokens = 0
+    assert mamba_block_aligned_split(request, 10, 4, 4, 10, 10) == 4
+    # A block wider than the budget: the chunk advances mid-block.
+    assert mamba_block_aligned_split(request, 10, 0, 16, 10, 0) == 10
+    # Decode (nothing left to prefill) is never cut.
+    request.num_computed_tokens = 23
+    assert mamba_block_aligned_split(request, 1, 0, 4, 10, 0) == 1
+
+
+def test_mamba_align_frees_old_states_and_refuses_a_same_step_hit() -> None:
+    sched = scheduler((KVCacheGroup("mamba", 4),), retention=None, budget=64)
+    tokens = prompt(30, 7)
+    sched.add_request(make_request("a", tokens=tokens, max_tokens=4))
+    sched.add_request(make_request("b", tokens=tokens + [5, 5], max_tokens=4))
+    out, _ = run_step(sched)
+    # a runs 28 tokens (its last cacheable boundary); b would hit the state a
+    # caches in this very step, so it waits a step.
+    assert dict(out.num_scheduled_tokens) == {"a": 28}
+    out, _ = run_step(sched)
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 28
+    kv = manager(sched)
+    table = kv.managers[0].tables["a"]
+    # a's table: nulls, then at most the last state and the one being written.
+    assert sum(b != NULL_BLOCK for b in table) <= 2
