@@ -193,7 +193,7 @@ def test_mamba_align_frees_old_states_and_refuses_a_same_step_hit() -> None:
     sched = scheduler((KVCacheGroup("mamba", 4),), retention=None, budget=64)
     tokens = prompt(30, 7)
     sched.add_request(make_request("a", tokens=tokens, max_tokens=4))
-    sched.add_request(make_request("b", tokens=tokens + [5, 5], max_tokens=4))
+    sched.add_request(make_request("b", tokens=[*tokens, 5, 5], max_tokens=4))
     out, _ = run_step(sched)
     # a runs 28 tokens (its last cacheable boundary); b would hit the state a
     # caches in this very step, so it waits a step.
