@@ -153,6 +153,13 @@ def random_hybrid_scenario(seed: int) -> Scenario:
     requests = _random_requests(rng, scheduler, scheduler_block)
     # Mamba with prefix caching is vLLM's "align" mode (block-aligned chunks).
     caching = rng.random() < 0.8
+    if not caching and "mamba" in layout and random.Random(f"random_hybrid:mamba:{seed}").random() < 0.5:
+        # vLLM's Mamba block without prefix caching: one state block of
+        # max_model_len tokens per request; the scheduler block is the LCM.
+        for g in groups:
+            if g["kind"] == "mamba":
+                g["block_size"] = scheduler["max_model_len"]
+        scheduler_block = math.lcm(*(g["block_size"] for g in groups))
     needs = [_blocks_needed(r, scheduler["max_model_len"], groups) for r in requests]
     # vLLM's async scheduling (its engine's default), from a stream of its
     # own so that a seed's scenario is otherwise the same with and without.
