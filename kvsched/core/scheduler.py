@@ -319,8 +319,11 @@ class Scheduler:
         """What kvsched does not model with hybrid KV cache groups yet: refused
         by name rather than approximated."""
         what = None
-        if speculative_config is not None:
-            what = "speculative decoding (EAGLE's block drop and lookahead slots per group)"
+        if speculative_config is not None and (
+                speculative_config.num_lookahead_tokens
+                or any(g.kind == "mamba" for g in self.cache_config.kv_groups)):
+            what = ("speculative decoding with a drafter (EAGLE's block drop, lookahead slots) or "
+                    "beside a mamba group (its speculative state blocks)")
         elif kv_connector is not None:
             what = "a KV connector (per-group loads and deferred frees)"
         elif self.pipeline_parallel_size > 1:

@@ -19,7 +19,9 @@ sharing one pool, the layout chosen by `seed % len(LAYOUTS)`:
     full_swa_mamba     full attention + sliding window + Mamba state
 
 plus prefix_cache_retention_interval (vLLM's default 0, dense null, or a multiple of
-the scheduler block) and the pool size, tight to roomy.
+the scheduler block), the pool size (tight to roomy), async scheduling (40%) and,
+without a Mamba group, ngram speculative decoding with scripted drafts (30%), each
+drawn from a stream of its own.
 
 Usage:
     python tests/conformance/random_hybrid.py OUTDIR --seeds 0-39
@@ -41,6 +43,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+from random_features import _fit_budget_and_threshold, _script_drafts  # noqa: E402
 from random_scenarios import (  # noqa: E402
     Request,
     Scenario,
@@ -60,6 +63,7 @@ LAYOUTS = ("swa", "chunked", "full_swa", "full_swa_swa", "full_swa2", "full_chun
            "swa_chunked", "full_swa_sizes", "full_mamba", "mamba", "full_swa_mamba")
 BLOCK_SIZES = [1, 2, 4, 8, 16]
 ASYNC_SHARE = 0.4
+SPEC_SHARE = 0.3
 # Models' context lengths this small keep the traces short.
 MAX_MODEL_LENS = [64, 128, 256, 512]
 
@@ -122,11 +126,12 @@ def _groups(rng: random.Random, layout: str, bs: int) -> list[dict[str, Any]]:
 
 
 def _blocks_needed(req: Request, max_model_len: int, groups: list[dict[str, Any]],
-                   in_flight: int | None = None) -> int:
+                   in_flight: int | None = None, lookahead: int = 0) -> int:
     """A whole table in every group: what one request can hold at most; with
     ``in_flight`` (the token budget) windowed groups count only their
     admission cap (the least that still admits the request alone)."""
-    tokens = min(len(req["prompt_token_ids"]) + int(req["max_tokens"]), max_model_len)
+    # ``lookahead``: draft slots a request may hold past its last output.
+    tokens = min(len(req["prompt_token_ids"]) + int(req["max_tokens"]) + lookahead, max_model_len)
     total = 0
     for g in groups:
         bs = g["block_size"]
@@ -160,15 +165,25 @@ def random_hybrid_scenario(seed: int) -> Scenario:
             if g["kind"] == "mamba":
                 g["block_size"] = scheduler["max_model_len"]
         scheduler_block = math.lcm(*(g["block_size"] for g in groups))
-    needs = [_blocks_needed(r, scheduler["max_model_len"], groups) for r in requests]
     # vLLM's async scheduling (its engine's default), from a stream of its
     # own so that a seed's scenario is otherwise the same with and without.
     use_async = random.Random(f"random_hybrid:async:{seed}").random() < ASYNC_SHARE
+    # ngram speculative decoding (no drafter model: no lookahead slots), from
+    # a stream of its own; not beside Mamba (its speculative state blocks).
+    spec_rng = random.Random(f"random_hybrid:spec:{seed}")
+    spec_k = spec_rng.randint(1, 4) if "mamba" not in layout and spec_rng.random() < SPEC_SHARE else 0
+    if spec_k:
+        _fit_budget_and_threshold(spec_rng, scheduler, spec_k)
+        for req in requests:
+            _script_drafts(spec_rng, req, spec_k, use_async)
+    lookahead = spec_k * (2 if use_async else 1)
+    needs = [_blocks_needed(r, scheduler["max_model_len"], groups, lookahead=lookahead) for r in requests]
     # vLLM's max_in_flight_tokens: a token budget per batch in flight.
     in_flight = scheduler["max_num_batched_tokens"] * (2 if use_async else 1)
     kind = rng.choices(["tighter", "tight", "medium", "roomy"], [3, 3, 2, 2])[0]
     if kind == "tighter" and "mamba" not in layout:
-        capped = [_blocks_needed(r, scheduler["max_model_len"], groups, in_flight) for r in requests]
+        capped = [_blocks_needed(r, scheduler["max_model_len"], groups, in_flight, lookahead)
+                  for r in requests]
         num_blocks = max(capped) + 1 + rng.randint(0, 2)
     elif kind in ("tight", "tighter"):
         num_blocks = max(needs) + 1 + rng.randint(0, 2)
@@ -198,6 +213,9 @@ def random_hybrid_scenario(seed: int) -> Scenario:
         scenario["aborts"] = aborts
     if use_async:
         scenario["async_scheduling"] = True
+    if spec_k:
+        scenario["speculative"] = {"num_speculative_tokens": spec_k,
+                                   "method": "ngram_gpu" if use_async else "ngram"}
     scenario["max_steps"] = HYBRID_MAX_STEPS
     return scenario
 

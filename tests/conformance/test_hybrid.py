@@ -121,13 +121,24 @@ def test_unmodelled_or_invalid_layouts_are_refused(kw: dict, needle: str) -> Non
     assert needle in str(err.value)
 
 
-@pytest.mark.parametrize("what", ["pp", "spec"])
+@pytest.mark.parametrize("what", ["pp", "spec_mamba", "drafter"])
 def test_unmodelled_features_are_refused(what: str) -> None:
     sc = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256,
                          pipeline_parallel_size=2 if what == "pp" else 1)
-    spec = SpeculativeConfig("ngram", 2) if what == "spec" else None
+    cache = _cache()
+    spec = None
+    if what == "spec_mamba":
+        spec = SpeculativeConfig("ngram", 2)
+        cache = _cache(kv_groups=(KVCacheGroup("full_attention", 4), KVCacheGroup("mamba", 4)))
+    elif what == "drafter":
+        spec = SpeculativeConfig("eagle", 2)
     with pytest.raises(UserInputError, match=r"cache\.kv_groups"):
-        Scheduler(sc, _cache(), speculative_config=spec)
+        Scheduler(sc, cache, speculative_config=spec)
+
+
+def test_ngram_speculative_decoding_runs_with_window_groups() -> None:
+    sc = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256)
+    Scheduler(sc, _cache(), speculative_config=SpeculativeConfig("ngram", 2))
 
 
 def test_scenario_keys_are_checked(tmp_path: Path) -> None:
