@@ -881,6 +881,15 @@ class HybridKVCacheManager(KVCacheManager):
         for m in self.managers:
             m.new_step_starts()
 
+    def waits_for_same_step_state(self, hit: list[int]) -> bool:
+        """True when ``hit`` ends on a Mamba state cached in this very step
+        (vLLM then refuses the admission until the next step)."""
+        if not isinstance(hit, HybridHit) or not hit.per_group:
+            return False
+        return any(isinstance(m, _MambaManager) and blocks
+                   and self.block_pool.hash_of_block.get(blocks[-1]) in m.cached_this_step
+                   for m, blocks in zip(self.managers, hit.per_group))
+
     def junction(self, request: Request, hit: list[int]) -> int:
         """The shared-prefix boundary vLLM keeps on ``request``: this lookup's
         (``hit``) for a request being admitted, else its admission's."""

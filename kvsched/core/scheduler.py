@@ -1010,6 +1010,9 @@ class Scheduler:
                     what = "its whole sequence" if reserve_full else f"{num_new} tokens"
                     detail = (f"needs {need} free KV blocks for {what}, "
                               f"{kv.block_pool.get_num_free_blocks()} free")
+                    if self._mamba_split and self._hybrid_kv().waits_for_same_step_state(hit_blocks):
+                        detail = ("its prefix hit is a Mamba state another request caches in this "
+                                  "step; vLLM looks it up again next step")
                 self._stop_at(step, explain.REASON_KV_BLOCKS, request, detail)
                 break
             kv.record_prefix_cache_stats(request, num_computed)

@@ -26,12 +26,12 @@ def swa(window: int, block_size: int = 4) -> KVCacheGroup:
 
 def scheduler(groups: tuple[KVCacheGroup, ...], *, blocks: int = 64, caching: bool = True,
               budget: int = 64, block_size: int = 4, retention: int | None = 0,
-              reserve_full_isl: bool = True) -> Scheduler:
+              reserve_full_isl: bool = True, explain: bool = False) -> Scheduler:
     sc = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=256,
                          scheduler_reserve_full_isl=reserve_full_isl)
     cc = CacheConfig(num_gpu_blocks=blocks, block_size=block_size, enable_prefix_caching=caching,
                      kv_groups=groups, prefix_cache_retention_interval=retention)
-    return Scheduler(sc, cc)
+    return Scheduler(sc, cc, explain_admission=explain)
 
 
 def manager(sched: Scheduler) -> HybridKVCacheManager:
@@ -190,7 +190,7 @@ def test_mamba_block_aligned_split() -> None:
 
 
 def test_mamba_align_frees_old_states_and_refuses_a_same_step_hit() -> None:
-    sched = scheduler((KVCacheGroup("mamba", 4),), retention=None, budget=64)
+    sched = scheduler((KVCacheGroup("mamba", 4),), retention=None, budget=64, explain=True)
     tokens = prompt(30, 7)
     sched.add_request(make_request("a", tokens=tokens, max_tokens=4))
     sched.add_request(make_request("b", tokens=[*tokens, 5, 5], max_tokens=4))
@@ -198,6 +198,8 @@ def test_mamba_align_frees_old_states_and_refuses_a_same_step_hit() -> None:
     # a runs 28 tokens (its last cacheable boundary); b would hit the state a
     # caches in this very step, so it waits a step.
     assert dict(out.num_scheduled_tokens) == {"a": 28}
+    [why] = out.not_admitted
+    assert why.request_id == "b" and "Mamba state another request caches" in why.detail
     out, _ = run_step(sched)
     assert out.scheduled_new_reqs[0].num_computed_tokens == 28
     kv = manager(sched)
