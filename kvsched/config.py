@@ -221,6 +221,25 @@ class SchedulerConfig:
     # first, once the KV cache usage is at least ``threshold``. 0: off.
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float = 0.5
+    # Multimodal models: the encoder embeddings one step may encode and the
+    # encoder cache's size, in embeddings, before vLLM raises each to the
+    # model's largest item (kvsched.core.encoder_cache_manager.
+    # compute_mm_encoder_budget). None: vLLM's value, max_num_batched_tokens
+    # (vLLM does not let a user set them; the conformance scenarios do).
+    max_num_encoder_input_tokens: int | None = None
+    encoder_cache_size: int | None = None
+    # vLLM's --disable-chunked-mm-input: a step never covers part of a
+    # multimodal item's placeholders; the chunk stops before the item.
+    disable_chunked_mm_input: bool = False
+
+    def encoder_limits(self) -> tuple[int, int]:
+        """(max_num_encoder_input_tokens, encoder_cache_size) with vLLM's
+        default applied (SchedulerConfig.__post_init__ sets both to
+        max_num_batched_tokens)."""
+        budget = self.max_num_encoder_input_tokens
+        size = self.encoder_cache_size
+        return (self.max_num_batched_tokens if budget is None else budget,
+                self.max_num_batched_tokens if size is None else size)
 
     def __post_init__(self) -> None:
         check_vllm_version(self.vllm_version)
@@ -232,6 +251,12 @@ class SchedulerConfig:
             raise _fail("async_scheduling", self.async_scheduling, "must be True or False",
                         "pass a bool")
         check_pipeline_parallel_size(self.pipeline_parallel_size)
+        for name in ("max_num_encoder_input_tokens", "encoder_cache_size"):
+            if getattr(self, name) is not None:
+                _require_positive(name, getattr(self, name))
+        if type(self.disable_chunked_mm_input) is not bool:
+            raise _fail("disable_chunked_mm_input", self.disable_chunked_mm_input,
+                        "must be True or False", "pass a bool")
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
                      "max_num_partial_prefills", "max_long_partial_prefills"):
             _require_positive(name, getattr(self, name))

@@ -128,7 +128,7 @@ def parse_json(path: Path, text: str, fix: str) -> object:
 
 # Multimodal wrappers whose language model sits in ``text_config``, with the
 # text model_type transformers gives it when the nested config omits one.
-TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"gemma3": "gemma3_text"})
+TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"gemma3": "gemma3_text", "llama4": "llama4_text"})
 
 
 def language_model_config(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:

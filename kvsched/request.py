@@ -278,6 +278,101 @@ class TokenRuns(Sequence[int]):
             b += block_size
 
 
+# Modalities vLLM's multimodal processors name (MultiModalFeatureSpec.modality).
+MM_MODALITIES = ("image", "audio", "video")
+
+
+@dataclass(slots=True, frozen=True, init=False)
+class MultiModalFeature:
+    """One multimodal item of a prompt, as vLLM's scheduler sees it (its
+    MultiModalFeatureSpec without the data): ``identifier`` is the mm hash
+    that shares encoder outputs and keeps prefix-cache blocks apart,
+    ``offset`` and ``length`` the placeholder range in the prompt,
+    ``is_embed`` (None: every position) the placeholder positions that
+    receive an encoder embedding (vLLM's PlaceholderRange.is_embed).
+
+    The encoder cache and the encoder budget count embeddings
+    (``num_embeds``), the decoder and the block hashes count placeholder
+    tokens (``length``)."""
+
+    identifier: str
+    offset: int
+    length: int
+    modality: str
+    is_embed: tuple[bool, ...] | None
+    num_embeds: int
+    # Running count of embeddings up to each placeholder position (None
+    # without a mask): embeds_in_range reads it instead of summing the mask.
+    _embeds_cumsum: tuple[int, ...] | None
+
+    def __init__(self, identifier: str, offset: int, length: int, modality: str = "image",
+                 is_embed: Sequence[bool] | None = None) -> None:
+        where = f"mm item {identifier!r}"
+        if not isinstance(identifier, str) or not identifier:
+            raise UserInputError(f"mm item identifier={identifier!r}: must be a non-empty string "
+                                 "(the item's mm hash); give the same string to items with equal content")
+        for name, value, lo in (("offset", offset, 0), ("length", length, 1)):
+            if type(value) is not int or value < lo:
+                raise UserInputError(f"{where}: {name}={value!r}: must be an integer >= {lo}")
+        if modality not in MM_MODALITIES:
+            raise UserInputError(f"{where}: modality={modality!r}: unknown; use one of "
+                                 f"{', '.join(MM_MODALITIES)}")
+        mask: tuple[bool, ...] | None = None
+        cumsum: tuple[int, ...] | None = None
+        num_embeds = length
+        if is_embed is not None:
+            mask = tuple(is_embed)
+            if len(mask) != length or any(type(v) is not bool for v in mask):
+                raise UserInputError(f"{where}: is_embed has {len(mask)} entries: must be {length} "
+                                     "booleans (one per placeholder position), or null for all")
+            running = 0
+            counts = []
+            for v in mask:
+                running += v
+                counts.append(running)
+            cumsum = tuple(counts)
+            num_embeds = running
+        object.__setattr__(self, "identifier", identifier)
+        object.__setattr__(self, "offset", offset)
+        object.__setattr__(self, "length", length)
+        object.__setattr__(self, "modality", modality)
+        object.__setattr__(self, "is_embed", mask)
+        object.__setattr__(self, "num_embeds", num_embeds)
+        object.__setattr__(self, "_embeds_cumsum", cumsum)
+
+    @property
+    def end(self) -> int:
+        """The position just past the placeholder range."""
+        return self.offset + self.length
+
+    def embeds_in_range(self, start: int, end: int) -> int:
+        """Embeddings among placeholder positions [start, end) (relative to
+        ``offset``; vLLM's get_embeds_indices_in_range, as a count)."""
+        cumsum = self._embeds_cumsum
+        if cumsum is None:
+            return end - start
+        return (cumsum[end - 1] if end > 0 else 0) - (cumsum[start - 1] if start > 0 else 0)
+
+
+def check_mm_features(rid: str, features: Sequence[MultiModalFeature], num_prompt_tokens: int) -> None:
+    """Raise unless ``features`` are MultiModalFeatures in prompt order,
+    disjoint and inside the prompt (vLLM's window search and block hashing
+    assume exactly that)."""
+    end = 0
+    for i, f in enumerate(features):
+        if not isinstance(f, MultiModalFeature):
+            raise TypeError(f"request {rid}: mm_features[{i}]={f!r:.60} must be a kvsched MultiModalFeature")
+        if f.offset < end:
+            raise UserInputError(f"request {rid}: mm_features[{i}] ({f.identifier!r}) starts at {f.offset}, "
+                                 f"inside or before the item before it (which ends at {end}); list the "
+                                 "items in prompt order, without overlaps")
+        end = f.end
+        if end > num_prompt_tokens:
+            raise UserInputError(f"request {rid}: mm_features[{i}] ({f.identifier!r}) ends at {end}, past "
+                                 f"the prompt's {num_prompt_tokens} tokens; its placeholder tokens must "
+                                 "lie in the prompt")
+
+
 # What a request's token sequences are: a plain list (the engine, replays,
 # tests) or runs (the simulator's synthetic and trace prompts).
 TokenList = list[int] | TokenRuns
@@ -356,10 +451,14 @@ class Request:
     # which the request may be scheduled to decode again, PP steps after its
     # last one (vLLM's next_decode_eligible_step).
     next_decode_eligible_step: int
+    # The prompt's multimodal items in prompt order (vLLM's mm_features);
+    # empty for a text prompt.
+    mm_features: tuple[MultiModalFeature, ...]
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int],
                  sampling_params: SamplingParams | None = None, priority: int = 0,
-                 arrival_time: float = 0.0, *, private: bool = False, lora_id: int = 0) -> None:
+                 arrival_time: float = 0.0, *, private: bool = False, lora_id: int = 0,
+                 mm_features: Sequence[MultiModalFeature] = ()) -> None:
         self.request_id = request_id
         prompt: TokenList
         if type(prompt_token_ids) is list or type(prompt_token_ids) is TokenRuns:
@@ -405,6 +504,7 @@ class Request:
         self.drop_stale_output = False
         self.last_sched_seq = 0
         self.next_decode_eligible_step = 0
+        self.mm_features = mm_features if type(mm_features) is tuple else tuple(mm_features)
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -492,6 +592,8 @@ class Request:
                              "(0: the base model)")
         if type(self.private) is not bool:
             raise UserInputError(f"request {rid}: private={self.private!r} must be True or False")
+        if self.mm_features:
+            check_mm_features(rid, self.mm_features, self.num_prompt_tokens)
         sp = self.sampling_params
         if not is_int(sp.max_tokens) or sp.max_tokens < 1:
             raise UserInputError(f"request {rid}: max_tokens={sp.max_tokens!r} must be an integer >= 1")

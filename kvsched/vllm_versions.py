@@ -71,13 +71,23 @@ class VersionRules:
     # failed store drops its chunks. 0.33's worker asserted that every
     # transfer succeeded, so a failure stopped the engine.
     offload_transfer_failures: bool
+    # With disable_chunked_mm_input, a chunk that starts inside a multimodal
+    # item (a prefix-cache hit ending inside it) and cannot cover the rest
+    # schedules nothing (0.34); 0.33 checked the cut only for a chunk
+    # starting at or before the item, so that chunk went ahead.
+    chunked_mm_input_off_cuts_inside_item: bool
+    # With chunked prefill off, a waiting request whose prompt the encoder
+    # (budget or cache) would cut short is passed over this step and its
+    # encoder cache references dropped (0.34); 0.33 admitted the cut prompt.
+    mm_cut_refused_without_chunked_prefill: bool
 
 
 _RULES_0_33 = VersionRules(
     "0.33", long_prefill_threshold_needs_chunked_prefill=False, multi_connector_roles_from_children=False,
     ngram_with_async_scheduling=False, default_block_size=16, default_gpu_memory_utilization=0.92,
     extensible_kv_cache=False, offload_threshold_counts_once_per_request=False,
-    offload_finished_store_capped_at_computed=False, offload_transfer_failures=False)
+    offload_finished_store_capped_at_computed=False, offload_transfer_failures=False,
+    chunked_mm_input_off_cuts_inside_item=False, mm_cut_refused_without_chunked_prefill=False)
 # A release is the one before it and what changed (docs/vllm_versions.md):
 # the next release's entry lists only its own changes.
 RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
@@ -86,7 +96,9 @@ RULES: MappingProxyType[str, VersionRules] = MappingProxyType({
                     multi_connector_roles_from_children=True, ngram_with_async_scheduling=True,
                     default_block_size=64, extensible_kv_cache=True,
                     offload_threshold_counts_once_per_request=True,
-                    offload_finished_store_capped_at_computed=True, offload_transfer_failures=True),
+                    offload_finished_store_capped_at_computed=True, offload_transfer_failures=True,
+                    chunked_mm_input_off_cuts_inside_item=True,
+                    mm_cut_refused_without_chunked_prefill=True),
 })
 VLLM_VERSIONS = tuple(RULES)
 # The newest release kvsched models (its scheduler and its deployment

@@ -121,7 +121,8 @@ def test_sliding_window_is_read_once_and_judged_by_each_consumer(tmp_path: Path)
     directory = _write(tmp_path, "qwen2-sliding", config)
     spec = load_sim_spec(directory)
     assert (spec.sliding_window, spec.num_sliding_layers) == (1024, 2)
-    with pytest.raises(ValueError, match="sliding_window=1024: sliding-window attention is not supported"):
+    with pytest.raises(ValueError, match=r"sliding_window=1024: a window on 2 of 4 layers "
+                                         r"\(use_sliding_window with max_window_layers\) is not supported"):
         load_engine_config(directory)
 
 

@@ -35,6 +35,13 @@ REASON_KV_LOOKUP_PENDING = "kv_lookup_pending"
 # vLLM 0.34's --max-num-inflight-kv-loads: its asynchronous load would be one
 # more than the cap allows (it waits at the head of its queue).
 REASON_KV_LOAD_CAP = "max_num_inflight_kv_loads"
+# Multimodal (passed over, the scan goes on): the first mm item its chunk
+# reaches cannot be encoded this step, for lack of encoder budget or of
+# encoder cache room, so nothing of it is scheduled; or, with
+# disable_chunked_mm_input, the chunk would cover only part of an item.
+REASON_ENCODER_BUDGET = "encoder_budget"
+REASON_ENCODER_CACHE = "encoder_cache"
+REASON_CHUNKED_MM_INPUT = "chunked_mm_input_off"
 
 # A Mamba group in "align" mode: its chunk would end before the next block
 # boundary the state must be written on (vLLM's block-aligned split gives 0).
@@ -44,6 +51,7 @@ REASONS = (REASON_TOKEN_BUDGET, REASON_MAX_NUM_SEQS, REASON_KV_BLOCKS,
            REASON_CHUNKED_PREFILL_OFF, REASON_ADMISSION_POLICY, REASON_PREEMPTION,
            REASON_MAX_LORAS, REASON_OUTPUT_IN_FLIGHT, REASON_WAITING_FOR_REMOTE_KVS,
            REASON_KV_LOAD_FAILED, REASON_KV_LOOKUP_PENDING, REASON_KV_LOAD_CAP,
+           REASON_ENCODER_BUDGET, REASON_ENCODER_CACHE, REASON_CHUNKED_MM_INPUT,
            REASON_MAMBA_ALIGNMENT)
 
 # vLLM's livelocks with a KV connector (it spins for ever in them;

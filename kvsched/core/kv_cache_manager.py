@@ -15,7 +15,7 @@ from itertools import islice
 
 from kvsched.config import CacheConfig
 from kvsched.core.block_pool import PRIVATE_KEY_BASE, BlockPool
-from kvsched.request import Request, TokenRuns
+from kvsched.request import MultiModalFeature, Request, TokenRuns
 
 # Seed of the hash chain: the "parent" of a request's first block.
 _ROOT_HASH = hash("kvsched-prefix-root")
@@ -95,6 +95,8 @@ class KVCacheManager:
         # different adapters (or an adapter and the base model) share nothing.
         parent = hashes[-1] if start else (
             hash((_ROOT_HASH, "lora", request.lora_id)) if request.lora_id else _ROOT_HASH)
+        if request.mm_features:
+            return _extend_mm_hashes(hashes, parent, tokens, request.mm_features, start, num_blocks, bs)
         # Chain over each block's content hash. Runs of identical blocks
         # (a long run of one token) reuse the content hash of the last.
         append = hashes.append
@@ -471,3 +473,28 @@ class KVCacheManager:
                 f"{rid}: one of its first {n} blocks is not cached")
         in_use = sum(1 for b in range(1, pool.num_gpu_blocks) if pool.ref_cnt[b] > 0)
         assert in_use + pool.get_num_free_blocks() == pool.num_gpu_blocks - 1, "blocks lost"
+
+
+def mm_block_keys(features: Sequence[MultiModalFeature], start: int,
+                  end: int) -> tuple[tuple[str, str, int], ...]:
+    """The multimodal part of the prefix-cache key of the block of positions
+    [start, end): each item whose placeholder range overlaps the block, by
+    its identifier and its offset relative to the block start (vLLM's
+    _gen_mm_extra_hash_keys). So equal tokens with different images, or the
+    same image at another place in the block, never share a block."""
+    return tuple(("mm", f.identifier, f.offset - start) for f in features
+                 if f.offset < end and start < f.offset + f.length)
+
+
+def _extend_mm_hashes(hashes: list[int], parent: int, tokens: Sequence[int],
+                      features: Sequence[MultiModalFeature], start: int, num_blocks: int,
+                      bs: int) -> list[int]:
+    """block_hashes for a prompt with multimodal items: a block an item
+    overlaps mixes mm_block_keys into its content; the others hash as text."""
+    for b in range(start, num_blocks):
+        lo = b * bs
+        keys = mm_block_keys(features, lo, lo + bs)
+        block = tuple(tokens[lo:lo + bs])
+        parent = hash((parent, hash((block, keys)) if keys else hash(block)))
+        hashes.append(parent)
+    return hashes

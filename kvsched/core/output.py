@@ -110,6 +110,12 @@ class SchedulerOutput:
     # KV connector: the loads this schedule() started, {request id:
     # (external tokens, asynchronous)}; None without a connector.
     kv_loads: dict[str, tuple[int, bool]] | None
+    # Multimodal: request id -> the indices of its mm items whose encoder
+    # runs in this step, and the identifiers evicted from the encoder cache
+    # since the last step (the workers drop those outputs). Empty for a
+    # text-only model.
+    scheduled_encoder_inputs: dict[str, list[int]]
+    free_encoder_mm_hashes: list[str]
 
     def __init__(self, scheduled_new_reqs: list[NewRequestData],
                  scheduled_cached_reqs: CachedRequestData, num_scheduled_tokens: dict[str, int],
@@ -135,6 +141,8 @@ class SchedulerOutput:
         self.prefill_chunk_req_ids = prefill_chunk_req_ids
         self.kv_connector_metadata = None
         self.kv_loads = None
+        self.scheduled_encoder_inputs = {}
+        self.free_encoder_mm_hashes = []
 
 
 @dataclass(slots=True)

@@ -19,8 +19,9 @@ max_model_len).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain, islice
 
 from kvsched.config import (
@@ -32,6 +33,7 @@ from kvsched.config import (
     check_speculative_settings,
 )
 from kvsched.core import explain
+from kvsched.core.encoder_cache_manager import EncoderCacheManager, compute_mm_encoder_budget
 from kvsched.core.hybrid_kv_cache import (
     HybridKVCacheManager,
     is_hybrid,
@@ -57,6 +59,7 @@ from kvsched.request import (
     FINISH_REASONS,
     NO_DRAFTS,
     TOKEN_ID_LIMIT,
+    MultiModalFeature,
     Request,
     RequestStatus,
     check_token_ids,
@@ -146,6 +149,11 @@ class _Step:
     # 0.34's in-flight KV load cap, or no blocks for a load started with
     # the batch full): (reason, request id, detail), else None.
     async_stop: tuple[str, str, str] | None
+    # Multimodal: encoder embeddings this step may still encode (vLLM's
+    # encoder_compute_budget), and the mm items scheduled for encoding per
+    # request (None until one is).
+    encoder_budget: int
+    encoder_inputs: dict[str, list[int]] | None
 
     def __init__(self, token_budget: int) -> None:
         self.token_budget = token_budget
@@ -168,7 +176,30 @@ class _Step:
         self.kv_loads = None
         self.kv_skipped = False
         self.async_stop = None
+        self.encoder_budget = 0
+        self.encoder_inputs = None
 
+
+
+@dataclass(slots=True, init=False)
+class _EncoderPlan:
+    """What _try_schedule_encoder_inputs decided for one request: the mm
+    items to encode (indices), duplicates of them in the same request, the
+    tokens left to schedule, the encoder budget after it, and the item that
+    cut the chunk short with why (None: none did)."""
+
+    inputs: list[int]
+    duplicates: list[int]
+    num_new_tokens: int
+    encoder_budget: int
+    cut: tuple[str, MultiModalFeature] | None
+
+    def __init__(self, num_new_tokens: int, encoder_budget: int) -> None:
+        self.inputs = []
+        self.duplicates = []
+        self.num_new_tokens = num_new_tokens
+        self.encoder_budget = encoder_budget
+        self.cut = None
 
 
 def _entries_in_order(num_scheduled: dict[str, int],
@@ -194,7 +225,8 @@ class Scheduler:
                  vocab_size: int | None = None,
                  speculative_config: SpeculativeConfig | None = None,
                  lora_config: LoRAConfig | None = None,
-                 kv_connector: KVConnectorBase | None = None) -> None:
+                 kv_connector: KVConnectorBase | None = None,
+                 mm_max_tokens_per_item: Mapping[str, int] | None = None) -> None:
         """``runner_inputs``: put in each SchedulerOutput what a model runner
         needs to run the step - new requests' prompts and block tables,
         resumed requests' block tables and tokens. A simulator runs no model
@@ -207,7 +239,11 @@ class Scheduler:
         distinct LoRA adapters among running requests. Async scheduling is
         ``scheduler_config.async_scheduling``. ``kv_connector``: a KV
         connector's scheduler side (kvsched.core.kv_connector); its work runs
-        inside the usual phases, and without one they run as before."""
+        inside the usual phases, and without one they run as before.
+        ``mm_max_tokens_per_item``: a multimodal model's largest item per
+        modality, in tokens; requests may then carry mm items, and the
+        scheduler keeps vLLM's encoder budget and encoder cache (sized by
+        compute_mm_encoder_budget). None: a text-only model."""
         if vocab_size is not None and (type(vocab_size) is not int or not 0 < vocab_size <= TOKEN_ID_LIMIT):
             raise UserInputError(f"vocab_size={vocab_size!r}: must be an int in [1, {TOKEN_ID_LIMIT}] "
                              "(the model's vocabulary size), or None")
@@ -312,6 +348,7 @@ class Scheduler:
         # that changes the queues. A fact fast-forward's rule reads
         # (kvsched.core.fast_forward.stretch_refusal), not the rule itself.
         self.decode_stable = False
+        self._init_encoder(mm_max_tokens_per_item)
         self._init_connector(kv_connector)
 
     def _refuse_with_kv_groups(self, speculative_config: SpeculativeConfig | None,
@@ -331,6 +368,39 @@ class Scheduler:
         if what is not None:
             raise UserInputError(f"cache.kv_groups: {what} is not modelled with hybrid KV cache "
                                  "groups yet; drop one or the other")
+
+    def _init_encoder(self, mm_max_tokens_per_item: Mapping[str, int] | None) -> None:
+        """A multimodal model's encoder budget and cache (vLLM's
+        MultiModalBudget). Its requests take the general paths: the fast
+        ones know nothing of encoder inputs."""
+        self.encoder_cache_manager: EncoderCacheManager | None = None
+        self.max_num_encoder_input_tokens = 0
+        # Identifier -> [embeddings, live requests carrying it]: one
+        # identifier must name an item of one size while anything can share
+        # it (a live request, or the encoder cache's entry). Entries leave
+        # with their last request, so the map grows with what is in flight.
+        self._mm_num_embeds: dict[str, list[int]] = {}
+        self._mm_cut_inside_item = False
+        self._mm_cut_refused_unchunked = False
+        if mm_max_tokens_per_item is None:
+            return
+        if not isinstance(mm_max_tokens_per_item, Mapping) or any(
+                not isinstance(k, str) or type(v) is not int or v < 1
+                for k, v in mm_max_tokens_per_item.items()):
+            raise UserInputError(f"mm_max_tokens_per_item={mm_max_tokens_per_item!r:.80}: must map each "
+                                 "modality (str) to its largest item in tokens (an int >= 1)")
+        config = self.scheduler_config
+        budget, cache_size = compute_mm_encoder_budget(
+            *config.encoder_limits(), config.max_num_batched_tokens, config.disable_chunked_mm_input,
+            mm_max_tokens_per_item)
+        self.max_num_encoder_input_tokens = budget
+        self.encoder_cache_manager = EncoderCacheManager(cache_size)
+        self._fast_running = False
+        self._plain = False
+        rules = rules_for(config.vllm_version)
+        self._mm_cut_inside_item = rules.chunked_mm_input_off_cuts_inside_item
+        self._mm_cut_refused_unchunked = (rules.mm_cut_refused_without_chunked_prefill
+                                          and not config.enable_chunked_prefill)
 
     def _init_connector(self, connector: KVConnectorBase | None) -> None:
         """The KV connector's state (vLLM's names). Waiting requests that hold
@@ -354,6 +424,11 @@ class Scheduler:
         # Loads reported done (or failed, recompute policy) not yet promoted.
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
+        # Running requests whose output of a batch in flight a failed load
+        # dropped: vLLM skips their update, so the placeholders that batch
+        # added stay counted until a preemption resets them (and kvsched,
+        # deciding as vLLM does, keeps them too). Only check_invariants reads it.
+        self._dropped_placeholder_ids: set[str] = set()
         # Requests still prefilling or loading: their remaining blocks are
         # reserved against an asynchronous load's admission.
         self._inflight_prefills: dict[str, Request] = {}
@@ -388,6 +463,13 @@ class Scheduler:
         """Queue a new request; a bad one raises ValueError (TypeError for a
         wrong type) and changes nothing."""
         self.check_request(request)
+        for identifier in {f.identifier: None for f in request.mm_features}:
+            entry = self._mm_num_embeds.get(identifier)
+            if entry is None:
+                size = next(f.num_embeds for f in request.mm_features if f.identifier == identifier)
+                self._mm_num_embeds[identifier] = [size, 1]
+            else:
+                entry[1] += 1
         request.stop_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         if self._inflight_kv_load_cap is not None and self.connector is not None \
                 and self.connector.may_load_async(request):
@@ -405,6 +487,8 @@ class Scheduler:
             raise UserInputError(f"request_id={request.request_id!r} is already in the scheduler; "
                              "request ids must be unique")
         request.validate(self.max_model_len, self.token_limit)
+        if request.mm_features:
+            self._check_mm_request(request)
         if request.status != WAITING or request.num_computed_tokens or request.output_token_ids:
             raise UserInputError(f"request {request.request_id}: already used (status "
                              f"{request.status.name}); create a fresh Request")
@@ -421,6 +505,36 @@ class Scheduler:
                 f"max_tokens {request.max_tokens} needs up to {need} KV blocks but the cache "
                 f"has {usable}; it could never run (vLLM would hang on it). Lower max_tokens, "
                 "shorten the prompt, or give the cache more blocks")
+
+    def _check_mm_request(self, request: Request) -> None:
+        """A request's mm items fit this scheduler's encoder: it has one,
+        each item fits its budget and cache alone, and an identifier keeps
+        one size (vLLM fails a request that reuses one for other content;
+        kvsched refuses it up front)."""
+        rid = request.request_id
+        ecm = self.encoder_cache_manager
+        if ecm is None:
+            raise UserInputError(f"request {rid}: has mm items but the scheduler has no encoder (a "
+                                 "text-only model); pass mm_max_tokens_per_item to the Scheduler")
+        sizes: dict[str, int] = {}
+        for f in request.mm_features:
+            if f.num_embeds > min(self.max_num_encoder_input_tokens, ecm.cache_size):
+                raise UserInputError(
+                    f"request {rid}: mm item {f.identifier!r} has {f.num_embeds} embeddings, more than "
+                    f"the encoder budget ({self.max_num_encoder_input_tokens}) or cache "
+                    f"({ecm.cache_size}) hold, so it could never be encoded; raise "
+                    "mm_max_tokens_per_item to the model's largest item")
+            known = sizes.get(f.identifier)
+            if known is None:
+                live = self._mm_num_embeds.get(f.identifier)
+                cached = ecm.num_embeds_by_hash.get(f.identifier, f.num_embeds)
+                known = live[0] if live is not None else cached
+            if known != f.num_embeds:
+                raise UserInputError(
+                    f"request {rid}: mm item {f.identifier!r} has {f.num_embeds} embeddings, but that "
+                    f"identifier was given {known} before; an identifier names one item's content "
+                    "(its mm hash): give this item its own identifier")
+            sizes[f.identifier] = f.num_embeds
 
     def finish_requests(self, request_ids: str | Iterable[str],
                         finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED,
@@ -471,13 +585,26 @@ class Scheduler:
             self.running = [r for r in self.running if id(r) not in drop]
         return [r for r in done if r.status != RUNNING]
 
+    def _forget_mm_items(self, request: Request) -> None:
+        """The request leaves: its identifiers' live counts drop."""
+        for identifier in {f.identifier: None for f in request.mm_features}:
+            entry = self._mm_num_embeds[identifier]
+            entry[1] -= 1
+            if not entry[1]:
+                del self._mm_num_embeds[identifier]
+
     def _free_request(self, request: Request) -> None:
+        if self.encoder_cache_manager is not None and request.mm_features:
+            self.encoder_cache_manager.free(request)
         if self.connector is not None:
             self._free_request_connector(request)
             return
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+        self._dropped_placeholder_ids.discard(request.request_id)
+        if request.mm_features:
+            self._forget_mm_items(request)
 
     # -- the KV connector's bookkeeping ---------------------------------------
     def _finish_requests_connector(self, done: list[Request], finished_status: RequestStatus) -> None:
@@ -497,6 +624,8 @@ class Scheduler:
         for request in done:
             rid = request.request_id
             delay = False
+            if self.encoder_cache_manager is not None and request.mm_features:
+                self.encoder_cache_manager.free(request)
             if request.status == WAITING_FOR_REMOTE_KVS:
                 delay = rid not in self.finished_recving_kv_req_ids
                 self.finished_recving_kv_req_ids.discard(rid)
@@ -526,6 +655,9 @@ class Scheduler:
     def _free_blocks(self, request: Request) -> None:
         self._free_request_blocks(request)
         del self.requests[request.request_id]
+        self._dropped_placeholder_ids.discard(request.request_id)
+        if request.mm_features:
+            self._forget_mm_items(request)
 
     def _free_request_blocks(self, request: Request) -> None:
         """Free a request's blocks, or, while a batch in flight may still
@@ -642,6 +774,7 @@ class Scheduler:
                              "(vLLM's synchronous engine runs one step at a time)")
         self.current_step += 1
         step = _Step(self.max_num_scheduled_tokens)
+        step.encoder_budget = self.max_num_encoder_input_tokens
         if self._mamba_split:
             self._hybrid_kv().new_step_starts()
         if self._begin_step is not None:
@@ -688,7 +821,7 @@ class Scheduler:
             # Each step may reorder the queue anew (its order carries over).
             and not (self._cache_aware_window and len(self.waiting) >= 2))
             # Loads may start while the batch is full.
-        ) and not self.async_kv_waiting
+        ) and not self.async_kv_waiting and self.encoder_cache_manager is None
         if self._end_step is not None:
             self._end_step(self, output)
         if output.num_scheduled_tokens:
@@ -844,6 +977,16 @@ class Scheduler:
             if num_new <= 0:
                 req_index += 1
                 continue
+            encoding: _EncoderPlan | None = None
+            if request.mm_features and self.encoder_cache_manager is not None:
+                encoding = self._try_schedule_encoder_inputs(request, request.num_computed_tokens,
+                                                             num_new, step.encoder_budget)
+                num_new = encoding.num_new_tokens
+                if num_new == 0:
+                    # Its next mm item cannot be encoded this step (budget
+                    # or cache); those behind it still may run.
+                    req_index += 1
+                    continue
             rid = request.request_id
             end = request.num_computed_tokens + num_new
             num_tokens = request.num_tokens
@@ -879,6 +1022,13 @@ class Scheduler:
                         budget += num_scheduled.pop(vid)
                         new_block_ids.pop(vid, None)
                         step.spec.pop(vid, None)
+                        if step.encoder_inputs is not None and vid in step.encoder_inputs:
+                            # And its encoder budget (vLLM restores it too,
+                            # though a request of this step that encodes
+                            # something sets the budget from its own plan
+                            # below, made before this refund).
+                            step.encoder_budget += sum(victim.mm_features[i].num_embeds
+                                                       for i in step.encoder_inputs.pop(vid))
                         if step.unscheduled is None:
                             step.unscheduled = []
                         step.unscheduled.append(vid)
@@ -900,6 +1050,8 @@ class Scheduler:
             scheduled.append(rid)
             num_scheduled[rid] = num_new
             budget -= num_new
+            if encoding is not None and encoding.inputs:
+                self._allocate_encoder_inputs(step, request, encoding)
             computed = request.num_computed_tokens
             if request.is_prefill_chunk:
                 step.prefill_scheduled = True
@@ -956,12 +1108,15 @@ class Scheduler:
                 request.drop_stale_output and request.num_stale_output_tokens > 0)
         else:
             self.kv_cache_manager.free(request)
+        if self.encoder_cache_manager is not None and request.mm_features:
+            self.encoder_cache_manager.free(request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
         if request.spec_token_ids:
             request.spec_token_ids = NO_DRAFTS
         request.num_stale_output_tokens = request.num_in_flight_tokens
         request.num_output_placeholders = 0
+        self._dropped_placeholder_ids.discard(request.request_id)
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -995,15 +1150,28 @@ class Scheduler:
             if tokens is None:
                 break
             num_new, padded = tokens
+            # vLLM applies the Mamba alignment before the encoder caps.
             if self._mamba_split:
                 num_new = self._mamba_aligned(request, num_new, num_computed, hit_blocks)
                 if num_new == 0:
                     self._stop_at(step, explain.REASON_MAMBA_ALIGNMENT, request,
                                   "its chunk would end before the next Mamba block boundary")
                     break
+            encoding: _EncoderPlan | None = None
+            if request.mm_features and self.encoder_cache_manager is not None:
+                encoding = self._encoder_admission(step, request, num_computed, num_new,
+                                                   lambda reason, detail: self._skip(step, reason, detail))
+                if encoding is None:
+                    continue
+                num_new = encoding.num_new_tokens
             if kv.allocate_slots(request, num_new, num_computed, hit_blocks,
                                  full_sequence_must_fit=reserve_full,
                                  num_lookahead_tokens=self.num_lookahead_tokens) is None:
+                if encoding is not None:
+                    # Not admitted after all: drop the cache references its
+                    # plan took (evictions it caused stand).
+                    assert self.encoder_cache_manager is not None
+                    self.encoder_cache_manager.free(request)
                 detail = ""
                 if self.explain_admission:
                     need = kv.num_blocks_needed(request, num_new, hit_blocks, reserve_full)
@@ -1019,10 +1187,137 @@ class Scheduler:
             waiting.pop_request()
             self._admit(step, request, num_new, num_computed, padded, loras)
             budget -= num_new
+            if encoding is not None and encoding.inputs:
+                self._allocate_encoder_inputs(step, request, encoding)
         step.token_budget = budget
         if step.skipped:
             # Back at the head, in their order (vLLM's prepend_requests).
             waiting.prepend_requests(step.skipped)
+
+    # -- the encoder (multimodal models) --------------------------------------
+    def _try_schedule_encoder_inputs(self, request: Request, num_computed: int, num_new: int,
+                                     encoder_budget: int) -> _EncoderPlan:
+        """The mm items whose encoder must run for the request's tokens
+        [num_computed, num_computed + num_new) this step, and the tokens
+        left once an item that cannot be encoded cuts the chunk short
+        before it (vLLM's _try_schedule_encoder_inputs). In item order:
+        with chunked mm input off, a chunk covering part of an item stops
+        before it; an identifier already planned in this call is a
+        duplicate (no second encoding); an item in the encoder cache is
+        referred to (nothing to encode); one the budget or the cache (after
+        evicting freeable entries) cannot take stops the chunk before it
+        (no token at all if the chunk starts inside it); an item whose
+        part in the window has no embedding is skipped; the rest are
+        planned and charged to the budget."""
+        ecm = self.encoder_cache_manager
+        assert ecm is not None
+        plan = _EncoderPlan(num_new, encoder_budget)
+        window_end = num_computed + num_new
+        chunked_off = self.scheduler_config.disable_chunked_mm_input
+        planned: set[str] = set()
+        num_planned = 0
+        for i, f in enumerate(request.mm_features):
+            start = f.offset
+            if start + f.length <= num_computed:
+                continue
+            if start >= window_end:
+                break
+            if chunked_off and num_computed + plan.num_new_tokens < start + f.length and (
+                    self._mm_cut_inside_item or num_computed <= start):
+                plan.num_new_tokens = start - num_computed if num_computed < start else 0
+                plan.cut = (explain.REASON_CHUNKED_MM_INPUT, f)
+                break
+            if f.identifier in planned:
+                plan.duplicates.append(i)
+                continue
+            if ecm.check_and_update_cache(request, i):
+                continue
+            if not ecm.can_allocate(request, i, plan.encoder_budget, num_planned):
+                if num_computed < start:
+                    plan.num_new_tokens = min(plan.num_new_tokens, start - num_computed)
+                else:
+                    plan.num_new_tokens = 0
+                plan.cut = (explain.REASON_ENCODER_BUDGET if f.num_embeds > plan.encoder_budget
+                            else explain.REASON_ENCODER_CACHE, f)
+                break
+            if not f.embeds_in_range(max(0, num_computed - start), min(f.length, window_end - start)):
+                continue
+            num_planned += f.num_embeds
+            plan.encoder_budget -= f.num_embeds
+            planned.add(f.identifier)
+            plan.inputs.append(i)
+        return plan
+
+    def _encoder_admission(self, step: _Step, request: Request, num_computed: int, num_new: int,
+                           skip: Callable[[str, str], None]) -> _EncoderPlan | None:
+        """The encoder plan of a waiting request about to be admitted, or
+        None when it is passed over this step (``skip(reason, detail)``:
+        nothing to schedule, the scan goes on behind it, as vLLM's does)."""
+        plan = self._try_schedule_encoder_inputs(request, num_computed, num_new, step.encoder_budget)
+        cut_unchunked = (self._mm_cut_refused_unchunked and 0 < plan.num_new_tokens
+                         < request.num_tokens - num_computed)
+        if cut_unchunked:
+            # Chunked prefill is off: the prompt must go in whole.
+            assert self.encoder_cache_manager is not None
+            self.encoder_cache_manager.free(request)
+            plan.num_new_tokens = 0
+        if plan.num_new_tokens:
+            return plan
+        reason, item = plan.cut if plan.cut is not None else (explain.REASON_ENCODER_BUDGET, None)
+        detail = ""
+        if self.explain_admission:
+            detail = self._encoder_cut_detail(reason, item, plan, cut_unchunked)
+            if cut_unchunked:
+                reason = explain.REASON_CHUNKED_PREFILL_OFF
+        skip(reason, detail)
+        return None
+
+    def _encoder_cut_detail(self, reason: str, item: MultiModalFeature | None, plan: _EncoderPlan,
+                            cut_unchunked: bool) -> str:
+        """Why the encoder left a waiting request nothing to schedule (--explain)."""
+        ecm = self.encoder_cache_manager
+        assert ecm is not None and item is not None
+        what = f"its {item.modality} {item.identifier!r} ({item.num_embeds} embeddings, tokens " \
+               f"{item.offset}..{item.end - 1})"
+        if cut_unchunked:
+            return (f"{what} cannot be encoded this step and chunked prefill is off, so the prompt "
+                    "cannot go in part of the way")
+        if reason == explain.REASON_CHUNKED_MM_INPUT:
+            return f"{what} does not fit the rest of this step and disable_chunked_mm_input is on"
+        if reason == explain.REASON_ENCODER_BUDGET:
+            return (f"{what} needs encoder budget: {plan.encoder_budget} of "
+                    f"max_num_encoder_input_tokens={self.max_num_encoder_input_tokens} left this step")
+        return (f"{what} does not fit the encoder cache: {ecm.num_free_slots} of {ecm.cache_size} "
+                f"slots free, {ecm.num_freeable_slots} after evicting unused entries")
+
+    def _allocate_encoder_inputs(self, step: _Step, request: Request, plan: _EncoderPlan) -> None:
+        """A scheduled request's planned items take their encoder budget
+        and cache room; its duplicates refer to the entry just made."""
+        ecm = self.encoder_cache_manager
+        assert ecm is not None
+        if step.encoder_inputs is None:
+            step.encoder_inputs = {}
+        step.encoder_inputs[request.request_id] = plan.inputs
+        step.encoder_budget = plan.encoder_budget
+        for i in plan.inputs:
+            ecm.allocate(request, i)
+        for i in plan.duplicates:
+            ecm.check_and_update_cache(request, i)
+
+    def _free_encoder_inputs(self, request: Request) -> None:
+        """After a step: the request's cache references to items its
+        decoder has computed past (placeholders of steps in flight do not
+        count: a rejected draft could roll back into an item)."""
+        ecm = self.encoder_cache_manager
+        assert ecm is not None
+        ids = ecm.get_cached_input_ids(request)
+        if not ids:
+            return
+        computed = request.num_computed_tokens - request.num_output_placeholders
+        features = request.mm_features
+        for i in list(ids):
+            if features[i].end <= computed:
+                ecm.free_encoder_input(request, i)
 
     def _running_loras(self) -> set[int] | None:
         """The adapters of the running batch, where max_loras caps them
@@ -1259,6 +1554,7 @@ class Scheduler:
                 take_async = False
                 continue
             padded = False
+            encoding: _EncoderPlan | None = None
             if load_async:
                 num_new = 0
             else:
@@ -1266,6 +1562,12 @@ class Scheduler:
                 if tokens is None:
                     break
                 num_new, padded = tokens
+                if request.mm_features and self.encoder_cache_manager is not None:
+                    encoding = self._encoder_admission(step, request, num_computed, num_new,
+                                                       partial(skip, queue))
+                    if encoding is None:
+                        continue
+                    num_new = encoding.num_new_tokens
             reserved = (self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks
                         if load_async else 0)
             if kv.allocate_slots(request, num_new, num_local, hit_blocks,
@@ -1285,6 +1587,10 @@ class Scheduler:
                     self._stop_at(step, explain.REASON_KV_BLOCKS, request, detail)
                 if load_async and self._nothing_frees_blocks(request):
                     self._kv_blocked_load = rid
+                if encoding is not None:
+                    # Not admitted after all (as in _schedule_waiting).
+                    assert self.encoder_cache_manager is not None
+                    self.encoder_cache_manager.free(request)
                 break
             connector.update_state_after_alloc(request, kv.get_block_ids(rid), num_external)
             if num_external:
@@ -1306,6 +1612,8 @@ class Scheduler:
             if self._admit(step, request, num_new, num_computed, padded, loras):
                 self._inflight_prefills[rid] = request
             budget -= num_new
+            if encoding is not None and encoding.inputs:
+                self._allocate_encoder_inputs(step, request, encoding)
         if budget <= 0 and step.admission_stop is None and (holding or waiting or async_waiting):
             step.admission_stop = explain.REASON_TOKEN_BUDGET
             step.admission_stop_detail = f"token budget of {self.max_num_scheduled_tokens} used up"
@@ -1563,6 +1871,10 @@ class Scheduler:
         )
         if step.spec:
             output.scheduled_spec_decode_tokens = step.spec
+        if self.encoder_cache_manager is not None:
+            if step.encoder_inputs:
+                output.scheduled_encoder_inputs = step.encoder_inputs
+            output.free_encoder_mm_hashes = self.encoder_cache_manager.get_freed_mm_hashes()
         if step.prefill_chunks:
             chunks = set(step.prefill_chunks)
             if step.unscheduled is not None:
@@ -1746,6 +2058,7 @@ class Scheduler:
         num_cached_block = kv.num_cached_block
         bs = self.block_size
         cache_after_output = self._cache_after_output
+        encoder = self.encoder_cache_manager is not None
         for (rid, n_sched), entry, request in zip(num_scheduled.items(), entries, targets):
             if request is None:
                 if entry:
@@ -1760,6 +2073,8 @@ class Scheduler:
                     if request.drop_stale_output:
                         continue  # a producer connector's preemption drops it
             if not entry:
+                if encoder and request.mm_features:
+                    self._free_encoder_inputs(request)
                 continue
             drafts = spec.get(rid) if spec else None
             if drafts:
@@ -1773,6 +2088,9 @@ class Scheduler:
                 if stats is None:
                     stats = SpecDecodingStats(num_spec)
                 stats.observe_draft(len_(drafts), num_accepted)
+            if encoder and request.mm_features:
+                # After the rollback, before the tokens land (vLLM's order).
+                self._free_encoder_inputs(request)
             had_placeholders = request.num_output_placeholders > 0
             was_running = request.status is running
             kept = 0
@@ -1805,6 +2123,11 @@ class Scheduler:
                         > num_cached_block.get(rid, 0)):
                     kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if kept:
+                if encoder and request.mm_features:
+                    # Freed here, not with the blocks: the order entries
+                    # become freeable is the eviction order.
+                    assert self.encoder_cache_manager is not None
+                    self.encoder_cache_manager.free(request)
                 stopped.append((request, kept))
                 if not was_running:
                     waiting_stops.append(request)
@@ -1833,6 +2156,7 @@ class Scheduler:
             for rid, n in scheduler_output.num_scheduled_tokens.items():
                 if rid in failed and rid in requests:
                     requests[rid].num_in_flight_tokens -= n
+                    self._dropped_placeholder_ids.add(rid)
         results = self._update_from_output_general(scheduler_output, model_runner_output, failed)
         if failed and results.dropped:
             results.dropped = [rid for rid in results.dropped if rid not in failed]
@@ -2144,7 +2468,11 @@ class Scheduler:
                 f"{r.request_id}: {r.num_computed_tokens} computed of {r.num_tokens} tokens")
             assert r.num_tokens == r.num_prompt_tokens + len(r.output_token_ids)
             assert r.num_stale_output_tokens == 0, f"{r.request_id} runs with stale output"
-            assert 0 <= r.num_output_placeholders <= r.num_in_flight_tokens + self.num_spec_tokens
+            assert r.num_output_placeholders >= 0
+            assert r.num_output_placeholders <= r.num_in_flight_tokens + self.num_spec_tokens \
+                or r.request_id in self._dropped_placeholder_ids, (
+                    f"{r.request_id}: {r.num_output_placeholders} placeholders, "
+                    f"{r.num_in_flight_tokens} tokens in flight")
             assert len(r.spec_token_ids) <= self.num_spec_tokens
         for r in self.waiting:
             assert r.status in (WAITING, PREEMPTED), f"{r.request_id} waits as {r.status.name}"
@@ -2154,6 +2482,14 @@ class Scheduler:
             assert r.request_id not in self.kv_cache_manager.req_to_blocks, (
                 f"waiting {r.request_id} holds KV blocks")
         self.waiting.check_invariants()
+        if self.encoder_cache_manager is not None:
+            self.encoder_cache_manager.check_invariants(
+                {rid for rid, r in self.requests.items() if not r.is_finished()})
+        live: dict[str, int] = {}
+        for r in self.requests.values():
+            for identifier in {f.identifier for f in r.mm_features}:
+                live[identifier] = live.get(identifier, 0) + 1
+        assert {i: e[1] for i, e in self._mm_num_embeds.items()} == live, "mm identifiers not in flight"
         if self.deferred_frees:
             return  # blocks on their way back are in no table
         self.kv_cache_manager.check_invariants(

@@ -22,6 +22,8 @@ KV_CONNECTOR_FIELDS = ("waiting_for_remote_kvs", "kv_load", "finished_recving", 
 # request, in running order, per group [table length, real blocks] (the
 # rest of its table is vLLM's null block), compared whenever either trace has it.
 HYBRID_FIELDS = ("group_blocks",)
+# Written only for a multimodal scenario; compared whenever either trace has them.
+ENCODER_FIELDS = ("encoder_inputs", "freed_mm_hashes", "encoder_free_slots", "encoder_freeable_slots")
 _ID_SETS = ("resumed", "preempted", "waiting_for_remote_kvs", "finished_recving",
             "finished_sending", "load_failed", "delayed_free")
 
@@ -69,7 +71,8 @@ def first_difference(expected: list[dict[str, Any]], actual: list[dict[str, Any]
     """The first step and field where two traces differ, or None if identical.
     ``finished``, ``resumed`` and ``preempted`` compare as sets."""
     for i, (e, a) in enumerate(zip(expected, actual)):
-        names = TRACE_FIELDS + tuple(n for n in OPTIONAL_FIELDS + KV_CONNECTOR_FIELDS + HYBRID_FIELDS
+        names = TRACE_FIELDS + tuple(n for n in OPTIONAL_FIELDS + KV_CONNECTOR_FIELDS + ENCODER_FIELDS
+                                     + HYBRID_FIELDS
                                      if n in e or n in a)
         for name in names:
             ev, av = _normalise(name, e.get(name)), _normalise(name, a.get(name))

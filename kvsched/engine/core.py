@@ -44,6 +44,7 @@ from kvsched.executor.ngram_proposer import NgramProposer
 from kvsched.executor.sampler import Sampler
 from kvsched.model.attention import CausalAttention
 from kvsched.model.config import ModelConfig, load_model_config
+from kvsched.model.kv_groups import kv_cache_groups
 from kvsched.model.llama import LlamaForCausalLM
 from kvsched.model.loader import checkpoint_tensor_shapes, load_model, resolve_dtype
 from kvsched.perf.memory import kv_cache_budget
@@ -306,8 +307,13 @@ class EngineCore:
                                        peak)
             check_kv_cache(args, self.device, num_blocks,
                            kv_bytes_per_block(config, block_size, self.dtype), 0, None, "")
+        # The model's KV cache groups as vLLM forms them; one full-attention
+        # group is the scheduler's default (an empty tuple).
+        groups = kv_cache_groups(self.model_config, block_size).groups
+        single = len(groups) == 1 and groups[0].kind == "full_attention"
         self.cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=block_size,
-                                        enable_prefix_caching=args.enable_prefix_caching)
+                                        enable_prefix_caching=args.enable_prefix_caching,
+                                        kv_groups=() if single else groups)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
                                    vocab_size=self.model_config.vocab_size,
                                    speculative_config=self.speculative_config)

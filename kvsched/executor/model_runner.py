@@ -18,6 +18,14 @@ nothing; the runner leaves them out of the step (as vLLM's ``ngram_gpu``
 path trims drafts it has no token for), and a request whose drafts are all
 ``-1`` runs exactly as if it had been scheduled without drafts.
 
+KV cache groups (:mod:`kvsched.model.kv_groups`): a request holds one block
+table per group, and each layer writes and reads through its group's; a
+sliding-window group's attention sees only its window and never reads the
+blocks the window has passed (they may be freed, or the null block 0). The
+scheduler hands out one flat list (every group gets the same ids, so the
+groups' identical layouts are built once) or one list per group in
+``kv_groups`` order.
+
 After each step the runner proposes the next drafts with the n-gram proposer
 (vLLM's runner does it too, from the tokens it holds): handed to the
 scheduler through ``take_draft_token_ids`` under synchronous scheduling, or
@@ -27,6 +35,7 @@ scheduling (``ngram_gpu``: the scheduler never sees real drafts there).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,7 +54,13 @@ from kvsched.executor.rejection_sampler import Verification, verify
 from kvsched.executor.sampler import Logprob, Sampler, SamplingState
 from kvsched.model.attention import Attention
 from kvsched.model.config import ModelConfig
+from kvsched.model.kv_groups import kv_cache_groups
 from kvsched.request import SamplingParams
+
+# A request's block ids as the scheduler hands them: one list for every KV
+# cache group (today's single-group scheduler: every group gets the same
+# ids), or one list per group in ``kv_groups`` order (vLLM's tuple).
+BlockIds = Sequence[int] | Sequence[Sequence[int]]
 
 
 class CausalLM(Protocol):
@@ -63,7 +78,7 @@ class CachedRequestState:
     req_id: str
     token_ids: list[int]  # prompt + outputs so far
     num_prompt_tokens: int
-    block_ids: list[int]  # empty while preempted
+    block_ids: tuple[list[int], ...]  # one table per KV cache group; empty while preempted
     num_computed_tokens: int
     # Kept across preemption: the generator's draws continue where they were.
     sampling: SamplingState
@@ -73,11 +88,14 @@ class ModelRunner:
     def __init__(self, model: CausalLM, model_config: ModelConfig, num_blocks: int,
                  block_size: int, device: torch.device | str, dtype: torch.dtype,
                  sampler: Sampler, proposer: NgramProposer | None = None,
-                 async_drafts: bool = False) -> None:
+                 async_drafts: bool = False, share_kv_tensors: bool = False) -> None:
         """``proposer``: propose n-gram drafts after every step;
         ``async_drafts``: keep them for the request's next step, whose
         scheduled drafts are ``-1`` placeholders (async scheduling), rather
-        than handing them to the scheduler."""
+        than handing them to the scheduler. ``share_kv_tensors``: lay the
+        KV cache out as vLLM does, one K/V tensor per layer position shared
+        by the groups (``ModelKVCacheGroups.layer_tensors``); the scheduler
+        must then give every group its own block ids."""
         self.model = model
         self.model_config = model_config
         self.num_blocks = num_blocks
@@ -85,25 +103,56 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.sampler = sampler
+        # The model's KV cache groups (vLLM's, in its order): each layer
+        # reads the block table of its group, and a sliding-window group's
+        # attention sees only its window.
+        self.kv_groups = kv_cache_groups(model_config, block_size)
+        self.layer_groups = self.kv_groups.layer_groups
+        self.group_windows = tuple(g.sliding_window for g in self.kv_groups.groups)
+        # A block id names one page in each layer of the group it was given
+        # to. By default every layer has its own K and V of ``num_blocks``
+        # pages, which is sound when every group gets the same ids (today's
+        # scheduler); vLLM's layout shares each tensor between one layer of
+        # each group, sound because its one pool never gives an id to two
+        # groups at once.
+        self.share_kv_tensors = share_kv_tensors
         shape = (num_blocks, block_size, model_config.num_kv_heads, model_config.head_dim)
+        num_tensors = self.kv_groups.num_shared_tensors if share_kv_tensors else model_config.num_layers
         # Zeros, not empty: padded decode keys are masked, but a NaN bit
         # pattern in them would still poison softmax(...) @ V (0 * NaN).
-        self.kv_caches: list[tuple[Tensor, Tensor]] = [
-            (torch.zeros(shape, dtype=dtype, device=self.device),
-             torch.zeros(shape, dtype=dtype, device=self.device))
-            for _ in range(model_config.num_layers)]
+        tensors = [(torch.zeros(shape, dtype=dtype, device=self.device),
+                    torch.zeros(shape, dtype=dtype, device=self.device)) for _ in range(num_tensors)]
+        layer_tensor = self.kv_groups.layer_tensors if share_kv_tensors \
+            else range(model_config.num_layers)
+        self.kv_caches: list[tuple[Tensor, Tensor]] = [tensors[t] for t in layer_tensor]
         self.requests: dict[str, CachedRequestState] = {}
         self.gather_buffers = GatherBuffers()
         self.group_keys = decode_group_keys(model_config.num_kv_heads,
                                             model_config.head_dim, dtype)
-        # The last step's layout, for check_invariants.
+        # The last step's layout (the first group's; every group's), for check_invariants.
         self.last_metadata: AttentionMetadata | None = None
+        self.last_group_metadata: list[AttentionMetadata] = []
         self.proposer = proposer
         self.async_drafts = async_drafts
         # Drafts proposed after the last step: for the scheduler (synchronous)
         # or for each request's next step (async), by request id.
         self._drafts: DraftTokenIds | None = None
         self._next_drafts: dict[str, list[int]] = {}
+
+    def per_group(self, block_ids: BlockIds) -> tuple[list[int], ...]:
+        """One list of block ids per KV cache group, from the scheduler's form
+        (see ``BlockIds``)."""
+        num_groups = len(self.group_windows)
+        if not block_ids or not isinstance(block_ids[0], Sequence):
+            if self.share_kv_tensors and num_groups > 1 and block_ids:
+                raise RuntimeError("one block table for every KV cache group, but the groups share "
+                                   "their K/V tensors: each group needs its own block ids")
+            flat = [int(b) for b in block_ids]  # type: ignore[arg-type]
+            return tuple(list(flat) for _ in range(num_groups))
+        if len(block_ids) != num_groups:
+            raise RuntimeError(f"block ids for {len(block_ids)} KV cache groups, but the model has "
+                               f"{num_groups}; the scheduler and the runner disagree on the groups")
+        return tuple(list(ids) for ids in block_ids)  # type: ignore[arg-type]
 
     def _update_states(self, so: SchedulerOutput) -> None:
         requests = self.requests
@@ -112,14 +161,14 @@ class ModelRunner:
         for rid in so.preempted_req_ids:
             state = requests.get(rid)
             if state is not None:
-                state.block_ids = []
+                state.block_ids = tuple([] for _ in self.group_windows)
                 state.num_computed_tokens = 0
         for new in so.scheduled_new_reqs:
             params = new.sampling_params if new.sampling_params is not None else SamplingParams()
             prompt = new.prompt_token_ids
             outputs: list[int] = []
             requests[new.req_id] = CachedRequestState(
-                new.req_id, list(prompt), len(prompt), list(new.block_ids),
+                new.req_id, list(prompt), len(prompt), self.per_group(new.block_ids),
                 new.num_computed_tokens,
                 SamplingState(params, prompt, outputs, self.sampler.make_generator(params)))
         cached = so.scheduled_cached_reqs
@@ -130,12 +179,13 @@ class ModelRunner:
             if rid in resumed:
                 # Its whole new table and all its tokens; outputs so far stay
                 # the sampler's history (penalties, min_tokens).
-                state.block_ids = list(new_block_ids[rid])
+                state.block_ids = self.per_group(new_block_ids[rid])
                 state.token_ids = list(cached.resumed_token_ids[rid])
                 state.num_computed_tokens = cached.num_computed_tokens[rid]
                 state.sampling.output_token_ids[:] = state.token_ids[state.num_prompt_tokens:]
             elif rid in new_block_ids:
-                state.block_ids.extend(new_block_ids[rid])
+                for table, new_ids in zip(state.block_ids, self.per_group(new_block_ids[rid])):
+                    table.extend(new_ids)
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -180,10 +230,12 @@ class ModelRunner:
             query_lens.append(n)
             seq_lens.append(start + n)
             num_drafts.append(len(drafts))
-        md = AttentionMetadata.build(query_lens, seq_lens, [s.block_ids for s in states],
-                                     self.block_size, self.device, self.group_keys)
-        self.last_metadata = md
-        attention = PagedAttention(self.kv_caches, md, self.gather_buffers)
+        mds = self._group_metadata(states, query_lens, seq_lens)
+        md = mds[0]
+        self.last_metadata, self.last_group_metadata = md, mds
+        attention = PagedAttention(self.kv_caches, mds, self.gather_buffers,
+                                   layer_groups=self.layer_groups,
+                                   scale=self.model_config.attention_scale)
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         hidden = self.model.forward(ids, md.positions, attention)
 
@@ -227,6 +279,23 @@ class ModelRunner:
             self._propose(req_ids, states, sampled, scheduler_output.num_spec_tokens_to_schedule)
         return ModelRunnerOutput(req_ids, sampled, logprobs)
 
+    def _group_metadata(self, states: list[CachedRequestState], query_lens: list[int],
+                        seq_lens: list[int]) -> list[AttentionMetadata]:
+        """The step's layout for each KV cache group. Groups with the same
+        window and the same tables (every group's, while the scheduler
+        hands all groups the same ids) share one."""
+        mds: list[AttentionMetadata] = []
+        for g, window in enumerate(self.group_windows):
+            same = next((h for h in range(g) if self.group_windows[h] == window
+                         and all(s.block_ids[h] == s.block_ids[g] for s in states)), None)
+            if same is not None:
+                mds.append(mds[same])
+                continue
+            mds.append(AttentionMetadata.build(query_lens, seq_lens, [s.block_ids[g] for s in states],
+                                               self.block_size, self.device, self.group_keys,
+                                               sliding_window=window))
+        return mds
+
     def _propose(self, req_ids: list[str], states: list[CachedRequestState],
                  sampled: list[list[int]], k: int) -> None:
         """The n-gram drafts after this step, from the tokens the runner holds."""
@@ -248,20 +317,29 @@ class ModelRunner:
     def check_invariants(self) -> None:
         """Debug check of the runner's state (tests call it after every step)."""
         bs, num_blocks = self.block_size, self.num_blocks
+        owner: dict[int, int] = {}  # block id -> the group holding it (shared tensors)
         for rid, s in self.requests.items():
             assert s.req_id == rid, (rid, s.req_id)
             assert 0 < s.num_prompt_tokens <= len(s.token_ids), rid
             assert 0 <= s.num_computed_tokens <= len(s.token_ids), (rid, s.num_computed_tokens)
             assert s.sampling.prompt_token_ids == s.token_ids[:s.num_prompt_tokens], rid
             assert s.sampling.output_token_ids == s.token_ids[s.num_prompt_tokens:], rid
-            if not s.block_ids:  # preempted: nothing in the cache
+            assert len(s.block_ids) == len(self.group_windows), (rid, s.block_ids)
+            if not any(s.block_ids):  # preempted: nothing in the cache
                 assert s.num_computed_tokens == 0, rid
                 continue
-            assert all(0 < b < num_blocks for b in s.block_ids), (rid, s.block_ids)
-            assert len(set(s.block_ids)) == len(s.block_ids), (rid, s.block_ids)
-            assert len(s.block_ids) * bs >= s.num_computed_tokens, (rid, s.block_ids)
-        if self.last_metadata is not None:
-            self.last_metadata.check(num_blocks * bs)
+            for g, (table, window) in enumerate(zip(s.block_ids, self.group_windows)):
+                # A sliding-window table may hold the null block 0 where the
+                # window has passed; every other entry is a real block, once.
+                real = [b for b in table if b] if window is not None else table
+                assert all(0 < b < num_blocks for b in real), (rid, table)
+                assert len(set(real)) == len(real), (rid, table)
+                assert len(table) * bs >= s.num_computed_tokens, (rid, table)
+                if self.share_kv_tensors:  # an id in two groups would share pages
+                    for b in real:
+                        assert owner.setdefault(b, g) == g, (rid, b, g, owner[b])
+        for md in self.last_group_metadata:
+            md.check(num_blocks * bs)
 
 
 def _drafts_to_run(scheduled: list[int] | None, own: list[int] | None) -> list[int]:

@@ -10,6 +10,14 @@ groups, one batched SDPA call per group over a padded gather of the group's
 contexts (small enough to stay in the CPU cache, with little padding);
 prefill chunks one SDPA call each, causal inside the chunk and over the
 cached prefix before it.
+
+A model's layers may fall into several KV cache groups
+(:mod:`kvsched.model.kv_groups`), each with its own block tables: one
+``AttentionMetadata`` per group, and each layer uses its group's. A
+sliding-window group's metadata reads only the window: the query at position
+p sees the keys at p - window + 1 .. p, and blocks wholly before the first
+query's window are never read, so the scheduler may have freed them (vLLM's
+sliding-window manager puts the null block 0 in their place).
 """
 
 from __future__ import annotations
@@ -58,11 +66,13 @@ class PrefillChunk:
 
     start: int
     end: int
-    # Slots of the whole context (cached prefix + chunk) and the causal mask
-    # offset by the cached length; both None when nothing was cached, so the
-    # chunk attends over its own k/v with is_causal.
+    # Slots of the context the chunk attends to (the cached prefix, or the
+    # window's part of it, then the chunk); None when nothing cached is in
+    # view, so the chunk attends over its own k/v.
     context_slots: Tensor | None
-    mask: Tensor | None  # [query_len, seq_len]
+    # [query_len, keys]: True where a query sees a key; None: plain causal
+    # over the chunk's own k/v (is_causal).
+    mask: Tensor | None
 
 
 @dataclass(slots=True)
@@ -74,6 +84,7 @@ class AttentionMetadata:
     slot_mapping: Tensor  # [T] int64: cache slot each token's k/v is written to
     decode_groups: list[DecodeGroup]
     prefill_chunks: list[PrefillChunk]
+    sliding_window: int | None = None  # keys a query sees, itself included; None: all
 
     @property
     def num_tokens(self) -> int:
@@ -82,12 +93,19 @@ class AttentionMetadata:
     @classmethod
     def build(cls, query_lens: Sequence[int], seq_lens: Sequence[int],
               block_tables: Sequence[Sequence[int]], block_size: int,
-              device: torch.device | str = "cpu", group_keys: int = 2048) -> AttentionMetadata:
+              device: torch.device | str = "cpu", group_keys: int = 2048,
+              sliding_window: int | None = None) -> AttentionMetadata:
         """Requests in flat-batch order. Request i owns the next ``query_lens[i]``
         tokens, at positions ``seq_lens[i] - query_lens[i]`` .. ``seq_lens[i] - 1``
         (the tokens before them are in the cache already); ``block_tables[i]``
         must cover its ``seq_lens[i]`` tokens. Decode groups hold at most
-        ``group_keys`` padded keys (or one row); see ``decode_group_keys``."""
+        ``group_keys`` padded keys (or one row); see ``decode_group_keys``.
+        With ``sliding_window`` W each query sees its own key and the W - 1
+        before it; table entries of blocks that lie wholly before the first
+        query's window are not read (they may be the null block 0)."""
+        if sliding_window is not None and sliding_window < 1:
+            raise UserInputError(f"sliding_window={sliding_window}: must be a positive number of "
+                                 "tokens, or None for full attention")
         num_reqs = len(query_lens)
         if len(seq_lens) != num_reqs or len(block_tables) != num_reqs:
             raise UserInputError(
@@ -109,15 +127,35 @@ class AttentionMetadata:
         req_idx = np.repeat(np.arange(num_reqs), q_lens)
         slot_mapping = table[req_idx, positions // block_size] * block_size + positions % block_size
 
+        # The first position the request's first query sees, and its block:
+        # the blocks before it are not read.
+        window = sliding_window
+        first_key = (np.zeros_like(s_lens) if window is None
+                     else np.maximum(s_lens - q_lens - window + 1, 0))
+        first_block = first_key // block_size
+        row_blocks = blocks_needed - first_block  # blocks each request reads
+
         groups = []
         decode_rows = np.flatnonzero(q_lens == 1)
-        for rows in _group_decode_rows(decode_rows, blocks_needed, group_keys // block_size):
-            nb = int(blocks_needed[rows[-1]])  # rows come sorted by length
-            num_keys = int(s_lens[rows].max())
-            mask = np.arange(num_keys)[None, :] < s_lens[rows][:, None]
+        for rows in _group_decode_rows(decode_rows, row_blocks, group_keys // block_size):
+            nb = int(row_blocks[rows[-1]])  # rows come sorted by length
+            row_lens = s_lens[rows]
+            if window is None:
+                num_keys = int(row_lens.max())
+                mask = np.arange(num_keys)[None, :] < row_lens[:, None]
+                ids = table[rows, :nb]
+            else:
+                # Row r's gathered key j is position first_block[r] * block_size + j.
+                base = first_block[rows] * block_size
+                num_keys = int((row_lens - base).max())
+                key_pos = base[:, None] + np.arange(num_keys)[None, :]
+                mask = (key_pos < row_lens[:, None]) & (key_pos >= (row_lens - window)[:, None])
+                cols = first_block[rows][:, None] + np.arange(nb)[None, :]
+                # Columns past a row's table read the null block 0 (masked).
+                ids = np.where(cols < max_blocks, table[rows[:, None], np.minimum(cols, max_blocks - 1)], 0)
             groups.append(DecodeGroup(
                 token_idx=_to(cu[rows], device),
-                block_ids=_to(table[rows, :nb].reshape(-1), device),
+                block_ids=_to(ids.reshape(-1), device),
                 num_blocks=nb,
                 num_keys=num_keys,
                 key_mask=_to(mask[:, None, None, :], device)))
@@ -126,14 +164,27 @@ class AttentionMetadata:
         for i in np.flatnonzero(q_lens > 1).tolist():
             n, seq_len = int(q_lens[i]), int(s_lens[i])
             cached = seq_len - n
-            slots = mask_t = None
-            if cached:
-                nb = int(blocks_needed[i])
-                slots = _to((table[i, :nb, None] * block_size + offsets).reshape(-1)[:seq_len], device)
-                mask_t = _to(np.arange(seq_len)[None, :] <= (cached + np.arange(n))[:, None], device)
+            lo = int(first_key[i])
+            q_pos = (cached + np.arange(n))[:, None]
+            slots = chunk_mask = None
+            if cached > lo:  # some cached keys are in view: read the context from the cache
+                fb, nb = int(first_block[i]), int(blocks_needed[i])
+                context = (table[i, fb:nb, None] * block_size + offsets).reshape(-1)
+                slots = _to(context[lo - fb * block_size:seq_len - fb * block_size], device)
+                key_pos = np.arange(lo, seq_len)[None, :]
+            elif window is not None and n > window:  # the chunk alone outgrows the window
+                key_pos = np.arange(cached, seq_len)[None, :]
+            else:
+                key_pos = None
+            if key_pos is not None:
+                seen = key_pos <= q_pos
+                if window is not None:
+                    seen &= key_pos > q_pos - window
+                chunk_mask = _to(seen, device)
             start = int(cu[i])
-            chunks.append(PrefillChunk(start, start + n, slots, mask_t))
-        return cls(block_size, _to(positions, device), _to(slot_mapping, device), groups, chunks)
+            chunks.append(PrefillChunk(start, start + n, slots, chunk_mask))
+        return cls(block_size, _to(positions, device), _to(slot_mapping, device), groups, chunks,
+                   window)
 
     def check(self, num_slots: int) -> None:
         """Debug check: every slot the step writes or reads lies inside a
@@ -202,19 +253,28 @@ class PagedAttention:
     """The model's ``Attention`` for one step over a paged KV cache.
 
     ``kv_caches[layer]`` is (K, V), each [num_blocks, block_size,
-    num_kv_heads, head_dim]. Every call writes the layer's new k/v into the
-    slots of ``metadata.slot_mapping`` first, then reads whole contexts back."""
+    num_kv_heads, head_dim]: a block id names the same page in every
+    layer's tensors. ``metadata`` is the step's layout, or one per KV cache
+    group with ``layer_groups[layer]`` naming each layer's (None: every layer
+    in group 0). ``scale`` is the softmax scale (None: head_dim ** -0.5).
+    Every call writes the layer's new k/v into the slots of its group's
+    ``slot_mapping`` first, then reads the contexts back."""
 
-    __slots__ = ("kv_caches", "metadata", "buffers")
+    __slots__ = ("kv_caches", "metadata", "buffers", "layer_groups", "scale")
 
-    def __init__(self, kv_caches: Sequence[tuple[Tensor, Tensor]], metadata: AttentionMetadata,
-                 buffers: GatherBuffers | None = None) -> None:
+    def __init__(self, kv_caches: Sequence[tuple[Tensor, Tensor]],
+                 metadata: AttentionMetadata | Sequence[AttentionMetadata],
+                 buffers: GatherBuffers | None = None, *,
+                 layer_groups: Sequence[int] | None = None, scale: float | None = None) -> None:
         self.kv_caches = kv_caches
-        self.metadata = metadata
+        self.metadata = [metadata] if isinstance(metadata, AttentionMetadata) else list(metadata)
         self.buffers = GatherBuffers() if buffers is None else buffers
+        self.layer_groups = layer_groups
+        self.scale = scale
 
     def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        md = self.metadata
+        groups = self.layer_groups
+        md = self.metadata[0 if groups is None else groups[layer_idx]]
         k_cache, v_cache = self.kv_caches[layer_idx]
         num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
         k_slots = k_cache.view(-1, num_kv_heads, head_dim)
@@ -224,7 +284,7 @@ class PagedAttention:
 
         num_heads = q.shape[1]
         group = num_heads // num_kv_heads
-        scale = head_dim ** -0.5
+        scale = head_dim ** -0.5 if self.scale is None else self.scale
         out = torch.empty_like(q)
         if md.decode_groups:
             largest = max(g.block_ids.numel() for g in md.decode_groups)

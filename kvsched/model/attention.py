@@ -14,15 +14,18 @@ class Attention(Protocol):
 
     ``q``: [T, num_heads, head_dim]; ``k``, ``v``: [T, num_kv_heads,
     head_dim], after rotary embedding (and Qwen3's q/k norm), possibly strided views. Returns
-    [T, num_heads, head_dim]. Softmax scale is head_dim ** -0.5. The T
-    tokens may belong to many requests; the implementation knows which."""
+    [T, num_heads, head_dim]. The T tokens may belong to many requests; the
+    implementation knows which, and each layer's softmax scale and window
+    (``ModelConfig.attention_scale``, ``layer_sliding_windows``)."""
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor: ...
 
 
 class CausalAttention:
-    """All T tokens are one sequence starting at position 0: plain causal attention."""
+    """All T tokens are one sequence starting at position 0: plain causal
+    attention over the whole sequence at scale head_dim ** -0.5 (a
+    Llama-family reference, and the engine's memory profile)."""
 
     __slots__ = ()
 

@@ -13,6 +13,7 @@ from typing import Any
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int, is_number
 from kvsched.hf_config import (
+    LAYER_TYPES,
     HFConfig,
     LlamaFamilyConfig,
     RopeFields,
@@ -20,6 +21,7 @@ from kvsched.hf_config import (
     read_llama_family,
     read_rope,
 )
+from kvsched.perf.model_parsers import _GEMMA_DEFAULTS as GEMMA_DEFAULTS  # its one owner
 
 # The architectures the engine runs, with their config.json model_type.
 _ARCHITECTURES: dict[str, str] = {
@@ -27,7 +29,13 @@ _ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
+# The MLP's activation per architecture (config.json's hidden_act, Gemma's
+# hidden_activation): SwiGLU for the Llama family, GeGLU with tanh GELU for Gemma.
+_ACTIVATIONS: Mapping[str, str] = MappingProxyType({
+    "gemma3_text": "gelu_pytorch_tanh"})
+DEFAULT_ACTIVATION = "silu"
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURES)
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
 
@@ -56,6 +64,13 @@ class ModelConfig(LlamaFamilyConfig):
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     torch_dtype: str | None = None
+    # Gemma 3: each layer's "full_attention" / "sliding_attention" (empty:
+    # every layer full), the RoPE base of the sliding layers (their RoPE is
+    # unscaled), the attention's query scaling and the logits' tanh cap.
+    layer_types: tuple[str, ...] = ()
+    local_rope_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in _ARCHITECTURES:
@@ -75,25 +90,67 @@ class ModelConfig(LlamaFamilyConfig):
         if self.head_dim % 2:
             raise UserInputError(f"head_dim={self.head_dim}: rotary embedding needs an even head_dim; "
                              "fix config.json")
-        if self.hidden_act != "silu":
-            raise UserInputError(f"hidden_act={self.hidden_act!r}: unsupported activation; the Llama family "
-                                 "uses silu")
+        activation = _ACTIVATIONS.get(self.model_type, DEFAULT_ACTIVATION)
+        if self.hidden_act != activation:
+            raise UserInputError(f"hidden_act={self.hidden_act!r}: unsupported activation; "
+                                 f"{self.architecture} uses {activation}")
         if self.mlp_bias:
             raise UserInputError("mlp_bias=True: MLP biases are not supported; use a checkpoint without them")
         if self.num_experts:
             raise UserInputError(f"num_experts={self.num_experts}: mixture-of-experts layers are not "
                                  "supported by the engine; use a dense checkpoint")
-        # The model attends over the whole context, which equals sliding-window
-        # attention only when the window covers every position.
-        if self.num_sliding_layers and self.sliding_window < self.max_position_embeddings:
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers or not set(self.layer_types) <= set(LAYER_TYPES):
+                raise UserInputError(
+                    f"layer_types={list(self.layer_types)!r}: must list {self.num_layers} entries "
+                    f"(num_hidden_layers), each {' or '.join(map(repr, LAYER_TYPES))}; fix config.json")
+        # Without layer_types the engine slides every layer (Mistral) or none;
+        # Qwen's window on only the layers from max_window_layers on is not run.
+        elif 0 < self.num_sliding_layers < self.num_layers \
+                and self.sliding_window < self.max_position_embeddings:
             raise UserInputError(
-                f"sliding_window={self.sliding_window}: sliding-window attention is not supported and the "
-                f"window is smaller than max_position_embeddings={self.max_position_embeddings}; use a "
-                "checkpoint with sliding_window null or >= max_position_embeddings")
+                f"sliding_window={self.sliding_window}: a window on {self.num_sliding_layers} of "
+                f"{self.num_layers} layers (use_sliding_window with max_window_layers) is not supported "
+                f"and the window is smaller than max_position_embeddings={self.max_position_embeddings}; "
+                "use a checkpoint with use_sliding_window false or sliding_window >= "
+                "max_position_embeddings")
         if not self.rms_norm_eps > 0:
             raise UserInputError(f"rms_norm_eps={self.rms_norm_eps!r}: must be > 0; fix config.json")
         if not self.rope_theta > 0:
             raise UserInputError(f"rope_theta={self.rope_theta!r}: must be > 0; fix config.json")
+
+        if "sliding_attention" in self.layer_types and not self.sliding_window > 0:
+            raise UserInputError(f"sliding_window={self.sliding_window!r}: sliding_attention layers need "
+                                 "a positive window; fix config.json")
+        for name in ("query_pre_attn_scalar", "final_logit_softcapping", "local_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and not (is_number(value) and value > 0):
+                raise UserInputError(f"{name}={value!r}: must be a positive number or null; "
+                                     "fix config.json")
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale of every layer: Gemma's query_pre_attn_scalar ** -0.5,
+        else head_dim ** -0.5."""
+        scalar = self.query_pre_attn_scalar
+        # x ** -0.5, not 1 / sqrt(x): transformers' rounding of the scale.
+        scale: float = float(self.head_dim if scalar is None else scalar) ** -0.5
+        return scale
+
+    @property
+    def layer_sliding_windows(self) -> tuple[int | None, ...]:
+        """Each layer's window, None for full attention: a sliding layer's
+        query at position p sees the keys at positions p - window + 1 .. p
+        (transformers' mask: kv > q - window; vLLM's window of window - 1
+        keys to the left)."""
+        if not self.layer_types:
+            # Mistral's window covers every layer; one that covers every
+            # position is full attention (the engine ran such checkpoints so).
+            slides = self.num_sliding_layers == self.num_layers \
+                and 0 < self.sliding_window < self.max_position_embeddings
+            return (self.sliding_window if slides else None,) * self.num_layers
+        return tuple(self.sliding_window if t == "sliding_attention" else None
+                     for t in self.layer_types)
 
     @property
     def q_size(self) -> int:
@@ -186,6 +243,101 @@ def _architecture(cfg: dict[str, Any]) -> str:
     return arch
 
 
+# Gemma 3's RoPE bases where config.json omits them (transformers'
+# Gemma3TextConfig.default_theta): global layers, then sliding ones.
+GEMMA3_ROPE_THETA = (1_000_000.0, 10_000.0)
+# Gemma3TextConfig's query_pre_attn_scalar where config.json omits it.
+GEMMA3_QUERY_PRE_ATTN_SCALAR = 256.0
+
+
+def _gemma3(reader: HFConfig) -> tuple[dict[str, Any], RopeScaling | None]:
+    """A Gemma 3 text config (Gemma3ForCausalLM): the shape with its
+    transformers class defaults (``GEMMA_DEFAULTS``, the simulator's too),
+    each layer's type, both RoPEs and the Gemma-only fields."""
+    kv_heads, head_dim, vocab, positions, window, pattern = GEMMA_DEFAULTS["gemma3_text"]
+    layers = reader.get_int("num_hidden_layers")
+    window = reader.get_int("sliding_window", default=window)
+    types = reader.layer_types(layers)
+    if types is None:
+        # transformers' default: every pattern-th layer is global.
+        pattern = reader.get_int("sliding_window_pattern", default=pattern)
+        if pattern < 1:
+            raise reader.fail("sliding_window_pattern", pattern,
+                              "must be a positive integer (every n-th layer is global)")
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    if reader.data.get("attn_logit_softcapping") is not None:
+        raise reader.fail("attn_logit_softcapping", reader.data["attn_logit_softcapping"],
+                          "soft-capped attention scores are not supported (Gemma 3 checkpoints have "
+                          "null); set it to null")
+    if reader.get_bool("use_bidirectional_attention", False):
+        raise reader.fail("use_bidirectional_attention", True, "only causal attention is supported; "
+                          "set it to false")
+    activation = reader.get_str("hidden_activation", _ACTIVATIONS["gemma3_text"])
+    if activation != _ACTIVATIONS["gemma3_text"]:
+        raise reader.fail("hidden_activation", activation,
+                          f"unsupported activation; Gemma 3 uses {_ACTIVATIONS['gemma3_text']}")
+    positions = reader.get_int("max_position_embeddings", default=positions)
+    full_rope, local_theta = _gemma3_rope(reader)
+    sliding = sum(t == "sliding_attention" for t in types)
+    bias = reader.get_bool("attention_bias", False)
+    # A null cap means none (Gemma 3's published configs).
+    cap = None if reader.data.get("final_logit_softcapping") is None \
+        else reader.get_number("final_logit_softcapping", 0.0)
+    scalars = {"final_logit_softcapping": cap,
+               "query_pre_attn_scalar": reader.get_number("query_pre_attn_scalar",
+                                                          GEMMA3_QUERY_PRE_ATTN_SCALAR)}
+    fields: dict[str, Any] = dict(
+        model_type="gemma3_text", vocab_size=reader.get_int("vocab_size", default=vocab),
+        hidden_size=reader.get_int("hidden_size"), num_layers=layers,
+        num_heads=reader.get_int("num_attention_heads"),
+        num_kv_heads=reader.get_int("num_key_value_heads", default=kv_heads),
+        head_dim=reader.get_int("head_dim", default=head_dim),
+        intermediate_size=reader.get_int("intermediate_size"),
+        max_position_embeddings=positions,
+        tie_word_embeddings=reader.get_bool("tie_word_embeddings", True),
+        rms_norm_eps=reader.get_number("rms_norm_eps", 1e-6),
+        hidden_act=activation,
+        attention_bias=bias, attention_out_bias=bias, qk_norm=True,
+        sliding_window=window if sliding else 0, num_sliding_layers=sliding,
+        rope_theta=full_rope.rope_theta, layer_types=tuple(types), local_rope_theta=local_theta,
+        **scalars)
+    return fields, _rope_scaling(full_rope, positions)
+
+
+def _gemma3_rope(reader: HFConfig) -> tuple[RopeFields, float]:
+    """(the global layers' RoPE, the sliding layers' base). transformers 5
+    writes ``rope_parameters`` per layer type; 4.x configs (the published
+    ones) give ``rope_theta``, ``rope_local_base_freq`` and a ``rope_scaling``
+    that applies to the global layers only."""
+    params = reader.data.get("rope_parameters")
+    if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
+        per_type: dict[str, tuple[float, Mapping[str, Any]]] = {}
+        for layer_type, default in zip(LAYER_TYPES, GEMMA3_ROPE_THETA):
+            where = f"rope_parameters.{layer_type}"
+            own = params.get(layer_type) or {}
+            if not isinstance(own, dict):
+                raise reader.fail(where, own, "must be a JSON object or null")
+            theta = HFConfig(own, f"{reader.source}: {where}").get_number("rope_theta", default)
+            per_type[layer_type] = theta, own
+        theta, full = per_type["full_attention"]
+        local_theta, local = per_type["sliding_attention"]
+        if local.get("rope_type", "default") != "default":
+            raise reader.fail("rope_parameters.sliding_attention.rope_type", local["rope_type"],
+                              "only unscaled RoPE is supported on the sliding layers")
+        rope = RopeFields("rope_parameters.full_attention", theta,
+                          str(full.get("rope_type", "default")),
+                          full.get("partial_rotary_factor", 1.0), full)
+        return rope, local_theta
+    scaling = reader.data.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise reader.fail("rope_scaling", scaling, "must be a JSON object or null")
+    scaling = scaling or {}
+    theta = reader.get_number("rope_theta", GEMMA3_ROPE_THETA[0])
+    rope = RopeFields("rope_scaling", theta, str(scaling.get("rope_type", scaling.get("type", "default"))),
+                      1.0, scaling)
+    return rope, reader.get_number("rope_local_base_freq", GEMMA3_ROPE_THETA[1])
+
+
 def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | None = None,
                        source: str = "config.json") -> ModelConfig:
     """A ``ModelConfig`` from config.json's (and generation_config.json's) contents.
@@ -194,9 +346,15 @@ def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | 
     here are only what the engine supports and the token ids."""
     arch = _architecture(cfg)
     reader = HFConfig(cfg, source)
-    f = read_llama_family(reader, _ARCHITECTURES[arch])
-    rope = read_rope(reader)
-    rope_scaling = _rope_scaling(rope, f.max_position_embeddings)
+    if _ARCHITECTURES[arch] == "gemma3_text":
+        shape, rope_scaling = _gemma3(reader)
+    else:
+        f = read_llama_family(reader, _ARCHITECTURES[arch])
+        rope = read_rope(reader)
+        rope_scaling = _rope_scaling(rope, f.max_position_embeddings)
+        shape = {field.name: getattr(f, field.name) for field in fields(LlamaFamilyConfig)}
+        shape["model_type"] = str(cfg.get("model_type", f.model_type))
+        shape["rope_theta"] = rope.rope_theta
 
     eos = _token_ids("eos_token_id", cfg.get("eos_token_id"))
     bos = cfg.get("bos_token_id")
@@ -209,12 +367,9 @@ def parse_model_config(cfg: dict[str, Any], generation_config: dict[str, Any] | 
         raise UserInputError(f"bos_token_id={bos!r}: must be a token id or null; fix config.json")
     dtype = cfg.get("torch_dtype", cfg.get("dtype"))
 
-    shape = {field.name: getattr(f, field.name) for field in fields(LlamaFamilyConfig)}
-    shape["model_type"] = str(cfg.get("model_type", f.model_type))
     return ModelConfig(
         **shape,
         architecture=arch,
-        rope_theta=rope.rope_theta,
         rope_scaling=rope_scaling,
         eos_token_ids=tuple(eos),
         bos_token_id=bos,

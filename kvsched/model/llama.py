@@ -26,12 +26,14 @@ PACKED_MODULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2] in float32 on CPU, with rope scaling."""
+def rope_inv_freq(config: ModelConfig, local: bool = False) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] in float32 on CPU, with rope scaling;
+    ``local``: the sliding layers' own RoPE (Gemma 3: its base, unscaled)."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta
-                      ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim))
-    scaling = config.rope_scaling_dict()
+    theta = config.local_rope_theta if local and config.local_rope_theta is not None \
+        else config.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim))
+    scaling = None if local else config.rope_scaling_dict()
     if scaling is None:
         return inv_freq
     factor = float(scaling["factor"])
@@ -52,8 +54,8 @@ class RotaryEmbedding:
     """cos/sin of position * inv_freq, computed and applied in float32 (as
     transformers computes them) then cast back to the activations' dtype."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        self.inv_freq = rope_inv_freq(config)
+    def __init__(self, config: ModelConfig, local: bool = False) -> None:
+        self.inv_freq = rope_inv_freq(config, local)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, 1, D] each, broadcast over heads: cos twice, and -sin then sin
@@ -115,13 +117,22 @@ class Embedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
+    """``unit_offset``: Gemma's norm, whose checkpoint stores the scale minus
+    one and which scales in float32 before casting back (transformers'
+    Gemma order); otherwise Llama's."""
+
     def __init__(self, size: int, eps: float, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, unit_offset: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.unit_offset:
+            xf = x.float()
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (xf * (1.0 + self.weight.float())).to(x.dtype)
         if x.dtype == torch.float32:
             # torch's fused kernel, the same arithmetic in float32 (one op, not six).
             return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -132,8 +143,11 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
+    """q/k/v, (per-head q/k norms), rotary embedding, attention, o. The
+    softmax scale and a layer's window are the ``Attention``'s business."""
+
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, unit_offset_norms: bool = False) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_heads
@@ -147,8 +161,10 @@ class LlamaAttention(nn.Module):
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device)
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device,
+                                  unit_offset=unit_offset_norms)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device,
+                                  unit_offset=unit_offset_norms)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention: Attention) -> torch.Tensor:
@@ -177,10 +193,13 @@ class LlamaMLP(nn.Module):
                                    dtype=dtype, device=device)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False,
                                 dtype=dtype, device=device)
+        # SwiGLU, or Gemma's GeGLU (tanh GELU); ModelConfig checked the name.
+        self.tanh_gelu = config.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)  # type: ignore[no-any-return]
+        act = F.gelu(gate, approximate="tanh") if self.tanh_gelu else F.silu(gate)
+        return self.down_proj(act * up)  # type: ignore[no-any-return]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -226,11 +245,14 @@ class LlamaForCausalLM(nn.Module):
     ``dtype``/``device`` set where the parameters are created (the loader uses
     device "meta" and then assigns the checkpoint's tensors)."""
 
+    # The decoder stack a subclass swaps in (same forward signature).
+    model_class: type[LlamaModel] = LlamaModel
+
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, dtype=dtype, device=device)
+        self.model = self.model_class(config, dtype=dtype, device=device)
         # Tied embeddings: no lm_head module, the logits reuse embed_tokens.weight.
         self.lm_head: Linear | None = None
         if not config.tie_word_embeddings:
@@ -255,9 +277,15 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, attention)  # type: ignore[no-any-return]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden_size] -> [N, vocab_size] float32 (matmul in the model's dtype)."""
+        """[N, hidden_size] -> [N, vocab_size] float32 (matmul in the model's
+        dtype, then Gemma's tanh soft-cap there, as transformers does)."""
         if self.lm_head is not None:
-            return self.lm_head(hidden).float()  # type: ignore[no-any-return]
-        if self.logits_gemm is not None:
-            return self.logits_gemm(hidden).float()
-        return F.linear(hidden, self.model.embed_tokens.weight).float()
+            logits: torch.Tensor = self.lm_head(hidden)
+        elif self.logits_gemm is not None:
+            logits = self.logits_gemm(hidden)
+        else:
+            logits = F.linear(hidden, self.model.embed_tokens.weight)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()

@@ -13,7 +13,13 @@ from safetensors import safe_open
 from kvsched.errors import UserInputError
 from kvsched.model.config import ModelConfig, load_model_config
 from kvsched.model.cpu_gemm import use_cpu_gemm
+from kvsched.model.gemma3 import Gemma3ForCausalLM
 from kvsched.model.llama import PACKED_MODULES, LlamaForCausalLM
+
+# The model class per architecture; every other one is a LlamaForCausalLM.
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {"Gemma3ForCausalLM": Gemma3ForCausalLM}
+# Gemma's two extra norms around the MLP, per layer.
+_GEMMA_MLP_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float": torch.float32,
@@ -44,6 +50,9 @@ def checkpoint_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{n}."
         shapes[p + "input_layernorm.weight"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
+        if config.architecture in MODEL_CLASSES:
+            for norm in _GEMMA_MLP_NORMS:
+                shapes[f"{p}{norm}.weight"] = (h,)
         for proj, rows in (("q_proj", config.q_size), ("k_proj", config.kv_size),
                            ("v_proj", config.kv_size)):
             shapes[f"{p}self_attn.{proj}.weight"] = (rows, h)
@@ -180,7 +189,7 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype,
             state[f"{prefix}.{fused}.{leaf}"] = torch.cat(
                 [tensors[f"{prefix}.{p}.{leaf}"] for p in parts], dim=0)
 
-    model = LlamaForCausalLM(config, dtype=dtype, device="meta")
+    model = MODEL_CLASSES.get(config.architecture, LlamaForCausalLM)(config, dtype=dtype, device="meta")
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     model.eval()

@@ -31,6 +31,7 @@ ARCHS: dict[str, tuple[str, str]] = {
     "mistral": ("MistralForCausalLM", "mistral"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
 }
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
@@ -147,7 +148,8 @@ def _check_args(arch: str, hidden_size: int, num_layers: int, num_heads: int, nu
 def _config_json(arch: str, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
                  intermediate_size: int, vocab_size: int, max_position_embeddings: int,
                  initializer_range: float, dtype: str, head_dim: int,
-                 tie_word_embeddings: bool) -> dict[str, Any]:
+                 tie_word_embeddings: bool, sliding_window: int | None = None,
+                 sliding_window_pattern: int = 2) -> dict[str, Any]:
     architecture, model_type = ARCHS[arch]
     cfg: dict[str, Any] = {
         "architectures": [architecture],
@@ -177,14 +179,27 @@ def _config_json(arch: str, hidden_size: int, num_layers: int, num_heads: int, n
     if arch == "llama":
         cfg["mlp_bias"] = False
     if arch == "mistral":
-        cfg["sliding_window"] = None
+        cfg["sliding_window"] = sliding_window
     if arch in ("qwen2", "qwen3"):
         cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=num_layers)
+    if arch == "gemma3":
+        # Spelled as the published Gemma 3 text checkpoints spell it (4.x
+        # keys): a local RoPE base beside the global one, every
+        # sliding_window_pattern-th layer global. A query scalar other than
+        # head_dim, so that the wrong softmax scale shows.
+        del cfg["hidden_act"]
+        cfg.update(hidden_activation="gelu_pytorch_tanh", rope_theta=1_000_000.0,
+                   rope_local_base_freq=10_000.0, sliding_window=sliding_window or 4096,
+                   sliding_window_pattern=sliding_window_pattern,
+                   query_pre_attn_scalar=head_dim * 2, final_logit_softcapping=None,
+                   attn_logit_softcapping=None, attention_bias=False)
     return cfg
 
 
 def _random_weights(shapes: dict[str, tuple[int, ...]], std: float, seed: int,
-                    dtype: torch.dtype) -> dict[str, torch.Tensor]:
+                    dtype: torch.dtype, norm_offset: float = 1.0) -> dict[str, torch.Tensor]:
+    """``norm_offset``: the stored norm weight's centre; 0 for Gemma, whose
+    norms scale by 1 + weight."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -192,7 +207,7 @@ def _random_weights(shapes: dict[str, tuple[int, ...]], std: float, seed: int,
     for name, shape in shapes.items():
         if name.endswith("norm.weight"):
             # Norm scales around 1, not all ones, so a swapped norm changes the logits.
-            t = 1.0 + 0.5 * (torch.rand(shape, generator=gen) - 0.5)
+            t = norm_offset + 0.5 * (torch.rand(shape, generator=gen) - 0.5)
         else:
             t = torch.randn(shape, generator=gen) * std
         weights[name] = t.to(dtype).contiguous()
@@ -230,14 +245,24 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", hidden_size: int =
                     max_position_embeddings: int = 2048,
                     initializer_range: float = DEFAULT_INITIALIZER_RANGE, seed: int = 0,
                     dtype: str = "float32", shards: int = 1, head_dim: int | None = None,
-                    tie_word_embeddings: bool = False) -> Path:
+                    tie_word_embeddings: bool = False, sliding_window: int | None = None,
+                    sliding_window_pattern: int = 2) -> Path:
     """Write a random ``arch`` checkpoint with its tokenizer to ``out_dir``;
-    return the directory. Same arguments, same bytes."""
+    return the directory. Same arguments, same bytes. ``sliding_window`` and
+    ``sliding_window_pattern`` (every n-th layer global) are Gemma 3's; Mistral
+    takes ``sliding_window`` on every layer."""
     from kvsched.model.config import parse_model_config
     from kvsched.model.loader import DTYPES, checkpoint_tensor_shapes
 
     _check_args(arch, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
                 vocab_size, max_position_embeddings, initializer_range, dtype, shards, head_dim)
+    if arch not in ("gemma3", "mistral") and sliding_window is not None:
+        raise UserInputError(f"sliding_window={sliding_window}: only the gemma3 and mistral tiny models "
+                             "have a window; drop it or use one of those")
+    for name, value in (("sliding_window", sliding_window), ("sliding_window_pattern",
+                                                              sliding_window_pattern)):
+        if value is not None and (not is_int(value) or value <= 0):
+            raise UserInputError(f"{name}={value!r}: must be a positive integer")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserInputError(f"out_dir={str(out_dir)!r}: exists and is not a directory; "
@@ -245,7 +270,8 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", hidden_size: int =
     dim = head_dim if head_dim is not None else hidden_size // num_heads
     config_json = _config_json(
         arch, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, vocab_size,
-        max_position_embeddings, initializer_range, dtype, dim, tie_word_embeddings)
+        max_position_embeddings, initializer_range, dtype, dim, tie_word_embeddings, sliding_window,
+        sliding_window_pattern)
     generation_json = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
     shapes = checkpoint_tensor_shapes(parse_model_config(config_json, generation_json))
     if shards > len(shapes):
@@ -253,7 +279,9 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", hidden_size: int =
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "config.json", config_json)
     _write_json(out / "generation_config.json", generation_json)
-    _save_weights(out, _random_weights(shapes, initializer_range, seed, DTYPES[dtype]), shards)
+    norm_offset = 0.0 if arch == "gemma3" else 1.0
+    _save_weights(out, _random_weights(shapes, initializer_range, seed, DTYPES[dtype], norm_offset),
+                  shards)
 
     tok = build_tokenizer(vocab_size)
     tok.save(str(out / "tokenizer.json"))
@@ -286,6 +314,11 @@ def add_make_tiny_model_parser(subparsers: Any) -> None:
     p.add_argument("--initializer-range", type=float, default=DEFAULT_INITIALIZER_RANGE,
                    help="standard deviation of the random weights")
     p.add_argument("--tie-word-embeddings", action="store_true")
+    p.add_argument("--sliding-window", type=int, default=None,
+                   help="gemma3: tokens a local layer attends to (default 4096); mistral: every "
+                        "layer's window (default none)")
+    p.add_argument("--sliding-window-pattern", type=int, default=2,
+                   help="gemma3: every n-th layer is global (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32",
                    help=f"weights' dtype, one of {', '.join(TINY_DTYPES)} (default float32)")
@@ -300,6 +333,7 @@ def _run_make_tiny_model(args: argparse.Namespace) -> int:
         intermediate_size=args.intermediate_size, vocab_size=args.vocab_size,
         max_position_embeddings=args.max_position_embeddings,
         initializer_range=args.initializer_range, seed=args.seed, dtype=args.dtype,
-        shards=args.shards, head_dim=args.head_dim, tie_word_embeddings=args.tie_word_embeddings)
+        shards=args.shards, head_dim=args.head_dim, tie_word_embeddings=args.tie_word_embeddings,
+        sliding_window=args.sliding_window, sliding_window_pattern=args.sliding_window_pattern)
     print(out)
     return 0

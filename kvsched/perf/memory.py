@@ -25,6 +25,15 @@ embedding). Every stage plans its own memory as above (activations and
 non-torch memory as one GPU's); vLLM takes the fewest blocks any stage's
 workers report, so the stage with the least KV room sets ``num_gpu_blocks``.
 
+The KV room is then planned as vLLM plans it
+(kvsched.perf.kv_cache_planning): the layers form KV cache groups (one for
+a model of one attention kind; a full-attention group and sliding-window
+groups of equal layer counts for gpt-oss and Gemma), every block id is one
+page in each layer of one group, and ``num_gpu_blocks`` is the room divided
+by the largest group's pages. The scheduler charges each group its own
+blocks from that one pool (``kv_groups``), so a sliding-window group holds
+blocks only for its window.
+
 That is vLLM's sizing from the profiling estimate (``Worker.
 determine_available_memory``), every release's where the extensible KV
 cache is off. vLLM 0.33 also takes its CUDA-graph memory estimate
@@ -60,10 +69,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsched.config import check_gpu_memory_utilization
+from kvsched.config import KVCacheGroup, check_gpu_memory_utilization
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.perf.hardware import Hardware
+from kvsched.perf.kv_cache_planning import KVCachePlan, model_spec_layers, plan_kv_cache
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.pipeline import stage_layers
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes, weight_split
@@ -96,7 +106,6 @@ class MemoryPlan:
     weight_bytes: float
     activation_bytes: float
     non_torch_bytes: float
-    sliding_window_bytes: float
     kv_cache_bytes: float
     bytes_per_block: float
     num_gpu_blocks: int
@@ -114,6 +123,10 @@ class MemoryPlan:
     extensible: bool = False
     cuda_graph_bytes: float = 0.0
     margin_bytes: float = 0.0
+    # vLLM's KV cache groups when the model has more than one (or one that
+    # is not plain full attention of the block size): the scheduler charges
+    # each group its blocks from the one pool (kvsched.perf.kv_cache_planning).
+    kv_groups: tuple[KVCacheGroup, ...] = ()
 
     def describe(self) -> str:
         drafter = f" - {self.drafter_bytes / GIB:.1f} drafter" if self.drafter_bytes else ""
@@ -191,32 +204,27 @@ def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
     return max_num_batched_tokens * per_token + logits
 
 
-def kv_layout(full_layers: int, sliding_layers: int, window: int, per_layer: float, block_size: int,
-              max_num_seqs: int, free: float) -> tuple[float, float]:
-    """(bytes of one KV block, bytes set aside for the sliding-window
-    layers) of ``full_layers`` full-attention and ``sliding_layers``
-    sliding-window layers (a whole model, or one PP stage) with ``free``
-    bytes left for KV.
+def kv_cache_plan(model: ModelSpec, num_layers: int, num_sliding_layers: int, block_size: int,
+                  tensor_parallel_size: int, kv_bytes: int, drafter_kv_layers: int,
+                  free: float) -> KVCachePlan:
+    """vLLM's KV cache groups and block count for ``num_layers`` layers of
+    ``model`` (the whole model, or one PP stage), ``num_sliding_layers`` of
+    them sliding, with ``free`` bytes left for KV: one pool of blocks, each
+    block id one page in every layer of one group
+    (kvsched.perf.kv_cache_planning). The one owner of that rule here."""
+    layers = model_spec_layers(model, block_size=block_size, tensor_parallel_size=tensor_parallel_size,
+                               kv_cache_bytes=kv_bytes, num_layers=num_layers,
+                               num_sliding_layers=num_sliding_layers, extra_full_layers=drafter_kv_layers)
+    return plan_kv_cache(layers, int(max(free, 0.0)))
 
-    vLLM's hybrid allocator keeps full-attention and sliding-window layers
-    in one block pool: a request's sliding layers take a block for each
-    block of full attention until it passes the window, then no more. The
-    scheduler here counts full-attention blocks only, so a window of the
-    sliding layers is set aside per sequence that can be past its window at
-    once: ``max_num_seqs``, but never more than the memory holds sequences
-    of a window's tokens in every layer (a Gemma window of 4096 tokens
-    leaves room for a few dozen, not 1024). When every layer slides
-    (Phi-3-mini-4k), the sliding layers are charged in each block like full
-    attention: exact below the window, conservative beyond it. The one
-    owner of that rule."""
-    if not sliding_layers:
-        return block_size * full_layers * per_layer, 0.0
-    if not full_layers:
-        return block_size * sliding_layers * per_layer, 0.0
-    window_bytes = window * per_layer  # one layer's window, one sequence
-    past_window = int(max(free, 0.0) // (window_bytes * (full_layers + sliding_layers)))
-    reserve = min(max_num_seqs, past_window) * sliding_layers * window_bytes
-    return block_size * full_layers * per_layer, reserve
+
+def scheduler_kv_groups(plan: KVCachePlan, block_size: int) -> tuple[KVCacheGroup, ...]:
+    """The groups the scheduler is told about: none for vLLM's single
+    full-attention group of ``block_size`` tokens (CacheConfig's default)."""
+    groups = plan.kv_groups()
+    if len(groups) == 1 and groups[0].kind == "full_attention" and groups[0].block_size == block_size:
+        return ()
+    return groups
 
 
 def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
@@ -239,18 +247,16 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     tp = parallel.tensor_parallel_size
     weights = weight_bytes_per_device(model, parallel, runtime.dtype, runtime.quantized_layers)
     activations = activation_peak_bytes(model, parallel, max_num_batched_tokens, max_num_seqs)
-    per_layer = model.kv_bytes_per_layer_per_rank(kvb, tp)
     room = device_kv_budget(hardware, gpu_memory_utilization,
                             weights + NON_TORCH_BYTES + drafter_bytes + lora_bytes, activations, extensible)
     free = room.free_bytes
-    bytes_per_block, sliding = kv_layout(model.num_full_attention_layers + drafter_kv_layers,
-                                         model.num_sliding_layers, model.sliding_window, per_layer,
-                                         block_size, max_num_seqs, free)
-    kv = free - sliding
-    blocks = int(kv // bytes_per_block) if kv > 0 else 0
-    plan = MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, sliding, kv,
-                      bytes_per_block, blocks, drafter_bytes, lora_bytes=lora_bytes, extensible=extensible,
-                      cuda_graph_bytes=room.cuda_graph_bytes, margin_bytes=room.margin_bytes)
+    kv = kv_cache_plan(model, model.num_layers, model.num_sliding_layers, block_size, tp, kvb,
+                       drafter_kv_layers, free)
+    plan = MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, free,
+                      kv.bytes_per_block, kv.num_blocks, drafter_bytes, lora_bytes=lora_bytes,
+                      extensible=extensible, cuda_graph_bytes=room.cuda_graph_bytes,
+                      margin_bytes=room.margin_bytes, kv_groups=scheduler_kv_groups(kv, block_size))
+    blocks = plan.num_gpu_blocks
     if blocks < 2:
         raise UserInputError(
             f"{model.name} does not fit on {hardware.name} with tensor_parallel_size={tp}: "
@@ -264,7 +270,11 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
                    max_num_batched_tokens: int, max_num_seqs: int, extensible: bool) -> MemoryPlan:
     """plan_memory with PP stages (module doc): each stage's plan, and the
     one with the fewest blocks. A hybrid model's sliding-window layers are
-    taken as spread evenly over the stages."""
+    taken as spread evenly over the stages, and each stage's block is the
+    largest group of its own layers, regrouped. vLLM instead projects the
+    whole model's groups onto each stage's layers, which needs the layer
+    order: the two agree for gpt-oss at PP 2-4 and Gemma 3 27B at PP 2, not
+    always beyond (an approximation for hybrid models under PP)."""
     kvb = runtime.kv_bytes
     tp = parallel.tensor_parallel_size
     pp = parallel.pipeline_parallel_size
@@ -275,7 +285,10 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
     lm_head = m.lm_head_matmul_params() * 2.0 / tp
     per_layer_weights = (whole - embedding - m.lm_head_params() * 2.0 / tp) / m.num_layers
     activations = activation_peak_bytes(m, parallel, max_num_batched_tokens, max_num_seqs)
-    per_layer = m.kv_bytes_per_layer_per_rank(kvb, tp)
+    # vLLM groups the whole model's layers and hands every stage the same
+    # groups (each holding that stage's layers); the scheduler sees those.
+    groups = scheduler_kv_groups(kv_cache_plan(m, m.num_layers, m.num_sliding_layers, block_size, tp, kvb, 0,
+                                               0.0), block_size)
     plans: list[MemoryPlan] = []
     for i, n in enumerate(stage_layers(m.num_layers, pp)):
         weights = per_layer_weights * n + (embedding if i == 0 else 0.0) + (lm_head if i == pp - 1 else 0.0)
@@ -283,13 +296,11 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
         room = device_kv_budget(hardware, gpu_memory_utilization, weights + NON_TORCH_BYTES, activations,
                                 extensible)
         free = room.free_bytes
-        bytes_per_block, sliding = kv_layout(n - sliding_layers, sliding_layers, m.sliding_window, per_layer,
-                                             block_size, max_num_seqs, free)
-        kv = free - sliding
-        blocks = int(kv // bytes_per_block) if kv > 0 else 0
-        plans.append(MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, sliding, kv,
-                                bytes_per_block, blocks, 0.0, pp, i, extensible=extensible,
-                                cuda_graph_bytes=room.cuda_graph_bytes, margin_bytes=room.margin_bytes))
+        kv = kv_cache_plan(m, n, sliding_layers, block_size, tp, kvb, 0, free)
+        plans.append(MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, free,
+                                kv.bytes_per_block, kv.num_blocks, 0.0, pp, i, extensible=extensible,
+                                cuda_graph_bytes=room.cuda_graph_bytes, margin_bytes=room.margin_bytes,
+                                kv_groups=groups))
     plan = min(plans, key=lambda p: p.num_gpu_blocks)
     if plan.num_gpu_blocks < 2:
         raise UserInputError(

@@ -32,6 +32,8 @@ SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "gemm
                          "glm4_moe", "gpt_oss", "kimi_k2", "llama", "mistral", "mixtral", "phi3", "qwen2",
                          "qwen3", "qwen3_moe")
 
+_LLAMA4 = ("chunked local attention (attention_chunk_size) on 3 of every 4 layers, which vLLM pages as its "
+           "own KV group, plus NoPE global layers; kvsched sizes full and sliding-window layers only")
 # Architectures vLLM serves that kvsched refuses, and why: what the KV cache
 # or the step price would get wrong. The one owner of those reasons.
 REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
@@ -50,9 +52,9 @@ REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
                     "weights with dense attention",
     "glm_moe_dsa": "DeepSeek Sparse Attention (an indexer selects the attended tokens, with its own key "
                    "cache), as DeepSeek-V3.2; kvsched prices dense attention only",
-    "llama4": "chunked local attention (attention_chunk_size) on 3 of every 4 layers, which vLLM pages as "
-              "its own KV group, plus NoPE global layers; kvsched sizes full and sliding-window layers "
-              "only",
+    "llama4": _LLAMA4,
+    # Llama 4's multimodal checkpoints wrap it in a text_config (kvsched.hf_config).
+    "llama4_text": _LLAMA4,
     "nemotron_h": "hybrid Mamba-2/attention layers: the Mamba layers' recurrent state is not paged KV and "
                   "kvsched does not size or price it",
     "deepseek_v4": "compressed sparse attention with a sliding window on every layer; kvsched prices "
@@ -318,23 +320,27 @@ def load_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
     p = Path(path).expanduser()
     config_path = p / "config.json" if p.is_dir() else p
     data = read_config_json(config_path)
+    return model_spec_from_config(data, name or _name_from_path(config_path), str(config_path))
+
+
+def model_spec_from_config(data: Mapping[str, Any], label: str, source: str = "config.json") -> ModelSpec:
+    """:func:`load_model_spec` of a config.json already read: ``data`` the
+    JSON object, ``label`` the spec's name, ``source`` the file (for errors)."""
     if data.get("model_type") is None:
-        raise UserInputError(f"{config_path}: missing required field 'model_type'")
+        raise UserInputError(f"{source}: missing required field 'model_type'")
     text, model_type = language_model_config(data)
-    label = name or _name_from_path(config_path)
     if model_type is not None and model_type in REFUSED_MODEL_TYPES:
         raise UserInputError(f"{label}: model_type={model_type!r} is not supported: "
-                             f"{REFUSED_MODEL_TYPES[model_type]} ({config_path})")
+                             f"{REFUSED_MODEL_TYPES[model_type]} ({source})")
     parser = _PARSERS.get(model_type) if model_type is not None else None
     if parser is None:
         shown = show(model_type if model_type is not None else data.get("model_type"))
-        raise UserInputError(f"{config_path}: model_type={shown} is not supported; "
-                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise UserInputError(f"{source}: model_type={shown} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     assert model_type is not None
-    source = str(config_path) if text is data else f"{config_path}: text_config"
-    cfg = HFConfig(text, source)
+    cfg = HFConfig(text, source if text is data else f"{source}: text_config")
     fields = parser(cfg, model_type)
     try:
         return ModelSpec(name=label, **fields)
     except ValueError as err:
-        raise UserInputError(f"{config_path}: {err}") from None
+        raise UserInputError(f"{source}: {err}") from None

@@ -32,7 +32,7 @@ from kvsched.core.scripted_connector import (
     ScriptedWorker,
 )
 from kvsched.errors import UserInputError
-from kvsched.request import Request, RequestStatus, SamplingParams
+from kvsched.request import MultiModalFeature, Request, RequestStatus, SamplingParams
 from kvsched.scenario.schema import Scenario
 
 
@@ -51,6 +51,9 @@ def make_request(spec: dict[str, Any]) -> Request:
         priority=spec.get("priority", 0),
         arrival_time=float(spec.get("arrival_time", spec.get("arrival_step", 0))),
         lora_id=spec.get("lora_id") or 0,
+        mm_features=tuple(MultiModalFeature(m["identifier"], m["offset"], m["length"],
+                                            m.get("modality", "image"), m.get("is_embed"))
+                          for m in spec.get("mm_items", ())),
     )
 
 
@@ -76,7 +79,8 @@ def build_scheduler(scenario: Scenario, admission_policy: AdmissionPolicy | None
     try:
         sched = Scheduler(scenario.scheduler_config, scenario.cache_config, admission_policy,
                           explain_admission=explain, speculative_config=scenario.speculative_config,
-                          lora_config=scenario.lora_config, kv_connector=_make_connector(scenario))
+                          lora_config=scenario.lora_config, kv_connector=_make_connector(scenario),
+                          mm_max_tokens_per_item=scenario.mm_max_tokens_per_item)
     except ValueError as e:
         raise UserInputError(f"{scenario.source}: {e}") from None
     if sched.connector is not None:
@@ -115,6 +119,22 @@ def _make_child_connector(scenario: Scenario, kvc: Mapping[str, Any],
                for r in scenario.requests}
     return ScriptedConnector(config, scripts, scenario.cache_config.block_size,
                              bool(kvc.get("pending_block_frees", False)))
+
+
+def encoder_fields(sched: Scheduler, output: SchedulerOutput | None) -> dict[str, Any]:
+    """The encoder's trace keys for one step (a multimodal scenario): the mm
+    items scheduled for encoding per request in scheduling order, the
+    identifiers the step's output tells the workers to drop, and the encoder
+    cache's free and freeable slots after the step."""
+    ecm = sched.encoder_cache_manager
+    assert ecm is not None
+    inputs = output.scheduled_encoder_inputs if output is not None else {}
+    return {
+        "encoder_inputs": [[rid, ids] for rid, ids in inputs.items()],
+        "freed_mm_hashes": output.free_encoder_mm_hashes if output is not None else [],
+        "encoder_free_slots": ecm.num_free_slots,
+        "encoder_freeable_slots": ecm.num_freeable_slots,
+    }
 
 
 def kv_fields(sched: Scheduler, output: SchedulerOutput | None,

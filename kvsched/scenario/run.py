@@ -32,6 +32,7 @@ from kvsched.scenario.build import (
     build_scheduler,
     check_requests,
     collect_kv_report,
+    encoder_fields,
     kv_fields,
     make_request,
     make_worker,
@@ -93,6 +94,7 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
     # The KV connector's worker side sees every executed batch, in order.
     worker = make_worker(scenario)
     use_kv = worker is not None
+    use_mm = sched.encoder_cache_manager is not None
     # Async scheduling: vLLM's EngineCore.batch_queue, newest first, with the
     # worker's report for each batch.
     batch_queue: deque[tuple[int, SchedulerOutput, list[Entry], KVReport | None]] = deque()
@@ -190,6 +192,8 @@ def replay(scenario: Scenario, trace_out: TextIO | None = None,
             record["processed"] = processed
         if use_kv:
             record.update(kv_fields(sched, output, report))
+        if use_mm:
+            record.update(encoder_fields(sched, output))
         idle_tail = None
         if trace_out is not None:
             line = json.dumps(record, separators=(",", ":"))

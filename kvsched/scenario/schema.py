@@ -46,6 +46,7 @@ from kvsched.core.scripted_connector import (
 from kvsched.errors import UserInputError
 from kvsched.files import read_text
 from kvsched.jsonfile import DuplicateKeys, json_problem, strict_loads
+from kvsched.request import MultiModalFeature, check_mm_features
 from kvsched.vllm_versions import (
     DEFAULT_VLLM_VERSION,
     VERSIONED_SCHEDULER_KNOBS,
@@ -92,10 +93,16 @@ FILE_SIZE_LIMIT = 64 * 2**20
 TOP_KEYS = ("scheduler", "cache", "requests", "aborts", "max_steps", "async_scheduling",
             "speculative", "max_loras", "description", "name", "prefill_schedule_interval",
             "data_parallel_size", "dp_sync_interval", "kv_connector", "pipeline_parallel_size")
+# The encoder's settings (kvsched.config.SchedulerConfig; the multimodal
+# corpus, tests/conformance/README.md).
+MM_SCHEDULER_KEYS = ("max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input")
+# A request's multimodal items: {"identifier", "offset", "length",
+# "modality", "is_embed"} (kvsched.request.MultiModalFeature).
+MM_ITEM_KEYS = ("identifier", "offset", "length", "modality", "is_embed")
 SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                   "enable_chunked_prefill", "long_prefill_token_threshold", "policy",
                   "scheduler_reserve_full_isl", "prefill_schedule_interval",
-                  *sorted(VERSIONED_SCHEDULER_KNOBS))
+                  *sorted(VERSIONED_SCHEDULER_KNOBS), *MM_SCHEDULER_KEYS)
 CACHE_KEYS = ("block_size", "num_gpu_blocks", "enable_prefix_caching", "kv_groups",
               "hash_block_size", "mamba_cache_mode", "prefix_cache_retention_interval")
 # One entry of cache.kv_groups (kvsched.config.KVCacheGroup).
@@ -103,7 +110,7 @@ KV_GROUP_KEYS = ("kind", "block_size", "num_layers", "sliding_window", "attentio
 REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos",
                 "eos_token_id", "stop_token_ids", "priority", "arrival_step", "arrival_time",
                 "sampled_token_ids", "accepted_drafts", "proposed_drafts", "lora_id", "rank",
-                "kv_transfer_params", *SCRIPTED_REQUEST_KEYS, "offload_load_fail")
+                "kv_transfer_params", *SCRIPTED_REQUEST_KEYS, "offload_load_fail", "mm_items")
 ABORT_KEYS = ("step", "request_ids")
 SPECULATIVE_KEYS = ("num_speculative_tokens", "method")
 # kv_connector: the oracle's common keys and each connector type's own.
@@ -146,6 +153,10 @@ class Scenario:
     lora_config: LoRAConfig | None = None
     # The KV connector (the scenario's kv_connector, checked), or None.
     kv_connector: dict[str, Any] | None = None
+    # A scenario with mm items replays a multimodal model whose largest item
+    # per modality is the scenario's largest (in placeholder tokens); None:
+    # a text-only model.
+    mm_max_tokens_per_item: dict[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -340,6 +351,10 @@ def parse_scenario(obj: Any, source: str = "scenario",
     # vLLM 0.34's knobs (the 0.34 oracle's keys; null: unset), checked by
     # SchedulerConfig, which also refuses them on a release without them.
     knobs = {key: sc[key] for key in VERSIONED_SCHEDULER_KNOBS if sc.get(key) is not None}
+    for key in ("max_num_encoder_input_tokens", "encoder_cache_size"):
+        if sc.get(key) is not None:
+            knobs[key] = c.integer(sc, key, "scheduler", 1, MAX_STEP_LIMIT, why_tokens)
+    knobs["disable_chunked_mm_input"] = c.boolean(sc, "disable_chunked_mm_input", "scheduler", False)
     try:
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=budget, max_num_seqs=seqs, max_model_len=max_model_len,
@@ -388,6 +403,12 @@ def parse_scenario(obj: Any, source: str = "scenario",
             c.fail(f"requests[{i}].request_id", rid, "duplicate id", "request ids must be unique")
         seen.add(rid)
     _check_offload_failures(c, kv_connector, requests, vllm_version)
+    mm_max = _check_mm_items(c, requests)
+    if mm_max is not None and pp > 1:
+        # The PP oracle (engine_oracle.py) installs no encoder: unchecked.
+        c.fail("pipeline_parallel_size", pp, "kvsched replays multimodal requests (mm_items) without "
+               "pipeline parallelism only (not checked against vLLM with it)",
+               "drop pipeline_parallel_size or the mm_items")
 
     aborts: dict[int, list[str]] = {}
     raw_aborts = top.get("aborts", [])
@@ -411,7 +432,54 @@ def parse_scenario(obj: Any, source: str = "scenario",
                        "request ids are strings")
         aborts.setdefault(step, []).extend(ids)
     return Scenario(scheduler_config, cache_config, requests, aborts, max_steps, interval, source, dp,
-                    speculative, lora, kv_connector)
+                    speculative, lora, kv_connector, mm_max)
+
+
+def _check_mm_items(c: _Checker, requests: list[Any]) -> dict[str, int] | None:
+    """The requests' ``mm_items`` (each a MultiModalFeature: in prompt
+    order, disjoint, inside the prompt; one identifier, one size), and the
+    model they imply: each modality's largest item (None: no request has
+    any, a text-only model)."""
+    largest: dict[str, int] = {}
+    sizes: dict[str, tuple[int, str]] = {}
+    for i, r in enumerate(requests):
+        if "mm_items" not in r:
+            continue
+        where = f"requests[{i}].mm_items"
+        items = r["mm_items"]
+        if type(items) is not list:
+            c.fail(where, items, f"must be a list of items, not {_type_name(items)}",
+                   'write it as [{"identifier": "img-a", "offset": 4, "length": 64}]')
+        features = []
+        for j, raw in enumerate(items):
+            at = f"{where}[{j}]"
+            item = c.obj(raw, at, MM_ITEM_KEYS, "a multimodal item")
+            if "identifier" not in item:
+                c.missing(f"{at}.identifier", "give the item's mm hash, a string")
+            c.integer(item, "offset", at, 0, MAX_STEP_LIMIT)
+            c.integer(item, "length", at, 1, MAX_STEP_LIMIT)
+            mask = item.get("is_embed")
+            if mask is not None and (type(mask) is not list or any(type(v) is not bool for v in mask)):
+                c.fail(f"{at}.is_embed", mask, "must be a list of true/false (one per placeholder "
+                       "position) or null", "write it as [false, true, true, ...]")
+            try:
+                feature = MultiModalFeature(item["identifier"], item["offset"], item["length"],
+                                            item.get("modality", "image"), mask)
+            except UserInputError as e:
+                raise UserInputError(f"{c.source}: {at}: {e}") from None
+            known = sizes.setdefault(feature.identifier, (feature.num_embeds, at))
+            if known[0] != feature.num_embeds:
+                c.fail(f"{at}.identifier", feature.identifier,
+                       f"{known[1]} gives this identifier {known[0]} embeddings, this item "
+                       f"{feature.num_embeds}", "an identifier names one item's content: give each "
+                       "content its own identifier")
+            largest[feature.modality] = max(largest.get(feature.modality, 0), feature.length)
+            features.append(feature)
+        try:
+            check_mm_features(r["request_id"], features, len(r["prompt_token_ids"]))
+        except (UserInputError, TypeError) as e:
+            raise UserInputError(f"{c.source}: {where}: {e}") from None
+    return largest or None
 
 
 def _check_kv_groups(c: _Checker, cc: Mapping[str, Any], block_size: int) -> dict[str, Any]:

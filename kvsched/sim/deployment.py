@@ -16,6 +16,7 @@ from kvsched.config import (
     MAX_STEP_LIMIT,
     CacheConfig,
     SchedulerConfig,
+    batch_queue_size,
     check_cache_aware_admission_threshold,
     check_cache_aware_admission_window,
     check_gpu_memory_utilization,
@@ -32,6 +33,7 @@ from kvsched.perf.checkpoint_format import CheckpointFormat
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.host import HostTerms, default_host_terms, load_calibration
+from kvsched.perf.kv_cache_planning import blocks_per_request
 from kvsched.perf.lora import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -566,13 +568,28 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
             f"({memory.describe()}); the simulator tracks at most {MAX_NUM_GPU_BLOCKS:,} (2**24, ~46 "
             "bytes each); set --num-gpu-blocks-override, raise --block-size or lower "
             "--gpu-memory-utilization")
-    if (num_blocks - 1) * block_size < max_model_len:
+    if memory.kv_groups:
+        # vLLM's start-up check over its KV cache groups: one request of
+        # max_model_len tokens must fit in the pool beside the null block.
+        sc = scheduler_config
+        batches = batch_queue_size(sc.async_scheduling, sc.pipeline_parallel_size)
+        in_flight = batches * sc.max_num_batched_tokens
+        needed = blocks_per_request(memory.kv_groups, max_model_len=max_model_len,
+                                    max_in_flight_tokens=in_flight)
+        if num_blocks - 1 < needed:
+            raise UserInputError(
+                f"max_model_len={max_model_len} needs {needed} KV blocks of {block_size} tokens over "
+                f"{len(memory.kv_groups)} KV cache groups (vLLM's full-attention and sliding-window "
+                f"groups share one pool) but the cache holds {num_blocks - 1} ({memory.describe()}); lower "
+                "--max-model-len, raise --gpu-memory-utilization, --tensor-parallel-size or "
+                "--pipeline-parallel-size")
+    elif (num_blocks - 1) * block_size < max_model_len:
         raise UserInputError(
             f"max_model_len={max_model_len} needs {max_model_len} tokens of KV but the cache holds "
             f"{(num_blocks - 1) * block_size} ({memory.describe()}); lower --max-model-len, "
             "raise --gpu-memory-utilization, --tensor-parallel-size or --pipeline-parallel-size")
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=block_size,
-                               enable_prefix_caching=opts.enable_prefix_caching)
+                               enable_prefix_caching=opts.enable_prefix_caching, kv_groups=memory.kv_groups)
     offload = make_offload_config(opts.kv_offloading_size, model, hardware, opts.tensor_parallel_size,
                                   memory.bytes_per_block,
                                   drafter_kv_layers=drafter.kv_layers if drafter is not None else 0)

@@ -106,6 +106,7 @@ def warm_up(folder: Path) -> None:
     assert check_cli(argv, str(good)) == "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_calibrate_input_fuzz(fmt: str, tmp_path: Path) -> None:
     pytest.importorskip("aiconfigurator_core")  # the measured backend's tables

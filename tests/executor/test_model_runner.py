@@ -108,7 +108,7 @@ def drive(model, prompts, *, budget=4096, blocks=400, block_size=4, caching=Fals
         assert mro.req_ids == list(so.num_scheduled_tokens)
         for rid in so.preempted_req_ids:  # state kept, KV dropped
             state = runner.requests[rid]
-            assert state.block_ids == [] and state.num_computed_tokens == 0
+            assert state.block_ids == ([],) and state.num_computed_tokens == 0
             if state.sampling.generator is not None:
                 generators.setdefault(rid, state.sampling.generator)
                 assert state.sampling.generator is generators[rid]
@@ -221,7 +221,7 @@ def test_resume_takes_table_and_tokens_from_the_scheduler():
     assert generator is not None
     step(preempted=["a"])
     state = runner.requests["a"]
-    assert state.block_ids == [] and state.num_computed_tokens == 0
+    assert state.block_ids == ([],) and state.num_computed_tokens == 0
     assert state.token_ids == [*prompt, first]
     # The scheduler's view wins: here it holds a different last token.
     tokens = [*prompt, 99]
@@ -230,7 +230,7 @@ def test_resume_takes_table_and_tokens_from_the_scheduler():
         num_computed_tokens={"a": 0}, resumed_token_ids={"a": tokens}), scheduled={"a": 6})
     assert out.sampled_token_ids == [reference_greedy((config, m), tokens, 1)]
     state = runner.requests["a"]
-    assert state.block_ids == [9, 4] and state.num_computed_tokens == 6
+    assert state.block_ids == ([9, 4],) and state.num_computed_tokens == 6
     assert state.sampling.output_token_ids == [99, out.sampled_token_ids[0][0]]
     assert state.sampling.generator is generator
     # The recomputed KV went to the new blocks 9 and 4, none to 3 or 5 after the preemption.

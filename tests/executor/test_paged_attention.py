@@ -156,3 +156,95 @@ def test_decode_groups_are_sorted_runs_under_the_key_budget():
 def test_group_keys_fill_the_gather_budget():
     assert decode_group_keys(8, 64, torch.float32) * 8 * 64 * 4 * 2 == DECODE_GATHER_BYTES
     assert decode_group_keys(2, 64, torch.bfloat16) == 8 * decode_group_keys(8, 64, torch.float32)
+
+
+def windowed_attention(q, k, v, window):
+    """naive_attention where the query at position p sees only p - window + 1 .. p."""
+    num_q, num_heads, head_dim = q.shape
+    seq_len, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    kk = k.repeat_interleave(group, dim=1).double()
+    vv = v.repeat_interleave(group, dim=1).double()
+    out = torch.empty(num_q, num_heads, head_dim, dtype=torch.float64)
+    for i in range(num_q):
+        p = seq_len - num_q + i
+        lo = max(0, p - window + 1)
+        scores = torch.einsum("hd,khd->hk", q[i].double(), kk[lo:p + 1]) / head_dim ** 0.5
+        out[i] = torch.einsum("hk,khd->hd", scores.softmax(-1), vv[lo:p + 1])
+    return out.float()
+
+
+@pytest.mark.parametrize("window", [1, 3, 8, 21, 500])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_sliding_window_reads_only_the_window(window, block_size):
+    """Each query sees its own key and the window - 1 before it. The blocks
+    wholly before the first query's window are freed: their pages hold NaN
+    (reading one, even masked, would make the output NaN: 0 * NaN), and
+    every other request's table has the null block 0 in their place (as
+    after a prefix-cache hit), the others keep the stale ids (as the
+    runner's copy of a running request's table does)."""
+    specs = [(0, 7), (5, 1), (0, 1), (33, 1), (16, 9), (3, 12), (70, 1), (2, 1), (12, 4), (0, 30),
+             (40, 25), (60, 2)]
+    rng = random.Random(window * 100 + block_size)
+    k_cache, v_cache, seqs, tables = make_case(rng, specs, block_size, 4, 2)
+    nulled = stale = 0
+    for i, ((cached, _), table) in enumerate(zip(specs, tables)):
+        first_block = max(0, cached - window + 1) // block_size
+        for j in range(first_block):
+            k_cache[table[j]] = float("nan")
+            v_cache[table[j]] = float("nan")
+            if i % 2:
+                table[j] = 0
+                nulled += 1
+            else:
+                stale += 1
+    assert (nulled > 0 and stale > 0) == (window < 500)
+    md = AttentionMetadata.build([n for _, n in specs], [c + n for c, n in specs], tables,
+                                 block_size, group_keys=64, sliding_window=window)
+    md.check(k_cache.shape[0] * block_size)
+    q = torch.cat([s[2] for s in seqs])
+    k = torch.cat([s[0][c:] for s, (c, _) in zip(seqs, specs)])
+    v = torch.cat([s[1][c:] for s, (c, _) in zip(seqs, specs)])
+    out = PagedAttention([(k_cache, v_cache)], md)(0, q, k, v)
+    start = 0
+    for (k_seq, v_seq, q_new), (_, n) in zip(seqs, specs):
+        torch.testing.assert_close(out[start:start + n], windowed_attention(q_new, k_seq, v_seq, window),
+                                   atol=1e-5, rtol=1e-5)
+        start += n
+
+
+def test_a_window_changes_the_output():
+    """The windowed reference differs from full attention on these shapes
+    (so the test above can fail when the window is ignored)."""
+    rng = random.Random(7)
+    _, _, seqs, _ = make_case(rng, [(40, 25)], 4, 4, 2)
+    k_seq, v_seq, q_new = seqs[0]
+    full = naive_attention(q_new, k_seq, v_seq)
+    assert not torch.allclose(windowed_attention(q_new, k_seq, v_seq, 8), full, atol=1e-3)
+    torch.testing.assert_close(windowed_attention(q_new, k_seq, v_seq, 65), full)
+
+
+def test_layers_read_their_groups_metadata_and_scale():
+    """Two KV cache groups over one pool: layer 0 full attention on one
+    table, layer 1 a window of 5 on another; each layer's output is its
+    group's attention, at the given softmax scale."""
+    g = torch.Generator().manual_seed(5)
+    seq_len, block_size, heads, kv_heads, dim = 19, 4, 4, 2, 16
+    k_seq = torch.randn(seq_len, kv_heads, dim, generator=g)
+    v_seq = torch.randn(seq_len, kv_heads, dim, generator=g)
+    q = torch.randn(seq_len, heads, dim, generator=g)
+    caches = [(torch.zeros(12, block_size, kv_heads, dim), torch.zeros(12, block_size, kv_heads, dim))
+              for _ in range(2)]
+    tables = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+    mds = [AttentionMetadata.build([seq_len], [seq_len], [t], block_size, sliding_window=w)
+           for t, w in zip(tables, (None, 5))]
+    attn = PagedAttention(caches, mds, layer_groups=[0, 1], scale=0.3)
+    scale_fix = (0.3 * dim ** 0.5)  # the naive references divide by sqrt(dim)
+    full = attn(0, q, k_seq, v_seq)
+    local = attn(1, q, k_seq, v_seq)
+    torch.testing.assert_close(full, naive_attention(q * scale_fix, k_seq, v_seq), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(local, windowed_attention(q * scale_fix, k_seq, v_seq, 5), atol=1e-5,
+                               rtol=1e-5)
+    # Each layer wrote its k/v into its own group's blocks only.
+    assert caches[0][0][6:11].abs().sum() == 0 and caches[1][0][1:6].abs().sum() == 0
+    assert torch.equal(caches[1][0][6].view(-1), k_seq[:4].reshape(-1))

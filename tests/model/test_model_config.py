@@ -121,18 +121,19 @@ def test_missing_key_and_missing_architectures() -> None:
 
 
 def test_sliding_window() -> None:
-    # Mistral v0.1: a 4096 window over 32768 positions would silently differ.
-    with pytest.raises(ValueError, match=r"sliding_window=4096: sliding-window attention is not "
-                                         r"supported .* max_position_embeddings=32768; use a "
-                                         r"checkpoint with sliding_window null or >= "):
-        parse_model_config(_minimal("mistral", sliding_window=4096, max_position_embeddings=32768))
-    parse_model_config(_minimal("mistral", sliding_window=None))
-    parse_model_config(_minimal("mistral", sliding_window=32768, max_position_embeddings=32768))
+    # Mistral v0.1: a 4096 window over 32768 positions on every layer.
+    config = parse_model_config(_minimal("mistral", sliding_window=4096, max_position_embeddings=32768))
+    assert config.layer_sliding_windows == (4096, 4096, 4096)
+    assert parse_model_config(_minimal("mistral", sliding_window=None)).layer_sliding_windows == (None,) * 3
+    # A window that covers every position is full attention.
+    config = parse_model_config(_minimal("mistral", sliding_window=32768, max_position_embeddings=32768))
+    assert config.layer_sliding_windows == (None,) * 3
     # Qwen: the window only counts with use_sliding_window and layers >= max_window_layers.
     parse_model_config(_minimal("qwen2", sliding_window=4096, use_sliding_window=False))
     parse_model_config(_minimal("qwen2", sliding_window=4096, use_sliding_window=True,
                                 max_window_layers=3))
-    with pytest.raises(ValueError, match=r"sliding_window=4096"):
+    with pytest.raises(ValueError, match=r"sliding_window=4096: a window on 2 of 3 layers "
+                                         r"\(use_sliding_window with max_window_layers\) is not supported"):
         parse_model_config(_minimal("qwen3", sliding_window=4096, use_sliding_window=True,
                                     max_window_layers=1))
 
@@ -153,3 +154,95 @@ def test_direct_construction_is_validated() -> None:
         ModelConfig(architecture="LlamaForCausalLM", model_type="llama", vocab_size=10,
                     hidden_size=60, intermediate_size=8, num_layers=1, num_heads=4, num_kv_heads=4,
                     head_dim=15, max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def _gemma3(**extra: Any) -> dict[str, Any]:
+    return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 128,
+            "intermediate_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4, **extra}
+
+
+def _reference_gemma3(tmp_path: Path, cfg: dict[str, Any]) -> Any:
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.set_verbosity_error()
+    return transformers.AutoConfig.from_pretrained(_write(tmp_path, cfg))
+
+
+@pytest.mark.parametrize("extra", [
+    pytest.param({}, id="defaults"),
+    # google/gemma-3-4b's text config spelling (transformers 4.x keys).
+    pytest.param({"sliding_window": 1024, "sliding_window_pattern": 6, "rope_theta": 1000000.0,
+                  "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                  "query_pre_attn_scalar": 256, "head_dim": 256, "num_key_value_heads": 4,
+                  "final_logit_softcapping": None, "attn_logit_softcapping": None,
+                  "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+                  "vocab_size": 262208}, id="published"),
+    pytest.param({"sliding_window": 7, "sliding_window_pattern": 3, "rope_theta": 5e5,
+                  "rope_local_base_freq": 2e4, "query_pre_attn_scalar": 48, "final_logit_softcapping": 30.0,
+                  "tie_word_embeddings": False, "head_dim": 32}, id="custom"),
+    pytest.param({"layer_types": ["full_attention", "sliding_attention"] * 4, "sliding_window": 64},
+                 id="layer-types"),
+])
+def test_gemma3_matches_transformers(tmp_path: Path, extra: dict[str, Any]) -> None:
+    """Keys a Gemma 3 config omits take Gemma3TextConfig's defaults; layer
+    types, both RoPE bases and scalings, the query scalar and the caps are
+    transformers' reading of the same file."""
+    ref = _reference_gemma3(tmp_path, _gemma3(**extra))
+    ours = load_model_config(tmp_path)
+    assert ours.architecture == "Gemma3ForCausalLM" and ours.model_type == "gemma3_text"
+    assert list(ours.layer_types) == ref.layer_types
+    assert ours.layer_sliding_windows == tuple(ref.sliding_window if t == "sliding_attention" else None
+                                               for t in ref.layer_types)
+    assert ours.num_sliding_layers == ref.layer_types.count("sliding_attention")
+    renamed = {"num_kv_heads": "num_key_value_heads", "hidden_act": "hidden_activation"}
+    for name in ("head_dim", "num_kv_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+                 "tie_word_embeddings", "query_pre_attn_scalar", "final_logit_softcapping", "hidden_act"):
+        assert getattr(ours, name) == getattr(ref, renamed.get(name, name)), name
+    assert ours.attention_scale == ref.query_pre_attn_scalar ** -0.5
+    full, local = ref.rope_parameters["full_attention"], ref.rope_parameters["sliding_attention"]
+    assert ours.rope_theta == full["rope_theta"] and ours.local_rope_theta == local["rope_theta"]
+    assert local["rope_type"] == "default"
+    if full["rope_type"] == "default":
+        assert ours.rope_scaling is None
+    else:
+        assert ours.rope_scaling_dict() == {"rope_type": full["rope_type"], "factor": full["factor"]}
+    assert ours.qk_norm and not ours.attention_bias
+
+
+def test_gemma3_reads_the_config_transformers_5_writes(tmp_path: Path) -> None:
+    """transformers 5 saves RoPE per layer type (rope_parameters) and the layer types."""
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.Gemma3TextConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=5, num_attention_heads=4,
+        sliding_window=9, rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                              "rope_theta": 4e5},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 3e3}},
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"])
+    ref.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "rope_parameters" in saved and "rope_local_base_freq" not in saved
+    saved["architectures"] = ["Gemma3ForCausalLM"]
+    ours = parse_model_config(saved)
+    assert ours.layer_sliding_windows == (9, None, 9, 9, None)
+    assert (ours.rope_theta, ours.local_rope_theta) == (4e5, 3e3)
+    assert ours.rope_scaling_dict() == {"rope_type": "linear", "factor": 2.0}
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"attn_logit_softcapping": 50.0}, r"attn_logit_softcapping=50\.0: soft-capped attention scores are "
+                                       r"not supported .*; set it to null"),
+    ({"use_bidirectional_attention": True}, r"use_bidirectional_attention=True: only causal attention"),
+    ({"hidden_activation": "gelu"}, r"hidden_activation='gelu': unsupported activation; Gemma 3 uses "
+                                    r"gelu_pytorch_tanh"),
+    ({"layer_types": ["full_attention"] * 3}, r"layer_types=.*must be a list of 8 strings"),
+    ({"sliding_window_pattern": 0}, r"sliding_window_pattern=0: must be a positive integer"),
+    ({"sliding_window": 0}, r"sliding_window=0: sliding_attention layers need a positive window"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+     r"rope_parameters\.sliding_attention\.rope_type='linear': only unscaled RoPE"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, r"rope_scaling\.rope_type='yarn': unsupported"),
+    ({"final_logit_softcapping": -1.0}, r"final_logit_softcapping=-1\.0: must be a positive number"),
+])
+def test_gemma3_bad_config_values(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_model_config(_gemma3(**changes))

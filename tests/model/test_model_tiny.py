@@ -118,6 +118,10 @@ def test_cli_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     ({"dtype": "int8"}, r"dtype='int8': unsupported; use one of float32, bfloat16, float16"),
     ({"shards": 0}, r"shards=0: must be a positive integer"),
     ({"shards": 1000}, r"shards=1000: more shards than tensors \(21\); use fewer"),
+    ({"sliding_window": 8}, r"sliding_window=8: only the gemma3 and mistral tiny models have a window"),
+    ({"arch": "gemma3", "sliding_window": 0}, r"sliding_window=0: must be a positive integer"),
+    ({"arch": "gemma3", "sliding_window_pattern": 0},
+     r"sliding_window_pattern=0: must be a positive integer"),
 ])
 def test_bad_arguments(tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -212,6 +212,7 @@ def warm_up(folder: Path) -> None:
     (tiny / "config.json").write_text(json.dumps(TINY))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_spec_file_fuzz(fmt: str, tmp_path: Path) -> None:
     summary = run_in_subprocess(Path(__file__), fmt, tmp_path)

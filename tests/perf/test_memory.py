@@ -3,6 +3,7 @@ architecture and the GPU's visible memory."""
 
 from __future__ import annotations
 
+from kvsched.config import KVCacheGroup
 from kvsched.perf import get_hardware, get_model
 from kvsched.perf.memory import MemoryPlan, plan_memory
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig
@@ -110,3 +111,26 @@ def test_the_estimate_plan_is_the_release_default_0_33_one() -> None:
                                       // 2_097_152) == 28_996
     assert not plan.extensible
     assert plan.describe().startswith("28996 KV blocks: 73.3 GiB budget - 15.0 weights")
+
+
+# -- hybrid models: vLLM's KV cache groups (kvsched.perf.kv_cache_planning) -----
+
+
+def test_gpt_oss_120b_blocks_are_pages_of_one_group_of_18_layers() -> None:
+    # gpt-oss-120b: 36 layers, 18 sliding (window 128) and 18 full, 8 KV heads of
+    # 64. vLLM forms one sliding and one full group of 18 layers; a block id is
+    # one 16-token page in each of 18 layers: 16 x 18 x (2 x 8 x 64 x 2 bytes).
+    plan = plan_memory(get_model("openai/gpt-oss-120b"), get_hardware("h100-sxm"), ParallelConfig(),
+                       RuntimeConfig(dtype="mxfp4"), 16, 0.92, 8192, 256)
+    per_block = 16 * 18 * 2 * 8 * 64 * 2
+    assert per_block == 589_824
+    assert plan.bytes_per_block == per_block
+    # No window set aside: every byte of the KV room is pool.
+    assert plan.num_gpu_blocks == int(plan.kv_cache_bytes) // per_block
+    assert plan.kv_groups == (KVCacheGroup("sliding_window", 16, 18, sliding_window=128),
+                              KVCacheGroup("full_attention", 16, 18))
+
+
+def test_a_model_of_one_kind_tells_the_scheduler_no_groups() -> None:
+    # One full-attention group of the block size is CacheConfig's default (kv_groups empty).
+    assert _llama8b(16, 0.9, extensible=False).kv_groups == ()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.cli import main
-from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.config import CacheConfig, KVCacheGroup, SchedulerConfig
 from kvsched.perf.hardware import get_hardware
 from kvsched.perf.memory import plan_memory
 from kvsched.perf.model_catalog import get_model
@@ -167,7 +167,9 @@ def test_block_size_zero_and_a_model_without_kv_are_one_line(capsys: pytest.Capt
     plan = plan_memory(all_sliding, get_hardware("h100-sxm"), ParallelConfig(), RuntimeConfig(), 16, 0.9,
                        2048, 8)
     assert plan.bytes_per_block == 16 * model.num_layers * model.kv_bytes_per_layer_per_token(2)
-    assert plan.sliding_window_bytes == 0 and plan.num_gpu_blocks > 2
+    assert plan.num_gpu_blocks > 2
+    # vLLM's one group of one spec: every layer slides, in one sliding-window group.
+    assert plan.kv_groups == (KVCacheGroup("sliding_window", 16, model.num_layers, sliding_window=4096),)
 
 
 def test_a_tiny_request_rate_is_refused_for_its_time_span(capsys: pytest.CaptureFixture[str]) -> None:
@@ -310,3 +312,18 @@ def test_a_variants_file_that_escaped_is_one_line(tmp_path: Path, capsys: pytest
                                                    content: str, words: list[str]) -> None:
     path = write(tmp_path, "v.json", content)
     refused(["compare", "--variants", str(path), *FAST], capsys, str(path), *words)
+
+
+def test_a_hybrid_models_max_model_len_must_fit_every_group(capsys: pytest.CaptureFixture[str]) -> None:
+    # gpt-oss-120b at max_model_len 4096 in 16-token blocks, 2048 batched tokens,
+    # synchronous: vLLM's start-up check needs the full group's 4096 / 16 = 256
+    # blocks plus the sliding group's cdiv(min(127 + 2048, 4096), 16) + 1 = 137,
+    # beside the null block: 394 blocks pass, 393 do not (the full-attention
+    # count alone, (393 - 1) x 16 >= 4096, would have passed).
+    argv = ["simulate", *FAST, "--model", "openai/gpt-oss-120b", "--hardware", "h100-sxm", "--max-model-len",
+            "4096", "--block-size", "16", "--max-num-batched-tokens", "2048", "--no-async-scheduling",
+            "--num-prompts", "2", "--random-input-len", "64", "--random-output-len", "4"]
+    refused([*argv, "--num-gpu-blocks-override", "393"], capsys, "max_model_len=4096 needs 393 KV blocks",
+            "2 KV cache groups", "holds 392")
+    status, _, err, _ = run_cli([*argv, "--num-gpu-blocks-override", "394"], capsys)
+    assert status == 0, err

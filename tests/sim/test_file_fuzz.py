@@ -404,6 +404,7 @@ def run_batches(fmt: str, cases: int, seed: int, folder: Path,
     return counts, problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_corrupted_files_load_or_fail_in_one_line(fmt: str, tmp_path: Path) -> None:
     counts, problems = run_batches(fmt, _cases(), _seed(), tmp_path)

@@ -19,6 +19,29 @@ new scheduler knobs (docs/vllm_versions.md): `scheduler.max_num_inflight_kv_load
 and the top-level `prefill_schedule_interval` the cadence corpus uses. A scenario
 without them replays as the 0.33 oracle replays it on 0.33.
 
+Multimodal scenarios (tests/conformance/README.md, "Multimodal"): per request
+`mm_items` [{identifier, offset, length, modality, is_embed}] become vLLM's
+MultiModalFeatureSpec (data None, as for an item the front end had cached;
+mm_position a PlaceholderRange), and the scheduler keys
+`max_num_encoder_input_tokens`, `encoder_cache_size`, `disable_chunked_mm_input`
+configure the encoder. The tiny model config is text-only, so vLLM's
+Scheduler.__init__ gives it a zero encoder budget and a zero-size
+EncoderCacheManager. `install_encoder` then does what that constructor does
+for a multimodal model, with vLLM's own compute_mm_encoder_budget: the
+scenario's two sizes (absent: max_num_batched_tokens, SchedulerConfig's
+value) are set on the SchedulerConfig where its __post_init__ would have put
+them, the model's largest item per modality is taken to be the scenario's
+largest placeholder range of that modality (what MultiModalBudget asks the
+processor for), and the resulting budget and a fresh EncoderCacheManager
+replace the zero ones. Nothing else of the scheduler reads the model's
+modalities. The worker side needs nothing: the fake model samples the
+decoder's tokens as before (vLLM's runner encodes scheduled_encoder_inputs
+and drops free_encoder_mm_hashes, neither of which reaches the scheduler).
+Each trace line of such a scenario adds `encoder_inputs` ([[id, [item
+indices]]] in scheduling order), `freed_mm_hashes` (the step's
+free_encoder_mm_hashes), `encoder_free_slots` and `encoder_freeable_slots`
+(the manager's counters after the step).
+
 Why this is not the shared vllm_replay.py: that driver cannot run on 0.34 (it reads
 `CachedRequestData.resumed_req_ids` and passes `ModelRunnerOutput.req_id_to_index`,
 both removed in 0.34). Differences forced by 0.34, none of them a scheduling decision:
@@ -85,8 +108,10 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
 )
 from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.encoder_cache_manager import EncoderCacheManager, compute_mm_encoder_budget  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (  # noqa: E402
     get_request_block_hasher,
     init_none_hash,
@@ -130,7 +155,11 @@ SCHEDULER_KEYS = {
     "cache_aware_admission_window": int,
     "cache_aware_admission_threshold": float,
     "scheduler_reserve_full_isl": bool,
+    "disable_chunked_mm_input": bool,
 }
+# scheduler.* keys of the encoder that SchedulerConfig computes itself
+# (init=False fields): install_encoder sets them.
+ENCODER_SIZE_KEYS = ("max_num_encoder_input_tokens", "encoder_cache_size")
 
 
 def check_version() -> None:
@@ -325,6 +354,20 @@ def make_request(spec: dict, hasher, scenario: dict) -> Request:
         if "max_loras" not in scenario:
             raise ValueError(f"request {spec['request_id']}: lora_id without max_loras")
         lora = LoRARequest(lora_name=f"lora{lora_id}", lora_int_id=lora_id, lora_path=f"/fake-lora/{lora_id}")
+    mm_features = [
+        MultiModalFeatureSpec(
+            data=None,
+            modality=item.get("modality", "image"),
+            identifier=item["identifier"],
+            mm_position=PlaceholderRange(
+                offset=int(item["offset"]),
+                length=int(item["length"]),
+                is_embed=None if item.get("is_embed") is None
+                else torch.tensor(item["is_embed"], dtype=torch.bool),
+            ),
+        )
+        for item in spec.get("mm_items", ())
+    ]
     return Request(
         request_id=spec["request_id"],
         prompt_token_ids=list(spec["prompt_token_ids"]),
@@ -334,7 +377,35 @@ def make_request(spec: dict, hasher, scenario: dict) -> Request:
         priority=int(spec.get("priority", 0)),
         block_hasher=hasher,
         lora_request=lora,
+        mm_features=mm_features or None,
     )
+
+
+def mm_max_tokens_per_item(scenario: dict) -> dict[str, int]:
+    """The multimodal model a scenario implies: its largest placeholder range
+    per modality (empty: text only)."""
+    largest: dict[str, int] = {}
+    for spec in scenario.get("requests", ()):
+        for item in spec.get("mm_items", ()):
+            modality = item.get("modality", "image")
+            largest[modality] = max(largest.get(modality, 0), int(item["length"]))
+    return largest
+
+
+def install_encoder(sched: Scheduler, scenario: dict) -> bool:
+    """Give the scheduler the encoder budget and cache of a multimodal model
+    (see the module docstring); False for a text-only scenario."""
+    largest = mm_max_tokens_per_item(scenario)
+    if not largest:
+        return False
+    sc = scenario.get("scheduler", {})
+    config = sched.scheduler_config
+    for key in ENCODER_SIZE_KEYS:
+        setattr(config, key, int(sc[key]) if sc.get(key) is not None else config.max_num_batched_tokens)
+    budget, cache_size = compute_mm_encoder_budget(config, largest)
+    sched.max_num_encoder_input_tokens = budget
+    sched.encoder_cache_manager = EncoderCacheManager(cache_size=cache_size)
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -461,8 +532,10 @@ def admissions(sched: Scheduler, so) -> tuple[list[str], list[str], dict[str, in
     return new, sorted(resumed), computed
 
 
-def step_line(step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields=None,
-              groups=False) -> dict:
+def step_line(
+    step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields=None, use_mm=False,
+    groups=False,
+) -> dict:
     """`admitted` is admissions(sched, so), taken right after schedule() (a request
     admitted and finished in the same step has left sched.requests by now)."""
     if so is not None:
@@ -493,6 +566,13 @@ def step_line(step, so, admitted, finished, sched, use_spec, use_async, processe
         line.update(kv_fields)
     if groups:
         line["group_blocks"] = group_blocks(sched)
+    if use_mm:
+        ecm = sched.encoder_cache_manager
+        inputs = so.scheduled_encoder_inputs if so else {}
+        line["encoder_inputs"] = [[rid, list(ids)] for rid, ids in inputs.items()]
+        line["freed_mm_hashes"] = list(so.free_encoder_mm_hashes) if so else []
+        line["encoder_free_slots"] = ecm.num_free_slots
+        line["encoder_freeable_slots"] = ecm.num_freeable_slots
     return line
 
 
@@ -534,6 +614,7 @@ def replay(scenario: dict, out) -> dict:
     use_spec = scenario.get("speculative") is not None
     kv_type = (scenario.get("kv_connector") or {}).get("type")
     sched = make_scheduler(scenario)
+    use_mm = install_encoder(sched, scenario)
     hasher = block_hasher(scenario, sched)
     specs, arrivals, aborts, last_event, max_steps = scenario_timeline(scenario)
 
@@ -603,8 +684,10 @@ def replay(scenario: dict, out) -> dict:
         if so is not None:
             preemptions += len(so.preempted_req_ids or ())
         kv_fields = observer.record(so, mro) if observer is not None else None
-        line = step_line(step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields,
-                         groups=bool(scenario["cache"].get("kv_groups")))
+        line = step_line(
+            step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields, use_mm,
+            groups=bool(scenario["cache"].get("kv_groups")),
+        )
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         step += 1
     return {

@@ -1,0 +1,566 @@
+"""KV cache planning as vLLM plans it: per-layer cache specs, KV cache
+groups, page sizes and the block count of the one shared block pool.
+
+Ported from vLLM 0.33 / 0.34 (``v1/core/kv_cache_planning.py``:
+``get_kv_cache_groups``, ``unify_kv_cache_spec_page_size``,
+``_get_kv_cache_groups_uniform_page_size``, ``get_kv_cache_config_from_groups``;
+``platforms/interface.py``: ``_align_hybrid_block_size``;
+``model_executor/models/config.py``: ``MambaModelConfig``); the grouping
+code is the same in both releases, only their default block size differs
+(``kvsched.scheduler_defaults.resolve_cache_defaults`` owns it).
+
+The steps, in vLLM's order:
+
+1. every layer declares a spec (:class:`LayerSpec`): its kind, block size
+   and the bytes one block of it takes (a page);
+2. ``--disable-hybrid-kv-cache-manager`` promotes sliding-window and
+   chunked-local layers to full attention (a model with Mamba layers then
+   fails, as in vLLM);
+3. one spec for every layer, or one *type* (all full attention, MLA with
+   its indexer included) -> one group with every layer;
+4. otherwise the pages are made equal (a smaller attention page grows its
+   block size by the ratio, a Mamba page is padded), the layers of equal
+   spec form buckets, and each bucket is split round-robin into groups of
+   ``group_size`` layers (the smallest bucket, or the largest when it is
+   under 1.5 times the smallest);
+5. a block id is one page in each layer of one group: ``bytes_per_block``
+   is the largest group's sum of pages and ``num_blocks = available //
+   bytes_per_block`` (or ``--num-gpu-blocks-override``).
+
+Assumed, as on NVIDIA Hopper with the default attention backends
+(FlashAttention, FlashMLA, Triton/FlashInfer Mamba kernels): the layer-outer
+KV cache layout (``LBNHC``, vLLM's default; block-outer packing is for
+backends that ask for it, DeepSeek-V4's indexer), kernel blocks in
+multiples of 16 tokens, no per-layer block-stride padding. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvsched.config import KVCacheGroup
+from kvsched.errors import UserInputError
+from kvsched.hf_config import HFConfig, language_model_config
+from kvsched.perf.model_parsers import model_spec_from_config
+from kvsched.perf.models import ModelSpec
+
+# vLLM's KVCacheSpec classes, as kinds. "mla_attention" (MLAAttentionSpec:
+# DeepSeek's latent and V3.2's indexer key cache) is full attention to the
+# scheduler (FullAttentionManager) but is never padded to another page.
+FULL = "full_attention"
+MLA = "mla_attention"
+SLIDING = "sliding_window"
+CHUNKED = "chunked_local_attention"
+MAMBA = "mamba"
+LAYER_KINDS = (FULL, MLA, SLIDING, CHUNKED, MAMBA)
+# The scheduler's kind (kvsched.config.KV_GROUP_KINDS) of each layer kind.
+_GROUP_KIND = {FULL: "full_attention", MLA: "full_attention", SLIDING: "sliding_window",
+               CHUNKED: "chunked_local_attention", MAMBA: "mamba"}
+# Smallest kernel block of FlashAttention / FlashMLA / Triton attention on CUDA
+# (their supported kernel block sizes are multiples of 16): the granularity
+# vLLM rounds a hybrid Mamba model's attention block size to.
+KERNEL_BLOCK_ALIGNMENT = 16
+# FlashInfer's GDN prefill (Hopper's default for gated delta net layers)
+# exports mid-prefill states every 64 tokens; in Mamba align mode the
+# attention block size is made a multiple of it (gdn_attn.py's
+# FLASHINFER_GDN_CHECKPOINT_ALIGNMENT).
+GDN_CHECKPOINT_ALIGNMENT = 64
+
+
+@dataclass(slots=True, frozen=True)
+class LayerSpec:
+    """One layer's KV cache spec (vLLM's ``KVCacheSpec`` of that layer).
+
+    Attention kinds store ``bytes_per_token`` per token (K and V of the
+    rank's KV heads, or MLA's one latent row); a Mamba layer stores one
+    state of ``state_bytes`` per block, whatever its block size.
+    ``page_size_padded`` is a page grown to a shared size (vLLM pads Mamba
+    pages and attention pages that do not divide the largest)."""
+
+    kind: str
+    block_size: int
+    bytes_per_token: int = 0
+    state_bytes: int = 0
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    page_size_padded: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAYER_KINDS:
+            raise ValueError(f"kind={self.kind!r}: one of {', '.join(LAYER_KINDS)}")
+        mamba = self.kind == MAMBA
+        if mamba != (self.state_bytes > 0) or mamba == (self.bytes_per_token > 0):
+            raise ValueError(f"{self.kind} layer: a Mamba layer has state_bytes, an attention layer "
+                             "bytes_per_token")
+
+    @property
+    def unpadded_page_bytes(self) -> int:
+        return self.state_bytes if self.kind == MAMBA else self.bytes_per_token * self.block_size
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page_size_padded if self.page_size_padded is not None else self.unpadded_page_bytes
+
+
+@dataclass(slots=True, frozen=True)
+class PlannedGroup:
+    """One KV cache group: ``num_layers`` layers of one kind sharing a block
+    table, and the bytes one block of the group takes over its layers (the
+    layers' pages: equal, except in a one-group model of mixed pages such
+    as DeepSeek-V3.2's latent and indexer layers)."""
+
+    kind: str
+    block_size: int
+    num_layers: int
+    bytes_per_block: int
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+    def kv_group(self) -> KVCacheGroup:
+        """The scheduler's description of this group (kvsched.config)."""
+        return KVCacheGroup(_GROUP_KIND[self.kind], self.block_size, self.num_layers,
+                            self.sliding_window, self.attention_chunk_size)
+
+
+@dataclass(slots=True, frozen=True)
+class KVCachePlan:
+    """vLLM's KVCacheConfig in numbers: the groups, the bytes one block id
+    takes, and ``num_blocks`` (the pool, vLLM's null block included)."""
+
+    groups: tuple[PlannedGroup, ...]
+    bytes_per_block: int
+    num_blocks: int
+
+    def kv_groups(self) -> tuple[KVCacheGroup, ...]:
+        return tuple(g.kv_group() for g in self.groups)
+
+
+def _promote_local(layers: Sequence[LayerSpec]) -> list[LayerSpec]:
+    """``--disable-hybrid-kv-cache-manager``: sliding-window and chunked-local
+    layers allocate like full attention (vLLM's
+    ``_promote_local_kv_cache_specs``; their compute still slides). A model
+    that still mixes kinds afterwards (Mamba beside attention) is refused, as
+    vLLM refuses it."""
+    kinds = {spec.kind for spec in layers}
+    if _is_uniform_type(layers) or len(set(layers)) <= 1:
+        return list(layers)
+    full_sizes = {spec.block_size for spec in layers if spec.kind in (FULL, MLA)}
+    promoted = list(layers)
+    if kinds & {FULL, MLA} and kinds & {SLIDING, CHUNKED}:
+        full_block = next(iter(full_sizes)) if len(full_sizes) == 1 else None
+        promoted = [replace(spec, kind=FULL, sliding_window=None, attention_chunk_size=None,
+                            block_size=full_block or spec.block_size)
+                    if spec.kind in (SLIDING, CHUNKED) else spec for spec in layers]
+    if not (_is_uniform_type(promoted) or len(set(promoted)) <= 1):
+        raise UserInputError(
+            "disable_hybrid_kv_cache_manager=True (--disable-hybrid-kv-cache-manager): this model's "
+            f"layers ({', '.join(sorted(kinds))}) cannot share one full-attention KV cache group "
+            "(vLLM fails at start-up: Mamba / linear-attention state needs the hybrid KV cache "
+            "manager); drop --disable-hybrid-kv-cache-manager")
+    return promoted
+
+
+def _is_uniform_type(layers: Sequence[LayerSpec]) -> bool:
+    """vLLM's ``UniformTypeKVCacheSpecs.is_uniform_type``: one block size and
+    layers that need the same token slots (all full attention, MLA
+    included; all sliding with one window; all chunked with one chunk; all
+    Mamba with one page)."""
+    first = layers[0]
+    if len({spec.block_size for spec in layers}) > 1:
+        return False
+    if first.kind in (FULL, MLA):
+        return all(spec.kind in (FULL, MLA) for spec in layers)
+    if first.kind == SLIDING:
+        return all(spec.kind == SLIDING and spec.sliding_window == first.sliding_window for spec in layers)
+    if first.kind == CHUNKED:
+        return all(spec.kind == CHUNKED and spec.attention_chunk_size == first.attention_chunk_size
+                   for spec in layers)
+    return all(spec.kind == MAMBA and spec.page_bytes == first.page_bytes for spec in layers)
+
+
+def _unify_page_size(layers: Sequence[LayerSpec]) -> list[LayerSpec]:
+    """vLLM's ``unify_kv_cache_spec_page_size``: every page made the largest
+    one P. A Mamba page is padded to P; an attention page p dividing P gets
+    ``P // p`` times the block size; a non-MLA attention page that does not
+    divide P is padded; an MLA page that does not divide P is refused."""
+    top = max(spec.page_bytes for spec in layers)
+    out: list[LayerSpec] = []
+    for spec in layers:
+        page = spec.page_bytes
+        if page == top:
+            out.append(spec)
+        elif spec.kind == MAMBA:
+            out.append(replace(spec, page_size_padded=top))
+        elif top % page == 0:
+            out.append(replace(spec, block_size=spec.block_size * (top // page)))
+        elif spec.kind != MLA:
+            out.append(replace(spec, page_size_padded=top))
+        else:
+            raise UserInputError(
+                f"an MLA layer's KV page ({page} bytes) does not divide the largest page ({top} "
+                "bytes) and MLA pages cannot be padded: vLLM cannot place this model's KV cache "
+                "groups in one block pool; use another --block-size or --kv-cache-dtype")
+    return out
+
+
+def _group(spec: LayerSpec, count: int) -> PlannedGroup:
+    return PlannedGroup(spec.kind, spec.block_size, count, count * spec.page_bytes,
+                        spec.sliding_window, spec.attention_chunk_size)
+
+
+def plan_kv_cache_groups(layers: Sequence[LayerSpec], *,
+                         disable_hybrid_kv_cache_manager: bool = False) -> tuple[PlannedGroup, ...]:
+    """vLLM's ``get_kv_cache_groups`` for ``layers`` in model order (module
+    doc, steps 2-4). An attention-free model has no group."""
+    if not layers:
+        return ()
+    specs = _promote_local(layers) if disable_hybrid_kv_cache_manager else list(layers)
+    # Promoted layers drop their window here, so one spec is plain equality
+    # (vLLM merges full-attention specs that differ only in their window).
+    if len(set(specs)) == 1:
+        return (_group(specs[0], len(specs)),)
+    if _is_uniform_type(specs):
+        # One group of mixed pages (DeepSeek-V3.2's latent and indexer
+        # layers): a block id takes every layer's page.
+        first = specs[0]
+        kinds = {s.kind for s in specs}
+        kind = first.kind if len(kinds) == 1 else (MLA if MLA in kinds else FULL)
+        return (PlannedGroup(kind, first.block_size, len(specs), sum(s.page_bytes for s in specs),
+                             first.sliding_window, first.attention_chunk_size),)
+    specs = _unify_page_size(specs)
+    buckets: dict[LayerSpec, int] = {}
+    for spec in specs:
+        buckets[spec] = buckets.get(spec, 0) + 1
+    smallest, largest = min(buckets.values()), max(buckets.values())
+    # vLLM's rule: the "1" of an n:1 layer pattern, unless the buckets are
+    # nearly even (a drafter's extra layer), when padding the smaller wastes less.
+    group_size = largest if largest < smallest * 1.5 else smallest
+    groups: list[PlannedGroup] = []
+    for spec, count in buckets.items():
+        num_groups = -(-count // group_size)
+        # layers[i::num_groups]: group i takes every num_groups-th layer.
+        for i in range(num_groups):
+            groups.append(_group(spec, len(range(i, count, num_groups))))
+    return tuple(groups)
+
+
+def resolve_disable_hybrid_kv_cache_manager(requested: bool | None, *, attention_chunk_size: bool,
+                                            target_hidden_state_drafter: bool = False,
+                                            allow_chunked_local_with_hybrid: bool = False,
+                                            connector_supports_hma: bool = True) -> bool:
+    """vLLM's resolution of ``--disable-hybrid-kv-cache-manager``
+    (``VllmConfig.__post_init__``, both releases) on a platform with the
+    hybrid manager (CUDA, ROCm, XPU, CPU all have it). It must be off
+    (``need``) for a model with ``attention_chunk_size`` (Llama 4) under an
+    EAGLE-style drafter reading the target's hidden states, or unless
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set
+    (``allow_chunked_local_with_hybrid``); when not given, also for a KV
+    connector without hybrid support. Given as False (enable) where it must
+    be off is refused, as vLLM refuses it; given as True it is kept."""
+    need = attention_chunk_size and (target_hidden_state_drafter or not allow_chunked_local_with_hybrid)
+    if requested is None:
+        return need or not connector_supports_hma
+    if requested is False and need:
+        raise UserInputError(
+            "disable_hybrid_kv_cache_manager=False (--no-disable-hybrid-kv-cache-manager): vLLM turns the "
+            "hybrid KV cache manager off for chunked local attention (attention_chunk_size) "
+            + ("with an EAGLE-style drafter" if target_hidden_state_drafter else
+               "unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1")
+            + "; leave the flag unset")
+    return requested
+
+
+def bytes_per_block(groups: Sequence[PlannedGroup]) -> int:
+    """The bytes one block id takes in the shared pool: the largest group's
+    pages (groups alias the same tensors, a block id belongs to one group)."""
+    return max(g.bytes_per_block for g in groups)
+
+
+def plan_kv_cache(layers: Sequence[LayerSpec], available_bytes: int, *,
+                  disable_hybrid_kv_cache_manager: bool = False,
+                  num_gpu_blocks_override: int | None = None) -> KVCachePlan:
+    """vLLM's KV cache config for ``layers`` with ``available_bytes`` of KV
+    memory on the device (module doc): the groups and ``num_blocks``."""
+    groups = plan_kv_cache_groups(layers, disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+    if not groups:
+        # vLLM's BlockPool still holds its null block.
+        return KVCachePlan((), 0, 1)
+    per_block = bytes_per_block(groups)
+    blocks = max(int(available_bytes), 0) // per_block
+    if num_gpu_blocks_override is not None:
+        blocks = num_gpu_blocks_override
+    return KVCachePlan(groups, per_block, blocks)
+
+
+def blocks_per_request(groups: Sequence[KVCacheGroup], *, max_model_len: int,
+                       max_in_flight_tokens: int, mamba_state_blocks: int = 0) -> int:
+    """Blocks of the shared pool one request of ``max_model_len`` tokens may
+    hold at once, summed over the groups: vLLM's start-up check
+    (``_max_memory_usage_bytes_from_groups``, each group's
+    ``max_memory_usage_bytes``) refuses a pool smaller than that plus the
+    null block. Full attention: every token; sliding window: the window, the
+    in-flight tokens (``max_in_flight_tokens``: every concurrent batch's
+    ``max_num_batched_tokens``, freed only once processed) and one block for
+    a window that starts mid-block; chunked local: a chunk and the in-flight
+    tokens; Mamba: ``mamba_state_blocks`` states
+    (:attr:`MambaCache.state_blocks_per_request`)."""
+    total = 0
+    for g in groups:
+        if g.kind == FULL:
+            tokens, extra = max_model_len, 0
+        elif g.kind == SLIDING:
+            assert g.sliding_window is not None
+            tokens, extra = min(g.sliding_window - 1 + max_in_flight_tokens, max_model_len), 1
+        elif g.kind == CHUNKED:
+            assert g.attention_chunk_size is not None
+            tokens, extra = min(g.attention_chunk_size + max_in_flight_tokens, max_model_len), 0
+        else:
+            if mamba_state_blocks < 1:
+                raise ValueError("a Mamba group needs mamba_state_blocks "
+                                 "(MambaCache.state_blocks_per_request)")
+            total += mamba_state_blocks
+            continue
+        total += -(-tokens // g.block_size) + extra
+    return total
+
+
+# -- Mamba hybrids: the attention block size and the Mamba cache mode ---------------
+
+
+@dataclass(slots=True, frozen=True)
+class MambaCache:
+    """How vLLM sizes a hybrid attention/Mamba model's cache: the attention
+    block size it settles on, the Mamba cache mode and block size, and the
+    page the Mamba state is padded to (None: not padded)."""
+
+    block_size: int
+    mamba_cache_mode: str
+    mamba_block_size: int
+    mamba_page_size_padded: int | None
+    # States one request holds at once (MambaSpec.max_memory_usage_bytes):
+    # align mode the running and the previous block's, plus a prefill
+    # checkpoint block when the layers export one; "none" mode one.
+    state_blocks_per_request: int = 1
+
+
+def resolve_mamba_cache(*, block_size: int, enable_prefix_caching: bool, max_model_len: int,
+                        attention_bytes_per_token: int, mamba_state_bytes: int, use_mla: bool = False,
+                        checkpoint_alignment: int | None = None,
+                        checkpoint_block: bool = False) -> MambaCache:
+    """vLLM's ``MambaModelConfig.verify_and_update_config`` then
+    ``Platform._align_hybrid_block_size``:
+
+    - prefix caching on: Mamba cache mode "align" (one state per block),
+      off: "none" (one state per request, the Mamba block spans
+      ``max_model_len``);
+    - the attention block size is raised to the smallest multiple of the
+      kernel alignment (the larger of 16 and ``block_size``; 128 with MLA;
+      in align mode also a multiple of the Mamba layers' prefill
+      ``checkpoint_alignment`` when every layer has one) whose attention
+      page holds a Mamba state;
+    - the Mamba page is padded to that attention page.
+
+    ``checkpoint_block``: the Mamba layers keep a prefill checkpoint block
+    in align mode (MambaMixer2 always; the GDN layer when it exports
+    checkpoints, i.e. with a ``checkpoint_alignment``).
+    """
+    mode = "align" if enable_prefix_caching else "none"
+    align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
+    if use_mla:
+        align = max(align, 128)
+    if mode == "align" and checkpoint_alignment:
+        align = math.lcm(align, checkpoint_alignment)
+    needed = align * -(-mamba_state_bytes // (align * attention_bytes_per_token))
+    needed = KERNEL_BLOCK_ALIGNMENT * -(-needed // KERNEL_BLOCK_ALIGNMENT)
+    block = max(block_size, needed)
+    page = block * attention_bytes_per_token
+    states = 2 + int(checkpoint_block) if mode == "align" else 1
+    return MambaCache(block, mode, block if mode == "align" else max_model_len,
+                      None if page == mamba_state_bytes else page, states)
+
+
+# -- per-layer specs ------------------------------------------------------------------
+
+# Bytes of the dtypes a Mamba-style state is stored in (vLLM's
+# mamba_ssm_cache_dtype values).
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The model dtype kvsched's hybrid checkpoints run in (all are 16-bit): the
+# conv state's dtype (vLLM's mamba_cache_dtype "auto").
+MODEL_DTYPE_BYTES = 2
+# Nemotron-H keeps its SSM state in float32 unless config.json says otherwise
+# (vLLM's NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE).
+NEMOTRON_H_SSM_DTYPE = "float32"
+# DeepSeek-V3.2's lightning indexer caches one FP8 key of index_head_dim
+# values per token with one float32 scale per 128 values (vLLM's Indexer:
+# quant_block_size 128, a uint8 cache of head_dim + head_dim // 128 * 4 bytes).
+INDEXER_QUANT_BLOCK = 128
+# Llama 4: every 4th layer is a global NoPE layer when config.json lists no
+# no_rope_layers (transformers' Llama4TextConfig.no_rope_layer_interval).
+LLAMA4_NOPE_INTERVAL = 4
+# Qwen3-Next: every full_attention_interval-th layer is full attention when
+# config.json lists no layer_types (transformers' Qwen3NextConfig default 4).
+QWEN3_NEXT_FULL_ATTENTION_INTERVAL = 4
+# model_types read here beside those kvsched.perf.model_parsers parses
+# (a multimodal wrapper's text_config is read).
+HYBRID_MODEL_TYPES = ("deepseek_v32", "llama4_text", "nemotron_h", "qwen3_next")
+
+
+@dataclass(slots=True, frozen=True)
+class ModelKVLayout:
+    """A model's per-layer KV specs for one deployment, in model order, the
+    attention block size, and for a Mamba hybrid how vLLM sized its cache."""
+
+    layers: tuple[LayerSpec, ...]
+    block_size: int
+    mamba: MambaCache | None = None
+
+
+def kv_heads_per_rank(kv_heads: int, tensor_parallel_size: int) -> int:
+    """vLLM splits KV heads over TP ranks and replicates them when fewer
+    (ModelConfig.get_num_kv_heads)."""
+    return max(1, kv_heads // tensor_parallel_size)
+
+
+def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size: int, kv_cache_bytes: int,
+                      num_layers: int | None = None, num_sliding_layers: int | None = None,
+                      extra_full_layers: int = 0) -> tuple[LayerSpec, ...]:
+    """The layers of a model kvsched prices (full attention, MLA, sliding
+    window), or of ``num_layers`` of them (``num_sliding_layers`` sliding:
+    one PP stage), plus ``extra_full_layers`` full-attention layers of a
+    drafter sharing the block tables. Sliding layers come first when there
+    are any (layer 0 slides in gpt-oss and Gemma): vLLM orders its groups by
+    each spec's first layer."""
+    layers = model.num_layers if num_layers is None else num_layers
+    sliding_layers = model.num_sliding_layers if num_sliding_layers is None else num_sliding_layers
+    per_token = int(model.kv_bytes_per_layer_per_rank(kv_cache_bytes, tensor_parallel_size))
+    full = LayerSpec(MLA if model.is_mla else FULL, block_size, per_token)
+    sliding = (LayerSpec(SLIDING, block_size, per_token, sliding_window=model.sliding_window),) \
+        * sliding_layers
+    return sliding + (full,) * (layers - sliding_layers + extra_full_layers)
+
+
+def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel_size: int = 1,
+                    kv_cache_bytes: int = 2, enable_prefix_caching: bool = True,
+                    max_model_len: int | None = None, source: str = "config.json") -> ModelKVLayout:
+    """The per-layer KV cache specs vLLM's model classes declare for the
+    config.json ``data`` on one of ``tensor_parallel_size`` ranks,
+    ``kv_cache_bytes`` per KV value (2: "auto" on a 16-bit model; 1: fp8).
+    The models kvsched prices are read by kvsched.perf.model_parsers; the
+    hybrid ones (:data:`HYBRID_MODEL_TYPES`) here."""
+    text, model_type = language_model_config(data)
+    cfg = HFConfig(text, source)
+    tp = tensor_parallel_size
+    if model_type not in HYBRID_MODEL_TYPES:
+        model = model_spec_from_config(data, source, source)
+        return ModelKVLayout(model_spec_layers(model, block_size=block_size, tensor_parallel_size=tp,
+                                               kv_cache_bytes=kv_cache_bytes), block_size)
+    layers = cfg.get_int("num_hidden_layers")
+    if model_type == "deepseek_v32":
+        if kv_cache_bytes != 2:
+            raise UserInputError(
+                f"{source}: kv_cache_dtype of {kv_cache_bytes} byte(s) (--kv-cache-dtype) for DeepSeek-V3.2: "
+                "vLLM keeps its fp8 latent as fp8_ds_mla (fp8 values, their scales and a 16-bit RoPE "
+                "part per token), which kvsched does not plan; use --kv-cache-dtype auto")
+        return ModelKVLayout(_deepseek_v32_layers(cfg, layers, block_size, kv_cache_bytes), block_size)
+    kv_heads = kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
+    per_token = 2 * kv_heads * _head_dim(cfg) * kv_cache_bytes
+    if model_type == "llama4_text":
+        return ModelKVLayout(_llama4_layers(cfg, layers, LayerSpec(FULL, block_size, per_token)), block_size)
+    if model_type == "nemotron_h":
+        kinds, state, checkpoint = _nemotron_h_layers(cfg, layers, tp, source)
+        checkpoint_block = True  # MambaMixer2's spec always has one
+    else:
+        kinds, state, checkpoint = _qwen3_next_layers(cfg, layers, tp)
+        checkpoint_block = enable_prefix_caching  # FlashInfer's GDN exports them in align mode
+    model_len = max_model_len if max_model_len is not None else cfg.get_int("max_position_embeddings")
+    mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                                max_model_len=model_len, attention_bytes_per_token=per_token,
+                                mamba_state_bytes=state, checkpoint_alignment=checkpoint,
+                                checkpoint_block=checkpoint_block)
+    attention = LayerSpec(FULL, mamba.block_size, per_token)
+    mamba_layer = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=state,
+                            page_size_padded=mamba.mamba_page_size_padded)
+    specs = tuple(mamba_layer if k == MAMBA else attention for k in kinds)
+    return ModelKVLayout(specs, mamba.block_size, mamba)
+
+
+def _head_dim(cfg: HFConfig) -> int:
+    if cfg.data.get("head_dim") is not None:
+        return cfg.get_int("head_dim")
+    return cfg.get_int("hidden_size") // cfg.get_int("num_attention_heads")
+
+
+def _deepseek_v32_layers(cfg: HFConfig, layers: int, block_size: int,
+                         kv_cache_bytes: int) -> tuple[LayerSpec, ...]:
+    """Each layer: MLA's latent (kv_lora_rank + qk_rope_head_dim values) and
+    the indexer's FP8 keys with their scales, both full attention."""
+    latent = LayerSpec(MLA, block_size, (cfg.get_int("kv_lora_rank") + cfg.get_int("qk_rope_head_dim"))
+                       * kv_cache_bytes)
+    index_dim = cfg.get_int("index_head_dim")
+    indexer = LayerSpec(MLA, block_size, index_dim + index_dim // INDEXER_QUANT_BLOCK * 4)
+    return (latent, indexer) * layers
+
+
+def _llama4_layers(cfg: HFConfig, layers: int, full: LayerSpec) -> tuple[LayerSpec, ...]:
+    """Chunked local attention on the RoPE layers (``no_rope_layers`` 1),
+    full attention on the NoPE layers; no chunking without
+    ``attention_chunk_size``."""
+    chunk = cfg.get_int("attention_chunk_size", default=0)
+    rope = cfg.data.get("no_rope_layers")
+    if rope is None:
+        rope = [int((i + 1) % LLAMA4_NOPE_INTERVAL != 0) for i in range(layers)]
+    if not isinstance(rope, list) or len(rope) != layers or any(r not in (0, 1) for r in rope):
+        raise cfg.fail("no_rope_layers", rope, f"must list {layers} flags (0 or 1), one per layer")
+    local = replace(full, kind=CHUNKED, attention_chunk_size=chunk)
+    return tuple(local if chunk and r else full for r in rope)
+
+
+def _nemotron_h_layers(cfg: HFConfig, layers: int, tp: int, source: str) -> tuple[list[str], int, int | None]:
+    """(layer kinds, Mamba2 state bytes per rank, prefill checkpoint
+    alignment): ``hybrid_override_pattern`` M = Mamba2, * = attention,
+    others (MLP, MoE) no cache. vLLM's MambaStateShapeCalculator.
+    mamba2_state_shape: a conv state of conv_kernel - 1 rows of the conv
+    width (heads x head_dim + 2 x groups x state, groups replicated up to the
+    TP size) and an SSM state of heads x head_dim x state, both over TP."""
+    pattern = cfg.get_str("hybrid_override_pattern", "")
+    if len(pattern) != layers:
+        raise cfg.fail("hybrid_override_pattern", pattern,
+                       f"must have one character per layer (num_hidden_layers={layers})")
+    heads, head_dim = cfg.get_int("mamba_num_heads"), cfg.get_int("mamba_head_dim")
+    groups, state = cfg.get_int("n_groups"), cfg.get_int("ssm_state_size")
+    if groups % tp:
+        groups = tp
+    conv_width = (heads * head_dim + 2 * groups * state) // tp
+    conv = (cfg.get_int("conv_kernel") - 1) * conv_width * MODEL_DTYPE_BYTES
+    ssm_dtype = cfg.get_str("mamba_ssm_cache_dtype", NEMOTRON_H_SSM_DTYPE)
+    if ssm_dtype not in _DTYPE_BYTES:
+        raise cfg.fail("mamba_ssm_cache_dtype", ssm_dtype, f"must be one of {', '.join(_DTYPE_BYTES)}")
+    ssm = heads // tp * head_dim * state * _DTYPE_BYTES[ssm_dtype]
+    kinds = [MAMBA if c == "M" else FULL for c in pattern if c in "M*"]
+    # Mamba2 layers export no mid-prefill checkpoint (MambaBase's None).
+    return kinds, conv + ssm, None
+
+
+def _qwen3_next_layers(cfg: HFConfig, layers: int, tp: int) -> tuple[list[str], int, int | None]:
+    """(layer kinds, gated delta net state bytes per rank, prefill checkpoint
+    alignment): ``layer_types`` (or every full_attention_interval-th layer
+    full). vLLM's gated_delta_net_state_shape: a conv state of
+    linear_conv_kernel_dim - 1 rows of 2 x key heads x key dim + value heads
+    x value dim, and value heads x value dim x key dim, both over TP and in
+    the model dtype; FlashInfer's GDN prefill checkpoints every 64 tokens."""
+    kh, vh = cfg.get_int("linear_num_key_heads"), cfg.get_int("linear_num_value_heads")
+    kd, vd = cfg.get_int("linear_key_head_dim"), cfg.get_int("linear_value_head_dim")
+    conv = (cfg.get_int("linear_conv_kernel_dim") - 1) * ((2 * kh * kd + vh * vd) // tp) * MODEL_DTYPE_BYTES
+    ssm = vh // tp * vd * kd * MODEL_DTYPE_BYTES
+    types = cfg.data.get("layer_types")
+    if types is None:
+        interval = cfg.get_int("full_attention_interval", default=QWEN3_NEXT_FULL_ATTENTION_INTERVAL)
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or \
+            any(t not in ("linear_attention", "full_attention") for t in types):
+        raise cfg.fail("layer_types", types, f"must list {layers} layer types (linear_attention or "
+                                             "full_attention), one per layer")
+    return [MAMBA if t == "linear_attention" else FULL for t in types], conv + ssm, GDN_CHECKPOINT_ALIGNMENT
