@@ -4,8 +4,11 @@ also writes the committed corpus hybrid/random/.
     python tests/conformance/compare_live_hybrid.py --seeds 300000-300999
     python tests/conformance/compare_live_hybrid.py --vllm-version 0.33 --seeds 301000-301299
     python tests/conformance/compare_live_hybrid.py --write-corpus   # rewrite hybrid/random/
+    python tests/conformance/compare_live_hybrid.py --multimodal --seeds 0-39 --write-corpus
 
-The scenarios are random_hybrid.py's. Needs the release's reference environment
+The scenarios are random_hybrid.py's (`--multimodal`: hybrid_multimodal_scenario's,
+random multimodal scenarios with a second group; corpus hybrid/multimodal/). Needs
+the release's reference environment
 (0.34: tests/conformance/vllm_0_34/setup.sh; 0.33: the same oracle.py run on the
 0.33 venv). Prints the counts (also per layout) and every difference; exits 1 on
 any difference. A scenario vLLM never finishes (NAME.vllm.jsonl.stuck) is compared
@@ -29,9 +32,11 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 from random_hybrid import (  # noqa: E402
     HYBRID_CORPUS_SEEDS,
+    HYBRID_MM_CORPUS_SEEDS,
     LIVE_SEEDS_FROM,
     hybrid_scenario_path,
     layout_of,
+    seed_of,
     write_hybrid_scenarios,
 )
 from random_kv_connector import STUCK_SUFFIX, compare_with_golden  # noqa: E402
@@ -39,6 +44,7 @@ from random_scenarios import parse_seeds  # noqa: E402
 from regenerate import ReferenceMissing, reference_paths, reference_paths_of  # noqa: E402
 
 CORPUS = HERE / "hybrid" / "random"
+MM_CORPUS = HERE / "hybrid" / "multimodal"
 DEFAULT_VERSION = "0.34"
 GOLDEN_SUFFIX = {"0.34": ".vllm.jsonl", "0.33": ".vllm033.jsonl"}
 # The driver that knows cache.kv_groups, on either release's venv (the shared
@@ -67,11 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", help=f"seed range (default {LIVE_SEEDS_FROM}-{LIVE_SEEDS_FROM + 99}; "
                     f"the corpus holds {HYBRID_CORPUS_SEEDS})")
     ap.add_argument("--vllm-version", choices=sorted(GOLDEN_SUFFIX), default=DEFAULT_VERSION)
+    ap.add_argument("--multimodal", action="store_true",
+                    help="random multimodal scenarios with a second group (hybrid_multimodal_scenario)")
     ap.add_argument("--write-corpus", action="store_true",
                     help=f"write seeds {HYBRID_CORPUS_SEEDS} and their goldens into {CORPUS}")
     args = ap.parse_args(argv)
     version = args.vllm_version
-    seeds = parse_seeds(args.seeds or (HYBRID_CORPUS_SEEDS if args.write_corpus
+    corpus_seeds = HYBRID_MM_CORPUS_SEEDS if args.multimodal else HYBRID_CORPUS_SEEDS
+    corpus = MM_CORPUS if args.multimodal else CORPUS
+    seeds = parse_seeds(args.seeds or (corpus_seeds if args.write_corpus
                                        else f"{LIVE_SEEDS_FROM}-{LIVE_SEEDS_FROM + 99}"))
     try:
         oracle_python(version)
@@ -82,12 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     different: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        paths = write_hybrid_scenarios(folder, seeds)
+        paths = write_hybrid_scenarios(folder, seeds, args.multimodal)
         if not run_hybrid_oracle(folder, version):
             print("the oracle failed", file=sys.stderr)
             return 2
-        for seed, path in zip(seeds, paths):
-            layout = layout_of(seed)
+        for path in paths:
+            seed = seed_of(path)
+            layout = layout_of(seed, args.multimodal)
             golden = path.with_name(path.stem + ".vllm.jsonl")
             if not golden.exists() and not golden.with_name(golden.name + STUCK_SUFFIX).exists():
                 counts[f"{layout}:crash"] += 1
@@ -100,16 +111,16 @@ def main(argv: list[str] | None = None) -> int:
             if diff is not None:
                 different.append(f"{path.name} ({layout}): {diff}")
             elif args.write_corpus and not stuck:
-                CORPUS.mkdir(parents=True, exist_ok=True)
-                shutil.copy(path, hybrid_scenario_path(CORPUS, seed))
-                shutil.copy(golden, CORPUS / (path.stem + GOLDEN_SUFFIX[version]))
+                corpus.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, hybrid_scenario_path(corpus, seed, args.multimodal))
+                shutil.copy(golden, corpus / (path.stem + GOLDEN_SUFFIX[version]))
     for line in different:
         print(line)
     for key in sorted(counts):
         print(f"  {key}: {counts[key]}")
     identical = sum(n for k, n in counts.items() if k.endswith(":identical"))
     stuck = sum(n for k, n in counts.items() if k.endswith(":identical up to max_steps"))
-    print(f"{identical} of {len(seeds)} random hybrid scenarios identical to vLLM {version}.0, "
+    print(f"{identical} of {len(paths)} random hybrid scenarios identical to vLLM {version}.0, "
           f"{stuck} identical up to max_steps (vLLM never finishes them), {len(different)} different")
     return 0 if not different else 1
 

@@ -26,9 +26,14 @@ drawn from a stream of its own.
 Usage:
     python tests/conformance/random_hybrid.py OUTDIR --seeds 0-39
 
-The checked-in corpus (tests/conformance/hybrid/random/) is seeds
-HYBRID_CORPUS_SEEDS with vLLM 0.34's goldens (compare_live_hybrid.py
---write-corpus rewrites them); live checks use seeds from LIVE_SEEDS_FROM.
+`hybrid_multimodal_scenario(seed)` is random_multimodal.py's scenario with a
+second group beside its full attention (the encoder path and the groups together).
+
+The checked-in corpora (tests/conformance/hybrid/random/, seeds
+HYBRID_CORPUS_SEEDS; hybrid/multimodal/, the finished ones of
+HYBRID_MM_CORPUS_SEEDS) have vLLM 0.34's and 0.33's goldens (compare_live_hybrid.py
+--write-corpus [--multimodal] rewrites them); live checks use seeds from
+LIVE_SEEDS_FROM.
 """
 
 from __future__ import annotations
@@ -59,6 +64,10 @@ HYBRID_CORPUS_SEEDS = "0-39"
 LIVE_SEEDS_FROM = 300000
 HYBRID_MAX_STEPS = 5000
 FILE_PREFIX = "random_hybrid_"
+MM_FILE_PREFIX = "random_hybrid_mm_"
+# hybrid_multimodal_scenario's corpus (hybrid/multimodal/): the seeds whose
+# base scenario has no KV connector and that vLLM finishes.
+HYBRID_MM_CORPUS_SEEDS = "0-39"
 LAYOUTS = ("swa", "chunked", "full_swa", "full_swa_swa", "full_swa2", "full_chunked",
            "swa_chunked", "full_swa_sizes", "full_mamba", "mamba", "full_swa_mamba")
 BLOCK_SIZES = [1, 2, 4, 8, 16]
@@ -68,12 +77,15 @@ SPEC_SHARE = 0.3
 MAX_MODEL_LENS = [64, 128, 256, 512]
 
 
-def layout_of(seed: int) -> str:
+def layout_of(seed: int, multimodal: bool = False) -> str:
+    if multimodal:
+        scenario = hybrid_multimodal_scenario(seed)
+        return "mm_" + (scenario["cache"]["kv_groups"][1]["kind"] if scenario else "none")
     return LAYOUTS[seed % len(LAYOUTS)]
 
 
-def hybrid_scenario_path(outdir: Path, seed: int) -> Path:
-    return outdir / f"{FILE_PREFIX}{seed}.json"
+def hybrid_scenario_path(outdir: Path, seed: int, multimodal: bool = False) -> Path:
+    return outdir / f"{MM_FILE_PREFIX if multimodal else FILE_PREFIX}{seed}.json"
 
 
 def _window(rng: random.Random, block_size: int) -> int:
@@ -220,14 +232,53 @@ def random_hybrid_scenario(seed: int) -> Scenario:
     return scenario
 
 
-def write_hybrid_scenarios(outdir: Path, seeds: list[int]) -> list[Path]:
+def hybrid_multimodal_scenario(seed: int) -> Scenario | None:
+    """random_multimodal.py's scenario for ``seed`` with a second KV cache group
+    beside its full attention (sliding window, chunked local attention or
+    Mamba, of its block size) and twice its blocks; None for a seed whose
+    scenario has a KV connector (refused with kv_groups). Mamba is not drawn
+    beside speculative decoding (refused too)."""
+    from random_multimodal import random_multimodal_scenario
+
+    scenario = random_multimodal_scenario(seed)
+    if "kv_connector" in scenario:
+        return None
+    rng = random.Random(f"random_hybrid:mm:{seed}")
+    cache = scenario["cache"]
+    bs = cache.get("block_size", 16)
+    kinds = ["sliding_window", "chunked_local_attention"]
+    if "speculative" not in scenario:
+        kinds.append("mamba")
+    kind = rng.choice(kinds)
+    second: dict[str, Any] = {"kind": kind, "block_size": bs}
+    if kind == "sliding_window":
+        second["sliding_window"] = _window(rng, bs)
+    elif kind == "chunked_local_attention":
+        second["attention_chunk_size"] = _chunk(rng, bs)
+    cache["kv_groups"] = [{"kind": "full_attention", "block_size": bs}, second]
+    cache["num_gpu_blocks"] *= 2
+    scenario["description"] = (f"random_multimodal.py's seed {seed} with a {kind} group beside full "
+                               "attention (tests/conformance/random_hybrid.py).")
+    return scenario
+
+
+def write_hybrid_scenarios(outdir: Path, seeds: list[int], multimodal: bool = False) -> list[Path]:
+    """The scenarios of ``seeds`` as OUTDIR/PREFIX_SEED.json (multimodal: those
+    hybrid_multimodal_scenario gives, as MM_FILE_PREFIX_SEED.json)."""
     outdir.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed in seeds:
-        path = hybrid_scenario_path(outdir, seed)
-        path.write_text(format_scenario(random_hybrid_scenario(seed)))
+        scenario = hybrid_multimodal_scenario(seed) if multimodal else random_hybrid_scenario(seed)
+        if scenario is None:
+            continue
+        path = hybrid_scenario_path(outdir, seed, multimodal)
+        path.write_text(format_scenario(scenario))
         paths.append(path)
     return paths
+
+
+def seed_of(path: Path) -> int:
+    return int(path.stem.rsplit("_", 1)[1])
 
 
 def main(argv: list[str] | None = None) -> int:

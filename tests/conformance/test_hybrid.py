@@ -4,7 +4,8 @@ hybrid/scenarios/NAME.json are hand-written scenarios, one or two behaviours of 
 group kind each (sliding window, chunked local attention, Mamba state, their
 mixes with full attention, prefix hits, the shared-prefix junction, eviction and
 preemption, the admission cap, different block sizes); hybrid/random/ holds
-random_hybrid.py's seeds HYBRID_CORPUS_SEEDS. Each has vLLM 0.34.0's trace
+random_hybrid.py's seeds HYBRID_CORPUS_SEEDS; hybrid/multimodal/ random
+multimodal scenarios with a second group (hybrid_multimodal_scenario). Each has vLLM 0.34.0's trace
 NAME.vllm.jsonl and vLLM 0.33.0's NAME.vllm033.jsonl, both from
 vllm_0_34/oracle.py (on each release's venv; compare_live_hybrid.py --write-corpus
 rewrites the random ones). kvsched replays every one under the matching
@@ -26,8 +27,11 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 from random_hybrid import (  # noqa: E402
     HYBRID_CORPUS_SEEDS,
+    HYBRID_MM_CORPUS_SEEDS,
+    hybrid_multimodal_scenario,
     hybrid_scenario_path,
     random_hybrid_scenario,
+    seed_of,
 )
 from random_scenarios import format_scenario, parse_seeds  # noqa: E402
 
@@ -41,7 +45,8 @@ from kvsched.scenario import load_scenario, replay  # noqa: E402
 
 ROOT = HERE / "hybrid"
 GOLDEN_SUFFIXES = {"0.34": ".vllm.jsonl", "0.33": ".vllm033.jsonl"}
-SCENARIOS = sorted((ROOT / "scenarios").glob("*.json")) + sorted((ROOT / "random").glob("*.json"))
+SCENARIOS = [p for folder in ("scenarios", "random", "multimodal")
+             for p in sorted((ROOT / folder).glob("*.json"))]
 
 
 def _golden(path: Path, version: str) -> Path:
@@ -66,6 +71,22 @@ def test_generator_reproduces_the_random_corpus() -> None:
                != format_scenario(random_hybrid_scenario(s))]
     assert not drifted, (f"seeds {drifted[:5]} differ from random_hybrid.py; rerun "
                          "compare_live_hybrid.py --write-corpus for both releases")
+
+
+def test_generator_reproduces_the_multimodal_corpus() -> None:
+    """hybrid/multimodal/ holds hybrid_multimodal_scenario's seeds of
+    HYBRID_MM_CORPUS_SEEDS that vLLM finishes on both releases, as written."""
+    paths = sorted((ROOT / "multimodal").glob("*.json"))
+    assert len(paths) >= 20
+    allowed = set(parse_seeds(HYBRID_MM_CORPUS_SEEDS))
+    with_items = 0
+    for path in paths:
+        seed = seed_of(path)
+        scenario = hybrid_multimodal_scenario(seed)
+        assert seed in allowed and scenario is not None, path.name
+        assert path.read_text() == format_scenario(scenario), path.name
+        with_items += any("mm_items" in r for r in scenario["requests"])
+    assert with_items >= 20, "the corpus should exercise the encoder path"
 
 
 def test_goldens_carry_the_group_view() -> None:
