@@ -358,7 +358,10 @@ class CacheConfig:
     otherwise one entry per KV cache group, all sharing the one pool.
     ``hash_block_size`` (None: ``block_size``) is the prefix-cache hash
     granularity; ``mamba_cache_mode`` (None: vLLM's resolution) applies to
-    Mamba groups."""
+    Mamba groups. ``prefix_cache_retention_interval`` is vLLM's (default 0:
+    sliding-window and Mamba groups cache only the blocks a replay or a
+    shared-prefix junction can hit; None: every block; N: also one tail
+    per N tokens)."""
 
     num_gpu_blocks: int
     block_size: int = DEFAULT_BLOCK_SIZE
@@ -366,6 +369,7 @@ class CacheConfig:
     kv_groups: tuple[KVCacheGroup, ...] = ()
     hash_block_size: int | None = None
     mamba_cache_mode: str | None = None
+    prefix_cache_retention_interval: int | None = 0
 
     def __post_init__(self) -> None:
         _require_positive("block_size", self.block_size)
@@ -379,6 +383,10 @@ class CacheConfig:
         if self.mamba_cache_mode is not None and self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             raise _fail("mamba_cache_mode", self.mamba_cache_mode, "unknown Mamba cache mode",
                         f"use one of {', '.join(MAMBA_CACHE_MODES)}")
+        retention = self.prefix_cache_retention_interval
+        if retention is not None and (not is_int(retention) or retention < 0):
+            raise _fail("prefix_cache_retention_interval", retention, "must be a whole number >= 0 "
+                        "or None", "use 0 (vLLM's default), a multiple of the block size, or None")
 
 
 # vLLM's speculative methods, the one list every reader of

@@ -43,11 +43,16 @@ REASON_ENCODER_BUDGET = "encoder_budget"
 REASON_ENCODER_CACHE = "encoder_cache"
 REASON_CHUNKED_MM_INPUT = "chunked_mm_input_off"
 
+# A Mamba group in "align" mode: its chunk would end before the next block
+# boundary the state must be written on (vLLM's block-aligned split gives 0).
+REASON_MAMBA_ALIGNMENT = "mamba_block_alignment"
+
 REASONS = (REASON_TOKEN_BUDGET, REASON_MAX_NUM_SEQS, REASON_KV_BLOCKS,
            REASON_CHUNKED_PREFILL_OFF, REASON_ADMISSION_POLICY, REASON_PREEMPTION,
            REASON_MAX_LORAS, REASON_OUTPUT_IN_FLIGHT, REASON_WAITING_FOR_REMOTE_KVS,
            REASON_KV_LOAD_FAILED, REASON_KV_LOOKUP_PENDING, REASON_KV_LOAD_CAP,
-           REASON_ENCODER_BUDGET, REASON_ENCODER_CACHE, REASON_CHUNKED_MM_INPUT)
+           REASON_ENCODER_BUDGET, REASON_ENCODER_CACHE, REASON_CHUNKED_MM_INPUT,
+           REASON_MAMBA_ALIGNMENT)
 
 # vLLM's livelocks with a KV connector (it spins for ever in them;
 # SCENARIO_FORMAT.md's notes on 0.33.0; 0.34.0 keeps them, shown live and by

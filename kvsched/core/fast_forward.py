@@ -111,6 +111,9 @@ def stretch_refusal(sched: Scheduler) -> str | None:
     state; how far a stretch may go is ``decode_stretch_plan``'s). Callers
     that only plan test it for None; ``fast_forward_decode`` raises it."""
     running = sched.running
+    if sched.hybrid_kv_cache:
+        return ("a stretch covers one full-attention KV cache group, not hybrid groups "
+                "(cache.kv_groups: windows free blocks as decode goes on)")
     if sched.num_spec_tokens:
         return "a stretch covers plain decode, not speculative decoding"
     if sched.pipeline_parallel_size > 1:

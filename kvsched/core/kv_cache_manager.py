@@ -67,6 +67,12 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.block_pool.get_usage()
 
+    def min_blocks_to_hold(self, num_tokens: int) -> int:
+        """The fewest blocks a request must hold at once to reach
+        ``num_tokens`` tokens of KV (a request needing more than the pool
+        could never run)."""
+        return -(-num_tokens // self.block_size)
+
     # -- hashing --------------------------------------------------------------
     def block_hashes(self, request: Request, num_blocks: int) -> Sequence[int]:
         """The request's prefix-cache keys: chained hashes of its full blocks,

@@ -34,7 +34,13 @@ from kvsched.config import (
 )
 from kvsched.core import explain
 from kvsched.core.encoder_cache_manager import EncoderCacheManager, compute_mm_encoder_budget
-from kvsched.core.kv_cache_manager import KVCacheManager
+from kvsched.core.hybrid_kv_cache import (
+    HybridKVCacheManager,
+    is_hybrid,
+    make_kv_cache_manager,
+    mamba_block_aligned_split,
+    needs_mamba_block_aligned_split,
+)
 from kvsched.core.kv_connector import KVConnectorBase, KVConnectorOutput
 from kvsched.core.output import (
     CachedRequestData,
@@ -293,7 +299,23 @@ class Scheduler:
         self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
         self.max_model_len = scheduler_config.max_model_len
         self.block_size = cache_config.block_size
-        self.kv_cache_manager = KVCacheManager(cache_config, self.max_model_len)
+        # Several KV cache groups (cache.kv_groups): vLLM's coordinator over
+        # one pool, with allocate_slots called for every scheduled request.
+        self.hybrid_kv_cache = is_hybrid(cache_config)
+        # vLLM's need_mamba_block_aligned_split (a Mamba group, prefix caching on).
+        self._mamba_split = needs_mamba_block_aligned_split(cache_config)
+        # vLLM also publishes a synchronous Mamba request's finalized states
+        # after each output (the general update path does it).
+        self._cache_after_output = self._mamba_split and not self.async_scheduling
+        if self.hybrid_kv_cache:
+            self._refuse_with_kv_groups(speculative_config, kv_connector)
+            self._fast_running = False
+            if self._cache_after_output:
+                self._plain = False
+        # vLLM's max_in_flight_tokens: one token budget per batch in flight
+        # (the sliding-window admission cap counts them).
+        self.kv_cache_manager = make_kv_cache_manager(
+            cache_config, self.max_model_len, self.max_steps_in_flight * self.max_num_scheduled_tokens)
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(scheduler_config.policy)
         self.running: list[Request] = []
@@ -328,6 +350,24 @@ class Scheduler:
         self.decode_stable = False
         self._init_encoder(mm_max_tokens_per_item)
         self._init_connector(kv_connector)
+
+    def _refuse_with_kv_groups(self, speculative_config: SpeculativeConfig | None,
+                               kv_connector: KVConnectorBase | None) -> None:
+        """What kvsched does not model with hybrid KV cache groups yet: refused
+        by name rather than approximated."""
+        what = None
+        if speculative_config is not None and (
+                speculative_config.num_lookahead_tokens
+                or any(g.kind == "mamba" for g in self.cache_config.kv_groups)):
+            what = ("speculative decoding with a drafter (EAGLE's block drop, lookahead slots) or "
+                    "beside a mamba group (its speculative state blocks)")
+        elif kv_connector is not None:
+            what = "a KV connector (per-group loads and deferred frees)"
+        elif self.pipeline_parallel_size > 1:
+            what = "pipeline parallelism (checked with one group only)"
+        if what is not None:
+            raise UserInputError(f"cache.kv_groups: {what} is not modelled with hybrid KV cache "
+                                 "groups yet; drop one or the other")
 
     def _init_encoder(self, mm_max_tokens_per_item: Mapping[str, int] | None) -> None:
         """A multimodal model's encoder budget and cache (vLLM's
@@ -457,7 +497,7 @@ class Scheduler:
         # request that fits only without them can spin in vLLM, which
         # accepts it all the same, and so does kvsched.)
         max_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len) - 1
-        need = -(-max_len // self.block_size)
+        need = self.kv_cache_manager.min_blocks_to_hold(max_len)
         usable = self.cache_config.num_gpu_blocks - 1
         if need > usable:
             raise UserInputError(
@@ -735,6 +775,8 @@ class Scheduler:
         self.current_step += 1
         step = _Step(self.max_num_scheduled_tokens)
         step.encoder_budget = self.max_num_encoder_input_tokens
+        if self._mamba_split:
+            self._hybrid_kv().new_step_starts()
         if self._begin_step is not None:
             self._begin_step(self)
         # The threshold keeps one long prefill from starving the others; with
@@ -899,7 +941,10 @@ class Scheduler:
         running = self.running
         kv = self.kv_cache_manager
         allocate_slots = kv.allocate_slots
-        req_to_blocks = kv.req_to_blocks
+        # Hybrid groups: vLLM's allocate_slots runs for every request (it
+        # frees blocks that left a window even when nothing is allocated),
+        # so no table is looked at for the no-allocation shortcut below.
+        req_to_blocks: dict[str, list[int]] = {} if self.hybrid_kv_cache else kv.req_to_blocks
         num_cached_block = kv.num_cached_block
         caching = kv.enable_caching
         bs = self.block_size
@@ -927,6 +972,8 @@ class Scheduler:
                 req_index += 1
                 continue
             num_new = self._num_running_tokens(request, budget, threshold)
+            if self._mamba_split:
+                num_new = self._mamba_aligned(request, num_new)
             if num_new <= 0:
                 req_index += 1
                 continue
@@ -1026,6 +1073,22 @@ class Scheduler:
             req_index += 1
         step.token_budget = budget
 
+    def _hybrid_kv(self) -> HybridKVCacheManager:
+        kv = self.kv_cache_manager
+        assert isinstance(kv, HybridKVCacheManager)
+        return kv
+
+    def _mamba_aligned(self, request: Request, num_new: int, num_computed: int = 0,
+                       hit: list[int] = _NO_NEW_BLOCKS) -> int:
+        """vLLM's Mamba block-aligned split of ``num_new`` tokens (``num_computed``
+        and ``hit``: a waiting request's prefix hit)."""
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        budget = self.max_num_scheduled_tokens
+        return mamba_block_aligned_split(
+            request, num_new, num_computed, self.block_size,
+            min(budget, threshold) if threshold > 0 else budget,
+            self._hybrid_kv().junction(request, hit))
+
     def _pick_victim(self) -> Request:
         if self._priority:
             # max() keeps the first of equal keys, as vLLM's does.
@@ -1087,6 +1150,13 @@ class Scheduler:
             if tokens is None:
                 break
             num_new, padded = tokens
+            # vLLM applies the Mamba alignment before the encoder caps.
+            if self._mamba_split:
+                num_new = self._mamba_aligned(request, num_new, num_computed, hit_blocks)
+                if num_new == 0:
+                    self._stop_at(step, explain.REASON_MAMBA_ALIGNMENT, request,
+                                  "its chunk would end before the next Mamba block boundary")
+                    break
             encoding: _EncoderPlan | None = None
             if request.mm_features and self.encoder_cache_manager is not None:
                 encoding = self._encoder_admission(step, request, num_computed, num_new,
@@ -1108,6 +1178,9 @@ class Scheduler:
                     what = "its whole sequence" if reserve_full else f"{num_new} tokens"
                     detail = (f"needs {need} free KV blocks for {what}, "
                               f"{kv.block_pool.get_num_free_blocks()} free")
+                    if self._mamba_split and self._hybrid_kv().waits_for_same_step_state(hit_blocks):
+                        detail = ("its prefix hit is a Mamba state another request caches in this "
+                                  "step; vLLM looks it up again next step")
                 self._stop_at(step, explain.REASON_KV_BLOCKS, request, detail)
                 break
             kv.record_prefix_cache_stats(request, num_computed)
@@ -1984,6 +2057,7 @@ class Scheduler:
         caching = kv.enable_caching
         num_cached_block = kv.num_cached_block
         bs = self.block_size
+        cache_after_output = self._cache_after_output
         encoder = self.encoder_cache_manager is not None
         for (rid, n_sched), entry, request in zip(num_scheduled.items(), entries, targets):
             if request is None:
@@ -2044,7 +2118,7 @@ class Scheduler:
                 if request.num_output_placeholders > 0:
                     request.num_output_placeholders -= n
                 # Blocks whose tokens became known enter the prefix cache.
-                if caching and was_running and (had_placeholders or num_spec) and (
+                if caching and was_running and (had_placeholders or num_spec or cache_after_output) and (
                         (request.num_computed_tokens - request.num_in_flight_tokens) // bs
                         > num_cached_block.get(rid, 0)):
                     kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvsched.core.hybrid_kv_cache import HybridKVCacheManager
 from kvsched.core.output import SchedulerOutput
 from kvsched.core.scheduler import Scheduler
 
@@ -17,6 +18,10 @@ OPTIONAL_FIELDS = ("spec", "processed")
 # (the id lists as sets).
 KV_CONNECTOR_FIELDS = ("waiting_for_remote_kvs", "kv_load", "finished_recving", "finished_sending",
                        "load_failed", "delayed_free")
+# Written only with hybrid KV cache groups (cache.kv_groups): per running
+# request, in running order, per group [table length, real blocks] (the
+# rest of its table is vLLM's null block), compared whenever either trace has it.
+HYBRID_FIELDS = ("group_blocks",)
 # Written only for a multimodal scenario; compared whenever either trace has them.
 ENCODER_FIELDS = ("encoder_inputs", "freed_mm_hashes", "encoder_free_slots", "encoder_freeable_slots")
 _ID_SETS = ("resumed", "preempted", "waiting_for_remote_kvs", "finished_recving",
@@ -30,7 +35,7 @@ def step_record(step: int, output: SchedulerOutput, finished: list[list[str]],
     admitted = {n.req_id: n.num_computed_tokens for n in output.scheduled_new_reqs}
     cached = output.scheduled_cached_reqs
     admitted.update(cached.num_computed_tokens)
-    return {
+    record = {
         "step": step,
         "scheduled": [[rid, n] for rid, n in output.num_scheduled_tokens.items()],
         "new": [n.req_id for n in output.scheduled_new_reqs],
@@ -44,6 +49,22 @@ def step_record(step: int, output: SchedulerOutput, finished: list[list[str]],
         # (0.34) those in async_kv_waiting, too.
         "num_waiting": scheduler.get_request_counts()[1],
     }
+    if scheduler.cache_config.kv_groups:
+        record["group_blocks"] = group_blocks(scheduler)
+    return record
+
+
+def group_blocks(scheduler: Scheduler) -> dict[str, list[list[int]]]:
+    """The trace's per-group view: each running request's [table length,
+    real blocks] per KV cache group."""
+    kv = scheduler.kv_cache_manager
+    if isinstance(kv, HybridKVCacheManager):
+        return {r.request_id: kv.group_block_counts(r.request_id) for r in scheduler.running}
+    out: dict[str, list[list[int]]] = {}
+    for r in scheduler.running:
+        n = len(kv.req_to_blocks.get(r.request_id, ()))
+        out[r.request_id] = [[n, n]]
+    return out
 
 
 def first_difference(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> str | None:
@@ -51,6 +72,7 @@ def first_difference(expected: list[dict[str, Any]], actual: list[dict[str, Any]
     ``finished``, ``resumed`` and ``preempted`` compare as sets."""
     for i, (e, a) in enumerate(zip(expected, actual)):
         names = TRACE_FIELDS + tuple(n for n in OPTIONAL_FIELDS + KV_CONNECTOR_FIELDS + ENCODER_FIELDS
+                                     + HYBRID_FIELDS
                                      if n in e or n in a)
         for name in names:
             ev, av = _normalise(name, e.get(name)), _normalise(name, a.get(name))

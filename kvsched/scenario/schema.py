@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from kvsched.config import (
+    KV_GROUP_KINDS,
+    MAMBA_CACHE_MODES,
     MAX_BLOCK_SIZE,
     MAX_LORAS,
     MAX_PIPELINE_PARALLEL_SIZE,
@@ -26,11 +28,13 @@ from kvsched.config import (
     MAX_STEP_LIMIT,
     NGRAM_METHODS,
     CacheConfig,
+    KVCacheGroup,
     LoRAConfig,
     SchedulerConfig,
     SpeculativeConfig,
     check_speculative_with_async,
 )
+from kvsched.core.hybrid_kv_cache import check_hybrid_config
 from kvsched.core.kv_connector import (
     KV_ROLES,
     LOAD_FAILURE_POLICIES,
@@ -99,7 +103,10 @@ SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                   "enable_chunked_prefill", "long_prefill_token_threshold", "policy",
                   "scheduler_reserve_full_isl", "prefill_schedule_interval",
                   *sorted(VERSIONED_SCHEDULER_KNOBS), *MM_SCHEDULER_KEYS)
-CACHE_KEYS = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
+CACHE_KEYS = ("block_size", "num_gpu_blocks", "enable_prefix_caching", "kv_groups",
+              "hash_block_size", "mamba_cache_mode", "prefix_cache_retention_interval")
+# One entry of cache.kv_groups (kvsched.config.KVCacheGroup).
+KV_GROUP_KEYS = ("kind", "block_size", "num_layers", "sliding_window", "attention_chunk_size")
 REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos",
                 "eos_token_id", "stop_token_ids", "priority", "arrival_step", "arrival_time",
                 "sampled_token_ids", "accepted_drafts", "proposed_drafts", "lora_id", "rank",
@@ -365,9 +372,11 @@ def parse_scenario(obj: Any, source: str = "scenario",
     block_size = c.integer(cc, "block_size", "cache", 1, MAX_BLOCK_SIZE,
                            " (vLLM's blocks hold a few hundred tokens at most)", 16)
     prefix = c.boolean(cc, "enable_prefix_caching", "cache", False)
+    hybrid = _check_kv_groups(c, cc, block_size)
     try:
         cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=block_size,
-                                   enable_prefix_caching=prefix)
+                                   enable_prefix_caching=prefix, **hybrid)
+        check_hybrid_config(cache_config)
     except (ValueError, TypeError) as e:
         raise UserInputError(f"{source}: cache.{e}") from None
 
@@ -471,6 +480,53 @@ def _check_mm_items(c: _Checker, requests: list[Any]) -> dict[str, int] | None:
         except (UserInputError, TypeError) as e:
             raise UserInputError(f"{c.source}: {where}: {e}") from None
     return largest or None
+
+
+def _check_kv_groups(c: _Checker, cc: Mapping[str, Any], block_size: int) -> dict[str, Any]:
+    """The hybrid KV cache keys (tests/conformance/README.md): CacheConfig's
+    keyword arguments for those present. Absent: vLLM's single
+    full-attention group of ``block_size``."""
+    out: dict[str, Any] = {}
+    if "hash_block_size" in cc:
+        out["hash_block_size"] = c.integer(cc, "hash_block_size", "cache", 1, MAX_BLOCK_SIZE)
+    if "mamba_cache_mode" in cc:
+        mode = cc["mamba_cache_mode"]
+        if mode not in MAMBA_CACHE_MODES:
+            c.fail("cache.mamba_cache_mode", mode, "unknown Mamba cache mode",
+                   f"use one of {', '.join(map(repr, MAMBA_CACHE_MODES))}")
+        out["mamba_cache_mode"] = mode
+    if "prefix_cache_retention_interval" in cc:
+        value = cc["prefix_cache_retention_interval"]
+        out["prefix_cache_retention_interval"] = None if value is None else c.integer(
+            cc, "prefix_cache_retention_interval", "cache", 0, MAX_STEP_LIMIT)
+    if "kv_groups" not in cc:
+        return out
+    raw = cc["kv_groups"]
+    if type(raw) is not list or not raw:
+        c.fail("cache.kv_groups", raw, "must be a non-empty list of groups",
+               "write it as [{\"kind\": \"full_attention\", \"block_size\": 16}, ...] or drop it")
+    groups = []
+    for i, g in enumerate(raw):
+        where = f"cache.kv_groups[{i}]"
+        g = c.obj(g, where, KV_GROUP_KEYS, "a KV cache group")
+        if "kind" not in g:
+            c.missing(f"{where}.kind", f"give one of {', '.join(KV_GROUP_KINDS)}")
+        kind = g["kind"]
+        if kind not in KV_GROUP_KINDS:
+            c.fail(f"{where}.kind", kind, "unknown KV cache group kind",
+                   f"use one of {', '.join(KV_GROUP_KINDS)}")
+        size = c.integer(g, "block_size", where, 1, MAX_BLOCK_SIZE, "", block_size)
+        layers = c.integer(g, "num_layers", where, 1, MAX_STEP_LIMIT, "", 1)
+        extra = {}
+        for key in ("sliding_window", "attention_chunk_size"):
+            if key in g:
+                extra[key] = c.integer(g, key, where, 1, MAX_STEP_LIMIT)
+        try:
+            groups.append(KVCacheGroup(kind, size, layers, **extra))
+        except (ValueError, TypeError) as e:
+            c.fail(where, g, str(e), "fix the group")
+    out["kv_groups"] = tuple(groups)
+    return out
 
 
 def _check_kv_connector(c: _Checker, top: Mapping[str, Any]) -> dict[str, Any] | None:

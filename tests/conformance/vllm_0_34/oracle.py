@@ -112,11 +112,22 @@ from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # no
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.encoder_cache_manager import EncoderCacheManager, compute_mm_encoder_budget  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+    get_request_block_hasher,
+    init_none_hash,
+    resolve_kv_cache_block_sizes,
+)
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -243,29 +254,85 @@ def make_scheduler(scenario: dict, pipeline_parallel_size: int = 1, data_paralle
     block_size = config.cache_config.block_size
     assert block_size == int(scenario.get("cache", {}).get("block_size", 16)), block_size
     num_blocks = int(scenario["cache"]["num_gpu_blocks"])
-    layer_spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], layer_spec)],
-    )
+    groups = scenario["cache"].get("kv_groups")
+    if groups:
+        kv_cache_config = hybrid_kv_cache_config(scenario, config, num_blocks)
+        # As EngineCore: the scheduler's granularity and the hash granularity
+        # come from vLLM's own resolution over the groups.
+        sched_block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, config)
+        kv_cache_config.hash_block_size = hash_block_size
+    else:
+        layer_spec = FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+        )
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer"], layer_spec)],
+        )
+        sched_block_size, hash_block_size = block_size, None
     config.cache_config.num_gpu_blocks = num_blocks
     register_all_kvcache_specs(config)
     cls = config.scheduler_config.get_scheduler_cls()
     expected = AsyncScheduler if scenario.get("async_scheduling") else Scheduler
     assert cls is expected, (cls, expected)
+    kwargs = {} if hash_block_size is None else {"hash_block_size": hash_block_size}
     return cls(
         vllm_config=config,
         kv_cache_config=kv_cache_config,
-        block_size=block_size,
+        block_size=sched_block_size,
         log_stats=False,
         structured_output_manager=StructuredOutputManager(config),
+        **kwargs,
     )
 
 
-def block_hasher(scenario: dict):
+def hybrid_kv_cache_config(scenario: dict, config: VllmConfig, num_blocks: int) -> KVCacheConfig:
+    """vLLM's KVCacheConfig for `cache.kv_groups`: one KVCacheGroupSpec per group
+    (the specs the model's layers would give, with a 1-head, 1-wide float32 page:
+    the scheduler never touches tensors), `num_blocks` shared by all, and
+    CacheConfig's prefix_cache_retention_interval / mamba_cache_mode resolved as
+    the planner and MambaModelConfig resolve them."""
+    cc = scenario["cache"]
+    caching = bool(cc.get("enable_prefix_caching", False))
+    # MambaModelConfig.verify_and_update_config: prefix caching needs "align",
+    # none forces "none".
+    mode = "align" if caching else "none"
+    config.cache_config.mamba_cache_mode = mode
+    retention = cc.get("prefix_cache_retention_interval", 0)
+    config.cache_config.prefix_cache_retention_interval = retention
+    specs = []
+    for i, g in enumerate(cc["kv_groups"]):
+        bs = int(g.get("block_size", cc.get("block_size", 16)))
+        common = {"block_size": bs, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+        kind = g["kind"]
+        if kind == "full_attention":
+            spec = FullAttentionSpec(**common)
+        elif kind == "sliding_window":
+            spec = SlidingWindowSpec(**common, sliding_window=int(g["sliding_window"]))
+        elif kind == "chunked_local_attention":
+            spec = ChunkedLocalAttentionSpec(**common, attention_chunk_size=int(g["attention_chunk_size"]))
+        elif kind == "mamba":
+            spec = MambaSpec(block_size=bs, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode=mode)
+        else:
+            raise ValueError(f"cache.kv_groups[{i}].kind={kind!r}")
+        layers = [f"group{i}.layer{j}" for j in range(int(g.get("num_layers", 1)))]
+        specs.append(KVCacheGroupSpec(layers, spec))
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=specs,
+        prefix_cache_retention_interval=retention,
+    )
+
+
+def block_hasher(scenario: dict, sched: Scheduler | None = None):
     init_none_hash(sha256)
-    return get_request_block_hasher(int(scenario.get("cache", {}).get("block_size", 16)), sha256)
+    # The scheduler's hash granularity (vLLM's resolution with kv_groups).
+    if sched is not None:
+        return get_request_block_hasher(sched.hash_block_size, sha256)
+    size = int(scenario.get("cache", {}).get("block_size", 16))
+    return get_request_block_hasher(size, sha256)
 
 
 def make_request(spec: dict, hasher, scenario: dict) -> Request:
@@ -466,7 +533,8 @@ def admissions(sched: Scheduler, so) -> tuple[list[str], list[str], dict[str, in
 
 
 def step_line(
-    step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields=None, use_mm=False
+    step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields=None, use_mm=False,
+    groups=False,
 ) -> dict:
     """`admitted` is admissions(sched, so), taken right after schedule() (a request
     admitted and finished in the same step has left sched.requests by now)."""
@@ -496,6 +564,8 @@ def step_line(
         line["processed"] = processed
     if kv_fields is not None:
         line.update(kv_fields)
+    if groups:
+        line["group_blocks"] = group_blocks(sched)
     if use_mm:
         ecm = sched.encoder_cache_manager
         inputs = so.scheduled_encoder_inputs if so else {}
@@ -504,6 +574,20 @@ def step_line(
         line["encoder_free_slots"] = ecm.num_free_slots
         line["encoder_freeable_slots"] = ecm.num_freeable_slots
     return line
+
+
+def group_blocks(sched: Scheduler) -> dict:
+    """Per running request (running order), per KV cache group: [table length,
+    real blocks] (the rest are vLLM's null block). Only with cache.kv_groups."""
+    managers = sched.kv_cache_manager.coordinator.single_type_managers
+    out = {}
+    for req in sched.running:
+        counts = []
+        for manager in managers:
+            blocks = manager.req_to_blocks.get(req.request_id) or []
+            counts.append([len(blocks), sum(1 for b in blocks if not b.is_null)])
+        out[req.request_id] = counts
+    return out
 
 
 def abortable(sched: Scheduler, ids: list[str]) -> list[str]:
@@ -531,7 +615,7 @@ def replay(scenario: dict, out) -> dict:
     kv_type = (scenario.get("kv_connector") or {}).get("type")
     sched = make_scheduler(scenario)
     use_mm = install_encoder(sched, scenario)
-    hasher = block_hasher(scenario)
+    hasher = block_hasher(scenario, sched)
     specs, arrivals, aborts, last_event, max_steps = scenario_timeline(scenario)
 
     model = ScriptedModel(specs, kvc.make_kv_worker(scenario))
@@ -601,7 +685,8 @@ def replay(scenario: dict, out) -> dict:
             preemptions += len(so.preempted_req_ids or ())
         kv_fields = observer.record(so, mro) if observer is not None else None
         line = step_line(
-            step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields, use_mm
+            step, so, admitted, finished, sched, use_spec, use_async, processed, kv_fields, use_mm,
+            groups=bool(scenario["cache"].get("kv_groups")),
         )
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         step += 1
