@@ -17,7 +17,7 @@ single full-attention ``KVCacheManager`` (the fast path every model without
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvsched.config import CacheConfig, KVCacheGroup
@@ -646,6 +646,19 @@ class HybridHit(list[int]):
         self.num_tokens = num_tokens
 
 
+class HybridBlocks(list[int]):
+    """Block ids of several groups: the list holds them flat, in group order
+    (the form traces and the scheduler compare), and ``per_group`` holds what
+    each group's table gained (nulls included: a Mamba group pads with them),
+    the form a model runner pages with."""
+
+    __slots__ = ("per_group",)
+
+    def __init__(self, flat: Iterable[int], per_group: list[list[int]]) -> None:
+        super().__init__(flat)
+        self.per_group = per_group
+
+
 class HybridKVCacheManager(KVCacheManager):
     """vLLM's KVCacheManager over several KV cache groups sharing one pool.
 
@@ -823,9 +836,13 @@ class HybridKVCacheManager(KVCacheManager):
         if hit.per_group and not any(rid in m.num_cached_block for m in self.managers):
             for i, m in enumerate(self.managers):
                 m.add_hit(rid, hit.per_group[i], num_local)
-        new_blocks: list[int] = []
+        flat: list[int] = []
+        gained: list[list[int]] = []
         for m in self.managers:
-            new_blocks += m.allocate_new_blocks(rid, num_slots, num_main)
+            held = len(m.tables.get(rid, ()))
+            flat += m.allocate_new_blocks(rid, num_slots, num_main)
+            gained.append(m.tables[rid][held:])
+        new_blocks = HybridBlocks(flat, gained)
         self.req_to_blocks[rid] = self.managers[0].tables[rid]
         if not delay_cache_blocks:
             self.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
@@ -899,7 +916,8 @@ class HybridKVCacheManager(KVCacheManager):
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """Every group's table, in group order (null entries included)."""
-        return [b for m in self.managers for b in m.tables.get(request_id, ())]
+        tables = [list(m.tables.get(request_id, ())) for m in self.managers]
+        return HybridBlocks((b for t in tables for b in t), tables)
 
     def group_block_counts(self, request_id: str) -> list[list[int]]:
         """Per group, [table length, real (non-null) blocks]: the trace's view."""

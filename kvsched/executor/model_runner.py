@@ -42,6 +42,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from kvsched.core.hybrid_kv_cache import HybridBlocks
 from kvsched.core.output import DraftTokenIds, ModelRunnerOutput, SchedulerOutput
 from kvsched.executor.ngram_proposer import NgramProposer
 from kvsched.executor.paged_attention import (
@@ -143,6 +144,8 @@ class ModelRunner:
         """One list of block ids per KV cache group, from the scheduler's form
         (see ``BlockIds``)."""
         num_groups = len(self.group_windows)
+        if isinstance(block_ids, HybridBlocks):
+            block_ids = block_ids.per_group
         if not block_ids or not isinstance(block_ids[0], Sequence):
             if self.share_kv_tensors and num_groups > 1 and block_ids:
                 raise RuntimeError("one block table for every KV cache group, but the groups share "
@@ -329,9 +332,14 @@ class ModelRunner:
                 assert s.num_computed_tokens == 0, rid
                 continue
             for g, (table, window) in enumerate(zip(s.block_ids, self.group_windows)):
-                # A sliding-window table may hold the null block 0 where the
-                # window has passed; every other entry is a real block, once.
-                real = [b for b in table if b] if window is not None else table
+                # Where a sliding window has passed, the scheduler frees the
+                # blocks (and may hand them out again) without telling the
+                # runner, as vLLM's does: only the blocks attention can still
+                # read must be real and held once.
+                live = table if window is None \
+                    else table[max(0, s.num_computed_tokens - window + 1) // bs:]
+                real = [b for b in live if b]
+                assert len(real) == len(live) or window is not None, (rid, table)
                 assert all(0 < b < num_blocks for b in real), (rid, table)
                 assert len(set(real)) == len(real), (rid, table)
                 assert len(table) * bs >= s.num_computed_tokens, (rid, table)

@@ -123,19 +123,32 @@ def test_chunked_prefill_and_concurrency(ckpt: Path, reference: Any, variant: st
         assert out == reference(prompt, 16), f"prompt {i} ({len(prompt)} tokens)"
 
 
-def test_many_prompts_prefix_caching_and_preemption(ckpt: Path, reference: Any) -> None:
+# Pools small enough to preempt: Mistral's one windowed group frees what its
+# window passes, so it needs far fewer blocks than Gemma 3's three groups.
+POOL_BLOCKS = {"gemma3": 120, "mistral": 24}
+# Whether the shared prefix is hit. vLLM's default prefix_cache_retention_interval
+# (0) keeps a sliding-window group's blocks reachable only at replay and
+# shared-prefix junctions, so requests running together get no hit on a model
+# whose every layer slides (Mistral); Gemma 3's full-attention group finds
+# the prefix and its windowed groups the window before it.
+PREFIX_HIT = {"gemma3": True, "mistral": False}
+
+
+def test_many_prompts_prefix_caching_and_preemption(ckpt: Path, reference: Any,
+                                                    request: pytest.FixtureRequest) -> None:
     """One run of 24 prompts sharing prefixes, in a cache small enough to preempt."""
+    name = request.node.callspec.params["ckpt"]
     rng = random.Random(3)
     prefix = [rng.randrange(4, VOCAB) for _ in range(40)]
     prompts = [prefix + p for p in _prompts(4, 12, 1, 60)] + _prompts(5, 12, 20, 120)
     llm = LLM(str(ckpt), max_num_seqs=16, max_num_batched_tokens=64, block_size=4,
-              num_gpu_blocks_override=120)
+              num_gpu_blocks_override=POOL_BLOCKS[name])
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=20, temperature=0.0), use_tqdm=False)
     for i, (prompt, out) in enumerate(zip(prompts, outs)):
         assert out.outputs[0].token_ids == reference(prompt, 20), f"prompt {i} ({len(prompt)} tokens)"
     assert sum(o.metrics.num_preemptions for o in outs) > 0
-    assert sum(o.num_cached_tokens for o in outs) > 0
+    assert (sum(o.num_cached_tokens for o in outs) > 0) == PREFIX_HIT[name]
 
 
 def test_outputs_without_the_window_differ(ckpt: Path, reference: Any, tmp_path: Path) -> None:
