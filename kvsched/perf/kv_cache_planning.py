@@ -397,15 +397,12 @@ NEMOTRON_H_SSM_DTYPE = "float32"
 # values per token with one float32 scale per 128 values (vLLM's Indexer:
 # quant_block_size 128, a uint8 cache of head_dim + head_dim // 128 * 4 bytes).
 INDEXER_QUANT_BLOCK = 128
-# Llama 4: every 4th layer is a global NoPE layer when config.json lists no
-# no_rope_layers (transformers' Llama4TextConfig.no_rope_layer_interval).
-LLAMA4_NOPE_INTERVAL = 4
 # Qwen3-Next: every full_attention_interval-th layer is full attention when
 # config.json lists no layer_types (transformers' Qwen3NextConfig default 4).
 QWEN3_NEXT_FULL_ATTENTION_INTERVAL = 4
 # model_types read here beside those kvsched.perf.model_parsers parses
 # (a multimodal wrapper's text_config is read).
-HYBRID_MODEL_TYPES = ("deepseek_v32", "llama4_text", "nemotron_h", "qwen3_next")
+HYBRID_MODEL_TYPES = ("nemotron_h", "qwen3_next")
 
 
 @dataclass(slots=True, frozen=True)
@@ -428,18 +425,48 @@ def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size
                       num_layers: int | None = None, num_sliding_layers: int | None = None,
                       extra_full_layers: int = 0) -> tuple[LayerSpec, ...]:
     """The layers of a model kvsched prices (full attention, MLA, sliding
-    window), or of ``num_layers`` of them (``num_sliding_layers`` sliding:
-    one PP stage), plus ``extra_full_layers`` full-attention layers of a
-    drafter sharing the block tables. Sliding layers come first when there
-    are any (layer 0 slides in gpt-oss and Gemma): vLLM orders its groups by
-    each spec's first layer."""
+    window; Llama 4's chunked local attention; DeepSeek-V3.2's indexer), or
+    of ``num_layers`` of them (``num_sliding_layers`` sliding: one PP stage;
+    its chunked layers in the model's proportion, rounded up), plus
+    ``extra_full_layers`` full-attention layers of a drafter sharing the
+    block tables. The one owner of a ModelSpec's per-layer KV specs.
+
+    Sliding and chunked layers come first when there are any (layer 0
+    slides in gpt-oss and Gemma, is chunked in Llama 4): vLLM orders its
+    groups by each spec's first layer, and the round-robin split only
+    counts layers. DeepSeek Sparse Attention gives every MLA layer a second
+    spec, its indexer's key cache (vLLM's Indexer: fp8 keys of
+    ``index_head_dim`` bytes and a float32 scale per 128 of them per token,
+    replicated on every rank as the latent is)."""
     layers = model.num_layers if num_layers is None else num_layers
     sliding_layers = model.num_sliding_layers if num_sliding_layers is None else num_sliding_layers
+    hybrid = model.hybrid
+    if hybrid is not None and (hybrid.num_linear_layers or hybrid.num_mamba_layers):
+        raise UserInputError(f"{model.name}: linear-attention / Mamba layers keep a recurrent state that "
+                             "this plan does not size (vLLM's Mamba cache groups); not supported")
+    chunked_layers = hybrid.num_chunked_layers if hybrid is not None else 0
+    if chunked_layers and layers != model.num_layers:
+        chunked_layers = -(-chunked_layers * layers // model.num_layers)
     per_token = int(model.kv_bytes_per_layer_per_rank(kv_cache_bytes, tensor_parallel_size))
     full = LayerSpec(MLA if model.is_mla else FULL, block_size, per_token)
     sliding = (LayerSpec(SLIDING, block_size, per_token, sliding_window=model.sliding_window),) \
         * sliding_layers
-    return sliding + (full,) * (layers - sliding_layers + extra_full_layers)
+    chunked = (LayerSpec(CHUNKED, block_size, per_token,
+                         attention_chunk_size=hybrid.attention_chunk_size),) * chunked_layers \
+        if hybrid is not None else ()
+    full_layers = layers - sliding_layers - chunked_layers
+    if hybrid is not None and hybrid.index_topk:
+        if kv_cache_bytes != 2:
+            raise UserInputError(
+                f"{model.name}: kv_cache_dtype of {kv_cache_bytes} byte(s) (--kv-cache-dtype) with DeepSeek "
+                "Sparse Attention (DeepSeek-V3.2): vLLM keeps its fp8 latent as fp8_ds_mla (fp8 values, "
+                "their scales and a 16-bit RoPE part per token), which kvsched does not plan; use "
+                "--kv-cache-dtype auto")
+        index_dim = hybrid.index_head_dim
+        indexer = LayerSpec(MLA, block_size, index_dim + index_dim // INDEXER_QUANT_BLOCK * 4)
+        # The drafter's layers (MTP) are counted as latent only.
+        return sliding + chunked + (full, indexer) * full_layers + (full,) * extra_full_layers
+    return sliding + chunked + (full,) * (full_layers + extra_full_layers)
 
 
 def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel_size: int = 1,
@@ -448,8 +475,9 @@ def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel
     """The per-layer KV cache specs vLLM's model classes declare for the
     config.json ``data`` on one of ``tensor_parallel_size`` ranks,
     ``kv_cache_bytes`` per KV value (2: "auto" on a 16-bit model; 1: fp8).
-    The models kvsched prices are read by kvsched.perf.model_parsers; the
-    hybrid ones (:data:`HYBRID_MODEL_TYPES`) here."""
+    The models kvsched prices are read by kvsched.perf.model_parsers (Llama 4
+    and DeepSeek-V3.2 included) and laid out by :func:`model_spec_layers`;
+    the Mamba hybrids (:data:`HYBRID_MODEL_TYPES`) here."""
     text, model_type = language_model_config(data)
     cfg = HFConfig(text, source)
     tp = tensor_parallel_size
@@ -458,17 +486,8 @@ def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel
         return ModelKVLayout(model_spec_layers(model, block_size=block_size, tensor_parallel_size=tp,
                                                kv_cache_bytes=kv_cache_bytes), block_size)
     layers = cfg.get_int("num_hidden_layers")
-    if model_type == "deepseek_v32":
-        if kv_cache_bytes != 2:
-            raise UserInputError(
-                f"{source}: kv_cache_dtype of {kv_cache_bytes} byte(s) (--kv-cache-dtype) for DeepSeek-V3.2: "
-                "vLLM keeps its fp8 latent as fp8_ds_mla (fp8 values, their scales and a 16-bit RoPE "
-                "part per token), which kvsched does not plan; use --kv-cache-dtype auto")
-        return ModelKVLayout(_deepseek_v32_layers(cfg, layers, block_size, kv_cache_bytes), block_size)
     kv_heads = kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
     per_token = 2 * kv_heads * _head_dim(cfg) * kv_cache_bytes
-    if model_type == "llama4_text":
-        return ModelKVLayout(_llama4_layers(cfg, layers, LayerSpec(FULL, block_size, per_token)), block_size)
     if model_type == "nemotron_h":
         kinds, state, checkpoint = _nemotron_h_layers(cfg, layers, tp, source)
         checkpoint_block = True  # MambaMixer2's spec always has one
@@ -491,31 +510,6 @@ def _head_dim(cfg: HFConfig) -> int:
     if cfg.data.get("head_dim") is not None:
         return cfg.get_int("head_dim")
     return cfg.get_int("hidden_size") // cfg.get_int("num_attention_heads")
-
-
-def _deepseek_v32_layers(cfg: HFConfig, layers: int, block_size: int,
-                         kv_cache_bytes: int) -> tuple[LayerSpec, ...]:
-    """Each layer: MLA's latent (kv_lora_rank + qk_rope_head_dim values) and
-    the indexer's FP8 keys with their scales, both full attention."""
-    latent = LayerSpec(MLA, block_size, (cfg.get_int("kv_lora_rank") + cfg.get_int("qk_rope_head_dim"))
-                       * kv_cache_bytes)
-    index_dim = cfg.get_int("index_head_dim")
-    indexer = LayerSpec(MLA, block_size, index_dim + index_dim // INDEXER_QUANT_BLOCK * 4)
-    return (latent, indexer) * layers
-
-
-def _llama4_layers(cfg: HFConfig, layers: int, full: LayerSpec) -> tuple[LayerSpec, ...]:
-    """Chunked local attention on the RoPE layers (``no_rope_layers`` 1),
-    full attention on the NoPE layers; no chunking without
-    ``attention_chunk_size``."""
-    chunk = cfg.get_int("attention_chunk_size", default=0)
-    rope = cfg.data.get("no_rope_layers")
-    if rope is None:
-        rope = [int((i + 1) % LLAMA4_NOPE_INTERVAL != 0) for i in range(layers)]
-    if not isinstance(rope, list) or len(rope) != layers or any(r not in (0, 1) for r in rope):
-        raise cfg.fail("no_rope_layers", rope, f"must list {layers} flags (0 or 1), one per layer")
-    local = replace(full, kind=CHUNKED, attention_chunk_size=chunk)
-    return tuple(local if chunk and r else full for r in rope)
 
 
 def _nemotron_h_layers(cfg: HFConfig, layers: int, tp: int, source: str) -> tuple[list[str], int, int | None]:

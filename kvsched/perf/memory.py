@@ -73,7 +73,12 @@ from kvsched.config import KVCacheGroup, check_gpu_memory_utilization
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.perf.hardware import Hardware
-from kvsched.perf.kv_cache_planning import KVCachePlan, model_spec_layers, plan_kv_cache
+from kvsched.perf.kv_cache_planning import (
+    KVCachePlan,
+    model_spec_layers,
+    plan_kv_cache,
+    resolve_disable_hybrid_kv_cache_manager,
+)
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.pipeline import stage_layers
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes, weight_split
@@ -211,11 +216,20 @@ def kv_cache_plan(model: ModelSpec, num_layers: int, num_sliding_layers: int, bl
     ``model`` (the whole model, or one PP stage), ``num_sliding_layers`` of
     them sliding, with ``free`` bytes left for KV: one pool of blocks, each
     block id one page in every layer of one group
-    (kvsched.perf.kv_cache_planning). The one owner of that rule here."""
+    (kvsched.perf.kv_cache_planning). The one owner of that rule here.
+
+    ``--disable-hybrid-kv-cache-manager`` takes vLLM's default (the
+    simulator has no flag or environment to change it): off, except for
+    chunked local attention (Llama 4), where vLLM turns the hybrid manager
+    off unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set;
+    its chunked layers then allocate as full attention, one group."""
     layers = model_spec_layers(model, block_size=block_size, tensor_parallel_size=tensor_parallel_size,
                                kv_cache_bytes=kv_bytes, num_layers=num_layers,
                                num_sliding_layers=num_sliding_layers, extra_full_layers=drafter_kv_layers)
-    return plan_kv_cache(layers, int(max(free, 0.0)))
+    chunked = model.hybrid is not None and model.hybrid.num_chunked_layers > 0
+    disable = resolve_disable_hybrid_kv_cache_manager(None, attention_chunk_size=chunked,
+                                                      target_hidden_state_drafter=drafter_kv_layers > 0)
+    return plan_kv_cache(layers, int(max(free, 0.0)), disable_hybrid_kv_cache_manager=disable)
 
 
 def scheduler_kv_groups(plan: KVCachePlan, block_size: int) -> tuple[KVCacheGroup, ...]:

@@ -181,9 +181,17 @@ def test_refused_architectures_say_why(model_id: str, needle: str) -> None:
 
 
 @needs_bundled
-def test_deepseek_v32_is_refused_for_its_sparse_attention() -> None:
-    with pytest.raises(ValueError, match=r"DeepSeek-V3.2: model_type='deepseek_v32'.*lightning indexer"):
-        get_model("deepseek-ai/DeepSeek-V3.2")
+def test_deepseek_v32_reads_with_its_indexer() -> None:
+    # config.json: 61 MLA layers, index_topk 2048, index_n_heads 64, index_head_dim 128.
+    spec = get_model("deepseek-ai/DeepSeek-V3.2")
+    assert spec.is_mla and spec.num_layers == 61 and spec.hybrid is not None
+    assert (spec.hybrid.index_topk, spec.hybrid.index_n_heads, spec.hybrid.index_head_dim) == (2048, 64, 128)
+
+
+@needs_bundled
+def test_glm5_is_refused_for_its_sparse_attention() -> None:
+    with pytest.raises(ValueError, match=r"GLM-5-NVFP4: model_type='glm_moe_dsa'.*DeepSeek Sparse Attention"):
+        get_model("nvidia/GLM-5-NVFP4")
 
 
 # -- the checkpoint's own format -----------------------------------------------------

@@ -50,10 +50,10 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "zai-org/GLM-4.5": ("cache", "gb300", 4, None),
     "deepseek-ai/DeepSeek-V3": ("catalog", "h200", 8, None),
     "deepseek-ai/DeepSeek-R1": ("catalog", "b300", 8, None),
-    "deepseek-ai/DeepSeek-V3.2": ("bundled", "h200", 8, "lightning indexer"),
+    "deepseek-ai/DeepSeek-V3.2": ("bundled", "h200", 8, None),
     "openai/gpt-oss-20b": ("catalog", "h100", 1, None),
     "openai/gpt-oss-120b": ("catalog", "h100", 1, None),
-    "meta-llama/Llama-4-Scout-17B-16E-Instruct": ("bundled", "h100", 8, "chunked local attention"),
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": ("bundled", "h100", 8, None),
     # Issue 37: vision-language models, hybrid models, current releases.
     "Qwen/Qwen3-VL-8B-Instruct": ("bundled", "h100", 1, None),
     "Qwen/Qwen3-VL-30B-A3B-Instruct": ("bundled", "h100", 2, None),
@@ -74,7 +74,8 @@ VLM_IDS: dict[str, str | None] = {
     "Qwen/Qwen3-VL-8B-Instruct": None,
     "Qwen/Qwen3-VL-30B-A3B-Instruct": None,
     "google/gemma-3-27b-it": None,
-    "meta-llama/Llama-4-Scout-17B-16E-Instruct": "chunked local attention",
+    # Its text simulates; the config offline (aiconfigurator-core's copy) lacks the vision_config.
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": "no vision_config object",
 }
 needs_extras = pytest.mark.skipif(
     any(importlib.util.find_spec(pkg) is None for pkg in ("aiconfigurator_core", "huggingface_hub")),
@@ -100,7 +101,7 @@ def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_list_has_forty_ids_and_counts_its_outcomes() -> None:
     assert len(MODEL_IDS) == 40
     refused = [m for m, (_, _, _, why) in MODEL_IDS.items() if why is not None]
-    assert (40 - len(refused), len(refused)) == (34, 6)
+    assert (40 - len(refused), len(refused)) == (36, 4)
     assert set(VLM_IDS) <= set(MODEL_IDS)
     cached = {p.stem.replace("--", "/", 1) for p in CONFIGS.glob("*.json")}
     assert {m for m, (src, *_) in MODEL_IDS.items() if src == "cache"} <= cached
