@@ -133,6 +133,9 @@ class KVCachePlan:
     groups: tuple[PlannedGroup, ...]
     bytes_per_block: int
     num_blocks: int
+    # A Mamba hybrid's cache sizing (the attention block size vLLM settled
+    # on, the Mamba cache mode); None: no Mamba layers.
+    mamba: MambaCache | None = None
 
     def kv_groups(self) -> tuple[KVCacheGroup, ...]:
         return tuple(g.kv_group() for g in self.groups)
@@ -397,12 +400,9 @@ NEMOTRON_H_SSM_DTYPE = "float32"
 # values per token with one float32 scale per 128 values (vLLM's Indexer:
 # quant_block_size 128, a uint8 cache of head_dim + head_dim // 128 * 4 bytes).
 INDEXER_QUANT_BLOCK = 128
-# Qwen3-Next: every full_attention_interval-th layer is full attention when
-# config.json lists no layer_types (transformers' Qwen3NextConfig default 4).
-QWEN3_NEXT_FULL_ATTENTION_INTERVAL = 4
 # model_types read here beside those kvsched.perf.model_parsers parses
 # (a multimodal wrapper's text_config is read).
-HYBRID_MODEL_TYPES = ("nemotron_h", "qwen3_next")
+HYBRID_MODEL_TYPES = ("nemotron_h",)
 
 
 @dataclass(slots=True, frozen=True)
@@ -442,8 +442,9 @@ def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size
     sliding_layers = model.num_sliding_layers if num_sliding_layers is None else num_sliding_layers
     hybrid = model.hybrid
     if hybrid is not None and (hybrid.num_linear_layers or hybrid.num_mamba_layers):
-        raise UserInputError(f"{model.name}: linear-attention / Mamba layers keep a recurrent state that "
-                             "this plan does not size (vLLM's Mamba cache groups); not supported")
+        # Their state pages and the attention block size depend on the cache
+        # mode: model_spec_kv_layout lays them out.
+        raise ValueError(f"{model.name}: a linear-attention / Mamba hybrid; use model_spec_kv_layout")
     chunked_layers = hybrid.num_chunked_layers if hybrid is not None else 0
     if chunked_layers and layers != model.num_layers:
         chunked_layers = -(-chunked_layers * layers // model.num_layers)
@@ -469,36 +470,81 @@ def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size
     return sliding + chunked + (full,) * (full_layers + extra_full_layers)
 
 
+def model_spec_kv_layout(model: ModelSpec, *, block_size: int, tensor_parallel_size: int, kv_cache_bytes: int,
+                         enable_prefix_caching: bool, max_model_len: int,
+                         extra_full_layers: int = 0) -> ModelKVLayout:
+    """A ModelSpec's per-layer KV specs with the attention block size vLLM
+    runs it at: :func:`model_spec_layers`' for attention-only models (the
+    block size as given), and for a Gated DeltaNet hybrid (Qwen3-Next) its
+    linear layers as Mamba state (vLLM's gated_delta_net_state_shape: a conv
+    state of ``linear_conv_kernel - 1`` rows of 2 x key heads x key dim +
+    value heads x value dim, and value heads x value dim x key dim, both
+    split over TP; the conv state in the model's 16 bits, the recurrent one
+    at ``linear_state_dtype_bytes``) beside its full-attention layers, the
+    block size raised to hold a state page (:func:`resolve_mamba_cache`;
+    FlashInfer's GDN prefill checkpoints every 64 tokens, with a checkpoint
+    block in align mode). Linear layers come first, as layer 0 is one."""
+    h = model.hybrid
+    if h is None or not h.num_linear_layers:
+        if h is not None and h.num_mamba_layers:
+            raise UserInputError(f"{model.name}: Mamba-2 layers in a ModelSpec are not planned (Nemotron-H "
+                                 "is planned from its config.json by model_kv_layout only)")
+        return ModelKVLayout(model_spec_layers(model, block_size=block_size,
+                                               tensor_parallel_size=tensor_parallel_size,
+                                               kv_cache_bytes=kv_cache_bytes,
+                                               extra_full_layers=extra_full_layers), block_size)
+    tp = tensor_parallel_size
+    for name, heads in (("linear_num_key_heads", h.linear_num_key_heads),
+                        ("linear_num_value_heads", h.linear_num_value_heads)):
+        if heads % tp:
+            raise UserInputError(f"{model.name}: {name}={heads} is not divisible by "
+                                 f"tensor_parallel_size={tp} (vLLM splits the Gated DeltaNet heads over TP); "
+                                 "use a TP size dividing it")
+    conv_width = (2 * h.linear_num_key_heads * h.linear_key_head_dim
+                  + h.linear_num_value_heads * h.linear_value_head_dim) // tp
+    conv = (h.linear_conv_kernel - 1) * conv_width * MODEL_DTYPE_BYTES
+    ssm = h.linear_num_value_heads // tp * h.linear_value_head_dim * h.linear_key_head_dim \
+        * h.linear_state_dtype_bytes
+    per_token = int(model.kv_bytes_per_layer_per_rank(kv_cache_bytes, tp))
+    mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                                max_model_len=max_model_len, attention_bytes_per_token=per_token,
+                                mamba_state_bytes=conv + ssm, checkpoint_alignment=GDN_CHECKPOINT_ALIGNMENT,
+                                checkpoint_block=enable_prefix_caching)
+    linear = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=conv + ssm,
+                       page_size_padded=mamba.mamba_page_size_padded)
+    full = LayerSpec(FULL, mamba.block_size, per_token)
+    full_layers = model.num_layers - h.num_linear_layers + extra_full_layers
+    return ModelKVLayout((linear,) * h.num_linear_layers + (full,) * full_layers, mamba.block_size, mamba)
+
+
 def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel_size: int = 1,
                     kv_cache_bytes: int = 2, enable_prefix_caching: bool = True,
                     max_model_len: int | None = None, source: str = "config.json") -> ModelKVLayout:
     """The per-layer KV cache specs vLLM's model classes declare for the
     config.json ``data`` on one of ``tensor_parallel_size`` ranks,
     ``kv_cache_bytes`` per KV value (2: "auto" on a 16-bit model; 1: fp8).
-    The models kvsched prices are read by kvsched.perf.model_parsers (Llama 4
-    and DeepSeek-V3.2 included) and laid out by :func:`model_spec_layers`;
-    the Mamba hybrids (:data:`HYBRID_MODEL_TYPES`) here."""
+    The models kvsched prices are read by kvsched.perf.model_parsers (Llama 4,
+    DeepSeek-V3.2 and Qwen3-Next included) and laid out by
+    :func:`model_spec_kv_layout`; Nemotron-H (:data:`HYBRID_MODEL_TYPES`) here."""
     text, model_type = language_model_config(data)
     cfg = HFConfig(text, source)
     tp = tensor_parallel_size
     if model_type not in HYBRID_MODEL_TYPES:
         model = model_spec_from_config(data, source, source)
-        return ModelKVLayout(model_spec_layers(model, block_size=block_size, tensor_parallel_size=tp,
-                                               kv_cache_bytes=kv_cache_bytes), block_size)
+        return model_spec_kv_layout(
+            model, block_size=block_size, tensor_parallel_size=tp, kv_cache_bytes=kv_cache_bytes,
+            enable_prefix_caching=enable_prefix_caching,
+            max_model_len=max_model_len if max_model_len is not None else model.max_position_embeddings)
     layers = cfg.get_int("num_hidden_layers")
     kv_heads = kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
     per_token = 2 * kv_heads * _head_dim(cfg) * kv_cache_bytes
-    if model_type == "nemotron_h":
-        kinds, state, checkpoint = _nemotron_h_layers(cfg, layers, tp, source)
-        checkpoint_block = True  # MambaMixer2's spec always has one
-    else:
-        kinds, state, checkpoint = _qwen3_next_layers(cfg, layers, tp)
-        checkpoint_block = enable_prefix_caching  # FlashInfer's GDN exports them in align mode
+    kinds, state, checkpoint = _nemotron_h_layers(cfg, layers, tp, source)
     model_len = max_model_len if max_model_len is not None else cfg.get_int("max_position_embeddings")
     mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                                 max_model_len=model_len, attention_bytes_per_token=per_token,
                                 mamba_state_bytes=state, checkpoint_alignment=checkpoint,
-                                checkpoint_block=checkpoint_block)
+                                # MambaMixer2's spec always has a checkpoint block.
+                                checkpoint_block=True)
     attention = LayerSpec(FULL, mamba.block_size, per_token)
     mamba_layer = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=state,
                             page_size_padded=mamba.mamba_page_size_padded)
@@ -536,25 +582,3 @@ def _nemotron_h_layers(cfg: HFConfig, layers: int, tp: int, source: str) -> tupl
     kinds = [MAMBA if c == "M" else FULL for c in pattern if c in "M*"]
     # Mamba2 layers export no mid-prefill checkpoint (MambaBase's None).
     return kinds, conv + ssm, None
-
-
-def _qwen3_next_layers(cfg: HFConfig, layers: int, tp: int) -> tuple[list[str], int, int | None]:
-    """(layer kinds, gated delta net state bytes per rank, prefill checkpoint
-    alignment): ``layer_types`` (or every full_attention_interval-th layer
-    full). vLLM's gated_delta_net_state_shape: a conv state of
-    linear_conv_kernel_dim - 1 rows of 2 x key heads x key dim + value heads
-    x value dim, and value heads x value dim x key dim, both over TP and in
-    the model dtype; FlashInfer's GDN prefill checkpoints every 64 tokens."""
-    kh, vh = cfg.get_int("linear_num_key_heads"), cfg.get_int("linear_num_value_heads")
-    kd, vd = cfg.get_int("linear_key_head_dim"), cfg.get_int("linear_value_head_dim")
-    conv = (cfg.get_int("linear_conv_kernel_dim") - 1) * ((2 * kh * kd + vh * vd) // tp) * MODEL_DTYPE_BYTES
-    ssm = vh // tp * vd * kd * MODEL_DTYPE_BYTES
-    types = cfg.data.get("layer_types")
-    if types is None:
-        interval = cfg.get_int("full_attention_interval", default=QWEN3_NEXT_FULL_ATTENTION_INTERVAL)
-        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-    if not isinstance(types, list) or len(types) != layers or \
-            any(t not in ("linear_attention", "full_attention") for t in types):
-        raise cfg.fail("layer_types", types, f"must list {layers} layer types (linear_attention or "
-                                             "full_attention), one per layer")
-    return [MAMBA if t == "linear_attention" else FULL for t in types], conv + ssm, GDN_CHECKPOINT_ALIGNMENT

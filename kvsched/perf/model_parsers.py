@@ -32,7 +32,7 @@ from kvsched.perf.models import ModelSpec
 SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "deepseek_v32", "gemma2",
                          "gemma3_text", "glm4", "glm4_moe", "gpt_oss", "kimi_k2", "llama", "llama4_text",
                          "mistral", "mixtral", "phi3", "qwen2", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3",
-                         "qwen3_moe", "qwen3_vl_moe_text", "qwen3_vl_text")
+                         "qwen3_moe", "qwen3_next", "qwen3_vl_moe_text", "qwen3_vl_text")
 
 # The language models of the vision-language wrappers (the vision tower is
 # kvsched.perf.vision's): each reads as the text model it is.
@@ -43,19 +43,22 @@ _VL_TEXT_TYPES: Mapping[str, str] = MappingProxyType({
 # Architectures vLLM serves that kvsched refuses, and why: what the KV cache
 # or the step price would get wrong. The one owner of those reasons.
 REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
-    "qwen3_next": "hybrid linear attention: 3 of every 4 layers are Gated DeltaNet layers whose "
-                  "fixed-size recurrent state vLLM keeps in Mamba-style cache groups beside the paged KV "
-                  "cache; kvsched models paged attention KV only, so neither that state's memory nor the "
-                  "linear-attention kernels' time would be priced",
-    "qwen3_5": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next); "
-               "kvsched models paged attention KV only",
-    "qwen3_5_moe": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next); "
-                   "kvsched models paged attention KV only",
+    "qwen3_5": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next) "
+               "under Qwen3.5's multimodal wrapper, whose float32 recurrent state (mamba_ssm_dtype) and "
+               "Mamba cache groups kvsched has not checked against vLLM's plan; Qwen3-Next (qwen3_next) is "
+               "planned",
+    "qwen3_5_moe": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next) "
+                   "under Qwen3.5's multimodal wrapper, whose float32 recurrent state (mamba_ssm_dtype) and "
+                   "Mamba cache groups kvsched has not checked against vLLM's plan; Qwen3-Next (qwen3_next) "
+                   "is planned",
     "glm_moe_dsa": "DeepSeek Sparse Attention under GLM-5's own config (GlmMoeDsaForCausalLM): its indexer "
                    "layout (indexer_types, whose 'shared' layers reuse another layer's top-k) and vLLM's KV "
                    "cache plan for it are not checked; kvsched plans DeepSeek-V3.2's (deepseek_v32) only",
-    "nemotron_h": "hybrid Mamba-2/attention layers: the Mamba layers' recurrent state is not paged KV and "
-                  "kvsched does not size or price it",
+    "nemotron_h": "hybrid Mamba-2/attention layers (hybrid_override_pattern): each layer is a Mamba-2 "
+                  "mixer, an attention block or an MLP/MoE block alone, which ModelSpec's layers (attention "
+                  "and an MLP in each) do not express, so the weights and steps are not priced; and with "
+                  "prefix caching (vLLM's default) Mamba2's prefill checkpoint blocks are not modelled by "
+                  "the scheduler",
     "deepseek_v4": "compressed sparse attention with a sliding window on every layer; kvsched prices "
                    "dense MLA only",
     "kimi_linear": "hybrid linear attention (Kimi Delta Attention layers with a recurrent state); kvsched "
@@ -412,7 +415,7 @@ _PARSERS = {
     "phi3": _parse_llama_family,
     # Kimi K2's model_type names DeepSeek-V3's architecture (its config says so).
     "deepseek_v2": _parse_deepseek, "deepseek_v3": _parse_deepseek, "kimi_k2": _parse_deepseek,
-    "deepseek_v32": _parse_deepseek_v32, "llama4_text": _parse_llama4_text,
+    "deepseek_v32": _parse_deepseek_v32, "llama4_text": _parse_llama4_text, "qwen3_next": _parse_qwen3_next,
     "gemma2": _parse_gemma, "gemma3_text": _parse_gemma, "glm4": _parse_glm4, "glm4_moe": _parse_glm4_moe,
     "chatglm": _parse_chatglm,
     "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
@@ -421,16 +424,13 @@ _PARSERS = {
 assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
 
 # Hybrid architectures priced by kind (kvsched.perf.hybrid) that
-# REFUSED_MODEL_TYPES still refuses: vLLM keeps their Gated DeltaNet state in
-# Mamba-style cache groups, which the simulator's memory plan does not size
-# yet. :func:`load_hybrid_model_spec` reads them for the step-time model.
-_HYBRID_PARSERS = {
-    "qwen3_next": _parse_qwen3_next, "qwen3_5_text": _parse_qwen3_next, "qwen3_5_moe_text": _parse_qwen3_next,
-}
+# REFUSED_MODEL_TYPES still refuses (Qwen3.5: its KV cache plan is not
+# checked). :func:`load_hybrid_model_spec` reads them for the step-time model.
+_HYBRID_PARSERS = {"qwen3_5_text": _parse_qwen3_next, "qwen3_5_moe_text": _parse_qwen3_next}
 # Their wrappers' model_types, as REFUSED_MODEL_TYPES names them.
 # The hybrid types model_spec_from_config parses (their KV cache planned as
 # vLLM plans it, kvsched.perf.kv_cache_planning.model_spec_layers).
-_PRICED_HYBRIDS = ("deepseek_v32", "llama4_text")
+_PRICED_HYBRIDS = ("deepseek_v32", "llama4_text", "qwen3_next")
 _HYBRID_WRAPPERS: Mapping[str, str] = MappingProxyType({
     "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"})
 

@@ -5,7 +5,9 @@ get_kv_cache_config_from_groups) at the hybrid-manager setting vLLM
 resolves by default. Llama 4's chunked local attention turns the hybrid KV
 cache manager off unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE
 is set, so its chunked layers allocate as full attention (one group of 48
-layers); DeepSeek-V3.2's latent and indexer keys form one MLA group."""
+layers); DeepSeek-V3.2's latent and indexer keys form one MLA group;
+Qwen3-Next's Gated DeltaNet layers form Mamba groups, the block size raised
+to hold a state page (its cache mode per prefix caching)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ import pytest
 from kvsched.errors import UserInputError
 from kvsched.perf.memory import kv_cache_plan, scheduler_kv_groups
 from kvsched.perf.model_parsers import model_spec_from_config
+from kvsched.perf.step_time import kv_cache_dtype_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDENS = REPO / "tests" / "conformance" / "kv_planning"
 # vLLM's default --disable-hybrid-kv-cache-manager per model (its VllmConfig
 # post-init): on for chunked local attention, off otherwise.
-DEFAULT_DISABLE = {"meta-llama/Llama-4-Scout-17B-16E-Instruct": True, "deepseek-ai/DeepSeek-V3.2": False}
+DEFAULT_DISABLE = {"meta-llama/Llama-4-Scout-17B-16E-Instruct": True, "deepseek-ai/DeepSeek-V3.2": False,
+                   "Qwen/Qwen3-Next-80B-A3B-Instruct": False}
 
 
 def _cases() -> list[pytest.ParameterSet]:
@@ -33,11 +37,13 @@ def _cases() -> list[pytest.ParameterSet]:
             c = result["case"]
             default = DEFAULT_DISABLE.get(c["model"])
             if (default is not None and c["disable_hybrid_kv_cache_manager"] == default
-                    and c["kv_cache_dtype"] == "auto" and c["num_gpu_blocks_override"] is None):
+                    and c["num_gpu_blocks_override"] is None
+                    and (c["kv_cache_dtype"] == "auto" or "V3.2" not in c["model"])):
                 name = c["model"].split("/")[1]
                 apc = "apc" if c["enable_prefix_caching"] else "noapc"
                 out.append(pytest.param(result, id=f"{release}-{name}-bs{c['block_size']}-"
-                                                   f"tp{c['tensor_parallel_size']}-{c['available_bytes']}-{apc}"))
+                                                   f"tp{c['tensor_parallel_size']}-{c['available_bytes']}-{apc}-"
+                                                   f"{c['kv_cache_dtype']}"))
     return out
 
 
@@ -46,12 +52,23 @@ def test_memory_plan_is_vllms_default_plan(result: dict) -> None:
     case, want = result["case"], result["vllm"]
     model = model_spec_from_config(json.loads((REPO / case["config"]).read_text()), case["model"])
     plan = kv_cache_plan(model, model.num_layers, model.num_sliding_layers, case["block_size"],
-                         case["tensor_parallel_size"], 2, 0, float(case["available_bytes"]))
+                         case["tensor_parallel_size"], kv_cache_dtype_bytes(case["kv_cache_dtype"]), 0,
+                         float(case["available_bytes"]), enable_prefix_caching=case["enable_prefix_caching"],
+                         max_model_len=case["max_model_len"])
     assert plan.num_blocks == want["num_blocks"]
     assert [(g.kind, g.num_layers, g.block_size, g.bytes_per_block) for g in plan.groups] == \
         [(g["kind"], g["num_layers"], g["block_size"], g["bytes_per_block"]) for g in want["groups"]]
-    # One full-attention (or MLA) group of the block size: the scheduler's plain KV cache manager.
-    assert scheduler_kv_groups(plan, case["block_size"]) == ()
+    mamba = plan.mamba
+    got = ((mamba.mamba_cache_mode, mamba.mamba_block_size, mamba.mamba_page_size_padded, mamba.block_size)
+           if mamba is not None else (None, None, None, case["block_size"]))
+    assert got == (want["mamba_cache_mode"], want["mamba_block_size"], want["mamba_page_size_padded"],
+                   want["attention_block_size"])
+    groups = scheduler_kv_groups(plan, case["block_size"])
+    if mamba is None:
+        # One full-attention (or MLA) group of the block size: the scheduler's plain KV cache manager.
+        assert groups == ()
+    else:
+        assert [g.kind for g in groups] == ["mamba"] * 3 + ["full_attention"]
 
 
 def test_cases_cover_both_models() -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from kvsched.errors import UserInputError
 from kvsched.sim.deployment import EngineOptions, build_deployment
+from kvsched.sim.run import run
+from kvsched.sim.spec import RunSpec, WorkloadSpec
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "tests" / "perf" / "data" / "hf_configs"
@@ -64,3 +66,51 @@ def test_deepseek_v32_fp8_kv_cache_is_refused() -> None:
     with pytest.raises(UserInputError, match=r"fp8_ds_mla"):
         build_deployment(EngineOptions(model=str(DSV32), hardware="h200", tensor_parallel_size=8,
                                        kv_cache_dtype="fp8", max_model_len=32768))
+
+
+NEXT = CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Instruct.json"
+
+
+def test_qwen3_next_without_prefix_caching_keeps_its_state_in_mamba_groups() -> None:
+    d = build_deployment(EngineOptions(model=str(NEXT), hardware="h200", tensor_parallel_size=2,
+                                       block_size=64, enable_prefix_caching=False, max_model_len=4096))
+    cc = d.cache_config
+    # config.json: 36 Gated DeltaNet layers, 12 full (every 4th); vLLM groups them 12 a group,
+    # the Mamba groups first (layer 0 is linear), as its plan of this model does (the golden).
+    golden = _golden("Qwen/Qwen3-Next-80B-A3B-Instruct", 64, 1, False)
+    assert [(g.kind, g.num_layers) for g in cc.kv_groups] == \
+        [(g["kind"], g["num_layers"]) for g in golden["groups"]]
+    # Mamba cache mode "none" without prefix caching: one state block spanning max_model_len.
+    assert cc.mamba_cache_mode == "none"
+    assert [g.block_size for g in cc.kv_groups if g.kind == "mamba"] == [4096] * 3
+    # The attention block holds a state page: per rank, conv 3 x (2 x 16 x 128 + 32 x 128) / 2
+    # bf16 + SSM 32 / 2 x 128 x 128 bf16 = 548,864 bytes over 1 KV head x 256 x K,V x 2 bytes
+    # = 1024 bytes a token: 64 x cdiv(548864, 64 x 1024) = 576 tokens (alignment max(16, 64)).
+    assert [g.block_size for g in cc.kv_groups if g.kind == "full_attention"] == [576]
+    assert d.memory.bytes_per_block == 12 * 576 * 1024
+    # The scheduler's block: the groups' least common multiple (vLLM's resolve_kv_cache_block_sizes).
+    assert cc.block_size == 36864
+    hybrid = d.step_model.hybrid
+    assert hybrid is not None and hybrid.num_linear_layers == 36
+
+
+def test_qwen3_next_with_prefix_caching_is_refused_with_the_fix() -> None:
+    # vLLM's default for hybrid models: prefix caching on, Mamba cache mode "align", whose
+    # prefill checkpoint blocks the scheduler does not model.
+    with pytest.raises(UserInputError, match=r"prefill checkpoint block.*--no-enable-prefix-caching"):
+        build_deployment(EngineOptions(model=str(NEXT), hardware="h200", tensor_parallel_size=2,
+                                       max_model_len=4096))
+
+
+def test_qwen3_next_simulates_a_run_without_prefix_caching() -> None:
+    spec = RunSpec(workload=WorkloadSpec(num_prompts=16, random_input_len=1500, random_output_len=32,
+                                         seed=0)).with_engine(
+        model=str(NEXT), hardware="h200", tensor_parallel_size=2, max_model_len=4096,
+        enable_prefix_caching=False, num_gpu_blocks_override=16)
+    result = run(spec)
+    # 15 usable blocks: a request of ~1530 tokens holds 3 attention blocks of 576 tokens and one
+    # state block (mode "none": one spanning max_model_len) in each of the 3 Mamba groups: 6
+    # blocks, so 2 run at once and hold 12 of the 15.
+    assert result.metrics["completed"] == 16
+    assert result.metrics["mean_batch_size"] == 2.0
+    assert result.metrics["max_kv_cache_usage"] == pytest.approx(12 / 15)

@@ -39,7 +39,10 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "Qwen/Qwen3-30B-A3B": ("catalog", "h100", 1, None),
     "Qwen/Qwen3-235B-A22B": ("catalog", "mi355x", 2, None),
     "Qwen/Qwen3-Coder-480B-A35B-Instruct": ("bundled", "b300", 8, None),
-    "Qwen/Qwen3-Next-80B-A3B-Instruct": ("cache", "h200", 1, "hybrid linear attention"),
+    # 160 GB of bf16 weights: two H200s. Refused at vLLM's default (prefix caching on, Mamba
+    # cache mode "align"); it simulates with --no-enable-prefix-caching
+    # (tests/sim/test_hybrid_deployments.py).
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": ("cache", "h200", 2, "prefill checkpoint block"),
     "google/gemma-2-9b-it": ("cache", "l4", 1, None),
     "google/gemma-2-27b-it": ("cache", "h100", 1, None),
     "google/gemma-3-27b-it": ("cache", "h100", 1, None),
@@ -62,7 +65,8 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "Qwen/Qwen3-235B-A22B-FP8": ("bundled", "h200", 4, None),
     "moonshotai/Kimi-K2-Instruct": ("bundled", "b300", 8, None),
     "MiniMaxAI/MiniMax-M2.5": ("bundled", "h200", 4, None),
-    # Priced by kind (kvsched.perf.hybrid) but their KV cache groups are not planned yet:
+    # Qwen3.5: Qwen3-Next's layers, its plan unchecked; Nemotron-3: Mamba-2 layers not parsed;
+    # GLM-5: DeepSeek Sparse Attention under its own config:
     "Qwen/Qwen3.5-27B": ("bundled", "h100", 1, "hybrid linear attention"),
     "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("bundled", "h100", 1, "hybrid Mamba-2"),
     "nvidia/GLM-5-NVFP4": ("bundled", "b200", 8, "DeepSeek Sparse Attention"),
