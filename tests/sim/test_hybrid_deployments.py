@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvsched.errors import UserInputError
+from kvsched.perf.model_parsers import load_model_spec
 from kvsched.sim.deployment import EngineOptions, build_deployment
+from kvsched.sim.kv_transfer import transfer_bytes_per_rank
 from kvsched.sim.run import run
 from kvsched.sim.spec import RunSpec, WorkloadSpec
 
@@ -114,3 +116,16 @@ def test_qwen3_next_simulates_a_run_without_prefix_caching() -> None:
     assert result.metrics["completed"] == 16
     assert result.metrics["mean_batch_size"] == 2.0
     assert result.metrics["max_kv_cache_usage"] == pytest.approx(12 / 15)
+
+
+def test_pd_transfer_moves_every_layers_kv_and_the_indexer_keys() -> None:
+    # Llama 4 Scout at TP 8: all 48 layers hold every token (vLLM's hybrid manager off),
+    # 1 KV head of 128 a rank, K and V in bf16.
+    scout = load_model_spec(SCOUT, "meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    assert transfer_bytes_per_rank(scout, 2, 8, 1000) == 48 * 1000 * 2 * 1 * 128 * 2
+    # DeepSeek-V3.2: 61 layers of a 576-value bf16 latent plus 128 fp8 indexer bytes and a 4-byte scale.
+    dsv32 = load_model_spec(DSV32, "deepseek-ai/DeepSeek-V3.2")
+    assert transfer_bytes_per_rank(dsv32, 2, 8, 1000) == 61 * 1000 * (576 * 2 + 128 + 4)
+    nxt = load_model_spec(NEXT, "Qwen/Qwen3-Next-80B-A3B-Instruct")
+    with pytest.raises(UserInputError, match="--disaggregation"):
+        transfer_bytes_per_rank(nxt, 2, 2, 1000)
