@@ -465,8 +465,9 @@ def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size
                 "--kv-cache-dtype auto")
         index_dim = hybrid.index_head_dim
         indexer = LayerSpec(MLA, block_size, index_dim + index_dim // INDEXER_QUANT_BLOCK * 4)
-        # The drafter's layers (MTP) are counted as latent only.
-        return sliding + chunked + (full, indexer) * full_layers + (full,) * extra_full_layers
+        # A drafter layer is a copy of the target's (kvsched.perf.drafter.layer_spec),
+        # as vLLM's DeepSeek MTP layer is, indexer included (deepseek_mtp.py).
+        return sliding + chunked + (full, indexer) * (full_layers + extra_full_layers)
     return sliding + chunked + (full,) * (full_layers + extra_full_layers)
 
 

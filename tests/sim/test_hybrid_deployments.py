@@ -129,3 +129,20 @@ def test_pd_transfer_moves_every_layers_kv_and_the_indexer_keys() -> None:
     nxt = load_model_spec(NEXT, "Qwen/Qwen3-Next-80B-A3B-Instruct")
     with pytest.raises(UserInputError, match="--disaggregation"):
         transfer_bytes_per_rank(nxt, 2, 2, 1000)
+
+
+def test_drafter_layers_share_the_blocks_as_the_targets_layers() -> None:
+    # DeepSeek-V3.2's MTP layer is a V3.2 decoder layer (vLLM's deepseek_mtp.py): its block
+    # holds a latent and indexer page too, 62 layers of 64 x (576 x 2 + 128 + 4) bytes.
+    d = build_deployment(EngineOptions(model=str(DSV32), hardware="h200", tensor_parallel_size=8,
+                                       block_size=64,
+                                       speculative_config='{"method": "mtp", "num_speculative_tokens": 1}',
+                                       max_model_len=8192))
+    assert d.memory.bytes_per_block == 62 * 64 * (576 * 2 + 128 + 4)
+    # Llama 4 Scout with an EAGLE-3 head: one more full-attention layer (1 KV head of 128 a rank).
+    d = build_deployment(EngineOptions(model=str(SCOUT), hardware="h200", tensor_parallel_size=8,
+                                       block_size=64,
+                                       speculative_config='{"method": "eagle3", "model": "x/eagle3", '
+                                                          '"num_speculative_tokens": 2}', max_model_len=8192))
+    assert d.cache_config.kv_groups == ()
+    assert d.memory.bytes_per_block == 49 * 64 * 2 * 1 * 128 * 2
