@@ -56,7 +56,7 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "deepseek-ai/DeepSeek-V3.2": ("bundled", "h200", 8, None),
     "openai/gpt-oss-20b": ("catalog", "h100", 1, None),
     "openai/gpt-oss-120b": ("catalog", "h100", 1, None),
-    "meta-llama/Llama-4-Scout-17B-16E-Instruct": ("bundled", "h100", 8, None),
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": ("cache", "h100", 8, None),
     # Issue 37: vision-language models, hybrid models, current releases.
     "Qwen/Qwen3-VL-8B-Instruct": ("bundled", "h100", 1, None),
     "Qwen/Qwen3-VL-30B-A3B-Instruct": ("bundled", "h100", 2, None),
@@ -78,8 +78,7 @@ VLM_IDS: dict[str, str | None] = {
     "Qwen/Qwen3-VL-8B-Instruct": None,
     "Qwen/Qwen3-VL-30B-A3B-Instruct": None,
     "google/gemma-3-27b-it": None,
-    # Its text simulates; the config offline (aiconfigurator-core's copy) lacks the vision_config.
-    "meta-llama/Llama-4-Scout-17B-16E-Instruct": "no vision_config object",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": None,
 }
 needs_extras = pytest.mark.skipif(
     any(importlib.util.find_spec(pkg) is None for pkg in ("aiconfigurator_core", "huggingface_hub")),
