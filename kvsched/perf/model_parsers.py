@@ -427,18 +427,18 @@ assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
 # REFUSED_MODEL_TYPES still refuses (Qwen3.5: its KV cache plan is not
 # checked). :func:`load_hybrid_model_spec` reads them for the step-time model.
 _HYBRID_PARSERS = {"qwen3_5_text": _parse_qwen3_next, "qwen3_5_moe_text": _parse_qwen3_next}
-# Their wrappers' model_types, as REFUSED_MODEL_TYPES names them.
 # The hybrid types model_spec_from_config parses (their KV cache planned as
-# vLLM plans it, kvsched.perf.kv_cache_planning.model_spec_layers).
+# vLLM plans it, kvsched.perf.kv_cache_planning.model_spec_kv_layout).
 _PRICED_HYBRIDS = ("deepseek_v32", "llama4_text", "qwen3_next")
+# The refused ones' wrappers' model_types, as REFUSED_MODEL_TYPES names them.
 _HYBRID_WRAPPERS: Mapping[str, str] = MappingProxyType({
     "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"})
 
 
 def load_hybrid_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
     """The priced spec of a hybrid model: one :func:`load_model_spec`
-    parses (Llama 4, DeepSeek-V3.2), or one it still refuses for its KV
-    cache (:data:`_HYBRID_PARSERS`): its layers by kind, for the step-time
+    parses (Llama 4, DeepSeek-V3.2, Qwen3-Next), or one it still refuses
+    (:data:`_HYBRID_PARSERS`): its layers by kind, for the step-time
     model. Read through a wrapper's ``text_config``."""
     p = Path(path).expanduser()
     config_path = p / "config.json" if p.is_dir() else p
