@@ -94,11 +94,17 @@ def drafter_shape(method: str, num_speculative_tokens: int, model: ModelSpec) ->
 
 def layer_spec(model: ModelSpec) -> ModelSpec:
     """A one-layer copy of ``model``: an MoE layer for an MoE model (as
-    DeepSeek's MTP module), a dense one otherwise, full attention."""
+    DeepSeek's MTP module), a dense one otherwise, full attention. A hybrid
+    model's other layer kinds are not the drafter's (its one layer attends
+    globally); DeepSeek Sparse Attention's indexer is (vLLM's DeepSeek MTP
+    layer is a V3.2 decoder layer)."""
+    hybrid = model.hybrid
+    if hybrid is not None:
+        hybrid = dataclasses.replace(hybrid, num_linear_layers=0, num_mamba_layers=0, num_chunked_layers=0)
     return dataclasses.replace(model, name=f"{model.name} (drafter layer)", num_layers=1,
                                first_k_dense_layers=0,
                                intermediate_size=0 if model.is_moe else model.intermediate_size,
-                               sliding_window=0, num_sliding_layers=0, num_mtp_layers=0)
+                               sliding_window=0, num_sliding_layers=0, num_mtp_layers=0, hybrid=hybrid)
 
 
 def drafter_weight_bytes(shape: DrafterShape, model: ModelSpec, parallel: ParallelConfig,

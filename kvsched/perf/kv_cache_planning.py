@@ -133,6 +133,9 @@ class KVCachePlan:
     groups: tuple[PlannedGroup, ...]
     bytes_per_block: int
     num_blocks: int
+    # A Mamba hybrid's cache sizing (the attention block size vLLM settled
+    # on, the Mamba cache mode); None: no Mamba layers.
+    mamba: MambaCache | None = None
 
     def kv_groups(self) -> tuple[KVCacheGroup, ...]:
         return tuple(g.kv_group() for g in self.groups)
@@ -397,15 +400,9 @@ NEMOTRON_H_SSM_DTYPE = "float32"
 # values per token with one float32 scale per 128 values (vLLM's Indexer:
 # quant_block_size 128, a uint8 cache of head_dim + head_dim // 128 * 4 bytes).
 INDEXER_QUANT_BLOCK = 128
-# Llama 4: every 4th layer is a global NoPE layer when config.json lists no
-# no_rope_layers (transformers' Llama4TextConfig.no_rope_layer_interval).
-LLAMA4_NOPE_INTERVAL = 4
-# Qwen3-Next: every full_attention_interval-th layer is full attention when
-# config.json lists no layer_types (transformers' Qwen3NextConfig default 4).
-QWEN3_NEXT_FULL_ATTENTION_INTERVAL = 4
 # model_types read here beside those kvsched.perf.model_parsers parses
 # (a multimodal wrapper's text_config is read).
-HYBRID_MODEL_TYPES = ("deepseek_v32", "llama4_text", "nemotron_h", "qwen3_next")
+HYBRID_MODEL_TYPES = ("nemotron_h",)
 
 
 @dataclass(slots=True, frozen=True)
@@ -428,18 +425,97 @@ def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size
                       num_layers: int | None = None, num_sliding_layers: int | None = None,
                       extra_full_layers: int = 0) -> tuple[LayerSpec, ...]:
     """The layers of a model kvsched prices (full attention, MLA, sliding
-    window), or of ``num_layers`` of them (``num_sliding_layers`` sliding:
-    one PP stage), plus ``extra_full_layers`` full-attention layers of a
-    drafter sharing the block tables. Sliding layers come first when there
-    are any (layer 0 slides in gpt-oss and Gemma): vLLM orders its groups by
-    each spec's first layer."""
+    window; Llama 4's chunked local attention; DeepSeek-V3.2's indexer), or
+    of ``num_layers`` of them (``num_sliding_layers`` sliding: one PP stage;
+    its chunked layers in the model's proportion, rounded up), plus
+    ``extra_full_layers`` full-attention layers of a drafter sharing the
+    block tables. The one owner of a ModelSpec's per-layer KV specs.
+
+    Sliding and chunked layers come first when there are any (layer 0
+    slides in gpt-oss and Gemma, is chunked in Llama 4): vLLM orders its
+    groups by each spec's first layer, and the round-robin split only
+    counts layers. DeepSeek Sparse Attention gives every MLA layer a second
+    spec, its indexer's key cache (vLLM's Indexer: fp8 keys of
+    ``index_head_dim`` bytes and a float32 scale per 128 of them per token,
+    replicated on every rank as the latent is)."""
     layers = model.num_layers if num_layers is None else num_layers
     sliding_layers = model.num_sliding_layers if num_sliding_layers is None else num_sliding_layers
+    hybrid = model.hybrid
+    if hybrid is not None and (hybrid.num_linear_layers or hybrid.num_mamba_layers):
+        # Their state pages and the attention block size depend on the cache
+        # mode: model_spec_kv_layout lays them out.
+        raise ValueError(f"{model.name}: a linear-attention / Mamba hybrid; use model_spec_kv_layout")
+    chunked_layers = hybrid.num_chunked_layers if hybrid is not None else 0
+    if chunked_layers and layers != model.num_layers:
+        chunked_layers = -(-chunked_layers * layers // model.num_layers)
     per_token = int(model.kv_bytes_per_layer_per_rank(kv_cache_bytes, tensor_parallel_size))
     full = LayerSpec(MLA if model.is_mla else FULL, block_size, per_token)
     sliding = (LayerSpec(SLIDING, block_size, per_token, sliding_window=model.sliding_window),) \
         * sliding_layers
-    return sliding + (full,) * (layers - sliding_layers + extra_full_layers)
+    chunked = (LayerSpec(CHUNKED, block_size, per_token,
+                         attention_chunk_size=hybrid.attention_chunk_size),) * chunked_layers \
+        if hybrid is not None else ()
+    full_layers = layers - sliding_layers - chunked_layers
+    if hybrid is not None and hybrid.index_topk:
+        if kv_cache_bytes != 2:
+            raise UserInputError(
+                f"{model.name}: kv_cache_dtype of {kv_cache_bytes} byte(s) (--kv-cache-dtype) with DeepSeek "
+                "Sparse Attention (DeepSeek-V3.2): vLLM keeps its fp8 latent as fp8_ds_mla (fp8 values, "
+                "their scales and a 16-bit RoPE part per token), which kvsched does not plan; use "
+                "--kv-cache-dtype auto")
+        index_dim = hybrid.index_head_dim
+        indexer = LayerSpec(MLA, block_size, index_dim + index_dim // INDEXER_QUANT_BLOCK * 4)
+        # A drafter layer is a copy of the target's (kvsched.perf.drafter.layer_spec),
+        # as vLLM's DeepSeek MTP layer is, indexer included (deepseek_mtp.py).
+        return sliding + chunked + (full, indexer) * (full_layers + extra_full_layers)
+    return sliding + chunked + (full,) * (full_layers + extra_full_layers)
+
+
+def model_spec_kv_layout(model: ModelSpec, *, block_size: int, tensor_parallel_size: int, kv_cache_bytes: int,
+                         enable_prefix_caching: bool, max_model_len: int,
+                         extra_full_layers: int = 0) -> ModelKVLayout:
+    """A ModelSpec's per-layer KV specs with the attention block size vLLM
+    runs it at: :func:`model_spec_layers`' for attention-only models (the
+    block size as given), and for a Gated DeltaNet hybrid (Qwen3-Next) its
+    linear layers as Mamba state (vLLM's gated_delta_net_state_shape: a conv
+    state of ``linear_conv_kernel - 1`` rows of 2 x key heads x key dim +
+    value heads x value dim, and value heads x value dim x key dim, both
+    split over TP; the conv state in the model's 16 bits, the recurrent one
+    at ``linear_state_dtype_bytes``) beside its full-attention layers, the
+    block size raised to hold a state page (:func:`resolve_mamba_cache`;
+    FlashInfer's GDN prefill checkpoints every 64 tokens, with a checkpoint
+    block in align mode). Linear layers come first, as layer 0 is one."""
+    h = model.hybrid
+    if h is None or not h.num_linear_layers:
+        if h is not None and h.num_mamba_layers:
+            raise UserInputError(f"{model.name}: Mamba-2 layers in a ModelSpec are not planned (Nemotron-H "
+                                 "is planned from its config.json by model_kv_layout only)")
+        return ModelKVLayout(model_spec_layers(model, block_size=block_size,
+                                               tensor_parallel_size=tensor_parallel_size,
+                                               kv_cache_bytes=kv_cache_bytes,
+                                               extra_full_layers=extra_full_layers), block_size)
+    tp = tensor_parallel_size
+    for name, heads in (("linear_num_key_heads", h.linear_num_key_heads),
+                        ("linear_num_value_heads", h.linear_num_value_heads)):
+        if heads % tp:
+            raise UserInputError(f"{model.name}: {name}={heads} is not divisible by "
+                                 f"tensor_parallel_size={tp} (vLLM splits the Gated DeltaNet heads over TP); "
+                                 "use a TP size dividing it")
+    conv_width = (2 * h.linear_num_key_heads * h.linear_key_head_dim
+                  + h.linear_num_value_heads * h.linear_value_head_dim) // tp
+    conv = (h.linear_conv_kernel - 1) * conv_width * MODEL_DTYPE_BYTES
+    ssm = h.linear_num_value_heads // tp * h.linear_value_head_dim * h.linear_key_head_dim \
+        * h.linear_state_dtype_bytes
+    per_token = int(model.kv_bytes_per_layer_per_rank(kv_cache_bytes, tp))
+    mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                                max_model_len=max_model_len, attention_bytes_per_token=per_token,
+                                mamba_state_bytes=conv + ssm, checkpoint_alignment=GDN_CHECKPOINT_ALIGNMENT,
+                                checkpoint_block=enable_prefix_caching)
+    linear = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=conv + ssm,
+                       page_size_padded=mamba.mamba_page_size_padded)
+    full = LayerSpec(FULL, mamba.block_size, per_token)
+    full_layers = model.num_layers - h.num_linear_layers + extra_full_layers
+    return ModelKVLayout((linear,) * h.num_linear_layers + (full,) * full_layers, mamba.block_size, mamba)
 
 
 def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel_size: int = 1,
@@ -448,38 +524,28 @@ def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel
     """The per-layer KV cache specs vLLM's model classes declare for the
     config.json ``data`` on one of ``tensor_parallel_size`` ranks,
     ``kv_cache_bytes`` per KV value (2: "auto" on a 16-bit model; 1: fp8).
-    The models kvsched prices are read by kvsched.perf.model_parsers; the
-    hybrid ones (:data:`HYBRID_MODEL_TYPES`) here."""
+    The models kvsched prices are read by kvsched.perf.model_parsers (Llama 4,
+    DeepSeek-V3.2 and Qwen3-Next included) and laid out by
+    :func:`model_spec_kv_layout`; Nemotron-H (:data:`HYBRID_MODEL_TYPES`) here."""
     text, model_type = language_model_config(data)
     cfg = HFConfig(text, source)
     tp = tensor_parallel_size
     if model_type not in HYBRID_MODEL_TYPES:
         model = model_spec_from_config(data, source, source)
-        return ModelKVLayout(model_spec_layers(model, block_size=block_size, tensor_parallel_size=tp,
-                                               kv_cache_bytes=kv_cache_bytes), block_size)
+        return model_spec_kv_layout(
+            model, block_size=block_size, tensor_parallel_size=tp, kv_cache_bytes=kv_cache_bytes,
+            enable_prefix_caching=enable_prefix_caching,
+            max_model_len=max_model_len if max_model_len is not None else model.max_position_embeddings)
     layers = cfg.get_int("num_hidden_layers")
-    if model_type == "deepseek_v32":
-        if kv_cache_bytes != 2:
-            raise UserInputError(
-                f"{source}: kv_cache_dtype of {kv_cache_bytes} byte(s) (--kv-cache-dtype) for DeepSeek-V3.2: "
-                "vLLM keeps its fp8 latent as fp8_ds_mla (fp8 values, their scales and a 16-bit RoPE "
-                "part per token), which kvsched does not plan; use --kv-cache-dtype auto")
-        return ModelKVLayout(_deepseek_v32_layers(cfg, layers, block_size, kv_cache_bytes), block_size)
     kv_heads = kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
     per_token = 2 * kv_heads * _head_dim(cfg) * kv_cache_bytes
-    if model_type == "llama4_text":
-        return ModelKVLayout(_llama4_layers(cfg, layers, LayerSpec(FULL, block_size, per_token)), block_size)
-    if model_type == "nemotron_h":
-        kinds, state, checkpoint = _nemotron_h_layers(cfg, layers, tp, source)
-        checkpoint_block = True  # MambaMixer2's spec always has one
-    else:
-        kinds, state, checkpoint = _qwen3_next_layers(cfg, layers, tp)
-        checkpoint_block = enable_prefix_caching  # FlashInfer's GDN exports them in align mode
+    kinds, state, checkpoint = _nemotron_h_layers(cfg, layers, tp, source)
     model_len = max_model_len if max_model_len is not None else cfg.get_int("max_position_embeddings")
     mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                                 max_model_len=model_len, attention_bytes_per_token=per_token,
                                 mamba_state_bytes=state, checkpoint_alignment=checkpoint,
-                                checkpoint_block=checkpoint_block)
+                                # MambaMixer2's spec always has a checkpoint block.
+                                checkpoint_block=True)
     attention = LayerSpec(FULL, mamba.block_size, per_token)
     mamba_layer = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=state,
                             page_size_padded=mamba.mamba_page_size_padded)
@@ -491,31 +557,6 @@ def _head_dim(cfg: HFConfig) -> int:
     if cfg.data.get("head_dim") is not None:
         return cfg.get_int("head_dim")
     return cfg.get_int("hidden_size") // cfg.get_int("num_attention_heads")
-
-
-def _deepseek_v32_layers(cfg: HFConfig, layers: int, block_size: int,
-                         kv_cache_bytes: int) -> tuple[LayerSpec, ...]:
-    """Each layer: MLA's latent (kv_lora_rank + qk_rope_head_dim values) and
-    the indexer's FP8 keys with their scales, both full attention."""
-    latent = LayerSpec(MLA, block_size, (cfg.get_int("kv_lora_rank") + cfg.get_int("qk_rope_head_dim"))
-                       * kv_cache_bytes)
-    index_dim = cfg.get_int("index_head_dim")
-    indexer = LayerSpec(MLA, block_size, index_dim + index_dim // INDEXER_QUANT_BLOCK * 4)
-    return (latent, indexer) * layers
-
-
-def _llama4_layers(cfg: HFConfig, layers: int, full: LayerSpec) -> tuple[LayerSpec, ...]:
-    """Chunked local attention on the RoPE layers (``no_rope_layers`` 1),
-    full attention on the NoPE layers; no chunking without
-    ``attention_chunk_size``."""
-    chunk = cfg.get_int("attention_chunk_size", default=0)
-    rope = cfg.data.get("no_rope_layers")
-    if rope is None:
-        rope = [int((i + 1) % LLAMA4_NOPE_INTERVAL != 0) for i in range(layers)]
-    if not isinstance(rope, list) or len(rope) != layers or any(r not in (0, 1) for r in rope):
-        raise cfg.fail("no_rope_layers", rope, f"must list {layers} flags (0 or 1), one per layer")
-    local = replace(full, kind=CHUNKED, attention_chunk_size=chunk)
-    return tuple(local if chunk and r else full for r in rope)
 
 
 def _nemotron_h_layers(cfg: HFConfig, layers: int, tp: int, source: str) -> tuple[list[str], int, int | None]:
@@ -542,25 +583,3 @@ def _nemotron_h_layers(cfg: HFConfig, layers: int, tp: int, source: str) -> tupl
     kinds = [MAMBA if c == "M" else FULL for c in pattern if c in "M*"]
     # Mamba2 layers export no mid-prefill checkpoint (MambaBase's None).
     return kinds, conv + ssm, None
-
-
-def _qwen3_next_layers(cfg: HFConfig, layers: int, tp: int) -> tuple[list[str], int, int | None]:
-    """(layer kinds, gated delta net state bytes per rank, prefill checkpoint
-    alignment): ``layer_types`` (or every full_attention_interval-th layer
-    full). vLLM's gated_delta_net_state_shape: a conv state of
-    linear_conv_kernel_dim - 1 rows of 2 x key heads x key dim + value heads
-    x value dim, and value heads x value dim x key dim, both over TP and in
-    the model dtype; FlashInfer's GDN prefill checkpoints every 64 tokens."""
-    kh, vh = cfg.get_int("linear_num_key_heads"), cfg.get_int("linear_num_value_heads")
-    kd, vd = cfg.get_int("linear_key_head_dim"), cfg.get_int("linear_value_head_dim")
-    conv = (cfg.get_int("linear_conv_kernel_dim") - 1) * ((2 * kh * kd + vh * vd) // tp) * MODEL_DTYPE_BYTES
-    ssm = vh // tp * vd * kd * MODEL_DTYPE_BYTES
-    types = cfg.data.get("layer_types")
-    if types is None:
-        interval = cfg.get_int("full_attention_interval", default=QWEN3_NEXT_FULL_ATTENTION_INTERVAL)
-        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-    if not isinstance(types, list) or len(types) != layers or \
-            any(t not in ("linear_attention", "full_attention") for t in types):
-        raise cfg.fail("layer_types", types, f"must list {layers} layer types (linear_attention or "
-                                             "full_attention), one per layer")
-    return [MAMBA if t == "linear_attention" else FULL for t in types], conv + ssm, GDN_CHECKPOINT_ALIGNMENT

@@ -67,13 +67,21 @@ does.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvsched.config import KVCacheGroup, check_gpu_memory_utilization
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
 from kvsched.perf.hardware import Hardware
-from kvsched.perf.kv_cache_planning import KVCachePlan, model_spec_layers, plan_kv_cache
+from kvsched.perf.kv_cache_planning import (
+    KVCachePlan,
+    MambaCache,
+    model_spec_kv_layout,
+    model_spec_layers,
+    plan_kv_cache,
+    resolve_disable_hybrid_kv_cache_manager,
+)
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.pipeline import stage_layers
 from kvsched.perf.step_time import ParallelConfig, RuntimeConfig, dtype_bytes, weight_split
@@ -127,6 +135,9 @@ class MemoryPlan:
     # is not plain full attention of the block size): the scheduler charges
     # each group its blocks from the one pool (kvsched.perf.kv_cache_planning).
     kv_groups: tuple[KVCacheGroup, ...] = ()
+    # A Mamba hybrid's cache sizing (Qwen3-Next): the attention block size
+    # vLLM raised the block size to, the Mamba cache mode; None: none.
+    mamba: MambaCache | None = None
 
     def describe(self) -> str:
         drafter = f" - {self.drafter_bytes / GIB:.1f} drafter" if self.drafter_bytes else ""
@@ -206,16 +217,42 @@ def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
 
 def kv_cache_plan(model: ModelSpec, num_layers: int, num_sliding_layers: int, block_size: int,
                   tensor_parallel_size: int, kv_bytes: int, drafter_kv_layers: int,
-                  free: float) -> KVCachePlan:
+                  free: float, *, enable_prefix_caching: bool = True,
+                  max_model_len: int | None = None) -> KVCachePlan:
     """vLLM's KV cache groups and block count for ``num_layers`` layers of
     ``model`` (the whole model, or one PP stage), ``num_sliding_layers`` of
     them sliding, with ``free`` bytes left for KV: one pool of blocks, each
     block id one page in every layer of one group
-    (kvsched.perf.kv_cache_planning). The one owner of that rule here."""
-    layers = model_spec_layers(model, block_size=block_size, tensor_parallel_size=tensor_parallel_size,
-                               kv_cache_bytes=kv_bytes, num_layers=num_layers,
-                               num_sliding_layers=num_sliding_layers, extra_full_layers=drafter_kv_layers)
-    return plan_kv_cache(layers, int(max(free, 0.0)))
+    (kvsched.perf.kv_cache_planning). The one owner of that rule here.
+
+    ``--disable-hybrid-kv-cache-manager`` takes vLLM's default (the
+    simulator has no flag or environment to change it): off, except for
+    chunked local attention (Llama 4), where vLLM turns the hybrid manager
+    off unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set;
+    its chunked layers then allocate as full attention, one group.
+
+    A Gated DeltaNet hybrid (Qwen3-Next) is laid out whole with its Mamba
+    state pages (``enable_prefix_caching`` picks the Mamba cache mode,
+    ``max_model_len`` the "none" mode's block; default the model's context);
+    the plan's ``mamba`` then says how vLLM sized the blocks."""
+    h = model.hybrid
+    mamba = None
+    if h is not None and h.num_linear_layers:
+        layout = model_spec_kv_layout(
+            model, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_bytes=kv_bytes,
+            enable_prefix_caching=enable_prefix_caching,
+            max_model_len=max_model_len if max_model_len is not None else model.max_position_embeddings,
+            extra_full_layers=drafter_kv_layers)
+        layers, mamba = layout.layers, layout.mamba
+    else:
+        layers = model_spec_layers(model, block_size=block_size, tensor_parallel_size=tensor_parallel_size,
+                                   kv_cache_bytes=kv_bytes, num_layers=num_layers,
+                                   num_sliding_layers=num_sliding_layers, extra_full_layers=drafter_kv_layers)
+    chunked = model.hybrid is not None and model.hybrid.num_chunked_layers > 0
+    disable = resolve_disable_hybrid_kv_cache_manager(None, attention_chunk_size=chunked,
+                                                      target_hidden_state_drafter=drafter_kv_layers > 0)
+    plan = plan_kv_cache(layers, int(max(free, 0.0)), disable_hybrid_kv_cache_manager=disable)
+    return dataclasses.replace(plan, mamba=mamba) if mamba is not None else plan
 
 
 def scheduler_kv_groups(plan: KVCachePlan, block_size: int) -> tuple[KVCacheGroup, ...]:
@@ -230,13 +267,16 @@ def scheduler_kv_groups(plan: KVCachePlan, block_size: int) -> tuple[KVCacheGrou
 def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
                 runtime: RuntimeConfig, block_size: int, gpu_memory_utilization: float,
                 max_num_batched_tokens: int, max_num_seqs: int, *, drafter_bytes: float = 0.0,
-                drafter_kv_layers: int = 0, lora_bytes: float = 0.0, extensible: bool = False) -> MemoryPlan:
+                drafter_kv_layers: int = 0, lora_bytes: float = 0.0, extensible: bool = False,
+                enable_prefix_caching: bool = True, max_model_len: int | None = None) -> MemoryPlan:
     """``drafter_bytes``: a speculative drafter's weights per device;
     ``drafter_kv_layers``: its attention layers, whose KV every block holds
     beside the target's full-attention layers; ``lora_bytes``: LoRA's GPU
     slots per device (allocated with the model, before vLLM sizes the KV
     cache); ``extensible``: sized as vLLM 0.34's extensible KV cache (module
-    doc), else from the profiling estimate."""
+    doc), else from the profiling estimate. ``enable_prefix_caching`` and
+    ``max_model_len`` size a Gated DeltaNet hybrid's Mamba cache
+    (:func:`kv_cache_plan`)."""
     check_gpu_memory_utilization(gpu_memory_utilization)
     if not is_int(block_size) or block_size < 1:
         raise UserInputError(f"block_size={block_size!r}: must be a positive integer")
@@ -251,11 +291,13 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
                             weights + NON_TORCH_BYTES + drafter_bytes + lora_bytes, activations, extensible)
     free = room.free_bytes
     kv = kv_cache_plan(model, model.num_layers, model.num_sliding_layers, block_size, tp, kvb,
-                       drafter_kv_layers, free)
+                       drafter_kv_layers, free, enable_prefix_caching=enable_prefix_caching,
+                       max_model_len=max_model_len)
     plan = MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, free,
                       kv.bytes_per_block, kv.num_blocks, drafter_bytes, lora_bytes=lora_bytes,
                       extensible=extensible, cuda_graph_bytes=room.cuda_graph_bytes,
-                      margin_bytes=room.margin_bytes, kv_groups=scheduler_kv_groups(kv, block_size))
+                      margin_bytes=room.margin_bytes, kv_groups=scheduler_kv_groups(kv, block_size),
+                      mamba=kv.mamba)
     blocks = plan.num_gpu_blocks
     if blocks < 2:
         raise UserInputError(
@@ -279,6 +321,10 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
     tp = parallel.tensor_parallel_size
     pp = parallel.pipeline_parallel_size
     m = model
+    if m.hybrid is not None and m.hybrid.num_linear_layers:
+        raise UserInputError(f"pipeline_parallel_size={pp} (--pipeline-parallel-size) with {m.name}: vLLM's "
+                             "Mamba cache groups of a linear-attention hybrid are not planned per pipeline "
+                             "stage by kvsched; drop --pipeline-parallel-size")
     whole = weight_bytes_per_device(m, parallel, runtime.dtype, runtime.quantized_layers)
     # 16-bit embedding and LM head, per TP rank; the layers share the rest.
     embedding = m.embedding_params() * 2.0 / tp

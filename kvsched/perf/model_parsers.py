@@ -29,10 +29,10 @@ from kvsched.jsonfile import show
 from kvsched.perf.hybrid import HybridLayers
 from kvsched.perf.models import ModelSpec
 
-SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "gemma2", "gemma3_text", "glm4",
-                         "glm4_moe", "gpt_oss", "kimi_k2", "llama", "mistral", "mixtral", "phi3", "qwen2",
-                         "qwen2_5_vl", "qwen2_5_vl_text", "qwen3", "qwen3_moe", "qwen3_vl_moe_text",
-                         "qwen3_vl_text")
+SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "deepseek_v32", "gemma2",
+                         "gemma3_text", "glm4", "glm4_moe", "gpt_oss", "kimi_k2", "llama", "llama4_text",
+                         "mistral", "mixtral", "phi3", "qwen2", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3",
+                         "qwen3_moe", "qwen3_next", "qwen3_vl_moe_text", "qwen3_vl_text")
 
 # The language models of the vision-language wrappers (the vision tower is
 # kvsched.perf.vision's): each reads as the text model it is.
@@ -40,31 +40,25 @@ _VL_TEXT_TYPES: Mapping[str, str] = MappingProxyType({
     "qwen2_5_vl": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
     "qwen3_vl_moe_text": "qwen3_moe"})
 
-_LLAMA4 = ("chunked local attention (attention_chunk_size) on 3 of every 4 layers, which vLLM pages as its "
-           "own KV group, plus NoPE global layers; kvsched sizes full and sliding-window layers only")
 # Architectures vLLM serves that kvsched refuses, and why: what the KV cache
 # or the step price would get wrong. The one owner of those reasons.
 REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
-    "qwen3_next": "hybrid linear attention: 3 of every 4 layers are Gated DeltaNet layers whose "
-                  "fixed-size recurrent state vLLM keeps in Mamba-style cache groups beside the paged KV "
-                  "cache; kvsched models paged attention KV only, so neither that state's memory nor the "
-                  "linear-attention kernels' time would be priced",
-    "qwen3_5": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next); "
-               "kvsched models paged attention KV only",
-    "qwen3_5_moe": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next); "
-                   "kvsched models paged attention KV only",
-    "deepseek_v32": "DeepSeek Sparse Attention: a lightning indexer picks the top index_topk tokens per "
-                    "query (its own FP8 key cache per layer), so attention time stops growing with the "
-                    "context; kvsched prices dense MLA over the whole context and sizes no indexer cache, "
-                    "which would overstate long-context steps. deepseek-ai/DeepSeek-V3.1 has the same "
-                    "weights with dense attention",
-    "glm_moe_dsa": "DeepSeek Sparse Attention (an indexer selects the attended tokens, with its own key "
-                   "cache), as DeepSeek-V3.2; kvsched prices dense attention only",
-    "llama4": _LLAMA4,
-    # Llama 4's multimodal checkpoints wrap it in a text_config (kvsched.hf_config).
-    "llama4_text": _LLAMA4,
-    "nemotron_h": "hybrid Mamba-2/attention layers: the Mamba layers' recurrent state is not paged KV and "
-                  "kvsched does not size or price it",
+    "qwen3_5": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next) "
+               "under Qwen3.5's multimodal wrapper, whose float32 recurrent state (mamba_ssm_dtype) and "
+               "Mamba cache groups kvsched has not checked against vLLM's plan; Qwen3-Next (qwen3_next) is "
+               "planned",
+    "qwen3_5_moe": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next) "
+                   "under Qwen3.5's multimodal wrapper, whose float32 recurrent state (mamba_ssm_dtype) and "
+                   "Mamba cache groups kvsched has not checked against vLLM's plan; Qwen3-Next (qwen3_next) "
+                   "is planned",
+    "glm_moe_dsa": "DeepSeek Sparse Attention under GLM-5's own config (GlmMoeDsaForCausalLM): its indexer "
+                   "layout (indexer_types, whose 'shared' layers reuse another layer's top-k) and vLLM's KV "
+                   "cache plan for it are not checked; kvsched plans DeepSeek-V3.2's (deepseek_v32) only",
+    "nemotron_h": "hybrid Mamba-2/attention layers (hybrid_override_pattern): each layer is a Mamba-2 "
+                  "mixer, an attention block or an MLP/MoE block alone, which ModelSpec's layers (attention "
+                  "and an MLP in each) do not express, so the weights and steps are not priced; and with "
+                  "prefix caching (vLLM's default) Mamba2's prefill checkpoint blocks are not modelled by "
+                  "the scheduler",
     "deepseek_v4": "compressed sparse attention with a sliding window on every layer; kvsched prices "
                    "dense MLA only",
     "kimi_linear": "hybrid linear attention (Kimi Delta Attention layers with a recurrent state); kvsched "
@@ -297,18 +291,6 @@ def _parse_bloom(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     }
 
 
-_PARSERS = {
-    "llama": _parse_llama_family, "mistral": _parse_llama_family, "qwen2": _parse_llama_family,
-    "qwen3": _parse_llama_family, "qwen3_moe": _parse_llama_family, "mixtral": _parse_llama_family,
-    "phi3": _parse_llama_family,
-    # Kimi K2's model_type names DeepSeek-V3's architecture (its config says so).
-    "deepseek_v2": _parse_deepseek, "deepseek_v3": _parse_deepseek, "kimi_k2": _parse_deepseek,
-    "gemma2": _parse_gemma, "gemma3_text": _parse_gemma, "glm4": _parse_glm4, "glm4_moe": _parse_glm4_moe,
-    "chatglm": _parse_chatglm,
-    "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
-    **{name: _parse_vl_text for name in _VL_TEXT_TYPES},
-}
-assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
 
 def _linear_layout(cfg: HFConfig, layers: int) -> int:
     """Gated DeltaNet layers of a Qwen3-Next / Qwen3.5 config: those its
@@ -403,6 +385,7 @@ def _parse_llama4_text(cfg: HFConfig, model_type: str) -> dict[str, Any]:
         raise cfg.fail("interleave_moe_layer_step", step, "must be positive")
     moe_layers = sum(1 for i in range(layers) if (i + 1) % step == 0)
     expert = cfg.get_int("intermediate_size")
+    chunk = cfg.get_int("attention_chunk_size", default=0)
     spec: dict[str, Any] = {
         "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
         "num_kv_heads": cfg.get_int("num_key_value_heads", default=heads),
@@ -419,31 +402,49 @@ def _parse_llama4_text(cfg: HFConfig, model_type: str) -> dict[str, Any]:
         # transformers' Llama 4 puts the dense layers where (i + 1) % step != 0; the
         # spec counts MoE layers after the dense ones, the same totals.
         "first_k_dense_layers": layers - moe_layers,
-        "hybrid": HybridLayers(num_chunked_layers=sum(rope),
-                               attention_chunk_size=cfg.get_int("attention_chunk_size")),
+        # Without attention_chunk_size every layer attends globally (vLLM's
+        # Llama4Attention chunks only when the config sets it).
+        "hybrid": HybridLayers(num_chunked_layers=sum(rope) if chunk else 0, attention_chunk_size=chunk),
     }
     return spec
 
 
-# Hybrid architectures priced by kind (kvsched.perf.hybrid) that
-# REFUSED_MODEL_TYPES still refuses until kvsched plans their KV cache
-# groups exactly; :func:`load_hybrid_model_spec` reads them.
-_HYBRID_PARSERS = {
-    "qwen3_next": _parse_qwen3_next, "qwen3_5_text": _parse_qwen3_next, "qwen3_5_moe_text": _parse_qwen3_next,
-    "deepseek_v32": _parse_deepseek_v32, "llama4_text": _parse_llama4_text,
+_PARSERS = {
+    "llama": _parse_llama_family, "mistral": _parse_llama_family, "qwen2": _parse_llama_family,
+    "qwen3": _parse_llama_family, "qwen3_moe": _parse_llama_family, "mixtral": _parse_llama_family,
+    "phi3": _parse_llama_family,
+    # Kimi K2's model_type names DeepSeek-V3's architecture (its config says so).
+    "deepseek_v2": _parse_deepseek, "deepseek_v3": _parse_deepseek, "kimi_k2": _parse_deepseek,
+    "deepseek_v32": _parse_deepseek_v32, "llama4_text": _parse_llama4_text, "qwen3_next": _parse_qwen3_next,
+    "gemma2": _parse_gemma, "gemma3_text": _parse_gemma, "glm4": _parse_glm4, "glm4_moe": _parse_glm4_moe,
+    "chatglm": _parse_chatglm,
+    "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
+    **{name: _parse_vl_text for name in _VL_TEXT_TYPES},
 }
-# Their wrappers' model_types, as REFUSED_MODEL_TYPES names them.
+assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
+
+# Hybrid architectures priced by kind (kvsched.perf.hybrid) that
+# REFUSED_MODEL_TYPES still refuses (Qwen3.5: its KV cache plan is not
+# checked). :func:`load_hybrid_model_spec` reads them for the step-time model.
+_HYBRID_PARSERS = {"qwen3_5_text": _parse_qwen3_next, "qwen3_5_moe_text": _parse_qwen3_next}
+# The hybrid types model_spec_from_config parses (their KV cache planned as
+# vLLM plans it, kvsched.perf.kv_cache_planning.model_spec_kv_layout).
+_PRICED_HYBRIDS = ("deepseek_v32", "llama4_text", "qwen3_next")
+# The refused ones' wrappers' model_types, as REFUSED_MODEL_TYPES names them.
 _HYBRID_WRAPPERS: Mapping[str, str] = MappingProxyType({
-    "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "llama4": "llama4_text"})
+    "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"})
 
 
 def load_hybrid_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
-    """The priced spec of a hybrid model (:data:`_HYBRID_PARSERS`) that
-    :func:`load_model_spec` refuses for its KV cache: its layers by kind,
-    for the step-time model. Read through a wrapper's ``text_config``."""
+    """The priced spec of a hybrid model: one :func:`load_model_spec`
+    parses (Llama 4, DeepSeek-V3.2, Qwen3-Next), or one it still refuses
+    (:data:`_HYBRID_PARSERS`): its layers by kind, for the step-time
+    model. Read through a wrapper's ``text_config``."""
     p = Path(path).expanduser()
     config_path = p / "config.json" if p.is_dir() else p
     data = read_config_json(config_path)
+    if language_model_config(data)[1] in _PARSERS:
+        return model_spec_from_config(data, name or _name_from_path(config_path), str(config_path))
     model_type = data.get("model_type")
     text: Mapping[str, Any] = data
     if isinstance(model_type, str) and model_type in _HYBRID_WRAPPERS:
@@ -454,7 +455,7 @@ def load_hybrid_model_spec(path: str | Path, name: str | None = None) -> ModelSp
     parser = _HYBRID_PARSERS.get(model_type) if isinstance(model_type, str) else None
     if parser is None:
         raise UserInputError(f"{config_path}: model_type={show(model_type)} is not a hybrid type kvsched "
-                             f"prices; those are {', '.join(sorted(_HYBRID_PARSERS))}")
+                             f"prices; those are {', '.join(sorted((*_HYBRID_PARSERS, *_PRICED_HYBRIDS)))}")
     assert isinstance(model_type, str)
     fields = parser(HFConfig(text, str(config_path)), model_type)
     try:

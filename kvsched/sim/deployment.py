@@ -25,6 +25,7 @@ from kvsched.config import (
     check_num_gpu_blocks_override,
     check_speculative_settings,
 )
+from kvsched.core.hybrid_kv_cache import resolve_block_sizes
 from kvsched.engine_flags import SchedulerCacheOptions, flag
 from kvsched.errors import UserInputError
 from kvsched.fields import is_int
@@ -554,7 +555,21 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
                          drafter_bytes=drafter_bytes,
                          drafter_kv_layers=drafter.kv_layers if drafter is not None else 0,
                          lora_bytes=lora.slot_bytes() if lora is not None else 0.0,
-                         extensible=cache.extensible_kv_cache)
+                         extensible=cache.extensible_kv_cache,
+                         enable_prefix_caching=opts.enable_prefix_caching, max_model_len=max_model_len)
+    mamba = memory.mamba
+    if mamba is not None:
+        if mamba.mamba_cache_mode == "align" and mamba.state_blocks_per_request > 2:
+            raise UserInputError(
+                f"enable_prefix_caching=True (vLLM's default) with {model.name}: vLLM's Mamba cache mode "
+                "'align' keeps a prefill checkpoint block per request for its Gated DeltaNet layers "
+                "(FlashInfer's GDN prefill exports mid-prefill states every 64 tokens), which kvsched's "
+                "scheduler does not model; run with --no-enable-prefix-caching")
+        # vLLM raised the attention block size to hold a Mamba state page; the
+        # scheduler's block is the LCM of the groups' (kvsched.core.hybrid_kv_cache).
+        block_size = resolve_block_sizes(CacheConfig(num_gpu_blocks=2, block_size=mamba.block_size,
+                                                     enable_prefix_caching=opts.enable_prefix_caching,
+                                                     kv_groups=memory.kv_groups)).scheduler_block_size
     num_blocks = (memory.num_gpu_blocks if opts.num_gpu_blocks_override is None
                   else opts.num_gpu_blocks_override)
     if opts.num_gpu_blocks_override is None and profile is not None and profile.kv_cache_tokens:
@@ -575,13 +590,14 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
         batches = batch_queue_size(sc.async_scheduling, sc.pipeline_parallel_size)
         in_flight = batches * sc.max_num_batched_tokens
         needed = blocks_per_request(memory.kv_groups, max_model_len=max_model_len,
-                                    max_in_flight_tokens=in_flight)
+                                    max_in_flight_tokens=in_flight,
+                                    mamba_state_blocks=mamba.state_blocks_per_request if mamba else 0)
         if num_blocks - 1 < needed:
             raise UserInputError(
-                f"max_model_len={max_model_len} needs {needed} KV blocks of {block_size} tokens over "
-                f"{len(memory.kv_groups)} KV cache groups (vLLM's full-attention and sliding-window "
-                f"groups share one pool) but the cache holds {num_blocks - 1} ({memory.describe()}); lower "
-                "--max-model-len, raise --gpu-memory-utilization, --tensor-parallel-size or "
+                f"max_model_len={max_model_len} needs {needed} KV blocks over "
+                f"{len(memory.kv_groups)} KV cache groups (vLLM's full-attention, sliding-window and "
+                f"Mamba groups share one pool) but the cache holds {num_blocks - 1} ({memory.describe()}); "
+                "lower --max-model-len, raise --gpu-memory-utilization, --tensor-parallel-size or "
                 "--pipeline-parallel-size")
     elif (num_blocks - 1) * block_size < max_model_len:
         raise UserInputError(
@@ -589,7 +605,8 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
             f"{(num_blocks - 1) * block_size} ({memory.describe()}); lower --max-model-len, "
             "raise --gpu-memory-utilization, --tensor-parallel-size or --pipeline-parallel-size")
     cache_config = CacheConfig(num_gpu_blocks=num_blocks, block_size=block_size,
-                               enable_prefix_caching=opts.enable_prefix_caching, kv_groups=memory.kv_groups)
+                               enable_prefix_caching=opts.enable_prefix_caching, kv_groups=memory.kv_groups,
+                               mamba_cache_mode=mamba.mamba_cache_mode if mamba is not None else None)
     offload = make_offload_config(opts.kv_offloading_size, model, hardware, opts.tensor_parallel_size,
                                   memory.bytes_per_block,
                                   drafter_kv_layers=drafter.kv_layers if drafter is not None else 0)

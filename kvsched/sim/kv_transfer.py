@@ -49,6 +49,7 @@ from kvsched.core.multi_connector import MultiKVConnectorMetadata, combine_repor
 from kvsched.core.nixl_connector import NixlMetadata
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
+from kvsched.perf.kv_cache_planning import INDEXER_QUANT_BLOCK
 from kvsched.perf.models import ModelSpec
 
 
@@ -125,11 +126,24 @@ def transfer_bytes_per_rank(model: ModelSpec, kv_dtype_bytes: float, tensor_para
                             num_tokens: int) -> float:
     """KV bytes one tensor-parallel rank holds for ``num_tokens`` tokens of
     one request (full-attention layers hold every token, sliding-window
-    layers at most their window): what that rank sends or receives."""
+    layers at most their window): what that rank sends or receives.
+
+    Hybrid models: Llama 4's chunked local layers hold every token too (vLLM
+    pages them as full attention, the hybrid manager being off for chunked
+    local attention), DeepSeek-V3.2's blocks also hold each layer's indexer
+    keys; a linear-attention / Mamba state is not sized for transfer."""
     per_layer = model.kv_bytes_per_layer_per_rank(kv_dtype_bytes, tensor_parallel_size)
     window = model.sliding_window if model.num_sliding_layers else 0
-    return (model.num_full_attention_layers * num_tokens
-            + model.num_sliding_layers * min(num_tokens, window)) * per_layer
+    h = model.hybrid
+    if h is not None and (h.num_linear_layers or h.num_mamba_layers):
+        raise UserInputError(f"{model.name}: a P/D KV transfer of its linear-attention / Mamba state is not "
+                             "modelled by kvsched; drop --disaggregation")
+    full = model.num_full_attention_layers + (h.num_chunked_layers if h is not None else 0)
+    index = 0.0
+    if h is not None and h.index_topk:
+        index = (h.index_head_dim + h.index_head_dim // INDEXER_QUANT_BLOCK * 4) * model.num_layers
+    return (full * num_tokens + model.num_sliding_layers * min(num_tokens, window)) * per_layer \
+        + index * num_tokens
 
 
 @dataclass(slots=True)

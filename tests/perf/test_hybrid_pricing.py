@@ -64,9 +64,8 @@ def test_layer_kinds_are_read_from_the_config() -> None:
     assert scout.hybrid is not None
     assert (scout.hybrid.num_chunked_layers, scout.hybrid.attention_chunk_size) == (36, 8192)
     assert scout.num_full_attention_layers == 12  # the NoPE layers
-    # The KV side stays refused until the KV cache groups are planned exactly.
-    with pytest.raises(UserInputError, match="hybrid linear attention"):
-        load_model_spec(NEXT)
+    # load_model_spec reads the same spec (its KV cache is planned as vLLM's).
+    assert load_model_spec(NEXT, "Qwen/Qwen3-Next-80B-A3B-Instruct") == nxt
 
 
 def _linear_model(layers: int = 4, linear: int = 3) -> ModelSpec:

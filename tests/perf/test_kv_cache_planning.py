@@ -181,8 +181,10 @@ def test_bad_hybrid_fields_name_the_field() -> None:
                 "num_key_value_heads": 2, "head_dim": 128}
     with pytest.raises(UserInputError, match=r"hybrid_override_pattern='M\*'.*one character per layer"):
         model_kv_layout(nemotron, block_size=16)
+    # Llama 4 is read by its model parser (kvsched.perf.model_parsers), which checks the shape first.
     llama4 = {"model_type": "llama4_text", "num_hidden_layers": 2, "num_key_value_heads": 8, "head_dim": 128,
-              "attention_chunk_size": 8192, "no_rope_layers": [1, 2]}
+              "hidden_size": 5120, "num_attention_heads": 40, "attention_chunk_size": 8192,
+              "no_rope_layers": [1, 2]}
     with pytest.raises(UserInputError, match=r"no_rope_layers.*2 flags"):
         model_kv_layout(llama4, block_size=16)
 

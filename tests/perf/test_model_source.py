@@ -171,19 +171,31 @@ def test_glm45_is_gqa_over_deepseek_style_experts() -> None:
     assert (spec.active_params_per_token() - spec.embedding_params()) / 1e9 == pytest.approx(32.9, rel=0.03)
 
 
-@pytest.mark.parametrize(("model_id", "needle"), [
-    ("Qwen/Qwen3-Next-80B-A3B-Instruct", "hybrid linear attention"),
-])
-def test_refused_architectures_say_why(model_id: str, needle: str) -> None:
-    with pytest.raises(ValueError) as info:
-        load_model_spec(CONFIGS / f"{model_id.replace('/', '--')}.json", model_id)
-    assert needle in str(info.value) and model_id in str(info.value)
+def test_qwen3_next_reads_its_linear_layers() -> None:
+    # config.json: 48 layers, a full-attention layer every 4th (full_attention_interval 4).
+    spec = load_model_spec(CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Instruct.json",
+                           "Qwen/Qwen3-Next-80B-A3B-Instruct")
+    assert spec.hybrid is not None and (spec.num_layers, spec.hybrid.num_linear_layers) == (48, 36)
 
 
 @needs_bundled
-def test_deepseek_v32_is_refused_for_its_sparse_attention() -> None:
-    with pytest.raises(ValueError, match=r"DeepSeek-V3.2: model_type='deepseek_v32'.*lightning indexer"):
-        get_model("deepseek-ai/DeepSeek-V3.2")
+def test_qwen3_5_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match=r"Qwen3.5-27B: model_type='qwen3_5'.*hybrid linear attention"):
+        get_model("Qwen/Qwen3.5-27B")
+
+
+@needs_bundled
+def test_deepseek_v32_reads_with_its_indexer() -> None:
+    # config.json: 61 MLA layers, index_topk 2048, index_n_heads 64, index_head_dim 128.
+    spec = get_model("deepseek-ai/DeepSeek-V3.2")
+    assert spec.is_mla and spec.num_layers == 61 and spec.hybrid is not None
+    assert (spec.hybrid.index_topk, spec.hybrid.index_n_heads, spec.hybrid.index_head_dim) == (2048, 64, 128)
+
+
+@needs_bundled
+def test_glm5_is_refused_for_its_sparse_attention() -> None:
+    with pytest.raises(ValueError, match=r"GLM-5-NVFP4: model_type='glm_moe_dsa'.*DeepSeek Sparse Attention"):
+        get_model("nvidia/GLM-5-NVFP4")
 
 
 # -- the checkpoint's own format -----------------------------------------------------

@@ -316,7 +316,9 @@ def test_supported_model_types() -> None:
                                           "chatglm",
                                           # issue 37: vision-language models' language models
                                           "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl_text",
-                                          "qwen3_vl_moe_text"}
+                                          "qwen3_vl_moe_text",
+                                          # issue 37: hybrid models whose KV cache is planned as vLLM's
+                                          "llama4_text", "deepseek_v32", "qwen3_next"}
 
 
 # -- spec validation ---------------------------------------------------------------

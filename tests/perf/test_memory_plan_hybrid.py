@@ -1,0 +1,82 @@
+"""The simulator's memory plan (kvsched.perf.memory.kv_cache_plan) for the
+hybrid models it runs, against vLLM's own planning code: the goldens of
+tests/conformance/kv_planning (vLLM 0.33 and 0.34's get_kv_cache_groups /
+get_kv_cache_config_from_groups) at the hybrid-manager setting vLLM
+resolves by default. Llama 4's chunked local attention turns the hybrid KV
+cache manager off unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE
+is set, so its chunked layers allocate as full attention (one group of 48
+layers); DeepSeek-V3.2's latent and indexer keys form one MLA group;
+Qwen3-Next's Gated DeltaNet layers form Mamba groups, the block size raised
+to hold a state page (its cache mode per prefix caching)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsched.errors import UserInputError
+from kvsched.perf.memory import kv_cache_plan, scheduler_kv_groups
+from kvsched.perf.model_parsers import model_spec_from_config
+from kvsched.perf.step_time import kv_cache_dtype_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDENS = REPO / "tests" / "conformance" / "kv_planning"
+# vLLM's default --disable-hybrid-kv-cache-manager per model (its VllmConfig
+# post-init): on for chunked local attention, off otherwise.
+DEFAULT_DISABLE = {"meta-llama/Llama-4-Scout-17B-16E-Instruct": True, "deepseek-ai/DeepSeek-V3.2": False,
+                   "Qwen/Qwen3-Next-80B-A3B-Instruct": False}
+
+
+def _cases() -> list[pytest.ParameterSet]:
+    out = []
+    for release in ("0_33", "0_34"):
+        data = json.loads((GOLDENS / f"vllm_{release}.json").read_text())
+        for result in data["results"]:
+            c = result["case"]
+            default = DEFAULT_DISABLE.get(c["model"])
+            if (default is not None and c["disable_hybrid_kv_cache_manager"] == default
+                    and c["num_gpu_blocks_override"] is None
+                    and (c["kv_cache_dtype"] == "auto" or "V3.2" not in c["model"])):
+                name = c["model"].split("/")[1]
+                apc = "apc" if c["enable_prefix_caching"] else "noapc"
+                out.append(pytest.param(result, id=f"{release}-{name}-bs{c['block_size']}-"
+                                                   f"tp{c['tensor_parallel_size']}-{c['available_bytes']}-{apc}-"
+                                                   f"{c['kv_cache_dtype']}"))
+    return out
+
+
+@pytest.mark.parametrize("result", _cases())
+def test_memory_plan_is_vllms_default_plan(result: dict) -> None:
+    case, want = result["case"], result["vllm"]
+    model = model_spec_from_config(json.loads((REPO / case["config"]).read_text()), case["model"])
+    plan = kv_cache_plan(model, model.num_layers, model.num_sliding_layers, case["block_size"],
+                         case["tensor_parallel_size"], kv_cache_dtype_bytes(case["kv_cache_dtype"]), 0,
+                         float(case["available_bytes"]), enable_prefix_caching=case["enable_prefix_caching"],
+                         max_model_len=case["max_model_len"])
+    assert plan.num_blocks == want["num_blocks"]
+    assert [(g.kind, g.num_layers, g.block_size, g.bytes_per_block) for g in plan.groups] == \
+        [(g["kind"], g["num_layers"], g["block_size"], g["bytes_per_block"]) for g in want["groups"]]
+    mamba = plan.mamba
+    got = ((mamba.mamba_cache_mode, mamba.mamba_block_size, mamba.mamba_page_size_padded, mamba.block_size)
+           if mamba is not None else (None, None, None, case["block_size"]))
+    assert got == (want["mamba_cache_mode"], want["mamba_block_size"], want["mamba_page_size_padded"],
+                   want["attention_block_size"])
+    groups = scheduler_kv_groups(plan, case["block_size"])
+    if mamba is None:
+        # One full-attention (or MLA) group of the block size: the scheduler's plain KV cache manager.
+        assert groups == ()
+    else:
+        assert [g.kind for g in groups] == ["mamba"] * 3 + ["full_attention"]
+
+
+def test_cases_cover_both_models() -> None:
+    assert {p.values[0]["case"]["model"] for p in _cases()} == set(DEFAULT_DISABLE)
+
+
+def test_deepseek_v32_fp8_kv_is_refused_in_the_memory_plan() -> None:
+    data = json.loads((REPO / "tests/perf/data/hf_configs/deepseek-ai--DeepSeek-V3.2.json").read_text())
+    model = model_spec_from_config(data, "deepseek-ai/DeepSeek-V3.2")
+    with pytest.raises(UserInputError, match=r"--kv-cache-dtype.*fp8_ds_mla.*--kv-cache-dtype auto"):
+        kv_cache_plan(model, model.num_layers, 0, 64, 8, 1, 0, 1e10)
