@@ -223,6 +223,14 @@ def image_placeholder(spec: VisionSpec, height: int, width: int) -> ImagePlaceho
     return ImagePlaceholder(tokens, encoded * per_tile, encoded * (side * side + 1))
 
 
+def max_image_embeds(spec: VisionSpec) -> int:
+    """Encoder outputs of the largest image the model's processor makes:
+    vLLM's profiling image (the most features), here a square image at the
+    largest side, which the processor scales down to its pixel cap (Qwen),
+    tiles to its tile cap (Llama 4) or always resizes (Gemma 3)."""
+    return image_placeholder(spec, MAX_IMAGE_SIDE, MAX_IMAGE_SIDE).num_embeds
+
+
 @dataclass(frozen=True, slots=True)
 class EncoderWork:
     """FLOPs and activation bytes of the encoder on a set of images."""
@@ -360,6 +368,13 @@ class EncoderPricer:
     bandwidth: float
     tensor_parallel_size: int = 1
     kernel_latency_s: float = 0.0
+
+    def max_tokens_per_item(self) -> dict[str, int]:
+        """The scheduler's ``mm_max_tokens_per_item`` (vLLM sizes the encoder
+        budget and cache from it): the embeddings of the largest image the
+        processor makes (:func:`max_image_embeds`). Images only: a
+        video-capable model's cache in vLLM may be sized by its video."""
+        return {"image": max_image_embeds(self.spec)}
 
     def seconds(self, patches: Sequence[int]) -> float:
         """The encoder's seconds on images of these patch counts (0 if none)."""

@@ -47,7 +47,6 @@ from kvsched.perf.lora import LoraPricer, LoraStats
 from kvsched.perf.step_time import BatchShape
 from kvsched.perf.vision import EncoderPricer
 from kvsched.request import Request, RequestStatus, SamplingParams
-from kvsched.sim.encoder import items_encoded
 from kvsched.sim.kv_transfer import KVWorker
 from kvsched.sim.metrics import (
     DEFAULT_PERCENTILE_METRICS,
@@ -386,12 +385,15 @@ class Rank:
                                runner_inputs=connector_of_type(kv_connector, OffloadingConnector) is not None,
                                speculative_config=speculative.core_config() if speculative else None,
                                kv_connector=kv_connector,
-                               lora_config=LoRAConfig(lora.cost.max_loras) if lora is not None else None)
+                               lora_config=LoRAConfig(lora.cost.max_loras) if lora is not None else None,
+                               mm_max_tokens_per_item=encoder.max_tokens_per_item()
+                               if encoder is not None else None)
         # LoRA: the adapter caches and the GPU seconds each step adds
         # (kvsched.perf.lora); None: off.
         self.lora = lora
-        # The vision encoder's pricer (None: a text-only model; the
-        # images a step encodes are kvsched.sim.encoder.items_encoded's).
+        # The vision encoder's pricer (None: a text-only model): requests
+        # then carry their images, the scheduler keeps vLLM's encoder budget
+        # and cache, and a step prices the encoder inputs it scheduled.
         self.encoder = encoder
         # A KV connector's scheduler side (in the scheduler) and its worker
         # side in simulated time (kvsched.sim.kv_transfer); both or neither.
@@ -484,7 +486,7 @@ class Rank:
             if pos < spec.output_len - 1:
                 eos_index = pos
         params = self._sampling_params(max_tokens, eos_index >= 0)
-        request = spec.to_request(params, arrival_time)
+        request = spec.to_request(params, arrival_time, with_mm=self.encoder is not None)
         if kv_transfer_params is not None:
             nixl = connector_of_type(self.kv_connector, NixlConnector)
             if nixl is None:
@@ -630,23 +632,20 @@ class Rank:
                            decode_kv, prefill, prefill_kv, pairs, spec_tokens, spec_keys)
         if self.lora is not None:
             shape.lora_gpu_s = self._lora_seconds(num_sched)
-        if self.encoder is not None and prefill:
-            shape.encoder_gpu_s = self._encoder_seconds(num_sched)
+        if self.encoder is not None and out.scheduled_encoder_inputs:
+            shape.encoder_gpu_s = self._encoder_seconds(out.scheduled_encoder_inputs)
         return shape, lives, drafts
 
-    def _encoder_seconds(self, num_sched: dict[str, int]) -> float:
-        """GPU seconds the vision encoder adds to a batch: the images its
-        prefill chunks reach (:func:`kvsched.sim.encoder.items_encoded`)."""
+    def _encoder_seconds(self, encoder_inputs: dict[str, list[int]]) -> float:
+        """GPU seconds the vision encoder adds to a batch: the items the
+        scheduler scheduled for encoding (vLLM's
+        ``scheduled_encoder_inputs``, by index into the request's items)."""
         assert self.encoder is not None
-        requests = self.sched.requests
         live = self.live
         patches: list[int] = []
-        for rid, n_new in num_sched.items():
-            lv = live.get(rid)
-            if lv is None or not lv.spec.mm_items:
-                continue
-            c = requests[rid].num_computed_tokens - n_new
-            patches += [item.num_patches for item in items_encoded(lv.spec.mm_items, c, n_new)]
+        for rid, indices in encoder_inputs.items():
+            items = live[rid].spec.mm_items
+            patches += [items[i].num_patches for i in indices]
         return self.encoder.seconds(patches)
 
     def _lora_seconds(self, num_sched: dict[str, int]) -> float:

@@ -167,9 +167,10 @@ def build_workload(spec: WorkloadSpec, model: str | None = None,
             assert spec.burstiness is not None
             workload = repaced(workload, spec.request_rate, spec.burstiness, spec.seed)
     if spec.dataset_name in MM_DATASETS and notes is not None:
-        notes.append("images: the vision encoder is priced on the roofline (kvsched.perf.vision) in the step "
-                     "whose prefill chunk reaches each image; not modelled yet: the encoder cache (an image "
-                     "sent again is encoded again) and the vision tower's weights in GPU memory")
+        notes.append("images: the scheduler runs vLLM's encoder path (encoder budget and cache "
+                     "sized from the largest image; images only, video not counted) and each "
+                     "scheduled image's encoder is priced on the roofline (kvsched.perf.vision); "
+                     "not modelled yet: the vision tower's weights in GPU memory")
     if spec.time_scale != 1.0:
         last = workload.last_arrival_time * spec.time_scale
         if last > MAX_ARRIVAL_TIME:

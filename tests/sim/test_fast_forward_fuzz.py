@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from kvsched.sim.simulator import SimConfig, Simulator
 from kvsched.sim.workload import (
     HASH_BLOCK_TOKEN_BASE,
     UNIQUE_TOKEN_BASE,
+    MMItem,
     Workload,
     WorkloadRequest,
     random_workload,
@@ -93,6 +95,39 @@ def trace_workloads(draw: st.DrawFn, max_concurrency: int | None) -> Workload:
     return Workload("trace", tuple(requests), max_concurrency)
 
 
+# Images of a vision-language model: an identifier always names the same
+# image (vLLM's mm hash), so its length is fixed; requests share them.
+IMAGES = {"img-0": 16, "img-1": 40, "img-2": 64}
+
+
+class _Encoder:
+    """A vision encoder's pricer: a cost per image and per patch."""
+
+    def max_tokens_per_item(self) -> dict[str, int]:
+        return {"image": max(IMAGES.values())}
+
+    def seconds(self, patches: Sequence[int]) -> float:
+        return 2e-4 * len(patches) + 1e-7 * sum(patches)
+
+
+@st.composite
+def with_images(draw: st.DrawFn, workload: Workload) -> Workload:
+    """Images placed in some prompts, apart, inside the prompt."""
+    requests = []
+    for r in workload.requests:
+        items: list[MMItem] = []
+        at = draw(st.integers(0, 40))
+        for _ in range(draw(st.integers(0, 2))):
+            name = draw(st.sampled_from(sorted(IMAGES)))
+            length = IMAGES[name]
+            if at + length > r.num_prompt_tokens:
+                break
+            items.append(MMItem(name, "image", at, length, length, 4 * length, 64, 64))
+            at += length + draw(st.integers(0, 30))
+        requests.append(dataclasses.replace(r, mm_items=tuple(items)))
+    return dataclasses.replace(workload, requests=tuple(requests))
+
+
 @st.composite
 def workloads(draw: st.DrawFn) -> Workload:
     max_concurrency = draw(st.one_of(st.none(), st.integers(1, 8)))
@@ -130,6 +165,7 @@ class Case:
     workload: Workload
     backend: str = "roofline"  # "roofline", "measured", "measured-host" (host terms on), "profiled"
     offload: OffloadConfig | None = None  # KV offloading to CPU (vLLM's OffloadingConnector)
+    images: bool = False      # a vision-language model: images through the encoder path
 
 
 @st.composite
@@ -173,8 +209,14 @@ def cases(draw: st.DrawFn) -> Case:
                                 bytes_per_block=draw(st.sampled_from([1 << 14, 1 << 17, 1 << 21])),
                                 tensor_parallel_size=1, host_link_bw=draw(st.sampled_from([1e9, 5e10])))
     backend = draw(st.sampled_from(["roofline", "measured", "measured-host", "profiled"]))
+    workload = draw(workloads())
+    # Images: one engine with a trace's requests, a quarter of the time
+    # (an encoder budget and cache in the scheduler, encoder time in steps).
+    images = kind == "single" and isinstance(workload.requests, tuple) and draw(st.integers(0, 3)) == 0
+    if images:
+        workload = draw(with_images(workload))
     return Case(kind, size, router, policy, interval, sched, cache, eos, draw(st.integers(0, 99)),
-                draw(workloads()), backend, offload)
+                workload, backend, offload, images)
 
 
 def _lockstep_model(size: int, backend: str) -> StepTimeModel:
@@ -226,7 +268,8 @@ def run_case(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
         config = SimConfig(case.sched, case.cache, _dense_model(case.backend), eos_probability=case.eos,
                            seed=case.seed,
                            fast_forward=fast_forward, prefill_schedule_interval=case.interval,
-                           keep_token_times=True, offload=case.offload)
+                           keep_token_times=True, offload=case.offload,
+                           encoder=_Encoder() if case.images else None)  # type: ignore[arg-type]
         sim = Simulator(config, case.workload)
         result = sim.run()
         state = {"result": _snapshot(result), "kv": _kv_state(sim.sched), "clock": sim.now}
@@ -292,6 +335,19 @@ def test_the_fuzzer_reaches_fast_forward() -> None:
         assert jumps > 0, (kind, config.async_scheduling)
         assert jumped == stepped
         assert jumped == stepped, kind
+    # With images (the scheduler's encoder path; images shared by requests):
+    # the scheduler keeps its general path there, so these runs step (no
+    # jumps yet); fast-forward must still change nothing.
+    pictured = Workload("images", tuple(
+        WorkloadRequest(f"m{i}", 0.01 * i, ((UNIQUE_TOKEN_BASE + i, 150),), 80,
+                        mm_items=(MMItem(f"img-{i % 3}", "image", 20, IMAGES[f"img-{i % 3}"],
+                                         IMAGES[f"img-{i % 3}"], 64, 64, 64),))
+        for i in range(12)))
+    for config in (sched, async_sched):
+        case = Case("single", 1, "round-robin", "none", 1, config, cache, 0.0, 0, pictured, images=True)
+        stepped, _ = run_case(case, fast_forward=False)
+        jumped, _ = run_case(case, fast_forward=True)
+        assert jumped == stepped, ("images", config.async_scheduling)
     # With KV offloading (its connector and timed worker) too, with a CPU
     # cache small enough to evict.
     offload = OffloadConfig(size_gib=1.0, num_cpu_blocks=8, bytes_per_block=1 << 17, tensor_parallel_size=1,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,3 +93,43 @@ def test_a_text_workload_needs_no_vision_tower() -> None:
                    ).with_engine(model=MODEL, hardware="h100")
     prepared = prepare(spec)
     assert sim_config(prepared.deployment, spec).encoder is None
+
+
+class _CountingPricer:
+    """The run's encoder pricer, noting the patches of every step it prices."""
+
+    def __init__(self, pricer: Any) -> None:
+        self.pricer = pricer
+        self.calls: list[list[int]] = []
+
+    def max_tokens_per_item(self) -> dict[str, int]:
+        return dict(self.pricer.max_tokens_per_item())
+
+    def seconds(self, patches: Sequence[int]) -> float:
+        self.calls.append(list(patches))
+        return float(self.pricer.seconds(patches))
+
+
+@needs_bundled
+@pytest.mark.parametrize("shared", [False, True])
+def test_an_image_sent_twice_is_encoded_once(shared: bool) -> None:
+    """vLLM's encoder cache is keyed by the image's hash: a second request
+    with the same image, while the first's output is cached, encodes
+    nothing; a different image is encoded again."""
+    spec = RunSpec(workload=WorkloadSpec(dataset_name="random-mm", num_prompts=2, random_input_len=100,
+                                         random_output_len=4, seed=0, request_rate=1.0,
+                                         random_mm_bucket_config="{(720, 1280, 1): 1.0}")
+                   ).with_engine(model=MODEL, hardware="h100")
+    prepared = prepare(spec)
+    first, second = prepared.accepted.requests
+    (image,) = first.mm_items
+    if shared:
+        moved = dataclasses.replace(image, offset=second.mm_items[0].offset)
+        second = dataclasses.replace(second, mm_items=(moved,))
+    workload = dataclasses.replace(prepared.accepted, requests=(first, second))
+    config = sim_config(prepared.deployment, spec)
+    counting = _CountingPricer(config.encoder)
+    Simulator(dataclasses.replace(config, encoder=counting), workload).run()
+    encoded = [p for call in counting.calls for p in call]
+    # 720x1280 -> 44 x 80 patches per image.
+    assert encoded == ([44 * 80] if shared else [44 * 80, 44 * 80])

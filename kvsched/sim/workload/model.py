@@ -16,7 +16,7 @@ from typing import overload
 
 from kvsched.errors import UserInputError
 from kvsched.jsonfile import show
-from kvsched.request import Request, SamplingParams, TokenRuns
+from kvsched.request import MultiModalFeature, Request, SamplingParams, TokenRuns
 from kvsched.sim.workload.arrivals import arrival_times_of_rate
 from kvsched.sim.workload.limits import (
     MAX_ARRIVAL_TIME,
@@ -65,6 +65,17 @@ class MMItem:
         if self.num_embeds > self.length:
             raise UserInputError(f"{where}: num_embeds={self.num_embeds} exceeds its length={self.length} "
                                  "(the embeddings are placeholder tokens)")
+
+    def feature(self) -> MultiModalFeature:
+        """The item as the scheduler's multimodal feature. Where the
+        placeholder holds tokens that get no embedding (Gemma 3's and
+        Llama 4's markers), the embeddings are taken as one run in its
+        middle: only a chunk cut inside the item reads where they lie."""
+        mask = None
+        if self.num_embeds < self.length:
+            before = (self.length - self.num_embeds) // 2
+            mask = [before <= i < before + self.num_embeds for i in range(self.length)]
+        return MultiModalFeature(self.identifier, self.offset, self.length, self.modality, mask)
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,13 +147,16 @@ class WorkloadRequest:
             tokens += [token] * count
         return tokens
 
-    def to_request(self, params: SamplingParams, arrival_time: float) -> Request:
+    def to_request(self, params: SamplingParams, arrival_time: float, with_mm: bool = False) -> Request:
         """The scheduler's Request for this prompt: its runs as they are (no
         token list, so a waiting request stays small), marked private when
-        :func:`prompt_shares_nothing` says so."""
+        :func:`prompt_shares_nothing` says so; with ``with_mm`` its items
+        as the scheduler's multimodal features (a scheduler with an encoder)."""
+        features = tuple(item.feature() for item in self.mm_items) if with_mm else ()
         return Request(self.request_id, TokenRuns(self.prompt_runs, None, self.num_prompt_tokens),
                        params, arrival_time=arrival_time,
-                       private=prompt_shares_nothing(self.prompt_runs), lora_id=self.lora_id)
+                       private=not features and prompt_shares_nothing(self.prompt_runs),
+                       lora_id=self.lora_id, mm_features=features)
 
 
 def _check_items(where: str, items: object, num_prompt_tokens: int) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from kvsched.errors import UserInputError
 from kvsched.perf.vision import vision_spec_from_config
-from kvsched.sim.encoder import items_encoded
+from kvsched.request import SamplingParams
 from kvsched.sim.workload.bench.random_mm import (
     RandomMMSample,
     draw_random_mm,
@@ -108,12 +108,18 @@ def test_the_server_prompt_holds_the_text_then_each_image_with_its_markers() -> 
     assert shared.requests[0].prompt_runs == ((SHARED_TEXT_TOKEN_BASE, 42), (UNIQUE_TOKEN_BASE, 75))
 
 
-def test_a_step_encodes_the_items_its_chunk_reaches_first() -> None:
-    items = (MMItem("a", "image", 10, 64, 64, 256, 256, 256), MMItem("b", "image", 80, 20, 20, 80, 64, 80))
-    assert items_encoded(items, 0, 10) == []
-    assert items_encoded(items, 0, 11) == [items[0]]
-    assert items_encoded(items, 11, 100) == [items[1]]  # "a" began in an earlier chunk
-    assert items_encoded(items, 0, 200) == list(items)
+def test_the_scheduler_request_carries_the_items_with_an_encoder_only() -> None:
+    items = (MMItem("a", "image", 10, 64, 64, 256, 256, 256),
+             MMItem("b", "image", 80, 260, 256, 4096, 896, 896))
+    request = WorkloadRequest("r", 0.0, ((SHARED_TEXT_TOKEN_BASE, 400),), 5, mm_items=items)
+    params = SamplingParams(max_tokens=5)
+    assert request.to_request(params, 0.0).mm_features == ()
+    features = request.to_request(params, 0.0, with_mm=True).mm_features
+    assert [(f.identifier, f.offset, f.length, f.num_embeds) for f in features] == [
+        ("a", 10, 64, 64), ("b", 80, 260, 256)]
+    assert features[0].is_embed is None
+    # Gemma 3's markers: two tokens each side of the 256 embeddings.
+    assert features[1].is_embed == (False,) * 2 + (True,) * 256 + (False,) * 2
 
 
 def test_items_must_lie_inside_the_prompt_apart() -> None:
