@@ -17,6 +17,11 @@ from kvsched.config import CacheConfig
 from kvsched.core.block_pool import PRIVATE_KEY_BASE, BlockPool
 from kvsched.request import MultiModalFeature, Request, TokenRuns
 
+try:  # mypy's helper: only the compiled build (setup.py) reads its flags
+    from mypy_extensions import mypyc_attr
+except ImportError:
+    from kvsched.core.no_mypyc import mypyc_attr
+
 # Seed of the hash chain: the "parent" of a request's first block.
 _ROOT_HASH = hash("kvsched-prefix-root")
 _NO_BLOCKS: list[int] = []
@@ -41,6 +46,9 @@ class PrefixCacheStats:
     preempted_hits: int = 0
 
 
+# The hybrid manager (kvsched.core.hybrid_kv_cache, interpreted) subclasses
+# it: the compiled build must allow that.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class KVCacheManager:
     __slots__ = ("block_size", "max_model_len", "enable_caching", "block_pool",
                  "req_to_blocks", "num_cached_block", "prefix_cache_stats", "num_private",
