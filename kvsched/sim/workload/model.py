@@ -173,15 +173,6 @@ def _check_items(where: str, items: object, num_prompt_tokens: int) -> None:
                              f"prompt's {num_prompt_tokens}")
 
 
-def encoder_inputs(request: WorkloadRequest) -> tuple[MMItem, ...]:
-    """The one conversion of a workload request's images into what the
-    scheduler's encoder path takes per request (identifier, modality,
-    offset, length; ``num_embeds`` its encoder-cache charge), in prompt
-    order. The scheduler's typed feature is to be built from these where
-    :meth:`WorkloadRequest.to_request` builds the Request."""
-    return request.mm_items
-
-
 def prompt_shares_nothing(runs: PromptRuns) -> bool:
     """The one rule for "this prompt can share no KV block with another
     request": it starts with a request-unique token (``UNIQUE_TOKEN_BASE``

@@ -23,7 +23,7 @@ from kvsched.sim.workload.bench.random_mm import (
     random_mm_workload,
     skip_byte_draws,
 )
-from kvsched.sim.workload.model import MMItem, WorkloadRequest, encoder_inputs
+from kvsched.sim.workload.model import MMItem, WorkloadRequest
 from kvsched.sim.workload.tokenizer import read_tokenizer
 from kvsched.sim.workload.tokens import SHARED_TEXT_TOKEN_BASE, UNIQUE_TOKEN_BASE
 
@@ -101,7 +101,6 @@ def test_the_server_prompt_holds_the_text_then_each_image_with_its_markers() -> 
     assert first.num_prompt_tokens == 12 + 100 + 66 + 882 + 5
     assert first.prompt_runs == ((SHARED_TEXT_TOKEN_BASE, 12), (UNIQUE_TOKEN_BASE, 100 + 66 + 882 + 5))
     assert first.mm_items[0].identifier != first.mm_items[1].identifier
-    assert encoder_inputs(first) == first.mm_items
     assert second.mm_items == () and second.num_prompt_tokens == 12 + 50 + 5
     # --random-prefix-len: the template and the common prefix are one shared run.
     shared = random_mm_workload([RandomMMSample(100, 7, (), 30)], vision, (12, 5), float("inf"), 1.0, 0, None)
