@@ -100,7 +100,9 @@ def layer_spec(model: ModelSpec) -> ModelSpec:
     layer is a V3.2 decoder layer)."""
     hybrid = model.hybrid
     if hybrid is not None:
-        hybrid = dataclasses.replace(hybrid, num_linear_layers=0, num_mamba_layers=0, num_chunked_layers=0)
+        # vLLM's MTP layer always builds its own indexer, whatever the target's sharing.
+        hybrid = dataclasses.replace(hybrid, num_linear_layers=0, num_mamba_layers=0, num_chunked_layers=0,
+                                     num_shared_index_layers=0)
     return dataclasses.replace(model, name=f"{model.name} (drafter layer)", num_layers=1,
                                first_k_dense_layers=0,
                                intermediate_size=0 if model.is_moe else model.intermediate_size,

@@ -265,6 +265,15 @@ class Hardware:
             return "other"
         return "cuda"
 
+    @property
+    def sm100_family(self) -> bool:
+        """A datacenter Blackwell GPU (B200, GB200, B300, GB300: CUDA compute
+        capability 10.x, vLLM's ``is_device_capability_family(100)``), read
+        from its name as :attr:`platform` is. vLLM picks other sparse MLA
+        backends there, and GLM-5 an fp8 KV cache under ``auto``
+        (kvsched.perf.kv_cache_planning)."""
+        return self.platform == "cuda" and re.search(r"\bG?B[23]00\b", self.name.upper()) is not None
+
     def scaleup_bw_for_group(self, group_size: int) -> float:
         """Per-direction scale-up bandwidth one device can use in a collective of ``group_size``.
 

@@ -15,12 +15,15 @@ builds them from ``config.json``:
   only to the tokens of its own ``attention_chunk_size`` chunk; priced as a
   window of the chunk size over the batch's aggregates (an upper bound:
   exact while every context is within its first chunk);
-- **DeepSeek Sparse Attention** (DeepSeek-V3.2): every MLA layer's
+- **DeepSeek Sparse Attention** (DeepSeek-V3.2, GLM-5): an MLA layer's
   lightning indexer scores the whole context (``index_n_heads`` heads of
   ``index_head_dim``, FP8 keys with a 4-byte scale), then attention runs
   over the ``index_topk`` best keys only
   (:func:`kvsched.perf.step_time.sparse_shape` caps the batch's attention
-  aggregates at top-k keys per query).
+  aggregates at top-k keys per query). ``num_shared_index_layers`` of the
+  layers build no indexer (GLM-5.2's ``indexer_types`` "shared"): they
+  attend over the top-k the closest indexer layer before them picked, so
+  they have no indexer weights, cost or key cache.
 
 - **Mamba-2** (SSD: Nemotron-H, Nemotron-3): like linear attention, a
   per-request state (``num_heads x head_dim x state_size`` plus the
@@ -76,6 +79,7 @@ class HybridLayers:
     index_topk: int = 0
     index_n_heads: int = 0
     index_head_dim: int = 0
+    num_shared_index_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -90,6 +94,10 @@ class HybridLayers:
                                  "mamba_conv_kernel", "mamba_chunk_size"),
             "index_topk": ("index_n_heads", "index_head_dim"),
         }
+        if self.num_shared_index_layers and not self.index_topk:
+            raise UserInputError(f"HybridLayers num_shared_index_layers={self.num_shared_index_layers}: "
+                                 "layers sharing an indexer's top-k need DeepSeek Sparse Attention "
+                                 "(index_topk > 0)")
         for count, shape in groups.items():
             if getattr(self, count):
                 for name in shape:

@@ -400,6 +400,11 @@ NEMOTRON_H_SSM_DTYPE = "float32"
 # values per token with one float32 scale per 128 values (vLLM's Indexer:
 # quant_block_size 128, a uint8 cache of head_dim + head_dim // 128 * 4 bytes).
 INDEXER_QUANT_BLOCK = 128
+# vLLM's fp8_ds_mla row, the fp8 latent of FlashMLA's sparse kernels
+# (MLAAttention.get_kv_cache_spec's state_content_bytes): per token the
+# kv_lora_rank values in fp8, a float32 scale per 128 of them, and the RoPE
+# part left 16-bit: 512 + 4 * 4 + 64 * 2 = 656 bytes (DeepSeek-V3.2, GLM-5).
+FP8_DS_MLA_QUANT_BLOCK = 128
 # model_types read here beside those kvsched.perf.model_parsers parses
 # (a multimodal wrapper's text_config is read).
 HYBRID_MODEL_TYPES = ("nemotron_h",)
@@ -421,9 +426,26 @@ def kv_heads_per_rank(kv_heads: int, tensor_parallel_size: int) -> int:
     return max(1, kv_heads // tensor_parallel_size)
 
 
+def sparse_mla_bytes_per_token(model: ModelSpec, kv_cache_bytes: int, fp8_ds_mla: bool) -> int:
+    """One DeepSeek Sparse Attention layer's latent bytes per token: the
+    16-bit latent with ``kv_cache_bytes`` 2; with an fp8 cache (1) vLLM's
+    fp8_ds_mla row when the sparse backend is FlashMLA's (``fp8_ds_mla``:
+    vLLM's pick for an fp8 cache on Hopper, where FlashAttention's sparse
+    MLA takes no fp8), else one byte per value (FlashInfer's sparse MLA,
+    its first pick on Blackwell, keeps the plain fp8 latent)."""
+    if kv_cache_bytes not in (1, 2):
+        raise UserInputError(f"{model.name}: kv_cache_dtype of {kv_cache_bytes} byte(s) (--kv-cache-dtype) "
+                             "with DeepSeek Sparse Attention: vLLM's sparse MLA takes a 16-bit or an fp8 "
+                             "cache; use --kv-cache-dtype auto or fp8")
+    if kv_cache_bytes == 1 and fp8_ds_mla:
+        rank, rope = model.kv_lora_rank, model.qk_rope_head_dim
+        return rank + rank // FP8_DS_MLA_QUANT_BLOCK * 4 + rope * 2
+    return int(model.kv_bytes_per_layer_per_rank(kv_cache_bytes, 1))
+
+
 def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size: int, kv_cache_bytes: int,
                       num_layers: int | None = None, num_sliding_layers: int | None = None,
-                      extra_full_layers: int = 0) -> tuple[LayerSpec, ...]:
+                      extra_full_layers: int = 0, fp8_ds_mla: bool = True) -> tuple[LayerSpec, ...]:
     """The layers of a model kvsched prices (full attention, MLA, sliding
     window; Llama 4's chunked local attention; DeepSeek-V3.2's indexer), or
     of ``num_layers`` of them (``num_sliding_layers`` sliding: one PP stage;
@@ -434,10 +456,13 @@ def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size
     Sliding and chunked layers come first when there are any (layer 0
     slides in gpt-oss and Gemma, is chunked in Llama 4): vLLM orders its
     groups by each spec's first layer, and the round-robin split only
-    counts layers. DeepSeek Sparse Attention gives every MLA layer a second
-    spec, its indexer's key cache (vLLM's Indexer: fp8 keys of
-    ``index_head_dim`` bytes and a float32 scale per 128 of them per token,
-    replicated on every rank as the latent is)."""
+    counts layers. DeepSeek Sparse Attention gives each MLA layer with an
+    indexer a second spec, its indexer's key cache (vLLM's Indexer: fp8
+    keys of ``index_head_dim`` bytes and a float32 scale per 128 of them per
+    token, replicated on every rank as the latent is); a layer reusing
+    another's top-k has none (vLLM builds no indexer there). Its latent in
+    an fp8 cache is :func:`sparse_mla_bytes_per_token`'s (``fp8_ds_mla``:
+    FlashMLA's sparse backend's row)."""
     layers = model.num_layers if num_layers is None else num_layers
     sliding_layers = model.num_sliding_layers if num_sliding_layers is None else num_sliding_layers
     hybrid = model.hybrid
@@ -457,23 +482,20 @@ def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size
         if hybrid is not None else ()
     full_layers = layers - sliding_layers - chunked_layers
     if hybrid is not None and hybrid.index_topk:
-        if kv_cache_bytes != 2:
-            raise UserInputError(
-                f"{model.name}: kv_cache_dtype of {kv_cache_bytes} byte(s) (--kv-cache-dtype) with DeepSeek "
-                "Sparse Attention (DeepSeek-V3.2): vLLM keeps its fp8 latent as fp8_ds_mla (fp8 values, "
-                "their scales and a 16-bit RoPE part per token), which kvsched does not plan; use "
-                "--kv-cache-dtype auto")
+        latent = LayerSpec(MLA, block_size, sparse_mla_bytes_per_token(model, kv_cache_bytes, fp8_ds_mla))
         index_dim = hybrid.index_head_dim
         indexer = LayerSpec(MLA, block_size, index_dim + index_dim // INDEXER_QUANT_BLOCK * 4)
-        # A drafter layer is a copy of the target's (kvsched.perf.drafter.layer_spec),
-        # as vLLM's DeepSeek MTP layer is, indexer included (deepseek_mtp.py).
-        return sliding + chunked + (full, indexer) * (full_layers + extra_full_layers)
+        # A stage's share of the layers that reuse another's top-k, rounded down.
+        shared = hybrid.num_shared_index_layers * full_layers // model.num_layers
+        # A drafter layer is a copy of the target's (kvsched.perf.drafter.layer_spec), as
+        # vLLM's MTP layer is, indexer included: an MTP layer always builds one.
+        return ((latent, indexer) * (full_layers - shared + extra_full_layers) + (latent,) * shared)
     return sliding + chunked + (full,) * (full_layers + extra_full_layers)
 
 
 def model_spec_kv_layout(model: ModelSpec, *, block_size: int, tensor_parallel_size: int, kv_cache_bytes: int,
                          enable_prefix_caching: bool, max_model_len: int,
-                         extra_full_layers: int = 0) -> ModelKVLayout:
+                         extra_full_layers: int = 0, fp8_ds_mla: bool = True) -> ModelKVLayout:
     """A ModelSpec's per-layer KV specs with the attention block size vLLM
     runs it at: :func:`model_spec_layers`' for attention-only models (the
     block size as given), and for a Gated DeltaNet hybrid (Qwen3-Next) its
@@ -493,7 +515,8 @@ def model_spec_kv_layout(model: ModelSpec, *, block_size: int, tensor_parallel_s
         return ModelKVLayout(model_spec_layers(model, block_size=block_size,
                                                tensor_parallel_size=tensor_parallel_size,
                                                kv_cache_bytes=kv_cache_bytes,
-                                               extra_full_layers=extra_full_layers), block_size)
+                                               extra_full_layers=extra_full_layers, fp8_ds_mla=fp8_ds_mla),
+                             block_size)
     tp = tensor_parallel_size
     for name, heads in (("linear_num_key_heads", h.linear_num_key_heads),
                         ("linear_num_value_heads", h.linear_num_value_heads)):
@@ -520,7 +543,8 @@ def model_spec_kv_layout(model: ModelSpec, *, block_size: int, tensor_parallel_s
 
 def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel_size: int = 1,
                     kv_cache_bytes: int = 2, enable_prefix_caching: bool = True,
-                    max_model_len: int | None = None, source: str = "config.json") -> ModelKVLayout:
+                    max_model_len: int | None = None, source: str = "config.json",
+                    fp8_ds_mla: bool = True) -> ModelKVLayout:
     """The per-layer KV cache specs vLLM's model classes declare for the
     config.json ``data`` on one of ``tensor_parallel_size`` ranks,
     ``kv_cache_bytes`` per KV value (2: "auto" on a 16-bit model; 1: fp8).
@@ -535,7 +559,8 @@ def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel
         return model_spec_kv_layout(
             model, block_size=block_size, tensor_parallel_size=tp, kv_cache_bytes=kv_cache_bytes,
             enable_prefix_caching=enable_prefix_caching,
-            max_model_len=max_model_len if max_model_len is not None else model.max_position_embeddings)
+            max_model_len=max_model_len if max_model_len is not None else model.max_position_embeddings,
+            fp8_ds_mla=fp8_ds_mla)
     layers = cfg.get_int("num_hidden_layers")
     kv_heads = kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
     per_token = 2 * kv_heads * _head_dim(cfg) * kv_cache_bytes

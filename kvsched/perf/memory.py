@@ -218,7 +218,7 @@ def activation_peak_bytes(model: ModelSpec, parallel: ParallelConfig,
 def kv_cache_plan(model: ModelSpec, num_layers: int, num_sliding_layers: int, block_size: int,
                   tensor_parallel_size: int, kv_bytes: int, drafter_kv_layers: int,
                   free: float, *, enable_prefix_caching: bool = True,
-                  max_model_len: int | None = None) -> KVCachePlan:
+                  max_model_len: int | None = None, fp8_ds_mla: bool = True) -> KVCachePlan:
     """vLLM's KV cache groups and block count for ``num_layers`` layers of
     ``model`` (the whole model, or one PP stage), ``num_sliding_layers`` of
     them sliding, with ``free`` bytes left for KV: one pool of blocks, each
@@ -234,7 +234,11 @@ def kv_cache_plan(model: ModelSpec, num_layers: int, num_sliding_layers: int, bl
     A Gated DeltaNet hybrid (Qwen3-Next) is laid out whole with its Mamba
     state pages (``enable_prefix_caching`` picks the Mamba cache mode,
     ``max_model_len`` the "none" mode's block; default the model's context);
-    the plan's ``mamba`` then says how vLLM sized the blocks."""
+    the plan's ``mamba`` then says how vLLM sized the blocks.
+
+    ``fp8_ds_mla``: DeepSeek Sparse Attention's fp8 latent is FlashMLA's
+    fp8_ds_mla row (vLLM's sparse backend for an fp8 cache off Blackwell;
+    kvsched.perf.kv_cache_planning.sparse_mla_bytes_per_token)."""
     h = model.hybrid
     mamba = None
     if h is not None and h.num_linear_layers:
@@ -247,7 +251,8 @@ def kv_cache_plan(model: ModelSpec, num_layers: int, num_sliding_layers: int, bl
     else:
         layers = model_spec_layers(model, block_size=block_size, tensor_parallel_size=tensor_parallel_size,
                                    kv_cache_bytes=kv_bytes, num_layers=num_layers,
-                                   num_sliding_layers=num_sliding_layers, extra_full_layers=drafter_kv_layers)
+                                   num_sliding_layers=num_sliding_layers, extra_full_layers=drafter_kv_layers,
+                                   fp8_ds_mla=fp8_ds_mla)
     chunked = model.hybrid is not None and model.hybrid.num_chunked_layers > 0
     disable = resolve_disable_hybrid_kv_cache_manager(None, attention_chunk_size=chunked,
                                                       target_hidden_state_drafter=drafter_kv_layers > 0)
@@ -292,7 +297,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     free = room.free_bytes
     kv = kv_cache_plan(model, model.num_layers, model.num_sliding_layers, block_size, tp, kvb,
                        drafter_kv_layers, free, enable_prefix_caching=enable_prefix_caching,
-                       max_model_len=max_model_len)
+                       max_model_len=max_model_len, fp8_ds_mla=not hardware.sm100_family)
     plan = MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, free,
                       kv.bytes_per_block, kv.num_blocks, drafter_bytes, lora_bytes=lora_bytes,
                       extensible=extensible, cuda_graph_bytes=room.cuda_graph_bytes,
@@ -333,8 +338,9 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
     activations = activation_peak_bytes(m, parallel, max_num_batched_tokens, max_num_seqs)
     # vLLM groups the whole model's layers and hands every stage the same
     # groups (each holding that stage's layers); the scheduler sees those.
+    fp8_ds_mla = not hardware.sm100_family
     groups = scheduler_kv_groups(kv_cache_plan(m, m.num_layers, m.num_sliding_layers, block_size, tp, kvb, 0,
-                                               0.0), block_size)
+                                               0.0, fp8_ds_mla=fp8_ds_mla), block_size)
     plans: list[MemoryPlan] = []
     for i, n in enumerate(stage_layers(m.num_layers, pp)):
         weights = per_layer_weights * n + (embedding if i == 0 else 0.0) + (lm_head if i == pp - 1 else 0.0)
@@ -342,7 +348,7 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
         room = device_kv_budget(hardware, gpu_memory_utilization, weights + NON_TORCH_BYTES, activations,
                                 extensible)
         free = room.free_bytes
-        kv = kv_cache_plan(m, n, sliding_layers, block_size, tp, kvb, 0, free)
+        kv = kv_cache_plan(m, n, sliding_layers, block_size, tp, kvb, 0, free, fp8_ds_mla=fp8_ds_mla)
         plans.append(MemoryPlan(room.budget_bytes, weights, activations, NON_TORCH_BYTES, free,
                                 kv.bytes_per_block, kv.num_blocks, 0.0, pp, i, extensible=extensible,
                                 cuda_graph_bytes=room.cuda_graph_bytes, margin_bytes=room.margin_bytes,

@@ -30,7 +30,8 @@ from kvsched.perf.hybrid import HybridLayers
 from kvsched.perf.models import ModelSpec
 
 SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "deepseek_v32", "gemma2",
-                         "gemma3_text", "glm4", "glm4_moe", "gpt_oss", "kimi_k2", "llama", "llama4_text",
+                         "gemma3_text", "glm4", "glm4_moe", "glm_moe_dsa", "gpt_oss", "kimi_k2", "llama",
+                         "llama4_text",
                          "mistral", "mixtral", "phi3", "qwen2", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3",
                          "qwen3_moe", "qwen3_next", "qwen3_vl_moe_text", "qwen3_vl_text")
 
@@ -51,9 +52,6 @@ REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
                    "under Qwen3.5's multimodal wrapper, whose float32 recurrent state (mamba_ssm_dtype) and "
                    "Mamba cache groups kvsched has not checked against vLLM's plan; Qwen3-Next (qwen3_next) "
                    "is planned",
-    "glm_moe_dsa": "DeepSeek Sparse Attention under GLM-5's own config (GlmMoeDsaForCausalLM): its indexer "
-                   "layout (indexer_types, whose 'shared' layers reuse another layer's top-k) and vLLM's KV "
-                   "cache plan for it are not checked; kvsched plans DeepSeek-V3.2's (deepseek_v32) only",
     "nemotron_h": "hybrid Mamba-2/attention layers (hybrid_override_pattern): each layer is a Mamba-2 "
                   "mixer, an attention block or an MLP/MoE block alone, which ModelSpec's layers (attention "
                   "and an MLP in each) do not express, so the weights and steps are not priced; and with "
@@ -355,13 +353,50 @@ def _parse_qwen3_next(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     return spec
 
 
+def _shared_index_layers(cfg: HFConfig, layers: int) -> int:
+    """Layers that build no indexer and reuse the top-k of the closest one
+    before them (vLLM's ``compute_skip_topk_layers`` in 0.34): those
+    ``indexer_types`` names "shared" when given, else every layer but each
+    ``index_topk_freq``-th counted from ``index_skip_topk_offset`` - 1 (the
+    "S" entries of ``index_topk_pattern`` when given). vLLM 0.33's sparse
+    attention reads the frequency rule only, so a config whose
+    ``indexer_types`` disagrees with it is refused: the releases would build
+    different models. GLM-5.2's 78 layers: 3 own, then 1 in 4 (21 own)."""
+    freq = cfg.get_int("index_topk_freq", default=1)
+    if freq < 1:
+        raise cfg.fail("index_topk_freq", freq, "must be a positive integer (1: every layer has an indexer)")
+    offset = cfg.get_int("index_skip_topk_offset", default=2)
+    pattern = cfg.data.get("index_topk_pattern")
+    if pattern is None:
+        by_rule = {i for i in range(layers) if max(i - offset + 1, 0) % freq}
+    elif isinstance(pattern, (str, list)):
+        by_rule = {i for i in range(min(layers, len(pattern))) if pattern[i] == "S"}
+    else:
+        raise cfg.fail("index_topk_pattern", pattern, "must be a string or list of per-layer marks ('S': the "
+                                                      "layer reuses an earlier layer's top-k)")
+    types = cfg.data.get("indexer_types")
+    if types is None:
+        return len(by_rule)
+    if not isinstance(types, list) or len(types) != layers or not all(t in ("full", "shared") for t in types):
+        raise cfg.fail("indexer_types", types, f"must list {layers} layers, each 'full' or 'shared'")
+    shared = {i for i, t in enumerate(types) if t == "shared"}
+    if shared != by_rule:
+        raise cfg.fail("indexer_types", types, "its 'shared' layers differ from those index_topk_freq / "
+                                               "index_skip_topk_offset / index_topk_pattern give, which vLLM "
+                                               "0.33 builds by (0.34 by indexer_types); make them agree")
+    return len(shared)
+
+
 def _parse_deepseek_v32(cfg: HFConfig, model_type: str) -> dict[str, Any]:
-    """DeepSeek-V3.2: DeepSeek-V3's layers, each MLA layer's attention
-    sparse behind a lightning indexer (kvsched.perf.hybrid)."""
+    """DeepSeek-V3.2 and GLM-5 (glm_moe_dsa, which vLLM serves with V3.2's
+    model class): DeepSeek-V3's MLA and MoE layers, each layer's attention
+    sparse behind a lightning indexer, or behind an earlier layer's top-k
+    (:func:`_shared_index_layers`; kvsched.perf.hybrid)."""
     spec = _parse_deepseek(cfg, model_type)
     spec["hybrid"] = HybridLayers(index_topk=cfg.get_int("index_topk"),
                                   index_n_heads=cfg.get_int("index_n_heads"),
-                                  index_head_dim=cfg.get_int("index_head_dim"))
+                                  index_head_dim=cfg.get_int("index_head_dim"),
+                                  num_shared_index_layers=_shared_index_layers(cfg, spec["num_layers"]))
     return spec
 
 
@@ -415,7 +450,9 @@ _PARSERS = {
     "phi3": _parse_llama_family,
     # Kimi K2's model_type names DeepSeek-V3's architecture (its config says so).
     "deepseek_v2": _parse_deepseek, "deepseek_v3": _parse_deepseek, "kimi_k2": _parse_deepseek,
-    "deepseek_v32": _parse_deepseek_v32, "llama4_text": _parse_llama4_text, "qwen3_next": _parse_qwen3_next,
+    # GLM-5's model_type: vLLM serves it with DeepSeek-V3.2's model class.
+    "deepseek_v32": _parse_deepseek_v32, "glm_moe_dsa": _parse_deepseek_v32,
+    "llama4_text": _parse_llama4_text, "qwen3_next": _parse_qwen3_next,
     "gemma2": _parse_gemma, "gemma3_text": _parse_gemma, "glm4": _parse_glm4, "glm4_moe": _parse_glm4_moe,
     "chatglm": _parse_chatglm,
     "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
@@ -429,7 +466,7 @@ assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
 _HYBRID_PARSERS = {"qwen3_5_text": _parse_qwen3_next, "qwen3_5_moe_text": _parse_qwen3_next}
 # The hybrid types model_spec_from_config parses (their KV cache planned as
 # vLLM plans it, kvsched.perf.kv_cache_planning.model_spec_kv_layout).
-_PRICED_HYBRIDS = ("deepseek_v32", "llama4_text", "qwen3_next")
+_PRICED_HYBRIDS = ("deepseek_v32", "glm_moe_dsa", "llama4_text", "qwen3_next")
 # The refused ones' wrappers' model_types, as REFUSED_MODEL_TYPES names them.
 _HYBRID_WRAPPERS: Mapping[str, str] = MappingProxyType({
     "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"})

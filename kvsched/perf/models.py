@@ -162,6 +162,10 @@ class ModelSpec(ModelShape):
             if self.hybrid.index_topk and not self.is_mla:
                 raise _fail(name, "hybrid.index_topk", self.hybrid.index_topk,
                             "DeepSeek Sparse Attention needs MLA (kv_lora_rank)")
+            if self.hybrid.num_shared_index_layers >= self.num_layers:
+                raise _fail(name, "hybrid.num_shared_index_layers", self.hybrid.num_shared_index_layers,
+                            f"must be under num_layers ({self.num_layers}): a layer sharing top-k reuses "
+                            "an earlier layer's indexer")
         if (self.sliding_window > 0) != (self.num_sliding_layers > 0):
             raise _fail(name, "sliding_window", self.sliding_window,
                         f"sliding_window and num_sliding_layers ({self.num_sliding_layers}) "
@@ -219,6 +223,16 @@ class ModelSpec(ModelShape):
         model's other kinds (:class:`~kvsched.perf.hybrid.HybridLayers`)."""
         other = self.hybrid.num_other_layers if self.hybrid is not None else 0
         return self.num_layers - self.num_sliding_layers - other
+
+    @property
+    def num_index_layers(self) -> int:
+        """Layers with their own DeepSeek Sparse Attention indexer (its
+        weights, its scoring, its key cache): every layer but those sharing
+        another's top-k; 0 without DSA. The one owner of that count."""
+        h = self.hybrid
+        if h is None or not h.index_topk:
+            return 0
+        return self.num_layers - h.num_shared_index_layers
 
     # -- per-layer building blocks (params = weights + biases) ----------------
 
@@ -305,7 +319,8 @@ class ModelSpec(ModelShape):
     def mixer_params(self) -> int:
         """Every layer's token-mixing projections: attention's q/k/v/o, or a
         hybrid model's linear-attention or Mamba mixer in its layers, plus
-        DeepSeek Sparse Attention's indexer beside each MLA layer. The one
+        DeepSeek Sparse Attention's indexer beside each MLA layer that has
+        one (:attr:`num_index_layers`). The one
         owner of that count (the parameter totals and the step time's
         weights read it)."""
         attn = self.attn_linear_params_per_layer()
@@ -314,7 +329,7 @@ class ModelSpec(ModelShape):
         if h is not None:
             n += (h.num_linear_layers * (h.linear_params_per_layer(self.hidden_size) - attn)
                   + h.num_mamba_layers * (h.mamba_params_per_layer(self.hidden_size) - attn)
-                  + self.num_layers * h.indexer_params_per_layer(self.hidden_size, self.q_lora_rank))
+                  + self.num_index_layers * h.indexer_params_per_layer(self.hidden_size, self.q_lora_rank))
         return n
 
     def _params(self, experts_counted: int) -> int:

@@ -451,6 +451,8 @@ class StepTimeModel:
         # the roofline by every backend (_hybrid_time); None: none.
         self.hybrid = m.hybrid
         self.full_layers = m.num_full_attention_layers
+        # DSA's layers that score the context themselves (the rest reuse their top-k).
+        self.index_layers = m.num_index_layers
         self.sliding_layers = m.num_sliding_layers
         self.window = m.sliding_window
         self.hidden = m.hidden_size
@@ -651,7 +653,7 @@ class StepTimeModel:
             key_bytes = h.index_head_dim + INDEX_KEY_SCALE_BYTES
             fp8 = self.hardware.fp8_flops or self.hardware.bf16_flops
             eff = self.prefill_attn_flops / self.hardware.bf16_flops
-            t += _roof(per_pair * pairs, fp8 * eff, keys * key_bytes, bw) * self.full_layers
+            t += _roof(per_pair * pairs, fp8 * eff, keys * key_bytes, bw) * self.index_layers
         return t
 
     def _stepped_decode_times(self, num_reqs: int, first_kv_tokens: int, kv_step: int, count: int,

@@ -130,8 +130,9 @@ def transfer_bytes_per_rank(model: ModelSpec, kv_dtype_bytes: float, tensor_para
 
     Hybrid models: Llama 4's chunked local layers hold every token too (vLLM
     pages them as full attention, the hybrid manager being off for chunked
-    local attention), DeepSeek-V3.2's blocks also hold each layer's indexer
-    keys; a linear-attention / Mamba state is not sized for transfer."""
+    local attention), DeepSeek Sparse Attention's blocks also hold the
+    indexer keys of each layer with an indexer; a linear-attention / Mamba
+    state is not sized for transfer."""
     per_layer = model.kv_bytes_per_layer_per_rank(kv_dtype_bytes, tensor_parallel_size)
     window = model.sliding_window if model.num_sliding_layers else 0
     h = model.hybrid
@@ -141,7 +142,7 @@ def transfer_bytes_per_rank(model: ModelSpec, kv_dtype_bytes: float, tensor_para
     full = model.num_full_attention_layers + (h.num_chunked_layers if h is not None else 0)
     index = 0.0
     if h is not None and h.index_topk:
-        index = (h.index_head_dim + h.index_head_dim // INDEXER_QUANT_BLOCK * 4) * model.num_layers
+        index = (h.index_head_dim + h.index_head_dim // INDEXER_QUANT_BLOCK * 4) * model.num_index_layers
     return (full * num_tokens + model.num_sliding_layers * min(num_tokens, window)) * per_layer \
         + index * num_tokens
 

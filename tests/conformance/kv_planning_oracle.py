@@ -36,9 +36,15 @@ What is vLLM's code and what is our reading:
   chunked local on RoPE layers, ``no_rope_layers`` or every 4th NoPE;
   Qwen3-Next: ``layer_types`` or every 4th full; Nemotron-H:
   ``hybrid_override_pattern`` M/*; the prefill checkpoint blocks the Mamba
-  layer classes add to their spec; DeepSeek-V3.2: one MLA latent of
-  kv_lora_rank + qk_rope_head_dim and one indexer key cache of
-  index_head_dim + index_head_dim / 128 * 4 bytes per layer), the KV heads per
+  layer classes add to their spec; DeepSeek Sparse Attention (DeepSeek-V3.2,
+  GLM-5): one MLA latent per layer, built by vLLM's own
+  ``MLAAttention.get_kv_cache_spec`` on a stand-in layer, its dtype the one
+  vLLM's ``_canonicalize_sparse_mla_kv_cache_dtype`` gives for the case's
+  sparse backend (FLASHMLA_SPARSE turns fp8 into fp8_ds_mla,
+  FLASHINFER_MLA_SPARSE keeps it), and one indexer key cache of
+  index_head_dim + index_head_dim / 128 * 4 bytes on each layer that builds
+  an indexer: 0.34's ``compute_skip_topk_layers`` names the others, for
+  0.33 its sparse attention's frequency rule transcribed), the KV heads per
   rank (split over TP, at least one), the GDN prefill backend (FlashInfer, as
   on Hopper: checkpoint alignment 64 in align mode; Mamba2 layers: none), the
   layout (LBNHC, vLLM's default when no backend asks for another) and the
@@ -220,6 +226,41 @@ class _Qwen3NextStateShapes:
             vc.model_config.dtype, vc.cache_config.mamba_cache_dtype, vc.cache_config.mamba_ssm_cache_dtype)
 
 
+def _skip_topk_layers(text: dict) -> set[int]:
+    """The layers of a DSA model that build no indexer: vLLM 0.34's own
+    ``compute_skip_topk_layers``; 0.33 has none, its sparse attention
+    (models/deepseek_v32/attention.py) applies the frequency rule in each
+    layer, transcribed here."""
+    try:
+        from vllm.model_executor.models.utils import compute_skip_topk_layers
+    except ImportError:
+        freq = text.get("index_topk_freq", 1)
+        pattern = text.get("index_topk_pattern")
+        offset = text.get("index_skip_topk_offset", 2)
+        if pattern is None:
+            return {i for i in range(text["num_hidden_layers"]) if max(i - offset + 1, 0) % freq != 0}
+        return {i for i in range(min(text["num_hidden_layers"], len(pattern))) if pattern[i] == "S"}
+    return set(compute_skip_topk_layers(SimpleNamespace(**text)))
+
+
+def _sparse_latent_spec(case: dict, text: dict, vc: SimpleNamespace, owner: bool) -> object:
+    """A DSA layer's latent spec from vLLM's MLAAttention.get_kv_cache_spec,
+    its cache dtype as vLLM's MLAAttention settles it for the case's sparse
+    backend (FLASHMLA_SPARSE unless the case names another)."""
+    from vllm.model_executor.layers.attention import mla_attention
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    backend = AttentionBackendEnum[case.get("sparse_mla_backend", "FLASHMLA_SPARSE")].get_class()
+    dtype = mla_attention._canonicalize_sparse_mla_kv_cache_dtype(backend, case["kv_cache_dtype"])
+    impl = SimpleNamespace(kv_lora_rank=text["kv_lora_rank"], qk_rope_head_dim=text["qk_rope_head_dim"])
+    row = getattr(backend.get_impl_cls(), "get_fp8_ds_mla_row_bytes", None)  # 0.34; 0.33 has a constant
+    if row is not None:
+        impl.get_fp8_ds_mla_row_bytes = lambda: row(impl)
+    layer = SimpleNamespace(kv_cache_dtype=dtype, head_size=text["kv_lora_rank"] + text["qk_rope_head_dim"],
+                            sliding_window=None, topk_buffer_width=None, indexer=object() if owner else None,
+                            non_causal_multi_token_decode=False, impl=impl)
+    return mla_attention.MLAAttention.get_kv_cache_spec(layer, vc)
+
+
 def layer_specs(case: dict) -> dict:
     config = json.loads((REPO / case["config"]).read_text())
     text = _text(config)
@@ -228,7 +269,6 @@ def layer_specs(case: dict) -> dict:
     layers = text["num_hidden_layers"]
     kv_heads = max(1, text.get("num_key_value_heads", 1) // tp)
     head = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
-    bf16 = torch.bfloat16
     kind = text["model_type"]
     specs: dict = {}
     # The attention layers' KV dtype and quant mode, as vLLM's Attention reads
@@ -275,16 +315,17 @@ def layer_specs(case: dict) -> dict:
                 block_size=bs, num_kv_heads=1, max_tp_shards=1,
                 head_size=text["kv_lora_rank"] + text["qk_rope_head_dim"], dtype=kv_dtype,
                 cache_dtype_str=case["kv_cache_dtype"], **quant)
-    elif kind == "deepseek_v32":
+    elif kind in ("deepseek_v32", "glm_moe_dsa"):
         from vllm.v1.kv_cache_interface import SparseCacheRole
         index_head = text["index_head_dim"] + text["index_head_dim"] // 128 * 4
+        shared = _skip_topk_layers(text)
+        latent = {owner: _sparse_latent_spec(case, text, vc, owner) for owner in (True, False)}
         for i in range(layers):
-            specs[f"layers.{i}.attn"] = MLAAttentionSpec(
-                block_size=bs, num_kv_heads=1, max_tp_shards=1,
-                head_size=text["kv_lora_rank"] + text["qk_rope_head_dim"], dtype=bf16, cache_dtype_str="auto")
-            specs[f"layers.{i}.indexer.k_cache"] = MLAAttentionSpec(
-                block_size=bs, num_kv_heads=1, max_tp_shards=1, head_size=index_head, dtype=torch.uint8,
-                cache_role=SparseCacheRole.INDEXER)
+            specs[f"layers.{i}.attn"] = latent[i not in shared]
+            if i not in shared:
+                specs[f"layers.{i}.indexer.k_cache"] = MLAAttentionSpec(
+                    block_size=bs, num_kv_heads=1, max_tp_shards=1, head_size=index_head, dtype=torch.uint8,
+                    cache_role=SparseCacheRole.INDEXER)
     else:
         if kind == "nemotron_h":
             from vllm.model_executor.models.config import NemotronHForCausalLMConfig
@@ -393,7 +434,11 @@ MODELS = (
      "DeepseekV3ForCausalLM"),
     ("deepseek-ai/DeepSeek-V3.2", "tests/perf/data/hf_configs/deepseek-ai--DeepSeek-V3.2.json",
      "DeepseekV32ForCausalLM"),
+    # DSA under GLM's config: every layer its own indexer (GLM-5), 57 of 78 sharing (GLM-5.2).
+    ("zai-org/GLM-5", "tests/perf/data/hf_configs/zai-org--GLM-5.json", "GlmMoeDsaForCausalLM"),
+    ("zai-org/GLM-5.2", "tests/perf/data/hf_configs/zai-org--GLM-5.2.json", "GlmMoeDsaForCausalLM"),
 )
+DSA_MODELS = ("deepseek-ai/DeepSeek-V3.2", "zai-org/GLM-5", "zai-org/GLM-5.2")
 GIB = 2**30
 
 
@@ -418,10 +463,16 @@ def cases() -> list[dict]:
         out.append({**out[-1], "tensor_parallel_size": 8, "disable_hybrid_kv_cache_manager": False,
                     "enable_prefix_caching": True})
         out.append({**out[-1], "num_gpu_blocks_override": 1000})
-        if name != "deepseek-ai/DeepSeek-V3.2":  # its fp8 cache is another layout (fp8_ds_mla)
+        fp8 = {**out[-1], "num_gpu_blocks_override": None, "tensor_parallel_size": 1, "kv_cache_dtype": "fp8"}
+        if name not in DSA_MODELS:
             for block_size in (16, 64):
-                out.append({**out[-1], "num_gpu_blocks_override": None, "tensor_parallel_size": 1,
-                            "block_size": block_size, "kv_cache_dtype": "fp8"})
+                out.append({**fp8, "block_size": block_size})
+        else:
+            # Sparse MLA's fp8 latent per backend: fp8_ds_mla (FlashMLA's, Hopper's pick) or plain
+            # fp8 (FlashInfer's, Blackwell's pick); both at 0.34's default block and at 16.
+            for backend in ("FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"):
+                for block_size in (16, 64):
+                    out.append({**fp8, "block_size": block_size, "sparse_mla_backend": backend})
     return out
 
 

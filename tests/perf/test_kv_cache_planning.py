@@ -63,7 +63,9 @@ def _kvsched_plan(case: dict) -> dict:
                              tensor_parallel_size=case["tensor_parallel_size"],
                              enable_prefix_caching=case["enable_prefix_caching"],
                              kv_cache_bytes=kv_cache_dtype_bytes(case["kv_cache_dtype"]),
-                             max_model_len=case["max_model_len"])
+                             max_model_len=case["max_model_len"],
+                             fp8_ds_mla=case.get("sparse_mla_backend", "FLASHMLA_SPARSE")
+                             == "FLASHMLA_SPARSE")
     try:
         plan = plan_kv_cache(layout.layers, case["available_bytes"],
                              disable_hybrid_kv_cache_manager=case["disable_hybrid_kv_cache_manager"],
@@ -103,7 +105,7 @@ def test_goldens_cover_the_six_models_both_releases() -> None:
                           "Qwen/Qwen3-Next-80B-A3B-Instruct", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
                           "nvidia/Nemotron-H-8B-Base-8K", "meta-llama/Llama-3.1-8B",
                           "deepseek-ai/DeepSeek-V3",
-                          "deepseek-ai/DeepSeek-V3.2"}
+                          "deepseek-ai/DeepSeek-V3.2", "zai-org/GLM-5", "zai-org/GLM-5.2"}
 
 
 # -- hand-computed cases ------------------------------------------------------------
@@ -201,12 +203,21 @@ def test_blocks_one_request_may_hold_per_group() -> None:
     assert blocks_per_request(groups, max_model_len=100, max_in_flight_tokens=8192) == 7 + 8 + 7
 
 
-def test_deepseek_v32_fp8_cache_is_refused() -> None:
-    # vLLM stores V3.2's fp8 latent as fp8_ds_mla (values, scales and a 16-bit
-    # RoPE part per token), not one byte per value: not planned, refused.
+def test_sparse_mla_fp8_latent_per_backend() -> None:
+    # vLLM's fp8 latent for DeepSeek Sparse Attention: FlashMLA's fp8_ds_mla row of
+    # 512 fp8 values + 4 float32 scales + 64 16-bit RoPE values = 656 bytes, or FlashInfer's
+    # plain 576; the indexer keys (128 fp8 + one float32 scale) are 132 bytes either way.
     data = json.loads((REPO / "tests/perf/data/hf_configs/deepseek-ai--DeepSeek-V3.2.json").read_text())
-    with pytest.raises(UserInputError, match=r"kv_cache_dtype.*DeepSeek-V3.2"):
-        model_kv_layout(data, block_size=64, kv_cache_bytes=1)
+    for fp8_ds_mla, latent in ((True, 656), (False, 576)):
+        layout = model_kv_layout(data, block_size=64, kv_cache_bytes=1, fp8_ds_mla=fp8_ds_mla)
+        assert {spec.bytes_per_token for spec in layout.layers} == {latent, 132}
+
+
+def test_glm52_shared_indexer_layers_hold_no_indexer_keys() -> None:
+    # GLM-5.2: 78 latents, an indexer key cache on the 21 layers that build one.
+    data = json.loads((REPO / "tests/perf/data/hf_configs/zai-org--GLM-5.2.json").read_text())
+    layers = model_kv_layout(data, block_size=64).layers
+    assert [spec.bytes_per_token for spec in layers].count(132) == 21 and len(layers) == 99
 
 
 def test_hybrid_manager_default_follows_vllms_rule() -> None:

@@ -5,7 +5,9 @@ get_kv_cache_config_from_groups) at the hybrid-manager setting vLLM
 resolves by default. Llama 4's chunked local attention turns the hybrid KV
 cache manager off unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE
 is set, so its chunked layers allocate as full attention (one group of 48
-layers); DeepSeek-V3.2's latent and indexer keys form one MLA group;
+layers); DeepSeek-V3.2's and GLM-5's latent and indexer keys form one MLA
+group (GLM-5.2's shared-top-k layers without indexer keys), their fp8
+latent FlashMLA's fp8_ds_mla row or FlashInfer's plain fp8 per backend;
 Qwen3-Next's Gated DeltaNet layers form Mamba groups, the block size raised
 to hold a state page (its cache mode per prefix caching)."""
 
@@ -16,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.errors import UserInputError
 from kvsched.perf.memory import kv_cache_plan, scheduler_kv_groups
 from kvsched.perf.model_parsers import model_spec_from_config
 from kvsched.perf.step_time import kv_cache_dtype_bytes
@@ -26,7 +27,8 @@ GOLDENS = REPO / "tests" / "conformance" / "kv_planning"
 # vLLM's default --disable-hybrid-kv-cache-manager per model (its VllmConfig
 # post-init): on for chunked local attention, off otherwise.
 DEFAULT_DISABLE = {"meta-llama/Llama-4-Scout-17B-16E-Instruct": True, "deepseek-ai/DeepSeek-V3.2": False,
-                   "Qwen/Qwen3-Next-80B-A3B-Instruct": False}
+                   "Qwen/Qwen3-Next-80B-A3B-Instruct": False, "zai-org/GLM-5": False,
+                   "zai-org/GLM-5.2": False}
 
 
 def _cases() -> list[pytest.ParameterSet]:
@@ -37,13 +39,13 @@ def _cases() -> list[pytest.ParameterSet]:
             c = result["case"]
             default = DEFAULT_DISABLE.get(c["model"])
             if (default is not None and c["disable_hybrid_kv_cache_manager"] == default
-                    and c["num_gpu_blocks_override"] is None
-                    and (c["kv_cache_dtype"] == "auto" or "V3.2" not in c["model"])):
+                    and c["num_gpu_blocks_override"] is None):
                 name = c["model"].split("/")[1]
                 apc = "apc" if c["enable_prefix_caching"] else "noapc"
+                backend = f"-{c['sparse_mla_backend']}" if "sparse_mla_backend" in c else ""
                 out.append(pytest.param(result, id=f"{release}-{name}-bs{c['block_size']}-"
                                                    f"tp{c['tensor_parallel_size']}-{c['available_bytes']}-{apc}-"
-                                                   f"{c['kv_cache_dtype']}"))
+                                                   f"{c['kv_cache_dtype']}{backend}"))
     return out
 
 
@@ -54,7 +56,8 @@ def test_memory_plan_is_vllms_default_plan(result: dict) -> None:
     plan = kv_cache_plan(model, model.num_layers, model.num_sliding_layers, case["block_size"],
                          case["tensor_parallel_size"], kv_cache_dtype_bytes(case["kv_cache_dtype"]), 0,
                          float(case["available_bytes"]), enable_prefix_caching=case["enable_prefix_caching"],
-                         max_model_len=case["max_model_len"])
+                         max_model_len=case["max_model_len"],
+                         fp8_ds_mla=case.get("sparse_mla_backend", "FLASHMLA_SPARSE") == "FLASHMLA_SPARSE")
     assert plan.num_blocks == want["num_blocks"]
     assert [(g.kind, g.num_layers, g.block_size, g.bytes_per_block) for g in plan.groups] == \
         [(g["kind"], g["num_layers"], g["block_size"], g["bytes_per_block"]) for g in want["groups"]]
@@ -75,8 +78,9 @@ def test_cases_cover_both_models() -> None:
     assert {p.values[0]["case"]["model"] for p in _cases()} == set(DEFAULT_DISABLE)
 
 
-def test_deepseek_v32_fp8_kv_is_refused_in_the_memory_plan() -> None:
-    data = json.loads((REPO / "tests/perf/data/hf_configs/deepseek-ai--DeepSeek-V3.2.json").read_text())
-    model = model_spec_from_config(data, "deepseek-ai/DeepSeek-V3.2")
-    with pytest.raises(UserInputError, match=r"--kv-cache-dtype.*fp8_ds_mla.*--kv-cache-dtype auto"):
-        kv_cache_plan(model, model.num_layers, 0, 64, 8, 1, 0, 1e10)
+def test_cases_cover_both_sparse_fp8_layouts() -> None:
+    # DeepSeek-V3.2, GLM-5 and GLM-5.2 with an fp8 cache under FlashMLA's fp8_ds_mla and FlashInfer's fp8.
+    got = {(p.values[0]["case"]["model"], p.values[0]["case"].get("sparse_mla_backend")) for p in _cases()
+           if "sparse_mla_backend" in p.values[0]["case"]}
+    assert got == {(m, b) for m in ("deepseek-ai/DeepSeek-V3.2", "zai-org/GLM-5", "zai-org/GLM-5.2")
+                   for b in ("FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE")}
