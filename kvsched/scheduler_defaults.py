@@ -16,6 +16,7 @@ simulator's deployments and the engine both call.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
@@ -203,12 +204,16 @@ def resolve_cache_defaults(vllm_version: str, platform: Platform, *, block_size:
                            enable_extensible_kv_cache: bool | None = None,
                            num_gpu_blocks_override: int | None = None,
                            registers_kv_cache: bool = False,
-                           can_extend: bool = True) -> CacheDefaults:
+                           can_extend: bool = True, model_kernel_block: int | None = None) -> CacheDefaults:
     """The block size, ``gpu_memory_utilization`` and KV-cache sizing of an
     engine of ``vllm_version`` on ``platform`` (None: not given).
 
     - block size: the given one, else the release's default as the
-      platform's attention backend takes it (:func:`preferred_block_size`);
+      platform's attention backend takes it (:func:`preferred_block_size`),
+      and the model's own backends where they need a larger kernel block
+      (``model_kernel_block``: DeepSeek Sparse Attention's indexer reads 64
+      tokens on CUDA, so 0.33's 16 becomes 64); a given size those cannot
+      be split into is refused, as vLLM fails at start-up;
     - the extensible KV cache (releases that have it, ``VllmConfig.
       _resolve_extensible_kv_cache``): when not given, on on CUDA and ROCm
       unless ``num_gpu_blocks_override`` is set or a KV connector registers
@@ -226,8 +231,16 @@ def resolve_cache_defaults(vllm_version: str, platform: Platform, *, block_size:
         raise ValueError(f"platform={platform!r}: one of {', '.join(PLATFORMS)}")
     rules = rules_for(vllm_version)
     check_release_flags(vllm_version, {"enable_extensible_kv_cache": enable_extensible_kv_cache})
+    multiple = KERNEL_BLOCK_MULTIPLE[platform]
+    if model_kernel_block is not None:
+        multiple = math.lcm(multiple, model_kernel_block)
+        kernel = model_kernel_block
+        if block_size is not None and block_size % kernel:
+            raise UserInputError(f"block_size={block_size} (--block-size): this model's attention kernels "
+                                 f"read {kernel}-token blocks (DeepSeek Sparse Attention's indexer on CUDA), "
+                                 f"which vLLM cannot fit in it; use a multiple of {kernel} or leave it unset")
     if block_size is None:
-        block_size = preferred_block_size(rules.default_block_size, KERNEL_BLOCK_MULTIPLE[platform])
+        block_size = preferred_block_size(rules.default_block_size, multiple)
     extensible = False
     if rules.extensible_kv_cache:
         unsupported = None

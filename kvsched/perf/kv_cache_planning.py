@@ -405,6 +405,9 @@ INDEXER_QUANT_BLOCK = 128
 # kv_lora_rank values in fp8, a float32 scale per 128 of them, and the RoPE
 # part left 16-bit: 512 + 4 * 4 + 64 * 2 = 656 bytes (DeepSeek-V3.2, GLM-5).
 FP8_DS_MLA_QUANT_BLOCK = 128
+# The indexer's kernels on CUDA read 64-token blocks, no other size
+# (DeepseekV32IndexerBackend.get_supported_kernel_block_sizes, 0.33 and 0.34).
+SPARSE_INDEXER_KERNEL_BLOCK = 64
 # model_types read here beside those kvsched.perf.model_parsers parses
 # (a multimodal wrapper's text_config is read).
 HYBRID_MODEL_TYPES = ("nemotron_h",)
@@ -424,6 +427,18 @@ def kv_heads_per_rank(kv_heads: int, tensor_parallel_size: int) -> int:
     """vLLM splits KV heads over TP ranks and replicates them when fewer
     (ModelConfig.get_num_kv_heads)."""
     return max(1, kv_heads // tensor_parallel_size)
+
+
+def model_kernel_block(model: ModelSpec, platform: str) -> int | None:
+    """The kernel block a model's own attention backends need on
+    ``platform`` beyond the platform's dense backend's: DeepSeek Sparse
+    Attention's indexer on CUDA (:data:`SPARSE_INDEXER_KERNEL_BLOCK`; the
+    sparse MLA backends beside it take multiples of 32 or 64). None: none.
+    Without --block-size vLLM picks the smallest block every backend takes
+    (``Platform.update_block_size_for_backend``): 64 in both releases."""
+    if platform == "cuda" and model.num_index_layers:
+        return SPARSE_INDEXER_KERNEL_BLOCK
+    return None
 
 
 def sparse_mla_bytes_per_token(model: ModelSpec, kv_cache_bytes: int, fp8_ds_mla: bool) -> int:

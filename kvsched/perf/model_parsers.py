@@ -391,8 +391,11 @@ def _parse_deepseek_v32(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     """DeepSeek-V3.2 and GLM-5 (glm_moe_dsa, which vLLM serves with V3.2's
     model class): DeepSeek-V3's MLA and MoE layers, each layer's attention
     sparse behind a lightning indexer, or behind an earlier layer's top-k
-    (:func:`_shared_index_layers`; kvsched.perf.hybrid)."""
+    (:func:`_shared_index_layers`; kvsched.perf.hybrid). GLM-5's
+    architecture turns an "auto" KV cache to fp8 on Blackwell (vLLM's
+    GlmMoeDsaForCausalLM config hook)."""
     spec = _parse_deepseek(cfg, model_type)
+    spec["fp8_kv_cache_on_sm100"] = model_type == "glm_moe_dsa"
     spec["hybrid"] = HybridLayers(index_topk=cfg.get_int("index_topk"),
                                   index_n_heads=cfg.get_int("index_n_heads"),
                                   index_head_dim=cfg.get_int("index_head_dim"),

@@ -110,6 +110,9 @@ class ModelSpec(ModelShape):
     # ``num_nextn_predict_layers``): what vLLM's ``method: mtp`` drafts with.
     # Not counted in the parameters above (models.md counts MTP apart).
     num_mtp_layers: int = 0
+    # vLLM's GlmMoeDsaForCausalLM config hook (GLM-5): an "auto" KV cache is
+    # fp8 on SM100-family GPUs (kvsched.sim.deployment.kv_cache_dtype).
+    fp8_kv_cache_on_sm100: bool = False
     # A hybrid model's layers that are not full attention, by kind
     # (linear attention, chunked local attention) and DeepSeek Sparse
     # Attention's indexer (kvsched.perf.hybrid); None: none.

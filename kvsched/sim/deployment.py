@@ -34,7 +34,7 @@ from kvsched.perf.checkpoint_format import CheckpointFormat
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.host import HostTerms, default_host_terms, load_calibration
-from kvsched.perf.kv_cache_planning import blocks_per_request
+from kvsched.perf.kv_cache_planning import blocks_per_request, model_kernel_block
 from kvsched.perf.lora import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -392,14 +392,19 @@ def weight_dtype(opts: EngineOptions) -> str:
     return weight_format(opts).weights
 
 
-def kv_cache_dtype(opts: EngineOptions) -> str:
+def kv_cache_dtype(opts: EngineOptions, model: ModelSpec | None = None,
+                   hardware: Hardware | None = None) -> str:
     """--kv-cache-dtype; ``auto`` takes the checkpoint's KV format where its
     quantization config names one (NVIDIA ModelOpt checkpoints), as vLLM
-    does."""
+    does, else fp8 where ``model``'s architecture asks it on ``hardware``
+    (GLM-5 on SM100-family GPUs, ``ModelSpec.fp8_kv_cache_on_sm100``)."""
     if opts.kv_cache_dtype == "auto":
         kv = weight_format(opts).kv_cache
         if kv is not None:
             return kv
+        if (model is not None and hardware is not None and model.fp8_kv_cache_on_sm100
+                and hardware.sm100_family):
+            return "fp8"
     return opts.kv_cache_dtype
 
 
@@ -466,15 +471,19 @@ def _with_borrowed(step_model: StepTimeModel, borrowed: str) -> StepTimeModel:
     return step_model
 
 
-def resolve_cache(opts: EngineOptions, hardware: Hardware, registers_kv_cache: bool = False) -> CacheDefaults:
+def resolve_cache(opts: EngineOptions, hardware: Hardware, registers_kv_cache: bool = False,
+                  model: ModelSpec | None = None) -> CacheDefaults:
     """The block size, memory share and KV-cache sizing ``opts`` run with
     on ``hardware`` (the release's where not given; ``registers_kv_cache``:
-    a KV connector registers the cache, as NIXL between P/D instances)."""
+    a KV connector registers the cache, as NIXL between P/D instances);
+    ``model``'s own attention backends' kernel block where it needs one
+    (DeepSeek Sparse Attention: 64 on CUDA)."""
     return resolve_cache_defaults(
         opts.vllm_version, hardware.platform, block_size=opts.block_size,
         gpu_memory_utilization=opts.gpu_memory_utilization,
         enable_extensible_kv_cache=opts.enable_extensible_kv_cache,
-        num_gpu_blocks_override=opts.num_gpu_blocks_override, registers_kv_cache=registers_kv_cache)
+        num_gpu_blocks_override=opts.num_gpu_blocks_override, registers_kv_cache=registers_kv_cache,
+        model_kernel_block=model_kernel_block(model, hardware.platform) if model is not None else None)
 
 
 def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> Deployment:
@@ -496,7 +505,7 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
     parallel = ParallelConfig(opts.tensor_parallel_size, opts.data_parallel_size,
                               opts.enable_expert_parallel, opts.pipeline_parallel_size)
     model.check_tensor_parallel_size(opts.tensor_parallel_size)
-    cache = resolve_cache(opts, hardware, registers_kv_cache)
+    cache = resolve_cache(opts, hardware, registers_kv_cache, model)
     block_size = cache.block_size
     limits = resolve_scheduler_limits(
         UsageContext.OPENAI_API_SERVER, device_info(hardware, parallel),
@@ -521,7 +530,7 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
     # vLLM's uniform decode query length: 1 + K with speculative decoding;
     # its CUDA-graph sizes cover max_num_seqs such decodes, twice.
     query_len = 1 + (speculative.num_speculative_tokens if speculative is not None else 0)
-    runtime = RuntimeConfig(dtype=weights.weights, kv_cache_dtype=kv_cache_dtype(opts),
+    runtime = RuntimeConfig(dtype=weights.weights, kv_cache_dtype=kv_cache_dtype(opts, model, hardware),
                             quantized_layers=weights.layers,
                             async_scheduling=opts.async_scheduling,
                             cudagraph_max_size=min(2 * max_num_seqs * query_len, 512),

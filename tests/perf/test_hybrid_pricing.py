@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from kvsched.errors import UserInputError
 from kvsched.perf import get_hardware
 from kvsched.perf.hybrid import HybridLayers
-from kvsched.perf.model_parsers import load_hybrid_model_spec, load_model_spec
+from kvsched.perf.model_parsers import load_hybrid_model_spec, load_model_spec, model_spec_from_config
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.step_time import (
     BatchShape,
@@ -54,6 +55,47 @@ def test_parameters_match_the_published_sizes(name: str, total: float, active: f
     assert model.num_params() / 1e9 == pytest.approx(total, rel=rel_total)
     # Active counts include the embeddings and LM head (as models.md §4 does).
     assert model.active_params_per_token() / 1e9 == pytest.approx(active, rel=rel)
+
+
+def test_glm5_parameters_match_its_technical_report() -> None:
+    # GLM-5's technical report (Z.ai, "GLM-5: from Vibe Coding to Agentic Engineering",
+    # arXiv:2602.15763, its architecture table): 744B total, 40B activated parameters;
+    # its MTP layer not counted (as DeepSeek's 671B). kvsched: 743.91 B; active 40.83 B less
+    # the input embedding (41.78 B with it, as models.md counts).
+    glm5 = load_model_spec(CONFIGS / "zai-org--GLM-5.json", "zai-org/GLM-5")
+    assert glm5.num_params() / 1e9 == pytest.approx(744, rel=1e-3)
+    assert 40 <= (glm5.active_params_per_token() - glm5.embedding_params()) / 1e9 < 41
+    # GLM-5.2 (same shapes): vLLM builds no indexer on its 57 shared layers, nor loads their weights.
+    glm52 = load_model_spec(CONFIGS / "zai-org--GLM-5.2.json", "zai-org/GLM-5.2")
+    assert glm52.hybrid is not None and glm52.num_index_layers == 21
+    indexer = glm5.hybrid.indexer_params_per_layer(6144, 2048) if glm5.hybrid is not None else 0
+    assert glm5.num_params() - glm52.num_params() == 57 * indexer
+
+
+def test_indexer_sharing_is_read_as_vllm_builds_it() -> None:
+    data = json.loads((CONFIGS / "zai-org--GLM-5.2.json").read_text())
+    # Without indexer_types, the frequency rule alone (vLLM 0.33's): the same 57 shared layers.
+    freq_only = {k: v for k, v in data.items() if k != "indexer_types"}
+    assert model_spec_from_config(freq_only, "g").num_index_layers == 21
+    # indexer_types that the frequency rule contradicts: 0.33 and 0.34 would build different models.
+    with pytest.raises(UserInputError, match=r"indexer_types=.*index_topk_freq.*make them agree"):
+        model_spec_from_config({**data, "index_topk_freq": 1}, "g")
+    with pytest.raises(UserInputError, match=r"indexer_types=.*must list 78 layers"):
+        model_spec_from_config({**data, "indexer_types": ["full"] * 77}, "g")
+    with pytest.raises(UserInputError, match=r"index_topk_freq=0"):
+        model_spec_from_config({**freq_only, "index_topk_freq": 0}, "g")
+
+
+def test_shared_indexer_layers_are_not_priced() -> None:
+    # A layer reusing an earlier layer's top-k scores nothing: GLM-5.2's indexer time is
+    # 21/78 of GLM-5's (same shapes), its sparse attention the same.
+    glm5 = load_model_spec(CONFIGS / "zai-org--GLM-5.json", "zai-org/GLM-5")
+    glm52 = load_model_spec(CONFIGS / "zai-org--GLM-5.2.json", "zai-org/GLM-5.2")
+    shape = BatchShape.decode(16, 16 * 100_000)
+    full, shared = StepTimeModel(glm5, H100, runtime=NO_CPU), StepTimeModel(glm52, H100, runtime=NO_CPU)
+    dense = full._layers_attention_time(shape) - full._hybrid_time(shape)
+    assert shared._layers_attention_time(shape) - shared._hybrid_time(shape) == pytest.approx(dense)
+    assert shared._hybrid_time(shape) == pytest.approx(full._hybrid_time(shape) * 21 / 78)
 
 
 def test_layer_kinds_are_read_from_the_config() -> None:

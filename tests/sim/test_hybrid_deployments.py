@@ -1,4 +1,4 @@
-"""Llama 4 Scout and DeepSeek-V3.2 deployments as the simulator builds them:
+"""Llama 4 Scout, DeepSeek-V3.2 and GLM-5 deployments as the simulator builds them:
 the KV cache vLLM plans for them (its defaults), and their other layer kinds
 handed to the step-time model. Expected numbers are config.json's and vLLM's
 planning goldens (tests/conformance/kv_planning), not the code's."""
@@ -21,15 +21,18 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "tests" / "perf" / "data" / "hf_configs"
 SCOUT = CONFIGS / "meta-llama--Llama-4-Scout-17B-16E-Instruct.json"
 DSV32 = CONFIGS / "deepseek-ai--DeepSeek-V3.2.json"
+GLM5 = CONFIGS / "zai-org--GLM-5.json"
+GLM52 = CONFIGS / "zai-org--GLM-5.2.json"
 
 
-def _golden(model: str, block_size: int, tp: int, disable_hma: bool) -> dict:
-    data = json.loads((REPO / "tests/conformance/kv_planning/vllm_0_34.json").read_text())
+def _golden(model: str, block_size: int, tp: int, disable_hma: bool, kv_cache_dtype: str = "auto",
+            sparse_mla_backend: str | None = None, release: str = "0_34") -> dict:
+    data = json.loads((REPO / f"tests/conformance/kv_planning/vllm_{release}.json").read_text())
     for result in data["results"]:
         c = result["case"]
         if (c["model"], c["block_size"], c["tensor_parallel_size"], c["disable_hybrid_kv_cache_manager"],
-                c["kv_cache_dtype"], c["num_gpu_blocks_override"]) == (model, block_size, tp, disable_hma,
-                                                                       "auto", None):
+                c["kv_cache_dtype"], c["num_gpu_blocks_override"], c.get("sparse_mla_backend")) == (
+                    model, block_size, tp, disable_hma, kv_cache_dtype, None, sparse_mla_backend):
             return dict(result["vllm"])
     raise AssertionError(f"no golden for {model} bs{block_size} tp{tp}")
 
@@ -64,10 +67,59 @@ def test_deepseek_v32_blocks_hold_the_indexer_keys() -> None:
     assert hybrid is not None and hybrid.index_topk == 2048
 
 
-def test_deepseek_v32_fp8_kv_cache_is_refused() -> None:
-    with pytest.raises(UserInputError, match=r"fp8_ds_mla"):
-        build_deployment(EngineOptions(model=str(DSV32), hardware="h200", tensor_parallel_size=8,
+@pytest.mark.parametrize(("hardware", "backend"), [("h200", "FLASHMLA_SPARSE"), ("b200", "FLASHINFER_MLA_SPARSE")])
+def test_deepseek_v32_fp8_kv_cache_is_vllms_sparse_layout(hardware: str, backend: str) -> None:
+    # vLLM's sparse MLA backend for an fp8 cache: FlashMLA's on Hopper (fp8_ds_mla, 656 bytes
+    # a token), FlashInfer's on Blackwell (plain fp8, 576); the golden's block at TP 1 is the
+    # same per rank (the latent and indexer keys are replicated).
+    d = build_deployment(EngineOptions(model=str(DSV32), hardware=hardware, tensor_parallel_size=8,
                                        kv_cache_dtype="fp8", max_model_len=32768))
+    want = _golden("deepseek-ai/DeepSeek-V3.2", 64, 1, False, "fp8", backend)
+    assert d.cache_config.block_size == 64
+    assert d.memory.bytes_per_block == want["groups"][0]["bytes_per_block"] \
+        == 61 * 64 * ((656 if hardware == "h200" else 576) + 132)
+
+
+def test_sparse_attention_takes_64_token_blocks_on_cuda() -> None:
+    # The indexer's CUDA kernels read 64-token blocks only: vLLM 0.33's default 16 becomes 64
+    # (Platform.update_block_size_for_backend); a given 16 cannot be run.
+    d = build_deployment(EngineOptions(model=str(DSV32), hardware="h200", tensor_parallel_size=8,
+                                       vllm_version="0.33", max_model_len=32768))
+    assert d.cache_config.block_size == 64
+    with pytest.raises(UserInputError, match=r"block_size=16 .*multiple of 64"):
+        build_deployment(EngineOptions(model=str(DSV32), hardware="h200", tensor_parallel_size=8,
+                                       block_size=16, max_model_len=32768))
+
+
+@pytest.mark.parametrize("release", ["0_33", "0_34"])
+def test_glm5_kv_blocks_are_vllms(release: str) -> None:
+    # GLM-5 in fp8 (as zai-org/GLM-5-FP8) on 8 B200s: vLLM's GlmMoeDsaForCausalLM hook makes an
+    # "auto" cache fp8 on SM100,
+    # served by FlashInfer's sparse MLA (plain fp8 latent); 78 latents and 78 indexer caches
+    # in one MLA group. The golden plans 61 GiB at TP 1; the same per-rank specs here.
+    d = build_deployment(EngineOptions(model=str(GLM5), hardware="b200", tensor_parallel_size=8,
+                                       quantization="fp8", vllm_version=release.replace("_", "."),
+                                       max_model_len=32768))
+    assert d.runtime.kv_cache_dtype == "fp8" and d.cache_config.block_size == 64
+    want = _golden("zai-org/GLM-5", 64, 1, False, "fp8", "FLASHINFER_MLA_SPARSE", release)
+    assert [(g["kind"], g["num_layers"]) for g in want["groups"]] == [("mla_attention", 156)]
+    assert d.memory.bytes_per_block == want["groups"][0]["bytes_per_block"] == 78 * 64 * (576 + 132)
+    assert d.cache_config.kv_groups == ()
+    # The blocks of the KV memory the plan left, as the golden counts them for its memory.
+    assert d.cache_config.num_gpu_blocks == int(d.memory.kv_cache_bytes) // want["groups"][0]["bytes_per_block"]
+    assert want["num_blocks"] == (61 * 2**30) // want["groups"][0]["bytes_per_block"]
+    # Every layer scores its own top-k: 78 indexers priced.
+    assert d.step_model.index_layers == 78
+
+
+def test_glm52_shared_layers_hold_no_indexer_keys() -> None:
+    # GLM-5.2: 21 of 78 layers build an indexer (indexer_types); on Hopper, bf16.
+    d = build_deployment(EngineOptions(model=str(GLM52), hardware="h200", tensor_parallel_size=8,
+                                       quantization="fp8", max_model_len=32768))
+    want = _golden("zai-org/GLM-5.2", 64, 8, False)
+    assert [(g["kind"], g["num_layers"]) for g in want["groups"]] == [("mla_attention", 99)]
+    assert d.memory.bytes_per_block == want["groups"][0]["bytes_per_block"] == 64 * (78 * 1152 + 21 * 132)
+    assert d.step_model.index_layers == 21
 
 
 NEXT = CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Instruct.json"
@@ -126,6 +178,9 @@ def test_pd_transfer_moves_every_layers_kv_and_the_indexer_keys() -> None:
     # DeepSeek-V3.2: 61 layers of a 576-value bf16 latent plus 128 fp8 indexer bytes and a 4-byte scale.
     dsv32 = load_model_spec(DSV32, "deepseek-ai/DeepSeek-V3.2")
     assert transfer_bytes_per_rank(dsv32, 2, 8, 1000) == 61 * 1000 * (576 * 2 + 128 + 4)
+    # GLM-5.2: indexer keys on its 21 indexer layers only.
+    glm52 = load_model_spec(GLM52, "zai-org/GLM-5.2")
+    assert transfer_bytes_per_rank(glm52, 2, 8, 1000) == 1000 * (78 * 576 * 2 + 21 * 132)
     nxt = load_model_spec(NEXT, "Qwen/Qwen3-Next-80B-A3B-Instruct")
     with pytest.raises(UserInputError, match="--disaggregation"):
         transfer_bytes_per_rank(nxt, 2, 2, 1000)
@@ -146,3 +201,14 @@ def test_drafter_layers_share_the_blocks_as_the_targets_layers() -> None:
                                                           '"num_speculative_tokens": 2}', max_model_len=8192))
     assert d.cache_config.kv_groups == ()
     assert d.memory.bytes_per_block == 49 * 64 * 2 * 1 * 128 * 2
+
+
+def test_glm5_simulates_a_run_in_its_planned_blocks() -> None:
+    spec = RunSpec(workload=WorkloadSpec(num_prompts=8, random_input_len=1000, random_output_len=16,
+                                         seed=0)).with_engine(
+        model=str(GLM5), hardware="b200", tensor_parallel_size=8, quantization="fp8", max_model_len=4096)
+    result = run(spec)
+    assert result.metrics["completed"] == 8
+    d = result.prepared.deployment
+    want = _golden("zai-org/GLM-5", 64, 1, False, "fp8", "FLASHINFER_MLA_SPARSE")
+    assert d.memory.bytes_per_block == want["groups"][0]["bytes_per_block"]
