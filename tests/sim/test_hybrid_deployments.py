@@ -67,7 +67,8 @@ def test_deepseek_v32_blocks_hold_the_indexer_keys() -> None:
     assert hybrid is not None and hybrid.index_topk == 2048
 
 
-@pytest.mark.parametrize(("hardware", "backend"), [("h200", "FLASHMLA_SPARSE"), ("b200", "FLASHINFER_MLA_SPARSE")])
+@pytest.mark.parametrize(("hardware", "backend"),
+                         [("h200", "FLASHMLA_SPARSE"), ("b200", "FLASHINFER_MLA_SPARSE")])
 def test_deepseek_v32_fp8_kv_cache_is_vllms_sparse_layout(hardware: str, backend: str) -> None:
     # vLLM's sparse MLA backend for an fp8 cache: FlashMLA's on Hopper (fp8_ds_mla, 656 bytes
     # a token), FlashInfer's on Blackwell (plain fp8, 576); the golden's block at TP 1 is the
@@ -106,7 +107,8 @@ def test_glm5_kv_blocks_are_vllms(release: str) -> None:
     assert d.memory.bytes_per_block == want["groups"][0]["bytes_per_block"] == 78 * 64 * (576 + 132)
     assert d.cache_config.kv_groups == ()
     # The blocks of the KV memory the plan left, as the golden counts them for its memory.
-    assert d.cache_config.num_gpu_blocks == int(d.memory.kv_cache_bytes) // want["groups"][0]["bytes_per_block"]
+    per_block = want["groups"][0]["bytes_per_block"]
+    assert d.cache_config.num_gpu_blocks == int(d.memory.kv_cache_bytes) // per_block
     assert want["num_blocks"] == (61 * 2**30) // want["groups"][0]["bytes_per_block"]
     # Every layer scores its own top-k: 78 indexers priced.
     assert d.step_model.index_layers == 78
