@@ -191,6 +191,19 @@ def test_qwen3_5_and_nemotron_3_simulate_without_prefix_caching(config: Path, na
     assert result.prepared.deployment.cache_config.mamba_cache_mode == "none"
 
 
+def test_qwen3_5_runs_images_through_its_vision_tower() -> None:
+    # Qwen3.5's vision tower is Qwen3-VL's (kvsched.perf.vision): each random-mm image becomes
+    # prompt tokens beside the text, encoded before its prefill.
+    spec = RunSpec(workload=WorkloadSpec(dataset_name="random-mm", num_prompts=4, random_input_len=64,
+                                         random_output_len=8, seed=0)).with_engine(
+        model=str(QWEN3_5), hardware="h200", tensor_parallel_size=1, max_model_len=4096,
+        enable_prefix_caching=False)
+    result = run(spec)
+    assert result.metrics["completed"] == 4
+    requests = result.prepared.workload.requests
+    assert all(len(r.mm_items) == 1 and r.num_prompt_tokens > r.mm_items[0].length for r in requests)
+
+
 def test_pd_transfer_moves_every_layers_kv_and_the_indexer_keys() -> None:
     # Llama 4 Scout at TP 8: all 48 layers hold every token (vLLM's hybrid manager off),
     # 1 KV head of 128 a rank, K and V in bf16.
