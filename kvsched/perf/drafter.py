@@ -100,7 +100,8 @@ def layer_spec(model: ModelSpec) -> ModelSpec:
     layer is a V3.2 decoder layer)."""
     hybrid = model.hybrid
     if hybrid is not None:
-        hybrid = dataclasses.replace(hybrid, num_linear_layers=0, num_mamba_layers=0, num_chunked_layers=0)
+        hybrid = dataclasses.replace(hybrid, num_linear_layers=0, num_mamba_layers=0, num_chunked_layers=0,
+                                     num_mixer_only_layers=0, num_mlp_only_layers=0)
     return dataclasses.replace(model, name=f"{model.name} (drafter layer)", num_layers=1,
                                first_k_dense_layers=0,
                                intermediate_size=0 if model.is_moe else model.intermediate_size,
