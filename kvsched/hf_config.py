@@ -130,7 +130,8 @@ def parse_json(path: Path, text: str, fix: str) -> object:
 # text model_type transformers gives it when the nested config omits one.
 TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({
     "gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_vl": "qwen3_vl_text",
-    "qwen3_vl_moe": "qwen3_vl_moe_text", "qwen2_5_vl": "qwen2_5_vl_text"})
+    "qwen3_vl_moe": "qwen3_vl_moe_text", "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text"})
 
 
 def language_model_config(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:

@@ -102,6 +102,7 @@ def layer_spec(model: ModelSpec) -> ModelSpec:
     if hybrid is not None:
         # vLLM's MTP layer always builds its own indexer, whatever the target's sharing.
         hybrid = dataclasses.replace(hybrid, num_linear_layers=0, num_mamba_layers=0, num_chunked_layers=0,
+                                     num_mixer_only_layers=0, num_mlp_only_layers=0,
                                      num_shared_index_layers=0)
     return dataclasses.replace(model, name=f"{model.name} (drafter layer)", num_layers=1,
                                first_k_dense_layers=0,

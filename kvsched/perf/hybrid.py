@@ -29,10 +29,13 @@ builds them from ``config.json``:
   per-request state (``num_heads x head_dim x state_size`` plus the
   convolution's) and a per-token cost independent of the context
   (:meth:`HybridLayers.mamba_flops_per_token`,
-  :meth:`HybridLayers.mamba_state_bytes`). No parser builds them yet: those
-  models also mix MLP-only and attention-only blocks, which the per-layer
-  parameter count of :class:`~kvsched.perf.models.ModelSpec` (attention and
-  an MLP in every layer) does not express.
+  :meth:`HybridLayers.mamba_state_bytes`);
+- **single-block layers** (Nemotron-H's ``hybrid_override_pattern``): a
+  layer that is one block alone behind one norm, a token mixer without an
+  MLP (``num_mixer_only_layers``: its Mamba-2 and attention layers) or an
+  MLP / MoE block without a mixer (``num_mlp_only_layers``). The spec's
+  parameter counts, MLP layers and attention layers leave out what such a
+  layer lacks (:class:`~kvsched.perf.models.ModelSpec`).
 """
 
 from __future__ import annotations
@@ -74,6 +77,14 @@ class HybridLayers:
     mamba_chunk_size: int = MAMBA_CHUNK
     # Bytes per value of the SSM state (mamba_ssm_cache_dtype).
     mamba_state_dtype_bytes: int = 2
+    # MambaMixer2's biases: the convolution's (use_conv_bias) and the
+    # input/output projections' (use_bias).
+    mamba_conv_bias: bool = False
+    mamba_proj_bias: bool = False
+    # Single-block layers (module doc): of the model's layers, those that
+    # are a mixer alone and those that are an MLP or MoE block alone.
+    num_mixer_only_layers: int = 0
+    num_mlp_only_layers: int = 0
     num_chunked_layers: int = 0
     attention_chunk_size: int = 0
     index_topk: int = 0
@@ -84,7 +95,10 @@ class HybridLayers:
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if name in ("mamba_conv_bias", "mamba_proj_bias"):
+                if not isinstance(value, bool):
+                    raise UserInputError(f"HybridLayers {name}={show(value)}: must be true or false")
+            elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserInputError(f"HybridLayers {name}={show(value)}: must be an integer >= 0")
         groups = {
             "num_linear_layers": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
@@ -104,14 +118,25 @@ class HybridLayers:
                     if getattr(self, name) < 1:
                         raise UserInputError(f"HybridLayers {name}={getattr(self, name)}: must be positive "
                                              f"with {count}={getattr(self, count)}")
+        if self.num_mamba_layers > self.num_mixer_only_layers and self.num_mixer_only_layers:
+            raise UserInputError(f"HybridLayers num_mamba_layers={self.num_mamba_layers}: a single-block "
+                                 f"model's Mamba layers are among its num_mixer_only_layers="
+                                 f"{self.num_mixer_only_layers}")
         if self.num_linear_layers and self.linear_num_value_heads % self.linear_num_key_heads:
             raise UserInputError(f"HybridLayers linear_num_value_heads={self.linear_num_value_heads}: must "
                                  f"be a multiple of linear_num_key_heads={self.linear_num_key_heads}")
 
     @property
     def num_other_layers(self) -> int:
-        """Layers that are not full (or sliding-window) attention."""
-        return self.num_linear_layers + self.num_chunked_layers + self.num_mamba_layers
+        """Layers that are not full (or sliding-window) attention: linear,
+        chunked, Mamba-2 and MLP-only ones."""
+        return (self.num_linear_layers + self.num_chunked_layers + self.num_mamba_layers
+                + self.num_mlp_only_layers)
+
+    @property
+    def num_single_block_layers(self) -> int:
+        """Layers that are one block alone (one norm, one residual add)."""
+        return self.num_mixer_only_layers + self.num_mlp_only_layers
 
     @property
     def linear_conv_dim(self) -> int:
@@ -160,13 +185,16 @@ class HybridLayers:
         return self.mamba_inner + 2 * self.mamba_n_groups * self.mamba_state_size
 
     def mamba_params_per_layer(self, hidden_size: int) -> int:
-        """One Mamba-2 mixer's weights: the input projection (z, x, B, C
-        and dt), the convolution, A, D and dt's bias, the gated norm and the
-        output projection."""
+        """One Mamba-2 mixer's weights as vLLM's MambaMixer2 holds them: the
+        input projection (z, x, B, C and dt), the convolution, A, D and
+        dt's bias, the gated norm and the output projection, with the
+        biases the config asks for."""
         inner, heads = self.mamba_inner, self.mamba_num_heads
-        in_proj = hidden_size * (2 * inner + 2 * self.mamba_n_groups * self.mamba_state_size + heads)
-        conv = self.mamba_conv_dim * self.mamba_conv_kernel
-        return in_proj + conv + 3 * heads + inner + inner * hidden_size
+        in_width = 2 * inner + 2 * self.mamba_n_groups * self.mamba_state_size + heads
+        in_proj = hidden_size * in_width + (in_width if self.mamba_proj_bias else 0)
+        conv = self.mamba_conv_dim * (self.mamba_conv_kernel + int(self.mamba_conv_bias))
+        out_proj = inner * hidden_size + (hidden_size if self.mamba_proj_bias else 0)
+        return in_proj + conv + 3 * heads + inner + out_proj
 
     def mamba_flops_per_token(self, prefill: bool) -> float:
         """The scan's FLOPs per token and layer (projections apart): per

@@ -43,7 +43,6 @@ from typing import Any
 
 from kvsched.config import KVCacheGroup
 from kvsched.errors import UserInputError
-from kvsched.hf_config import HFConfig, language_model_config
 from kvsched.perf.model_parsers import model_spec_from_config
 from kvsched.perf.models import ModelSpec
 
@@ -387,15 +386,9 @@ def resolve_mamba_cache(*, block_size: int, enable_prefix_caching: bool, max_mod
 
 # -- per-layer specs ------------------------------------------------------------------
 
-# Bytes of the dtypes a Mamba-style state is stored in (vLLM's
-# mamba_ssm_cache_dtype values).
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The model dtype kvsched's hybrid checkpoints run in (all are 16-bit): the
 # conv state's dtype (vLLM's mamba_cache_dtype "auto").
 MODEL_DTYPE_BYTES = 2
-# Nemotron-H keeps its SSM state in float32 unless config.json says otherwise
-# (vLLM's NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE).
-NEMOTRON_H_SSM_DTYPE = "float32"
 # DeepSeek-V3.2's lightning indexer caches one FP8 key of index_head_dim
 # values per token with one float32 scale per 128 values (vLLM's Indexer:
 # quant_block_size 128, a uint8 cache of head_dim + head_dim // 128 * 4 bytes).
@@ -408,9 +401,6 @@ FP8_DS_MLA_QUANT_BLOCK = 128
 # The indexer's kernels on CUDA read 64-token blocks, no other size
 # (DeepseekV32IndexerBackend.get_supported_kernel_block_sizes, 0.33 and 0.34).
 SPARSE_INDEXER_KERNEL_BLOCK = 64
-# model_types read here beside those kvsched.perf.model_parsers parses
-# (a multimodal wrapper's text_config is read).
-HYBRID_MODEL_TYPES = ("nemotron_h",)
 
 
 @dataclass(slots=True, frozen=True)
@@ -504,7 +494,8 @@ def model_spec_layers(model: ModelSpec, *, block_size: int, tensor_parallel_size
         shared = hybrid.num_shared_index_layers * full_layers // model.num_layers
         # A drafter layer is a copy of the target's (kvsched.perf.drafter.layer_spec), as
         # vLLM's MTP layer is, indexer included: an MTP layer always builds one.
-        return ((latent, indexer) * (full_layers - shared + extra_full_layers) + (latent,) * shared)
+        return sliding + chunked + (latent, indexer) * (full_layers - shared + extra_full_layers) \
+            + (latent,) * shared
     return sliding + chunked + (full,) * (full_layers + extra_full_layers)
 
 
@@ -513,47 +504,73 @@ def model_spec_kv_layout(model: ModelSpec, *, block_size: int, tensor_parallel_s
                          extra_full_layers: int = 0, fp8_ds_mla: bool = True) -> ModelKVLayout:
     """A ModelSpec's per-layer KV specs with the attention block size vLLM
     runs it at: :func:`model_spec_layers`' for attention-only models (the
-    block size as given), and for a Gated DeltaNet hybrid (Qwen3-Next) its
-    linear layers as Mamba state (vLLM's gated_delta_net_state_shape: a conv
-    state of ``linear_conv_kernel - 1`` rows of 2 x key heads x key dim +
-    value heads x value dim, and value heads x value dim x key dim, both
-    split over TP; the conv state in the model's 16 bits, the recurrent one
-    at ``linear_state_dtype_bytes``) beside its full-attention layers, the
-    block size raised to hold a state page (:func:`resolve_mamba_cache`;
-    FlashInfer's GDN prefill checkpoints every 64 tokens, with a checkpoint
-    block in align mode). Linear layers come first, as layer 0 is one."""
+    block size as given); for a Mamba-state hybrid its linear or Mamba-2
+    layers as Mamba state (:func:`mamba_state_bytes`) beside its
+    full-attention layers, the block size raised to hold a state page
+    (:func:`resolve_mamba_cache`). FlashInfer's GDN prefill checkpoints
+    every 64 tokens and keeps a checkpoint block in align mode; MambaMixer2
+    exports no mid-prefill checkpoint but always declares a checkpoint
+    block. The state layers come first, as layer 0 is one in every
+    published Qwen3-Next, Qwen3.5 and Nemotron-H config (vLLM orders its
+    groups by their first layer). Nemotron-H's MLP-only layers hold no
+    cache."""
     h = model.hybrid
-    if h is None or not h.num_linear_layers:
-        if h is not None and h.num_mamba_layers:
-            raise UserInputError(f"{model.name}: Mamba-2 layers in a ModelSpec are not planned (Nemotron-H "
-                                 "is planned from its config.json by model_kv_layout only)")
+    if h is None or not (h.num_linear_layers or h.num_mamba_layers):
         return ModelKVLayout(model_spec_layers(model, block_size=block_size,
                                                tensor_parallel_size=tensor_parallel_size,
                                                kv_cache_bytes=kv_cache_bytes,
                                                extra_full_layers=extra_full_layers, fp8_ds_mla=fp8_ds_mla),
                              block_size)
     tp = tensor_parallel_size
-    for name, heads in (("linear_num_key_heads", h.linear_num_key_heads),
-                        ("linear_num_value_heads", h.linear_num_value_heads)):
-        if heads % tp:
-            raise UserInputError(f"{model.name}: {name}={heads} is not divisible by "
-                                 f"tensor_parallel_size={tp} (vLLM splits the Gated DeltaNet heads over TP); "
-                                 "use a TP size dividing it")
-    conv_width = (2 * h.linear_num_key_heads * h.linear_key_head_dim
-                  + h.linear_num_value_heads * h.linear_value_head_dim) // tp
-    conv = (h.linear_conv_kernel - 1) * conv_width * MODEL_DTYPE_BYTES
-    ssm = h.linear_num_value_heads // tp * h.linear_value_head_dim * h.linear_key_head_dim \
-        * h.linear_state_dtype_bytes
+    state = mamba_state_bytes(model, tp)
     per_token = int(model.kv_bytes_per_layer_per_rank(kv_cache_bytes, tp))
+    gdn = h.num_linear_layers > 0
     mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                                 max_model_len=max_model_len, attention_bytes_per_token=per_token,
-                                mamba_state_bytes=conv + ssm, checkpoint_alignment=GDN_CHECKPOINT_ALIGNMENT,
-                                checkpoint_block=enable_prefix_caching)
-    linear = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=conv + ssm,
-                       page_size_padded=mamba.mamba_page_size_padded)
+                                mamba_state_bytes=state,
+                                checkpoint_alignment=GDN_CHECKPOINT_ALIGNMENT if gdn else None,
+                                checkpoint_block=enable_prefix_caching or not gdn)
+    layer = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=state,
+                      page_size_padded=mamba.mamba_page_size_padded)
     full = LayerSpec(FULL, mamba.block_size, per_token)
-    full_layers = model.num_layers - h.num_linear_layers + extra_full_layers
-    return ModelKVLayout((linear,) * h.num_linear_layers + (full,) * full_layers, mamba.block_size, mamba)
+    states = h.num_linear_layers + h.num_mamba_layers
+    return ModelKVLayout((layer,) * states + (full,) * (model.num_full_attention_layers + extra_full_layers),
+                         mamba.block_size, mamba)
+
+
+def mamba_state_bytes(model: ModelSpec, tensor_parallel_size: int) -> int:
+    """One request's state in one linear-attention or Mamba-2 layer on one
+    TP rank, as vLLM's MambaStateShapeCalculator shapes it: the
+    convolution's ``kernel - 1`` rows of its channels (split over TP, in
+    the model's 16 bits) and the recurrent state (split over TP, at the
+    state dtype). Gated DeltaNet: channels 2 x key heads x key dim + value
+    heads x value dim, state value heads x value dim x key dim. Mamba-2:
+    channels heads x head dim + 2 x groups x state size (groups that do not
+    split over TP replicated up to the TP size), state heads x head dim x
+    state size."""
+    h = model.hybrid
+    assert h is not None
+    tp = tensor_parallel_size
+    if h.num_linear_layers:
+        for name, heads in (("linear_num_key_heads", h.linear_num_key_heads),
+                            ("linear_num_value_heads", h.linear_num_value_heads)):
+            if heads % tp:
+                raise UserInputError(f"{model.name}: {name}={heads} is not divisible by "
+                                     f"tensor_parallel_size={tp} (vLLM splits the Gated DeltaNet heads over "
+                                     "TP); use a TP size dividing it")
+        conv_width = (2 * h.linear_num_key_heads * h.linear_key_head_dim
+                      + h.linear_num_value_heads * h.linear_value_head_dim) // tp
+        ssm = h.linear_num_value_heads // tp * h.linear_value_head_dim * h.linear_key_head_dim \
+            * h.linear_state_dtype_bytes
+        return (h.linear_conv_kernel - 1) * conv_width * MODEL_DTYPE_BYTES + ssm
+    if h.mamba_num_heads % tp:
+        raise UserInputError(f"{model.name}: mamba_num_heads={h.mamba_num_heads} is not divisible by "
+                             f"tensor_parallel_size={tp} (vLLM splits the Mamba-2 heads over TP); use a TP "
+                             "size dividing it")
+    groups = h.mamba_n_groups if h.mamba_n_groups % tp == 0 else tp
+    conv_width = (h.mamba_inner + 2 * groups * h.mamba_state_size) // tp
+    ssm = h.mamba_num_heads // tp * h.mamba_head_dim * h.mamba_state_size * h.mamba_state_dtype_bytes
+    return (h.mamba_conv_kernel - 1) * conv_width * MODEL_DTYPE_BYTES + ssm
 
 
 def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel_size: int = 1,
@@ -562,64 +579,12 @@ def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel
                     fp8_ds_mla: bool = True) -> ModelKVLayout:
     """The per-layer KV cache specs vLLM's model classes declare for the
     config.json ``data`` on one of ``tensor_parallel_size`` ranks,
-    ``kv_cache_bytes`` per KV value (2: "auto" on a 16-bit model; 1: fp8).
-    The models kvsched prices are read by kvsched.perf.model_parsers (Llama 4,
-    DeepSeek-V3.2 and Qwen3-Next included) and laid out by
-    :func:`model_spec_kv_layout`; Nemotron-H (:data:`HYBRID_MODEL_TYPES`) here."""
-    text, model_type = language_model_config(data)
-    cfg = HFConfig(text, source)
-    tp = tensor_parallel_size
-    if model_type not in HYBRID_MODEL_TYPES:
-        model = model_spec_from_config(data, source, source)
-        return model_spec_kv_layout(
-            model, block_size=block_size, tensor_parallel_size=tp, kv_cache_bytes=kv_cache_bytes,
-            enable_prefix_caching=enable_prefix_caching,
-            max_model_len=max_model_len if max_model_len is not None else model.max_position_embeddings,
-            fp8_ds_mla=fp8_ds_mla)
-    layers = cfg.get_int("num_hidden_layers")
-    kv_heads = kv_heads_per_rank(cfg.get_int("num_key_value_heads"), tp)
-    per_token = 2 * kv_heads * _head_dim(cfg) * kv_cache_bytes
-    kinds, state, checkpoint = _nemotron_h_layers(cfg, layers, tp, source)
-    model_len = max_model_len if max_model_len is not None else cfg.get_int("max_position_embeddings")
-    mamba = resolve_mamba_cache(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
-                                max_model_len=model_len, attention_bytes_per_token=per_token,
-                                mamba_state_bytes=state, checkpoint_alignment=checkpoint,
-                                # MambaMixer2's spec always has a checkpoint block.
-                                checkpoint_block=True)
-    attention = LayerSpec(FULL, mamba.block_size, per_token)
-    mamba_layer = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=state,
-                            page_size_padded=mamba.mamba_page_size_padded)
-    specs = tuple(mamba_layer if k == MAMBA else attention for k in kinds)
-    return ModelKVLayout(specs, mamba.block_size, mamba)
-
-
-def _head_dim(cfg: HFConfig) -> int:
-    if cfg.data.get("head_dim") is not None:
-        return cfg.get_int("head_dim")
-    return cfg.get_int("hidden_size") // cfg.get_int("num_attention_heads")
-
-
-def _nemotron_h_layers(cfg: HFConfig, layers: int, tp: int, source: str) -> tuple[list[str], int, int | None]:
-    """(layer kinds, Mamba2 state bytes per rank, prefill checkpoint
-    alignment): ``hybrid_override_pattern`` M = Mamba2, * = attention,
-    others (MLP, MoE) no cache. vLLM's MambaStateShapeCalculator.
-    mamba2_state_shape: a conv state of conv_kernel - 1 rows of the conv
-    width (heads x head_dim + 2 x groups x state, groups replicated up to the
-    TP size) and an SSM state of heads x head_dim x state, both over TP."""
-    pattern = cfg.get_str("hybrid_override_pattern", "")
-    if len(pattern) != layers:
-        raise cfg.fail("hybrid_override_pattern", pattern,
-                       f"must have one character per layer (num_hidden_layers={layers})")
-    heads, head_dim = cfg.get_int("mamba_num_heads"), cfg.get_int("mamba_head_dim")
-    groups, state = cfg.get_int("n_groups"), cfg.get_int("ssm_state_size")
-    if groups % tp:
-        groups = tp
-    conv_width = (heads * head_dim + 2 * groups * state) // tp
-    conv = (cfg.get_int("conv_kernel") - 1) * conv_width * MODEL_DTYPE_BYTES
-    ssm_dtype = cfg.get_str("mamba_ssm_cache_dtype", NEMOTRON_H_SSM_DTYPE)
-    if ssm_dtype not in _DTYPE_BYTES:
-        raise cfg.fail("mamba_ssm_cache_dtype", ssm_dtype, f"must be one of {', '.join(_DTYPE_BYTES)}")
-    ssm = heads // tp * head_dim * state * _DTYPE_BYTES[ssm_dtype]
-    kinds = [MAMBA if c == "M" else FULL for c in pattern if c in "M*"]
-    # Mamba2 layers export no mid-prefill checkpoint (MambaBase's None).
-    return kinds, conv + ssm, None
+    ``kv_cache_bytes`` per KV value (2: "auto" on a 16-bit model; 1: fp8):
+    the model read by kvsched.perf.model_parsers, laid out by
+    :func:`model_spec_kv_layout` (``fp8_ds_mla``: its sparse MLA's fp8 row)."""
+    model = model_spec_from_config(data, source, source)
+    return model_spec_kv_layout(
+        model, block_size=block_size, tensor_parallel_size=tensor_parallel_size,
+        kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching,
+        max_model_len=max_model_len if max_model_len is not None else model.max_position_embeddings,
+        fp8_ds_mla=fp8_ds_mla)

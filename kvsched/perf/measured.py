@@ -99,6 +99,11 @@ def measured_coverage(model: ModelSpec, hardware: Hardware, parallel: ParallelCo
     tp = parallel.tensor_parallel_size
     if not model.splits_over(tp):
         return f"{model.num_heads} heads ({model.num_kv_heads} KV) do not split over TP {tp}"
+    hybrid = model.hybrid
+    if hybrid is not None and (hybrid.num_single_block_layers or model.moe_latent_size):
+        # The measured GEMMs are laid out as attention and an MLP in every layer, at the hidden width.
+        return (f"{model.name}'s single-block layers (a mixer or an MLP alone) or latent MoE are not laid "
+                "out by the measured backend")
     tables = load_tables(system)
     # 16-bit GEMMs (LM head, routers, unquantized layers) must be measured;
     # quantized GEMMs a table lacks fall back to the roofline one by one.

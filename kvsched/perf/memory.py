@@ -231,7 +231,7 @@ def kv_cache_plan(model: ModelSpec, num_layers: int, num_sliding_layers: int, bl
     off unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set;
     its chunked layers then allocate as full attention, one group.
 
-    A Gated DeltaNet hybrid (Qwen3-Next) is laid out whole with its Mamba
+    A Gated DeltaNet or Mamba-2 hybrid (Qwen3-Next, Qwen3.5, Nemotron-H) is laid out whole with its Mamba
     state pages (``enable_prefix_caching`` picks the Mamba cache mode,
     ``max_model_len`` the "none" mode's block; default the model's context);
     the plan's ``mamba`` then says how vLLM sized the blocks.
@@ -241,7 +241,7 @@ def kv_cache_plan(model: ModelSpec, num_layers: int, num_sliding_layers: int, bl
     kvsched.perf.kv_cache_planning.sparse_mla_bytes_per_token)."""
     h = model.hybrid
     mamba = None
-    if h is not None and h.num_linear_layers:
+    if h is not None and (h.num_linear_layers or h.num_mamba_layers):
         layout = model_spec_kv_layout(
             model, block_size=block_size, tensor_parallel_size=tensor_parallel_size, kv_cache_bytes=kv_bytes,
             enable_prefix_caching=enable_prefix_caching,
@@ -280,7 +280,7 @@ def plan_memory(model: ModelSpec, hardware: Hardware, parallel: ParallelConfig,
     slots per device (allocated with the model, before vLLM sizes the KV
     cache); ``extensible``: sized as vLLM 0.34's extensible KV cache (module
     doc), else from the profiling estimate. ``enable_prefix_caching`` and
-    ``max_model_len`` size a Gated DeltaNet hybrid's Mamba cache
+    ``max_model_len`` size a Gated DeltaNet or Mamba-2 hybrid's Mamba cache
     (:func:`kv_cache_plan`)."""
     check_gpu_memory_utilization(gpu_memory_utilization)
     if not is_int(block_size) or block_size < 1:
@@ -326,10 +326,10 @@ def _plan_pipeline(model: ModelSpec, hardware: Hardware, parallel: ParallelConfi
     tp = parallel.tensor_parallel_size
     pp = parallel.pipeline_parallel_size
     m = model
-    if m.hybrid is not None and m.hybrid.num_linear_layers:
+    if m.hybrid is not None and (m.hybrid.num_linear_layers or m.hybrid.num_mamba_layers):
         raise UserInputError(f"pipeline_parallel_size={pp} (--pipeline-parallel-size) with {m.name}: vLLM's "
-                             "Mamba cache groups of a linear-attention hybrid are not planned per pipeline "
-                             "stage by kvsched; drop --pipeline-parallel-size")
+                             "Mamba cache groups of a linear-attention or Mamba-2 hybrid are not planned per "
+                             "pipeline stage by kvsched; drop --pipeline-parallel-size")
     whole = weight_bytes_per_device(m, parallel, runtime.dtype, runtime.quantized_layers)
     # 16-bit embedding and LM head, per TP rank; the layers share the rest.
     embedding = m.embedding_params() * 2.0 / tp

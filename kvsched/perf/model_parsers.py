@@ -26,14 +26,14 @@ from kvsched.hf_config import (
     split_heads,
 )
 from kvsched.jsonfile import show
-from kvsched.perf.hybrid import HybridLayers
+from kvsched.perf.hybrid import MAMBA_CHUNK, HybridLayers
 from kvsched.perf.models import ModelSpec
 
 SUPPORTED_MODEL_TYPES = ("bloom", "chatglm", "deepseek_v2", "deepseek_v3", "deepseek_v32", "gemma2",
                          "gemma3_text", "glm4", "glm4_moe", "glm_moe_dsa", "gpt_oss", "kimi_k2", "llama",
-                         "llama4_text",
-                         "mistral", "mixtral", "phi3", "qwen2", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3",
-                         "qwen3_moe", "qwen3_next", "qwen3_vl_moe_text", "qwen3_vl_text")
+                         "llama4_text", "mistral", "mixtral", "nemotron_h", "phi3", "qwen2", "qwen2_5_vl",
+                         "qwen2_5_vl_text", "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe",
+                         "qwen3_next", "qwen3_vl_moe_text", "qwen3_vl_text")
 
 # The language models of the vision-language wrappers (the vision tower is
 # kvsched.perf.vision's): each reads as the text model it is.
@@ -44,19 +44,6 @@ _VL_TEXT_TYPES: Mapping[str, str] = MappingProxyType({
 # Architectures vLLM serves that kvsched refuses, and why: what the KV cache
 # or the step price would get wrong. The one owner of those reasons.
 REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
-    "qwen3_5": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next) "
-               "under Qwen3.5's multimodal wrapper, whose float32 recurrent state (mamba_ssm_dtype) and "
-               "Mamba cache groups kvsched has not checked against vLLM's plan; Qwen3-Next (qwen3_next) is "
-               "planned",
-    "qwen3_5_moe": "hybrid linear attention (Gated DeltaNet layers with a recurrent state, as Qwen3-Next) "
-                   "under Qwen3.5's multimodal wrapper, whose float32 recurrent state (mamba_ssm_dtype) and "
-                   "Mamba cache groups kvsched has not checked against vLLM's plan; Qwen3-Next (qwen3_next) "
-                   "is planned",
-    "nemotron_h": "hybrid Mamba-2/attention layers (hybrid_override_pattern): each layer is a Mamba-2 "
-                  "mixer, an attention block or an MLP/MoE block alone, which ModelSpec's layers (attention "
-                  "and an MLP in each) do not express, so the weights and steps are not priced; and with "
-                  "prefix caching (vLLM's default) Mamba2's prefill checkpoint blocks are not modelled by "
-                  "the scheduler",
     "deepseek_v4": "compressed sparse attention with a sliding window on every layer; kvsched prices "
                    "dense MLA only",
     "kimi_linear": "hybrid linear attention (Kimi Delta Attention layers with a recurrent state); kvsched "
@@ -307,12 +294,39 @@ def _linear_layout(cfg: HFConfig, layers: int) -> int:
     return layers - layers // interval
 
 
+# Qwen3.5's language models (under its multimodal wrappers, qwen3_5 and
+# qwen3_5_moe): Qwen3-Next's layers.
+_QWEN3_5_TEXT = ("qwen3_5_text", "qwen3_5_moe_text")
+# Bytes per value of the dtypes a Mamba-style state may be kept in
+# (mamba_ssm_cache_dtype's values).
+STATE_DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"float32": 4, "bfloat16": 2, "float16": 2})
+# Nemotron-H keeps its SSM state in float32 unless config.json names
+# another dtype (vLLM's NemotronHForCausalLMConfig).
+NEMOTRON_H_SSM_DTYPE = "float32"
+
+
+def _state_dtype_bytes(cfg: HFConfig, key: str, default: str) -> int:
+    name = cfg.get_str(key, default)
+    if name not in STATE_DTYPE_BYTES:
+        raise cfg.fail(key, name, f"must be one of {', '.join(STATE_DTYPE_BYTES)}")
+    return STATE_DTYPE_BYTES[name]
+
+
+def _qwen3_5_state_dtype_bytes(cfg: HFConfig) -> int:
+    """Qwen3.5's recurrent state dtype: vLLM's Qwen3.5 config classes set
+    the Mamba SSM cache dtype to text_config's ``mamba_ssm_dtype`` (the
+    published configs say float32); absent, the model's 16 bits. (vLLM
+    applies no such rule to Qwen3-Next.)"""
+    return _state_dtype_bytes(cfg, "mamba_ssm_dtype", "bfloat16")
+
+
 def _parse_qwen3_next(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5 (dense or MoE): Gated DeltaNet layers
     (kvsched.perf.hybrid) with a full-attention layer every
     ``full_attention_interval``; MoE layers with one shared expert, or
     dense MLPs. The full layers' output gate (q_proj twice as wide) is not
-    counted: 0.1 % of the weights."""
+    counted: 0.1 % of the weights. Qwen3.5's vision tower and MTP layer
+    are not counted either."""
     hidden = cfg.get_int("hidden_size")
     layers = cfg.get_int("num_hidden_layers")
     heads = cfg.get_int("num_attention_heads")
@@ -331,7 +345,7 @@ def _parse_qwen3_next(cfg: HFConfig, model_type: str) -> dict[str, Any]:
             linear_key_head_dim=cfg.get_int("linear_key_head_dim"),
             linear_value_head_dim=cfg.get_int("linear_value_head_dim"),
             linear_conv_kernel=cfg.get_int("linear_conv_kernel_dim", default=4),
-            linear_state_dtype_bytes=4 if cfg.data.get("mamba_ssm_dtype") == "float32" else 2),
+            linear_state_dtype_bytes=_qwen3_5_state_dtype_bytes(cfg) if model_type in _QWEN3_5_TEXT else 2),
     }
     experts = cfg.get_int("num_experts", default=0)
     sparse_step = cfg.get_int("decoder_sparse_step", default=1)
@@ -385,6 +399,76 @@ def _shared_index_layers(cfg: HFConfig, layers: int) -> int:
                                                "index_skip_topk_offset / index_topk_pattern give, which vLLM "
                                                "0.33 builds by (0.34 by indexer_types); make them agree")
     return len(shared)
+# Nemotron-H's hybrid_override_pattern: one character per layer.
+_NEMOTRON_BLOCKS = {"M": "Mamba-2 mixer", "*": "attention", "-": "MLP", "E": "MoE"}
+
+
+def _parse_nemotron_h(cfg: HFConfig, model_type: str) -> dict[str, Any]:
+    """Nemotron-H / Nemotron-3 (NemotronHForCausalLM): each layer is one
+    block behind one RMSNorm, as ``hybrid_override_pattern`` names it
+    (:data:`_NEMOTRON_BLOCKS`): a Mamba-2 mixer (vLLM's MambaMixer2: inner
+    width mamba_num_heads x mamba_head_dim, ``expand`` unread as vLLM leaves
+    it), grouped-query attention without biases or q/k norms, an MLP (up
+    and down projections around a squared ReLU) or an MoE block (sigmoid
+    routing with a score-correction bias, shared experts, optionally at a
+    latent width). Defaults are transformers' NemotronHConfig's."""
+    layers = cfg.get_int("num_hidden_layers")
+    pattern = cfg.get_str("hybrid_override_pattern", "")
+    if len(pattern) != layers or not set(pattern) <= set(_NEMOTRON_BLOCKS):
+        raise cfg.fail("hybrid_override_pattern", pattern,
+                       f"must have one character per layer (num_hidden_layers={layers}), each one of "
+                       + ", ".join(f"{c!r} ({kind})" for c, kind in _NEMOTRON_BLOCKS.items()))
+    count = {c: pattern.count(c) for c in _NEMOTRON_BLOCKS}
+    hidden = cfg.get_int("hidden_size")
+    heads = cfg.get_int("num_attention_heads")
+    act = cfg.get_str("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        raise cfg.fail("mlp_hidden_act", act, "must be 'relu2' (the published Nemotron-H activation; "
+                                              "kvsched prices the MLP as up/down around it)")
+    spec: dict[str, Any] = {
+        "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+        "num_kv_heads": cfg.get_int("num_key_value_heads", default=heads),
+        # Older configs (Nemotron-H-8B) name the head dim attention_head_dim.
+        "head_dim": cfg.get_int("head_dim", "attention_head_dim")
+        if any(cfg.data.get(k) is not None for k in ("head_dim", "attention_head_dim"))
+        else split_heads(cfg, hidden, heads),
+        "vocab_size": cfg.get_int("vocab_size"),
+        "max_position_embeddings": cfg.get_int("max_position_embeddings"),
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+        "mlp_kind": "relu2", "mlp_bias": cfg.get_bool("mlp_bias", False),
+        "intermediate_size": _nemotron_mlp_size(cfg) if count["-"] else 0,
+        "hybrid": HybridLayers(
+            num_mamba_layers=count["M"], mamba_num_heads=cfg.get_int("mamba_num_heads"),
+            mamba_head_dim=cfg.get_int("mamba_head_dim"), mamba_state_size=cfg.get_int("ssm_state_size"),
+            mamba_n_groups=cfg.get_int("n_groups"), mamba_conv_kernel=cfg.get_int("conv_kernel", default=4),
+            mamba_chunk_size=cfg.get_int("chunk_size", default=MAMBA_CHUNK),
+            mamba_state_dtype_bytes=_state_dtype_bytes(cfg, "mamba_ssm_cache_dtype", NEMOTRON_H_SSM_DTYPE),
+            mamba_conv_bias=cfg.get_bool("use_conv_bias", True),
+            mamba_proj_bias=cfg.get_bool("use_bias", False),
+            num_mixer_only_layers=count["M"] + count["*"], num_mlp_only_layers=count["-"] + count["E"]),
+    }
+    if count["E"]:
+        shared = cfg.get_int("n_shared_experts", default=0)
+        spec.update(num_experts=cfg.get_int("n_routed_experts"),
+                    experts_per_token=cfg.get_int("num_experts_per_tok"),
+                    moe_intermediate_size=cfg.get_int("moe_intermediate_size"), num_shared_experts=shared,
+                    shared_expert_intermediate_size=cfg.get_int("moe_shared_expert_intermediate_size")
+                    if shared else 0,
+                    first_k_dense_layers=count["-"], router_bias=True,
+                    moe_latent_size=cfg.get_int("moe_latent_size", default=0))
+    return spec
+
+
+def _nemotron_mlp_size(cfg: HFConfig) -> int:
+    """The '-' layers' MLP width: ``intermediate_size``, or a list of one
+    width per MLP layer (vLLM's), which must be one width here."""
+    value = cfg.data.get("intermediate_size")
+    if isinstance(value, list):
+        if not value or len(set(value)) != 1:
+            raise cfg.fail("intermediate_size", value, "MLP layers of different widths are not priced; "
+                                                       "give one width")
+        return HFConfig({"intermediate_size": value[0]}, cfg.source).get_int("intermediate_size")
+    return cfg.get_int("intermediate_size")
 
 
 def _parse_deepseek_v32(cfg: HFConfig, model_type: str) -> dict[str, Any]:
@@ -456,53 +540,13 @@ _PARSERS = {
     # GLM-5's model_type: vLLM serves it with DeepSeek-V3.2's model class.
     "deepseek_v32": _parse_deepseek_v32, "glm_moe_dsa": _parse_deepseek_v32,
     "llama4_text": _parse_llama4_text, "qwen3_next": _parse_qwen3_next,
+    "qwen3_5_text": _parse_qwen3_next, "qwen3_5_moe_text": _parse_qwen3_next, "nemotron_h": _parse_nemotron_h,
     "gemma2": _parse_gemma, "gemma3_text": _parse_gemma, "glm4": _parse_glm4, "glm4_moe": _parse_glm4_moe,
     "chatglm": _parse_chatglm,
     "gpt_oss": _parse_gpt_oss, "bloom": _parse_bloom,
     **{name: _parse_vl_text for name in _VL_TEXT_TYPES},
 }
 assert tuple(sorted(_PARSERS)) == SUPPORTED_MODEL_TYPES
-
-# Hybrid architectures priced by kind (kvsched.perf.hybrid) that
-# REFUSED_MODEL_TYPES still refuses (Qwen3.5: its KV cache plan is not
-# checked). :func:`load_hybrid_model_spec` reads them for the step-time model.
-_HYBRID_PARSERS = {"qwen3_5_text": _parse_qwen3_next, "qwen3_5_moe_text": _parse_qwen3_next}
-# The hybrid types model_spec_from_config parses (their KV cache planned as
-# vLLM plans it, kvsched.perf.kv_cache_planning.model_spec_kv_layout).
-_PRICED_HYBRIDS = ("deepseek_v32", "glm_moe_dsa", "llama4_text", "qwen3_next")
-# The refused ones' wrappers' model_types, as REFUSED_MODEL_TYPES names them.
-_HYBRID_WRAPPERS: Mapping[str, str] = MappingProxyType({
-    "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"})
-
-
-def load_hybrid_model_spec(path: str | Path, name: str | None = None) -> ModelSpec:
-    """The priced spec of a hybrid model: one :func:`load_model_spec`
-    parses (Llama 4, DeepSeek-V3.2, Qwen3-Next), or one it still refuses
-    (:data:`_HYBRID_PARSERS`): its layers by kind, for the step-time
-    model. Read through a wrapper's ``text_config``."""
-    p = Path(path).expanduser()
-    config_path = p / "config.json" if p.is_dir() else p
-    data = read_config_json(config_path)
-    if language_model_config(data)[1] in _PARSERS:
-        return model_spec_from_config(data, name or _name_from_path(config_path), str(config_path))
-    model_type = data.get("model_type")
-    text: Mapping[str, Any] = data
-    if isinstance(model_type, str) and model_type in _HYBRID_WRAPPERS:
-        inner = data.get("text_config")
-        if not isinstance(inner, dict):
-            raise UserInputError(f"{config_path}: model_type={model_type!r} needs a text_config object")
-        text, model_type = inner, _HYBRID_WRAPPERS[model_type]
-    parser = _HYBRID_PARSERS.get(model_type) if isinstance(model_type, str) else None
-    if parser is None:
-        raise UserInputError(f"{config_path}: model_type={show(model_type)} is not a hybrid type kvsched "
-                             f"prices; those are {', '.join(sorted((*_HYBRID_PARSERS, *_PRICED_HYBRIDS)))}")
-    assert isinstance(model_type, str)
-    fields = parser(HFConfig(text, str(config_path)), model_type)
-    try:
-        return ModelSpec(name=name or _name_from_path(config_path), **fields)
-    except ValueError as err:
-        raise UserInputError(f"{config_path}: {err}") from None
-
 
 _HF_CACHE_DIR = re.compile(r"models--([^/]+?)--(.+)")
 

@@ -33,7 +33,9 @@ from kvsched.hf_config import (
 from kvsched.jsonfile import show
 from kvsched.perf.hybrid import HybridLayers
 
-MLP_KINDS = ("swiglu", "gelu")
+# The MLP's activation and shape: SwiGLU (gate, up, down), or an up and a
+# down projection around GELU or a squared ReLU (Nemotron-H's relu2).
+MLP_KINDS = ("swiglu", "gelu", "relu2")
 NORM_KINDS = ("rmsnorm", "layernorm")
 
 
@@ -52,7 +54,7 @@ _UPPER_BOUNDS: Mapping[str, int] = MappingProxyType({
     "shared_expert_intermediate_size": MAX_INTERMEDIATE_SIZE, "first_k_dense_layers": MAX_LAYERS,
     "q_lora_rank": MAX_HIDDEN_SIZE, "kv_lora_rank": MAX_HIDDEN_SIZE, "qk_nope_head_dim": MAX_HEAD_DIM,
     "qk_rope_head_dim": MAX_HEAD_DIM, "v_head_dim": MAX_HEAD_DIM, "sliding_window": MAX_POSITIONS,
-    "num_sliding_layers": MAX_LAYERS, "num_mtp_layers": MAX_LAYERS,
+    "num_sliding_layers": MAX_LAYERS, "num_mtp_layers": MAX_LAYERS, "moe_latent_size": MAX_HIDDEN_SIZE,
 })
 
 
@@ -78,6 +80,16 @@ class ModelSpec(ModelShape):
     Sliding window: see :meth:`kv_bytes_per_token` and
     :meth:`sliding_kv_bytes_per_seq`.
 
+    Single-block layers (Nemotron-H, :class:`~kvsched.perf.hybrid.HybridLayers`):
+    a layer that is a mixer alone has no MLP, one that is an MLP or MoE
+    block alone has no attention, and either has one norm; the layer counts
+    (:attr:`num_dense_layers`, :attr:`num_moe_layers`,
+    :attr:`num_full_attention_layers`) leave those out.
+
+    Latent MoE (``moe_latent_size``, Nemotron-3-Super): the routed experts
+    work at the latent width, between a projection into it and one out of
+    it that every token runs.
+
     MTP: ``num_mtp_layers`` multi-token-prediction modules (eh_proj + one
     decoder layer each) ship beside the main layers; they are not in
     :meth:`num_params` and cost nothing unless speculative decoding uses them
@@ -99,6 +111,7 @@ class ModelSpec(ModelShape):
     num_shared_experts: int = 0
     shared_expert_intermediate_size: int = 0
     router_bias: bool = False
+    moe_latent_size: int = 0
     # Norms: their kind; two more per layer, after attention and after the
     # MLP (Gemma 2/3's post_attention/post_feedforward norms, GLM-4's
     # post_self_attn/post_mlp), four per layer instead of two, vectors only;
@@ -162,6 +175,9 @@ class ModelSpec(ModelShape):
                 raise _fail(name, "hybrid", self.hybrid.num_other_layers,
                             f"linear and chunked layers plus {self.num_sliding_layers} sliding ones exceed "
                             f"num_layers ({self.num_layers})")
+            if self.hybrid.num_single_block_layers > self.num_layers:
+                raise _fail(name, "hybrid", self.hybrid.num_single_block_layers,
+                            f"single-block layers exceed num_layers ({self.num_layers})")
             if self.hybrid.index_topk and not self.is_mla:
                 raise _fail(name, "hybrid.index_topk", self.hybrid.index_topk,
                             "DeepSeek Sparse Attention needs MLA (kv_lora_rank)")
@@ -178,7 +194,7 @@ class ModelSpec(ModelShape):
         name = self.name
         if not self.num_experts:
             for field in ("experts_per_token", "moe_intermediate_size", "num_shared_experts",
-                          "first_k_dense_layers"):
+                          "first_k_dense_layers", "moe_latent_size"):
                 if getattr(self, field):
                     raise _fail(name, field, getattr(self, field), "set on a dense model (num_experts=0)")
         else:
@@ -188,9 +204,9 @@ class ModelSpec(ModelShape):
             if self.moe_intermediate_size < 1:
                 raise _fail(name, "moe_intermediate_size", self.moe_intermediate_size,
                             "must be positive for an MoE model")
-            if self.first_k_dense_layers > self.num_layers:
+            if self.first_k_dense_layers > self.num_mlp_layers:
                 raise _fail(name, "first_k_dense_layers", self.first_k_dense_layers,
-                            f"cannot exceed num_layers ({self.num_layers})")
+                            f"cannot exceed the layers with an MLP ({self.num_mlp_layers})")
         if (self.num_shared_experts > 0) != (self.shared_expert_intermediate_size > 0):
             raise _fail(name, "shared_expert_intermediate_size", self.shared_expert_intermediate_size,
                         f"and num_shared_experts ({self.num_shared_experts}) must both be 0 or positive")
@@ -212,13 +228,26 @@ class ModelSpec(ModelShape):
         return self.kv_lora_rank > 0
 
     @property
+    def num_mlp_layers(self) -> int:
+        """Layers with an MLP or MoE block: all but a single-block model's
+        mixer-only layers."""
+        return self.num_layers - (self.hybrid.num_mixer_only_layers if self.hybrid is not None else 0)
+
+    @property
     def num_moe_layers(self) -> int:
-        return self.num_layers - self.first_k_dense_layers if self.is_moe else 0
+        return self.num_mlp_layers - self.first_k_dense_layers if self.is_moe else 0
 
     @property
     def num_dense_layers(self) -> int:
-        """Layers whose MLP is dense (all of them for a dense model)."""
-        return self.first_k_dense_layers if self.is_moe else self.num_layers
+        """Layers whose MLP is dense (every MLP of a dense model)."""
+        return self.first_k_dense_layers if self.is_moe else self.num_mlp_layers
+
+    @property
+    def num_blocks(self) -> int:
+        """Residual blocks (a mixer and an MLP in each layer, one in a
+        single-block layer): each ends in a tensor-parallel all-reduce."""
+        single = self.hybrid.num_single_block_layers if self.hybrid is not None else 0
+        return 2 * self.num_layers - single
 
     @property
     def num_full_attention_layers(self) -> int:
@@ -272,14 +301,25 @@ class ModelSpec(ModelShape):
         return self._mlp_params(self.intermediate_size) if self.intermediate_size else 0
 
     def expert_params(self) -> int:
-        """One routed expert (0 for a dense model)."""
-        return self._mlp_params(self.moe_intermediate_size) if self.is_moe else 0
+        """One routed expert (0 for a dense model), at the latent width in a latent MoE."""
+        if not self.is_moe:
+            return 0
+        if not self.moe_latent_size:
+            return self._mlp_params(self.moe_intermediate_size)
+        width, inter = self.moe_latent_size, self.moe_intermediate_size
+        gates = 3 if self.mlp_kind == "swiglu" else 2
+        return gates * width * inter + (((gates - 1) * inter + width) if self.mlp_bias else 0)
 
     def shared_expert_params(self) -> int:
-        """All shared experts of one MoE layer together (they always run; DeepSeek fuses them)."""
-        if not self.num_shared_experts:
-            return 0
-        return self.num_shared_experts * self._mlp_params(self.shared_expert_intermediate_size)
+        """All shared experts of one MoE layer together (they always run;
+        DeepSeek fuses them), and a latent MoE's projections into and out of
+        the latent width (every token runs them too)."""
+        n = self.num_shared_experts * self._mlp_params(self.shared_expert_intermediate_size) \
+            if self.num_shared_experts else 0
+        if self.moe_latent_size:
+            bias = self.moe_latent_size + self.hidden_size if self.mlp_bias else 0
+            n += 2 * self.hidden_size * self.moe_latent_size + bias
+        return n
 
     def router_params_per_layer(self) -> int:
         if not self.is_moe:
@@ -330,7 +370,9 @@ class ModelSpec(ModelShape):
         n = self.num_layers * attn
         h = self.hybrid
         if h is not None:
+            # MLP-only layers have no mixer at all.
             n += (h.num_linear_layers * (h.linear_params_per_layer(self.hidden_size) - attn)
+                  - h.num_mlp_only_layers * attn
                   + h.num_mamba_layers * (h.mamba_params_per_layer(self.hidden_size) - attn)
                   + self.num_index_layers * h.indexer_params_per_layer(self.hidden_size, self.q_lora_rank))
         return n
@@ -338,8 +380,10 @@ class ModelSpec(ModelShape):
     def _params(self, experts_counted: int) -> int:
         moe_layer = (experts_counted * self.expert_params() + self.shared_expert_params()
                      + self.router_params_per_layer())
+        # A single-block layer has one norm where others have two.
+        single = self.hybrid.num_single_block_layers if self.hybrid is not None else 0
         return (self._outside_layers_params() + self.mixer_params()
-                + self.num_layers * self.misc_params_per_layer()
+                + self.num_layers * self.misc_params_per_layer() - single * self._norm(self.hidden_size)
                 + self.num_dense_layers * self.dense_mlp_params_per_layer()
                 + self.num_moe_layers * moe_layer)
 

@@ -457,6 +457,8 @@ class StepTimeModel:
         self.window = m.sliding_window
         self.hidden = m.hidden_size
         self.num_layers = L
+        # All-reduces per step: one after each residual block.
+        self.num_blocks = m.num_blocks
         # TP all-reduces: on the scale-up fabric within its domain, over the
         # scale-out network beyond (refused where the hardware data has none).
         self.ar_bw = hw.tensor_parallel_bw(tp) * f.allreduce.bw_eff if tp > 1 else 0.0
@@ -680,7 +682,7 @@ class StepTimeModel:
                           2.0 * self.lm_head_params, self.weight_bw)
         if self.tp > 1:
             msg = T * self.hidden * 2.0
-            rest += 2 * self.num_layers * (self.ar_latency
+            rest += self.num_blocks * (self.ar_latency
                                            + 2.0 * (self.tp - 1) / self.tp * msg / self.ar_bw)
         if self.moe_layers:
             rest += self._all_to_all_time(T)

@@ -34,7 +34,8 @@ What is vLLM's code and what is our reading:
   models needs weights or a GPU): which layer gets which spec (gpt-oss:
   even layers slide; Gemma 3: ``layer_types`` or every 6th global; Llama 4:
   chunked local on RoPE layers, ``no_rope_layers`` or every 4th NoPE;
-  Qwen3-Next: ``layer_types`` or every 4th full; Nemotron-H:
+  Qwen3-Next and Qwen3.5: ``layer_types`` or every 4th full (Qwen3.5's
+  SSM state dtype by its config class, ``Qwen3_5ForConditionalGenerationConfig``); Nemotron-H:
   ``hybrid_override_pattern`` M/*; the prefill checkpoint blocks the Mamba
   layer classes add to their spec; DeepSeek Sparse Attention (DeepSeek-V3.2,
   GLM-5): one MLA latent per layer, built by vLLM's own
@@ -83,7 +84,8 @@ GDN_FLASHINFER_CHECKPOINT_ALIGNMENT = 64
 
 
 def _text(config: dict) -> dict:
-    return config.get("text_config", config) if config.get("model_type") in ("gemma3", "llama4") else config
+    wrappers = ("gemma3", "llama4", "qwen3_5", "qwen3_5_moe")
+    return config.get("text_config", config) if config.get("model_type") in wrappers else config
 
 
 def _layout_name() -> object:
@@ -261,6 +263,13 @@ def _sparse_latent_spec(case: dict, text: dict, vc: SimpleNamespace, owner: bool
     return mla_attention.MLAAttention.get_kv_cache_spec(layer, vc)
 
 
+def _qwen3_5_ssm_dtype(vc) -> None:
+    """vLLM's Qwen3.5 config rule (the wrapper's verify_and_update_config):
+    the SSM cache dtype from text_config's mamba_ssm_dtype."""
+    from vllm.model_executor.models.config import Qwen3_5ForConditionalGenerationConfig
+    Qwen3_5ForConditionalGenerationConfig.verify_and_update_config(vc)
+
+
 def layer_specs(case: dict) -> dict:
     config = json.loads((REPO / case["config"]).read_text())
     text = _text(config)
@@ -336,6 +345,10 @@ def layer_specs(case: dict) -> dict:
                      text["hybrid_override_pattern"]]
             alignment = None
         else:
+            if kind in ("qwen3_5_text", "qwen3_5_moe_text"):
+                # Qwen3.5's state shapes and dtypes are Qwen3-Next's calls (qwen3_5.py); only
+                # the SSM dtype's default differs.
+                _qwen3_5_ssm_dtype(vc)
             model_cls = _Qwen3NextStateShapes
             interval = text.get("full_attention_interval", 4)
             types = text.get("layer_types") or ["linear_attention" if (i + 1) % interval else "full_attention"
@@ -423,6 +436,10 @@ MODELS = (
      "meta-llama--Llama-4-Scout-17B-16E-Instruct.json", "Llama4ForConditionalGeneration"),
     ("Qwen/Qwen3-Next-80B-A3B-Instruct", "tests/perf/data/hf_configs/Qwen--Qwen3-Next-80B-A3B-Instruct.json",
      "Qwen3NextForCausalLM"),
+    ("Qwen/Qwen3.5-27B", "tests/perf/data/hf_configs/Qwen--Qwen3.5-27B.json",
+     "Qwen3_5ForConditionalGeneration"),
+    ("Qwen/Qwen3.5-35B-A3B", "tests/perf/data/hf_configs/Qwen--Qwen3.5-35B-A3B.json",
+     "Qwen3_5MoeForConditionalGeneration"),
     ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "tests/perf/data/hf_configs/"
      "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json", "NemotronHForCausalLM"),
     ("nvidia/Nemotron-H-8B-Base-8K", "tests/perf/data/hf_configs/nvidia--Nemotron-H-8B-Base-8K.json",

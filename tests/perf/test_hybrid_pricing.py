@@ -16,7 +16,8 @@ import pytest
 from kvsched.errors import UserInputError
 from kvsched.perf import get_hardware
 from kvsched.perf.hybrid import HybridLayers
-from kvsched.perf.model_parsers import load_hybrid_model_spec, load_model_spec, model_spec_from_config
+from kvsched.perf.kv_cache_planning import model_kv_layout
+from kvsched.perf.model_parsers import load_model_spec, model_spec_from_config
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.step_time import (
     BatchShape,
@@ -44,14 +45,24 @@ def _bundled(name: str) -> Path:
 # the model cards' "80B total, 3B activated", "671B" (+14B MTP), "109B total,
 # 17B active" (with a ~0.7B vision tower kvsched does not count), "27B" and
 # "35B-A3B" (Qwen3.5: with a vision tower and an MTP layer, not counted: 3 %).
+# Nemotron: NVIDIA-Nemotron-3-Nano-30B-A3B's model card, "31.6B total
+# parameters", "3.6B active including embeddings" (3.2B without); Nemotron-H's
+# 8B (8.1B as NVIDIA's Megatron configs size it) and 56B (the Nemotron-H
+# paper's sizes); Nemotron-3-Super-120B-A12B's name (MTP layer not counted).
 @pytest.mark.parametrize(("name", "total", "active", "rel_total", "rel"), [
     ("Qwen3-Next", 80, 3, 0.02, 0.3), ("deepseek-ai--DeepSeek-V3.2", 671, 37, 0.02, 0.05),
     ("meta-llama--Llama-4-Scout-17B-16E-Instruct", 109, 17, 0.02, 0.05),
-    ("Qwen--Qwen3.5-27B", 27, 27, 0.03, 0.03), ("Qwen--Qwen3.5-35B-A3B", 35, 3, 0.03, 0.15)])
+    ("Qwen--Qwen3.5-27B", 27, 27, 0.03, 0.03), ("Qwen--Qwen3.5-35B-A3B", 35, 3, 0.03, 0.15),
+    ("nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", 31.6, 3.6, 0.005, 0.01),
+    ("nvidia--Nemotron-H-8B-Base-8K", 8.1, 8.1, 0.005, 0.005),
+    ("nvidia--Nemotron-H-56B-Base-8K", 56, 56, 0.01, 0.01),
+    ("nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8", 120, 12, 0.01, 0.07)])
 def test_parameters_match_the_published_sizes(name: str, total: float, active: float, rel_total: float,
                                               rel: float) -> None:
-    path = NEXT if name == "Qwen3-Next" else _bundled(name)
-    model = load_hybrid_model_spec(path, name)
+    path = NEXT if name == "Qwen3-Next" else CONFIGS / f"{name}.json"
+    if not path.exists():
+        path = _bundled(name)
+    model = load_model_spec(path, name)
     assert model.num_params() / 1e9 == pytest.approx(total, rel=rel_total)
     # Active counts include the embeddings and LM head (as models.md §4 does).
     assert model.active_params_per_token() / 1e9 == pytest.approx(active, rel=rel)
@@ -99,15 +110,70 @@ def test_shared_indexer_layers_are_not_priced() -> None:
 
 
 def test_layer_kinds_are_read_from_the_config() -> None:
-    nxt = load_hybrid_model_spec(NEXT, "Qwen/Qwen3-Next-80B-A3B-Instruct")
+    nxt = load_model_spec(NEXT, "Qwen/Qwen3-Next-80B-A3B-Instruct")
     assert nxt.hybrid is not None and nxt.hybrid.num_linear_layers == 36
     assert nxt.num_full_attention_layers == 12  # every 4th of 48
-    scout = load_hybrid_model_spec(_bundled("meta-llama--Llama-4-Scout-17B-16E-Instruct"))
+    scout = load_model_spec(_bundled("meta-llama--Llama-4-Scout-17B-16E-Instruct"))
     assert scout.hybrid is not None
     assert (scout.hybrid.num_chunked_layers, scout.hybrid.attention_chunk_size) == (36, 8192)
     assert scout.num_full_attention_layers == 12  # the NoPE layers
-    # load_model_spec reads the same spec (its KV cache is planned as vLLM's).
-    assert load_model_spec(NEXT, "Qwen/Qwen3-Next-80B-A3B-Instruct") == nxt
+
+
+# A Nemotron-H config of four layers, one of each block: a Mamba-2 mixer, attention, an MLP
+# and an MoE block.
+TINY_NEMOTRON = {
+    "model_type": "nemotron_h", "hybrid_override_pattern": "M*-E", "num_hidden_layers": 4,
+    "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": 100, "max_position_embeddings": 4096, "intermediate_size": 96,
+    "mamba_num_heads": 4, "mamba_head_dim": 8, "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4,
+    "use_conv_bias": True, "use_bias": False, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "n_shared_experts": 1, "moe_shared_expert_intermediate_size": 48,
+}
+
+
+def test_nemotron_h_parameters_by_hand() -> None:
+    model = model_spec_from_config(TINY_NEMOTRON, "tiny-nemotron")
+    embed = lm_head = 100 * 64
+    norms = 4 * 64 + 64  # one RMSNorm a layer, and the final one
+    # 'M': inner width 4 heads x 8 = 32; in_proj to z, x (32 each), B, C (2 groups x 16 each) and
+    # dt (4 heads); conv1d over x, B, C (96 channels) of kernel 4 with a bias; A, D, dt_bias;
+    # the gated norm (32); out_proj.
+    mamba = 64 * (32 + 32 + 2 * 2 * 16 + 4) + 96 * 4 + 96 + 3 * 4 + 32 + 32 * 64
+    attention = 64 * 4 * 16 + 2 * 64 * 2 * 16 + 4 * 16 * 64  # q, k, v, o; no biases
+    mlp = 2 * 64 * 96  # up and down around relu2
+    expert = 2 * 64 * 32
+    router = 8 * 64 + 8  # gate and e_score_correction_bias
+    shared = 2 * 64 * 48
+    assert mamba == 11020 and attention == 12288
+    assert model.num_params() == (embed + lm_head + norms + mamba + attention + mlp + router + 8 * expert
+                                  + shared)
+    assert model.active_params_per_token() == (embed + lm_head + norms + mamba + attention + mlp + router
+                                               + 2 * expert + shared)
+    assert (model.num_full_attention_layers, model.num_dense_layers, model.num_moe_layers) == (1, 1, 1)
+    # A latent MoE (Nemotron-3-Super): the experts at the latent width 16, behind projections
+    # into and out of it that every token runs.
+    latent = model_spec_from_config({**TINY_NEMOTRON, "moe_latent_size": 16}, "tiny-latent")
+    assert latent.num_params() == model.num_params() - 8 * expert + 8 * (2 * 16 * 32) + 2 * 64 * 16
+    # The KV cache: the Mamba layer's state per request (conv 3 rows of 96 channels in bf16,
+    # SSM 4 x 8 x 16 in float32, Nemotron-H's default) beside the attention layer's pages
+    # (2 KV heads x 16 x K,V x 2 bytes = 128 a token); in align mode the block holds a state:
+    # 16 x cdiv(2624, 16 x 128) = 32 tokens. The MLP and MoE layers hold nothing.
+    state = 3 * 96 * 2 + 4 * 8 * 16 * 4
+    layout = model_kv_layout(TINY_NEMOTRON, block_size=16)
+    assert layout.block_size == 32 and layout.mamba is not None
+    assert [(s.kind, s.state_bytes, s.bytes_per_token, s.page_bytes) for s in layout.layers] == \
+        [("mamba", state, 0, 32 * 128), ("full_attention", 0, 128, 32 * 128)]
+    # MambaMixer2 keeps a prefill checkpoint block in align mode: three states a request.
+    assert layout.mamba.state_blocks_per_request == 3
+
+
+def test_nemotron_h_bad_fields_name_the_field() -> None:
+    with pytest.raises(UserInputError, match=r"hybrid_override_pattern='M\*-X'.*'E' \(MoE\)"):
+        model_spec_from_config({**TINY_NEMOTRON, "hybrid_override_pattern": "M*-X"}, "bad")
+    with pytest.raises(UserInputError, match=r"mlp_hidden_act='silu'.*relu2"):
+        model_spec_from_config({**TINY_NEMOTRON, "mlp_hidden_act": "silu"}, "bad")
+    with pytest.raises(UserInputError, match=r"mamba_ssm_cache_dtype='fp8'.*float32"):
+        model_spec_from_config({**TINY_NEMOTRON, "mamba_ssm_cache_dtype": "fp8"}, "bad")
 
 
 def _linear_model(layers: int = 4, linear: int = 3) -> ModelSpec:
@@ -167,7 +233,7 @@ def test_sparse_attention_reads_topk_keys_and_the_indexer_all() -> None:
 
 
 def test_deepseek_v32_step_is_dense_mla_over_topk_plus_the_indexer() -> None:
-    model = load_hybrid_model_spec(_bundled("deepseek-ai--DeepSeek-V3.2"))
+    model = load_model_spec(_bundled("deepseek-ai--DeepSeek-V3.2"))
     dense = dataclasses.replace(model, hybrid=None)
     sparse_step = StepTimeModel(model, H100, runtime=NO_CPU)
     dense_step = StepTimeModel(dense, H100, runtime=NO_CPU)

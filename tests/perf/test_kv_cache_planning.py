@@ -3,8 +3,9 @@
 The goldens (tests/conformance/kv_planning/vllm_0_3{3,4}.json) are written by
 tests/conformance/kv_planning_oracle.py in each reference venv: vLLM's
 get_kv_cache_groups / get_kv_cache_config_from_groups over vLLM's spec
-classes, for gpt-oss-120b, Gemma 3 27B, Llama 4 Scout, Qwen3-Next-80B,
-Nemotron-H (8B-Base-8K and Nemotron-3-Nano-30B) and DeepSeek-V3.2 at both releases' default
+classes, for gpt-oss-120b, Gemma 3 27B, Llama 4 Scout, Qwen3-Next-80B, Qwen3.5 (27B and
+35B-A3B: float32 recurrent state), Nemotron-H (8B-Base-8K and Nemotron-3-Nano-30B), Llama 3.1 8B,
+DeepSeek-V3 and DeepSeek-V3.2 at both releases' default
 block sizes, two memory sizes, the hybrid manager on and off, prefix
 caching on and off, TP 8 and num_gpu_blocks_override.
 """
@@ -97,7 +98,7 @@ def test_plan_equals_vllms(result: dict) -> None:
     assert got == want
 
 
-def test_goldens_cover_the_six_models_both_releases() -> None:
+def test_goldens_cover_the_models_both_releases() -> None:
     for release in ("0_33", "0_34"):
         models = {r["case"]["model"] for r in _results(release)}
         assert models == {"openai/gpt-oss-120b", "google/gemma-3-27b-it",
@@ -105,7 +106,8 @@ def test_goldens_cover_the_six_models_both_releases() -> None:
                           "Qwen/Qwen3-Next-80B-A3B-Instruct", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
                           "nvidia/Nemotron-H-8B-Base-8K", "meta-llama/Llama-3.1-8B",
                           "deepseek-ai/DeepSeek-V3",
-                          "deepseek-ai/DeepSeek-V3.2", "zai-org/GLM-5", "zai-org/GLM-5.2"}
+                          "deepseek-ai/DeepSeek-V3.2", "Qwen/Qwen3.5-27B", "Qwen/Qwen3.5-35B-A3B",
+                          "zai-org/GLM-5", "zai-org/GLM-5.2"}
 
 
 # -- hand-computed cases ------------------------------------------------------------

@@ -8,8 +8,10 @@ is set, so its chunked layers allocate as full attention (one group of 48
 layers); DeepSeek-V3.2's and GLM-5's latent and indexer keys form one MLA
 group (GLM-5.2's shared-top-k layers without indexer keys), their fp8
 latent FlashMLA's fp8_ds_mla row or FlashInfer's plain fp8 per backend;
-Qwen3-Next's Gated DeltaNet layers form Mamba groups, the block size raised
-to hold a state page (its cache mode per prefix caching)."""
+Qwen3-Next's and Qwen3.5's Gated DeltaNet layers (Qwen3.5's recurrent
+state in float32) and Nemotron-H's Mamba-2 layers form Mamba groups, the
+block size raised to hold a state page (its cache mode per prefix
+caching); Nemotron-H's MLP-only layers hold no cache."""
 
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ GOLDENS = REPO / "tests" / "conformance" / "kv_planning"
 # vLLM's default --disable-hybrid-kv-cache-manager per model (its VllmConfig
 # post-init): on for chunked local attention, off otherwise.
 DEFAULT_DISABLE = {"meta-llama/Llama-4-Scout-17B-16E-Instruct": True, "deepseek-ai/DeepSeek-V3.2": False,
-                   "Qwen/Qwen3-Next-80B-A3B-Instruct": False, "zai-org/GLM-5": False,
-                   "zai-org/GLM-5.2": False}
+                   "Qwen/Qwen3-Next-80B-A3B-Instruct": False, "Qwen/Qwen3.5-27B": False,
+                   "Qwen/Qwen3.5-35B-A3B": False, "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": False,
+                   "nvidia/Nemotron-H-8B-Base-8K": False, "zai-org/GLM-5": False, "zai-org/GLM-5.2": False}
 
 
 def _cases() -> list[pytest.ParameterSet]:
@@ -71,10 +74,14 @@ def test_memory_plan_is_vllms_default_plan(result: dict) -> None:
         # One full-attention (or MLA) group of the block size: the scheduler's plain KV cache manager.
         assert groups == ()
     else:
-        assert [g.kind for g in groups] == ["mamba"] * 3 + ["full_attention"]
+        # Each Mamba-state hybrid's groups as vLLM's: Qwen3-Next and Qwen3.5 3 Mamba groups and
+        # one full-attention group (3:1 layers); Nemotron-H's 23 (24) Mamba-2 layers in groups of
+        # the 6 (4) attention layers.
+        assert [g.kind for g in groups] == [g["kind"] for g in want["groups"]]
+        assert len(groups) >= 4 and groups[-1].kind == "full_attention"
 
 
-def test_cases_cover_both_models() -> None:
+def test_cases_cover_the_models() -> None:
     assert {p.values[0]["case"]["model"] for p in _cases()} == set(DEFAULT_DISABLE)
 
 

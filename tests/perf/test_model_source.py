@@ -179,9 +179,12 @@ def test_qwen3_next_reads_its_linear_layers() -> None:
 
 
 @needs_bundled
-def test_qwen3_5_is_refused_with_the_reason() -> None:
-    with pytest.raises(ValueError, match=r"Qwen3.5-27B: model_type='qwen3_5'.*hybrid linear attention"):
-        get_model("Qwen/Qwen3.5-27B")
+def test_qwen3_5_reads_through_its_multimodal_wrapper() -> None:
+    # config.json (model_type qwen3_5): text_config of 64 layers, every 4th full attention, and
+    # mamba_ssm_dtype float32 (vLLM keeps the recurrent state in it).
+    spec = get_model("Qwen/Qwen3.5-27B")
+    assert spec.hybrid is not None and (spec.num_layers, spec.hybrid.num_linear_layers) == (64, 48)
+    assert spec.hybrid.linear_state_dtype_bytes == 4
 
 
 @needs_bundled
@@ -193,9 +196,10 @@ def test_deepseek_v32_reads_with_its_indexer() -> None:
 
 
 @needs_bundled
-def test_glm5_is_refused_for_its_sparse_attention() -> None:
-    with pytest.raises(ValueError, match=r"GLM-5-NVFP4: model_type='glm_moe_dsa'.*DeepSeek Sparse Attention"):
-        get_model("nvidia/GLM-5-NVFP4")
+def test_glm5_reads_as_deepseek_sparse_attention() -> None:
+    # GLM-5's own model_type (glm_moe_dsa): DeepSeek-V3.2's layers, every layer its own indexer.
+    spec = get_model("nvidia/GLM-5-NVFP4")
+    assert spec.hybrid is not None and spec.hybrid.index_topk == 2048 and spec.num_index_layers == 78
 
 
 # -- the checkpoint's own format -----------------------------------------------------

@@ -318,7 +318,9 @@ def test_supported_model_types() -> None:
                                           "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl_text",
                                           "qwen3_vl_moe_text",
                                           # issue 37: hybrid models whose KV cache is planned as vLLM's
-                                          "llama4_text", "deepseek_v32", "qwen3_next"}
+                                          "llama4_text", "deepseek_v32", "qwen3_next",
+                                          # Nemotron-H (Mamba-2) and Qwen3.5's language models
+                                          "nemotron_h", "qwen3_5_text", "qwen3_5_moe_text"}
 
 
 # -- spec validation ---------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""Llama 4 Scout, DeepSeek-V3.2 and GLM-5 deployments as the simulator builds them:
-the KV cache vLLM plans for them (its defaults), and their other layer kinds
-handed to the step-time model. Expected numbers are config.json's and vLLM's
-planning goldens (tests/conformance/kv_planning), not the code's."""
+"""Llama 4 Scout, DeepSeek-V3.2, GLM-5, Qwen3-Next, Qwen3.5 and Nemotron-3
+deployments as the simulator builds them: the KV cache vLLM plans for them
+(its defaults), and their other layer kinds handed to the step-time model.
+Expected numbers are config.json's and vLLM's planning goldens
+(tests/conformance/kv_planning), not the code's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.errors import UserInputError
+from kvsched.perf.memory import kv_cache_plan
 from kvsched.perf.model_parsers import load_model_spec
 from kvsched.sim.deployment import EngineOptions, build_deployment
 from kvsched.sim.kv_transfer import transfer_bytes_per_rank
@@ -25,14 +27,16 @@ GLM5 = CONFIGS / "zai-org--GLM-5.json"
 GLM52 = CONFIGS / "zai-org--GLM-5.2.json"
 
 
-def _golden(model: str, block_size: int, tp: int, disable_hma: bool, kv_cache_dtype: str = "auto",
-            sparse_mla_backend: str | None = None, release: str = "0_34") -> dict:
+def _golden(model: str, block_size: int, tp: int, disable_hma: bool, apc: bool | None = None,
+            kv_cache_dtype: str = "auto", sparse_mla_backend: str | None = None,
+            release: str = "0_34") -> dict:
     data = json.loads((REPO / f"tests/conformance/kv_planning/vllm_{release}.json").read_text())
     for result in data["results"]:
         c = result["case"]
         if (c["model"], c["block_size"], c["tensor_parallel_size"], c["disable_hybrid_kv_cache_manager"],
                 c["kv_cache_dtype"], c["num_gpu_blocks_override"], c.get("sparse_mla_backend")) == (
-                    model, block_size, tp, disable_hma, kv_cache_dtype, None, sparse_mla_backend):
+                    model, block_size, tp, disable_hma, kv_cache_dtype, None, sparse_mla_backend) \
+                and apc in (None, c["enable_prefix_caching"]):
             return dict(result["vllm"])
     raise AssertionError(f"no golden for {model} bs{block_size} tp{tp}")
 
@@ -75,7 +79,8 @@ def test_deepseek_v32_fp8_kv_cache_is_vllms_sparse_layout(hardware: str, backend
     # same per rank (the latent and indexer keys are replicated).
     d = build_deployment(EngineOptions(model=str(DSV32), hardware=hardware, tensor_parallel_size=8,
                                        kv_cache_dtype="fp8", max_model_len=32768))
-    want = _golden("deepseek-ai/DeepSeek-V3.2", 64, 1, False, "fp8", backend)
+    want = _golden("deepseek-ai/DeepSeek-V3.2", 64, 1, False, kv_cache_dtype="fp8",
+                   sparse_mla_backend=backend)
     assert d.cache_config.block_size == 64
     assert d.memory.bytes_per_block == want["groups"][0]["bytes_per_block"] \
         == 61 * 64 * ((656 if hardware == "h200" else 576) + 132)
@@ -102,7 +107,8 @@ def test_glm5_kv_blocks_are_vllms(release: str) -> None:
                                        quantization="fp8", vllm_version=release.replace("_", "."),
                                        max_model_len=32768))
     assert d.runtime.kv_cache_dtype == "fp8" and d.cache_config.block_size == 64
-    want = _golden("zai-org/GLM-5", 64, 1, False, "fp8", "FLASHINFER_MLA_SPARSE", release)
+    want = _golden("zai-org/GLM-5", 64, 1, False, kv_cache_dtype="fp8",
+                   sparse_mla_backend="FLASHINFER_MLA_SPARSE", release=release)
     assert [(g["kind"], g["num_layers"]) for g in want["groups"]] == [("mla_attention", 156)]
     assert d.memory.bytes_per_block == want["groups"][0]["bytes_per_block"] == 78 * 64 * (576 + 132)
     assert d.cache_config.kv_groups == ()
@@ -172,6 +178,89 @@ def test_qwen3_next_simulates_a_run_without_prefix_caching() -> None:
     assert result.metrics["max_kv_cache_usage"] == pytest.approx(12 / 15)
 
 
+QWEN3_5 = CONFIGS / "Qwen--Qwen3.5-27B.json"
+NANO = CONFIGS / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json"
+# (config, the planning goldens' name): compared at the goldens' TP 1, block size 64 and
+# max_model_len (the "none" mode's Mamba block spans it), on an H200.
+STATE_HYBRIDS = [(QWEN3_5, "Qwen/Qwen3.5-27B"), (NANO, "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")]
+
+
+def _groups(golden: dict) -> list[tuple[str, int, int]]:
+    return [(g["kind"], g["num_layers"], g["block_size"]) for g in golden["groups"]]
+
+
+@pytest.mark.parametrize(("config", "name"), STATE_HYBRIDS)
+def test_qwen3_5_and_nemotron_3_kv_groups_are_vllms(config: Path, name: str) -> None:
+    # Without prefix caching: the deployment's groups, block sizes and block bytes are vLLM's plan.
+    d = build_deployment(EngineOptions(model=str(config), hardware="h200", tensor_parallel_size=1,
+                                       block_size=64, enable_prefix_caching=False, max_model_len=32768))
+    golden = _golden(name, 64, 1, False, apc=False)
+    cc = d.cache_config
+    assert [(g.kind, g.num_layers, g.block_size) for g in cc.kv_groups] == _groups(golden)
+    assert d.memory.bytes_per_block == golden["groups"][0]["bytes_per_block"]
+    assert cc.mamba_cache_mode == "none"
+    # At vLLM's default (prefix caching on, align mode) the memory plan is vLLM's too, but the
+    # deployment is refused: the Mamba layers keep a prefill checkpoint block.
+    default = _golden(name, 64, 1, False, apc=True)
+    plan = kv_cache_plan(d.model, d.model.num_layers, 0, 64, 1, 2, 0, float(61 * 2**30),
+                         max_model_len=32768)
+    assert [(g.kind, g.num_layers, g.block_size) for g in plan.groups] == _groups(default)
+    assert plan.num_blocks == _golden_blocks(name, 61 * 2**30)
+    with pytest.raises(UserInputError, match=r"prefill checkpoint block.*--no-enable-prefix-caching"):
+        build_deployment(EngineOptions(model=str(config), hardware="h200", tensor_parallel_size=1,
+                                       block_size=64, max_model_len=32768))
+
+
+def _golden_blocks(model: str, available: int) -> int:
+    data = json.loads((REPO / "tests/conformance/kv_planning/vllm_0_34.json").read_text())
+    for result in data["results"]:
+        c = result["case"]
+        if (c["model"], c["block_size"], c["tensor_parallel_size"], c["available_bytes"],
+                c["enable_prefix_caching"], c["disable_hybrid_kv_cache_manager"], c["kv_cache_dtype"],
+                c["num_gpu_blocks_override"]) == (model, 64, 1, available, True, False, "auto", None):
+            return int(result["vllm"]["num_blocks"])
+    raise AssertionError(f"no golden for {model} with {available} bytes")
+
+
+def test_nemotron_3_prices_each_layer_by_its_block() -> None:
+    d = build_deployment(EngineOptions(model=str(NANO), hardware="h200", tensor_parallel_size=1,
+                                       enable_prefix_caching=False, max_model_len=4096))
+    # hybrid_override_pattern: 23 Mamba-2 mixers ('M'), 6 attention layers ('*'), 23 MoE blocks
+    # ('E'), each a layer alone: attention and KV only where '*', experts only where 'E'.
+    step, h = d.step_model, d.model.hybrid
+    assert h is not None
+    assert (h.num_mamba_layers, h.num_mixer_only_layers, h.num_mlp_only_layers) == (23, 29, 23)
+    assert (step.full_layers, step.moe_layers, d.model.num_dense_layers) == (6, 23, 0)
+    # One all-reduce a layer (52), not two.
+    assert step.num_blocks == 52
+    # SSM state in float32 (config.json's mamba_ssm_cache_dtype).
+    assert h.mamba_state_dtype_bytes == 4
+
+
+@pytest.mark.parametrize(("config", "name"), STATE_HYBRIDS)
+def test_qwen3_5_and_nemotron_3_simulate_without_prefix_caching(config: Path, name: str) -> None:
+    spec = RunSpec(workload=WorkloadSpec(num_prompts=8, random_input_len=700, random_output_len=16,
+                                         seed=0)).with_engine(
+        model=str(config), hardware="h200", tensor_parallel_size=1, max_model_len=4096,
+        enable_prefix_caching=False)
+    result = run(spec)
+    assert result.metrics["completed"] == 8
+    assert result.prepared.deployment.cache_config.mamba_cache_mode == "none"
+
+
+def test_qwen3_5_runs_images_through_its_vision_tower() -> None:
+    # Qwen3.5's vision tower is Qwen3-VL's (kvsched.perf.vision): each random-mm image becomes
+    # prompt tokens beside the text, encoded before its prefill.
+    spec = RunSpec(workload=WorkloadSpec(dataset_name="random-mm", num_prompts=4, random_input_len=64,
+                                         random_output_len=8, seed=0)).with_engine(
+        model=str(QWEN3_5), hardware="h200", tensor_parallel_size=1, max_model_len=4096,
+        enable_prefix_caching=False)
+    result = run(spec)
+    assert result.metrics["completed"] == 4
+    requests = result.prepared.workload.requests
+    assert all(len(r.mm_items) == 1 and r.num_prompt_tokens > r.mm_items[0].length for r in requests)
+
+
 def test_pd_transfer_moves_every_layers_kv_and_the_indexer_keys() -> None:
     # Llama 4 Scout at TP 8: all 48 layers hold every token (vLLM's hybrid manager off),
     # 1 KV head of 128 a rank, K and V in bf16.
@@ -212,5 +301,6 @@ def test_glm5_simulates_a_run_in_its_planned_blocks() -> None:
     result = run(spec)
     assert result.metrics["completed"] == 8
     d = result.prepared.deployment
-    want = _golden("zai-org/GLM-5", 64, 1, False, "fp8", "FLASHINFER_MLA_SPARSE")
+    want = _golden("zai-org/GLM-5", 64, 1, False, kv_cache_dtype="fp8",
+                   sparse_mla_backend="FLASHINFER_MLA_SPARSE")
     assert d.memory.bytes_per_block == want["groups"][0]["bytes_per_block"]

@@ -65,10 +65,12 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "Qwen/Qwen3-235B-A22B-FP8": ("bundled", "h200", 4, None),
     "moonshotai/Kimi-K2-Instruct": ("bundled", "b300", 8, None),
     "MiniMaxAI/MiniMax-M2.5": ("bundled", "h200", 4, None),
-    # Qwen3.5: Qwen3-Next's layers, its plan unchecked; Nemotron-3: Mamba-2 layers not parsed:
-    "Qwen/Qwen3.5-27B": ("bundled", "h100", 1, "hybrid linear attention"),
-    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("bundled", "h100", 1, "hybrid Mamba-2"),
-    # GLM-5: DeepSeek Sparse Attention under its own config (glm_moe_dsa); NVFP4 weights, fp8 KV.
+    # Qwen3.5 (Qwen3-Next's layers, a float32 recurrent state) and Nemotron-3 (Mamba-2 layers):
+    # refused at vLLM's default as Qwen3-Next is; they simulate with --no-enable-prefix-caching
+    # (tests/sim/test_hybrid_deployments.py). GLM-5: DeepSeek Sparse Attention under its own config
+    # (glm_moe_dsa), an fp8 KV cache on B200 (vLLM's rule for it on SM100):
+    "Qwen/Qwen3.5-27B": ("bundled", "h100", 1, "prefill checkpoint block"),
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("bundled", "h100", 1, "prefill checkpoint block"),
     "nvidia/GLM-5-NVFP4": ("bundled", "b200", 8, None),
 }
 # The vision-language ids of MODEL_IDS, run with images (vllm bench serve's

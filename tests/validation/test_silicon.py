@@ -52,6 +52,8 @@ def mapped(row: SiliconRow) -> ServingRun:
 # -- each step-time backend ------------------------------------------------------
 
 
+# ~40 s on 2 cores (two full gpt-oss runs on B200): the slow tier.
+@pytest.mark.slow
 def test_4_bit_rows_are_priced_by_both_backends(by_id: dict[str, SiliconRow]) -> None:
     for backend in ("roofline", "measured"):
         result = simulate_row(mapped(by_id[GPTOSS_B200]), backend)

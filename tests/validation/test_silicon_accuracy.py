@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+import pytest
+
 from kvsched.validation.silicon import simulate_row
 from kvsched.validation.silicon_rows import Refusal, ServingRun, load_rows, map_row
 
@@ -45,6 +47,8 @@ def sample_runs() -> list[ServingRun]:
     return [run for key in sorted(groups) for run in groups[key][:PER_GROUP]]
 
 
+# ~80 s on 2 cores: the slow tier (CI runs it after the default run).
+@pytest.mark.slow
 def test_a_fixed_sample_of_real_runs_stays_as_accurate_as_when_fitted() -> None:
     runs = sample_runs()
     assert len(runs) == SAMPLE_SIZE  # the sample itself has not changed
