@@ -320,7 +320,9 @@ def test_supported_model_types() -> None:
                                           # issue 37: hybrid models whose KV cache is planned as vLLM's
                                           "llama4_text", "deepseek_v32", "qwen3_next",
                                           # Nemotron-H (Mamba-2) and Qwen3.5's language models
-                                          "nemotron_h", "qwen3_5_text", "qwen3_5_moe_text"}
+                                          "nemotron_h", "qwen3_5_text", "qwen3_5_moe_text",
+                                          # GLM-5: DeepSeek Sparse Attention under its own config
+                                          "glm_moe_dsa"}
 
 
 # -- spec validation ---------------------------------------------------------------
