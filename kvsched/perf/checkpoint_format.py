@@ -93,7 +93,8 @@ def split_format_suffix(org: str, base: str) -> tuple[str, CheckpointFormat | No
     return base, None
 
 
-def config_checkpoint_format(data: Mapping[str, Any]) -> CheckpointFormat | None:
+def config_checkpoint_format(data: Mapping[str, Any],
+                             hf_quant: Mapping[str, Any] | None = None) -> CheckpointFormat | None:
     """The weight format a config.json's own ``quantization_config`` names,
     as vLLM loads it: ``fp8`` with ``weight_block_size`` is block FP8
     (DeepSeek, Kimi-K2, Qwen -FP8, GLM -FP8), without it per-tensor FP8;
@@ -101,9 +102,13 @@ def config_checkpoint_format(data: Mapping[str, Any]) -> CheckpointFormat | None
     every linear layer, with an FP8 KV cache when ``kv_cache_quant_algo``
     says so. None: a 16-bit checkpoint, or a method kvsched does not price
     (compressed-tensors, AWQ, GPTQ, ModelOpt's MIXED_PRECISION), which is then
-    priced in --dtype."""
+    priced in --dtype. ``hf_quant``: the ModelOpt ``hf_quant_config.json``
+    beside it, which vLLM reads when config.json names no quantization
+    (NVIDIA's -NVFP4 checkpoints of GLM-5, DeepSeek-V3.2, Qwen3.5)."""
     quant = data.get("quantization_config")
     if not isinstance(quant, Mapping):
+        if isinstance(hf_quant, Mapping) and isinstance(hf_quant.get("quantization"), Mapping):
+            return _modelopt_format(hf_quant["quantization"])
         return None
     method = str(quant.get("quant_method", "")).lower()
     if method == "fp8":
@@ -111,8 +116,39 @@ def config_checkpoint_format(data: Mapping[str, Any]) -> CheckpointFormat | None
     if method == "mxfp4":
         return CheckpointFormat("mxfp4", layers="experts")
     if method == "modelopt":
-        kv = "fp8" if str(quant.get("kv_cache_quant_algo", "")).upper() == "FP8" else None
-        algo = str(quant.get("quant_algo", "")).upper()
-        if algo in ("FP8", "NVFP4"):
-            return CheckpointFormat(algo.lower(), kv)
+        return _modelopt_format(quant)
     return None
+
+
+# Module-name fragments of ModelOpt's exclude_modules that keep a part of
+# every decoder layer 16-bit: attention (MLA, GQA, Gated DeltaNet) and the
+# shared experts.
+_ATTENTION_MODULES = ("self_attn", ".attn.", "linear_attn")
+_SHARED_EXPERT_MODULES = ("shared_expert",)
+
+
+def _modelopt_format(quant: Mapping[str, Any]) -> CheckpointFormat | None:
+    """The format of a ModelOpt quantization config (an ``hf_quant_config.json``'s
+    ``quantization`` object, or config.json's ``quantization_config``):
+    ``quant_algo`` FP8 or NVFP4 (MIXED_PRECISION is not priced: None),
+    ``kv_cache_quant_algo`` FP8, and the scope its ``exclude_modules``
+    leaves quantized: attention excluded is "mlp", attention and shared
+    experts excluded (GLM-5.1, Kimi-K2.6: their dense first layers too) is
+    "experts", else "all". A part excluded on some layers only (Nemotron-3's
+    six attention layers) counts as excluded on all: the scopes are
+    per part, not per layer."""
+    algo = str(quant.get("quant_algo", "")).upper()
+    if algo not in ("FP8", "NVFP4"):
+        return None
+    # hf_quant_config.json spells the KV format kv_cache_quant_algo and the
+    # 16-bit modules exclude_modules; newer config.json quantization_configs
+    # kv_cache_scheme (8-bit float) and ignore.
+    scheme = quant.get("kv_cache_scheme")
+    fp8_scheme = isinstance(scheme, Mapping) and scheme.get("num_bits") == 8 \
+        and str(scheme.get("type", "")).lower() == "float"
+    kv = "fp8" if str(quant.get("kv_cache_quant_algo", "")).upper() == "FP8" or fp8_scheme else None
+    excluded = [str(m) for m in (quant.get("exclude_modules") or quant.get("ignore") or ())]
+    attention = any(f in m for m in excluded for f in _ATTENTION_MODULES)
+    shared = any(f in m for m in excluded for f in _SHARED_EXPERT_MODULES)
+    layers = ("experts" if shared else "mlp") if attention else "all"
+    return CheckpointFormat(algo.lower(), kv, layers)

@@ -33,7 +33,7 @@ from kvsched.jsonfile import field_mismatch, show
 from kvsched.perf.catalog_file import DATA_DIR, FileCatalog
 from kvsched.perf.checkpoint_format import CheckpointFormat, config_checkpoint_format, split_format_suffix
 from kvsched.perf.model_parsers import load_model_spec
-from kvsched.perf.model_source import find_config
+from kvsched.perf.model_source import find_config, hf_quant_config_beside
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.vision import VisionSpec, vision_spec_from_config
 from kvsched.yamlfile import parse_yaml
@@ -273,7 +273,9 @@ def checkpoint_format(name_or_path: str) -> CheckpointFormat | None:
         config = path / "config.json" if path.is_dir() else path
     else:
         config = find_config(name_or_path, MODELS).path
-    return config_checkpoint_format(read_config_json(config))
+    quant = hf_quant_config_beside(config)
+    return config_checkpoint_format(read_config_json(config),
+                                    read_config_json(quant) if quant is not None else None)
 
 
 def get_vision(name_or_path: str) -> VisionSpec | None:

@@ -96,6 +96,21 @@ def bundled_model_ids() -> dict[str, Path]:
     return found
 
 
+def hf_quant_config_beside(config_path: Path) -> Path | None:
+    """The ModelOpt ``hf_quant_config.json`` shipped beside a config.json
+    (``ORG--NAME_hf_quant_config.json`` beside a bundled
+    ``ORG--NAME_config.json``), which vLLM reads when config.json has no
+    ``quantization_config``; None when there is none."""
+    name = config_path.name
+    if name == "config.json":
+        sibling = config_path.with_name("hf_quant_config.json")
+    elif name.endswith(_BUNDLED_SUFFIX):
+        sibling = config_path.with_name(name[: -len(_BUNDLED_SUFFIX)] + "_hf_quant" + _BUNDLED_SUFFIX)
+    else:
+        return None
+    return sibling if sibling.is_file() else None
+
+
 def _hub() -> Any:
     """huggingface_hub, imported on first use; None when not installed."""
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsched.perf.checkpoint_format import config_checkpoint_format
+from kvsched.perf.checkpoint_format import CheckpointFormat, config_checkpoint_format
 from kvsched.perf.model_catalog import MODELS, catalog_match, checkpoint_format, get_model
 from kvsched.perf.model_parsers import load_model_spec
 from kvsched.perf.model_source import bundled_model_ids, find_config, hub_cache_dir, suggestions
@@ -228,3 +228,39 @@ def test_a_resolved_checkpoint_is_priced_in_its_own_format(offline_cache: Path) 
     assert checkpoint_format("Qwen/Qwen3-Coder-480B-A35B-Instruct") is None   # a 16-bit checkpoint
     native = catalog_match("openai/gpt-oss-20b")   # the catalog's own rule comes first
     assert native is not None and checkpoint_format("openai/gpt-oss-20b") == native[1]
+
+
+def test_an_hf_quant_config_beside_config_json_names_the_format(tmp_path: Path) -> None:
+    # NVIDIA's ModelOpt checkpoints (GLM-5-NVFP4) keep their quantization in
+    # hf_quant_config.json; vLLM reads it when config.json names none.
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert checkpoint_format(str(tmp_path)) is None
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {
+        "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8",
+        "exclude_modules": ["lm_head", "model.layers.0.self_attn.q_proj"]}}))
+    assert checkpoint_format(str(tmp_path)) == CheckpointFormat("nvfp4", "fp8", "mlp")
+
+
+@pytest.mark.parametrize(("quant", "expected"), [
+    ({"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]},
+     CheckpointFormat("fp8", "fp8", "all")),
+    # GLM-5.1's spelling in config.json: ignore and kv_cache_scheme.
+    ({"quant_algo": "NVFP4", "kv_cache_scheme": {"num_bits": 8, "type": "float"},
+      "ignore": ["lm_head", "model.layers.0*", "model.layers.3.mlp.shared_experts*",
+                 "model.layers.3.self_attn*"]},
+     CheckpointFormat("nvfp4", "fp8", "experts")),
+    ({"quant_algo": "NVFP4", "ignore": ["model.language_model.layers.0.linear_attn*"]},
+     CheckpointFormat("nvfp4", None, "mlp")),
+    ({"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": "FP8"}, None),
+])
+def test_modelopt_scopes_follow_the_excluded_modules(quant: dict[str, object],
+                                                     expected: CheckpointFormat | None) -> None:
+    data = {"model_type": "llama", "quantization_config": {"quant_method": "modelopt", **quant}}
+    assert config_checkpoint_format(data) == expected
+
+
+@needs_bundled
+def test_glm5_nvfp4_is_priced_in_nvfp4() -> None:
+    # aiconfigurator-core bundles its config.json and hf_quant_config.json:
+    # NVFP4 experts and dense MLP, attention and the indexer 16-bit, FP8 KV.
+    assert checkpoint_format("nvidia/GLM-5-NVFP4") == CheckpointFormat("nvfp4", "fp8", "mlp")
