@@ -209,7 +209,8 @@ DROP_REASONS: Mapping[str, str] = {
              "were generated, and the source gives no per-request lengths",
     "failed": "some requests failed (Successful requests < --num-prompts); which ones is not stated",
     "catalog": "model not in kvsched's catalog (GLM-4.6, Qwen3-14B)",
-    "dsa": "DeepSeek-V3.2: sparse attention, which kvsched refuses",
+    "dsa": "DeepSeek-V3.2: left out while kvsched refused sparse attention (before issue 37); "
+           "not transcribed yet",
     "ascend": "Ascend 910B with vLLM-Ascend, not vLLM on NVIDIA GPUs",
     "glm-copy": "GLM-4.5-Air: the A100 and H100 documents print identical numbers for every case (a copy), "
                 "and the model is not in kvsched's catalog",
