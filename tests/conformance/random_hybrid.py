@@ -155,7 +155,7 @@ def _draw_checkpoint(rng: random.Random, groups: list[dict[str, Any]]) -> None:
         bs = g["block_size"]
         divisors = [d for d in range(2, bs) if bs % d == 0]
         g["num_prefill_checkpoint_blocks"] = 1
-        g["prefill_checkpoint_alignment"] = rng.choice([1, bs, bs] + divisors[-2:])
+        g["prefill_checkpoint_alignment"] = rng.choice([1, bs, bs, *divisors[-2:]])
 
 
 def _blocks_needed(req: Request, max_model_len: int, groups: list[dict[str, Any]],
