@@ -78,7 +78,9 @@ class LayerSpec:
     rank's KV heads, or MLA's one latent row); a Mamba layer stores one
     state of ``state_bytes`` per block, whatever its block size.
     ``page_size_padded`` is a page grown to a shared size (vLLM pads Mamba
-    pages and attention pages that do not divide the largest)."""
+    pages and attention pages that do not divide the largest). A Mamba
+    layer's ``num_prefill_checkpoint_blocks`` / ``prefill_checkpoint_alignment``
+    are its MambaSpec's (kvsched.config.KVCacheGroup)."""
 
     kind: str
     block_size: int
@@ -87,6 +89,8 @@ class LayerSpec:
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     page_size_padded: int | None = None
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in LAYER_KINDS:
@@ -118,11 +122,14 @@ class PlannedGroup:
     bytes_per_block: int
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
 
     def kv_group(self) -> KVCacheGroup:
         """The scheduler's description of this group (kvsched.config)."""
         return KVCacheGroup(_GROUP_KIND[self.kind], self.block_size, self.num_layers,
-                            self.sliding_window, self.attention_chunk_size)
+                            self.sliding_window, self.attention_chunk_size,
+                            self.num_prefill_checkpoint_blocks, self.prefill_checkpoint_alignment)
 
 
 @dataclass(slots=True, frozen=True)
@@ -211,7 +218,8 @@ def _unify_page_size(layers: Sequence[LayerSpec]) -> list[LayerSpec]:
 
 def _group(spec: LayerSpec, count: int) -> PlannedGroup:
     return PlannedGroup(spec.kind, spec.block_size, count, count * spec.page_bytes,
-                        spec.sliding_window, spec.attention_chunk_size)
+                        spec.sliding_window, spec.attention_chunk_size,
+                        spec.num_prefill_checkpoint_blocks, spec.prefill_checkpoint_alignment)
 
 
 def plan_kv_cache_groups(layers: Sequence[LayerSpec], *,
@@ -511,8 +519,13 @@ def model_spec_kv_layout(model: ModelSpec, *, block_size: int, tensor_parallel_s
                                 max_model_len=max_model_len, attention_bytes_per_token=per_token,
                                 mamba_state_bytes=conv + ssm, checkpoint_alignment=GDN_CHECKPOINT_ALIGNMENT,
                                 checkpoint_block=enable_prefix_caching)
+    # Align mode: FlashInfer's GDN prefill exports checkpoints, so vLLM's GDN
+    # layer adds one checkpoint block, on the prefix-cache grid (the Mamba
+    # block: get_mamba_prefill_checkpoint_grid without prefix_match_unit).
+    checkpoint = {"num_prefill_checkpoint_blocks": 1,
+                  "prefill_checkpoint_alignment": mamba.mamba_block_size} if enable_prefix_caching else {}
     linear = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=conv + ssm,
-                       page_size_padded=mamba.mamba_page_size_padded)
+                       page_size_padded=mamba.mamba_page_size_padded, **checkpoint)
     full = LayerSpec(FULL, mamba.block_size, per_token)
     full_layers = model.num_layers - h.num_linear_layers + extra_full_layers
     return ModelKVLayout((linear,) * h.num_linear_layers + (full,) * full_layers, mamba.block_size, mamba)
@@ -547,8 +560,10 @@ def model_kv_layout(data: Mapping[str, Any], *, block_size: int, tensor_parallel
                                 # MambaMixer2's spec always has a checkpoint block.
                                 checkpoint_block=True)
     attention = LayerSpec(FULL, mamba.block_size, per_token)
+    # MambaMixer2's spec: one checkpoint block at any token (alignment 1).
     mamba_layer = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=state,
-                            page_size_padded=mamba.mamba_page_size_padded)
+                            page_size_padded=mamba.mamba_page_size_padded,
+                            num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
     specs = tuple(mamba_layer if k == MAMBA else attention for k in kinds)
     return ModelKVLayout(specs, mamba.block_size, mamba)
 

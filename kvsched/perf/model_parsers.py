@@ -56,9 +56,7 @@ REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
                    "cache plan for it are not checked; kvsched plans DeepSeek-V3.2's (deepseek_v32) only",
     "nemotron_h": "hybrid Mamba-2/attention layers (hybrid_override_pattern): each layer is a Mamba-2 "
                   "mixer, an attention block or an MLP/MoE block alone, which ModelSpec's layers (attention "
-                  "and an MLP in each) do not express, so the weights and steps are not priced; and with "
-                  "prefix caching (vLLM's default) Mamba2's prefill checkpoint blocks are not modelled by "
-                  "the scheduler",
+                  "and an MLP in each) do not express, so the weights and steps are not priced",
     "deepseek_v4": "compressed sparse attention with a sliding window on every layer; kvsched prices "
                    "dense MLA only",
     "kimi_linear": "hybrid linear attention (Kimi Delta Attention layers with a recurrent state); kvsched "

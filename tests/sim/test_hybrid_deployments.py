@@ -96,12 +96,37 @@ def test_qwen3_next_without_prefix_caching_keeps_its_state_in_mamba_groups() -> 
     assert hybrid is not None and hybrid.num_linear_layers == 36
 
 
-def test_qwen3_next_with_prefix_caching_is_refused_with_the_fix() -> None:
-    # vLLM's default for hybrid models: prefix caching on, Mamba cache mode "align", whose
-    # prefill checkpoint blocks the scheduler does not model.
-    with pytest.raises(UserInputError, match=r"prefill checkpoint block.*--no-enable-prefix-caching"):
-        build_deployment(EngineOptions(model=str(NEXT), hardware="h200", tensor_parallel_size=2,
-                                       max_model_len=4096))
+def test_qwen3_next_at_defaults_keeps_a_prefill_checkpoint_block() -> None:
+    # vLLM's default for hybrid models: prefix caching on, Mamba cache mode "align"; its GDN
+    # layers (FlashInfer's prefill exports mid-prefill states) add a prefill checkpoint block
+    # on the prefix-cache grid, the Mamba block.
+    d = build_deployment(EngineOptions(model=str(NEXT), hardware="h200", tensor_parallel_size=2,
+                                       block_size=64, max_model_len=4096))
+    cc = d.cache_config
+    assert cc.enable_prefix_caching and cc.mamba_cache_mode == "align"
+    # The 576-token block of the test above (a multiple of 64, the GDN checkpoint stride),
+    # now shared by every group: align mode pages a Mamba state per attention block.
+    assert [(g.kind, g.block_size) for g in cc.kv_groups] == [("mamba", 576)] * 3 + [("full_attention", 576)]
+    assert [(g.num_prefill_checkpoint_blocks, g.prefill_checkpoint_alignment)
+            for g in cc.kv_groups if g.kind == "mamba"] == [(1, 576)] * 3
+    assert all(g.num_prefill_checkpoint_blocks == 0 and g.prefill_checkpoint_alignment is None
+               for g in cc.kv_groups if g.kind != "mamba")
+    assert cc.block_size == 576
+    # vLLM's MambaSpec.max_memory_usage_bytes in align mode: 2 states + the checkpoint block.
+    assert d.memory.mamba is not None and d.memory.mamba.state_blocks_per_request == 3
+
+
+def test_qwen3_next_simulates_prefix_hits_at_defaults() -> None:
+    # Prompts of a shared 1200-token prefix and 300 tokens of their own: a later prompt
+    # resumes from the Mamba state at 1152 (2 blocks of 576) the first one cached.
+    spec = RunSpec(workload=WorkloadSpec(num_prompts=8, random_input_len=300, random_prefix_len=1200,
+                                         random_output_len=16, seed=0)).with_engine(
+        model=str(NEXT), hardware="h200", tensor_parallel_size=2, max_model_len=4096,
+        num_gpu_blocks_override=64)
+    result = run(spec)
+    assert result.metrics["completed"] == 8
+    assert result.prepared.deployment.cache_config.enable_prefix_caching
+    assert result.metrics["prefix_cache_hit_rate"] > 0
 
 
 def test_qwen3_next_simulates_a_run_without_prefix_caching() -> None:
