@@ -171,3 +171,13 @@ def test_drafter_layers_share_the_blocks_as_the_targets_layers() -> None:
                                                           '"num_speculative_tokens": 2}', max_model_len=8192))
     assert d.cache_config.kv_groups == ()
     assert d.memory.bytes_per_block == 49 * 64 * 2 * 1 * 128 * 2
+
+
+def test_qwen3_next_start_up_check_counts_the_checkpoint_block() -> None:
+    # vLLM's start-up check: one max_model_len request must fit beside the null block. At
+    # 4096 tokens in 576-token blocks: 8 full-attention blocks, and per Mamba group
+    # MambaSpec.max_memory_usage_bytes' 2 states + 1 checkpoint block (align mode): 8 + 3 x 3 = 17.
+    opts = {"model": str(NEXT), "hardware": "h200", "tensor_parallel_size": 2, "max_model_len": 4096}
+    build_deployment(EngineOptions(**opts, num_gpu_blocks_override=18))
+    with pytest.raises(UserInputError, match="needs 17 KV blocks"):
+        build_deployment(EngineOptions(**opts, num_gpu_blocks_override=17))
