@@ -324,13 +324,23 @@ class KVCacheGroup:
     """One KV cache group of vLLM's KVCacheConfig: the layers of one kind that
     share a block table. Every group draws from the one shared block pool
     (``CacheConfig.num_gpu_blocks``). ``num_layers`` only matters for
-    memory; the scheduler reads the kind, block size and window."""
+    memory; the scheduler reads the kind, block size and window.
+
+    A Mamba group may carry vLLM's prefill checkpoint (MambaSpec's fields
+    of the same names): ``num_prefill_checkpoint_blocks`` blocks a request
+    may hold beside its running state so the backend can export a
+    mid-prefill state (MambaMixer2: 1; FlashInfer's GDN prefill: 1), and
+    ``prefill_checkpoint_alignment``, the token multiple such an export
+    must lie at from the chunk start (MambaMixer2: 1; GDN: the Mamba block
+    size). Only "align" mode (prefix caching on) reads them."""
 
     kind: str
     block_size: int
     num_layers: int = 1
     sliding_window: int | None = None  # sliding_window groups: tokens attended
     attention_chunk_size: int | None = None  # chunked_local_attention groups
+    num_prefill_checkpoint_blocks: int = 0  # mamba groups
+    prefill_checkpoint_alignment: int | None = None  # mamba groups
 
     def __post_init__(self) -> None:
         if self.kind not in KV_GROUP_KINDS:
@@ -347,6 +357,18 @@ class KVCacheGroup:
             elif value is not None:
                 raise _fail(f"kv_groups.{name}", value, f"only a {name.replace('attention_', '')} "
                             f"group has one, this group is {self.kind}", f"drop {name}")
+        blocks, alignment = self.num_prefill_checkpoint_blocks, self.prefill_checkpoint_alignment
+        if self.kind != "mamba" and (blocks != 0 or alignment is not None):
+            name = "num_prefill_checkpoint_blocks" if blocks != 0 else "prefill_checkpoint_alignment"
+            raise _fail(f"kv_groups.{name}", getattr(self, name), "only a mamba group has a prefill "
+                        f"checkpoint, this group is {self.kind}", f"drop {name}")
+        # vLLM only asks whether the count is above 0 (one checkpoint block at
+        # most per step) and adds it to the memory a request may hold.
+        if not is_int(blocks) or blocks < 0:
+            raise _fail("kv_groups.num_prefill_checkpoint_blocks", blocks, "must be a whole number >= 0",
+                        "use 0 (no checkpoint) or 1 (vLLM's MambaMixer2 and GDN layers)")
+        if alignment is not None:
+            _require_positive("kv_groups.prefill_checkpoint_alignment", alignment)
 
 
 @dataclass(slots=True, frozen=True)

@@ -82,22 +82,67 @@ def needs_mamba_block_aligned_split(cache_config: CacheConfig) -> bool:
     return any(g.kind == _MAMBA for g in cache_config.kv_groups) and mamba_cache_mode(cache_config) == "align"
 
 
+def mamba_checkpoint_alignment(cache_config: CacheConfig) -> int | None:
+    """What vLLM's scheduler reads to let a final prefill chunk run past the
+    last cacheable boundary (``mamba_prefill_checkpoint_alignment`` when
+    ``mamba_has_prefill_checkpoint_blocks``): the first Mamba group's
+    ``prefill_checkpoint_alignment`` when every Mamba group keeps a prefill
+    checkpoint block, else None (no internal checkpoint)."""
+    mamba = [g for g in cache_config.kv_groups if g.kind == _MAMBA]
+    if not mamba or any(g.num_prefill_checkpoint_blocks <= 0 for g in mamba):
+        return None
+    return mamba[0].prefill_checkpoint_alignment
+
+
+def mamba_checkpoint_position(num_tokens: int, block_size: int) -> int:
+    """vLLM's get_mamba_prefill_checkpoint_position (no EAGLE, no lookahead
+    hashes): the last ``block_size`` boundary before the last token, which
+    a hit always recomputes."""
+    return max((num_tokens - 1) // block_size * block_size, 0)
+
+
+def mamba_checkpoint_valid(query_start: int, query_end: int, position: int, block_size: int,
+                           alignment: int | None) -> bool:
+    """vLLM's is_mamba_prefill_checkpoint_valid with the hash block equal to
+    the Mamba block (kvsched's align mode): the backend can export the state
+    at ``position`` from inside the chunk [query_start, query_end) into a
+    column past the one it reads its initial state from."""
+    if alignment is None:
+        return False
+    initial_state_col = (query_start - 1) // block_size
+    checkpoint_col = _cdiv(query_end, block_size) - 2
+    return (query_start % block_size == 0 and checkpoint_col > initial_state_col
+            and query_start + block_size <= position and query_start < position < query_end
+            and (position - query_start) % alignment == 0)
+
+
 def mamba_block_aligned_split(request: Request, num_new_tokens: int, num_new_computed_tokens: int,
-                              block_size: int, max_prefill_tokens: int, junction: int) -> int:
-    """vLLM's Scheduler._mamba_block_aligned_split (no EAGLE, no finer hashes,
-    no prefill checkpoint blocks): a prefill chunk ends on a block boundary
-    (the state is written at chunk ends) and never runs past the last
-    cacheable boundary or the shared-prefix junction. ``max_prefill_tokens``
-    is the token budget capped by the long-prefill threshold; ``junction``
-    the request's shared-prefix boundary."""
+                              block_size: int, max_prefill_tokens: int, junction: int,
+                              checkpoint_alignment: int | None = None) -> int:
+    """vLLM's Scheduler._mamba_block_aligned_split (no EAGLE, no finer hashes):
+    a prefill chunk ends on a block boundary (the state is written at chunk
+    ends) and never runs past the last cacheable boundary or the
+    shared-prefix junction. ``max_prefill_tokens`` is the token budget
+    capped by the long-prefill threshold; ``junction`` the request's
+    shared-prefix boundary; ``checkpoint_alignment`` what
+    :func:`mamba_checkpoint_alignment` gives (None: no prefill checkpoint
+    blocks): a chunk reaching the end of the prefill whose backend exports
+    the last boundary's state internally is not stopped there."""
     start = request.num_computed_tokens + num_new_computed_tokens
     # Replaying output tokens after a preemption is prefill too.
     prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
     if start >= prefill_end:
         return num_new_tokens
     # The last boundary whose state can be cached: the last token is recomputed.
-    last_cache_position = (request.num_tokens - 1) // block_size * block_size
+    last_cache_position = mamba_checkpoint_position(request.num_tokens, block_size)
     end = start + num_new_tokens
+    internal_checkpoint = (
+        checkpoint_alignment is not None and end >= prefill_end
+        and mamba_checkpoint_valid(start, end, mamba_checkpoint_position(prefill_end, block_size),
+                                   block_size, checkpoint_alignment))
+    if internal_checkpoint:
+        # The backend writes that state mid-chunk: no need to stop there.
+        last_cache_position = 0
     if end < prefill_end:
         aligned_end = end // block_size * block_size
         # A block wider than any chunk advances mid-block until the next boundary.
@@ -105,8 +150,8 @@ def mamba_block_aligned_split(request: Request, num_new_tokens: int, num_new_com
             end = aligned_end
     next_block_boundary = (start // block_size + 1) * block_size
     junction_stop = start + (junction - start) // block_size * block_size
-    stops = (next_block_boundary if start % block_size else 0, last_cache_position,
-             junction_stop if start < junction < end else 0)
+    stops = (next_block_boundary if start % block_size and not internal_checkpoint else 0,
+             last_cache_position, junction_stop if start < junction < end else 0)
     end = min((s for s in stops if start < s < end), default=end)
     return max(end - start, 0)
 
@@ -233,9 +278,12 @@ class _GroupManager:
 
     # -- the shared rules ----------------------------------------------------------
     def num_blocks_to_allocate(self, rid: str, num_tokens: int, hit: list[int],
-                               total_computed: int, apply_cap: bool, num_tokens_main: int) -> int:
+                               total_computed: int, apply_cap: bool, num_tokens_main: int,
+                               prefill_end: int = 0, record: bool = False) -> int:
         """Blocks this group would take (``num_tokens_main``: the tokens
-        without a drafter's lookahead slots, which only Mamba reads)."""
+        without a drafter's lookahead slots; ``prefill_end`` and ``record``:
+        vLLM's prefill_end and "this count precedes the allocation", both
+        read by Mamba's prefill checkpoint only)."""
         required = _cdiv(num_tokens, self.block_size)
         if apply_cap and self.admission_cap is not None and required > self.admission_cap:
             required = self.admission_cap
@@ -295,9 +343,11 @@ class _GroupManager:
         """A schedule() begins (only Mamba keeps per-step state)."""
 
     def cache_blocks(self, request: Request, num_tokens: int, hashes: Sequence[int],
-                     retention: int | None, boundaries: Sequence[int]) -> None:
+                     retention: int | None, boundaries: Sequence[int], junction: int = 0) -> None:
         """Register the full blocks among the first ``num_tokens`` (``hashes``:
-        the request's chained hashes at the hash block size, all it has)."""
+        the request's chained hashes at the hash block size, all it has;
+        ``boundaries`` where a later request may resume, ``junction`` the
+        request's shared-prefix boundary among them, 0 if none)."""
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
         scale = self.hash_scale
@@ -443,7 +493,7 @@ class _MambaManager(_GroupManager):
     the hits, the last one found from the right."""
 
     __slots__ = ("align", "last_state_block_idx", "num_retired_blocks", "allocated",
-                 "cached_this_step")
+                 "cached_this_step", "has_checkpoint_blocks", "checkpoint_alignment", "checkpoints")
 
     def __init__(self, group_id: int, spec: KVCacheGroup, pool: BlockPool, caching: bool,
                  admission_cap: int | None, alignment_tokens: int, hash_block_size: int) -> None:
@@ -458,6 +508,13 @@ class _MambaManager(_GroupManager):
         self.allocated: set[str] = set()
         # Keys registered this step: a hit on one is not computed yet.
         self.cached_this_step: set[int] = set()
+        # vLLM's prefill checkpoint (align mode only): a chunk may also write
+        # the state of its last boundary before its end into a block of its
+        # own; per request, (that position, the table index it goes to) for
+        # the allocation the last count prepared (vLLM's _checkpoints).
+        self.has_checkpoint_blocks = self.align and spec.num_prefill_checkpoint_blocks > 0
+        self.checkpoint_alignment = spec.prefill_checkpoint_alignment
+        self.checkpoints: dict[str, tuple[int, int]] = {}
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - 1
@@ -466,7 +523,8 @@ class _MambaManager(_GroupManager):
         self.cached_this_step.clear()
 
     def num_blocks_to_allocate(self, rid: str, num_tokens: int, hit: list[int],
-                               total_computed: int, apply_cap: bool, num_tokens_main: int) -> int:
+                               total_computed: int, apply_cap: bool, num_tokens_main: int,
+                               prefill_end: int = 0, record: bool = False) -> int:
         if hit and self.pool.hash_of_block.get(hit[-1]) in self.cached_this_step:
             # A state another request caches this very step is written only
             # when the step runs: vLLM makes the admission fail this step.
@@ -474,20 +532,46 @@ class _MambaManager(_GroupManager):
         if not self.align:
             return super().num_blocks_to_allocate(rid, num_tokens, hit, total_computed, apply_cap,
                                                   num_tokens_main)
-        # Lookahead slots are not Mamba's; one new state block per step at most
-        # (vLLM's count may go negative when the table is ahead: kept as is).
+        # Lookahead slots are not Mamba's; one new state block per step at most,
+        # two when the chunk also exports a checkpoint (vLLM's count may go
+        # negative when the table is ahead: kept as is).
         need = _cdiv(num_tokens_main, self.block_size) - len(hit) - len(self.tables.get(rid, ()))
+        position = 0
+        if self.has_checkpoint_blocks:
+            position = mamba_checkpoint_position(num_tokens_main, self.alignment_tokens)
+            if not self._needs_checkpoint(rid, total_computed, num_tokens_main, position, prefill_end):
+                position = 0
+            if record:
+                # The allocation and caching that follow read it.
+                if position:
+                    self.checkpoints[rid] = (position, _cdiv(num_tokens_main, self.block_size) - 2)
+                else:
+                    self.checkpoints.pop(rid, None)
         if need > 0:
-            need = min(need, 1)
+            need = min(need, 1 + (position > 0))
         ref_cnt = self.pool.ref_cnt
         return need + sum(1 for b in hit if b != NULL_BLOCK and ref_cnt[b] == 0)
+
+    def _needs_checkpoint(self, rid: str, query_start: int, query_end: int, position: int,
+                          prefill_end: int) -> bool:
+        """vLLM's _needs_internal_checkpoint: the chunk [query_start,
+        query_end) reaches ``prefill_end`` (0: every chunk does), the backend
+        can export ``position``'s state inside it, and the table has no
+        state at that position's index yet."""
+        idx = _cdiv(query_end, self.block_size) - 2
+        table = self.tables.get(rid, ())
+        return (query_end >= prefill_end
+                and mamba_checkpoint_valid(query_start, query_end, position, self.block_size,
+                                           self.checkpoint_alignment)
+                and idx >= 0 and (idx >= len(table) or table[idx] == NULL_BLOCK))
 
     def allocate_new_blocks(self, rid: str, num_tokens: int, num_tokens_main: int) -> list[int]:
         if not self.align:
             return super().allocate_new_blocks(rid, num_tokens, num_tokens_main)
         table = self.tables.setdefault(rid, [])
         required = _cdiv(num_tokens_main, self.block_size)
-        if required <= len(table):
+        checkpoint = int(rid in self.checkpoints)
+        if required <= len(table) and not checkpoint:
             self.allocated.add(rid)
             return []
         held = len(table)
@@ -495,7 +579,9 @@ class _MambaManager(_GroupManager):
             # The state the new block continues from (a hit's, or the last step's).
             self.last_state_block_idx[rid] = held - 1
         if held < required - 1:
-            table.extend([NULL_BLOCK] * (required - 1 - held))
+            # Null up to the running state's block, leaving the checkpoint's
+            # slot just before it for a real block.
+            table.extend([NULL_BLOCK] * (required - 1 - checkpoint - held))
         new = self.pool.get_new_blocks(max(required - len(table), 0))
         table.extend(new)
         self.allocated.add(rid)
@@ -565,31 +651,64 @@ class _MambaManager(_GroupManager):
         return mask
 
     def cache_blocks(self, request: Request, num_tokens: int, hashes: Sequence[int],
-                     retention: int | None, boundaries: Sequence[int]) -> None:
+                     retention: int | None, boundaries: Sequence[int], junction: int = 0) -> None:
         rid = request.request_id
         before = self.num_cached_block.get(rid, 0)
-        super().cache_blocks(request, num_tokens, hashes, retention, boundaries)
+        super().cache_blocks(request, num_tokens, hashes, retention, boundaries, junction)
         after = self.num_cached_block.get(rid, 0)
+        if self.align:
+            # vLLM's _cache_partial_tail_block, before it marks this step's keys.
+            self._cache_tail(request, num_tokens, hashes, retention, junction)
         hash_of_block = self.pool.hash_of_block
         table = self.tables.get(rid, [])
         for i in range(before, after):
             key = hash_of_block.get(table[i])
             if key is not None:
                 self.cached_this_step.add(key)
+
+    def _cache_tail(self, request: Request, num_tokens: int, hashes: Sequence[int],
+                    retention: int | None, junction: int) -> None:
+        """Key the state block a later request resumes from at its exact
+        boundary: the prefill checkpoint's block when this step exports one
+        (dropped from the cache when no request can reach it), else the
+        prompt's last boundary when this chunk ends there. With one block
+        size for every group that block's full-block key is the boundary's
+        key, so this re-keys only what the sparse mask left out."""
+        rid = request.request_id
         bs = self.block_size
-        if self.align and num_tokens > 0 and num_tokens % bs == 0 \
-                and num_tokens == (request.num_prompt_tokens - 1) // bs * bs:
-            # vLLM re-keys the state at the prompt's last boundary here; with
-            # one block size for every group the block cached above already
-            # carries that key (the replay boundary is always retained).
-            idx = num_tokens // bs - 1
-            block = table[idx] if idx < len(table) else NULL_BLOCK
-            assert block == NULL_BLOCK or hash_of_block.get(block) == hash((hashes[idx], self.group_id)), (
-                "the prompt's last state boundary is not keyed")
+        table = self.tables.get(rid, [])
+        prompt_boundary = mamba_checkpoint_position(request.num_prompt_tokens, self.alignment_tokens)
+        checkpoint = self.checkpoints.get(rid)
+        if checkpoint is not None:
+            position, idx = checkpoint
+            assert 0 <= idx < len(table)
+            block = table[idx]
+            mask = self.reachable_mask(position // bs - 1, position // bs, retention, ())
+            if position != prompt_boundary and not (mask is None or mask[0]) and position != junction:
+                # A transient state: the running state overwrites the slot.
+                self.pool.uncache_blocks([block])
+                return
+        else:
+            if num_tokens <= 0 or num_tokens % bs or num_tokens != prompt_boundary:
+                return
+            position, idx = num_tokens, num_tokens // bs - 1
+            if idx >= len(table):
+                return
+            block = table[idx]
+        if block == NULL_BLOCK:
+            return
+        key = hash((hashes[position // bs - 1], self.group_id))
+        if self.pool.hash_of_block.get(block) == key:
+            return
+        # Its contents are the state at ``position`` now: any other key goes.
+        self.pool.uncache_blocks([block])
+        self.pool.cache_block(block, key)
+        self.cached_this_step.add(key)
 
     def pop(self, rid: str) -> list[int]:
         self.allocated.discard(rid)
         self.last_state_block_idx.pop(rid, None)
+        self.checkpoints.pop(rid, None)
         self.num_retired_blocks.pop(rid, None)
         return super().pop(rid)
 
@@ -792,13 +911,24 @@ class HybridKVCacheManager(KVCacheManager):
             num_tokens = min(request.num_tokens, self.max_model_len)
         else:
             num_tokens = min(total + num_new_tokens, self.max_model_len)
-        return self._count(request.request_id, num_tokens, hit, total, full_sequence, num_tokens)
+        return self._count(rid=request.request_id, num_tokens=num_tokens, hit=hit, total_computed=total,
+                           apply_cap=full_sequence, num_tokens_main=num_tokens,
+                           prefill_end=self._prefill_end(request), record=False)
 
-    def _count(self, rid: str, num_tokens: int, hit: HybridHit, total_computed: int,
-               apply_cap: bool, num_tokens_main: int) -> int:
+    def _prefill_end(self, request: Request) -> int:
+        """vLLM's prefill_end as its coordinator passes it on: where the
+        prefill ends (past the prompt for a resumed request replaying its
+        output) under retention 0, where Mamba reserves a prefill checkpoint
+        only for the chunk reaching it; 0 otherwise (every chunk may)."""
+        if self.retention != 0:
+            return 0
+        return max(request.num_prompt_tokens, request.num_tokens - 1)
+
+    def _count(self, *, rid: str, num_tokens: int, hit: HybridHit, total_computed: int,
+               apply_cap: bool, num_tokens_main: int, prefill_end: int, record: bool) -> int:
         per_group = hit.per_group
         return sum(m.num_blocks_to_allocate(rid, num_tokens, per_group[i] if per_group else [],
-                                            total_computed, apply_cap, num_tokens_main)
+                                            total_computed, apply_cap, num_tokens_main, prefill_end, record)
                    for i, m in enumerate(self.managers))
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
@@ -820,16 +950,21 @@ class HybridKVCacheManager(KVCacheManager):
         if rid not in self.req_to_blocks and not any(rid in m.num_cached_block for m in self.managers):
             # A lookup just made for this admission (vLLM sets it on the request).
             self.shared_prefix_boundary[rid] = hit.shared_prefix_boundary
+        prefill_end = self._prefill_end(request)
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            if self._count(rid, full, hit, total, True, full) > pool.num_free:
+            if self._count(rid=rid, num_tokens=full, hit=hit, total_computed=total, apply_cap=True,
+                           num_tokens_main=full, prefill_end=prefill_end, record=False) > pool.num_free:
                 return None
         num_main = total + num_new_tokens
         num_slots = min(num_main + num_lookahead_tokens, self.max_model_len)
         processed = max(0, total - request.num_in_flight_tokens)
         for m in self.managers:
             m.remove_skipped_blocks(rid, processed)
-        if self._count(rid, num_slots, hit, num_local + num_external_computed_tokens, False, num_main) \
+        # This count prepares the allocation: Mamba records its checkpoint.
+        if self._count(rid=rid, num_tokens=num_slots, hit=hit,
+                       total_computed=num_local + num_external_computed_tokens, apply_cap=False,
+                       num_tokens_main=num_main, prefill_end=prefill_end, record=True) \
                 > pool.num_free - reserved_blocks:
             return None
         # vLLM adopts a hit only for a request no group tracks yet.
@@ -864,7 +999,7 @@ class HybridKVCacheManager(KVCacheManager):
             boundaries.append(junction)
         hashes = self.block_hashes(request, request.num_tokens // self.block_size)
         for m in self.managers:
-            m.cache_blocks(request, num_tokens, hashes, self.retention, boundaries)
+            m.cache_blocks(request, num_tokens, hashes, self.retention, boundaries, junction)
 
     def cache_full_blocks(self, request: Request, blocks: list[int],
                           num_cached: int, num_full: int) -> None:

@@ -39,6 +39,7 @@ from kvsched.core.hybrid_kv_cache import (
     is_hybrid,
     make_kv_cache_manager,
     mamba_block_aligned_split,
+    mamba_checkpoint_alignment,
     needs_mamba_block_aligned_split,
 )
 from kvsched.core.kv_connector import KVConnectorBase, KVConnectorOutput
@@ -304,6 +305,9 @@ class Scheduler:
         self.hybrid_kv_cache = is_hybrid(cache_config)
         # vLLM's need_mamba_block_aligned_split (a Mamba group, prefix caching on).
         self._mamba_split = needs_mamba_block_aligned_split(cache_config)
+        # What lets a final prefill chunk run past the last cacheable
+        # boundary (the backend exports that state); None: never.
+        self._mamba_checkpoint_alignment = mamba_checkpoint_alignment(cache_config)
         # vLLM also publishes a synchronous Mamba request's finalized states
         # after each output (the general update path does it).
         self._cache_after_output = self._mamba_split and not self.async_scheduling
@@ -1087,7 +1091,7 @@ class Scheduler:
         return mamba_block_aligned_split(
             request, num_new, num_computed, self.block_size,
             min(budget, threshold) if threshold > 0 else budget,
-            self._hybrid_kv().junction(request, hit))
+            self._hybrid_kv().junction(request, hit), self._mamba_checkpoint_alignment)
 
     def _pick_victim(self) -> Request:
         if self._priority:

@@ -77,7 +77,9 @@ class LayerSpec:
     rank's KV heads, or MLA's one latent row); a Mamba layer stores one
     state of ``state_bytes`` per block, whatever its block size.
     ``page_size_padded`` is a page grown to a shared size (vLLM pads Mamba
-    pages and attention pages that do not divide the largest)."""
+    pages and attention pages that do not divide the largest). A Mamba
+    layer's ``num_prefill_checkpoint_blocks`` / ``prefill_checkpoint_alignment``
+    are its MambaSpec's (kvsched.config.KVCacheGroup)."""
 
     kind: str
     block_size: int
@@ -86,6 +88,8 @@ class LayerSpec:
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     page_size_padded: int | None = None
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in LAYER_KINDS:
@@ -117,11 +121,14 @@ class PlannedGroup:
     bytes_per_block: int
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
 
     def kv_group(self) -> KVCacheGroup:
         """The scheduler's description of this group (kvsched.config)."""
         return KVCacheGroup(_GROUP_KIND[self.kind], self.block_size, self.num_layers,
-                            self.sliding_window, self.attention_chunk_size)
+                            self.sliding_window, self.attention_chunk_size,
+                            self.num_prefill_checkpoint_blocks, self.prefill_checkpoint_alignment)
 
 
 @dataclass(slots=True, frozen=True)
@@ -210,7 +217,8 @@ def _unify_page_size(layers: Sequence[LayerSpec]) -> list[LayerSpec]:
 
 def _group(spec: LayerSpec, count: int) -> PlannedGroup:
     return PlannedGroup(spec.kind, spec.block_size, count, count * spec.page_bytes,
-                        spec.sliding_window, spec.attention_chunk_size)
+                        spec.sliding_window, spec.attention_chunk_size,
+                        spec.num_prefill_checkpoint_blocks, spec.prefill_checkpoint_alignment)
 
 
 def plan_kv_cache_groups(layers: Sequence[LayerSpec], *,
@@ -530,8 +538,15 @@ def model_spec_kv_layout(model: ModelSpec, *, block_size: int, tensor_parallel_s
                                 mamba_state_bytes=state,
                                 checkpoint_alignment=GDN_CHECKPOINT_ALIGNMENT if gdn else None,
                                 checkpoint_block=enable_prefix_caching or not gdn)
+    # The prefill checkpoint block vLLM's layer spec declares: Gated DeltaNet
+    # in align mode (FlashInfer's GDN prefill exports checkpoints) on the
+    # prefix-cache grid, the Mamba block (get_mamba_prefill_checkpoint_grid
+    # without prefix_match_unit); MambaMixer2 always, at any token (1).
+    checkpoint = ({"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": mamba.mamba_block_size}
+                  if enable_prefix_caching else {}) if gdn else \
+        {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1}
     layer = LayerSpec(MAMBA, mamba.mamba_block_size, state_bytes=state,
-                      page_size_padded=mamba.mamba_page_size_padded)
+                      page_size_padded=mamba.mamba_page_size_padded, **checkpoint)
     full = LayerSpec(FULL, mamba.block_size, per_token)
     states = h.num_linear_layers + h.num_mamba_layers
     return ModelKVLayout((layer,) * states + (full,) * (model.num_full_attention_layers + extra_full_layers),

@@ -106,7 +106,8 @@ SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
 CACHE_KEYS = ("block_size", "num_gpu_blocks", "enable_prefix_caching", "kv_groups",
               "hash_block_size", "mamba_cache_mode", "prefix_cache_retention_interval")
 # One entry of cache.kv_groups (kvsched.config.KVCacheGroup).
-KV_GROUP_KEYS = ("kind", "block_size", "num_layers", "sliding_window", "attention_chunk_size")
+KV_GROUP_KEYS = ("kind", "block_size", "num_layers", "sliding_window", "attention_chunk_size",
+                 "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment")
 REQUEST_KEYS = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos",
                 "eos_token_id", "stop_token_ids", "priority", "arrival_step", "arrival_time",
                 "sampled_token_ids", "accepted_drafts", "proposed_drafts", "lora_id", "rank",
@@ -517,10 +518,17 @@ def _check_kv_groups(c: _Checker, cc: Mapping[str, Any], block_size: int) -> dic
                    f"use one of {', '.join(KV_GROUP_KINDS)}")
         size = c.integer(g, "block_size", where, 1, MAX_BLOCK_SIZE, "", block_size)
         layers = c.integer(g, "num_layers", where, 1, MAX_STEP_LIMIT, "", 1)
-        extra = {}
+        extra: dict[str, int] = {}
         for key in ("sliding_window", "attention_chunk_size"):
             if key in g:
                 extra[key] = c.integer(g, key, where, 1, MAX_STEP_LIMIT)
+        # A Mamba group's prefill checkpoint (KVCacheGroup checks the kind).
+        if "num_prefill_checkpoint_blocks" in g:
+            extra["num_prefill_checkpoint_blocks"] = c.integer(g, "num_prefill_checkpoint_blocks", where,
+                                                               0, MAX_STEP_LIMIT)
+        if g.get("prefill_checkpoint_alignment") is not None:
+            extra["prefill_checkpoint_alignment"] = c.integer(g, "prefill_checkpoint_alignment", where,
+                                                              1, MAX_BLOCK_SIZE)
         try:
             groups.append(KVCacheGroup(kind, size, layers, **extra))
         except (ValueError, TypeError) as e:

@@ -568,12 +568,6 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
                          enable_prefix_caching=opts.enable_prefix_caching, max_model_len=max_model_len)
     mamba = memory.mamba
     if mamba is not None:
-        if mamba.mamba_cache_mode == "align" and mamba.state_blocks_per_request > 2:
-            raise UserInputError(
-                f"enable_prefix_caching=True (vLLM's default) with {model.name}: vLLM's Mamba cache mode "
-                "'align' keeps a prefill checkpoint block per request for its Gated DeltaNet layers "
-                "(FlashInfer's GDN prefill exports mid-prefill states every 64 tokens), which kvsched's "
-                "scheduler does not model; run with --no-enable-prefix-caching")
         # vLLM raised the attention block size to hold a Mamba state page; the
         # scheduler's block is the LCM of the groups' (kvsched.core.hybrid_kv_cache).
         block_size = resolve_block_sizes(CacheConfig(num_gpu_blocks=2, block_size=mamba.block_size,

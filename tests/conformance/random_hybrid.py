@@ -19,8 +19,10 @@ sharing one pool, the layout chosen by `seed % len(LAYOUTS)`:
     full_swa_mamba     full attention + sliding window + Mamba state
 
 plus prefix_cache_retention_interval (vLLM's default 0, dense null, or a multiple of
-the scheduler block), the pool size (tight to roomy), async scheduling (40%) and,
-without a Mamba group, ngram speculative decoding with scripted drafts (30%), each
+the scheduler block), the pool size (tight to roomy), async scheduling (40%),
+without a Mamba group ngram speculative decoding with scripted drafts (30%), and
+with one a prefill checkpoint block on the Mamba groups (CHECKPOINT_SHARE; vLLM's
+MambaMixer2 alignment 1, FlashInfer GDN's the block size, or a divisor of it), each
 drawn from a stream of its own.
 
 Usage:
@@ -73,6 +75,9 @@ LAYOUTS = ("swa", "chunked", "full_swa", "full_swa_swa", "full_swa2", "full_chun
 BLOCK_SIZES = [1, 2, 4, 8, 16]
 ASYNC_SHARE = 0.4
 SPEC_SHARE = 0.3
+# Mamba layouts whose Mamba groups keep a prefill checkpoint block (vLLM's
+# MambaMixer2 and FlashInfer GDN layers do).
+CHECKPOINT_SHARE = 0.5
 # Models' context lengths this small keep the traces short.
 MAX_MODEL_LENS = [64, 128, 256, 512]
 
@@ -137,6 +142,22 @@ def _groups(rng: random.Random, layout: str, bs: int) -> list[dict[str, Any]]:
     return [mamba]
 
 
+def _draw_checkpoint(rng: random.Random, groups: list[dict[str, Any]]) -> None:
+    """Give the Mamba groups vLLM's prefill checkpoint block (CHECKPOINT_SHARE
+    of the draws): alignment 1 (MambaMixer2), the block size (FlashInfer
+    GDN's prefix grid) or a divisor of it (the backend's own stride, which
+    vLLM's planning keeps the block a multiple of)."""
+    if rng.random() >= CHECKPOINT_SHARE:
+        return
+    for g in groups:
+        if g["kind"] != "mamba":
+            continue
+        bs = g["block_size"]
+        divisors = [d for d in range(2, bs) if bs % d == 0]
+        g["num_prefill_checkpoint_blocks"] = 1
+        g["prefill_checkpoint_alignment"] = rng.choice([1, bs, bs, *divisors[-2:]])
+
+
 def _blocks_needed(req: Request, max_model_len: int, groups: list[dict[str, Any]],
                    in_flight: int | None = None, lookahead: int = 0) -> int:
     """A whole table in every group: what one request can hold at most; with
@@ -177,6 +198,8 @@ def random_hybrid_scenario(seed: int) -> Scenario:
             if g["kind"] == "mamba":
                 g["block_size"] = scheduler["max_model_len"]
         scheduler_block = math.lcm(*(g["block_size"] for g in groups))
+    if "mamba" in layout:
+        _draw_checkpoint(random.Random(f"random_hybrid:checkpoint:{seed}"), groups)
     # vLLM's async scheduling (its engine's default), from a stream of its
     # own so that a seed's scenario is otherwise the same with and without.
     use_async = random.Random(f"random_hybrid:async:{seed}").random() < ASYNC_SHARE

@@ -177,3 +177,32 @@ def test_scenario_keys_are_checked(tmp_path: Path) -> None:
     path.write_text(json.dumps(base))
     with pytest.raises(UserInputError, match="unknown KV cache group kind"):
         load_scenario(str(path))
+
+
+def test_prefill_checkpoint_keys(tmp_path: Path) -> None:
+    """A Mamba group's prefill checkpoint keys reach its KVCacheGroup; on
+    another kind, below 0 (blocks) or below 1 (alignment) they are refused."""
+    path = tmp_path / "ckpt.json"
+    mamba = {"kind": "mamba", "block_size": 4, "num_prefill_checkpoint_blocks": 1,
+             "prefill_checkpoint_alignment": 4}
+    base: dict = {"cache": {"num_gpu_blocks": 10, "block_size": 4,
+                            "kv_groups": [{"kind": "full_attention", "block_size": 4}, mamba]},
+                  "requests": []}
+    path.write_text(json.dumps(base))
+    group = load_scenario(str(path)).cache_config.kv_groups[1]
+    assert (group.num_prefill_checkpoint_blocks, group.prefill_checkpoint_alignment) == (1, 4)
+    for key, value, needle in (
+            ("num_prefill_checkpoint_blocks", -1, "must be >= 0"),
+            ("prefill_checkpoint_alignment", 0, "must be >= 1")):
+        base["cache"]["kv_groups"][1] = {**mamba, key: value}
+        path.write_text(json.dumps(base))
+        with pytest.raises(UserInputError, match=rf"kv_groups\[1\]\.{key}=.*{needle}"):
+            load_scenario(str(path))
+    base["cache"]["kv_groups"][1] = mamba
+    base["cache"]["kv_groups"][0] = {"kind": "full_attention", "block_size": 4,
+                                     "num_prefill_checkpoint_blocks": 1}
+    path.write_text(json.dumps(base))
+    with pytest.raises(UserInputError, match="only a mamba group has a prefill checkpoint"):
+        load_scenario(str(path))
+    with pytest.raises(UserInputError, match="prefill_checkpoint_alignment"):
+        KVCacheGroup("sliding_window", 4, sliding_window=8, prefill_checkpoint_alignment=4)

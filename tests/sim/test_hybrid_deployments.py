@@ -156,12 +156,37 @@ def test_qwen3_next_without_prefix_caching_keeps_its_state_in_mamba_groups() -> 
     assert hybrid is not None and hybrid.num_linear_layers == 36
 
 
-def test_qwen3_next_with_prefix_caching_is_refused_with_the_fix() -> None:
-    # vLLM's default for hybrid models: prefix caching on, Mamba cache mode "align", whose
-    # prefill checkpoint blocks the scheduler does not model.
-    with pytest.raises(UserInputError, match=r"prefill checkpoint block.*--no-enable-prefix-caching"):
-        build_deployment(EngineOptions(model=str(NEXT), hardware="h200", tensor_parallel_size=2,
-                                       max_model_len=4096))
+def test_qwen3_next_at_defaults_keeps_a_prefill_checkpoint_block() -> None:
+    # vLLM's default for hybrid models: prefix caching on, Mamba cache mode "align"; its GDN
+    # layers (FlashInfer's prefill exports mid-prefill states) add a prefill checkpoint block
+    # on the prefix-cache grid, the Mamba block.
+    d = build_deployment(EngineOptions(model=str(NEXT), hardware="h200", tensor_parallel_size=2,
+                                       block_size=64, max_model_len=4096))
+    cc = d.cache_config
+    assert cc.enable_prefix_caching and cc.mamba_cache_mode == "align"
+    # The 576-token block of the test above (a multiple of 64, the GDN checkpoint stride),
+    # now shared by every group: align mode pages a Mamba state per attention block.
+    assert [(g.kind, g.block_size) for g in cc.kv_groups] == [("mamba", 576)] * 3 + [("full_attention", 576)]
+    assert [(g.num_prefill_checkpoint_blocks, g.prefill_checkpoint_alignment)
+            for g in cc.kv_groups if g.kind == "mamba"] == [(1, 576)] * 3
+    assert all(g.num_prefill_checkpoint_blocks == 0 and g.prefill_checkpoint_alignment is None
+               for g in cc.kv_groups if g.kind != "mamba")
+    assert cc.block_size == 576
+    # vLLM's MambaSpec.max_memory_usage_bytes in align mode: 2 states + the checkpoint block.
+    assert d.memory.mamba is not None and d.memory.mamba.state_blocks_per_request == 3
+
+
+def test_qwen3_next_simulates_prefix_hits_at_defaults() -> None:
+    # Prompts of a shared 1200-token prefix and 300 tokens of their own: a later prompt
+    # resumes from the Mamba state at 1152 (2 blocks of 576) the first one cached.
+    spec = RunSpec(workload=WorkloadSpec(num_prompts=8, random_input_len=300, random_prefix_len=1200,
+                                         random_output_len=16, seed=0)).with_engine(
+        model=str(NEXT), hardware="h200", tensor_parallel_size=2, max_model_len=4096,
+        num_gpu_blocks_override=64)
+    result = run(spec)
+    assert result.metrics["completed"] == 8
+    assert result.prepared.deployment.cache_config.enable_prefix_caching
+    assert result.metrics["prefix_cache_hit_rate"] > 0
 
 
 def test_qwen3_next_simulates_a_run_without_prefix_caching() -> None:
@@ -199,16 +224,21 @@ def test_qwen3_5_and_nemotron_3_kv_groups_are_vllms(config: Path, name: str) -> 
     assert [(g.kind, g.num_layers, g.block_size) for g in cc.kv_groups] == _groups(golden)
     assert d.memory.bytes_per_block == golden["groups"][0]["bytes_per_block"]
     assert cc.mamba_cache_mode == "none"
-    # At vLLM's default (prefix caching on, align mode) the memory plan is vLLM's too, but the
-    # deployment is refused: the Mamba layers keep a prefill checkpoint block.
+    # At vLLM's default (prefix caching on, align mode) the memory plan is vLLM's too, and the
+    # Mamba groups keep vLLM's prefill checkpoint block: Gated DeltaNet on the Mamba block's
+    # grid, MambaMixer2 at any token (alignment 1).
     default = _golden(name, 64, 1, False, apc=True)
     plan = kv_cache_plan(d.model, d.model.num_layers, 0, 64, 1, 2, 0, float(61 * 2**30),
                          max_model_len=32768)
     assert [(g.kind, g.num_layers, g.block_size) for g in plan.groups] == _groups(default)
     assert plan.num_blocks == _golden_blocks(name, 61 * 2**30)
-    with pytest.raises(UserInputError, match=r"prefill checkpoint block.*--no-enable-prefix-caching"):
-        build_deployment(EngineOptions(model=str(config), hardware="h200", tensor_parallel_size=1,
-                                       block_size=64, max_model_len=32768))
+    on = build_deployment(EngineOptions(model=str(config), hardware="h200", tensor_parallel_size=1,
+                                        block_size=64, max_model_len=32768)).cache_config
+    assert on.mamba_cache_mode == "align" and on.enable_prefix_caching
+    mamba = [g for g in on.kv_groups if g.kind == "mamba"]
+    assert mamba and all(g.num_prefill_checkpoint_blocks == 1 for g in mamba)
+    alignment = 1 if config == NANO else mamba[0].block_size
+    assert all(g.prefill_checkpoint_alignment == alignment for g in mamba)
 
 
 def _golden_blocks(model: str, available: int) -> int:
@@ -304,3 +334,13 @@ def test_glm5_simulates_a_run_in_its_planned_blocks() -> None:
     want = _golden("zai-org/GLM-5", 64, 1, False, kv_cache_dtype="fp8",
                    sparse_mla_backend="FLASHINFER_MLA_SPARSE")
     assert d.memory.bytes_per_block == want["groups"][0]["bytes_per_block"]
+
+
+def test_qwen3_next_start_up_check_counts_the_checkpoint_block() -> None:
+    # vLLM's start-up check: one max_model_len request must fit beside the null block. At
+    # 4096 tokens in 576-token blocks: 8 full-attention blocks, and per Mamba group
+    # MambaSpec.max_memory_usage_bytes' 2 states + 1 checkpoint block (align mode): 8 + 3 x 3 = 17.
+    opts = {"model": str(NEXT), "hardware": "h200", "tensor_parallel_size": 2, "max_model_len": 4096}
+    build_deployment(EngineOptions(**opts, num_gpu_blocks_override=18))
+    with pytest.raises(UserInputError, match="needs 17 KV blocks"):
+        build_deployment(EngineOptions(**opts, num_gpu_blocks_override=17))

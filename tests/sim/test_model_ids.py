@@ -39,10 +39,9 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "Qwen/Qwen3-30B-A3B": ("catalog", "h100", 1, None),
     "Qwen/Qwen3-235B-A22B": ("catalog", "mi355x", 2, None),
     "Qwen/Qwen3-Coder-480B-A35B-Instruct": ("bundled", "b300", 8, None),
-    # 160 GB of bf16 weights: two H200s. Refused at vLLM's default (prefix caching on, Mamba
-    # cache mode "align"); it simulates with --no-enable-prefix-caching
-    # (tests/sim/test_hybrid_deployments.py).
-    "Qwen/Qwen3-Next-80B-A3B-Instruct": ("cache", "h200", 2, "prefill checkpoint block"),
+    # 160 GB of bf16 weights: two H200s. At vLLM's default (prefix caching on, Mamba cache
+    # mode "align", a GDN prefill checkpoint block; tests/sim/test_hybrid_deployments.py).
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": ("cache", "h200", 2, None),
     "google/gemma-2-9b-it": ("cache", "l4", 1, None),
     "google/gemma-2-27b-it": ("cache", "h100", 1, None),
     "google/gemma-3-27b-it": ("cache", "h100", 1, None),
@@ -65,12 +64,12 @@ MODEL_IDS: dict[str, tuple[str, str, int, str | None]] = {
     "Qwen/Qwen3-235B-A22B-FP8": ("bundled", "h200", 4, None),
     "moonshotai/Kimi-K2-Instruct": ("bundled", "b300", 8, None),
     "MiniMaxAI/MiniMax-M2.5": ("bundled", "h200", 4, None),
-    # Qwen3.5 (Qwen3-Next's layers, a float32 recurrent state) and Nemotron-3 (Mamba-2 layers):
-    # refused at vLLM's default as Qwen3-Next is; they simulate with --no-enable-prefix-caching
-    # (tests/sim/test_hybrid_deployments.py). GLM-5: DeepSeek Sparse Attention under its own config
-    # (glm_moe_dsa), an fp8 KV cache on B200 (vLLM's rule for it on SM100):
-    "Qwen/Qwen3.5-27B": ("bundled", "h100", 1, "prefill checkpoint block"),
-    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("bundled", "h100", 1, "prefill checkpoint block"),
+    # Qwen3.5 (Qwen3-Next's layers, a float32 recurrent state) and Nemotron-3 (Mamba-2 layers,
+    # MambaMixer2's prefill checkpoint block) at vLLM's default, prefix caching on. GLM-5:
+    # DeepSeek Sparse Attention under its own config (glm_moe_dsa), NVFP4 MLPs from its
+    # hf_quant_config.json, an fp8 KV cache on B200 (vLLM's rule for it on SM100):
+    "Qwen/Qwen3.5-27B": ("bundled", "h100", 1, None),
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("bundled", "h100", 1, None),
     "nvidia/GLM-5-NVFP4": ("bundled", "b200", 8, None),
 }
 # The vision-language ids of MODEL_IDS, run with images (vllm bench serve's
@@ -106,7 +105,7 @@ def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_list_has_forty_ids_and_counts_its_outcomes() -> None:
     assert len(MODEL_IDS) == 40
     refused = [m for m, (_, _, _, why) in MODEL_IDS.items() if why is not None]
-    assert (40 - len(refused), len(refused)) == (37, 3)
+    assert (40 - len(refused), len(refused)) == (40, 0)
     assert set(VLM_IDS) <= set(MODEL_IDS)
     cached = {p.stem.replace("--", "/", 1) for p in CONFIGS.glob("*.json")}
     assert {m for m, (src, *_) in MODEL_IDS.items() if src == "cache"} <= cached

@@ -313,7 +313,11 @@ def hybrid_kv_cache_config(scenario: dict, config: VllmConfig, num_blocks: int) 
         elif kind == "chunked_local_attention":
             spec = ChunkedLocalAttentionSpec(**common, attention_chunk_size=int(g["attention_chunk_size"]))
         elif kind == "mamba":
-            spec = MambaSpec(block_size=bs, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode=mode)
+            # The layers' prefill checkpoint (MambaMixer2's, FlashInfer GDN's), as given.
+            checkpoint = {k: g[k] for k in ("num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment")
+                          if k in g}
+            spec = MambaSpec(block_size=bs, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode=mode,
+                             **checkpoint)
         else:
             raise ValueError(f"cache.kv_groups[{i}].kind={kind!r}")
         layers = [f"group{i}.layer{j}" for j in range(int(g.get("num_layers", 1)))]
