@@ -412,12 +412,8 @@ def _parse_nemotron_h(cfg: HFConfig, model_type: str) -> dict[str, Any]:
     and down projections around a squared ReLU) or an MoE block (sigmoid
     routing with a score-correction bias, shared experts, optionally at a
     latent width). Defaults are transformers' NemotronHConfig's."""
-    layers = cfg.get_int("num_hidden_layers")
-    pattern = cfg.get_str("hybrid_override_pattern", "")
-    if len(pattern) != layers or not set(pattern) <= set(_NEMOTRON_BLOCKS):
-        raise cfg.fail("hybrid_override_pattern", pattern,
-                       f"must have one character per layer (num_hidden_layers={layers}), each one of "
-                       + ", ".join(f"{c!r} ({kind})" for c, kind in _NEMOTRON_BLOCKS.items()))
+    pattern = _nemotron_pattern(cfg)
+    layers = len(pattern)
     count = {c: pattern.count(c) for c in _NEMOTRON_BLOCKS}
     hidden = cfg.get_int("hidden_size")
     heads = cfg.get_int("num_attention_heads")
@@ -457,6 +453,35 @@ def _parse_nemotron_h(cfg: HFConfig, model_type: str) -> dict[str, Any]:
                     first_k_dense_layers=count["-"], router_bias=True,
                     moe_latent_size=cfg.get_int("moe_latent_size", default=0))
     return spec
+
+
+# transformers' NemotronHConfig names for each block in ``layers_block_type``
+# (Nemotron-3-Ultra's config spells the layers so, without a pattern), its
+# current names and the legacy ones.
+_NEMOTRON_BLOCK_TYPES = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
+                         "mlp": "-", "moe": "E"}
+
+
+def _nemotron_pattern(cfg: HFConfig) -> str:
+    """The layers as ``hybrid_override_pattern`` characters: transformers'
+    NemotronHConfig takes ``layers_block_type`` when given (its length is the
+    layer count; ``num_hidden_layers`` is then deprecated and ignored), else
+    converts ``hybrid_override_pattern`` (one character per
+    ``num_hidden_layers``)."""
+    types = cfg.data.get("layers_block_type")
+    if types is not None:
+        if not isinstance(types, list) or not types or not all(t in _NEMOTRON_BLOCK_TYPES for t in types):
+            raise cfg.fail("layers_block_type", types, "must be a non-empty list of "
+                           + ", ".join(repr(t) for t in _NEMOTRON_BLOCK_TYPES))
+        return "".join(_NEMOTRON_BLOCK_TYPES[t] for t in types)
+    layers = cfg.get_int("num_hidden_layers")
+    pattern = cfg.get_str("hybrid_override_pattern", "")
+    if len(pattern) != layers or not set(pattern) <= set(_NEMOTRON_BLOCKS):
+        raise cfg.fail("hybrid_override_pattern", pattern,
+                       f"must have one character per layer (num_hidden_layers={layers}), each one of "
+                       + ", ".join(f"{c!r} ({kind})" for c, kind in _NEMOTRON_BLOCKS.items())
+                       + "; or give layers_block_type")
+    return pattern
 
 
 def _nemotron_mlp_size(cfg: HFConfig) -> int:

@@ -48,7 +48,8 @@ def _bundled(name: str) -> Path:
 # Nemotron: NVIDIA-Nemotron-3-Nano-30B-A3B's model card, "31.6B total
 # parameters", "3.6B active including embeddings" (3.2B without); Nemotron-H's
 # 8B (8.1B as NVIDIA's Megatron configs size it) and 56B (the Nemotron-H
-# paper's sizes); Nemotron-3-Super-120B-A12B's name (MTP layer not counted).
+# paper's sizes); Nemotron-3-Super-120B-A12B's and Nemotron-3-Ultra-550B-A55B's names
+# (MTP layer not counted; Ultra's config lists its layers in layers_block_type).
 @pytest.mark.parametrize(("name", "total", "active", "rel_total", "rel"), [
     ("Qwen3-Next", 80, 3, 0.02, 0.3), ("deepseek-ai--DeepSeek-V3.2", 671, 37, 0.02, 0.05),
     ("meta-llama--Llama-4-Scout-17B-16E-Instruct", 109, 17, 0.02, 0.05),
@@ -56,7 +57,8 @@ def _bundled(name: str) -> Path:
     ("nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", 31.6, 3.6, 0.005, 0.01),
     ("nvidia--Nemotron-H-8B-Base-8K", 8.1, 8.1, 0.005, 0.005),
     ("nvidia--Nemotron-H-56B-Base-8K", 56, 56, 0.01, 0.01),
-    ("nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8", 120, 12, 0.01, 0.07)])
+    ("nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8", 120, 12, 0.01, 0.07),
+    ("nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", 550, 55, 0.01, 0.03)])
 def test_parameters_match_the_published_sizes(name: str, total: float, active: float, rel_total: float,
                                               rel: float) -> None:
     path = NEXT if name == "Qwen3-Next" else CONFIGS / f"{name}.json"
@@ -174,6 +176,22 @@ def test_nemotron_h_bad_fields_name_the_field() -> None:
         model_spec_from_config({**TINY_NEMOTRON, "mlp_hidden_act": "silu"}, "bad")
     with pytest.raises(UserInputError, match=r"mamba_ssm_cache_dtype='fp8'.*float32"):
         model_spec_from_config({**TINY_NEMOTRON, "mamba_ssm_cache_dtype": "fp8"}, "bad")
+
+
+def test_nemotron_layers_block_type_names_the_same_layers() -> None:
+    # Nemotron-3-Ultra's config lists its blocks in layers_block_type (legacy names) with no
+    # pattern and no num_hidden_layers; transformers' current names are read too.
+    base = {k: v for k, v in TINY_NEMOTRON.items()
+            if k not in ("hybrid_override_pattern", "num_hidden_layers")}
+    pattern = model_spec_from_config(TINY_NEMOTRON, "tiny")
+    for names in (["mamba", "attention", "mlp", "moe"], ["linear_attention", "full_attention", "mlp", "moe"]):
+        listed = model_spec_from_config({**base, "layers_block_type": names}, "tiny")
+        assert listed == pattern
+    # The list wins over a stale num_hidden_layers, as transformers' config does.
+    assert model_spec_from_config({**base, "layers_block_type": ["mamba", "attention"],
+                                   "num_hidden_layers": 4}, "tiny").num_layers == 2
+    with pytest.raises(UserInputError, match=r"layers_block_type=.*'moe'"):
+        model_spec_from_config({**base, "layers_block_type": ["mamba", "ssm"]}, "bad")
 
 
 def _linear_model(layers: int = 4, linear: int = 3) -> ModelSpec:
