@@ -154,6 +154,17 @@ def _did_you_mean(key: object, choices: tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+
+# CUDA compute capability majors by device name (upper case), first match:
+# what vLLM's backend choices read (``DeviceCapability.major``).
+_CUDA_MAJOR_BY_NAME: tuple[tuple[str, int], ...] = (
+    (r"\bG?B[23]00\b", 10),                                   # B200, GB200, B300, GB300
+    (r"RTX PRO \d000 BLACKWELL|RTX 50\d0\b", 12),
+    (r"\bG?H(100|200|20)\b", 9),
+    (r"\bA(100|10G?|30|40)\b|\bL40S?\b|\bL4\b|RTX (30|40)\d0\b|RTX 6000 ADA|RTX A\d000", 8),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Hardware:
     """One accelerator (per GPU / NPU package), as the performance model sees it.
@@ -266,13 +277,25 @@ class Hardware:
         return "cuda"
 
     @property
+    def cuda_capability_major(self) -> int | None:
+        """The CUDA compute capability's major version, read from the name as
+        :attr:`platform` is (:data:`_CUDA_MAJOR_BY_NAME`): 10 datacenter
+        Blackwell, 12 workstation/consumer Blackwell, 9 Hopper, 8 Ampere and
+        Ada. None: not a CUDA device, or a name kvsched does not know (a
+        user's hardware file), where nothing is decided from it."""
+        if self.platform != "cuda":
+            return None
+        name = self.name.upper()
+        return next((major for pattern, major in _CUDA_MAJOR_BY_NAME if re.search(pattern, name)), None)
+
+    @property
     def sm100_family(self) -> bool:
         """A datacenter Blackwell GPU (B200, GB200, B300, GB300: CUDA compute
         capability 10.x, vLLM's ``is_device_capability_family(100)``), read
         from its name as :attr:`platform` is. vLLM picks other sparse MLA
         backends there, and GLM-5 an fp8 KV cache under ``auto``
         (kvsched.perf.kv_cache_planning)."""
-        return self.platform == "cuda" and re.search(r"\bG?B[23]00\b", self.name.upper()) is not None
+        return self.cuda_capability_major == 10
 
     def scaleup_bw_for_group(self, group_size: int) -> float:
         """Per-direction scale-up bandwidth one device can use in a collective of ``group_size``.

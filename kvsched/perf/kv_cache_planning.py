@@ -43,6 +43,7 @@ from typing import Any
 
 from kvsched.config import KVCacheGroup
 from kvsched.errors import UserInputError
+from kvsched.perf.hardware import Hardware
 from kvsched.perf.model_parsers import model_spec_from_config
 from kvsched.perf.models import ModelSpec
 
@@ -437,6 +438,23 @@ def model_kernel_block(model: ModelSpec, platform: str) -> int | None:
     if platform == "cuda" and model.num_index_layers:
         return SPARSE_INDEXER_KERNEL_BLOCK
     return None
+
+
+# The CUDA compute capability majors vLLM has a sparse MLA backend for
+# (FlashMLA's and FlashAttention's on Hopper, FlashMLA's and FlashInfer's on
+# SM100, FlashInfer's SM120 kernel; none before Hopper), in both releases.
+SPARSE_MLA_CUDA_MAJORS = (9, 10, 12)
+
+
+def check_sparse_mla_device(model: ModelSpec, hardware: Hardware) -> None:
+    """Refuse DeepSeek Sparse Attention on a CUDA device vLLM has no sparse
+    MLA backend for (A100, L40S, L4: vLLM fails to start), naming the fix."""
+    major = hardware.cuda_capability_major
+    if model.num_index_layers and major is not None and major not in SPARSE_MLA_CUDA_MAJORS:
+        raise UserInputError(
+            f"{model.name} on {hardware.name} (CUDA compute capability {major}.x): DeepSeek Sparse "
+            "Attention needs a sparse MLA backend and vLLM has one only on compute capability 9.x "
+            "(Hopper), 10.x and 12.x (Blackwell); use an H100, H200, B200 or newer")
 
 
 def sparse_mla_bytes_per_token(model: ModelSpec, kv_cache_bytes: int, fp8_ds_mla: bool) -> int:

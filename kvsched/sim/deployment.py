@@ -34,7 +34,7 @@ from kvsched.perf.checkpoint_format import CheckpointFormat
 from kvsched.perf.drafter import Drafter, drafter_shape, drafter_weight_bytes
 from kvsched.perf.hardware import Hardware, get_hardware, load_efficiency_overrides
 from kvsched.perf.host import HostTerms, default_host_terms, load_calibration
-from kvsched.perf.kv_cache_planning import blocks_per_request, model_kernel_block
+from kvsched.perf.kv_cache_planning import blocks_per_request, check_sparse_mla_device, model_kernel_block
 from kvsched.perf.lora import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -505,6 +505,7 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
     parallel = ParallelConfig(opts.tensor_parallel_size, opts.data_parallel_size,
                               opts.enable_expert_parallel, opts.pipeline_parallel_size)
     model.check_tensor_parallel_size(opts.tensor_parallel_size)
+    check_sparse_mla_device(model, hardware)
     cache = resolve_cache(opts, hardware, registers_kv_cache, model)
     block_size = cache.block_size
     limits = resolve_scheduler_limits(

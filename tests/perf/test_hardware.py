@@ -419,3 +419,14 @@ def test_tp_past_the_domain_runs_on_the_scale_out_network(tmp_path: Path) -> Non
 def test_scaleup_domain_is_checked(value: object) -> None:
     with pytest.raises(ValueError, match="scaleup_domain"):
         with_overrides(get_hardware("h100-sxm"), scaleup_domain=value)
+
+
+def test_cuda_capability_is_read_from_the_catalog_names() -> None:
+    # DeviceCapability.major of each catalog GPU (NVIDIA's CUDA GPUs table): what vLLM's
+    # attention backend choices read; None off CUDA.
+    expected = {"h100-sxm": 9, "h100-pcie": 9, "h200": 9, "h20": 9, "a100-80gb": 8, "a100-40gb": 8,
+                "a10g": 8, "l4": 8, "l40s": 8, "rtx-4090": 8, "rtx-6000-ada": 8, "rtx-pro-6000": 12,
+                "b200": 10, "gb200": 10, "b300": 10, "gb300": 10, "mi300x": None, "ascend-910b": None}
+    assert {name: get_hardware(name).cuda_capability_major for name in expected} == expected
+    sm100 = [name for name in expected if get_hardware(name).sm100_family]
+    assert sm100 == ["b200", "gb200", "b300", "gb300"]

@@ -344,3 +344,11 @@ def test_qwen3_next_start_up_check_counts_the_checkpoint_block() -> None:
     build_deployment(EngineOptions(**opts, num_gpu_blocks_override=18))
     with pytest.raises(UserInputError, match="needs 17 KV blocks"):
         build_deployment(EngineOptions(**opts, num_gpu_blocks_override=17))
+
+
+def test_sparse_attention_is_refused_where_vllm_has_no_sparse_mla_backend() -> None:
+    # vLLM's sparse MLA backends need compute capability 9.x, 10.x or 12.x: DeepSeek-V3.2 on
+    # A100s does not start.
+    with pytest.raises(UserInputError, match=r"compute capability 8\.x.*sparse MLA backend"):
+        build_deployment(EngineOptions(model=str(DSV32), hardware="a100-80gb", tensor_parallel_size=8,
+                                       max_model_len=4096))
