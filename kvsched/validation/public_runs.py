@@ -16,9 +16,10 @@ GPU a baseline ``vllm serve`` run (and sometimes a tuned one) measured with
 --dataset-name random --random-input-len I --random-output-len O
 --num-prompts N --seed 42`` at ``--request-rate inf`` (every request sent at
 once, no ``--max-concurrency``): I/O = 32000/100 (N=100), 4000/200 (N=500),
-2000/100 (N=500) and 128/4 (N=1000). The documents print that command for
-the 4000/200 case; the other cases are taken to differ only in the lengths
-and N (their printed request counts and token totals agree).
+2000/100 (N=500) and 128/4 (N=1000), and in the DeepSeek-V3.2 document a
+"generation-heavy" 1000/2000 (N=100) as well. The documents print that
+command for the 4000/200 case; the other cases are taken to differ only in
+the lengths and N (their printed request counts and token totals agree).
 
 Only rows whose configuration is stated well enough to simulate are kept
 (:data:`REJECTED` says why the others are not):
@@ -37,7 +38,10 @@ input tokens`` / N (the random dataset's prompts are decoded and re-encoded,
 so they drift a few tokens below I), all alike. Not modelled: the chat
 template the server wraps each prompt in (not counted by the client; a few
 tokens for Qwen, more for gpt-oss's harmony format) and prefix-cache hits on
-its shared start.
+its shared start. Server flags that only change how chat messages are
+encoded or how the answer is parsed (:data:`_CHAT_ONLY_FLAGS`:
+``--tokenizer-mode``, ``--reasoning-parser``) are read and noted, not
+modelled.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ from kvsched.fields import is_int, is_number
 from kvsched.files import read_text
 from kvsched.jsonfile import field_mismatch, show
 from kvsched.perf.hardware import get_hardware
+from kvsched.perf.kv_cache_planning import model_kernel_block
+from kvsched.perf.model_catalog import get_model
 from kvsched.sim.deployment import Deployment, EngineOptions, serve_defaults
 from kvsched.sim.pricing import pricing_of
 from kvsched.sim.rank import SimResult
@@ -99,9 +105,11 @@ class Source:
 GPUSTACK_HARDWARE: Mapping[str, tuple[str, str]] = {
     "a100": ("a100-80gb", "a100_sxm"), "h100": ("h100-sxm", "h100_sxm"), "h200": ("h200", "h200_sxm")}
 
-# The documents' random-dataset cases: (input, output tokens, prompts).
+# The documents' random-dataset cases: (input, output tokens, prompts); "1k"
+# is the DeepSeek-V3.2 document's "1k random input + 2k generation".
 GPUSTACK_CASES: Mapping[str, tuple[int, int, int]] = {
-    "32k": (32000, 100, 100), "4k": (4000, 200, 500), "2k": (2000, 100, 500), "128": (128, 4, 1000)}
+    "32k": (32000, 100, 100), "4k": (4000, 200, 500), "2k": (2000, 100, 500), "128": (128, 4, 1000),
+    "1k": (1000, 2000, 100)}
 GPUSTACK_SEED = 42   # --seed 42 in the documents' benchmark command
 MIN_OUTPUT_SHARE = 0.99
 
@@ -209,8 +217,6 @@ DROP_REASONS: Mapping[str, str] = {
              "were generated, and the source gives no per-request lengths",
     "failed": "some requests failed (Successful requests < --num-prompts); which ones is not stated",
     "catalog": "model not in kvsched's catalog (GLM-4.6, Qwen3-14B)",
-    "dsa": "DeepSeek-V3.2: left out while kvsched refused sparse attention (before issue 37); "
-           "not transcribed yet",
     "ascend": "Ascend 910B with vLLM-Ascend, not vLLM on NVIDIA GPUs",
     "glm-copy": "GLM-4.5-Air: the A100 and H100 documents print identical numbers for every case (a copy), "
                 "and the model is not in kvsched's catalog",
@@ -221,7 +227,7 @@ DROP_REASONS: Mapping[str, str] = {
 # The data file: the runs and the left-out results, transcribed
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "gpustack_runs.yaml"
-# The file is some 21 KB; the bound only stops a wrong file from being read whole.
+# The file is some 24 KB; the bound only stops a wrong file from being read whole.
 _MAX_DATA_BYTES = 2**20
 _GPUSTACK_DOCS = "docs/performance-lab/"
 _RUN_FIELDS = ("doc", "line", "serve_command", "case", "measured")
@@ -464,14 +470,22 @@ _INT_FLAGS: Mapping[str, str] = {
     "--max-num-seqs": "max_num_seqs"}
 _BOOL_FLAGS: Mapping[str, str] = {
     "--async-scheduling": "async_scheduling", "--enable-expert-parallel": "enable_expert_parallel"}
+# Flags with a value that change only the chat encoding of a request or the
+# parsing of its answer, not the engine's scheduling or step times: read,
+# noted, not modelled (the chat template's few tokens are not modelled either).
+_CHAT_ONLY_FLAGS: Mapping[str, str] = {
+    "--tokenizer-mode": "it picks how the chat messages are encoded into the prompt",
+    "--reasoning-parser": "it splits the reasoning from the answer after generation"}
 
 
-def _served(command: str) -> tuple[str, dict[str, int | bool]] | Refusal:
-    """(model, engine fields) of a ``vllm serve MODEL [flags]`` line."""
+def _served(command: str) -> tuple[str, dict[str, int | bool], list[str]] | Refusal:
+    """(model, engine fields, notes on the flags read but not modelled) of a
+    ``vllm serve MODEL [flags]`` line."""
     words = shlex.split(command)
     if words[:2] != ["vllm", "serve"] or len(words) < 3:
         return Refusal("not a vllm serve command", command)
     fields: dict[str, int | bool] = {}
+    notes: list[str] = []
     rest = iter(words[3:])
     for flag in rest:
         if flag in _BOOL_FLAGS:
@@ -481,9 +495,14 @@ def _served(command: str) -> tuple[str, dict[str, int | bool]] | Refusal:
             if not re.fullmatch(r"\d+", value):
                 return Refusal("server flag without a value", f"{flag} {value!r}")
             fields[_INT_FLAGS[flag]] = int(value)
+        elif flag in _CHAT_ONLY_FLAGS:
+            value = next(rest, "")
+            if not value or value.startswith("-"):
+                return Refusal("server flag without a value", f"{flag} {value!r}")
+            notes.append(f"{flag} {value} not modelled: {_CHAT_ONLY_FLAGS[flag]}")
         else:
             return Refusal("server flag not mapped", flag)
-    return words[2], fields
+    return words[2], fields, notes
 
 
 def map_run(run: PublicRun) -> MappedRun | Refusal:
@@ -492,16 +511,26 @@ def map_run(run: PublicRun) -> MappedRun | Refusal:
     served = _served(run.serve_command)
     if isinstance(served, Refusal):
         return served
-    model, fields = served
-    notes: list[str] = []
+    model, fields, notes = served
     catalog_model = SAME_ARCHITECTURE.get(model, model)
     if catalog_model != model:
         notes.append(f"{model} run as {catalog_model} (same architecture)")
     if not fields.get("async_scheduling"):
         notes.append(f"--async-scheduling not given: off (vLLM {run.vllm_version}'s default)")
+    try:
+        spec = get_model(catalog_model)
+    except ValueError as err:
+        return Refusal("model not found", str(err))
+    block_size = MEASURED_BLOCK_SIZE
+    kernel = model_kernel_block(spec, get_hardware(run.hardware).platform)
+    if kernel is not None and block_size % kernel:
+        # No --block-size: vLLM takes the smallest block its backends all read.
+        block_size = math.lcm(block_size, kernel)
+        notes.append(f"{block_size}-token KV blocks: the model's attention kernels read {kernel}-token "
+                     "blocks (DeepSeek Sparse Attention's indexer on CUDA)")
     options = EngineOptions(
-        # vLLM 0.10/0.11's cache defaults, pinned (silicon_rows.MEASURED_*).
-        vllm_version=MEASURED_VLLM_VERSION, block_size=MEASURED_BLOCK_SIZE,
+        # vLLM 0.10-0.13's cache defaults, pinned (silicon_rows.MEASURED_*).
+        vllm_version=MEASURED_VLLM_VERSION, block_size=block_size,
         gpu_memory_utilization=MEASURED_GPU_MEMORY_UTILIZATION,
         model=catalog_model, hardware=run.hardware,
         tensor_parallel_size=int(fields.get("tensor_parallel_size", 1)),

@@ -63,6 +63,10 @@ def test_measurements_have_sane_units() -> None:
         assert 1.0 < m.duration_s < 3600.0
         for lat in (m.ttft, m.tpot, m.itl):
             assert 0.0 < lat.median <= lat.p99, r.id
+        # Per request, the mean stays below the P99; over the token gaps it need not: under 1% of
+        # the gaps (the decodes stalled behind prefills) can lift it, as in deepseek-v3.2/h200.md
+        # line 981 (mean ITL 46.34 ms, P99 44.29 ms, as printed).
+        for lat in (m.ttft, m.tpot):
             assert lat.mean <= lat.p99 * 1.0001, r.id
         # milliseconds: a TTFT never exceeds the run, a TPOT is between 1 ms and a few s
         assert 10.0 < m.ttft.mean < m.duration_s * 1000.0, r.id
@@ -137,6 +141,35 @@ def test_same_architecture_and_aic_row() -> None:
         "h200_sxm", 8, 1, 8, 1)
     assert (row.isl, row.osl, row.batch_size) == (run.prompt_tokens, 200, 500)  # all 500 fit max_num_seqs
     assert row.ttft_ms == run.measured.ttft.mean and row.source == run.url
+
+
+def test_deepseek_v32_maps_its_flags_and_sparse_blocks() -> None:
+    run = _run("gpustack/deepseek-v3.2/h200/random-1k: DeepSeek-V3.2 -tp 8 --tokenizer-mode deepseek_v32 "
+               "--reasoning-parser deepseek_v3")
+    assert (run.input_len, run.output_len, run.num_prompts, run.prompt_tokens) == (1000, 2000, 100, 1000)
+    mapped = map_run(run)
+    assert isinstance(mapped, MappedRun)
+    o = mapped.options
+    assert (o.model, o.hardware, o.tensor_parallel_size, o.async_scheduling) == (
+        "deepseek-ai/DeepSeek-V3.2", "h200", 8, False)
+    # no --block-size: the sparse indexer's 64-token kernel block, not the pinned 16
+    assert o.block_size == 64
+    assert any(n.startswith("--tokenizer-mode deepseek_v32 not modelled") for n in mapped.notes)
+    assert any(n.startswith("--reasoning-parser deepseek_v3 not modelled") for n in mapped.notes)
+    assert any("64-token KV blocks" in n for n in mapped.notes)
+    built = build_run_deployment(mapped)
+    assert not isinstance(built, Refusal)
+    assert built[0].cache_config.block_size == 64
+    row = aic_row(run)
+    assert isinstance(row, SiliconRow)
+    assert (row.system, row.tp_size, row.isl, row.osl, row.batch_size) == ("h200_sxm", 8, 1000, 2000, 100)
+
+
+def test_chat_only_flags_need_a_value() -> None:
+    run = dataclasses.replace(RUNS[0],
+                              serve_command="vllm serve deepseek-ai/DeepSeek-R1-0528 --tokenizer-mode")
+    refused = map_run(run)
+    assert isinstance(refused, Refusal) and refused.reason == "server flag without a value"
 
 
 def test_unknown_server_flags_are_refused() -> None:

@@ -13,7 +13,8 @@ from kvsched.validation.public_runs import DATA_FILE, DROPPED, RUNS, SOURCES, re
 
 
 def test_rows_hold_the_documents_numbers() -> None:
-    assert (len(RUNS), len(DROPPED), len(SOURCES)) == (24, 69, 9)
+    # DeepSeek-V3.2 on H200 (vLLM 0.13.0): the baseline's five random-dataset results are rows
+    assert (len(RUNS), len(DROPPED), len(SOURCES)) == (24 + 5, 69 - 5, 9 + 1)
     first = RUNS[0]
     assert first.id == "gpustack/deepseek-r1/h200/random-32k: DeepSeek-R1-0528 -tp 8"
     assert first.url == ("https://github.com/gpustack/gpustack/blob/47277d79f4a5bae12a2d25e9ecbed2a2177a5f2d/"
@@ -34,6 +35,23 @@ def test_rows_hold_the_documents_numbers() -> None:
     assert tuned[0].source.gpus == "2 x NVIDIA A100 SXM 80GB GPUs on a single node"
     last = RUNS[-1].measured
     assert (last.tpot.mean, last.tpot.median, last.tpot.p99) == (1169.72, 1292.78, 1417.05)
+    v32 = [r for r in RUNS if r.source.path.endswith("deepseek-v3.2/h200.md")]
+    assert [(r.line, r.input_len, r.output_len, r.num_prompts) for r in v32] == [
+        (877, 128, 4, 1000), (903, 2000, 100, 500), (929, 4000, 200, 500), (955, 32000, 100, 100),
+        (981, 1000, 2000, 100)]
+    assert {r.serve_command for r in v32} == {"vllm serve deepseek-ai/DeepSeek-V3.2 -tp 8 "
+                                              "--tokenizer-mode deepseek_v32 --reasoning-parser deepseek_v3"}
+    assert (v32[0].vllm_version, v32[0].source.gpus) == (
+        "0.13.0", "8 x NVIDIA H200 SXM GPUs on a single node")
+    heavy = v32[-1].measured   # "1k random input + 2k generation"
+    assert (heavy.completed, heavy.duration_s, heavy.total_input_tokens, heavy.total_output_tokens) == (
+        100, 96.39, 100000, 200000)
+    assert (heavy.output_throughput, heavy.total_token_throughput) == (2075.01, 3112.52)
+    assert (heavy.ttft.mean, heavy.ttft.median, heavy.ttft.p99) == (4789.20, 4590.83, 10608.88)
+    assert (heavy.tpot.mean, heavy.tpot.median, heavy.tpot.p99) == (45.72, 45.83, 47.44)
+    assert (heavy.itl.mean, heavy.itl.median, heavy.itl.p99) == (46.34, 43.13, 44.29)
+    assert v32[3].measured.ttft.mean == 164003.81 and v32[0].measured.tpot.mean == 781.80
+    assert not [d for d in DROPPED if d.doc == "deepseek-v3.2/h200.md"]
     failed = [d for d in DROPPED if d.reason == "failed"]
     assert [(d.doc, d.line, d.case, d.completed, d.output_share) for d in failed] == [
         ("qwen3-235b-a22b/h100.md", 412, "128", 984, 0.984),
@@ -57,9 +75,9 @@ def _broken(tmp_path: Path, old: str, new: str) -> Path:
      ("runs[0].measured.ttft", "missing p99")),
     ("  - doc: deepseek-r1/h200.md\n", "  - doc: deepseek-r1/h300.md\n",
      ("runs[0].doc='deepseek-r1/h300.md'", "documents")),
-    ("reason: dsa, completed: 1000", "reason: sparse, completed: 1000",
+    ("line: 333, case: \"32k\", reason: glm-copy", "line: 333, case: \"32k\", reason: sparse",
      ("dropped[0].reason='sparse'", "short")),
-    ("{doc: deepseek-v3.2/h200.md, line: 877,", "{doc: deepseek-r1/h200.md, line: 305,",
+    ("{doc: glm-4.5-air/a100.md, line: 333,", "{doc: deepseek-r1/h200.md, line: 305,",
      ("dropped[0]: deepseek-r1/h200.md line 305 is already runs[0]",)),
     ("commit: 47277d79f4a5bae12a2d25e9ecbed2a2177a5f2d", "commit: main", ("commit='main'", "[0-9a-f]{40}")),
 ])

@@ -71,7 +71,7 @@ def test_backend_is_passed_to_the_engine_options(by_id: dict[str, SiliconRow]) -
 
 def test_a_context_the_kv_cache_cannot_hold_becomes_the_longest_request() -> None:
     # Qwen3-32B's 40960-token context does not fit one A100's KV cache at the
-    # measured runs' 0.9 (docs/public_runs.md's rows 19-21; 0.33's own 0.92
+    # measured runs' 0.9 (docs/public_runs.md's rows 24-26; 0.33's own 0.92
     # holds it): the longest request instead, said so.
     options = EngineOptions(model="Qwen/Qwen3-32B", hardware="a100-80gb", vllm_version=MEASURED_VLLM_VERSION,
                             block_size=MEASURED_BLOCK_SIZE,
