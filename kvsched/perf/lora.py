@@ -94,6 +94,14 @@ def lora_layers(model: ModelSpec) -> tuple[LoraLayer, ...]:
     if model.is_mla:
         raise UserInputError(f"--enable-lora with {model.name}: LoRA on MLA projections is not priced by "
                              "kvsched yet; drop --enable-lora")
+    hybrid = model.hybrid
+    if hybrid is not None and (hybrid.num_linear_layers or hybrid.num_mamba_layers
+                               or hybrid.num_mixer_only_layers):
+        # Every layer here is attention and an MLP; Gated DeltaNet and Mamba-2
+        # mixers (their own LoRA targets in vLLM) and single-block layers are not.
+        raise UserInputError(f"--enable-lora with {model.name}: LoRA on Gated DeltaNet / Mamba-2 layers "
+                             "and on layers holding one block alone is not priced by kvsched yet; drop "
+                             "--enable-lora")
     h, d = model.hidden_size, model.head_dim
     q, kv = model.num_heads * d, model.num_kv_heads * d
     ffn = model.intermediate_size

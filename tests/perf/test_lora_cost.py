@@ -125,6 +125,16 @@ def test_moe_refused_with_the_reason() -> None:
         lora_cost(get_model("Qwen/Qwen3-30B-A3B"), get_hardware("h100-sxm"), 1, 1, 16, None, False, ())
 
 
+def test_mamba_and_gated_deltanet_layers_refused_with_the_reason() -> None:
+    # Dense, but their layers are not attention and an MLP each: Nemotron-H-8B (Mamba-2 mixers
+    # and MLPs one per layer) and Qwen3.5-27B (Gated DeltaNet layers).
+    data = Path(__file__).parent / "data" / "hf_configs"
+    for name in ("nvidia--Nemotron-H-8B-Base-8K", "Qwen--Qwen3.5-27B"):
+        with pytest.raises(UserInputError, match="Gated DeltaNet / Mamba-2"):
+            lora_cost(get_model(str(data / f"{name}.json")), get_hardware("h100-sxm"), 1, 1, 16, None,
+                      False, ())
+
+
 
 def test_target_modules_keep_only_those_layers() -> None:
     c = lora_cost(get_model(LLAMA), get_hardware("h100-sxm"), 1, 2, 16, None, False, (), ("q_proj", "o_proj"))
