@@ -457,6 +457,19 @@ def check_sparse_mla_device(model: ModelSpec, hardware: Hardware) -> None:
             "(Hopper), 10.x and 12.x (Blackwell); use an H100, H200, B200 or newer")
 
 
+def attention_bytes_per_token(model: ModelSpec, kv_cache_bytes: float, tensor_parallel_size: int,
+                              hardware: Hardware) -> float:
+    """KV bytes one token adds to one attention layer on one rank as vLLM
+    lays the cache out on ``hardware``: the model's K and V (or MLA latent),
+    or for DeepSeek Sparse Attention the sparse backend's latent row
+    (:func:`sparse_mla_bytes_per_token`: FlashMLA's fp8_ds_mla off SM100).
+    What the step time reads and a P/D transfer moves per layer and token."""
+    if model.num_index_layers:
+        return float(sparse_mla_bytes_per_token(model, int(kv_cache_bytes),
+                                                fp8_ds_mla=not hardware.sm100_family))
+    return model.kv_bytes_per_layer_per_rank(kv_cache_bytes, tensor_parallel_size)
+
+
 def sparse_mla_bytes_per_token(model: ModelSpec, kv_cache_bytes: int, fp8_ds_mla: bool) -> int:
     """One DeepSeek Sparse Attention layer's latent bytes per token: the
     16-bit latent with ``kv_cache_bytes`` 2; with an fp8 cache (1) vLLM's

@@ -55,6 +55,7 @@ from kvsched.perf.decode_steps import roofline_decode_times
 from kvsched.perf.hardware import Hardware
 from kvsched.perf.host import NO_HOST_TIME, HostTerms
 from kvsched.perf.hybrid import INDEX_KEY_SCALE_BYTES
+from kvsched.perf.kv_cache_planning import attention_bytes_per_token
 from kvsched.perf.models import ModelSpec
 from kvsched.perf.pipeline import PipelineStages
 
@@ -435,7 +436,7 @@ class StepTimeModel:
         # Attention per device: heads split over TP; KV heads too, but never
         # below one (vLLM replicates them); MLA's latent is replicated.
         heads = m.num_heads / tp
-        kv_per_layer = m.kv_bytes_per_layer_per_rank(kvb, tp)
+        kv_per_layer = attention_bytes_per_token(m, kvb, tp, hw)
         if m.is_mla:
             latent = m.kv_lora_rank + m.qk_rope_head_dim
             self.decode_flops_per_key = 2 * heads * (latent + m.kv_lora_rank)

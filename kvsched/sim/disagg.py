@@ -160,7 +160,7 @@ class DisaggregatedSimulator:
         nodes = node_of_instances(sizes, hardware.scaleup_domain)
         paths = {(i, j): transfer_path(hardware, nodes[i] == nodes[j])
                  for i in range(prefill.instances) for j in range(prefill.instances, len(sizes))}
-        self.fabric = TransferFabric(model, kv_dtype_bytes, sizes, paths)
+        self.fabric = TransferFabric(model, kv_dtype_bytes, sizes, paths, hardware)
         engines = {prefill_engine_id(i): i for i in range(prefill.instances)}
         workers: dict[int, NixlTimedWorker] = {}
         ranks: list[Rank] = []

@@ -49,7 +49,7 @@ from kvsched.core.multi_connector import MultiKVConnectorMetadata, combine_repor
 from kvsched.core.nixl_connector import NixlMetadata
 from kvsched.errors import UserInputError
 from kvsched.perf.hardware import Hardware
-from kvsched.perf.kv_cache_planning import INDEXER_QUANT_BLOCK
+from kvsched.perf.kv_cache_planning import INDEXER_QUANT_BLOCK, attention_bytes_per_token
 from kvsched.perf.models import ModelSpec
 
 
@@ -123,7 +123,7 @@ def transfer_path(hardware: Hardware, same_domain: bool) -> TransferPath:
 
 
 def transfer_bytes_per_rank(model: ModelSpec, kv_dtype_bytes: float, tensor_parallel_size: int,
-                            num_tokens: int) -> float:
+                            num_tokens: int, hardware: Hardware) -> float:
     """KV bytes one tensor-parallel rank holds for ``num_tokens`` tokens of
     one request (full-attention layers hold every token, sliding-window
     layers at most their window): what that rank sends or receives.
@@ -133,7 +133,7 @@ def transfer_bytes_per_rank(model: ModelSpec, kv_dtype_bytes: float, tensor_para
     local attention), DeepSeek Sparse Attention's blocks also hold the
     indexer keys of each layer with an indexer; a linear-attention / Mamba
     state is not sized for transfer."""
-    per_layer = model.kv_bytes_per_layer_per_rank(kv_dtype_bytes, tensor_parallel_size)
+    per_layer = attention_bytes_per_token(model, kv_dtype_bytes, tensor_parallel_size, hardware)
     window = model.sliding_window if model.num_sliding_layers else 0
     h = model.hybrid
     if h is not None and (h.num_linear_layers or h.num_mamba_layers):
@@ -164,8 +164,9 @@ class TransferFabric:
     ``tensor_parallel[i]``: instance ``i``'s TP size."""
 
     def __init__(self, model: ModelSpec, kv_dtype_bytes: float, tensor_parallel: list[int],
-                 paths: dict[tuple[int, int], TransferPath]) -> None:
+                 paths: dict[tuple[int, int], TransferPath], hardware: Hardware) -> None:
         self.model = model
+        self.hardware = hardware
         self.kv_dtype_bytes = kv_dtype_bytes
         self.tensor_parallel = tensor_parallel
         self.paths = paths
@@ -180,8 +181,9 @@ class TransferFabric:
         sets the time."""
         path = self.paths[(src, dst)]
         tp_dst = self.tensor_parallel[dst]
-        received = transfer_bytes_per_rank(self.model, self.kv_dtype_bytes, tp_dst, num_tokens)
-        sent = transfer_bytes_per_rank(self.model, self.kv_dtype_bytes, self.tensor_parallel[src], num_tokens)
+        received = transfer_bytes_per_rank(self.model, self.kv_dtype_bytes, tp_dst, num_tokens, self.hardware)
+        sent = transfer_bytes_per_rank(self.model, self.kv_dtype_bytes, self.tensor_parallel[src], num_tokens,
+                                       self.hardware)
         per_rank = max(received, sent)
         begin = max(start, self._egress_free[src], self._ingress_free[dst])
         done = begin + path.latency_s + per_rank / path.bandwidth

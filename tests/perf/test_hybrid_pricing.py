@@ -320,3 +320,14 @@ def test_the_step_reads_the_mixers_weights_not_attentions() -> None:
     assert model.mixer_params() == attn + 3 * gdn
     split = weight_split(model, ParallelConfig())
     assert split.quantized == attn + 3 * gdn + 4 * model.dense_mlp_params_per_layer()
+
+
+def test_sparse_attention_reads_the_backends_fp8_row() -> None:
+    # An fp8 cache of DeepSeek Sparse Attention: FlashMLA's fp8_ds_mla row on Hopper (512 fp8
+    # values + 4 float32 scales + 64 bf16 RoPE values), FlashInfer's plain fp8 latent on B200;
+    # a bf16 cache is the 576-value latent in 2 bytes either way.
+    model = load_model_spec(_bundled("deepseek-ai--DeepSeek-V3.2"))
+    fp8 = dataclasses.replace(NO_CPU, kv_cache_dtype="fp8")
+    assert StepTimeModel(model, H100, runtime=fp8).kv_bytes_per_layer == 512 + 4 * 4 + 64 * 2
+    assert StepTimeModel(model, get_hardware("b200"), runtime=fp8).kv_bytes_per_layer == 576
+    assert StepTimeModel(model, H100, runtime=NO_CPU).kv_bytes_per_layer == 576 * 2

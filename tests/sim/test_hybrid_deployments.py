@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.errors import UserInputError
+from kvsched.perf.hardware import get_hardware
 from kvsched.perf.memory import kv_cache_plan
 from kvsched.perf.model_parsers import load_model_spec
 from kvsched.sim.deployment import EngineOptions, build_deployment
@@ -292,19 +293,24 @@ def test_qwen3_5_runs_images_through_its_vision_tower() -> None:
 
 
 def test_pd_transfer_moves_every_layers_kv_and_the_indexer_keys() -> None:
+    h200, b200 = get_hardware("h200"), get_hardware("b200")
     # Llama 4 Scout at TP 8: all 48 layers hold every token (vLLM's hybrid manager off),
     # 1 KV head of 128 a rank, K and V in bf16.
     scout = load_model_spec(SCOUT, "meta-llama/Llama-4-Scout-17B-16E-Instruct")
-    assert transfer_bytes_per_rank(scout, 2, 8, 1000) == 48 * 1000 * 2 * 1 * 128 * 2
+    assert transfer_bytes_per_rank(scout, 2, 8, 1000, h200) == 48 * 1000 * 2 * 1 * 128 * 2
     # DeepSeek-V3.2: 61 layers of a 576-value bf16 latent plus 128 fp8 indexer bytes and a 4-byte scale.
     dsv32 = load_model_spec(DSV32, "deepseek-ai/DeepSeek-V3.2")
-    assert transfer_bytes_per_rank(dsv32, 2, 8, 1000) == 61 * 1000 * (576 * 2 + 128 + 4)
+    assert transfer_bytes_per_rank(dsv32, 2, 8, 1000, h200) == 61 * 1000 * (576 * 2 + 128 + 4)
+    # An fp8 cache: FlashMLA's fp8_ds_mla row on Hopper (512 fp8 + 4 float32 scales + 64 bf16
+    # RoPE values = 656 bytes), FlashInfer's plain fp8 latent (576) on B200.
+    assert transfer_bytes_per_rank(dsv32, 1, 8, 1000, h200) == 61 * 1000 * (656 + 132)
+    assert transfer_bytes_per_rank(dsv32, 1, 8, 1000, b200) == 61 * 1000 * (576 + 132)
     # GLM-5.2: indexer keys on its 21 indexer layers only.
     glm52 = load_model_spec(GLM52, "zai-org/GLM-5.2")
-    assert transfer_bytes_per_rank(glm52, 2, 8, 1000) == 1000 * (78 * 576 * 2 + 21 * 132)
+    assert transfer_bytes_per_rank(glm52, 2, 8, 1000, h200) == 1000 * (78 * 576 * 2 + 21 * 132)
     nxt = load_model_spec(NEXT, "Qwen/Qwen3-Next-80B-A3B-Instruct")
     with pytest.raises(UserInputError, match="--disaggregation"):
-        transfer_bytes_per_rank(nxt, 2, 2, 1000)
+        transfer_bytes_per_rank(nxt, 2, 2, 1000, h200)
 
 
 def test_drafter_layers_share_the_blocks_as_the_targets_layers() -> None:

@@ -43,7 +43,7 @@ def test_memory_slower_than_the_link_sets_the_rate() -> None:
 def test_a_read_takes_the_copys_time_through_the_slower_memory() -> None:
     model = get_model("meta-llama/Llama-3.1-8B")
     for hw, rate in ((get_hardware("h100-sxm"), 450 * GB), (slow_memory(100 * GB), 100 * GB)):
-        fabric = TransferFabric(model, 2, [1, 1], {(0, 1): transfer_path(hw, True)})
+        fabric = TransferFabric(model, 2, [1, 1], {(0, 1): transfer_path(hw, True)}, hw)
         done = fabric.read(0, 1, 0.0, 1000)
         assert done == pytest.approx(hw.comm_latency_s + 1000 * LLAMA8B_KV_PER_TOKEN / rate)
 
