@@ -7,7 +7,9 @@ vLLM 0.34, each at its own defaults (0.33: 16-token blocks, 0.92 of the
 device from the profiling estimate; 0.34: 64-token blocks, the extensible KV
 cache sized after warmup, ``kvsched.perf.memory``). One markdown row per id:
 its outcome, and per release the KV blocks (vLLM's ``num_gpu_blocks``) and
-the tokens they hold. Offline, as the test: the catalog, aiconfigurator-
+the "KV cache size" in tokens vLLM logs for them (``Deployment.kv_cache_size``:
+the blocks over one 4096-token request's blocks, every KV cache group
+counted, times 4096). Offline, as the test: the catalog, aiconfigurator-
 core's bundled configs, and a local Hugging Face cache holding
 tests/perf/data/hf_configs.
 
@@ -78,7 +80,7 @@ def row(number: int, model_id: str) -> str:
                      if m.num_sliding_layers else "")
             outcome = f"{m.num_params() / 1e9:.2f} B params{slide}; {result.metrics['completed']}/4 done"
             cells.append(outcome)
-        cells.append(f"{blocks:,} x {size} ({(blocks - 1) * size:,} tokens)")
+        cells.append(f"{blocks:,} x {size} ({d.kv_cache_size()[0]:,} tokens)")
     return "| " + " | ".join(cells) + " |"
 
 
@@ -86,7 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hub_cache(Path(tmp) / "hub")
         print("| # | model id | config from | GPU x TP | outcome | "
-              + " | ".join(f"vLLM {v}: KV blocks x block size (tokens)" for v in VLLM_VERSIONS) + " |")
+              + " | ".join(f"vLLM {v}: KV blocks x block size (KV cache size)" for v in VLLM_VERSIONS) + " |")
         print("|---|---|---|---|---|" + "---|" * len(VLLM_VERSIONS))
         for number, model_id in enumerate(MODEL_IDS, 1):
             print(row(number, model_id), flush=True)

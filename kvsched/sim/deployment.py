@@ -257,6 +257,16 @@ class Deployment:
         """The vLLM release simulated."""
         return self.scheduler_config.vllm_version
 
+    def kv_cache_size(self) -> tuple[int, float]:
+        """vLLM's logged "KV cache size: N tokens, Maximum concurrency for
+        max_model_len tokens per request: Cx": C is the pool's blocks over
+        one max_model_len request's blocks (:func:`request_blocks`), N is C x
+        max_model_len (with several KV cache groups fewer than blocks x
+        block size: each group takes its own blocks)."""
+        sc, cc = self.scheduler_config, self.cache_config
+        concurrency = cc.num_gpu_blocks / request_blocks(self.memory, sc, cc.block_size)
+        return int(concurrency * sc.max_model_len), concurrency
+
     def describe(self) -> str:
         sc, cc = self.scheduler_config, self.cache_config
         tp = self.parallel.tensor_parallel_size
@@ -266,13 +276,15 @@ class Deployment:
         dps = f" DP{dp}" if dp > 1 else ""
         pps = f" PP{pp}" if pp > 1 else ""
         where = f"{tp * pp * dp}x {self.hardware.name}"
+        size, concurrency = self.kv_cache_size()
         if isinstance(self.step_model, ProfiledStepTimeModel):
             # The profile's machine prices the steps; --hardware only sized defaults.
             where = f"{self.step_model.profile.hardware.get('name', '?')} (as profiled)"
         return (f"{self.model.name} ({self.runtime.dtype}) on {where} "
                 f"(TP{tp}{pps}{dps}{ep}), vLLM {self.vllm_version}, "
                 f"max_num_seqs {sc.max_num_seqs}, max_num_batched_tokens {sc.max_num_batched_tokens}, "
-                f"max_model_len {sc.max_model_len}, {cc.num_gpu_blocks} KV blocks of {cc.block_size}"
+                f"max_model_len {sc.max_model_len}, {cc.num_gpu_blocks} KV blocks of {cc.block_size} "
+                f"(KV cache size {size:,} tokens, maximum concurrency {concurrency:.2f}x)"
                 f"{', prefix caching' if cc.enable_prefix_caching else ''}"
                 f"{', async scheduling' if self.runtime.async_scheduling else ''}"
                 + (f", {self.speculative.describe()}" if self.speculative is not None else "")
@@ -282,6 +294,20 @@ class Deployment:
                    if (o := self.offload) is not None else "")
                 + (f", {lo.describe()}" if (lo := self.lora) is not None else "")
                 + f"; step times: {self.step_model.describe_backend()}")
+
+
+def request_blocks(memory: MemoryPlan, scheduler_config: SchedulerConfig, block_size: int) -> int:
+    """Blocks one request of ``max_model_len`` tokens may hold at once, over
+    every KV cache group (vLLM's per-group ``max_memory_usage_bytes`` in
+    pages): what its start-up check and its reported KV cache size read."""
+    sc = scheduler_config
+    if not memory.kv_groups:
+        return -(-sc.max_model_len // block_size)
+    batches = batch_queue_size(sc.async_scheduling, sc.pipeline_parallel_size)
+    mamba = memory.mamba
+    return blocks_per_request(memory.kv_groups, max_model_len=sc.max_model_len,
+                              max_in_flight_tokens=batches * sc.max_num_batched_tokens,
+                              mamba_state_blocks=mamba.state_blocks_per_request if mamba else 0)
 
 
 def _positive_int(flag: str, value: object, maximum: int | None = None, why: str = "") -> None:
@@ -590,12 +616,7 @@ def build_deployment(opts: EngineOptions, registers_kv_cache: bool = False) -> D
     if memory.kv_groups:
         # vLLM's start-up check over its KV cache groups: one request of
         # max_model_len tokens must fit in the pool beside the null block.
-        sc = scheduler_config
-        batches = batch_queue_size(sc.async_scheduling, sc.pipeline_parallel_size)
-        in_flight = batches * sc.max_num_batched_tokens
-        needed = blocks_per_request(memory.kv_groups, max_model_len=max_model_len,
-                                    max_in_flight_tokens=in_flight,
-                                    mamba_state_blocks=mamba.state_blocks_per_request if mamba else 0)
+        needed = request_blocks(memory, scheduler_config, block_size)
         if num_blocks - 1 < needed:
             raise UserInputError(
                 f"max_model_len={max_model_len} needs {needed} KV blocks over "

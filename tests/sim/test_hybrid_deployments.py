@@ -358,3 +358,17 @@ def test_sparse_attention_is_refused_where_vllm_has_no_sparse_mla_backend() -> N
     with pytest.raises(UserInputError, match=r"compute capability 8\.x.*sparse MLA backend"):
         build_deployment(EngineOptions(model=str(DSV32), hardware="a100-80gb", tensor_parallel_size=8,
                                        max_model_len=4096))
+
+
+def test_kv_cache_size_is_vllms_logged_one() -> None:
+    # vLLM logs "KV cache size: N tokens, Maximum concurrency ...: Cx" with C = the pool's blocks
+    # over one max_model_len request's blocks summed over its groups. Qwen3-Next at 4096 tokens:
+    # 17 blocks a request (8 full-attention + 3 Mamba groups x 3), so 170 blocks are 10 requests.
+    opts = {"model": str(NEXT), "hardware": "h200", "tensor_parallel_size": 2, "max_model_len": 4096}
+    d = build_deployment(EngineOptions(**opts, num_gpu_blocks_override=170))
+    assert d.kv_cache_size() == (40960, 10.0)
+    assert "KV cache size 40,960 tokens, maximum concurrency 10.00x" in d.describe()
+    # One full-attention group: 8192 tokens are 512 blocks of 16, so 1000 blocks are 1.953125.
+    d = build_deployment(EngineOptions(model="meta-llama/Llama-3.1-8B-Instruct", hardware="h100",
+                                       block_size=16, max_model_len=8192, num_gpu_blocks_override=1000))
+    assert d.kv_cache_size() == (16000, 1000 / 512)
