@@ -91,6 +91,25 @@ the steps:
   then touch disjoint entries, so their interleaving cannot matter. Otherwise
   the events are replayed one by one in stepping order, so duplicate-hash
   bookkeeping comes out the same.
+
+Hybrid KV caches (``cache.kv_groups``) of full-attention and sliding-window
+groups are covered too (chunked local attention and Mamba are refused:
+``HybridKVCacheManager.decode_stretch_refusal``). There a decode step's
+``allocate_slots`` first frees, per window, the blocks that left it: an
+uncached one goes to the front of the free queue and is the next block
+taken, a cached one to the back, and either may lose or carry its hash
+depending on when the scheduler-block-aligned cache registration reached
+it. No bulk shortcut is taken: the stretch lists the calls of stepping that
+are not no-ops (a window's free each time its skipped tokens cross a block,
+each group's new block, each registration when the cacheable prefix grows
+by a scheduler block; ``decode_stretch_events``) and makes them in stepping
+order (``replay_decode_stretch``), which costs a few calls per request and
+block instead of a schedule() per step. The stretch takes only as many
+blocks as are free at its start (the frees are not counted), so no
+allocation can fail, whatever the interleaving. Since the free count may
+grow, and a waiting head's prefix hit may be freed or evicted, a stretch
+with requests waiting is taken only when ``max_num_seqs`` or the token
+budget holds them.
 """
 
 from __future__ import annotations
@@ -98,6 +117,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvsched.core.hybrid_kv_cache import HybridKVCacheManager
 from kvsched.core.output import CachedRequestData, EngineCoreOutput, SchedulerOutput
 from kvsched.core.scheduler import Scheduler
 from kvsched.errors import UserInputError
@@ -112,8 +132,9 @@ def stretch_refusal(sched: Scheduler) -> str | None:
     that only plan test it for None; ``fast_forward_decode`` raises it."""
     running = sched.running
     if sched.hybrid_kv_cache:
-        return ("a stretch covers one full-attention KV cache group, not hybrid groups "
-                "(cache.kv_groups: windows free blocks as decode goes on)")
+        why = _hybrid_refusal(sched)
+        if why is not None:
+            return why
     if sched.num_spec_tokens:
         return "a stretch covers plain decode, not speculative decoding"
     if sched.pipeline_parallel_size > 1:
@@ -165,6 +186,27 @@ def stretch_refusal(sched: Scheduler) -> str | None:
             if m is None or m != r.num_in_flight_tokens or (
                     r.num_computed_tokens != r.num_tokens or r.num_output_placeholders != 1):
                 return f"{r.request_id} is not decoding"
+    return None
+
+
+def _hybrid_refusal(sched: Scheduler) -> str | None:
+    """``stretch_refusal``'s conditions with several KV cache groups
+    (``cache.kv_groups``): full attention and sliding windows only
+    (``HybridKVCacheManager.decode_stretch_refusal``), and with requests
+    waiting, admission must be held by a limit decoding cannot lift:
+    ``max_num_seqs`` reached or the token budget used up by the decodes. A
+    window frees blocks as decode goes on, so the free count may grow, and
+    the blocks a waiting head's prefix hit would adopt may be freed or
+    evicted: a KV-blocks stop is not provably stable."""
+    kv = sched.kv_cache_manager
+    assert isinstance(kv, HybridKVCacheManager)
+    why = kv.decode_stretch_refusal()
+    if why is not None:
+        return why
+    n = len(sched.running)
+    if sched.waiting and n < sched.max_num_running_reqs and n < sched.max_num_scheduled_tokens:
+        return ("with hybrid KV cache groups a stretch is taken while requests wait only when "
+                "max_num_seqs or the token budget holds them (windows free blocks as decode goes on)")
     return None
 
 
@@ -251,6 +293,14 @@ def _blocks_needed(firsts: Sequence[int], k: int, bs: int) -> int:
     return sum(-(-(k - f) // bs) for f in firsts if f < k)
 
 
+def _group_blocks_needed(per_group: list[tuple[list[int], int]], k: int) -> int:
+    """``_blocks_needed`` summed over KV cache groups (first steps, block size)."""
+    total = 0
+    for firsts, bs in per_group:
+        total += _blocks_needed(firsts, k, bs)
+    return total
+
+
 def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int] | None = None,
                         through_finish: bool = True) -> tuple[int, int, bool]:
     """(steps, KV tokens before the stretch, whether the last step is one in
@@ -301,6 +351,22 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     if sched.connector is not None and sched.waiting:
         # The stretch may take blocks only up to the waiting head's hit.
         free = min(free, _lookup_pop_limit(sched))
+    kv = sched.kv_cache_manager
+    if isinstance(kv, HybridKVCacheManager):
+        # Every group takes blocks; the blocks windows free are not counted
+        # (they only add to the pool), so every allocation fits.
+        per_group = kv.decode_new_block_steps(running)
+        if _group_blocks_needed(per_group, k) > free:
+            finishes = False
+            lo, hi = 0, k  # needed(lo) <= free < needed(hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if _group_blocks_needed(per_group, mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+        return k, kv_tokens, finishes and k > 0
     # A request takes at most ceil(k / bs) blocks in k steps: with that many
     # free for all (the usual case) there is nothing to count.
     if len(running) * ((k - 1) // bs + 1) > free and _blocks_needed(
@@ -390,6 +456,8 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     # the last step; the last iteration schedules no token for them.
     length_stops: list[int] = []
     req_to_blocks = kv.req_to_blocks
+    # Several KV cache groups: their blocks are counted and replayed apart.
+    hybrid = kv if isinstance(kv, HybridKVCacheManager) else None
     for idx, request in enumerate(running):
         token = tokens[idx]
         length = request.num_tokens
@@ -408,6 +476,8 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
                     f"fast_forward_decode: {request.request_id} would stop on a stop token in the "
                     "last step; under async scheduling a stretch runs through length stops only "
                     "(step the iteration in which it stops)")
+        if hybrid is not None:
+            continue
         step = first_new_block_step(len(req_to_blocks[request.request_id]), request, bs)
         # Most requests take no block in a stretch. (A while loop: mypyc
         # compiles range() with a variable step as a Python object.)
@@ -419,7 +489,22 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
                          "scheduling a stretch ends with requests stopping only when nothing waits")
     pool = kv.block_pool
     free = pool.get_num_free_blocks()
-    if len(allocs) > free:
+    events: list[tuple[int, int, int, int]] = []
+    computed: list[int] = []
+    processed: list[int] = []
+    num_allocs = len(allocs)
+    if hybrid is not None:
+        # Read before the tokens are applied: tables and computed counts.
+        events = hybrid.decode_stretch_events(running, k, lead, set(length_stops))
+        num_allocs = 0
+        for event in events:
+            if event[2] == 1:
+                num_allocs += 1
+        computed = [r.num_computed_tokens for r in running]
+        processed = [r.num_computed_tokens - r.num_in_flight_tokens for r in running]
+    # (Windows free blocks too, but stepping may take a block before the
+    # free that would make room: only what is free at the start counts.)
+    if num_allocs > free:
         raise UserInputError("fast_forward_decode: the stretch needs more blocks than are free")
     stopped: list[tuple[Request, int]] = []
     # Per request, its blocks whose tokens are all known and computed after
@@ -453,7 +538,12 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
         request.num_in_flight_tokens = 0
         request.num_output_placeholders = 0
     allocs.sort()
-    if not kv.enable_caching or not kv.cache_in_bulk(
+    hybrid_new_blocks: dict[str, list[int]] | None = None
+    hybrid_free_after: list[int] = []
+    if hybrid is not None:
+        hybrid_free_after, hybrid_new_blocks = hybrid.replay_decode_stretch(
+            running, computed, processed, k, lead, events)
+    elif not kv.enable_caching or not kv.cache_in_bulk(
             running, num_full, [running[idx].request_id for _, idx in allocs]):
         # Known tokens minus one before the stretch, per request (each
         # request has k more now): the registrations count from it.
@@ -482,7 +572,9 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
         connector.advance_decode_stretch(running, new_blocks)
         meta = connector.idle_metadata()
     if lead:
-        _renew_in_flight(sched, allocs, k, length_stops, meta)
+        _renew_in_flight(sched, allocs, k, length_stops, meta, hybrid_new_blocks)
+    if hybrid is not None:
+        return hybrid_free_after, stopped
     # Free blocks after each step: only allocations change the count.
     per_step = [0] * k
     for step, _ in allocs:
@@ -495,12 +587,15 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
 
 
 def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
-                     length_stops: list[int], connector_meta: Any = None) -> None:
+                     length_stops: list[int], connector_meta: Any = None,
+                     new_block_ids: dict[str, list[int]] | None = None) -> None:
     """Async: the stretch's last batch is in flight in place of the one
     before it: every running request but those stopping on length for one
     token (what the last iteration's schedule() would have returned), or
     nothing if they all stop. With a KV connector the batch carries the
-    connector's (empty) metadata ``connector_meta`` and no loads."""
+    connector's (empty) metadata ``connector_meta`` and no loads. Hybrid
+    groups pass the last step's new blocks per request (``new_block_ids``);
+    otherwise they are read from ``allocs``."""
     old = sched.in_flight_outputs[0]
     running = sched.running
     if len(length_stops) == len(running):
@@ -508,12 +603,13 @@ def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
         return
     num_scheduled = _one_token_each(old.num_scheduled_tokens, running, length_stops)
     req_ids = list(num_scheduled)
-    new_block_ids: dict[str, list[int]] = {}
-    req_to_blocks = sched.kv_cache_manager.req_to_blocks
-    for step, idx in allocs:
-        if step == k - 1:
-            rid = running[idx].request_id
-            new_block_ids[rid] = [req_to_blocks[rid][-1]]
+    if new_block_ids is None:
+        new_block_ids = {}
+        req_to_blocks = sched.kv_cache_manager.req_to_blocks
+        for step, idx in allocs:
+            if step == k - 1:
+                rid = running[idx].request_id
+                new_block_ids[rid] = [req_to_blocks[rid][-1]]
     output = SchedulerOutput(
         scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(req_ids, set(), new_block_ids),
         num_scheduled_tokens=num_scheduled, total_num_scheduled_tokens=len(req_ids),
