@@ -108,8 +108,10 @@ block instead of a schedule() per step. The stretch takes only as many
 blocks as are free at its start (the frees are not counted), so no
 allocation can fail, whatever the interleaving. Since the free count may
 grow, and a waiting head's prefix hit may be freed or evicted, a stretch
-with requests waiting is taken only when ``max_num_seqs`` or the token
-budget holds them.
+with requests waiting that only the KV cache holds back ends before either
+could let the head in (``_hybrid_waiting_limit``): it evicts no block
+carrying a key of the head's lookup, frees no block of its hit, and ends
+before its windows have freed more blocks than it took.
 """
 
 from __future__ import annotations
@@ -190,24 +192,69 @@ def stretch_refusal(sched: Scheduler) -> str | None:
 
 
 def _hybrid_refusal(sched: Scheduler) -> str | None:
-    """``stretch_refusal``'s conditions with several KV cache groups
+    """``stretch_refusal``'s condition with several KV cache groups
     (``cache.kv_groups``): full attention and sliding windows only
-    (``HybridKVCacheManager.decode_stretch_refusal``), and with requests
-    waiting, admission must be held by a limit decoding cannot lift:
-    ``max_num_seqs`` reached or the token budget used up by the decodes. A
-    window frees blocks as decode goes on, so the free count may grow, and
-    the blocks a waiting head's prefix hit would adopt may be freed or
-    evicted: a KV-blocks stop is not provably stable."""
+    (``HybridKVCacheManager.decode_stretch_refusal``). How far a stretch
+    may go while requests wait is ``_hybrid_waiting_limit``'s."""
     kv = sched.kv_cache_manager
     assert isinstance(kv, HybridKVCacheManager)
-    why = kv.decode_stretch_refusal()
-    if why is not None:
-        return why
-    n = len(sched.running)
-    if sched.waiting and n < sched.max_num_running_reqs and n < sched.max_num_scheduled_tokens:
-        return ("with hybrid KV cache groups a stretch is taken while requests wait only when "
-                "max_num_seqs or the token budget holds them (windows free blocks as decode goes on)")
-    return None
+    return kv.decode_stretch_refusal()
+
+
+def _hybrid_waiting_limit(sched: Scheduler, kv: HybridKVCacheManager, k: int) -> tuple[int, int]:
+    """With hybrid groups and requests waiting: (how many of ``k`` steps a
+    stretch may take, how many blocks it may pop from the free queue).
+
+    Nothing limits it when ``max_num_seqs`` or the token budget holds
+    admission (decoding lifts neither). Otherwise each step's admission of
+    the waiting head must fail again as the last one did, at the free count
+    ``A`` of now (nothing was freed since). It fails when the blocks it
+    needs exceed the free count, and that need depends only on the head's
+    prefix hit and on which hit blocks are free. So the stretch keeps both:
+    it pops no block carrying a key the head's lookup reads (the pop
+    limit; blocks the stretch registers hold output tokens unique to their
+    request, the module doc's premise, so no lookup key gains a block),
+    frees no hit block from a window, and ends before the step after which
+    its windows have freed more blocks than it took (the free count at an
+    admission never exceeds ``A``)."""
+    running = sched.running
+    n = len(running)
+    if not sched.waiting or n >= sched.max_num_running_reqs or n >= sched.max_num_scheduled_tokens:
+        return k, 1 << 62
+    head = sched.waiting.peek_request()
+    hit, _ = kv.get_computed_blocks(head)
+    keys = kv.lookup_keys(head)
+    pool = kv.block_pool
+    pop_limit = 1 << 62
+    if keys:
+        hash_of_block = pool.hash_of_block
+        for position, block in enumerate(pool.free_queue):
+            h = hash_of_block.get(block)
+            if h is not None and h in keys:
+                pop_limit = position
+                break
+    frees = kv.decode_window_frees(running, k, _lead(sched))
+    if not frees:
+        return k, pop_limit
+    hit_blocks = set(hit)
+    net = [0] * k  # per step: blocks freed minus blocks taken
+    for step, block in frees:
+        net[step] += 1
+        if block in hit_blocks and step < k:
+            k = step
+    for firsts, bs in kv.decode_new_block_steps(running):
+        for first in firsts:
+            # (A while loop: see _advance.)
+            j = first if first > 0 else 0
+            while j < len(net):
+                net[j] -= 1
+                j += bs
+    total = 0
+    for j in range(k):
+        total += net[j]
+        if total > 0:
+            return j, pop_limit
+    return k, pop_limit
 
 
 def _connector_refusal(sched: Scheduler) -> str | None:
@@ -353,6 +400,11 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
         free = min(free, _lookup_pop_limit(sched))
     kv = sched.kv_cache_manager
     if isinstance(kv, HybridKVCacheManager):
+        limit, pop_limit = _hybrid_waiting_limit(sched, kv, k)
+        if limit < k:
+            k = limit
+            finishes = False
+        free = min(free, pop_limit)
         # Every group takes blocks; the blocks windows free are not counted
         # (they only add to the pool), so every allocation fits.
         per_group = kv.decode_new_block_steps(running)
@@ -494,6 +546,12 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     processed: list[int] = []
     num_allocs = len(allocs)
     if hybrid is not None:
+        if not planned:
+            limit, pop_limit = _hybrid_waiting_limit(sched, hybrid, k)
+            if limit < k:
+                raise UserInputError(f"fast_forward_decode: requests wait and step {limit} could "
+                                     "admit one (hybrid KV cache groups: windows free blocks)")
+            free = min(free, pop_limit)
         # Read before the tokens are applied: tables and computed counts.
         events = hybrid.decode_stretch_events(running, k, lead, set(length_stops))
         num_allocs = 0

@@ -1058,6 +1058,63 @@ class HybridKVCacheManager(KVCacheManager):
                         bs))
         return out
 
+    def lookup_keys(self, request: Request) -> set[int]:
+        """Every prefix-cache key a lookup of ``request`` may read (each
+        group's keys of its full blocks before its last token): while no
+        block carrying one is evicted or registered, the lookup's hit is
+        the same."""
+        max_length = request.num_tokens - 1
+        keys: set[int] = set()
+        for bucket in self.buckets:
+            num_blocks = max_length // self.managers[bucket.gids[0]].block_size
+            for per_gid in self._group_keys(request, bucket.gids, num_blocks):
+                keys.update(per_gid)
+        return keys
+
+    def decode_window_frees(self, requests: Sequence[Request], k: int, lead: int) -> list[tuple[int, int]]:
+        """The blocks ``k`` decode steps of ``requests`` free from their
+        windows, as (step, block), -1 for a block the stretch itself takes
+        (``decode_stretch_events``' rules: the first step frees the run of
+        blocks that left the window, each later one a block when the
+        skipped tokens cross a block boundary)."""
+        out: list[tuple[int, int]] = []
+        for request in requests:
+            rid = request.request_id
+            c = request.num_computed_tokens
+            first = c - request.num_in_flight_tokens
+            for m in self.managers:
+                if not isinstance(m, _SlidingWindowManager):
+                    continue
+                table = m.tables.get(rid)
+                if table is None:
+                    continue
+                bs = m.block_size
+                window = m.window
+                held = len(table)
+                prev = -1  # the scans stop above this index (null below)
+                j = 0
+                while j < k:
+                    processed = first if j == 0 else c + j - lead
+                    last = max(0, processed - window + 1) // bs
+                    i = last - 1
+                    while i > prev and (i >= held or table[i] != NULL_BLOCK):
+                        out.append((j, table[i] if i < held else -1))
+                        i -= 1
+                    if last > 0:
+                        prev = max(prev, last - 1)
+                    # The next step that may free: the second (async: the
+                    # batch in flight may be a prefill's last chunk), then
+                    # each crossing of a block boundary.
+                    if j == 0 and lead:
+                        j = 1
+                        continue
+                    skipped = c + (j + 1) - lead - window + 1
+                    step = j + 1 + ((-skipped) % bs)
+                    if c + step - lead - window + 1 <= 0:
+                        step += (-(c + step - lead - window + 1)) // bs * bs + bs
+                    j = step
+        return out
+
     def decode_stretch_events(self, requests: Sequence[Request], k: int, lead: int,
                               length_stops: Container[int]) -> list[tuple[int, int, int, int]]:
         """The calls ``k`` decode steps of ``requests`` make on these groups

@@ -42,7 +42,8 @@ EXAMPLES = int(os.environ.get("KVSCHED_FUZZ_EXAMPLES", "150"))
 FUZZ_SEED = os.environ.get("KVSCHED_FUZZ_SEED")
 # What the fuzzer reached (printed with -s): stretches compared, their
 # steps, those during which a window freed blocks, async ones, finishing ones.
-REACHED = {"stretches": 0, "steps": 0, "freed": 0, "async": 0, "finishing": 0, "waiting": 0}
+REACHED = {"stretches": 0, "steps": 0, "freed": 0, "async": 0, "finishing": 0, "waiting": 0,
+           "kv_waiting": 0}
 
 
 def _blocks_view(blocks: list[int]) -> Any:
@@ -112,13 +113,17 @@ def hybrid_caches(draw: st.DrawFn) -> CacheConfig:
                        prefix_cache_retention_interval=retention)
 
 
-def _iteration(s: Scheduler, queue: list[SchedulerOutput], token: int) -> None:
-    """One step (sync) or one pass of vLLM's async engine loop."""
+def _iteration(s: Scheduler, queue: list[SchedulerOutput], token: int | dict[str, int]) -> None:
+    """One step (sync) or one pass of vLLM's async engine loop; ``token``:
+    what every request samples, or each request's."""
+    if isinstance(token, int):
+        token = dict.fromkeys(s.requests, token) | dict.fromkeys(
+            [rid for o in queue for rid in o.num_scheduled_tokens], token)
     if not s.async_scheduling:
         out = s.schedule()
         ids = list(out.num_scheduled_tokens)
         s.update_from_output(out, ModelRunnerOutput(
-            ids, [[] if rid in out.prefill_chunk_req_ids else [token] for rid in ids]))
+            ids, [[] if rid in out.prefill_chunk_req_ids else [token[rid]] for rid in ids]))
         s.check_invariants()
         return
     pop = bool(queue)
@@ -130,7 +135,7 @@ def _iteration(s: Scheduler, queue: list[SchedulerOutput], token: int) -> None:
         out = queue.pop()
         ids = list(out.num_scheduled_tokens)
         s.update_from_output(out, ModelRunnerOutput(
-            ids, [[] if rid in out.prefill_chunk_req_ids else [token] for rid in ids]))
+            ids, [[] if rid in out.prefill_chunk_req_ids else [token[rid]] for rid in ids]))
     s.check_invariants()
 
 
@@ -152,48 +157,57 @@ def test_hybrid_stretch_equals_stepping(cache_config: CacheConfig, data: st.Data
     s = Scheduler(sched_config, cache_config)
     queue: list[SchedulerOutput] = []
     prefix = data.draw(st.lists(st.integers(1, 3), max_size=30))
+    # Each request samples a token of its own, never in a prompt (the
+    # module's premise, as the simulator's: a stretch's blocks cannot
+    # become another request's prefix hit); sometimes it is its EOS.
+    sampled: dict[str, int] = {}
+    eos = data.draw(st.booleans())
     for i in range(data.draw(st.integers(1, 8))):
         n = data.draw(st.integers(1, 60))
         tokens = (prefix + data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n)))[
             :max_model_len - 1]
+        sampled[f"r{i}"] = 100 + i
         params = SamplingParams(max_tokens=data.draw(st.integers(1, 120)),
-                                eos_token_id=data.draw(st.sampled_from([None, None, 100])))
+                                eos_token_id=100 + i if eos and data.draw(st.booleans()) else None)
         try:
             s.add_request(Request(f"r{i}", tokens, params, arrival_time=float(i),
                                   priority=data.draw(st.integers(0, 2))))
         except ValueError:
             continue
-    token = 100 if data.draw(st.booleans()) else 7
     for _ in range(600):
         if not s.has_requests() and not queue:
             break
-        k, _, finishes = decode_stretch_plan(s, lambda r: 1 if token in r.all_stop_ids else 1 << 40)
+        k, _, finishes = decode_stretch_plan(
+            s, lambda r: 1 if sampled[r.request_id] in r.all_stop_ids else 1 << 40)
         if k >= 1 and data.draw(st.integers(0, 3)) > 0:
             steps = data.draw(st.integers(1, k))
+            n = len(s.running)
+            # Requests wait and only the KV cache (the head's need) holds them.
+            REACHED["kv_waiting"] += bool(s.waiting) and n < seqs and n < sched_config.max_num_batched_tokens
+            REACHED["waiting"] += bool(s.waiting)
             stepped = copy.deepcopy(s)
             stepped_queue = list(stepped.in_flight_outputs)
             free_each: list[int] = []
             for _ in range(steps):
-                _iteration(stepped, stepped_queue, token)
+                _iteration(stepped, stepped_queue, sampled)
                 free_each.append(stepped.kv_cache_manager.block_pool.get_num_free_blocks())
-            n = len(s.running)
+            mine = [sampled[r.request_id] for r in s.running]
             if finishes and steps == k:
-                free_after, _ = fast_forward_decode_finishing(s, steps, [token] * n, [token] * n)
+                free_after, _ = fast_forward_decode_finishing(s, steps, mine, mine)
             else:
-                free_after = fast_forward_decode(s, steps, [token] * n)
+                free_after = fast_forward_decode(s, steps, mine)
             s.check_invariants()
             REACHED["stretches"] += 1
             REACHED["steps"] += steps
             REACHED["freed"] += any(b > a for a, b in pairwise(free_each))
             REACHED["async"] += async_scheduling
             REACHED["finishing"] += finishes and steps == k
-            REACHED["waiting"] += bool(s.waiting)
             assert free_after == free_each
             assert _view(s) == _view(stepped)
             queue[:] = list(s.in_flight_outputs)
-        _iteration(s, queue, token)
+        _iteration(s, queue, sampled)
     if os.environ.get("KVSCHED_FUZZ_REPORT"):
-        print(REACHED)
+        print("REACHED", REACHED)
 
 
 def test_refuses_chunked_local_and_mamba_groups() -> None:
