@@ -109,7 +109,7 @@ blocks as are free at its start (the frees are not counted), so no
 allocation can fail, whatever the interleaving. Since the free count may
 grow, and a waiting head's prefix hit may be freed or evicted, a stretch
 with requests waiting that only the KV cache holds back ends before either
-could let the head in (``_hybrid_waiting_limit``): it evicts no block
+could let the head in (``_head_lookup``): it evicts no block
 carrying a key of the head's lookup, frees no block of its hit, and ends
 before its windows have freed more blocks than it took.
 """
@@ -195,50 +195,72 @@ def _hybrid_refusal(sched: Scheduler) -> str | None:
     """``stretch_refusal``'s condition with several KV cache groups
     (``cache.kv_groups``): full attention and sliding windows only
     (``HybridKVCacheManager.decode_stretch_refusal``). How far a stretch
-    may go while requests wait is ``_hybrid_waiting_limit``'s."""
+    may go while requests wait is ``_head_lookup``'s."""
     kv = sched.kv_cache_manager
     assert isinstance(kv, HybridKVCacheManager)
     return kv.decode_stretch_refusal()
 
 
-def _hybrid_waiting_limit(sched: Scheduler, kv: HybridKVCacheManager, k: int) -> tuple[int, int]:
-    """With hybrid groups and requests waiting: (how many of ``k`` steps a
-    stretch may take, how many blocks it may pop from the free queue).
-
-    Nothing limits it when ``max_num_seqs`` or the token budget holds
-    admission (decoding lifts neither). Otherwise each step's admission of
-    the waiting head must fail again as the last one did, at the free count
-    ``A`` of now (nothing was freed since). It fails when the blocks it
-    needs exceed the free count, and that need depends only on the head's
-    prefix hit and on which hit blocks are free. So the stretch keeps both:
-    it pops no block carrying a key the head's lookup reads (the pop
-    limit; blocks the stretch registers hold output tokens unique to their
-    request, the module doc's premise, so no lookup key gains a block),
-    frees no hit block from a window, and ends before the step after which
-    its windows have freed more blocks than it took (the free count at an
-    admission never exceeds ``A``)."""
-    running = sched.running
-    n = len(running)
+def _kv_held_head(sched: Scheduler) -> Request | None:
+    """The waiting head when only the KV cache may be holding it back (None
+    when nothing waits, or ``max_num_seqs`` or a token budget used up by
+    the decodes holds admission: decoding lifts neither)."""
+    n = len(sched.running)
     if not sched.waiting or n >= sched.max_num_running_reqs or n >= sched.max_num_scheduled_tokens:
-        return k, 1 << 62
-    head = sched.waiting.peek_request()
+        return None
+    return sched.waiting.peek_request()
+
+
+def _head_lookup(kv: HybridKVCacheManager, head: Request) -> tuple[int, set[int]]:
+    """(How many blocks a stretch may pop from the free queue, the blocks of
+    the head's prefix hit) with hybrid groups while the KV cache holds the
+    waiting head back.
+
+    Each step's admission of the head must fail again as the last one did,
+    at the free count of now (nothing was freed since). It fails when the
+    blocks it needs exceed the free count, and that need depends only on
+    the head's prefix hit and on which hit blocks are free. So the stretch
+    keeps both: it pops no block carrying a key the head's lookup reads
+    (the first such block's place in the free queue is the limit; blocks
+    the stretch registers hold output tokens unique to their request, the
+    module doc's premise, so no lookup key gains a block), frees no hit
+    block from a window, and its windows never free more blocks than it
+    took (``_net_free_limit``): the free count at an admission never
+    exceeds the last failed one's."""
     hit, _ = kv.get_computed_blocks(head)
     keys = kv.lookup_keys(head)
     pool = kv.block_pool
-    pop_limit = 1 << 62
     if keys:
         hash_of_block = pool.hash_of_block
         for position, block in enumerate(pool.free_queue):
             h = hash_of_block.get(block)
             if h is not None and h in keys:
-                pop_limit = position
-                break
-    frees = kv.decode_window_frees(running, k, _lead(sched))
+                return position, set(hit)
+    return 1 << 62, set(hit)
+
+
+def _held_head_limit(kv: HybridKVCacheManager, running: list[Request], k: int, lead: int,
+                     hit_blocks: set[int]) -> int:
+    """``_net_free_limit`` over a horizon that grows while nothing cuts the
+    stretch short (its cost grows with the horizon)."""
+    horizon = min(k, 32)
+    while True:
+        limit = _net_free_limit(kv, running, horizon, lead, hit_blocks)
+        if limit < horizon or horizon == k:
+            return limit
+        horizon = min(k, 4 * horizon)
+
+
+def _net_free_limit(kv: HybridKVCacheManager, running: list[Request], k: int, lead: int,
+                    hit_blocks: set[int]) -> int:
+    """How many of ``k`` steps free no block of ``hit_blocks`` from a
+    window and leave the free count, after each step, at most what it
+    was before the first (blocks freed so far at most blocks taken)."""
+    frees = kv.decode_window_frees(running, k, lead)
     if not frees:
-        return k, pop_limit
-    hit_blocks = set(hit)
+        return k
     net = [0] * k  # per step: blocks freed minus blocks taken
-    for step, block in frees:
+    for step, _, block in frees:
         net[step] += 1
         if block in hit_blocks and step < k:
             k = step
@@ -253,8 +275,8 @@ def _hybrid_waiting_limit(sched: Scheduler, kv: HybridKVCacheManager, k: int) ->
     for j in range(k):
         total += net[j]
         if total > 0:
-            return j, pop_limit
-    return k, pop_limit
+            return j
+    return k
 
 
 def _connector_refusal(sched: Scheduler) -> str | None:
@@ -348,6 +370,60 @@ def _group_blocks_needed(per_group: list[tuple[list[int], int]], k: int) -> int:
     return total
 
 
+def _most_steps_taking(per_group: list[tuple[list[int], int]], k: int, blocks: int) -> int:
+    """The most steps, up to ``k``, whose new blocks over every group number
+    at most ``blocks`` (needed(k) > blocks: a binary search)."""
+    lo, hi = 0, k  # needed(lo) <= blocks < needed(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _group_blocks_needed(per_group, mid) <= blocks:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _hybrid_walk(kv: HybridKVCacheManager, running: list[Request], k: int, free: int, lead: int) -> int:
+    """How many of ``k`` decode steps take their blocks with none failing
+    (a failure preempts), counting the blocks windows free: stepping's
+    allocate_slots visits the running requests in order, each freeing
+    what left its windows, then checking that its new blocks over all
+    groups fit the free count, then taking them. Under async scheduling a
+    request is not scheduled in the iteration in which it reaches its
+    length (it frees and takes nothing there)."""
+    n = len(running)
+    # Per (step, running index): [blocks freed, blocks taken].
+    moves: dict[int, list[int]] = {}
+    for step, idx, _ in kv.decode_window_frees(running, k, lead):
+        move = moves.get(step * n + idx)
+        if move is None:
+            moves[step * n + idx] = [1, 0]
+        else:
+            move[0] += 1
+    for firsts, bs in kv.decode_new_block_steps(running):
+        for idx, first in enumerate(firsts):
+            j = first
+            while j < k:
+                move = moves.get(j * n + idx)
+                if move is None:
+                    moves[j * n + idx] = [0, 1]
+                else:
+                    move[1] += 1
+                j += bs
+    stops = [r.stop_len - r.num_tokens - 1 for r in running] if lead else []
+    for key in sorted(moves):
+        step = key // n
+        idx = key - step * n
+        if lead and step == stops[idx]:
+            continue
+        move = moves[key]
+        free += move[0]
+        if move[1] > free:
+            return step
+        free -= move[1]
+    return k
+
+
 def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int] | None = None,
                         through_finish: bool = True) -> tuple[int, int, bool]:
     """(steps, KV tokens before the stretch, whether the last step is one in
@@ -400,24 +476,32 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
         free = min(free, _lookup_pop_limit(sched))
     kv = sched.kv_cache_manager
     if isinstance(kv, HybridKVCacheManager):
-        limit, pop_limit = _hybrid_waiting_limit(sched, kv, k)
-        if limit < k:
-            k = limit
-            finishes = False
-        free = min(free, pop_limit)
-        # Every group takes blocks; the blocks windows free are not counted
-        # (they only add to the pool), so every allocation fits.
+        # Each limit below keeps a condition on every step up to it, so
+        # they apply one after the other, the cheap ones first.
         per_group = kv.decode_new_block_steps(running)
+        head = _kv_held_head(sched)
+        hit_blocks: set[int] = set()
+        if head is not None:
+            pop_limit, hit_blocks = _head_lookup(kv, head)
+            if pop_limit < free and _group_blocks_needed(per_group, k) > pop_limit:
+                k = _most_steps_taking(per_group, k, pop_limit)
+                finishes = False
         if _group_blocks_needed(per_group, k) > free:
-            finishes = False
-            lo, hi = 0, k  # needed(lo) <= free < needed(hi)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if _group_blocks_needed(per_group, mid) <= free:
-                    lo = mid
-                else:
-                    hi = mid
-            k = lo
+            # Blocks freed from windows are taken again within the stretch:
+            # walk them in stepping order, as far as the blocks free now
+            # would last with none freed, and twice that (frees at most
+            # match the windows' own allocations; a cap, not a rule).
+            most = _most_steps_taking(per_group, k, free)
+            horizon = min(k, 2 * most + 2 * max(bs for _, bs in per_group) + 1)
+            walked = max(most, _hybrid_walk(kv, running, horizon, free, lead))
+            if walked < k:
+                k = walked
+                finishes = False
+        if head is not None and k > 0:
+            limit = _held_head_limit(kv, running, k, lead, hit_blocks)
+            if limit < k:
+                k = limit
+                finishes = False
         return k, kv_tokens, finishes and k > 0
     # A request takes at most ceil(k / bs) blocks in k steps: with that many
     # free for all (the usual case) there is nothing to count.
@@ -546,12 +630,14 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     processed: list[int] = []
     num_allocs = len(allocs)
     if hybrid is not None:
-        if not planned:
-            limit, pop_limit = _hybrid_waiting_limit(sched, hybrid, k)
+        pop_limit = 1 << 62
+        head = None if planned else _kv_held_head(sched)
+        if head is not None:
+            pop_limit, hit_blocks = _head_lookup(hybrid, head)
+            limit = _held_head_limit(hybrid, running, k, lead, hit_blocks)
             if limit < k:
                 raise UserInputError(f"fast_forward_decode: requests wait and step {limit} could "
                                      "admit one (hybrid KV cache groups: windows free blocks)")
-            free = min(free, pop_limit)
         # Read before the tokens are applied: tables and computed counts.
         events = hybrid.decode_stretch_events(running, k, lead, set(length_stops))
         num_allocs = 0
@@ -560,9 +646,10 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
                 num_allocs += 1
         computed = [r.num_computed_tokens for r in running]
         processed = [r.num_computed_tokens - r.num_in_flight_tokens for r in running]
-    # (Windows free blocks too, but stepping may take a block before the
-    # free that would make room: only what is free at the start counts.)
-    if num_allocs > free:
+        # Windows free blocks that later steps take again: walk the counts.
+        if num_allocs > pop_limit or (num_allocs > free and _hybrid_walk(hybrid, running, k, free, lead) < k):
+            raise UserInputError("fast_forward_decode: the stretch needs more blocks than are free")
+    elif num_allocs > free:
         raise UserInputError("fast_forward_decode: the stretch needs more blocks than are free")
     stopped: list[tuple[Request, int]] = []
     # Per request, its blocks whose tokens are all known and computed after

@@ -1062,57 +1062,67 @@ class HybridKVCacheManager(KVCacheManager):
         """Every prefix-cache key a lookup of ``request`` may read (each
         group's keys of its full blocks before its last token): while no
         block carrying one is evicted or registered, the lookup's hit is
-        the same."""
-        max_length = request.num_tokens - 1
+        the same (none without prefix caching: no lookup)."""
         keys: set[int] = set()
+        if not self.enable_caching:
+            return keys
+        max_length = request.num_tokens - 1
         for bucket in self.buckets:
             num_blocks = max_length // self.managers[bucket.gids[0]].block_size
             for per_gid in self._group_keys(request, bucket.gids, num_blocks):
                 keys.update(per_gid)
         return keys
 
-    def decode_window_frees(self, requests: Sequence[Request], k: int, lead: int) -> list[tuple[int, int]]:
+    def decode_window_frees(self, requests: Sequence[Request], k: int,
+                            lead: int) -> list[tuple[int, int, int]]:
         """The blocks ``k`` decode steps of ``requests`` free from their
-        windows, as (step, block), -1 for a block the stretch itself takes
-        (``decode_stretch_events``' rules: the first step frees the run of
-        blocks that left the window, each later one a block when the
-        skipped tokens cross a block boundary)."""
-        out: list[tuple[int, int]] = []
-        for request in requests:
-            rid = request.request_id
-            c = request.num_computed_tokens
-            first = c - request.num_in_flight_tokens
-            for m in self.managers:
-                if not isinstance(m, _SlidingWindowManager):
-                    continue
-                table = m.tables.get(rid)
+        windows, as (step, running index, block), -1 for a block the
+        stretch itself takes (``decode_stretch_events``' rules: the first
+        step frees the run of blocks that left the window, and so may the
+        second under async scheduling; then a block each time the skipped
+        tokens cross a block boundary)."""
+        out: list[tuple[int, int, int]] = []
+        append = out.append
+        for m in self.managers:
+            if not isinstance(m, _SlidingWindowManager):
+                continue
+            bs = m.block_size
+            window = m.window
+            tables = m.tables
+            for idx, request in enumerate(requests):
+                table = tables.get(request.request_id)
                 if table is None:
                     continue
-                bs = m.block_size
-                window = m.window
                 held = len(table)
-                prev = -1  # the scans stop above this index (null below)
-                j = 0
-                while j < k:
-                    processed = first if j == 0 else c + j - lead
-                    last = max(0, processed - window + 1) // bs
+                c = request.num_computed_tokens
+                # Step 0 (and, async, step 1: the batch in flight may be a
+                # prefill's last chunk, processed only then): free the run
+                # of blocks below the window, down to the first null.
+                prev = -1  # everything at or below it is null
+                for j in ((0, 1) if lead and k > 1 else (0,)):
+                    processed = c - request.num_in_flight_tokens if j == 0 else c
+                    last = (processed - window + 1) // bs
                     i = last - 1
-                    while i > prev and (i >= held or table[i] != NULL_BLOCK):
-                        out.append((j, table[i] if i < held else -1))
+                    while i > prev and table[i] != NULL_BLOCK:
+                        append((j, idx, table[i]))
                         i -= 1
-                    if last > 0:
-                        prev = max(prev, last - 1)
-                    # The next step that may free: the second (async: the
-                    # batch in flight may be a prefill's last chunk), then
-                    # each crossing of a block boundary.
-                    if j == 0 and lead:
-                        j = 1
-                        continue
-                    skipped = c + (j + 1) - lead - window + 1
-                    step = j + 1 + ((-skipped) % bs)
-                    if c + step - lead - window + 1 <= 0:
-                        step += (-(c + step - lead - window + 1)) // bs * bs + bs
-                    j = step
+                    if last - 1 > prev:
+                        prev = last - 1
+                # Later steps: one block per boundary the skipped tokens cross.
+                start = 2 if lead else 1
+                skipped = c + start - lead - window + 1
+                j = start + (-skipped) % bs
+                if c + j - lead - window + 1 <= 0:
+                    j += (-(c + j - lead - window + 1)) // bs * bs + bs
+                i = (c + j - lead - window + 1) // bs - 1
+                while j < k:
+                    if i > prev:
+                        if i >= held:
+                            append((j, idx, -1))
+                        elif table[i] != NULL_BLOCK:
+                            append((j, idx, table[i]))
+                    j += bs
+                    i += 1
         return out
 
     def decode_stretch_events(self, requests: Sequence[Request], k: int, lead: int,
