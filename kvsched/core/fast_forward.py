@@ -104,12 +104,13 @@ are not no-ops (a window's free each time its skipped tokens cross a block,
 each group's new block, each registration when the cacheable prefix grows
 by a scheduler block; ``decode_stretch_events``) and makes them in stepping
 order (``replay_decode_stretch``), which costs a few calls per request and
-block instead of a schedule() per step. The stretch takes only as many
-blocks as are free at its start (the frees are not counted), so no
-allocation can fail, whatever the interleaving. Since the free count may
-grow, and a waiting head's prefix hit may be freed or evicted, a stretch
-with requests waiting that only the KV cache holds back ends before either
-could let the head in (``_head_lookup``): it evicts no block
+block instead of a schedule() per step. No allocation may fail (stepping
+would preempt): beyond the blocks free at its start, the plan walks the
+counts in stepping order, each request freeing what left its windows
+before it asks for its new blocks (``_hybrid_walk``). Since the free count
+may grow, and a waiting head's prefix hit may be freed or evicted, a
+stretch with requests waiting that only the KV cache holds back ends
+before either could let the head in (``_head_lookup``): it evicts no block
 carrying a key of the head's lookup, frees no block of its hit, and ends
 before its windows have freed more blocks than it took.
 """
@@ -255,7 +256,9 @@ def _net_free_limit(kv: HybridKVCacheManager, running: list[Request], k: int, le
                     hit_blocks: set[int]) -> int:
     """How many of ``k`` steps free no block of ``hit_blocks`` from a
     window and leave the free count, after each step, at most what it
-    was before the first (blocks freed so far at most blocks taken)."""
+    was before the first (blocks freed so far at most blocks taken). (It
+    counts every request in every step: a stretch with requests waiting
+    has no async length stops, whose last iteration would leave some out.)"""
     frees = kv.decode_window_frees(running, k, lead)
     if not frees:
         return k
