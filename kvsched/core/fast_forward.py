@@ -389,41 +389,53 @@ def _most_steps_taking(per_group: list[tuple[list[int], int]], k: int, blocks: i
 def _hybrid_walk(kv: HybridKVCacheManager, running: list[Request], k: int, free: int, lead: int) -> int:
     """How many of ``k`` decode steps take their blocks with none failing
     (a failure preempts), counting the blocks windows free: stepping's
-    allocate_slots visits the running requests in order, each freeing
-    what left its windows, then checking that its new blocks over all
-    groups fit the free count, then taking them. Under async scheduling a
-    request is not scheduled in the iteration in which it reaches its
-    length (it frees and takes nothing there)."""
+    allocate_slots visits the running requests in order, each releasing
+    what left its windows (a block shared with another request, a common
+    prefix, returns to the pool only with its last reference), then
+    checking that its new blocks over all groups fit the free count, then
+    taking them. Under async scheduling a request is not scheduled in the
+    iteration in which it reaches its length (it frees and takes nothing
+    there)."""
     n = len(running)
-    # Per (step, running index): [blocks freed, blocks taken].
-    moves: dict[int, list[int]] = {}
-    for step, idx, _ in kv.decode_window_frees(running, k, lead):
-        move = moves.get(step * n + idx)
-        if move is None:
-            moves[step * n + idx] = [1, 0]
+    # Per (step, running index): the blocks it releases, the blocks it takes.
+    releases: dict[int, list[int]] = {}
+    takes: dict[int, int] = {}
+    for step, idx, block in kv.decode_window_frees(running, k, lead):
+        released = releases.get(step * n + idx)
+        if released is None:
+            releases[step * n + idx] = [block]
         else:
-            move[0] += 1
+            released.append(block)
     for firsts, bs in kv.decode_new_block_steps(running):
         for idx, first in enumerate(firsts):
             j = first
             while j < k:
-                move = moves.get(j * n + idx)
-                if move is None:
-                    moves[j * n + idx] = [0, 1]
-                else:
-                    move[1] += 1
+                takes[j * n + idx] = takes.get(j * n + idx, 0) + 1
                 j += bs
     stops = [r.stop_len - r.num_tokens - 1 for r in running] if lead else []
-    for key in sorted(moves):
+    ref_cnt = kv.block_pool.ref_cnt
+    # References left of the released blocks held before the stretch.
+    left: dict[int, int] = {}
+    keys = list(releases)
+    keys.extend([key for key in takes if key not in releases])
+    keys.sort()
+    for key in keys:
         step = key // n
         idx = key - step * n
         if lead and step == stops[idx]:
             continue
-        move = moves[key]
-        free += move[0]
-        if move[1] > free:
+        for block in releases.get(key, ()):
+            if block < 0:  # taken in the stretch: this request's alone
+                free += 1
+                continue
+            refs = left.get(block, ref_cnt[block]) - 1
+            left[block] = refs
+            if not refs:
+                free += 1
+        taken = takes.get(key, 0)
+        if taken > free:
             return step
-        free -= move[1]
+        free -= taken
     return k
 
 

@@ -254,3 +254,42 @@ def test_a_gpt_oss_like_layout_jumps(async_scheduling: bool) -> None:
     assert _view(s) == _view(stepped)
     # The window freed blocks mid-stretch: the free count rose at some step.
     assert any(b > a for a, b in pairwise(free_each))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_window_releasing_a_shared_block_frees_nothing(async_scheduling: bool) -> None:
+    # r1 adopts r0's cached prefix; r0's window passes those blocks during
+    # the stretch while r1's still holds them: they return to the pool only
+    # with r1's release, so on a tight pool the stretch must not count them
+    # as room for new blocks (stepping would preempt).
+    prefix = [1, 2, 3] * 30
+    compared = 0
+    for num_blocks in range(330, 420, 6):
+        cache = CacheConfig(num_gpu_blocks=num_blocks, block_size=1, prefix_cache_retention_interval=None,
+                            kv_groups=(KVCacheGroup("full_attention", 1),
+                                       KVCacheGroup("sliding_window", 1, sliding_window=100)))
+        s = Scheduler(SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=4, max_model_len=512,
+                                      async_scheduling=async_scheduling), cache)
+        s.add_request(Request("r0", prefix + [2] * 50, SamplingParams(max_tokens=150, ignore_eos=True)))
+        sampled = {"r0": 100, "r1": 101}
+        queue: list[SchedulerOutput] = []
+        for _ in range(3):
+            _iteration(s, queue, sampled)
+        s.add_request(Request("r1", prefix + [3] * 5, SamplingParams(max_tokens=150, ignore_eos=True)))
+        for _ in range(200):
+            k = decode_stretch_plan(s, through_finish=False)[0]
+            if k:
+                stepped = copy.deepcopy(s)
+                stepped_queue = list(stepped.in_flight_outputs)
+                free_each = []
+                for _ in range(k):
+                    _iteration(stepped, stepped_queue, sampled)
+                    free_each.append(stepped.kv_cache_manager.block_pool.get_num_free_blocks())
+                assert fast_forward_decode(s, k, [sampled[r.request_id] for r in s.running]) == free_each
+                assert _view(s) == _view(stepped)
+                compared += 1
+                queue[:] = list(s.in_flight_outputs)
+            if not s.has_requests():
+                break
+            _iteration(s, queue, sampled)
+    assert compared
