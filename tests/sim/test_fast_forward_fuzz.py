@@ -289,7 +289,7 @@ def _kv_state(sched: Scheduler) -> tuple[Any, ...]:
                   [dict(m.num_cached_block) for m in kv.managers], dict(kv.shared_prefix_boundary))
     return (list(pool.free_queue), list(pool.ref_cnt), dict(pool.hash_of_block), dict(pool.cached),
             dict(pool.dup_cached),
-            {rid: list(b) for rid, b in kv.req_to_blocks.items()}, offload, groups)
+            {rid: list(b) for rid, b in kv.req_to_blocks.items()}, groups, offload)
 
 
 def _snapshot(result: SimResult) -> dict[str, Any]:
