@@ -3,6 +3,7 @@
     python benchmarks/bench_simulate.py                  # Azure conv trace (the README figure)
     python benchmarks/bench_simulate.py --compare        # ... also step by step, and check equality
     python benchmarks/bench_simulate.py --scale          # issue 9's bars: 1M requests, CPU per request
+    python benchmarks/bench_simulate.py --hybrid         # a hybrid KV cache (gpt-oss-120b), ff on and off
     python benchmarks/bench_simulate.py --case random:100000:20   # one case
     python benchmarks/bench_simulate.py --step-time-backend measured --step-time-backend roofline
     python benchmarks/bench_simulate.py --async-ratio 3 --step-time-backend roofline
@@ -18,7 +19,12 @@ Cases (each runs in a fresh process, so its peak RSS is its own):
   requests, one hour) on Llama-3.1-8B on one H100 with ``vllm serve``'s
   defaults; wall seconds include loading the trace;
 - ``random:N:RATE``: N random prompts (vllm bench's defaults, 1024 in / 128
-  out) at RATE requests/s (``inf``: all at t=0), same deployment.
+  out) at RATE requests/s (``inf``: all at t=0), same deployment;
+  ``random:N:RATE:IN:OUT`` with IN / OUT tokens.
+
+``--hybrid`` times a hybrid KV cache: gpt-oss-120b (full attention beside a
+128-token sliding window) on one H100, 2,000 random 1024 / 1024 prompts at
+t=0, with fast-forward and without, and checks the metrics are identical.
 
 Prints wall and CPU seconds, simulated requests per wall second, CPU
 microseconds per simulated request and peak RSS.
@@ -57,10 +63,11 @@ def _workload(case: str) -> Workload:
         return load_azure(TRACE / "azure_llm_2023_conv.csv")
     if case.startswith("azure:"):  # the first N requests
         return load_azure(TRACE / "azure_llm_2023_conv.csv").truncated(int(case.split(":")[1]))
-    kind, n, rate = case.split(":")
-    if kind != "random":
-        raise SystemExit(f"unknown case {case!r}: use azure or random:N:RATE")
-    return random_workload(num_prompts=int(n), request_rate=float(rate), seed=0)
+    parts = case.split(":")
+    if parts[0] != "random" or len(parts) not in (3, 5):
+        raise SystemExit(f"unknown case {case!r}: use azure, random:N:RATE or random:N:RATE:IN:OUT")
+    lengths = {"input_len": int(parts[3]), "output_len": int(parts[4])} if len(parts) == 5 else {}
+    return random_workload(num_prompts=int(parts[1]), request_rate=float(parts[2]), seed=0, **lengths)
 
 
 def run_case(case: str, fast_forward: bool = True, backend: str = "auto",
@@ -137,7 +144,11 @@ def main() -> int:
     ap.add_argument("--compare", action="store_true", help="also run without fast-forward")
     ap.add_argument("--scale", action="store_true",
                     help="1M random requests at 20 req/s and at t=0; CPU per request from 10k to 1M")
-    ap.add_argument("--case", action="append", help="azure or random:N:RATE (repeatable)")
+    ap.add_argument("--case", action="append",
+                    help="azure, random:N:RATE or random:N:RATE:IN:OUT (repeatable)")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="gpt-oss-120b's hybrid KV cache, 2000 random 1024/1024 prompts at t=0, "
+                         "with and without fast-forward (implies --compare)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--no-fast-forward", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="Llama-3.1-8B", help="the model (default: %(default)s)")
@@ -155,6 +166,10 @@ def main() -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     use_async = not args.no_async_scheduling
+    if args.hybrid:
+        args.model = "openai/gpt-oss-120b"
+        args.case = ["random:2000:inf:1024:1024"]
+        args.compare = True
     if args.child:
         r = run_case(args.child, not args.no_fast_forward, (args.step_time_backend or ["auto"])[0],
                      use_async, args.model, args.step_time_profile)

@@ -25,13 +25,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Each case: (workload, engine options) through the one runner. They cover
 # both engine loops, fast-forward through arrivals and finishes, prefix
-# caching hits and preemption under a small KV cache.
+# caching hits and preemption under a small KV cache, and a hybrid KV cache
+# (gpt-oss: full attention beside a sliding window) whose stretches replay
+# its windows' frees.
 CASES: dict[str, tuple[tuple[int, float, int], dict[str, object]]] = {
     # (num_prompts, request_rate, random_prefix_len), engine options
     "random-async": ((600, 20.0, 0), {}),
     "random-sync": ((600, 20.0, 0), {"async_scheduling": False}),
     "burst-preempting": ((300, float("inf"), 0), {"num_gpu_blocks_override": 900, "max_model_len": 4096}),
     "prefix-hits": ((400, 30.0, 512), {"max_num_seqs": 32}),
+    "hybrid-preempting": ((300, float("inf"), 0), {"model": "openai/gpt-oss-20b",
+                                                   "num_gpu_blocks_override": 900, "max_model_len": 4096}),
 }
 
 _RUN = """
@@ -41,8 +45,8 @@ from kvsched.sim.run import run
 from kvsched.sim.spec import DeploymentSpec, InstanceGroup, RunSpec, WorkloadSpec
 from kvsched.version import build
 (n, rate, prefix), opts = json.loads(sys.argv[1])
-spec = RunSpec(DeploymentSpec((InstanceGroup(EngineOptions(
-    model="Llama-3.1-8B", hardware="h100-sxm", step_time_backend="roofline", **opts)),)),
+engine = {"model": "Llama-3.1-8B", "hardware": "h100-sxm", "step_time_backend": "roofline"} | opts
+spec = RunSpec(DeploymentSpec((InstanceGroup(EngineOptions(**engine)),)),
     workload=WorkloadSpec(num_prompts=n, request_rate=rate, random_prefix_len=prefix, seed=0))
 metrics = dict(run(spec).metrics)
 metrics.pop("simulation_wall_seconds")
@@ -85,7 +89,7 @@ def test_same_metrics_as_the_interpreted_sources(name: str, tmp_path: Path) -> N
     # Each case exercises what it is named for.
     assert metrics["completed"] == case[0]
     assert metrics["fast_forwarded_steps"] > 0
-    if name == "burst-preempting":
+    if name in ("burst-preempting", "hybrid-preempting"):
         assert metrics["num_preemptions"] > 0
     if name == "prefix-hits":
         assert metrics["prefix_cache_hit_rate"] > 0.3

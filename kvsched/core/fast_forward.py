@@ -91,6 +91,28 @@ the steps:
   then touch disjoint entries, so their interleaving cannot matter. Otherwise
   the events are replayed one by one in stepping order, so duplicate-hash
   bookkeeping comes out the same.
+
+Hybrid KV caches (``cache.kv_groups``) of full-attention and sliding-window
+groups are covered too (chunked local attention and Mamba are refused:
+``HybridKVCacheManager.decode_stretch_refusal``). There a decode step's
+``allocate_slots`` first frees, per window, the blocks that left it: an
+uncached one goes to the front of the free queue and is the next block
+taken, a cached one to the back, and either may lose or carry its hash
+depending on when the scheduler-block-aligned cache registration reached
+it. No bulk shortcut is taken: the stretch lists the calls of stepping that
+are not no-ops (a window's free each time its skipped tokens cross a block,
+each group's new block, each registration when the cacheable prefix grows
+by a scheduler block; ``decode_stretch_events``) and makes them in stepping
+order (``replay_decode_stretch``), which costs a few calls per request and
+block instead of a schedule() per step. No allocation may fail (stepping
+would preempt): beyond the blocks free at its start, the plan walks the
+counts in stepping order, each request freeing what left its windows
+before it asks for its new blocks (``_hybrid_walk``). Since the free count
+may grow, and a waiting head's prefix hit may be freed or evicted, a
+stretch with requests waiting that only the KV cache holds back ends
+before either could let the head in (``_head_lookup``): it evicts no block
+carrying a key of the head's lookup, frees no block of its hit, and ends
+before its windows have freed more blocks than it took.
 """
 
 from __future__ import annotations
@@ -98,6 +120,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvsched.core.hybrid_kv_cache import HybridKVCacheManager
 from kvsched.core.output import CachedRequestData, EngineCoreOutput, SchedulerOutput
 from kvsched.core.scheduler import Scheduler
 from kvsched.errors import UserInputError
@@ -112,8 +135,9 @@ def stretch_refusal(sched: Scheduler) -> str | None:
     that only plan test it for None; ``fast_forward_decode`` raises it."""
     running = sched.running
     if sched.hybrid_kv_cache:
-        return ("a stretch covers one full-attention KV cache group, not hybrid groups "
-                "(cache.kv_groups: windows free blocks as decode goes on)")
+        why = _hybrid_refusal(sched)
+        if why is not None:
+            return why
     if sched.num_spec_tokens:
         return "a stretch covers plain decode, not speculative decoding"
     if sched.pipeline_parallel_size > 1:
@@ -166,6 +190,96 @@ def stretch_refusal(sched: Scheduler) -> str | None:
                     r.num_computed_tokens != r.num_tokens or r.num_output_placeholders != 1):
                 return f"{r.request_id} is not decoding"
     return None
+
+
+def _hybrid_refusal(sched: Scheduler) -> str | None:
+    """``stretch_refusal``'s condition with several KV cache groups
+    (``cache.kv_groups``): full attention and sliding windows only
+    (``HybridKVCacheManager.decode_stretch_refusal``). How far a stretch
+    may go while requests wait is ``_head_lookup``'s."""
+    kv = sched.kv_cache_manager
+    assert isinstance(kv, HybridKVCacheManager)
+    return kv.decode_stretch_refusal()
+
+
+def _kv_held_head(sched: Scheduler) -> Request | None:
+    """The waiting head when only the KV cache may be holding it back (None
+    when nothing waits, or ``max_num_seqs`` or a token budget used up by
+    the decodes holds admission: decoding lifts neither)."""
+    n = len(sched.running)
+    if not sched.waiting or n >= sched.max_num_running_reqs or n >= sched.max_num_scheduled_tokens:
+        return None
+    return sched.waiting.peek_request()
+
+
+def _head_lookup(kv: HybridKVCacheManager, head: Request) -> tuple[int, set[int]]:
+    """(How many blocks a stretch may pop from the free queue, the blocks of
+    the head's prefix hit) with hybrid groups while the KV cache holds the
+    waiting head back.
+
+    Each step's admission of the head must fail again as the last one did,
+    at the free count of now (nothing was freed since). It fails when the
+    blocks it needs exceed the free count, and that need depends only on
+    the head's prefix hit and on which hit blocks are free. So the stretch
+    keeps both: it pops no block carrying a key the head's lookup reads
+    (the first such block's place in the free queue is the limit; blocks
+    the stretch registers hold output tokens unique to their request, the
+    module doc's premise, so no lookup key gains a block), frees no hit
+    block from a window, and its windows never free more blocks than it
+    took (``_net_free_limit``): the free count at an admission never
+    exceeds the last failed one's."""
+    hit, _ = kv.get_computed_blocks(head)
+    keys = kv.lookup_keys(head)
+    pool = kv.block_pool
+    if keys:
+        hash_of_block = pool.hash_of_block
+        for position, block in enumerate(pool.free_queue):
+            h = hash_of_block.get(block)
+            if h is not None and h in keys:
+                return position, set(hit)
+    return 1 << 62, set(hit)
+
+
+def _held_head_limit(kv: HybridKVCacheManager, running: list[Request], k: int, lead: int,
+                     hit_blocks: set[int]) -> int:
+    """``_net_free_limit`` over a horizon that grows while nothing cuts the
+    stretch short (its cost grows with the horizon)."""
+    horizon = min(k, 32)
+    while True:
+        limit = _net_free_limit(kv, running, horizon, lead, hit_blocks)
+        if limit < horizon or horizon == k:
+            return limit
+        horizon = min(k, 4 * horizon)
+
+
+def _net_free_limit(kv: HybridKVCacheManager, running: list[Request], k: int, lead: int,
+                    hit_blocks: set[int]) -> int:
+    """How many of ``k`` steps free no block of ``hit_blocks`` from a
+    window and leave the free count, after each step, at most what it
+    was before the first (blocks freed so far at most blocks taken). (It
+    counts every request in every step: a stretch with requests waiting
+    has no async length stops, whose last iteration would leave some out.)"""
+    frees = kv.decode_window_frees(running, k, lead)
+    if not frees:
+        return k
+    net = [0] * k  # per step: blocks freed minus blocks taken
+    for step, _, block in frees:
+        net[step] += 1
+        if block in hit_blocks and step < k:
+            k = step
+    for firsts, bs in kv.decode_new_block_steps(running):
+        for first in firsts:
+            # (A while loop: see _advance.)
+            j = first if first > 0 else 0
+            while j < len(net):
+                net[j] -= 1
+                j += bs
+    total = 0
+    for j in range(k):
+        total += net[j]
+        if total > 0:
+            return j
+    return k
 
 
 def _connector_refusal(sched: Scheduler) -> str | None:
@@ -251,6 +365,80 @@ def _blocks_needed(firsts: Sequence[int], k: int, bs: int) -> int:
     return sum(-(-(k - f) // bs) for f in firsts if f < k)
 
 
+def _group_blocks_needed(per_group: list[tuple[list[int], int]], k: int) -> int:
+    """``_blocks_needed`` summed over KV cache groups (first steps, block size)."""
+    total = 0
+    for firsts, bs in per_group:
+        total += _blocks_needed(firsts, k, bs)
+    return total
+
+
+def _most_steps_taking(per_group: list[tuple[list[int], int]], k: int, blocks: int) -> int:
+    """The most steps, up to ``k``, whose new blocks over every group number
+    at most ``blocks`` (needed(k) > blocks: a binary search)."""
+    lo, hi = 0, k  # needed(lo) <= blocks < needed(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _group_blocks_needed(per_group, mid) <= blocks:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _hybrid_walk(kv: HybridKVCacheManager, running: list[Request], k: int, free: int, lead: int) -> int:
+    """How many of ``k`` decode steps take their blocks with none failing
+    (a failure preempts), counting the blocks windows free: stepping's
+    allocate_slots visits the running requests in order, each releasing
+    what left its windows (a block shared with another request, a common
+    prefix, returns to the pool only with its last reference), then
+    checking that its new blocks over all groups fit the free count, then
+    taking them. Under async scheduling a request is not scheduled in the
+    iteration in which it reaches its length (it frees and takes nothing
+    there)."""
+    n = len(running)
+    # Per (step, running index): the blocks it releases, the blocks it takes.
+    releases: dict[int, list[int]] = {}
+    takes: dict[int, int] = {}
+    for step, idx, block in kv.decode_window_frees(running, k, lead):
+        released = releases.get(step * n + idx)
+        if released is None:
+            releases[step * n + idx] = [block]
+        else:
+            released.append(block)
+    for firsts, bs in kv.decode_new_block_steps(running):
+        for idx, first in enumerate(firsts):
+            j = first
+            while j < k:
+                takes[j * n + idx] = takes.get(j * n + idx, 0) + 1
+                j += bs
+    stops = [r.stop_len - r.num_tokens - 1 for r in running] if lead else []
+    ref_cnt = kv.block_pool.ref_cnt
+    # References left of the released blocks held before the stretch.
+    left: dict[int, int] = {}
+    keys = list(releases)
+    keys.extend([key for key in takes if key not in releases])
+    keys.sort()
+    for key in keys:
+        step = key // n
+        idx = key - step * n
+        if lead and step == stops[idx]:
+            continue
+        for block in releases.get(key, ()):
+            if block < 0:  # taken in the stretch: this request's alone
+                free += 1
+                continue
+            refs = left.get(block, ref_cnt[block]) - 1
+            left[block] = refs
+            if not refs:
+                free += 1
+        taken = takes.get(key, 0)
+        if taken > free:
+            return step
+        free -= taken
+    return k
+
+
 def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int] | None = None,
                         through_finish: bool = True) -> tuple[int, int, bool]:
     """(steps, KV tokens before the stretch, whether the last step is one in
@@ -301,6 +489,35 @@ def decode_stretch_plan(sched: Scheduler, steps_to_stop: Callable[[Request], int
     if sched.connector is not None and sched.waiting:
         # The stretch may take blocks only up to the waiting head's hit.
         free = min(free, _lookup_pop_limit(sched))
+    kv = sched.kv_cache_manager
+    if isinstance(kv, HybridKVCacheManager):
+        # Each limit below keeps a condition on every step up to it, so
+        # they apply one after the other, the cheap ones first.
+        per_group = kv.decode_new_block_steps(running)
+        head = _kv_held_head(sched)
+        hit_blocks: set[int] = set()
+        if head is not None:
+            pop_limit, hit_blocks = _head_lookup(kv, head)
+            if pop_limit < free and _group_blocks_needed(per_group, k) > pop_limit:
+                k = _most_steps_taking(per_group, k, pop_limit)
+                finishes = False
+        if _group_blocks_needed(per_group, k) > free:
+            # Blocks freed from windows are taken again within the stretch:
+            # walk them in stepping order, as far as the blocks free now
+            # would last with none freed, and twice that (frees at most
+            # match the windows' own allocations; a cap, not a rule).
+            most = _most_steps_taking(per_group, k, free)
+            horizon = min(k, 2 * most + 2 * max(bs for _, bs in per_group) + 1)
+            walked = max(most, _hybrid_walk(kv, running, horizon, free, lead))
+            if walked < k:
+                k = walked
+                finishes = False
+        if head is not None and k > 0:
+            limit = _held_head_limit(kv, running, k, lead, hit_blocks)
+            if limit < k:
+                k = limit
+                finishes = False
+        return k, kv_tokens, finishes and k > 0
     # A request takes at most ceil(k / bs) blocks in k steps: with that many
     # free for all (the usual case) there is nothing to count.
     if len(running) * ((k - 1) // bs + 1) > free and _blocks_needed(
@@ -390,6 +607,8 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
     # the last step; the last iteration schedules no token for them.
     length_stops: list[int] = []
     req_to_blocks = kv.req_to_blocks
+    # Several KV cache groups: their blocks are counted and replayed apart.
+    hybrid = kv if isinstance(kv, HybridKVCacheManager) else None
     for idx, request in enumerate(running):
         token = tokens[idx]
         length = request.num_tokens
@@ -408,6 +627,8 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
                     f"fast_forward_decode: {request.request_id} would stop on a stop token in the "
                     "last step; under async scheduling a stretch runs through length stops only "
                     "(step the iteration in which it stops)")
+        if hybrid is not None:
+            continue
         step = first_new_block_step(len(req_to_blocks[request.request_id]), request, bs)
         # Most requests take no block in a stretch. (A while loop: mypyc
         # compiles range() with a variable step as a Python object.)
@@ -419,7 +640,31 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
                          "scheduling a stretch ends with requests stopping only when nothing waits")
     pool = kv.block_pool
     free = pool.get_num_free_blocks()
-    if len(allocs) > free:
+    events: list[tuple[int, int, int, int]] = []
+    computed: list[int] = []
+    processed: list[int] = []
+    num_allocs = len(allocs)
+    if hybrid is not None:
+        pop_limit = 1 << 62
+        head = None if planned else _kv_held_head(sched)
+        if head is not None:
+            pop_limit, hit_blocks = _head_lookup(hybrid, head)
+            limit = _held_head_limit(hybrid, running, k, lead, hit_blocks)
+            if limit < k:
+                raise UserInputError(f"fast_forward_decode: requests wait and step {limit} could "
+                                     "admit one (hybrid KV cache groups: windows free blocks)")
+        # Read before the tokens are applied: tables and computed counts.
+        events = hybrid.decode_stretch_events(running, k, lead, set(length_stops))
+        num_allocs = 0
+        for event in events:
+            if event[2] == 1:
+                num_allocs += 1
+        computed = [r.num_computed_tokens for r in running]
+        processed = [r.num_computed_tokens - r.num_in_flight_tokens for r in running]
+        # Windows free blocks that later steps take again: walk the counts.
+        if num_allocs > pop_limit or (num_allocs > free and _hybrid_walk(hybrid, running, k, free, lead) < k):
+            raise UserInputError("fast_forward_decode: the stretch needs more blocks than are free")
+    elif num_allocs > free:
         raise UserInputError("fast_forward_decode: the stretch needs more blocks than are free")
     stopped: list[tuple[Request, int]] = []
     # Per request, its blocks whose tokens are all known and computed after
@@ -453,7 +698,12 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
         request.num_in_flight_tokens = 0
         request.num_output_placeholders = 0
     allocs.sort()
-    if not kv.enable_caching or not kv.cache_in_bulk(
+    hybrid_new_blocks: dict[str, list[int]] | None = None
+    hybrid_free_after: list[int] = []
+    if hybrid is not None:
+        hybrid_free_after, hybrid_new_blocks = hybrid.replay_decode_stretch(
+            running, computed, processed, k, lead, events)
+    elif not kv.enable_caching or not kv.cache_in_bulk(
             running, num_full, [running[idx].request_id for _, idx in allocs]):
         # Known tokens minus one before the stretch, per request (each
         # request has k more now): the registrations count from it.
@@ -482,7 +732,9 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
         connector.advance_decode_stretch(running, new_blocks)
         meta = connector.idle_metadata()
     if lead:
-        _renew_in_flight(sched, allocs, k, length_stops, meta)
+        _renew_in_flight(sched, allocs, k, length_stops, meta, hybrid_new_blocks)
+    if hybrid is not None:
+        return hybrid_free_after, stopped
     # Free blocks after each step: only allocations change the count.
     per_step = [0] * k
     for step, _ in allocs:
@@ -495,12 +747,15 @@ def _advance(sched: Scheduler, k: int, tokens: Sequence[int],
 
 
 def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
-                     length_stops: list[int], connector_meta: Any = None) -> None:
+                     length_stops: list[int], connector_meta: Any = None,
+                     new_block_ids: dict[str, list[int]] | None = None) -> None:
     """Async: the stretch's last batch is in flight in place of the one
     before it: every running request but those stopping on length for one
     token (what the last iteration's schedule() would have returned), or
     nothing if they all stop. With a KV connector the batch carries the
-    connector's (empty) metadata ``connector_meta`` and no loads."""
+    connector's (empty) metadata ``connector_meta`` and no loads. Hybrid
+    groups pass the last step's new blocks per request (``new_block_ids``);
+    otherwise they are read from ``allocs``."""
     old = sched.in_flight_outputs[0]
     running = sched.running
     if len(length_stops) == len(running):
@@ -508,12 +763,13 @@ def _renew_in_flight(sched: Scheduler, allocs: list[tuple[int, int]], k: int,
         return
     num_scheduled = _one_token_each(old.num_scheduled_tokens, running, length_stops)
     req_ids = list(num_scheduled)
-    new_block_ids: dict[str, list[int]] = {}
-    req_to_blocks = sched.kv_cache_manager.req_to_blocks
-    for step, idx in allocs:
-        if step == k - 1:
-            rid = running[idx].request_id
-            new_block_ids[rid] = [req_to_blocks[rid][-1]]
+    if new_block_ids is None:
+        new_block_ids = {}
+        req_to_blocks = sched.kv_cache_manager.req_to_blocks
+        for step, idx in allocs:
+            if step == k - 1:
+                rid = running[idx].request_id
+                new_block_ids[rid] = [req_to_blocks[rid][-1]]
     output = SchedulerOutput(
         scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(req_ids, set(), new_block_ids),
         num_scheduled_tokens=num_scheduled, total_num_scheduled_tokens=len(req_ids),

@@ -1023,11 +1023,209 @@ class HybridKVCacheManager(KVCacheManager):
         raise AssertionError("KV connectors are refused with cache.kv_groups")
 
     def append_new_blocks(self, request_ids: Sequence[str]) -> None:
-        raise AssertionError("fast-forward is refused with cache.kv_groups")
+        raise AssertionError("a hybrid decode stretch goes through replay_decode_stretch")
 
     def cache_in_bulk(self, requests: Sequence[Request], num_full: Sequence[int],
                       new_block_owners: Sequence[str]) -> bool:
-        raise AssertionError("fast-forward is refused with cache.kv_groups")
+        raise AssertionError("a hybrid decode stretch goes through replay_decode_stretch")
+
+    # -- decode stretches (kvsched.core.fast_forward) ---------------------------
+    def decode_stretch_refusal(self) -> str | None:
+        """Why a decode stretch may not cover these groups, or None: full
+        attention and sliding windows only. A chunked local group frees a
+        whole chunk's blocks at each chunk boundary and a Mamba group moves
+        its state to a new block (with per-step checkpoint bookkeeping):
+        neither is part of the stretch's event model nor of its fuzzer."""
+        for g in self.groups:
+            if g.kind == _CHUNKED:
+                return ("a stretch covers full-attention and sliding-window KV cache groups, not "
+                        "chunked local attention (it frees a chunk's blocks at chunk boundaries)")
+            if g.kind == _MAMBA:
+                return ("a stretch covers full-attention and sliding-window KV cache groups, not "
+                        "Mamba state (its blocks and checkpoints move every step)")
+        return None
+
+    def decode_new_block_steps(self, requests: Sequence[Request]) -> list[tuple[list[int], int]]:
+        """Per group, (each request's first decode step that takes a block
+        in it, the group's block size): step j computes position c + j,
+        which needs a new block when it is past the group's table (nulls
+        count: a window nulls entries, never shortens the table)."""
+        out: list[tuple[list[int], int]] = []
+        for m in self.managers:
+            bs = m.block_size
+            tables = m.tables
+            out.append(([len(tables.get(r.request_id, ())) * bs - r.num_computed_tokens for r in requests],
+                        bs))
+        return out
+
+    def lookup_keys(self, request: Request) -> set[int]:
+        """Every prefix-cache key a lookup of ``request`` may read (each
+        group's keys of its full blocks before its last token): while no
+        block carrying one is evicted or registered, the lookup's hit is
+        the same (none without prefix caching: no lookup)."""
+        keys: set[int] = set()
+        if not self.enable_caching:
+            return keys
+        max_length = request.num_tokens - 1
+        for bucket in self.buckets:
+            num_blocks = max_length // self.managers[bucket.gids[0]].block_size
+            for per_gid in self._group_keys(request, bucket.gids, num_blocks):
+                keys.update(per_gid)
+        return keys
+
+    def decode_window_frees(self, requests: Sequence[Request], k: int,
+                            lead: int) -> list[tuple[int, int, int]]:
+        """The blocks ``k`` decode steps of ``requests`` free from their
+        windows, as (step, running index, block), -1 for a block the
+        stretch itself takes (``decode_stretch_events``' rules: the first
+        step frees the run of blocks that left the window, and so may the
+        second under async scheduling; then a block each time the skipped
+        tokens cross a block boundary)."""
+        out: list[tuple[int, int, int]] = []
+        append = out.append
+        for m in self.managers:
+            if not isinstance(m, _SlidingWindowManager):
+                continue
+            bs = m.block_size
+            window = m.window
+            tables = m.tables
+            for idx, request in enumerate(requests):
+                table = tables.get(request.request_id)
+                if table is None:
+                    continue
+                held = len(table)
+                c = request.num_computed_tokens
+                # Step 0 (and, async, step 1: the batch in flight may be a
+                # prefill's last chunk, processed only then): free the run
+                # of blocks below the window, down to the first null.
+                prev = -1  # everything at or below it is null
+                for j in ((0, 1) if lead and k > 1 else (0,)):
+                    processed = c - request.num_in_flight_tokens if j == 0 else c
+                    last = (processed - window + 1) // bs
+                    i = last - 1
+                    while i > prev and table[i] != NULL_BLOCK:
+                        append((j, idx, table[i]))
+                        i -= 1
+                    if last - 1 > prev:
+                        prev = last - 1
+                # Later steps: one block per boundary the skipped tokens cross.
+                start = 2 if lead else 1
+                skipped = c + start - lead - window + 1
+                j = start + (-skipped) % bs
+                if c + j - lead - window + 1 <= 0:
+                    j += (-(c + j - lead - window + 1)) // bs * bs + bs
+                i = (c + j - lead - window + 1) // bs - 1
+                while j < k:
+                    if i > prev:
+                        if i >= held:
+                            append((j, idx, -1))
+                        elif table[i] != NULL_BLOCK:
+                            append((j, idx, table[i]))
+                    j += bs
+                    i += 1
+        return out
+
+    def decode_stretch_events(self, requests: Sequence[Request], k: int, lead: int,
+                              length_stops: Container[int]) -> list[tuple[int, int, int, int]]:
+        """The calls ``k`` decode steps of ``requests`` make on these groups
+        that are not no-ops, as (step, order, phase, group) in stepping
+        order (sort them): per step, per request in running order,
+        ``allocate_slots`` frees what left each window (phase 0), takes new
+        blocks group by group (1), and caches (2). Read before the
+        stretch's tokens are applied. ``lead`` is 1 under async scheduling
+        (one token in flight: the window is counted from the processed
+        tokens, the cache from the known ones); the requests at the
+        running indexes ``length_stops`` are not scheduled in the last
+        step (async: they reach their length), and register their blocks
+        when that step's output is applied, after every allocation of the
+        step (order ``n + index``)."""
+        n = len(requests)
+        events: list[tuple[int, int, int, int]] = []
+        sbs = self.scheduler_block_size
+        caching = self.enable_caching
+        for idx, request in enumerate(requests):
+            rid = request.request_id
+            c = request.num_computed_tokens
+            steps = k - 1 if idx in length_stops else k
+            for g, m in enumerate(self.managers):
+                bs = m.block_size
+                # Blocks: as first_new_block_step, per group.
+                j = len(m.tables.get(rid, ())) * bs - c
+                while j < steps:
+                    events.append((j, idx, 1, g))
+                    j += bs
+                if isinstance(m, _SlidingWindowManager) and steps > 0:
+                    # remove_skipped_blocks frees block i - 1 when the skipped
+                    # tokens (processed - window + 1) reach i * bs; between
+                    # those steps it stops at the null entry it left. The
+                    # first step may free several (after a prefill).
+                    events.append((0, idx, 0, g))
+                    if lead and steps > 1:
+                        # Async: the batch in flight may be a prefill's last
+                        # chunk, whose tokens count as processed only from
+                        # the second step on (the window may jump there).
+                        events.append((1, idx, 0, g))
+                    skipped = c - lead - m.window + 1
+                    j = (-skipped) % bs or bs
+                    if skipped + j <= 0:
+                        j += (-(skipped + j)) // bs * bs + bs
+                    while j < steps:
+                        events.append((j, idx, 0, g))
+                        j += bs
+            if caching and steps > 0:
+                # The cacheable prefix grows by a scheduler block at a
+                # time; the first step registers whatever is pending.
+                events.append((0, idx, 2, 0))
+                j = (-(c + 1 - lead)) % sbs or sbs
+                while j < steps:
+                    events.append((j, idx, 2, 0))
+                    j += sbs
+            if caching and steps < k:
+                events.append((k - 1, n + idx, 2, 0))
+        return events
+
+    def replay_decode_stretch(self, requests: Sequence[Request], computed: Sequence[int],
+                              processed: Sequence[int], k: int, lead: int,
+                              events: list[tuple[int, int, int, int]]
+                              ) -> tuple[list[int], dict[str, list[int]]]:
+        """Make the calls ``decode_stretch_events`` listed, in stepping order,
+        after the stretch's tokens are applied (``computed``: each request's
+        computed tokens before it; block hashes are a function of the tokens
+        before them, so knowing later ones changes no key). Returns the free
+        block count after each step and the new blocks of the last step per
+        request (as allocate_slots returns them). ``processed``: each
+        request's processed tokens at the first step (its computed ones but
+        those in flight); later steps process ``computed + step - lead``."""
+        events.sort()
+        n = len(requests)
+        managers = self.managers
+        pool = self.block_pool
+        free_after: list[int] = []
+        last: dict[str, list[list[int]]] = {}
+        for step, order, phase, g in events:
+            while len(free_after) < step:
+                free_after.append(pool.num_free)
+            idx = order if order < n else order - n
+            request = requests[idx]
+            rid = request.request_id
+            c = computed[idx] + step
+            if phase == 0:
+                managers[g].remove_skipped_blocks(rid, c - lead if step else processed[idx])
+            elif phase == 1:
+                new = managers[g].allocate_new_blocks(rid, c + 1, c + 1)
+                if step == k - 1:
+                    gained = last.get(rid)
+                    if gained is None:
+                        gained = last[rid] = [[] for _ in managers]
+                    gained[g] += new
+            else:
+                self.cache_blocks(request, c + 1 - lead)
+        while len(free_after) < k:
+            free_after.append(pool.num_free)
+        new_blocks: dict[str, list[int]] = {
+            rid: HybridBlocks((b for blocks in gained for b in blocks), gained)
+            for rid, gained in last.items()}
+        return free_after, new_blocks
 
     def new_step_starts(self) -> None:
         for m in self.managers:

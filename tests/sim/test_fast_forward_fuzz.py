@@ -28,7 +28,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from kvsched.config import CacheConfig, SchedulerConfig
+from kvsched.config import CacheConfig, KVCacheGroup, SchedulerConfig
+from kvsched.core.hybrid_kv_cache import HybridKVCacheManager
 from kvsched.core.offloading_connector import OffloadingConnector
 from kvsched.core.offloading_manager import LRUPolicy
 from kvsched.core.policies import AdpBalance, BalanceGate, DPRankStates
@@ -215,8 +216,42 @@ def cases(draw: st.DrawFn) -> Case:
     images = kind == "single" and isinstance(workload.requests, tuple) and draw(st.integers(0, 3)) == 0
     if images:
         workload = draw(with_images(workload))
+    elif offload is None and draw(st.booleans()):
+        # A hybrid KV cache half of the time (KV connectors are refused
+        # with one): full attention beside sliding windows, as gpt-oss and
+        # Gemma, or one window, as Mistral.
+        cache = draw(hybrid_caches(max_model_len, sched.max_num_batched_tokens, cache.enable_prefix_caching))
     return Case(kind, size, router, policy, interval, sched, cache, eos, draw(st.integers(0, 99)),
                 workload, backend, offload, images)
+
+
+@st.composite
+def hybrid_caches(draw: st.DrawFn, max_model_len: int, budget: int, caching: bool) -> CacheConfig:
+    """Full attention and sliding-window groups: random windows (below a
+    block to past the prompts), block sizes (one for all, or per group),
+    retention intervals (0, None, multiples of the scheduler block) and a
+    pool from about one request's worth (preemption) to roomy."""
+    layout = draw(st.sampled_from(["full+swa", "full+swa", "swa", "full+swa+swa"]))
+    groups: list[KVCacheGroup] = []
+    for kind in layout.split("+"):
+        bs = draw(st.sampled_from([1, 4, 8, 16]))
+        if kind == "full":
+            groups.append(KVCacheGroup("full_attention", bs))
+        else:
+            groups.append(KVCacheGroup("sliding_window", bs,
+                                       sliding_window=draw(st.sampled_from([1, 5, 16, 32, 100, 128, 600]))))
+    if draw(st.booleans()):
+        groups = [dataclasses.replace(g, block_size=groups[0].block_size) for g in groups]
+    scheduler_block = math.lcm(*(g.block_size for g in groups))
+    retention = draw(st.sampled_from([0, 0, None, scheduler_block, 4 * scheduler_block]))
+    # One request's worth: every full-attention block, and a window plus a
+    # budget's worth in each sliding group.
+    one = 1 + sum(-(-max_model_len // g.block_size) if g.kind == "full_attention"
+                  else -(-min(max_model_len, (g.sliding_window or 0) + budget) // g.block_size) + 1
+                  for g in groups)
+    return CacheConfig(num_gpu_blocks=draw(st.integers(one, one * 4)), block_size=scheduler_block,
+                       enable_prefix_caching=caching, kv_groups=tuple(groups),
+                       prefix_cache_retention_interval=retention)
 
 
 def _lockstep_model(size: int, backend: str) -> StepTimeModel:
@@ -246,9 +281,15 @@ def _kv_state(sched: Scheduler) -> tuple[Any, ...]:
                    {rid: (list(st.keys), list(st.block_ids), st.next_stored_chunk, st.num_local_tokens,
                           dict(st.access.positions))
                     for rid, st in connector.reqs.items()})
+    kv = sched.kv_cache_manager
+    groups: tuple[Any, ...] = ()
+    if isinstance(kv, HybridKVCacheManager):
+        # Every group's tables and cached counts, and the lookups' junctions.
+        groups = ([{rid: list(t) for rid, t in m.tables.items()} for m in kv.managers],
+                  [dict(m.num_cached_block) for m in kv.managers], dict(kv.shared_prefix_boundary))
     return (list(pool.free_queue), list(pool.ref_cnt), dict(pool.hash_of_block), dict(pool.cached),
             dict(pool.dup_cached),
-            {rid: list(b) for rid, b in sched.kv_cache_manager.req_to_blocks.items()}, offload)
+            {rid: list(b) for rid, b in kv.req_to_blocks.items()}, groups, offload)
 
 
 def _snapshot(result: SimResult) -> dict[str, Any]:
@@ -304,9 +345,22 @@ def run_case(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
 @given(cases())
 def test_fast_forward_is_exact_on_random_configs(case: Case) -> None:
     stepped, stepped_jumps = _outcome(case, fast_forward=False)
-    jumped, _ = _outcome(case, fast_forward=True)
+    jumped, jumps = _outcome(case, fast_forward=True)
     assert stepped_jumps == 0
     assert jumped == stepped
+    if os.environ.get("KVSCHED_FUZZ_REPORT"):
+        # What the examples reached (printed with -s): runs, hybrid runs,
+        # and how many of each jumped.
+        hybrid = bool(case.cache.kv_groups)
+        REACHED["runs"] += 1
+        REACHED["jumped"] += jumps > 0
+        REACHED["hybrid"] += hybrid
+        REACHED["hybrid_jumped"] += hybrid and jumps > 0
+        REACHED["hybrid_steps_jumped"] += jumps if hybrid else 0
+        print("REACHED", REACHED)
+
+
+REACHED = {"runs": 0, "jumped": 0, "hybrid": 0, "hybrid_jumped": 0, "hybrid_steps_jumped": 0}
 
 
 def _outcome(case: Case, fast_forward: bool) -> tuple[dict[str, Any], int]:
@@ -386,3 +440,25 @@ def test_the_fuzzer_reaches_timeouts() -> None:
             failed = result["metrics"]["failed"]
             assert jumps > 0 and 0 < failed < 12, (kind, async_scheduling, jumps, failed)
             assert result["metrics"]["failed_reasons"] == {"timeout": failed}
+
+
+def test_the_fuzzer_reaches_hybrid_fast_forward() -> None:
+    # Hybrid KV caches (gpt-oss's full attention beside a 128-token window,
+    # Mistral's one window) jump in every kind of run, sync and async, with
+    # prefix caching on (a shared prefix) and off, and under preemption.
+    wl = random_workload(num_prompts=12, input_len=100, output_len=80, request_rate=50.0, seed=1,
+                         prefix_len=40)
+    sched = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16, max_model_len=1024)
+    gpt_oss = (KVCacheGroup("full_attention", 16), KVCacheGroup("sliding_window", 16, sliding_window=128))
+    mistral = (KVCacheGroup("sliding_window", 16, sliding_window=64),)
+    for groups, blocks, caching in ((gpt_oss, 400, True), (gpt_oss, 90, False), (mistral, 200, True)):
+        cache = CacheConfig(num_gpu_blocks=blocks, block_size=16, enable_prefix_caching=caching,
+                            kv_groups=groups)
+        for async_scheduling in (False, True):
+            config = dataclasses.replace(sched, async_scheduling=async_scheduling)
+            for kind, size in (("single", 1), ("dense-dp", 2), ("lockstep", 2)):
+                case = Case(kind, size, "round-robin", "none", 1, config, cache, 0.0, 0, wl)
+                stepped, _ = run_case(case, fast_forward=False)
+                jumped, jumps = run_case(case, fast_forward=True)
+                assert jumps > 0, (groups, kind, async_scheduling)
+                assert jumped == stepped, (groups, kind, async_scheduling)
