@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 CASE_SECONDS = 2.0
 CASE_MEMORY = 200 * 2**20
@@ -305,6 +307,8 @@ def replay_warm_up(folder: Path) -> None:
     assert check_cli(["replay", str(path)], str(path)) == "ok"
 
 
+# ~8 s: the input fuzzers' slow tier.
+@pytest.mark.slow
 def test_replay_scenario_fuzz(tmp_path: Path) -> None:
     assert len(SEEDS) >= 50
     summary = run_in_subprocess(Path(__file__), "replay", tmp_path)

@@ -177,6 +177,8 @@ def test_compare_versions_takes_major_minor(version: str) -> None:
         cv.release(version)
 
 
+# ~6 s: the slow tier.
+@pytest.mark.slow
 def test_a_release_compared_with_itself_is_equal_everywhere() -> None:
     result = cv.compare_all(cv.RELEASE, cv.RELEASE)
     assert set(result) >= {"pp", "dp", "probes", "rules_0_34"}

@@ -272,6 +272,8 @@ def run_walk(configs: tuple[SchedulerConfig, CacheConfig], data: st.DataObject) 
     assert pool.get_num_free_blocks() == cache_config.num_gpu_blocks - 1, "blocks leaked"
 
 
+# ~6 s: the input fuzzers' slow tier.
+@pytest.mark.slow
 @seed(int(os.environ.get("KVSCHED_API_FUZZ_SEED", "0")))
 @SETTINGS
 @given(scheduler_configs(), st.data())

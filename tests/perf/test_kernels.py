@@ -137,6 +137,8 @@ def test_gemm_grid_is_a_full_cross_product_but_one_corner(h100: object) -> None:
         assert missing == [(65536, 65536)], dtype
 
 
+# ~7 s: an accuracy check, the slow tier.
+@pytest.mark.slow
 def test_leave_one_out_error_stays_small(h100: object) -> None:
     # Each measured point predicted from the others (its neighbours twice as
     # far apart as in use): the medians of docs/validation.md.

@@ -78,6 +78,8 @@ def _tune(executor: LocalExecutor | RayExecutor) -> tuple[list[tuple[Job, dict[s
     return recording.log, ranked
 
 
+# Starting Ray takes ~5 s: the Ray tests are the slow tier.
+@pytest.mark.slow
 def test_ray_gives_the_process_pools_results(ray_executor: RayExecutor) -> None:
     local = LocalExecutor(2)
     try:
@@ -93,6 +95,7 @@ def test_ray_gives_the_process_pools_results(ray_executor: RayExecutor) -> None:
     assert ray_ranked["best"] is not None and ray_ranked["pareto"]
 
 
+@pytest.mark.slow
 def test_the_cli_gives_the_same_best_on_ray(ray_executor: RayExecutor, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     def tune(executor: str) -> dict[str, Any]:
@@ -115,6 +118,7 @@ def test_the_cli_gives_the_same_best_on_ray(ray_executor: RayExecutor, tmp_path:
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_close_shuts_down_only_its_own_instance(ray_executor: RayExecutor) -> None:
     joined = RayExecutor(None)  # Ray is already up: used as it is
     assert not joined.started
