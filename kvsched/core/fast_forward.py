@@ -134,8 +134,10 @@ def stretch_refusal(sched: Scheduler) -> str | None:
     state; how far a stretch may go is ``decode_stretch_plan``'s). Callers
     that only plan test it for None; ``fast_forward_decode`` raises it."""
     running = sched.running
-    if sched.hybrid_kv_cache:
-        why = _hybrid_refusal(sched)
+    kv = sched.kv_cache_manager
+    if isinstance(kv, HybridKVCacheManager):
+        # Full attention and sliding windows only (chunked local and Mamba step).
+        why = kv.decode_stretch_refusal()
         if why is not None:
             return why
     if sched.num_spec_tokens:
@@ -190,16 +192,6 @@ def stretch_refusal(sched: Scheduler) -> str | None:
                     r.num_computed_tokens != r.num_tokens or r.num_output_placeholders != 1):
                 return f"{r.request_id} is not decoding"
     return None
-
-
-def _hybrid_refusal(sched: Scheduler) -> str | None:
-    """``stretch_refusal``'s condition with several KV cache groups
-    (``cache.kv_groups``): full attention and sliding windows only
-    (``HybridKVCacheManager.decode_stretch_refusal``). How far a stretch
-    may go while requests wait is ``_head_lookup``'s."""
-    kv = sched.kv_cache_manager
-    assert isinstance(kv, HybridKVCacheManager)
-    return kv.decode_stretch_refusal()
 
 
 def _kv_held_head(sched: Scheduler) -> Request | None:

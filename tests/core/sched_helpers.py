@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 from kvsched import (
     CacheConfig,
     ModelRunnerOutput,
@@ -125,3 +128,27 @@ def state_snapshot(sched: Scheduler) -> object:
 
     top = freeze(sched)
     return top, tuple(sorted(requests.items(), key=lambda kv: repr(kv[1])))
+
+
+def scheduler_state(s: Scheduler) -> dict[str, Any]:
+    """What a fast-forward must leave as stepping does, beside the KV
+    manager's own tables (each test adds its manager's): every request's
+    fields and tokens, the queues, and the block pool."""
+    pool = s.kv_cache_manager.block_pool
+    requests = {rid: tuple((name, copy.copy(getattr(r, name))) for name in Request.__slots__
+                           if name not in ("block_hashes", "sampling_params", "prompt_tokens",
+                                           "all_token_ids"))
+                for rid, r in s.requests.items()}
+    return {
+        "requests": requests,
+        "tokens": {rid: list(r.all_token_ids) for rid, r in s.requests.items()},
+        "running": [r.request_id for r in s.running],
+        "waiting": [r.request_id for r in s.waiting],
+        "free_queue": list(pool.free_queue),
+        "ref_cnt": list(pool.ref_cnt),
+        "cached": dict(pool.cached),
+        "dups": {h: list(v) for h, v in pool.dup_cached.items()},
+        "hash_of_block": dict(pool.hash_of_block),
+        "finished_req_ids": set(s.finished_req_ids),
+        "decode_stable": s.decode_stable,
+    }

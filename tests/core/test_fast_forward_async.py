@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sched_helpers import scheduler_state
 from test_properties import scheduler_configs
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
@@ -38,27 +39,9 @@ def _output_view(o: SchedulerOutput) -> tuple[Any, ...]:
 
 def _view(s: Scheduler) -> dict[str, Any]:
     kv = s.kv_cache_manager
-    pool = kv.block_pool
-    requests = {rid: tuple((name, copy.copy(getattr(r, name))) for name in Request.__slots__
-                           if name not in ("block_hashes", "sampling_params", "prompt_tokens",
-                                           "all_token_ids"))
-                for rid, r in s.requests.items()}
-    return {
-        "requests": requests,
-        "tokens": {rid: list(r.all_token_ids) for rid, r in s.requests.items()},
-        "running": [r.request_id for r in s.running],
-        "waiting": [r.request_id for r in s.waiting],
-        "tables": dict(kv.req_to_blocks),
-        "num_cached_block": dict(kv.num_cached_block),
-        "free_queue": list(pool.free_queue),
-        "ref_cnt": list(pool.ref_cnt),
-        "cached": dict(pool.cached),
-        "dups": {h: list(v) for h, v in pool.dup_cached.items()},
-        "hash_of_block": dict(pool.hash_of_block),
-        "finished_req_ids": set(s.finished_req_ids),
-        "decode_stable": s.decode_stable,
-        "in_flight": [_output_view(o) for o in s.in_flight_outputs],
-    }
+    return {**scheduler_state(s), "tables": dict(kv.req_to_blocks),
+            "num_cached_block": dict(kv.num_cached_block),
+            "in_flight": [_output_view(o) for o in s.in_flight_outputs]}
 
 
 def _iteration(s: Scheduler, queue: list[SchedulerOutput], token: int,

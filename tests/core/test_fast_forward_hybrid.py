@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
+from sched_helpers import scheduler_state
 
 from kvsched import CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
 from kvsched.config import BATCH_QUEUE_SIZE, KVCacheGroup
@@ -63,28 +64,13 @@ def _output_view(o: SchedulerOutput) -> tuple[Any, ...]:
 def _view(s: Scheduler) -> dict[str, Any]:
     kv = s.kv_cache_manager
     assert isinstance(kv, HybridKVCacheManager)
-    pool = kv.block_pool
-    requests = {rid: tuple((name, copy.copy(getattr(r, name))) for name in Request.__slots__
-                           if name not in ("block_hashes", "sampling_params", "prompt_tokens",
-                                           "all_token_ids"))
-                for rid, r in s.requests.items()}
     return {
-        "requests": requests,
-        "tokens": {rid: list(r.all_token_ids) for rid, r in s.requests.items()},
-        "running": [r.request_id for r in s.running],
-        "waiting": [r.request_id for r in s.waiting],
+        **scheduler_state(s),
         "tables": [{rid: list(t) for rid, t in m.tables.items()} for m in kv.managers],
         "num_cached_block": [dict(m.num_cached_block) for m in kv.managers],
         "req_to_blocks": {rid: list(t) for rid, t in kv.req_to_blocks.items()},
         "shared_prefix_boundary": dict(kv.shared_prefix_boundary),
-        "free_queue": list(pool.free_queue),
-        "num_free": pool.num_free,
-        "ref_cnt": list(pool.ref_cnt),
-        "cached": dict(pool.cached),
-        "dups": {h: list(v) for h, v in pool.dup_cached.items()},
-        "hash_of_block": dict(pool.hash_of_block),
-        "finished_req_ids": set(s.finished_req_ids),
-        "decode_stable": s.decode_stable,
+        "num_free": kv.block_pool.num_free,
         "num_preemptions": s.num_preemptions,
         "in_flight": [_output_view(o) for o in s.in_flight_outputs],
     }
